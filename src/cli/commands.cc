@@ -1,0 +1,782 @@
+#include "cli/commands.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <string_view>
+#include <thread>
+#include <utility>
+
+#include "keel/common/ids.h"
+#include "keel/common/json_util.h"
+
+namespace keel::cli {
+namespace {
+
+using std::chrono::seconds;
+
+constexpr char kDefaultUrl[] = "http://127.0.0.1:7878";
+
+std::string Env(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr ? "" : value;
+}
+
+std::string Trim(std::string_view s) {
+  std::size_t begin = s.find_first_not_of(" \t\r\n");
+  if (begin == std::string_view::npos) return "";
+  std::size_t end = s.find_last_not_of(" \t\r\n");
+  return std::string(s.substr(begin, end - begin + 1));
+}
+
+// The trimmed contents of a small file, or "" when it cannot be read.
+std::string ReadSmallFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return "";
+  std::stringstream contents;
+  contents << in.rdbuf();
+  return Trim(contents.str());
+}
+
+// The server writes the address it bound; a wildcard bind is reached through loopback.
+std::string UrlForListenAddr(const std::string& addr) {
+  if (addr.starts_with("0.0.0.0:")) return "http://127.0.0.1:" + addr.substr(8);
+  if (addr.starts_with("[::]:")) return "http://[::1]:" + addr.substr(5);
+  return addr.find("://") == std::string::npos ? "http://" + addr : addr;
+}
+
+bool IsTty(int fd) { return isatty(fd) == 1; }
+
+// Tool calls are shown on stderr, dimmed when stderr is a terminal that wants colour.
+std::string Dim(const std::string& text) {
+  if (!IsTty(STDERR_FILENO) || !Env("NO_COLOR").empty()) return text;
+  return "\x1b[2m" + text + "\x1b[0m";
+}
+
+// A field of a JSON object as display text: strings as they are, null or absent as "", other
+// values as compact JSON.
+std::string Str(const Json& obj, const char* field) {
+  if (!obj.is_object()) return "";
+  auto it = obj.find(field);
+  if (it == obj.end() || it->is_null()) return "";
+  if (it->is_string()) return it->get<std::string>();
+  return DumpJson(*it);
+}
+
+const Json& Field(const Json& obj, const char* field) {
+  static const Json kNull;
+  if (!obj.is_object()) return kNull;
+  auto it = obj.find(field);
+  return it == obj.end() ? kNull : *it;
+}
+
+const Json& Items(const Json& list) {
+  static const Json kEmpty = Json::array();
+  const Json& items = Field(list, "items");
+  return items.is_array() ? items : kEmpty;
+}
+
+// One line of at most `max` bytes, for table cells.
+std::string OneLine(std::string s, std::size_t max) {
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  std::replace(s.begin(), s.end(), '\r', ' ');
+  if (s.size() > max) {
+    s.resize(max - 3);
+    while (!s.empty() && (static_cast<unsigned char>(s.back()) & 0xC0) == 0x80) s.pop_back();
+    if (!s.empty() && (static_cast<unsigned char>(s.back()) & 0x80)) s.pop_back();
+    s += "...";
+  }
+  return s;
+}
+
+std::string Join(const Json& array, std::string_view separator) {
+  std::string out;
+  if (!array.is_array()) return out;
+  for (const Json& item : array) {
+    if (!out.empty()) out += separator;
+    out += item.is_string() ? item.get<std::string>() : DumpJson(item);
+  }
+  return out;
+}
+
+void PrintJson(const Json& j) {
+  std::cout << j.dump(2, ' ', false, Json::error_handler_t::replace) << "\n";
+}
+
+// Prints rows under a header, columns padded to their widest cell.
+void PrintTable(const std::vector<std::string>& header,
+                const std::vector<std::vector<std::string>>& rows) {
+  std::vector<std::size_t> widths(header.size());
+  for (std::size_t c = 0; c < header.size(); ++c) widths[c] = header[c].size();
+  for (const auto& row : rows) {
+    for (std::size_t c = 0; c < row.size() && c < widths.size(); ++c) {
+      widths[c] = std::max(widths[c], row[c].size());
+    }
+  }
+  auto print_row = [&](const std::vector<std::string>& row) {
+    std::string line;
+    for (std::size_t c = 0; c < row.size(); ++c) {
+      line += row[c];
+      if (c + 1 < row.size()) line += std::string(widths[c] - row[c].size() + 2, ' ');
+    }
+    std::cout << line << "\n";
+  };
+  print_row(header);
+  for (const auto& row : rows) print_row(row);
+}
+
+// Prints "label: value" lines with the values aligned; empty values are left out.
+void PrintFields(const std::vector<std::pair<std::string, std::string>>& fields) {
+  std::size_t width = 0;
+  for (const auto& [label, value] : fields) width = std::max(width, label.size());
+  for (const auto& [label, value] : fields) {
+    if (value.empty()) continue;
+    std::cout << label << ":" << std::string(width - label.size() + 1, ' ') << value << "\n";
+  }
+}
+
+// Percent-encodes a path segment or query value.
+std::string Escape(std::string_view s) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += kHex[c >> 4];
+      out += kHex[c & 0xF];
+    }
+  }
+  return out;
+}
+
+int ReportTransportError(const Status& status) {
+  std::cerr << "keel: " << status.message() << "\n";
+  if (status.code() != Code::kUnavailable) return kExitUsage;
+  std::cerr << "hint: is the server running? Start it with `keel serve`, or point --url (or "
+               "KEEL_URL) at it.\n";
+  return kExitCannotConnect;
+}
+
+int ReportHttpError(const HttpResult& answer) {
+  std::string code;
+  std::string message;
+  Result<Json> parsed = ParseJson(answer.body);
+  if (parsed.ok()) {
+    code = Str(Field(*parsed, "error"), "code");
+    message = Str(Field(*parsed, "error"), "message");
+  }
+  if (code.empty()) code = "http_" + std::to_string(answer.status);
+  if (message.empty()) message = OneLine(Trim(answer.body), 200);
+  std::cerr << "keel: " << code << (message.empty() ? "" : ": " + message) << "\n";
+  if (answer.status == 401) {
+    std::cerr << "hint: pass --token or set KEEL_TOKEN; the owner token of a local server is in "
+                 "$KEEL_HOME/owner.token.\n";
+    return kExitUnauthenticated;
+  }
+  return kExitServerError;
+}
+
+// The JSON answer of one call, or the exit code after its error has been reported.
+struct Reply {
+  Json body;
+  int exit_code = kExitOk;
+  bool ok() const { return exit_code == kExitOk; }
+};
+
+Reply Request(Context& ctx, std::string_view method, const std::string& target,
+              const std::optional<Json>& body = std::nullopt, seconds timeout = seconds(60)) {
+  Result<HttpResult> answer = ctx.client.Call(method, target, body, {}, timeout);
+  if (!answer.ok()) return {nullptr, ReportTransportError(answer.status())};
+  if (answer->status < 200 || answer->status >= 300) return {nullptr, ReportHttpError(*answer)};
+  if (Trim(answer->body).empty()) return {Json::object()};
+  Result<Json> parsed = ParseJson(answer->body);
+  if (!parsed.ok()) {
+    std::cerr << "keel: the server sent invalid JSON: " << parsed.status().message() << "\n";
+    return {nullptr, kExitServerError};
+  }
+  return {std::move(parsed).value()};
+}
+
+// Reads every page of a list, following next_cursor; the answer is one list with all items.
+Reply ListAll(Context& ctx, const std::string& path) {
+  Json items = Json::array();
+  std::string cursor;
+  do {
+    std::string target = path + (path.find('?') == std::string::npos ? "?" : "&") + "limit=500";
+    if (!cursor.empty()) target += "&cursor=" + Escape(cursor);
+    Reply page = Request(ctx, "GET", target);
+    if (!page.ok()) return page;
+    for (const Json& item : Items(page.body)) items.push_back(item);
+    std::string next = Str(page.body, "next_cursor");
+    if (next == cursor) break;  // a server that repeats its cursor must not loop us forever
+    cursor = std::move(next);
+  } while (!cursor.empty());
+  return {Json{{"items", std::move(items)}, {"next_cursor", nullptr}}};
+}
+
+// Resolves an agent id or name to its id; reports and returns the exit code when there is none.
+int ResolveAgent(Context& ctx, const std::string& agent, std::string* id) {
+  if (IsUuid(agent)) {
+    *id = agent;
+    return kExitOk;
+  }
+  Reply agents = ListAll(ctx, "/v1/agents");
+  if (!agents.ok()) return agents.exit_code;
+  for (const Json& a : Items(agents.body)) {
+    if (Str(a, "name") == agent || Str(a, "id") == agent) {
+      *id = Str(a, "id");
+      return kExitOk;
+    }
+  }
+  std::cerr << "keel: not_found: no agent named " << agent << " (see `keel agent list`)\n";
+  return kExitServerError;
+}
+
+std::string RunErrorText(const Json& error) {
+  if (error.is_string()) return error.get<std::string>();
+  if (error.is_object()) {
+    std::string code = Str(error, "code");
+    std::string message = Str(error, "message");
+    return code.empty() ? message : code + (message.empty() ? "" : ": " + message);
+  }
+  return "no error recorded";
+}
+
+// Reports how a run ended, after its output was printed, and returns the exit code for it.
+int FinishRun(const Json& run) {
+  std::string id = Str(run, "id");
+  std::string status = Str(run, "status");
+  if (status == "done") return kExitOk;
+  if (status == "waiting_for_approval") {
+    std::cerr << "keel: run " << id
+              << " is waiting for approval; pending approvals are at "
+                 "GET /v1/approvals?status=pending\n";
+    return kExitOk;
+  }
+  if (status == "failed") {
+    std::cerr << "keel: run " << id << " failed: " << RunErrorText(Field(run, "error")) << "\n";
+    return kExitServerError;
+  }
+  if (status == "cancelled") {
+    std::cerr << "keel: run " << id << " was cancelled\n";
+    return kExitServerError;
+  }
+  std::cerr << "keel: run " << id << " is still " << (status.empty() ? "unknown" : status)
+            << " after the wait; follow it with `keel runs show " << id << "`\n";
+  return kExitTimedOut;
+}
+
+// True for the events after which a turn has nothing more to show.
+bool EndsTurn(const std::string& type, const Json& payload) {
+  if (type == "run.completed@v1" || type == "run.failed@v1" || type == "run.cancelled@v1") {
+    return true;
+  }
+  if (type.starts_with("run.waiting_for_approval") || type.starts_with("approval.requested")) {
+    return true;
+  }
+  return type.starts_with("run.") && Str(payload, "status") == "waiting_for_approval";
+}
+
+// Shows tool activity on stderr. `stdout_mid_line` is set when the answer text printed so far
+// does not end a line; a terminal would otherwise glue the two together.
+void ShowToolEvent(const std::string& type, const Json& payload, bool* stdout_mid_line) {
+  std::string tool = Str(payload, "tool");
+  std::string line;
+  if (type == "tool.call.started@v1") {
+    line = "> " + tool + " " + OneLine(Str(payload, "arguments"), 200);
+  } else if (type == "tool.call.completed@v1") {
+    line = "< " + tool + " " + Str(payload, "status");
+  } else if (type == "tool.call.denied@v1") {
+    line = "< " + tool + " denied: " + Str(payload, "reason");
+  } else if (type == "tool.call.unknown@v1") {
+    line = "< " + tool + " unknown (started before a crash; not repeated)";
+  } else {
+    return;
+  }
+  if (*stdout_mid_line && IsTty(STDOUT_FILENO)) {
+    std::cout << "\n" << std::flush;
+    *stdout_mid_line = false;
+  }
+  std::cerr << Dim(line) << "\n";
+}
+
+// Sends one message in a session and follows its run on the session's event stream. The stream
+// is open before the message is posted, so no event of the run can be missed.
+int StreamTurn(Context& ctx, const std::string& session_id, const std::string& text,
+               int wait_seconds) {
+  Result<HttpClient::Opened> opened =
+      ctx.client.OpenStream("/v1/stream?session_id=" + Escape(session_id));
+  if (!opened.ok()) return ReportTransportError(opened.status());
+  if (!opened->stream) return ReportHttpError(opened->error);
+  SseStream& stream = *opened->stream;
+
+  Reply posted = Request(ctx, "POST", "/v1/sessions/" + Escape(session_id) + "/messages",
+                         Json{{"content", text}});
+  if (!posted.ok()) return posted.exit_code;
+  std::string run_id = Str(Field(posted.body, "run"), "id");
+
+  stream.SetDeadline(std::chrono::steady_clock::now() + seconds(wait_seconds));
+  bool printed = false;
+  bool mid_line = false;
+  while (true) {
+    // A timeout or a lost stream ends the loop; the run's record below decides what happened.
+    Result<std::optional<SseEvent>> next = stream.Next();
+    if (!next.ok() || !next->has_value()) break;
+    const SseEvent& event = **next;
+    Result<Json> data = ParseJson(event.data);
+    if (!data.ok() || !data->is_object()) continue;
+    std::string event_run = Str(*data, "run_id");
+    if (!event_run.empty() && event_run != run_id) continue;
+    if (ctx.json) std::cout << DumpJson(*data) << "\n" << std::flush;
+    std::string type = event.event.empty() ? Str(*data, "type") : event.event;
+    if (type == "message.delta") {
+      std::string delta = Str(*data, "text");
+      if (!ctx.json && !delta.empty()) {
+        std::cout << delta << std::flush;
+        printed = true;
+        mid_line = delta.back() != '\n';
+      }
+      continue;
+    }
+    const Json& payload = Field(*data, "payload");
+    if (!ctx.json) ShowToolEvent(type, payload, &mid_line);
+    if (EndsTurn(type, payload)) break;
+  }
+
+  Reply run = Request(ctx, "GET", "/v1/runs/" + Escape(run_id));
+  if (!run.ok()) return run.exit_code;
+  if (ctx.json) {
+    std::cout << DumpJson(run.body) << "\n";
+  } else {
+    // A model that does not stream leaves the whole answer in the run's output.
+    std::string output = printed ? "" : Str(run.body, "output");
+    std::cout << output;
+    if (printed || !output.empty()) std::cout << "\n";
+    std::cout << std::flush;
+  }
+  return FinishRun(run.body);
+}
+
+// Sends one message and waits for its run with ?wait=, without a stream.
+int WaitTurn(Context& ctx, const std::string& session_id, const std::string& text,
+             int wait_seconds) {
+  Reply posted = Request(
+      ctx, "POST",
+      "/v1/sessions/" + Escape(session_id) + "/messages?wait=" + std::to_string(wait_seconds),
+      Json{{"content", text}}, seconds(wait_seconds + 30));
+  if (!posted.ok()) return posted.exit_code;
+  const Json& run = Field(posted.body, "run");
+  if (ctx.json) {
+    PrintJson(posted.body);
+  } else {
+    std::string output = Str(run, "output");
+    if (!output.empty()) std::cout << output << "\n";
+  }
+  return FinishRun(run);
+}
+
+// Creates a session for an agent and tells the user how to continue it.
+int CreateSession(Context& ctx, const std::string& agent_id, const std::string& title,
+                  std::string* session_id) {
+  Reply session =
+      Request(ctx, "POST", "/v1/agents/" + Escape(agent_id) + "/sessions", Json{{"title", title}});
+  if (!session.ok()) return session.exit_code;
+  *session_id = Str(session.body, "id");
+  std::cerr << Dim("session " + *session_id + " (continue it with --session " + *session_id + ")")
+            << "\n";
+  return kExitOk;
+}
+
+// Resolves the session of send and chat: the given one, or a new one for the agent.
+int SessionFor(Context& ctx, const std::string& agent, const std::string& given,
+               const std::string& title, std::string* session_id) {
+  if (!given.empty()) {
+    *session_id = given;
+    return kExitOk;
+  }
+  std::string agent_id;
+  if (int code = ResolveAgent(ctx, agent, &agent_id); code != kExitOk) return code;
+  return CreateSession(ctx, agent_id, title, session_id);
+}
+
+}  // namespace
+
+Result<Context> MakeContext(const GlobalOptions& options) {
+  std::string home = options.home;
+  if (home.empty()) home = Env("KEEL_HOME");
+  if (home.empty()) home = Env("HOME") + "/.local/share/keel";
+
+  std::string url = options.url;
+  if (url.empty()) url = Env("KEEL_URL");
+  if (url.empty()) {
+    std::string addr = ReadSmallFile(home + "/listen.addr");
+    if (!addr.empty()) url = UrlForListenAddr(addr);
+  }
+  if (url.empty()) url = kDefaultUrl;
+
+  std::string token = options.token;
+  if (token.empty()) token = Env("KEEL_TOKEN");
+  if (token.empty()) token = ReadSmallFile(home + "/owner.token");
+
+  KEEL_ASSIGN_OR_RETURN(HttpClient client, HttpClient::Create(url, std::move(token)));
+  return Context{std::move(client), options.json};
+}
+
+int AgentCreate(Context& ctx, const AgentCreateArgs& args) {
+  Json body = {{"name", args.name}, {"model", args.model}};
+  if (!args.instructions.empty()) body["instructions"] = args.instructions;
+  if (!args.tools.empty()) body["tools"] = args.tools;
+  if (!args.config_json.empty()) {
+    Result<Json> config = ParseJsonObject(args.config_json);
+    if (!config.ok()) {
+      std::cerr << "keel: --config must be a JSON object (" << config.status().message() << ")\n";
+      return kExitUsage;
+    }
+    body["config"] = *config;
+  }
+  Reply agent = Request(ctx, "POST", "/v1/agents", body);
+  if (!agent.ok()) return agent.exit_code;
+  if (ctx.json) {
+    PrintJson(agent.body);
+  } else {
+    std::cout << "created agent " << Str(agent.body, "name") << " (" << Str(agent.body, "id")
+              << ")\n";
+  }
+  return kExitOk;
+}
+
+int AgentList(Context& ctx) {
+  Reply agents = ListAll(ctx, "/v1/agents");
+  if (!agents.ok()) return agents.exit_code;
+  if (ctx.json) {
+    PrintJson(agents.body);
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const Json& a : Items(agents.body)) {
+    rows.push_back({Str(a, "id"), Str(a, "name"), Str(a, "model"), Str(a, "status"),
+                    OneLine(Join(Field(a, "tools"), ","), 40), Str(a, "created_at")});
+  }
+  PrintTable({"ID", "NAME", "MODEL", "STATUS", "TOOLS", "CREATED"}, rows);
+  return kExitOk;
+}
+
+int AgentShow(Context& ctx, const std::string& agent) {
+  std::string id;
+  if (int code = ResolveAgent(ctx, agent, &id); code != kExitOk) return code;
+  Reply a = Request(ctx, "GET", "/v1/agents/" + Escape(id));
+  if (!a.ok()) return a.exit_code;
+  if (ctx.json) {
+    PrintJson(a.body);
+    return kExitOk;
+  }
+  const Json& config = Field(a.body, "config");
+  PrintFields({{"id", Str(a.body, "id")},
+               {"name", Str(a.body, "name")},
+               {"model", Str(a.body, "model")},
+               {"status", Str(a.body, "status")},
+               {"tools", Join(Field(a.body, "tools"), ", ")},
+               {"created", Str(a.body, "created_at")},
+               {"updated", Str(a.body, "updated_at")},
+               {"config", config.empty() ? "" : DumpJson(config)}});
+  std::string instructions = Str(a.body, "instructions");
+  if (!instructions.empty()) std::cout << "\ninstructions:\n" << instructions << "\n";
+  return kExitOk;
+}
+
+int AgentDelete(Context& ctx, const std::string& agent) {
+  std::string id;
+  if (int code = ResolveAgent(ctx, agent, &id); code != kExitOk) return code;
+  Reply deleted = Request(ctx, "DELETE", "/v1/agents/" + Escape(id));
+  if (!deleted.ok()) return deleted.exit_code;
+  if (ctx.json) {
+    PrintJson(deleted.body);
+  } else {
+    std::cout << "deleted agent " << agent << (agent == id ? "" : " (" + id + ")") << "\n";
+  }
+  return kExitOk;
+}
+
+int Send(Context& ctx, const SendArgs& args) {
+  std::string session_id;
+  if (int code = SessionFor(ctx, args.agent, args.session_id, OneLine(args.text, 60), &session_id);
+      code != kExitOk) {
+    return code;
+  }
+  return args.no_stream ? WaitTurn(ctx, session_id, args.text, args.wait_seconds)
+                        : StreamTurn(ctx, session_id, args.text, args.wait_seconds);
+}
+
+int Chat(Context& ctx, const ChatArgs& args) {
+  std::string session_id;
+  if (int code = SessionFor(ctx, args.agent, args.session_id, "chat", &session_id);
+      code != kExitOk) {
+    return code;
+  }
+  bool interactive = IsTty(STDIN_FILENO);
+  std::string line;
+  while (true) {
+    if (interactive) std::cout << "you> " << std::flush;
+    if (!std::getline(std::cin, line)) {
+      if (interactive) std::cout << "\n";
+      break;
+    }
+    std::string text = Trim(line);
+    if (text.empty()) continue;
+    if (text == "/exit" || text == "/quit") break;
+    int code = StreamTurn(ctx, session_id, text, args.wait_seconds);
+    // A failed run ends only its turn; a server that is gone or rejects us ends the chat.
+    if (code == kExitCannotConnect || code == kExitUnauthenticated) return code;
+  }
+  return kExitOk;
+}
+
+int RunsList(Context& ctx, const RunsListArgs& args) {
+  std::string target =
+      args.session_id.empty() ? "/v1/runs" : "/v1/sessions/" + Escape(args.session_id) + "/runs";
+  Reply runs = Request(ctx, "GET", target + "?limit=" + std::to_string(args.limit));
+  if (!runs.ok()) return runs.exit_code;
+  if (ctx.json) {
+    PrintJson(runs.body);
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const Json& r : Items(runs.body)) {
+    rows.push_back({Str(r, "id"), Str(r, "status"), Str(r, "session_id"), Str(r, "created_at"),
+                    OneLine(Str(r, "output"), 50)});
+  }
+  PrintTable({"ID", "STATUS", "SESSION", "CREATED", "OUTPUT"}, rows);
+  return kExitOk;
+}
+
+int RunsShow(Context& ctx, const std::string& run_id) {
+  Reply run = Request(ctx, "GET", "/v1/runs/" + Escape(run_id));
+  if (!run.ok()) return run.exit_code;
+  Reply steps = ListAll(ctx, "/v1/runs/" + Escape(run_id) + "/steps");
+  if (!steps.ok()) return steps.exit_code;
+  if (ctx.json) {
+    PrintJson(Json{{"run", run.body}, {"steps", Items(steps.body)}});
+    return kExitOk;
+  }
+  const Json& r = run.body;
+  const Json& usage = Field(r, "usage");
+  const Json& error = Field(r, "error");
+  PrintFields({{"id", Str(r, "id")},
+               {"status", Str(r, "status")},
+               {"agent", Str(r, "agent_id")},
+               {"session", Str(r, "session_id")},
+               {"attempt", Str(r, "attempt")},
+               {"created", Str(r, "created_at")},
+               {"started", Str(r, "started_at")},
+               {"finished", Str(r, "finished_at")},
+               {"tokens", usage.is_object() ? Str(usage, "input_tokens") + " in, " +
+                                                  Str(usage, "output_tokens") + " out"
+                                            : ""},
+               {"error", error.is_null() ? "" : RunErrorText(error)},
+               {"output", Str(r, "output")}});
+  std::vector<std::vector<std::string>> rows;
+  for (const Json& s : Items(steps.body)) {
+    const Json& input = Field(s, "input");
+    // A tool step names its tool and arguments; a model step is best shown by what it said.
+    std::string detail = Str(input, "tool").empty()
+                             ? Str(s, "output")
+                             : Str(input, "tool") + " " + Str(input, "arguments");
+    rows.push_back({Str(s, "seq"), Str(s, "kind"), Str(s, "status"), Str(s, "started_at"),
+                    OneLine(detail, 70)});
+  }
+  std::cout << "\n";
+  PrintTable({"SEQ", "KIND", "STATUS", "STARTED", "DETAIL"}, rows);
+  return kExitOk;
+}
+
+int RunsCancel(Context& ctx, const std::string& run_id) {
+  Reply run = Request(ctx, "POST", "/v1/runs/" + Escape(run_id) + "/cancel");
+  if (!run.ok()) return run.exit_code;
+  if (ctx.json) {
+    PrintJson(run.body);
+  } else {
+    std::string status = Str(run.body, "status");
+    std::cout << "run " << run_id << ": " << (status.empty() ? "cancel requested" : status) << "\n";
+  }
+  return kExitOk;
+}
+
+int SessionsList(Context& ctx, const std::string& agent) {
+  std::string agent_id;
+  if (int code = ResolveAgent(ctx, agent, &agent_id); code != kExitOk) return code;
+  Reply sessions = ListAll(ctx, "/v1/agents/" + Escape(agent_id) + "/sessions");
+  if (!sessions.ok()) return sessions.exit_code;
+  if (ctx.json) {
+    PrintJson(sessions.body);
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const Json& s : Items(sessions.body)) {
+    rows.push_back(
+        {Str(s, "id"), Str(s, "status"), Str(s, "updated_at"), OneLine(Str(s, "title"), 50)});
+  }
+  PrintTable({"ID", "STATUS", "UPDATED", "TITLE"}, rows);
+  return kExitOk;
+}
+
+int SessionsShow(Context& ctx, const std::string& session_id) {
+  Reply session = Request(ctx, "GET", "/v1/sessions/" + Escape(session_id));
+  if (!session.ok()) return session.exit_code;
+  Reply messages = ListAll(ctx, "/v1/sessions/" + Escape(session_id) + "/messages");
+  if (!messages.ok()) return messages.exit_code;
+  if (ctx.json) {
+    PrintJson(Json{{"session", session.body}, {"messages", Items(messages.body)}});
+    return kExitOk;
+  }
+  const Json& s = session.body;
+  PrintFields({{"id", Str(s, "id")},
+               {"agent", Str(s, "agent_id")},
+               {"status", Str(s, "status")},
+               {"title", Str(s, "title")},
+               {"created", Str(s, "created_at")},
+               {"updated", Str(s, "updated_at")}});
+  for (const Json& m : Items(messages.body)) {
+    std::cout << "\n"
+              << Dim("[" + Str(m, "created_at") + "] " + Str(m, "role") + ":") << "\n"
+              << Str(m, "content") << "\n";
+  }
+  return kExitOk;
+}
+
+int TokensCreate(Context& ctx, const std::string& name, const std::string& role) {
+  Reply token = Request(ctx, "POST", "/v1/tokens", Json{{"name", name}, {"role", role}});
+  if (!token.ok()) return token.exit_code;
+  if (ctx.json) {
+    PrintJson(token.body);
+    return kExitOk;
+  }
+  // The secret alone goes to stdout, so `TOKEN=$(keel tokens create ci)` works.
+  std::cerr << "created " << Str(token.body, "role") << " token " << Str(token.body, "name") << " ("
+            << Str(token.body, "id") << "); the secret is shown only this once:\n";
+  std::cout << Str(token.body, "token") << "\n";
+  return kExitOk;
+}
+
+int TokensList(Context& ctx) {
+  Reply tokens = ListAll(ctx, "/v1/tokens");
+  if (!tokens.ok()) return tokens.exit_code;
+  if (ctx.json) {
+    PrintJson(tokens.body);
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const Json& t : Items(tokens.body)) {
+    rows.push_back(
+        {Str(t, "id"), Str(t, "name"), Str(t, "role"), Str(t, "created_at"), Str(t, "revoked_at")});
+  }
+  PrintTable({"ID", "NAME", "ROLE", "CREATED", "REVOKED"}, rows);
+  return kExitOk;
+}
+
+int TokensRevoke(Context& ctx, const std::string& token_id) {
+  Reply revoked = Request(ctx, "DELETE", "/v1/tokens/" + Escape(token_id));
+  if (!revoked.ok()) return revoked.exit_code;
+  if (ctx.json) {
+    PrintJson(revoked.body);
+  } else {
+    std::cout << "revoked token " << token_id << "\n";
+  }
+  return kExitOk;
+}
+
+int TenantsCreate(Context& ctx, const std::string& name) {
+  Reply created = Request(ctx, "POST", "/v1/tenants", Json{{"name", name}});
+  if (!created.ok()) return created.exit_code;
+  if (ctx.json) {
+    PrintJson(created.body);
+    return kExitOk;
+  }
+  const Json& tenant = Field(created.body, "tenant");
+  std::cerr << "created tenant " << Str(tenant, "name") << " (" << Str(tenant, "id")
+            << "); its owner token is shown only this once:\n";
+  std::cout << Str(created.body, "owner_token") << "\n";
+  return kExitOk;
+}
+
+namespace {
+
+void PrintEventLine(const Json& e) {
+  std::string run = Str(e, "run_id");
+  std::cout << Str(e, "position") << "  " << Str(e, "occurred_at") << "  " << Str(e, "type")
+            << (run.empty() ? "" : "  run=" + run) << "  " << OneLine(Str(e, "payload"), 120)
+            << "\n";
+}
+
+// Tails the event stream, reconnecting with Last-Event-ID when the server ends it.
+int FollowEvents(Context& ctx, const EventsArgs& args) {
+  std::string last_id = args.after > 0 ? std::to_string(args.after) : "";
+  while (true) {
+    Headers headers;
+    if (!last_id.empty()) headers.emplace_back("Last-Event-ID", last_id);
+    Result<HttpClient::Opened> opened = ctx.client.OpenStream("/v1/stream", headers);
+    if (!opened.ok()) return ReportTransportError(opened.status());
+    if (!opened->stream) return ReportHttpError(opened->error);
+    while (true) {
+      Result<std::optional<SseEvent>> next = opened->stream->Next();
+      if (!next.ok() || !next->has_value()) break;
+      const SseEvent& event = **next;
+      if (!event.id.empty()) last_id = event.id;
+      if (ctx.json) {
+        std::cout << event.data << "\n" << std::flush;
+        continue;
+      }
+      if (event.event == "message.delta") continue;  // token deltas would drown the log
+      Result<Json> data = ParseJson(event.data);
+      if (data.ok()) PrintEventLine(*data);
+      std::cout << std::flush;
+    }
+    std::cerr << Dim("stream ended; reconnecting") << "\n";
+    std::this_thread::sleep_for(seconds(1));
+  }
+}
+
+}  // namespace
+
+int Events(Context& ctx, const EventsArgs& args) {
+  if (args.follow) return FollowEvents(ctx, args);
+  Reply events = Request(
+      ctx, "GET",
+      "/v1/events?after=" + std::to_string(args.after) + "&limit=" + std::to_string(args.limit));
+  if (!events.ok()) return events.exit_code;
+  if (ctx.json) {
+    PrintJson(events.body);
+    return kExitOk;
+  }
+  for (const Json& e : Items(events.body)) PrintEventLine(e);
+  return kExitOk;
+}
+
+int Health(Context& ctx) {
+  Result<HttpResult> answer = ctx.client.Call("GET", "/readyz", std::nullopt, {}, seconds(10));
+  if (!answer.ok()) return ReportTransportError(answer.status());
+  bool ready = answer->status == 200;
+  if (ctx.json) {
+    Result<Json> body = ParseJson(answer->body);
+    PrintJson(body.ok() ? *body : Json{{"status", answer->status}, {"body", answer->body}});
+  } else if (ready) {
+    std::cout << "ready: " << ctx.client.url() << "\n";
+  }
+  if (!ready) {
+    std::cerr << "keel: not ready: " << ctx.client.url() << " answered " << answer->status
+              << (Trim(answer->body).empty() ? "" : ": " + OneLine(Trim(answer->body), 200))
+              << "\n";
+    return kExitServerError;
+  }
+  return kExitOk;
+}
+
+}  // namespace keel::cli

@@ -1,0 +1,106 @@
+#pragma once
+// The client commands of the `keel` CLI, one function per command. main.cc parses the command
+// line into the structs below and calls one of these; each talks to the server through the HTTP
+// API (/work/shared/API.md), prints human output (or the raw JSON with --json) and returns the
+// process exit code.
+//
+// Errors are reported here, on stderr, so every command returns an ExitCode and main() only
+// passes it on.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cli/client.h"
+#include "keel/common/status.h"
+
+namespace keel::cli {
+
+// Exit codes scripts can rely on.
+enum ExitCode : int {
+  kExitOk = 0,
+  kExitServerError = 1,      // the server answered with an error, or the run failed
+  kExitUsage = 2,            // bad command line
+  kExitCannotConnect = 3,    // no server at the URL
+  kExitUnauthenticated = 4,  // missing or rejected token
+  kExitTimedOut = 5,         // the run had not finished when --wait ran out
+};
+
+// The global options as given on the command line; empty means "use the default".
+struct GlobalOptions {
+  std::string url;
+  std::string token;
+  std::string home;
+  bool json = false;
+};
+
+// What every command runs with: the client for the resolved URL and token, and the output mode.
+struct Context {
+  HttpClient client;
+  bool json = false;
+};
+
+// Resolves the defaults: --home from KEEL_HOME, else ~/.local/share/keel; --url from KEEL_URL,
+// else $home/listen.addr, else http://127.0.0.1:7878; --token from KEEL_TOKEN, else
+// $home/owner.token. kInvalidArgument for a URL the client cannot use.
+Result<Context> MakeContext(const GlobalOptions& options);
+
+struct AgentCreateArgs {
+  std::string name;
+  std::string model = "local";
+  std::string instructions;
+  std::vector<std::string> tools;
+  std::string config_json;  // empty: none
+};
+
+struct SendArgs {
+  std::string agent;  // id or name
+  std::string text;
+  std::string session_id;  // empty: create a session
+  bool no_stream = false;
+  int wait_seconds = 300;
+};
+
+struct ChatArgs {
+  std::string agent;
+  std::string session_id;
+  int wait_seconds = 300;
+};
+
+struct RunsListArgs {
+  std::string session_id;  // empty: the tenant's recent runs
+  int limit = 50;
+};
+
+struct EventsArgs {
+  int64_t after = 0;
+  int limit = 50;
+  bool follow = false;
+};
+
+int AgentCreate(Context& ctx, const AgentCreateArgs& args);
+int AgentList(Context& ctx);
+int AgentShow(Context& ctx, const std::string& agent);
+int AgentDelete(Context& ctx, const std::string& agent);
+
+int Send(Context& ctx, const SendArgs& args);
+int Chat(Context& ctx, const ChatArgs& args);
+
+int RunsList(Context& ctx, const RunsListArgs& args);
+int RunsShow(Context& ctx, const std::string& run_id);
+int RunsCancel(Context& ctx, const std::string& run_id);
+
+int SessionsList(Context& ctx, const std::string& agent);
+int SessionsShow(Context& ctx, const std::string& session_id);
+
+int TokensCreate(Context& ctx, const std::string& name, const std::string& role);
+int TokensList(Context& ctx);
+int TokensRevoke(Context& ctx, const std::string& token_id);
+
+int TenantsCreate(Context& ctx, const std::string& name);
+
+int Events(Context& ctx, const EventsArgs& args);
+
+int Health(Context& ctx);
+
+}  // namespace keel::cli

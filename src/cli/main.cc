@@ -1,0 +1,203 @@
+// The `keel` executable: `keel serve` runs the server; every other command is a client of its
+// HTTP API (cli/commands.h). This file only maps the command line onto those functions.
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <functional>
+#include <iostream>
+#include <optional>
+#include <string>
+
+#include "cli/commands.h"
+#include "server/serve.h"
+
+namespace keel::cli {
+namespace {
+
+std::optional<std::string> NonEmpty(const std::string& s) {
+  return s.empty() ? std::nullopt : std::optional<std::string>(s);
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{"Keel: a durable runtime for AI agents.", "keel"};
+  // Global options may also follow a subcommand: `keel agent list --json`.
+  app.fallthrough();
+  app.require_subcommand(1);
+
+  GlobalOptions global;
+  app.add_option("--url", global.url,
+                 "Server URL (default: $KEEL_URL, else $KEEL_HOME/listen.addr, else "
+                 "http://127.0.0.1:7878)");
+  app.add_option("--token", global.token,
+                 "Bearer token (default: $KEEL_TOKEN, else $KEEL_HOME/owner.token)");
+  app.add_option("--home", global.home,
+                 "Data directory (default: $KEEL_HOME, else ~/.local/share/keel)");
+  app.add_flag("--json", global.json, "Print the raw JSON instead of human output");
+
+  // The chosen client command, set by its subcommand's callback once parsing succeeded.
+  std::function<int(Context&)> action;
+  auto on_parse = [&action](CLI::App* command, std::function<int(Context&)> run) {
+    command->callback([&action, run = std::move(run)] { action = run; });
+  };
+
+  // keel serve
+  bool serving = false;
+  std::string serve_home, serve_config, serve_listen, serve_store;
+  bool serve_demo = false;
+  CLI::App* serve = app.add_subcommand("serve", "Run the Keel server");
+  serve->add_option("--home", serve_home, "Data directory (default: $KEEL_HOME)");
+  serve->add_option("--config", serve_config, "Configuration file (keel.toml)");
+  serve->add_option("--listen", serve_listen,
+                    "Address to bind, HOST:PORT (default 127.0.0.1:7878)");
+  serve->add_option("--store", serve_store, "Store URL: sqlite:///path/keel.db or postgres://...");
+  serve->add_flag("--demo", serve_demo, "Create a demo agent");
+  serve->callback([&serving] { serving = true; });
+
+  // keel agent ...
+  CLI::App* agent = app.add_subcommand("agent", "Create, list, show and delete agents");
+  agent->require_subcommand(1);
+  AgentCreateArgs create_args;
+  CLI::App* agent_create = agent->add_subcommand("create", "Create an agent");
+  agent_create->add_option("name", create_args.name, "Agent name, unique per tenant")->required();
+  agent_create->add_option("--model", create_args.model, "local or PROVIDER/MODEL")
+      ->capture_default_str();
+  agent_create->add_option("--instructions", create_args.instructions, "System instructions");
+  agent_create->add_option("--tool", create_args.tools, "A tool the agent may use (repeatable)")
+      ->allow_extra_args(false)
+      ->delimiter(',');
+  agent_create->add_option("--config", create_args.config_json, "Agent config as a JSON object");
+  on_parse(agent_create, [&](Context& c) { return AgentCreate(c, create_args); });
+
+  on_parse(agent->add_subcommand("list", "List agents"), [](Context& c) { return AgentList(c); });
+
+  std::string agent_ref;
+  CLI::App* agent_show = agent->add_subcommand("show", "Show an agent");
+  agent_show->add_option("agent", agent_ref, "Agent id or name")->required();
+  on_parse(agent_show, [&](Context& c) { return AgentShow(c, agent_ref); });
+  CLI::App* agent_delete = agent->add_subcommand("delete", "Delete an agent");
+  agent_delete->add_option("agent", agent_ref, "Agent id or name")->required();
+  on_parse(agent_delete, [&](Context& c) { return AgentDelete(c, agent_ref); });
+
+  // keel send
+  SendArgs send_args;
+  CLI::App* send = app.add_subcommand("send", "Send one message to an agent and print the answer");
+  send->add_option("agent", send_args.agent, "Agent id or name (unused with --session)")
+      ->required();
+  send->add_option("text", send_args.text, "The message")->required();
+  send->add_option("--session", send_args.session_id, "Continue this session (default: a new one)");
+  send->add_flag("--no-stream", send_args.no_stream, "Wait for the run instead of streaming it");
+  send->add_option("--wait", send_args.wait_seconds, "Seconds to wait for the run")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 86400));
+  on_parse(send, [&](Context& c) { return Send(c, send_args); });
+
+  // keel chat
+  ChatArgs chat_args;
+  CLI::App* chat = app.add_subcommand("chat", "Chat with an agent; /exit or end of input ends it");
+  chat->add_option("agent", chat_args.agent, "Agent id or name (unused with --session)")
+      ->required();
+  chat->add_option("--session", chat_args.session_id, "Continue this session (default: a new one)");
+  chat->add_option("--wait", chat_args.wait_seconds, "Seconds to wait for each run")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 86400));
+  on_parse(chat, [&](Context& c) { return Chat(c, chat_args); });
+
+  // keel runs ...
+  CLI::App* runs = app.add_subcommand("runs", "List, show and cancel runs");
+  runs->require_subcommand(1);
+  RunsListArgs runs_args;
+  CLI::App* runs_list = runs->add_subcommand("list", "List recent runs");
+  runs_list->add_option("--session", runs_args.session_id, "Only the runs of this session");
+  runs_list->add_option("--limit", runs_args.limit, "At most this many runs")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 500));
+  on_parse(runs_list, [&](Context& c) { return RunsList(c, runs_args); });
+  std::string run_id;
+  CLI::App* runs_show = runs->add_subcommand("show", "Show a run and its steps");
+  runs_show->add_option("run", run_id, "Run id")->required();
+  on_parse(runs_show, [&](Context& c) { return RunsShow(c, run_id); });
+  CLI::App* runs_cancel = runs->add_subcommand("cancel", "Cancel a run");
+  runs_cancel->add_option("run", run_id, "Run id")->required();
+  on_parse(runs_cancel, [&](Context& c) { return RunsCancel(c, run_id); });
+
+  // keel sessions ...
+  CLI::App* sessions = app.add_subcommand("sessions", "List and show sessions");
+  sessions->require_subcommand(1);
+  std::string sessions_ref;
+  CLI::App* sessions_list = sessions->add_subcommand("list", "List an agent's sessions");
+  sessions_list->add_option("agent", sessions_ref, "Agent id or name")->required();
+  on_parse(sessions_list, [&](Context& c) { return SessionsList(c, sessions_ref); });
+  CLI::App* sessions_show = sessions->add_subcommand("show", "Show a session and its messages");
+  sessions_show->add_option("session", sessions_ref, "Session id")->required();
+  on_parse(sessions_show, [&](Context& c) { return SessionsShow(c, sessions_ref); });
+
+  // keel tokens ...
+  CLI::App* tokens = app.add_subcommand("tokens", "Create, list and revoke API tokens");
+  tokens->require_subcommand(1);
+  std::string token_name, token_role = "user", token_id;
+  CLI::App* tokens_create = tokens->add_subcommand("create", "Create a token; prints its secret");
+  tokens_create->add_option("name", token_name, "Token name")->required();
+  tokens_create->add_option("--role", token_role, "owner or user")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"owner", "user"}));
+  on_parse(tokens_create, [&](Context& c) { return TokensCreate(c, token_name, token_role); });
+  on_parse(tokens->add_subcommand("list", "List tokens"), [](Context& c) { return TokensList(c); });
+  CLI::App* tokens_revoke = tokens->add_subcommand("revoke", "Revoke a token");
+  tokens_revoke->add_option("id", token_id, "Token id")->required();
+  on_parse(tokens_revoke, [&](Context& c) { return TokensRevoke(c, token_id); });
+
+  // keel tenants create
+  CLI::App* tenants = app.add_subcommand("tenants", "Manage tenants (platform admin only)");
+  tenants->require_subcommand(1);
+  std::string tenant_name;
+  CLI::App* tenants_create =
+      tenants->add_subcommand("create", "Create a tenant; prints its owner token");
+  tenants_create->add_option("name", tenant_name, "Tenant name")->required();
+  on_parse(tenants_create, [&](Context& c) { return TenantsCreate(c, tenant_name); });
+
+  // keel events
+  EventsArgs events_args;
+  CLI::App* events = app.add_subcommand("events", "Read the event log, or tail it with --follow");
+  events->add_option("--after", events_args.after, "Only events after this position")
+      ->capture_default_str();
+  events->add_option("--limit", events_args.limit, "At most this many events")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 500));
+  events->add_flag("-f,--follow", events_args.follow, "Tail the live event stream");
+  on_parse(events, [&](Context& c) { return Events(c, events_args); });
+
+  // keel health
+  on_parse(app.add_subcommand("health", "Check that the server is ready"),
+           [](Context& c) { return Health(c); });
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? kExitOk : kExitUsage;
+  }
+
+  if (serving) {
+    server::ServeFlags flags;
+    flags.home = NonEmpty(serve_home.empty() ? global.home : serve_home);
+    flags.config_file = NonEmpty(serve_config);
+    flags.listen = NonEmpty(serve_listen);
+    flags.store_url = NonEmpty(serve_store);
+    flags.demo = serve_demo;
+    return server::ServeMain(flags);
+  }
+  if (!action) {
+    std::cerr << app.help();
+    return kExitUsage;
+  }
+  Result<Context> ctx = MakeContext(global);
+  if (!ctx.ok()) {
+    std::cerr << "keel: " << ctx.status().message() << "\n";
+    return kExitUsage;
+  }
+  return action(*ctx);
+}
+
+}  // namespace
+}  // namespace keel::cli
+
+int main(int argc, char** argv) { return keel::cli::Main(argc, argv); }

@@ -1,0 +1,167 @@
+#include "keel/api/api.h"
+
+#include "keel/api/render.h"
+#include "keel/common/crypto.h"
+#include "keel/store/store.h"
+
+namespace keel::api {
+
+Json TenantJson(const store::Tenant& t) {
+  return {{"id", t.id}, {"name", t.name}, {"created_at", FormatRfc3339(t.created_at)}};
+}
+
+Json TokenJson(const store::Token& t) {
+  return {{"id", t.id},
+          {"name", t.name},
+          {"role", t.role},
+          {"created_at", FormatRfc3339(t.created_at)},
+          {"revoked_at", t.revoked_at ? Json(FormatRfc3339(*t.revoked_at)) : Json(nullptr)}};
+}
+
+Json AgentJson(const store::Agent& a) {
+  return {{"id", a.id},
+          {"name", a.name},
+          {"model", a.model},
+          {"instructions", a.instructions},
+          {"tools", a.tools},
+          {"config", a.config},
+          {"status", a.status},
+          {"created_at", FormatRfc3339(a.created_at)},
+          {"updated_at", FormatRfc3339(a.updated_at)}};
+}
+
+Json SessionJson(const store::Session& s) {
+  return {{"id", s.id},
+          {"agent_id", s.agent_id},
+          {"status", s.status},
+          {"title", s.title},
+          {"created_at", FormatRfc3339(s.created_at)},
+          {"updated_at", FormatRfc3339(s.updated_at)}};
+}
+
+Json MessageJson(const store::Message& m) {
+  return {{"id", m.id},
+          {"session_id", m.session_id},
+          {"role", m.role},
+          {"content", m.content},
+          {"run_id", m.run_id},
+          {"created_at", FormatRfc3339(m.created_at)}};
+}
+
+namespace {
+Json OptTime(const std::optional<Millis>& t) {
+  return t ? Json(FormatRfc3339(*t)) : Json(nullptr);
+}
+}  // namespace
+
+Json RunJson(const store::Run& r) {
+  return {{"id", r.id},
+          {"session_id", r.session_id},
+          {"agent_id", r.agent_id},
+          {"message_id", r.message_id},
+          {"status", r.status},
+          {"attempt", r.attempt},
+          {"output", r.status == "done" ? Json(r.output) : Json(nullptr)},
+          {"error", r.error},
+          {"usage", {{"input_tokens", r.input_tokens}, {"output_tokens", r.output_tokens}}},
+          {"cancel_requested", r.cancel_requested},
+          {"created_at", FormatRfc3339(r.created_at)},
+          {"started_at", OptTime(r.started_at)},
+          {"finished_at", OptTime(r.finished_at)}};
+}
+
+Json StepJson(const store::Step& s, const store::ToolCall* call) {
+  Json j = {{"id", s.id},
+            {"seq", s.seq},
+            {"kind", s.kind},
+            {"status", s.status},
+            {"input", s.input},
+            {"output", s.output},
+            {"started_at", FormatRfc3339(s.started_at)},
+            {"finished_at", OptTime(s.finished_at)}};
+  if (s.finished_at) j["duration_ms"] = *s.finished_at - s.started_at;
+  if (call) {
+    j["tool_call"] = {{"id", call->id},
+                      {"call_id", call->call_id},
+                      {"tool", call->tool},
+                      {"effect_class", call->effect_class},
+                      {"effect_key", call->effect_key},
+                      {"status", call->status}};
+  }
+  return j;
+}
+
+Json EventJson(const store::Event& e) {
+  auto opt = [](const std::string& s) { return s.empty() ? Json(nullptr) : Json(s); };
+  return {{"position", e.position},
+          {"id", e.id},
+          {"type", e.type},
+          {"origin", e.origin},
+          {"origin_seq", e.origin_seq},
+          {"agent_id", opt(e.agent_id)},
+          {"session_id", opt(e.session_id)},
+          {"run_id", opt(e.run_id)},
+          {"payload", e.payload},
+          {"occurred_at", FormatRfc3339(e.occurred_at)}};
+}
+
+Result<store::Page> PageOf(const http::Request& req) {
+  store::Page page;
+  std::string limit = req.Query("limit");
+  if (!limit.empty()) {
+    int v = 0;
+    size_t used = 0;
+    try {
+      v = std::stoi(limit, &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (used != limit.size() || v < 1 || v > 500) {
+      return InvalidArgument("limit must be an integer between 1 and 500, got '" + limit + "'");
+    }
+    page.limit = v;
+  }
+  page.cursor = req.Query("cursor");
+  if (!page.cursor.empty() && store::DecodeCursor(page.cursor).empty()) {
+    return InvalidArgument("cursor is not valid");
+  }
+  return page;
+}
+
+Status RequireOwner(const http::Request& req) {
+  if (req.principal.role != "owner") {
+    return PermissionDenied("this needs an owner token; this token's role is '" +
+                            req.principal.role + "'");
+  }
+  return Status::Ok();
+}
+
+http::Authenticator MakeAuthenticator(ApiContext& ctx) {
+  return [&ctx](const std::string& token) -> Result<http::Principal> {
+    std::string hash = Sha256Hex(token);
+    store::Token found;
+    Status st = ctx.store.Read([&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(found, tx.tokens().FindActiveTokenByHash(hash));
+      return Status::Ok();
+    });
+    if (st.code() == Code::kNotFound) return Unauthenticated("invalid or revoked token");
+    if (!st.ok()) return st;
+    http::Principal p;
+    p.tenant_id = found.tenant_id;
+    p.token_id = found.id;
+    p.role = found.role;
+    p.platform_admin = found.role == "owner" && found.tenant_id == ctx.admin_tenant_id;
+    return p;
+  };
+}
+
+void RegisterAllRoutes(http::Router& router, ApiContext& ctx) {
+  RegisterHealthRoutes(router, ctx);
+  RegisterAdminRoutes(router, ctx);
+  RegisterAgentRoutes(router, ctx);
+  RegisterSessionRoutes(router, ctx);
+  RegisterRunRoutes(router, ctx);
+  RegisterEventRoutes(router, ctx);
+}
+
+}  // namespace keel::api

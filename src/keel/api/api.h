@@ -1,0 +1,55 @@
+#pragma once
+// The v1 HTTP API: each api_*.cc registers the routes of one resource on the Router. Handlers
+// validate input, call the store or the runtime, and render JSON in the shapes of docs/API.md.
+
+#include <string>
+
+#include "keel/http/router.h"
+
+namespace keel {
+struct Metrics;
+namespace config {
+struct Config;
+}
+namespace model {
+class ProviderRegistry;
+}
+namespace store {
+class Store;
+}
+namespace runtime {
+class Runtime;
+class EventHub;
+}  // namespace runtime
+}  // namespace keel
+
+namespace keel::api {
+
+// What handlers need; owned by the server instance and outliving the router.
+struct ApiContext {
+  store::Store& store;
+  runtime::Runtime& runtime;
+  runtime::EventHub& hub;
+  Metrics& metrics;
+  const config::Config& config;
+  const model::ProviderRegistry& providers;
+  std::string admin_tenant_id;  // the first tenant: its owners are platform admins
+};
+
+// Resolves bearer tokens against the store (sha256 lookup).
+http::Authenticator MakeAuthenticator(ApiContext& ctx);
+
+void RegisterAllRoutes(http::Router& router, ApiContext& ctx);
+
+// Per-resource registration (one file each).
+void RegisterHealthRoutes(http::Router& router, ApiContext& ctx);
+void RegisterAdminRoutes(http::Router& router, ApiContext& ctx);     // tenants, tokens
+void RegisterAgentRoutes(http::Router& router, ApiContext& ctx);     // agents
+void RegisterSessionRoutes(http::Router& router, ApiContext& ctx);   // sessions, messages
+void RegisterRunRoutes(http::Router& router, ApiContext& ctx);       // runs, steps, cancel
+void RegisterEventRoutes(http::Router& router, ApiContext& ctx);     // events, SSE stream
+
+// The OpenAPI 3.1 document served at /v1/openapi.json.
+const std::string& OpenApiDocument();
+
+}  // namespace keel::api

@@ -1,0 +1,167 @@
+// Tenants, tokens, and the unauthenticated health/readiness routes plus metrics and OpenAPI.
+
+#include "keel/api/api.h"
+#include "keel/api/render.h"
+#include "keel/common/crypto.h"
+#include "keel/common/ids.h"
+#include "keel/metrics.h"
+#include "keel/runtime/event_hub.h"
+#include "keel/store/async_write.h"
+
+namespace keel::api {
+
+namespace asio = boost::asio;
+using http::Request;
+using http::Response;
+
+void RegisterHealthRoutes(http::Router& router, ApiContext& ctx) {
+  router.Add("GET", "/healthz", [](Request&) -> asio::awaitable<Response> {
+    co_return Response::Json(200, {{"status", "ok"}});
+  }, /*requires_auth=*/false);
+  router.Add("GET", "/readyz", [&ctx](Request&) -> asio::awaitable<Response> {
+    Status st = ctx.store.Read([](store::Tx& tx) { return tx.events().LastPosition().status(); });
+    if (!st.ok()) co_return Response::Error(Unavailable("store not ready: " + st.message()));
+    co_return Response::Json(200, {{"status", "ready"}});
+  }, /*requires_auth=*/false);
+  router.Add("GET", "/metrics", [&ctx](Request&) -> asio::awaitable<Response> {
+    auto s = ctx.store.stats();
+    std::string extra;
+    extra += "# HELP keel_store_commits_total Durable store commits (fsyncs).\n"
+             "# TYPE keel_store_commits_total counter\nkeel_store_commits_total " +
+             std::to_string(s.commits) + "\n";
+    extra += "# HELP keel_store_units_total Units of work committed.\n"
+             "# TYPE keel_store_units_total counter\nkeel_store_units_total " +
+             std::to_string(s.units) + "\n";
+    extra += "# HELP keel_store_failed_units_total Units of work rolled back.\n"
+             "# TYPE keel_store_failed_units_total counter\nkeel_store_failed_units_total " +
+             std::to_string(s.failed_units) + "\n";
+    Response r;
+    r.content_type = "text/plain; version=0.0.4";
+    r.body = ctx.metrics.Render(extra);
+    co_return r;
+  });
+  router.Add("GET", "/v1/openapi.json", [](Request&) -> asio::awaitable<Response> {
+    Response r;
+    r.body = OpenApiDocument();
+    co_return r;
+  }, /*requires_auth=*/false);
+}
+
+namespace {
+
+Result<std::string> RoleOf(const Json& body) {
+  KEEL_ASSIGN_OR_RETURN(std::string role, OptString(body, "role", "user"));
+  if (role != "owner" && role != "user") {
+    return InvalidArgument("role must be 'owner' or 'user', got '" + role + "'");
+  }
+  return role;
+}
+
+Result<std::string> NameOf(const Json& body) {
+  KEEL_ASSIGN_OR_RETURN(std::string name, ReqString(body, "name"));
+  if (name.size() > 200) return InvalidArgument("name is longer than 200 characters");
+  return name;
+}
+
+}  // namespace
+
+void RegisterAdminRoutes(http::Router& router, ApiContext& ctx) {
+  router.Add("POST", "/v1/tenants", [&ctx](Request& req) -> asio::awaitable<Response> {
+    if (!req.principal.platform_admin) {
+      co_return Response::Error(PermissionDenied("only the platform admin can create tenants"));
+    }
+    auto body = ParseJsonObject(req.body);
+    if (!body.ok()) co_return Response::Error(body.status());
+    auto name = NameOf(*body);
+    if (!name.ok()) co_return Response::Error(name.status());
+    store::Tenant tenant{NewId(), *name, NowMillis()};
+    std::string secret = NewToken();
+    store::Token token;
+    token.id = NewId();
+    token.tenant_id = tenant.id;
+    token.name = "owner";
+    token.role = "owner";
+    token.hash = Sha256Hex(secret);
+    token.created_at = tenant.created_at;
+    auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
+      KEEL_RETURN_IF_ERROR(tx.tenants().InsertTenant(tenant));
+      KEEL_RETURN_IF_ERROR(tx.tokens().InsertToken(token));
+      return tx.events()
+          .Append({tenant.id, "tenant.created@v1", "", "", "", {{"tenant_id", tenant.id}, {"name", tenant.name}}})
+          .status();
+    });
+    if (!written.ok()) co_return Response::Error(written.status());
+    co_return Response::Json(201, {{"tenant", TenantJson(tenant)}, {"owner_token", secret}});
+  });
+
+  router.Add("GET", "/v1/tenants", [&ctx](Request& req) -> asio::awaitable<Response> {
+    if (!req.principal.platform_admin) {
+      co_return Response::Error(PermissionDenied("only the platform admin can list tenants"));
+    }
+    std::vector<store::Tenant> tenants;
+    Status st = ctx.store.Read([&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(tenants, tx.tenants().ListTenants());
+      return Status::Ok();
+    });
+    if (!st.ok()) co_return Response::Error(st);
+    Json items = Json::array();
+    for (const auto& t : tenants) items.push_back(TenantJson(t));
+    co_return Response::Json(200, {{"items", items}, {"next_cursor", nullptr}});
+  });
+
+  router.Add("POST", "/v1/tokens", [&ctx](Request& req) -> asio::awaitable<Response> {
+    if (auto st = RequireOwner(req); !st.ok()) co_return Response::Error(st);
+    auto body = ParseJsonObject(req.body);
+    if (!body.ok()) co_return Response::Error(body.status());
+    auto name = NameOf(*body);
+    if (!name.ok()) co_return Response::Error(name.status());
+    auto role = RoleOf(*body);
+    if (!role.ok()) co_return Response::Error(role.status());
+    std::string secret = NewToken();
+    store::Token token;
+    token.id = NewId();
+    token.tenant_id = req.principal.tenant_id;
+    token.name = *name;
+    token.role = *role;
+    token.hash = Sha256Hex(secret);
+    token.created_at = NowMillis();
+    auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
+      KEEL_RETURN_IF_ERROR(tx.tokens().InsertToken(token));
+      return tx.events()
+          .Append({token.tenant_id, "token.created@v1", "", "", "",
+                   {{"token_id", token.id}, {"name", token.name}, {"role", token.role}}})
+          .status();
+    });
+    if (!written.ok()) co_return Response::Error(written.status());
+    Json out = TokenJson(token);
+    out["token"] = secret;
+    co_return Response::Json(201, out);
+  });
+
+  router.Add("GET", "/v1/tokens", [&ctx](Request& req) -> asio::awaitable<Response> {
+    if (auto st = RequireOwner(req); !st.ok()) co_return Response::Error(st);
+    std::vector<store::Token> tokens;
+    Status st = ctx.store.Read([&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(tokens, tx.tokens().ListTokens(req.principal.tenant_id));
+      return Status::Ok();
+    });
+    if (!st.ok()) co_return Response::Error(st);
+    Json items = Json::array();
+    for (const auto& t : tokens) items.push_back(TokenJson(t));
+    co_return Response::Json(200, {{"items", items}, {"next_cursor", nullptr}});
+  });
+
+  router.Add("DELETE", "/v1/tokens/{id}", [&ctx](Request& req) -> asio::awaitable<Response> {
+    if (auto st = RequireOwner(req); !st.ok()) co_return Response::Error(st);
+    std::string id = req.Param("id");
+    std::string tenant = req.principal.tenant_id;
+    auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
+      KEEL_RETURN_IF_ERROR(tx.tokens().RevokeToken(tenant, id, NowMillis()));
+      return tx.events().Append({tenant, "token.revoked@v1", "", "", "", {{"token_id", id}}}).status();
+    });
+    if (!written.ok()) co_return Response::Error(written.status());
+    co_return Response::NoContent();
+  });
+}
+
+}  // namespace keel::api

@@ -1,0 +1,193 @@
+// Agents: create, list, show, update (partial), delete.
+
+#include <set>
+
+#include "keel/api/api.h"
+#include "keel/api/render.h"
+#include "keel/common/ids.h"
+#include "keel/model/provider.h"
+#include "keel/store/async_write.h"
+
+namespace keel::api {
+
+namespace asio = boost::asio;
+using http::Request;
+using http::Response;
+
+namespace {
+
+Status ValidateName(const std::string& name) {
+  if (name.empty() || name.size() > 100) return InvalidArgument("name must be 1 to 100 characters");
+  for (char c : name) {
+    bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
+    if (!ok) {
+      return InvalidArgument("name may only contain letters, digits, '-', '_' and '.', got '" +
+                             name + "'");
+    }
+  }
+  if (IsUuid(name)) return InvalidArgument("name must not look like an id");
+  return Status::Ok();
+}
+
+Status ValidateConfig(const Json& config) {
+  if (!config.is_object()) return InvalidArgument("config must be a JSON object");
+  if (config.contains("busy")) {
+    const auto& b = config["busy"];
+    if (!b.is_string() || (b != "queue" && b != "reject")) {
+      return InvalidArgument("config.busy must be 'queue' or 'reject'");
+    }
+  }
+  if (config.contains("max_steps")) {
+    const auto& m = config["max_steps"];
+    if (!m.is_number_integer() || m.get<int64_t>() < 1 || m.get<int64_t>() > 1000) {
+      return InvalidArgument("config.max_steps must be an integer from 1 to 1000");
+    }
+  }
+  if (config.contains("local_rules")) {
+    const auto& rules = config["local_rules"];
+    if (!rules.is_array()) return InvalidArgument("config.local_rules must be an array");
+    for (const auto& r : rules) {
+      if (!r.is_object() || !r.contains("match") || !r["match"].is_string()) {
+        return InvalidArgument("each config.local_rules entry needs a string 'match'");
+      }
+      bool reply = r.contains("reply") && r["reply"].is_string();
+      bool call = r.contains("call") && r["call"].is_object() && r["call"].contains("tool") &&
+                  r["call"]["tool"].is_string();
+      if (!reply && !call) {
+        return InvalidArgument("each config.local_rules entry needs 'reply' (text) or 'call' "
+                               "({\"tool\", \"arguments\"})");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+// Applies the fields present in `body` to `agent`; `creating` requires a name.
+Status Apply(const Json& body, const model::ProviderRegistry& providers, store::Agent& agent,
+             bool creating) {
+  static const std::set<std::string> kFields = {"name", "model", "instructions", "tools", "config"};
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    if (!kFields.count(it.key())) return InvalidArgument("unknown field '" + it.key() + "'");
+  }
+  if (creating || body.contains("name")) {
+    KEEL_ASSIGN_OR_RETURN(agent.name, ReqString(body, "name"));
+    KEEL_RETURN_IF_ERROR(ValidateName(agent.name));
+  }
+  if (body.contains("model") || creating) {
+    KEEL_ASSIGN_OR_RETURN(agent.model, OptString(body, "model", creating ? "local" : agent.model));
+    std::string model_name;
+    KEEL_RETURN_IF_ERROR(providers.Resolve(agent.model, &model_name).status());
+  }
+  if (body.contains("instructions")) {
+    KEEL_ASSIGN_OR_RETURN(agent.instructions, OptString(body, "instructions"));
+    if (agent.instructions.size() > 256 * 1024) {
+      return InvalidArgument("instructions are longer than 256 KiB");
+    }
+  }
+  if (body.contains("tools")) {
+    const Json& tools = body["tools"];
+    if (!tools.is_array()) return InvalidArgument("tools must be an array of tool names");
+    for (const auto& t : tools) {
+      if (!t.is_string() || t.get<std::string>().empty()) {
+        return InvalidArgument("tools must be an array of non-empty strings");
+      }
+    }
+    agent.tools = tools;
+  }
+  if (body.contains("config")) {
+    KEEL_RETURN_IF_ERROR(ValidateConfig(body["config"]));
+    agent.config = body["config"];
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+// Finds an agent of the caller's tenant by id.
+static Result<store::Agent> LoadAgent(ApiContext& ctx, const Request& req) {
+  store::Agent agent;
+  Status st = ctx.store.Read([&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(agent, tx.agents().GetAgent(req.principal.tenant_id, req.Param("id")));
+    return Status::Ok();
+  });
+  if (!st.ok()) return st;
+  return agent;
+}
+
+void RegisterAgentRoutes(http::Router& router, ApiContext& ctx) {
+  router.Add("POST", "/v1/agents", [&ctx](Request& req) -> asio::awaitable<Response> {
+    if (auto st = RequireOwner(req); !st.ok()) co_return Response::Error(st);
+    auto body = ParseJsonObject(req.body);
+    if (!body.ok()) co_return Response::Error(body.status());
+    store::Agent agent;
+    if (auto st = Apply(*body, ctx.providers, agent, true); !st.ok()) co_return Response::Error(st);
+    agent.id = NewId();
+    agent.tenant_id = req.principal.tenant_id;
+    agent.created_at = agent.updated_at = NowMillis();
+    auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
+      KEEL_RETURN_IF_ERROR(tx.agents().InsertAgent(agent));
+      return tx.events()
+          .Append({agent.tenant_id, "agent.created@v1", agent.id, "", "",
+                   {{"name", agent.name}, {"model", agent.model}}})
+          .status();
+    });
+    if (!written.ok()) co_return Response::Error(written.status());
+    co_return Response::Json(201, AgentJson(agent));
+  });
+
+  router.Add("GET", "/v1/agents", [&ctx](Request& req) -> asio::awaitable<Response> {
+    auto page = PageOf(req);
+    if (!page.ok()) co_return Response::Error(page.status());
+    store::Paged<store::Agent> agents;
+    Status st = ctx.store.Read([&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(agents, tx.agents().ListAgents(req.principal.tenant_id, *page));
+      return Status::Ok();
+    });
+    if (!st.ok()) co_return Response::Error(st);
+    co_return Response::Json(200, ListJson(agents, AgentJson));
+  });
+
+  router.Add("GET", "/v1/agents/{id}", [&ctx](Request& req) -> asio::awaitable<Response> {
+    auto agent = LoadAgent(ctx, req);
+    if (!agent.ok()) co_return Response::Error(agent.status());
+    co_return Response::Json(200, AgentJson(*agent));
+  });
+
+  router.Add("PATCH", "/v1/agents/{id}", [&ctx](Request& req) -> asio::awaitable<Response> {
+    if (auto st = RequireOwner(req); !st.ok()) co_return Response::Error(st);
+    auto body = ParseJsonObject(req.body);
+    if (!body.ok()) co_return Response::Error(body.status());
+    auto agent = LoadAgent(ctx, req);
+    if (!agent.ok()) co_return Response::Error(agent.status());
+    store::Agent updated = *agent;
+    if (auto st = Apply(*body, ctx.providers, updated, false); !st.ok()) {
+      co_return Response::Error(st);
+    }
+    updated.updated_at = NowMillis();
+    auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
+      KEEL_RETURN_IF_ERROR(tx.agents().UpdateAgent(updated));
+      Json changed = Json::array();
+      for (auto it = body->begin(); it != body->end(); ++it) changed.push_back(it.key());
+      return tx.events()
+          .Append({updated.tenant_id, "agent.updated@v1", updated.id, "", "",
+                   {{"fields", changed}}})
+          .status();
+    });
+    if (!written.ok()) co_return Response::Error(written.status());
+    co_return Response::Json(200, AgentJson(updated));
+  });
+
+  router.Add("DELETE", "/v1/agents/{id}", [&ctx](Request& req) -> asio::awaitable<Response> {
+    if (auto st = RequireOwner(req); !st.ok()) co_return Response::Error(st);
+    std::string tenant = req.principal.tenant_id;
+    std::string id = req.Param("id");
+    auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
+      KEEL_RETURN_IF_ERROR(tx.agents().DeleteAgent(tenant, id));
+      return tx.events().Append({tenant, "agent.deleted@v1", id, "", "", {}}).status();
+    });
+    if (!written.ok()) co_return Response::Error(written.status());
+    co_return Response::NoContent();
+  });
+}
+
+}  // namespace keel::api

@@ -1,0 +1,132 @@
+// The event log over HTTP: paged reads and the live Server-Sent Events stream.
+
+#include "keel/api/api.h"
+#include "keel/api/render.h"
+#include "keel/metrics.h"
+#include "keel/runtime/event_hub.h"
+#include "keel/store/store.h"
+
+namespace keel::api {
+
+namespace asio = boost::asio;
+using http::Request;
+using http::Response;
+
+namespace {
+
+Result<int64_t> PositionOf(const std::string& text, const char* what) {
+  try {
+    size_t used = 0;
+    long long v = std::stoll(text, &used);
+    if (used == text.size() && v >= 0) return static_cast<int64_t>(v);
+  } catch (...) {
+  }
+  return InvalidArgument(std::string(what) + " must be a non-negative integer event position");
+}
+
+store::EventFilter FilterOf(const Request& req) {
+  return {req.Query("agent_id"), req.Query("session_id"), req.Query("run_id")};
+}
+
+std::string SseFrame(const store::Event& e) {
+  return "id: " + std::to_string(e.position) + "\nevent: " + e.type + "\ndata: " +
+         DumpJson(EventJson(e)) + "\n\n";
+}
+
+}  // namespace
+
+void RegisterEventRoutes(http::Router& router, ApiContext& ctx) {
+  router.Add("GET", "/v1/events", [&ctx](Request& req) -> asio::awaitable<Response> {
+    int64_t after = 0;
+    if (std::string a = req.Query("after"); !a.empty()) {
+      auto p = PositionOf(a, "after");
+      if (!p.ok()) co_return Response::Error(p.status());
+      after = *p;
+    }
+    auto page = PageOf(req);
+    if (!page.ok()) co_return Response::Error(page.status());
+    std::vector<store::Event> events;
+    Status st = ctx.store.Read([&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(events, tx.events().ReadEvents(req.principal.tenant_id, after,
+                                                           FilterOf(req), page->limit));
+      return Status::Ok();
+    });
+    if (!st.ok()) co_return Response::Error(st);
+    Json items = Json::array();
+    for (const auto& e : events) items.push_back(EventJson(e));
+    Json next = static_cast<int>(events.size()) == page->limit
+                    ? Json(std::to_string(events.back().position))
+                    : Json(nullptr);
+    co_return Response::Json(200, {{"items", items}, {"next_cursor", next}});
+  });
+
+  router.Add("GET", "/v1/stream", [&ctx](Request& req) -> asio::awaitable<Response> {
+    const std::string tenant = req.principal.tenant_id;
+    store::EventFilter filter = FilterOf(req);
+    std::string resume = req.Header("last-event-id");
+    if (resume.empty()) resume = req.Query("after");
+    int64_t cursor = 0;
+    if (!resume.empty()) {
+      auto p = PositionOf(resume, "Last-Event-ID");
+      if (!p.ok()) co_return Response::Error(p.status());
+      cursor = *p;
+    } else {
+      // A new client tails from now.
+      Status st = ctx.store.Read([&](store::Tx& tx) -> Status {
+        KEEL_ASSIGN_OR_RETURN(cursor, tx.events().LastPosition());
+        return Status::Ok();
+      });
+      if (!st.ok()) co_return Response::Error(st);
+    }
+    // Subscribe before the headers go out, so a client that waits for them before acting
+    // misses no delta.
+    auto sub = ctx.hub.Subscribe({tenant, filter.agent_id, filter.session_id, filter.run_id});
+    Response r;
+    r.content_type = "text/event-stream";
+    r.headers["X-Accel-Buffering"] = "no";
+    r.stream = [&ctx, tenant, filter, cursor, sub](http::StreamWriter& w) mutable -> asio::awaitable<void> {
+      ++ctx.metrics.sse_clients;
+      struct Leave {
+        ApiContext& ctx;
+        runtime::EventHub::SubscriptionPtr sub;
+        ~Leave() {
+          ctx.hub.Unsubscribe(sub);
+          --ctx.metrics.sse_clients;
+        }
+      } leave{ctx, sub};
+      if (!co_await w.Write("retry: 2000\n: connected\n\n")) co_return;
+      while (true) {
+        ctx.hub.TakeDirty(sub);
+        std::vector<store::Event> events;
+        Status st = ctx.store.Read([&](store::Tx& tx) -> Status {
+          KEEL_ASSIGN_OR_RETURN(events, tx.events().ReadEvents(tenant, cursor, filter, 500));
+          return Status::Ok();
+        });
+        if (!st.ok()) co_return;
+        std::string out;
+        for (const auto& e : events) {
+          out += SseFrame(e);
+          cursor = e.position;
+        }
+        for (const auto& d : ctx.hub.TakeDeltas(sub)) {
+          out += "event: message.delta\ndata: " +
+                 DumpJson({{"run_id", d.run_id},
+                           {"session_id", d.session_id},
+                           {"agent_id", d.agent_id},
+                           {"text", d.text}}) +
+                 "\n\n";
+        }
+        if (!out.empty() && !co_await w.Write(std::move(out))) co_return;
+        if (events.size() == 500) continue;
+        auto before = std::chrono::steady_clock::now();
+        co_await ctx.hub.Wait(sub, std::chrono::seconds(15));
+        if (std::chrono::steady_clock::now() - before >= std::chrono::seconds(15)) {
+          if (!co_await w.Write(": keepalive\n\n")) co_return;
+        }
+      }
+    };
+    co_return r;
+  });
+}
+
+}  // namespace keel::api

@@ -1,0 +1,73 @@
+// Runs: show, list, steps, cancel.
+
+#include "keel/api/api.h"
+#include "keel/api/render.h"
+#include "keel/runtime/runtime.h"
+#include "keel/store/store.h"
+
+namespace keel::api {
+
+namespace asio = boost::asio;
+using http::Request;
+using http::Response;
+
+void RegisterRunRoutes(http::Router& router, ApiContext& ctx) {
+  router.Add("GET", "/v1/runs/{id}", [&ctx](Request& req) -> asio::awaitable<Response> {
+    store::Run run;
+    Status st = ctx.store.Read([&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(run, tx.runs().GetRun(req.principal.tenant_id, req.Param("id")));
+      return Status::Ok();
+    });
+    if (!st.ok()) co_return Response::Error(st);
+    co_return Response::Json(200, RunJson(run));
+  });
+
+  auto list = [&ctx](Request& req) -> asio::awaitable<Response> {
+    auto page = PageOf(req);
+    if (!page.ok()) co_return Response::Error(page.status());
+    std::string session_id = req.Param("id");
+    if (session_id.empty()) session_id = req.Query("session_id");
+    store::Paged<store::Run> runs;
+    Status st = ctx.store.Read([&](store::Tx& tx) -> Status {
+      if (!session_id.empty()) {
+        KEEL_RETURN_IF_ERROR(tx.sessions().GetSession(req.principal.tenant_id, session_id).status());
+      }
+      KEEL_ASSIGN_OR_RETURN(runs, tx.runs().ListRuns(req.principal.tenant_id, session_id, *page));
+      return Status::Ok();
+    });
+    if (!st.ok()) co_return Response::Error(st);
+    co_return Response::Json(200, ListJson(runs, RunJson));
+  };
+  router.Add("GET", "/v1/sessions/{id}/runs", list);
+  router.Add("GET", "/v1/runs", list);
+
+  router.Add("GET", "/v1/runs/{id}/steps", [&ctx](Request& req) -> asio::awaitable<Response> {
+    std::vector<store::Step> steps;
+    std::vector<store::ToolCall> calls;
+    Status st = ctx.store.Read([&](store::Tx& tx) -> Status {
+      const std::string& tenant = req.principal.tenant_id;
+      KEEL_RETURN_IF_ERROR(tx.runs().GetRun(tenant, req.Param("id")).status());
+      KEEL_ASSIGN_OR_RETURN(steps, tx.runs().ListSteps(tenant, req.Param("id")));
+      KEEL_ASSIGN_OR_RETURN(calls, tx.runs().ListToolCalls(tenant, req.Param("id")));
+      return Status::Ok();
+    });
+    if (!st.ok()) co_return Response::Error(st);
+    Json items = Json::array();
+    for (const auto& s : steps) {
+      const store::ToolCall* call = nullptr;
+      for (const auto& c : calls) {
+        if (c.step_id == s.id) call = &c;
+      }
+      items.push_back(StepJson(s, call));
+    }
+    co_return Response::Json(200, {{"items", items}, {"next_cursor", nullptr}});
+  });
+
+  router.Add("POST", "/v1/runs/{id}/cancel", [&ctx](Request& req) -> asio::awaitable<Response> {
+    auto run = co_await ctx.runtime.Cancel(req.principal.tenant_id, req.Param("id"));
+    if (!run.ok()) co_return Response::Error(run.status());
+    co_return Response::Json(200, RunJson(*run));
+  });
+}
+
+}  // namespace keel::api

@@ -1,0 +1,181 @@
+// Sessions and their messages; posting a message is the runtime's intake.
+
+#include "keel/api/api.h"
+#include "keel/api/render.h"
+#include "keel/common/ids.h"
+#include "keel/runtime/event_hub.h"
+#include "keel/runtime/runtime.h"
+#include "keel/store/async_write.h"
+
+namespace keel::api {
+
+namespace asio = boost::asio;
+using http::Request;
+using http::Response;
+
+namespace {
+
+// Suspends until the run is terminal or waiting for approval, or `seconds` pass.
+asio::awaitable<Result<store::Run>> WaitForRun(ApiContext& ctx, const store::Run& run,
+                                               double seconds) {
+  auto sub = ctx.hub.Subscribe({run.tenant_id, "", "", run.id});
+  auto deadline = std::chrono::steady_clock::now() +
+                  std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  store::Run current = run;
+  while (true) {
+    Status st = ctx.store.Read([&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(current, tx.runs().GetRun(run.tenant_id, run.id));
+      return Status::Ok();
+    });
+    if (!st.ok()) {
+      ctx.hub.Unsubscribe(sub);
+      co_return st;
+    }
+    auto now = std::chrono::steady_clock::now();
+    if (current.Terminal() || current.status == "waiting_for_approval" || now >= deadline) break;
+    co_await ctx.hub.Wait(sub, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
+    ctx.hub.TakeDeltas(sub);
+  }
+  ctx.hub.Unsubscribe(sub);
+  co_return current;
+}
+
+Result<double> WaitSeconds(const Request& req) {
+  std::string w = req.Query("wait");
+  if (w.empty()) return 0.0;
+  double v = -1;
+  try {
+    size_t used = 0;
+    v = std::stod(w, &used);
+    if (used != w.size()) v = -1;
+  } catch (...) {
+  }
+  if (!(v >= 0 && v <= 300)) return InvalidArgument("wait must be a number of seconds from 0 to 300");
+  return v;
+}
+
+}  // namespace
+
+void RegisterSessionRoutes(http::Router& router, ApiContext& ctx) {
+  router.Add("POST", "/v1/agents/{id}/sessions", [&ctx](Request& req) -> asio::awaitable<Response> {
+    auto body = ParseJsonObject(req.body);
+    if (!body.ok()) co_return Response::Error(body.status());
+    auto title = OptString(*body, "title");
+    if (!title.ok()) co_return Response::Error(title.status());
+    if (title->size() > 1000) co_return Response::Error(InvalidArgument("title is longer than 1000 characters"));
+    store::Session session;
+    session.id = NewId();
+    session.tenant_id = req.principal.tenant_id;
+    session.agent_id = req.Param("id");
+    session.title = *title;
+    session.created_at = session.updated_at = NowMillis();
+    auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
+      KEEL_RETURN_IF_ERROR(tx.agents().GetAgent(session.tenant_id, session.agent_id).status());
+      KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(session));
+      return tx.events()
+          .Append({session.tenant_id, "session.created@v1", session.agent_id, session.id, "",
+                   {{"title", session.title}}})
+          .status();
+    });
+    if (!written.ok()) co_return Response::Error(written.status());
+    co_return Response::Json(201, SessionJson(session));
+  });
+
+  router.Add("GET", "/v1/agents/{id}/sessions", [&ctx](Request& req) -> asio::awaitable<Response> {
+    auto page = PageOf(req);
+    if (!page.ok()) co_return Response::Error(page.status());
+    store::Paged<store::Session> sessions;
+    Status st = ctx.store.Read([&](store::Tx& tx) -> Status {
+      KEEL_RETURN_IF_ERROR(tx.agents().GetAgent(req.principal.tenant_id, req.Param("id")).status());
+      KEEL_ASSIGN_OR_RETURN(sessions, tx.sessions().ListSessions(req.principal.tenant_id,
+                                                                 req.Param("id"), *page));
+      return Status::Ok();
+    });
+    if (!st.ok()) co_return Response::Error(st);
+    co_return Response::Json(200, ListJson(sessions, SessionJson));
+  });
+
+  router.Add("GET", "/v1/sessions/{id}", [&ctx](Request& req) -> asio::awaitable<Response> {
+    store::Session session;
+    Status st = ctx.store.Read([&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(session, tx.sessions().GetSession(req.principal.tenant_id, req.Param("id")));
+      return Status::Ok();
+    });
+    if (!st.ok()) co_return Response::Error(st);
+    co_return Response::Json(200, SessionJson(session));
+  });
+
+  // Closing and reopening: {"status": "inactive" | "idle"}.
+  router.Add("PATCH", "/v1/sessions/{id}", [&ctx](Request& req) -> asio::awaitable<Response> {
+    auto body = ParseJsonObject(req.body);
+    if (!body.ok()) co_return Response::Error(body.status());
+    auto status = ReqString(*body, "status");
+    if (!status.ok()) co_return Response::Error(status.status());
+    if (*status != "inactive" && *status != "idle") {
+      co_return Response::Error(InvalidArgument("status must be 'inactive' (close) or 'idle' (reopen)"));
+    }
+    std::string tenant = req.principal.tenant_id;
+    std::string id = req.Param("id");
+    store::Session session;
+    auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(session, tx.sessions().GetSession(tenant, id));
+      KEEL_ASSIGN_OR_RETURN(bool busy, tx.runs().SessionBusy(tenant, id));
+      if (busy && *status == "inactive") {
+        return Conflict("session " + id + " has a run in flight; cancel it or wait");
+      }
+      session.status = *status;
+      session.updated_at = NowMillis();
+      KEEL_RETURN_IF_ERROR(tx.sessions().UpdateSessionStatus(tenant, id, *status, session.updated_at));
+      return tx.events()
+          .Append({tenant, *status == "inactive" ? "session.closed@v1" : "session.reopened@v1",
+                   session.agent_id, id, "", {}})
+          .status();
+    });
+    if (!written.ok()) co_return Response::Error(written.status());
+    co_return Response::Json(200, SessionJson(session));
+  });
+
+  router.Add("POST", "/v1/sessions/{id}/messages", [&ctx](Request& req) -> asio::awaitable<Response> {
+    auto body = ParseJsonObject(req.body);
+    if (!body.ok()) co_return Response::Error(body.status());
+    auto content = ReqString(*body, "content");
+    if (!content.ok()) co_return Response::Error(content.status());
+    auto wait = WaitSeconds(req);
+    if (!wait.ok()) co_return Response::Error(wait.status());
+    runtime::IntakeRequest intake{req.principal.tenant_id, req.Param("id"), *content,
+                                  req.Header("idempotency-key")};
+    auto result = co_await ctx.runtime.PostMessage(intake);
+    if (!result.ok()) {
+      Response r = Response::Error(result.status());
+      if (result.status().code() == Code::kRateLimited) r.headers["Retry-After"] = "1";
+      co_return r;
+    }
+    store::Run run = result->run;
+    int status = 202;
+    if (*wait > 0) {
+      auto waited = co_await WaitForRun(ctx, run, *wait);
+      if (!waited.ok()) co_return Response::Error(waited.status());
+      run = *waited;
+      status = 200;
+    }
+    Json out = {{"message", MessageJson(result->message)}, {"run", RunJson(run)}};
+    if (result->replayed) out["replayed"] = true;
+    co_return Response::Json(status, out);
+  });
+
+  router.Add("GET", "/v1/sessions/{id}/messages", [&ctx](Request& req) -> asio::awaitable<Response> {
+    auto page = PageOf(req);
+    if (!page.ok()) co_return Response::Error(page.status());
+    store::Paged<store::Message> messages;
+    Status st = ctx.store.Read([&](store::Tx& tx) -> Status {
+      KEEL_RETURN_IF_ERROR(tx.sessions().GetSession(req.principal.tenant_id, req.Param("id")).status());
+      KEEL_ASSIGN_OR_RETURN(messages, tx.messages().ListMessages(req.principal.tenant_id,
+                                                                 req.Param("id"), *page));
+      return Status::Ok();
+    });
+    if (!st.ok()) co_return Response::Error(st);
+    co_return Response::Json(200, ListJson(messages, MessageJson));
+  });
+}
+
+}  // namespace keel::api

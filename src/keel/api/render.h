@@ -1,0 +1,35 @@
+#pragma once
+// Internal to the api module: JSON shapes of the records (docs/API.md) and request helpers.
+
+#include <string>
+
+#include "keel/common/json_util.h"
+#include "keel/http/types.h"
+#include "keel/store/types.h"
+
+namespace keel::api {
+
+Json TenantJson(const store::Tenant& t);
+Json TokenJson(const store::Token& t);
+Json AgentJson(const store::Agent& a);
+Json SessionJson(const store::Session& s);
+Json MessageJson(const store::Message& m);
+Json RunJson(const store::Run& r);
+Json StepJson(const store::Step& s, const store::ToolCall* call);
+Json EventJson(const store::Event& e);
+
+// ?limit= and ?cursor= with validation (limit 1..500, default 50).
+Result<store::Page> PageOf(const http::Request& req);
+
+template <typename T, typename Fn>
+Json ListJson(const store::Paged<T>& page, Fn render) {
+  Json items = Json::array();
+  for (const auto& x : page.items) items.push_back(render(x));
+  return {{"items", std::move(items)},
+          {"next_cursor", page.next_cursor.empty() ? Json(nullptr) : Json(page.next_cursor)}};
+}
+
+// Owners may administer their tenant; users may only use it.
+Status RequireOwner(const http::Request& req);
+
+}  // namespace keel::api

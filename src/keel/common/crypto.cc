@@ -1,0 +1,102 @@
+#include "keel/common/crypto.h"
+
+#include <openssl/crypto.h>
+#include <openssl/rand.h>
+#include <openssl/sha.h>
+
+#include <stdexcept>
+
+namespace keel {
+namespace {
+constexpr char kHex[] = "0123456789abcdef";
+constexpr char kB64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+
+std::string Hex(const unsigned char* p, size_t n) {
+  std::string out(n * 2, '0');
+  for (size_t i = 0; i < n; ++i) {
+    out[2 * i] = kHex[p[i] >> 4];
+    out[2 * i + 1] = kHex[p[i] & 15];
+  }
+  return out;
+}
+}  // namespace
+
+std::string Sha256Hex(std::string_view data) {
+  unsigned char md[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(), md);
+  return Hex(md, sizeof md);
+}
+
+std::string RandomHex(size_t n) {
+  std::string bytes(n, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(bytes.data()), static_cast<int>(n)) != 1) {
+    throw std::runtime_error("RAND_bytes failed");
+  }
+  return Hex(reinterpret_cast<const unsigned char*>(bytes.data()), n);
+}
+
+std::string NewToken() {
+  std::string bytes(32, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(bytes.data()), 32) != 1) {
+    throw std::runtime_error("RAND_bytes failed");
+  }
+  return "keel_" + Base64UrlEncode(bytes);
+}
+
+std::string Base64UrlEncode(std::string_view data) {
+  std::string out;
+  out.reserve((data.size() * 4 + 2) / 3);
+  size_t i = 0;
+  auto at = [&](size_t k) { return static_cast<unsigned char>(data[k]); };
+  for (; i + 2 < data.size(); i += 3) {
+    unsigned v = (at(i) << 16) | (at(i + 1) << 8) | at(i + 2);
+    out += kB64[(v >> 18) & 63];
+    out += kB64[(v >> 12) & 63];
+    out += kB64[(v >> 6) & 63];
+    out += kB64[v & 63];
+  }
+  if (i + 1 == data.size()) {
+    unsigned v = at(i) << 16;
+    out += kB64[(v >> 18) & 63];
+    out += kB64[(v >> 12) & 63];
+  } else if (i + 2 == data.size()) {
+    unsigned v = (at(i) << 16) | (at(i + 1) << 8);
+    out += kB64[(v >> 18) & 63];
+    out += kB64[(v >> 12) & 63];
+    out += kB64[(v >> 6) & 63];
+  }
+  return out;
+}
+
+std::string Base64UrlDecode(std::string_view data) {
+  auto val = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '-') return 62;
+    if (c == '_') return 63;
+    return -1;
+  };
+  if (data.size() % 4 == 1) return {};
+  std::string out;
+  unsigned acc = 0;
+  int bits = 0;
+  for (char c : data) {
+    int v = val(c);
+    if (v < 0) return {};
+    acc = (acc << 6) | unsigned(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out += static_cast<char>((acc >> bits) & 0xff);
+    }
+  }
+  return out;
+}
+
+bool ConstantTimeEquals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+}  // namespace keel

@@ -1,0 +1,173 @@
+#include "keel/config/config.h"
+
+#include <toml++/toml.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <set>
+
+namespace keel::config {
+
+namespace {
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+Status ParseInt(const std::string& text, const std::string& source, int64_t lo, int64_t hi,
+                int64_t* out) {
+  try {
+    size_t used = 0;
+    long long v = std::stoll(text, &used);
+    if (used == text.size() && v >= lo && v <= hi) {
+      *out = v;
+      return Status::Ok();
+    }
+  } catch (...) {
+  }
+  return InvalidArgument(source + " must be an integer from " + std::to_string(lo) + " to " +
+                         std::to_string(hi) + ", got '" + text + "'");
+}
+
+template <typename T>
+Status SetInt(const std::string& text, const std::string& source, int64_t lo, int64_t hi, T* out) {
+  int64_t v = 0;
+  KEEL_RETURN_IF_ERROR(ParseInt(text, source, lo, hi, &v));
+  *out = static_cast<T>(v);
+  return Status::Ok();
+}
+
+Status ApplyToml(const std::string& path, Config& c) {
+  toml::table t;
+  try {
+    t = toml::parse_file(path);
+  } catch (const toml::parse_error& err) {
+    return InvalidArgument("cannot parse " + path + " at line " +
+                           std::to_string(err.source().begin.line) + ": " +
+                           std::string(err.description()));
+  }
+  static const std::set<std::string> kTop = {"listen", "store", "workspaces", "durable",
+                                             "max_body_bytes", "tenant_run_cap",
+                                             "max_concurrent_runs", "max_steps", "lease_ms",
+                                             "history_limit", "log_level", "openai"};
+  for (const auto& [k, v] : t) {
+    if (!kTop.count(std::string(k.str()))) {
+      return InvalidArgument(path + ": unknown setting '" + std::string(k.str()) + "'");
+    }
+  }
+  auto str = [&](const char* key, std::string* out) -> Status {
+    if (auto n = t[key]; n) {
+      if (!n.is_string()) return InvalidArgument(path + ": " + key + " must be a string");
+      *out = n.value<std::string>().value();
+    }
+    return Status::Ok();
+  };
+  auto num = [&](const char* key, int64_t lo, int64_t hi, auto* out) -> Status {
+    if (auto n = t[key]; n) {
+      auto v = n.value<int64_t>();
+      if (!n.is_integer() || !v || *v < lo || *v > hi) {
+        return InvalidArgument(path + ": " + key + " must be an integer from " +
+                               std::to_string(lo) + " to " + std::to_string(hi));
+      }
+      *out = static_cast<std::remove_pointer_t<decltype(out)>>(*v);
+    }
+    return Status::Ok();
+  };
+  KEEL_RETURN_IF_ERROR(str("listen", &c.listen));
+  KEEL_RETURN_IF_ERROR(str("store", &c.store_url));
+  KEEL_RETURN_IF_ERROR(str("workspaces", &c.workspaces));
+  KEEL_RETURN_IF_ERROR(str("log_level", &c.log_level));
+  if (auto n = t["durable"]; n) {
+    if (!n.is_boolean()) return InvalidArgument(path + ": durable must be true or false");
+    c.durable = n.value<bool>().value();
+  }
+  KEEL_RETURN_IF_ERROR(num("max_body_bytes", 1024, int64_t(1) << 30, &c.max_body_bytes));
+  KEEL_RETURN_IF_ERROR(num("tenant_run_cap", 1, 1000000, &c.tenant_run_cap));
+  KEEL_RETURN_IF_ERROR(num("max_concurrent_runs", 1, 100000, &c.max_concurrent_runs));
+  KEEL_RETURN_IF_ERROR(num("max_steps", 1, 1000, &c.max_steps));
+  KEEL_RETURN_IF_ERROR(num("lease_ms", 1000, 3600000, &c.lease_ms));
+  KEEL_RETURN_IF_ERROR(num("history_limit", 0, 10000, &c.history_limit));
+  if (auto o = t["openai"]; o) {
+    if (!o.is_table()) return InvalidArgument(path + ": [openai] must be a table");
+    const toml::table& ot = *o.as_table();
+    for (const auto& [k, v] : ot) {
+      std::string key(k.str());
+      if (key == "base_url" || key == "api_key") {
+        if (!v.is_string()) return InvalidArgument(path + ": openai." + key + " must be a string");
+        (key == "base_url" ? c.openai.base_url : c.openai.api_key) = *v.value<std::string>();
+      } else if (key == "timeout_ms" || key == "max_retries") {
+        auto iv = v.value<int64_t>();
+        if (!v.is_integer() || !iv || *iv < 0 || *iv > 3600000) {
+          return InvalidArgument(path + ": openai." + key + " must be a non-negative integer");
+        }
+        (key == "timeout_ms" ? c.openai.timeout_ms : c.openai.max_retries) = static_cast<int>(*iv);
+      } else {
+        return InvalidArgument(path + ": unknown setting 'openai." + key + "'");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string DefaultHome() {
+  std::string home = Env("KEEL_HOME");
+  if (!home.empty()) return home;
+  std::string user_home = Env("HOME");
+  if (user_home.empty()) user_home = ".";
+  return user_home + "/.local/share/keel";
+}
+
+Result<Config> Load(const Overrides& o) {
+  Config c;
+  c.home = o.home ? *o.home : DefaultHome();
+  if (c.home.empty()) return InvalidArgument("KEEL_HOME must not be empty");
+
+  std::string config_file = o.config_file ? *o.config_file : Env("KEEL_CONFIG");
+  bool explicit_file = !config_file.empty();
+  if (config_file.empty()) config_file = c.home + "/keel.toml";
+  std::error_code ec;
+  if (std::filesystem::exists(config_file, ec)) {
+    KEEL_RETURN_IF_ERROR(ApplyToml(config_file, c));
+  } else if (explicit_file) {
+    return InvalidArgument("config file not found: " + config_file);
+  }
+
+  // Provider settings honour the usual variables; KEEL_* ones follow.
+  if (auto v = Env("OPENAI_API_KEY"); !v.empty()) c.openai.api_key = v;
+  if (auto v = Env("OPENAI_BASE_URL"); !v.empty()) c.openai.base_url = v;
+  if (auto v = Env("KEEL_LISTEN"); !v.empty()) c.listen = v;
+  if (auto v = Env("KEEL_STORE"); !v.empty()) c.store_url = v;
+  if (auto v = Env("KEEL_WORKSPACES"); !v.empty()) c.workspaces = v;
+  if (auto v = Env("KEEL_DURABLE"); !v.empty()) {
+    if (v != "true" && v != "false" && v != "1" && v != "0") {
+      return InvalidArgument("KEEL_DURABLE must be true or false, got '" + v + "'");
+    }
+    c.durable = v == "true" || v == "1";
+  }
+  if (auto v = Env("KEEL_TENANT_RUN_CAP"); !v.empty()) {
+    KEEL_RETURN_IF_ERROR(SetInt(v, "KEEL_TENANT_RUN_CAP", 1, 1000000, &c.tenant_run_cap));
+  }
+  if (auto v = Env("KEEL_MAX_CONCURRENT_RUNS"); !v.empty()) {
+    KEEL_RETURN_IF_ERROR(SetInt(v, "KEEL_MAX_CONCURRENT_RUNS", 1, 100000, &c.max_concurrent_runs));
+  }
+  if (auto v = Env("KEEL_MAX_STEPS"); !v.empty()) {
+    KEEL_RETURN_IF_ERROR(SetInt(v, "KEEL_MAX_STEPS", 1, 1000, &c.max_steps));
+  }
+  if (auto v = Env("KEEL_LEASE_MS"); !v.empty()) {
+    KEEL_RETURN_IF_ERROR(SetInt(v, "KEEL_LEASE_MS", 1000, 3600000, &c.lease_ms));
+  }
+  if (auto v = Env("KEEL_MAX_BODY_BYTES"); !v.empty()) {
+    KEEL_RETURN_IF_ERROR(SetInt(v, "KEEL_MAX_BODY_BYTES", 1024, int64_t(1) << 30, &c.max_body_bytes));
+  }
+  if (o.listen) c.listen = *o.listen;
+  if (o.store_url) c.store_url = *o.store_url;
+
+  if (c.store_url.empty()) c.store_url = "sqlite://" + c.home + "/keel.db";
+  if (c.workspaces.empty()) c.workspaces = c.home + "/workspaces";
+  return c;
+}
+
+}  // namespace keel::config

@@ -1,0 +1,50 @@
+#pragma once
+// Server configuration: defaults, overridden by $KEEL_HOME/keel.toml (or --config), overridden by
+// KEEL_* environment variables, overridden by command-line flags.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "keel/common/status.h"
+
+namespace keel::config {
+
+struct OpenAiConfig {
+  std::string base_url = "https://api.openai.com/v1";
+  std::string api_key;  // empty: calls fail with a clear error naming OPENAI_API_KEY
+  int timeout_ms = 60000;
+  int max_retries = 3;
+};
+
+struct Config {
+  std::string home;        // data directory, mode 0700
+  std::string listen = "127.0.0.1:7878";
+  std::string store_url;   // default sqlite://$home/keel.db
+  std::string workspaces;  // default $home/workspaces
+  bool durable = true;     // false: synchronous=NORMAL, not durable on power loss
+  int64_t max_body_bytes = 1 << 20;
+  int tenant_run_cap = 1000;     // runs queued or running per tenant before 429
+  int max_concurrent_runs = 256; // runs executing at once on this node
+  int max_steps = 16;            // model steps per run, unless the agent says otherwise
+  int lease_ms = 30000;
+  int history_limit = 50;        // earlier messages a turn's context carries
+  std::string log_level = "info";
+  OpenAiConfig openai;
+};
+
+// Flags given on the command line; unset ones do not override.
+struct Overrides {
+  std::optional<std::string> home;
+  std::optional<std::string> config_file;
+  std::optional<std::string> listen;
+  std::optional<std::string> store_url;
+};
+
+// The default data directory: $KEEL_HOME, else ~/.local/share/keel.
+std::string DefaultHome();
+
+// Loads and validates the configuration. Errors name the setting and its source.
+Result<Config> Load(const Overrides& overrides);
+
+}  // namespace keel::config

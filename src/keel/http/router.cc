@@ -1,0 +1,112 @@
+#include "keel/http/router.h"
+
+#include <boost/asio/use_awaitable.hpp>
+
+namespace keel::http {
+
+namespace {
+std::vector<std::string> Split(const std::string& path) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  while (i < path.size()) {
+    if (path[i] == '/') {
+      ++i;
+      continue;
+    }
+    size_t j = path.find('/', i);
+    if (j == std::string::npos) j = path.size();
+    out.push_back(path.substr(i, j - i));
+    i = j;
+  }
+  return out;
+}
+}  // namespace
+
+std::string Request::Header(const std::string& lower_name) const {
+  auto it = headers.find(lower_name);
+  return it == headers.end() ? "" : it->second;
+}
+std::string Request::Param(const std::string& name) const {
+  auto it = params.find(name);
+  return it == params.end() ? "" : it->second;
+}
+std::string Request::Query(const std::string& name, const std::string& fallback) const {
+  auto it = query.find(name);
+  return it == query.end() ? fallback : it->second;
+}
+
+Response Response::Json(int status, const keel::Json& body) {
+  Response r;
+  r.status = status;
+  r.body = DumpJson(body);
+  return r;
+}
+
+Response Response::Error(const Status& status) {
+  Response r;
+  r.status = HttpStatusOf(status.code());
+  r.body = ErrorBody(status);
+  if (status.code() == Code::kUnauthenticated) r.headers["WWW-Authenticate"] = "Bearer";
+  return r;
+}
+
+Response Response::NoContent() {
+  Response r;
+  r.status = 204;
+  r.content_type.clear();
+  return r;
+}
+
+void Router::Add(const std::string& method, const std::string& pattern, Handler handler,
+                 bool requires_auth) {
+  routes_.push_back(Route{method, Split(pattern), std::move(handler), requires_auth});
+}
+
+boost::asio::awaitable<Response> Router::Dispatch(Request& request) const {
+  auto segments = Split(request.path);
+  bool path_matched = false;
+  for (const auto& route : routes_) {
+    if (route.segments.size() != segments.size()) continue;
+    std::map<std::string, std::string> params;
+    bool ok = true;
+    for (size_t i = 0; i < segments.size() && ok; ++i) {
+      const auto& pat = route.segments[i];
+      if (pat.size() > 2 && pat.front() == '{' && pat.back() == '}') {
+        params[pat.substr(1, pat.size() - 2)] = segments[i];
+      } else {
+        ok = pat == segments[i];
+      }
+    }
+    if (!ok) continue;
+    path_matched = true;
+    if (route.method != request.method) continue;
+    if (route.requires_auth) {
+      std::string auth = request.Header("authorization");
+      std::string token;
+      if (auth.size() > 7 && (auth.compare(0, 7, "Bearer ") == 0 || auth.compare(0, 7, "bearer ") == 0)) {
+        token = auth.substr(7);
+      }
+      if (token.empty()) {
+        co_return Response::Error(Unauthenticated("missing bearer token (Authorization: Bearer ...)"));
+      }
+      auto principal = authenticate_(token);
+      if (!principal.ok()) co_return Response::Error(principal.status());
+      request.principal = *principal;
+    }
+    request.params = std::move(params);
+    try {
+      co_return co_await route.handler(request);
+    } catch (const std::exception& e) {
+      co_return Response::Error(Internal(std::string("unexpected error: ") + e.what()));
+    }
+  }
+  if (path_matched) {
+    Response r = Response::Error(Status(Code::kInvalidArgument, "method " + request.method +
+                                                                    " not allowed on " + request.path));
+    r.status = 405;
+    co_return r;
+  }
+  co_return Response::Error(NotFound("no route for " + request.method + " " + request.path));
+}
+
+}  // namespace keel::http

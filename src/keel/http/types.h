@@ -1,0 +1,63 @@
+#pragma once
+// Plain HTTP request/response values. Handlers see these, never Beast types, so the API
+// modules compile without Beast's headers.
+
+#include <boost/asio/awaitable.hpp>
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "keel/common/json_util.h"
+#include "keel/common/status.h"
+
+namespace keel::http {
+
+// Who is calling, resolved from the bearer token before the handler runs.
+struct Principal {
+  std::string tenant_id;
+  std::string token_id;
+  std::string role;  // owner | user
+  bool platform_admin = false;
+};
+
+struct Request {
+  std::string method;
+  std::string path;    // without the query string
+  std::map<std::string, std::string> query;   // decoded
+  std::map<std::string, std::string> headers; // lower-cased names
+  std::map<std::string, std::string> params;  // from the route pattern, e.g. {id}
+  std::string body;
+  Principal principal;
+
+  std::string Header(const std::string& lower_name) const;
+  std::string Param(const std::string& name) const;
+  // The query parameter, or `fallback` when absent.
+  std::string Query(const std::string& name, const std::string& fallback = "") const;
+};
+
+// Writes a long-lived streamed body (Server-Sent Events). Write returns false once the client
+// has gone away.
+class StreamWriter {
+ public:
+  virtual ~StreamWriter() = default;
+  virtual boost::asio::awaitable<bool> Write(std::string data) = 0;
+};
+
+struct Response {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+  std::map<std::string, std::string> headers;
+  // When set, the server sends the headers, then hands the connection to `stream`, and closes
+  // it when `stream` returns.
+  std::function<boost::asio::awaitable<void>(StreamWriter&)> stream;
+
+  static Response Json(int status, const keel::Json& body);
+  static Response Error(const Status& status);
+  static Response NoContent();
+};
+
+}  // namespace keel::http

@@ -1,0 +1,68 @@
+#pragma once
+// EventHub: wakes live readers (SSE streams, ?wait= requests) when events commit, and carries
+// token deltas, which are never stored. The event log stays the truth: a subscriber re-reads
+// the store after each wake-up, so a missed wake-up costs latency, never an event.
+//
+// Lives on the server's io executor: Subscribe/Wait/PublishDelta run there. OnCommit may be
+// called from any thread (the store's writer) and posts to the executor.
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+
+#include <chrono>
+#include <deque>
+#include <list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "keel/common/json_util.h"
+#include "keel/store/types.h"
+
+namespace keel::runtime {
+
+struct Delta {
+  std::string tenant_id;
+  std::string agent_id;
+  std::string session_id;
+  std::string run_id;
+  std::string text;
+};
+
+struct SubscriptionFilter {
+  std::string tenant_id;  // required
+  std::string agent_id;   // empty = any
+  std::string session_id;
+  std::string run_id;
+};
+
+class EventHub {
+ public:
+  class Subscription;
+  using SubscriptionPtr = std::shared_ptr<Subscription>;  // shared with the hub's wake list
+
+  explicit EventHub(boost::asio::any_io_executor executor);
+  ~EventHub();
+
+  // Called with every committed batch of events (from the store's writer thread).
+  void OnCommit(const std::vector<store::Event>& events);
+  void PublishDelta(const Delta& delta);
+
+  SubscriptionPtr Subscribe(const SubscriptionFilter& filter);
+  void Unsubscribe(const SubscriptionPtr& sub);
+  // Suspends until a matching event commits or a delta arrives, or `timeout` passes.
+  boost::asio::awaitable<void> Wait(const SubscriptionPtr& sub, std::chrono::milliseconds timeout);
+  // Deltas received since the last call.
+  std::deque<Delta> TakeDeltas(const SubscriptionPtr& sub);
+  // Whether a matching event committed since the last call (clears the flag).
+  bool TakeDirty(const SubscriptionPtr& sub);
+
+  size_t subscriber_count() const { return subs_.size(); }
+
+ private:
+  void Dispatch(const std::vector<store::Event>& events);
+  boost::asio::any_io_executor executor_;
+  std::list<SubscriptionPtr> subs_;
+};
+
+}  // namespace keel::runtime

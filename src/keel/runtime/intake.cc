@@ -1,0 +1,130 @@
+// Intake and cancellation: the two ways a client changes what the runtime will do.
+
+#include "keel/common/ids.h"
+#include "keel/runtime/runtime.h"
+#include "keel/store/async_write.h"
+
+namespace keel::runtime {
+
+namespace asio = boost::asio;
+
+asio::awaitable<Result<IntakeResult>> Runtime::PostMessage(const IntakeRequest& req) {
+  if (req.content.empty()) co_return InvalidArgument("field 'content' must not be empty");
+  if (req.idempotency_key.size() > 256) {
+    co_return InvalidArgument("Idempotency-Key is longer than 256 characters");
+  }
+  store::Session session;
+  store::Agent agent;
+  std::optional<IntakeResult> replay;
+  Status st = store_.Read([&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(session, tx.sessions().GetSession(req.tenant_id, req.session_id));
+    auto a = tx.agents().GetAgent(req.tenant_id, session.agent_id);
+    if (!a.ok()) return Conflict("the session's agent was deleted");
+    agent = *a;
+    if (!req.idempotency_key.empty()) {
+      KEEL_ASSIGN_OR_RETURN(auto found, tx.messages().FindByIdempotencyKey(
+                                            req.tenant_id, req.session_id, req.idempotency_key));
+      if (found) {
+        KEEL_ASSIGN_OR_RETURN(auto run, tx.runs().GetRun(req.tenant_id, found->run_id));
+        replay = IntakeResult{*found, run, true};
+      }
+    }
+    return Status::Ok();
+  });
+  if (!st.ok()) co_return st;
+  if (replay) co_return *replay;
+  if (session.status == "inactive") {
+    co_return Conflict("session " + session.id + " is inactive and takes no new messages");
+  }
+  const bool reject_when_busy = agent.config.is_object() && agent.config.value("busy", "") == "reject";
+
+  Millis now = NowMillis();
+  IntakeResult out;
+  out.message.id = NewId();
+  out.run.id = NewId();
+  out.message.tenant_id = out.run.tenant_id = req.tenant_id;
+  out.message.session_id = out.run.session_id = req.session_id;
+  out.message.run_id = out.run.id;
+  out.message.role = "user";
+  out.message.content = req.content;
+  out.message.idempotency_key = req.idempotency_key;
+  out.message.created_at = out.run.created_at = now;
+  out.run.agent_id = agent.id;
+  out.run.message_id = out.message.id;
+  out.run.status = "queued";
+
+  const int cap = options_.tenant_run_cap;
+  auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
+    if (!req.idempotency_key.empty()) {
+      // Re-checked inside the unit: two requests with one key may race past the read above.
+      KEEL_ASSIGN_OR_RETURN(auto found, tx.messages().FindByIdempotencyKey(
+                                            req.tenant_id, req.session_id, req.idempotency_key));
+      if (found) {
+        KEEL_ASSIGN_OR_RETURN(auto run, tx.runs().GetRun(req.tenant_id, found->run_id));
+        replay = IntakeResult{*found, run, true};
+        return Status::Ok();
+      }
+    }
+    if (reject_when_busy) {
+      KEEL_ASSIGN_OR_RETURN(bool busy, tx.runs().SessionBusy(req.tenant_id, req.session_id));
+      if (busy) {
+        return Conflict("session " + req.session_id +
+                        " is busy with a run and its agent rejects messages while busy");
+      }
+    }
+    KEEL_ASSIGN_OR_RETURN(int64_t active, tx.runs().CountActiveRuns(req.tenant_id));
+    if (active >= cap) {
+      return Status(Code::kRateLimited, "the tenant has " + std::to_string(active) +
+                                            " runs in flight (limit " + std::to_string(cap) +
+                                            "); retry later");
+    }
+    KEEL_RETURN_IF_ERROR(tx.messages().InsertMessage(out.message));
+    KEEL_RETURN_IF_ERROR(tx.runs().InsertRun(out.run));
+    KEEL_RETURN_IF_ERROR(tx.events()
+                             .Append({req.tenant_id, "message.created@v1", agent.id, req.session_id,
+                                      out.run.id,
+                                      {{"message_id", out.message.id}, {"role", "user"}}})
+                             .status());
+    return tx.events()
+        .Append({req.tenant_id, "run.queued@v1", agent.id, req.session_id, out.run.id,
+                 {{"message_id", out.message.id}}})
+        .status();
+  });
+  if (!written.ok()) co_return written.status();
+  if (replay) co_return *replay;
+  Wake();
+  co_return out;
+}
+
+asio::awaitable<Result<store::Run>> Runtime::Cancel(const std::string& tenant_id,
+                                                    const std::string& run_id) {
+  store::Run out;
+  auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(out, tx.runs().GetRun(tenant_id, run_id));
+    if (out.Terminal()) {
+      return Conflict("run " + run_id + " already ended (" + out.status + ")");
+    }
+    Millis now = NowMillis();
+    if (out.status == "running") {
+      if (out.cancel_requested) return Status::Ok();
+      out.cancel_requested = true;
+      KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(out));
+      return tx.events()
+          .Append({tenant_id, "run.cancel_requested@v1", out.agent_id, out.session_id, out.id, {}})
+          .status();
+    }
+    out.status = "cancelled";
+    out.finished_at = now;
+    out.error = {{"code", "cancelled"}, {"message", "cancelled by request"}};
+    KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(out));
+    return tx.events()
+        .Append({tenant_id, "run.cancelled@v1", out.agent_id, out.session_id, out.id, {}})
+        .status();
+  });
+  if (!written.ok()) co_return written.status();
+  if (out.status == "running") cancel_requested_.insert(run_id);
+  if (out.status == "cancelled") Wake();  // the session's next run may start
+  co_return out;
+}
+
+}  // namespace keel::runtime

@@ -1,0 +1,343 @@
+// Executing one run: claim it, rebuild its state from the recorded steps, and drive the
+// model/tool loop to an end, recording every model response and tool result as it happens.
+
+#include <boost/asio/use_awaitable.hpp>
+
+#include <map>
+#include <set>
+
+#include "keel/common/ids.h"
+#include "keel/metrics.h"
+#include "keel/model/provider.h"
+#include "keel/runtime/event_hub.h"
+#include "keel/runtime/runtime.h"
+#include "keel/store/async_write.h"
+#include "keel/tools/gateway.h"
+
+namespace keel::runtime {
+
+namespace asio = boost::asio;
+
+namespace {
+
+Json ToolCallsJson(const std::vector<model::ToolCallRequest>& calls) {
+  Json out = Json::array();
+  for (const auto& c : calls) {
+    out.push_back({{"id", c.id}, {"name", c.name}, {"arguments", c.arguments}});
+  }
+  return out;
+}
+
+std::vector<model::ToolCallRequest> ToolCallsFrom(const Json& j) {
+  std::vector<model::ToolCallRequest> out;
+  if (!j.is_array()) return out;
+  for (const auto& c : j) {
+    if (!c.is_object()) continue;
+    out.push_back({c.value("id", ""), c.value("name", ""), c.value("arguments", Json::object())});
+  }
+  return out;
+}
+
+// Re-reads the run inside a unit of work and checks this execution still owns it.
+Result<store::Run> OwnedRun(store::Tx& tx, const store::Run& mine) {
+  KEEL_ASSIGN_OR_RETURN(auto cur, tx.runs().GetRun(mine.tenant_id, mine.id));
+  if (cur.status != "running" || cur.lease_owner != mine.lease_owner ||
+      cur.attempt != mine.attempt) {
+    return Conflict("run " + mine.id + " is no longer held by this execution");
+  }
+  return cur;
+}
+
+}  // namespace
+
+asio::awaitable<void> Runtime::RunOne(store::Run run) {
+  ++metrics_.runs_executing;
+  struct Release {
+    Runtime* rt;
+    std::string id;
+    ~Release() {
+      rt->executing_.erase(id);
+      rt->cancel_requested_.erase(id);
+      --rt->metrics_.runs_executing;
+      rt->Wake();
+    }
+  } release{this, run.id};
+
+  // Claim: queued, or running with an expired lease (its process died).
+  const std::string origin = store_.origin();
+  Millis now = NowMillis();
+  auto claimed = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(auto cur, tx.runs().GetRun(run.tenant_id, run.id));
+    bool resumable = cur.status == "running" && cur.lease_expires_at < now;
+    if (cur.status != "queued" && !resumable) return Conflict("run is not claimable");
+    cur.status = "running";
+    cur.attempt += 1;
+    cur.lease_owner = origin;
+    cur.lease_expires_at = now + options_.lease_ms;
+    if (!cur.started_at) cur.started_at = now;
+    KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(cur));
+    KEEL_RETURN_IF_ERROR(tx.sessions().UpdateSessionStatus(cur.tenant_id, cur.session_id,
+                                                           "running", now));
+    KEEL_RETURN_IF_ERROR(tx.events()
+                             .Append({cur.tenant_id, "run.started@v1", cur.agent_id,
+                                      cur.session_id, cur.id,
+                                      {{"attempt", cur.attempt}, {"resumed", resumable}}})
+                             .status());
+    run = cur;
+    return Status::Ok();
+  });
+  if (!claimed.ok()) co_return;
+  ++metrics_.runs_started;
+
+  // Ends the run in one unit of work: the final answer (or the failure) and the session's state.
+  auto finish = [&](const std::string& status, const std::string& output, Json error,
+                    std::optional<store::Step> final_step,
+                    model::Usage usage) -> asio::awaitable<Status> {
+    auto done = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(auto cur, OwnedRun(tx, run));
+      Millis at = NowMillis();
+      if (final_step) {
+        KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(*final_step));
+        KEEL_RETURN_IF_ERROR(tx.events()
+                                 .Append({cur.tenant_id, "run.step@v1", cur.agent_id,
+                                          cur.session_id, cur.id,
+                                          {{"seq", final_step->seq},
+                                           {"kind", final_step->kind},
+                                           {"status", final_step->status}}})
+                                 .status());
+      }
+      cur.status = status;
+      cur.output = output;
+      cur.error = error;
+      cur.input_tokens += usage.input_tokens;
+      cur.output_tokens += usage.output_tokens;
+      cur.finished_at = at;
+      cur.lease_expires_at = 0;
+      KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(cur));
+      KEEL_RETURN_IF_ERROR(tx.sessions().UpdateSessionStatus(cur.tenant_id, cur.session_id,
+                                                             "idle", at));
+      if (status == "done") {
+        store::Message reply;
+        reply.id = NewId();
+        reply.tenant_id = cur.tenant_id;
+        reply.session_id = cur.session_id;
+        reply.run_id = cur.id;
+        reply.role = "assistant";
+        reply.content = output;
+        reply.created_at = at;
+        KEEL_RETURN_IF_ERROR(tx.messages().InsertMessage(reply));
+        KEEL_RETURN_IF_ERROR(tx.events()
+                                 .Append({cur.tenant_id, "message.created@v1", cur.agent_id,
+                                          cur.session_id, cur.id,
+                                          {{"message_id", reply.id}, {"role", "assistant"}}})
+                                 .status());
+      }
+      Json payload = {{"status", status}};
+      if (!error.is_null()) payload["error"] = error;
+      payload["usage"] = {{"input_tokens", cur.input_tokens},
+                          {"output_tokens", cur.output_tokens}};
+      std::string type = status == "done"        ? "run.completed@v1"
+                         : status == "cancelled" ? "run.cancelled@v1"
+                                                 : "run.failed@v1";
+      return tx.events()
+          .Append({cur.tenant_id, type, cur.agent_id, cur.session_id, cur.id, payload})
+          .status();
+    });
+    if (done.ok()) {
+      if (status == "done") ++metrics_.runs_done;
+      else if (status == "cancelled") ++metrics_.runs_cancelled;
+      else ++metrics_.runs_failed;
+    }
+    co_return done.ok() ? Status::Ok() : done.status();
+  };
+  auto fail = [&](std::string code, std::string message) {
+    Json error = Json::object();
+    error["code"] = std::move(code);
+    error["message"] = std::move(message);
+    return finish(std::string("failed"), std::string(), std::move(error), std::nullopt,
+                  model::Usage{});
+  };
+
+  // Load what the context needs: the agent, earlier messages, this run's steps so far.
+  store::Agent agent;
+  store::Message prompt;
+  std::vector<store::Message> history;
+  std::vector<store::Step> steps;
+  std::vector<store::ToolCall> calls;
+  Status loaded = store_.Read([&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(agent, tx.agents().GetAgent(run.tenant_id, run.agent_id));
+    KEEL_ASSIGN_OR_RETURN(prompt, tx.messages().GetMessage(run.tenant_id, run.message_id));
+    KEEL_ASSIGN_OR_RETURN(history, tx.messages().RecentMessages(run.tenant_id, run.session_id,
+                                                                run.message_id,
+                                                                options_.history_limit));
+    KEEL_ASSIGN_OR_RETURN(steps, tx.runs().ListSteps(run.tenant_id, run.id));
+    KEEL_ASSIGN_OR_RETURN(calls, tx.runs().ListToolCalls(run.tenant_id, run.id));
+    return Status::Ok();
+  });
+  if (!loaded.ok()) {
+    std::string code = loaded.code() == Code::kNotFound ? "agent_deleted" : "internal";
+    (void)co_await fail(code, loaded.message());
+    co_return;
+  }
+
+  model::ModelRequest request;
+  std::string model_name;
+  auto provider = providers_.Resolve(agent.model, &model_name);
+  if (!provider.ok()) {
+    std::string code = "invalid_model";
+    (void)co_await fail(code, provider.status().message());
+    co_return;
+  }
+  request.model = model_name;
+  request.agent_config = agent.config;
+  if (!agent.instructions.empty()) request.messages.push_back({"system", agent.instructions, {}, "", ""});
+  for (const auto& m : history) {
+    if (m.role == "user" || m.role == "assistant") request.messages.push_back({m.role, m.content, {}, "", ""});
+  }
+  request.messages.push_back({"user", prompt.content, {}, "", ""});
+  for (const tools::Tool* t : gateway_.ToolsFor(agent.tools)) {
+    request.tools.push_back({t->name(), t->description(), t->parameters()});
+  }
+  int max_steps = options_.default_max_steps;
+  if (agent.config.is_object() && agent.config.contains("max_steps") &&
+      agent.config["max_steps"].is_number_integer()) {
+    max_steps = std::max(1, agent.config["max_steps"].get<int>());
+  }
+
+  // Replay the recorded steps into the conversation (invariant 11: resume, do not restart).
+  std::map<std::string, const store::ToolCall*> call_by_step;
+  for (const auto& c : calls) call_by_step[c.step_id] = &c;
+  std::set<std::string> seen_call_ids;
+  std::vector<model::ToolCallRequest> pending;  // proposed by the last model step, not yet run
+  int model_steps = 0;
+  int next_seq = 1;
+  for (const auto& step : steps) {
+    next_seq = step.seq + 1;
+    if (step.kind == "model") {
+      ++model_steps;
+      model::ChatMessage m{"assistant", step.output.value("text", ""), {}, "", ""};
+      m.tool_calls = ToolCallsFrom(step.output.value("tool_calls", Json::array()));
+      pending = m.tool_calls;
+      for (const auto& c : m.tool_calls) seen_call_ids.insert(c.id);
+      request.messages.push_back(std::move(m));
+      continue;
+    }
+    auto it = call_by_step.find(step.id);
+    if (it == call_by_step.end()) continue;
+    store::ToolCall call = *it->second;
+    tools::CallOutcome outcome{call.status, call.result};
+    if (call.status == "started") {
+      auto resumed = co_await gateway_.Resume(call, step, run.agent_id, run.session_id);
+      if (!resumed.ok()) co_return;  // the store failed; the lease will expire and we retry
+      outcome = *resumed;
+    }
+    std::erase_if(pending, [&](const auto& p) { return p.id == call.call_id; });
+    request.messages.push_back({"tool", outcome.ForModel(), {}, call.call_id, call.tool});
+  }
+
+  model::Usage usage_total;
+  while (true) {
+    if (cancel_requested_.count(run.id) || run.cancel_requested) {
+      Json error = Json::object();
+      error["code"] = "cancelled";
+      error["message"] = "cancelled by request";
+      std::string cancelled = "cancelled";
+      (void)co_await finish(cancelled, std::string(), error, std::nullopt, model::Usage{});
+      co_return;
+    }
+    if (!pending.empty()) {
+      for (const auto& call : pending) {
+        ++metrics_.tool_calls;
+        tools::CallRequest creq{run.tenant_id, run.agent_id, run.session_id, run.id,
+                                next_seq++,    call.id,      call.name,      call.arguments,
+                                agent.tools};
+        auto outcome = co_await gateway_.Call(creq);
+        if (!outcome.ok()) co_return;  // the store failed; the run resumes after its lease
+        request.messages.push_back({"tool", outcome->ForModel(), {}, call.id, call.name});
+      }
+      pending.clear();
+      // A cancel that arrived while tools ran is seen in the store too.
+      Status fresh = store_.Read([&](store::Tx& tx) -> Status {
+        KEEL_ASSIGN_OR_RETURN(auto cur, tx.runs().GetRun(run.tenant_id, run.id));
+        run.cancel_requested = cur.cancel_requested;
+        return Status::Ok();
+      });
+      (void)fresh;
+      continue;
+    }
+    if (model_steps >= max_steps) {
+      std::string code = "step_limit";
+      std::string message =
+          "the run reached its limit of " + std::to_string(max_steps) + " model steps";
+      (void)co_await fail(code, message);
+      co_return;
+    }
+
+    store::Step step;
+    step.id = NewId();
+    step.tenant_id = run.tenant_id;
+    step.run_id = run.id;
+    step.seq = next_seq++;
+    step.kind = "model";
+    step.started_at = NowMillis();
+    step.input = {{"model", agent.model}, {"messages", request.messages.size()}};
+    ++metrics_.model_calls;
+    auto delta = [this, &run](const std::string& text) {
+      hub_.PublishDelta({run.tenant_id, run.agent_id, run.session_id, run.id, text});
+    };
+    auto response = co_await (*provider)->Complete(request, delta);
+    step.finished_at = NowMillis();
+    ++model_steps;
+    if (!response.ok()) {
+      ++metrics_.model_errors;
+      step.status = "failed";
+      step.output = {{"error", response.status().message()}};
+      Json error = Json::object();
+      error["code"] = "model_error";
+      error["message"] = response.status().message();
+      std::string failed = "failed";
+      (void)co_await finish(failed, std::string(), error, step, model::Usage{});
+      co_return;
+    }
+    // Tool call ids must be unique within the run: make them so if the model repeats one.
+    for (auto& c : response->tool_calls) {
+      if (c.id.empty() || seen_call_ids.count(c.id)) c.id = "call_" + std::to_string(step.seq) + "_" + std::to_string(seen_call_ids.size() + 1);
+      seen_call_ids.insert(c.id);
+    }
+    metrics_.input_tokens += response->usage.input_tokens;
+    metrics_.output_tokens += response->usage.output_tokens;
+    step.status = "succeeded";
+    step.output = {{"text", response->text},
+                   {"tool_calls", ToolCallsJson(response->tool_calls)},
+                   {"usage",
+                    {{"input_tokens", response->usage.input_tokens},
+                     {"output_tokens", response->usage.output_tokens}}}};
+    if (response->tool_calls.empty()) {
+      std::string done = "done";
+      (void)co_await finish(done, response->text, Json(), step, response->usage);
+      co_return;
+    }
+    auto recorded = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(auto cur, OwnedRun(tx, run));
+      KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(step));
+      cur.input_tokens += response->usage.input_tokens;
+      cur.output_tokens += response->usage.output_tokens;
+      KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(cur));
+      run.cancel_requested = cur.cancel_requested;
+      return tx.events()
+          .Append({cur.tenant_id, "run.step@v1", cur.agent_id, cur.session_id, cur.id,
+                   {{"seq", step.seq},
+                    {"kind", "model"},
+                    {"status", "succeeded"},
+                    {"tool_calls", response->tool_calls.size()}}})
+          .status();
+    });
+    if (!recorded.ok()) co_return;
+    model::ChatMessage m{"assistant", response->text, response->tool_calls, "", ""};
+    request.messages.push_back(std::move(m));
+    pending = response->tool_calls;
+    (void)usage_total;
+  }
+}
+
+}  // namespace keel::runtime

@@ -1,0 +1,106 @@
+#include "keel/runtime/runtime.h"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <vector>
+
+#include "keel/common/time.h"
+#include "keel/metrics.h"
+#include "keel/runtime/event_hub.h"
+#include "keel/store/async_write.h"
+
+namespace keel::runtime {
+
+namespace asio = boost::asio;
+
+Runtime::Runtime(asio::any_io_executor executor, store::Store& store, EventHub& hub,
+                 model::ProviderRegistry& providers, tools::Gateway& gateway, Metrics& metrics,
+                 RuntimeOptions options)
+    : executor_(executor),
+      store_(store),
+      hub_(hub),
+      providers_(providers),
+      gateway_(gateway),
+      metrics_(metrics),
+      options_(options),
+      wake_timer_(executor) {}
+
+Runtime::~Runtime() = default;
+
+Status Runtime::Start() {
+  // Whatever this origin was running before a restart belongs to a dead process: make it
+  // claimable now rather than after its lease would have run out.
+  std::string origin = store_.origin();
+  KEEL_RETURN_IF_ERROR(store_.WriteSync(
+      [origin](store::Tx& tx) { return tx.runs().ExpireLeasesOf(origin); }));
+  asio::co_spawn(executor_, DispatchLoop(), asio::detached);
+  asio::co_spawn(executor_, LeaseLoop(), asio::detached);
+  return Status::Ok();
+}
+
+void Runtime::Wake() {
+  wake_pending_ = true;
+  wake_timer_.cancel();
+}
+
+asio::awaitable<void> Runtime::DispatchLoop() {
+  while (!draining_) {
+    if (!wake_pending_) {
+      // Poll now and then: a lease may expire without anyone waking us.
+      wake_timer_.expires_after(std::chrono::milliseconds(500));
+      boost::system::error_code ec;
+      co_await wake_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    }
+    wake_pending_ = false;
+    if (draining_) break;
+    int room = options_.max_concurrent_runs - static_cast<int>(executing_.size());
+    if (room <= 0) continue;
+    std::vector<store::Run> runs;
+    Millis now = NowMillis();
+    int want = room + static_cast<int>(executing_.size());
+    Status st = store_.Read([&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(runs, tx.runs().ClaimableRuns(now, want));
+      return Status::Ok();
+    });
+    if (!st.ok()) continue;
+    for (auto& run : runs) {
+      if (room <= 0) break;
+      if (!executing_.insert(run.id).second) continue;
+      --room;
+      asio::co_spawn(executor_, RunOne(std::move(run)), asio::detached);
+    }
+  }
+}
+
+asio::awaitable<void> Runtime::LeaseLoop() {
+  asio::steady_timer timer(executor_);
+  while (!draining_) {
+    timer.expires_after(std::chrono::milliseconds(std::max(100, options_.lease_ms / 3)));
+    boost::system::error_code ec;
+    co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    if (executing_.empty()) continue;
+    std::vector<std::string> ids(executing_.begin(), executing_.end());
+    std::string origin = store_.origin();
+    Millis until = NowMillis() + options_.lease_ms;
+    (void)co_await store::AsyncWrite(store_, [&](store::Tx& tx) {
+      return tx.runs().RenewLeases(origin, ids, until);
+    });
+  }
+}
+
+asio::awaitable<void> Runtime::Drain(std::chrono::milliseconds grace) {
+  draining_ = true;
+  wake_timer_.cancel();
+  asio::steady_timer timer(executor_);
+  auto deadline = std::chrono::steady_clock::now() + grace;
+  while (!executing_.empty() && std::chrono::steady_clock::now() < deadline) {
+    timer.expires_after(std::chrono::milliseconds(20));
+    boost::system::error_code ec;
+    co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+  }
+}
+
+}  // namespace keel::runtime

@@ -1,0 +1,109 @@
+#pragma once
+// runtime::Runtime — turns messages into runs and runs into steps.
+//
+// Intake (PostMessage) commits the message, its run (queued) and their events in one unit of
+// work, then wakes the dispatcher. The dispatcher claims runnable runs with a lease — one run
+// per session at a time, many sessions at once — and executes each as a coroutine: assemble
+// context, call the model, pass each tool call through the Gateway, record every model response
+// and tool result as a step when it happens, loop until a final answer or the step limit.
+// A run whose process died is resumed from its last recorded step (DESIGN.md invariant 11).
+//
+// Everything here runs on the server's single io executor; no member needs a lock.
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+
+#include "keel/common/status.h"
+#include "keel/store/store.h"
+
+namespace keel {
+struct Metrics;
+namespace model {
+class ProviderRegistry;
+}
+namespace tools {
+class Gateway;
+}
+}  // namespace keel
+
+namespace keel::runtime {
+
+class EventHub;
+
+struct RuntimeOptions {
+  int max_concurrent_runs = 256;
+  int lease_ms = 30000;
+  int default_max_steps = 16;
+  int history_limit = 50;
+  int tenant_run_cap = 1000;
+};
+
+struct IntakeRequest {
+  std::string tenant_id;
+  std::string session_id;
+  std::string content;
+  std::string idempotency_key;  // empty: none
+};
+
+struct IntakeResult {
+  store::Message message;
+  store::Run run;
+  bool replayed = false;  // the idempotency key matched an earlier message
+};
+
+class Runtime {
+ public:
+  Runtime(boost::asio::any_io_executor executor, store::Store& store, EventHub& hub,
+          model::ProviderRegistry& providers, tools::Gateway& gateway, Metrics& metrics,
+          RuntimeOptions options);
+  ~Runtime();
+
+  // Expires leases this origin held before a restart and starts the dispatcher and the lease
+  // keeper. REQUIRES: called once, on the executor.
+  Status Start();
+  // Stops claiming new runs; waits up to `grace` for executing runs to reach a step boundary.
+  boost::asio::awaitable<void> Drain(std::chrono::milliseconds grace);
+
+  // Validates and commits a user message and its run. kNotFound for an unknown session,
+  // kConflict for an inactive session or a busy one whose agent rejects while busy,
+  // kRateLimited when the tenant has too many runs in flight.
+  boost::asio::awaitable<Result<IntakeResult>> PostMessage(const IntakeRequest& request);
+
+  // Cancels a run: at once when it is not executing, at its next step boundary otherwise.
+  // kConflict when it already ended.
+  boost::asio::awaitable<Result<store::Run>> Cancel(const std::string& tenant_id,
+                                                    const std::string& run_id);
+
+  // Wakes the dispatcher to look for runnable runs.
+  void Wake();
+
+  const RuntimeOptions& options() const { return options_; }
+
+ private:
+  class Execution;
+  boost::asio::awaitable<void> DispatchLoop();
+  boost::asio::awaitable<void> LeaseLoop();
+  boost::asio::awaitable<void> RunOne(store::Run run);
+
+  boost::asio::any_io_executor executor_;
+  store::Store& store_;
+  EventHub& hub_;
+  model::ProviderRegistry& providers_;
+  tools::Gateway& gateway_;
+  Metrics& metrics_;
+  const RuntimeOptions options_;
+
+  boost::asio::steady_timer wake_timer_;
+  bool wake_pending_ = false;
+  bool draining_ = false;
+  std::set<std::string> executing_;         // run ids claimed or running on this node
+  std::set<std::string> cancel_requested_;  // executing runs asked to stop
+};
+
+}  // namespace keel::runtime

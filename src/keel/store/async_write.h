@@ -1,0 +1,35 @@
+#pragma once
+// Awaitable bridge to Store::Write for coroutines: suspends the caller until its unit of work
+// is durable (or failed) and resumes it on the caller's executor.
+
+#include <boost/asio/async_result.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <memory>
+#include <vector>
+
+#include "keel/store/store.h"
+
+namespace keel::store {
+
+// Returns the events the unit appended, or the unit's failure.
+inline boost::asio::awaitable<Result<std::vector<Event>>> AsyncWrite(Store& store, WriteFn fn) {
+  auto [status, events] = co_await boost::asio::async_initiate<
+      const boost::asio::use_awaitable_t<>, void(Status, std::vector<Event>)>(
+      [&store, &fn](auto handler) {
+        auto ex = boost::asio::get_associated_executor(handler);
+        auto h = std::make_shared<decltype(handler)>(std::move(handler));
+        store.Write(std::move(fn), [h, ex](Status s, std::vector<Event> ev) {
+          boost::asio::post(ex, [h, s = std::move(s), ev = std::move(ev)]() mutable {
+            (*h)(std::move(s), std::move(ev));
+          });
+        });
+      },
+      boost::asio::use_awaitable);
+  if (!status.ok()) co_return status;
+  co_return std::move(events);
+}
+
+}  // namespace keel::store

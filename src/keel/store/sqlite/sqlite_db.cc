@@ -1,0 +1,122 @@
+#include "keel/store/sqlite/sqlite_db.h"
+
+#include <sqlite3.h>
+
+namespace keel::store::sqlite {
+
+Status StatusFromSqlite(sqlite3* db, int rc, std::string_view what) {
+  std::string msg = std::string(what) + ": " + (db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
+  switch (rc & 0xff) {
+    case SQLITE_CONSTRAINT:
+      return Conflict(msg);
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+    case SQLITE_IOERR:
+    case SQLITE_FULL:
+    case SQLITE_CANTOPEN:
+      return Unavailable(msg);
+    default:
+      return Internal(msg);
+  }
+}
+
+Stmt::~Stmt() {
+  if (s_) {
+    sqlite3_reset(s_);
+    sqlite3_clear_bindings(s_);
+  }
+}
+
+Stmt& Stmt::Bind(int i, std::string_view v) {
+  sqlite3_bind_text(s_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+  return *this;
+}
+Stmt& Stmt::Bind(int i, int64_t v) {
+  sqlite3_bind_int64(s_, i, v);
+  return *this;
+}
+Stmt& Stmt::Bind(int i, std::optional<int64_t> v) {
+  if (v) return Bind(i, *v);
+  return BindNull(i);
+}
+Stmt& Stmt::BindNull(int i) {
+  sqlite3_bind_null(s_, i);
+  return *this;
+}
+
+Result<bool> Stmt::Step() {
+  int rc = sqlite3_step(s_);
+  if (rc == SQLITE_ROW) return true;
+  if (rc == SQLITE_DONE) return false;
+  return StatusFromSqlite(db_, rc, "sqlite step");
+}
+
+Status Stmt::Run() {
+  KEEL_ASSIGN_OR_RETURN(bool row, Step());
+  (void)row;
+  return Status::Ok();
+}
+
+std::string Stmt::Text(int col) const {
+  auto p = sqlite3_column_text(s_, col);
+  if (!p) return {};
+  return std::string(reinterpret_cast<const char*>(p), sqlite3_column_bytes(s_, col));
+}
+int64_t Stmt::Int(int col) const { return sqlite3_column_int64(s_, col); }
+bool Stmt::IsNull(int col) const { return sqlite3_column_type(s_, col) == SQLITE_NULL; }
+std::optional<int64_t> Stmt::OptInt(int col) const {
+  if (IsNull(col)) return std::nullopt;
+  return Int(col);
+}
+
+Result<std::unique_ptr<Db>> Db::Open(const std::string& path, bool read_only, bool sync_full) {
+  sqlite3* raw = nullptr;
+  int flags = SQLITE_OPEN_NOMUTEX |
+              (read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+  int rc = sqlite3_open_v2(path.c_str(), &raw, flags, nullptr);
+  if (rc != SQLITE_OK) {
+    Status s = Unavailable("cannot open SQLite database " + path + ": " +
+                           (raw ? sqlite3_errmsg(raw) : sqlite3_errstr(rc)));
+    sqlite3_close(raw);
+    return s;
+  }
+  std::unique_ptr<Db> db(new Db(raw));
+  sqlite3_busy_timeout(raw, 5000);
+  if (!read_only) {
+    KEEL_RETURN_IF_ERROR(db->Exec("PRAGMA journal_mode=WAL"));
+  }
+  KEEL_RETURN_IF_ERROR(db->Exec(sync_full ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL"));
+  KEEL_RETURN_IF_ERROR(db->Exec("PRAGMA foreign_keys=ON"));
+  KEEL_RETURN_IF_ERROR(db->Exec("PRAGMA cache_size=-16000"));
+  return db;
+}
+
+Db::~Db() {
+  for (auto& [sql, s] : cache_) sqlite3_finalize(s);
+  sqlite3_close_v2(db_);
+}
+
+Status Db::Exec(const char* sql) {
+  char* err = nullptr;
+  int rc = sqlite3_exec(db_, sql, nullptr, nullptr, &err);
+  if (rc != SQLITE_OK) {
+    std::string msg = err ? err : sqlite3_errstr(rc);
+    sqlite3_free(err);
+    Status base = StatusFromSqlite(nullptr, rc, "");
+    return Status(base.code(), std::string("sqlite: ") + msg);
+  }
+  return Status::Ok();
+}
+
+Result<Stmt> Db::Prepare(const std::string& sql) {
+  auto it = cache_.find(sql);
+  if (it != cache_.end()) return Stmt(db_, it->second);
+  sqlite3_stmt* s = nullptr;
+  int rc = sqlite3_prepare_v3(db_, sql.c_str(), static_cast<int>(sql.size()),
+                              SQLITE_PREPARE_PERSISTENT, &s, nullptr);
+  if (rc != SQLITE_OK) return StatusFromSqlite(db_, rc, "sqlite prepare");
+  cache_.emplace(sql, s);
+  return Stmt(db_, s);
+}
+
+}  // namespace keel::store::sqlite

@@ -1,0 +1,79 @@
+#pragma once
+// A thin RAII layer over the SQLite C API: one connection (Db) with a cache of prepared
+// statements, and a statement handle (Stmt) that resets itself when it goes out of scope.
+// A Db is used by one thread at a time; its owner says which.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include "keel/common/status.h"
+
+struct sqlite3;
+struct sqlite3_stmt;
+
+namespace keel::store::sqlite {
+
+class Stmt {
+ public:
+  Stmt(sqlite3* db, sqlite3_stmt* s) : db_(db), s_(s) {}
+  Stmt(Stmt&& o) noexcept : db_(o.db_), s_(o.s_) { o.s_ = nullptr; }
+  Stmt(const Stmt&) = delete;
+  Stmt& operator=(const Stmt&) = delete;
+  ~Stmt();
+
+  Stmt& Bind(int i, std::string_view v);
+  Stmt& Bind(int i, const std::string& v) { return Bind(i, std::string_view(v)); }
+  Stmt& Bind(int i, const char* v) { return Bind(i, std::string_view(v)); }
+  Stmt& Bind(int i, int64_t v);
+  Stmt& Bind(int i, int v) { return Bind(i, static_cast<int64_t>(v)); }
+  Stmt& Bind(int i, bool v) { return Bind(i, static_cast<int64_t>(v ? 1 : 0)); }
+  Stmt& Bind(int i, std::optional<int64_t> v);
+  Stmt& BindNull(int i);
+
+  template <typename... Args>
+  Stmt& BindAll(const Args&... args) {
+    int i = 0;
+    (Bind(++i, args), ...);
+    return *this;
+  }
+
+  // true: a row is available; false: done.
+  Result<bool> Step();
+  // Steps to completion, expecting no rows.
+  Status Run();
+
+  std::string Text(int col) const;
+  int64_t Int(int col) const;
+  bool IsNull(int col) const;
+  std::optional<int64_t> OptInt(int col) const;
+
+ private:
+  sqlite3* db_;
+  sqlite3_stmt* s_;
+};
+
+class Db {
+ public:
+  // Opens (creating when `create`) the database file with the pragmas Keel relies on.
+  static Result<std::unique_ptr<Db>> Open(const std::string& path, bool read_only, bool sync_full);
+  ~Db();
+
+  Status Exec(const char* sql);
+  // A cached prepared statement for `sql`. REQUIRES: the previous Stmt for the same SQL is gone.
+  Result<Stmt> Prepare(const std::string& sql);
+  sqlite3* raw() { return db_; }
+
+ private:
+  explicit Db(sqlite3* db) : db_(db) {}
+  sqlite3* db_;
+  std::unordered_map<std::string, sqlite3_stmt*> cache_;
+};
+
+// Maps a SQLite result code to a Status (constraint violations are kConflict).
+Status StatusFromSqlite(sqlite3* db, int rc, std::string_view what);
+
+}  // namespace keel::store::sqlite

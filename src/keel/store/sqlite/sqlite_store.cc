@@ -1,0 +1,192 @@
+#include "keel/store/sqlite/sqlite_store.h"
+
+#include <sqlite3.h>
+
+#include <exception>
+
+#include "keel/store/sqlite/sqlite_db.h"
+#include "keel/store/sqlite/sqlite_tx.h"
+
+namespace keel::store::sqlite {
+
+SqliteStore::SqliteStore(std::string path, StoreOptions options)
+    : path_(std::move(path)), options_(std::move(options)) {}
+
+Result<std::unique_ptr<Store>> SqliteStore::Open(const std::string& path,
+                                                 const StoreOptions& options) {
+  if (options.origin.empty()) return InvalidArgument("store origin must not be empty");
+  std::unique_ptr<SqliteStore> store(new SqliteStore(path, options));
+  KEEL_ASSIGN_OR_RETURN(store->writer_db_, Db::Open(path, /*read_only=*/false, options.sync_full));
+  KEEL_RETURN_IF_ERROR(store->Migrate(*store->writer_db_));
+  store->writer_tx_ = std::make_unique<SqliteTx>(*store->writer_db_, options.origin);
+  store->writer_ = std::thread([s = store.get()] { s->WriterLoop(); });
+  return std::unique_ptr<Store>(std::move(store));
+}
+
+SqliteStore::~SqliteStore() { Close(); }
+
+Status SqliteStore::Migrate(Db& db) {
+  KEEL_RETURN_IF_ERROR(db.Exec(
+      "CREATE TABLE IF NOT EXISTS schema_migrations(version INTEGER PRIMARY KEY, "
+      "applied_at INTEGER NOT NULL)"));
+  KEEL_ASSIGN_OR_RETURN(auto s, db.Prepare("SELECT coalesce(max(version),0) FROM schema_migrations"));
+  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  int64_t current = row ? s.Int(0) : 0;
+  const auto& migrations = Migrations();
+  if (current > static_cast<int64_t>(migrations.size())) {
+    return Unavailable("database schema version " + std::to_string(current) +
+                       " is newer than this keel (" + std::to_string(migrations.size()) +
+                       "); upgrade keel");
+  }
+  for (size_t v = current + 1; v <= migrations.size(); ++v) {
+    KEEL_RETURN_IF_ERROR(db.Exec("BEGIN IMMEDIATE"));
+    Status st = db.Exec(migrations[v - 1]);
+    if (st.ok()) {
+      KEEL_ASSIGN_OR_RETURN(auto ins, db.Prepare("INSERT INTO schema_migrations VALUES(?,?)"));
+      st = ins.BindAll(static_cast<int64_t>(v), NowMillis()).Run();
+    }
+    if (!st.ok()) {
+      (void)db.Exec("ROLLBACK");
+      return Status(st.code(), "migration " + std::to_string(v) + " failed: " + st.message());
+    }
+    KEEL_RETURN_IF_ERROR(db.Exec("COMMIT"));
+  }
+  return Status::Ok();
+}
+
+Status SqliteStore::Read(const std::function<Status(Tx&)>& fn) {
+  std::unique_ptr<Reader> reader;
+  {
+    std::lock_guard<std::mutex> lock(readers_mu_);
+    if (!idle_readers_.empty()) {
+      reader = std::move(idle_readers_.back());
+      idle_readers_.pop_back();
+    }
+  }
+  if (!reader) {
+    reader = std::make_unique<Reader>();
+    KEEL_ASSIGN_OR_RETURN(reader->db, Db::Open(path_, /*read_only=*/true, options_.sync_full));
+    KEEL_RETURN_IF_ERROR(reader->db->Exec("PRAGMA query_only=ON"));
+    reader->tx = std::make_unique<SqliteTx>(*reader->db, options_.origin);
+  }
+  Status st = reader->db->Exec("BEGIN");
+  if (st.ok()) {
+    try {
+      st = fn(*reader->tx);
+    } catch (const std::exception& e) {
+      st = Internal(std::string("read failed: ") + e.what());
+    }
+    (void)reader->db->Exec("COMMIT");
+  }
+  std::lock_guard<std::mutex> lock(readers_mu_);
+  idle_readers_.push_back(std::move(reader));
+  return st;
+}
+
+void SqliteStore::Write(WriteFn fn, WriteDone done) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!closing_) {
+      queue_.push_back(Unit{std::move(fn), std::move(done)});
+      cv_.notify_one();
+      return;
+    }
+  }
+  done(Unavailable("store is closed"), {});
+}
+
+StoreStats SqliteStore::stats() const {
+  std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(mu_));
+  return stats_;
+}
+
+void SqliteStore::Close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closing_) {
+      if (writer_.joinable() && std::this_thread::get_id() != writer_.get_id()) writer_.join();
+      return;
+    }
+    closing_ = true;
+    cv_.notify_one();
+  }
+  if (writer_.joinable()) writer_.join();
+}
+
+void SqliteStore::WriterLoop() {
+  std::vector<Unit> batch;
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return closing_ || !queue_.empty(); });
+      if (queue_.empty() && closing_) break;
+      while (!queue_.empty() && static_cast<int>(batch.size()) < options_.max_batch) {
+        batch.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+      }
+    }
+    CommitBatch(batch);
+    batch.clear();
+  }
+  writer_tx_.reset();
+  writer_db_.reset();
+}
+
+void SqliteStore::CommitBatch(std::vector<Unit>& batch) {
+  Db& db = *writer_db_;
+  std::vector<Status> results(batch.size());
+  std::vector<std::vector<Event>> events(batch.size());
+  Status begin = db.Exec("BEGIN IMMEDIATE");
+  int committed_units = 0;
+  if (begin.ok()) {
+    for (size_t i = 0; i < batch.size(); ++i) {
+      writer_tx_->ResetUnit();
+      Status st = db.Exec("SAVEPOINT unit");
+      if (st.ok()) {
+        try {
+          st = batch[i].fn(*writer_tx_);
+        } catch (const std::exception& e) {
+          st = Internal(std::string("write failed: ") + e.what());
+        }
+        if (st.ok()) {
+          st = db.Exec("RELEASE unit");
+        } else {
+          (void)db.Exec("ROLLBACK TO unit");
+          (void)db.Exec("RELEASE unit");
+        }
+      }
+      results[i] = st;
+      if (st.ok()) {
+        events[i] = writer_tx_->TakeAppended();
+        ++committed_units;
+      }
+    }
+    Status commit = db.Exec("COMMIT");
+    if (!commit.ok()) {
+      (void)db.Exec("ROLLBACK");
+      for (size_t i = 0; i < batch.size(); ++i) {
+        if (results[i].ok()) results[i] = commit;
+        events[i].clear();
+      }
+      committed_units = 0;
+    }
+  } else {
+    for (auto& r : results) r = begin;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (committed_units > 0) ++stats_.commits;
+    stats_.units += committed_units;
+    stats_.failed_units += static_cast<int64_t>(batch.size()) - committed_units;
+  }
+  if (listener_ && committed_units > 0) {
+    std::vector<Event> all;
+    for (auto& ev : events) all.insert(all.end(), ev.begin(), ev.end());
+    if (!all.empty()) listener_(all);
+  }
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (batch[i].done) batch[i].done(std::move(results[i]), std::move(events[i]));
+  }
+}
+
+}  // namespace keel::store::sqlite

@@ -1,0 +1,72 @@
+#pragma once
+// SqliteStore: the embedded store. One database file in WAL mode; one writer thread owns the
+// only write connection and commits queued units of work in batches (group commit: one fsync
+// for many units, each unit isolated by a savepoint); readers use their own connections from a
+// small pool and never block the writer.
+//
+// Thread safety: Read and Write may be called from any thread.
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "keel/store/store.h"
+
+namespace keel::store::sqlite {
+
+class Db;
+class SqliteTx;
+
+class SqliteStore final : public Store {
+ public:
+  static Result<std::unique_ptr<Store>> Open(const std::string& path, const StoreOptions& options);
+  ~SqliteStore() override;
+
+  Status Read(const std::function<Status(Tx&)>& fn) override;
+  void Write(WriteFn fn, WriteDone done) override;
+  void SetCommitListener(std::function<void(const std::vector<Event>&)> listener) override {
+    listener_ = std::move(listener);
+  }
+  std::string origin() const override { return options_.origin; }
+  StoreStats stats() const override;
+  void Close() override;
+
+ private:
+  struct Unit {
+    WriteFn fn;
+    WriteDone done;
+  };
+  struct Reader {
+    std::unique_ptr<Db> db;
+    std::unique_ptr<SqliteTx> tx;
+  };
+
+  SqliteStore(std::string path, StoreOptions options);
+  Status Migrate(Db& db);
+  void WriterLoop();
+  void CommitBatch(std::vector<Unit>& batch);
+
+  const std::string path_;
+  const StoreOptions options_;
+
+  std::unique_ptr<Db> writer_db_;       // owned by the writer thread once started
+  std::unique_ptr<SqliteTx> writer_tx_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Unit> queue_;  // GUARDED_BY(mu_)
+  bool closing_ = false;    // GUARDED_BY(mu_)
+  StoreStats stats_;        // GUARDED_BY(mu_)
+
+  std::mutex readers_mu_;
+  std::vector<std::unique_ptr<Reader>> idle_readers_;  // GUARDED_BY(readers_mu_)
+
+  std::function<void(const std::vector<Event>&)> listener_;
+  std::thread writer_;
+};
+
+}  // namespace keel::store::sqlite

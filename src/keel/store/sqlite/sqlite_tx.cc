@@ -1,0 +1,645 @@
+#include "keel/store/sqlite/sqlite_tx.h"
+
+#include <algorithm>
+
+#include "keel/common/ids.h"
+
+namespace keel::store::sqlite {
+namespace {
+
+Json ParseStored(const std::string& text) {
+  if (text.empty()) return nullptr;
+  Json j = Json::parse(text, nullptr, false);
+  return j.is_discarded() ? Json(nullptr) : j;
+}
+
+int ClampLimit(int limit) { return std::clamp(limit, 1, 500); }
+
+// Builds a page from `limit + 1` fetched rows: the extra row only says there is more.
+template <typename T, typename KeyFn>
+Paged<T> MakePage(std::vector<T> rows, int limit, KeyFn key) {
+  Paged<T> page;
+  if (static_cast<int>(rows.size()) > limit) {
+    rows.resize(limit);
+    page.next_cursor = EncodeCursor(key(rows.back()));
+  }
+  page.items = std::move(rows);
+  return page;
+}
+
+constexpr const char* kAgentCols =
+    "id, tenant_id, name, model, instructions, tools, config, status, created_at, updated_at";
+Agent ReadAgent(const Stmt& s) {
+  Agent a;
+  a.id = s.Text(0);
+  a.tenant_id = s.Text(1);
+  a.name = s.Text(2);
+  a.model = s.Text(3);
+  a.instructions = s.Text(4);
+  a.tools = ParseStored(s.Text(5));
+  a.config = ParseStored(s.Text(6));
+  a.status = s.Text(7);
+  a.created_at = s.Int(8);
+  a.updated_at = s.Int(9);
+  return a;
+}
+
+constexpr const char* kSessionCols =
+    "id, tenant_id, agent_id, status, title, created_at, updated_at";
+Session ReadSession(const Stmt& s) {
+  Session x;
+  x.id = s.Text(0);
+  x.tenant_id = s.Text(1);
+  x.agent_id = s.Text(2);
+  x.status = s.Text(3);
+  x.title = s.Text(4);
+  x.created_at = s.Int(5);
+  x.updated_at = s.Int(6);
+  return x;
+}
+
+constexpr const char* kMessageCols =
+    "id, tenant_id, session_id, run_id, role, content, idempotency_key, created_at";
+Message ReadMessage(const Stmt& s) {
+  Message m;
+  m.id = s.Text(0);
+  m.tenant_id = s.Text(1);
+  m.session_id = s.Text(2);
+  m.run_id = s.Text(3);
+  m.role = s.Text(4);
+  m.content = s.Text(5);
+  m.idempotency_key = s.Text(6);
+  m.created_at = s.Int(7);
+  return m;
+}
+
+constexpr const char* kRunCols =
+    "id, tenant_id, session_id, agent_id, message_id, status, attempt, output, error, "
+    "input_tokens, output_tokens, lease_owner, lease_expires_at, cancel_requested, created_at, "
+    "started_at, finished_at";
+Run ReadRun(const Stmt& s) {
+  Run r;
+  r.id = s.Text(0);
+  r.tenant_id = s.Text(1);
+  r.session_id = s.Text(2);
+  r.agent_id = s.Text(3);
+  r.message_id = s.Text(4);
+  r.status = s.Text(5);
+  r.attempt = static_cast<int>(s.Int(6));
+  r.output = s.Text(7);
+  r.error = ParseStored(s.Text(8));
+  r.input_tokens = s.Int(9);
+  r.output_tokens = s.Int(10);
+  r.lease_owner = s.Text(11);
+  r.lease_expires_at = s.Int(12);
+  r.cancel_requested = s.Int(13) != 0;
+  r.created_at = s.Int(14);
+  r.started_at = s.OptInt(15);
+  r.finished_at = s.OptInt(16);
+  return r;
+}
+
+constexpr const char* kStepCols =
+    "id, tenant_id, run_id, seq, kind, status, input, output, started_at, finished_at";
+Step ReadStep(const Stmt& s) {
+  Step x;
+  x.id = s.Text(0);
+  x.tenant_id = s.Text(1);
+  x.run_id = s.Text(2);
+  x.seq = static_cast<int>(s.Int(3));
+  x.kind = s.Text(4);
+  x.status = s.Text(5);
+  x.input = ParseStored(s.Text(6));
+  x.output = ParseStored(s.Text(7));
+  x.started_at = s.Int(8);
+  x.finished_at = s.OptInt(9);
+  return x;
+}
+
+constexpr const char* kToolCallCols =
+    "id, tenant_id, run_id, step_id, call_id, tool, arguments, effect_class, effect_key, status, "
+    "result, created_at, updated_at";
+ToolCall ReadToolCall(const Stmt& s) {
+  ToolCall c;
+  c.id = s.Text(0);
+  c.tenant_id = s.Text(1);
+  c.run_id = s.Text(2);
+  c.step_id = s.Text(3);
+  c.call_id = s.Text(4);
+  c.tool = s.Text(5);
+  c.arguments = ParseStored(s.Text(6));
+  c.effect_class = s.Text(7);
+  c.effect_key = s.Text(8);
+  c.status = s.Text(9);
+  c.result = ParseStored(s.Text(10));
+  c.created_at = s.Int(11);
+  c.updated_at = s.Int(12);
+  return c;
+}
+
+constexpr const char* kEventCols =
+    "position, id, tenant_id, type, origin, origin_seq, agent_id, session_id, run_id, payload, "
+    "occurred_at";
+Event ReadEvent(const Stmt& s) {
+  Event e;
+  e.position = s.Int(0);
+  e.id = s.Text(1);
+  e.tenant_id = s.Text(2);
+  e.type = s.Text(3);
+  e.origin = s.Text(4);
+  e.origin_seq = s.Int(5);
+  e.agent_id = s.Text(6);
+  e.session_id = s.Text(7);
+  e.run_id = s.Text(8);
+  e.payload = ParseStored(s.Text(9));
+  e.occurred_at = s.Int(10);
+  return e;
+}
+
+template <typename T, typename ReadFn>
+Result<std::vector<T>> Collect(Stmt& s, ReadFn read) {
+  std::vector<T> out;
+  while (true) {
+    KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    out.push_back(read(s));
+  }
+  return out;
+}
+
+template <typename T, typename ReadFn>
+Result<T> One(Stmt& s, ReadFn read, const std::string& what) {
+  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return NotFound(what);
+  return read(s);
+}
+
+}  // namespace
+
+// ---- TenantStore
+
+Status SqliteTx::InsertTenant(const Tenant& t) {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("INSERT INTO tenants(id, name, created_at) VALUES(?,?,?)"));
+  return s.BindAll(t.id, t.name, t.created_at).Run();
+}
+
+Result<Tenant> SqliteTx::GetTenant(const std::string& id) {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT id, name, created_at FROM tenants WHERE id=?"));
+  s.BindAll(id);
+  return One<Tenant>(s, [](const Stmt& r) { return Tenant{r.Text(0), r.Text(1), r.Int(2)}; },
+                     "tenant not found: " + id);
+}
+
+Result<std::vector<Tenant>> SqliteTx::ListTenants() {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT id, name, created_at FROM tenants ORDER BY id"));
+  return Collect<Tenant>(s, [](const Stmt& r) { return Tenant{r.Text(0), r.Text(1), r.Int(2)}; });
+}
+
+// ---- TokenStore
+
+namespace {
+constexpr const char* kTokenCols = "id, tenant_id, name, role, hash, created_at, revoked_at";
+Token ReadToken(const Stmt& s) {
+  Token t;
+  t.id = s.Text(0);
+  t.tenant_id = s.Text(1);
+  t.name = s.Text(2);
+  t.role = s.Text(3);
+  t.hash = s.Text(4);
+  t.created_at = s.Int(5);
+  t.revoked_at = s.OptInt(6);
+  return t;
+}
+}  // namespace
+
+Status SqliteTx::InsertToken(const Token& t) {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("INSERT INTO api_tokens(" + std::string(kTokenCols) +
+                                            ") VALUES(?,?,?,?,?,?,?)"));
+  return s.BindAll(t.id, t.tenant_id, t.name, t.role, t.hash, t.created_at, t.revoked_at).Run();
+}
+
+Result<Token> SqliteTx::FindActiveTokenByHash(const std::string& hash) {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT " + std::string(kTokenCols) +
+                                            " FROM api_tokens WHERE hash=? AND revoked_at IS NULL"));
+  s.BindAll(hash);
+  return One<Token>(s, ReadToken, "token not found");
+}
+
+Result<std::vector<Token>> SqliteTx::ListTokens(const std::string& tenant_id) {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT " + std::string(kTokenCols) +
+                                            " FROM api_tokens WHERE tenant_id=? ORDER BY id"));
+  s.BindAll(tenant_id);
+  return Collect<Token>(s, ReadToken);
+}
+
+Status SqliteTx::RevokeToken(const std::string& tenant_id, const std::string& id, Millis at) {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("UPDATE api_tokens SET revoked_at=? WHERE tenant_id=? "
+                                            "AND id=? AND revoked_at IS NULL RETURNING id"));
+  s.BindAll(at, tenant_id, id);
+  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return NotFound("token not found: " + id);
+  return Status::Ok();
+}
+
+// ---- AgentStore
+
+Status SqliteTx::InsertAgent(const Agent& a) {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("INSERT INTO agents(" + std::string(kAgentCols) +
+                                            ") VALUES(?,?,?,?,?,?,?,?,?,?)"));
+  Status st = s.BindAll(a.id, a.tenant_id, a.name, a.model, a.instructions, DumpJson(a.tools),
+                        DumpJson(a.config), a.status, a.created_at, a.updated_at)
+                  .Run();
+  if (st.code() == Code::kConflict) return Conflict("an agent named '" + a.name + "' already exists");
+  return st;
+}
+
+Status SqliteTx::UpdateAgent(const Agent& a) {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(
+                                    "UPDATE agents SET name=?, model=?, instructions=?, tools=?, "
+                                    "config=?, status=?, updated_at=? WHERE tenant_id=? AND id=? "
+                                    "RETURNING id"));
+  s.BindAll(a.name, a.model, a.instructions, DumpJson(a.tools), DumpJson(a.config), a.status,
+            a.updated_at, a.tenant_id, a.id);
+  auto row = s.Step();
+  if (!row.ok()) {
+    if (row.status().code() == Code::kConflict) {
+      return Conflict("an agent named '" + a.name + "' already exists");
+    }
+    return row.status();
+  }
+  if (!*row) return NotFound("agent not found: " + a.id);
+  return Status::Ok();
+}
+
+Result<Agent> SqliteTx::GetAgent(const std::string& tenant_id, const std::string& id) {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT " + std::string(kAgentCols) +
+                                            " FROM agents WHERE tenant_id=? AND id=? AND "
+                                            "status != 'deleted'"));
+  s.BindAll(tenant_id, id);
+  return One<Agent>(s, ReadAgent, "agent not found: " + id);
+}
+
+Result<Agent> SqliteTx::GetAgentByName(const std::string& tenant_id, const std::string& name) {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT " + std::string(kAgentCols) +
+                                            " FROM agents WHERE tenant_id=? AND name=? AND "
+                                            "status != 'deleted'"));
+  s.BindAll(tenant_id, name);
+  return One<Agent>(s, ReadAgent, "agent not found: " + name);
+}
+
+Result<Paged<Agent>> SqliteTx::ListAgents(const std::string& tenant_id, const Page& page) {
+  int limit = ClampLimit(page.limit);
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT " + std::string(kAgentCols) +
+                                            " FROM agents WHERE tenant_id=? AND id>? AND "
+                                            "status != 'deleted' ORDER BY id LIMIT ?"));
+  s.BindAll(tenant_id, DecodeCursor(page.cursor), limit + 1);
+  KEEL_ASSIGN_OR_RETURN(auto rows, Collect<Agent>(s, ReadAgent));
+  return MakePage(std::move(rows), limit, [](const Agent& a) { return a.id; });
+}
+
+Status SqliteTx::DeleteAgent(const std::string& tenant_id, const std::string& id) {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("UPDATE agents SET status='deleted' WHERE tenant_id=? "
+                                            "AND id=? AND status != 'deleted' RETURNING id"));
+  s.BindAll(tenant_id, id);
+  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return NotFound("agent not found: " + id);
+  return Status::Ok();
+}
+
+// ---- SessionStore
+
+Status SqliteTx::InsertSession(const Session& x) {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("INSERT INTO sessions(" + std::string(kSessionCols) +
+                                            ") VALUES(?,?,?,?,?,?,?)"));
+  return s.BindAll(x.id, x.tenant_id, x.agent_id, x.status, x.title, x.created_at, x.updated_at)
+      .Run();
+}
+
+Status SqliteTx::UpdateSessionStatus(const std::string& tenant_id, const std::string& id,
+                                     const std::string& status, Millis at) {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("UPDATE sessions SET status=?, updated_at=? WHERE "
+                                            "tenant_id=? AND id=? RETURNING id"));
+  s.BindAll(status, at, tenant_id, id);
+  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return NotFound("session not found: " + id);
+  return Status::Ok();
+}
+
+Result<Session> SqliteTx::GetSession(const std::string& tenant_id, const std::string& id) {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT " + std::string(kSessionCols) +
+                                            " FROM sessions WHERE tenant_id=? AND id=?"));
+  s.BindAll(tenant_id, id);
+  return One<Session>(s, ReadSession, "session not found: " + id);
+}
+
+Result<Paged<Session>> SqliteTx::ListSessions(const std::string& tenant_id,
+                                              const std::string& agent_id, const Page& page) {
+  int limit = ClampLimit(page.limit);
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT " + std::string(kSessionCols) +
+                                            " FROM sessions WHERE tenant_id=? AND agent_id=? AND "
+                                            "id>? ORDER BY id LIMIT ?"));
+  s.BindAll(tenant_id, agent_id, DecodeCursor(page.cursor), limit + 1);
+  KEEL_ASSIGN_OR_RETURN(auto rows, Collect<Session>(s, ReadSession));
+  return MakePage(std::move(rows), limit, [](const Session& x) { return x.id; });
+}
+
+// ---- MessageStore
+
+Status SqliteTx::InsertMessage(const Message& m) {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("INSERT INTO messages(" + std::string(kMessageCols) +
+                                            ") VALUES(?,?,?,?,?,?,?,?)"));
+  return s.BindAll(m.id, m.tenant_id, m.session_id, m.run_id, m.role, m.content,
+                   m.idempotency_key, m.created_at)
+      .Run();
+}
+
+Result<Message> SqliteTx::GetMessage(const std::string& tenant_id, const std::string& id) {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT " + std::string(kMessageCols) +
+                                            " FROM messages WHERE tenant_id=? AND id=?"));
+  s.BindAll(tenant_id, id);
+  return One<Message>(s, ReadMessage, "message not found: " + id);
+}
+
+Result<std::optional<Message>> SqliteTx::FindByIdempotencyKey(const std::string& tenant_id,
+                                                             const std::string& session_id,
+                                                             const std::string& key) {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT " + std::string(kMessageCols) +
+                                            " FROM messages WHERE tenant_id=? AND session_id=? "
+                                            "AND idempotency_key=?"));
+  s.BindAll(tenant_id, session_id, key);
+  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return std::optional<Message>();
+  return std::optional<Message>(ReadMessage(s));
+}
+
+Result<Paged<Message>> SqliteTx::ListMessages(const std::string& tenant_id,
+                                              const std::string& session_id, const Page& page) {
+  int limit = ClampLimit(page.limit);
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT " + std::string(kMessageCols) +
+                                            " FROM messages WHERE tenant_id=? AND session_id=? "
+                                            "AND id>? ORDER BY id LIMIT ?"));
+  s.BindAll(tenant_id, session_id, DecodeCursor(page.cursor), limit + 1);
+  KEEL_ASSIGN_OR_RETURN(auto rows, Collect<Message>(s, ReadMessage));
+  return MakePage(std::move(rows), limit, [](const Message& m) { return m.id; });
+}
+
+Result<std::vector<Message>> SqliteTx::RecentMessages(const std::string& tenant_id,
+                                                      const std::string& session_id,
+                                                      const std::string& before_id, int limit) {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT " + std::string(kMessageCols) +
+                                            " FROM messages WHERE tenant_id=? AND session_id=? "
+                                            "AND id<? ORDER BY id DESC LIMIT ?"));
+  s.BindAll(tenant_id, session_id, before_id, limit);
+  KEEL_ASSIGN_OR_RETURN(auto rows, Collect<Message>(s, ReadMessage));
+  std::reverse(rows.begin(), rows.end());
+  return rows;
+}
+
+// ---- RunStore
+
+Status SqliteTx::InsertRun(const Run& r) {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("INSERT INTO runs(" + std::string(kRunCols) +
+                                            ") VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"));
+  return s.BindAll(r.id, r.tenant_id, r.session_id, r.agent_id, r.message_id, r.status,
+                   r.attempt, r.output, r.error.is_null() ? std::string() : DumpJson(r.error),
+                   r.input_tokens, r.output_tokens, r.lease_owner, r.lease_expires_at,
+                   r.cancel_requested, r.created_at, r.started_at, r.finished_at)
+      .Run();
+}
+
+Status SqliteTx::UpdateRun(const Run& r) {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(
+                                    "UPDATE runs SET status=?, attempt=?, output=?, error=?, "
+                                    "input_tokens=?, output_tokens=?, lease_owner=?, "
+                                    "lease_expires_at=?, cancel_requested=?, started_at=?, "
+                                    "finished_at=? WHERE tenant_id=? AND id=? RETURNING id"));
+  s.BindAll(r.status, r.attempt, r.output, r.error.is_null() ? std::string() : DumpJson(r.error),
+            r.input_tokens, r.output_tokens, r.lease_owner, r.lease_expires_at, r.cancel_requested,
+            r.started_at, r.finished_at, r.tenant_id, r.id);
+  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return NotFound("run not found: " + r.id);
+  return Status::Ok();
+}
+
+Result<Run> SqliteTx::GetRun(const std::string& tenant_id, const std::string& id) {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT " + std::string(kRunCols) +
+                                            " FROM runs WHERE tenant_id=? AND id=?"));
+  s.BindAll(tenant_id, id);
+  return One<Run>(s, ReadRun, "run not found: " + id);
+}
+
+Result<Paged<Run>> SqliteTx::ListRuns(const std::string& tenant_id, const std::string& session_id,
+                                      const Page& page) {
+  int limit = ClampLimit(page.limit);
+  std::string sql = "SELECT " + std::string(kRunCols) + " FROM runs WHERE tenant_id=? AND " +
+                    (session_id.empty() ? "?=''" : "session_id=?") + " AND id>? ORDER BY id LIMIT ?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(sql));
+  s.BindAll(tenant_id, session_id, DecodeCursor(page.cursor), limit + 1);
+  KEEL_ASSIGN_OR_RETURN(auto rows, Collect<Run>(s, ReadRun));
+  return MakePage(std::move(rows), limit, [](const Run& r) { return r.id; });
+}
+
+Result<int64_t> SqliteTx::CountActiveRuns(const std::string& tenant_id) {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT count(*) FROM runs WHERE tenant_id=? AND "
+                                            "status IN ('queued','running')"));
+  s.BindAll(tenant_id);
+  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  return row ? s.Int(0) : 0;
+}
+
+Result<bool> SqliteTx::SessionBusy(const std::string& tenant_id, const std::string& session_id) {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT 1 FROM runs WHERE tenant_id=? AND session_id=? "
+                                            "AND status IN ('queued','running',"
+                                            "'waiting_for_approval') LIMIT 1"));
+  s.BindAll(tenant_id, session_id);
+  return s.Step();
+}
+
+Result<std::vector<Run>> SqliteTx::ClaimableRuns(Millis now, int limit) {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(
+      "SELECT " + std::string(kRunCols) + " FROM runs r WHERE "
+      "(r.status='queued' AND NOT EXISTS (SELECT 1 FROM runs p WHERE p.session_id=r.session_id "
+      "  AND p.id<r.id AND p.status IN ('queued','running','waiting_for_approval'))) "
+      "OR (r.status='running' AND r.lease_expires_at<?) ORDER BY r.id LIMIT ?"));
+  s.BindAll(now, limit);
+  return Collect<Run>(s, ReadRun);
+}
+
+Status SqliteTx::ExpireLeasesOf(const std::string& owner) {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("UPDATE runs SET lease_expires_at=0 WHERE "
+                                            "status='running' AND lease_owner=?"));
+  return s.BindAll(owner).Run();
+}
+
+Status SqliteTx::RenewLeases(const std::string& owner, const std::vector<std::string>& run_ids,
+                             Millis expires_at) {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("UPDATE runs SET lease_expires_at=? WHERE id=? AND "
+                                            "lease_owner=? AND status='running'"));
+  for (const auto& id : run_ids) {
+    KEEL_RETURN_IF_ERROR(s.BindAll(expires_at, id, owner).Run());
+  }
+  return Status::Ok();
+}
+
+Status SqliteTx::InsertStep(const Step& x) {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("INSERT INTO run_steps(" + std::string(kStepCols) +
+                                            ") VALUES(?,?,?,?,?,?,?,?,?,?)"));
+  return s.BindAll(x.id, x.tenant_id, x.run_id, x.seq, x.kind, x.status, DumpJson(x.input),
+                   DumpJson(x.output), x.started_at, x.finished_at)
+      .Run();
+}
+
+Status SqliteTx::UpdateStep(const Step& x) {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("UPDATE run_steps SET status=?, output=?, "
+                                            "finished_at=? WHERE tenant_id=? AND id=? RETURNING id"));
+  s.BindAll(x.status, DumpJson(x.output), x.finished_at, x.tenant_id, x.id);
+  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return NotFound("step not found: " + x.id);
+  return Status::Ok();
+}
+
+Result<std::vector<Step>> SqliteTx::ListSteps(const std::string& tenant_id,
+                                              const std::string& run_id) {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT " + std::string(kStepCols) +
+                                            " FROM run_steps WHERE tenant_id=? AND run_id=? "
+                                            "ORDER BY seq"));
+  s.BindAll(tenant_id, run_id);
+  return Collect<Step>(s, ReadStep);
+}
+
+Status SqliteTx::InsertToolCall(const ToolCall& c) {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("INSERT INTO tool_calls(" + std::string(kToolCallCols) +
+                                            ") VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)"));
+  return s.BindAll(c.id, c.tenant_id, c.run_id, c.step_id, c.call_id, c.tool,
+                   DumpJson(c.arguments), c.effect_class, c.effect_key, c.status,
+                   DumpJson(c.result), c.created_at, c.updated_at)
+      .Run();
+}
+
+Status SqliteTx::UpdateToolCall(const ToolCall& c) {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("UPDATE tool_calls SET status=?, result=?, "
+                                            "updated_at=? WHERE tenant_id=? AND id=? RETURNING id"));
+  s.BindAll(c.status, DumpJson(c.result), c.updated_at, c.tenant_id, c.id);
+  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return NotFound("tool call not found: " + c.id);
+  return Status::Ok();
+}
+
+Result<std::vector<ToolCall>> SqliteTx::ListToolCalls(const std::string& tenant_id,
+                                                      const std::string& run_id) {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT " + std::string(kToolCallCols) +
+                                            " FROM tool_calls WHERE tenant_id=? AND run_id=? "
+                                            "ORDER BY id"));
+  s.BindAll(tenant_id, run_id);
+  return Collect<ToolCall>(s, ReadToolCall);
+}
+
+// ---- EventLog
+
+Result<Event> SqliteTx::Append(const NewEvent& n) {
+  Event e;
+  e.id = NewId();
+  e.tenant_id = n.tenant_id;
+  e.type = n.type;
+  e.origin = origin_;
+  e.agent_id = n.agent_id;
+  e.session_id = n.session_id;
+  e.run_id = n.run_id;
+  e.payload = n.payload;
+  e.occurred_at = NowMillis();
+  // origin_seq is computed inside the insert from the (origin, origin_seq) index, so a rolled
+  // back unit never leaves a gap.
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(
+      "INSERT INTO events(id, tenant_id, type, origin, origin_seq, agent_id, session_id, run_id, "
+      "payload, occurred_at) VALUES(?1,?2,?3,?4,(SELECT coalesce(max(origin_seq),0)+1 FROM events "
+      "WHERE origin=?4),?5,?6,?7,?8,?9) RETURNING position, origin_seq"));
+  s.BindAll(e.id, e.tenant_id, e.type, e.origin, e.agent_id, e.session_id, e.run_id,
+            DumpJson(e.payload), e.occurred_at);
+  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return Internal("event insert returned no row");
+  e.position = s.Int(0);
+  e.origin_seq = s.Int(1);
+  appended_.push_back(e);
+  return e;
+}
+
+Result<std::vector<Event>> SqliteTx::ReadEvents(const std::string& tenant_id, int64_t after,
+                                                const EventFilter& f, int limit) {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(
+      "SELECT " + std::string(kEventCols) + " FROM events WHERE tenant_id=? AND position>? AND "
+      "(?='' OR agent_id=?) AND (?='' OR session_id=?) AND (?='' OR run_id=?) "
+      "ORDER BY position LIMIT ?"));
+  s.BindAll(tenant_id, after, f.agent_id, f.agent_id, f.session_id, f.session_id, f.run_id,
+            f.run_id, ClampLimit(limit));
+  return Collect<Event>(s, ReadEvent);
+}
+
+Result<int64_t> SqliteTx::LastPosition() {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT coalesce(max(position),0) FROM events"));
+  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  return row ? s.Int(0) : 0;
+}
+
+const std::vector<const char*>& Migrations() {
+  static const std::vector<const char*> kMigrations = {
+      // 1: the kernel's tables.
+      R"sql(
+CREATE TABLE tenants(
+  id TEXT PRIMARY KEY, name TEXT NOT NULL, created_at INTEGER NOT NULL);
+CREATE TABLE api_tokens(
+  id TEXT PRIMARY KEY, tenant_id TEXT NOT NULL REFERENCES tenants(id), name TEXT NOT NULL,
+  role TEXT NOT NULL, hash TEXT NOT NULL UNIQUE, created_at INTEGER NOT NULL, revoked_at INTEGER);
+CREATE INDEX api_tokens_tenant ON api_tokens(tenant_id, id);
+CREATE TABLE agents(
+  id TEXT PRIMARY KEY, tenant_id TEXT NOT NULL REFERENCES tenants(id), name TEXT NOT NULL,
+  model TEXT NOT NULL, instructions TEXT NOT NULL, tools TEXT NOT NULL, config TEXT NOT NULL,
+  status TEXT NOT NULL, created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL);
+CREATE UNIQUE INDEX agents_name ON agents(tenant_id, name) WHERE status != 'deleted';
+CREATE INDEX agents_tenant ON agents(tenant_id, id);
+CREATE TABLE sessions(
+  id TEXT PRIMARY KEY, tenant_id TEXT NOT NULL, agent_id TEXT NOT NULL REFERENCES agents(id),
+  status TEXT NOT NULL, title TEXT NOT NULL, created_at INTEGER NOT NULL,
+  updated_at INTEGER NOT NULL);
+CREATE INDEX sessions_agent ON sessions(tenant_id, agent_id, id);
+CREATE TABLE messages(
+  id TEXT PRIMARY KEY, tenant_id TEXT NOT NULL, session_id TEXT NOT NULL REFERENCES sessions(id),
+  run_id TEXT NOT NULL, role TEXT NOT NULL, content TEXT NOT NULL,
+  idempotency_key TEXT NOT NULL, created_at INTEGER NOT NULL);
+CREATE INDEX messages_session ON messages(session_id, id);
+CREATE UNIQUE INDEX messages_idempotency ON messages(session_id, idempotency_key)
+  WHERE idempotency_key != '';
+CREATE TABLE runs(
+  id TEXT PRIMARY KEY, tenant_id TEXT NOT NULL, session_id TEXT NOT NULL REFERENCES sessions(id),
+  agent_id TEXT NOT NULL, message_id TEXT NOT NULL, status TEXT NOT NULL, attempt INTEGER NOT NULL,
+  output TEXT NOT NULL, error TEXT NOT NULL, input_tokens INTEGER NOT NULL,
+  output_tokens INTEGER NOT NULL, lease_owner TEXT NOT NULL, lease_expires_at INTEGER NOT NULL,
+  cancel_requested INTEGER NOT NULL, created_at INTEGER NOT NULL, started_at INTEGER,
+  finished_at INTEGER);
+CREATE INDEX runs_session ON runs(session_id, id);
+CREATE INDEX runs_tenant ON runs(tenant_id, id);
+CREATE INDEX runs_active ON runs(status, id)
+  WHERE status IN ('queued', 'running', 'waiting_for_approval');
+CREATE INDEX runs_tenant_active ON runs(tenant_id, status)
+  WHERE status IN ('queued', 'running', 'waiting_for_approval');
+CREATE TABLE run_steps(
+  id TEXT PRIMARY KEY, tenant_id TEXT NOT NULL, run_id TEXT NOT NULL REFERENCES runs(id),
+  seq INTEGER NOT NULL, kind TEXT NOT NULL, status TEXT NOT NULL, input TEXT NOT NULL,
+  output TEXT NOT NULL, started_at INTEGER NOT NULL, finished_at INTEGER, UNIQUE(run_id, seq));
+CREATE TABLE tool_calls(
+  id TEXT PRIMARY KEY, tenant_id TEXT NOT NULL, run_id TEXT NOT NULL REFERENCES runs(id),
+  step_id TEXT NOT NULL, call_id TEXT NOT NULL, tool TEXT NOT NULL, arguments TEXT NOT NULL,
+  effect_class TEXT NOT NULL, effect_key TEXT NOT NULL, status TEXT NOT NULL,
+  result TEXT NOT NULL, created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL,
+  UNIQUE(run_id, call_id));
+CREATE TABLE events(
+  position INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, tenant_id TEXT NOT NULL,
+  type TEXT NOT NULL, origin TEXT NOT NULL, origin_seq INTEGER NOT NULL, agent_id TEXT NOT NULL,
+  session_id TEXT NOT NULL, run_id TEXT NOT NULL, payload TEXT NOT NULL,
+  occurred_at INTEGER NOT NULL, UNIQUE(origin, origin_seq));
+CREATE INDEX events_tenant ON events(tenant_id, position);
+)sql",
+  };
+  return kMigrations;
+}
+
+}  // namespace keel::store::sqlite

@@ -1,0 +1,107 @@
+#pragma once
+// SqliteTx: every storage port implemented on one SQLite connection. One SqliteTx is bound to
+// one Db for its lifetime and reused across units of work on that connection; it is used by
+// the thread that owns the connection only (the writer thread, or a reader holding it).
+
+#include <string>
+#include <vector>
+
+#include "keel/store/sqlite/sqlite_db.h"
+#include "keel/store/store.h"
+
+namespace keel::store::sqlite {
+
+class SqliteTx final : public Tx,
+                       public TenantStore,
+                       public TokenStore,
+                       public AgentStore,
+                       public SessionStore,
+                       public MessageStore,
+                       public RunStore,
+                       public EventLog {
+ public:
+  SqliteTx(Db& db, std::string origin) : db_(db), origin_(std::move(origin)) {}
+
+  // Starts a new unit of work: forgets the events appended by the previous one.
+  void ResetUnit() { appended_.clear(); }
+  std::vector<Event> TakeAppended() { return std::move(appended_); }
+
+  TenantStore& tenants() override { return *this; }
+  TokenStore& tokens() override { return *this; }
+  AgentStore& agents() override { return *this; }
+  SessionStore& sessions() override { return *this; }
+  MessageStore& messages() override { return *this; }
+  RunStore& runs() override { return *this; }
+  EventLog& events() override { return *this; }
+  const std::vector<Event>& appended() const override { return appended_; }
+
+  // TenantStore
+  Status InsertTenant(const Tenant& t) override;
+  Result<Tenant> GetTenant(const std::string& id) override;
+  Result<std::vector<Tenant>> ListTenants() override;
+  // TokenStore
+  Status InsertToken(const Token& t) override;
+  Result<Token> FindActiveTokenByHash(const std::string& hash) override;
+  Result<std::vector<Token>> ListTokens(const std::string& tenant_id) override;
+  Status RevokeToken(const std::string& tenant_id, const std::string& id, Millis at) override;
+  // AgentStore
+  Status InsertAgent(const Agent& a) override;
+  Status UpdateAgent(const Agent& a) override;
+  Result<Agent> GetAgent(const std::string& tenant_id, const std::string& id) override;
+  Result<Agent> GetAgentByName(const std::string& tenant_id, const std::string& name) override;
+  Result<Paged<Agent>> ListAgents(const std::string& tenant_id, const Page& page) override;
+  Status DeleteAgent(const std::string& tenant_id, const std::string& id) override;
+  // SessionStore
+  Status InsertSession(const Session& s) override;
+  Status UpdateSessionStatus(const std::string& tenant_id, const std::string& id,
+                             const std::string& status, Millis at) override;
+  Result<Session> GetSession(const std::string& tenant_id, const std::string& id) override;
+  Result<Paged<Session>> ListSessions(const std::string& tenant_id, const std::string& agent_id,
+                                      const Page& page) override;
+  // MessageStore
+  Status InsertMessage(const Message& m) override;
+  Result<Message> GetMessage(const std::string& tenant_id, const std::string& id) override;
+  Result<std::optional<Message>> FindByIdempotencyKey(const std::string& tenant_id,
+                                                     const std::string& session_id,
+                                                     const std::string& key) override;
+  Result<Paged<Message>> ListMessages(const std::string& tenant_id, const std::string& session_id,
+                                      const Page& page) override;
+  Result<std::vector<Message>> RecentMessages(const std::string& tenant_id,
+                                              const std::string& session_id,
+                                              const std::string& before_id, int limit) override;
+  // RunStore
+  Status InsertRun(const Run& r) override;
+  Status UpdateRun(const Run& r) override;
+  Result<Run> GetRun(const std::string& tenant_id, const std::string& id) override;
+  Result<Paged<Run>> ListRuns(const std::string& tenant_id, const std::string& session_id,
+                              const Page& page) override;
+  Result<int64_t> CountActiveRuns(const std::string& tenant_id) override;
+  Result<bool> SessionBusy(const std::string& tenant_id, const std::string& session_id) override;
+  Result<std::vector<Run>> ClaimableRuns(Millis now, int limit) override;
+  Status ExpireLeasesOf(const std::string& owner) override;
+  Status RenewLeases(const std::string& owner, const std::vector<std::string>& run_ids,
+                     Millis expires_at) override;
+  Status InsertStep(const Step& s) override;
+  Status UpdateStep(const Step& s) override;
+  Result<std::vector<Step>> ListSteps(const std::string& tenant_id,
+                                      const std::string& run_id) override;
+  Status InsertToolCall(const ToolCall& c) override;
+  Status UpdateToolCall(const ToolCall& c) override;
+  Result<std::vector<ToolCall>> ListToolCalls(const std::string& tenant_id,
+                                              const std::string& run_id) override;
+  // EventLog
+  Result<Event> Append(const NewEvent& e) override;
+  Result<std::vector<Event>> ReadEvents(const std::string& tenant_id, int64_t after,
+                                        const EventFilter& filter, int limit) override;
+  Result<int64_t> LastPosition() override;
+
+ private:
+  Db& db_;
+  std::string origin_;
+  std::vector<Event> appended_;
+};
+
+// The schema, one entry per version; applied in order inside one transaction each.
+const std::vector<const char*>& Migrations();
+
+}  // namespace keel::store::sqlite

@@ -1,0 +1,203 @@
+#pragma once
+// Storage ports. Each concern has its own interface (TenantStore, AgentStore, ..., EventLog);
+// a transaction (Tx) hands out all of them so that one unit of work can change several
+// concerns atomically — e.g. intake writes a message, a run and their events together.
+//
+// Reads run synchronously on the calling thread with their own connection (Store::Read); they
+// never block the writer. Writes are submitted to the store's single writer (Store::Write),
+// which commits many submitted units of work per fsync (group commit); the callback runs on
+// the writer thread after the commit is durable. Every write that changes state appends an
+// event to the EventLog inside the same unit of work (DESIGN.md invariant 2).
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "keel/common/status.h"
+#include "keel/store/types.h"
+
+namespace keel::store {
+
+class TenantStore {
+ public:
+  virtual ~TenantStore() = default;
+  virtual Status InsertTenant(const Tenant& t) = 0;
+  virtual Result<Tenant> GetTenant(const std::string& id) = 0;
+  virtual Result<std::vector<Tenant>> ListTenants() = 0;
+};
+
+class TokenStore {
+ public:
+  virtual ~TokenStore() = default;
+  virtual Status InsertToken(const Token& t) = 0;
+  // Not scoped to a tenant: the token identifies the tenant. kNotFound for unknown or revoked.
+  virtual Result<Token> FindActiveTokenByHash(const std::string& hash) = 0;
+  virtual Result<std::vector<Token>> ListTokens(const std::string& tenant_id) = 0;
+  // kNotFound when the token is not the tenant's or already revoked.
+  virtual Status RevokeToken(const std::string& tenant_id, const std::string& id, Millis at) = 0;
+};
+
+class AgentStore {
+ public:
+  virtual ~AgentStore() = default;
+  // kConflict when the name is taken in the tenant.
+  virtual Status InsertAgent(const Agent& a) = 0;
+  virtual Status UpdateAgent(const Agent& a) = 0;
+  virtual Result<Agent> GetAgent(const std::string& tenant_id, const std::string& id) = 0;
+  virtual Result<Agent> GetAgentByName(const std::string& tenant_id, const std::string& name) = 0;
+  virtual Result<Paged<Agent>> ListAgents(const std::string& tenant_id, const Page& page) = 0;
+  virtual Status DeleteAgent(const std::string& tenant_id, const std::string& id) = 0;
+};
+
+class SessionStore {
+ public:
+  virtual ~SessionStore() = default;
+  virtual Status InsertSession(const Session& s) = 0;
+  virtual Status UpdateSessionStatus(const std::string& tenant_id, const std::string& id,
+                                     const std::string& status, Millis at) = 0;
+  virtual Result<Session> GetSession(const std::string& tenant_id, const std::string& id) = 0;
+  virtual Result<Paged<Session>> ListSessions(const std::string& tenant_id,
+                                              const std::string& agent_id, const Page& page) = 0;
+};
+
+class MessageStore {
+ public:
+  virtual ~MessageStore() = default;
+  // kConflict when (session, idempotency_key) already exists.
+  virtual Status InsertMessage(const Message& m) = 0;
+  virtual Result<Message> GetMessage(const std::string& tenant_id, const std::string& id) = 0;
+  virtual Result<std::optional<Message>> FindByIdempotencyKey(const std::string& tenant_id,
+                                                             const std::string& session_id,
+                                                             const std::string& key) = 0;
+  virtual Result<Paged<Message>> ListMessages(const std::string& tenant_id,
+                                              const std::string& session_id, const Page& page) = 0;
+  // The last `limit` messages of a session created before `before_id` (exclusive), oldest first.
+  virtual Result<std::vector<Message>> RecentMessages(const std::string& tenant_id,
+                                                      const std::string& session_id,
+                                                      const std::string& before_id,
+                                                      int limit) = 0;
+};
+
+class RunStore {
+ public:
+  virtual ~RunStore() = default;
+  virtual Status InsertRun(const Run& r) = 0;
+  // Writes every mutable field of the run (status, attempt, output, error, usage, lease, times).
+  virtual Status UpdateRun(const Run& r) = 0;
+  virtual Result<Run> GetRun(const std::string& tenant_id, const std::string& id) = 0;
+  virtual Result<Paged<Run>> ListRuns(const std::string& tenant_id, const std::string& session_id,
+                                      const Page& page) = 0;
+  // Runs of the tenant not yet terminal (queued, running, waiting_for_approval).
+  virtual Result<int64_t> CountActiveRuns(const std::string& tenant_id) = 0;
+  // Whether the session has a run that is not terminal.
+  virtual Result<bool> SessionBusy(const std::string& tenant_id, const std::string& session_id) = 0;
+
+  // Runtime-wide (not tenant-scoped): runs ready to execute now, oldest first — queued runs
+  // whose session has no earlier unfinished run, and running runs whose lease expired before
+  // `now`. At most `limit`.
+  virtual Result<std::vector<Run>> ClaimableRuns(Millis now, int limit) = 0;
+  // Runtime-wide: expires every lease held by `owner` (used at start for a dead process's runs).
+  virtual Status ExpireLeasesOf(const std::string& owner) = 0;
+  // Runtime-wide: extends the leases of the given runs still held by `owner`.
+  virtual Status RenewLeases(const std::string& owner, const std::vector<std::string>& run_ids,
+                             Millis expires_at) = 0;
+
+  virtual Status InsertStep(const Step& s) = 0;
+  virtual Status UpdateStep(const Step& s) = 0;
+  virtual Result<std::vector<Step>> ListSteps(const std::string& tenant_id,
+                                              const std::string& run_id) = 0;
+
+  virtual Status InsertToolCall(const ToolCall& c) = 0;
+  virtual Status UpdateToolCall(const ToolCall& c) = 0;
+  virtual Result<std::vector<ToolCall>> ListToolCalls(const std::string& tenant_id,
+                                                      const std::string& run_id) = 0;
+};
+
+// Event to append; position, origin and origin_seq are assigned by the log.
+struct NewEvent {
+  std::string tenant_id;
+  std::string type;
+  std::string agent_id;
+  std::string session_id;
+  std::string run_id;
+  Json payload = Json::object();
+};
+
+struct EventFilter {
+  std::string agent_id;  // empty = any
+  std::string session_id;
+  std::string run_id;
+};
+
+class EventLog {
+ public:
+  virtual ~EventLog() = default;
+  // Appends with the next origin_seq of this store's origin; returns the stored event.
+  virtual Result<Event> Append(const NewEvent& e) = 0;
+  // Events of the tenant with position > after, in position order, at most limit.
+  virtual Result<std::vector<Event>> ReadEvents(const std::string& tenant_id, int64_t after,
+                                                const EventFilter& filter, int limit) = 0;
+  // Runtime-wide: the highest committed position (0 when empty).
+  virtual Result<int64_t> LastPosition() = 0;
+};
+
+// One unit of work. A Tx is only valid inside the callback that received it.
+class Tx {
+ public:
+  virtual ~Tx() = default;
+  virtual TenantStore& tenants() = 0;
+  virtual TokenStore& tokens() = 0;
+  virtual AgentStore& agents() = 0;
+  virtual SessionStore& sessions() = 0;
+  virtual MessageStore& messages() = 0;
+  virtual RunStore& runs() = 0;
+  virtual EventLog& events() = 0;
+  // Events appended so far in this unit of work (published to live streams after commit).
+  virtual const std::vector<Event>& appended() const = 0;
+};
+
+using WriteFn = std::function<Status(Tx&)>;
+// Called on the writer thread after commit (or failure). `events` are those the unit appended.
+using WriteDone = std::function<void(Status, std::vector<Event> events)>;
+
+struct StoreStats {
+  int64_t commits = 0;       // fsynced transactions
+  int64_t units = 0;         // units of work committed
+  int64_t failed_units = 0;  // units rolled back
+};
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  // Runs `fn` in a read-only snapshot on the calling thread.
+  virtual Status Read(const std::function<Status(Tx&)>& fn) = 0;
+  // Queues `fn` for the writer; `done` runs once it is durable or failed. When `fn` returns a
+  // non-ok status, its changes are rolled back and the others in the same batch still commit.
+  virtual void Write(WriteFn fn, WriteDone done) = 0;
+  // Convenience for start-up and tools: Write and wait.
+  Status WriteSync(WriteFn fn, std::vector<Event>* events = nullptr);
+  // `listener` sees every committed unit's events, in commit order, on the writer thread,
+  // before the units' `done` callbacks run. Set once, before the first Write.
+  virtual void SetCommitListener(std::function<void(const std::vector<Event>&)> listener) = 0;
+  virtual std::string origin() const = 0;
+  virtual StoreStats stats() const = 0;
+  // Stops the writer after draining queued work.
+  virtual void Close() = 0;
+};
+
+struct StoreOptions {
+  std::string origin;     // this node's origin id for the event log
+  bool sync_full = true;  // false: synchronous=NORMAL (not durable on power loss; says so)
+  int max_batch = 512;    // units per commit
+};
+
+// Opens a store from its URL: "sqlite:///path/keel.db" (or a plain path). Applies migrations.
+Result<std::unique_ptr<Store>> OpenStore(const std::string& url, const StoreOptions& options);
+
+// Encodes/decodes the opaque list cursor.
+std::string EncodeCursor(const std::string& last_key);
+std::string DecodeCursor(const std::string& cursor);
+
+}  // namespace keel::store

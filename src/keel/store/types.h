@@ -1,0 +1,145 @@
+#pragma once
+// The records Keel keeps. Plain values; every tenant-scoped record carries tenant_id.
+// Times are milliseconds since the epoch (keel/common/time.h).
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "keel/common/json_util.h"
+#include "keel/common/time.h"
+
+namespace keel::store {
+
+struct Tenant {
+  std::string id;
+  std::string name;
+  Millis created_at = 0;
+};
+
+struct Token {
+  std::string id;
+  std::string tenant_id;
+  std::string name;
+  std::string role;  // owner | user
+  std::string hash;  // sha256 hex of the secret; the secret itself is never stored
+  Millis created_at = 0;
+  std::optional<Millis> revoked_at;
+};
+
+struct Agent {
+  std::string id;
+  std::string tenant_id;
+  std::string name;
+  std::string model;
+  std::string instructions;
+  Json tools = Json::array();
+  Json config = Json::object();
+  std::string status = "active";  // active | deleted
+  Millis created_at = 0;
+  Millis updated_at = 0;
+};
+
+struct Session {
+  std::string id;
+  std::string tenant_id;
+  std::string agent_id;
+  std::string status = "idle";  // idle | running | awaiting_approval | inactive
+  std::string title;
+  Millis created_at = 0;
+  Millis updated_at = 0;
+};
+
+struct Message {
+  std::string id;
+  std::string tenant_id;
+  std::string session_id;
+  std::string run_id;
+  std::string role;  // user | assistant | tool
+  std::string content;
+  std::string idempotency_key;  // empty when none was given
+  Millis created_at = 0;
+};
+
+struct Run {
+  std::string id;
+  std::string tenant_id;
+  std::string session_id;
+  std::string agent_id;
+  std::string message_id;
+  std::string status = "queued";  // queued | running | waiting_for_approval | done | failed | cancelled
+  int attempt = 0;
+  std::string output;
+  Json error;  // null, or {"code","message"}
+  int64_t input_tokens = 0;
+  int64_t output_tokens = 0;
+  std::string lease_owner;
+  Millis lease_expires_at = 0;
+  bool cancel_requested = false;
+  Millis created_at = 0;
+  std::optional<Millis> started_at;
+  std::optional<Millis> finished_at;
+
+  bool Terminal() const { return status == "done" || status == "failed" || status == "cancelled"; }
+};
+
+// One recorded step of a run: a model response or a tool call. (run_id, seq) is unique.
+struct Step {
+  std::string id;
+  std::string tenant_id;
+  std::string run_id;
+  int seq = 0;
+  std::string kind;    // model | tool
+  std::string status;  // model: succeeded | failed; tool: the tool call's status
+  Json input = Json::object();
+  Json output = Json::object();
+  Millis started_at = 0;
+  std::optional<Millis> finished_at;
+};
+
+// The effect journal's entry for one tool call. (run_id, call_id) is unique.
+struct ToolCall {
+  std::string id;
+  std::string tenant_id;
+  std::string run_id;
+  std::string step_id;
+  std::string call_id;  // the model's id for the call
+  std::string tool;
+  Json arguments = Json::object();
+  std::string effect_class;  // pure | idempotent | once
+  std::string effect_key;
+  // proposed | denied | awaiting_approval | approved | rejected | started | succeeded | failed | unknown
+  std::string status;
+  Json result;
+  Millis created_at = 0;
+  Millis updated_at = 0;
+};
+
+struct Event {
+  int64_t position = 0;  // store-wide, assigned at commit, strictly increasing in commit order
+  std::string id;
+  std::string tenant_id;
+  std::string type;  // "run.started@v1"
+  std::string origin;
+  int64_t origin_seq = 0;  // gapless per origin
+  std::string agent_id;
+  std::string session_id;
+  std::string run_id;
+  Json payload = Json::object();
+  Millis occurred_at = 0;
+};
+
+// A page request: items after `cursor` (opaque; empty = from the start), at most `limit`.
+struct Page {
+  std::string cursor;
+  int limit = 50;
+};
+
+template <typename T>
+struct Paged {
+  std::vector<T> items;
+  std::string next_cursor;  // empty when there are no more
+};
+
+}  // namespace keel::store

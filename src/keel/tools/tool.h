@@ -1,0 +1,56 @@
+#pragma once
+// Tools: what an agent can do outside the model. Each tool declares its effect class
+// (DESIGN.md invariant 5) and the rights it needs; only tools::Gateway executes them.
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "keel/common/json_util.h"
+#include "keel/common/status.h"
+
+namespace keel::tools {
+
+enum class EffectClass { kPure, kIdempotent, kOnce };
+const char* EffectClassName(EffectClass c);
+
+// What a tool may use while it executes.
+struct ToolContext {
+  std::string tenant_id;
+  std::string agent_id;
+  std::string session_id;
+  std::string run_id;
+  std::string call_id;
+  std::string effect_key;  // stable across retries of the same call
+  std::string workspace;   // the agent's workspace directory (created on demand)
+};
+
+class Tool {
+ public:
+  virtual ~Tool() = default;
+  virtual std::string name() const = 0;  // dotted: "notes.append"
+  virtual std::string description() const = 0;
+  virtual Json parameters() const = 0;  // JSON Schema of the arguments
+  virtual EffectClass effect_class() const = 0;
+  virtual std::vector<std::string> rights() const = 0;  // read | write | send
+  // Runs the tool. A failure is reported to the model as the tool's error, not a crash.
+  // Executes synchronously on the calling thread; keep it short or hand work off.
+  virtual Result<Json> Execute(const ToolContext& ctx, const Json& arguments) = 0;
+};
+
+// Tools by name, owned by the server instance. Registration is explicit (RegisterBuiltinTools).
+class ToolRegistry {
+ public:
+  Status Register(std::unique_ptr<Tool> tool);  // kInvalidArgument on a duplicate name
+  Tool* Find(const std::string& name) const;
+  std::vector<const Tool*> All() const;
+
+ private:
+  std::map<std::string, std::unique_ptr<Tool>> tools_;
+};
+
+// time.now (pure) and notes.append (once).
+Status RegisterBuiltinTools(ToolRegistry& registry);
+
+}  // namespace keel::tools

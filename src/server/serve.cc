@@ -1,0 +1,210 @@
+// `keel serve`: the wiring of concrete parts. Everything here is glue; the parts live in
+// src/keel/ and are tested there.
+
+#include "server/serve.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "keel/api/api.h"
+#include "keel/common/crypto.h"
+#include "keel/common/ids.h"
+#include "keel/config/config.h"
+#include "keel/http/router.h"
+#include "keel/http/server.h"
+#include "keel/metrics.h"
+#include "keel/model/local_model.h"
+#include "keel/model/openai_provider.h"
+#include "keel/runtime/event_hub.h"
+#include "keel/runtime/runtime.h"
+#include "keel/store/store.h"
+#include "keel/tools/gateway.h"
+#include "keel/tools/tool.h"
+
+namespace keel::server {
+
+namespace asio = boost::asio;
+namespace fs = std::filesystem;
+
+namespace {
+
+void Log(const std::string& line) {
+  std::fprintf(stderr, "%s keel: %s\n", FormatRfc3339(NowMillis()).c_str(), line.c_str());
+}
+
+// Writes `content` to `path` with `mode`, atomically (temp file + rename).
+Status WriteFileAtomic(const std::string& path, const std::string& content, mode_t mode) {
+  std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+  if (fd < 0) return Unavailable("cannot write " + tmp);
+  bool ok = ::write(fd, content.data(), content.size()) == static_cast<ssize_t>(content.size());
+  ok = ok && ::fchmod(fd, mode) == 0 && ::fsync(fd) == 0;
+  ::close(fd);
+  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) return Unavailable("cannot write " + path);
+  return Status::Ok();
+}
+
+// This node's origin id for the event log, kept in KEEL_HOME across restarts.
+Result<std::string> LoadOrigin(const std::string& home) {
+  std::string path = home + "/origin";
+  std::ifstream in(path);
+  std::string origin;
+  if (in && std::getline(in, origin) && !origin.empty()) return origin;
+  origin = NewId();
+  KEEL_RETURN_IF_ERROR(WriteFileAtomic(path, origin + "\n", 0600));
+  return origin;
+}
+
+// First start: the default tenant and its owner token. Returns the admin (first) tenant's id.
+Result<std::string> Bootstrap(store::Store& store, const std::string& home) {
+  std::vector<store::Tenant> tenants;
+  KEEL_RETURN_IF_ERROR(store.Read([&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(tenants, tx.tenants().ListTenants());
+    return Status::Ok();
+  }));
+  if (!tenants.empty()) {
+    // Ids are time-ordered: the first tenant is the oldest.
+    return tenants.front().id;
+  }
+  store::Tenant tenant{NewId(), "default", NowMillis()};
+  std::string secret = NewToken();
+  store::Token token;
+  token.id = NewId();
+  token.tenant_id = tenant.id;
+  token.name = "owner";
+  token.role = "owner";
+  token.hash = Sha256Hex(secret);
+  token.created_at = tenant.created_at;
+  KEEL_RETURN_IF_ERROR(store.WriteSync([&](store::Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.tenants().InsertTenant(tenant));
+    KEEL_RETURN_IF_ERROR(tx.tokens().InsertToken(token));
+    return tx.events()
+        .Append({tenant.id, "tenant.created@v1", "", "", "", {{"tenant_id", tenant.id}, {"name", "default"}}})
+        .status();
+  }));
+  KEEL_RETURN_IF_ERROR(WriteFileAtomic(home + "/owner.token", secret + "\n", 0600));
+  std::fprintf(stderr,
+               "\n  Created the default tenant and its owner token (shown once):\n\n    %s\n\n"
+               "  It is saved in %s/owner.token (mode 0600) for the keel CLI.\n\n",
+               secret.c_str(), home.c_str());
+  return tenant.id;
+}
+
+Status EnsureDemoAgent(store::Store& store, const std::string& tenant_id) {
+  return store.WriteSync([&](store::Tx& tx) -> Status {
+    if (tx.agents().GetAgentByName(tenant_id, "demo").ok()) return Status::Ok();
+    store::Agent a;
+    a.id = NewId();
+    a.tenant_id = tenant_id;
+    a.name = "demo";
+    a.model = "local";
+    a.instructions = "You are Keel's demo agent on the built-in local model.";
+    a.tools = Json::array({"time.now", "notes.append"});
+    a.created_at = a.updated_at = NowMillis();
+    KEEL_RETURN_IF_ERROR(tx.agents().InsertAgent(a));
+    return tx.events()
+        .Append({tenant_id, "agent.created@v1", a.id, "", "", {{"name", a.name}, {"model", a.model}}})
+        .status();
+  });
+}
+
+int Fail(const Status& st) {
+  std::fprintf(stderr, "keel serve: %s\n", st.message().c_str());
+  return st.code() == Code::kInvalidArgument ? 2 : 1;
+}
+
+}  // namespace
+
+int ServeMain(const ServeFlags& flags) {
+  config::Overrides overrides{flags.home, flags.config_file, flags.listen, flags.store_url};
+  auto cfg = config::Load(overrides);
+  if (!cfg.ok()) return Fail(cfg.status());
+  const config::Config& config = *cfg;
+
+  std::error_code ec;
+  fs::create_directories(config.home, ec);
+  if (ec) return Fail(Unavailable("cannot create KEEL_HOME " + config.home + ": " + ec.message()));
+  ::chmod(config.home.c_str(), 0700);
+  fs::create_directories(config.workspaces, ec);
+  if (ec) return Fail(Unavailable("cannot create workspaces " + config.workspaces + ": " + ec.message()));
+
+  auto origin = LoadOrigin(config.home);
+  if (!origin.ok()) return Fail(origin.status());
+  store::StoreOptions store_options;
+  store_options.origin = *origin;
+  store_options.sync_full = config.durable;
+  auto opened = store::OpenStore(config.store_url, store_options);
+  if (!opened.ok()) return Fail(opened.status());
+  std::unique_ptr<store::Store> store = std::move(opened).value();
+  if (!config.durable) Log("durable = false: commits are not fsynced; a power loss may lose the last writes");
+
+  auto admin_tenant = Bootstrap(*store, config.home);
+  if (!admin_tenant.ok()) return Fail(admin_tenant.status());
+  if (flags.demo) {
+    if (Status st = EnsureDemoAgent(*store, *admin_tenant); !st.ok()) return Fail(st);
+  }
+
+  asio::io_context io(1);
+  Metrics metrics;
+  runtime::EventHub hub(io.get_executor());
+  store->SetCommitListener([&hub](const std::vector<store::Event>& events) { hub.OnCommit(events); });
+
+  model::ProviderRegistry providers;
+  (void)providers.Register("local", std::make_unique<model::LocalModel>());
+  (void)providers.Register("openai", std::make_unique<model::OpenAiProvider>(config.openai));
+  tools::ToolRegistry tool_registry;
+  if (Status st = tools::RegisterBuiltinTools(tool_registry); !st.ok()) return Fail(st);
+  tools::Gateway gateway(*store, tool_registry, config.workspaces);
+
+  runtime::RuntimeOptions runtime_options;
+  runtime_options.max_concurrent_runs = config.max_concurrent_runs;
+  runtime_options.lease_ms = config.lease_ms;
+  runtime_options.default_max_steps = config.max_steps;
+  runtime_options.history_limit = config.history_limit;
+  runtime_options.tenant_run_cap = config.tenant_run_cap;
+  runtime::Runtime runtime(io.get_executor(), *store, hub, providers, gateway, metrics,
+                           runtime_options);
+
+  api::ApiContext api_context{*store, runtime, hub, metrics, config, providers, *admin_tenant};
+  http::Router router(api::MakeAuthenticator(api_context));
+  api::RegisterAllRoutes(router, api_context);
+  http::Server server(io, router, metrics, config.max_body_bytes);
+  auto bound = server.Listen(config.listen);
+  if (!bound.ok()) return Fail(bound.status());
+  if (Status st = WriteFileAtomic(config.home + "/listen.addr", *bound + "\n", 0600); !st.ok()) {
+    return Fail(st);
+  }
+  if (Status st = runtime.Start(); !st.ok()) return Fail(st);
+  server.Start();
+
+  Log("listening on http://" + *bound + " (store " + config.store_url + ", origin " + *origin + ")");
+  Log("owner token: " + config.home + "/owner.token");
+
+  asio::signal_set signals(io, SIGINT, SIGTERM);
+  signals.async_wait([&](const boost::system::error_code& e, int sig) {
+    if (e) return;
+    Log(std::string("received ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT") + ", draining");
+    server.Stop();
+    asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+      co_await runtime.Drain(std::chrono::seconds(10));
+      io.stop();
+    }, asio::detached);
+  });
+  io.run();
+  store->Close();
+  Log("stopped");
+  return 0;
+}
+
+}  // namespace keel::server

@@ -1,0 +1,609 @@
+"""Test harness for Keel integration tests: a real `keel serve` process over HTTP.
+
+Stdlib only. Typical use:
+
+    class MyTest(KeelTestCase):
+        @classmethod
+        def setUpClass(cls):
+            cls.server = KeelServer()          # starts and waits for /readyz
+
+        @classmethod
+        def tearDownClass(cls):
+            cls.server.stop()
+
+        def test_x(self):
+            status, body, _ = self.server.request("GET", "/v1/agents")
+
+Environment:
+    KEEL_BIN         the keel binary (default: ../../build/keel relative to this file)
+    KEEL_TEST_STORE  when set, passed to the server as `--store URL` (future PostgreSQL runs)
+    KEEL_TEST_KEEP   when set to 1, temporary homes are kept for inspection
+"""
+
+import http.client
+import json
+import os
+import queue
+import random
+import re
+import shutil
+import signal
+import socket
+import string
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+import urllib.parse
+from datetime import datetime, timezone
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_BIN = os.path.normpath(os.path.join(HERE, "..", "..", "build", "keel"))
+
+TERMINAL_RUN_STATES = ("done", "failed", "cancelled")
+WAIT_RETURN_STATES = TERMINAL_RUN_STATES + ("waiting_for_approval",)
+
+RFC3339_MS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+EVENT_TYPE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)*@v[0-9]+$")
+
+_DEFAULT = object()
+
+
+def keel_bin():
+    path = os.environ.get("KEEL_BIN") or DEFAULT_BIN
+    return path
+
+
+def parse_time(text):
+    """RFC 3339 with milliseconds ("2026-11-30T12:00:00.000Z") -> aware datetime."""
+    if text is None:
+        return None
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
+
+
+def unique_name(prefix="t"):
+    return prefix + "-" + "".join(random.choice(string.ascii_lowercase + string.digits)
+                                  for _ in range(10))
+
+
+class ServerDied(Exception):
+    pass
+
+
+class KeelServer:
+    """One `keel serve` process with its own KEEL_HOME.
+
+    home:  a directory to use (kept); default a fresh temporary directory (removed by stop()).
+    env:   extra environment variables for the server (e.g. {"KEEL_TENANT_RUN_CAP": "2"}).
+    args:  extra command-line arguments after `serve`.
+    start: start at once (default) and wait until /readyz answers 200.
+    """
+
+    def __init__(self, home=None, env=None, args=None, start=True, ready_timeout=30.0):
+        self.bin = keel_bin()
+        if not os.path.exists(self.bin):
+            raise RuntimeError("KEEL_BIN does not exist: %r (build keel first, or set KEEL_BIN)"
+                               % self.bin)
+        self._own_home = home is None
+        self.home = home or tempfile.mkdtemp(prefix="keel-it-")
+        os.makedirs(self.home, exist_ok=True)
+        self.extra_env = dict(env or {})
+        self.extra_args = list(args or [])
+        self.ready_timeout = ready_timeout
+        self.proc = None
+        self.addr = None  # "127.0.0.1:PORT"
+        self.token = None  # the owner token of the first tenant (platform admin)
+        self.starts = 0
+        self.stdout_path = os.path.join(self.home, "server.stdout.log")
+        self.stderr_path = os.path.join(self.home, "server.stderr.log")
+        self._lock = threading.Lock()
+        if start:
+            self.start()
+
+    # ------------------------------------------------------------------ process control
+
+    @property
+    def base_url(self):
+        return "http://" + self.addr if self.addr else None
+
+    def _command(self, listen):
+        cmd = [self.bin, "serve", "--home", self.home, "--listen", listen]
+        store = os.environ.get("KEEL_TEST_STORE")
+        if store:
+            cmd += ["--store", store]
+        return cmd + self.extra_args
+
+    def _environment(self):
+        env = dict(os.environ)
+        for k in ("KEEL_LISTEN", "KEEL_STORE", "KEEL_WORKSPACES", "KEEL_CONFIG"):
+            env.pop(k, None)
+        env["KEEL_HOME"] = self.home
+        store = os.environ.get("KEEL_TEST_STORE")
+        if store:
+            env["KEEL_STORE"] = store
+        env.update(self.extra_env)
+        return env
+
+    def start(self, listen="127.0.0.1:0"):
+        addr_file = os.path.join(self.home, "listen.addr")
+        try:
+            os.unlink(addr_file)
+        except FileNotFoundError:
+            pass
+        self.starts += 1
+        banner = "\n===== keel start #%d at %s: %s =====\n" % (
+            self.starts, time.strftime("%H:%M:%S"), " ".join(self._command(listen)))
+        out = open(self.stdout_path, "ab")
+        err = open(self.stderr_path, "ab")
+        out.write(banner.encode())
+        err.write(banner.encode())
+        out.flush()
+        err.flush()
+        try:
+            self.proc = subprocess.Popen(self._command(listen), stdout=out, stderr=err,
+                                         stdin=subprocess.DEVNULL, env=self._environment(),
+                                         cwd=self.home)
+        finally:
+            out.close()
+            err.close()
+        self.addr = None
+        self._wait_ready(addr_file)
+        return self
+
+    def _wait_ready(self, addr_file):
+        deadline = time.monotonic() + self.ready_timeout
+        last_error = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerDied("keel exited with status %s before it was ready\n%s"
+                                 % (self.proc.returncode, self.log_tail()))
+            # Re-read every time: a partly written file would give a wrong port.
+            try:
+                with open(addr_file) as f:
+                    text = f.read().strip()
+                if text and re.match(r"^[^\s:]+:\d+$", text) and not text.endswith(":0"):
+                    self.addr = text
+            except FileNotFoundError:
+                pass
+            if self.addr is not None:
+                tok = self._read_owner_token()
+                if tok:
+                    self.token = tok
+                try:
+                    status, _, _ = self.request("GET", "/readyz", token=None, timeout=2)
+                    if status == 200 and self.token:
+                        self.token = self._read_owner_token() or self.token
+                        if self.starts == 1:
+                            st, body, _ = self.request("GET", "/v1/agents", timeout=10)
+                            if st != 200:
+                                raise ServerDied("the owner token from owner.token is refused: "
+                                                 "GET /v1/agents -> %s %r\n%s"
+                                                 % (st, body, self.log_tail()))
+                        return
+                    last_error = "readyz answered %s" % status
+                except (OSError, http.client.HTTPException) as e:
+                    last_error = repr(e)
+            time.sleep(0.02)
+        raise ServerDied("keel was not ready within %.0fs (addr=%s, token=%s, last: %s)\n%s"
+                         % (self.ready_timeout, self.addr, bool(self.token), last_error,
+                            self.log_tail()))
+
+    def _read_owner_token(self):
+        path = os.path.join(self.home, "owner.token")
+        try:
+            with open(path) as f:
+                tok = f.read().strip()
+            return tok or None
+        except FileNotFoundError:
+            return None
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill9(self):
+        """SIGKILL the process and reap it."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        if self.proc:
+            self.proc.wait(timeout=30)
+
+    def terminate(self, timeout=30):
+        """SIGTERM (drain and stop) and wait; returns the exit status."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError("keel did not stop within %ss of SIGTERM\n%s"
+                                     % (timeout, self.log_tail()))
+        return self.proc.returncode if self.proc else None
+
+    def restart(self, kill=False):
+        """Stops (SIGTERM, or SIGKILL with kill=True) and starts again on the same home."""
+        if kill:
+            self.kill9()
+        else:
+            self.terminate()
+        return self.start()
+
+    def stop(self):
+        """Stops the server (SIGTERM, then SIGKILL) and removes a temporary home."""
+        if self.proc and self.proc.poll() is None:
+            try:
+                self.terminate(timeout=15)
+            except AssertionError:
+                pass
+        if self._own_home and not os.environ.get("KEEL_TEST_KEEP"):
+            shutil.rmtree(self.home, ignore_errors=True)
+
+    def log_tail(self, lines=60):
+        chunks = []
+        for path in (self.stderr_path, self.stdout_path):
+            try:
+                with open(path, "rb") as f:
+                    f.seek(0, os.SEEK_END)
+                    size = f.tell()
+                    f.seek(max(0, size - 64 * 1024))
+                    text = f.read().decode("utf-8", "replace")
+                tail = "\n".join(text.splitlines()[-lines:])
+                chunks.append("----- %s (last %d lines) -----\n%s" % (path, lines, tail))
+            except FileNotFoundError:
+                chunks.append("----- %s: missing -----" % path)
+        return "\n".join(chunks)
+
+    # ------------------------------------------------------------------ HTTP
+
+    def request(self, method, path, body=None, token=_DEFAULT, headers=None, timeout=30,
+                raw_body=None):
+        """Sends one request. Returns (status, parsed JSON or text, headers as a lower-cased dict).
+
+        token: the bearer token; default the owner token; None sends no Authorization header.
+        body:  a value serialized as JSON; raw_body: bytes/str sent as is (for bad-input tests).
+        """
+        if self.addr is None:
+            raise ConnectionRefusedError("keel is not running")
+        return http_request(self.addr, method, path, body=body,
+                            token=self.token if token is _DEFAULT else token,
+                            headers=headers, timeout=timeout, raw_body=raw_body)
+
+    def ok(self, method, path, body=None, expect=(200, 201, 202, 204), **kw):
+        """request() that fails loudly unless the status is one of `expect`."""
+        status, data, hdrs = self.request(method, path, body=body, **kw)
+        if isinstance(expect, int):
+            expect = (expect,)
+        if status not in expect:
+            raise AssertionError("%s %s -> %s (expected %s): %s\n%s" % (
+                method, path, status, expect, data, self.log_tail(30)))
+        return data
+
+    # ------------------------------------------------------------------ resource helpers
+
+    def create_agent(self, name=None, model="local", instructions="You are a test agent.",
+                     tools=None, config=None, token=_DEFAULT):
+        body = {"name": name or unique_name("agent"), "model": model,
+                "instructions": instructions, "tools": tools if tools is not None else [],
+                "config": config or {}}
+        return self.ok("POST", "/v1/agents", body, expect=201, token=token)
+
+    def create_session(self, agent_id, title="test session", token=_DEFAULT):
+        return self.ok("POST", "/v1/agents/%s/sessions" % agent_id, {"title": title},
+                       expect=201, token=token)
+
+    def post_message(self, session_id, content, wait=None, idempotency_key=None,
+                     token=_DEFAULT, timeout=60):
+        """Posts a message; returns (status, body, headers) — body {"message","run"} on success."""
+        path = "/v1/sessions/%s/messages" % session_id
+        if wait is not None:
+            path += "?wait=%s" % wait
+        headers = {}
+        if idempotency_key is not None:
+            headers["Idempotency-Key"] = idempotency_key
+        return self.request("POST", path, {"content": content}, token=token, headers=headers,
+                            timeout=timeout)
+
+    def send(self, session_id, content, wait=10, token=_DEFAULT, **kw):
+        """Posts a message with ?wait= and returns the body; the run must have ended."""
+        status, body, _ = self.post_message(session_id, content, wait=wait, token=token, **kw)
+        if status not in (200, 202):
+            raise AssertionError("POST message -> %s: %s\n%s" % (status, body, self.log_tail(30)))
+        return body
+
+    def get_run(self, run_id, token=_DEFAULT):
+        return self.ok("GET", "/v1/runs/%s" % run_id, expect=200, token=token)
+
+    def wait_run(self, run_id, states=TERMINAL_RUN_STATES, timeout=30, token=_DEFAULT):
+        deadline = time.monotonic() + timeout
+        run = None
+        while time.monotonic() < deadline:
+            run = self.get_run(run_id, token=token)
+            if run.get("status") in states:
+                return run
+            time.sleep(0.05)
+        raise AssertionError("run %s did not reach %s within %ss; last: %s\n%s"
+                             % (run_id, states, timeout, run, self.log_tail(30)))
+
+    def steps(self, run_id, token=_DEFAULT):
+        data = self.ok("GET", "/v1/runs/%s/steps" % run_id, expect=200, token=token)
+        return data["items"] if isinstance(data, dict) and "items" in data else data
+
+    def list_all(self, path, limit=None, token=_DEFAULT, max_pages=10000):
+        """Follows next_cursor through every page of a list route; returns all items."""
+        items = []
+        cursor = None
+        for _ in range(max_pages):
+            params = {}
+            if limit is not None:
+                params["limit"] = str(limit)
+            if cursor:
+                params["cursor"] = cursor
+            sep = "&" if "?" in path else "?"
+            full = path + (sep + urllib.parse.urlencode(params) if params else "")
+            data = self.ok("GET", full, expect=200, token=token)
+            items.extend(data["items"])
+            cursor = data.get("next_cursor")
+            if not cursor:
+                return items
+        raise AssertionError("list %s did not end after %d pages" % (path, max_pages))
+
+    def all_events(self, after=0, limit=500, token=_DEFAULT):
+        """Pages through GET /v1/events?after= and returns every event after `after`."""
+        events = []
+        while True:
+            data = self.ok("GET", "/v1/events?after=%d&limit=%d" % (after, limit), expect=200,
+                           token=token)
+            page = data["items"]
+            if not page:
+                return events
+            events.extend(page)
+            after = page[-1]["position"]
+            if len(page) < limit and not data.get("next_cursor"):
+                # A short page: the log is read to its end (for now).
+                return events
+
+
+def http_request(addr, method, path, body=None, token=None, headers=None, timeout=30,
+                 raw_body=None):
+    host, port = addr.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        hdrs = {"Accept": "application/json"}
+        payload = None
+        if raw_body is not None:
+            payload = raw_body.encode() if isinstance(raw_body, str) else raw_body
+            hdrs["Content-Type"] = "application/json"
+        elif body is not None:
+            payload = json.dumps(body).encode()
+            hdrs["Content-Type"] = "application/json"
+        if token:
+            hdrs["Authorization"] = "Bearer " + token
+        if headers:
+            hdrs.update(headers)
+        conn.request(method, path, body=payload, headers=hdrs)
+        resp = conn.getresponse()
+        data = resp.read()
+        resp_headers = {k.lower(): v for k, v in resp.getheaders()}
+        text = data.decode("utf-8", "replace")
+        parsed = text
+        ctype = resp_headers.get("content-type", "")
+        if text and ("json" in ctype or text[:1] in "{["):
+            try:
+                parsed = json.loads(text)
+            except ValueError:
+                parsed = text
+        elif not text:
+            parsed = None
+        return resp.status, parsed, resp_headers
+    finally:
+        conn.close()
+
+
+# ---------------------------------------------------------------------- Server-Sent Events
+
+
+class SseClient:
+    """Reads a Server-Sent Events stream in a thread and queues its events.
+
+    url: a full URL ("http://127.0.0.1:PORT/v1/stream?session_id=...") or a path with `addr`.
+    Each queued event is a dict {"id": str|None, "event": str|None, "data": parsed JSON or str,
+    "raw_data": str}. A dict {"closed": True, "error": ...} is queued when the stream ends.
+    """
+
+    def __init__(self, url, token, last_event_id=None, timeout=60):
+        parts = urllib.parse.urlsplit(url)
+        self.host = parts.hostname
+        self.port = parts.port
+        self.path = parts.path + ("?" + parts.query if parts.query else "")
+        self.token = token
+        self.last_event_id = last_event_id
+        self.events = queue.Queue()
+        self.status = None
+        self.headers = None
+        self.closed = threading.Event()
+        self._connected = threading.Event()
+        self._conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        self._resp = None
+        self._sock = None
+        self._error = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        if not self._connected.wait(timeout=30):
+            raise AssertionError("SSE stream %s: no response headers within 30s" % url)
+        if self._error is not None and self.status is None:
+            raise AssertionError("SSE stream %s failed: %r" % (url, self._error))
+
+    def _run(self):
+        try:
+            hdrs = {"Accept": "text/event-stream", "Cache-Control": "no-cache"}
+            if self.token:
+                hdrs["Authorization"] = "Bearer " + self.token
+            if self.last_event_id is not None:
+                hdrs["Last-Event-ID"] = str(self.last_event_id)
+            self._conn.connect()
+            self._sock = self._conn.sock  # kept: a Connection: close response detaches it
+            if self.closed.is_set():
+                return
+            self._conn.request("GET", self.path, headers=hdrs)
+            self._resp = self._conn.getresponse()
+            self.status = self._resp.status
+            self.headers = {k.lower(): v for k, v in self._resp.getheaders()}
+            self._connected.set()
+            if self.status != 200:
+                body = self._resp.read().decode("utf-8", "replace")
+                self.events.put({"closed": True, "error": "status %s: %s" % (self.status, body)})
+                return
+            ev = {"id": None, "event": None, "data": []}
+            while not self.closed.is_set():
+                line = self._resp.readline()
+                if not line:
+                    break
+                line = line.decode("utf-8").rstrip("\r\n")
+                if line == "":
+                    if ev["data"] or ev["event"] or ev["id"] is not None:
+                        raw = "\n".join(ev["data"])
+                        try:
+                            data = json.loads(raw) if raw else None
+                        except ValueError:
+                            data = raw
+                        self.events.put({"id": ev["id"], "event": ev["event"], "data": data,
+                                         "raw_data": raw})
+                    ev = {"id": None, "event": None, "data": []}
+                    continue
+                if line.startswith(":"):
+                    continue  # a comment (keep-alive)
+                field, _, value = line.partition(":")
+                if value.startswith(" "):
+                    value = value[1:]
+                if field == "data":
+                    ev["data"].append(value)
+                elif field == "event":
+                    ev["event"] = value
+                elif field == "id":
+                    ev["id"] = value
+            self.events.put({"closed": True, "error": None})
+        except Exception as e:  # noqa: BLE001 - reported through the queue
+            self._error = e
+            self._connected.set()
+            if not self.closed.is_set():
+                self.events.put({"closed": True, "error": repr(e)})
+
+    def next(self, timeout=10):
+        """The next event, or None after `timeout` seconds."""
+        try:
+            return self.events.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def collect_until(self, predicate, timeout=20):
+        """Collects events until predicate(event) is true (that event included). Raises on timeout
+        or when the stream closes first."""
+        got = []
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError("SSE: condition not met within %ss; got %d events: %s"
+                                     % (timeout, len(got), [(e.get("id"), e.get("event"))
+                                                            for e in got]))
+            ev = self.next(timeout=left)
+            if ev is None:
+                continue
+            if ev.get("closed"):
+                raise AssertionError("SSE stream closed early (%s) after %d events"
+                                     % (ev.get("error"), len(got)))
+            got.append(ev)
+            if predicate(ev):
+                return got
+
+    def drain(self, quiet=0.5):
+        """Events that arrive until the stream is quiet for `quiet` seconds."""
+        got = []
+        while True:
+            ev = self.next(timeout=quiet)
+            if ev is None or ev.get("closed"):
+                return got
+            got.append(ev)
+
+    def close(self):
+        self.closed.set()
+        sock = self._sock or self._conn.sock
+        try:
+            if sock is not None:
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        try:
+            self._conn.close()
+        except OSError:
+            pass
+        self._thread.join(timeout=5)
+
+
+def sse_url(server, **filters):
+    q = {k: v for k, v in filters.items() if v is not None}
+    return server.base_url + "/v1/stream" + ("?" + urllib.parse.urlencode(q) if q else "")
+
+
+# ---------------------------------------------------------------------- test case base
+
+
+class KeelTestCase(unittest.TestCase):
+    """Prints the tail of every server's log when a test fails or errors.
+
+    Subclasses list their servers in `servers()` (default: cls.server if set)."""
+
+    maxDiff = 4000
+
+    def servers(self):
+        s = getattr(self, "server", None)
+        return [s] if s is not None else []
+
+    def run(self, result=None):
+        before = None
+        if result is not None:
+            before = len(result.failures) + len(result.errors)
+        out = super().run(result)
+        if result is not None and len(result.failures) + len(result.errors) > before:
+            for s in self.servers():
+                try:
+                    sys.stderr.write("\n%s: server log tail (home %s):\n%s\n"
+                                     % (self.id(), s.home, s.log_tail(80)))
+                except Exception:  # noqa: BLE001
+                    pass
+        return out
+
+    # assertion helpers
+
+    def assertStatus(self, resp, expected, what=""):
+        status, body, _ = resp
+        if isinstance(expected, int):
+            expected = (expected,)
+        self.assertIn(status, expected, "%s: got HTTP %s, body %r" % (what, status, body))
+        return body
+
+    def assertError(self, resp, status, code, what=""):
+        """resp is (status, body, headers): checks the status and the JSON error shape."""
+        st, body, _ = resp
+        self.assertEqual(st, status, "%s: expected HTTP %s (%s), got %s: %r"
+                         % (what, status, code, st, body))
+        self.assertIsInstance(body, dict, "%s: error body is not JSON: %r" % (what, body))
+        self.assertIn("error", body, "%s: no 'error' in %r" % (what, body))
+        err = body["error"]
+        self.assertIsInstance(err, dict, "%s: 'error' is not an object: %r" % (what, body))
+        self.assertEqual(err.get("code"), code, "%s: error code in %r" % (what, body))
+        self.assertIsInstance(err.get("message"), str, "%s: error message in %r" % (what, body))
+        self.assertTrue(err["message"], "%s: empty error message" % what)
+        return err
+
+    def assertTime(self, value, what=""):
+        self.assertIsInstance(value, str, "%s: time is not a string: %r" % (what, value))
+        self.assertRegex(value, RFC3339_MS, "%s: not RFC 3339 UTC with milliseconds" % what)
+
+    def assertHealthy(self, server=None):
+        server = server or self.server
+        status, body, _ = server.request("GET", "/healthz", token=None, timeout=10)
+        self.assertEqual(status, 200, "server unhealthy: /healthz -> %s %r" % (status, body))
+        self.assertTrue(server.alive(), "server process exited")
