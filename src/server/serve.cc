@@ -20,6 +20,7 @@
 #include "keel/api/api.h"
 #include "keel/common/crypto.h"
 #include "keel/common/ids.h"
+#include "keel/common/log.h"
 #include "keel/config/config.h"
 #include "keel/http/router.h"
 #include "keel/http/server.h"
@@ -39,9 +40,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-void Log(const std::string& line) {
-  std::fprintf(stderr, "%s keel: %s\n", FormatRfc3339(NowMillis()).c_str(), line.c_str());
-}
+void Log(const std::string& line) { LogInfo(line); }
 
 // Writes `content` to `path` with `mode`, atomically (temp file + rename).
 Status WriteFileAtomic(const std::string& path, const std::string& content, mode_t mode) {
@@ -89,6 +88,10 @@ Result<std::string> Bootstrap(store::Store& store, const std::string& home) {
   KEEL_RETURN_IF_ERROR(store.WriteSync([&](store::Tx& tx) -> Status {
     KEEL_RETURN_IF_ERROR(tx.tenants().InsertTenant(tenant));
     KEEL_RETURN_IF_ERROR(tx.tokens().InsertToken(token));
+    KEEL_RETURN_IF_ERROR(tx.events()
+                             .Append({tenant.id, "token.created@v1", "", "", "",
+                                      {{"token_id", token.id}, {"name", token.name}, {"role", token.role}}})
+                             .status());
     return tx.events()
         .Append({tenant.id, "tenant.created@v1", "", "", "", {{"tenant_id", tenant.id}, {"name", "default"}}})
         .status();

@@ -116,9 +116,8 @@ class KeelServer:
         return cmd + self.extra_args
 
     def _environment(self):
-        env = dict(os.environ)
-        for k in ("KEEL_LISTEN", "KEEL_STORE", "KEEL_WORKSPACES", "KEEL_CONFIG"):
-            env.pop(k, None)
+        # Hermetic: no KEEL_* setting of the caller's environment leaks into the server.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_")}
         env["KEEL_HOME"] = self.home
         store = os.environ.get("KEEL_TEST_STORE")
         if store:
@@ -295,7 +294,7 @@ class KeelServer:
 
     def post_message(self, session_id, content, wait=None, idempotency_key=None,
                      token=_DEFAULT, timeout=60):
-        """Posts a message; returns (status, body, headers) — body {"message","run"} on success."""
+        """Posts a message; returns (status, body, headers); body {"message","run"} on success."""
         path = "/v1/sessions/%s/messages" % session_id
         if wait is not None:
             path += "?wait=%s" % wait

@@ -365,6 +365,9 @@ class ApiTest(KeelTestCase):
         s = self.server
         _, sess = self.new_session()
         s.send(sess["id"], "/call time.now {}")
+        doomed = s.create_agent()  # so that agent.updated and agent.deleted events are covered
+        s.ok("PATCH", "/v1/agents/%s" % doomed["id"], {"instructions": "soon gone"})
+        s.ok("DELETE", "/v1/agents/%s" % doomed["id"])
         events = s.all_events()
         self.assertTrue(events)
         positions = [e["position"] for e in events]
@@ -373,13 +376,14 @@ class ApiTest(KeelTestCase):
         for e in events:
             self.assertTrue(EVENT_FIELDS <= set(e), "event fields missing: %s in %r"
                             % (EVENT_FIELDS - set(e), e))
-            self.assertIsInstance(e["position"], int)
-            self.assertIsInstance(e["origin_seq"], int)
-            self.assertIsInstance(e["origin"], str)
-            self.assertTrue(e["origin"])
-            self.assertRegex(e["type"], EVENT_TYPE)
-            self.assertIsInstance(e["payload"], dict)
-            self.assertTime(e["occurred_at"], "event.occurred_at")
+            what = "event %r" % e
+            self.assertIsInstance(e["position"], int, what)
+            self.assertIsInstance(e["origin_seq"], int, what)
+            self.assertIsInstance(e["origin"], str, what)
+            self.assertTrue(e["origin"], what)
+            self.assertRegex(e["type"], EVENT_TYPE, what)
+            self.assertIsInstance(e["payload"], dict, "payload is not a JSON object: " + what)
+            self.assertTime(e["occurred_at"], what)
         # pages of `after` + `limit` cover the log exactly
         paged = s.all_events(limit=4)
         self.assertEqual([e["position"] for e in paged], positions[:len(paged)])

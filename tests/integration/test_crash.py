@@ -16,7 +16,6 @@ KEEL_CRASH_SEED (default: random; printed so a failure can be replayed).
 
 import collections
 import http.client
-import json
 import os
 import random
 import sys

@@ -243,17 +243,23 @@ class RuntimeTest(KeelTestCase):
     def test_cancel_running(self):
         s = self.server
         _, sess = self.new_session()
-        n = 300
-        st, body, _ = s.post_message(sess["id"], slow_message(n))
-        self.assertEqual(st, 202, body)
-        rid = body["run"]["id"]
-        s.wait_run(rid, states=("running",) + TERMINAL_RUN_STATES, timeout=30)
-        st, resp, _ = s.request("POST", "/v1/runs/%s/cancel" % rid)
+        # A bigger run when a fast disk lets the first one end before the cancel arrives.
+        for n in (300, 1200, 4800):
+            st, body, _ = s.post_message(sess["id"], slow_message(n))
+            self.assertEqual(st, 202, body)
+            rid = body["run"]["id"]
+            s.wait_run(rid, states=("running",) + TERMINAL_RUN_STATES, timeout=30)
+            st, resp, _ = s.request("POST", "/v1/runs/%s/cancel" % rid)
+            if st == 409 and s.get_run(rid)["status"] == "done":
+                continue
+            break
         self.assertIn(st, (200, 202), resp)
-        run = s.wait_run(rid, timeout=60)
+        run = s.wait_run(rid, timeout=120)
         self.assertEqual(run["status"], "cancelled", run)
+        self.assertEqual((run["error"] or {}).get("code"), "cancelled", run)
         tools = [x for x in s.steps(rid) if x["kind"] == "tool"]
-        self.assertLess(len(tools), n, "the run went on to the end despite the cancel")
+        self.assertLess(len(tools), n, "the run made all its %d tool calls despite the cancel "
+                        "(a cancel should take effect at the next step boundary)" % n)
         # the session is usable again
         after = s.send(sess["id"], "after cancel")
         self.assertEqual(after["run"]["status"], "done")
@@ -344,30 +350,40 @@ class ResumeAfterKillTest(KeelTestCase):
     def tearDownClass(cls):
         cls.server.stop()
 
-    def kill_mid_run(self, message, min_tool_steps=5, timeout=60):
+    def kill_mid_run(self, make_message, sizes=(150, 600, 2400), min_tool_steps=5):
+        """Posts make_message(n), kills the server with SIGKILL once the run has recorded a few
+        tool steps, restarts it and waits for the run. Retries with a bigger n when the run ended
+        before the kill landed (a fast disk). Returns (agent, session, run, n)."""
         s = self.server
-        agent = s.create_agent()
-        sess = s.create_session(agent["id"])
-        st, body, _ = s.post_message(sess["id"], message)
-        self.assertEqual(st, 202, body)
-        rid = body["run"]["id"]
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            steps = s.steps(rid)
-            if len([x for x in steps if x["kind"] == "tool"]) >= min_tool_steps:
-                break
-            self.assertNotIn(s.get_run(rid)["status"], TERMINAL_RUN_STATES,
-                             "the run ended before it could be killed")
-            time.sleep(0.005)
-        s.kill9()
-        s.start()
-        run = s.wait_run(rid, timeout=60)
-        return agent, sess, run
+        for n in sizes:
+            agent = s.create_agent()
+            sess = s.create_session(agent["id"])
+            st, body, _ = s.post_message(sess["id"], make_message(n))
+            self.assertEqual(st, 202, body)
+            rid = body["run"]["id"]
+            deadline = time.monotonic() + 60
+            ended = False
+            while time.monotonic() < deadline:
+                steps = s.steps(rid)
+                if len([x for x in steps if x["kind"] == "tool"]) >= min_tool_steps:
+                    break
+                if s.get_run(rid)["status"] in TERMINAL_RUN_STATES:
+                    ended = True
+                    break
+                time.sleep(0.005)
+            if ended:
+                continue
+            s.kill9()
+            s.start()
+            run = s.wait_run(rid, timeout=120)
+            if run["attempt"] < 2 and run["status"] == "done":
+                continue  # it had finished before the kill landed
+            return agent, sess, run, n
+        self.fail("every run ended before it could be killed (sizes %s)" % (sizes,))
 
     def test_resume_pure_calls(self):
         s = self.server
-        n = 150
-        agent, sess, run = self.kill_mid_run(slow_message(n))
+        agent, sess, run, n = self.kill_mid_run(slow_message)
         self.assertEqual(run["status"], "done", run)
         self.assertGreaterEqual(run["attempt"], 2, "the run was not resumed after kill -9")
         steps = s.steps(run["id"])
@@ -383,9 +399,9 @@ class ResumeAfterKillTest(KeelTestCase):
 
     def test_resume_once_calls(self):
         s = self.server
-        n = 120
-        msg = "\n".join('/call notes.append {"line": "once-%d"}' % i for i in range(n))
-        agent, sess, run = self.kill_mid_run(msg)
+        agent, sess, run, n = self.kill_mid_run(
+            lambda n: "\n".join('/call notes.append {"line": "once-%d"}' % i for i in range(n)),
+            sizes=(120, 480, 1920))
         self.assertEqual(run["status"], "done", run)
         steps = s.steps(run["id"])
         check_steps_contiguous(self, steps, "resumed run")

@@ -185,7 +185,7 @@ TEST(OpenAiWireTest, BuildRejectsUnknownRoleAndMistypedOptions) {
 }
 
 TEST(OpenAiWireTest, SseParserHandlesEverySplitAndLineEnding) {
-  const std::string lf =
+  std::string lf =
       ": comment\n"
       "data: {\"a\":1}\n\n"
       "event: update\ndata: line one\ndata:line two\n\n"
@@ -197,8 +197,7 @@ TEST(OpenAiWireTest, SseParserHandlesEverySplitAndLineEnding) {
     crlf += c == '\n' ? std::string("\r\n") : std::string(1, c);
     cr += c == '\n' ? '\r' : c;
   }
-  for (const std::string* stream :
-       {&lf, static_cast<const std::string*>(&crlf), static_cast<const std::string*>(&cr)}) {
+  for (const std::string* stream : {&lf, &crlf, &cr}) {
     for (size_t piece = 1; piece <= stream->size(); ++piece) {
       auto events = ParseSse(*stream, piece);
       ASSERT_EQ(events.size(), 3u) << "piece " << piece;

@@ -77,7 +77,9 @@ TEST_F(SqliteStoreTest, AppendAssignsGaplessOriginSeqAndIncreasingPositions) {
     EXPECT_EQ(events[i].origin, "node-a");
     EXPECT_EQ(events[i].origin_seq, static_cast<int64_t>(i + 1));
     EXPECT_EQ(events[i].type, "x.happened@v1");
-    if (i > 0) EXPECT_GT(events[i].position, events[i - 1].position);
+    if (i > 0) {
+      EXPECT_GT(events[i].position, events[i - 1].position);
+    }
   }
 }
 

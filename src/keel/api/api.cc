@@ -107,6 +107,16 @@ Json EventJson(const store::Event& e) {
 
 Result<store::Page> PageOf(const http::Request& req) {
   store::Page page;
+  KEEL_ASSIGN_OR_RETURN(page.limit, LimitOf(req));
+  page.cursor = req.Query("cursor");
+  if (!page.cursor.empty() && store::DecodeCursor(page.cursor).empty()) {
+    return InvalidArgument("cursor is not valid");
+  }
+  return page;
+}
+
+Result<int> LimitOf(const http::Request& req) {
+  int out = 50;
   std::string limit = req.Query("limit");
   if (!limit.empty()) {
     int v = 0;
@@ -119,13 +129,9 @@ Result<store::Page> PageOf(const http::Request& req) {
     if (used != limit.size() || v < 1 || v > 500) {
       return InvalidArgument("limit must be an integer between 1 and 500, got '" + limit + "'");
     }
-    page.limit = v;
+    out = v;
   }
-  page.cursor = req.Query("cursor");
-  if (!page.cursor.empty() && store::DecodeCursor(page.cursor).empty()) {
-    return InvalidArgument("cursor is not valid");
-  }
-  return page;
+  return out;
 }
 
 Status RequireOwner(const http::Request& req) {

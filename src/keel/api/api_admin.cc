@@ -86,6 +86,10 @@ void RegisterAdminRoutes(http::Router& router, ApiContext& ctx) {
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_RETURN_IF_ERROR(tx.tenants().InsertTenant(tenant));
       KEEL_RETURN_IF_ERROR(tx.tokens().InsertToken(token));
+      KEEL_RETURN_IF_ERROR(tx.events()
+                               .Append({tenant.id, "token.created@v1", "", "", "",
+                                        {{"token_id", token.id}, {"name", token.name}, {"role", token.role}}})
+                               .status());
       return tx.events()
           .Append({tenant.id, "tenant.created@v1", "", "", "", {{"tenant_id", tenant.id}, {"name", tenant.name}}})
           .status();

@@ -37,26 +37,29 @@ std::string SseFrame(const store::Event& e) {
 
 void RegisterEventRoutes(http::Router& router, ApiContext& ctx) {
   router.Add("GET", "/v1/events", [&ctx](Request& req) -> asio::awaitable<Response> {
+    // `after` is a position; `cursor` (the previous page's next_cursor) is one too.
     int64_t after = 0;
-    if (std::string a = req.Query("after"); !a.empty()) {
+    std::string a = req.Query("after");
+    if (a.empty()) a = req.Query("cursor");
+    if (!a.empty()) {
       auto p = PositionOf(a, "after");
       if (!p.ok()) co_return Response::Error(p.status());
       after = *p;
     }
-    auto page = PageOf(req);
-    if (!page.ok()) co_return Response::Error(page.status());
+    auto limit = LimitOf(req);
+    if (!limit.ok()) co_return Response::Error(limit.status());
     std::vector<store::Event> events;
     Status st = ctx.store.Read([&](store::Tx& tx) -> Status {
       KEEL_ASSIGN_OR_RETURN(events, tx.events().ReadEvents(req.principal.tenant_id, after,
-                                                           FilterOf(req), page->limit));
+                                                           FilterOf(req), *limit + 1));
       return Status::Ok();
     });
     if (!st.ok()) co_return Response::Error(st);
+    bool more = static_cast<int>(events.size()) > *limit;
+    if (more) events.resize(*limit);
     Json items = Json::array();
     for (const auto& e : events) items.push_back(EventJson(e));
-    Json next = static_cast<int>(events.size()) == page->limit
-                    ? Json(std::to_string(events.back().position))
-                    : Json(nullptr);
+    Json next = more ? Json(std::to_string(events.back().position)) : Json(nullptr);
     co_return Response::Json(200, {{"items", items}, {"next_cursor", next}});
   });
 
@@ -104,11 +107,12 @@ void RegisterEventRoutes(http::Router& router, ApiContext& ctx) {
         });
         if (!st.ok()) co_return;
         std::string out;
-        for (const auto& e : events) {
-          out += SseFrame(e);
-          cursor = e.position;
-        }
+        size_t next = 0;
         for (const auto& d : ctx.hub.TakeDeltas(sub)) {
+          // Deltas go between the events committed before and after they were published.
+          for (; next < events.size() && events[next].position <= d.after_position; ++next) {
+            out += SseFrame(events[next]);
+          }
           out += "event: message.delta\ndata: " +
                  DumpJson({{"run_id", d.run_id},
                            {"session_id", d.session_id},
@@ -116,6 +120,8 @@ void RegisterEventRoutes(http::Router& router, ApiContext& ctx) {
                            {"text", d.text}}) +
                  "\n\n";
         }
+        for (; next < events.size(); ++next) out += SseFrame(events[next]);
+        if (!events.empty()) cursor = events.back().position;
         if (!out.empty() && !co_await w.Write(std::move(out))) co_return;
         if (events.size() == 500) continue;
         auto before = std::chrono::steady_clock::now();

@@ -123,6 +123,9 @@ void RegisterSessionRoutes(http::Router& router, ApiContext& ctx) {
       if (busy && *status == "inactive") {
         return Conflict("session " + id + " has a run in flight; cancel it or wait");
       }
+      if (*status == "idle" && session.status != "inactive") {
+        return Conflict("session " + id + " is not inactive (it is " + session.status + ")");
+      }
       session.status = *status;
       session.updated_at = NowMillis();
       KEEL_RETURN_IF_ERROR(tx.sessions().UpdateSessionStatus(tenant, id, *status, session.updated_at));

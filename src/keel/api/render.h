@@ -18,6 +18,8 @@ Json RunJson(const store::Run& r);
 Json StepJson(const store::Step& s, const store::ToolCall* call);
 Json EventJson(const store::Event& e);
 
+// ?limit= with validation (1..500, default 50).
+Result<int> LimitOf(const http::Request& req);
 // ?limit= and ?cursor= with validation (limit 1..500, default 50).
 Result<store::Page> PageOf(const http::Request& req);
 

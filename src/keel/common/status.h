@@ -56,6 +56,8 @@ inline Status Internal(std::string m) { return {Code::kInternal, std::move(m)}; 
 template <typename T>
 class [[nodiscard]] Result {
  public:
+  // Asio's completion machinery needs a default; it holds an internal error, never a value.
+  Result() : v_(Status(Code::kInternal, "no result")) {}
   Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
   Result(Status status) : v_(std::move(status)) {}  // NOLINT: implicit by design
 

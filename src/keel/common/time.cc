@@ -21,7 +21,7 @@ std::string FormatRfc3339(Millis ms) {
   }
   std::tm tm{};
   gmtime_r(&secs, &tm);
-  char buf[40];
+  char buf[80];
   std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
                 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, frac);
   return buf;

@@ -143,8 +143,11 @@ struct ResponseStream::Impl {
       if (!tls_ctx) co_return Internal(what + ": TLS is unavailable: " + tls_error);
       tls = std::make_unique<beast::ssl_stream<beast::tcp_stream>>(ex, *tls_ctx);
       tls_context = tls_ctx;
-      // SNI: servers behind shared front ends pick their certificate by it.
-      if (!SSL_set_tlsext_host_name(tls->native_handle(), endpoint.host.c_str())) {
+      // SNI: servers behind shared front ends pick their certificate by it. It carries names
+      // only, never address literals (RFC 6066).
+      error_code not_ip;
+      asio::ip::make_address(endpoint.host, not_ip);
+      if (not_ip && !SSL_set_tlsext_host_name(tls->native_handle(), endpoint.host.c_str())) {
         co_return Internal(what + ": cannot set the TLS server name");
       }
       if (options.verify_peer) {

@@ -11,6 +11,7 @@
 
 #include <chrono>
 
+#include "keel/common/log.h"
 #include "keel/http/router.h"
 #include "keel/metrics.h"
 
@@ -70,7 +71,7 @@ struct Server::Impl {
         continue;
       }
       socket.set_option(tcp::no_delay(true), ec);
-      asio::co_spawn(io, Serve(std::move(socket)), asio::detached);
+      asio::co_spawn(io, Serve(std::move(socket)), ReportExceptions{"http connection"});
     }
   }
 
@@ -225,7 +226,7 @@ Result<std::string> Server::Listen(const std::string& address) {
   return h + ":" + std::to_string(bound.port());
 }
 
-void Server::Start() { asio::co_spawn(impl_->io, impl_->AcceptLoop(), asio::detached); }
+void Server::Start() { asio::co_spawn(impl_->io, impl_->AcceptLoop(), ReportExceptions{"http accept loop"}); }
 
 void Server::Stop() {
   boost::system::error_code ec;

@@ -10,7 +10,9 @@
 // Other 4xx answers fail at once with the server's message. Status mapping: 400 and other 4xx
 // -> kInvalidArgument, 401 -> kUnauthenticated, 403 -> kPermissionDenied, 404 -> kNotFound,
 // 413 -> kPayloadTooLarge; network failures, 5xx, exhausted 429s and malformed output ->
-// kUnavailable.
+// kUnavailable. The config's timeout_ms bounds each network wait (connecting, the response head,
+// the gap between two pieces of the stream), not the whole call, so a long answer that keeps
+// streaming is never cut.
 //
 // Owned by the server's ProviderRegistry. Thread-safe: it keeps only its configuration and an
 // HTTP client; each call runs on the executor of the coroutine that awaits Complete.

@@ -5,6 +5,8 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include <algorithm>
+
 namespace keel::runtime {
 
 namespace asio = boost::asio;
@@ -38,6 +40,7 @@ void EventHub::OnCommit(const std::vector<store::Event>& events) {
 }
 
 void EventHub::Dispatch(const std::vector<store::Event>& events) {
+  for (const auto& e : events) last_position_ = std::max(last_position_, e.position);
   for (auto& sub : subs_) {
     for (const auto& e : events) {
       if (sub->Matches(e.tenant_id, e.agent_id, e.session_id, e.run_id)) {
@@ -49,7 +52,9 @@ void EventHub::Dispatch(const std::vector<store::Event>& events) {
   }
 }
 
-void EventHub::PublishDelta(const Delta& d) {
+void EventHub::PublishDelta(const Delta& delta) {
+  Delta d = delta;
+  d.after_position = last_position_;
   for (auto& sub : subs_) {
     if (sub->Matches(d.tenant_id, d.agent_id, d.session_id, d.run_id)) {
       if (sub->deltas.size() < 10000) sub->deltas.push_back(d);

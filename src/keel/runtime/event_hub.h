@@ -27,6 +27,9 @@ struct Delta {
   std::string session_id;
   std::string run_id;
   std::string text;
+  // The highest event position the hub had seen when the delta was published: a stream writes
+  // the delta after the events up to here and before later ones.
+  int64_t after_position = 0;
 };
 
 struct SubscriptionFilter {
@@ -63,6 +66,7 @@ class EventHub {
   void Dispatch(const std::vector<store::Event>& events);
   boost::asio::any_io_executor executor_;
   std::list<SubscriptionPtr> subs_;
+  int64_t last_position_ = 0;
 };
 
 }  // namespace keel::runtime

@@ -65,6 +65,10 @@ asio::awaitable<Result<IntakeResult>> Runtime::PostMessage(const IntakeRequest& 
         return Status::Ok();
       }
     }
+    KEEL_ASSIGN_OR_RETURN(auto current, tx.sessions().GetSession(req.tenant_id, req.session_id));
+    if (current.status == "inactive") {
+      return Conflict("session " + req.session_id + " is inactive and takes no new messages");
+    }
     if (reject_when_busy) {
       KEEL_ASSIGN_OR_RETURN(bool busy, tx.runs().SessionBusy(req.tenant_id, req.session_id));
       if (busy) {
@@ -117,8 +121,12 @@ asio::awaitable<Result<store::Run>> Runtime::Cancel(const std::string& tenant_id
     out.finished_at = now;
     out.error = {{"code", "cancelled"}, {"message", "cancelled by request"}};
     KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(out));
+    Json payload = {{"status", out.status},
+                    {"error", out.error},
+                    {"usage", {{"input_tokens", out.input_tokens},
+                               {"output_tokens", out.output_tokens}}}};
     return tx.events()
-        .Append({tenant_id, "run.cancelled@v1", out.agent_id, out.session_id, out.id, {}})
+        .Append({tenant_id, "run.cancelled@v1", out.agent_id, out.session_id, out.id, payload})
         .status();
   });
   if (!written.ok()) co_return written.status();

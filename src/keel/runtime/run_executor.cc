@@ -247,6 +247,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run) {
     }
     if (!pending.empty()) {
       for (const auto& call : pending) {
+        if (cancel_requested_.count(run.id)) break;  // stop at the next step boundary
         ++metrics_.tool_calls;
         tools::CallRequest creq{run.tenant_id, run.agent_id, run.session_id, run.id,
                                 next_seq++,    call.id,      call.name,      call.arguments,

@@ -7,6 +7,7 @@
 
 #include <vector>
 
+#include "keel/common/log.h"
 #include "keel/common/time.h"
 #include "keel/metrics.h"
 #include "keel/runtime/event_hub.h"
@@ -36,8 +37,8 @@ Status Runtime::Start() {
   std::string origin = store_.origin();
   KEEL_RETURN_IF_ERROR(store_.WriteSync(
       [origin](store::Tx& tx) { return tx.runs().ExpireLeasesOf(origin); }));
-  asio::co_spawn(executor_, DispatchLoop(), asio::detached);
-  asio::co_spawn(executor_, LeaseLoop(), asio::detached);
+  asio::co_spawn(executor_, DispatchLoop(), ReportExceptions{"run dispatcher"});
+  asio::co_spawn(executor_, LeaseLoop(), ReportExceptions{"lease keeper"});
   return Status::Ok();
 }
 
@@ -70,7 +71,7 @@ asio::awaitable<void> Runtime::DispatchLoop() {
       if (room <= 0) break;
       if (!executing_.insert(run.id).second) continue;
       --room;
-      asio::co_spawn(executor_, RunOne(std::move(run)), asio::detached);
+      asio::co_spawn(executor_, RunOne(std::move(run)), ReportExceptions{"run execution"});
     }
   }
 }

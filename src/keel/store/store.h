@@ -89,7 +89,7 @@ class RunStore {
   virtual Result<Run> GetRun(const std::string& tenant_id, const std::string& id) = 0;
   virtual Result<Paged<Run>> ListRuns(const std::string& tenant_id, const std::string& session_id,
                                       const Page& page) = 0;
-  // Runs of the tenant not yet terminal (queued, running, waiting_for_approval).
+  // Runs of the tenant queued or running (the ones that cost capacity).
   virtual Result<int64_t> CountActiveRuns(const std::string& tenant_id) = 0;
   // Whether the session has a run that is not terminal.
   virtual Result<bool> SessionBusy(const std::string& tenant_id, const std::string& session_id) = 0;

@@ -545,7 +545,7 @@ Result<Event> SqliteTx::Append(const NewEvent& n) {
   e.agent_id = n.agent_id;
   e.session_id = n.session_id;
   e.run_id = n.run_id;
-  e.payload = n.payload;
+  e.payload = n.payload.is_object() ? n.payload : Json::object();
   e.occurred_at = NowMillis();
   // origin_seq is computed inside the insert from the (origin, origin_seq) index, so a rolled
   // back unit never leaves a gap.
@@ -570,7 +570,7 @@ Result<std::vector<Event>> SqliteTx::ReadEvents(const std::string& tenant_id, in
       "(?='' OR agent_id=?) AND (?='' OR session_id=?) AND (?='' OR run_id=?) "
       "ORDER BY position LIMIT ?"));
   s.BindAll(tenant_id, after, f.agent_id, f.agent_id, f.session_id, f.session_id, f.run_id,
-            f.run_id, ClampLimit(limit));
+            f.run_id, std::clamp(limit, 1, 1000));
   return Collect<Event>(s, ReadEvent);
 }
 

@@ -1,0 +1,273 @@
+#!/usr/bin/env bash
+# Keel's kernel benchmarks (`make bench`): prints one table of metric, value, target, pass/fail,
+# and the commands that reproduce each figure.
+#
+#   bash scripts/bench.sh [BUILD_DIR]          (default: build)
+#
+#   1. end-to-end turns through HTTP on the local model (keel_loadgen against `keel serve`),
+#      concurrency 1 and 64;
+#   2. event append rate, Keel's store vs raw SQLite, same durability (keel_bench);
+#   3. resident size of a server whose store holds 100,000 agents and 1,000,000 sessions
+#      (keel_populate, then `keel serve` on that home).
+#
+# Knobs (environment): BENCH_DURATION (seconds per measured load phase, default 10),
+# BENCH_WARMUP (default 2), BENCH_MIN_TIME (Google Benchmark min time, default 1),
+# BENCH_AGENTS / BENCH_SESSIONS (default 100000 / 1000000), BENCH_ONLY (e2e|events|memory),
+# BENCH_SERVER_CPUS / BENCH_LOADGEN_CPUS (taskset CPU lists; default: loadgen on the last CPU,
+# the server on the others, when there are at least 2 CPUs and taskset exists; "" disables).
+# Data goes to a fresh temp dir under $TMPDIR (default /tmp), removed at the end.
+set -euo pipefail
+
+BUILD=${1:-build}
+KEEL=$BUILD/keel
+BENCH=$BUILD/bench/keel_bench
+LOADGEN=$BUILD/bench/keel_loadgen
+POPULATE=$BUILD/bench/keel_populate
+for bin in "$KEEL" "$BENCH" "$LOADGEN" "$POPULATE"; do
+  if [[ ! -x $bin ]]; then
+    echo "bench: $bin is missing; build first: cmake --build $BUILD" >&2
+    exit 1
+  fi
+done
+
+DURATION=${BENCH_DURATION:-10}
+WARMUP=${BENCH_WARMUP:-2}
+MIN_TIME=${BENCH_MIN_TIME:-1}
+AGENTS=${BENCH_AGENTS:-100000}
+SESSIONS=${BENCH_SESSIONS:-1000000}
+ONLY=${BENCH_ONLY:-}
+
+NCPU=$(nproc 2>/dev/null || echo 1)
+if command -v taskset >/dev/null && (( NCPU >= 2 )); then
+  DEFAULT_LOADGEN_CPUS=$((NCPU - 1))
+  DEFAULT_SERVER_CPUS=$([[ $NCPU -eq 2 ]] && echo 0 || echo "0-$((NCPU - 2))")
+else
+  DEFAULT_LOADGEN_CPUS=""
+  DEFAULT_SERVER_CPUS=""
+fi
+SERVER_CPUS=${BENCH_SERVER_CPUS-$DEFAULT_SERVER_CPUS}
+LOADGEN_CPUS=${BENCH_LOADGEN_CPUS-$DEFAULT_LOADGEN_CPUS}
+SERVER_PIN=()
+LOADGEN_PIN=()
+[[ -n $SERVER_CPUS ]] && SERVER_PIN=(taskset -c "$SERVER_CPUS")
+[[ -n $LOADGEN_CPUS ]] && LOADGEN_PIN=(taskset -c "$LOADGEN_CPUS")
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/keel-bench.XXXXXX")
+ROWS=$WORK/rows.tsv     # metric \t value \t target \t pass|fail|info
+REPRO=$WORK/repro.txt   # commands to reproduce
+: >"$ROWS"
+: >"$REPRO"
+SERVER_PID=""
+
+cleanup() {
+  if [[ -n $SERVER_PID ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
+    kill -TERM "$SERVER_PID" 2>/dev/null || true
+    wait "$SERVER_PID" 2>/dev/null || true
+  fi
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+row() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$ROWS"; }
+# judge VALUE OP LIMIT -> pass|fail (OP is >= or <)
+judge() { python3 -c "import sys; v,op,l=float(sys.argv[1]),sys.argv[2],float(sys.argv[3]); print('pass' if (v>=l if op=='>=' else v<l) else 'fail')" "$@"; }
+section() { printf '\n=== %s\n' "$*"; }
+
+# start_server HOME: starts `keel serve` on HOME at an ephemeral port; sets SERVER_PID and ADDR.
+start_server() {
+  local home=$1
+  rm -f "$home/listen.addr"
+  "${SERVER_PIN[@]}" "$KEEL" serve --home "$home" --listen 127.0.0.1:0 >"$home/serve.log" 2>&1 &
+  SERVER_PID=$!
+  for _ in $(seq 1 300); do
+    [[ -s $home/listen.addr ]] && break
+    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+      echo "bench: keel serve exited; its log:" >&2
+      cat "$home/serve.log" >&2
+      exit 1
+    fi
+    sleep 0.1
+  done
+  ADDR=$(head -n1 "$home/listen.addr")
+  for _ in $(seq 1 100); do
+    curl -fsS "http://$ADDR/readyz" >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  echo "bench: keel serve at $ADDR never became ready" >&2
+  exit 1
+}
+
+stop_server() {
+  kill -TERM "$SERVER_PID" 2>/dev/null || true
+  wait "$SERVER_PID" 2>/dev/null || true
+  SERVER_PID=""
+}
+
+# proc_kb PID FIELD: a /proc/PID/status field in kB.
+proc_kb() { awk -v f="$2:" '$1 == f { print $2 }' "/proc/$1/status"; }
+kb_to_mb() { awk -v k="$1" 'BEGIN { printf "%.1f", k / 1024 }'; }
+
+# result_field LINE KEY: the value of KEY=... in a RESULT/POPULATED line.
+result_field() { tr ' ' '\n' <<<"$1" | awk -F= -v k="$2" '$1 == k { print $2 }'; }
+
+# fsync_probe DIR: fdatasync latency of the disk under DIR (the floor of every durable commit).
+fsync_probe() {
+  python3 - "$1" <<'EOF'
+import os, sys, time
+path = os.path.join(sys.argv[1], "fsync.probe")
+fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+lat = []
+for i in range(100):
+    os.pwrite(fd, b"x" * 4096, (i % 16) * 4096)
+    t = time.perf_counter(); os.fdatasync(fd); lat.append((time.perf_counter() - t) * 1e3)
+os.close(fd); os.unlink(path)
+lat.sort()
+print(f"{lat[50]:.2f} ms p50, {lat[90]:.2f} ms p90")
+EOF
+}
+
+START_ALL=$(date +%s)
+echo "Keel benchmarks: build $BUILD, $NCPU CPUs, data in $WORK ($(df -T "$WORK" | awk 'NR==2 {print $2}'))"
+FSYNC=$(fsync_probe "$WORK")
+echo "disk: fdatasync of a 4 KiB write $FSYNC (every durable commit waits for at least one)"
+row "disk fdatasync latency (context)" "$FSYNC" "" info
+if [[ -n $SERVER_CPUS || -n $LOADGEN_CPUS ]]; then
+  echo "pinning (taskset): server on CPU ${SERVER_CPUS:-any}, load generator on CPU ${LOADGEN_CPUS:-any}"
+else
+  echo "pinning: none"
+fi
+
+# ---------------------------------------------------------------------------------------------
+if [[ -z $ONLY || $ONLY == e2e ]]; then
+  section "1. end-to-end turns over HTTP, local model (warm-up ${WARMUP}s, ${DURATION}s per concurrency)"
+  H1=$WORK/e2e
+  mkdir -p "$H1"
+  start_server "$H1"
+  echo "keel serve pid $SERVER_PID at $ADDR"
+  for c in 1 64; do
+    OUT=$("${LOADGEN_PIN[@]}" "$LOADGEN" --url "http://$ADDR" --token-file "$H1/owner.token" \
+            --concurrency "$c" --warmup "$WARMUP" --duration "$DURATION" --server-pid "$SERVER_PID") || {
+      echo "$OUT"; echo "bench: keel_loadgen failed at concurrency $c" >&2; exit 1; }
+    echo "$OUT" | grep -v '^RESULT'
+    R=$(grep '^RESULT' <<<"$OUT")
+    TPS=$(result_field "$R" turns_per_s); P50=$(result_field "$R" p50_ms)
+    P99=$(result_field "$R" p99_ms); MAX=$(result_field "$R" max_ms)
+    UPC=$(result_field "$R" units_per_commit)
+    CPU="io thread $(result_field "$R" cpu_main_us) us + store writer $(result_field "$R" cpu_other_us) us"
+    if [[ $c == 64 ]]; then
+      row "turns/s, concurrency 64" "$TPS" ">= 2000" "$(judge "$TPS" '>=' 2000)"
+      row "p50 latency, concurrency 64" "$P50 ms" "" info
+    else
+      row "turns/s, concurrency 1" "$TPS" "" info
+      row "p50 latency, concurrency 1" "$P50 ms" "< 2 ms" "$(judge "$P50" '<' 2)"
+    fi
+    row "p99 / max latency, concurrency $c" "$P99 / $MAX ms" "" info
+    row "store units per commit, concurrency $c" "$UPC ($(result_field "$R" commits) commits)" "" info
+    row "server CPU per turn, concurrency $c" "$CPU" "" info
+  done
+  RSS=$(proc_kb "$SERVER_PID" VmRSS)
+  row "server VmRSS after the e2e runs" "$(kb_to_mb "$RSS") MB" "" info
+  stop_server
+  cat >>"$REPRO" <<EOF
+# 1. end-to-end turns (server and load generator pinned to different CPUs when possible)
+${SERVER_PIN[*]} $KEEL serve --home \$(mktemp -d) --listen 127.0.0.1:0 &   # address in HOME/listen.addr
+${LOADGEN_PIN[*]} $LOADGEN --url http://\$(cat HOME/listen.addr) --token-file HOME/owner.token --concurrency 1 --warmup $WARMUP --duration $DURATION
+${LOADGEN_PIN[*]} $LOADGEN --url http://\$(cat HOME/listen.addr) --token-file HOME/owner.token --concurrency 64 --warmup $WARMUP --duration $DURATION
+EOF
+fi
+
+# ---------------------------------------------------------------------------------------------
+if [[ -z $ONLY || $ONLY == events ]]; then
+  section "2. event append rate: Keel store vs raw SQLite (WAL, synchronous=FULL, fresh db in \$TMPDIR)"
+  EV_JSON=$WORK/events.json
+  EV_ARGS=(--benchmark_filter='BM_(KeelAppend|RawSqliteAppend)' --benchmark_min_time="$MIN_TIME"
+           --benchmark_counters_tabular=true)
+  TMPDIR=$WORK "$BENCH" "${EV_ARGS[@]}" --benchmark_out="$EV_JSON" --benchmark_out_format=json
+  python3 - "$EV_JSON" >>"$ROWS" <<'EOF'
+import json, re, sys
+data = json.load(open(sys.argv[1]))
+rates = {}
+for b in data["benchmarks"]:
+    if b.get("error_occurred"):
+        print(f"{b['name']}\terror: {b.get('error_message','')}\t\tfail"); continue
+    m = re.match(r"BM_(KeelAppend|RawSqliteAppend)/(\d+)/.*threads:(\d+)", b["name"])
+    if not m: continue
+    rates[(m.group(1), int(m.group(2)), int(m.group(3)))] = b
+for (kind, per, threads), b in sorted(rates.items(), key=lambda kv: (kv[0][1], kv[0][2])):
+    if kind != "KeelAppend": continue
+    raw = rates.get(("RawSqliteAppend", per, threads))
+    what = "1 event/unit vs 1 row/txn" if per == 1 else f"{per} events/unit vs {per} rows/txn"
+    k = b["events_per_s"]
+    upc = b.get("units_per_commit")
+    extra = f", {upc:.1f} units/commit" if upc else ""
+    print(f"events/s Keel, {threads} producers, {what}\t{k:,.0f}{extra}\t\tinfo")
+    if raw:
+        r = raw["events_per_s"]
+        print(f"events/s raw SQLite, {threads} producers, {what}\t{r:,.0f}\t\tinfo")
+        ratio = k / r if r else 0
+        print(f"ratio Keel/raw, {threads} producers, {what}\t{ratio:.2f}\t>= 0.7\t"
+              f"{'pass' if ratio >= 0.7 else 'fail'}")
+EOF
+  cat >>"$REPRO" <<EOF
+# 2. event append rate (Keel vs raw SQLite), fresh databases under \$TMPDIR
+$BENCH --benchmark_filter='BM_(KeelAppend|RawSqliteAppend)' --benchmark_min_time=$MIN_TIME --benchmark_counters_tabular=true
+EOF
+fi
+
+# ---------------------------------------------------------------------------------------------
+if [[ -z $ONLY || $ONLY == memory ]]; then
+  section "3. memory: keel serve on a store of $AGENTS agents and $SESSIONS sessions"
+  H3=$WORK/mem
+  P=$("$POPULATE" --home "$H3" --agents "$AGENTS" --sessions "$SESSIONS")
+  echo "$P"
+  row "populate ${AGENTS} agents + ${SESSIONS} sessions (+ events)" \
+      "$(result_field "$P" seconds) s, $(result_field "$P" rows_per_s) rows/s" "" info
+  row "store file size" "$(awk -v b="$(result_field "$P" db_bytes)" 'BEGIN { printf "%.0f", b / 1048576 }') MB" "" info
+  AGENT=$(result_field "$P" first_agent)
+  start_server "$H3"
+  echo "keel serve pid $SERVER_PID at $ADDR; started with VmRSS $(kb_to_mb "$(proc_kb "$SERVER_PID" VmRSS)") MB"
+  TOKEN=$(head -n1 "$H3/owner.token")
+  api() { curl -fsS -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' "$@"; }
+  NAGENTS=$(api "http://$ADDR/v1/agents?limit=500" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["items"]))')
+  NSESS=$(api "http://$ADDR/v1/agents/$AGENT/sessions?limit=500" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["items"]))')
+  SID=$(api -X POST "http://$ADDR/v1/agents/$AGENT/sessions" -d '{"title":"memory bench"}' | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
+  RUN=$(api -X POST "http://$ADDR/v1/sessions/$SID/messages?wait=30" -d '{"content":"hello"}' | python3 -c 'import json,sys; print(json.load(sys.stdin)["run"]["status"])')
+  api "http://$ADDR/v1/sessions/$SID/messages" >/dev/null
+  api "http://$ADDR/v1/events?limit=500" >/dev/null
+  # Page through the first 20,000 agents to touch more of the store.
+  CURSOR=""
+  for _ in $(seq 1 40); do
+    PAGE=$(api "http://$ADDR/v1/agents?limit=500${CURSOR:+&cursor=$CURSOR}")
+    CURSOR=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["next_cursor"] or "")' <<<"$PAGE")
+    [[ -z $CURSOR ]] && break
+  done
+  echo "listed $NAGENTS agents (first page), $NSESS sessions of agent $AGENT; paged 20,000 agents; one turn: run $RUN"
+  RSS=$(proc_kb "$SERVER_PID" VmRSS); HWM=$(proc_kb "$SERVER_PID" VmHWM)
+  RSS_MB=$(kb_to_mb "$RSS")
+  row "server VmRSS, ${AGENTS} agents + ${SESSIONS} sessions" "$RSS_MB MB" "< 200 MB" "$(judge "$RSS_MB" '<' 200)"
+  row "server VmHWM (peak), same" "$(kb_to_mb "$HWM") MB" "" info
+  [[ $RUN == done ]] || row "turn on the big store" "run $RUN" "done" fail
+  stop_server
+  cat >>"$REPRO" <<EOF
+# 3. memory with a big store
+$POPULATE --home HOME --agents $AGENTS --sessions $SESSIONS
+$KEEL serve --home HOME --listen 127.0.0.1:0 &     # then list agents, list sessions, one turn
+grep -E 'VmRSS|VmHWM' /proc/\$(pgrep -f 'keel serve --home HOME')/status
+EOF
+fi
+
+# ---------------------------------------------------------------------------------------------
+section "results ($(( $(date +%s) - START_ALL )) s)"
+python3 - "$ROWS" <<'EOF'
+import sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
+head = ["metric", "value", "target", "result"]
+w = [max(len(r[i]) for r in rows + [head]) for i in range(4)]
+fmt = lambda r: "  ".join(c.ljust(w[i]) for i, c in enumerate(r)).rstrip()
+print(fmt(head)); print(fmt(["-" * x for x in w]))
+for r in rows: print(fmt(r if r[3] != "info" else r[:3] + [""]))
+failed = sum(1 for r in rows if r[3] == "fail")
+print(f"\n{failed} target(s) missed" if failed else "\nall targets met")
+EOF
+printf '\nTo reproduce:\n'
+cat "$REPRO"

@@ -1,0 +1,181 @@
+#include <gtest/gtest.h>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/use_future.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "keel/common/ids.h"
+#include "keel/store/store.h"
+#include "keel/tools/gateway.h"
+
+namespace keel::tools {
+namespace {
+
+namespace asio = boost::asio;
+
+class GatewayTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("keel-gw-" + NewId());
+    std::filesystem::create_directories(dir_);
+    store::StoreOptions o;
+    o.origin = "node";
+    auto s = store::OpenStore((dir_ / "keel.db").string(), o);
+    ASSERT_TRUE(s.ok());
+    store_ = std::move(s).value();
+    ASSERT_TRUE(RegisterBuiltinTools(registry_).ok());
+    gateway_ = std::make_unique<Gateway>(*store_, registry_, (dir_ / "ws").string());
+    tenant_ = NewId();
+    run_id_ = NewId();
+    ASSERT_TRUE(store_->WriteSync([&](store::Tx& tx) -> Status {
+      KEEL_RETURN_IF_ERROR(tx.tenants().InsertTenant({tenant_, "t", 0}));
+      store::Agent a;
+      a.id = agent_ = NewId();
+      a.tenant_id = tenant_;
+      a.name = "a";
+      a.model = "local";
+      KEEL_RETURN_IF_ERROR(tx.agents().InsertAgent(a));
+      KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession({session_ = NewId(), tenant_, a.id, "idle", "", 0, 0}));
+      store::Run r;
+      r.id = run_id_;
+      r.tenant_id = tenant_;
+      r.session_id = session_;
+      r.agent_id = a.id;
+      return tx.runs().InsertRun(r);
+    }).ok());
+  }
+  void TearDown() override {
+    gateway_.reset();
+    store_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  template <typename T>
+  T RunCoro(asio::awaitable<T> aw) {
+    asio::io_context io;
+    auto fut = asio::co_spawn(io, std::move(aw), asio::use_future);
+    io.run();
+    return fut.get();
+  }
+
+  CallRequest Req(const std::string& tool, Json args, int seq) {
+    return {tenant_, agent_, session_, run_id_, seq, "call_" + std::to_string(seq), tool, args,
+            Json::array({"time.now", "notes.append"})};
+  }
+
+  std::string Notes() {
+    std::ifstream in(gateway_->WorkspaceOf(agent_) + "/notes.txt");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+  std::vector<store::ToolCall> Calls() {
+    std::vector<store::ToolCall> calls;
+    EXPECT_TRUE(store_->Read([&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(calls, tx.runs().ListToolCalls(tenant_, run_id_));
+      return Status::Ok();
+    }).ok());
+    return calls;
+  }
+
+  std::filesystem::path dir_;
+  std::unique_ptr<store::Store> store_;
+  ToolRegistry registry_;
+  std::unique_ptr<Gateway> gateway_;
+  std::string tenant_, agent_, session_, run_id_;
+};
+
+TEST_F(GatewayTest, ExecutesAndJournalsACall) {
+  auto out = RunCoro(gateway_->Call(Req("notes.append", {{"line", "one"}}, 2)));
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->status, "succeeded");
+  EXPECT_EQ(Notes(), "one\n");
+  auto calls = Calls();
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0].status, "succeeded");
+  EXPECT_EQ(calls[0].effect_class, "once");
+  EXPECT_EQ(calls[0].effect_key, run_id_ + ":call_2");
+}
+
+TEST_F(GatewayTest, DeniesToolsOffTheAgentsList) {
+  CallRequest req = Req("time.now", Json::object(), 2);
+  req.allowed_tools = Json::array({"notes.append"});
+  auto out = RunCoro(gateway_->Call(req));
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->status, "denied");
+  auto unknown = RunCoro(gateway_->Call(Req("no.such.tool", Json::object(), 3)));
+  ASSERT_TRUE(unknown.ok());
+  EXPECT_EQ(unknown->status, "denied");
+  EXPECT_NE(unknown->ForModel().find("unknown tool"), std::string::npos);
+}
+
+TEST_F(GatewayTest, ToolErrorsAreOutcomesNotFailures) {
+  auto out = RunCoro(gateway_->Call(Req("notes.append", {{"line", 42}}, 2)));
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->status, "failed");
+  EXPECT_EQ(Notes(), "");
+}
+
+// A call journaled as started whose process died: `once` is never repeated.
+TEST_F(GatewayTest, ResumeOfAStartedOnceCallResolvesToUnknown) {
+  store::ToolCall call;
+  call.id = NewId();
+  call.tenant_id = tenant_;
+  call.run_id = run_id_;
+  call.call_id = "call_9";
+  call.tool = "notes.append";
+  call.arguments = {{"line", "maybe"}};
+  call.effect_class = "once";
+  call.effect_key = run_id_ + ":call_9";
+  call.status = "started";
+  store::Step step;
+  step.id = call.step_id = NewId();
+  step.tenant_id = tenant_;
+  step.run_id = run_id_;
+  step.seq = 2;
+  step.kind = "tool";
+  step.status = "started";
+  ASSERT_TRUE(store_->WriteSync([&](store::Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(step));
+    return tx.runs().InsertToolCall(call);
+  }).ok());
+  auto out = RunCoro(gateway_->Resume(call, step, agent_, session_));
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->status, "unknown");
+  EXPECT_EQ(Notes(), "");  // not repeated
+  EXPECT_EQ(Calls()[0].status, "unknown");
+}
+
+TEST_F(GatewayTest, ResumeOfAStartedPureCallRunsItAgain) {
+  store::ToolCall call;
+  call.id = NewId();
+  call.tenant_id = tenant_;
+  call.run_id = run_id_;
+  call.call_id = "call_3";
+  call.tool = "time.now";
+  call.effect_class = "pure";
+  call.status = "started";
+  store::Step step;
+  step.id = call.step_id = NewId();
+  step.tenant_id = tenant_;
+  step.run_id = run_id_;
+  step.seq = 2;
+  step.kind = "tool";
+  step.status = "started";
+  ASSERT_TRUE(store_->WriteSync([&](store::Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(step));
+    return tx.runs().InsertToolCall(call);
+  }).ok());
+  auto out = RunCoro(gateway_->Resume(call, step, agent_, session_));
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->status, "succeeded");
+  EXPECT_TRUE(out->result.is_string());
+}
+
+}  // namespace
+}  // namespace keel::tools
