@@ -154,7 +154,7 @@ class Conn {
 };
 
 Json ParseOrThrow(const http::response<http::string_body>& res, unsigned want,
-                         const std::string& what) {
+                  const std::string& what) {
   if (res.result_int() != want) {
     throw std::runtime_error(what + ": HTTP " + std::to_string(res.result_int()) + " " +
                              res.body().substr(0, 300));
@@ -243,7 +243,8 @@ asio::awaitable<void> Client(Conn& conn, Shared& sh, const std::string& session_
       } else {
         Json v = Json::parse(res.body(), nullptr, /*allow_exceptions=*/false);
         const Json* st = nullptr;
-        if (v.is_object() && v.contains("run") && v["run"].is_object() && v["run"].contains("status")) {
+        if (v.is_object() && v.contains("run") && v["run"].is_object() &&
+            v["run"].contains("status")) {
           st = &v["run"]["status"];
         }
         if (!st || !st->is_string() || st->get_ref<const std::string&>() != "done") {
@@ -251,8 +252,10 @@ asio::awaitable<void> Client(Conn& conn, Shared& sh, const std::string& session_
         }
       }
       if (sh.record) {
-        if (why.empty()) sh.latencies_ns.push_back(
-            std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
+        if (why.empty()) {
+          sh.latencies_ns.push_back(
+              std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
+        }
         sh.last_done = t1;
       }
     } catch (const std::exception& e) {

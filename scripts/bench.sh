@@ -11,10 +11,12 @@
 #      (keel_populate, then `keel serve` on that home).
 #
 # Knobs (environment): BENCH_DURATION (seconds per measured load phase, default 10),
-# BENCH_WARMUP (default 2), BENCH_MIN_TIME (Google Benchmark min time, default 1),
+# BENCH_WARMUP (default 2), BENCH_MIN_TIME (Google Benchmark min time, default 0.5),
+# BENCH_ROUNDS (rounds of the event benchmarks; the table shows medians, default 3),
 # BENCH_AGENTS / BENCH_SESSIONS (default 100000 / 1000000), BENCH_ONLY (e2e|events|memory),
 # BENCH_SERVER_CPUS / BENCH_LOADGEN_CPUS (taskset CPU lists; default: loadgen on the last CPU,
 # the server on the others, when there are at least 2 CPUs and taskset exists; "" disables).
+# BENCH_STRICT=1 makes the exit status 1 when a target is missed.
 # Data goes to a fresh temp dir under $TMPDIR (default /tmp), removed at the end.
 set -euo pipefail
 
@@ -32,7 +34,8 @@ done
 
 DURATION=${BENCH_DURATION:-10}
 WARMUP=${BENCH_WARMUP:-2}
-MIN_TIME=${BENCH_MIN_TIME:-1}
+MIN_TIME=${BENCH_MIN_TIME:-0.5}
+ROUNDS=${BENCH_ROUNDS:-3}
 AGENTS=${BENCH_AGENTS:-100000}
 SESSIONS=${BENCH_SESSIONS:-1000000}
 ONLY=${BENCH_ONLY:-}
@@ -130,7 +133,7 @@ START_ALL=$(date +%s)
 echo "Keel benchmarks: build $BUILD, $NCPU CPUs, data in $WORK ($(df -T "$WORK" | awk 'NR==2 {print $2}'))"
 FSYNC=$(fsync_probe "$WORK")
 echo "disk: fdatasync of a 4 KiB write $FSYNC (every durable commit waits for at least one)"
-row "disk fdatasync latency (context)" "$FSYNC" "" info
+row "disk fdatasync latency at start (context)" "$FSYNC" "" info
 if [[ -n $SERVER_CPUS || -n $LOADGEN_CPUS ]]; then
   echo "pinning (taskset): server on CPU ${SERVER_CPUS:-any}, load generator on CPU ${LOADGEN_CPUS:-any}"
 else
@@ -170,47 +173,58 @@ if [[ -z $ONLY || $ONLY == e2e ]]; then
   stop_server
   cat >>"$REPRO" <<EOF
 # 1. end-to-end turns (server and load generator pinned to different CPUs when possible)
-${SERVER_PIN[*]} $KEEL serve --home \$(mktemp -d) --listen 127.0.0.1:0 &   # address in HOME/listen.addr
-${LOADGEN_PIN[*]} $LOADGEN --url http://\$(cat HOME/listen.addr) --token-file HOME/owner.token --concurrency 1 --warmup $WARMUP --duration $DURATION
-${LOADGEN_PIN[*]} $LOADGEN --url http://\$(cat HOME/listen.addr) --token-file HOME/owner.token --concurrency 64 --warmup $WARMUP --duration $DURATION
+H=\$(mktemp -d); ${SERVER_PIN[*]} $KEEL serve --home \$H --listen 127.0.0.1:0 & sleep 1
+${LOADGEN_PIN[*]} $LOADGEN --url http://\$(cat \$H/listen.addr) --token-file \$H/owner.token --server-pid \$! --concurrency 1 --warmup $WARMUP --duration $DURATION
+${LOADGEN_PIN[*]} $LOADGEN --url http://\$(cat \$H/listen.addr) --token-file \$H/owner.token --server-pid \$! --concurrency 64 --warmup $WARMUP --duration $DURATION
+kill %1
 EOF
 fi
 
 # ---------------------------------------------------------------------------------------------
 if [[ -z $ONLY || $ONLY == events ]]; then
-  section "2. event append rate: Keel store vs raw SQLite (WAL, synchronous=FULL, fresh db in \$TMPDIR)"
-  EV_JSON=$WORK/events.json
-  EV_ARGS=(--benchmark_filter='BM_(KeelAppend|RawSqliteAppend)' --benchmark_min_time="$MIN_TIME"
-           --benchmark_counters_tabular=true)
-  TMPDIR=$WORK "$BENCH" "${EV_ARGS[@]}" --benchmark_out="$EV_JSON" --benchmark_out_format=json
-  python3 - "$EV_JSON" >>"$ROWS" <<'EOF'
-import json, re, sys
-data = json.load(open(sys.argv[1]))
-rates = {}
-for b in data["benchmarks"]:
-    if b.get("error_occurred"):
-        print(f"{b['name']}\terror: {b.get('error_message','')}\t\tfail"); continue
-    m = re.match(r"BM_(KeelAppend|RawSqliteAppend)/(\d+)/.*threads:(\d+)", b["name"])
-    if not m: continue
-    rates[(m.group(1), int(m.group(2)), int(m.group(3)))] = b
-for (kind, per, threads), b in sorted(rates.items(), key=lambda kv: (kv[0][1], kv[0][2])):
+  section "2. event append rate: Keel store vs raw SQLite (WAL, synchronous=FULL, fresh db per run; $ROUNDS rounds)"
+  EV_ARGS=(--benchmark_filter='BM_(KeelAppend|RawSqliteAppend)' --benchmark_min_time="$MIN_TIME")
+  for r in $(seq 1 "$ROUNDS"); do
+    echo "--- round $r of $ROUNDS"
+    if ! TMPDIR=$WORK "$BENCH" "${EV_ARGS[@]}" --benchmark_out="$WORK/events.$r.json" \
+         --benchmark_out_format=json >"$WORK/events.$r.txt" 2>&1; then
+      cat "$WORK/events.$r.txt"; echo "bench: keel_bench failed" >&2; exit 1
+    fi
+    grep -E '^BM_' "$WORK/events.$r.txt"
+  done
+  python3 - "$WORK"/events.*.json >>"$ROWS" <<'EOF'
+import json, re, statistics, sys
+runs = {}  # (kind, per, threads) -> [benchmark per round]
+errors = []
+for path in sys.argv[1:]:
+    for b in json.load(open(path))["benchmarks"]:
+        m = re.match(r"BM_(KeelAppend|RawSqliteAppend)/(\d+)/.*threads:(\d+)", b["name"])
+        if not m: continue
+        if b.get("error_occurred"):
+            errors.append(f"{b['name']}\terror: {b.get('error_message', '')}\t\tfail"); continue
+        runs.setdefault((m.group(1), int(m.group(2)), int(m.group(3))), []).append(b)
+for e in sorted(set(errors)): print(e)
+def spread(xs):
+    return f"{statistics.median(xs):,.0f}" + (f" ({min(xs):,.0f}-{max(xs):,.0f})" if len(xs) > 1 else "")
+for (kind, per, threads), ks in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][2])):
     if kind != "KeelAppend": continue
-    raw = rates.get(("RawSqliteAppend", per, threads))
+    raws = runs.get(("RawSqliteAppend", per, threads), [])
     what = "1 event/unit vs 1 row/txn" if per == 1 else f"{per} events/unit vs {per} rows/txn"
-    k = b["events_per_s"]
-    upc = b.get("units_per_commit")
-    extra = f", {upc:.1f} units/commit" if upc else ""
-    print(f"events/s Keel, {threads} producers, {what}\t{k:,.0f}{extra}\t\tinfo")
-    if raw:
-        r = raw["events_per_s"]
-        print(f"events/s raw SQLite, {threads} producers, {what}\t{r:,.0f}\t\tinfo")
-        ratio = k / r if r else 0
-        print(f"ratio Keel/raw, {threads} producers, {what}\t{ratio:.2f}\t>= 0.7\t"
+    k = [b["events_per_s"] for b in ks]
+    upc = statistics.median(b.get("units_per_commit", 0) for b in ks)
+    print(f"events/s Keel, {threads} producers, {what}\t{spread(k)}; {upc:.1f} units/commit\t\tinfo")
+    if raws:
+        r = [b["events_per_s"] for b in raws]
+        print(f"events/s raw SQLite, {threads} producers, {what}\t{spread(r)}\t\tinfo")
+        ratios = [a / b for a, b in zip(k, r) if b]
+        ratio = statistics.median(ratios)
+        rng = f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""
+        print(f"ratio Keel/raw, {threads} producers, {what}\t{ratio:.2f}{rng}\t>= 0.7\t"
               f"{'pass' if ratio >= 0.7 else 'fail'}")
 EOF
   cat >>"$REPRO" <<EOF
 # 2. event append rate (Keel vs raw SQLite), fresh databases under \$TMPDIR
-$BENCH --benchmark_filter='BM_(KeelAppend|RawSqliteAppend)' --benchmark_min_time=$MIN_TIME --benchmark_counters_tabular=true
+$BENCH --benchmark_filter='BM_(KeelAppend|RawSqliteAppend)' --benchmark_min_time=$MIN_TIME   # x $ROUNDS rounds; median
 EOF
 fi
 
@@ -250,11 +264,14 @@ if [[ -z $ONLY || $ONLY == memory ]]; then
   stop_server
   cat >>"$REPRO" <<EOF
 # 3. memory with a big store
-$POPULATE --home HOME --agents $AGENTS --sessions $SESSIONS
-$KEEL serve --home HOME --listen 127.0.0.1:0 &     # then list agents, list sessions, one turn
-grep -E 'VmRSS|VmHWM' /proc/\$(pgrep -f 'keel serve --home HOME')/status
+H=\$(mktemp -d); $POPULATE --home \$H --agents $AGENTS --sessions $SESSIONS
+$KEEL serve --home \$H --listen 127.0.0.1:0 & sleep 1   # then: list agents, list an agent's sessions, one turn
+grep -E 'VmRSS|VmHWM' /proc/\$!/status; kill %1
 EOF
 fi
+
+FSYNC_END=$(fsync_probe "$WORK")
+row "disk fdatasync latency at end (context)" "$FSYNC_END" "" info
 
 # ---------------------------------------------------------------------------------------------
 section "results ($(( $(date +%s) - START_ALL )) s)"
@@ -271,3 +288,5 @@ print(f"\n{failed} target(s) missed" if failed else "\nall targets met")
 EOF
 printf '\nTo reproduce:\n'
 cat "$REPRO"
+# BENCH_STRICT=1: exit 1 when a target was missed (default: the table is the result).
+if [[ ${BENCH_STRICT:-0} == 1 ]] && grep -q $'\tfail$' "$ROWS"; then exit 1; fi

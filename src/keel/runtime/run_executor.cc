@@ -90,7 +90,8 @@ asio::awaitable<void> Runtime::RunOne(store::Run run) {
   ++metrics_.runs_started;
 
   // Ends the run in one unit of work: the final answer (or the failure) and the session's state.
-  auto finish = [&](const std::string& status, const std::string& output, Json error,
+  // Parameters by value: the coroutine outlives the caller's temporaries (see `fail`).
+  auto finish = [&](std::string status, std::string output, Json error,
                     std::optional<store::Step> final_step,
                     model::Usage usage) -> asio::awaitable<Status> {
     auto done = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
