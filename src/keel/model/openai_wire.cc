@@ -90,11 +90,12 @@ Result<ToolCallRequest> MakeToolCall(const std::string& id, const std::string& w
                                      std::string_view arguments, const std::string& finish_reason,
                                      const ToolNameMap& names) {
   if (wire_name.empty()) return Unavailable("the model returned a tool call without a name");
+  // A name that was never offered passes through as it is: the gateway denies it as an unknown
+  // tool and the model reads that as the tool's answer, so the run can go on.
   auto keel_name = names.Decode(wire_name);
-  if (!keel_name.ok()) return keel_name.status();
   ToolCallRequest call;
   call.id = id.empty() ? "call_" + RandomHex(12) : id;
-  call.name = std::move(keel_name).value();
+  call.name = keel_name.ok() ? std::move(keel_name).value() : wire_name;
   std::string_view text = Trim(arguments);
   if (text.empty()) {
     call.arguments = Json::object();  // models send "" for tools without parameters
