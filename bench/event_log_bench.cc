@@ -44,7 +44,7 @@ namespace fs = std::filesystem;
 // Keel's `events` table and its indexes, verbatim from migration 1 (src/keel/store/sqlite/
 // sqlite_tx.cc). SchemaMatchesKeel() fails the raw benchmark when the two drift apart.
 constexpr const char* kEventsTable = R"sql(CREATE TABLE events(
-  position INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, tenant_id TEXT NOT NULL,
+  position INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL, tenant_id TEXT NOT NULL,
   type TEXT NOT NULL, origin TEXT NOT NULL, origin_seq INTEGER NOT NULL, agent_id TEXT NOT NULL,
   session_id TEXT NOT NULL, run_id TEXT NOT NULL, payload TEXT NOT NULL,
   occurred_at INTEGER NOT NULL, UNIQUE(origin, origin_seq));

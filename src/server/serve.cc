@@ -30,6 +30,7 @@
 #include "keel/runtime/event_hub.h"
 #include "keel/runtime/runtime.h"
 #include "keel/store/store.h"
+#include "keel/tenants/tenants.h"
 #include "keel/tools/gateway.h"
 #include "keel/tools/tool.h"
 
@@ -76,27 +77,14 @@ Result<std::string> Bootstrap(store::Store& store, const std::string& home) {
     // Ids are time-ordered: the first tenant is the oldest.
     return tenants.front().id;
   }
-  store::Tenant tenant{NewId(), "default", NowMillis()};
-  std::string secret = NewToken();
-  store::Token token;
-  token.id = NewId();
-  token.tenant_id = tenant.id;
-  token.name = "owner";
-  token.role = "owner";
-  token.hash = Sha256Hex(secret);
-  token.created_at = tenant.created_at;
-  KEEL_RETURN_IF_ERROR(store.WriteSync([&](store::Tx& tx) -> Status {
-    KEEL_RETURN_IF_ERROR(tx.tenants().InsertTenant(tenant));
-    KEEL_RETURN_IF_ERROR(tx.tokens().InsertToken(token));
-    KEEL_RETURN_IF_ERROR(tx.events()
-                             .Append({tenant.id, "token.created@v1", "", "", "",
-                                      {{"token_id", token.id}, {"name", token.name}, {"role", token.role}}})
-                             .status());
-    return tx.events()
-        .Append({tenant.id, "tenant.created@v1", "", "", "", {{"tenant_id", tenant.id}, {"name", "default"}}})
-        .status();
-  }));
-  KEEL_RETURN_IF_ERROR(WriteFileAtomic(home + "/owner.token", secret + "\n", 0600));
+  tenants::NewTenant created = tenants::MakeTenant("default");
+  // The token file first: a crash before the commit leaves a stale file that the next start
+  // overwrites; the other order could leave a tenant whose owner token nobody has.
+  KEEL_RETURN_IF_ERROR(WriteFileAtomic(home + "/owner.token", created.secret + "\n", 0600));
+  KEEL_RETURN_IF_ERROR(
+      store.WriteSync([&](store::Tx& tx) { return tenants::InsertTenant(tx, created); }));
+  const std::string& secret = created.secret;
+  const store::Tenant& tenant = created.tenant;
   std::fprintf(stderr,
                "\n  Created the default tenant and its owner token (shown once):\n\n    %s\n\n"
                "  It is saved in %s/owner.token (mode 0600) for the keel CLI.\n\n",

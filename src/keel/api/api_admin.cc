@@ -7,6 +7,7 @@
 #include "keel/metrics.h"
 #include "keel/runtime/event_hub.h"
 #include "keel/store/async_write.h"
+#include "keel/tenants/tenants.h"
 
 namespace keel::api {
 
@@ -74,28 +75,12 @@ void RegisterAdminRoutes(http::Router& router, ApiContext& ctx) {
     if (!body.ok()) co_return Response::Error(body.status());
     auto name = NameOf(*body);
     if (!name.ok()) co_return Response::Error(name.status());
-    store::Tenant tenant{NewId(), *name, NowMillis()};
-    std::string secret = NewToken();
-    store::Token token;
-    token.id = NewId();
-    token.tenant_id = tenant.id;
-    token.name = "owner";
-    token.role = "owner";
-    token.hash = Sha256Hex(secret);
-    token.created_at = tenant.created_at;
-    auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
-      KEEL_RETURN_IF_ERROR(tx.tenants().InsertTenant(tenant));
-      KEEL_RETURN_IF_ERROR(tx.tokens().InsertToken(token));
-      KEEL_RETURN_IF_ERROR(tx.events()
-                               .Append({tenant.id, "token.created@v1", "", "", "",
-                                        {{"token_id", token.id}, {"name", token.name}, {"role", token.role}}})
-                               .status());
-      return tx.events()
-          .Append({tenant.id, "tenant.created@v1", "", "", "", {{"tenant_id", tenant.id}, {"name", tenant.name}}})
-          .status();
-    });
+    tenants::NewTenant created = tenants::MakeTenant(*name);
+    auto written = co_await store::AsyncWrite(
+        ctx.store, [&](store::Tx& tx) { return tenants::InsertTenant(tx, created); });
     if (!written.ok()) co_return Response::Error(written.status());
-    co_return Response::Json(201, {{"tenant", TenantJson(tenant)}, {"owner_token", secret}});
+    co_return Response::Json(201, {{"tenant", TenantJson(created.tenant)},
+                                   {"owner_token", created.secret}});
   });
 
   router.Add("GET", "/v1/tenants", [&ctx](Request& req) -> asio::awaitable<Response> {

@@ -18,7 +18,7 @@ namespace {
 // Suspends until the run is terminal or waiting for approval, or `seconds` pass.
 asio::awaitable<Result<store::Run>> WaitForRun(ApiContext& ctx, const store::Run& run,
                                                double seconds) {
-  auto sub = ctx.hub.Subscribe({run.tenant_id, "", "", run.id});
+  auto sub = ctx.hub.Subscribe({run.tenant_id, "", "", run.id, /*deltas=*/false});
   auto deadline = std::chrono::steady_clock::now() +
                   std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
   store::Run current = run;
@@ -34,7 +34,6 @@ asio::awaitable<Result<store::Run>> WaitForRun(ApiContext& ctx, const store::Run
     auto now = std::chrono::steady_clock::now();
     if (current.Terminal() || current.status == "waiting_for_approval" || now >= deadline) break;
     co_await ctx.hub.Wait(sub, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
-    ctx.hub.TakeDeltas(sub);
   }
   ctx.hub.Unsubscribe(sub);
   co_return current;

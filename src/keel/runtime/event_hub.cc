@@ -56,7 +56,7 @@ void EventHub::PublishDelta(const Delta& delta) {
   Delta d = delta;
   d.after_position = last_position_;
   for (auto& sub : subs_) {
-    if (sub->Matches(d.tenant_id, d.agent_id, d.session_id, d.run_id)) {
+    if (sub->filter.deltas && sub->Matches(d.tenant_id, d.agent_id, d.session_id, d.run_id)) {
       if (sub->deltas.size() < 10000) sub->deltas.push_back(d);
       sub->Wake();
     }

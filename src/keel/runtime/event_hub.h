@@ -37,6 +37,7 @@ struct SubscriptionFilter {
   std::string agent_id;   // empty = any
   std::string session_id;
   std::string run_id;
+  bool deltas = true;  // false: wake only for committed events
 };
 
 class EventHub {

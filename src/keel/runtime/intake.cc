@@ -54,6 +54,12 @@ asio::awaitable<Result<IntakeResult>> Runtime::PostMessage(const IntakeRequest& 
   out.run.status = "queued";
 
   const int cap = options_.tenant_run_cap;
+  // When the session is idle and this node has room, intake also claims the run, saving a
+  // commit and a trip through the dispatcher.
+  const bool may_claim =
+      !draining_ && static_cast<int>(executing_.size()) < options_.max_concurrent_runs;
+  const std::string origin = store_.origin();
+  bool claimed = false;
   auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
     if (!req.idempotency_key.empty()) {
       // Re-checked inside the unit: two requests with one key may race past the read above.
@@ -69,12 +75,10 @@ asio::awaitable<Result<IntakeResult>> Runtime::PostMessage(const IntakeRequest& 
     if (current.status == "inactive") {
       return Conflict("session " + req.session_id + " is inactive and takes no new messages");
     }
-    if (reject_when_busy) {
-      KEEL_ASSIGN_OR_RETURN(bool busy, tx.runs().SessionBusy(req.tenant_id, req.session_id));
-      if (busy) {
-        return Conflict("session " + req.session_id +
-                        " is busy with a run and its agent rejects messages while busy");
-      }
+    KEEL_ASSIGN_OR_RETURN(bool busy, tx.runs().SessionBusy(req.tenant_id, req.session_id));
+    if (busy && reject_when_busy) {
+      return Conflict("session " + req.session_id +
+                      " is busy with a run and its agent rejects messages while busy");
     }
     KEEL_ASSIGN_OR_RETURN(int64_t active, tx.runs().CountActiveRuns(req.tenant_id));
     if (active >= cap) {
@@ -83,20 +87,47 @@ asio::awaitable<Result<IntakeResult>> Runtime::PostMessage(const IntakeRequest& 
                                             "); retry later");
     }
     KEEL_RETURN_IF_ERROR(tx.messages().InsertMessage(out.message));
-    KEEL_RETURN_IF_ERROR(tx.runs().InsertRun(out.run));
+    claimed = may_claim && !busy;
+    store::Run stored = out.run;
+    if (claimed) {
+      stored.status = "running";
+      stored.attempt = 1;
+      stored.lease_owner = origin;
+      stored.lease_expires_at = now + options_.lease_ms;
+      stored.started_at = now;
+      KEEL_RETURN_IF_ERROR(
+          tx.sessions().UpdateSessionStatus(req.tenant_id, req.session_id, "running", now));
+    }
+    KEEL_RETURN_IF_ERROR(tx.runs().InsertRun(stored));
     KEEL_RETURN_IF_ERROR(tx.events()
                              .Append({req.tenant_id, "message.created@v1", agent.id, req.session_id,
                                       out.run.id,
                                       {{"message_id", out.message.id}, {"role", "user"}}})
                              .status());
+    KEEL_RETURN_IF_ERROR(tx.events()
+                             .Append({req.tenant_id, "run.queued@v1", agent.id, req.session_id,
+                                      out.run.id, {{"message_id", out.message.id}}})
+                             .status());
+    if (!claimed) return Status::Ok();
     return tx.events()
-        .Append({req.tenant_id, "run.queued@v1", agent.id, req.session_id, out.run.id,
-                 {{"message_id", out.message.id}}})
+        .Append({req.tenant_id, "run.started@v1", agent.id, req.session_id, out.run.id,
+                 {{"attempt", 1}, {"resumed", false}}})
         .status();
   });
   if (!written.ok()) co_return written.status();
   if (replay) co_return *replay;
-  Wake();
+  if (claimed) {
+    store::Run running = out.run;
+    running.status = "running";
+    running.attempt = 1;
+    running.lease_owner = origin;
+    running.lease_expires_at = now + options_.lease_ms;
+    running.started_at = now;
+    out.run = running;  // the run as committed
+    Launch(running, Known{agent, out.message});
+  } else {
+    Wake();
+  }
   co_return out;
 }
 

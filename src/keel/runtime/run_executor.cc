@@ -50,7 +50,7 @@ Result<store::Run> OwnedRun(store::Tx& tx, const store::Run& mine) {
 
 }  // namespace
 
-asio::awaitable<void> Runtime::RunOne(store::Run run) {
+asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known) {
   ++metrics_.runs_executing;
   struct Release {
     Runtime* rt;
@@ -66,7 +66,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run) {
   // Claim: queued, or running with an expired lease (its process died).
   const std::string origin = store_.origin();
   Millis now = NowMillis();
-  auto claimed = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
+  auto claim = [&](store::Tx& tx) -> Status {
     KEEL_ASSIGN_OR_RETURN(auto cur, tx.runs().GetRun(run.tenant_id, run.id));
     bool resumable = cur.status == "running" && cur.lease_expires_at < now;
     if (cur.status != "queued" && !resumable) return Conflict("run is not claimable");
@@ -85,8 +85,11 @@ asio::awaitable<void> Runtime::RunOne(store::Run run) {
                              .status());
     run = cur;
     return Status::Ok();
-  });
-  if (!claimed.ok()) co_return;
+  };
+  if (!known) {
+    auto written = co_await store::AsyncWrite(store_, claim);
+    if (!written.ok()) co_return;
+  }
   ++metrics_.runs_started;
 
   // Ends the run in one unit of work: the final answer (or the failure) and the session's state.
@@ -166,13 +169,20 @@ asio::awaitable<void> Runtime::RunOne(store::Run run) {
   std::vector<store::Step> steps;
   std::vector<store::ToolCall> calls;
   Status loaded = store_.Read([&](store::Tx& tx) -> Status {
-    KEEL_ASSIGN_OR_RETURN(agent, tx.agents().GetAgent(run.tenant_id, run.agent_id));
-    KEEL_ASSIGN_OR_RETURN(prompt, tx.messages().GetMessage(run.tenant_id, run.message_id));
+    if (known) {
+      agent = known->agent;
+      prompt = known->prompt;
+    } else {
+      KEEL_ASSIGN_OR_RETURN(agent, tx.agents().GetAgent(run.tenant_id, run.agent_id));
+      KEEL_ASSIGN_OR_RETURN(prompt, tx.messages().GetMessage(run.tenant_id, run.message_id));
+    }
     KEEL_ASSIGN_OR_RETURN(history, tx.messages().RecentMessages(run.tenant_id, run.session_id,
                                                                 run.message_id,
                                                                 options_.history_limit));
-    KEEL_ASSIGN_OR_RETURN(steps, tx.runs().ListSteps(run.tenant_id, run.id));
-    KEEL_ASSIGN_OR_RETURN(calls, tx.runs().ListToolCalls(run.tenant_id, run.id));
+    if (run.attempt > 1) {  // a first attempt has recorded nothing yet
+      KEEL_ASSIGN_OR_RETURN(steps, tx.runs().ListSteps(run.tenant_id, run.id));
+      KEEL_ASSIGN_OR_RETURN(calls, tx.runs().ListToolCalls(run.tenant_id, run.id));
+    }
     return Status::Ok();
   });
   if (!loaded.ok()) {

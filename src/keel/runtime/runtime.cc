@@ -69,11 +69,17 @@ asio::awaitable<void> Runtime::DispatchLoop() {
     if (!st.ok()) continue;
     for (auto& run : runs) {
       if (room <= 0) break;
-      if (!executing_.insert(run.id).second) continue;
+      if (executing_.count(run.id)) continue;
       --room;
-      asio::co_spawn(executor_, RunOne(std::move(run)), ReportExceptions{"run execution"});
+      Launch(std::move(run), std::nullopt);
     }
   }
+}
+
+void Runtime::Launch(store::Run run, std::optional<Known> known) {
+  executing_.insert(run.id);
+  asio::co_spawn(executor_, RunOne(std::move(run), std::move(known)),
+                 ReportExceptions{"run execution"});
 }
 
 asio::awaitable<void> Runtime::LeaseLoop() {

@@ -15,6 +15,7 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include <map>
+#include <optional>
 #include <memory>
 #include <set>
 #include <string>
@@ -89,7 +90,15 @@ class Runtime {
   class Execution;
   boost::asio::awaitable<void> DispatchLoop();
   boost::asio::awaitable<void> LeaseLoop();
-  boost::asio::awaitable<void> RunOne(store::Run run);
+  // What intake already read for a run it claimed, so execution need not read it again.
+  struct Known {
+    store::Agent agent;
+    store::Message prompt;
+  };
+  // Executes a run; with `known`, intake already holds its lease, otherwise RunOne claims it.
+  boost::asio::awaitable<void> RunOne(store::Run run, std::optional<Known> known);
+  // Marks a run as held by this node and starts executing it.
+  void Launch(store::Run run, std::optional<Known> known);
 
   boost::asio::any_io_executor executor_;
   store::Store& store_;

@@ -18,6 +18,8 @@ Result<std::unique_ptr<Store>> SqliteStore::Open(const std::string& path,
   std::unique_ptr<SqliteStore> store(new SqliteStore(path, options));
   KEEL_ASSIGN_OR_RETURN(store->writer_db_, Db::Open(path, /*read_only=*/false, options.sync_full));
   KEEL_RETURN_IF_ERROR(store->Migrate(*store->writer_db_));
+  // Savepoint journals stay in memory rather than spilling to temporary files.
+  KEEL_RETURN_IF_ERROR(store->writer_db_->Exec("PRAGMA temp_store=MEMORY"));
   store->writer_tx_ = std::make_unique<SqliteTx>(*store->writer_db_, options.origin);
   store->writer_ = std::thread([s = store.get()] { s->WriterLoop(); });
   return std::unique_ptr<Store>(std::move(store));
@@ -67,6 +69,8 @@ Status SqliteStore::Read(const std::function<Status(Tx&)>& fn) {
     reader = std::make_unique<Reader>();
     KEEL_ASSIGN_OR_RETURN(reader->db, Db::Open(path_, /*read_only=*/true, options_.sync_full));
     KEEL_RETURN_IF_ERROR(reader->db->Exec("PRAGMA query_only=ON"));
+    // Mapped pages survive the cache reset each new snapshot causes after a commit.
+    KEEL_RETURN_IF_ERROR(reader->db->Exec("PRAGMA mmap_size=268435456"));
     reader->tx = std::make_unique<SqliteTx>(*reader->db, options_.origin);
   }
   Status st = reader->db->Exec("BEGIN");
@@ -139,16 +143,20 @@ void SqliteStore::CommitBatch(std::vector<Unit>& batch) {
   Status begin = db.Exec("BEGIN IMMEDIATE");
   int committed_units = 0;
   if (begin.ok()) {
+    // A unit alone in its batch needs no savepoint: its failure rolls back the transaction.
+    const bool savepoints = batch.size() > 1;
     for (size_t i = 0; i < batch.size(); ++i) {
       writer_tx_->ResetUnit();
-      Status st = db.Exec("SAVEPOINT unit");
+      Status st = savepoints ? db.Exec("SAVEPOINT unit") : Status::Ok();
       if (st.ok()) {
         try {
           st = batch[i].fn(*writer_tx_);
         } catch (const std::exception& e) {
           st = Internal(std::string("write failed: ") + e.what());
         }
-        if (st.ok()) {
+        if (!savepoints) {
+          // Nothing to release; a failure is rolled back below instead of committed.
+        } else if (st.ok()) {
           st = db.Exec("RELEASE unit");
         } else {
           (void)db.Exec("ROLLBACK TO unit");
@@ -161,7 +169,7 @@ void SqliteStore::CommitBatch(std::vector<Unit>& batch) {
         ++committed_units;
       }
     }
-    Status commit = db.Exec("COMMIT");
+    Status commit = committed_units > 0 ? db.Exec("COMMIT") : db.Exec("ROLLBACK");
     if (!commit.ok()) {
       (void)db.Exec("ROLLBACK");
       for (size_t i = 0; i < batch.size(); ++i) {

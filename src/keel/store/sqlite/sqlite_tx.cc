@@ -179,19 +179,22 @@ Result<T> One(Stmt& s, ReadFn read, const std::string& what) {
 // ---- TenantStore
 
 Status SqliteTx::InsertTenant(const Tenant& t) {
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("INSERT INTO tenants(id, name, created_at) VALUES(?,?,?)"));
+  static const std::string kSql = "INSERT INTO tenants(id, name, created_at) VALUES(?,?,?)";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   return s.BindAll(t.id, t.name, t.created_at).Run();
 }
 
 Result<Tenant> SqliteTx::GetTenant(const std::string& id) {
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT id, name, created_at FROM tenants WHERE id=?"));
+  static const std::string kSql = "SELECT id, name, created_at FROM tenants WHERE id=?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(id);
   return One<Tenant>(s, [](const Stmt& r) { return Tenant{r.Text(0), r.Text(1), r.Int(2)}; },
                      "tenant not found: " + id);
 }
 
 Result<std::vector<Tenant>> SqliteTx::ListTenants() {
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT id, name, created_at FROM tenants ORDER BY id"));
+  static const std::string kSql = "SELECT id, name, created_at FROM tenants ORDER BY id";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   return Collect<Tenant>(s, [](const Stmt& r) { return Tenant{r.Text(0), r.Text(1), r.Int(2)}; });
 }
 
@@ -213,28 +216,32 @@ Token ReadToken(const Stmt& s) {
 }  // namespace
 
 Status SqliteTx::InsertToken(const Token& t) {
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("INSERT INTO api_tokens(" + std::string(kTokenCols) +
-                                            ") VALUES(?,?,?,?,?,?,?)"));
+  static const std::string kSql = "INSERT INTO api_tokens(" + std::string(kTokenCols) +
+                                            ") VALUES(?,?,?,?,?,?,?)";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   return s.BindAll(t.id, t.tenant_id, t.name, t.role, t.hash, t.created_at, t.revoked_at).Run();
 }
 
 Result<Token> SqliteTx::FindActiveTokenByHash(const std::string& hash) {
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT " + std::string(kTokenCols) +
-                                            " FROM api_tokens WHERE hash=? AND revoked_at IS NULL"));
+  static const std::string kSql = "SELECT " + std::string(kTokenCols) +
+                                            " FROM api_tokens WHERE hash=? AND revoked_at IS NULL";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(hash);
   return One<Token>(s, ReadToken, "token not found");
 }
 
 Result<std::vector<Token>> SqliteTx::ListTokens(const std::string& tenant_id) {
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT " + std::string(kTokenCols) +
-                                            " FROM api_tokens WHERE tenant_id=? ORDER BY id"));
+  static const std::string kSql = "SELECT " + std::string(kTokenCols) +
+                                            " FROM api_tokens WHERE tenant_id=? ORDER BY id";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id);
   return Collect<Token>(s, ReadToken);
 }
 
 Status SqliteTx::RevokeToken(const std::string& tenant_id, const std::string& id, Millis at) {
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("UPDATE api_tokens SET revoked_at=? WHERE tenant_id=? "
-                                            "AND id=? AND revoked_at IS NULL RETURNING id"));
+  static const std::string kSql = "UPDATE api_tokens SET revoked_at=? WHERE tenant_id=? "
+                                            "AND id=? AND revoked_at IS NULL RETURNING id";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(at, tenant_id, id);
   KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
   if (!row) return NotFound("token not found: " + id);
@@ -244,8 +251,9 @@ Status SqliteTx::RevokeToken(const std::string& tenant_id, const std::string& id
 // ---- AgentStore
 
 Status SqliteTx::InsertAgent(const Agent& a) {
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("INSERT INTO agents(" + std::string(kAgentCols) +
-                                            ") VALUES(?,?,?,?,?,?,?,?,?,?)"));
+  static const std::string kSql = "INSERT INTO agents(" + std::string(kAgentCols) +
+                                            ") VALUES(?,?,?,?,?,?,?,?,?,?)";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   Status st = s.BindAll(a.id, a.tenant_id, a.name, a.model, a.instructions, DumpJson(a.tools),
                         DumpJson(a.config), a.status, a.created_at, a.updated_at)
                   .Run();
@@ -254,10 +262,11 @@ Status SqliteTx::InsertAgent(const Agent& a) {
 }
 
 Status SqliteTx::UpdateAgent(const Agent& a) {
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(
+  static const std::string kSql =
                                     "UPDATE agents SET name=?, model=?, instructions=?, tools=?, "
                                     "config=?, status=?, updated_at=? WHERE tenant_id=? AND id=? "
-                                    "RETURNING id"));
+                                    "RETURNING id";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(a.name, a.model, a.instructions, DumpJson(a.tools), DumpJson(a.config), a.status,
             a.updated_at, a.tenant_id, a.id);
   auto row = s.Step();
@@ -272,34 +281,38 @@ Status SqliteTx::UpdateAgent(const Agent& a) {
 }
 
 Result<Agent> SqliteTx::GetAgent(const std::string& tenant_id, const std::string& id) {
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT " + std::string(kAgentCols) +
+  static const std::string kSql = "SELECT " + std::string(kAgentCols) +
                                             " FROM agents WHERE tenant_id=? AND id=? AND "
-                                            "status != 'deleted'"));
+                                            "status != 'deleted'";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, id);
   return One<Agent>(s, ReadAgent, "agent not found: " + id);
 }
 
 Result<Agent> SqliteTx::GetAgentByName(const std::string& tenant_id, const std::string& name) {
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT " + std::string(kAgentCols) +
+  static const std::string kSql = "SELECT " + std::string(kAgentCols) +
                                             " FROM agents WHERE tenant_id=? AND name=? AND "
-                                            "status != 'deleted'"));
+                                            "status != 'deleted'";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, name);
   return One<Agent>(s, ReadAgent, "agent not found: " + name);
 }
 
 Result<Paged<Agent>> SqliteTx::ListAgents(const std::string& tenant_id, const Page& page) {
   int limit = ClampLimit(page.limit);
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT " + std::string(kAgentCols) +
+  static const std::string kSql = "SELECT " + std::string(kAgentCols) +
                                             " FROM agents WHERE tenant_id=? AND id>? AND "
-                                            "status != 'deleted' ORDER BY id LIMIT ?"));
+                                            "status != 'deleted' ORDER BY id LIMIT ?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, DecodeCursor(page.cursor), limit + 1);
   KEEL_ASSIGN_OR_RETURN(auto rows, Collect<Agent>(s, ReadAgent));
   return MakePage(std::move(rows), limit, [](const Agent& a) { return a.id; });
 }
 
 Status SqliteTx::DeleteAgent(const std::string& tenant_id, const std::string& id) {
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("UPDATE agents SET status='deleted' WHERE tenant_id=? "
-                                            "AND id=? AND status != 'deleted' RETURNING id"));
+  static const std::string kSql = "UPDATE agents SET status='deleted' WHERE tenant_id=? "
+                                            "AND id=? AND status != 'deleted' RETURNING id";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, id);
   KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
   if (!row) return NotFound("agent not found: " + id);
@@ -309,16 +322,18 @@ Status SqliteTx::DeleteAgent(const std::string& tenant_id, const std::string& id
 // ---- SessionStore
 
 Status SqliteTx::InsertSession(const Session& x) {
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("INSERT INTO sessions(" + std::string(kSessionCols) +
-                                            ") VALUES(?,?,?,?,?,?,?)"));
+  static const std::string kSql = "INSERT INTO sessions(" + std::string(kSessionCols) +
+                                            ") VALUES(?,?,?,?,?,?,?)";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   return s.BindAll(x.id, x.tenant_id, x.agent_id, x.status, x.title, x.created_at, x.updated_at)
       .Run();
 }
 
 Status SqliteTx::UpdateSessionStatus(const std::string& tenant_id, const std::string& id,
                                      const std::string& status, Millis at) {
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("UPDATE sessions SET status=?, updated_at=? WHERE "
-                                            "tenant_id=? AND id=? RETURNING id"));
+  static const std::string kSql = "UPDATE sessions SET status=?, updated_at=? WHERE "
+                                            "tenant_id=? AND id=? RETURNING id";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(status, at, tenant_id, id);
   KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
   if (!row) return NotFound("session not found: " + id);
@@ -326,8 +341,9 @@ Status SqliteTx::UpdateSessionStatus(const std::string& tenant_id, const std::st
 }
 
 Result<Session> SqliteTx::GetSession(const std::string& tenant_id, const std::string& id) {
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT " + std::string(kSessionCols) +
-                                            " FROM sessions WHERE tenant_id=? AND id=?"));
+  static const std::string kSql = "SELECT " + std::string(kSessionCols) +
+                                            " FROM sessions WHERE tenant_id=? AND id=?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, id);
   return One<Session>(s, ReadSession, "session not found: " + id);
 }
@@ -335,9 +351,10 @@ Result<Session> SqliteTx::GetSession(const std::string& tenant_id, const std::st
 Result<Paged<Session>> SqliteTx::ListSessions(const std::string& tenant_id,
                                               const std::string& agent_id, const Page& page) {
   int limit = ClampLimit(page.limit);
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT " + std::string(kSessionCols) +
+  static const std::string kSql = "SELECT " + std::string(kSessionCols) +
                                             " FROM sessions WHERE tenant_id=? AND agent_id=? AND "
-                                            "id>? ORDER BY id LIMIT ?"));
+                                            "id>? ORDER BY id LIMIT ?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, agent_id, DecodeCursor(page.cursor), limit + 1);
   KEEL_ASSIGN_OR_RETURN(auto rows, Collect<Session>(s, ReadSession));
   return MakePage(std::move(rows), limit, [](const Session& x) { return x.id; });
@@ -346,16 +363,18 @@ Result<Paged<Session>> SqliteTx::ListSessions(const std::string& tenant_id,
 // ---- MessageStore
 
 Status SqliteTx::InsertMessage(const Message& m) {
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("INSERT INTO messages(" + std::string(kMessageCols) +
-                                            ") VALUES(?,?,?,?,?,?,?,?)"));
+  static const std::string kSql = "INSERT INTO messages(" + std::string(kMessageCols) +
+                                            ") VALUES(?,?,?,?,?,?,?,?)";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   return s.BindAll(m.id, m.tenant_id, m.session_id, m.run_id, m.role, m.content,
                    m.idempotency_key, m.created_at)
       .Run();
 }
 
 Result<Message> SqliteTx::GetMessage(const std::string& tenant_id, const std::string& id) {
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT " + std::string(kMessageCols) +
-                                            " FROM messages WHERE tenant_id=? AND id=?"));
+  static const std::string kSql = "SELECT " + std::string(kMessageCols) +
+                                            " FROM messages WHERE tenant_id=? AND id=?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, id);
   return One<Message>(s, ReadMessage, "message not found: " + id);
 }
@@ -363,9 +382,10 @@ Result<Message> SqliteTx::GetMessage(const std::string& tenant_id, const std::st
 Result<std::optional<Message>> SqliteTx::FindByIdempotencyKey(const std::string& tenant_id,
                                                              const std::string& session_id,
                                                              const std::string& key) {
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT " + std::string(kMessageCols) +
+  static const std::string kSql = "SELECT " + std::string(kMessageCols) +
                                             " FROM messages WHERE tenant_id=? AND session_id=? "
-                                            "AND idempotency_key=?"));
+                                            "AND idempotency_key=?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, session_id, key);
   KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
   if (!row) return std::optional<Message>();
@@ -375,9 +395,10 @@ Result<std::optional<Message>> SqliteTx::FindByIdempotencyKey(const std::string&
 Result<Paged<Message>> SqliteTx::ListMessages(const std::string& tenant_id,
                                               const std::string& session_id, const Page& page) {
   int limit = ClampLimit(page.limit);
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT " + std::string(kMessageCols) +
+  static const std::string kSql = "SELECT " + std::string(kMessageCols) +
                                             " FROM messages WHERE tenant_id=? AND session_id=? "
-                                            "AND id>? ORDER BY id LIMIT ?"));
+                                            "AND id>? ORDER BY id LIMIT ?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, session_id, DecodeCursor(page.cursor), limit + 1);
   KEEL_ASSIGN_OR_RETURN(auto rows, Collect<Message>(s, ReadMessage));
   return MakePage(std::move(rows), limit, [](const Message& m) { return m.id; });
@@ -386,9 +407,10 @@ Result<Paged<Message>> SqliteTx::ListMessages(const std::string& tenant_id,
 Result<std::vector<Message>> SqliteTx::RecentMessages(const std::string& tenant_id,
                                                       const std::string& session_id,
                                                       const std::string& before_id, int limit) {
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT " + std::string(kMessageCols) +
+  static const std::string kSql = "SELECT " + std::string(kMessageCols) +
                                             " FROM messages WHERE tenant_id=? AND session_id=? "
-                                            "AND id<? ORDER BY id DESC LIMIT ?"));
+                                            "AND id<? ORDER BY id DESC LIMIT ?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, session_id, before_id, limit);
   KEEL_ASSIGN_OR_RETURN(auto rows, Collect<Message>(s, ReadMessage));
   std::reverse(rows.begin(), rows.end());
@@ -398,8 +420,9 @@ Result<std::vector<Message>> SqliteTx::RecentMessages(const std::string& tenant_
 // ---- RunStore
 
 Status SqliteTx::InsertRun(const Run& r) {
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("INSERT INTO runs(" + std::string(kRunCols) +
-                                            ") VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"));
+  static const std::string kSql = "INSERT INTO runs(" + std::string(kRunCols) +
+                                            ") VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   return s.BindAll(r.id, r.tenant_id, r.session_id, r.agent_id, r.message_id, r.status,
                    r.attempt, r.output, r.error.is_null() ? std::string() : DumpJson(r.error),
                    r.input_tokens, r.output_tokens, r.lease_owner, r.lease_expires_at,
@@ -408,11 +431,12 @@ Status SqliteTx::InsertRun(const Run& r) {
 }
 
 Status SqliteTx::UpdateRun(const Run& r) {
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(
+  static const std::string kSql =
                                     "UPDATE runs SET status=?, attempt=?, output=?, error=?, "
                                     "input_tokens=?, output_tokens=?, lease_owner=?, "
                                     "lease_expires_at=?, cancel_requested=?, started_at=?, "
-                                    "finished_at=? WHERE tenant_id=? AND id=? RETURNING id"));
+                                    "finished_at=? WHERE tenant_id=? AND id=? RETURNING id";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(r.status, r.attempt, r.output, r.error.is_null() ? std::string() : DumpJson(r.error),
             r.input_tokens, r.output_tokens, r.lease_owner, r.lease_expires_at, r.cancel_requested,
             r.started_at, r.finished_at, r.tenant_id, r.id);
@@ -422,8 +446,9 @@ Status SqliteTx::UpdateRun(const Run& r) {
 }
 
 Result<Run> SqliteTx::GetRun(const std::string& tenant_id, const std::string& id) {
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT " + std::string(kRunCols) +
-                                            " FROM runs WHERE tenant_id=? AND id=?"));
+  static const std::string kSql = "SELECT " + std::string(kRunCols) +
+                                            " FROM runs WHERE tenant_id=? AND id=?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, id);
   return One<Run>(s, ReadRun, "run not found: " + id);
 }
@@ -433,48 +458,56 @@ Result<Paged<Run>> SqliteTx::ListRuns(const std::string& tenant_id, const std::s
   int limit = ClampLimit(page.limit);
   std::string sql = "SELECT " + std::string(kRunCols) + " FROM runs WHERE tenant_id=? AND " +
                     (session_id.empty() ? "?=''" : "session_id=?") + " AND id>? ORDER BY id LIMIT ?";
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(sql));
+  static const std::string kSql = sql;
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, session_id, DecodeCursor(page.cursor), limit + 1);
   KEEL_ASSIGN_OR_RETURN(auto rows, Collect<Run>(s, ReadRun));
   return MakePage(std::move(rows), limit, [](const Run& r) { return r.id; });
 }
 
 Result<int64_t> SqliteTx::CountActiveRuns(const std::string& tenant_id) {
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT count(*) FROM runs WHERE tenant_id=? AND "
-                                            "status IN ('queued','running')"));
+  static const std::string kSql = "SELECT count(*) FROM runs WHERE tenant_id=? AND "
+                                            "status IN ('queued','running')";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id);
   KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
   return row ? s.Int(0) : 0;
 }
 
 Result<bool> SqliteTx::SessionBusy(const std::string& tenant_id, const std::string& session_id) {
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT 1 FROM runs WHERE tenant_id=? AND session_id=? "
+  static const std::string kSql = "SELECT 1 FROM runs WHERE tenant_id=? AND session_id=? "
                                             "AND status IN ('queued','running',"
-                                            "'waiting_for_approval') LIMIT 1"));
+                                            "'waiting_for_approval') LIMIT 1";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, session_id);
   return s.Step();
 }
 
 Result<std::vector<Run>> SqliteTx::ClaimableRuns(Millis now, int limit) {
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(
-      "SELECT " + std::string(kRunCols) + " FROM runs r WHERE "
-      "(r.status='queued' AND NOT EXISTS (SELECT 1 FROM runs p WHERE p.session_id=r.session_id "
-      "  AND p.id<r.id AND p.status IN ('queued','running','waiting_for_approval'))) "
-      "OR (r.status='running' AND r.lease_expires_at<?) ORDER BY r.id LIMIT ?"));
+  // Two index range scans on (status, id); an OR would scan the whole table.
+  static const std::string kSql =
+      "SELECT * FROM (SELECT " + std::string(kRunCols) + " FROM runs r WHERE r.status='queued' "
+      "AND NOT EXISTS (SELECT 1 FROM runs p WHERE p.session_id=r.session_id "
+      "  AND p.status IN ('queued','running','waiting_for_approval') AND p.id<r.id) "
+      "UNION ALL SELECT " + std::string(kRunCols) + " FROM runs WHERE status='running' AND "
+      "lease_expires_at<?) ORDER BY id LIMIT ?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(now, limit);
   return Collect<Run>(s, ReadRun);
 }
 
 Status SqliteTx::ExpireLeasesOf(const std::string& owner) {
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("UPDATE runs SET lease_expires_at=0 WHERE "
-                                            "status='running' AND lease_owner=?"));
+  static const std::string kSql = "UPDATE runs SET lease_expires_at=0 WHERE "
+                                            "status='running' AND lease_owner=?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   return s.BindAll(owner).Run();
 }
 
 Status SqliteTx::RenewLeases(const std::string& owner, const std::vector<std::string>& run_ids,
                              Millis expires_at) {
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("UPDATE runs SET lease_expires_at=? WHERE id=? AND "
-                                            "lease_owner=? AND status='running'"));
+  static const std::string kSql = "UPDATE runs SET lease_expires_at=? WHERE id=? AND "
+                                            "lease_owner=? AND status='running'";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   for (const auto& id : run_ids) {
     KEEL_RETURN_IF_ERROR(s.BindAll(expires_at, id, owner).Run());
   }
@@ -482,16 +515,18 @@ Status SqliteTx::RenewLeases(const std::string& owner, const std::vector<std::st
 }
 
 Status SqliteTx::InsertStep(const Step& x) {
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("INSERT INTO run_steps(" + std::string(kStepCols) +
-                                            ") VALUES(?,?,?,?,?,?,?,?,?,?)"));
+  static const std::string kSql = "INSERT INTO run_steps(" + std::string(kStepCols) +
+                                            ") VALUES(?,?,?,?,?,?,?,?,?,?)";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   return s.BindAll(x.id, x.tenant_id, x.run_id, x.seq, x.kind, x.status, DumpJson(x.input),
                    DumpJson(x.output), x.started_at, x.finished_at)
       .Run();
 }
 
 Status SqliteTx::UpdateStep(const Step& x) {
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("UPDATE run_steps SET status=?, output=?, "
-                                            "finished_at=? WHERE tenant_id=? AND id=? RETURNING id"));
+  static const std::string kSql = "UPDATE run_steps SET status=?, output=?, "
+                                            "finished_at=? WHERE tenant_id=? AND id=? RETURNING id";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(x.status, DumpJson(x.output), x.finished_at, x.tenant_id, x.id);
   KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
   if (!row) return NotFound("step not found: " + x.id);
@@ -500,16 +535,18 @@ Status SqliteTx::UpdateStep(const Step& x) {
 
 Result<std::vector<Step>> SqliteTx::ListSteps(const std::string& tenant_id,
                                               const std::string& run_id) {
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT " + std::string(kStepCols) +
+  static const std::string kSql = "SELECT " + std::string(kStepCols) +
                                             " FROM run_steps WHERE tenant_id=? AND run_id=? "
-                                            "ORDER BY seq"));
+                                            "ORDER BY seq";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, run_id);
   return Collect<Step>(s, ReadStep);
 }
 
 Status SqliteTx::InsertToolCall(const ToolCall& c) {
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("INSERT INTO tool_calls(" + std::string(kToolCallCols) +
-                                            ") VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)"));
+  static const std::string kSql = "INSERT INTO tool_calls(" + std::string(kToolCallCols) +
+                                            ") VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   return s.BindAll(c.id, c.tenant_id, c.run_id, c.step_id, c.call_id, c.tool,
                    DumpJson(c.arguments), c.effect_class, c.effect_key, c.status,
                    DumpJson(c.result), c.created_at, c.updated_at)
@@ -517,8 +554,9 @@ Status SqliteTx::InsertToolCall(const ToolCall& c) {
 }
 
 Status SqliteTx::UpdateToolCall(const ToolCall& c) {
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("UPDATE tool_calls SET status=?, result=?, "
-                                            "updated_at=? WHERE tenant_id=? AND id=? RETURNING id"));
+  static const std::string kSql = "UPDATE tool_calls SET status=?, result=?, "
+                                            "updated_at=? WHERE tenant_id=? AND id=? RETURNING id";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(c.status, DumpJson(c.result), c.updated_at, c.tenant_id, c.id);
   KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
   if (!row) return NotFound("tool call not found: " + c.id);
@@ -527,9 +565,10 @@ Status SqliteTx::UpdateToolCall(const ToolCall& c) {
 
 Result<std::vector<ToolCall>> SqliteTx::ListToolCalls(const std::string& tenant_id,
                                                       const std::string& run_id) {
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT " + std::string(kToolCallCols) +
+  static const std::string kSql = "SELECT " + std::string(kToolCallCols) +
                                             " FROM tool_calls WHERE tenant_id=? AND run_id=? "
-                                            "ORDER BY id"));
+                                            "ORDER BY id";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, run_id);
   return Collect<ToolCall>(s, ReadToolCall);
 }
@@ -549,10 +588,11 @@ Result<Event> SqliteTx::Append(const NewEvent& n) {
   e.occurred_at = NowMillis();
   // origin_seq is computed inside the insert from the (origin, origin_seq) index, so a rolled
   // back unit never leaves a gap.
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(
+  static const std::string kSql =
       "INSERT INTO events(id, tenant_id, type, origin, origin_seq, agent_id, session_id, run_id, "
       "payload, occurred_at) VALUES(?1,?2,?3,?4,(SELECT coalesce(max(origin_seq),0)+1 FROM events "
-      "WHERE origin=?4),?5,?6,?7,?8,?9) RETURNING position, origin_seq"));
+      "WHERE origin=?4),?5,?6,?7,?8,?9) RETURNING position, origin_seq";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(e.id, e.tenant_id, e.type, e.origin, e.agent_id, e.session_id, e.run_id,
             DumpJson(e.payload), e.occurred_at);
   KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
@@ -565,17 +605,19 @@ Result<Event> SqliteTx::Append(const NewEvent& n) {
 
 Result<std::vector<Event>> SqliteTx::ReadEvents(const std::string& tenant_id, int64_t after,
                                                 const EventFilter& f, int limit) {
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(
+  static const std::string kSql =
       "SELECT " + std::string(kEventCols) + " FROM events WHERE tenant_id=? AND position>? AND "
       "(?='' OR agent_id=?) AND (?='' OR session_id=?) AND (?='' OR run_id=?) "
-      "ORDER BY position LIMIT ?"));
+      "ORDER BY position LIMIT ?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, after, f.agent_id, f.agent_id, f.session_id, f.session_id, f.run_id,
             f.run_id, std::clamp(limit, 1, 1000));
   return Collect<Event>(s, ReadEvent);
 }
 
 Result<int64_t> SqliteTx::LastPosition() {
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT coalesce(max(position),0) FROM events"));
+  static const std::string kSql = "SELECT coalesce(max(position),0) FROM events";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
   return row ? s.Int(0) : 0;
 }
@@ -616,11 +658,10 @@ CREATE TABLE runs(
   cancel_requested INTEGER NOT NULL, created_at INTEGER NOT NULL, started_at INTEGER,
   finished_at INTEGER);
 CREATE INDEX runs_session ON runs(session_id, id);
+CREATE INDEX runs_session_status ON runs(session_id, status);
 CREATE INDEX runs_tenant ON runs(tenant_id, id);
-CREATE INDEX runs_active ON runs(status, id)
-  WHERE status IN ('queued', 'running', 'waiting_for_approval');
-CREATE INDEX runs_tenant_active ON runs(tenant_id, status)
-  WHERE status IN ('queued', 'running', 'waiting_for_approval');
+CREATE INDEX runs_status ON runs(status, id);
+CREATE INDEX runs_tenant_status ON runs(tenant_id, status);
 CREATE TABLE run_steps(
   id TEXT PRIMARY KEY, tenant_id TEXT NOT NULL, run_id TEXT NOT NULL REFERENCES runs(id),
   seq INTEGER NOT NULL, kind TEXT NOT NULL, status TEXT NOT NULL, input TEXT NOT NULL,
@@ -632,7 +673,7 @@ CREATE TABLE tool_calls(
   result TEXT NOT NULL, created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL,
   UNIQUE(run_id, call_id));
 CREATE TABLE events(
-  position INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, tenant_id TEXT NOT NULL,
+  position INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL, tenant_id TEXT NOT NULL,
   type TEXT NOT NULL, origin TEXT NOT NULL, origin_seq INTEGER NOT NULL, agent_id TEXT NOT NULL,
   session_id TEXT NOT NULL, run_id TEXT NOT NULL, payload TEXT NOT NULL,
   occurred_at INTEGER NOT NULL, UNIQUE(origin, origin_seq));

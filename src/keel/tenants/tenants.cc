@@ -1,0 +1,35 @@
+#include "keel/tenants/tenants.h"
+
+#include "keel/common/crypto.h"
+#include "keel/common/ids.h"
+
+namespace keel::tenants {
+
+NewTenant MakeTenant(const std::string& name) {
+  NewTenant t;
+  t.tenant = {NewId(), name, NowMillis()};
+  t.secret = NewToken();
+  t.owner.id = NewId();
+  t.owner.tenant_id = t.tenant.id;
+  t.owner.name = "owner";
+  t.owner.role = "owner";
+  t.owner.hash = Sha256Hex(t.secret);
+  t.owner.created_at = t.tenant.created_at;
+  return t;
+}
+
+Status InsertTenant(store::Tx& tx, const NewTenant& t) {
+  KEEL_RETURN_IF_ERROR(tx.tenants().InsertTenant(t.tenant));
+  KEEL_RETURN_IF_ERROR(tx.tokens().InsertToken(t.owner));
+  KEEL_RETURN_IF_ERROR(
+      tx.events()
+          .Append({t.tenant.id, "tenant.created@v1", "", "", "",
+                   {{"tenant_id", t.tenant.id}, {"name", t.tenant.name}}})
+          .status());
+  return tx.events()
+      .Append({t.tenant.id, "token.created@v1", "", "", "",
+               {{"token_id", t.owner.id}, {"name", t.owner.name}, {"role", t.owner.role}}})
+      .status();
+}
+
+}  // namespace keel::tenants
