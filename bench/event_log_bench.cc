@@ -123,7 +123,7 @@ void BM_KeelAppend(benchmark::State& state) {
     keel::Status st = g_keel->store->WriteSync([&](keel::store::Tx& tx) -> keel::Status {
       for (int i = 0; i < per_unit; ++i) {
         KEEL_RETURN_IF_ERROR(
-            tx.events().Append({kTenant, kType, kAgent, kSession, kRun, payload}).status());
+            tx.events().Append({kTenant, kType, kAgent, kSession, kRun, payload}));
       }
       return keel::Status::Ok();
     });

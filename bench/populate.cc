@@ -116,8 +116,7 @@ int main(int argc, char** argv) {
       KEEL_RETURN_IF_ERROR(tx.tokens().InsertToken(token));
       return tx.events()
           .Append({tenant.id, "tenant.created@v1", "", "", "",
-                   {{"tenant_id", tenant.id}, {"name", tenant.name}}})
-          .status();
+                   {{"tenant_id", tenant.id}, {"name", tenant.name}}});
     });
     if (!s.ok()) Die(s.message());
     WriteFile0600(home + "/owner.token", secret + "\n");
@@ -151,8 +150,7 @@ int main(int argc, char** argv) {
         if (events) {
           KEEL_RETURN_IF_ERROR(tx.events()
                                    .Append({tenant_id, "agent.created@v1", a.id, "", "",
-                                            {{"name", a.name}, {"model", a.model}}})
-                                   .status());
+                                            {{"name", a.name}, {"model", a.model}}}));
         }
       }
       return Status::Ok();
@@ -181,8 +179,7 @@ int main(int argc, char** argv) {
         if (events) {
           KEEL_RETURN_IF_ERROR(tx.events()
                                    .Append({tenant_id, "session.created@v1", x.agent_id, x.id, "",
-                                            {{"title", x.title}}})
-                                   .status());
+                                            {{"title", x.title}}}));
         }
       }
       return Status::Ok();

@@ -105,8 +105,7 @@ Status EnsureDemoAgent(store::Store& store, const std::string& tenant_id) {
     a.created_at = a.updated_at = NowMillis();
     KEEL_RETURN_IF_ERROR(tx.agents().InsertAgent(a));
     return tx.events()
-        .Append({tenant_id, "agent.created@v1", a.id, "", "", {{"name", a.name}, {"model", a.model}}})
-        .status();
+        .Append({tenant_id, "agent.created@v1", a.id, "", "", {{"name", a.name}, {"model", a.model}}});
   });
 }
 

@@ -56,13 +56,13 @@ TEST_F(SqliteStoreTest, AppendAssignsGaplessOriginSeqAndIncreasingPositions) {
   Tenant t = MakeTenant();
   for (int i = 0; i < 10; ++i) {
     Status st = store_->WriteSync([&](Tx& tx) -> Status {
-      KEEL_RETURN_IF_ERROR(tx.events().Append({t.id, "x.happened@v1", "", "", "", {{"i", i}}}).status());
+      KEEL_RETURN_IF_ERROR(tx.events().Append({t.id, "x.happened@v1", "", "", "", {{"i", i}}}));
       // A failing unit in between must not leave a gap.
       return Status::Ok();
     });
     ASSERT_TRUE(st.ok());
     Status bad = store_->WriteSync([&](Tx& tx) -> Status {
-      KEEL_RETURN_IF_ERROR(tx.events().Append({t.id, "x.rolled_back@v1", "", "", "", {}}).status());
+      KEEL_RETURN_IF_ERROR(tx.events().Append({t.id, "x.rolled_back@v1", "", "", "", {}}));
       return Conflict("roll me back");
     });
     ASSERT_EQ(bad.code(), Code::kConflict);
@@ -96,7 +96,7 @@ TEST_F(SqliteStoreTest, FailedUnitRollsBackOnlyItselfWithinABatch) {
           a.name = "agent-" + std::to_string(i % 2 == 0 ? i : 0);  // odd units collide on a name
           a.model = "local";
           KEEL_RETURN_IF_ERROR(tx.agents().InsertAgent(a));
-          return tx.events().Append({t.id, "agent.created@v1", a.id, "", "", {}}).status();
+          return tx.events().Append({t.id, "agent.created@v1", a.id, "", "", {}});
         },
         [&done, i](Status s, std::vector<Event>) { done[i].set_value(s); });
   }
@@ -166,12 +166,12 @@ TEST_F(SqliteStoreTest, TenantsDoNotSeeEachOther) {
 TEST_F(SqliteStoreTest, ReopenKeepsDataAndContinuesTheSequence) {
   Tenant t = MakeTenant();
   ASSERT_TRUE(store_->WriteSync([&](Tx& tx) {
-    return tx.events().Append({t.id, "a@v1", "", "", "", {}}).status();
+    return tx.events().Append({t.id, "a@v1", "", "", "", {}});
   }).ok());
   Open();
   std::vector<Event> appended;
   ASSERT_TRUE(store_->WriteSync([&](Tx& tx) {
-    return tx.events().Append({t.id, "b@v1", "", "", "", {}}).status();
+    return tx.events().Append({t.id, "b@v1", "", "", "", {}});
   }, &appended).ok());
   ASSERT_EQ(appended.size(), 1u);
   EXPECT_EQ(appended[0].origin_seq, 2);

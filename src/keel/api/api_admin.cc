@@ -118,8 +118,7 @@ void RegisterAdminRoutes(http::Router& router, ApiContext& ctx) {
       KEEL_RETURN_IF_ERROR(tx.tokens().InsertToken(token));
       return tx.events()
           .Append({token.tenant_id, "token.created@v1", "", "", "",
-                   {{"token_id", token.id}, {"name", token.name}, {"role", token.role}}})
-          .status();
+                   {{"token_id", token.id}, {"name", token.name}, {"role", token.role}}});
     });
     if (!written.ok()) co_return Response::Error(written.status());
     Json out = TokenJson(token);
@@ -146,7 +145,7 @@ void RegisterAdminRoutes(http::Router& router, ApiContext& ctx) {
     std::string tenant = req.principal.tenant_id;
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_RETURN_IF_ERROR(tx.tokens().RevokeToken(tenant, id, NowMillis()));
-      return tx.events().Append({tenant, "token.revoked@v1", "", "", "", {{"token_id", id}}}).status();
+      return tx.events().Append({tenant, "token.revoked@v1", "", "", "", {{"token_id", id}}});
     });
     if (!written.ok()) co_return Response::Error(written.status());
     co_return Response::NoContent();

@@ -128,8 +128,7 @@ void RegisterAgentRoutes(http::Router& router, ApiContext& ctx) {
       KEEL_RETURN_IF_ERROR(tx.agents().InsertAgent(agent));
       return tx.events()
           .Append({agent.tenant_id, "agent.created@v1", agent.id, "", "",
-                   {{"name", agent.name}, {"model", agent.model}}})
-          .status();
+                   {{"name", agent.name}, {"model", agent.model}}});
     });
     if (!written.ok()) co_return Response::Error(written.status());
     co_return Response::Json(201, AgentJson(agent));
@@ -170,8 +169,7 @@ void RegisterAgentRoutes(http::Router& router, ApiContext& ctx) {
       for (auto it = body->begin(); it != body->end(); ++it) changed.push_back(it.key());
       return tx.events()
           .Append({updated.tenant_id, "agent.updated@v1", updated.id, "", "",
-                   {{"fields", changed}}})
-          .status();
+                   {{"fields", changed}}});
     });
     if (!written.ok()) co_return Response::Error(written.status());
     co_return Response::Json(200, AgentJson(updated));
@@ -183,7 +181,7 @@ void RegisterAgentRoutes(http::Router& router, ApiContext& ctx) {
     std::string id = req.Param("id");
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_RETURN_IF_ERROR(tx.agents().DeleteAgent(tenant, id));
-      return tx.events().Append({tenant, "agent.deleted@v1", id, "", "", {}}).status();
+      return tx.events().Append({tenant, "agent.deleted@v1", id, "", "", {}});
     });
     if (!written.ok()) co_return Response::Error(written.status());
     co_return Response::NoContent();

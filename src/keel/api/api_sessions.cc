@@ -73,8 +73,7 @@ void RegisterSessionRoutes(http::Router& router, ApiContext& ctx) {
       KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(session));
       return tx.events()
           .Append({session.tenant_id, "session.created@v1", session.agent_id, session.id, "",
-                   {{"title", session.title}}})
-          .status();
+                   {{"title", session.title}}});
     });
     if (!written.ok()) co_return Response::Error(written.status());
     co_return Response::Json(201, SessionJson(session));
@@ -130,8 +129,7 @@ void RegisterSessionRoutes(http::Router& router, ApiContext& ctx) {
       KEEL_RETURN_IF_ERROR(tx.sessions().UpdateSessionStatus(tenant, id, *status, session.updated_at));
       return tx.events()
           .Append({tenant, *status == "inactive" ? "session.closed@v1" : "session.reopened@v1",
-                   session.agent_id, id, "", {}})
-          .status();
+                   session.agent_id, id, "", {}});
     });
     if (!written.ok()) co_return Response::Error(written.status());
     co_return Response::Json(200, SessionJson(session));

@@ -102,17 +102,14 @@ asio::awaitable<Result<IntakeResult>> Runtime::PostMessage(const IntakeRequest& 
     KEEL_RETURN_IF_ERROR(tx.events()
                              .Append({req.tenant_id, "message.created@v1", agent.id, req.session_id,
                                       out.run.id,
-                                      {{"message_id", out.message.id}, {"role", "user"}}})
-                             .status());
+                                      {{"message_id", out.message.id}, {"role", "user"}}}));
     KEEL_RETURN_IF_ERROR(tx.events()
                              .Append({req.tenant_id, "run.queued@v1", agent.id, req.session_id,
-                                      out.run.id, {{"message_id", out.message.id}}})
-                             .status());
+                                      out.run.id, {{"message_id", out.message.id}}}));
     if (!claimed) return Status::Ok();
     return tx.events()
         .Append({req.tenant_id, "run.started@v1", agent.id, req.session_id, out.run.id,
-                 {{"attempt", 1}, {"resumed", false}}})
-        .status();
+                 {{"attempt", 1}, {"resumed", false}}});
   });
   if (!written.ok()) co_return written.status();
   if (replay) co_return *replay;
@@ -145,8 +142,7 @@ asio::awaitable<Result<store::Run>> Runtime::Cancel(const std::string& tenant_id
       out.cancel_requested = true;
       KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(out));
       return tx.events()
-          .Append({tenant_id, "run.cancel_requested@v1", out.agent_id, out.session_id, out.id, {}})
-          .status();
+          .Append({tenant_id, "run.cancel_requested@v1", out.agent_id, out.session_id, out.id, {}});
     }
     out.status = "cancelled";
     out.finished_at = now;
@@ -157,8 +153,7 @@ asio::awaitable<Result<store::Run>> Runtime::Cancel(const std::string& tenant_id
                     {"usage", {{"input_tokens", out.input_tokens},
                                {"output_tokens", out.output_tokens}}}};
     return tx.events()
-        .Append({tenant_id, "run.cancelled@v1", out.agent_id, out.session_id, out.id, payload})
-        .status();
+        .Append({tenant_id, "run.cancelled@v1", out.agent_id, out.session_id, out.id, payload});
   });
   if (!written.ok()) co_return written.status();
   if (out.status == "running") cancel_requested_.insert(run_id);

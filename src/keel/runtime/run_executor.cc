@@ -81,8 +81,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
     KEEL_RETURN_IF_ERROR(tx.events()
                              .Append({cur.tenant_id, "run.started@v1", cur.agent_id,
                                       cur.session_id, cur.id,
-                                      {{"attempt", cur.attempt}, {"resumed", resumable}}})
-                             .status());
+                                      {{"attempt", cur.attempt}, {"resumed", resumable}}}));
     run = cur;
     return Status::Ok();
   };
@@ -107,8 +106,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
                                           cur.session_id, cur.id,
                                           {{"seq", final_step->seq},
                                            {"kind", final_step->kind},
-                                           {"status", final_step->status}}})
-                                 .status());
+                                           {"status", final_step->status}}}));
       }
       cur.status = status;
       cur.output = output;
@@ -133,8 +131,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
         KEEL_RETURN_IF_ERROR(tx.events()
                                  .Append({cur.tenant_id, "message.created@v1", cur.agent_id,
                                           cur.session_id, cur.id,
-                                          {{"message_id", reply.id}, {"role", "assistant"}}})
-                                 .status());
+                                          {{"message_id", reply.id}, {"role", "assistant"}}}));
       }
       Json payload = {{"status", status}};
       if (!error.is_null()) payload["error"] = error;
@@ -144,8 +141,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
                          : status == "cancelled" ? "run.cancelled@v1"
                                                  : "run.failed@v1";
       return tx.events()
-          .Append({cur.tenant_id, type, cur.agent_id, cur.session_id, cur.id, payload})
-          .status();
+          .Append({cur.tenant_id, type, cur.agent_id, cur.session_id, cur.id, payload});
     });
     if (done.ok()) {
       if (status == "done") ++metrics_.runs_done;
@@ -341,8 +337,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
                    {{"seq", step.seq},
                     {"kind", "model"},
                     {"status", "succeeded"},
-                    {"tool_calls", response->tool_calls.size()}}})
-          .status();
+                    {"tool_calls", response->tool_calls.size()}}});
     });
     if (!recorded.ok()) co_return;
     model::ChatMessage m{"assistant", response->text, response->tool_calls, "", ""};

@@ -134,8 +134,9 @@ struct EventFilter {
 class EventLog {
  public:
   virtual ~EventLog() = default;
-  // Appends with the next origin_seq of this store's origin; returns the stored event.
-  virtual Result<Event> Append(const NewEvent& e) = 0;
+  // Appends with the next origin_seq of this store's origin. The stored event (with its
+  // position and origin_seq) is in Tx::appended() and reaches the unit's WriteDone.
+  virtual Status Append(NewEvent e) = 0;
   // Events of the tenant with position > after, in position order, at most limit.
   virtual Result<std::vector<Event>> ReadEvents(const std::string& tenant_id, int64_t after,
                                                 const EventFilter& filter, int limit) = 0;

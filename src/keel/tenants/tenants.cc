@@ -24,12 +24,10 @@ Status InsertTenant(store::Tx& tx, const NewTenant& t) {
   KEEL_RETURN_IF_ERROR(
       tx.events()
           .Append({t.tenant.id, "tenant.created@v1", "", "", "",
-                   {{"tenant_id", t.tenant.id}, {"name", t.tenant.name}}})
-          .status());
+                   {{"tenant_id", t.tenant.id}, {"name", t.tenant.name}}}));
   return tx.events()
       .Append({t.tenant.id, "token.created@v1", "", "", "",
-               {{"token_id", t.owner.id}, {"name", t.owner.name}, {"role", t.owner.role}}})
-      .status();
+               {{"token_id", t.owner.id}, {"name", t.owner.name}, {"role", t.owner.role}}});
 }
 
 }  // namespace keel::tenants

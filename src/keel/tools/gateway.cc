@@ -84,8 +84,7 @@ asio::awaitable<Result<CallOutcome>> Gateway::Call(const CallRequest& req) {
       KEEL_RETURN_IF_ERROR(tx.runs().InsertToolCall(call));
       return tx.events()
           .Append({req.tenant_id, "tool.call.denied@v1", req.agent_id, req.session_id, req.run_id,
-                   {{"call_id", call.call_id}, {"tool", call.tool}, {"reason", denial}}})
-          .status();
+                   {{"call_id", call.call_id}, {"tool", call.tool}, {"reason", denial}}});
     });
     if (!written.ok()) co_return written.status();
     co_return CallOutcome{"denied", call.result};
@@ -104,8 +103,7 @@ asio::awaitable<Result<CallOutcome>> Gateway::Call(const CallRequest& req) {
                  {{"call_id", call.call_id},
                   {"tool", call.tool},
                   {"arguments", call.arguments},
-                  {"effect_class", call.effect_class}}})
-        .status();
+                  {"effect_class", call.effect_class}}});
   });
   if (!journaled.ok()) co_return journaled.status();
   co_return co_await ExecuteAndRecord(std::move(call), std::move(step), req.agent_id,
@@ -136,8 +134,7 @@ asio::awaitable<Result<CallOutcome>> Gateway::Resume(const store::ToolCall& call
     KEEL_RETURN_IF_ERROR(tx.runs().UpdateStep(s));
     return tx.events()
         .Append({c.tenant_id, "tool.call.unknown@v1", agent_id, session_id, c.run_id,
-                 {{"call_id", c.call_id}, {"tool", c.tool}}})
-        .status();
+                 {{"call_id", c.call_id}, {"tool", c.tool}}});
   });
   if (!written.ok()) co_return written.status();
   co_return CallOutcome{"unknown", c.result};
@@ -174,8 +171,7 @@ asio::awaitable<Result<CallOutcome>> Gateway::ExecuteAndRecord(store::ToolCall c
     KEEL_RETURN_IF_ERROR(tx.runs().UpdateStep(step));
     return tx.events()
         .Append({call.tenant_id, "tool.call.completed@v1", agent_id, session_id, call.run_id,
-                 {{"call_id", call.call_id}, {"tool", call.tool}, {"status", call.status}}})
-        .status();
+                 {{"call_id", call.call_id}, {"tool", call.tool}, {"status", call.status}}});
   });
   if (!written.ok()) co_return written.status();
   co_return CallOutcome{call.status, call.result};

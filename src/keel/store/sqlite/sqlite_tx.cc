@@ -575,16 +575,16 @@ Result<std::vector<ToolCall>> SqliteTx::ListToolCalls(const std::string& tenant_
 
 // ---- EventLog
 
-Result<Event> SqliteTx::Append(const NewEvent& n) {
-  Event e;
+Status SqliteTx::Append(NewEvent n) {
+  Event& e = appended_.emplace_back();
   e.id = NewId();
-  e.tenant_id = n.tenant_id;
-  e.type = n.type;
+  e.tenant_id = std::move(n.tenant_id);
+  e.type = std::move(n.type);
   e.origin = origin_;
-  e.agent_id = n.agent_id;
-  e.session_id = n.session_id;
-  e.run_id = n.run_id;
-  e.payload = n.payload.is_object() ? n.payload : Json::object();
+  e.agent_id = std::move(n.agent_id);
+  e.session_id = std::move(n.session_id);
+  e.run_id = std::move(n.run_id);
+  e.payload = n.payload.is_object() ? std::move(n.payload) : Json::object();
   e.occurred_at = NowMillis();
   // origin_seq is computed inside the insert from the (origin, origin_seq) index, so a rolled
   // back unit never leaves a gap.
@@ -592,15 +592,23 @@ Result<Event> SqliteTx::Append(const NewEvent& n) {
       "INSERT INTO events(id, tenant_id, type, origin, origin_seq, agent_id, session_id, run_id, "
       "payload, occurred_at) VALUES(?1,?2,?3,?4,(SELECT coalesce(max(origin_seq),0)+1 FROM events "
       "WHERE origin=?4),?5,?6,?7,?8,?9) RETURNING position, origin_seq";
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
-  s.BindAll(e.id, e.tenant_id, e.type, e.origin, e.agent_id, e.session_id, e.run_id,
-            DumpJson(e.payload), e.occurred_at);
-  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
-  if (!row) return Internal("event insert returned no row");
-  e.position = s.Int(0);
-  e.origin_seq = s.Int(1);
-  appended_.push_back(e);
-  return e;
+  auto s = db_.Prepare(kSql);
+  Status st = s.status();
+  if (st.ok()) {
+    s->BindAll(e.id, e.tenant_id, e.type, e.origin, e.agent_id, e.session_id, e.run_id,
+               DumpJson(e.payload), e.occurred_at);
+    auto row = s->Step();
+    if (!row.ok()) {
+      st = row.status();
+    } else if (!*row) {
+      st = Internal("event insert returned no row");
+    } else {
+      e.position = s->Int(0);
+      e.origin_seq = s->Int(1);
+    }
+  }
+  if (!st.ok()) appended_.pop_back();
+  return st;
 }
 
 Result<std::vector<Event>> SqliteTx::ReadEvents(const std::string& tenant_id, int64_t after,

@@ -90,7 +90,7 @@ class SqliteTx final : public Tx,
   Result<std::vector<ToolCall>> ListToolCalls(const std::string& tenant_id,
                                               const std::string& run_id) override;
   // EventLog
-  Result<Event> Append(const NewEvent& e) override;
+  Status Append(NewEvent e) override;
   Result<std::vector<Event>> ReadEvents(const std::string& tenant_id, int64_t after,
                                         const EventFilter& filter, int limit) override;
   Result<int64_t> LastPosition() override;
