@@ -70,6 +70,9 @@ std::optional<int64_t> Stmt::OptInt(int col) const {
 }
 
 Result<std::unique_ptr<Db>> Db::Open(const std::string& path, bool read_only, bool sync_full) {
+  // Memory statistics take a global mutex on every allocation; Keel does not read them.
+  static const int kConfigured = sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0);
+  (void)kConfigured;
   sqlite3* raw = nullptr;
   int flags = SQLITE_OPEN_NOMUTEX |
               (read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
