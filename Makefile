@@ -19,15 +19,18 @@ build: deps $(BUILD)/build.ninja
 run: build
 	@bash scripts/run-demo.sh $(BUILD)/keel
 
+# The tests run under scripts/with-pg.sh: a throwaway PostgreSQL for the PostgreSQL store's cases,
+# stopped afterwards whatever the outcome (none is started when KEEL_TEST_PG_ADMIN_URL is set).
 test: build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
+	bash scripts/with-pg.sh ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) --timeout 900
 
 # The same suite built with AddressSanitizer and UndefinedBehaviorSanitizer.
 test-sanitize: deps
 	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DKEEL_SANITIZE=ON -DKEEL_BENCH=OFF
 	cmake --build build-asan -j $(JOBS)
-	cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-	  KEEL_CRASH_TURNS=120 KEEL_CRASH_KILLS=20 ctest --output-on-failure -j $(JOBS) --timeout 1200
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  KEEL_CRASH_TURNS=120 KEEL_CRASH_KILLS=20 \
+	  bash scripts/with-pg.sh ctest --test-dir build-asan --output-on-failure -j $(JOBS) --timeout 1200
 
 bench: build
 	@bash scripts/bench.sh $(BUILD)

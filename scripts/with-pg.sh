@@ -6,7 +6,8 @@
 # Starts a cluster (scripts/pg-test-cluster.sh), exports KEEL_TEST_PG_URL (role keel) and
 # KEEL_TEST_PG_ADMIN_URL (superuser), runs CMD, and stops and removes the cluster afterwards —
 # also when CMD fails or the run is interrupted. When KEEL_TEST_PG_ADMIN_URL is already set, it
-# uses that server and starts nothing.
+# uses that server and starts nothing; unless KEEL_TEST_PG_URL names another role, it makes sure
+# the role `keel` exists there (the admin role needs CREATEDB and CREATEROLE, or superuser).
 set -uo pipefail
 
 [ $# -ge 1 ] || { echo "usage: $0 CMD..." >&2; exit 2; }
@@ -14,6 +15,19 @@ here=$(cd "$(dirname "$0")" && pwd)
 
 if [ -n "${KEEL_TEST_PG_ADMIN_URL:-}" ]; then
   echo "with-pg: using the existing server of KEEL_TEST_PG_ADMIN_URL (starting none)" >&2
+  if [ -z "${KEEL_TEST_PG_URL:-}" ]; then
+    # The tests connect as the role keel: create it when missing, and let a non-superuser admin
+    # (CREATEDB, CREATEROLE) create and drop databases owned by it.
+    psql -X -q -v ON_ERROR_STOP=1 "$KEEL_TEST_PG_ADMIN_URL" -c "DO \$\$ BEGIN
+        IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'keel') THEN
+          CREATE ROLE keel LOGIN NOSUPERUSER NOBYPASSRLS CREATEDB;
+        END IF;
+        IF NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
+           AND NOT pg_has_role(current_user, 'keel', 'MEMBER') THEN
+          EXECUTE format('GRANT keel TO %I', current_user);
+        END IF;
+      END \$\$" >&2 || { echo "with-pg: could not prepare the role keel" >&2; exit 1; }
+  fi
   exec "$@"
 fi
 
@@ -25,8 +39,6 @@ cleanup() {
   echo "with-pg: PostgreSQL stopped ($((SECONDS - t0))s)" >&2
 }
 trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
 
 t0=$SECONDS
 bash "$here/pg-test-cluster.sh" start "$dir" || exit 1
@@ -35,4 +47,10 @@ KEEL_TEST_PG_ADMIN_URL=$(cat "$dir/admin-url")
 export KEEL_TEST_PG_URL KEEL_TEST_PG_ADMIN_URL
 echo "with-pg: KEEL_TEST_PG_ADMIN_URL=$KEEL_TEST_PG_ADMIN_URL (started in $((SECONDS - t0))s)" >&2
 
-"$@"
+# CMD runs in the background so that a SIGINT or SIGTERM to this script is handled at once (bash
+# defers traps while a foreground command runs): CMD gets SIGTERM, then the cluster is stopped.
+"$@" &
+child=$!
+trap 'kill -TERM "$child" 2>/dev/null; wait "$child"; exit 130' INT
+trap 'kill -TERM "$child" 2>/dev/null; wait "$child"; exit 143' TERM
+wait "$child"

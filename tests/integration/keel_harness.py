@@ -16,10 +16,20 @@ Stdlib only. Typical use:
 
 Environment:
     KEEL_BIN         the keel binary (default: ../../build/keel relative to this file)
-    KEEL_TEST_STORE  when set, passed to the server as `--store URL` (future PostgreSQL runs)
+    KEEL_TEST_STORE  unset: the default SQLite store in KEEL_HOME. The word `postgres`: each
+                     KeelServer creates its own fresh database on the server of
+                     KEEL_TEST_PG_ADMIN_URL (owned by the role `keel`, or by the user of
+                     KEEL_TEST_PG_URL), runs keel with `--store postgres://keel@HOST:PORT/DB`, and
+                     drops the database in stop(); without KEEL_TEST_PG_ADMIN_URL the test module
+                     exits with status 77 (ctest: skipped). Any other value is passed to the
+                     server as `--store URL`.
+    KEEL_TEST_PG_ADMIN_URL  a PostgreSQL role that may create databases (make test sets it)
+    KEEL_TEST_PG_URL        optional: the store's role and server (default: user `keel` on the
+                            admin URL's server)
     KEEL_TEST_KEEP   when set to 1, temporary homes are kept for inspection
 """
 
+import atexit
 import http.client
 import json
 import os
@@ -50,6 +60,15 @@ EVENT_TYPE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)*@v[0-9]+$")
 
 _DEFAULT = object()
 
+# Exit status that ctest reports as skipped (SKIP_RETURN_CODE in tests/CMakeLists.txt).
+SKIP_EXIT_CODE = 77
+
+if os.environ.get("KEEL_TEST_STORE") == "postgres" and not os.environ.get("KEEL_TEST_PG_ADMIN_URL"):
+    sys.stderr.write("SKIPPED: KEEL_TEST_STORE=postgres needs KEEL_TEST_PG_ADMIN_URL, a PostgreSQL "
+                     "role that may create databases (`make test` starts a throwaway cluster and "
+                     "sets it; or run under scripts/with-pg.sh)\n")
+    sys.exit(SKIP_EXIT_CODE)
+
 
 def keel_bin():
     path = os.environ.get("KEEL_BIN") or DEFAULT_BIN
@@ -72,6 +91,59 @@ class ServerDied(Exception):
     pass
 
 
+# ---------------------------------------------------------------------- PostgreSQL databases
+
+_PG_DATABASES = set()  # created and not yet dropped; dropped at exit if a test forgot stop()
+
+
+def _pg_url_with(url, user=None, db=None):
+    """url with its user (and password) and/or database replaced."""
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc
+    if user is not None:
+        netloc = user + "@" + netloc.rpartition("@")[2]
+    path = "/" + db if db is not None else parts.path
+    return urllib.parse.urlunsplit((parts.scheme, netloc, path, parts.query, parts.fragment))
+
+
+def _psql_admin(sql):
+    admin = os.environ["KEEL_TEST_PG_ADMIN_URL"]
+    proc = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", admin, "-c", sql],
+                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, timeout=120)
+    if proc.returncode != 0:
+        raise RuntimeError("psql %r failed (%s): %s" % (sql, proc.returncode, proc.stderr.strip()))
+
+
+def create_pg_database():
+    """Creates a fresh database for one server; returns (name, store URL as the keel role)."""
+    admin = os.environ["KEEL_TEST_PG_ADMIN_URL"]
+    base = os.environ.get("KEEL_TEST_PG_URL") or _pg_url_with(admin, user="keel")
+    owner = urllib.parse.urlsplit(base).username or "keel"
+    name = "keel_it_" + "".join(random.choice(string.ascii_lowercase + string.digits)
+                                for _ in range(12))
+    _psql_admin('CREATE DATABASE %s OWNER "%s"' % (name, owner))
+    _PG_DATABASES.add(name)
+    return name, _pg_url_with(base, db=name)
+
+
+def drop_pg_database(name):
+    if name in _PG_DATABASES:
+        _PG_DATABASES.discard(name)
+        _psql_admin("DROP DATABASE IF EXISTS %s WITH (FORCE)" % name)
+
+
+@atexit.register
+def _drop_leftover_pg_databases():
+    if os.environ.get("KEEL_TEST_KEEP"):
+        return
+    for name in list(_PG_DATABASES):
+        try:
+            drop_pg_database(name)
+        except Exception as e:  # noqa: BLE001 - best effort at exit
+            sys.stderr.write("keel_harness: could not drop database %s: %s\n" % (name, e))
+
+
 class KeelServer:
     """One `keel serve` process with its own KEEL_HOME.
 
@@ -91,6 +163,11 @@ class KeelServer:
         os.makedirs(self.home, exist_ok=True)
         self.extra_env = dict(env or {})
         self.extra_args = list(args or [])
+        # The store: KEEL_TEST_STORE=postgres gives every server its own fresh database.
+        self.pg_database = None
+        self.store_url = os.environ.get("KEEL_TEST_STORE") or None
+        if self.store_url == "postgres":
+            self.pg_database, self.store_url = create_pg_database()
         self.ready_timeout = ready_timeout
         self.proc = None
         self.addr = None  # "127.0.0.1:PORT"
@@ -110,18 +187,16 @@ class KeelServer:
 
     def _command(self, listen):
         cmd = [self.bin, "serve", "--home", self.home, "--listen", listen]
-        store = os.environ.get("KEEL_TEST_STORE")
-        if store:
-            cmd += ["--store", store]
+        if self.store_url:
+            cmd += ["--store", self.store_url]
         return cmd + self.extra_args
 
     def _environment(self):
         # Hermetic: no KEEL_* setting of the caller's environment leaks into the server.
         env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_")}
         env["KEEL_HOME"] = self.home
-        store = os.environ.get("KEEL_TEST_STORE")
-        if store:
-            env["KEEL_STORE"] = store
+        if self.store_url:
+            env["KEEL_STORE"] = self.store_url
         env.update(self.extra_env)
         return env
 
@@ -230,7 +305,8 @@ class KeelServer:
         return self.start()
 
     def stop(self):
-        """Stops the server (SIGTERM, then SIGKILL) and removes a temporary home."""
+        """Stops the server (SIGTERM, then SIGKILL), removes a temporary home and drops the
+        server's own PostgreSQL database."""
         if self.proc and self.proc.poll() is None:
             try:
                 self.terminate(timeout=15)
@@ -238,6 +314,29 @@ class KeelServer:
                 pass
         if self._own_home and not os.environ.get("KEEL_TEST_KEEP"):
             shutil.rmtree(self.home, ignore_errors=True)
+        if self.pg_database and not os.environ.get("KEEL_TEST_KEEP"):
+            drop_pg_database(self.pg_database)
+            self.pg_database = None
+
+    def store_contents(self):
+        """What the store keeps at rest, as a list of (label, bytes), for checks such as "no token
+        in plaintext": the SQLite files in KEEL_HOME (keel.db, -wal, -shm), or a data-only
+        pg_dump of this server's own PostgreSQL database."""
+        if self.pg_database:
+            url = _pg_url_with(os.environ["KEEL_TEST_PG_ADMIN_URL"], db=self.pg_database)
+            proc = subprocess.run(["pg_dump", "--data-only", "--dbname=" + url],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, timeout=120)
+            if proc.returncode != 0:
+                raise RuntimeError("pg_dump failed: %s" % proc.stderr.decode(errors="replace"))
+            return [("pg_dump of " + self.pg_database, proc.stdout)]
+        out = []
+        for name in sorted(os.listdir(self.home)):
+            path = os.path.join(self.home, name)
+            if name.startswith("keel.db") and os.path.isfile(path):
+                with open(path, "rb") as f:
+                    out.append((path, f.read()))
+        return out
 
     def log_tail(self, lines=60):
         chunks = []

@@ -3,6 +3,7 @@
 #include <future>
 
 #include "keel/common/crypto.h"
+#include "keel/store/postgres/postgres_store.h"
 #include "keel/store/sqlite/sqlite_store.h"
 
 namespace keel::store {
@@ -23,10 +24,10 @@ Result<std::unique_ptr<Store>> OpenStore(const std::string& url, const StoreOpti
   if (url.rfind("sqlite://", 0) == 0) {
     path = url.substr(9);
   } else if (url.rfind("postgres://", 0) == 0 || url.rfind("postgresql://", 0) == 0) {
-    return InvalidArgument("the PostgreSQL store is not available in this build: " + url);
+    return postgres::PostgresStore::Open(url, options);
   } else if (url.find("://") != std::string::npos) {
     return InvalidArgument("unknown store URL scheme: " + url +
-                           " (expected sqlite:///path/keel.db)");
+                           " (expected sqlite:///path/keel.db or postgres://user@host:port/db)");
   } else {
     path = url;
   }

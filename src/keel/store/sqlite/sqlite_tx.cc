@@ -456,10 +456,13 @@ Result<Run> SqliteTx::GetRun(const std::string& tenant_id, const std::string& id
 Result<Paged<Run>> SqliteTx::ListRuns(const std::string& tenant_id, const std::string& session_id,
                                       const Page& page) {
   int limit = ClampLimit(page.limit);
-  std::string sql = "SELECT " + std::string(kRunCols) + " FROM runs WHERE tenant_id=? AND " +
-                    (session_id.empty() ? "?=''" : "session_id=?") + " AND id>? ORDER BY id LIMIT ?";
-  static const std::string kSql = sql;
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  // One statement per form: the tenant's runs, or one session's.
+  static const std::string kAll = "SELECT " + std::string(kRunCols) +
+                                  " FROM runs WHERE tenant_id=? AND ?='' AND id>? ORDER BY id LIMIT ?";
+  static const std::string kSession = "SELECT " + std::string(kRunCols) +
+                                      " FROM runs WHERE tenant_id=? AND session_id=? AND id>? "
+                                      "ORDER BY id LIMIT ?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(session_id.empty() ? kAll : kSession));
   s.BindAll(tenant_id, session_id, DecodeCursor(page.cursor), limit + 1);
   KEEL_ASSIGN_OR_RETURN(auto rows, Collect<Run>(s, ReadRun));
   return MakePage(std::move(rows), limit, [](const Run& r) { return r.id; });

@@ -1,0 +1,165 @@
+#include "keel/store/postgres/pg_conn.h"
+
+#include <libpq-fe.h>
+
+#include <cstdlib>
+
+namespace keel::store::postgres {
+namespace {
+
+// libpq's messages span lines ("...failed: Connection refused\n\tIs the server running...");
+// a Status message is one line.
+std::string OneLine(const char* text) {
+  std::string out;
+  bool space = false;
+  for (const char* p = text ? text : ""; *p; ++p) {
+    if (*p == '\n' || *p == '\t' || *p == '\r' || *p == ' ') {
+      space = !out.empty();
+      continue;
+    }
+    if (space) out += ' ';
+    space = false;
+    out += *p;
+  }
+  return out;
+}
+
+Status StatusFromSqlState(const std::string& state, std::string message) {
+  auto cls = [&](const char* c) { return state.compare(0, 2, c) == 0; };
+  if (cls("08") || cls("53") || cls("40") || cls("57") || state == "55P03") {
+    return Unavailable(std::move(message));  // connection, resources, serialization, shutdown
+  }
+  if (cls("23")) return Conflict(std::move(message));
+  if (cls("22")) return InvalidArgument(std::move(message));
+  return Internal(std::move(message));
+}
+
+}  // namespace
+
+Rows& Rows::operator=(Rows&& o) noexcept {
+  if (this != &o) {
+    if (r_) PQclear(r_);
+    r_ = o.r_;
+    o.r_ = nullptr;
+  }
+  return *this;
+}
+
+Rows::~Rows() {
+  if (r_) PQclear(r_);
+}
+
+int Rows::size() const { return r_ ? PQntuples(r_) : 0; }
+
+std::string Rows::Text(int row, int col) const {
+  if (PQgetisnull(r_, row, col)) return {};
+  return std::string(PQgetvalue(r_, row, col), PQgetlength(r_, row, col));
+}
+
+int64_t Rows::Int(int row, int col) const {
+  if (PQgetisnull(r_, row, col)) return 0;
+  return std::strtoll(PQgetvalue(r_, row, col), nullptr, 10);
+}
+
+bool Rows::IsNull(int row, int col) const { return PQgetisnull(r_, row, col) != 0; }
+
+std::optional<int64_t> Rows::OptInt(int row, int col) const {
+  if (IsNull(row, col)) return std::nullopt;
+  return Int(row, col);
+}
+
+Result<std::unique_ptr<Conn>> Conn::Open(const std::string& url) {
+  // Later keywords win: the URL (expanded from dbname) may override the defaults before it.
+  const char* keys[] = {"connect_timeout", "fallback_application_name", "dbname", nullptr};
+  const char* values[] = {"5", "keel", url.c_str(), nullptr};
+  PGconn* c = PQconnectdbParams(keys, values, /*expand_dbname=*/1);
+  if (!c) return Unavailable("cannot connect to PostgreSQL: out of memory");
+  if (PQstatus(c) != CONNECTION_OK) {
+    const char* host = PQhost(c);
+    const char* port = PQport(c);
+    std::string where = std::string(host && *host ? host : "(default host)") + ":" +
+                        (port && *port ? port : "5432");
+    Status st = Unavailable("cannot connect to PostgreSQL at " + where + ": " +
+                            OneLine(PQerrorMessage(c)));
+    PQfinish(c);
+    return st;
+  }
+  std::unique_ptr<Conn> conn(new Conn(c));
+  // Notices (e.g. "relation already exists, skipping") are not errors; keep them off stderr.
+  PQsetNoticeProcessor(c, [](void*, const char*) {}, nullptr);
+  return conn;
+}
+
+Conn::~Conn() { PQfinish(c_); }
+
+bool Conn::broken() const { return PQstatus(c_) != CONNECTION_OK; }
+
+bool Conn::in_failed_transaction() const { return PQtransactionStatus(c_) == PQTRANS_INERROR; }
+
+bool Conn::idle() const { return !broken() && PQtransactionStatus(c_) == PQTRANS_IDLE; }
+
+std::string Conn::Describe() const {
+  const char* host = PQhost(c_);
+  const char* port = PQport(c_);
+  const char* db = PQdb(c_);
+  return std::string(host ? host : "") + ":" + (port ? port : "") + "/" + (db ? db : "");
+}
+
+Result<Rows> Conn::Finish(PGresult* r, std::string_view what) {
+  Rows rows(r);
+  ExecStatusType status = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
+  if (status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK) return rows;
+  if (broken()) {
+    return Unavailable(std::string(what) + ": connection to PostgreSQL lost: " +
+                       OneLine(PQerrorMessage(c_)));
+  }
+  const char* state = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : nullptr;
+  const char* primary = r ? PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY) : nullptr;
+  std::string message =
+      std::string(what) + ": " + OneLine(primary ? primary : PQerrorMessage(c_));
+  if (!state) return Internal(std::move(message));
+  return StatusFromSqlState(state, std::move(message));
+}
+
+Status Conn::Exec(const char* sql) { return Finish(PQexec(c_, sql), "postgres").status(); }
+
+namespace {
+
+// libpq text parameters end at the first NUL byte; refuse rather than store a truncated value.
+Status CheckParams(const Params& params, std::vector<const char*>& out) {
+  out.reserve(params.values().size());
+  for (const auto& v : params.values()) {
+    if (v && v->find('\0') != std::string::npos) {
+      return InvalidArgument("text containing a NUL character (\\u0000) cannot be stored");
+    }
+    out.push_back(v ? v->c_str() : nullptr);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<Rows> Conn::Query(const std::string& sql, const Params& params) {
+  std::vector<const char*> values;
+  KEEL_RETURN_IF_ERROR(CheckParams(params, values));
+  auto it = prepared_.find(sql);
+  if (it == prepared_.end()) {
+    std::string name = "keel_" + std::to_string(prepared_.size() + 1);
+    KEEL_RETURN_IF_ERROR(
+        Finish(PQprepare(c_, name.c_str(), sql.c_str(), 0, nullptr), "postgres prepare").status());
+    it = prepared_.emplace(sql, std::move(name)).first;
+  }
+  return Finish(PQexecPrepared(c_, it->second.c_str(), static_cast<int>(values.size()),
+                               values.data(), nullptr, nullptr, 0),
+                "postgres");
+}
+
+Result<Rows> Conn::QueryOnce(const std::string& sql, const Params& params) {
+  std::vector<const char*> values;
+  KEEL_RETURN_IF_ERROR(CheckParams(params, values));
+  return Finish(PQexecParams(c_, sql.c_str(), static_cast<int>(values.size()), nullptr,
+                             values.data(), nullptr, nullptr, 0),
+                "postgres");
+}
+
+}  // namespace keel::store::postgres

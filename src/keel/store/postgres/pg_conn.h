@@ -1,0 +1,134 @@
+#pragma once
+// A thin RAII layer over libpq: one connection (Conn) with a cache of prepared statements, a
+// result (Rows) that frees itself, and text parameters (Params). Internal to the PostgreSQL
+// store; libpq's own header stays in pg_conn.cc.
+//
+// Thread safety: a Conn is used by one thread at a time; its owner says which (the writer
+// thread, or a reader that took it from the pool).
+//
+// Errors are converted here, at the adapter edge (see StatusFromResult): connection loss
+// (SQLSTATE class 08, a broken connection) is kUnavailable, integrity violations (class 23,
+// unique 23505 among them) are kConflict, bad data (class 22) is kInvalidArgument, the rest
+// kInternal.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "keel/common/status.h"
+
+struct pg_conn;
+struct pg_result;
+
+namespace keel::store::postgres {
+
+using PGconn = ::pg_conn;
+using PGresult = ::pg_result;
+
+// Positional text parameters ($1, $2, ...); nullopt is SQL NULL.
+class Params {
+ public:
+  Params& Add(std::string_view v) {
+    values_.emplace_back(std::string(v));
+    return *this;
+  }
+  Params& Add(const std::string& v) { return Add(std::string_view(v)); }
+  Params& Add(const char* v) { return Add(std::string_view(v)); }
+  Params& Add(int64_t v) {
+    values_.emplace_back(std::to_string(v));
+    return *this;
+  }
+  Params& Add(int v) { return Add(static_cast<int64_t>(v)); }
+  Params& Add(bool v) { return Add(static_cast<int64_t>(v ? 1 : 0)); }
+  Params& Add(std::optional<int64_t> v) {
+    if (v) return Add(*v);
+    values_.emplace_back(std::nullopt);
+    return *this;
+  }
+
+  const std::vector<std::optional<std::string>>& values() const { return values_; }
+
+ private:
+  std::vector<std::optional<std::string>> values_;
+};
+
+template <typename... Args>
+Params P(const Args&... args) {
+  Params p;
+  (p.Add(args), ...);
+  return p;
+}
+
+// The rows of one statement's result, read as text.
+class Rows {
+ public:
+  explicit Rows(PGresult* r) : r_(r) {}
+  Rows(Rows&& o) noexcept : r_(o.r_) { o.r_ = nullptr; }
+  Rows& operator=(Rows&& o) noexcept;
+  Rows(const Rows&) = delete;
+  Rows& operator=(const Rows&) = delete;
+  ~Rows();
+
+  int size() const;
+  bool empty() const { return size() == 0; }
+  std::string Text(int row, int col) const;
+  int64_t Int(int row, int col) const;
+  bool IsNull(int row, int col) const;
+  std::optional<int64_t> OptInt(int row, int col) const;
+
+ private:
+  PGresult* r_;
+};
+
+// One row of a Rows, so row readers look like SqliteTx's.
+class Row {
+ public:
+  Row(const Rows& rows, int row) : rows_(rows), row_(row) {}
+  std::string Text(int col) const { return rows_.Text(row_, col); }
+  int64_t Int(int col) const { return rows_.Int(row_, col); }
+  std::optional<int64_t> OptInt(int col) const { return rows_.OptInt(row_, col); }
+
+ private:
+  const Rows& rows_;
+  int row_;
+};
+
+class Conn {
+ public:
+  // Connects to `url` (a postgres:// or postgresql:// URI, or a libpq keyword string) with
+  // connect_timeout=5 unless the URL sets one. kUnavailable naming host and port when the
+  // server cannot be reached.
+  static Result<std::unique_ptr<Conn>> Open(const std::string& url);
+  ~Conn();
+  Conn(const Conn&) = delete;
+  Conn& operator=(const Conn&) = delete;
+
+  // Runs one or more statements without parameters (simple query protocol).
+  Status Exec(const char* sql);
+  // Runs `sql` with `params` as a statement prepared once per connection.
+  Result<Rows> Query(const std::string& sql, const Params& params);
+  // Runs `sql` unprepared (for statements run once, such as migrations with parameters).
+  Result<Rows> QueryOnce(const std::string& sql, const Params& params);
+
+  // Whether the connection is gone (the server closed it, the network failed).
+  bool broken() const;
+  // Whether a statement failed in the open transaction, so that only a rollback is accepted.
+  bool in_failed_transaction() const;
+  // Connected and outside any transaction: fit to go back to a pool or to BEGIN.
+  bool idle() const;
+  // "host:port/dbname" for messages; never the password.
+  std::string Describe() const;
+
+ private:
+  explicit Conn(PGconn* c) : c_(c) {}
+  Result<Rows> Finish(PGresult* r, std::string_view what);
+
+  PGconn* c_;
+  std::unordered_map<std::string, std::string> prepared_;  // SQL text -> statement name
+};
+
+}  // namespace keel::store::postgres

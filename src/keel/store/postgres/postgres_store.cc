@@ -1,0 +1,283 @@
+#include "keel/store/postgres/postgres_store.h"
+
+#include <algorithm>
+#include <exception>
+
+#include "keel/store/postgres/pg_conn.h"
+#include "keel/store/postgres/postgres_tx.h"
+
+namespace keel::store::postgres {
+namespace {
+
+// Held (session-level) while migrating, so nodes starting at once apply each version once.
+constexpr const char* kLockMigrations = "SELECT pg_advisory_lock(7021802329620482)";
+constexpr const char* kUnlockMigrations = "SELECT pg_advisory_unlock(7021802329620482)";
+constexpr const char* kBeginRead = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
+// Every write transaction of every node holds this lock from BEGIN to COMMIT (one round trip
+// with the BEGIN). Write transactions are therefore serial across the cluster, as SQLite's are
+// on one node: a unit's read-check-write (claiming a queued run, intake's "is the session
+// busy?") cannot interleave with another node's, and event positions, taken under the lock,
+// become visible in position order (DESIGN.md section 7). Taking it only before the first event
+// insert would order positions but let two nodes claim the same run.
+constexpr const char* kBeginWrite = "BEGIN; SELECT pg_advisory_xact_lock(7021802329620481)";
+// PostgreSQL tracks the first 64 subtransactions (here: savepoints of units that wrote) of a
+// transaction in shared memory; beyond that every other session's snapshot must consult
+// pg_subtrans while the transaction runs. 64 units per commit still amortize the fsync well.
+constexpr int kMaxUnitsPerTransaction = 64;
+// Idle reader connections kept for reuse; more may exist while reads run concurrently.
+constexpr size_t kMaxIdleReaders = 8;
+
+}  // namespace
+
+PostgresStore::PostgresStore(std::string url, StoreOptions options)
+    : url_(std::move(url)), options_(std::move(options)) {}
+
+Result<std::unique_ptr<Store>> PostgresStore::Open(const std::string& url,
+                                                   const StoreOptions& options) {
+  if (options.origin.empty()) return InvalidArgument("store origin must not be empty");
+  std::unique_ptr<PostgresStore> store(new PostgresStore(url, options));
+  KEEL_ASSIGN_OR_RETURN(store->writer_, store->Connect(/*writer=*/true));
+  KEEL_RETURN_IF_ERROR(store->Migrate(*store->writer_->conn));
+  store->writer_thread_ = std::thread([s = store.get()] { s->WriterLoop(); });
+  return std::unique_ptr<Store>(std::move(store));
+}
+
+PostgresStore::~PostgresStore() { Close(); }
+
+Result<std::unique_ptr<PostgresStore::Session>> PostgresStore::Connect(bool writer) {
+  auto session = std::make_unique<Session>();
+  KEEL_ASSIGN_OR_RETURN(session->conn, Conn::Open(url_));
+  if (writer) {
+    // A node that stalls or loses its network inside a transaction would hold the write lock of
+    // every node; the server ends such a session instead.
+    KEEL_RETURN_IF_ERROR(session->conn->Exec("SET idle_in_transaction_session_timeout = '30s'"));
+    if (!options_.sync_full) {
+      KEEL_RETURN_IF_ERROR(session->conn->Exec("SET synchronous_commit = off"));
+    }
+  }
+  session->tx = std::make_unique<PostgresTx>(*session->conn, options_.origin);
+  return session;
+}
+
+Status PostgresStore::Migrate(Conn& conn) {
+  KEEL_RETURN_IF_ERROR(conn.Exec(kLockMigrations));
+  Status st = MigrateLocked(conn);
+  Status unlock = conn.Exec(kUnlockMigrations);
+  return st.ok() ? unlock : st;
+}
+
+Status PostgresStore::MigrateLocked(Conn& conn) {
+  KEEL_RETURN_IF_ERROR(conn.Exec(
+      "CREATE TABLE IF NOT EXISTS schema_migrations(version BIGINT PRIMARY KEY, "
+      "applied_at BIGINT NOT NULL)"));
+  KEEL_ASSIGN_OR_RETURN(
+      auto rows, conn.QueryOnce("SELECT coalesce(max(version), 0) FROM schema_migrations", Params()));
+  int64_t current = rows.empty() ? 0 : rows.Int(0, 0);
+  const auto& migrations = Migrations();
+  if (current > static_cast<int64_t>(migrations.size())) {
+    return Unavailable("database schema version " + std::to_string(current) +
+                       " is newer than this keel (" + std::to_string(migrations.size()) +
+                       "); upgrade keel");
+  }
+  for (size_t v = current + 1; v <= migrations.size(); ++v) {
+    KEEL_RETURN_IF_ERROR(conn.Exec("BEGIN"));
+    Status st = conn.Exec(migrations[v - 1]);
+    if (st.ok()) {
+      st = conn.QueryOnce("INSERT INTO schema_migrations(version, applied_at) VALUES($1, $2)",
+                          P(static_cast<int64_t>(v), NowMillis()))
+               .status();
+    }
+    if (st.ok()) st = conn.Exec("COMMIT");
+    if (!st.ok()) {
+      (void)conn.Exec("ROLLBACK");
+      return Status(st.code(), "migration " + std::to_string(v) + " failed: " + st.message());
+    }
+  }
+  return Status::Ok();
+}
+
+Status PostgresStore::Read(const std::function<Status(Tx&)>& fn) {
+  std::unique_ptr<Session> reader;
+  {
+    std::lock_guard<std::mutex> lock(readers_mu_);
+    if (!idle_readers_.empty()) {
+      reader = std::move(idle_readers_.back());
+      idle_readers_.pop_back();
+    }
+  }
+  Status st;
+  if (reader) st = reader->conn->Exec(kBeginRead);
+  // A pooled connection may have been closed by the server since its last use: nothing has
+  // run yet, so a fresh connection can simply try again.
+  if (!reader || (!st.ok() && reader->conn->broken())) {
+    KEEL_ASSIGN_OR_RETURN(reader, Connect(/*writer=*/false));
+    st = reader->conn->Exec(kBeginRead);
+  }
+  if (st.ok()) {
+    reader->tx->BeginTransaction();
+    try {
+      st = fn(*reader->tx);
+    } catch (const std::exception& e) {
+      st = Internal(std::string("read failed: ") + e.what());
+    }
+    (void)reader->conn->Exec("COMMIT");
+  }
+  if (reader->conn->idle()) {
+    std::lock_guard<std::mutex> lock(readers_mu_);
+    if (idle_readers_.size() < kMaxIdleReaders) idle_readers_.push_back(std::move(reader));
+  }
+  return st;
+}
+
+void PostgresStore::Write(WriteFn fn, WriteDone done) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!closing_) {
+      queue_.push_back(Unit{std::move(fn), std::move(done)});
+      cv_.notify_one();
+      return;
+    }
+  }
+  done(Unavailable("store is closed"), {});
+}
+
+StoreStats PostgresStore::stats() const {
+  std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(mu_));
+  return stats_;
+}
+
+void PostgresStore::Close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closing_) {
+      if (writer_thread_.joinable() && std::this_thread::get_id() != writer_thread_.get_id()) {
+        writer_thread_.join();
+      }
+      return;
+    }
+    closing_ = true;
+    cv_.notify_one();
+  }
+  if (writer_thread_.joinable()) writer_thread_.join();
+}
+
+void PostgresStore::WriterLoop() {
+  const int max_batch = std::min(options_.max_batch, kMaxUnitsPerTransaction);
+  std::vector<Unit> batch;
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return closing_ || !queue_.empty(); });
+      if (queue_.empty() && closing_) break;
+      while (!queue_.empty() && static_cast<int>(batch.size()) < max_batch) {
+        batch.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+      }
+    }
+    CommitBatch(batch);
+    batch.clear();
+  }
+  writer_.reset();
+}
+
+Status PostgresStore::BeginWrite() {
+  if (writer_ && !writer_->conn->broken() && !writer_->conn->idle()) {
+    // Left inside a transaction by a failure; BEGIN there would only warn and carry on in it.
+    (void)writer_->conn->Exec("ROLLBACK");
+  }
+  if (!writer_ || writer_->conn->broken()) {
+    writer_.reset();
+    KEEL_ASSIGN_OR_RETURN(writer_, Connect(/*writer=*/true));
+  }
+  Status st = writer_->conn->Exec(kBeginWrite);
+  if (!st.ok() && writer_->conn->broken()) {
+    // The server dropped the connection since the last batch (a restart, a failover).
+    writer_.reset();
+    KEEL_ASSIGN_OR_RETURN(writer_, Connect(/*writer=*/true));
+    st = writer_->conn->Exec(kBeginWrite);
+  }
+  if (st.ok()) writer_->tx->BeginTransaction();
+  return st;
+}
+
+void PostgresStore::CommitBatch(std::vector<Unit>& batch) {
+  std::vector<Status> results(batch.size());
+  std::vector<std::vector<Event>> events(batch.size());
+  Status begin = BeginWrite();
+  int committed_units = 0;
+  if (begin.ok()) {
+    Conn& conn = *writer_->conn;
+    PostgresTx& tx = *writer_->tx;
+    // A unit alone in its batch needs no savepoint: its failure rolls back the transaction.
+    const bool savepoints = batch.size() > 1;
+    bool savepoint_open = false;  // the previous boundary already opened this unit's savepoint
+    for (size_t i = 0; i < batch.size(); ++i) {
+      tx.ResetUnit();
+      Status st = savepoints && !savepoint_open ? conn.Exec("SAVEPOINT unit") : Status::Ok();
+      savepoint_open = false;
+      if (st.ok()) {
+        try {
+          st = batch[i].fn(tx);
+        } catch (const std::exception& e) {
+          st = Internal(std::string("write failed: ") + e.what());
+        }
+        if (st.ok() && conn.in_failed_transaction()) {
+          // The unit went on after a failed statement; PostgreSQL has aborted its work.
+          st = Internal("write failed: a statement of the unit failed and its error was ignored");
+        }
+        if (savepoints) {
+          if (st.ok()) {
+            // One round trip per boundary: release this unit and open the next one's savepoint.
+            const bool more = i + 1 < batch.size();
+            st = conn.Exec(more ? "RELEASE unit; SAVEPOINT unit" : "RELEASE unit");
+            savepoint_open = more && st.ok();
+          }
+          if (!st.ok()) {
+            (void)conn.Exec("ROLLBACK TO unit; RELEASE unit");
+            tx.AfterRollbackToSavepoint();
+          }
+        }
+      }
+      results[i] = st;
+      if (st.ok()) {
+        events[i] = tx.TakeAppended();
+        ++committed_units;
+      }
+    }
+    Status commit;
+    if (committed_units == 0) {
+      commit = conn.Exec("ROLLBACK");
+    } else if (conn.in_failed_transaction()) {
+      // COMMIT would quietly roll back; say so instead.
+      commit = Internal("write failed: the transaction was aborted");
+    } else {
+      commit = conn.Exec("COMMIT");
+    }
+    if (!commit.ok()) {
+      (void)conn.Exec("ROLLBACK");
+      for (size_t i = 0; i < batch.size(); ++i) {
+        if (results[i].ok()) results[i] = commit;
+        events[i].clear();
+      }
+      committed_units = 0;
+    }
+  } else {
+    for (auto& r : results) r = begin;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (committed_units > 0) ++stats_.commits;
+    stats_.units += committed_units;
+    stats_.failed_units += static_cast<int64_t>(batch.size()) - committed_units;
+  }
+  if (listener_ && committed_units > 0) {
+    std::vector<Event> all;
+    for (auto& ev : events) all.insert(all.end(), ev.begin(), ev.end());
+    if (!all.empty()) listener_(all);
+  }
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (batch[i].done) batch[i].done(std::move(results[i]), std::move(events[i]));
+  }
+}
+
+}  // namespace keel::store::postgres

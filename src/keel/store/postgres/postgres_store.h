@@ -1,0 +1,101 @@
+#pragma once
+// PostgresStore: the shared store for several nodes (PostgreSQL 15, libpq), behind the same
+// Store interface as SqliteStore and with identical answers (DESIGN.md invariant 9).
+//
+// Owner: whoever opened it (the server). Threads: Read and Write may be called from any thread.
+// One writer thread owns one connection and commits queued units of work in batches exactly as
+// SqliteStore does: BEGIN; a SAVEPOINT per unit when the batch holds more than one, so a unit's
+// failure rolls back only itself; COMMIT; then the commit listener with the batch's events in
+// order, then each unit's done callback. A batch holds at most 64 units (PostgreSQL's cache of
+// subtransactions per transaction). Reads run on the calling thread in a REPEATABLE READ
+// READ ONLY transaction on a connection from a small pool (created on demand).
+//
+// Invariants:
+//   1. Write transactions are serial across all nodes: each takes one cluster-wide advisory
+//      lock at BEGIN and holds it to COMMIT. So a unit's read-check-write (claiming a run,
+//      intake's busy check) is atomic as with SQLite, and event positions, assigned under the
+//      lock, become visible in position order: no lower position can commit after a higher one
+//      was read (DESIGN.md section 7). Reads take no lock.
+//   2. Tenant isolation is enforced twice (DESIGN.md invariant 6): every query filters by
+//      tenant_id, and every tenant-scoped table has FORCE'd row-level security on
+//      `app.tenant_id` (set transaction-locally per call; see PostgresTx). A connection that
+//      set nothing sees no rows. Runtime-wide calls set `app.system` for that call only. FORCE
+//      matters because Keel's role owns the tables it migrates; a superuser or BYPASSRLS role
+//      skips the policies, so run Keel as an ordinary role.
+//   3. Migrations are versioned in schema_migrations and applied under a session advisory lock,
+//      so nodes starting together do not race; a schema newer than the binary is refused.
+//   4. A lost connection fails the current units with kUnavailable; the writer reconnects for
+//      the next batch and a reader drops the connection instead of pooling it.
+//
+// Durability: sync_full = false sets synchronous_commit = off on the writer connection (a
+// server crash may lose the last commits; the database stays consistent).
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "keel/store/store.h"
+
+namespace keel::store::postgres {
+
+class Conn;
+class PostgresTx;
+
+class PostgresStore final : public Store {
+ public:
+  // `url`: postgres://user[:password]@host[:port]/db[?param=value...] (libpq syntax).
+  static Result<std::unique_ptr<Store>> Open(const std::string& url, const StoreOptions& options);
+  ~PostgresStore() override;
+
+  Status Read(const std::function<Status(Tx&)>& fn) override;
+  void Write(WriteFn fn, WriteDone done) override;
+  void SetCommitListener(std::function<void(const std::vector<Event>&)> listener) override {
+    listener_ = std::move(listener);
+  }
+  std::string origin() const override { return options_.origin; }
+  StoreStats stats() const override;
+  void Close() override;
+
+ private:
+  struct Unit {
+    WriteFn fn;
+    WriteDone done;
+  };
+  // A connection with its Tx; the writer's and each pooled reader's.
+  struct Session {
+    std::unique_ptr<Conn> conn;
+    std::unique_ptr<PostgresTx> tx;
+  };
+
+  PostgresStore(std::string url, StoreOptions options);
+  Result<std::unique_ptr<Session>> Connect(bool writer);
+  Status Migrate(Conn& conn);
+  Status MigrateLocked(Conn& conn);
+  // Opens BEGIN on the writer session, reconnecting once when the connection was lost.
+  Status BeginWrite();
+  void WriterLoop();
+  void CommitBatch(std::vector<Unit>& batch);
+
+  const std::string url_;
+  const StoreOptions options_;
+
+  std::unique_ptr<Session> writer_;  // owned by the writer thread once started
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Unit> queue_;  // GUARDED_BY(mu_)
+  bool closing_ = false;    // GUARDED_BY(mu_)
+  StoreStats stats_;        // GUARDED_BY(mu_)
+
+  std::mutex readers_mu_;
+  std::vector<std::unique_ptr<Session>> idle_readers_;  // GUARDED_BY(readers_mu_)
+
+  std::function<void(const std::vector<Event>&)> listener_;
+  std::thread writer_thread_;
+};
+
+}  // namespace keel::store::postgres

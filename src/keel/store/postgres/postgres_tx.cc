@@ -1,0 +1,844 @@
+#include "keel/store/postgres/postgres_tx.h"
+
+#include <algorithm>
+
+#include "keel/common/ids.h"
+
+namespace keel::store::postgres {
+namespace {
+
+Json ParseStored(const std::string& text) {
+  if (text.empty()) return nullptr;
+  Json j = Json::parse(text, nullptr, false);
+  return j.is_discarded() ? Json(nullptr) : j;
+}
+
+int ClampLimit(int limit) { return std::clamp(limit, 1, 500); }
+
+// SQLite reads a negative LIMIT as "no limit"; PostgreSQL's spelling of that is LIMIT NULL.
+std::optional<int64_t> LimitParam(int limit) {
+  if (limit < 0) return std::nullopt;
+  return limit;
+}
+
+std::string Placeholders(int n) {
+  std::string out;
+  for (int i = 1; i <= n; ++i) out += (i > 1 ? ",$" : "$") + std::to_string(i);
+  return out;
+}
+
+// Builds a page from `limit + 1` fetched rows: the extra row only says there is more.
+template <typename T, typename KeyFn>
+Paged<T> MakePage(std::vector<T> rows, int limit, KeyFn key) {
+  Paged<T> page;
+  if (static_cast<int>(rows.size()) > limit) {
+    rows.resize(limit);
+    page.next_cursor = EncodeCursor(key(rows.back()));
+  }
+  page.items = std::move(rows);
+  return page;
+}
+
+template <typename T, typename ReadFn>
+std::vector<T> Collect(const Rows& rows, ReadFn read) {
+  std::vector<T> out;
+  out.reserve(rows.size());
+  for (int i = 0; i < rows.size(); ++i) out.push_back(read(Row(rows, i)));
+  return out;
+}
+
+template <typename T, typename ReadFn>
+Result<T> One(const Rows& rows, ReadFn read, const std::string& what) {
+  if (rows.empty()) return NotFound(what);
+  return read(Row(rows, 0));
+}
+
+// A text[] literal for a parameter: {"a","b"} with quotes and backslashes escaped.
+std::string TextArray(const std::vector<std::string>& items) {
+  std::string out = "{";
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i) out += ',';
+    out += '"';
+    for (char c : items[i]) {
+      if (c == '"' || c == '\\') out += '\\';
+      out += c;
+    }
+    out += '"';
+  }
+  return out + "}";
+}
+
+Tenant ReadTenant(const Row& r) { return Tenant{r.Text(0), r.Text(1), r.Int(2)}; }
+
+constexpr const char* kTokenCols = "id, tenant_id, name, role, hash, created_at, revoked_at";
+Token ReadToken(const Row& s) {
+  Token t;
+  t.id = s.Text(0);
+  t.tenant_id = s.Text(1);
+  t.name = s.Text(2);
+  t.role = s.Text(3);
+  t.hash = s.Text(4);
+  t.created_at = s.Int(5);
+  t.revoked_at = s.OptInt(6);
+  return t;
+}
+
+constexpr const char* kAgentCols =
+    "id, tenant_id, name, model, instructions, tools, config, status, created_at, updated_at";
+Agent ReadAgent(const Row& s) {
+  Agent a;
+  a.id = s.Text(0);
+  a.tenant_id = s.Text(1);
+  a.name = s.Text(2);
+  a.model = s.Text(3);
+  a.instructions = s.Text(4);
+  a.tools = ParseStored(s.Text(5));
+  a.config = ParseStored(s.Text(6));
+  a.status = s.Text(7);
+  a.created_at = s.Int(8);
+  a.updated_at = s.Int(9);
+  return a;
+}
+
+constexpr const char* kSessionCols =
+    "id, tenant_id, agent_id, status, title, created_at, updated_at";
+Session ReadSession(const Row& s) {
+  Session x;
+  x.id = s.Text(0);
+  x.tenant_id = s.Text(1);
+  x.agent_id = s.Text(2);
+  x.status = s.Text(3);
+  x.title = s.Text(4);
+  x.created_at = s.Int(5);
+  x.updated_at = s.Int(6);
+  return x;
+}
+
+constexpr const char* kMessageCols =
+    "id, tenant_id, session_id, run_id, role, content, idempotency_key, created_at";
+Message ReadMessage(const Row& s) {
+  Message m;
+  m.id = s.Text(0);
+  m.tenant_id = s.Text(1);
+  m.session_id = s.Text(2);
+  m.run_id = s.Text(3);
+  m.role = s.Text(4);
+  m.content = s.Text(5);
+  m.idempotency_key = s.Text(6);
+  m.created_at = s.Int(7);
+  return m;
+}
+
+constexpr const char* kRunCols =
+    "id, tenant_id, session_id, agent_id, message_id, status, attempt, output, error, "
+    "input_tokens, output_tokens, lease_owner, lease_expires_at, cancel_requested, created_at, "
+    "started_at, finished_at";
+Run ReadRun(const Row& s) {
+  Run r;
+  r.id = s.Text(0);
+  r.tenant_id = s.Text(1);
+  r.session_id = s.Text(2);
+  r.agent_id = s.Text(3);
+  r.message_id = s.Text(4);
+  r.status = s.Text(5);
+  r.attempt = static_cast<int>(s.Int(6));
+  r.output = s.Text(7);
+  r.error = ParseStored(s.Text(8));
+  r.input_tokens = s.Int(9);
+  r.output_tokens = s.Int(10);
+  r.lease_owner = s.Text(11);
+  r.lease_expires_at = s.Int(12);
+  r.cancel_requested = s.Int(13) != 0;
+  r.created_at = s.Int(14);
+  r.started_at = s.OptInt(15);
+  r.finished_at = s.OptInt(16);
+  return r;
+}
+
+constexpr const char* kStepCols =
+    "id, tenant_id, run_id, seq, kind, status, input, output, started_at, finished_at";
+Step ReadStep(const Row& s) {
+  Step x;
+  x.id = s.Text(0);
+  x.tenant_id = s.Text(1);
+  x.run_id = s.Text(2);
+  x.seq = static_cast<int>(s.Int(3));
+  x.kind = s.Text(4);
+  x.status = s.Text(5);
+  x.input = ParseStored(s.Text(6));
+  x.output = ParseStored(s.Text(7));
+  x.started_at = s.Int(8);
+  x.finished_at = s.OptInt(9);
+  return x;
+}
+
+constexpr const char* kToolCallCols =
+    "id, tenant_id, run_id, step_id, call_id, tool, arguments, effect_class, effect_key, status, "
+    "result, created_at, updated_at";
+ToolCall ReadToolCall(const Row& s) {
+  ToolCall c;
+  c.id = s.Text(0);
+  c.tenant_id = s.Text(1);
+  c.run_id = s.Text(2);
+  c.step_id = s.Text(3);
+  c.call_id = s.Text(4);
+  c.tool = s.Text(5);
+  c.arguments = ParseStored(s.Text(6));
+  c.effect_class = s.Text(7);
+  c.effect_key = s.Text(8);
+  c.status = s.Text(9);
+  c.result = ParseStored(s.Text(10));
+  c.created_at = s.Int(11);
+  c.updated_at = s.Int(12);
+  return c;
+}
+
+constexpr const char* kEventCols =
+    "position, id, tenant_id, type, origin, origin_seq, agent_id, session_id, run_id, payload, "
+    "occurred_at";
+Event ReadEvent(const Row& s) {
+  Event e;
+  e.position = s.Int(0);
+  e.id = s.Text(1);
+  e.tenant_id = s.Text(2);
+  e.type = s.Text(3);
+  e.origin = s.Text(4);
+  e.origin_seq = s.Int(5);
+  e.agent_id = s.Text(6);
+  e.session_id = s.Text(7);
+  e.run_id = s.Text(8);
+  e.payload = ParseStored(s.Text(9));
+  e.occurred_at = s.Int(10);
+  return e;
+}
+
+// "INSERT INTO table(cols) VALUES($1..$n) ON CONFLICT DO NOTHING RETURNING id": a duplicate
+// returns no row instead of aborting the transaction.
+std::string InsertSql(const char* table, const char* cols, int n) {
+  return std::string("INSERT INTO ") + table + "(" + cols + ") VALUES(" + Placeholders(n) +
+         ") ON CONFLICT DO NOTHING RETURNING id";
+}
+
+// Maps "no row inserted" (a duplicate) to kConflict with `message`. Other integrity errors
+// (a missing referenced row) are kConflict with PostgreSQL's message, as SQLite's are.
+Status Inserted(const Result<Rows>& rows, const std::string& message) {
+  if (!rows.ok()) return rows.status();
+  if (rows->empty()) return Conflict(message);
+  return Status::Ok();
+}
+
+// Maps "no row updated" to kNotFound with `message`.
+Status Updated(const Result<Rows>& rows, const std::string& message) {
+  if (!rows.ok()) return rows.status();
+  if (rows->empty()) return NotFound(message);
+  return Status::Ok();
+}
+
+}  // namespace
+
+void PostgresTx::BeginTransaction() {
+  appended_.clear();
+  bound_tenant_.reset();
+}
+
+void PostgresTx::AfterRollbackToSavepoint() { bound_tenant_.reset(); }
+
+Status PostgresTx::BindTenant(const std::string& tenant_id) {
+  if (bound_tenant_ && *bound_tenant_ == tenant_id) return Status::Ok();
+  static const std::string kSql = "SELECT set_config('app.tenant_id', $1, true)";
+  KEEL_RETURN_IF_ERROR(conn_.Query(kSql, P(tenant_id)).status());
+  bound_tenant_ = tenant_id;
+  return Status::Ok();
+}
+
+Status PostgresTx::SetSystem(bool on) {
+  static const std::string kOn = "SELECT set_config('app.system', 'on', true)";
+  static const std::string kOff = "SELECT set_config('app.system', 'off', true)";
+  return conn_.Query(on ? kOn : kOff, Params()).status();
+}
+
+template <typename Fn>
+auto PostgresTx::AsSystem(Fn&& fn) -> decltype(fn()) {
+  KEEL_RETURN_IF_ERROR(SetSystem(true));
+  auto result = fn();
+  Status off = SetSystem(false);
+  if (result.ok() && !off.ok()) return off;
+  return result;
+}
+
+// ---- TenantStore
+
+Status PostgresTx::InsertTenant(const Tenant& t) {
+  static const std::string kSql = InsertSql("tenants", "id, name, created_at", 3);
+  return AsSystem([&] {
+    return Inserted(conn_.Query(kSql, P(t.id, t.name, t.created_at)),
+                    "tenant already exists: " + t.id);
+  });
+}
+
+Result<Tenant> PostgresTx::GetTenant(const std::string& id) {
+  static const std::string kSql = "SELECT id, name, created_at FROM tenants WHERE id=$1";
+  KEEL_RETURN_IF_ERROR(BindTenant(id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(id)));
+  return One<Tenant>(rows, ReadTenant, "tenant not found: " + id);
+}
+
+Result<std::vector<Tenant>> PostgresTx::ListTenants() {
+  static const std::string kSql = "SELECT id, name, created_at FROM tenants ORDER BY id";
+  return AsSystem([&]() -> Result<std::vector<Tenant>> {
+    KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, Params()));
+    return Collect<Tenant>(rows, ReadTenant);
+  });
+}
+
+// ---- TokenStore
+
+Status PostgresTx::InsertToken(const Token& t) {
+  static const std::string kSql = InsertSql("api_tokens", kTokenCols, 7);
+  KEEL_RETURN_IF_ERROR(BindTenant(t.tenant_id));
+  return Inserted(
+      conn_.Query(kSql, P(t.id, t.tenant_id, t.name, t.role, t.hash, t.created_at, t.revoked_at)),
+      "token already exists: " + t.id);
+}
+
+Result<Token> PostgresTx::FindActiveTokenByHash(const std::string& hash) {
+  static const std::string kSql = "SELECT " + std::string(kTokenCols) +
+                                  " FROM api_tokens WHERE hash=$1 AND revoked_at IS NULL";
+  return AsSystem([&]() -> Result<Token> {
+    KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(hash)));
+    return One<Token>(rows, ReadToken, "token not found");
+  });
+}
+
+Result<std::vector<Token>> PostgresTx::ListTokens(const std::string& tenant_id) {
+  static const std::string kSql = "SELECT " + std::string(kTokenCols) +
+                                  " FROM api_tokens WHERE tenant_id=$1 ORDER BY id";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id)));
+  return Collect<Token>(rows, ReadToken);
+}
+
+Status PostgresTx::RevokeToken(const std::string& tenant_id, const std::string& id, Millis at) {
+  static const std::string kSql =
+      "UPDATE api_tokens SET revoked_at=$1 WHERE tenant_id=$2 AND id=$3 AND revoked_at IS NULL "
+      "RETURNING id";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  return Updated(conn_.Query(kSql, P(at, tenant_id, id)), "token not found: " + id);
+}
+
+// ---- AgentStore
+
+Status PostgresTx::InsertAgent(const Agent& a) {
+  static const std::string kSql = InsertSql("agents", kAgentCols, 10);
+  KEEL_RETURN_IF_ERROR(BindTenant(a.tenant_id));
+  Status st = Inserted(conn_.Query(kSql, P(a.id, a.tenant_id, a.name, a.model, a.instructions,
+                                           DumpJson(a.tools), DumpJson(a.config), a.status,
+                                           a.created_at, a.updated_at)),
+                       "");
+  // As SqliteTx: any integrity failure of the insert is reported as the name being taken.
+  if (st.code() == Code::kConflict) return Conflict("an agent named '" + a.name + "' already exists");
+  return st;
+}
+
+Status PostgresTx::UpdateAgent(const Agent& a) {
+  // A rename onto a live agent's name updates nothing rather than failing the statement, so
+  // the transaction stays usable; the unique index still catches a concurrent rename.
+  static const std::string kSql =
+      "UPDATE agents SET name=$1, model=$2, instructions=$3, tools=$4, config=$5, status=$6, "
+      "updated_at=$7 WHERE tenant_id=$8 AND id=$9 AND ($6='deleted' OR NOT EXISTS ("
+      "SELECT 1 FROM agents o WHERE o.tenant_id=$8 AND o.name=$1 AND o.status != 'deleted' "
+      "AND o.id != $9)) RETURNING id";
+  static const std::string kExists = "SELECT 1 FROM agents WHERE tenant_id=$1 AND id=$2";
+  const std::string taken = "an agent named '" + a.name + "' already exists";
+  KEEL_RETURN_IF_ERROR(BindTenant(a.tenant_id));
+  auto rows = conn_.Query(kSql, P(a.name, a.model, a.instructions, DumpJson(a.tools),
+                                  DumpJson(a.config), a.status, a.updated_at, a.tenant_id, a.id));
+  if (!rows.ok()) {
+    if (rows.status().code() == Code::kConflict) return Conflict(taken);
+    return rows.status();
+  }
+  if (!rows->empty()) return Status::Ok();
+  KEEL_ASSIGN_OR_RETURN(auto exists, conn_.Query(kExists, P(a.tenant_id, a.id)));
+  if (exists.empty()) return NotFound("agent not found: " + a.id);
+  return Conflict(taken);
+}
+
+Result<Agent> PostgresTx::GetAgent(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql = "SELECT " + std::string(kAgentCols) +
+                                  " FROM agents WHERE tenant_id=$1 AND id=$2 AND "
+                                  "status != 'deleted'";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, id)));
+  return One<Agent>(rows, ReadAgent, "agent not found: " + id);
+}
+
+Result<Agent> PostgresTx::GetAgentByName(const std::string& tenant_id, const std::string& name) {
+  static const std::string kSql = "SELECT " + std::string(kAgentCols) +
+                                  " FROM agents WHERE tenant_id=$1 AND name=$2 AND "
+                                  "status != 'deleted'";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, name)));
+  return One<Agent>(rows, ReadAgent, "agent not found: " + name);
+}
+
+Result<Paged<Agent>> PostgresTx::ListAgents(const std::string& tenant_id, const Page& page) {
+  int limit = ClampLimit(page.limit);
+  static const std::string kSql = "SELECT " + std::string(kAgentCols) +
+                                  " FROM agents WHERE tenant_id=$1 AND id>$2 AND "
+                                  "status != 'deleted' ORDER BY id LIMIT $3";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows,
+                        conn_.Query(kSql, P(tenant_id, DecodeCursor(page.cursor), limit + 1)));
+  return MakePage(Collect<Agent>(rows, ReadAgent), limit, [](const Agent& a) { return a.id; });
+}
+
+Status PostgresTx::DeleteAgent(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql =
+      "UPDATE agents SET status='deleted' WHERE tenant_id=$1 AND id=$2 AND status != 'deleted' "
+      "RETURNING id";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  return Updated(conn_.Query(kSql, P(tenant_id, id)), "agent not found: " + id);
+}
+
+// ---- SessionStore
+
+Status PostgresTx::InsertSession(const Session& x) {
+  static const std::string kSql = InsertSql("sessions", kSessionCols, 7);
+  KEEL_RETURN_IF_ERROR(BindTenant(x.tenant_id));
+  return Inserted(conn_.Query(kSql, P(x.id, x.tenant_id, x.agent_id, x.status, x.title,
+                                      x.created_at, x.updated_at)),
+                  "session already exists: " + x.id);
+}
+
+Status PostgresTx::UpdateSessionStatus(const std::string& tenant_id, const std::string& id,
+                                       const std::string& status, Millis at) {
+  static const std::string kSql =
+      "UPDATE sessions SET status=$1, updated_at=$2 WHERE tenant_id=$3 AND id=$4 RETURNING id";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  return Updated(conn_.Query(kSql, P(status, at, tenant_id, id)), "session not found: " + id);
+}
+
+Result<Session> PostgresTx::GetSession(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql = "SELECT " + std::string(kSessionCols) +
+                                  " FROM sessions WHERE tenant_id=$1 AND id=$2";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, id)));
+  return One<Session>(rows, ReadSession, "session not found: " + id);
+}
+
+Result<Paged<Session>> PostgresTx::ListSessions(const std::string& tenant_id,
+                                                const std::string& agent_id, const Page& page) {
+  int limit = ClampLimit(page.limit);
+  static const std::string kSql = "SELECT " + std::string(kSessionCols) +
+                                  " FROM sessions WHERE tenant_id=$1 AND agent_id=$2 AND id>$3 "
+                                  "ORDER BY id LIMIT $4";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(
+      auto rows, conn_.Query(kSql, P(tenant_id, agent_id, DecodeCursor(page.cursor), limit + 1)));
+  return MakePage(Collect<Session>(rows, ReadSession), limit,
+                  [](const Session& x) { return x.id; });
+}
+
+// ---- MessageStore
+
+Status PostgresTx::InsertMessage(const Message& m) {
+  static const std::string kSql = InsertSql("messages", kMessageCols, 8);
+  KEEL_RETURN_IF_ERROR(BindTenant(m.tenant_id));
+  return Inserted(conn_.Query(kSql, P(m.id, m.tenant_id, m.session_id, m.run_id, m.role,
+                                      m.content, m.idempotency_key, m.created_at)),
+                  m.idempotency_key.empty()
+                      ? "message already exists: " + m.id
+                      : "a message with idempotency key '" + m.idempotency_key +
+                            "' already exists in session " + m.session_id);
+}
+
+Result<Message> PostgresTx::GetMessage(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql = "SELECT " + std::string(kMessageCols) +
+                                  " FROM messages WHERE tenant_id=$1 AND id=$2";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, id)));
+  return One<Message>(rows, ReadMessage, "message not found: " + id);
+}
+
+Result<std::optional<Message>> PostgresTx::FindByIdempotencyKey(const std::string& tenant_id,
+                                                               const std::string& session_id,
+                                                               const std::string& key) {
+  static const std::string kSql = "SELECT " + std::string(kMessageCols) +
+                                  " FROM messages WHERE tenant_id=$1 AND session_id=$2 "
+                                  "AND idempotency_key=$3";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, session_id, key)));
+  if (rows.empty()) return std::optional<Message>();
+  return std::optional<Message>(ReadMessage(Row(rows, 0)));
+}
+
+Result<Paged<Message>> PostgresTx::ListMessages(const std::string& tenant_id,
+                                                const std::string& session_id, const Page& page) {
+  int limit = ClampLimit(page.limit);
+  static const std::string kSql = "SELECT " + std::string(kMessageCols) +
+                                  " FROM messages WHERE tenant_id=$1 AND session_id=$2 "
+                                  "AND id>$3 ORDER BY id LIMIT $4";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, session_id,
+                                                       DecodeCursor(page.cursor), limit + 1)));
+  return MakePage(Collect<Message>(rows, ReadMessage), limit,
+                  [](const Message& m) { return m.id; });
+}
+
+Result<std::vector<Message>> PostgresTx::RecentMessages(const std::string& tenant_id,
+                                                        const std::string& session_id,
+                                                        const std::string& before_id, int limit) {
+  static const std::string kSql = "SELECT " + std::string(kMessageCols) +
+                                  " FROM messages WHERE tenant_id=$1 AND session_id=$2 "
+                                  "AND id<$3 ORDER BY id DESC LIMIT $4";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows,
+                        conn_.Query(kSql, P(tenant_id, session_id, before_id, LimitParam(limit))));
+  auto out = Collect<Message>(rows, ReadMessage);
+  std::reverse(out.begin(), out.end());
+  return out;
+}
+
+// ---- RunStore
+
+Status PostgresTx::InsertRun(const Run& r) {
+  static const std::string kSql = InsertSql("runs", kRunCols, 17);
+  KEEL_RETURN_IF_ERROR(BindTenant(r.tenant_id));
+  return Inserted(
+      conn_.Query(kSql, P(r.id, r.tenant_id, r.session_id, r.agent_id, r.message_id, r.status,
+                          r.attempt, r.output, r.error.is_null() ? std::string() : DumpJson(r.error),
+                          r.input_tokens, r.output_tokens, r.lease_owner, r.lease_expires_at,
+                          r.cancel_requested, r.created_at, r.started_at, r.finished_at)),
+      "run already exists: " + r.id);
+}
+
+Status PostgresTx::UpdateRun(const Run& r) {
+  static const std::string kSql =
+      "UPDATE runs SET status=$1, attempt=$2, output=$3, error=$4, input_tokens=$5, "
+      "output_tokens=$6, lease_owner=$7, lease_expires_at=$8, cancel_requested=$9, "
+      "started_at=$10, finished_at=$11 WHERE tenant_id=$12 AND id=$13 RETURNING id";
+  KEEL_RETURN_IF_ERROR(BindTenant(r.tenant_id));
+  return Updated(
+      conn_.Query(kSql, P(r.status, r.attempt, r.output,
+                          r.error.is_null() ? std::string() : DumpJson(r.error), r.input_tokens,
+                          r.output_tokens, r.lease_owner, r.lease_expires_at, r.cancel_requested,
+                          r.started_at, r.finished_at, r.tenant_id, r.id)),
+      "run not found: " + r.id);
+}
+
+Result<Run> PostgresTx::GetRun(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql = "SELECT " + std::string(kRunCols) +
+                                  " FROM runs WHERE tenant_id=$1 AND id=$2";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, id)));
+  return One<Run>(rows, ReadRun, "run not found: " + id);
+}
+
+Result<Paged<Run>> PostgresTx::ListRuns(const std::string& tenant_id,
+                                        const std::string& session_id, const Page& page) {
+  int limit = ClampLimit(page.limit);
+  // Two statements rather than "($2='' OR session_id=$2)", so each keeps its index.
+  static const std::string kAll = "SELECT " + std::string(kRunCols) +
+                                  " FROM runs WHERE tenant_id=$1 AND id>$2 ORDER BY id LIMIT $3";
+  static const std::string kOfSession =
+      "SELECT " + std::string(kRunCols) +
+      " FROM runs WHERE tenant_id=$1 AND session_id=$2 AND id>$3 ORDER BY id LIMIT $4";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  std::string cursor = DecodeCursor(page.cursor);
+  auto rows = session_id.empty()
+                  ? conn_.Query(kAll, P(tenant_id, cursor, limit + 1))
+                  : conn_.Query(kOfSession, P(tenant_id, session_id, cursor, limit + 1));
+  if (!rows.ok()) return rows.status();
+  return MakePage(Collect<Run>(*rows, ReadRun), limit, [](const Run& r) { return r.id; });
+}
+
+Result<int64_t> PostgresTx::CountActiveRuns(const std::string& tenant_id) {
+  static const std::string kSql =
+      "SELECT count(*) FROM runs WHERE tenant_id=$1 AND status IN ('queued','running')";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id)));
+  return rows.empty() ? 0 : rows.Int(0, 0);
+}
+
+Result<bool> PostgresTx::SessionBusy(const std::string& tenant_id,
+                                     const std::string& session_id) {
+  static const std::string kSql =
+      "SELECT 1 FROM runs WHERE tenant_id=$1 AND session_id=$2 AND status IN "
+      "('queued','running','waiting_for_approval') LIMIT 1";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, session_id)));
+  return !rows.empty();
+}
+
+Result<std::vector<Run>> PostgresTx::ClaimableRuns(Millis now, int limit) {
+  // Two index range scans on (status, id); an OR would scan the whole table.
+  static const std::string kSql =
+      "SELECT * FROM (SELECT " + std::string(kRunCols) + " FROM runs r WHERE r.status='queued' "
+      "AND NOT EXISTS (SELECT 1 FROM runs p WHERE p.session_id=r.session_id "
+      "AND p.status IN ('queued','running','waiting_for_approval') AND p.id<r.id) "
+      "UNION ALL SELECT " + std::string(kRunCols) + " FROM runs WHERE status='running' AND "
+      "lease_expires_at<$1) claimable ORDER BY id LIMIT $2";
+  return AsSystem([&]() -> Result<std::vector<Run>> {
+    KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(now, LimitParam(limit))));
+    return Collect<Run>(rows, ReadRun);
+  });
+}
+
+Status PostgresTx::ExpireLeasesOf(const std::string& owner) {
+  static const std::string kSql =
+      "UPDATE runs SET lease_expires_at=0 WHERE status='running' AND lease_owner=$1";
+  return AsSystem([&] { return conn_.Query(kSql, P(owner)).status(); });
+}
+
+Status PostgresTx::RenewLeases(const std::string& owner, const std::vector<std::string>& run_ids,
+                               Millis expires_at) {
+  static const std::string kSql =
+      "UPDATE runs SET lease_expires_at=$1 WHERE id = ANY($2::text[]) AND lease_owner=$3 AND "
+      "status='running'";
+  if (run_ids.empty()) return Status::Ok();
+  return AsSystem(
+      [&] { return conn_.Query(kSql, P(expires_at, TextArray(run_ids), owner)).status(); });
+}
+
+Status PostgresTx::InsertStep(const Step& x) {
+  static const std::string kSql = InsertSql("run_steps", kStepCols, 10);
+  KEEL_RETURN_IF_ERROR(BindTenant(x.tenant_id));
+  return Inserted(conn_.Query(kSql, P(x.id, x.tenant_id, x.run_id, x.seq, x.kind, x.status,
+                                      DumpJson(x.input), DumpJson(x.output), x.started_at,
+                                      x.finished_at)),
+                  "step " + std::to_string(x.seq) + " of run " + x.run_id + " already exists");
+}
+
+Status PostgresTx::UpdateStep(const Step& x) {
+  static const std::string kSql =
+      "UPDATE run_steps SET status=$1, output=$2, finished_at=$3 WHERE tenant_id=$4 AND id=$5 "
+      "RETURNING id";
+  KEEL_RETURN_IF_ERROR(BindTenant(x.tenant_id));
+  return Updated(
+      conn_.Query(kSql, P(x.status, DumpJson(x.output), x.finished_at, x.tenant_id, x.id)),
+      "step not found: " + x.id);
+}
+
+Result<std::vector<Step>> PostgresTx::ListSteps(const std::string& tenant_id,
+                                                const std::string& run_id) {
+  static const std::string kSql = "SELECT " + std::string(kStepCols) +
+                                  " FROM run_steps WHERE tenant_id=$1 AND run_id=$2 ORDER BY seq";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, run_id)));
+  return Collect<Step>(rows, ReadStep);
+}
+
+Status PostgresTx::InsertToolCall(const ToolCall& c) {
+  static const std::string kSql = InsertSql("tool_calls", kToolCallCols, 13);
+  KEEL_RETURN_IF_ERROR(BindTenant(c.tenant_id));
+  return Inserted(conn_.Query(kSql, P(c.id, c.tenant_id, c.run_id, c.step_id, c.call_id, c.tool,
+                                      DumpJson(c.arguments), c.effect_class, c.effect_key,
+                                      c.status, DumpJson(c.result), c.created_at, c.updated_at)),
+                  "tool call " + c.call_id + " of run " + c.run_id + " already exists");
+}
+
+Status PostgresTx::UpdateToolCall(const ToolCall& c) {
+  static const std::string kSql =
+      "UPDATE tool_calls SET status=$1, result=$2, updated_at=$3 WHERE tenant_id=$4 AND id=$5 "
+      "RETURNING id";
+  KEEL_RETURN_IF_ERROR(BindTenant(c.tenant_id));
+  return Updated(
+      conn_.Query(kSql, P(c.status, DumpJson(c.result), c.updated_at, c.tenant_id, c.id)),
+      "tool call not found: " + c.id);
+}
+
+Result<std::vector<ToolCall>> PostgresTx::ListToolCalls(const std::string& tenant_id,
+                                                        const std::string& run_id) {
+  static const std::string kSql = "SELECT " + std::string(kToolCallCols) +
+                                  " FROM tool_calls WHERE tenant_id=$1 AND run_id=$2 ORDER BY id";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, run_id)));
+  return Collect<ToolCall>(rows, ReadToolCall);
+}
+
+// ---- EventLog
+
+Status PostgresTx::Append(NewEvent n) {
+  Event& e = appended_.emplace_back();
+  e.id = NewId();
+  e.tenant_id = std::move(n.tenant_id);
+  e.type = std::move(n.type);
+  e.origin = origin_;
+  e.agent_id = std::move(n.agent_id);
+  e.session_id = std::move(n.session_id);
+  e.run_id = std::move(n.run_id);
+  e.payload = n.payload.is_object() ? std::move(n.payload) : Json::object();
+  e.occurred_at = NowMillis();
+  // origin_seq comes from the origin's counter row, updated in the same statement: a rolled
+  // back unit rolls the counter back too, so there is never a gap. (A max(origin_seq) subquery
+  // as in SQLite would see only the bound tenant's events under row-level security.)
+  static const std::string kSql =
+      "WITH seq AS (INSERT INTO event_origins(origin, last_seq) VALUES($4, 1) "
+      "ON CONFLICT (origin) DO UPDATE SET last_seq = event_origins.last_seq + 1 "
+      "RETURNING last_seq) "
+      "INSERT INTO events(id, tenant_id, type, origin, origin_seq, agent_id, session_id, run_id, "
+      "payload, occurred_at) VALUES($1,$2,$3,$4,(SELECT last_seq FROM seq),$5,$6,$7,$8,$9) "
+      "RETURNING position, origin_seq";
+  Status st = BindTenant(e.tenant_id);
+  if (st.ok()) {
+    auto rows = conn_.Query(kSql, P(e.id, e.tenant_id, e.type, e.origin, e.agent_id,
+                                    e.session_id, e.run_id, DumpJson(e.payload), e.occurred_at));
+    if (!rows.ok()) {
+      st = rows.status();
+    } else if (rows->empty()) {
+      st = Internal("event insert returned no row");
+    } else {
+      e.position = rows->Int(0, 0);
+      e.origin_seq = rows->Int(0, 1);
+    }
+  }
+  if (!st.ok()) appended_.pop_back();
+  return st;
+}
+
+Result<std::vector<Event>> PostgresTx::ReadEvents(const std::string& tenant_id, int64_t after,
+                                                  const EventFilter& f, int limit) {
+  static const std::string kSql =
+      "SELECT " + std::string(kEventCols) + " FROM events WHERE tenant_id=$1 AND position>$2 AND "
+      "($3='' OR agent_id=$3) AND ($4='' OR session_id=$4) AND ($5='' OR run_id=$5) "
+      "ORDER BY position LIMIT $6";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, after, f.agent_id, f.session_id,
+                                                       f.run_id, std::clamp(limit, 1, 1000))));
+  return Collect<Event>(rows, ReadEvent);
+}
+
+Result<int64_t> PostgresTx::LastPosition() {
+  static const std::string kSql = "SELECT coalesce(max(position), 0) FROM events";
+  return AsSystem([&]() -> Result<int64_t> {
+    KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, Params()));
+    return rows.empty() ? 0 : rows.Int(0, 0);
+  });
+}
+
+// Every text column is COLLATE "C" so comparisons and ORDER BY follow byte order, as SQLite's
+// BINARY collation does (list cursors are the last id). Times and counters are BIGINT like
+// SQLite's 64-bit INTEGER; booleans are 0/1; JSON is stored as text exactly as SqliteTx does.
+const std::vector<const char*>& Migrations() {
+  static const std::vector<const char*> kMigrations = {
+      // 1: the kernel's tables, with row-level security on every tenant-scoped one.
+      R"sql(
+CREATE TABLE tenants(
+  id TEXT COLLATE "C" PRIMARY KEY, name TEXT COLLATE "C" NOT NULL, created_at BIGINT NOT NULL);
+CREATE TABLE api_tokens(
+  id TEXT COLLATE "C" PRIMARY KEY, tenant_id TEXT COLLATE "C" NOT NULL REFERENCES tenants(id),
+  name TEXT COLLATE "C" NOT NULL, role TEXT COLLATE "C" NOT NULL,
+  hash TEXT COLLATE "C" NOT NULL UNIQUE, created_at BIGINT NOT NULL, revoked_at BIGINT);
+CREATE INDEX api_tokens_tenant ON api_tokens(tenant_id, id);
+CREATE TABLE agents(
+  id TEXT COLLATE "C" PRIMARY KEY, tenant_id TEXT COLLATE "C" NOT NULL REFERENCES tenants(id),
+  name TEXT COLLATE "C" NOT NULL, model TEXT COLLATE "C" NOT NULL,
+  instructions TEXT COLLATE "C" NOT NULL, tools TEXT COLLATE "C" NOT NULL,
+  config TEXT COLLATE "C" NOT NULL, status TEXT COLLATE "C" NOT NULL, created_at BIGINT NOT NULL,
+  updated_at BIGINT NOT NULL);
+CREATE UNIQUE INDEX agents_name ON agents(tenant_id, name) WHERE status != 'deleted';
+CREATE INDEX agents_tenant ON agents(tenant_id, id);
+CREATE TABLE sessions(
+  id TEXT COLLATE "C" PRIMARY KEY, tenant_id TEXT COLLATE "C" NOT NULL,
+  agent_id TEXT COLLATE "C" NOT NULL REFERENCES agents(id), status TEXT COLLATE "C" NOT NULL,
+  title TEXT COLLATE "C" NOT NULL, created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL);
+CREATE INDEX sessions_agent ON sessions(tenant_id, agent_id, id);
+CREATE TABLE messages(
+  id TEXT COLLATE "C" PRIMARY KEY, tenant_id TEXT COLLATE "C" NOT NULL,
+  session_id TEXT COLLATE "C" NOT NULL REFERENCES sessions(id), run_id TEXT COLLATE "C" NOT NULL,
+  role TEXT COLLATE "C" NOT NULL, content TEXT COLLATE "C" NOT NULL,
+  idempotency_key TEXT COLLATE "C" NOT NULL, created_at BIGINT NOT NULL);
+CREATE INDEX messages_session ON messages(session_id, id);
+CREATE UNIQUE INDEX messages_idempotency ON messages(session_id, idempotency_key)
+  WHERE idempotency_key != '';
+CREATE TABLE runs(
+  id TEXT COLLATE "C" PRIMARY KEY, tenant_id TEXT COLLATE "C" NOT NULL,
+  session_id TEXT COLLATE "C" NOT NULL REFERENCES sessions(id),
+  agent_id TEXT COLLATE "C" NOT NULL, message_id TEXT COLLATE "C" NOT NULL,
+  status TEXT COLLATE "C" NOT NULL, attempt BIGINT NOT NULL, output TEXT COLLATE "C" NOT NULL,
+  error TEXT COLLATE "C" NOT NULL, input_tokens BIGINT NOT NULL, output_tokens BIGINT NOT NULL,
+  lease_owner TEXT COLLATE "C" NOT NULL, lease_expires_at BIGINT NOT NULL,
+  cancel_requested BIGINT NOT NULL, created_at BIGINT NOT NULL, started_at BIGINT,
+  finished_at BIGINT);
+CREATE INDEX runs_session ON runs(session_id, id);
+CREATE INDEX runs_session_status ON runs(session_id, status);
+CREATE INDEX runs_tenant ON runs(tenant_id, id);
+CREATE INDEX runs_status ON runs(status, id);
+CREATE INDEX runs_tenant_status ON runs(tenant_id, status);
+CREATE TABLE run_steps(
+  id TEXT COLLATE "C" PRIMARY KEY, tenant_id TEXT COLLATE "C" NOT NULL,
+  run_id TEXT COLLATE "C" NOT NULL REFERENCES runs(id), seq BIGINT NOT NULL,
+  kind TEXT COLLATE "C" NOT NULL, status TEXT COLLATE "C" NOT NULL,
+  input TEXT COLLATE "C" NOT NULL, output TEXT COLLATE "C" NOT NULL, started_at BIGINT NOT NULL,
+  finished_at BIGINT, UNIQUE(run_id, seq));
+CREATE TABLE tool_calls(
+  id TEXT COLLATE "C" PRIMARY KEY, tenant_id TEXT COLLATE "C" NOT NULL,
+  run_id TEXT COLLATE "C" NOT NULL REFERENCES runs(id), step_id TEXT COLLATE "C" NOT NULL,
+  call_id TEXT COLLATE "C" NOT NULL, tool TEXT COLLATE "C" NOT NULL,
+  arguments TEXT COLLATE "C" NOT NULL, effect_class TEXT COLLATE "C" NOT NULL,
+  effect_key TEXT COLLATE "C" NOT NULL, status TEXT COLLATE "C" NOT NULL,
+  result TEXT COLLATE "C" NOT NULL, created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL,
+  UNIQUE(run_id, call_id));
+CREATE TABLE events(
+  position BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, id TEXT COLLATE "C" NOT NULL,
+  tenant_id TEXT COLLATE "C" NOT NULL, type TEXT COLLATE "C" NOT NULL,
+  origin TEXT COLLATE "C" NOT NULL, origin_seq BIGINT NOT NULL, agent_id TEXT COLLATE "C" NOT NULL,
+  session_id TEXT COLLATE "C" NOT NULL, run_id TEXT COLLATE "C" NOT NULL,
+  payload TEXT COLLATE "C" NOT NULL, occurred_at BIGINT NOT NULL, UNIQUE(origin, origin_seq));
+CREATE INDEX events_tenant ON events(tenant_id, position);
+-- The last origin_seq of each origin (a node or device), not tenant data: no row security.
+CREATE TABLE event_origins(origin TEXT COLLATE "C" PRIMARY KEY, last_seq BIGINT NOT NULL);
+
+ALTER TABLE tenants ENABLE ROW LEVEL SECURITY;
+ALTER TABLE tenants FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON tenants
+  USING (id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
+  WITH CHECK (id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
+)sql"
+      R"sql(
+ALTER TABLE api_tokens ENABLE ROW LEVEL SECURITY;
+ALTER TABLE api_tokens FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON api_tokens
+  USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
+  WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
+ALTER TABLE agents ENABLE ROW LEVEL SECURITY;
+ALTER TABLE agents FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON agents
+  USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
+  WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
+ALTER TABLE sessions ENABLE ROW LEVEL SECURITY;
+ALTER TABLE sessions FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON sessions
+  USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
+  WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
+ALTER TABLE messages ENABLE ROW LEVEL SECURITY;
+ALTER TABLE messages FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON messages
+  USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
+  WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
+ALTER TABLE runs ENABLE ROW LEVEL SECURITY;
+ALTER TABLE runs FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON runs
+  USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
+  WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
+ALTER TABLE run_steps ENABLE ROW LEVEL SECURITY;
+ALTER TABLE run_steps FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON run_steps
+  USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
+  WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
+ALTER TABLE tool_calls ENABLE ROW LEVEL SECURITY;
+ALTER TABLE tool_calls FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON tool_calls
+  USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
+  WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
+ALTER TABLE events ENABLE ROW LEVEL SECURITY;
+ALTER TABLE events FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON events
+  USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
+  WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
+)sql",
+  };
+  return kMigrations;
+}
+
+}  // namespace keel::store::postgres

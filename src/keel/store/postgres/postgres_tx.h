@@ -1,0 +1,136 @@
+#pragma once
+// PostgresTx: every storage port implemented on one PostgreSQL connection, with the same
+// answers and error codes as SqliteTx. One PostgresTx is bound to one Conn for its lifetime and
+// reused across transactions on that connection; it is used by the thread that owns the
+// connection only (the writer thread, or a reader holding it).
+//
+// Tenant binding (DESIGN.md invariant 6): the tenant-scoped tables enforce row-level security
+// on `app.tenant_id`. Before a tenant-scoped call, the Tx sets it transaction-locally with
+// set_config when the call names a tenant other than the one already bound in this transaction
+// (so a unit that stays within one tenant pays for one set_config). The runtime-wide calls
+// (FindActiveTokenByHash, ListTenants, InsertTenant, ClaimableRuns, ExpireLeasesOf, RenewLeases,
+// LastPosition) switch `app.system` on for that call only and off again after it. Every query
+// still filters by tenant_id itself; the policies are the second line of defence.
+//
+// Invariants:
+//   1. bound_tenant_ is the value of app.tenant_id in the open transaction, or nullopt when it
+//      is not known (a new transaction, or a savepoint rolled back that may have changed it).
+//   2. app.system is 'on' only inside one runtime-wide call.
+//   3. Inserts use ON CONFLICT DO NOTHING and report kConflict when nothing was inserted, so a
+//      duplicate does not abort the transaction (a unit may go on, as it may with SQLite).
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "keel/store/postgres/pg_conn.h"
+#include "keel/store/store.h"
+
+namespace keel::store::postgres {
+
+class PostgresTx final : public Tx,
+                         public TenantStore,
+                         public TokenStore,
+                         public AgentStore,
+                         public SessionStore,
+                         public MessageStore,
+                         public RunStore,
+                         public EventLog {
+ public:
+  PostgresTx(Conn& conn, std::string origin) : conn_(conn), origin_(std::move(origin)) {}
+
+  // A transaction began: nothing from the previous one (settings, locks, events) carries over.
+  void BeginTransaction();
+  // Starts a new unit of work: forgets the events appended by the previous one.
+  void ResetUnit() { appended_.clear(); }
+  // The unit's savepoint was rolled back, undoing the settings and locks it took.
+  void AfterRollbackToSavepoint();
+  std::vector<Event> TakeAppended() { return std::move(appended_); }
+
+  TenantStore& tenants() override { return *this; }
+  TokenStore& tokens() override { return *this; }
+  AgentStore& agents() override { return *this; }
+  SessionStore& sessions() override { return *this; }
+  MessageStore& messages() override { return *this; }
+  RunStore& runs() override { return *this; }
+  EventLog& events() override { return *this; }
+  const std::vector<Event>& appended() const override { return appended_; }
+
+  // TenantStore
+  Status InsertTenant(const Tenant& t) override;
+  Result<Tenant> GetTenant(const std::string& id) override;
+  Result<std::vector<Tenant>> ListTenants() override;
+  // TokenStore
+  Status InsertToken(const Token& t) override;
+  Result<Token> FindActiveTokenByHash(const std::string& hash) override;
+  Result<std::vector<Token>> ListTokens(const std::string& tenant_id) override;
+  Status RevokeToken(const std::string& tenant_id, const std::string& id, Millis at) override;
+  // AgentStore
+  Status InsertAgent(const Agent& a) override;
+  Status UpdateAgent(const Agent& a) override;
+  Result<Agent> GetAgent(const std::string& tenant_id, const std::string& id) override;
+  Result<Agent> GetAgentByName(const std::string& tenant_id, const std::string& name) override;
+  Result<Paged<Agent>> ListAgents(const std::string& tenant_id, const Page& page) override;
+  Status DeleteAgent(const std::string& tenant_id, const std::string& id) override;
+  // SessionStore
+  Status InsertSession(const Session& s) override;
+  Status UpdateSessionStatus(const std::string& tenant_id, const std::string& id,
+                             const std::string& status, Millis at) override;
+  Result<Session> GetSession(const std::string& tenant_id, const std::string& id) override;
+  Result<Paged<Session>> ListSessions(const std::string& tenant_id, const std::string& agent_id,
+                                      const Page& page) override;
+  // MessageStore
+  Status InsertMessage(const Message& m) override;
+  Result<Message> GetMessage(const std::string& tenant_id, const std::string& id) override;
+  Result<std::optional<Message>> FindByIdempotencyKey(const std::string& tenant_id,
+                                                     const std::string& session_id,
+                                                     const std::string& key) override;
+  Result<Paged<Message>> ListMessages(const std::string& tenant_id, const std::string& session_id,
+                                      const Page& page) override;
+  Result<std::vector<Message>> RecentMessages(const std::string& tenant_id,
+                                              const std::string& session_id,
+                                              const std::string& before_id, int limit) override;
+  // RunStore
+  Status InsertRun(const Run& r) override;
+  Status UpdateRun(const Run& r) override;
+  Result<Run> GetRun(const std::string& tenant_id, const std::string& id) override;
+  Result<Paged<Run>> ListRuns(const std::string& tenant_id, const std::string& session_id,
+                              const Page& page) override;
+  Result<int64_t> CountActiveRuns(const std::string& tenant_id) override;
+  Result<bool> SessionBusy(const std::string& tenant_id, const std::string& session_id) override;
+  Result<std::vector<Run>> ClaimableRuns(Millis now, int limit) override;
+  Status ExpireLeasesOf(const std::string& owner) override;
+  Status RenewLeases(const std::string& owner, const std::vector<std::string>& run_ids,
+                     Millis expires_at) override;
+  Status InsertStep(const Step& s) override;
+  Status UpdateStep(const Step& s) override;
+  Result<std::vector<Step>> ListSteps(const std::string& tenant_id,
+                                      const std::string& run_id) override;
+  Status InsertToolCall(const ToolCall& c) override;
+  Status UpdateToolCall(const ToolCall& c) override;
+  Result<std::vector<ToolCall>> ListToolCalls(const std::string& tenant_id,
+                                              const std::string& run_id) override;
+  // EventLog
+  Status Append(NewEvent e) override;
+  Result<std::vector<Event>> ReadEvents(const std::string& tenant_id, int64_t after,
+                                        const EventFilter& filter, int limit) override;
+  Result<int64_t> LastPosition() override;
+
+ private:
+  // Binds the transaction to `tenant_id` (row-level security) unless it already is.
+  Status BindTenant(const std::string& tenant_id);
+  Status SetSystem(bool on);
+  // Runs `fn` with app.system on, and turns it off again whatever `fn` returned.
+  template <typename Fn>
+  auto AsSystem(Fn&& fn) -> decltype(fn());
+
+  Conn& conn_;
+  std::string origin_;
+  std::vector<Event> appended_;
+  std::optional<std::string> bound_tenant_;
+};
+
+// The schema, one entry per version; each applied in one transaction.
+const std::vector<const char*>& Migrations();
+
+}  // namespace keel::store::postgres

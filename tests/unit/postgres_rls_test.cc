@@ -1,0 +1,290 @@
+// Row-level security of the PostgreSQL store, seen from a raw libpq connection as the store's
+// role (`keel`): the store writes rows of two tenants into a fresh, migrated database, and plain
+// SQL then sees only the rows of the tenant named by the transaction-local `app.tenant_id`.
+//
+// Needs KEEL_TEST_PG_ADMIN_URL (a role that may create databases; `make test` sets it), like the
+// PostgreSQL cases of store_conformance_test.cc; skipped without it.
+
+#include <gtest/gtest.h>
+#include <libpq-fe.h>
+
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "keel/common/ids.h"
+#include "keel/store/store.h"
+
+namespace keel::store {
+namespace {
+
+constexpr const char* kPgSkip =
+    "PostgreSQL cases are off: set KEEL_TEST_PG_ADMIN_URL to a server role with CREATEDB "
+    "(`make test` starts a throwaway cluster and sets it; or run the binary under "
+    "scripts/with-pg.sh)";
+
+const char* PgAdminUrl() {
+  const char* v = std::getenv("KEEL_TEST_PG_ADMIN_URL");
+  return v && *v ? v : nullptr;
+}
+
+// postgres://[userinfo@]hostport[/db][?query], split so that user and database can be swapped.
+struct PgUrl {
+  std::string scheme, userinfo, hostport, db, query;
+
+  static PgUrl Parse(const std::string& url) {
+    PgUrl p;
+    size_t s = url.find("://");
+    std::string rest = url;
+    if (s != std::string::npos) {
+      p.scheme = url.substr(0, s + 3);
+      rest = url.substr(s + 3);
+    }
+    if (size_t q = rest.find('?'); q != std::string::npos) {
+      p.query = rest.substr(q);
+      rest.resize(q);
+    }
+    if (size_t slash = rest.find('/'); slash != std::string::npos) {
+      p.db = rest.substr(slash + 1);
+      rest.resize(slash);
+    }
+    if (size_t at = rest.rfind('@'); at != std::string::npos) {
+      p.userinfo = rest.substr(0, at);
+      p.hostport = rest.substr(at + 1);
+    } else {
+      p.hostport = rest;
+    }
+    return p;
+  }
+  std::string user() const { return userinfo.substr(0, userinfo.find(':')); }
+  std::string str() const {
+    return scheme + (userinfo.empty() ? "" : userinfo + "@") + hostport + "/" + db + query;
+  }
+};
+
+void IgnoreNotice(void*, const char*) {}
+
+// A libpq connection; Exec returns the result (checked by the caller).
+class PgConn {
+ public:
+  explicit PgConn(const std::string& url) : c_(PQconnectdb(url.c_str())) {
+    PQsetNoticeProcessor(c_, IgnoreNotice, nullptr);
+  }
+  ~PgConn() { PQfinish(c_); }
+  PgConn(const PgConn&) = delete;
+  PgConn& operator=(const PgConn&) = delete;
+  bool ok() const { return PQstatus(c_) == CONNECTION_OK; }
+  std::string error() const { return PQerrorMessage(c_); }
+
+  struct Res {
+    ExecStatusType status = PGRES_FATAL_ERROR;
+    std::string error;     // empty when the statement succeeded
+    std::string sqlstate;  // of the error
+    std::vector<std::vector<std::string>> rows;
+    std::string affected;  // PQcmdTuples
+  };
+  Res Exec(const std::string& sql, const std::vector<std::string>& params = {}) {
+    std::vector<const char*> values;
+    for (const auto& p : params) values.push_back(p.c_str());
+    PGresult* r = PQexecParams(c_, sql.c_str(), static_cast<int>(values.size()), nullptr,
+                               values.data(), nullptr, nullptr, 0);
+    Res out;
+    out.status = PQresultStatus(r);
+    if (out.status != PGRES_COMMAND_OK && out.status != PGRES_TUPLES_OK) {
+      out.error = PQresultErrorMessage(r);
+      const char* state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+      out.sqlstate = state ? state : "";
+      if (out.error.empty()) out.error = "failed: " + std::string(PQresStatus(out.status));
+    }
+    for (int i = 0; i < PQntuples(r); ++i) {
+      auto& row = out.rows.emplace_back();
+      for (int j = 0; j < PQnfields(r); ++j) row.emplace_back(PQgetvalue(r, i, j));
+    }
+    out.affected = PQcmdTuples(r);
+    PQclear(r);
+    return out;
+  }
+  // The single value of a one-row, one-column query ("<error: ...>" when it failed).
+  std::string Value(const std::string& sql, const std::vector<std::string>& params = {}) {
+    Res r = Exec(sql, params);
+    if (!r.error.empty()) return "<error: " + r.error + ">";
+    if (r.rows.size() != 1 || r.rows[0].size() != 1) return "<not one value>";
+    return r.rows[0][0];
+  }
+
+ private:
+  PGconn* c_;
+};
+
+std::string RandomDbName() {
+  static std::mt19937_64 rng(std::random_device{}() ^ static_cast<uint64_t>(NowMillis()) ^
+                             (static_cast<uint64_t>(::getpid()) << 32));
+  static const char* kHex = "0123456789abcdef";
+  std::string name = "keel_t_";
+  for (int i = 0; i < 16; ++i) name += kHex[rng() % 16];
+  return name;
+}
+
+class PostgresRlsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* admin = PgAdminUrl();
+    if (!admin) GTEST_SKIP() << kPgSkip;
+    admin_ = admin;
+    PgUrl store = PgUrl::Parse(admin_);
+    store.userinfo = "keel";
+    if (const char* u = std::getenv("KEEL_TEST_PG_URL"); u && *u) store = PgUrl::Parse(u);
+    role_ = store.user();
+    std::string name = RandomDbName();
+    store.db = name;
+    url_ = store.str();
+    {
+      PgConn c(admin_);
+      ASSERT_TRUE(c.ok()) << "cannot connect to KEEL_TEST_PG_ADMIN_URL: " << c.error();
+      auto r = c.Exec("CREATE DATABASE " + name + " OWNER \"" + role_ + "\"");
+      ASSERT_EQ(r.error, "");
+    }
+    db_ = name;
+
+    // Migrate and fill it through the store: tenant A has 3 agents and 3 sessions, B has 2.
+    StoreOptions o;
+    o.origin = "node-rls";
+    auto opened = OpenStore(url_, o);
+    ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+    std::unique_ptr<Store> s = std::move(opened).value();
+    a_ = Tenant{NewId(), "a", NowMillis()};
+    b_ = Tenant{NewId(), "b", NowMillis()};
+    Status st = s->WriteSync([&](Tx& tx) -> Status {
+      KEEL_RETURN_IF_ERROR(tx.tenants().InsertTenant(a_));
+      KEEL_RETURN_IF_ERROR(tx.tenants().InsertTenant(b_));
+      for (const auto& [t, n] : {std::pair{a_, 3}, std::pair{b_, 2}}) {
+        for (int i = 0; i < n; ++i) {
+          Agent ag;
+          ag.id = NewId();
+          ag.tenant_id = t.id;
+          ag.name = "agent-" + std::to_string(i);
+          ag.model = "local";
+          ag.created_at = ag.updated_at = NowMillis();
+          KEEL_RETURN_IF_ERROR(tx.agents().InsertAgent(ag));
+          KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(
+              Session{NewId(), t.id, ag.id, "idle", "s", NowMillis(), NowMillis()}));
+          KEEL_RETURN_IF_ERROR(tx.events().Append({t.id, "agent.created@v1", ag.id, "", "", {}}));
+        }
+      }
+      return Status::Ok();
+    });
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    s.reset();
+
+    conn_ = std::make_unique<PgConn>(url_);
+    ASSERT_TRUE(conn_->ok()) << "cannot connect as " << role_ << ": " << conn_->error();
+  }
+
+  void TearDown() override {
+    conn_.reset();
+    if (!db_.empty()) {
+      PgConn c(admin_);
+      auto r = c.Exec("DROP DATABASE IF EXISTS " + db_ + " WITH (FORCE)");
+      EXPECT_EQ(r.error, "");
+    }
+  }
+
+  std::string Count(const std::string& table, const std::string& where = "") {
+    return conn_->Value("SELECT count(*) FROM " + table + (where.empty() ? "" : " WHERE " + where));
+  }
+  void Begin(const std::string& tenant_id) {
+    ASSERT_EQ(conn_->Exec("BEGIN").error, "");
+    ASSERT_EQ(conn_->Value("SELECT set_config('app.tenant_id', $1, true)", {tenant_id}), tenant_id);
+  }
+
+  std::string admin_, url_, role_, db_;
+  Tenant a_, b_;
+  std::unique_ptr<PgConn> conn_;
+};
+
+TEST_F(PostgresRlsTest, TheStoreRoleIsNotSuperuserAndCannotBypassRls) {
+  EXPECT_EQ(conn_->Value("SELECT current_user"), role_);
+  auto r = conn_->Exec("SELECT rolsuper, rolbypassrls FROM pg_roles WHERE rolname = current_user");
+  ASSERT_EQ(r.error, "");
+  ASSERT_EQ(r.rows.size(), 1u);
+  EXPECT_EQ(r.rows[0][0], "f") << "role " << role_ << " is a superuser: RLS would not apply";
+  EXPECT_EQ(r.rows[0][1], "f") << "role " << role_ << " has BYPASSRLS";
+  // Row-level security is on for the tenant tables.
+  for (const char* table : {"agents", "sessions"}) {
+    EXPECT_EQ(conn_->Value("SELECT relrowsecurity FROM pg_class WHERE oid = $1::regclass",
+                           {table}),
+              "t")
+        << table;
+  }
+}
+
+TEST_F(PostgresRlsTest, WithoutATenantNoRowIsVisible) {
+  EXPECT_EQ(conn_->Value("SELECT current_setting('app.tenant_id', true) IS NULL "
+                         "OR current_setting('app.tenant_id', true) = ''"),
+            "t");
+  EXPECT_EQ(Count("agents"), "0");
+  EXPECT_EQ(Count("sessions"), "0");
+  EXPECT_EQ(Count("agents", "tenant_id = '" + a_.id + "'"), "0");
+  auto upd = conn_->Exec("UPDATE agents SET name = name || '-x'");
+  EXPECT_EQ(upd.error, "");
+  EXPECT_EQ(upd.affected, "0");
+}
+
+TEST_F(PostgresRlsTest, ATransactionLocalTenantSeesOnlyItsRows) {
+  ASSERT_NO_FATAL_FAILURE(Begin(a_.id));
+  EXPECT_EQ(Count("agents"), "3");
+  EXPECT_EQ(Count("sessions"), "3");
+  EXPECT_EQ(Count("agents", "tenant_id <> '" + a_.id + "'"), "0");
+  EXPECT_EQ(Count("agents", "tenant_id = '" + b_.id + "'"), "0");
+  // B's rows cannot be changed or deleted from A either.
+  auto upd = conn_->Exec("UPDATE agents SET name = name || '-x' WHERE tenant_id = $1", {b_.id});
+  EXPECT_EQ(upd.error, "");
+  EXPECT_EQ(upd.affected, "0");
+  auto del = conn_->Exec("DELETE FROM sessions WHERE tenant_id = $1", {b_.id});
+  EXPECT_EQ(del.error, "");
+  EXPECT_EQ(del.affected, "0");
+  ASSERT_EQ(conn_->Exec("COMMIT").error, "");
+
+  // The setting was local to that transaction: nothing is visible after it.
+  EXPECT_EQ(Count("agents"), "0");
+
+  ASSERT_NO_FATAL_FAILURE(Begin(b_.id));
+  EXPECT_EQ(Count("agents"), "2");
+  EXPECT_EQ(Count("sessions"), "2");
+  EXPECT_EQ(Count("agents", "name LIKE '%-x'"), "0");  // the UPDATE from A changed nothing
+  ASSERT_EQ(conn_->Exec("ROLLBACK").error, "");
+
+  ASSERT_NO_FATAL_FAILURE(Begin(NewId()));  // a tenant without rows
+  EXPECT_EQ(Count("agents"), "0");
+  ASSERT_EQ(conn_->Exec("ROLLBACK").error, "");
+}
+
+TEST_F(PostgresRlsTest, RowsForAnotherTenantCannotBeWritten) {
+  ASSERT_NO_FATAL_FAILURE(Begin(a_.id));
+  // A copy of one of A's agents, re-labelled as B's, is refused by the policy's check.
+  ASSERT_EQ(conn_->Exec("CREATE TEMP TABLE copy ON COMMIT DROP AS SELECT * FROM agents LIMIT 1")
+                .error,
+            "");
+  ASSERT_EQ(conn_->Exec("UPDATE copy SET id = $1, tenant_id = $2, name = 'intruder'",
+                        {NewId(), b_.id})
+                .error,
+            "");
+  auto ins = conn_->Exec("INSERT INTO agents SELECT * FROM copy");
+  EXPECT_NE(ins.error, "") << "an agent of tenant B was inserted while app.tenant_id was A";
+  EXPECT_EQ(ins.sqlstate, "42501") << ins.error;  // insufficient_privilege: RLS violation
+  ASSERT_EQ(conn_->Exec("ROLLBACK").error, "");
+  // Moving one of A's rows to B is refused the same way.
+  ASSERT_NO_FATAL_FAILURE(Begin(a_.id));
+  auto move = conn_->Exec("UPDATE agents SET tenant_id = $1", {b_.id});
+  EXPECT_NE(move.error, "") << "A's agents were moved to tenant B";
+  ASSERT_EQ(conn_->Exec("ROLLBACK").error, "");
+  ASSERT_NO_FATAL_FAILURE(Begin(b_.id));
+  EXPECT_EQ(Count("agents"), "2");
+  ASSERT_EQ(conn_->Exec("ROLLBACK").error, "");
+}
+
+}  // namespace
+}  // namespace keel::store

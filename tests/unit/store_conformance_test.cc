@@ -1,0 +1,1278 @@
+// The store conformance suite: every case runs against each backend behind store::Store
+// (`Conformance/StoreTest.<Case>/sqlite` and `.../postgres`), and
+// StoreCrossBackendTest compares the two backends on the same data.
+//
+// PostgreSQL cases need a server: KEEL_TEST_PG_ADMIN_URL names a role that may create databases
+// (`make test` starts a throwaway cluster and sets it; see scripts/with-pg.sh). Each case gets a
+// fresh database `keel_t_<random>` owned by the role `keel` (or the user of KEEL_TEST_PG_URL),
+// opens the store as that role, and drops the database afterwards. Without the variable the
+// PostgreSQL cases are skipped.
+
+#include <gtest/gtest.h>
+#include <libpq-fe.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <future>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+
+#include <unistd.h>
+
+#include "keel/common/ids.h"
+#include "keel/store/store.h"
+
+namespace keel::store {
+namespace {
+
+// ---------------------------------------------------------------- PostgreSQL test databases
+
+constexpr const char* kPgSkip =
+    "PostgreSQL cases are off: set KEEL_TEST_PG_ADMIN_URL to a server role with CREATEDB "
+    "(`make test` starts a throwaway cluster and sets it; or run the binary under "
+    "scripts/with-pg.sh)";
+
+const char* PgAdminUrl() {
+  const char* v = std::getenv("KEEL_TEST_PG_ADMIN_URL");
+  return v && *v ? v : nullptr;
+}
+
+// postgres://[userinfo@]hostport[/db][?query], split so that user and database can be swapped.
+struct PgUrl {
+  std::string scheme;  // "postgres://"
+  std::string userinfo;
+  std::string hostport;
+  std::string db;
+  std::string query;  // "?..." or empty
+
+  static PgUrl Parse(const std::string& url) {
+    PgUrl p;
+    size_t s = url.find("://");
+    std::string rest = url;
+    if (s != std::string::npos) {
+      p.scheme = url.substr(0, s + 3);
+      rest = url.substr(s + 3);
+    }
+    if (size_t q = rest.find('?'); q != std::string::npos) {
+      p.query = rest.substr(q);
+      rest.resize(q);
+    }
+    if (size_t slash = rest.find('/'); slash != std::string::npos) {
+      p.db = rest.substr(slash + 1);
+      rest.resize(slash);
+    }
+    if (size_t at = rest.rfind('@'); at != std::string::npos) {
+      p.userinfo = rest.substr(0, at);
+      p.hostport = rest.substr(at + 1);
+    } else {
+      p.hostport = rest;
+    }
+    return p;
+  }
+  std::string user() const { return userinfo.substr(0, userinfo.find(':')); }
+  std::string str() const {
+    return scheme + (userinfo.empty() ? "" : userinfo + "@") + hostport + "/" + db + query;
+  }
+};
+
+void IgnoreNotice(void*, const char*) {}
+
+// Runs one statement on a fresh connection to `conninfo`.
+Status PgExec(const std::string& conninfo, const std::string& sql) {
+  PGconn* c = PQconnectdb(conninfo.c_str());
+  if (PQstatus(c) != CONNECTION_OK) {
+    std::string err = PQerrorMessage(c);
+    PQfinish(c);
+    return Unavailable("cannot connect to KEEL_TEST_PG_ADMIN_URL: " + err);
+  }
+  PQsetNoticeProcessor(c, IgnoreNotice, nullptr);
+  PGresult* r = PQexec(c, sql.c_str());
+  Status st;
+  if (PQresultStatus(r) != PGRES_COMMAND_OK && PQresultStatus(r) != PGRES_TUPLES_OK) {
+    st = Internal(sql + ": " + PQresultErrorMessage(r));
+  }
+  PQclear(r);
+  PQfinish(c);
+  return st;
+}
+
+std::string RandomDbName() {
+  static std::mt19937_64 rng(std::random_device{}() ^
+                             static_cast<uint64_t>(NowMillis()) ^
+                             (static_cast<uint64_t>(::getpid()) << 32));
+  static const char* kHex = "0123456789abcdef";
+  std::string name = "keel_t_";
+  for (int i = 0; i < 16; ++i) name += kHex[rng() % 16];
+  return name;
+}
+
+// A fresh database on the server of KEEL_TEST_PG_ADMIN_URL, dropped on destruction.
+class PgTestDatabase {
+ public:
+  PgTestDatabase() = default;
+  PgTestDatabase(const PgTestDatabase&) = delete;
+  PgTestDatabase& operator=(const PgTestDatabase&) = delete;
+  ~PgTestDatabase() { Drop(); }
+
+  Status Create() {
+    const char* admin = PgAdminUrl();
+    if (!admin) return InvalidArgument(kPgSkip);
+    admin_ = admin;
+    // The store connects as the unprivileged role: KEEL_TEST_PG_URL's user, else `keel` on the
+    // admin URL's server.
+    PgUrl store = PgUrl::Parse(admin_);
+    store.userinfo = "keel";
+    if (const char* u = std::getenv("KEEL_TEST_PG_URL"); u && *u) store = PgUrl::Parse(u);
+    name_ = RandomDbName();
+    store.db = name_;
+    url_ = store.str();
+    Status st = PgExec(admin_, "CREATE DATABASE " + name_ + " OWNER \"" + store.user() + "\"");
+    if (!st.ok()) name_.clear();
+    return st;
+  }
+  void Drop() {
+    if (name_.empty()) return;
+    Status st = PgExec(admin_, "DROP DATABASE IF EXISTS " + name_ + " WITH (FORCE)");
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    name_.clear();
+  }
+  const std::string& url() const { return url_; }  // as the unprivileged role
+
+ private:
+  std::string admin_;
+  std::string name_;
+  std::string url_;
+};
+
+// ---------------------------------------------------------------- backends
+
+enum class Backend { kSqlite, kPostgres };
+
+std::string BackendName(Backend b) { return b == Backend::kSqlite ? "sqlite" : "postgres"; }
+void PrintTo(Backend b, std::ostream* os) { *os << BackendName(b); }
+
+// The storage behind one store: a temporary SQLite file or a fresh PostgreSQL database.
+class BackendDb {
+ public:
+  explicit BackendDb(Backend b) : backend_(b) {}
+  ~BackendDb() {
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+  Status Prepare() {
+    if (backend_ == Backend::kPostgres) {
+      KEEL_RETURN_IF_ERROR(pg_.Create());
+      url_ = pg_.url();
+    } else {
+      dir_ = std::filesystem::temp_directory_path() / ("keel-store-" + NewId());
+      std::filesystem::create_directories(dir_);
+      url_ = "sqlite://" + (dir_ / "keel.db").string();
+    }
+    return Status::Ok();
+  }
+  Result<std::unique_ptr<Store>> Open(const std::string& origin = "node-a") const {
+    StoreOptions o;
+    o.origin = origin;
+    return OpenStore(url_, o);
+  }
+  const std::string& url() const { return url_; }
+
+ private:
+  Backend backend_;
+  std::filesystem::path dir_;
+  PgTestDatabase pg_;
+  std::string url_;
+};
+
+// ---------------------------------------------------------------- helpers
+
+Tenant MakeTenant(Store& store, std::string id = NewId()) {
+  Tenant t{std::move(id), "t", NowMillis()};
+  Status st = store.WriteSync([&](Tx& tx) { return tx.tenants().InsertTenant(t); });
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return t;
+}
+
+Agent NewAgent(const Tenant& t, const std::string& name, std::string id = NewId()) {
+  Agent a;
+  a.id = std::move(id);
+  a.tenant_id = t.id;
+  a.name = name;
+  a.model = "local";
+  a.created_at = a.updated_at = NowMillis();
+  return a;
+}
+
+Agent MakeAgent(Store& store, const Tenant& t, const std::string& name) {
+  Agent a = NewAgent(t, name);
+  Status st = store.WriteSync([&](Tx& tx) { return tx.agents().InsertAgent(a); });
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return a;
+}
+
+Session NewSession(const Tenant& t, const Agent& a, std::string id = NewId()) {
+  return Session{std::move(id), t.id, a.id, "idle", "s", NowMillis(), NowMillis()};
+}
+
+store::Run NewRun(const Tenant& t, const Session& s, std::string id = NewId()) {
+  store::Run r;
+  r.id = std::move(id);
+  r.tenant_id = t.id;
+  r.session_id = s.id;
+  r.agent_id = s.agent_id;
+  r.created_at = NowMillis();
+  return r;
+}
+
+Message NewMessage(const Tenant& t, const Session& s, const std::string& key = "",
+                   std::string id = NewId()) {
+  Message m;
+  m.id = std::move(id);
+  m.tenant_id = t.id;
+  m.session_id = s.id;
+  m.role = "user";
+  m.content = "hello " + m.id;
+  m.idempotency_key = key;
+  m.created_at = NowMillis();
+  return m;
+}
+
+template <typename T>
+std::vector<std::string> Ids(const std::vector<T>& items) {
+  std::vector<std::string> ids;
+  for (const auto& x : items) ids.push_back(x.id);
+  return ids;
+}
+
+// Reads `fn`'s result in a read snapshot; fails the test when the read fails.
+template <typename T, typename Fn>
+T ReadValue(Store& store, Fn fn) {
+  T out{};
+  Status st = store.Read([&](Tx& tx) -> Status {
+    auto r = fn(tx);
+    if (!r.ok()) return r.status();
+    out = std::move(r).value();
+    return Status::Ok();
+  });
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return out;
+}
+
+// One page of a list as (item ids, next_cursor), and every page of a list.
+using IdPage = std::pair<std::vector<std::string>, std::string>;
+using Pages = std::vector<IdPage>;
+using PageFn = std::function<Result<IdPage>(Tx&, const Page&)>;
+
+template <typename T>
+Result<IdPage> ToIdPage(Result<Paged<T>> page) {
+  if (!page.ok()) return page.status();
+  return IdPage{Ids(page->items), page->next_cursor};
+}
+
+IdPage ReadPage(Store& store, const PageFn& list, const Page& page) {
+  return ReadValue<IdPage>(store, [&](Tx& tx) { return list(tx, page); });
+}
+
+Pages AllPages(Store& store, int limit, const PageFn& list) {
+  Pages pages;
+  std::string cursor;
+  do {
+    pages.push_back(ReadPage(store, list, {cursor, limit}));
+    cursor = pages.back().second;
+    if (pages.size() > 1000) {
+      ADD_FAILURE() << "pagination does not end";
+      break;
+    }
+  } while (!cursor.empty());
+  return pages;
+}
+
+// ---------------------------------------------------------------- the suite
+
+class StoreTest : public ::testing::TestWithParam<Backend> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Backend::kPostgres && !PgAdminUrl()) GTEST_SKIP() << kPgSkip;
+    db_ = std::make_unique<BackendDb>(GetParam());
+    Status st = db_->Prepare();
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    ASSERT_NO_FATAL_FAILURE(Open());
+  }
+  void TearDown() override {
+    store_.reset();
+    db_.reset();
+  }
+  void Open() {
+    store_.reset();
+    auto s = db_->Open("node-a");
+    ASSERT_TRUE(s.ok()) << BackendName(GetParam()) << ": " << s.status().ToString();
+    store_ = std::move(s).value();
+  }
+  Tenant MakeTenant() { return store::MakeTenant(*store_); }
+  Agent MakeAgent(const Tenant& t, const std::string& name) {
+    return store::MakeAgent(*store_, t, name);
+  }
+
+  std::unique_ptr<BackendDb> db_;
+  std::unique_ptr<Store> store_;
+};
+
+INSTANTIATE_TEST_SUITE_P(Conformance, StoreTest,
+                         ::testing::Values(Backend::kSqlite, Backend::kPostgres),
+                         [](const ::testing::TestParamInfo<Backend>& info) {
+                           return BackendName(info.param);
+                         });
+
+TEST_P(StoreTest, AppendAssignsGaplessOriginSeqAndIncreasingPositions) {
+  Tenant t = MakeTenant();
+  for (int i = 0; i < 10; ++i) {
+    Status st = store_->WriteSync([&](Tx& tx) -> Status {
+      KEEL_RETURN_IF_ERROR(tx.events().Append({t.id, "x.happened@v1", "", "", "", {{"i", i}}}));
+      // A failing unit in between must not leave a gap.
+      return Status::Ok();
+    });
+    ASSERT_TRUE(st.ok());
+    Status bad = store_->WriteSync([&](Tx& tx) -> Status {
+      KEEL_RETURN_IF_ERROR(tx.events().Append({t.id, "x.rolled_back@v1", "", "", "", {}}));
+      return Conflict("roll me back");
+    });
+    ASSERT_EQ(bad.code(), Code::kConflict);
+  }
+  std::vector<Event> events;
+  ASSERT_TRUE(store_->Read([&](Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(events, tx.events().ReadEvents(t.id, 0, {}, 100));
+    return Status::Ok();
+  }).ok());
+  ASSERT_EQ(events.size(), 10u);
+  for (size_t i = 0; i < events.size(); ++i) {
+    EXPECT_EQ(events[i].origin, "node-a");
+    EXPECT_EQ(events[i].origin_seq, static_cast<int64_t>(i + 1));
+    EXPECT_EQ(events[i].type, "x.happened@v1");
+    EXPECT_EQ(events[i].payload, Json({{"i", i}}));
+    if (i > 0) {
+      EXPECT_GT(events[i].position, events[i - 1].position);
+    }
+  }
+}
+
+TEST_P(StoreTest, FailedUnitRollsBackOnlyItselfWithinABatch) {
+  Tenant t = MakeTenant();
+  constexpr int kUnits = 200;
+  std::vector<std::promise<Status>> done(kUnits);
+  for (int i = 0; i < kUnits; ++i) {
+    store_->Write(
+        [&, i](Tx& tx) -> Status {
+          Agent a;
+          a.id = NewId();
+          a.tenant_id = t.id;
+          a.name = "agent-" + std::to_string(i % 2 == 0 ? i : 0);  // odd units collide on a name
+          a.model = "local";
+          KEEL_RETURN_IF_ERROR(tx.agents().InsertAgent(a));
+          return tx.events().Append({t.id, "agent.created@v1", a.id, "", "", {}});
+        },
+        [&done, i](Status s, std::vector<Event>) { done[i].set_value(s); });
+  }
+  int ok = 0, conflicts = 0;
+  for (auto& d : done) {
+    Status s = d.get_future().get();
+    if (s.ok()) {
+      ++ok;
+    } else if (s.code() == Code::kConflict) {
+      ++conflicts;
+      EXPECT_EQ(s.message(), "an agent named 'agent-0' already exists");
+    }
+  }
+  EXPECT_EQ(ok, kUnits / 2);  // the even ones, agent-0 included
+  EXPECT_EQ(conflicts, kUnits / 2);
+  Paged<Agent> page;
+  ASSERT_TRUE(store_->Read([&](Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(page, tx.agents().ListAgents(t.id, {"", 500}));
+    return Status::Ok();
+  }).ok());
+  EXPECT_EQ(page.items.size(), static_cast<size_t>(kUnits / 2));
+  // Group commit: far fewer fsyncs than units.
+  auto stats = store_->stats();
+  EXPECT_EQ(stats.failed_units, kUnits / 2);
+  EXPECT_LT(stats.commits, stats.units);
+  // Only the committed units' events exist, gapless.
+  auto events = ReadValue<std::vector<Event>>(
+      *store_, [&](Tx& tx) { return tx.events().ReadEvents(t.id, 0, {}, 1000); });
+  ASSERT_EQ(events.size(), static_cast<size_t>(kUnits / 2));
+  for (size_t i = 0; i < events.size(); ++i) {
+    EXPECT_EQ(events[i].origin_seq, static_cast<int64_t>(i + 1));
+  }
+}
+
+TEST_P(StoreTest, PaginationReturnsEveryItemOnce) {
+  Tenant t = MakeTenant();
+  for (int i = 0; i < 23; ++i) MakeAgent(t, "a" + std::to_string(i));
+  std::set<std::string> seen;
+  std::string cursor;
+  int pages = 0;
+  do {
+    Paged<Agent> page;
+    ASSERT_TRUE(store_->Read([&](Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(page, tx.agents().ListAgents(t.id, {cursor, 5}));
+      return Status::Ok();
+    }).ok());
+    for (const auto& a : page.items) EXPECT_TRUE(seen.insert(a.id).second);
+    cursor = page.next_cursor;
+    ++pages;
+  } while (!cursor.empty());
+  EXPECT_EQ(seen.size(), 23u);
+  EXPECT_EQ(pages, 5);
+}
+
+TEST_P(StoreTest, ListsAreOrderedByIdWhateverTheInsertOrder) {
+  Tenant t = MakeTenant();
+  // Ids made first, inserted shuffled: the order must come from the ids, not from the insert.
+  std::vector<std::string> ids;
+  for (int i = 0; i < 20; ++i) ids.push_back(NewId());
+  std::vector<std::string> shuffled = ids;
+  std::shuffle(shuffled.begin(), shuffled.end(), std::mt19937(7));
+  for (size_t i = 0; i < shuffled.size(); ++i) {
+    Agent a = NewAgent(t, "agent-" + std::to_string(i), shuffled[i]);
+    ASSERT_TRUE(store_->WriteSync([&](Tx& tx) { return tx.agents().InsertAgent(a); }).ok());
+  }
+  PageFn list = [&](Tx& tx, const Page& p) { return ToIdPage(tx.agents().ListAgents(t.id, p)); };
+  // A page exactly full at the end has no cursor; a cursor is never given for an empty rest.
+  for (int limit : {1, 4, 5, 20, 21, 500}) {
+    SCOPED_TRACE("limit " + std::to_string(limit));
+    Pages pages = AllPages(*store_, limit, list);
+    std::vector<std::string> all;
+    for (const auto& [page_ids, next] : pages) {
+      EXPECT_FALSE(page_ids.empty());
+      EXPECT_LE(static_cast<int>(page_ids.size()), limit);
+      all.insert(all.end(), page_ids.begin(), page_ids.end());
+    }
+    EXPECT_EQ(all, ids);
+    EXPECT_EQ(pages.size(), static_cast<size_t>((20 + limit - 1) / limit));
+    EXPECT_TRUE(pages.back().second.empty());
+  }
+  // A deleted agent leaves the list (cursors skip it), and its name is free again.
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) { return tx.agents().DeleteAgent(t.id, ids[3]); }).ok());
+  std::vector<std::string> expected = ids;
+  expected.erase(expected.begin() + 3);
+  std::vector<std::string> all;
+  for (const auto& [page_ids, next] : AllPages(*store_, 3, list)) {
+    all.insert(all.end(), page_ids.begin(), page_ids.end());
+  }
+  EXPECT_EQ(all, expected);
+  size_t j = std::find(shuffled.begin(), shuffled.end(), ids[3]) - shuffled.begin();
+  Agent reused = NewAgent(t, "agent-" + std::to_string(j));
+  EXPECT_TRUE(store_->WriteSync([&](Tx& tx) { return tx.agents().InsertAgent(reused); }).ok());
+}
+
+TEST_P(StoreTest, TenantsDoNotSeeEachOther) {
+  Tenant a = MakeTenant();
+  Tenant b = MakeTenant();
+  Agent agent = MakeAgent(a, "mine");
+  Status st = store_->Read([&](Tx& tx) -> Status {
+    EXPECT_TRUE(tx.agents().GetAgent(a.id, agent.id).ok());
+    EXPECT_EQ(tx.agents().GetAgent(b.id, agent.id).status().code(), Code::kNotFound);
+    return Status::Ok();
+  });
+  EXPECT_TRUE(st.ok());
+  // The same name is free in another tenant, taken in the same one.
+  MakeAgent(b, "mine");
+  Agent dup;
+  dup.id = NewId();
+  dup.tenant_id = a.id;
+  dup.name = "mine";
+  EXPECT_EQ(store_->WriteSync([&](Tx& tx) { return tx.agents().InsertAgent(dup); }).code(),
+            Code::kConflict);
+}
+
+TEST_P(StoreTest, AnotherTenantsObjectsAreNotFound) {
+  Tenant a = MakeTenant();
+  Tenant b = MakeTenant();
+  Agent agent = MakeAgent(a, "agent");
+  Session session = NewSession(a, agent);
+  store::Run run = NewRun(a, session);
+  Message msg = NewMessage(a, session, "key-1");
+  run.message_id = msg.id;
+  msg.run_id = run.id;
+  Step step{NewId(), a.id, run.id, 1, "model", "succeeded", Json::object(), Json::object(),
+            NowMillis(), std::nullopt};
+  ToolCall call;
+  call.id = NewId();
+  call.tenant_id = a.id;
+  call.run_id = run.id;
+  call.step_id = step.id;
+  call.call_id = "call-1";
+  call.tool = "notes.append";
+  call.effect_class = "once";
+  call.status = "proposed";
+  Token token{NewId(), a.id, "t", "owner", "hash-" + NewId(), NowMillis(), std::nullopt};
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(session));
+    KEEL_RETURN_IF_ERROR(tx.messages().InsertMessage(msg));
+    KEEL_RETURN_IF_ERROR(tx.runs().InsertRun(run));
+    KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(step));
+    KEEL_RETURN_IF_ERROR(tx.runs().InsertToolCall(call));
+    KEEL_RETURN_IF_ERROR(tx.tokens().InsertToken(token));
+    return tx.events().Append({a.id, "x@v1", agent.id, session.id, run.id, {}});
+  }).ok());
+
+  // Reads with tenant b: not found, empty lists.
+  ASSERT_TRUE(store_->Read([&](Tx& tx) -> Status {
+    auto ag = tx.agents().GetAgent(b.id, agent.id);
+    EXPECT_EQ(ag.status().code(), Code::kNotFound);
+    EXPECT_EQ(ag.status().message(), "agent not found: " + agent.id);
+    EXPECT_EQ(tx.agents().GetAgentByName(b.id, "agent").status().code(), Code::kNotFound);
+    auto se = tx.sessions().GetSession(b.id, session.id);
+    EXPECT_EQ(se.status().code(), Code::kNotFound);
+    EXPECT_EQ(se.status().message(), "session not found: " + session.id);
+    auto me = tx.messages().GetMessage(b.id, msg.id);
+    EXPECT_EQ(me.status().code(), Code::kNotFound);
+    EXPECT_EQ(me.status().message(), "message not found: " + msg.id);
+    auto ru = tx.runs().GetRun(b.id, run.id);
+    EXPECT_EQ(ru.status().code(), Code::kNotFound);
+    EXPECT_EQ(ru.status().message(), "run not found: " + run.id);
+    auto key = tx.messages().FindByIdempotencyKey(b.id, session.id, "key-1");
+    EXPECT_TRUE(key.ok() && !key->has_value());
+    EXPECT_TRUE(tx.agents().ListAgents(b.id, {"", 50})->items.empty());
+    EXPECT_TRUE(tx.sessions().ListSessions(b.id, agent.id, {"", 50})->items.empty());
+    EXPECT_TRUE(tx.messages().ListMessages(b.id, session.id, {"", 50})->items.empty());
+    EXPECT_TRUE(tx.messages().RecentMessages(b.id, session.id, NewId(), 10)->empty());
+    EXPECT_TRUE(tx.runs().ListRuns(b.id, session.id, {"", 50})->items.empty());
+    EXPECT_TRUE(tx.runs().ListRuns(b.id, "", {"", 50})->items.empty());
+    EXPECT_EQ(*tx.runs().CountActiveRuns(b.id), 0);
+    EXPECT_FALSE(*tx.runs().SessionBusy(b.id, session.id));
+    EXPECT_TRUE(tx.runs().ListSteps(b.id, run.id)->empty());
+    EXPECT_TRUE(tx.runs().ListToolCalls(b.id, run.id)->empty());
+    EXPECT_TRUE(tx.tokens().ListTokens(b.id)->empty());
+    EXPECT_TRUE(tx.events().ReadEvents(b.id, 0, {}, 100)->empty());
+    // ... and tenant a sees its own.
+    EXPECT_TRUE(tx.agents().GetAgent(a.id, agent.id).ok());
+    EXPECT_EQ(tx.runs().ListSteps(a.id, run.id)->size(), 1u);
+    EXPECT_EQ(tx.runs().ListToolCalls(a.id, run.id)->size(), 1u);
+    EXPECT_EQ(tx.events().ReadEvents(a.id, 0, {}, 100)->size(), 1u);
+    EXPECT_EQ(*tx.runs().CountActiveRuns(a.id), 1);
+    EXPECT_TRUE(*tx.runs().SessionBusy(a.id, session.id));
+    return Status::Ok();
+  }).ok());
+
+  // Writes with tenant b: not found, and nothing changes.
+  Agent renamed = agent;
+  renamed.tenant_id = b.id;
+  renamed.name = "stolen";
+  store::Run run_b = run;
+  run_b.tenant_id = b.id;
+  run_b.status = "cancelled";
+  Step step_b = step;
+  step_b.tenant_id = b.id;
+  step_b.status = "failed";
+  ToolCall call_b = call;
+  call_b.tenant_id = b.id;
+  call_b.status = "succeeded";
+  auto expect_not_found = [&](const WriteFn& fn, const std::string& message) {
+    Status st = store_->WriteSync(fn);
+    EXPECT_EQ(st.code(), Code::kNotFound) << st.ToString();
+    EXPECT_EQ(st.message(), message);
+  };
+  expect_not_found([&](Tx& tx) { return tx.agents().UpdateAgent(renamed); },
+                   "agent not found: " + agent.id);
+  expect_not_found([&](Tx& tx) { return tx.agents().DeleteAgent(b.id, agent.id); },
+                   "agent not found: " + agent.id);
+  expect_not_found(
+      [&](Tx& tx) { return tx.sessions().UpdateSessionStatus(b.id, session.id, "running", 1); },
+      "session not found: " + session.id);
+  expect_not_found([&](Tx& tx) { return tx.runs().UpdateRun(run_b); }, "run not found: " + run.id);
+  expect_not_found([&](Tx& tx) { return tx.runs().UpdateStep(step_b); },
+                   "step not found: " + step.id);
+  expect_not_found([&](Tx& tx) { return tx.runs().UpdateToolCall(call_b); },
+                   "tool call not found: " + call.id);
+  expect_not_found([&](Tx& tx) { return tx.tokens().RevokeToken(b.id, token.id, 1); },
+                   "token not found: " + token.id);
+  ASSERT_TRUE(store_->Read([&](Tx& tx) -> Status {
+    EXPECT_EQ(tx.agents().GetAgent(a.id, agent.id)->name, "agent");
+    EXPECT_EQ(tx.sessions().GetSession(a.id, session.id)->status, "idle");
+    EXPECT_EQ(tx.runs().GetRun(a.id, run.id)->status, "queued");
+    EXPECT_EQ(tx.runs().ListSteps(a.id, run.id)->at(0).status, "succeeded");
+    EXPECT_EQ(tx.runs().ListToolCalls(a.id, run.id)->at(0).status, "proposed");
+    EXPECT_TRUE(tx.tokens().FindActiveTokenByHash(token.hash).ok());
+    return Status::Ok();
+  }).ok());
+}
+
+TEST_P(StoreTest, NotFoundAndConflictCodesAndMessages) {
+  Tenant t = MakeTenant();
+  const std::string missing = NewId();
+  ASSERT_TRUE(store_->Read([&](Tx& tx) -> Status {
+    auto expect = [](const Status& st, Code code, const std::string& message) {
+      EXPECT_EQ(st.code(), code) << st.ToString();
+      EXPECT_EQ(st.message(), message);
+    };
+    expect(tx.tenants().GetTenant(missing).status(), Code::kNotFound,
+           "tenant not found: " + missing);
+    expect(tx.agents().GetAgent(t.id, missing).status(), Code::kNotFound,
+           "agent not found: " + missing);
+    expect(tx.agents().GetAgentByName(t.id, "nobody").status(), Code::kNotFound,
+           "agent not found: nobody");
+    expect(tx.sessions().GetSession(t.id, missing).status(), Code::kNotFound,
+           "session not found: " + missing);
+    expect(tx.messages().GetMessage(t.id, missing).status(), Code::kNotFound,
+           "message not found: " + missing);
+    expect(tx.runs().GetRun(t.id, missing).status(), Code::kNotFound,
+           "run not found: " + missing);
+    expect(tx.tokens().FindActiveTokenByHash("no-such-hash").status(), Code::kNotFound,
+           "token not found");
+    return Status::Ok();
+  }).ok());
+
+  Agent a = MakeAgent(t, "taken");
+  Agent b = MakeAgent(t, "other");
+  Agent dup = NewAgent(t, "taken");
+  Status st = store_->WriteSync([&](Tx& tx) { return tx.agents().InsertAgent(dup); });
+  EXPECT_EQ(st.code(), Code::kConflict);
+  EXPECT_EQ(st.message(), "an agent named 'taken' already exists");
+  // Renaming onto a taken name.
+  b.name = "taken";
+  st = store_->WriteSync([&](Tx& tx) { return tx.agents().UpdateAgent(b); });
+  EXPECT_EQ(st.code(), Code::kConflict);
+  EXPECT_EQ(st.message(), "an agent named 'taken' already exists");
+  // A deleted agent frees its name, and is not found any more.
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) { return tx.agents().DeleteAgent(t.id, a.id); }).ok());
+  st = store_->WriteSync([&](Tx& tx) { return tx.agents().DeleteAgent(t.id, a.id); });
+  EXPECT_EQ(st.code(), Code::kNotFound);
+  EXPECT_EQ(st.message(), "agent not found: " + a.id);
+  EXPECT_TRUE(store_->WriteSync([&](Tx& tx) { return tx.agents().InsertAgent(dup); }).ok());
+  // A duplicate primary key or unique (run, seq) is a conflict too.
+  Tenant again{t.id, "again", NowMillis()};
+  EXPECT_EQ(store_->WriteSync([&](Tx& tx) { return tx.tenants().InsertTenant(again); }).code(),
+            Code::kConflict);
+  Session s = NewSession(t, dup);
+  store::Run r = NewRun(t, s);
+  Step step{NewId(), t.id, r.id, 1, "model", "succeeded", Json::object(), Json::object(),
+            NowMillis(), std::nullopt};
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(s));
+    KEEL_RETURN_IF_ERROR(tx.runs().InsertRun(r));
+    return tx.runs().InsertStep(step);
+  }).ok());
+  Step same_seq = step;
+  same_seq.id = NewId();
+  EXPECT_EQ(store_->WriteSync([&](Tx& tx) { return tx.runs().InsertStep(same_seq); }).code(),
+            Code::kConflict);
+  EXPECT_EQ(store_->WriteSync([&](Tx& tx) { return tx.sessions().InsertSession(s); }).code(),
+            Code::kConflict);
+  // A conflict inside a unit rolls back the whole unit, and the store goes on.
+  Agent fresh = NewAgent(t, "fresh");
+  st = store_->WriteSync([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.agents().InsertAgent(fresh));
+    return tx.runs().InsertStep(same_seq);
+  });
+  EXPECT_EQ(st.code(), Code::kConflict);
+  ASSERT_TRUE(store_->Read([&](Tx& tx) -> Status {
+    EXPECT_EQ(tx.agents().GetAgentByName(t.id, "fresh").status().code(), Code::kNotFound);
+    return Status::Ok();
+  }).ok());
+  EXPECT_TRUE(store_->WriteSync([&](Tx& tx) { return tx.agents().InsertAgent(fresh); }).ok());
+}
+
+TEST_P(StoreTest, IdempotencyKeysAreUniquePerSession) {
+  Tenant t = MakeTenant();
+  Agent agent = MakeAgent(t, "a");
+  Session s1 = NewSession(t, agent);
+  Session s2 = NewSession(t, agent);
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(s1));
+    return tx.sessions().InsertSession(s2);
+  }).ok());
+  auto insert = [&](const Message& m) {
+    return store_->WriteSync([&](Tx& tx) { return tx.messages().InsertMessage(m); });
+  };
+  Message first = NewMessage(t, s1, "k");
+  ASSERT_TRUE(insert(first).ok());
+  EXPECT_EQ(insert(NewMessage(t, s1, "k")).code(), Code::kConflict);
+  EXPECT_TRUE(insert(NewMessage(t, s2, "k")).ok());  // another session: free
+  EXPECT_TRUE(insert(NewMessage(t, s1, "K")).ok());  // keys are case-sensitive
+  EXPECT_TRUE(insert(NewMessage(t, s1, "")).ok());   // no key: never a conflict
+  EXPECT_TRUE(insert(NewMessage(t, s1, "")).ok());
+  ASSERT_TRUE(store_->Read([&](Tx& tx) -> Status {
+    auto found = tx.messages().FindByIdempotencyKey(t.id, s1.id, "k");
+    EXPECT_TRUE(found.ok() && found->has_value());
+    if (found.ok() && found->has_value()) {
+      EXPECT_EQ((*found)->id, first.id);
+      EXPECT_EQ((*found)->content, first.content);
+    }
+    auto none = tx.messages().FindByIdempotencyKey(t.id, s1.id, "other");
+    EXPECT_TRUE(none.ok() && !none->has_value());
+    EXPECT_EQ(tx.messages().ListMessages(t.id, s1.id, {"", 50})->items.size(), 4u);
+    EXPECT_EQ(tx.messages().ListMessages(t.id, s2.id, {"", 50})->items.size(), 1u);
+    return Status::Ok();
+  }).ok());
+  // A unit that fails after inserting a keyed message leaves the key free.
+  Message rolled = NewMessage(t, s2, "later");
+  Status st = store_->WriteSync([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.messages().InsertMessage(rolled));
+    return Conflict("changed my mind");
+  });
+  EXPECT_EQ(st.code(), Code::kConflict);
+  EXPECT_EQ(st.message(), "changed my mind");
+  EXPECT_TRUE(insert(NewMessage(t, s2, "later")).ok());
+}
+
+TEST_P(StoreTest, ReopenKeepsDataAndContinuesTheSequence) {
+  Tenant t = MakeTenant();
+  std::vector<Event> first;
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) {
+    return tx.events().Append({t.id, "a@v1", "", "", "", {}});
+  }, &first).ok());
+  ASSERT_NO_FATAL_FAILURE(Open());
+  std::vector<Event> appended;
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) {
+    return tx.events().Append({t.id, "b@v1", "", "", "", {}});
+  }, &appended).ok());
+  ASSERT_EQ(appended.size(), 1u);
+  EXPECT_EQ(appended[0].origin_seq, 2);
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_GT(appended[0].position, first[0].position);
+  EXPECT_EQ(ReadValue<int64_t>(*store_, [](Tx& tx) { return tx.events().LastPosition(); }),
+            appended[0].position);
+}
+
+TEST_P(StoreTest, RecordsRoundTripThroughAReopen) {
+  Tenant t = MakeTenant();
+  Agent agent = NewAgent(t, "Agent Ünïcode ✓");
+  agent.instructions = "Line one.\nLine \"two\" with 'quotes' and \\ backslash.";
+  agent.tools = Json::array({"notes.append", "http.get"});
+  agent.config = {{"temperature", 0.5}, {"nested", {{"a", 1}, {"b", Json::array({true, nullptr})}}}};
+  Session session = NewSession(t, agent);
+  session.title = "Ti\ttle";
+  Message msg = NewMessage(t, session, "key-✓");
+  msg.content = std::string(70000, 'x') + " ünïcode ✓";
+  store::Run run = NewRun(t, session);
+  run.message_id = msg.id;
+  msg.run_id = run.id;
+  run.status = "running";
+  run.attempt = 3;
+  run.output = "out";
+  run.error = {{"code", "unavailable"}, {"message", "model down"}};
+  run.input_tokens = 1234567890123;
+  run.output_tokens = 42;
+  run.lease_owner = "node-a";
+  run.lease_expires_at = NowMillis() + 60000;
+  run.cancel_requested = true;
+  run.started_at = NowMillis();
+  Step step{NewId(), t.id, run.id, 1, "tool", "succeeded", {{"args", {{"x", 1}}}},
+            {{"ok", true}}, NowMillis(), NowMillis() + 5};
+  ToolCall call;
+  call.id = NewId();
+  call.tenant_id = t.id;
+  call.run_id = run.id;
+  call.step_id = step.id;
+  call.call_id = "call_abc";
+  call.tool = "notes.append";
+  call.arguments = {{"text", "hi ✓"}};
+  call.effect_class = "once";
+  call.effect_key = "ek";
+  call.status = "succeeded";
+  call.result = {{"lines", 3}};
+  call.created_at = NowMillis();
+  call.updated_at = call.created_at + 1;
+  Token token{NewId(), t.id, "ci", "user", "h-" + NewId(), NowMillis(), std::nullopt};
+  Json payload = {{"n", 1}, {"s", "✓"}, {"list", Json::array({1, 2, 3})}};
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.agents().InsertAgent(agent));
+    KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(session));
+    KEEL_RETURN_IF_ERROR(tx.messages().InsertMessage(msg));
+    KEEL_RETURN_IF_ERROR(tx.runs().InsertRun(run));
+    KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(step));
+    KEEL_RETURN_IF_ERROR(tx.runs().InsertToolCall(call));
+    KEEL_RETURN_IF_ERROR(tx.tokens().InsertToken(token));
+    return tx.events().Append({t.id, "all.written@v1", agent.id, session.id, run.id, payload});
+  }).ok());
+  ASSERT_NO_FATAL_FAILURE(Open());
+  ASSERT_TRUE(store_->Read([&](Tx& tx) -> Status {
+    auto tn = tx.tenants().GetTenant(t.id);
+    EXPECT_TRUE(tn.ok());
+    if (tn.ok()) {
+      EXPECT_EQ(tn->name, t.name);
+      EXPECT_EQ(tn->created_at, t.created_at);
+    }
+    KEEL_ASSIGN_OR_RETURN(Agent a, tx.agents().GetAgent(t.id, agent.id));
+    EXPECT_EQ(a.tenant_id, t.id);
+    EXPECT_EQ(a.name, agent.name);
+    EXPECT_EQ(a.model, agent.model);
+    EXPECT_EQ(a.instructions, agent.instructions);
+    EXPECT_EQ(a.tools, agent.tools);
+    EXPECT_EQ(a.config, agent.config);
+    EXPECT_EQ(a.status, "active");
+    EXPECT_EQ(a.created_at, agent.created_at);
+    EXPECT_EQ(a.updated_at, agent.updated_at);
+    EXPECT_EQ(tx.agents().GetAgentByName(t.id, agent.name)->id, agent.id);
+    KEEL_ASSIGN_OR_RETURN(Session s, tx.sessions().GetSession(t.id, session.id));
+    EXPECT_EQ(s.agent_id, agent.id);
+    EXPECT_EQ(s.status, "idle");
+    EXPECT_EQ(s.title, session.title);
+    EXPECT_EQ(s.created_at, session.created_at);
+    KEEL_ASSIGN_OR_RETURN(Message m, tx.messages().GetMessage(t.id, msg.id));
+    EXPECT_EQ(m.session_id, session.id);
+    EXPECT_EQ(m.run_id, run.id);
+    EXPECT_EQ(m.role, "user");
+    EXPECT_EQ(m.content, msg.content);
+    EXPECT_EQ(m.idempotency_key, "key-✓");
+    EXPECT_EQ(m.created_at, msg.created_at);
+    KEEL_ASSIGN_OR_RETURN(store::Run r, tx.runs().GetRun(t.id, run.id));
+    EXPECT_EQ(r.session_id, run.session_id);
+    EXPECT_EQ(r.agent_id, run.agent_id);
+    EXPECT_EQ(r.message_id, msg.id);
+    EXPECT_EQ(r.status, "running");
+    EXPECT_EQ(r.attempt, 3);
+    EXPECT_EQ(r.output, "out");
+    EXPECT_EQ(r.error, run.error);
+    EXPECT_EQ(r.input_tokens, run.input_tokens);
+    EXPECT_EQ(r.output_tokens, 42);
+    EXPECT_EQ(r.lease_owner, "node-a");
+    EXPECT_EQ(r.lease_expires_at, run.lease_expires_at);
+    EXPECT_TRUE(r.cancel_requested);
+    EXPECT_EQ(r.created_at, run.created_at);
+    EXPECT_EQ(r.started_at, run.started_at);
+    EXPECT_FALSE(r.finished_at.has_value());
+    KEEL_ASSIGN_OR_RETURN(auto steps, tx.runs().ListSteps(t.id, run.id));
+    EXPECT_EQ(steps.size(), 1u);
+    if (!steps.empty()) {
+      EXPECT_EQ(steps[0].id, step.id);
+      EXPECT_EQ(steps[0].kind, "tool");
+      EXPECT_EQ(steps[0].input, step.input);
+      EXPECT_EQ(steps[0].output, step.output);
+      EXPECT_EQ(steps[0].started_at, step.started_at);
+      EXPECT_EQ(steps[0].finished_at, step.finished_at);
+    }
+    KEEL_ASSIGN_OR_RETURN(auto calls, tx.runs().ListToolCalls(t.id, run.id));
+    EXPECT_EQ(calls.size(), 1u);
+    if (!calls.empty()) {
+      EXPECT_EQ(calls[0].step_id, step.id);
+      EXPECT_EQ(calls[0].call_id, "call_abc");
+      EXPECT_EQ(calls[0].tool, "notes.append");
+      EXPECT_EQ(calls[0].arguments, call.arguments);
+      EXPECT_EQ(calls[0].effect_class, "once");
+      EXPECT_EQ(calls[0].effect_key, "ek");
+      EXPECT_EQ(calls[0].status, "succeeded");
+      EXPECT_EQ(calls[0].result, call.result);
+      EXPECT_EQ(calls[0].updated_at, call.updated_at);
+    }
+    KEEL_ASSIGN_OR_RETURN(Token tk, tx.tokens().FindActiveTokenByHash(token.hash));
+    EXPECT_EQ(tk.id, token.id);
+    EXPECT_EQ(tk.tenant_id, t.id);
+    EXPECT_EQ(tk.role, "user");
+    EXPECT_FALSE(tk.revoked_at.has_value());
+    KEEL_ASSIGN_OR_RETURN(auto events, tx.events().ReadEvents(t.id, 0, {}, 10));
+    EXPECT_EQ(events.size(), 1u);
+    if (!events.empty()) {
+      EXPECT_EQ(events[0].type, "all.written@v1");
+      EXPECT_EQ(events[0].agent_id, agent.id);
+      EXPECT_EQ(events[0].session_id, session.id);
+      EXPECT_EQ(events[0].run_id, run.id);
+      EXPECT_EQ(events[0].payload, payload);
+      EXPECT_FALSE(events[0].id.empty());
+      EXPECT_GT(events[0].occurred_at, 0);
+    }
+    return Status::Ok();
+  }).ok());
+  // Revoked tokens are no longer found by hash.
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) {
+    return tx.tokens().RevokeToken(t.id, token.id, NowMillis());
+  }).ok());
+  ASSERT_TRUE(store_->Read([&](Tx& tx) -> Status {
+    EXPECT_EQ(tx.tokens().FindActiveTokenByHash(token.hash).status().code(), Code::kNotFound);
+    auto tokens = tx.tokens().ListTokens(t.id);
+    EXPECT_TRUE(tokens.ok() && tokens->size() == 1 && (*tokens)[0].revoked_at.has_value());
+    return Status::Ok();
+  }).ok());
+}
+
+TEST_P(StoreTest, EventPositionsFollowCommitOrderAndOriginSeqHasNoGaps) {
+  std::mutex mu;
+  std::vector<Event> committed;  // in commit order, as the listener sees them
+  store_->SetCommitListener([&](const std::vector<Event>& events) {
+    std::lock_guard<std::mutex> lock(mu);
+    committed.insert(committed.end(), events.begin(), events.end());
+  });
+  Tenant t = MakeTenant();
+  constexpr int kUnits = 150;
+  std::vector<std::promise<std::pair<Status, std::vector<Event>>>> done(kUnits);
+  // Two submitting threads; every third unit appends two events and then fails.
+  auto submit = [&](int first) {
+    for (int i = first; i < kUnits; i += 2) {
+      store_->Write(
+          [&t, i](Tx& tx) -> Status {
+            KEEL_RETURN_IF_ERROR(tx.events().Append({t.id, "u.first@v1", "", "", "", {{"i", i}}}));
+            KEEL_RETURN_IF_ERROR(tx.events().Append({t.id, "u.second@v1", "", "", "", {{"i", i}}}));
+            if (i % 3 == 0) return Conflict("unit " + std::to_string(i) + " rolls back");
+            return Status::Ok();
+          },
+          [&done, i](Status s, std::vector<Event> ev) { done[i].set_value({s, std::move(ev)}); });
+    }
+  };
+  std::thread a(submit, 0), b(submit, 1);
+  a.join();
+  b.join();
+  std::set<int> ok_units;
+  for (int i = 0; i < kUnits; ++i) {
+    auto [st, ev] = done[i].get_future().get();
+    if (i % 3 == 0) {
+      EXPECT_EQ(st.code(), Code::kConflict);
+      EXPECT_EQ(st.message(), "unit " + std::to_string(i) + " rolls back");
+    } else {
+      EXPECT_TRUE(st.ok()) << st.ToString();
+      ok_units.insert(i);
+      ASSERT_EQ(ev.size(), 2u);
+      EXPECT_EQ(ev[1].origin_seq, ev[0].origin_seq + 1);
+      EXPECT_GT(ev[1].position, ev[0].position);
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(committed.size(), ok_units.size() * 2);
+  for (size_t k = 0; k < committed.size(); ++k) {
+    EXPECT_EQ(committed[k].origin, "node-a");
+    EXPECT_EQ(committed[k].origin_seq, static_cast<int64_t>(k + 1)) << "at " << k;
+    if (k > 0) {
+      EXPECT_GT(committed[k].position, committed[k - 1].position) << "at " << k;
+    }
+    EXPECT_NE(committed[k].payload.value("i", 0) % 3, 0) << "a rolled-back event was published";
+  }
+  // The log reads back exactly as it was committed.
+  auto events = ReadValue<std::vector<Event>>(
+      *store_, [&](Tx& tx) { return tx.events().ReadEvents(t.id, 0, {}, 1000); });
+  ASSERT_EQ(events.size(), committed.size());
+  for (size_t k = 0; k < events.size(); ++k) {
+    EXPECT_EQ(events[k].id, committed[k].id);
+    EXPECT_EQ(events[k].position, committed[k].position);
+    EXPECT_EQ(events[k].origin_seq, committed[k].origin_seq);
+  }
+  EXPECT_EQ(ReadValue<int64_t>(*store_, [](Tx& tx) { return tx.events().LastPosition(); }),
+            committed.back().position);
+  // Reading after a position resumes exactly there.
+  int64_t middle = committed[committed.size() / 2].position;
+  auto rest = ReadValue<std::vector<Event>>(
+      *store_, [&](Tx& tx) { return tx.events().ReadEvents(t.id, middle, {}, 1000); });
+  ASSERT_EQ(rest.size(), committed.size() - committed.size() / 2 - 1);
+  EXPECT_EQ(rest.front().id, committed[committed.size() / 2 + 1].id);
+}
+
+TEST_P(StoreTest, ClaimableRunsAreSerialPerSession) {
+  Tenant t = MakeTenant();
+  Agent agent = MakeAgent(t, "a");
+  Session s1{NewId(), t.id, agent.id, "idle", "", 0, 0};
+  Session s2{NewId(), t.id, agent.id, "idle", "", 0, 0};
+  std::vector<store::Run> runs;
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(s1));
+    KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(s2));
+    for (const auto* s : {&s1, &s1, &s2}) {
+      store::Run r;
+      r.id = NewId();
+      r.tenant_id = t.id;
+      r.session_id = s->id;
+      r.agent_id = agent.id;
+      KEEL_RETURN_IF_ERROR(tx.runs().InsertRun(r));
+      runs.push_back(r);
+    }
+    return Status::Ok();
+  }).ok());
+  std::vector<store::Run> claimable;
+  ASSERT_TRUE(store_->Read([&](Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(claimable, tx.runs().ClaimableRuns(NowMillis(), 10));
+    return Status::Ok();
+  }).ok());
+  ASSERT_EQ(claimable.size(), 2u);  // the first of s1 and the one of s2
+  EXPECT_EQ(claimable[0].id, runs[0].id);
+  EXPECT_EQ(claimable[1].id, runs[2].id);
+}
+
+TEST_P(StoreTest, ClaimableRunsFollowSessionOrderLeasesAndTenants) {
+  Tenant t = MakeTenant();
+  Tenant u = MakeTenant();
+  Agent agent = MakeAgent(t, "a");
+  Agent other = MakeAgent(u, "a");
+  Session s1 = NewSession(t, agent);
+  Session s2 = NewSession(t, agent);
+  Session s3 = NewSession(u, other);  // runtime-wide: another tenant's runs are claimable too
+  // Ids in creation order: r[0], r[1], r[2] in s1; r[3] in s2; r[4] in s3.
+  std::vector<store::Run> r = {NewRun(t, s1), NewRun(t, s1), NewRun(t, s1), NewRun(t, s2),
+                               NewRun(u, s3)};
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) -> Status {
+    for (const auto* s : {&s1, &s2, &s3}) KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(*s));
+    // Inserted newest first: the order must come from the ids.
+    for (auto it = r.rbegin(); it != r.rend(); ++it) KEEL_RETURN_IF_ERROR(tx.runs().InsertRun(*it));
+    return Status::Ok();
+  }).ok());
+  auto claimable = [&](Millis now, int limit = 10) {
+    return Ids(ReadValue<std::vector<store::Run>>(
+        *store_, [&](Tx& tx) { return tx.runs().ClaimableRuns(now, limit); }));
+  };
+  auto update = [&](store::Run& run) {
+    Status st = store_->WriteSync([&](Tx& tx) { return tx.runs().UpdateRun(run); });
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  };
+  const Millis now = NowMillis();
+  EXPECT_EQ(claimable(now), (std::vector<std::string>{r[0].id, r[3].id, r[4].id}));
+  EXPECT_EQ(claimable(now, 2), (std::vector<std::string>{r[0].id, r[3].id}));
+  // r[0] runs under a live lease: nothing else of s1 is claimable.
+  r[0].status = "running";
+  r[0].lease_owner = "node-a";
+  r[0].lease_expires_at = now + 60000;
+  update(r[0]);
+  EXPECT_EQ(claimable(now), (std::vector<std::string>{r[3].id, r[4].id}));
+  // Its lease expires: r[0] itself is claimable again (and still blocks r[1]).
+  EXPECT_EQ(claimable(now + 120000), (std::vector<std::string>{r[0].id, r[3].id, r[4].id}));
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) { return tx.runs().ExpireLeasesOf("node-a"); }).ok());
+  EXPECT_EQ(claimable(now), (std::vector<std::string>{r[0].id, r[3].id, r[4].id}));
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) {
+    return tx.runs().RenewLeases("node-a", {r[0].id}, now + 60000);
+  }).ok());
+  EXPECT_EQ(claimable(now), (std::vector<std::string>{r[3].id, r[4].id}));
+  // Waiting for approval still blocks the session.
+  r[0].status = "waiting_for_approval";
+  update(r[0]);
+  EXPECT_EQ(claimable(now), (std::vector<std::string>{r[3].id, r[4].id}));
+  // Done: the next of s1 becomes claimable, in id order with the others.
+  r[0].status = "done";
+  r[0].finished_at = now;
+  update(r[0]);
+  EXPECT_EQ(claimable(now), (std::vector<std::string>{r[1].id, r[3].id, r[4].id}));
+  ASSERT_TRUE(store_->Read([&](Tx& tx) -> Status {
+    EXPECT_EQ(*tx.runs().CountActiveRuns(t.id), 3);
+    EXPECT_EQ(*tx.runs().CountActiveRuns(u.id), 1);
+    EXPECT_TRUE(*tx.runs().SessionBusy(t.id, s1.id));
+    return Status::Ok();
+  }).ok());
+}
+
+TEST_P(StoreTest, EventFiltersAndRecentMessages) {
+  Tenant t = MakeTenant();
+  Agent agent = MakeAgent(t, "a");
+  Session s1 = NewSession(t, agent);
+  Session s2 = NewSession(t, agent);
+  std::vector<Message> msgs;
+  for (int i = 0; i < 6; ++i) msgs.push_back(NewMessage(t, s1));
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(s1));
+    KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(s2));
+    for (auto it = msgs.rbegin(); it != msgs.rend(); ++it) {
+      KEEL_RETURN_IF_ERROR(tx.messages().InsertMessage(*it));
+    }
+    for (int i = 0; i < 6; ++i) {
+      const Session& s = i % 2 == 0 ? s1 : s2;
+      KEEL_RETURN_IF_ERROR(tx.events().Append(
+          {t.id, "e" + std::to_string(i) + "@v1", agent.id, s.id, i == 4 ? "run-x" : "", {}}));
+    }
+    return Status::Ok();
+  }).ok());
+  ASSERT_TRUE(store_->Read([&](Tx& tx) -> Status {
+    auto types = [](const std::vector<Event>& ev) {
+      std::vector<std::string> out;
+      for (const auto& e : ev) out.push_back(e.type);
+      return out;
+    };
+    EventFilter by_session;
+    by_session.session_id = s1.id;
+    EXPECT_EQ(types(*tx.events().ReadEvents(t.id, 0, by_session, 100)),
+              (std::vector<std::string>{"e0@v1", "e2@v1", "e4@v1"}));
+    EventFilter by_run;
+    by_run.run_id = "run-x";
+    EXPECT_EQ(types(*tx.events().ReadEvents(t.id, 0, by_run, 100)),
+              (std::vector<std::string>{"e4@v1"}));
+    EventFilter by_agent;
+    by_agent.agent_id = agent.id;
+    EXPECT_EQ(tx.events().ReadEvents(t.id, 0, by_agent, 100)->size(), 6u);
+    EXPECT_EQ(types(*tx.events().ReadEvents(t.id, 0, {}, 2)),
+              (std::vector<std::string>{"e0@v1", "e1@v1"}));
+    // The last 3 before msgs[5], oldest first.
+    EXPECT_EQ(Ids(*tx.messages().RecentMessages(t.id, s1.id, msgs[5].id, 3)),
+              (std::vector<std::string>{msgs[2].id, msgs[3].id, msgs[4].id}));
+    EXPECT_EQ(Ids(*tx.messages().RecentMessages(t.id, s1.id, msgs[1].id, 3)),
+              (std::vector<std::string>{msgs[0].id}));
+    EXPECT_EQ(Ids(tx.messages().ListMessages(t.id, s1.id, {"", 50})->items), Ids(msgs));
+    return Status::Ok();
+  }).ok());
+}
+
+TEST_P(StoreTest, ListRunsWithAndWithoutASessionFilter) {
+  Tenant t = MakeTenant();
+  Agent agent = MakeAgent(t, "a");
+  Session s1 = NewSession(t, agent);
+  Session s2 = NewSession(t, agent);
+  std::vector<store::Run> runs = {NewRun(t, s1), NewRun(t, s2), NewRun(t, s1)};
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(s1));
+    KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(s2));
+    for (const auto& r : runs) KEEL_RETURN_IF_ERROR(tx.runs().InsertRun(r));
+    return Status::Ok();
+  }).ok());
+  // Both forms, one after the other and back, in one process: neither may fix the other's query.
+  auto of = [&](const std::string& session_id) {
+    return Ids(ReadValue<Paged<store::Run>>(*store_, [&](Tx& tx) {
+                 return tx.runs().ListRuns(t.id, session_id, {"", 50});
+               }).items);
+  };
+  const std::vector<std::string> all = Ids(runs);
+  const std::vector<std::string> of_s1 = {runs[0].id, runs[2].id};
+  EXPECT_EQ(of(s1.id), of_s1);
+  EXPECT_EQ(of(""), all);
+  EXPECT_EQ(of(s2.id), std::vector<std::string>{runs[1].id});
+  EXPECT_EQ(of(""), all);
+}
+
+TEST(StoreUrlTest, RejectsUnknownSchemes) {
+  StoreOptions o;
+  o.origin = "x";
+  EXPECT_EQ(OpenStore("mysql://x", o).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(OpenStore("sqlite://", o).status().code(), Code::kInvalidArgument);
+}
+
+// ---------------------------------------------------------------- both backends at once
+
+// The same records written to both backends list in the same order with the same cursors,
+// page by page, for every limit.
+TEST(StoreCrossBackendTest, SameDataSameOrderAndCursors) {
+  if (!PgAdminUrl()) GTEST_SKIP() << kPgSkip;
+  BackendDb sqlite_db(Backend::kSqlite), pg_db(Backend::kPostgres);
+  ASSERT_TRUE(sqlite_db.Prepare().ok());
+  Status prepared = pg_db.Prepare();
+  ASSERT_TRUE(prepared.ok()) << prepared.ToString();
+  auto sq = sqlite_db.Open();
+  ASSERT_TRUE(sq.ok()) << sq.status().ToString();
+  auto pg = pg_db.Open();
+  ASSERT_TRUE(pg.ok()) << pg.status().ToString();
+  std::map<std::string, Store*> stores = {{"sqlite", sq->get()}, {"postgres", pg->get()}};
+
+  // One data set: ids made up front, inserted in a shuffled order, the same into both.
+  std::mt19937 rng(20261130);
+  Tenant t{NewId(), "t", NowMillis()};
+  Tenant u{NewId(), "u", NowMillis()};
+  std::vector<Agent> agents;
+  for (int i = 0; i < 17; ++i) agents.push_back(NewAgent(i % 4 == 3 ? u : t, "agent-" + std::to_string(i)));
+  std::vector<Session> sessions;
+  for (int i = 0; i < 11; ++i) sessions.push_back(NewSession(t, agents[0]));
+  std::vector<Message> messages;
+  for (int i = 0; i < 13; ++i) {
+    messages.push_back(NewMessage(t, sessions[0], i % 3 == 0 ? "key-" + std::to_string(i) : ""));
+  }
+  std::vector<store::Run> runs;
+  for (int i = 0; i < 12; ++i) runs.push_back(NewRun(t, sessions[i % 4]));
+  runs[1].status = "done";
+  runs[2].status = "running";
+  runs[2].lease_expires_at = 1;  // expired
+  runs[6].status = "running";
+  runs[6].lease_expires_at = NowMillis() + 3600000;
+  std::vector<Step> steps;
+  for (int seq : {3, 1, 4, 2}) {
+    steps.push_back(Step{NewId(), t.id, runs[0].id, seq, "model", "succeeded", Json::object(),
+                         Json::object(), NowMillis(), std::nullopt});
+  }
+  auto shuffled = [&](auto v) {
+    std::shuffle(v.begin(), v.end(), rng);
+    return v;
+  };
+  auto agents_in = shuffled(agents);
+  auto sessions_in = shuffled(sessions);
+  auto messages_in = shuffled(messages);
+  auto runs_in = shuffled(runs);
+  for (auto& [name, store] : stores) {
+    SCOPED_TRACE(name);
+    MakeTenant(*store, u.id);
+    Status st = store->WriteSync([&](Tx& tx) -> Status {
+      KEEL_RETURN_IF_ERROR(tx.tenants().InsertTenant(t));
+      for (const auto& a : agents_in) KEEL_RETURN_IF_ERROR(tx.agents().InsertAgent(a));
+      for (const auto& s : sessions_in) KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(s));
+      for (const auto& m : messages_in) KEEL_RETURN_IF_ERROR(tx.messages().InsertMessage(m));
+      for (const auto& r : runs_in) KEEL_RETURN_IF_ERROR(tx.runs().InsertRun(r));
+      for (const auto& s : steps) KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(s));
+      for (int i = 0; i < 9; ++i) {
+        KEEL_RETURN_IF_ERROR(tx.events().Append({t.id, "e" + std::to_string(i) + "@v1",
+                                                 agents[0].id, sessions[i % 2].id, "", {}}));
+      }
+      return Status::Ok();
+    });
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  }
+
+  std::map<std::string, PageFn> lists = {
+      {"agents of t",
+       [&](Tx& tx, const Page& p) { return ToIdPage(tx.agents().ListAgents(t.id, p)); }},
+      {"agents of u",
+       [&](Tx& tx, const Page& p) { return ToIdPage(tx.agents().ListAgents(u.id, p)); }},
+      {"sessions",
+       [&](Tx& tx, const Page& p) {
+         return ToIdPage(tx.sessions().ListSessions(t.id, agents[0].id, p));
+       }},
+      {"messages",
+       [&](Tx& tx, const Page& p) {
+         return ToIdPage(tx.messages().ListMessages(t.id, sessions[0].id, p));
+       }},
+      {"runs of a session",
+       [&](Tx& tx, const Page& p) { return ToIdPage(tx.runs().ListRuns(t.id, sessions[1].id, p)); }},
+      {"runs of the tenant",
+       [&](Tx& tx, const Page& p) { return ToIdPage(tx.runs().ListRuns(t.id, "", p)); }},
+  };
+  for (const auto& [what, list] : lists) {
+    for (int limit : {1, 2, 3, 5, 7, 12, 13, 50}) {
+      SCOPED_TRACE(what + ", limit " + std::to_string(limit));
+      Pages a = AllPages(*stores["sqlite"], limit, list);
+      Pages b = AllPages(*stores["postgres"], limit, list);
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t p = 0; p < a.size(); ++p) {
+        EXPECT_EQ(a[p].first, b[p].first) << "items of page " << p;
+        EXPECT_EQ(a[p].second, b[p].second) << "cursor of page " << p;
+      }
+      // A cursor from one backend continues the same list on the other.
+      if (a.size() > 1) {
+        EXPECT_EQ(ReadPage(*stores["postgres"], list, {a[0].second, limit}), a[1]);
+        EXPECT_EQ(ReadPage(*stores["sqlite"], list, {b[0].second, limit}), b[1]);
+      }
+    }
+  }
+  // Ids sorted, and every list is complete.
+  std::vector<std::string> expect_agents_t;
+  for (const auto& a : agents) {
+    if (a.tenant_id == t.id) expect_agents_t.push_back(a.id);
+  }
+  EXPECT_EQ(ReadPage(*stores["postgres"], lists["agents of t"], {"", 500}),
+            IdPage(expect_agents_t, ""));
+  EXPECT_EQ(ReadPage(*stores["postgres"], lists["messages"], {"", 500}), IdPage(Ids(messages), ""));
+
+  // Runtime-wide and unpaged reads agree too.
+  std::map<std::string, std::vector<std::string>> claimable, tenants, steps_read, recent, events;
+  std::map<std::string, std::vector<int64_t>> seqs;
+  for (auto& [name, store] : stores) {
+    ASSERT_TRUE(store->Read([&](Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(auto c, tx.runs().ClaimableRuns(NowMillis(), 100));
+      claimable[name] = Ids(c);
+      KEEL_ASSIGN_OR_RETURN(auto ts, tx.tenants().ListTenants());
+      tenants[name] = Ids(ts);
+      KEEL_ASSIGN_OR_RETURN(auto st, tx.runs().ListSteps(t.id, runs[0].id));
+      steps_read[name] = Ids(st);
+      for (const auto& s : st) seqs[name].push_back(s.seq);
+      KEEL_ASSIGN_OR_RETURN(auto rm, tx.messages().RecentMessages(t.id, sessions[0].id,
+                                                                  messages[10].id, 4));
+      recent[name] = Ids(rm);
+      EventFilter f;
+      f.session_id = sessions[1].id;
+      KEEL_ASSIGN_OR_RETURN(auto ev, tx.events().ReadEvents(t.id, 0, f, 100));
+      for (const auto& e : ev) events[name].push_back(e.type + "/" + std::to_string(e.origin_seq));
+      return Status::Ok();
+    }).ok());
+  }
+  EXPECT_EQ(claimable["sqlite"], claimable["postgres"]);
+  EXPECT_EQ(claimable["sqlite"].size(), 4u);  // the first queued run of each session, or expired
+  EXPECT_EQ(tenants["sqlite"], tenants["postgres"]);
+  EXPECT_EQ(steps_read["sqlite"], steps_read["postgres"]);
+  EXPECT_EQ(seqs["postgres"], (std::vector<int64_t>{1, 2, 3, 4}));
+  EXPECT_EQ(recent["sqlite"], recent["postgres"]);
+  EXPECT_EQ(recent["postgres"],
+            (std::vector<std::string>{messages[6].id, messages[7].id, messages[8].id,
+                                      messages[9].id}));
+  EXPECT_EQ(events["sqlite"], events["postgres"]);
+  EXPECT_EQ(events["postgres"].size(), 4u);
+}
+
+}  // namespace
+}  // namespace keel::store
