@@ -109,6 +109,16 @@ Status EnsureDemoAgent(store::Store& store, const std::string& tenant_id) {
   });
 }
 
+// The URL without its password, for logs: "postgres://keel:***@host/db".
+std::string RedactUrl(const std::string& url) {
+  auto scheme = url.find("://");
+  auto at = url.find('@');
+  if (scheme == std::string::npos || at == std::string::npos || at < scheme) return url;
+  auto colon = url.find(':', scheme + 3);
+  if (colon == std::string::npos || colon > at) return url;
+  return url.substr(0, colon + 1) + "***" + url.substr(at);
+}
+
 int Fail(const Status& st) {
   std::fprintf(stderr, "keel serve: %s\n", st.message().c_str());
   return st.code() == Code::kInvalidArgument ? 2 : 1;
@@ -178,7 +188,8 @@ int ServeMain(const ServeFlags& flags) {
   if (Status st = runtime.Start(); !st.ok()) return Fail(st);
   server.Start();
 
-  Log("listening on http://" + *bound + " (store " + config.store_url + ", origin " + *origin + ")");
+  Log("listening on http://" + *bound + " (store " + RedactUrl(config.store_url) + ", origin " +
+      *origin + ")");
   Log("owner token: " + config.home + "/owner.token");
 
   asio::signal_set signals(io, SIGINT, SIGTERM);

@@ -194,7 +194,8 @@ struct StoreOptions {
   int max_batch = 512;    // units per commit
 };
 
-// Opens a store from its URL: "sqlite:///path/keel.db" (or a plain path). Applies migrations.
+// Opens a store from its URL: "sqlite:///path/keel.db" (or a plain path), or
+// "postgres://user[:password]@host:port/db" (also "postgresql://"). Applies migrations.
 Result<std::unique_ptr<Store>> OpenStore(const std::string& url, const StoreOptions& options);
 
 // Encodes/decodes the opaque list cursor.

@@ -79,14 +79,15 @@ Result<std::unique_ptr<Conn>> Conn::Open(const std::string& url) {
     const char* port = PQport(c);
     std::string where = std::string(host && *host ? host : "(default host)") + ":" +
                         (port && *port ? port : "5432");
-    Status st = Unavailable("cannot connect to PostgreSQL at " + where + ": " +
-                            OneLine(PQerrorMessage(c)));
+    Status st =
+        Unavailable("cannot connect to PostgreSQL at " + where + ": " + OneLine(PQerrorMessage(c)));
     PQfinish(c);
     return st;
   }
   std::unique_ptr<Conn> conn(new Conn(c));
   // Notices (e.g. "relation already exists, skipping") are not errors; keep them off stderr.
-  PQsetNoticeProcessor(c, [](void*, const char*) {}, nullptr);
+  PQsetNoticeProcessor(
+      c, [](void*, const char*) {}, nullptr);
   return conn;
 }
 
@@ -110,13 +111,12 @@ Result<Rows> Conn::Finish(PGresult* r, std::string_view what) {
   ExecStatusType status = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
   if (status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK) return rows;
   if (broken()) {
-    return Unavailable(std::string(what) + ": connection to PostgreSQL lost: " +
-                       OneLine(PQerrorMessage(c_)));
+    return Unavailable(std::string(what) +
+                       ": connection to PostgreSQL lost: " + OneLine(PQerrorMessage(c_)));
   }
   const char* state = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : nullptr;
   const char* primary = r ? PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY) : nullptr;
-  std::string message =
-      std::string(what) + ": " + OneLine(primary ? primary : PQerrorMessage(c_));
+  std::string message = std::string(what) + ": " + OneLine(primary ? primary : PQerrorMessage(c_));
   if (!state) return Internal(std::move(message));
   return StatusFromSqlState(state, std::move(message));
 }

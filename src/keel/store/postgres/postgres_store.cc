@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <exception>
 
+#include "keel/common/log.h"
 #include "keel/store/postgres/pg_conn.h"
 #include "keel/store/postgres/postgres_tx.h"
 
@@ -38,6 +39,7 @@ Result<std::unique_ptr<Store>> PostgresStore::Open(const std::string& url,
   std::unique_ptr<PostgresStore> store(new PostgresStore(url, options));
   KEEL_ASSIGN_OR_RETURN(store->writer_, store->Connect(/*writer=*/true));
   KEEL_RETURN_IF_ERROR(store->Migrate(*store->writer_->conn));
+  KEEL_RETURN_IF_ERROR(store->WarnIfRowSecurityIsBypassed(*store->writer_->conn));
   store->writer_thread_ = std::thread([s = store.get()] { s->WriterLoop(); });
   return std::unique_ptr<Store>(std::move(store));
 }
@@ -67,11 +69,12 @@ Status PostgresStore::Migrate(Conn& conn) {
 }
 
 Status PostgresStore::MigrateLocked(Conn& conn) {
-  KEEL_RETURN_IF_ERROR(conn.Exec(
-      "CREATE TABLE IF NOT EXISTS schema_migrations(version BIGINT PRIMARY KEY, "
-      "applied_at BIGINT NOT NULL)"));
+  KEEL_RETURN_IF_ERROR(
+      conn.Exec("CREATE TABLE IF NOT EXISTS schema_migrations(version BIGINT PRIMARY KEY, "
+                "applied_at BIGINT NOT NULL)"));
   KEEL_ASSIGN_OR_RETURN(
-      auto rows, conn.QueryOnce("SELECT coalesce(max(version), 0) FROM schema_migrations", Params()));
+      auto rows,
+      conn.QueryOnce("SELECT coalesce(max(version), 0) FROM schema_migrations", Params()));
   int64_t current = rows.empty() ? 0 : rows.Int(0, 0);
   const auto& migrations = Migrations();
   if (current > static_cast<int64_t>(migrations.size())) {
@@ -92,6 +95,18 @@ Status PostgresStore::MigrateLocked(Conn& conn) {
       (void)conn.Exec("ROLLBACK");
       return Status(st.code(), "migration " + std::to_string(v) + " failed: " + st.message());
     }
+  }
+  return Status::Ok();
+}
+
+Status PostgresStore::WarnIfRowSecurityIsBypassed(Conn& conn) {
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn.QueryOnce("SELECT current_user, rolsuper OR rolbypassrls "
+                                                  "FROM pg_roles WHERE rolname = current_user",
+                                                  Params()));
+  if (!rows.empty() && rows.Text(0, 1) == "t") {
+    LogError("PostgreSQL role '" + rows.Text(0, 0) +
+             "' is a superuser or has BYPASSRLS: row-level security does not apply to it, so "
+             "tenant isolation rests on Keel's queries alone; run keel as an ordinary role");
   }
   return Status::Ok();
 }

@@ -75,6 +75,8 @@ class PostgresStore final : public Store {
   Result<std::unique_ptr<Session>> Connect(bool writer);
   Status Migrate(Conn& conn);
   Status MigrateLocked(Conn& conn);
+  // Logs an error when the role is exempt from row-level security (superuser or BYPASSRLS).
+  Status WarnIfRowSecurityIsBypassed(Conn& conn);
   // Opens BEGIN on the writer session, reconnecting once when the connection was lost.
   Status BeginWrite();
   void WriterLoop();

@@ -302,8 +302,8 @@ Status PostgresTx::InsertToken(const Token& t) {
 }
 
 Result<Token> PostgresTx::FindActiveTokenByHash(const std::string& hash) {
-  static const std::string kSql = "SELECT " + std::string(kTokenCols) +
-                                  " FROM api_tokens WHERE hash=$1 AND revoked_at IS NULL";
+  static const std::string kSql =
+      "SELECT " + std::string(kTokenCols) + " FROM api_tokens WHERE hash=$1 AND revoked_at IS NULL";
   return AsSystem([&]() -> Result<Token> {
     KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(hash)));
     return One<Token>(rows, ReadToken, "token not found");
@@ -311,8 +311,8 @@ Result<Token> PostgresTx::FindActiveTokenByHash(const std::string& hash) {
 }
 
 Result<std::vector<Token>> PostgresTx::ListTokens(const std::string& tenant_id) {
-  static const std::string kSql = "SELECT " + std::string(kTokenCols) +
-                                  " FROM api_tokens WHERE tenant_id=$1 ORDER BY id";
+  static const std::string kSql =
+      "SELECT " + std::string(kTokenCols) + " FROM api_tokens WHERE tenant_id=$1 ORDER BY id";
   KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
   KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id)));
   return Collect<Token>(rows, ReadToken);
@@ -331,12 +331,13 @@ Status PostgresTx::RevokeToken(const std::string& tenant_id, const std::string& 
 Status PostgresTx::InsertAgent(const Agent& a) {
   static const std::string kSql = InsertSql("agents", kAgentCols, 10);
   KEEL_RETURN_IF_ERROR(BindTenant(a.tenant_id));
-  Status st = Inserted(conn_.Query(kSql, P(a.id, a.tenant_id, a.name, a.model, a.instructions,
-                                           DumpJson(a.tools), DumpJson(a.config), a.status,
-                                           a.created_at, a.updated_at)),
-                       "");
+  Status st = Inserted(
+      conn_.Query(kSql, P(a.id, a.tenant_id, a.name, a.model, a.instructions, DumpJson(a.tools),
+                          DumpJson(a.config), a.status, a.created_at, a.updated_at)),
+      "");
   // As SqliteTx: any integrity failure of the insert is reported as the name being taken.
-  if (st.code() == Code::kConflict) return Conflict("an agent named '" + a.name + "' already exists");
+  if (st.code() == Code::kConflict)
+    return Conflict("an agent named '" + a.name + "' already exists");
   return st;
 }
 
@@ -419,8 +420,8 @@ Status PostgresTx::UpdateSessionStatus(const std::string& tenant_id, const std::
 }
 
 Result<Session> PostgresTx::GetSession(const std::string& tenant_id, const std::string& id) {
-  static const std::string kSql = "SELECT " + std::string(kSessionCols) +
-                                  " FROM sessions WHERE tenant_id=$1 AND id=$2";
+  static const std::string kSql =
+      "SELECT " + std::string(kSessionCols) + " FROM sessions WHERE tenant_id=$1 AND id=$2";
   KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
   KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, id)));
   return One<Session>(rows, ReadSession, "session not found: " + id);
@@ -444,8 +445,8 @@ Result<Paged<Session>> PostgresTx::ListSessions(const std::string& tenant_id,
 Status PostgresTx::InsertMessage(const Message& m) {
   static const std::string kSql = InsertSql("messages", kMessageCols, 8);
   KEEL_RETURN_IF_ERROR(BindTenant(m.tenant_id));
-  return Inserted(conn_.Query(kSql, P(m.id, m.tenant_id, m.session_id, m.run_id, m.role,
-                                      m.content, m.idempotency_key, m.created_at)),
+  return Inserted(conn_.Query(kSql, P(m.id, m.tenant_id, m.session_id, m.run_id, m.role, m.content,
+                                      m.idempotency_key, m.created_at)),
                   m.idempotency_key.empty()
                       ? "message already exists: " + m.id
                       : "a message with idempotency key '" + m.idempotency_key +
@@ -453,16 +454,16 @@ Status PostgresTx::InsertMessage(const Message& m) {
 }
 
 Result<Message> PostgresTx::GetMessage(const std::string& tenant_id, const std::string& id) {
-  static const std::string kSql = "SELECT " + std::string(kMessageCols) +
-                                  " FROM messages WHERE tenant_id=$1 AND id=$2";
+  static const std::string kSql =
+      "SELECT " + std::string(kMessageCols) + " FROM messages WHERE tenant_id=$1 AND id=$2";
   KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
   KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, id)));
   return One<Message>(rows, ReadMessage, "message not found: " + id);
 }
 
 Result<std::optional<Message>> PostgresTx::FindByIdempotencyKey(const std::string& tenant_id,
-                                                               const std::string& session_id,
-                                                               const std::string& key) {
+                                                                const std::string& session_id,
+                                                                const std::string& key) {
   static const std::string kSql = "SELECT " + std::string(kMessageCols) +
                                   " FROM messages WHERE tenant_id=$1 AND session_id=$2 "
                                   "AND idempotency_key=$3";
@@ -479,8 +480,8 @@ Result<Paged<Message>> PostgresTx::ListMessages(const std::string& tenant_id,
                                   " FROM messages WHERE tenant_id=$1 AND session_id=$2 "
                                   "AND id>$3 ORDER BY id LIMIT $4";
   KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
-  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, session_id,
-                                                       DecodeCursor(page.cursor), limit + 1)));
+  KEEL_ASSIGN_OR_RETURN(
+      auto rows, conn_.Query(kSql, P(tenant_id, session_id, DecodeCursor(page.cursor), limit + 1)));
   return MakePage(Collect<Message>(rows, ReadMessage), limit,
                   [](const Message& m) { return m.id; });
 }
@@ -505,10 +506,11 @@ Status PostgresTx::InsertRun(const Run& r) {
   static const std::string kSql = InsertSql("runs", kRunCols, 17);
   KEEL_RETURN_IF_ERROR(BindTenant(r.tenant_id));
   return Inserted(
-      conn_.Query(kSql, P(r.id, r.tenant_id, r.session_id, r.agent_id, r.message_id, r.status,
-                          r.attempt, r.output, r.error.is_null() ? std::string() : DumpJson(r.error),
-                          r.input_tokens, r.output_tokens, r.lease_owner, r.lease_expires_at,
-                          r.cancel_requested, r.created_at, r.started_at, r.finished_at)),
+      conn_.Query(kSql,
+                  P(r.id, r.tenant_id, r.session_id, r.agent_id, r.message_id, r.status, r.attempt,
+                    r.output, r.error.is_null() ? std::string() : DumpJson(r.error), r.input_tokens,
+                    r.output_tokens, r.lease_owner, r.lease_expires_at, r.cancel_requested,
+                    r.created_at, r.started_at, r.finished_at)),
       "run already exists: " + r.id);
 }
 
@@ -527,15 +529,15 @@ Status PostgresTx::UpdateRun(const Run& r) {
 }
 
 Result<Run> PostgresTx::GetRun(const std::string& tenant_id, const std::string& id) {
-  static const std::string kSql = "SELECT " + std::string(kRunCols) +
-                                  " FROM runs WHERE tenant_id=$1 AND id=$2";
+  static const std::string kSql =
+      "SELECT " + std::string(kRunCols) + " FROM runs WHERE tenant_id=$1 AND id=$2";
   KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
   KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, id)));
   return One<Run>(rows, ReadRun, "run not found: " + id);
 }
 
-Result<Paged<Run>> PostgresTx::ListRuns(const std::string& tenant_id,
-                                        const std::string& session_id, const Page& page) {
+Result<Paged<Run>> PostgresTx::ListRuns(const std::string& tenant_id, const std::string& session_id,
+                                        const Page& page) {
   int limit = ClampLimit(page.limit);
   // Two statements rather than "($2='' OR session_id=$2)", so each keeps its index.
   static const std::string kAll = "SELECT " + std::string(kRunCols) +
@@ -560,8 +562,7 @@ Result<int64_t> PostgresTx::CountActiveRuns(const std::string& tenant_id) {
   return rows.empty() ? 0 : rows.Int(0, 0);
 }
 
-Result<bool> PostgresTx::SessionBusy(const std::string& tenant_id,
-                                     const std::string& session_id) {
+Result<bool> PostgresTx::SessionBusy(const std::string& tenant_id, const std::string& session_id) {
   static const std::string kSql =
       "SELECT 1 FROM runs WHERE tenant_id=$1 AND session_id=$2 AND status IN "
       "('queued','running','waiting_for_approval') LIMIT 1";
@@ -573,10 +574,13 @@ Result<bool> PostgresTx::SessionBusy(const std::string& tenant_id,
 Result<std::vector<Run>> PostgresTx::ClaimableRuns(Millis now, int limit) {
   // Two index range scans on (status, id); an OR would scan the whole table.
   static const std::string kSql =
-      "SELECT * FROM (SELECT " + std::string(kRunCols) + " FROM runs r WHERE r.status='queued' "
+      "SELECT * FROM (SELECT " + std::string(kRunCols) +
+      " FROM runs r WHERE r.status='queued' "
       "AND NOT EXISTS (SELECT 1 FROM runs p WHERE p.session_id=r.session_id "
       "AND p.status IN ('queued','running','waiting_for_approval') AND p.id<r.id) "
-      "UNION ALL SELECT " + std::string(kRunCols) + " FROM runs WHERE status='running' AND "
+      "UNION ALL SELECT " +
+      std::string(kRunCols) +
+      " FROM runs WHERE status='running' AND "
       "lease_expires_at<$1) claimable ORDER BY id LIMIT $2";
   return AsSystem([&]() -> Result<std::vector<Run>> {
     KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(now, LimitParam(limit))));
@@ -603,10 +607,10 @@ Status PostgresTx::RenewLeases(const std::string& owner, const std::vector<std::
 Status PostgresTx::InsertStep(const Step& x) {
   static const std::string kSql = InsertSql("run_steps", kStepCols, 10);
   KEEL_RETURN_IF_ERROR(BindTenant(x.tenant_id));
-  return Inserted(conn_.Query(kSql, P(x.id, x.tenant_id, x.run_id, x.seq, x.kind, x.status,
-                                      DumpJson(x.input), DumpJson(x.output), x.started_at,
-                                      x.finished_at)),
-                  "step " + std::to_string(x.seq) + " of run " + x.run_id + " already exists");
+  return Inserted(
+      conn_.Query(kSql, P(x.id, x.tenant_id, x.run_id, x.seq, x.kind, x.status, DumpJson(x.input),
+                          DumpJson(x.output), x.started_at, x.finished_at)),
+      "step " + std::to_string(x.seq) + " of run " + x.run_id + " already exists");
 }
 
 Status PostgresTx::UpdateStep(const Step& x) {
@@ -632,8 +636,8 @@ Status PostgresTx::InsertToolCall(const ToolCall& c) {
   static const std::string kSql = InsertSql("tool_calls", kToolCallCols, 13);
   KEEL_RETURN_IF_ERROR(BindTenant(c.tenant_id));
   return Inserted(conn_.Query(kSql, P(c.id, c.tenant_id, c.run_id, c.step_id, c.call_id, c.tool,
-                                      DumpJson(c.arguments), c.effect_class, c.effect_key,
-                                      c.status, DumpJson(c.result), c.created_at, c.updated_at)),
+                                      DumpJson(c.arguments), c.effect_class, c.effect_key, c.status,
+                                      DumpJson(c.result), c.created_at, c.updated_at)),
                   "tool call " + c.call_id + " of run " + c.run_id + " already exists");
 }
 
@@ -681,8 +685,8 @@ Status PostgresTx::Append(NewEvent n) {
       "RETURNING position, origin_seq";
   Status st = BindTenant(e.tenant_id);
   if (st.ok()) {
-    auto rows = conn_.Query(kSql, P(e.id, e.tenant_id, e.type, e.origin, e.agent_id,
-                                    e.session_id, e.run_id, DumpJson(e.payload), e.occurred_at));
+    auto rows = conn_.Query(kSql, P(e.id, e.tenant_id, e.type, e.origin, e.agent_id, e.session_id,
+                                    e.run_id, DumpJson(e.payload), e.occurred_at));
     if (!rows.ok()) {
       st = rows.status();
     } else if (rows->empty()) {
@@ -699,7 +703,8 @@ Status PostgresTx::Append(NewEvent n) {
 Result<std::vector<Event>> PostgresTx::ReadEvents(const std::string& tenant_id, int64_t after,
                                                   const EventFilter& f, int limit) {
   static const std::string kSql =
-      "SELECT " + std::string(kEventCols) + " FROM events WHERE tenant_id=$1 AND position>$2 AND "
+      "SELECT " + std::string(kEventCols) +
+      " FROM events WHERE tenant_id=$1 AND position>$2 AND "
       "($3='' OR agent_id=$3) AND ($4='' OR session_id=$4) AND ($5='' OR run_id=$5) "
       "ORDER BY position LIMIT $6";
   KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));

@@ -83,8 +83,8 @@ class PostgresTx final : public Tx,
   Status InsertMessage(const Message& m) override;
   Result<Message> GetMessage(const std::string& tenant_id, const std::string& id) override;
   Result<std::optional<Message>> FindByIdempotencyKey(const std::string& tenant_id,
-                                                     const std::string& session_id,
-                                                     const std::string& key) override;
+                                                      const std::string& session_id,
+                                                      const std::string& key) override;
   Result<Paged<Message>> ListMessages(const std::string& tenant_id, const std::string& session_id,
                                       const Page& page) override;
   Result<std::vector<Message>> RecentMessages(const std::string& tenant_id,
