@@ -10,6 +10,7 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 
 #include <cstdio>
@@ -187,6 +188,13 @@ int ServeMain(const ServeFlags& flags) {
   }
   if (Status st = runtime.Start(); !st.ok()) return Fail(st);
   server.Start();
+  // Another node committed (PostgreSQL LISTEN/NOTIFY): live readers re-read the log, and the
+  // dispatcher looks for runs that node queued. Set last, after every early return above: the
+  // store's listener thread posts to `io` until store->Close().
+  store->SetRemoteCommitListener([&hub, &runtime, ex = io.get_executor()] {
+    hub.OnRemoteCommit();
+    asio::post(ex, [&runtime] { runtime.Wake(); });
+  });
 
   Log("listening on http://" + *bound + " (store " + RedactUrl(config.store_url) + ", origin " +
       *origin + ")");

@@ -151,9 +151,15 @@ class KeelServer:
     env:   extra environment variables for the server (e.g. {"KEEL_TENANT_RUN_CAP": "2"}).
     args:  extra command-line arguments after `serve`.
     start: start at once (default) and wait until /readyz answers 200.
+    store_url: share this store (e.g. another server's `store_url`: a second node on the same
+           PostgreSQL database) instead of the one KEEL_TEST_STORE gives; the database is then
+           not this server's to drop.
+    token: the owner token to use (a second node on a shared store does not bootstrap the
+           tenant, so it writes no owner.token: pass the first node's).
     """
 
-    def __init__(self, home=None, env=None, args=None, start=True, ready_timeout=30.0):
+    def __init__(self, home=None, env=None, args=None, start=True, ready_timeout=30.0,
+                 store_url=None, token=None):
         self.bin = keel_bin()
         if not os.path.exists(self.bin):
             raise RuntimeError("KEEL_BIN does not exist: %r (build keel first, or set KEEL_BIN)"
@@ -165,13 +171,13 @@ class KeelServer:
         self.extra_args = list(args or [])
         # The store: KEEL_TEST_STORE=postgres gives every server its own fresh database.
         self.pg_database = None
-        self.store_url = os.environ.get("KEEL_TEST_STORE") or None
-        if self.store_url == "postgres":
+        self.store_url = store_url or os.environ.get("KEEL_TEST_STORE") or None
+        if store_url is None and self.store_url == "postgres":
             self.pg_database, self.store_url = create_pg_database()
         self.ready_timeout = ready_timeout
         self.proc = None
         self.addr = None  # "127.0.0.1:PORT"
-        self.token = None  # the owner token of the first tenant (platform admin)
+        self.token = token  # the owner token of the first tenant (platform admin)
         self.starts = 0
         self.stdout_path = os.path.join(self.home, "server.stdout.log")
         self.stderr_path = os.path.join(self.home, "server.stderr.log")

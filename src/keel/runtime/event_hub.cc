@@ -52,6 +52,15 @@ void EventHub::Dispatch(const std::vector<store::Event>& events) {
   }
 }
 
+void EventHub::OnRemoteCommit() {
+  asio::post(executor_, [this] {
+    for (auto& sub : subs_) {
+      sub->dirty = true;
+      sub->Wake();
+    }
+  });
+}
+
 void EventHub::PublishDelta(const Delta& delta) {
   Delta d = delta;
   d.after_position = last_position_;

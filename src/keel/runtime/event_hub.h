@@ -4,7 +4,8 @@
 // the store after each wake-up, so a missed wake-up costs latency, never an event.
 //
 // Lives on the server's io executor: Subscribe/Wait/PublishDelta run there. OnCommit may be
-// called from any thread (the store's writer) and posts to the executor.
+// called from any thread (the store's writer) and posts to the executor; so may OnRemoteCommit
+// (the store's notification listener: another node committed).
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
@@ -50,6 +51,9 @@ class EventHub {
 
   // Called with every committed batch of events (from the store's writer thread).
   void OnCommit(const std::vector<store::Event>& events);
+  // Called (from any thread) when another node may have committed events: wakes every
+  // subscription as if a matching event had committed; each re-reads the store.
+  void OnRemoteCommit();
   void PublishDelta(const Delta& delta);
 
   SubscriptionPtr Subscribe(const SubscriptionFilter& filter);

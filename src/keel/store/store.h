@@ -182,6 +182,11 @@ class Store {
   // `listener` sees every committed unit's events, in commit order, on the writer thread,
   // before the units' `done` callbacks run. Set once, before the first Write.
   virtual void SetCommitListener(std::function<void(const std::vector<Event>&)> listener) = 0;
+  // Shared stores (PostgreSQL): `listener` is called, from a store thread, after another node
+  // committed events, and after (re)connecting to the notification channel (something may
+  // have changed meanwhile). It carries no events: the log is the truth, so re-read it. Calls
+  // may be spurious or coalesced. Set once; a store of one node ignores it.
+  virtual void SetRemoteCommitListener(std::function<void()> listener) { (void)listener; }
   virtual std::string origin() const = 0;
   virtual StoreStats stats() const = 0;
   // Stops the writer after draining queued work.

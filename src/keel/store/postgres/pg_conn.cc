@@ -106,6 +106,29 @@ std::string Conn::Describe() const {
   return std::string(host ? host : "") + ":" + (port ? port : "") + "/" + (db ? db : "");
 }
 
+int Conn::Socket() const { return PQsocket(c_); }
+
+std::string Conn::QuoteLiteral(const std::string& text) const {
+  char* q = PQescapeLiteral(c_, text.data(), text.size());
+  if (!q) return "''";
+  std::string out(q);
+  PQfreemem(q);
+  return out;
+}
+
+int Conn::BackendPid() const { return PQbackendPID(c_); }
+
+bool Conn::ConsumeInput() { return PQconsumeInput(c_) == 1 && !broken(); }
+
+std::vector<Conn::Notification> Conn::TakeNotifications() {
+  std::vector<Notification> out;
+  while (PGnotify* n = PQnotifies(c_)) {
+    out.push_back(Notification{n->relname ? n->relname : "", n->extra ? n->extra : "", n->be_pid});
+    PQfreemem(n);
+  }
+  return out;
+}
+
 Result<Rows> Conn::Finish(PGresult* r, std::string_view what) {
   Rows rows(r);
   ExecStatusType status = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;

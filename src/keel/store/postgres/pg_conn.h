@@ -123,6 +123,22 @@ class Conn {
   // "host:port/dbname" for messages; never the password.
   std::string Describe() const;
 
+  // For a LISTENing connection (see PostgresStore's listener thread): the socket to poll, the
+  // server process id, reading what arrived without blocking (false when the connection
+  // failed), and the notifications received so far.
+  struct Notification {
+    std::string channel;
+    std::string payload;
+    int be_pid = 0;
+  };
+  int Socket() const;
+  // `text` as an SQL string literal, quotes included ('' on failure, which cannot happen for
+  // valid UTF-8).
+  std::string QuoteLiteral(const std::string& text) const;
+  int BackendPid() const;
+  bool ConsumeInput();
+  std::vector<Notification> TakeNotifications();
+
  private:
   explicit Conn(PGconn* c) : c_(c) {}
   Result<Rows> Finish(PGresult* r, std::string_view what);

@@ -1,7 +1,12 @@
 #include "keel/store/postgres/postgres_store.h"
 
+#include <poll.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <exception>
+#include <set>
 
 #include "keel/common/log.h"
 #include "keel/store/postgres/pg_conn.h"
@@ -27,6 +32,12 @@ constexpr const char* kBeginWrite = "BEGIN; SELECT pg_advisory_xact_lock(7021802
 constexpr int kMaxUnitsPerTransaction = 64;
 // Idle reader connections kept for reuse; more may exist while reads run concurrently.
 constexpr size_t kMaxIdleReaders = 8;
+// The channel for "events committed" notifications between nodes.
+constexpr const char* kNotifyChannel = "keel_events";
+// PostgreSQL refuses payloads of 8000 bytes or more.
+constexpr size_t kMaxNotifyPayload = 7900;
+// How long the listener blocks in poll() before checking whether it should stop.
+constexpr int kListenerPollMs = 200;
 
 }  // namespace
 
@@ -163,6 +174,15 @@ StoreStats PostgresStore::stats() const {
 
 void PostgresStore::Close() {
   {
+    std::lock_guard<std::mutex> lock(listener_mu_);
+    listener_stop_ = true;
+    listener_stopping_ = true;
+    listener_cv_.notify_all();
+  }
+  if (listener_thread_.joinable() && std::this_thread::get_id() != listener_thread_.get_id()) {
+    listener_thread_.join();
+  }
+  {
     std::lock_guard<std::mutex> lock(mu_);
     if (closing_) {
       if (writer_thread_.joinable() && std::this_thread::get_id() != writer_thread_.get_id()) {
@@ -266,7 +286,7 @@ void PostgresStore::CommitBatch(std::vector<Unit>& batch) {
       // COMMIT would quietly roll back; say so instead.
       commit = Internal("write failed: the transaction was aborted");
     } else {
-      commit = conn.Exec("COMMIT");
+      commit = conn.Exec(CommitSql(conn, events).c_str());
     }
     if (!commit.ok()) {
       (void)conn.Exec("ROLLBACK");
@@ -292,6 +312,101 @@ void PostgresStore::CommitBatch(std::vector<Unit>& batch) {
   }
   for (size_t i = 0; i < batch.size(); ++i) {
     if (batch[i].done) batch[i].done(std::move(results[i]), std::move(events[i]));
+  }
+}
+
+std::string PostgresStore::CommitSql(Conn& conn,
+                                     const std::vector<std::vector<Event>>& events) const {
+  int64_t max_position = 0;
+  std::set<std::string> tenants;
+  for (const auto& unit : events) {
+    for (const auto& e : unit) {
+      max_position = std::max(max_position, e.position);
+      tenants.insert(e.tenant_id);
+    }
+  }
+  if (max_position == 0) return "COMMIT";
+  std::string payload = std::to_string(max_position) + " " + options_.origin + " ";
+  bool first = true;
+  for (const auto& t : tenants) {
+    if (!first) payload += ',';
+    payload += t;
+    first = false;
+  }
+  if (payload.size() > kMaxNotifyPayload) {
+    payload = std::to_string(max_position) + " " + options_.origin;
+    if (payload.size() > kMaxNotifyPayload) payload = std::to_string(max_position);
+  }
+  return std::string("SELECT pg_notify('") + kNotifyChannel + "', " + conn.QuoteLiteral(payload) +
+         "); COMMIT";
+}
+
+void PostgresStore::SetRemoteCommitListener(std::function<void()> listener) {
+  if (!listener || listener_thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(listener_mu_);
+    if (listener_stop_) return;
+  }
+  remote_listener_ = std::move(listener);
+  listener_thread_ = std::thread([this] { ListenerLoop(); });
+}
+
+bool PostgresStore::ListenerSleep(int ms) {
+  std::unique_lock<std::mutex> lock(listener_mu_);
+  return listener_cv_.wait_for(lock, std::chrono::milliseconds(ms), [&] { return listener_stop_; });
+}
+
+void PostgresStore::ListenerLoop() {
+  int backoff_ms = 100;
+  bool logged_failure = false;
+  while (!listener_stopping_) {
+    auto opened = Conn::Open(url_);
+    Status st = opened.ok() ? Status::Ok() : opened.status();
+    std::unique_ptr<Conn> conn;
+    if (st.ok()) {
+      conn = std::move(opened).value();
+      st = conn->Exec((std::string("LISTEN ") + kNotifyChannel).c_str());
+    }
+    if (!st.ok()) {
+      if (!logged_failure) {
+        LogError("event notifications: cannot listen (retrying): " + st.message());
+        logged_failure = true;
+      }
+      if (ListenerSleep(backoff_ms)) break;
+      backoff_ms = std::min(backoff_ms * 2, 5000);
+      continue;
+    }
+    if (logged_failure) LogInfo("event notifications: listening again");
+    logged_failure = false;
+    backoff_ms = 100;
+    // Commits may have happened while not listening: let every reader look again.
+    remote_listener_();
+    while (!listener_stopping_) {
+      pollfd pfd{conn->Socket(), POLLIN, 0};
+      int n = ::poll(&pfd, 1, kListenerPollMs);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        break;
+      }
+      if (n == 0) continue;
+      if (!conn->ConsumeInput()) break;  // connection lost: reconnect
+      bool remote = false;
+      for (const auto& note : conn->TakeNotifications()) {
+        // "<position> <origin> <tenants>": this node's own commits already reached the commit
+        // listener. A payload without an origin counts as remote (a spurious wake is harmless).
+        const std::string& p = note.payload;
+        size_t a = p.find(' ');
+        std::string origin;
+        if (a != std::string::npos) origin = p.substr(a + 1, p.find(' ', a + 1) - a - 1);
+        if (origin != options_.origin) remote = true;
+      }
+      if (remote) remote_listener_();
+    }
+    if (!listener_stopping_) {
+      LogError("event notifications: connection lost; reconnecting");
+      logged_failure = true;
+      if (ListenerSleep(backoff_ms)) break;
+    }
   }
 }
 

@@ -27,9 +27,16 @@
 //   4. A lost connection fails the current units with kUnavailable; the writer reconnects for
 //      the next batch and a reader drops the connection instead of pooling it.
 //
+// Cross-node wake-ups: a batch that appended events sends, inside its transaction,
+// pg_notify('keel_events', '<max position> <origin> <tenant>,<tenant>...') (PostgreSQL delivers it
+// only if the transaction commits). SetRemoteCommitListener starts a listener thread with its own
+// connection (LISTEN keel_events) that calls the listener for notifications from other origins,
+// and once after every (re)connect; it reconnects with backoff. Close() stops it.
+//
 // Durability: sync_full = false sets synchronous_commit = off on the writer connection (a
 // server crash may lose the last commits; the database stays consistent).
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -56,6 +63,7 @@ class PostgresStore final : public Store {
   void SetCommitListener(std::function<void(const std::vector<Event>&)> listener) override {
     listener_ = std::move(listener);
   }
+  void SetRemoteCommitListener(std::function<void()> listener) override;
   std::string origin() const override { return options_.origin; }
   StoreStats stats() const override;
   void Close() override;
@@ -81,6 +89,11 @@ class PostgresStore final : public Store {
   Status BeginWrite();
   void WriterLoop();
   void CommitBatch(std::vector<Unit>& batch);
+  // "SELECT pg_notify(...); COMMIT" for a batch with `events`, or "COMMIT".
+  std::string CommitSql(Conn& conn, const std::vector<std::vector<Event>>& events) const;
+  void ListenerLoop();
+  // Waits up to `ms` unless the listener is stopping; returns whether it is stopping.
+  bool ListenerSleep(int ms);
 
   const std::string url_;
   const StoreOptions options_;
@@ -98,6 +111,13 @@ class PostgresStore final : public Store {
 
   std::function<void(const std::vector<Event>&)> listener_;
   std::thread writer_thread_;
+
+  std::function<void()> remote_listener_;
+  std::mutex listener_mu_;
+  std::condition_variable listener_cv_;
+  bool listener_stop_ = false;  // GUARDED_BY(listener_mu_)
+  std::atomic<bool> listener_stopping_{false};
+  std::thread listener_thread_;
 };
 
 }  // namespace keel::store::postgres
