@@ -9,6 +9,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/store_commands.h"
 #include "server/serve.h"
 
 namespace keel::cli {
@@ -166,6 +167,23 @@ int Main(int argc, char** argv) {
   events->add_flag("-f,--follow", events_args.follow, "Tail the live event stream");
   on_parse(events, [&](Context& c) { return Events(c, events_args); });
 
+  // keel export / keel import: open the store directly, like `keel serve`.
+  StoreCommandArgs store_args;
+  std::function<int()> store_action;
+  CLI::App* export_cmd = app.add_subcommand(
+      "export", "Write the store's data to an archive (the server may be running)");
+  export_cmd->add_option("--tenant", store_args.tenant, "Only this tenant (default: all)");
+  CLI::App* import_cmd =
+      app.add_subcommand("import", "Load an archive into a new, empty store (server stopped)");
+  for (CLI::App* cmd : {export_cmd, import_cmd}) {
+    cmd->add_option("--config", store_args.config_file, "Configuration file (keel.toml)");
+    cmd->add_option("--store", store_args.store_url,
+                    "Store URL: sqlite:///path/keel.db or postgres://...");
+    cmd->add_option("file", store_args.file, "Archive file (.tar.zst)")->required();
+  }
+  export_cmd->callback([&] { store_action = [&] { return Export(store_args); }; });
+  import_cmd->callback([&] { store_action = [&] { return Import(store_args); }; });
+
   // keel health
   on_parse(app.add_subcommand("health", "Check that the server is ready"),
            [](Context& c) { return Health(c); });
@@ -184,6 +202,10 @@ int Main(int argc, char** argv) {
     flags.store_url = NonEmpty(serve_store);
     flags.demo = serve_demo;
     return server::ServeMain(flags);
+  }
+  if (store_action) {
+    store_args.home = global.home;
+    return store_action();
   }
   if (!action) {
     std::cerr << app.help();

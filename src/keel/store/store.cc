@@ -19,6 +19,152 @@ Status Store::WriteSync(WriteFn fn, std::vector<Event>* events) {
   return status;
 }
 
+const std::vector<ExportTableSpec>& ExportTables() {
+  using T = ColumnType;
+  static const std::vector<ExportTableSpec> kTables = {
+      {"tenants", {{"id", T::kText}, {"name", T::kText}, {"created_at", T::kInt}}, "id"},
+      {"api_tokens",
+       {{"id", T::kText},
+        {"tenant_id", T::kText},
+        {"name", T::kText},
+        {"role", T::kText},
+        {"hash", T::kText},
+        {"created_at", T::kInt},
+        {"revoked_at", T::kOptInt}},
+       "id"},
+      {"agents",
+       {{"id", T::kText},
+        {"tenant_id", T::kText},
+        {"name", T::kText},
+        {"model", T::kText},
+        {"instructions", T::kText},
+        {"tools", T::kText},
+        {"config", T::kText},
+        {"status", T::kText},
+        {"created_at", T::kInt},
+        {"updated_at", T::kInt}},
+       "id"},
+      {"sessions",
+       {{"id", T::kText},
+        {"tenant_id", T::kText},
+        {"agent_id", T::kText},
+        {"status", T::kText},
+        {"title", T::kText},
+        {"created_at", T::kInt},
+        {"updated_at", T::kInt}},
+       "id"},
+      {"messages",
+       {{"id", T::kText},
+        {"tenant_id", T::kText},
+        {"session_id", T::kText},
+        {"run_id", T::kText},
+        {"role", T::kText},
+        {"content", T::kText},
+        {"idempotency_key", T::kText},
+        {"created_at", T::kInt}},
+       "id"},
+      {"runs",
+       {{"id", T::kText},
+        {"tenant_id", T::kText},
+        {"session_id", T::kText},
+        {"agent_id", T::kText},
+        {"message_id", T::kText},
+        {"status", T::kText},
+        {"attempt", T::kInt},
+        {"output", T::kText},
+        {"error", T::kText},
+        {"input_tokens", T::kInt},
+        {"output_tokens", T::kInt},
+        {"lease_owner", T::kText},
+        {"lease_expires_at", T::kInt},
+        {"cancel_requested", T::kInt},
+        {"created_at", T::kInt},
+        {"started_at", T::kOptInt},
+        {"finished_at", T::kOptInt}},
+       "id"},
+      {"run_steps",
+       {{"id", T::kText},
+        {"tenant_id", T::kText},
+        {"run_id", T::kText},
+        {"seq", T::kInt},
+        {"kind", T::kText},
+        {"status", T::kText},
+        {"input", T::kText},
+        {"output", T::kText},
+        {"started_at", T::kInt},
+        {"finished_at", T::kOptInt}},
+       "id"},
+      {"tool_calls",
+       {{"id", T::kText},
+        {"tenant_id", T::kText},
+        {"run_id", T::kText},
+        {"step_id", T::kText},
+        {"call_id", T::kText},
+        {"tool", T::kText},
+        {"arguments", T::kText},
+        {"effect_class", T::kText},
+        {"effect_key", T::kText},
+        {"status", T::kText},
+        {"result", T::kText},
+        {"created_at", T::kInt},
+        {"updated_at", T::kInt}},
+       "id"},
+      {"events",
+       {{"position", T::kInt},
+        {"id", T::kText},
+        {"tenant_id", T::kText},
+        {"type", T::kText},
+        {"origin", T::kText},
+        {"origin_seq", T::kInt},
+        {"agent_id", T::kText},
+        {"session_id", T::kText},
+        {"run_id", T::kText},
+        {"payload", T::kText},
+        {"occurred_at", T::kInt}},
+       "position"},
+  };
+  return kTables;
+}
+
+const ExportTableSpec* FindExportTable(const std::string& table) {
+  for (const auto& t : ExportTables()) {
+    if (table == t.name) return &t;
+  }
+  return nullptr;
+}
+
+Status CheckExportRow(const ExportTableSpec& table, const Json& row) {
+  if (!row.is_object()) return InvalidArgument(std::string(table.name) + ": row is not an object");
+  if (row.size() != table.columns.size()) {
+    return InvalidArgument(std::string(table.name) + ": row has " + std::to_string(row.size()) +
+                           " fields, expected " + std::to_string(table.columns.size()));
+  }
+  for (const auto& c : table.columns) {
+    auto it = row.find(c.name);
+    if (it == row.end()) {
+      return InvalidArgument(std::string(table.name) + ": row lacks " + c.name);
+    }
+    bool ok = false;
+    switch (c.type) {
+      case ColumnType::kText:
+        ok = it->is_string();
+        break;
+      case ColumnType::kInt:
+        ok = it->is_number_integer();
+        break;
+      case ColumnType::kOptInt:
+        ok = it->is_null() || it->is_number_integer();
+        break;
+    }
+    // Integers are 64-bit signed in both backends.
+    if (ok && it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+      ok = false;
+    }
+    if (!ok) return InvalidArgument(std::string(table.name) + "." + c.name + ": wrong type");
+  }
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<Store>> OpenStore(const std::string& url, const StoreOptions& options) {
   std::string path;
   if (url.rfind("sqlite://", 0) == 0) {

@@ -144,6 +144,51 @@ class EventLog {
   virtual Result<int64_t> LastPosition() = 0;
 };
 
+// A column of an exported table: how its value reads in an archive row.
+enum class ColumnType {
+  kText,    // JSON string (JSON-text columns too, verbatim, so archives match across backends)
+  kInt,     // JSON integer
+  kOptInt,  // JSON integer or null
+};
+
+struct ExportColumn {
+  const char* name;
+  ColumnType type;
+};
+
+// One table of `keel export` / `keel import`: its columns and the key its rows are ordered by.
+struct ExportTableSpec {
+  const char* name;
+  std::vector<ExportColumn> columns;
+  const char* order_by;  // "id", or "position" for events
+};
+
+// The exported tables, parents before children (the order rows are imported in).
+const std::vector<ExportTableSpec>& ExportTables();
+// nullptr when `table` is not one of them.
+const ExportTableSpec* FindExportTable(const std::string& table);
+// kInvalidArgument unless `row` is an object with exactly the table's columns, each of its type.
+Status CheckExportRow(const ExportTableSpec& table, const Json& row);
+
+// Whole-table access for `keel export` / `keel import` (store/archive.h). Rows are JSON objects
+// named like the columns (see ExportTableSpec). Not for the runtime: it bypasses the domain ports.
+class ExportStore {
+ public:
+  virtual ~ExportStore() = default;
+  // Emits every row of `table` in key order; only `tenant_id`'s rows unless it is empty (for
+  // the tenants table, the tenant itself). Stops at the first error `emit` returns.
+  virtual Status ExportTable(const std::string& tenant_id, const std::string& table,
+                             const std::function<Status(const Json& row)>& emit) = 0;
+  // Inserts one row as it is, keeping events' positions and origin_seqs.
+  // REQUIRES: CheckExportRow(table, row) is ok.
+  virtual Status ImportRow(const std::string& table, const Json& row) = 0;
+  // After the last ImportRow of a unit: moves the backend's counters (event positions, each
+  // origin's last origin_seq) past the imported rows.
+  virtual Status FinishImport() = 0;
+  // Whether no exported table has a row.
+  virtual Result<bool> IsEmpty() = 0;
+};
+
 // One unit of work. A Tx is only valid inside the callback that received it.
 class Tx {
  public:
@@ -155,6 +200,7 @@ class Tx {
   virtual MessageStore& messages() = 0;
   virtual RunStore& runs() = 0;
   virtual EventLog& events() = 0;
+  virtual ExportStore& exports() = 0;
   // Events appended so far in this unit of work (published to live streams after commit).
   virtual const std::vector<Event>& appended() const = 0;
 };

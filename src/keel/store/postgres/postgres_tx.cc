@@ -721,6 +721,103 @@ Result<int64_t> PostgresTx::LastPosition() {
   });
 }
 
+// ---- ExportStore
+
+namespace {
+
+std::string ColumnList(const ExportTableSpec& t) {
+  std::string out;
+  for (const auto& c : t.columns) out += (out.empty() ? "" : ", ") + std::string(c.name);
+  return out;
+}
+
+Result<const ExportTableSpec*> ExportTableOf(const std::string& table) {
+  const ExportTableSpec* spec = FindExportTable(table);
+  if (!spec) return InvalidArgument("not an exported table: " + table);
+  return spec;
+}
+
+}  // namespace
+
+// One tenant's rows are read bound to it; all tenants' rows as the system.
+Status PostgresTx::ExportTable(const std::string& tenant_id, const std::string& table,
+                               const std::function<Status(const Json& row)>& emit) {
+  KEEL_ASSIGN_OR_RETURN(const ExportTableSpec* spec, ExportTableOf(table));
+  const std::string tenant_col = table == "tenants" ? "id" : "tenant_id";
+  const std::string sql = "SELECT " + ColumnList(*spec) + " FROM " + spec->name +
+                          " WHERE ($1='' OR " + tenant_col + "=$1) ORDER BY " + spec->order_by;
+  auto query = [&]() -> Result<Rows> { return conn_.Query(sql, P(tenant_id)); };
+  if (!tenant_id.empty()) KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  Result<Rows> rows = tenant_id.empty() ? AsSystem(query) : query();
+  if (!rows.ok()) return rows.status();
+  for (int r = 0; r < rows->size(); ++r) {
+    Json out = Json::object();
+    for (int i = 0; i < static_cast<int>(spec->columns.size()); ++i) {
+      const ExportColumn& c = spec->columns[i];
+      if (c.type == ColumnType::kText) {
+        out[c.name] = rows->Text(r, i);
+      } else if (rows->IsNull(r, i)) {
+        out[c.name] = nullptr;
+      } else {
+        out[c.name] = rows->Int(r, i);
+      }
+    }
+    KEEL_RETURN_IF_ERROR(emit(out));
+  }
+  return Status::Ok();
+}
+
+// Tenants are inserted as the system (as InsertTenant does), the other rows bound to their
+// tenant; events keep their position (OVERRIDING SYSTEM VALUE; FinishImport moves the identity).
+Status PostgresTx::ImportRow(const std::string& table, const Json& row) {
+  KEEL_ASSIGN_OR_RETURN(const ExportTableSpec* spec, ExportTableOf(table));
+  KEEL_RETURN_IF_ERROR(CheckExportRow(*spec, row));
+  const std::string sql = "INSERT INTO " + std::string(spec->name) + "(" + ColumnList(*spec) + ")" +
+                          (table == "events" ? " OVERRIDING SYSTEM VALUE" : "") + " VALUES(" +
+                          Placeholders(static_cast<int>(spec->columns.size())) + ")";
+  Params params;
+  for (const auto& c : spec->columns) {
+    const Json& v = row.at(c.name);
+    if (v.is_null()) {
+      params.Add(std::optional<int64_t>());
+    } else if (v.is_string()) {
+      params.Add(v.get_ref<const std::string&>());
+    } else {
+      params.Add(v.get<int64_t>());
+    }
+  }
+  if (table == "tenants") {
+    return AsSystem([&] { return conn_.Query(sql, params).status(); });
+  }
+  KEEL_RETURN_IF_ERROR(BindTenant(row.at("tenant_id").get<std::string>()));
+  return conn_.Query(sql, params).status();
+}
+
+Status PostgresTx::FinishImport() {
+  static const std::string kPositions =
+      "SELECT setval(pg_get_serial_sequence('events', 'position'), max(position)) FROM events "
+      "HAVING count(*) > 0";
+  static const std::string kOrigins =
+      "INSERT INTO event_origins(origin, last_seq) SELECT origin, max(origin_seq) FROM events "
+      "GROUP BY origin ON CONFLICT (origin) DO UPDATE SET "
+      "last_seq = GREATEST(event_origins.last_seq, EXCLUDED.last_seq)";
+  return AsSystem([&]() -> Status {
+    KEEL_RETURN_IF_ERROR(conn_.Query(kPositions, Params()).status());
+    return conn_.Query(kOrigins, Params()).status();
+  });
+}
+
+Result<bool> PostgresTx::IsEmpty() {
+  return AsSystem([&]() -> Result<bool> {
+    for (const auto& t : ExportTables()) {
+      KEEL_ASSIGN_OR_RETURN(
+          auto rows, conn_.Query("SELECT 1 FROM " + std::string(t.name) + " LIMIT 1", Params()));
+      if (!rows.empty()) return false;
+    }
+    return true;
+  });
+}
+
 // Every text column is COLLATE "C" so comparisons and ORDER BY follow byte order, as SQLite's
 // BINARY collation does (list cursors are the last id). Times and counters are BIGINT like
 // SQLite's 64-bit INTEGER; booleans are 0/1; JSON is stored as text exactly as SqliteTx does.

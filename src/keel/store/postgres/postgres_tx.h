@@ -35,7 +35,8 @@ class PostgresTx final : public Tx,
                          public SessionStore,
                          public MessageStore,
                          public RunStore,
-                         public EventLog {
+                         public EventLog,
+                         public ExportStore {
  public:
   PostgresTx(Conn& conn, std::string origin) : conn_(conn), origin_(std::move(origin)) {}
 
@@ -54,6 +55,7 @@ class PostgresTx final : public Tx,
   MessageStore& messages() override { return *this; }
   RunStore& runs() override { return *this; }
   EventLog& events() override { return *this; }
+  ExportStore& exports() override { return *this; }
   const std::vector<Event>& appended() const override { return appended_; }
 
   // TenantStore
@@ -115,6 +117,12 @@ class PostgresTx final : public Tx,
   Result<std::vector<Event>> ReadEvents(const std::string& tenant_id, int64_t after,
                                         const EventFilter& filter, int limit) override;
   Result<int64_t> LastPosition() override;
+  // ExportStore
+  Status ExportTable(const std::string& tenant_id, const std::string& table,
+                     const std::function<Status(const Json& row)>& emit) override;
+  Status ImportRow(const std::string& table, const Json& row) override;
+  Status FinishImport() override;
+  Result<bool> IsEmpty() override;
 
  private:
   // Binds the transaction to `tenant_id` (row-level security) unless it already is.

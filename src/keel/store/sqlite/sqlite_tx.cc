@@ -633,6 +633,85 @@ Result<int64_t> SqliteTx::LastPosition() {
   return row ? s.Int(0) : 0;
 }
 
+// ---- ExportStore
+
+namespace {
+
+std::string ColumnList(const ExportTableSpec& t) {
+  std::string out;
+  for (const auto& c : t.columns) out += (out.empty() ? "" : ", ") + std::string(c.name);
+  return out;
+}
+
+Result<const ExportTableSpec*> ExportTableOf(const std::string& table) {
+  const ExportTableSpec* spec = FindExportTable(table);
+  if (!spec) return InvalidArgument("not an exported table: " + table);
+  return spec;
+}
+
+}  // namespace
+
+Status SqliteTx::ExportTable(const std::string& tenant_id, const std::string& table,
+                             const std::function<Status(const Json& row)>& emit) {
+  KEEL_ASSIGN_OR_RETURN(const ExportTableSpec* spec, ExportTableOf(table));
+  const std::string tenant_col = table == "tenants" ? "id" : "tenant_id";
+  std::string sql = "SELECT " + ColumnList(*spec) + " FROM " + spec->name + " WHERE (?1='' OR " +
+                    tenant_col + "=?1) ORDER BY " + spec->order_by;
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(sql));
+  s.BindAll(tenant_id);
+  while (true) {
+    KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    Json out = Json::object();
+    for (int i = 0; i < static_cast<int>(spec->columns.size()); ++i) {
+      const ExportColumn& c = spec->columns[i];
+      if (c.type == ColumnType::kText) {
+        out[c.name] = s.Text(i);
+      } else if (s.IsNull(i)) {
+        out[c.name] = nullptr;
+      } else {
+        out[c.name] = s.Int(i);
+      }
+    }
+    KEEL_RETURN_IF_ERROR(emit(out));
+  }
+  return Status::Ok();
+}
+
+Status SqliteTx::ImportRow(const std::string& table, const Json& row) {
+  KEEL_ASSIGN_OR_RETURN(const ExportTableSpec* spec, ExportTableOf(table));
+  KEEL_RETURN_IF_ERROR(CheckExportRow(*spec, row));
+  std::string marks;
+  for (size_t i = 0; i < spec->columns.size(); ++i) marks += i ? ",?" : "?";
+  // An explicit events.position also moves AUTOINCREMENT's counter (sqlite_sequence).
+  std::string sql = "INSERT INTO " + std::string(spec->name) + "(" + ColumnList(*spec) +
+                    ") VALUES(" + marks + ")";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(sql));
+  for (int i = 0; i < static_cast<int>(spec->columns.size()); ++i) {
+    const Json& v = row.at(spec->columns[i].name);
+    if (v.is_null()) {
+      s.BindNull(i + 1);
+    } else if (v.is_string()) {
+      s.Bind(i + 1, v.get_ref<const std::string&>());
+    } else {
+      s.Bind(i + 1, v.get<int64_t>());
+    }
+  }
+  return s.Run();
+}
+
+// Positions come from AUTOINCREMENT and origin_seqs from max(origin_seq): nothing to move.
+Status SqliteTx::FinishImport() { return Status::Ok(); }
+
+Result<bool> SqliteTx::IsEmpty() {
+  for (const auto& t : ExportTables()) {
+    KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT 1 FROM " + std::string(t.name) + " LIMIT 1"));
+    KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+    if (row) return false;
+  }
+  return true;
+}
+
 const std::vector<const char*>& Migrations() {
   static const std::vector<const char*> kMigrations = {
       // 1: the kernel's tables.

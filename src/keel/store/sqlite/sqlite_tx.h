@@ -18,7 +18,8 @@ class SqliteTx final : public Tx,
                        public SessionStore,
                        public MessageStore,
                        public RunStore,
-                       public EventLog {
+                       public EventLog,
+                       public ExportStore {
  public:
   SqliteTx(Db& db, std::string origin) : db_(db), origin_(std::move(origin)) {}
 
@@ -33,6 +34,7 @@ class SqliteTx final : public Tx,
   MessageStore& messages() override { return *this; }
   RunStore& runs() override { return *this; }
   EventLog& events() override { return *this; }
+  ExportStore& exports() override { return *this; }
   const std::vector<Event>& appended() const override { return appended_; }
 
   // TenantStore
@@ -94,6 +96,12 @@ class SqliteTx final : public Tx,
   Result<std::vector<Event>> ReadEvents(const std::string& tenant_id, int64_t after,
                                         const EventFilter& filter, int limit) override;
   Result<int64_t> LastPosition() override;
+  // ExportStore
+  Status ExportTable(const std::string& tenant_id, const std::string& table,
+                     const std::function<Status(const Json& row)>& emit) override;
+  Status ImportRow(const std::string& table, const Json& row) override;
+  Status FinishImport() override;
+  Result<bool> IsEmpty() override;
 
  private:
   Db& db_;

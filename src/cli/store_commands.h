@@ -1,0 +1,26 @@
+#pragma once
+// The CLI commands that open the store directly instead of talking to a server:
+// `keel export [--tenant T] FILE` and `keel import FILE` (store/archive.h). The store comes from
+// the configuration as for `keel serve` (--store, KEEL_STORE, keel.toml, --home).
+//
+// Export may run while a server uses the store: it reads one consistent snapshot (a SQLite WAL
+// reader, a PostgreSQL transaction). Import refuses a store that holds any data, so run it on a
+// new store before starting the server on it.
+
+#include <string>
+
+namespace keel::cli {
+
+struct StoreCommandArgs {
+  std::string home;         // empty: $KEEL_HOME, else the default
+  std::string config_file;  // empty: $home/keel.toml
+  std::string store_url;    // empty: the configured store
+  std::string tenant;       // export only; empty: every tenant
+  std::string file;
+};
+
+// Both return an ExitCode (cli/commands.h) and report errors on stderr.
+int Export(const StoreCommandArgs& args);
+int Import(const StoreCommandArgs& args);
+
+}  // namespace keel::cli

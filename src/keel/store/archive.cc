@@ -1,0 +1,250 @@
+#include "keel/store/archive.h"
+
+#include <archive.h>
+#include <archive_entry.h>
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <set>
+
+#include "keel/common/crypto.h"
+#include "keel/common/json_util.h"
+#include "keel/common/time.h"
+
+namespace keel::store {
+namespace {
+
+constexpr const char* kManifest = "manifest.json";
+
+struct ArchiveFree {
+  void operator()(struct archive* a) const {
+    if (a) archive_free(a);  // closes first when still open
+  }
+};
+using ArchivePtr = std::unique_ptr<struct archive, ArchiveFree>;
+
+Status ArchiveError(struct archive* a, const std::string& what) {
+  const char* msg = archive_error_string(a);
+  return InvalidArgument(what + ": " + (msg ? msg : "unknown libarchive error"));
+}
+
+std::string EntryName(const ExportTableSpec& t) { return std::string(t.name) + ".jsonl"; }
+
+Status WriteEntry(struct archive* a, const std::string& name, const std::string& data,
+                  Millis mtime) {
+  std::unique_ptr<archive_entry, decltype(&archive_entry_free)> e(archive_entry_new(),
+                                                                  &archive_entry_free);
+  archive_entry_set_pathname(e.get(), name.c_str());
+  archive_entry_set_filetype(e.get(), AE_IFREG);
+  archive_entry_set_perm(e.get(), 0600);
+  archive_entry_set_size(e.get(), static_cast<la_int64_t>(data.size()));
+  archive_entry_set_mtime(e.get(), mtime / 1000, 0);
+  if (archive_write_header(a, e.get()) != ARCHIVE_OK) return ArchiveError(a, "writing " + name);
+  if (!data.empty() &&
+      archive_write_data(a, data.data(), data.size()) != static_cast<la_ssize_t>(data.size())) {
+    return ArchiveError(a, "writing " + name);
+  }
+  return Status::Ok();
+}
+
+Status WriteArchive(const std::string& path, const std::string& manifest,
+                    const std::vector<std::string>& contents, Millis now) {
+  ArchivePtr a(archive_write_new());
+  if (archive_write_add_filter_zstd(a.get()) != ARCHIVE_OK ||
+      archive_write_set_format_pax_restricted(a.get()) != ARCHIVE_OK) {
+    return Internal(ArchiveError(a.get(), "libarchive").message());
+  }
+  if (archive_write_open_filename(a.get(), path.c_str()) != ARCHIVE_OK) {
+    return ArchiveError(a.get(), "cannot write " + path);
+  }
+  KEEL_RETURN_IF_ERROR(WriteEntry(a.get(), kManifest, manifest, now));
+  for (size_t i = 0; i < ExportTables().size(); ++i) {
+    KEEL_RETURN_IF_ERROR(WriteEntry(a.get(), EntryName(ExportTables()[i]), contents[i], now));
+  }
+  if (archive_write_close(a.get()) != ARCHIVE_OK) {
+    return ArchiveError(a.get(), "cannot write " + path);
+  }
+  return Status::Ok();
+}
+
+// Every entry of the archive at `path`, in order, as (name, content).
+Result<std::vector<std::pair<std::string, std::string>>> ReadEntries(const std::string& path) {
+  ArchivePtr a(archive_read_new());
+  archive_read_support_filter_zstd(a.get());
+  archive_read_support_format_tar(a.get());
+  if (archive_read_open_filename(a.get(), path.c_str(), 1 << 16) != ARCHIVE_OK) {
+    return ArchiveError(a.get(), "cannot open " + path);
+  }
+  std::vector<std::pair<std::string, std::string>> entries;
+  while (true) {
+    archive_entry* e = nullptr;
+    int rc = archive_read_next_header(a.get(), &e);
+    if (rc == ARCHIVE_EOF) break;
+    if (rc != ARCHIVE_OK) return ArchiveError(a.get(), path + ": bad or truncated archive");
+    if (archive_entry_filetype(e) != AE_IFREG) {
+      return InvalidArgument(path + ": unexpected entry " + archive_entry_pathname(e));
+    }
+    std::string name = archive_entry_pathname(e);
+    std::string data;
+    char buf[1 << 16];
+    while (true) {
+      la_ssize_t n = archive_read_data(a.get(), buf, sizeof buf);
+      if (n < 0) return ArchiveError(a.get(), path + ": bad or truncated entry " + name);
+      if (n == 0) break;
+      data.append(buf, static_cast<size_t>(n));
+    }
+    entries.emplace_back(std::move(name), std::move(data));
+  }
+  if (archive_read_close(a.get()) != ARCHIVE_OK) {
+    return ArchiveError(a.get(), path + ": bad or truncated archive");
+  }
+  return entries;
+}
+
+// Splits `data` into its lines; each must end with '\n'.
+Result<std::vector<std::string_view>> Lines(const std::string& name, const std::string& data) {
+  std::vector<std::string_view> lines;
+  std::string_view rest = data;
+  while (!rest.empty()) {
+    size_t nl = rest.find('\n');
+    if (nl == std::string_view::npos) {
+      return InvalidArgument(name + ": line " + std::to_string(lines.size() + 1) +
+                             " does not end with a newline");
+    }
+    lines.push_back(rest.substr(0, nl));
+    rest.remove_prefix(nl + 1);
+  }
+  return lines;
+}
+
+}  // namespace
+
+Status ExportArchive(Store& store, const std::string& tenant_id, const std::string& path) {
+  Json tenant = nullptr;
+  std::vector<std::string> contents;
+  Json tables = Json::object();
+  KEEL_RETURN_IF_ERROR(store.Read([&](Tx& tx) -> Status {
+    if (!tenant_id.empty()) {
+      KEEL_ASSIGN_OR_RETURN(Tenant t, tx.tenants().GetTenant(tenant_id));
+      tenant = Json{{"id", t.id}, {"name", t.name}, {"created_at", t.created_at}};
+    }
+    for (const auto& spec : ExportTables()) {
+      std::string data;
+      int64_t rows = 0;
+      KEEL_RETURN_IF_ERROR(tx.exports().ExportTable(tenant_id, spec.name, [&](const Json& row) {
+        data += DumpJson(row);
+        data += '\n';
+        ++rows;
+        return Status::Ok();
+      }));
+      tables[spec.name] = Json{{"rows", rows}, {"sha256", Sha256Hex(data)}};
+      contents.push_back(std::move(data));
+    }
+    return Status::Ok();
+  }));
+
+  Millis now = NowMillis();
+  Json manifest = {{"format", kArchiveFormat},
+                   {"version", kArchiveVersion},
+                   {"tenant", tenant},
+                   {"tables", tables},
+                   {"created_at", now}};
+
+  // Written beside `path` and renamed into place, so a failed export leaves no partial archive.
+  const std::string partial = path + ".partial";
+  Status st = WriteArchive(partial, manifest.dump(2) + "\n", contents, now);
+  std::error_code ec;
+  if (st.ok()) {
+    std::filesystem::rename(partial, path, ec);
+    if (ec) st = InvalidArgument("cannot write " + path + ": " + ec.message());
+  }
+  if (!st.ok()) std::filesystem::remove(partial, ec);
+  return st;
+}
+
+Status ImportArchive(Store& store, const std::string& path) {
+  KEEL_ASSIGN_OR_RETURN(auto entries, ReadEntries(path));
+  if (entries.empty() || entries[0].first != kManifest) {
+    return InvalidArgument(path + ": not a Keel export (its first entry is not manifest.json)");
+  }
+  auto parsed = ParseJsonObject(entries[0].second);
+  if (!parsed.ok()) return InvalidArgument(path + ": manifest.json: " + parsed.status().message());
+  const Json& manifest = *parsed;
+  if (manifest.value("format", Json()) != kArchiveFormat) {
+    return InvalidArgument(path + ": not a Keel export (format is not \"keel-export\")");
+  }
+  const Json version = manifest.value("version", Json());
+  if (version != kArchiveVersion) {
+    return InvalidArgument(path + ": unsupported export version " + version.dump() +
+                           " (this Keel reads version " + std::to_string(kArchiveVersion) + ")");
+  }
+  const Json tables = manifest.value("tables", Json());
+  if (!tables.is_object()) return InvalidArgument(path + ": manifest.json lacks \"tables\"");
+
+  std::set<std::string> expected;
+  for (const auto& spec : ExportTables()) expected.insert(spec.name);
+  for (const auto& [name, _] : tables.items()) {
+    if (!expected.count(name)) return InvalidArgument(path + ": unknown table " + name);
+  }
+  std::map<std::string, const std::string*> files;
+  for (size_t i = 1; i < entries.size(); ++i) {
+    const std::string& name = entries[i].first;
+    bool known = name.size() > 6 && name.ends_with(".jsonl") &&
+                 expected.count(name.substr(0, name.size() - 6));
+    if (!known) return InvalidArgument(path + ": unexpected entry " + name);
+    if (!files.emplace(name, &entries[i].second).second) {
+      return InvalidArgument(path + ": duplicate entry " + name);
+    }
+  }
+
+  // Every row parsed and checked before anything is written.
+  std::vector<std::pair<const ExportTableSpec*, std::vector<Json>>> rows;
+  for (const auto& spec : ExportTables()) {
+    const std::string entry = EntryName(spec);
+    auto meta = tables.find(spec.name);
+    if (meta == tables.end() || !meta->is_object()) {
+      return InvalidArgument(path + ": manifest.json lacks table " + spec.name);
+    }
+    auto file = files.find(entry);
+    if (file == files.end()) return InvalidArgument(path + ": missing entry " + entry);
+    const std::string& data = *file->second;
+    if (meta->value("sha256", Json()) != Sha256Hex(data)) {
+      return InvalidArgument(path + ": " + entry + " does not match its sha256 in the manifest");
+    }
+    KEEL_ASSIGN_OR_RETURN(auto lines, Lines(entry, data));
+    const Json count = meta->value("rows", Json());
+    if (!count.is_number_integer() || count.get<int64_t>() != static_cast<int64_t>(lines.size())) {
+      return InvalidArgument(path + ": " + entry + " has " + std::to_string(lines.size()) +
+                             " rows, the manifest says " + count.dump());
+    }
+    auto& table_rows = rows.emplace_back(&spec, std::vector<Json>()).second;
+    table_rows.reserve(lines.size());
+    for (size_t i = 0; i < lines.size(); ++i) {
+      Json row = Json::parse(lines[i], nullptr, /*allow_exceptions=*/false);
+      Status st = row.is_discarded() ? InvalidArgument("not JSON") : CheckExportRow(spec, row);
+      if (!st.ok()) {
+        return InvalidArgument(path + ": " + entry + " line " + std::to_string(i + 1) + ": " +
+                               st.message());
+      }
+      table_rows.push_back(std::move(row));
+    }
+  }
+
+  return store.WriteSync([&](Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(bool empty, tx.exports().IsEmpty());
+    if (!empty) return Conflict("the store is not empty; import only into a new store");
+    for (const auto& [spec, table_rows] : rows) {
+      for (size_t i = 0; i < table_rows.size(); ++i) {
+        Status st = tx.exports().ImportRow(spec->name, table_rows[i]);
+        if (!st.ok()) {
+          return Status(st.code(), std::string("importing ") + spec->name + " row " +
+                                       std::to_string(i + 1) + ": " + st.message());
+        }
+      }
+    }
+    return tx.exports().FinishImport();
+  });
+}
+
+}  // namespace keel::store

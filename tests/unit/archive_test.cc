@@ -1,0 +1,388 @@
+// keel export / keel import (store/archive.h): an archive written from SQLite, imported into
+// PostgreSQL (or a second SQLite file without KEEL_TEST_PG_ADMIN_URL) and exported again has the
+// same bytes; a bad archive or a non-empty store is refused and nothing is written.
+
+#include "keel/store/archive.h"
+
+#include <archive.h>
+#include <archive_entry.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "keel/common/crypto.h"
+#include "keel/common/ids.h"
+#include "keel/store/store.h"
+#include "pg_test_database.h"
+
+namespace keel::store {
+namespace {
+
+namespace fs = std::filesystem;
+using Entries = std::vector<std::pair<std::string, std::string>>;
+
+Entries ReadArchive(const std::string& path) {
+  Entries out;
+  struct archive* a = archive_read_new();
+  archive_read_support_filter_all(a);
+  archive_read_support_format_all(a);
+  EXPECT_EQ(archive_read_open_filename(a, path.c_str(), 1 << 16), ARCHIVE_OK);
+  archive_entry* e = nullptr;
+  while (archive_read_next_header(a, &e) == ARCHIVE_OK) {
+    std::string data;
+    char buf[4096];
+    la_ssize_t n;
+    while ((n = archive_read_data(a, buf, sizeof buf)) > 0) data.append(buf, n);
+    out.emplace_back(archive_entry_pathname(e), std::move(data));
+  }
+  archive_read_free(a);
+  return out;
+}
+
+void WriteArchive(const std::string& path, const Entries& entries) {
+  struct archive* a = archive_write_new();
+  archive_write_add_filter_zstd(a);
+  archive_write_set_format_pax_restricted(a);
+  ASSERT_EQ(archive_write_open_filename(a, path.c_str()), ARCHIVE_OK);
+  for (const auto& [name, data] : entries) {
+    archive_entry* e = archive_entry_new();
+    archive_entry_set_pathname(e, name.c_str());
+    archive_entry_set_filetype(e, AE_IFREG);
+    archive_entry_set_perm(e, 0600);
+    archive_entry_set_size(e, static_cast<la_int64_t>(data.size()));
+    archive_write_header(a, e);
+    archive_write_data(a, data.data(), data.size());
+    archive_entry_free(e);
+  }
+  archive_write_close(a);
+  archive_write_free(a);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A store on a fresh database: PostgreSQL when `postgres`, else a SQLite file in `dir`.
+struct TestStore {
+  PgTestDatabase pg;
+  std::unique_ptr<Store> store;
+};
+
+std::unique_ptr<TestStore> OpenTestStore(bool postgres, const fs::path& dir) {
+  auto t = std::make_unique<TestStore>();
+  std::string url;
+  if (postgres) {
+    Status st = t->pg.Create();
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    url = t->pg.url();
+  } else {
+    url = "sqlite://" + (dir / (NewId() + ".db")).string();
+  }
+  StoreOptions o;
+  o.origin = "node-a";
+  auto s = OpenStore(url, o);
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  if (s.ok()) t->store = std::move(s).value();
+  return t;
+}
+
+bool IsEmpty(Store& store) {
+  bool empty = false;
+  Status st = store.Read([&](Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(empty, tx.exports().IsEmpty());
+    return Status::Ok();
+  });
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return empty;
+}
+
+// One tenant's worth of everything: tokens, an agent, a session, messages, a run with a model
+// step and a tool step with its tool call, and events.
+Status Fill(Store& store, const std::string& tenant_id) {
+  return store.WriteSync([&](Tx& tx) -> Status {
+    Millis now = NowMillis();
+    KEEL_RETURN_IF_ERROR(tx.tenants().InsertTenant({tenant_id, "Tenant " + tenant_id, now}));
+    KEEL_RETURN_IF_ERROR(
+        tx.tokens().InsertToken({NewId(), tenant_id, "owner", "owner", NewId(), now, {}}));
+    KEEL_RETURN_IF_ERROR(
+        tx.tokens().InsertToken({NewId(), tenant_id, "old", "user", NewId(), now, now + 5}));
+    Agent a;
+    a.id = NewId();
+    a.tenant_id = tenant_id;
+    a.name = "helper";
+    a.model = "local";
+    a.instructions = "Be \"brief\".\nÜmlauts ok.";
+    a.tools = Json::array({"keel.tool.time_now"});
+    a.config = Json{{"z", 1}, {"a", Json{{"nested", true}}}};
+    a.created_at = a.updated_at = now;
+    KEEL_RETURN_IF_ERROR(tx.agents().InsertAgent(a));
+    Session s{NewId(), tenant_id, a.id, "idle", "first chat", now, now};
+    KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(s));
+    Run r;
+    r.id = NewId();
+    r.tenant_id = tenant_id;
+    r.session_id = s.id;
+    r.agent_id = a.id;
+    r.status = "done";
+    r.attempt = 1;
+    r.output = "It is noon.";
+    r.input_tokens = 12;
+    r.output_tokens = 5;
+    r.created_at = now;
+    r.started_at = now + 1;
+    r.finished_at = now + 2;
+    Message m1{NewId(), tenant_id, s.id, r.id, "user", "What time is it?", "key-1", now};
+    Message m2{NewId(), tenant_id, s.id, r.id, "assistant", "It is noon.", "", now + 2};
+    r.message_id = m1.id;
+    KEEL_RETURN_IF_ERROR(tx.messages().InsertMessage(m1));
+    KEEL_RETURN_IF_ERROR(tx.runs().InsertRun(r));
+    KEEL_RETURN_IF_ERROR(tx.messages().InsertMessage(m2));
+    Step model{NewId(),
+               tenant_id,
+               r.id,
+               1,
+               "model",
+               "succeeded",
+               Json{{"messages", 2}},
+               Json{{"text", ""}},
+               now,
+               now + 1};
+    Step tool{NewId(), tenant_id,   r.id,           2,
+              "tool",  "succeeded", Json::object(), Json{{"time", "12:00"}},
+              now + 1, std::nullopt};
+    KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(model));
+    KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(tool));
+    ToolCall c;
+    c.id = NewId();
+    c.tenant_id = tenant_id;
+    c.run_id = r.id;
+    c.step_id = tool.id;
+    c.call_id = "call_1";
+    c.tool = "keel.tool.time_now";
+    c.effect_class = "pure";
+    c.status = "succeeded";
+    c.result = Json{{"time", "12:00"}};
+    c.created_at = c.updated_at = now;
+    KEEL_RETURN_IF_ERROR(tx.runs().InsertToolCall(c));
+    for (const char* type : {"message.created@v1", "run.started@v1", "run.completed@v1"}) {
+      KEEL_RETURN_IF_ERROR(tx.events().Append(
+          {tenant_id, type, a.id, s.id, r.id, Json{{"note", "ünïcode ✓"}, {"n", 1}}}));
+    }
+    return Status::Ok();
+  });
+}
+
+class ArchiveTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("keel-archive-" + NewId());
+    fs::create_directories(dir_);
+    source_ = OpenTestStore(/*postgres=*/false, dir_);
+    ASSERT_TRUE(source_->store);
+    ASSERT_TRUE(Fill(*source_->store, "tenant-a").ok());
+    ASSERT_TRUE(Fill(*source_->store, "tenant-b").ok());
+    archive_ = (dir_ / "export.tar.zst").string();
+    Status st = ExportArchive(*source_->store, "", archive_);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  }
+  void TearDown() override {
+    source_.reset();
+    fs::remove_all(dir_);
+  }
+  // The import target: a fresh PostgreSQL database when the tests have a server.
+  std::unique_ptr<TestStore> NewTarget() { return OpenTestStore(PgAdminUrl() != nullptr, dir_); }
+  std::string Path(const std::string& name) { return (dir_ / name).string(); }
+
+  // Imports `path` into a new target, expects `code`, and that the target is still empty.
+  void ExpectRefused(const std::string& path, Code code, const std::string& fragment) {
+    auto target = NewTarget();
+    ASSERT_TRUE(target->store);
+    Status st = ImportArchive(*target->store, path);
+    EXPECT_EQ(st.code(), code) << st.ToString();
+    EXPECT_NE(st.message().find(fragment), std::string::npos) << st.message();
+    EXPECT_TRUE(IsEmpty(*target->store));
+  }
+
+  fs::path dir_;
+  std::unique_ptr<TestStore> source_;
+  std::string archive_;
+};
+
+TEST_F(ArchiveTest, ManifestComesFirstAndDescribesEveryTable) {
+  Entries entries = ReadArchive(archive_);
+  ASSERT_EQ(entries.size(), ExportTables().size() + 1);
+  EXPECT_EQ(entries[0].first, "manifest.json");
+  Json manifest = Json::parse(entries[0].second);
+  EXPECT_EQ(manifest["format"], "keel-export");
+  EXPECT_EQ(manifest["version"], 1);
+  EXPECT_TRUE(manifest["tenant"].is_null());
+  EXPECT_EQ(manifest["tables"]["tenants"]["rows"], 2);
+  EXPECT_EQ(manifest["tables"]["api_tokens"]["rows"], 4);
+  EXPECT_EQ(manifest["tables"]["messages"]["rows"], 4);
+  EXPECT_EQ(manifest["tables"]["run_steps"]["rows"], 4);
+  EXPECT_EQ(manifest["tables"]["events"]["rows"], 6);
+  for (size_t i = 0; i < ExportTables().size(); ++i) {
+    EXPECT_EQ(entries[i + 1].first, std::string(ExportTables()[i].name) + ".jsonl");
+  }
+  // Events by position; JSON-text columns as strings.
+  std::istringstream events(entries.back().second);
+  std::string line;
+  int64_t last = 0;
+  while (std::getline(events, line)) {
+    Json row = Json::parse(line);
+    EXPECT_GT(row["position"].get<int64_t>(), last);
+    last = row["position"].get<int64_t>();
+    EXPECT_TRUE(row["payload"].is_string());
+  }
+}
+
+TEST_F(ArchiveTest, RoundTripAcrossBackendsIsByteIdentical) {
+  auto target = NewTarget();
+  ASSERT_TRUE(target->store);
+  Status st = ImportArchive(*target->store, archive_);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  std::string again = Path("again.tar.zst");
+  st = ExportArchive(*target->store, "", again);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+
+  Entries a = ReadArchive(archive_), b = ReadArchive(again);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 1; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].first, b[i].first);
+    EXPECT_EQ(a[i].second, b[i].second) << a[i].first;
+  }
+  // The manifests differ only in created_at.
+  Json ma = Json::parse(a[0].second), mb = Json::parse(b[0].second);
+  ma.erase("created_at");
+  mb.erase("created_at");
+  EXPECT_EQ(ma, mb);
+
+  // One tenant's export reads the same from both backends too.
+  std::string one_a = Path("one-a.tar.zst"), one_b = Path("one-b.tar.zst");
+  ASSERT_TRUE(ExportArchive(*source_->store, "tenant-b", one_a).ok());
+  ASSERT_TRUE(ExportArchive(*target->store, "tenant-b", one_b).ok());
+  a = ReadArchive(one_a);
+  b = ReadArchive(one_b);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 1; i < a.size(); ++i) EXPECT_EQ(a[i].second, b[i].second) << a[i].first;
+
+  // The log goes on after the imported events: higher positions, gapless origin_seq.
+  std::vector<Event> appended;
+  st = target->store->WriteSync(
+      [](Tx& tx) {
+        return tx.events().Append({"tenant-a", "test@v1", "", "", "", {}});
+      },
+      &appended);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_EQ(appended.size(), 1u);
+  EXPECT_EQ(appended[0].origin_seq, 7);
+  EXPECT_GT(appended[0].position, 6);
+}
+
+TEST_F(ArchiveTest, ExportsOneTenant) {
+  std::string path = Path("one.tar.zst");
+  Status st = ExportArchive(*source_->store, "tenant-b", path);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  Entries entries = ReadArchive(path);
+  Json manifest = Json::parse(entries[0].second);
+  EXPECT_EQ(manifest["tenant"]["id"], "tenant-b");
+  EXPECT_EQ(manifest["tables"]["tenants"]["rows"], 1);
+  EXPECT_EQ(manifest["tables"]["events"]["rows"], 3);
+  for (size_t i = 1; i < entries.size(); ++i) {
+    EXPECT_EQ(entries[i].second.find("tenant-a"), std::string::npos) << entries[i].first;
+  }
+  auto target = NewTarget();
+  ASSERT_TRUE(target->store);
+  st = ImportArchive(*target->store, path);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+
+  EXPECT_EQ(ExportArchive(*source_->store, "no-such-tenant", Path("none.tar.zst")).code(),
+            Code::kNotFound);
+}
+
+TEST_F(ArchiveTest, FailedExportLeavesNoFile) {
+  std::string path = Path("no-such-dir/export.tar.zst");
+  EXPECT_FALSE(ExportArchive(*source_->store, "", path).ok());
+  EXPECT_FALSE(fs::exists(path));
+  EXPECT_FALSE(fs::exists(path + ".partial"));
+}
+
+TEST_F(ArchiveTest, RefusesANonEmptyStore) {
+  auto target = NewTarget();
+  ASSERT_TRUE(target->store);
+  ASSERT_TRUE(Fill(*target->store, "tenant-z").ok());
+  std::string before = Path("before.tar.zst"), after = Path("after.tar.zst");
+  ASSERT_TRUE(ExportArchive(*target->store, "", before).ok());
+  Status st = ImportArchive(*target->store, archive_);
+  EXPECT_EQ(st.code(), Code::kConflict) << st.ToString();
+  ASSERT_TRUE(ExportArchive(*target->store, "", after).ok());
+  Entries a = ReadArchive(before), b = ReadArchive(after);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 1; i < a.size(); ++i) EXPECT_EQ(a[i].second, b[i].second) << a[i].first;
+}
+
+TEST_F(ArchiveTest, RefusesATamperedRow) {
+  Entries entries = ReadArchive(archive_);
+  std::string& agents = entries[3].second;
+  ASSERT_EQ(entries[3].first, "agents.jsonl");
+  size_t at = agents.find("helper");
+  ASSERT_NE(at, std::string::npos);
+  agents.replace(at, 6, "hacker");
+  std::string path = Path("tampered.tar.zst");
+  WriteArchive(path, entries);
+  ExpectRefused(path, Code::kInvalidArgument, "sha256");
+}
+
+TEST_F(ArchiveTest, RefusesATruncatedArchive) {
+  std::string bytes = ReadFile(archive_);
+  std::string path = Path("truncated.tar.zst");
+  std::ofstream(path, std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+  ExpectRefused(path, Code::kInvalidArgument, "truncated");
+}
+
+TEST_F(ArchiveTest, RefusesAWrongVersion) {
+  Entries entries = ReadArchive(archive_);
+  Json manifest = Json::parse(entries[0].second);
+  manifest["version"] = 2;
+  entries[0].second = manifest.dump();
+  std::string path = Path("v2.tar.zst");
+  WriteArchive(path, entries);
+  ExpectRefused(path, Code::kInvalidArgument, "version 2");
+}
+
+TEST_F(ArchiveTest, RefusesMissingExtraAndMalformedEntries) {
+  Entries entries = ReadArchive(archive_);
+  Entries missing(entries.begin(), entries.end() - 1);
+  WriteArchive(Path("missing.tar.zst"), missing);
+  ExpectRefused(Path("missing.tar.zst"), Code::kInvalidArgument, "missing entry events.jsonl");
+
+  Entries extra = entries;
+  extra.emplace_back("secrets.jsonl", "");
+  WriteArchive(Path("extra.tar.zst"), extra);
+  ExpectRefused(Path("extra.tar.zst"), Code::kInvalidArgument, "unexpected entry secrets.jsonl");
+
+  // A malformed line with a manifest that matches it: the row check still refuses it.
+  Entries malformed = entries;
+  malformed[3].second += "{\"id\": 1}\n";
+  Json manifest = Json::parse(malformed[0].second);
+  manifest["tables"]["agents"]["rows"] = manifest["tables"]["agents"]["rows"].get<int>() + 1;
+  manifest["tables"]["agents"]["sha256"] = Sha256Hex(malformed[3].second);
+  malformed[0].second = manifest.dump();
+  WriteArchive(Path("malformed.tar.zst"), malformed);
+  ExpectRefused(Path("malformed.tar.zst"), Code::kInvalidArgument, "agents.jsonl line 3");
+
+  Entries miscounted = entries;
+  manifest = Json::parse(miscounted[0].second);
+  manifest["tables"]["runs"]["rows"] = 5;
+  miscounted[0].second = manifest.dump();
+  WriteArchive(Path("miscounted.tar.zst"), miscounted);
+  ExpectRefused(Path("miscounted.tar.zst"), Code::kInvalidArgument, "runs.jsonl has 2 rows");
+}
+
+}  // namespace
+}  // namespace keel::store
