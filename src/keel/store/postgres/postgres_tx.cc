@@ -3,15 +3,13 @@
 #include <algorithm>
 
 #include "keel/common/ids.h"
+#include "keel/store/rows.h"
 
 namespace keel::store::postgres {
 namespace {
 
-Json ParseStored(const std::string& text) {
-  if (text.empty()) return nullptr;
-  Json j = Json::parse(text, nullptr, false);
-  return j.is_discarded() ? Json(nullptr) : j;
-}
+using namespace rows;  // NOLINT: the shared record readers
+
 
 int ClampLimit(int limit) { return std::clamp(limit, 1, 500); }
 
@@ -70,147 +68,13 @@ std::string TextArray(const std::vector<std::string>& items) {
 
 Tenant ReadTenant(const Row& r) { return Tenant{r.Text(0), r.Text(1), r.Int(2)}; }
 
-constexpr const char* kTokenCols = "id, tenant_id, name, role, hash, created_at, revoked_at";
-Token ReadToken(const Row& s) {
-  Token t;
-  t.id = s.Text(0);
-  t.tenant_id = s.Text(1);
-  t.name = s.Text(2);
-  t.role = s.Text(3);
-  t.hash = s.Text(4);
-  t.created_at = s.Int(5);
-  t.revoked_at = s.OptInt(6);
-  return t;
-}
 
-constexpr const char* kAgentCols =
-    "id, tenant_id, name, model, instructions, tools, config, status, created_at, updated_at";
-Agent ReadAgent(const Row& s) {
-  Agent a;
-  a.id = s.Text(0);
-  a.tenant_id = s.Text(1);
-  a.name = s.Text(2);
-  a.model = s.Text(3);
-  a.instructions = s.Text(4);
-  a.tools = ParseStored(s.Text(5));
-  a.config = ParseStored(s.Text(6));
-  a.status = s.Text(7);
-  a.created_at = s.Int(8);
-  a.updated_at = s.Int(9);
-  return a;
-}
 
-constexpr const char* kSessionCols =
-    "id, tenant_id, agent_id, status, title, created_at, updated_at";
-Session ReadSession(const Row& s) {
-  Session x;
-  x.id = s.Text(0);
-  x.tenant_id = s.Text(1);
-  x.agent_id = s.Text(2);
-  x.status = s.Text(3);
-  x.title = s.Text(4);
-  x.created_at = s.Int(5);
-  x.updated_at = s.Int(6);
-  return x;
-}
 
-constexpr const char* kMessageCols =
-    "id, tenant_id, session_id, run_id, role, content, idempotency_key, created_at";
-Message ReadMessage(const Row& s) {
-  Message m;
-  m.id = s.Text(0);
-  m.tenant_id = s.Text(1);
-  m.session_id = s.Text(2);
-  m.run_id = s.Text(3);
-  m.role = s.Text(4);
-  m.content = s.Text(5);
-  m.idempotency_key = s.Text(6);
-  m.created_at = s.Int(7);
-  return m;
-}
 
-constexpr const char* kRunCols =
-    "id, tenant_id, session_id, agent_id, message_id, status, attempt, output, error, "
-    "input_tokens, output_tokens, lease_owner, lease_expires_at, cancel_requested, created_at, "
-    "started_at, finished_at";
-Run ReadRun(const Row& s) {
-  Run r;
-  r.id = s.Text(0);
-  r.tenant_id = s.Text(1);
-  r.session_id = s.Text(2);
-  r.agent_id = s.Text(3);
-  r.message_id = s.Text(4);
-  r.status = s.Text(5);
-  r.attempt = static_cast<int>(s.Int(6));
-  r.output = s.Text(7);
-  r.error = ParseStored(s.Text(8));
-  r.input_tokens = s.Int(9);
-  r.output_tokens = s.Int(10);
-  r.lease_owner = s.Text(11);
-  r.lease_expires_at = s.Int(12);
-  r.cancel_requested = s.Int(13) != 0;
-  r.created_at = s.Int(14);
-  r.started_at = s.OptInt(15);
-  r.finished_at = s.OptInt(16);
-  return r;
-}
 
-constexpr const char* kStepCols =
-    "id, tenant_id, run_id, seq, kind, status, input, output, started_at, finished_at";
-Step ReadStep(const Row& s) {
-  Step x;
-  x.id = s.Text(0);
-  x.tenant_id = s.Text(1);
-  x.run_id = s.Text(2);
-  x.seq = static_cast<int>(s.Int(3));
-  x.kind = s.Text(4);
-  x.status = s.Text(5);
-  x.input = ParseStored(s.Text(6));
-  x.output = ParseStored(s.Text(7));
-  x.started_at = s.Int(8);
-  x.finished_at = s.OptInt(9);
-  return x;
-}
 
-constexpr const char* kToolCallCols =
-    "id, tenant_id, run_id, step_id, call_id, tool, arguments, effect_class, effect_key, status, "
-    "result, created_at, updated_at";
-ToolCall ReadToolCall(const Row& s) {
-  ToolCall c;
-  c.id = s.Text(0);
-  c.tenant_id = s.Text(1);
-  c.run_id = s.Text(2);
-  c.step_id = s.Text(3);
-  c.call_id = s.Text(4);
-  c.tool = s.Text(5);
-  c.arguments = ParseStored(s.Text(6));
-  c.effect_class = s.Text(7);
-  c.effect_key = s.Text(8);
-  c.status = s.Text(9);
-  c.result = ParseStored(s.Text(10));
-  c.created_at = s.Int(11);
-  c.updated_at = s.Int(12);
-  return c;
-}
 
-constexpr const char* kEventCols =
-    "position, id, tenant_id, type, origin, origin_seq, agent_id, session_id, run_id, payload, "
-    "occurred_at";
-Event ReadEvent(const Row& s) {
-  Event e;
-  e.position = s.Int(0);
-  e.id = s.Text(1);
-  e.tenant_id = s.Text(2);
-  e.type = s.Text(3);
-  e.origin = s.Text(4);
-  e.origin_seq = s.Int(5);
-  e.agent_id = s.Text(6);
-  e.session_id = s.Text(7);
-  e.run_id = s.Text(8);
-  e.payload = ParseStored(s.Text(9));
-  e.occurred_at = s.Int(10);
-  return e;
-}
 
 // "INSERT INTO table(cols) VALUES($1..$n) ON CONFLICT DO NOTHING RETURNING id": a duplicate
 // returns no row instead of aborting the transaction.
@@ -306,7 +170,7 @@ Result<Token> PostgresTx::FindActiveTokenByHash(const std::string& hash) {
       "SELECT " + std::string(kTokenCols) + " FROM api_tokens WHERE hash=$1 AND revoked_at IS NULL";
   return AsSystem([&]() -> Result<Token> {
     KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(hash)));
-    return One<Token>(rows, ReadToken, "token not found");
+    return One<Token>(rows, ReadToken<Row>, "token not found");
   });
 }
 
@@ -315,7 +179,7 @@ Result<std::vector<Token>> PostgresTx::ListTokens(const std::string& tenant_id) 
       "SELECT " + std::string(kTokenCols) + " FROM api_tokens WHERE tenant_id=$1 ORDER BY id";
   KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
   KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id)));
-  return Collect<Token>(rows, ReadToken);
+  return Collect<Token>(rows, ReadToken<Row>);
 }
 
 Status PostgresTx::RevokeToken(const std::string& tenant_id, const std::string& id, Millis at) {
@@ -370,7 +234,7 @@ Result<Agent> PostgresTx::GetAgent(const std::string& tenant_id, const std::stri
                                   "status != 'deleted'";
   KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
   KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, id)));
-  return One<Agent>(rows, ReadAgent, "agent not found: " + id);
+  return One<Agent>(rows, ReadAgent<Row>, "agent not found: " + id);
 }
 
 Result<Agent> PostgresTx::GetAgentByName(const std::string& tenant_id, const std::string& name) {
@@ -379,7 +243,7 @@ Result<Agent> PostgresTx::GetAgentByName(const std::string& tenant_id, const std
                                   "status != 'deleted'";
   KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
   KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, name)));
-  return One<Agent>(rows, ReadAgent, "agent not found: " + name);
+  return One<Agent>(rows, ReadAgent<Row>, "agent not found: " + name);
 }
 
 Result<Paged<Agent>> PostgresTx::ListAgents(const std::string& tenant_id, const Page& page) {
@@ -390,7 +254,7 @@ Result<Paged<Agent>> PostgresTx::ListAgents(const std::string& tenant_id, const 
   KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
   KEEL_ASSIGN_OR_RETURN(auto rows,
                         conn_.Query(kSql, P(tenant_id, DecodeCursor(page.cursor), limit + 1)));
-  return MakePage(Collect<Agent>(rows, ReadAgent), limit, [](const Agent& a) { return a.id; });
+  return MakePage(Collect<Agent>(rows, ReadAgent<Row>), limit, [](const Agent& a) { return a.id; });
 }
 
 Status PostgresTx::DeleteAgent(const std::string& tenant_id, const std::string& id) {
@@ -424,7 +288,7 @@ Result<Session> PostgresTx::GetSession(const std::string& tenant_id, const std::
       "SELECT " + std::string(kSessionCols) + " FROM sessions WHERE tenant_id=$1 AND id=$2";
   KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
   KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, id)));
-  return One<Session>(rows, ReadSession, "session not found: " + id);
+  return One<Session>(rows, ReadSession<Row>, "session not found: " + id);
 }
 
 Result<Paged<Session>> PostgresTx::ListSessions(const std::string& tenant_id,
@@ -436,7 +300,7 @@ Result<Paged<Session>> PostgresTx::ListSessions(const std::string& tenant_id,
   KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
   KEEL_ASSIGN_OR_RETURN(
       auto rows, conn_.Query(kSql, P(tenant_id, agent_id, DecodeCursor(page.cursor), limit + 1)));
-  return MakePage(Collect<Session>(rows, ReadSession), limit,
+  return MakePage(Collect<Session>(rows, ReadSession<Row>), limit,
                   [](const Session& x) { return x.id; });
 }
 
@@ -458,7 +322,7 @@ Result<Message> PostgresTx::GetMessage(const std::string& tenant_id, const std::
       "SELECT " + std::string(kMessageCols) + " FROM messages WHERE tenant_id=$1 AND id=$2";
   KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
   KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, id)));
-  return One<Message>(rows, ReadMessage, "message not found: " + id);
+  return One<Message>(rows, ReadMessage<Row>, "message not found: " + id);
 }
 
 Result<std::optional<Message>> PostgresTx::FindByIdempotencyKey(const std::string& tenant_id,
@@ -482,7 +346,7 @@ Result<Paged<Message>> PostgresTx::ListMessages(const std::string& tenant_id,
   KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
   KEEL_ASSIGN_OR_RETURN(
       auto rows, conn_.Query(kSql, P(tenant_id, session_id, DecodeCursor(page.cursor), limit + 1)));
-  return MakePage(Collect<Message>(rows, ReadMessage), limit,
+  return MakePage(Collect<Message>(rows, ReadMessage<Row>), limit,
                   [](const Message& m) { return m.id; });
 }
 
@@ -495,7 +359,7 @@ Result<std::vector<Message>> PostgresTx::RecentMessages(const std::string& tenan
   KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
   KEEL_ASSIGN_OR_RETURN(auto rows,
                         conn_.Query(kSql, P(tenant_id, session_id, before_id, LimitParam(limit))));
-  auto out = Collect<Message>(rows, ReadMessage);
+  auto out = Collect<Message>(rows, ReadMessage<Row>);
   std::reverse(out.begin(), out.end());
   return out;
 }
@@ -533,7 +397,7 @@ Result<Run> PostgresTx::GetRun(const std::string& tenant_id, const std::string& 
       "SELECT " + std::string(kRunCols) + " FROM runs WHERE tenant_id=$1 AND id=$2";
   KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
   KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, id)));
-  return One<Run>(rows, ReadRun, "run not found: " + id);
+  return One<Run>(rows, ReadRun<Row>, "run not found: " + id);
 }
 
 Result<Paged<Run>> PostgresTx::ListRuns(const std::string& tenant_id, const std::string& session_id,
@@ -551,7 +415,7 @@ Result<Paged<Run>> PostgresTx::ListRuns(const std::string& tenant_id, const std:
                   ? conn_.Query(kAll, P(tenant_id, cursor, limit + 1))
                   : conn_.Query(kOfSession, P(tenant_id, session_id, cursor, limit + 1));
   if (!rows.ok()) return rows.status();
-  return MakePage(Collect<Run>(*rows, ReadRun), limit, [](const Run& r) { return r.id; });
+  return MakePage(Collect<Run>(*rows, ReadRun<Row>), limit, [](const Run& r) { return r.id; });
 }
 
 Result<int64_t> PostgresTx::CountActiveRuns(const std::string& tenant_id) {
@@ -584,7 +448,7 @@ Result<std::vector<Run>> PostgresTx::ClaimableRuns(Millis now, int limit) {
       "lease_expires_at<$1) claimable ORDER BY id LIMIT $2";
   return AsSystem([&]() -> Result<std::vector<Run>> {
     KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(now, LimitParam(limit))));
-    return Collect<Run>(rows, ReadRun);
+    return Collect<Run>(rows, ReadRun<Row>);
   });
 }
 
@@ -629,7 +493,7 @@ Result<std::vector<Step>> PostgresTx::ListSteps(const std::string& tenant_id,
                                   " FROM run_steps WHERE tenant_id=$1 AND run_id=$2 ORDER BY seq";
   KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
   KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, run_id)));
-  return Collect<Step>(rows, ReadStep);
+  return Collect<Step>(rows, ReadStep<Row>);
 }
 
 Status PostgresTx::InsertToolCall(const ToolCall& c) {
@@ -657,7 +521,7 @@ Result<std::vector<ToolCall>> PostgresTx::ListToolCalls(const std::string& tenan
                                   " FROM tool_calls WHERE tenant_id=$1 AND run_id=$2 ORDER BY id";
   KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
   KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, run_id)));
-  return Collect<ToolCall>(rows, ReadToolCall);
+  return Collect<ToolCall>(rows, ReadToolCall<Row>);
 }
 
 // ---- EventLog
@@ -710,7 +574,7 @@ Result<std::vector<Event>> PostgresTx::ReadEvents(const std::string& tenant_id, 
   KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
   KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, after, f.agent_id, f.session_id,
                                                        f.run_id, std::clamp(limit, 1, 1000))));
-  return Collect<Event>(rows, ReadEvent);
+  return Collect<Event>(rows, ReadEvent<Row>);
 }
 
 Result<int64_t> PostgresTx::LastPosition() {

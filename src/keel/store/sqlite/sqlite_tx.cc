@@ -3,15 +3,13 @@
 #include <algorithm>
 
 #include "keel/common/ids.h"
+#include "keel/store/rows.h"
 
 namespace keel::store::sqlite {
 namespace {
 
-Json ParseStored(const std::string& text) {
-  if (text.empty()) return nullptr;
-  Json j = Json::parse(text, nullptr, false);
-  return j.is_discarded() ? Json(nullptr) : j;
-}
+using namespace rows;  // NOLINT: the shared record readers
+
 
 int ClampLimit(int limit) { return std::clamp(limit, 1, 500); }
 
@@ -27,134 +25,12 @@ Paged<T> MakePage(std::vector<T> rows, int limit, KeyFn key) {
   return page;
 }
 
-constexpr const char* kAgentCols =
-    "id, tenant_id, name, model, instructions, tools, config, status, created_at, updated_at";
-Agent ReadAgent(const Stmt& s) {
-  Agent a;
-  a.id = s.Text(0);
-  a.tenant_id = s.Text(1);
-  a.name = s.Text(2);
-  a.model = s.Text(3);
-  a.instructions = s.Text(4);
-  a.tools = ParseStored(s.Text(5));
-  a.config = ParseStored(s.Text(6));
-  a.status = s.Text(7);
-  a.created_at = s.Int(8);
-  a.updated_at = s.Int(9);
-  return a;
-}
 
-constexpr const char* kSessionCols =
-    "id, tenant_id, agent_id, status, title, created_at, updated_at";
-Session ReadSession(const Stmt& s) {
-  Session x;
-  x.id = s.Text(0);
-  x.tenant_id = s.Text(1);
-  x.agent_id = s.Text(2);
-  x.status = s.Text(3);
-  x.title = s.Text(4);
-  x.created_at = s.Int(5);
-  x.updated_at = s.Int(6);
-  return x;
-}
 
-constexpr const char* kMessageCols =
-    "id, tenant_id, session_id, run_id, role, content, idempotency_key, created_at";
-Message ReadMessage(const Stmt& s) {
-  Message m;
-  m.id = s.Text(0);
-  m.tenant_id = s.Text(1);
-  m.session_id = s.Text(2);
-  m.run_id = s.Text(3);
-  m.role = s.Text(4);
-  m.content = s.Text(5);
-  m.idempotency_key = s.Text(6);
-  m.created_at = s.Int(7);
-  return m;
-}
 
-constexpr const char* kRunCols =
-    "id, tenant_id, session_id, agent_id, message_id, status, attempt, output, error, "
-    "input_tokens, output_tokens, lease_owner, lease_expires_at, cancel_requested, created_at, "
-    "started_at, finished_at";
-Run ReadRun(const Stmt& s) {
-  Run r;
-  r.id = s.Text(0);
-  r.tenant_id = s.Text(1);
-  r.session_id = s.Text(2);
-  r.agent_id = s.Text(3);
-  r.message_id = s.Text(4);
-  r.status = s.Text(5);
-  r.attempt = static_cast<int>(s.Int(6));
-  r.output = s.Text(7);
-  r.error = ParseStored(s.Text(8));
-  r.input_tokens = s.Int(9);
-  r.output_tokens = s.Int(10);
-  r.lease_owner = s.Text(11);
-  r.lease_expires_at = s.Int(12);
-  r.cancel_requested = s.Int(13) != 0;
-  r.created_at = s.Int(14);
-  r.started_at = s.OptInt(15);
-  r.finished_at = s.OptInt(16);
-  return r;
-}
 
-constexpr const char* kStepCols =
-    "id, tenant_id, run_id, seq, kind, status, input, output, started_at, finished_at";
-Step ReadStep(const Stmt& s) {
-  Step x;
-  x.id = s.Text(0);
-  x.tenant_id = s.Text(1);
-  x.run_id = s.Text(2);
-  x.seq = static_cast<int>(s.Int(3));
-  x.kind = s.Text(4);
-  x.status = s.Text(5);
-  x.input = ParseStored(s.Text(6));
-  x.output = ParseStored(s.Text(7));
-  x.started_at = s.Int(8);
-  x.finished_at = s.OptInt(9);
-  return x;
-}
 
-constexpr const char* kToolCallCols =
-    "id, tenant_id, run_id, step_id, call_id, tool, arguments, effect_class, effect_key, status, "
-    "result, created_at, updated_at";
-ToolCall ReadToolCall(const Stmt& s) {
-  ToolCall c;
-  c.id = s.Text(0);
-  c.tenant_id = s.Text(1);
-  c.run_id = s.Text(2);
-  c.step_id = s.Text(3);
-  c.call_id = s.Text(4);
-  c.tool = s.Text(5);
-  c.arguments = ParseStored(s.Text(6));
-  c.effect_class = s.Text(7);
-  c.effect_key = s.Text(8);
-  c.status = s.Text(9);
-  c.result = ParseStored(s.Text(10));
-  c.created_at = s.Int(11);
-  c.updated_at = s.Int(12);
-  return c;
-}
 
-constexpr const char* kEventCols =
-    "position, id, tenant_id, type, origin, origin_seq, agent_id, session_id, run_id, payload, "
-    "occurred_at";
-Event ReadEvent(const Stmt& s) {
-  Event e;
-  e.position = s.Int(0);
-  e.id = s.Text(1);
-  e.tenant_id = s.Text(2);
-  e.type = s.Text(3);
-  e.origin = s.Text(4);
-  e.origin_seq = s.Int(5);
-  e.agent_id = s.Text(6);
-  e.session_id = s.Text(7);
-  e.run_id = s.Text(8);
-  e.payload = ParseStored(s.Text(9));
-  e.occurred_at = s.Int(10);
-  return e;
-}
 
 template <typename T, typename ReadFn>
 Result<std::vector<T>> Collect(Stmt& s, ReadFn read) {
@@ -201,18 +77,6 @@ Result<std::vector<Tenant>> SqliteTx::ListTenants() {
 // ---- TokenStore
 
 namespace {
-constexpr const char* kTokenCols = "id, tenant_id, name, role, hash, created_at, revoked_at";
-Token ReadToken(const Stmt& s) {
-  Token t;
-  t.id = s.Text(0);
-  t.tenant_id = s.Text(1);
-  t.name = s.Text(2);
-  t.role = s.Text(3);
-  t.hash = s.Text(4);
-  t.created_at = s.Int(5);
-  t.revoked_at = s.OptInt(6);
-  return t;
-}
 }  // namespace
 
 Status SqliteTx::InsertToken(const Token& t) {
@@ -227,7 +91,7 @@ Result<Token> SqliteTx::FindActiveTokenByHash(const std::string& hash) {
                                             " FROM api_tokens WHERE hash=? AND revoked_at IS NULL";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(hash);
-  return One<Token>(s, ReadToken, "token not found");
+  return One<Token>(s, ReadToken<Stmt>, "token not found");
 }
 
 Result<std::vector<Token>> SqliteTx::ListTokens(const std::string& tenant_id) {
@@ -235,7 +99,7 @@ Result<std::vector<Token>> SqliteTx::ListTokens(const std::string& tenant_id) {
                                             " FROM api_tokens WHERE tenant_id=? ORDER BY id";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id);
-  return Collect<Token>(s, ReadToken);
+  return Collect<Token>(s, ReadToken<Stmt>);
 }
 
 Status SqliteTx::RevokeToken(const std::string& tenant_id, const std::string& id, Millis at) {
@@ -286,7 +150,7 @@ Result<Agent> SqliteTx::GetAgent(const std::string& tenant_id, const std::string
                                             "status != 'deleted'";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, id);
-  return One<Agent>(s, ReadAgent, "agent not found: " + id);
+  return One<Agent>(s, ReadAgent<Stmt>, "agent not found: " + id);
 }
 
 Result<Agent> SqliteTx::GetAgentByName(const std::string& tenant_id, const std::string& name) {
@@ -295,7 +159,7 @@ Result<Agent> SqliteTx::GetAgentByName(const std::string& tenant_id, const std::
                                             "status != 'deleted'";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, name);
-  return One<Agent>(s, ReadAgent, "agent not found: " + name);
+  return One<Agent>(s, ReadAgent<Stmt>, "agent not found: " + name);
 }
 
 Result<Paged<Agent>> SqliteTx::ListAgents(const std::string& tenant_id, const Page& page) {
@@ -305,7 +169,7 @@ Result<Paged<Agent>> SqliteTx::ListAgents(const std::string& tenant_id, const Pa
                                             "status != 'deleted' ORDER BY id LIMIT ?";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, DecodeCursor(page.cursor), limit + 1);
-  KEEL_ASSIGN_OR_RETURN(auto rows, Collect<Agent>(s, ReadAgent));
+  KEEL_ASSIGN_OR_RETURN(auto rows, Collect<Agent>(s, ReadAgent<Stmt>));
   return MakePage(std::move(rows), limit, [](const Agent& a) { return a.id; });
 }
 
@@ -345,7 +209,7 @@ Result<Session> SqliteTx::GetSession(const std::string& tenant_id, const std::st
                                             " FROM sessions WHERE tenant_id=? AND id=?";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, id);
-  return One<Session>(s, ReadSession, "session not found: " + id);
+  return One<Session>(s, ReadSession<Stmt>, "session not found: " + id);
 }
 
 Result<Paged<Session>> SqliteTx::ListSessions(const std::string& tenant_id,
@@ -356,7 +220,7 @@ Result<Paged<Session>> SqliteTx::ListSessions(const std::string& tenant_id,
                                             "id>? ORDER BY id LIMIT ?";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, agent_id, DecodeCursor(page.cursor), limit + 1);
-  KEEL_ASSIGN_OR_RETURN(auto rows, Collect<Session>(s, ReadSession));
+  KEEL_ASSIGN_OR_RETURN(auto rows, Collect<Session>(s, ReadSession<Stmt>));
   return MakePage(std::move(rows), limit, [](const Session& x) { return x.id; });
 }
 
@@ -376,7 +240,7 @@ Result<Message> SqliteTx::GetMessage(const std::string& tenant_id, const std::st
                                             " FROM messages WHERE tenant_id=? AND id=?";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, id);
-  return One<Message>(s, ReadMessage, "message not found: " + id);
+  return One<Message>(s, ReadMessage<Stmt>, "message not found: " + id);
 }
 
 Result<std::optional<Message>> SqliteTx::FindByIdempotencyKey(const std::string& tenant_id,
@@ -400,7 +264,7 @@ Result<Paged<Message>> SqliteTx::ListMessages(const std::string& tenant_id,
                                             "AND id>? ORDER BY id LIMIT ?";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, session_id, DecodeCursor(page.cursor), limit + 1);
-  KEEL_ASSIGN_OR_RETURN(auto rows, Collect<Message>(s, ReadMessage));
+  KEEL_ASSIGN_OR_RETURN(auto rows, Collect<Message>(s, ReadMessage<Stmt>));
   return MakePage(std::move(rows), limit, [](const Message& m) { return m.id; });
 }
 
@@ -412,7 +276,7 @@ Result<std::vector<Message>> SqliteTx::RecentMessages(const std::string& tenant_
                                             "AND id<? ORDER BY id DESC LIMIT ?";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, session_id, before_id, limit);
-  KEEL_ASSIGN_OR_RETURN(auto rows, Collect<Message>(s, ReadMessage));
+  KEEL_ASSIGN_OR_RETURN(auto rows, Collect<Message>(s, ReadMessage<Stmt>));
   std::reverse(rows.begin(), rows.end());
   return rows;
 }
@@ -450,7 +314,7 @@ Result<Run> SqliteTx::GetRun(const std::string& tenant_id, const std::string& id
                                             " FROM runs WHERE tenant_id=? AND id=?";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, id);
-  return One<Run>(s, ReadRun, "run not found: " + id);
+  return One<Run>(s, ReadRun<Stmt>, "run not found: " + id);
 }
 
 Result<Paged<Run>> SqliteTx::ListRuns(const std::string& tenant_id, const std::string& session_id,
@@ -464,7 +328,7 @@ Result<Paged<Run>> SqliteTx::ListRuns(const std::string& tenant_id, const std::s
                                       "ORDER BY id LIMIT ?";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(session_id.empty() ? kAll : kSession));
   s.BindAll(tenant_id, session_id, DecodeCursor(page.cursor), limit + 1);
-  KEEL_ASSIGN_OR_RETURN(auto rows, Collect<Run>(s, ReadRun));
+  KEEL_ASSIGN_OR_RETURN(auto rows, Collect<Run>(s, ReadRun<Stmt>));
   return MakePage(std::move(rows), limit, [](const Run& r) { return r.id; });
 }
 
@@ -496,7 +360,7 @@ Result<std::vector<Run>> SqliteTx::ClaimableRuns(Millis now, int limit) {
       "lease_expires_at<?) ORDER BY id LIMIT ?";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(now, limit);
-  return Collect<Run>(s, ReadRun);
+  return Collect<Run>(s, ReadRun<Stmt>);
 }
 
 Status SqliteTx::ExpireLeasesOf(const std::string& owner) {
@@ -543,7 +407,7 @@ Result<std::vector<Step>> SqliteTx::ListSteps(const std::string& tenant_id,
                                             "ORDER BY seq";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, run_id);
-  return Collect<Step>(s, ReadStep);
+  return Collect<Step>(s, ReadStep<Stmt>);
 }
 
 Status SqliteTx::InsertToolCall(const ToolCall& c) {
@@ -573,7 +437,7 @@ Result<std::vector<ToolCall>> SqliteTx::ListToolCalls(const std::string& tenant_
                                             "ORDER BY id";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, run_id);
-  return Collect<ToolCall>(s, ReadToolCall);
+  return Collect<ToolCall>(s, ReadToolCall<Stmt>);
 }
 
 // ---- EventLog
@@ -623,7 +487,7 @@ Result<std::vector<Event>> SqliteTx::ReadEvents(const std::string& tenant_id, in
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, after, f.agent_id, f.agent_id, f.session_id, f.session_id, f.run_id,
             f.run_id, std::clamp(limit, 1, 1000));
-  return Collect<Event>(s, ReadEvent);
+  return Collect<Event>(s, ReadEvent<Stmt>);
 }
 
 Result<int64_t> SqliteTx::LastPosition() {

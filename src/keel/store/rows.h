@@ -1,0 +1,169 @@
+#pragma once
+// Internal to the store backends: the column lists of each record and how a result row maps to
+// it. Both backends select the same columns in the same order, so one reader per record serves
+// both; `Row` is the backend's row view with Text(i), Int(i) and OptInt(i).
+
+#include <string>
+
+#include "keel/store/types.h"
+
+namespace keel::store::rows {
+
+// A JSON column as stored (nlohmann dump); empty or unreadable text reads as null.
+inline Json ParseStored(const std::string& text) {
+  if (text.empty()) return nullptr;
+  Json j = Json::parse(text, nullptr, false);
+  return j.is_discarded() ? Json(nullptr) : j;
+}
+
+inline constexpr const char* kTokenCols = "id, tenant_id, name, role, hash, created_at, revoked_at";
+template <typename Row>
+Token ReadToken(const Row& s) {
+  Token t;
+  t.id = s.Text(0);
+  t.tenant_id = s.Text(1);
+  t.name = s.Text(2);
+  t.role = s.Text(3);
+  t.hash = s.Text(4);
+  t.created_at = s.Int(5);
+  t.revoked_at = s.OptInt(6);
+  return t;
+}
+
+inline constexpr const char* kAgentCols =
+    "id, tenant_id, name, model, instructions, tools, config, status, created_at, updated_at";
+template <typename Row>
+Agent ReadAgent(const Row& s) {
+  Agent a;
+  a.id = s.Text(0);
+  a.tenant_id = s.Text(1);
+  a.name = s.Text(2);
+  a.model = s.Text(3);
+  a.instructions = s.Text(4);
+  a.tools = ParseStored(s.Text(5));
+  a.config = ParseStored(s.Text(6));
+  a.status = s.Text(7);
+  a.created_at = s.Int(8);
+  a.updated_at = s.Int(9);
+  return a;
+}
+
+inline constexpr const char* kSessionCols =
+    "id, tenant_id, agent_id, status, title, created_at, updated_at";
+template <typename Row>
+Session ReadSession(const Row& s) {
+  Session x;
+  x.id = s.Text(0);
+  x.tenant_id = s.Text(1);
+  x.agent_id = s.Text(2);
+  x.status = s.Text(3);
+  x.title = s.Text(4);
+  x.created_at = s.Int(5);
+  x.updated_at = s.Int(6);
+  return x;
+}
+
+inline constexpr const char* kMessageCols =
+    "id, tenant_id, session_id, run_id, role, content, idempotency_key, created_at";
+template <typename Row>
+Message ReadMessage(const Row& s) {
+  Message m;
+  m.id = s.Text(0);
+  m.tenant_id = s.Text(1);
+  m.session_id = s.Text(2);
+  m.run_id = s.Text(3);
+  m.role = s.Text(4);
+  m.content = s.Text(5);
+  m.idempotency_key = s.Text(6);
+  m.created_at = s.Int(7);
+  return m;
+}
+
+inline constexpr const char* kRunCols =
+    "id, tenant_id, session_id, agent_id, message_id, status, attempt, output, error, "
+    "input_tokens, output_tokens, lease_owner, lease_expires_at, cancel_requested, created_at, "
+    "started_at, finished_at";
+template <typename Row>
+Run ReadRun(const Row& s) {
+  Run r;
+  r.id = s.Text(0);
+  r.tenant_id = s.Text(1);
+  r.session_id = s.Text(2);
+  r.agent_id = s.Text(3);
+  r.message_id = s.Text(4);
+  r.status = s.Text(5);
+  r.attempt = static_cast<int>(s.Int(6));
+  r.output = s.Text(7);
+  r.error = ParseStored(s.Text(8));
+  r.input_tokens = s.Int(9);
+  r.output_tokens = s.Int(10);
+  r.lease_owner = s.Text(11);
+  r.lease_expires_at = s.Int(12);
+  r.cancel_requested = s.Int(13) != 0;
+  r.created_at = s.Int(14);
+  r.started_at = s.OptInt(15);
+  r.finished_at = s.OptInt(16);
+  return r;
+}
+
+inline constexpr const char* kStepCols =
+    "id, tenant_id, run_id, seq, kind, status, input, output, started_at, finished_at";
+template <typename Row>
+Step ReadStep(const Row& s) {
+  Step x;
+  x.id = s.Text(0);
+  x.tenant_id = s.Text(1);
+  x.run_id = s.Text(2);
+  x.seq = static_cast<int>(s.Int(3));
+  x.kind = s.Text(4);
+  x.status = s.Text(5);
+  x.input = ParseStored(s.Text(6));
+  x.output = ParseStored(s.Text(7));
+  x.started_at = s.Int(8);
+  x.finished_at = s.OptInt(9);
+  return x;
+}
+
+inline constexpr const char* kToolCallCols =
+    "id, tenant_id, run_id, step_id, call_id, tool, arguments, effect_class, effect_key, status, "
+    "result, created_at, updated_at";
+template <typename Row>
+ToolCall ReadToolCall(const Row& s) {
+  ToolCall c;
+  c.id = s.Text(0);
+  c.tenant_id = s.Text(1);
+  c.run_id = s.Text(2);
+  c.step_id = s.Text(3);
+  c.call_id = s.Text(4);
+  c.tool = s.Text(5);
+  c.arguments = ParseStored(s.Text(6));
+  c.effect_class = s.Text(7);
+  c.effect_key = s.Text(8);
+  c.status = s.Text(9);
+  c.result = ParseStored(s.Text(10));
+  c.created_at = s.Int(11);
+  c.updated_at = s.Int(12);
+  return c;
+}
+
+inline constexpr const char* kEventCols =
+    "position, id, tenant_id, type, origin, origin_seq, agent_id, session_id, run_id, payload, "
+    "occurred_at";
+template <typename Row>
+Event ReadEvent(const Row& s) {
+  Event e;
+  e.position = s.Int(0);
+  e.id = s.Text(1);
+  e.tenant_id = s.Text(2);
+  e.type = s.Text(3);
+  e.origin = s.Text(4);
+  e.origin_seq = s.Int(5);
+  e.agent_id = s.Text(6);
+  e.session_id = s.Text(7);
+  e.run_id = s.Text(8);
+  e.payload = ParseStored(s.Text(9));
+  e.occurred_at = s.Int(10);
+  return e;
+}
+
+}  // namespace keel::store::rows
