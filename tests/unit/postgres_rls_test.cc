@@ -9,63 +9,17 @@
 #include <libpq-fe.h>
 
 #include <cstdlib>
-#include <random>
 #include <string>
 #include <vector>
 
-#include <unistd.h>
 
 #include "keel/common/ids.h"
 #include "keel/store/store.h"
+#include "pg_test_database.h"
 
 namespace keel::store {
 namespace {
 
-constexpr const char* kPgSkip =
-    "PostgreSQL cases are off: set KEEL_TEST_PG_ADMIN_URL to a server role with CREATEDB "
-    "(`make test` starts a throwaway cluster and sets it; or run the binary under "
-    "scripts/with-pg.sh)";
-
-const char* PgAdminUrl() {
-  const char* v = std::getenv("KEEL_TEST_PG_ADMIN_URL");
-  return v && *v ? v : nullptr;
-}
-
-// postgres://[userinfo@]hostport[/db][?query], split so that user and database can be swapped.
-struct PgUrl {
-  std::string scheme, userinfo, hostport, db, query;
-
-  static PgUrl Parse(const std::string& url) {
-    PgUrl p;
-    size_t s = url.find("://");
-    std::string rest = url;
-    if (s != std::string::npos) {
-      p.scheme = url.substr(0, s + 3);
-      rest = url.substr(s + 3);
-    }
-    if (size_t q = rest.find('?'); q != std::string::npos) {
-      p.query = rest.substr(q);
-      rest.resize(q);
-    }
-    if (size_t slash = rest.find('/'); slash != std::string::npos) {
-      p.db = rest.substr(slash + 1);
-      rest.resize(slash);
-    }
-    if (size_t at = rest.rfind('@'); at != std::string::npos) {
-      p.userinfo = rest.substr(0, at);
-      p.hostport = rest.substr(at + 1);
-    } else {
-      p.hostport = rest;
-    }
-    return p;
-  }
-  std::string user() const { return userinfo.substr(0, userinfo.find(':')); }
-  std::string str() const {
-    return scheme + (userinfo.empty() ? "" : userinfo + "@") + hostport + "/" + db + query;
-  }
-};
-
-void IgnoreNotice(void*, const char*) {}
 
 // A libpq connection; Exec returns the result (checked by the caller).
 class PgConn {
@@ -119,35 +73,15 @@ class PgConn {
   PGconn* c_;
 };
 
-std::string RandomDbName() {
-  static std::mt19937_64 rng(std::random_device{}() ^ static_cast<uint64_t>(NowMillis()) ^
-                             (static_cast<uint64_t>(::getpid()) << 32));
-  static const char* kHex = "0123456789abcdef";
-  std::string name = "keel_t_";
-  for (int i = 0; i < 16; ++i) name += kHex[rng() % 16];
-  return name;
-}
 
 class PostgresRlsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const char* admin = PgAdminUrl();
-    if (!admin) GTEST_SKIP() << kPgSkip;
-    admin_ = admin;
-    PgUrl store = PgUrl::Parse(admin_);
-    store.userinfo = "keel";
-    if (const char* u = std::getenv("KEEL_TEST_PG_URL"); u && *u) store = PgUrl::Parse(u);
-    role_ = store.user();
-    std::string name = RandomDbName();
-    store.db = name;
-    url_ = store.str();
-    {
-      PgConn c(admin_);
-      ASSERT_TRUE(c.ok()) << "cannot connect to KEEL_TEST_PG_ADMIN_URL: " << c.error();
-      auto r = c.Exec("CREATE DATABASE " + name + " OWNER \"" + role_ + "\"");
-      ASSERT_EQ(r.error, "");
-    }
-    db_ = name;
+    if (!PgAdminUrl()) GTEST_SKIP() << kPgSkip;
+    Status created = db_.Create();
+    ASSERT_TRUE(created.ok()) << created.ToString();
+    url_ = db_.url();
+    role_ = PgUrl::Parse(url_).user();
 
     // Migrate and fill it through the store: tenant A has 3 agents and 3 sessions, B has 2.
     StoreOptions o;
@@ -183,14 +117,7 @@ class PostgresRlsTest : public ::testing::Test {
     ASSERT_TRUE(conn_->ok()) << "cannot connect as " << role_ << ": " << conn_->error();
   }
 
-  void TearDown() override {
-    conn_.reset();
-    if (!db_.empty()) {
-      PgConn c(admin_);
-      auto r = c.Exec("DROP DATABASE IF EXISTS " + db_ + " WITH (FORCE)");
-      EXPECT_EQ(r.error, "");
-    }
-  }
+  void TearDown() override { conn_.reset(); }  // before db_ drops the database
 
   std::string Count(const std::string& table, const std::string& where = "") {
     return conn_->Value("SELECT count(*) FROM " + table + (where.empty() ? "" : " WHERE " + where));
@@ -200,7 +127,8 @@ class PostgresRlsTest : public ::testing::Test {
     ASSERT_EQ(conn_->Value("SELECT set_config('app.tenant_id', $1, true)", {tenant_id}), tenant_id);
   }
 
-  std::string admin_, url_, role_, db_;
+  PgTestDatabase db_;
+  std::string url_, role_;
   Tenant a_, b_;
   std::unique_ptr<PgConn> conn_;
 };
