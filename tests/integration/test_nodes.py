@@ -12,7 +12,8 @@ from keel_harness import KeelServer, KeelTestCase, SseClient, sse_url
 
 DELTA = "message.delta"
 ON_PG = os.environ.get("KEEL_TEST_STORE") == "postgres"
-NODE_ENV = {"KEEL_LEASE_MS": "2000"}  # for a kill -9 test to come (needs a slow tool)
+LEASE_MS = 2000
+NODE_ENV = {"KEEL_LEASE_MS": str(LEASE_MS)}
 
 
 def completes(run_id):
@@ -91,6 +92,80 @@ class NodesTest(KeelTestCase):
                           "turn %d: ?wait=10 on B returned a run still %r after %.1fs"
                           % (turn, body["run"]["status"], took))
             self.assertLess(took, 5.0, "turn %d: ?wait on B took %.1fs" % (turn, took))
+
+    def leaders(self):
+        out = []
+        for s in (self.a, self.b):
+            status, body, _ = s.request("GET", "/healthz", token=None, timeout=10)
+            self.assertEqual(status, 200, body)
+            out.append(body["leader"])
+        return out
+
+    def wait_leaders(self, expected, timeout=10):
+        deadline = time.monotonic() + timeout
+        while True:
+            got = self.leaders()
+            if got == expected or time.monotonic() > deadline:
+                return got
+            time.sleep(0.1)
+
+    def test_one_leader_and_a_survivor_takes_over(self):
+        got = self.wait_leaders([True, False], timeout=5)
+        if got != [True, False]:
+            got = self.wait_leaders([False, True], timeout=1)
+        self.assertEqual(sorted(got), [False, True], "exactly one node leads: %s" % got)
+        leader, other = (self.a, self.b) if got[0] else (self.b, self.a)
+        leader.kill9()
+        t0 = time.monotonic()
+        try:
+            deadline = t0 + 10
+            while time.monotonic() < deadline:
+                status, body, _ = other.request("GET", "/healthz", token=None, timeout=10)
+                if body.get("leader"):
+                    break
+                time.sleep(0.05)
+            took = time.monotonic() - t0
+            self.assertTrue(body.get("leader"), "the survivor did not take the lead within 10s")
+            self.assertLess(took, 3.0, "the survivor took the lead only after %.1fs" % took)
+        finally:
+            leader.start()
+        # The restarted node does not take it back.
+        time.sleep(1.5)
+        got = self.leaders()
+        self.assertEqual(got, [leader is self.b, leader is self.a],
+                         "leadership after the old leader came back: %s" % got)
+
+    def test_a_dead_nodes_runs_resume_on_a_survivor(self):
+        a, b = self.a, self.b
+        agent = a.create_agent(config={"local_latency_ms": 1500})
+        sessions = [a.create_session(agent["id"])["id"] for _ in range(3)]
+        runs = []
+        for sid in sessions:
+            status, body, _ = a.post_message(sid, '/call notes.append {"line": "%s"}' % sid)
+            self.assertIn(status, (200, 202), body)
+            runs.append(body["run"]["id"])
+        # Let A claim them and start its first (slow) model step, then kill it.
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if all(b.get_run(r)["status"] == "running" for r in runs):
+                break
+            time.sleep(0.05)
+        a.kill9()
+        killed = time.monotonic()
+        try:
+            finals = [b.wait_run(r, timeout=30) for r in runs]
+        finally:
+            a.start()
+        took = time.monotonic() - killed
+        for r in finals:
+            self.assertEqual(r["status"], "done", r)
+            self.assertEqual(r["attempt"], 2, "resumed once by B: %s" % r)
+        # lease + the poll interval + two slow model steps
+        self.assertLess(took, LEASE_MS / 1000 + 1.0 + 2 * 1.5 + 2.0,
+                        "B finished A's runs only %.1fs after the kill" % took)
+        for rid in runs:
+            tools = [x for x in b.steps(rid) if x["kind"] == "tool"]
+            self.assertEqual(len(tools), 1, "run %s: the call ran %d times" % (rid, len(tools)))
 
 
 if __name__ == "__main__":

@@ -214,5 +214,56 @@ TEST_F(PostgresRlsTest, RowsForAnotherTenantCannotBeWritten) {
   ASSERT_EQ(conn_->Exec("ROLLBACK").error, "");
 }
 
+// A claim locks the run's row with FOR UPDATE SKIP LOCKED: while another transaction holds the
+// row, LockRun answers kConflict at once instead of waiting, and claims it once the row is free.
+TEST_F(PostgresRlsTest, LockRunSkipsARunLockedByAnotherTransaction) {
+  ASSERT_NO_FATAL_FAILURE(Begin(a_.id));
+  auto sess = conn_->Exec("SELECT id, agent_id FROM sessions ORDER BY id LIMIT 1");
+  ASSERT_EQ(sess.error, "");
+  ASSERT_EQ(sess.rows.size(), 1u);
+  ASSERT_EQ(conn_->Exec("ROLLBACK").error, "");
+
+  StoreOptions o;
+  o.origin = "node-claim";
+  auto opened = OpenStore(url_, o);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  std::unique_ptr<Store> s = std::move(opened).value();
+  Message m;
+  m.id = NewId();
+  m.tenant_id = a_.id;
+  m.session_id = sess.rows[0][0];
+  m.role = "user";
+  m.content = "hi";
+  m.created_at = NowMillis();
+  store::Run run;
+  run.id = NewId();
+  run.tenant_id = a_.id;
+  run.session_id = sess.rows[0][0];
+  run.agent_id = sess.rows[0][1];
+  run.message_id = m.id;
+  run.created_at = NowMillis();
+  ASSERT_TRUE(s->WriteSync([&](Tx& tx) -> Status {
+                 KEEL_RETURN_IF_ERROR(tx.messages().InsertMessage(m));
+                 return tx.runs().InsertRun(run);
+               }).ok());
+
+  ASSERT_NO_FATAL_FAILURE(Begin(a_.id));
+  auto held = conn_->Exec("SELECT id FROM runs WHERE id = $1 FOR UPDATE", {run.id});
+  ASSERT_EQ(held.error, "");
+  ASSERT_EQ(held.rows.size(), 1u);
+  Status locked = s->WriteSync(
+      [&](Tx& tx) -> Status { return tx.runs().LockRun(a_.id, run.id).status(); });
+  EXPECT_EQ(locked.code(), Code::kConflict) << locked.ToString();
+  ASSERT_EQ(conn_->Exec("ROLLBACK").error, "");
+
+  Status free = s->WriteSync([&](Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(auto r, tx.runs().LockRun(a_.id, run.id));
+    EXPECT_EQ(r.id, run.id);
+    EXPECT_EQ(r.status, "queued");
+    return tx.runs().LockRun(a_.id, NewId()).status();
+  });
+  EXPECT_EQ(free.code(), Code::kNotFound) << free.ToString();
+}
+
 }  // namespace
 }  // namespace keel::store

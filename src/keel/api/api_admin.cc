@@ -16,8 +16,8 @@ using http::Request;
 using http::Response;
 
 void RegisterHealthRoutes(http::Router& router, ApiContext& ctx) {
-  router.Add("GET", "/healthz", [](Request&) -> asio::awaitable<Response> {
-    co_return Response::Json(200, {{"status", "ok"}});
+  router.Add("GET", "/healthz", [&ctx](Request&) -> asio::awaitable<Response> {
+    co_return Response::Json(200, {{"status", "ok"}, {"leader", ctx.store.leader()}});
   }, /*requires_auth=*/false);
   router.Add("GET", "/readyz", [&ctx](Request&) -> asio::awaitable<Response> {
     Status st = ctx.store.Read([](store::Tx& tx) { return tx.events().LastPosition().status(); });
@@ -36,6 +36,9 @@ void RegisterHealthRoutes(http::Router& router, ApiContext& ctx) {
     extra += "# HELP keel_store_failed_units_total Units of work rolled back.\n"
              "# TYPE keel_store_failed_units_total counter\nkeel_store_failed_units_total " +
              std::to_string(s.failed_units) + "\n";
+    extra += "# HELP keel_leader 1 while this node leads the cluster (always, on SQLite).\n"
+             "# TYPE keel_leader gauge\nkeel_leader " +
+             std::string(ctx.store.leader() ? "1" : "0") + "\n";
     Response r;
     r.content_type = "text/plain; version=0.0.4";
     r.body = ctx.metrics.Render(extra);

@@ -43,6 +43,12 @@ Status ValidateConfig(const Json& config) {
       return InvalidArgument("config.max_steps must be an integer from 1 to 1000");
     }
   }
+  if (config.contains("local_latency_ms")) {
+    const auto& m = config["local_latency_ms"];
+    if (!m.is_number_integer() || m.get<int64_t>() < 0 || m.get<int64_t>() > 60000) {
+      return InvalidArgument("config.local_latency_ms must be an integer from 0 to 60000");
+    }
+  }
   if (config.contains("local_rules")) {
     const auto& rules = config["local_rules"];
     if (!rules.is_array()) return InvalidArgument("config.local_rules must be an array");

@@ -1,5 +1,10 @@
 #include "keel/model/local_model.h"
 
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <chrono>
 #include <regex>
 #include <sstream>
 
@@ -136,6 +141,16 @@ Result<ModelResponse> LocalModel::Decide(const ModelRequest& request) {
 
 boost::asio::awaitable<Result<ModelResponse>> LocalModel::Complete(const ModelRequest& request,
                                                                    DeltaSink on_delta) {
+  // A simulated model latency (config.local_latency_ms), for demos and for tests that need
+  // runs in flight; checked to be 0..60000 when the agent is written.
+  const Json& latency = request.agent_config.contains("local_latency_ms")
+                            ? request.agent_config["local_latency_ms"]
+                            : Json();
+  if (latency.is_number_integer() && latency.get<int64_t>() > 0) {
+    boost::asio::steady_timer timer(co_await boost::asio::this_coro::executor);
+    timer.expires_after(std::chrono::milliseconds(latency.get<int64_t>()));
+    co_await timer.async_wait(boost::asio::use_awaitable);
+  }
   auto response = Decide(request);
   if (response.ok() && on_delta && !response->text.empty()) {
     const std::string& text = response->text;

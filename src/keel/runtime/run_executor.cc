@@ -67,7 +67,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
   const std::string origin = store_.origin();
   Millis now = NowMillis();
   auto claim = [&](store::Tx& tx) -> Status {
-    KEEL_ASSIGN_OR_RETURN(auto cur, tx.runs().GetRun(run.tenant_id, run.id));
+    KEEL_ASSIGN_OR_RETURN(auto cur, tx.runs().LockRun(run.tenant_id, run.id));
     bool resumable = cur.status == "running" && cur.lease_expires_at < now;
     if (cur.status != "queued" && !resumable) return Conflict("run is not claimable");
     cur.status = "running";

@@ -87,6 +87,10 @@ class RunStore {
   // Writes every mutable field of the run (status, attempt, output, error, usage, lease, times).
   virtual Status UpdateRun(const Run& r) = 0;
   virtual Result<Run> GetRun(const std::string& tenant_id, const std::string& id) = 0;
+  // GetRun for a claim: also locks the run's row until the unit's transaction ends, and answers
+  // kConflict at once when another transaction holds it (being claimed elsewhere: skip it).
+  // PostgreSQL: SELECT ... FOR UPDATE SKIP LOCKED. SQLite: its one writer holds every row.
+  virtual Result<Run> LockRun(const std::string& tenant_id, const std::string& id) = 0;
   virtual Result<Paged<Run>> ListRuns(const std::string& tenant_id, const std::string& session_id,
                                       const Page& page) = 0;
   // Runs of the tenant queued or running (the ones that cost capacity).
@@ -234,6 +238,10 @@ class Store {
   // may be spurious or coalesced. Set once; a store of one node ignores it.
   virtual void SetRemoteCommitListener(std::function<void()> listener) { (void)listener; }
   virtual std::string origin() const = 0;
+  // Whether this node holds the cluster's leadership: one node at a time, for cluster-wide
+  // duties (firing schedules). A store of one node always leads. Leadership can end at any
+  // moment (a lost connection), so a duty must still be safe if two nodes briefly both act.
+  virtual bool leader() const { return true; }
   virtual StoreStats stats() const = 0;
   // Stops the writer after draining queued work.
   virtual void Close() = 0;

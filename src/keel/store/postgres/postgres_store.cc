@@ -32,6 +32,10 @@ constexpr const char* kBeginWrite = "BEGIN; SELECT pg_advisory_xact_lock(7021802
 constexpr int kMaxUnitsPerTransaction = 64;
 // Idle reader connections kept for reuse; more may exist while reads run concurrently.
 constexpr size_t kMaxIdleReaders = 8;
+// Held (session-level) by the node that leads the cluster, on its listener connection.
+constexpr const char* kTryLeadership = "SELECT pg_try_advisory_lock(7021802329620483)";
+// How often a node that does not lead tries to take the leadership lock.
+constexpr int kLeadershipRetryMs = 1000;
 // The channel for "events committed" notifications between nodes.
 constexpr const char* kNotifyChannel = "keel_events";
 // PostgreSQL refuses payloads of 8000 bytes or more.
@@ -52,6 +56,7 @@ Result<std::unique_ptr<Store>> PostgresStore::Open(const std::string& url,
   KEEL_RETURN_IF_ERROR(store->Migrate(*store->writer_->conn));
   KEEL_RETURN_IF_ERROR(store->WarnIfRowSecurityIsBypassed(*store->writer_->conn));
   store->writer_thread_ = std::thread([s = store.get()] { s->WriterLoop(); });
+  store->listener_thread_ = std::thread([s = store.get()] { s->ListenerLoop(); });
   return std::unique_ptr<Store>(std::move(store));
 }
 
@@ -342,13 +347,25 @@ std::string PostgresStore::CommitSql(Conn& conn,
 }
 
 void PostgresStore::SetRemoteCommitListener(std::function<void()> listener) {
-  if (!listener || listener_thread_.joinable()) return;
+  std::lock_guard<std::mutex> lock(listener_mu_);
+  remote_listener_ = std::move(listener);
+}
+
+void PostgresStore::CallRemoteListener() {
+  std::function<void()> fn;
   {
     std::lock_guard<std::mutex> lock(listener_mu_);
-    if (listener_stop_) return;
+    fn = remote_listener_;
   }
-  remote_listener_ = std::move(listener);
-  listener_thread_ = std::thread([this] { ListenerLoop(); });
+  if (fn) fn();
+}
+
+void PostgresStore::SeekLeadership(Conn& conn) {
+  auto rows = conn.QueryOnce(kTryLeadership, Params());
+  if (rows.ok() && !rows->empty() && rows->Text(0, 0) == "t") {
+    leader_ = true;
+    LogInfo("this node (origin " + options_.origin + ") now leads the cluster");
+  }
 }
 
 bool PostgresStore::ListenerSleep(int ms) {
@@ -380,16 +397,23 @@ void PostgresStore::ListenerLoop() {
     logged_failure = false;
     backoff_ms = 100;
     // Commits may have happened while not listening: let every reader look again.
-    remote_listener_();
+    CallRemoteListener();
+    auto next_try = std::chrono::steady_clock::now();
     while (!listener_stopping_) {
+      if (!leader_ && std::chrono::steady_clock::now() >= next_try) {
+        SeekLeadership(*conn);
+        next_try = std::chrono::steady_clock::now() +
+                   std::chrono::milliseconds(kLeadershipRetryMs);
+        if (conn->broken()) break;
+      }
       pollfd pfd{conn->Socket(), POLLIN, 0};
       int n = ::poll(&pfd, 1, kListenerPollMs);
       if (n < 0) {
         if (errno == EINTR) continue;
         break;
       }
-      if (n == 0) continue;
-      if (!conn->ConsumeInput()) break;  // connection lost: reconnect
+      // Notifications may also have arrived during the leadership query.
+      if (n > 0 && !conn->ConsumeInput()) break;  // connection lost: reconnect
       bool remote = false;
       for (const auto& note : conn->TakeNotifications()) {
         // "<position> <origin> <tenants>": this node's own commits already reached the commit
@@ -400,7 +424,12 @@ void PostgresStore::ListenerLoop() {
         if (a != std::string::npos) origin = p.substr(a + 1, p.find(' ', a + 1) - a - 1);
         if (origin != options_.origin) remote = true;
       }
-      if (remote) remote_listener_();
+      if (remote) CallRemoteListener();
+    }
+    if (leader_.exchange(false) && !listener_stopping_) {
+      // The server ends the lock with the connection; another node may lead by now.
+      LogError("this node (origin " + options_.origin + ") no longer leads the cluster: its "
+               "connection to PostgreSQL was lost");
     }
     if (!listener_stopping_) {
       LogError("event notifications: connection lost; reconnecting");

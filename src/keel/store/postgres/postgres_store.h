@@ -65,6 +65,7 @@ class PostgresStore final : public Store {
   }
   void SetRemoteCommitListener(std::function<void()> listener) override;
   std::string origin() const override { return options_.origin; }
+  bool leader() const override { return leader_.load(); }
   StoreStats stats() const override;
   void Close() override;
 
@@ -91,7 +92,13 @@ class PostgresStore final : public Store {
   void CommitBatch(std::vector<Unit>& batch);
   // "SELECT pg_notify(...); COMMIT" for a batch with `events`, or "COMMIT".
   std::string CommitSql(Conn& conn, const std::vector<std::vector<Event>>& events) const;
+  // The node's own connection: LISTENs for other nodes' commits and seeks, then holds, the
+  // cluster's leadership lock (a session advisory lock, released by the server when the
+  // connection ends). Reconnects with backoff.
   void ListenerLoop();
+  // One attempt at the leadership lock on `conn`; logs when this node becomes the leader.
+  void SeekLeadership(Conn& conn);
+  void CallRemoteListener();
   // Waits up to `ms` unless the listener is stopping; returns whether it is stopping.
   bool ListenerSleep(int ms);
 
@@ -112,12 +119,13 @@ class PostgresStore final : public Store {
   std::function<void(const std::vector<Event>&)> listener_;
   std::thread writer_thread_;
 
-  std::function<void()> remote_listener_;
   std::mutex listener_mu_;
+  std::function<void()> remote_listener_;  // GUARDED_BY(listener_mu_)
   std::condition_variable listener_cv_;
   bool listener_stop_ = false;  // GUARDED_BY(listener_mu_)
   std::atomic<bool> listener_stopping_{false};
   std::thread listener_thread_;
+  std::atomic<bool> leader_{false};
 };
 
 }  // namespace keel::store::postgres

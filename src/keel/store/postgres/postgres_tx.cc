@@ -400,6 +400,17 @@ Result<Run> PostgresTx::GetRun(const std::string& tenant_id, const std::string& 
   return One<Run>(rows, ReadRun<Row>, "run not found: " + id);
 }
 
+Result<Run> PostgresTx::LockRun(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql = "SELECT " + std::string(kRunCols) +
+                                  " FROM runs WHERE tenant_id=$1 AND id=$2 FOR UPDATE SKIP LOCKED";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, id)));
+  if (!rows.empty()) return ReadRun<Row>(Row(rows, 0));
+  // No row: absent, or locked by another transaction (which SKIP LOCKED passes over).
+  KEEL_RETURN_IF_ERROR(GetRun(tenant_id, id).status());
+  return Conflict("run " + id + " is locked by another transaction");
+}
+
 Result<Paged<Run>> PostgresTx::ListRuns(const std::string& tenant_id, const std::string& session_id,
                                         const Page& page) {
   int limit = ClampLimit(page.limit);

@@ -317,6 +317,10 @@ Result<Run> SqliteTx::GetRun(const std::string& tenant_id, const std::string& id
   return One<Run>(s, ReadRun<Stmt>, "run not found: " + id);
 }
 
+Result<Run> SqliteTx::LockRun(const std::string& tenant_id, const std::string& id) {
+  return GetRun(tenant_id, id);
+}
+
 Result<Paged<Run>> SqliteTx::ListRuns(const std::string& tenant_id, const std::string& session_id,
                                       const Page& page) {
   int limit = ClampLimit(page.limit);

@@ -75,6 +75,7 @@ class SqliteTx final : public Tx,
   Status InsertRun(const Run& r) override;
   Status UpdateRun(const Run& r) override;
   Result<Run> GetRun(const std::string& tenant_id, const std::string& id) override;
+  Result<Run> LockRun(const std::string& tenant_id, const std::string& id) override;
   Result<Paged<Run>> ListRuns(const std::string& tenant_id, const std::string& session_id,
                               const Page& page) override;
   Result<int64_t> CountActiveRuns(const std::string& tenant_id) override;
