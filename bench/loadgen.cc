@@ -10,8 +10,11 @@
 //   keel_loadgen --url http://127.0.0.1:7878 --token TOKEN [--token-file FILE]
 //                --concurrency 64 [--duration 10 | --turns N] [--warmup 2]
 //
+// --url may be given several times (several nodes on one database): setup goes through the
+// first, client i uses url i % count, and the store counters are summed over all of them.
+//
 // Prints a human summary and one machine-readable line:
-//   RESULT concurrency=64 turns=... seconds=... turns_per_s=... p50_ms=... p99_ms=... max_ms=...
+//   RESULT nodes=1 concurrency=64 turns=... seconds=... turns_per_s=... p50_ms=... p99_ms=... max_ms=...
 //          errors=... commits=... units=... units_per_commit=... cpu_main_us=... cpu_other_us=...
 // (commits/units are the deltas of keel_store_commits_total / keel_store_units_total from
 // /metrics over the measured phase; cpu_* the server's CPU per turn over the same phase, from
@@ -55,9 +58,13 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+struct Target {
+  std::string host;
+  std::string port;
+};
+
 struct Options {
-  std::string host = "127.0.0.1";
-  std::string port = "7878";
+  std::vector<Target> targets;
   std::string token;
   int concurrency = 1;
   double duration_s = 10;
@@ -89,8 +96,7 @@ Options ParseArgs(int argc, char** argv) {
       if (!url.empty() && url.back() == '/') url.pop_back();
       auto colon = url.rfind(':');
       if (colon == std::string::npos) Usage("--url needs HOST:PORT");
-      o.host = url.substr(0, colon);
-      o.port = url.substr(colon + 1);
+      o.targets.push_back({url.substr(0, colon), url.substr(colon + 1)});
     } else if (a == "--token") {
       o.token = next();
     } else if (a == "--token-file") {
@@ -114,6 +120,7 @@ Options ParseArgs(int argc, char** argv) {
     o.token.pop_back();
   }
   if (o.token.empty()) Usage("a token is required");
+  if (o.targets.empty()) o.targets.push_back({"127.0.0.1", "7878"});
   if (o.concurrency < 1) Usage("--concurrency must be >= 1");
   return o;
 }
@@ -121,7 +128,8 @@ Options ParseArgs(int argc, char** argv) {
 // One keep-alive HTTP/1.1 connection.
 class Conn {
  public:
-  Conn(asio::io_context& io, const Options& o) : stream_(io), opts_(o) {}
+  Conn(asio::io_context& io, const Options& o, std::string host)
+      : stream_(io), opts_(o), host_(std::move(host)) {}
 
   asio::awaitable<void> Connect(const tcp::resolver::results_type& endpoints) {
     co_await stream_.async_connect(endpoints, asio::use_awaitable);
@@ -131,7 +139,7 @@ class Conn {
   asio::awaitable<http::response<http::string_body>> Do(http::verb verb, const std::string& target,
                                                         std::string body) {
     http::request<http::string_body> req{verb, target, 11};
-    req.set(http::field::host, opts_.host);
+    req.set(http::field::host, host_);
     req.set(http::field::authorization, "Bearer " + opts_.token);
     req.keep_alive(true);
     if (verb == http::verb::post || !body.empty()) {
@@ -151,6 +159,7 @@ class Conn {
   beast::tcp_stream stream_;
   beast::flat_buffer buffer_;
   const Options& opts_;
+  std::string host_;
 };
 
 Json ParseOrThrow(const http::response<http::string_body>& res, unsigned want,
@@ -276,13 +285,28 @@ double PercentileMs(std::vector<int64_t>& v, double p) {
   return static_cast<double>(v[idx]) / 1e6;
 }
 
+asio::awaitable<StoreCounters> SumStoreCounters(std::vector<std::unique_ptr<Conn>>& admins) {
+  StoreCounters sum;
+  for (auto& a : admins) {
+    StoreCounters c = co_await ReadStoreCounters(*a);
+    sum.commits += c.commits;
+    sum.units += c.units;
+  }
+  co_return sum;
+}
+
 asio::awaitable<int> Main(asio::io_context& io, const Options& o) {
   tcp::resolver resolver(io);
-  auto endpoints = co_await resolver.async_resolve(o.host, o.port, asio::use_awaitable);
+  std::vector<tcp::resolver::results_type> endpoints;
+  std::vector<std::unique_ptr<Conn>> admins;  // one per target, for /metrics
+  for (const auto& t : o.targets) {
+    endpoints.push_back(co_await resolver.async_resolve(t.host, t.port, asio::use_awaitable));
+    admins.push_back(std::make_unique<Conn>(io, o, t.host));
+    co_await admins.back()->Connect(endpoints.back());
+  }
 
-  // Setup on one connection: an agent on the local model and one session per client.
-  Conn admin(io, o);
-  co_await admin.Connect(endpoints);
+  // Setup through the first target: an agent on the local model and one session per client.
+  Conn& admin = *admins.front();
   std::mt19937_64 rng(std::random_device{}());
   std::string agent_name = "loadgen-" + std::to_string(rng() % 1000000000);
   Json agent_body{{"name", agent_name}, {"model", "local"},
@@ -301,8 +325,8 @@ asio::awaitable<int> Main(asio::io_context& io, const Options& o) {
   }
   std::vector<std::unique_ptr<Conn>> conns;
   for (int i = 0; i < o.concurrency; ++i) {
-    conns.push_back(std::make_unique<Conn>(io, o));
-    co_await conns.back()->Connect(endpoints);
+    conns.push_back(std::make_unique<Conn>(io, o, o.targets[i % o.targets.size()].host));
+    co_await conns.back()->Connect(endpoints[i % endpoints.size()]);
   }
 
   // Runs every client until the deadline (or the turn budget) and waits for them all.
@@ -332,13 +356,13 @@ asio::awaitable<int> Main(asio::io_context& io, const Options& o) {
     }
   }
 
-  StoreCounters before = co_await ReadStoreCounters(admin);
+  StoreCounters before = co_await SumStoreCounters(admins);
   ThreadCpu cpu_before = ReadThreadCpu(o.server_pid);
   auto start = Clock::now();
   sh.last_done = start;
   co_await phase(o.duration_s, true);
   ThreadCpu cpu_after = ReadThreadCpu(o.server_pid);
-  StoreCounters after = co_await ReadStoreCounters(admin);
+  StoreCounters after = co_await SumStoreCounters(admins);
 
   double seconds = std::chrono::duration<double>(sh.last_done - start).count();
   int64_t turns = static_cast<int64_t>(sh.latencies_ns.size());
@@ -355,6 +379,7 @@ asio::awaitable<int> Main(asio::io_context& io, const Options& o) {
   double commits = after.commits - before.commits;
   double units = after.units - before.units;
 
+  if (o.targets.size() > 1) std::printf("nodes %zu: ", o.targets.size());
   std::printf("concurrency %d: %lld turns in %.2f s = %.0f turns/s; latency p50 %.3f ms, "
               "p99 %.3f ms, max %.3f ms, mean %.3f ms; errors %lld\n",
               o.concurrency, static_cast<long long>(turns), seconds, tps, p50, p99, max_ms, mean_ms,
@@ -376,10 +401,10 @@ asio::awaitable<int> Main(asio::io_context& io, const Options& o) {
                             : 0.0);
   }
   if (sh.errors > 0) std::printf("  first error: %s\n", sh.first_error.c_str());
-  std::printf("RESULT concurrency=%d turns=%lld seconds=%.3f turns_per_s=%.1f p50_ms=%.3f "
+  std::printf("RESULT nodes=%zu concurrency=%d turns=%lld seconds=%.3f turns_per_s=%.1f p50_ms=%.3f "
               "p99_ms=%.3f max_ms=%.3f mean_ms=%.3f errors=%lld commits=%.0f units=%.0f "
               "units_per_commit=%.2f cpu_main_us=%.0f cpu_other_us=%.0f\n",
-              o.concurrency, static_cast<long long>(turns), seconds, tps, p50, p99, max_ms, mean_ms,
+              o.targets.size(), o.concurrency, static_cast<long long>(turns), seconds, tps, p50, p99, max_ms, mean_ms,
               static_cast<long long>(sh.errors), commits, units,
               commits > 0 ? units / commits : 0.0, cpu_main_us, cpu_other_us);
   std::fflush(stdout);

@@ -1,25 +1,109 @@
 #!/usr/bin/env bash
-# End-to-end turns on PostgreSQL, one node: starts a throwaway cluster (scripts/with-pg.sh),
-# a keel server on a fresh database, and keel_loadgen at concurrency 1 and 64.
+# Keel's PostgreSQL benchmarks. Starts a throwaway cluster (scripts/with-pg.sh) unless
+# KEEL_TEST_PG_ADMIN_URL is set, and measures on fresh databases:
+#   1. event append rate: Keel's PostgresStore vs raw libpq inserts of the same rows with the
+#      same batching (keel_bench BM_KeelPgAppend / BM_RawPgAppend), as ratios of one run;
+#   2. end-to-end turns (keel_loadgen, local model): one node at concurrency 1 and 64, and two
+#      nodes on one database at concurrency 64 (clients split over the nodes);
+#   3. resume time: a node is killed with SIGKILL while running runs; the time until the
+#      surviving node has resumed each of them (bench/resume_bench.py).
+#
 #   bash scripts/bench-pg.sh [BUILD_DIR] [SECONDS]
+# BENCH_PG_ONLY=events|turns|resume runs one part. BENCH_MIN_TIME: keel_bench min time (1s).
 set -euo pipefail
 BUILD=${1:-build}
 DURATION=${2:-6}
+HERE=$(cd "$(dirname "$0")" && pwd)
 if [ -z "${KEEL_TEST_PG_ADMIN_URL:-}" ]; then
-  exec "$(dirname "$0")/with-pg.sh" bash "$0" "$BUILD" "$DURATION"
+  exec "$HERE/with-pg.sh" bash "$0" "$BUILD" "$DURATION"
 fi
-H=$(mktemp -d)
-DB=keel_bench_$$
-psql "$KEEL_TEST_PG_ADMIN_URL" -qc "CREATE DATABASE $DB OWNER keel"
-URL=${KEEL_TEST_PG_URL%/*}/$DB
-taskset -c 0 "$BUILD/keel" serve --home "$H" --listen 127.0.0.1:0 --store "$URL" > "$H/log" 2>&1 &
-PID=$!
-for _ in $(seq 100); do [ -f "$H/listen.addr" ] && break; sleep 0.1; done
-for c in 1 64; do
-  taskset -c 1 "$BUILD/bench/keel_loadgen" --url "http://$(cat "$H/listen.addr")" \
-    --token-file "$H/owner.token" --server-pid "$PID" --concurrency "$c" --warmup 2 \
-    --duration "$DURATION"
+ONLY=${BENCH_PG_ONLY:-}
+MIN_TIME=${BENCH_MIN_TIME:-1}
+BENCH=$BUILD/bench/keel_bench
+LOADGEN=$BUILD/bench/keel_loadgen
+for bin in "$BUILD/keel" "$BENCH" "$LOADGEN"; do
+  [ -x "$bin" ] || { echo "bench-pg: $bin is missing; build first: cmake --build $BUILD" >&2; exit 1; }
 done
-kill "$PID"; wait "$PID" || true
-psql "$KEEL_TEST_PG_ADMIN_URL" -qc "DROP DATABASE $DB WITH (FORCE)"
-rm -rf "$H"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/keel-bench-pg.XXXXXX")
+DBS=()
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  for d in "${DBS[@]}"; do psql "$KEEL_TEST_PG_ADMIN_URL" -qc "DROP DATABASE IF EXISTS $d WITH (FORCE)" || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# new_db NAME: creates a database owned by the store's role; prints its URL.
+new_db() {
+  psql "$KEEL_TEST_PG_ADMIN_URL" -qc "CREATE DATABASE $1 OWNER keel" >&2
+  DBS+=("$1")
+  echo "${KEEL_TEST_PG_URL%/*}/$1"
+}
+
+# start_node HOME URL CPU: a keel server pinned to CPU; sets NODE_PID and NODE_ADDR.
+start_node() {
+  mkdir -p "$1"
+  taskset -c "$3" "$BUILD/keel" serve --home "$1" --listen 127.0.0.1:0 --store "$2" >"$1/log" 2>&1 &
+  NODE_PID=$!
+  PIDS+=("$NODE_PID")
+  for _ in $(seq 200); do [ -s "$1/listen.addr" ] && break; sleep 0.05; done
+  NODE_ADDR=$(cat "$1/listen.addr")
+  for _ in $(seq 200); do curl -sf "http://$NODE_ADDR/readyz" >/dev/null && return; sleep 0.05; done
+  echo "bench-pg: keel at $NODE_ADDR never became ready; log:" >&2; cat "$1/log" >&2; exit 1
+}
+
+echo "Keel PostgreSQL benchmarks: build $BUILD, $(nproc) CPUs, $(psql "$KEEL_TEST_PG_ADMIN_URL" -tAc 'SHOW server_version')"
+
+if [[ -z $ONLY || $ONLY == events ]]; then
+  echo
+  echo "== 1. event append: Keel's PostgresStore vs raw libpq, same rows, same batching"
+  KEEL_BENCH_PG_URL=$(new_db keel_bench_ev_$$) KEEL_BENCH_PG_RAW_URL=$(new_db keel_bench_raw_$$) \
+    "$BENCH" --benchmark_filter='BM_(KeelPg|RawPg)Append' --benchmark_min_time="$MIN_TIME" \
+    --benchmark_out="$WORK/events.json" --benchmark_out_format=json >"$WORK/events.txt" 2>&1 ||
+    { cat "$WORK/events.txt"; echo "bench-pg: keel_bench failed" >&2; exit 1; }
+  python3 - "$WORK/events.json" <<'PY'
+import json, re, sys
+runs = {}
+for b in json.load(open(sys.argv[1]))["benchmarks"]:
+    m = re.match(r"BM_(KeelPg|RawPg)Append/(\d+)/.*threads:(\d+)", b["name"])
+    if not m: continue
+    if b.get("error_occurred"):
+        print(f"{b['name']}: error: {b.get('error_message')}"); continue
+    runs[(m.group(1), int(m.group(2)), int(m.group(3)))] = b
+for (kind, per, threads), k in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][2])):
+    if kind != "KeelPg": continue
+    r = runs.get(("RawPg", per, threads))
+    what = f"{per} event{'s' if per > 1 else ''}/unit, {threads} producer{'s' if threads > 1 else ''}"
+    line = f"  {what:<32} Keel {k['events_per_s']:>9,.0f} events/s"
+    if r:
+        ratio = k["events_per_s"] / r["events_per_s"]
+        line += f"   raw {r['events_per_s']:>9,.0f}   ratio {ratio:.2f} (target >= 0.7: {'pass' if ratio >= 0.7 else 'FAIL'})"
+    if k.get("units_per_commit"): line += f"   {k['units_per_commit']:.1f} units/commit"
+    print(line)
+PY
+fi
+
+if [[ -z $ONLY || $ONLY == turns ]]; then
+  echo
+  echo "== 2. turns over HTTP (local model), nodes pinned to CPU 0, keel_loadgen to CPU 1"
+  URL=$(new_db keel_bench_turns_$$)
+  start_node "$WORK/n1" "$URL" 0
+  A_PID=$NODE_PID A_ADDR=$NODE_ADDR
+  for c in 1 64; do
+    taskset -c 1 "$LOADGEN" --url "http://$A_ADDR" --token-file "$WORK/n1/owner.token" \
+      --server-pid "$A_PID" --concurrency "$c" --warmup 2 --duration "$DURATION" | grep -v '^RESULT'
+  done
+  start_node "$WORK/n2" "$URL" 0
+  B_ADDR=$NODE_ADDR
+  taskset -c 1 "$LOADGEN" --url "http://$A_ADDR" --url "http://$B_ADDR" \
+    --token-file "$WORK/n1/owner.token" --concurrency 64 --warmup 2 --duration "$DURATION" |
+    grep -v '^RESULT'
+fi
+
+if [[ -z $ONLY || $ONLY == resume ]]; then
+  echo
+  echo "== 3. resume: kill -9 a node with runs in flight; time until the survivor resumed them"
+  KEEL_BIN=$(cd "$BUILD" && pwd)/keel python3 "$HERE/../bench/resume_bench.py"
+fi

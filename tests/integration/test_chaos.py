@@ -1,0 +1,160 @@
+"""The chaos test: three `keel serve` nodes on one PostgreSQL database (sharing the workspace
+root) under a load of at least 1,000 turns that call notes.append, while a random node other than
+the first is killed with SIGKILL every few seconds and restarted, sometimes at once and sometimes
+after its leases have run out (so that the other nodes resume its runs). Clients post each turn
+to a random node that is up and retry it, with the same Idempotency-Key, on any node until one
+acknowledges it. An SSE client stays connected to the first node (never killed) for the whole
+load.
+
+At the end the invariants of turn_load.check_outcome hold across the cluster (one `done` run per
+acknowledged message, no step or non-idempotent effect twice, each origin's sequence gapless),
+and the SSE client saw every event of its filter exactly once, in position order.
+
+Runs only with KEEL_TEST_STORE=postgres (ctest integration_pg.test_chaos).
+Environment: KEEL_CHAOS_TURNS (default 1000), KEEL_CHAOS_SEED (default: random; printed).
+"""
+
+import os
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+from keel_harness import KeelServer, KeelTestCase, SseClient, sse_url
+from turn_load import check_outcome, plan_turns, post_turns
+
+ON_PG = os.environ.get("KEEL_TEST_STORE") == "postgres"
+TURNS = int(os.environ.get("KEEL_CHAOS_TURNS", "1000"))
+SEED = int(os.environ.get("KEEL_CHAOS_SEED", str(random.randrange(1 << 30))))
+LEASE_MS = 2000
+AGENTS = 4
+SESSIONS_PER_AGENT = 4
+# The local model waits this long per answer, so that kills find runs in flight.
+MODEL_LATENCY_MS = 100
+CLIENT_DEADLINE_S = 240
+MIN_KILLS = 3
+
+
+@unittest.skipUnless(ON_PG, "several nodes need a shared store: runs only with "
+                            "KEEL_TEST_STORE=postgres (ctest integration_pg.test_chaos)")
+class ChaosTest(KeelTestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.workspaces = tempfile.mkdtemp(prefix="keel-chaos-ws-")
+        env = {"KEEL_LEASE_MS": str(LEASE_MS), "KEEL_WORKSPACES": cls.workspaces}
+        cls.nodes = [KeelServer(env=env)]
+        for _ in range(2):
+            cls.nodes.append(KeelServer(env=env, store_url=cls.nodes[0].store_url,
+                                        token=cls.nodes[0].token))
+
+    @classmethod
+    def tearDownClass(cls):
+        for n in reversed(cls.nodes):
+            n.stop()  # the first node drops the database, last
+        if not os.environ.get("KEEL_TEST_KEEP"):
+            shutil.rmtree(cls.workspaces, ignore_errors=True)
+
+    def servers(self):
+        return list(getattr(self, "nodes", []))
+
+    def killer(self, state):
+        rng = random.Random(SEED)
+        victims = self.nodes[1:]
+        try:
+            while not state["clients_done"]:
+                time.sleep(rng.uniform(0.8, 2.5))
+                if state["clients_done"]:
+                    break
+                victim = rng.choice(victims)
+                victim.kill9()
+                state["kills"] += 1
+                # Often back at once (it resumes its own runs at start); sometimes only after
+                # its leases ran out, so another node must take its runs over.
+                time.sleep(rng.choice([0, 0, rng.uniform(0.1, 1.0), rng.uniform(2.0, 3.5)]))
+                victim.start()
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            state["killer_error"] = "%s: %s" % (type(e).__name__, e)
+
+    def test_three_nodes_under_kill9(self):
+        first = self.nodes[0]
+        sys.stderr.write("\nchaos test: TURNS=%d KEEL_CHAOS_SEED=%d homes=%s\n"
+                         % (TURNS, SEED, [n.home for n in self.nodes]))
+        agents, sessions, per_session, all_turns = plan_turns(
+            first, TURNS, AGENTS, SESSIONS_PER_AGENT, name="chaos-agent",
+            agent_config={"local_latency_ms": MODEL_LATENCY_MS})
+
+        # The stream: one agent's events, from just after everything so far.
+        watched = agents[0]["id"]
+        before = first.all_events()
+        p0 = before[-1]["position"] if before else 0
+        sse = SseClient(sse_url(first, agent_id=watched), first.token, last_event_id=p0,
+                        timeout=CLIENT_DEADLINE_S + 120)
+        self.addCleanup(sse.close)
+        self.assertEqual(sse.status, 200)
+
+        state = {"kills": 0, "clients_done": False, "killer_error": None,
+                 "acks_since_restart": 0, "lock": threading.Lock(),
+                 "deadline": time.monotonic() + CLIENT_DEADLINE_S}
+        nodes = self.nodes
+
+        def pick_node(rng):
+            up = [(n.addr, n.token) for n in nodes if n.addr and n.alive()]
+            return rng.choice(up) if up else None
+
+        started = time.monotonic()
+        clients = [threading.Thread(target=post_turns, name="client-%d" % k, daemon=True,
+                                    args=(per_session[k], state, pick_node, SEED + k))
+                   for k in sorted(per_session)]
+        killer = threading.Thread(target=self.killer, args=(state,), name="killer", daemon=True)
+        for t in clients:
+            t.start()
+        killer.start()
+        for t in clients:
+            t.join(timeout=CLIENT_DEADLINE_S + 30)
+        state["clients_done"] = True
+        killer.join(timeout=60)
+        load_s = time.monotonic() - started
+
+        self.assertIsNone(state["killer_error"], "kill/restart failed: %s" % state["killer_error"])
+        self.assertGreaterEqual(state["kills"], MIN_KILLS, "too few kills during the load")
+        for n in nodes:
+            self.assertTrue(n.alive(), "node %s is not running after the load" % n.home)
+        summary = check_outcome(self, first, agents, sessions, per_session, all_turns,
+                                lambda aid: os.path.join(self.workspaces, aid, "notes.txt"))
+        self.assertGreater(summary["resumed"], 0,
+                           "no run was resumed: the kills never hit a run in flight")
+        self.assertGreaterEqual(len(summary["origins"]), 3, "events of every node's origin")
+
+        # ---- the stream: every stored event of the watched agent after p0, once, in order
+        expected = [e["position"] for e in summary["events"]
+                    if e["agent_id"] == watched and e["position"] > p0]
+        self.assertTrue(expected)
+        seen = []
+        deadline = time.monotonic() + 30
+        while (not seen or seen[-1] < expected[-1]) and time.monotonic() < deadline:
+            ev = sse.next(timeout=max(0.1, deadline - time.monotonic()))
+            if ev is None:
+                break
+            self.assertFalse(ev.get("closed"), "the stream on the first node closed: %r" % ev)
+            if ev.get("event") == "message.delta":
+                continue
+            self.assertEqual(ev["id"], str(ev["data"]["position"]))
+            self.assertEqual(ev["data"]["agent_id"], watched)
+            seen.append(ev["data"]["position"])
+        missing = sorted(set(expected) - set(seen))
+        self.assertFalse(missing, "the stream missed %d events, e.g. %s"
+                         % (len(missing), missing[:10]))
+        self.assertEqual(seen, expected, "the stream is not the log's events once, in order")
+
+        sys.stderr.write(
+            "chaos test: %d turns on 3 nodes, %d kills, %.1fs of load, %d attempts, %d runs "
+            "resumed (attempt > 1), calls %s, %d events, origins %s, %d streamed\n"
+            % (TURNS, state["kills"], load_s, summary["attempts"], summary["resumed"],
+               summary["calls"], len(summary["events"]), summary["origins"], len(seen)))
+
+
+if __name__ == "__main__":
+    unittest.main()
