@@ -29,7 +29,7 @@ test-sanitize: deps
 	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DKEEL_SANITIZE=ON -DKEEL_BENCH=OFF
 	cmake --build build-asan -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-	  KEEL_CRASH_TURNS=120 KEEL_CRASH_KILLS=20 \
+	  KEEL_CRASH_TURNS=120 KEEL_CRASH_KILLS=20 KEEL_CHAOS_TURNS=300 \
 	  bash scripts/with-pg.sh ctest --test-dir build-asan --output-on-failure -j $(JOBS) --timeout 1200
 
 bench: build

@@ -5,6 +5,9 @@
 #   scripts/pg-test-cluster.sh stop DIR       stops it (-m fast), removes DIR; idempotent
 #   scripts/pg-test-cluster.sh url DIR        prints postgres://keel@127.0.0.1:PORT/keel
 #   scripts/pg-test-cluster.sh admin-url DIR  prints postgres://postgres@127.0.0.1:PORT/postgres
+#   scripts/pg-test-cluster.sh pause DIR      stops the server at once (-m immediate: a crash),
+#                                             keeping its data; for outage tests
+#   scripts/pg-test-cluster.sh resume DIR     starts a paused cluster again on the same port
 #
 # The cluster trusts every local connection (--auth=trust) and listens on 127.0.0.1 only, on a
 # free port. It has a role `keel` (LOGIN NOSUPERUSER NOBYPASSRLS CREATEDB) owning a database
@@ -26,7 +29,7 @@ die() {
 say() { echo "$ME: $*" >&2; }
 
 usage() {
-  echo "usage: $0 start|stop|url|admin-url DIR" >&2
+  echo "usage: $0 start|stop|url|admin-url|pause|resume DIR" >&2
   exit 2
 }
 
@@ -54,6 +57,12 @@ running() {
   run=$(cat "$dir/rundir")
   [ -d "$run/data" ] || return 1
   as_server "$PG_BIN/pg_ctl" -D "$run/data" status >/dev/null 2>&1
+}
+
+# Starts the server of run directory $1 on port $2.
+pg_start() {
+  as_server "$PG_BIN/pg_ctl" -D "$1/data" -l "$1/log" -w -t 60 \
+    -o "-p $2 -k $1 -c listen_addresses=127.0.0.1 -c fsync=on" start >/dev/null
 }
 
 psql_admin() {
@@ -112,8 +121,7 @@ start_cluster() {
   local port attempt started=0
   for attempt in 1 2 3 4 5; do
     port=$(free_port)
-    if as_server "$PG_BIN/pg_ctl" -D "$run/data" -l "$run/log" -w -t 60 \
-         -o "-p $port -k $run -c listen_addresses=127.0.0.1 -c fsync=on" start >/dev/null; then
+    if pg_start "$run" "$port"; then
       started=1
       break
     fi
@@ -142,6 +150,19 @@ case "$cmd" in
     fi
     stop_cluster
     say "stopped and removed $dir"
+    ;;
+  pause)
+    running || die "no cluster running in $dir"
+    as_server "$PG_BIN/pg_ctl" -D "$(cat "$dir/rundir")/data" -m immediate -w stop >/dev/null
+    say "paused (data kept): $(cat "$dir/url")"
+    ;;
+  resume)
+    [ -f "$dir/rundir" ] && [ -f "$dir/port" ] || die "no cluster in $dir (start it: $0 start $dir)"
+    if ! running; then
+      pg_start "$(cat "$dir/rundir")" "$(cat "$dir/port")" \
+        || die "could not start PostgreSQL again (log: $(cat "$dir/rundir")/log)"
+    fi
+    say "resumed: $(cat "$dir/url")"
     ;;
   url | admin-url)
     running || die "no cluster running in $dir (start it: $0 start $dir)"

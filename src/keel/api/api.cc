@@ -2,6 +2,7 @@
 
 #include "keel/api/render.h"
 #include "keel/common/crypto.h"
+#include "keel/store/async.h"
 #include "keel/store/store.h"
 
 namespace keel::api {
@@ -143,21 +144,22 @@ Status RequireOwner(const http::Request& req) {
 }
 
 http::Authenticator MakeAuthenticator(ApiContext& ctx) {
-  return [&ctx](const std::string& token) -> Result<http::Principal> {
+  // The token by value: the coroutine must not refer to its caller's string.
+  return [&ctx](std::string token) -> boost::asio::awaitable<Result<http::Principal>> {
     std::string hash = Sha256Hex(token);
     store::Token found;
-    Status st = ctx.store.Read([&](store::Tx& tx) -> Status {
+    Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_ASSIGN_OR_RETURN(found, tx.tokens().FindActiveTokenByHash(hash));
       return Status::Ok();
     });
-    if (st.code() == Code::kNotFound) return Unauthenticated("invalid or revoked token");
-    if (!st.ok()) return st;
+    if (st.code() == Code::kNotFound) co_return Unauthenticated("invalid or revoked token");
+    if (!st.ok()) co_return st;
     http::Principal p;
     p.tenant_id = found.tenant_id;
     p.token_id = found.id;
     p.role = found.role;
     p.platform_admin = found.role == "owner" && found.tenant_id == ctx.admin_tenant_id;
-    return p;
+    co_return p;
   };
 }
 

@@ -6,7 +6,7 @@
 #include "keel/common/ids.h"
 #include "keel/metrics.h"
 #include "keel/runtime/event_hub.h"
-#include "keel/store/async_write.h"
+#include "keel/store/async.h"
 #include "keel/tenants/tenants.h"
 
 namespace keel::api {
@@ -20,7 +20,7 @@ void RegisterHealthRoutes(http::Router& router, ApiContext& ctx) {
     co_return Response::Json(200, {{"status", "ok"}, {"leader", ctx.store.leader()}});
   }, /*requires_auth=*/false);
   router.Add("GET", "/readyz", [&ctx](Request&) -> asio::awaitable<Response> {
-    Status st = ctx.store.Read([](store::Tx& tx) { return tx.events().LastPosition().status(); });
+    Status st = co_await store::AsyncRead(ctx.store, [](store::Tx& tx) { return tx.events().LastPosition().status(); });
     if (!st.ok()) co_return Response::Error(Unavailable("store not ready: " + st.message()));
     co_return Response::Json(200, {{"status", "ready"}});
   }, /*requires_auth=*/false);
@@ -91,7 +91,7 @@ void RegisterAdminRoutes(http::Router& router, ApiContext& ctx) {
       co_return Response::Error(PermissionDenied("only the platform admin can list tenants"));
     }
     std::vector<store::Tenant> tenants;
-    Status st = ctx.store.Read([&](store::Tx& tx) -> Status {
+    Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_ASSIGN_OR_RETURN(tenants, tx.tenants().ListTenants());
       return Status::Ok();
     });
@@ -132,7 +132,7 @@ void RegisterAdminRoutes(http::Router& router, ApiContext& ctx) {
   router.Add("GET", "/v1/tokens", [&ctx](Request& req) -> asio::awaitable<Response> {
     if (auto st = RequireOwner(req); !st.ok()) co_return Response::Error(st);
     std::vector<store::Token> tokens;
-    Status st = ctx.store.Read([&](store::Tx& tx) -> Status {
+    Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_ASSIGN_OR_RETURN(tokens, tx.tokens().ListTokens(req.principal.tenant_id));
       return Status::Ok();
     });

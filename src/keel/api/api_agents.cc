@@ -6,7 +6,7 @@
 #include "keel/api/render.h"
 #include "keel/common/ids.h"
 #include "keel/model/provider.h"
-#include "keel/store/async_write.h"
+#include "keel/store/async.h"
 
 namespace keel::api {
 
@@ -109,15 +109,15 @@ Status Apply(const Json& body, const model::ProviderRegistry& providers, store::
 
 }  // namespace
 
-// Finds an agent of the caller's tenant by id.
-static Result<store::Agent> LoadAgent(ApiContext& ctx, const Request& req) {
+// Finds an agent of the caller's tenant by id. (References: every caller awaits it at once.)
+static asio::awaitable<Result<store::Agent>> LoadAgent(ApiContext& ctx, const Request& req) {
   store::Agent agent;
-  Status st = ctx.store.Read([&](store::Tx& tx) -> Status {
+  Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
     KEEL_ASSIGN_OR_RETURN(agent, tx.agents().GetAgent(req.principal.tenant_id, req.Param("id")));
     return Status::Ok();
   });
-  if (!st.ok()) return st;
-  return agent;
+  if (!st.ok()) co_return st;
+  co_return agent;
 }
 
 void RegisterAgentRoutes(http::Router& router, ApiContext& ctx) {
@@ -144,7 +144,7 @@ void RegisterAgentRoutes(http::Router& router, ApiContext& ctx) {
     auto page = PageOf(req);
     if (!page.ok()) co_return Response::Error(page.status());
     store::Paged<store::Agent> agents;
-    Status st = ctx.store.Read([&](store::Tx& tx) -> Status {
+    Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_ASSIGN_OR_RETURN(agents, tx.agents().ListAgents(req.principal.tenant_id, *page));
       return Status::Ok();
     });
@@ -153,7 +153,7 @@ void RegisterAgentRoutes(http::Router& router, ApiContext& ctx) {
   });
 
   router.Add("GET", "/v1/agents/{id}", [&ctx](Request& req) -> asio::awaitable<Response> {
-    auto agent = LoadAgent(ctx, req);
+    auto agent = co_await LoadAgent(ctx, req);
     if (!agent.ok()) co_return Response::Error(agent.status());
     co_return Response::Json(200, AgentJson(*agent));
   });
@@ -162,7 +162,7 @@ void RegisterAgentRoutes(http::Router& router, ApiContext& ctx) {
     if (auto st = RequireOwner(req); !st.ok()) co_return Response::Error(st);
     auto body = ParseJsonObject(req.body);
     if (!body.ok()) co_return Response::Error(body.status());
-    auto agent = LoadAgent(ctx, req);
+    auto agent = co_await LoadAgent(ctx, req);
     if (!agent.ok()) co_return Response::Error(agent.status());
     store::Agent updated = *agent;
     if (auto st = Apply(*body, ctx.providers, updated, false); !st.ok()) {

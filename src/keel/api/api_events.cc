@@ -4,6 +4,7 @@
 #include "keel/api/render.h"
 #include "keel/metrics.h"
 #include "keel/runtime/event_hub.h"
+#include "keel/store/async.h"
 #include "keel/store/store.h"
 
 namespace keel::api {
@@ -49,7 +50,7 @@ void RegisterEventRoutes(http::Router& router, ApiContext& ctx) {
     auto limit = LimitOf(req);
     if (!limit.ok()) co_return Response::Error(limit.status());
     std::vector<store::Event> events;
-    Status st = ctx.store.Read([&](store::Tx& tx) -> Status {
+    Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_ASSIGN_OR_RETURN(events, tx.events().ReadEvents(req.principal.tenant_id, after,
                                                            FilterOf(req), *limit + 1));
       return Status::Ok();
@@ -75,7 +76,7 @@ void RegisterEventRoutes(http::Router& router, ApiContext& ctx) {
       cursor = *p;
     } else {
       // A new client tails from now.
-      Status st = ctx.store.Read([&](store::Tx& tx) -> Status {
+      Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
         KEEL_ASSIGN_OR_RETURN(cursor, tx.events().LastPosition());
         return Status::Ok();
       });
@@ -101,7 +102,7 @@ void RegisterEventRoutes(http::Router& router, ApiContext& ctx) {
       while (true) {
         ctx.hub.TakeDirty(sub);
         std::vector<store::Event> events;
-        Status st = ctx.store.Read([&](store::Tx& tx) -> Status {
+        Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
           KEEL_ASSIGN_OR_RETURN(events, tx.events().ReadEvents(tenant, cursor, filter, 500));
           return Status::Ok();
         });

@@ -3,6 +3,7 @@
 #include "keel/api/api.h"
 #include "keel/api/render.h"
 #include "keel/runtime/runtime.h"
+#include "keel/store/async.h"
 #include "keel/store/store.h"
 
 namespace keel::api {
@@ -14,7 +15,7 @@ using http::Response;
 void RegisterRunRoutes(http::Router& router, ApiContext& ctx) {
   router.Add("GET", "/v1/runs/{id}", [&ctx](Request& req) -> asio::awaitable<Response> {
     store::Run run;
-    Status st = ctx.store.Read([&](store::Tx& tx) -> Status {
+    Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_ASSIGN_OR_RETURN(run, tx.runs().GetRun(req.principal.tenant_id, req.Param("id")));
       return Status::Ok();
     });
@@ -28,7 +29,7 @@ void RegisterRunRoutes(http::Router& router, ApiContext& ctx) {
     std::string session_id = req.Param("id");
     if (session_id.empty()) session_id = req.Query("session_id");
     store::Paged<store::Run> runs;
-    Status st = ctx.store.Read([&](store::Tx& tx) -> Status {
+    Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
       if (!session_id.empty()) {
         KEEL_RETURN_IF_ERROR(tx.sessions().GetSession(req.principal.tenant_id, session_id).status());
       }
@@ -44,7 +45,7 @@ void RegisterRunRoutes(http::Router& router, ApiContext& ctx) {
   router.Add("GET", "/v1/runs/{id}/steps", [&ctx](Request& req) -> asio::awaitable<Response> {
     std::vector<store::Step> steps;
     std::vector<store::ToolCall> calls;
-    Status st = ctx.store.Read([&](store::Tx& tx) -> Status {
+    Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
       const std::string& tenant = req.principal.tenant_id;
       KEEL_RETURN_IF_ERROR(tx.runs().GetRun(tenant, req.Param("id")).status());
       KEEL_ASSIGN_OR_RETURN(steps, tx.runs().ListSteps(tenant, req.Param("id")));

@@ -5,7 +5,7 @@
 #include "keel/common/ids.h"
 #include "keel/runtime/event_hub.h"
 #include "keel/runtime/runtime.h"
-#include "keel/store/async_write.h"
+#include "keel/store/async.h"
 
 namespace keel::api {
 
@@ -23,7 +23,7 @@ asio::awaitable<Result<store::Run>> WaitForRun(ApiContext& ctx, const store::Run
                   std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
   store::Run current = run;
   while (true) {
-    Status st = ctx.store.Read([&](store::Tx& tx) -> Status {
+    Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_ASSIGN_OR_RETURN(current, tx.runs().GetRun(run.tenant_id, run.id));
       return Status::Ok();
     });
@@ -83,7 +83,7 @@ void RegisterSessionRoutes(http::Router& router, ApiContext& ctx) {
     auto page = PageOf(req);
     if (!page.ok()) co_return Response::Error(page.status());
     store::Paged<store::Session> sessions;
-    Status st = ctx.store.Read([&](store::Tx& tx) -> Status {
+    Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_RETURN_IF_ERROR(tx.agents().GetAgent(req.principal.tenant_id, req.Param("id")).status());
       KEEL_ASSIGN_OR_RETURN(sessions, tx.sessions().ListSessions(req.principal.tenant_id,
                                                                  req.Param("id"), *page));
@@ -95,7 +95,7 @@ void RegisterSessionRoutes(http::Router& router, ApiContext& ctx) {
 
   router.Add("GET", "/v1/sessions/{id}", [&ctx](Request& req) -> asio::awaitable<Response> {
     store::Session session;
-    Status st = ctx.store.Read([&](store::Tx& tx) -> Status {
+    Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_ASSIGN_OR_RETURN(session, tx.sessions().GetSession(req.principal.tenant_id, req.Param("id")));
       return Status::Ok();
     });
@@ -167,7 +167,7 @@ void RegisterSessionRoutes(http::Router& router, ApiContext& ctx) {
     auto page = PageOf(req);
     if (!page.ok()) co_return Response::Error(page.status());
     store::Paged<store::Message> messages;
-    Status st = ctx.store.Read([&](store::Tx& tx) -> Status {
+    Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_RETURN_IF_ERROR(tx.sessions().GetSession(req.principal.tenant_id, req.Param("id")).status());
       KEEL_ASSIGN_OR_RETURN(messages, tx.messages().ListMessages(req.principal.tenant_id,
                                                                  req.Param("id"), *page));

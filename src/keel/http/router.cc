@@ -89,7 +89,7 @@ boost::asio::awaitable<Response> Router::Dispatch(Request& request) const {
       if (token.empty()) {
         co_return Response::Error(Unauthenticated("missing bearer token (Authorization: Bearer ...)"));
       }
-      auto principal = authenticate_(token);
+      auto principal = co_await authenticate_(token);
       if (!principal.ok()) co_return Response::Error(principal.status());
       request.principal = *principal;
     }

@@ -15,7 +15,8 @@ namespace keel::http {
 
 using Handler = std::function<boost::asio::awaitable<Response>(Request&)>;
 // Resolves the bearer token into a principal; kUnauthenticated when missing or invalid.
-using Authenticator = std::function<Result<Principal>(const std::string& bearer_token)>;
+using Authenticator =
+    std::function<boost::asio::awaitable<Result<Principal>>(std::string bearer_token)>;
 
 class Router {
  public:

@@ -2,7 +2,7 @@
 
 #include "keel/common/ids.h"
 #include "keel/runtime/runtime.h"
-#include "keel/store/async_write.h"
+#include "keel/store/async.h"
 
 namespace keel::runtime {
 
@@ -16,7 +16,7 @@ asio::awaitable<Result<IntakeResult>> Runtime::PostMessage(const IntakeRequest& 
   store::Session session;
   store::Agent agent;
   std::optional<IntakeResult> replay;
-  Status st = store_.Read([&](store::Tx& tx) -> Status {
+  Status st = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
     KEEL_ASSIGN_OR_RETURN(session, tx.sessions().GetSession(req.tenant_id, req.session_id));
     auto a = tx.agents().GetAgent(req.tenant_id, session.agent_id);
     if (!a.ok()) return Conflict("the session's agent was deleted");

@@ -11,7 +11,7 @@
 #include "keel/model/provider.h"
 #include "keel/runtime/event_hub.h"
 #include "keel/runtime/runtime.h"
-#include "keel/store/async_write.h"
+#include "keel/store/async.h"
 #include "keel/tools/gateway.h"
 
 namespace keel::runtime {
@@ -164,7 +164,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
   std::vector<store::Message> history;
   std::vector<store::Step> steps;
   std::vector<store::ToolCall> calls;
-  Status loaded = store_.Read([&](store::Tx& tx) -> Status {
+  Status loaded = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
     if (known) {
       agent = known->agent;
       prompt = known->prompt;
@@ -265,7 +265,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
       }
       pending.clear();
       // A cancel that arrived while tools ran is seen in the store too.
-      Status fresh = store_.Read([&](store::Tx& tx) -> Status {
+      Status fresh = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
         KEEL_ASSIGN_OR_RETURN(auto cur, tx.runs().GetRun(run.tenant_id, run.id));
         run.cancel_requested = cur.cancel_requested;
         return Status::Ok();

@@ -11,7 +11,7 @@
 #include "keel/common/time.h"
 #include "keel/metrics.h"
 #include "keel/runtime/event_hub.h"
-#include "keel/store/async_write.h"
+#include "keel/store/async.h"
 
 namespace keel::runtime {
 
@@ -62,7 +62,7 @@ asio::awaitable<void> Runtime::DispatchLoop() {
     std::vector<store::Run> runs;
     Millis now = NowMillis();
     int want = room + static_cast<int>(executing_.size());
-    Status st = store_.Read([&](store::Tx& tx) -> Status {
+    Status st = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
       KEEL_ASSIGN_OR_RETURN(runs, tx.runs().ClaimableRuns(now, want));
       return Status::Ok();
     });

@@ -3,8 +3,9 @@
 // a transaction (Tx) hands out all of them so that one unit of work can change several
 // concerns atomically — e.g. intake writes a message, a run and their events together.
 //
-// Reads run synchronously on the calling thread with their own connection (Store::Read); they
-// never block the writer. Writes are submitted to the store's single writer (Store::Write),
+// Reads run in a snapshot with their own connection and never block the writer: Store::Read on
+// the calling thread; Store::ReadAsync (through AsyncRead in async.h, for coroutines) off it
+// when a read waits on a network, so that an event loop never waits on the database. Writes are submitted to the store's single writer (Store::Write),
 // which commits many submitted units of work per fsync (group commit); the callback runs on
 // the writer thread after the commit is durable. Every write that changes state appends an
 // event to the EventLog inside the same unit of work (DESIGN.md invariant 2).
@@ -224,6 +225,12 @@ class Store {
   virtual ~Store() = default;
   // Runs `fn` in a read-only snapshot on the calling thread.
   virtual Status Read(const std::function<Status(Tx&)>& fn) = 0;
+  // Runs `fn` as Read does and then `done` with its status. A store whose reads wait on a
+  // network (PostgreSQL) runs both on one of its reader threads; a local one (SQLite, whose
+  // reads take microseconds) runs them at once on the calling thread.
+  virtual void ReadAsync(std::function<Status(Tx&)> fn, std::function<void(Status)> done) {
+    done(Read(fn));
+  }
   // Queues `fn` for the writer; `done` runs once it is durable or failed. When `fn` returns a
   // non-ok status, its changes are rolled back and the others in the same batch still commit.
   virtual void Write(WriteFn fn, WriteDone done) = 0;

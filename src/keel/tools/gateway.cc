@@ -4,7 +4,7 @@
 
 #include "keel/common/ids.h"
 #include "keel/common/time.h"
-#include "keel/store/async_write.h"
+#include "keel/store/async.h"
 
 namespace keel::tools {
 

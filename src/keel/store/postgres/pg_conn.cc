@@ -1,6 +1,7 @@
 #include "keel/store/postgres/pg_conn.h"
 
 #include <libpq-fe.h>
+#include <poll.h>
 
 #include <cstdlib>
 
@@ -70,8 +71,12 @@ std::optional<int64_t> Rows::OptInt(int row, int col) const {
 
 Result<std::unique_ptr<Conn>> Conn::Open(const std::string& url) {
   // Later keywords win: the URL (expanded from dbname) may override the defaults before it.
-  const char* keys[] = {"connect_timeout", "fallback_application_name", "dbname", nullptr};
-  const char* values[] = {"5", "keel", url.c_str(), nullptr};
+  // TCP keepalives and tcp_user_timeout bound how long a call waits on a server that stopped
+  // answering (a partition, a frozen host): the connection then fails as lost.
+  const char* keys[] = {"connect_timeout", "fallback_application_name", "keepalives",
+                        "keepalives_idle", "keepalives_interval", "keepalives_count",
+                        "tcp_user_timeout", "dbname", nullptr};
+  const char* values[] = {"5", "keel", "1", "10", "5", "3", "30000", url.c_str(), nullptr};
   PGconn* c = PQconnectdbParams(keys, values, /*expand_dbname=*/1);
   if (!c) return Unavailable("cannot connect to PostgreSQL: out of memory");
   if (PQstatus(c) != CONNECTION_OK) {
@@ -94,6 +99,13 @@ Result<std::unique_ptr<Conn>> Conn::Open(const std::string& url) {
 Conn::~Conn() { PQfinish(c_); }
 
 bool Conn::broken() const { return PQstatus(c_) != CONNECTION_OK; }
+
+bool Conn::Alive() {
+  if (broken()) return false;
+  pollfd pfd{PQsocket(c_), POLLIN, 0};
+  if (::poll(&pfd, 1, 0) > 0) (void)PQconsumeInput(c_);
+  return !broken();
+}
 
 bool Conn::in_failed_transaction() const { return PQtransactionStatus(c_) == PQTRANS_INERROR; }
 
@@ -144,7 +156,10 @@ Result<Rows> Conn::Finish(PGresult* r, std::string_view what) {
   return StatusFromSqlState(state, std::move(message));
 }
 
-Status Conn::Exec(const char* sql) { return Finish(PQexec(c_, sql), "postgres").status(); }
+Status Conn::Exec(const char* sql) {
+  KEEL_RETURN_IF_ERROR(Flush());
+  return Finish(PQexec(c_, sql), "postgres").status();
+}
 
 namespace {
 
@@ -162,22 +177,103 @@ Status CheckParams(const Params& params, std::vector<const char*>& out) {
 
 }  // namespace
 
-Result<Rows> Conn::Query(const std::string& sql, const Params& params) {
-  std::vector<const char*> values;
-  KEEL_RETURN_IF_ERROR(CheckParams(params, values));
+Result<std::string> Conn::Prepared(const std::string& sql) {
   auto it = prepared_.find(sql);
   if (it == prepared_.end()) {
+    KEEL_RETURN_IF_ERROR(Flush());
     std::string name = "keel_" + std::to_string(prepared_.size() + 1);
     KEEL_RETURN_IF_ERROR(
         Finish(PQprepare(c_, name.c_str(), sql.c_str(), 0, nullptr), "postgres prepare").status());
     it = prepared_.emplace(sql, std::move(name)).first;
   }
-  return Finish(PQexecPrepared(c_, it->second.c_str(), static_cast<int>(values.size()),
-                               values.data(), nullptr, nullptr, 0),
+  return it->second;
+}
+
+Result<Rows> Conn::Query(const std::string& sql, const Params& params) {
+  if (!pending_.empty()) {
+    // Behind queued statements: send this one with them and collect all in one round trip.
+    std::optional<Rows> rows;
+    KEEL_RETURN_IF_ERROR(Send(sql, params, [&rows](Rows& r) { rows.emplace(std::move(r)); }));
+    KEEL_RETURN_IF_ERROR(Flush());
+    if (rows) return std::move(*rows);
+    return Internal("postgres: a pipelined statement returned no result");
+  }
+  std::vector<const char*> values;
+  KEEL_RETURN_IF_ERROR(CheckParams(params, values));
+  KEEL_ASSIGN_OR_RETURN(std::string name, Prepared(sql));
+  return Finish(PQexecPrepared(c_, name.c_str(), static_cast<int>(values.size()), values.data(),
+                               nullptr, nullptr, 0),
                 "postgres");
 }
 
+namespace {
+// Statements queued before a flush is forced: keeps what the server sends back small enough
+// for the sockets' buffers, so a blocking connection cannot deadlock mid-pipeline.
+constexpr size_t kMaxPipelined = 64;
+}  // namespace
+
+Status Conn::Send(const std::string& sql, const Params& params, ResultFn on_result) {
+  std::vector<const char*> values;
+  KEEL_RETURN_IF_ERROR(CheckParams(params, values));
+  KEEL_ASSIGN_OR_RETURN(std::string name, Prepared(sql));
+  if (PQpipelineStatus(c_) == PQ_PIPELINE_OFF && PQenterPipelineMode(c_) != 1) {
+    return Unavailable("postgres: cannot enter pipeline mode: " + OneLine(PQerrorMessage(c_)));
+  }
+  if (PQsendQueryPrepared(c_, name.c_str(), static_cast<int>(values.size()), values.data(),
+                          nullptr, nullptr, 0) != 1) {
+    Status st = Unavailable("postgres: cannot send a statement: " + OneLine(PQerrorMessage(c_)));
+    pending_.clear();
+    (void)PQexitPipelineMode(c_);
+    return st;
+  }
+  pending_.push_back(std::move(on_result));
+  if (pending_.size() >= kMaxPipelined) return Flush();
+  return Status::Ok();
+}
+
+Status Conn::Flush() {
+  if (pending_.empty()) return Status::Ok();
+  std::vector<ResultFn> pending = std::move(pending_);
+  pending_.clear();
+  Status first;
+  if (PQpipelineSync(c_) != 1) {
+    first = Unavailable("postgres: cannot send a pipeline: " + OneLine(PQerrorMessage(c_)));
+  }
+  for (size_t i = 0; i < pending.size(); ++i) {
+    PGresult* r = PQgetResult(c_);
+    if (!r) {  // the connection failed: nothing more will come
+      if (first.ok()) {
+        first = Unavailable("postgres: connection to PostgreSQL lost: " +
+                            OneLine(PQerrorMessage(c_)));
+      }
+      break;
+    }
+    if (PQresultStatus(r) == PGRES_PIPELINE_ABORTED) {
+      PQclear(r);  // skipped after an earlier failure
+    } else {
+      auto rows = Finish(r, "postgres");
+      if (!rows.ok()) {
+        if (first.ok()) first = rows.status();
+      } else if (pending[i]) {
+        pending[i](*rows);
+      }
+    }
+    while (PGresult* extra = PQgetResult(c_)) PQclear(extra);  // up to the NULL that ends it
+  }
+  // The sync's own result, then back to ordinary mode.
+  while (PGresult* r = PQgetResult(c_)) {
+    bool sync = PQresultStatus(r) == PGRES_PIPELINE_SYNC;
+    PQclear(r);
+    if (sync) break;
+  }
+  if (PQexitPipelineMode(c_) != 1 && first.ok()) {
+    first = Unavailable("postgres: cannot leave pipeline mode: " + OneLine(PQerrorMessage(c_)));
+  }
+  return first;
+}
+
 Result<Rows> Conn::QueryOnce(const std::string& sql, const Params& params) {
+  KEEL_RETURN_IF_ERROR(Flush());
   std::vector<const char*> values;
   KEEL_RETURN_IF_ERROR(CheckParams(params, values));
   return Finish(PQexecParams(c_, sql.c_str(), static_cast<int>(values.size()), nullptr,

@@ -12,6 +12,7 @@
 // kInternal.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -100,7 +101,8 @@ class Row {
 class Conn {
  public:
   // Connects to `url` (a postgres:// or postgresql:// URI, or a libpq keyword string) with
-  // connect_timeout=5 unless the URL sets one. kUnavailable naming host and port when the
+  // connect_timeout=5, TCP keepalives (10 s idle, 3 probes 5 s apart) and tcp_user_timeout=30 s
+  // unless the URL sets them. kUnavailable naming host and port when the
   // server cannot be reached.
   static Result<std::unique_ptr<Conn>> Open(const std::string& url);
   ~Conn();
@@ -114,8 +116,22 @@ class Conn {
   // Runs `sql` unprepared (for statements run once, such as migrations with parameters).
   Result<Rows> QueryOnce(const std::string& sql, const Params& params);
 
+  // Pipelining (libpq pipeline mode): queues the prepared statement `sql` without waiting for
+  // its result; `on_result`, when given, receives the rows once they arrive. Queued statements
+  // go out together with the next Query (one round trip for all), or with Flush; Exec and
+  // QueryOnce flush first. The first failure among them is the error of the call that
+  // collected it; the statements after a failure are skipped, and in a transaction the server
+  // has aborted it. A failure known at once (a parameter with a NUL byte) is returned here.
+  using ResultFn = std::function<void(Rows&)>;
+  Status Send(const std::string& sql, const Params& params, ResultFn on_result = nullptr);
+  // Collects the results of every queued statement (nothing to do when none is queued).
+  Status Flush();
+
   // Whether the connection is gone (the server closed it, the network failed).
   bool broken() const;
+  // Like !broken(), but first reads whatever the server sent meanwhile without blocking, so a
+  // connection the server has closed since its last use (a restart) is seen as gone.
+  bool Alive();
   // Whether a statement failed in the open transaction, so that only a rollback is accepted.
   bool in_failed_transaction() const;
   // Connected and outside any transaction: fit to go back to a pool or to BEGIN.
@@ -142,9 +158,13 @@ class Conn {
  private:
   explicit Conn(PGconn* c) : c_(c) {}
   Result<Rows> Finish(PGresult* r, std::string_view what);
+  // The name of `sql` prepared on this connection, preparing it now if needed (outside a
+  // pipeline: the caller flushes first).
+  Result<std::string> Prepared(const std::string& sql);
 
   PGconn* c_;
   std::unordered_map<std::string, std::string> prepared_;  // SQL text -> statement name
+  std::vector<ResultFn> pending_;  // queued statements awaiting their results, in order
 };
 
 }  // namespace keel::store::postgres

@@ -19,19 +19,21 @@ namespace {
 constexpr const char* kLockMigrations = "SELECT pg_advisory_lock(7021802329620482)";
 constexpr const char* kUnlockMigrations = "SELECT pg_advisory_unlock(7021802329620482)";
 constexpr const char* kBeginRead = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
-// Every write transaction of every node holds this lock from BEGIN to COMMIT (one round trip
-// with the BEGIN). Write transactions are therefore serial across the cluster, as SQLite's are
+// Every write transaction of every node holds this lock from BEGIN to COMMIT (pipelined with
+// the BEGIN and the first unit's first statements). Write transactions are therefore serial across the cluster, as SQLite's are
 // on one node: a unit's read-check-write (claiming a queued run, intake's "is the session
 // busy?") cannot interleave with another node's, and event positions, taken under the lock,
 // become visible in position order (DESIGN.md section 7). Taking it only before the first event
-// insert would order positions but let two nodes claim the same run.
-constexpr const char* kBeginWrite = "BEGIN; SELECT pg_advisory_xact_lock(7021802329620481)";
+// insert would order positions but let two nodes' read-check-write units interleave.
+constexpr const char* kLockWrites = "SELECT pg_advisory_xact_lock(7021802329620481)";
 // PostgreSQL tracks the first 64 subtransactions (here: savepoints of units that wrote) of a
 // transaction in shared memory; beyond that every other session's snapshot must consult
 // pg_subtrans while the transaction runs. 64 units per commit still amortize the fsync well.
 constexpr int kMaxUnitsPerTransaction = 64;
-// Idle reader connections kept for reuse; more may exist while reads run concurrently.
-constexpr size_t kMaxIdleReaders = 8;
+// Threads that run ReadAsync's reads; each holds at most one reader connection at a time.
+constexpr int kReadThreads = 8;
+// Idle reader connections kept for reuse (Read on callers' threads may use more).
+constexpr size_t kMaxIdleReaders = kReadThreads;
 // Held (session-level) by the node that leads the cluster, on its listener connection.
 constexpr const char* kTryLeadership = "SELECT pg_try_advisory_lock(7021802329620483)";
 // How often a node that does not lead tries to take the leadership lock.
@@ -57,6 +59,9 @@ Result<std::unique_ptr<Store>> PostgresStore::Open(const std::string& url,
   KEEL_RETURN_IF_ERROR(store->WarnIfRowSecurityIsBypassed(*store->writer_->conn));
   store->writer_thread_ = std::thread([s = store.get()] { s->WriterLoop(); });
   store->listener_thread_ = std::thread([s = store.get()] { s->ListenerLoop(); });
+  for (int i = 0; i < kReadThreads; ++i) {
+    store->read_threads_.emplace_back([s = store.get()] { s->ReadLoop(); });
+  }
   return std::unique_ptr<Store>(std::move(store));
 }
 
@@ -65,7 +70,11 @@ PostgresStore::~PostgresStore() { Close(); }
 Result<std::unique_ptr<PostgresStore::Session>> PostgresStore::Connect(bool writer) {
   auto session = std::make_unique<Session>();
   KEEL_ASSIGN_OR_RETURN(session->conn, Conn::Open(url_));
-  if (writer) {
+  if (!writer) {
+    // A read stuck behind a lock (a migration, an operator's LOCK TABLE) fails rather than
+    // holding one of the reader threads for good.
+    KEEL_RETURN_IF_ERROR(session->conn->Exec("SET statement_timeout = '30s'"));
+  } else {
     // A node that stalls or loses its network inside a transaction would hold the write lock of
     // every node; the server ends such a session instead.
     KEEL_RETURN_IF_ERROR(session->conn->Exec("SET idle_in_transaction_session_timeout = '30s'"));
@@ -136,14 +145,12 @@ Status PostgresStore::Read(const std::function<Status(Tx&)>& fn) {
       idle_readers_.pop_back();
     }
   }
-  Status st;
-  if (reader) st = reader->conn->Exec(kBeginRead);
-  // A pooled connection may have been closed by the server since its last use: nothing has
-  // run yet, so a fresh connection can simply try again.
-  if (!reader || (!st.ok() && reader->conn->broken())) {
+  // A pooled connection may have been closed by the server since its last use.
+  if (!reader || !reader->conn->Alive()) {
     KEEL_ASSIGN_OR_RETURN(reader, Connect(/*writer=*/false));
-    st = reader->conn->Exec(kBeginRead);
   }
+  // Pipelined: the BEGIN goes out with the read's first statement.
+  Status st = reader->conn->Send(kBeginRead, Params());
   if (st.ok()) {
     reader->tx->BeginTransaction();
     try {
@@ -151,6 +158,8 @@ Status PostgresStore::Read(const std::function<Status(Tx&)>& fn) {
     } catch (const std::exception& e) {
       st = Internal(std::string("read failed: ") + e.what());
     }
+    Status flushed = reader->conn->Flush();  // statements still queued (see Conn::Send)
+    if (st.ok()) st = flushed;
     (void)reader->conn->Exec("COMMIT");
   }
   if (reader->conn->idle()) {
@@ -158,6 +167,32 @@ Status PostgresStore::Read(const std::function<Status(Tx&)>& fn) {
     if (idle_readers_.size() < kMaxIdleReaders) idle_readers_.push_back(std::move(reader));
   }
   return st;
+}
+
+void PostgresStore::ReadAsync(std::function<Status(Tx&)> fn, std::function<void(Status)> done) {
+  {
+    std::lock_guard<std::mutex> lock(reads_mu_);
+    if (!reads_closed_) {
+      reads_.push_back(ReadTask{std::move(fn), std::move(done)});
+      reads_cv_.notify_one();
+      return;
+    }
+  }
+  done(Unavailable("store is closed"));
+}
+
+void PostgresStore::ReadLoop() {
+  while (true) {
+    ReadTask task;
+    {
+      std::unique_lock<std::mutex> lock(reads_mu_);
+      reads_cv_.wait(lock, [&] { return reads_closed_ || !reads_.empty(); });
+      if (reads_.empty()) return;  // closed and drained
+      task = std::move(reads_.front());
+      reads_.pop_front();
+    }
+    task.done(Read(task.fn));
+  }
 }
 
 void PostgresStore::Write(WriteFn fn, WriteDone done) {
@@ -178,6 +213,14 @@ StoreStats PostgresStore::stats() const {
 }
 
 void PostgresStore::Close() {
+  {
+    std::lock_guard<std::mutex> lock(reads_mu_);
+    reads_closed_ = true;
+    reads_cv_.notify_all();
+  }
+  for (auto& t : read_threads_) {
+    if (t.joinable() && std::this_thread::get_id() != t.get_id()) t.join();
+  }
   {
     std::lock_guard<std::mutex> lock(listener_mu_);
     listener_stop_ = true;
@@ -221,23 +264,21 @@ void PostgresStore::WriterLoop() {
 }
 
 Status PostgresStore::BeginWrite() {
-  if (writer_ && !writer_->conn->broken() && !writer_->conn->idle()) {
+  if (writer_ && writer_->conn->Alive() && !writer_->conn->idle()) {
     // Left inside a transaction by a failure; BEGIN there would only warn and carry on in it.
     (void)writer_->conn->Exec("ROLLBACK");
   }
-  if (!writer_ || writer_->conn->broken()) {
+  // A connection the server closed since the last batch (a restart, a failover) is replaced
+  // here, before any unit runs on it.
+  if (!writer_ || !writer_->conn->Alive()) {
     writer_.reset();
     KEEL_ASSIGN_OR_RETURN(writer_, Connect(/*writer=*/true));
   }
-  Status st = writer_->conn->Exec(kBeginWrite);
-  if (!st.ok() && writer_->conn->broken()) {
-    // The server dropped the connection since the last batch (a restart, a failover).
-    writer_.reset();
-    KEEL_ASSIGN_OR_RETURN(writer_, Connect(/*writer=*/true));
-    st = writer_->conn->Exec(kBeginWrite);
-  }
-  if (st.ok()) writer_->tx->BeginTransaction();
-  return st;
+  // Pipelined: BEGIN and the lock go out with the first unit's first statement.
+  KEEL_RETURN_IF_ERROR(writer_->conn->Send("BEGIN", Params()));
+  KEEL_RETURN_IF_ERROR(writer_->conn->Send(kLockWrites, Params()));
+  writer_->tx->BeginTransaction();
+  return Status::Ok();
 }
 
 void PostgresStore::CommitBatch(std::vector<Unit>& batch) {
@@ -261,6 +302,10 @@ void PostgresStore::CommitBatch(std::vector<Unit>& batch) {
         } catch (const std::exception& e) {
           st = Internal(std::string("write failed: ") + e.what());
         }
+        // The unit's pipelined statements (event inserts, tenant bindings): their failure is
+        // the unit's.
+        Status flushed = conn.Flush();
+        if (st.ok()) st = flushed;
         if (st.ok() && conn.in_failed_transaction()) {
           // The unit went on after a failed statement; PostgreSQL has aborted its work.
           st = Internal("write failed: a statement of the unit failed and its error was ignored");

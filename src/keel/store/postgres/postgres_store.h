@@ -59,6 +59,8 @@ class PostgresStore final : public Store {
   ~PostgresStore() override;
 
   Status Read(const std::function<Status(Tx&)>& fn) override;
+  // On one of kReadThreads threads, so that no caller's event loop waits on the network.
+  void ReadAsync(std::function<Status(Tx&)> fn, std::function<void(Status)> done) override;
   void Write(WriteFn fn, WriteDone done) override;
   void SetCommitListener(std::function<void(const std::vector<Event>&)> listener) override {
     listener_ = std::move(listener);
@@ -95,6 +97,7 @@ class PostgresStore final : public Store {
   // The node's own connection: LISTENs for other nodes' commits and seeks, then holds, the
   // cluster's leadership lock (a session advisory lock, released by the server when the
   // connection ends). Reconnects with backoff.
+  void ReadLoop();
   void ListenerLoop();
   // One attempt at the leadership lock on `conn`; logs when this node becomes the leader.
   void SeekLeadership(Conn& conn);
@@ -115,6 +118,16 @@ class PostgresStore final : public Store {
 
   std::mutex readers_mu_;
   std::vector<std::unique_ptr<Session>> idle_readers_;  // GUARDED_BY(readers_mu_)
+
+  struct ReadTask {
+    std::function<Status(Tx&)> fn;
+    std::function<void(Status)> done;
+  };
+  std::mutex reads_mu_;
+  std::condition_variable reads_cv_;
+  std::deque<ReadTask> reads_;   // GUARDED_BY(reads_mu_)
+  bool reads_closed_ = false;    // GUARDED_BY(reads_mu_)
+  std::vector<std::thread> read_threads_;
 
   std::function<void(const std::vector<Event>&)> listener_;
   std::thread writer_thread_;

@@ -110,7 +110,8 @@ void PostgresTx::AfterRollbackToSavepoint() { bound_tenant_.reset(); }
 Status PostgresTx::BindTenant(const std::string& tenant_id) {
   if (bound_tenant_ && *bound_tenant_ == tenant_id) return Status::Ok();
   static const std::string kSql = "SELECT set_config('app.tenant_id', $1, true)";
-  KEEL_RETURN_IF_ERROR(conn_.Query(kSql, P(tenant_id)).status());
+  // Pipelined: it goes out with the statement that needs it.
+  KEEL_RETURN_IF_ERROR(conn_.Send(kSql, P(tenant_id)));
   bound_tenant_ = tenant_id;
   return Status::Ok();
 }
@@ -118,7 +119,7 @@ Status PostgresTx::BindTenant(const std::string& tenant_id) {
 Status PostgresTx::SetSystem(bool on) {
   static const std::string kOn = "SELECT set_config('app.system', 'on', true)";
   static const std::string kOff = "SELECT set_config('app.system', 'off', true)";
-  return conn_.Query(on ? kOn : kOff, Params()).status();
+  return conn_.Send(on ? kOn : kOff, Params());
 }
 
 template <typename Fn>
@@ -558,18 +559,19 @@ Status PostgresTx::Append(NewEvent n) {
       "INSERT INTO events(id, tenant_id, type, origin, origin_seq, agent_id, session_id, run_id, "
       "payload, occurred_at) VALUES($1,$2,$3,$4,(SELECT last_seq FROM seq),$5,$6,$7,$8,$9) "
       "RETURNING position, origin_seq";
+  // Pipelined: the position and origin_seq arrive with the next round trip, at the latest when
+  // the unit ends (PostgresStore flushes then); a failure there fails the unit.
   Status st = BindTenant(e.tenant_id);
   if (st.ok()) {
-    auto rows = conn_.Query(kSql, P(e.id, e.tenant_id, e.type, e.origin, e.agent_id, e.session_id,
-                                    e.run_id, DumpJson(e.payload), e.occurred_at));
-    if (!rows.ok()) {
-      st = rows.status();
-    } else if (rows->empty()) {
-      st = Internal("event insert returned no row");
-    } else {
-      e.position = rows->Int(0, 0);
-      e.origin_seq = rows->Int(0, 1);
-    }
+    const size_t index = appended_.size() - 1;
+    st = conn_.Send(kSql,
+                    P(e.id, e.tenant_id, e.type, e.origin, e.agent_id, e.session_id, e.run_id,
+                      DumpJson(e.payload), e.occurred_at),
+                    [this, index](Rows& rows) {
+                      if (rows.empty() || index >= appended_.size()) return;
+                      appended_[index].position = rows.Int(0, 0);
+                      appended_[index].origin_seq = rows.Int(0, 1);
+                    });
   }
   if (!st.ok()) appended_.pop_back();
   return st;

@@ -1,12 +1,14 @@
 #pragma once
-// Awaitable bridge to Store::Write for coroutines: suspends the caller until its unit of work
-// is durable (or failed) and resumes it on the caller's executor.
+// Awaitable bridges to the store for coroutines: AsyncWrite suspends the caller until its unit
+// of work is durable (or failed), AsyncRead until its read is done (Store::ReadAsync: off the
+// event loop when reads wait on a network); both resume it on the caller's executor.
 
 #include <boost/asio/async_result.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -30,6 +32,20 @@ inline boost::asio::awaitable<Result<std::vector<Event>>> AsyncWrite(Store& stor
       boost::asio::use_awaitable);
   if (!status.ok()) co_return status;
   co_return std::move(events);
+}
+
+// Runs `fn` in a read-only snapshot; returns its status.
+inline boost::asio::awaitable<Status> AsyncRead(Store& store, std::function<Status(Tx&)> fn) {
+  co_return co_await boost::asio::async_initiate<const boost::asio::use_awaitable_t<>,
+                                                 void(Status)>(
+      [&store, &fn](auto handler) {
+        auto ex = boost::asio::get_associated_executor(handler);
+        auto h = std::make_shared<decltype(handler)>(std::move(handler));
+        store.ReadAsync(std::move(fn), [h, ex](Status s) {
+          boost::asio::post(ex, [h, s = std::move(s)]() mutable { (*h)(std::move(s)); });
+        });
+      },
+      boost::asio::use_awaitable);
 }
 
 }  // namespace keel::store
