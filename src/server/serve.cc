@@ -198,7 +198,13 @@ int ServeMain(const ServeFlags& flags) {
 
   Log("listening on http://" + *bound + " (store " + RedactUrl(config.store_url) + ", origin " +
       *origin + ")");
-  Log("owner token: " + config.home + "/owner.token");
+  if (std::error_code exists_ec; fs::exists(config.home + "/owner.token", exists_ec)) {
+    Log("owner token: " + config.home + "/owner.token");
+  } else {
+    // Another node (or an import) created this store's first tenant: its token is there.
+    Log("no owner token in " + config.home + ": use a token of this store (the owner.token of "
+        "the node that created it, or one made with `keel tokens create`)");
+  }
 
   asio::signal_set signals(io, SIGINT, SIGTERM);
   signals.async_wait([&](const boost::system::error_code& e, int sig) {
