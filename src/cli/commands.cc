@@ -693,6 +693,46 @@ int TokensRevoke(Context& ctx, const std::string& token_id) {
   return kExitOk;
 }
 
+int SecretsSet(Context& ctx, const std::string& name, const std::optional<std::string>& value) {
+  std::string text;
+  if (value) {
+    text = *value;
+  } else {
+    if (isatty(STDIN_FILENO)) std::cerr << "value for " << name << " (end with Ctrl-D): ";
+    std::ostringstream in;
+    in << std::cin.rdbuf();
+    text = in.str();
+    if (!text.empty() && text.back() == '\n') text.pop_back();
+    if (!text.empty() && text.back() == '\r') text.pop_back();
+  }
+  Reply set = Request(ctx, "PUT", "/v1/secrets/" + Escape(name), Json{{"value", text}});
+  if (!set.ok()) return set.exit_code;
+  if (!ctx.json) std::cout << "set secret " << name << "\n";
+  return kExitOk;
+}
+
+int SecretsList(Context& ctx) {
+  Reply list = Request(ctx, "GET", "/v1/secrets");
+  if (!list.ok()) return list.exit_code;
+  if (ctx.json) {
+    PrintJson(list.body);
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const Json& s : Items(list.body)) {
+    rows.push_back({Str(s, "name"), Str(s, "created_at"), Str(s, "updated_at")});
+  }
+  PrintTable({"NAME", "CREATED", "UPDATED"}, rows);
+  return kExitOk;
+}
+
+int SecretsDelete(Context& ctx, const std::string& name) {
+  Reply gone = Request(ctx, "DELETE", "/v1/secrets/" + Escape(name));
+  if (!gone.ok()) return gone.exit_code;
+  if (!ctx.json) std::cout << "deleted secret " << name << "\n";
+  return kExitOk;
+}
+
 int TenantsCreate(Context& ctx, const std::string& name) {
   Reply created = Request(ctx, "POST", "/v1/tenants", Json{{"name", name}});
   if (!created.ok()) return created.exit_code;

@@ -8,6 +8,7 @@
 // passes it on.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -96,6 +97,10 @@ int SessionsShow(Context& ctx, const std::string& session_id);
 int TokensCreate(Context& ctx, const std::string& name, const std::string& role);
 int TokensList(Context& ctx);
 int TokensRevoke(Context& ctx, const std::string& token_id);
+// `value` absent: read from standard input (one trailing newline removed).
+int SecretsSet(Context& ctx, const std::string& name, const std::optional<std::string>& value);
+int SecretsList(Context& ctx);
+int SecretsDelete(Context& ctx, const std::string& name);
 
 int TenantsCreate(Context& ctx, const std::string& name);
 

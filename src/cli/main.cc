@@ -147,6 +147,24 @@ int Main(int argc, char** argv) {
   tokens_revoke->add_option("id", token_id, "Token id")->required();
   on_parse(tokens_revoke, [&](Context& c) { return TokensRevoke(c, token_id); });
 
+  // keel secrets ...
+  CLI::App* secrets = app.add_subcommand("secrets", "Set, list and delete secrets (owners)");
+  secrets->require_subcommand(1);
+  std::string secret_name;
+  std::optional<std::string> secret_value;
+  CLI::App* secrets_set = secrets->add_subcommand(
+      "set", "Set a secret; the value is read from standard input unless --value is given");
+  secrets_set->add_option("name", secret_name, "Secret name")->required();
+  secrets_set->add_option("--value", secret_value,
+                          "The value (visible in the process list and shell history; prefer "
+                          "standard input)");
+  on_parse(secrets_set, [&](Context& c) { return SecretsSet(c, secret_name, secret_value); });
+  on_parse(secrets->add_subcommand("list", "List secret names (never values)"),
+           [](Context& c) { return SecretsList(c); });
+  CLI::App* secrets_rm = secrets->add_subcommand("rm", "Delete a secret");
+  secrets_rm->add_option("name", secret_name, "Secret name")->required();
+  on_parse(secrets_rm, [&](Context& c) { return SecretsDelete(c, secret_name); });
+
   // keel tenants create
   CLI::App* tenants = app.add_subcommand("tenants", "Manage tenants (platform admin only)");
   tenants->require_subcommand(1);

@@ -30,6 +30,7 @@
 #include "keel/model/openai_provider.h"
 #include "keel/runtime/event_hub.h"
 #include "keel/runtime/runtime.h"
+#include "keel/secrets/vault.h"
 #include "keel/store/store.h"
 #include "keel/tenants/tenants.h"
 #include "keel/tools/gateway.h"
@@ -128,6 +129,8 @@ int Fail(const Status& st) {
 }  // namespace
 
 int ServeMain(const ServeFlags& flags) {
+  // Files the server creates (the database, tokens, workspaces) are its own.
+  ::umask(077);
   config::Overrides overrides{flags.home, flags.config_file, flags.listen, flags.store_url};
   auto cfg = config::Load(overrides);
   if (!cfg.ok()) return Fail(cfg.status());
@@ -161,6 +164,9 @@ int ServeMain(const ServeFlags& flags) {
   runtime::EventHub hub(io.get_executor());
   store->SetCommitListener([&hub](const std::vector<store::Event>& events) { hub.OnCommit(events); });
 
+  secrets::Vault vault = secrets::Vault::FromKekText(config.secret_kek);
+  if (!vault.ready().ok()) LogInfo(vault.ready().message());
+
   model::ProviderRegistry providers;
   (void)providers.Register("local", std::make_unique<model::LocalModel>());
   (void)providers.Register("openai", std::make_unique<model::OpenAiProvider>(config.openai));
@@ -177,7 +183,8 @@ int ServeMain(const ServeFlags& flags) {
   runtime::Runtime runtime(io.get_executor(), *store, hub, providers, gateway, metrics,
                            runtime_options);
 
-  api::ApiContext api_context{*store, runtime, hub, metrics, config, providers, *admin_tenant};
+  api::ApiContext api_context{*store,    runtime, hub, metrics, config,
+                              providers, vault,   *admin_tenant};
   http::Router router(api::MakeAuthenticator(api_context));
   api::RegisterAllRoutes(router, api_context);
   http::Server server(io, router, metrics, config.max_body_bytes);

@@ -213,13 +213,21 @@ class ArchiveTest : public ::testing::Test {
   std::string archive_;
 };
 
+size_t EntryIndex(const Entries& entries, const std::string& name) {
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (entries[i].first == name) return i;
+  }
+  ADD_FAILURE() << "no entry " << name;
+  return 0;
+}
+
 TEST_F(ArchiveTest, ManifestComesFirstAndDescribesEveryTable) {
   Entries entries = ReadArchive(archive_);
   ASSERT_EQ(entries.size(), ExportTables().size() + 1);
   EXPECT_EQ(entries[0].first, "manifest.json");
   Json manifest = Json::parse(entries[0].second);
   EXPECT_EQ(manifest["format"], "keel-export");
-  EXPECT_EQ(manifest["version"], 1);
+  EXPECT_EQ(manifest["version"], kArchiveVersion);
   EXPECT_TRUE(manifest["tenant"].is_null());
   EXPECT_EQ(manifest["tables"]["tenants"]["rows"], 2);
   EXPECT_EQ(manifest["tables"]["api_tokens"]["rows"], 4);
@@ -328,8 +336,7 @@ TEST_F(ArchiveTest, RefusesANonEmptyStore) {
 
 TEST_F(ArchiveTest, RefusesATamperedRow) {
   Entries entries = ReadArchive(archive_);
-  std::string& agents = entries[3].second;
-  ASSERT_EQ(entries[3].first, "agents.jsonl");
+  std::string& agents = entries[EntryIndex(entries, "agents.jsonl")].second;
   size_t at = agents.find("helper");
   ASSERT_NE(at, std::string::npos);
   agents.replace(at, 6, "hacker");
@@ -348,11 +355,11 @@ TEST_F(ArchiveTest, RefusesATruncatedArchive) {
 TEST_F(ArchiveTest, RefusesAWrongVersion) {
   Entries entries = ReadArchive(archive_);
   Json manifest = Json::parse(entries[0].second);
-  manifest["version"] = 2;
+  manifest["version"] = kArchiveVersion + 1;
   entries[0].second = manifest.dump();
-  std::string path = Path("v2.tar.zst");
+  std::string path = Path("next-version.tar.zst");
   WriteArchive(path, entries);
-  ExpectRefused(path, Code::kInvalidArgument, "version 2");
+  ExpectRefused(path, Code::kInvalidArgument, "version " + std::to_string(kArchiveVersion + 1));
 }
 
 TEST_F(ArchiveTest, RefusesMissingExtraAndMalformedEntries) {
@@ -362,16 +369,18 @@ TEST_F(ArchiveTest, RefusesMissingExtraAndMalformedEntries) {
   ExpectRefused(Path("missing.tar.zst"), Code::kInvalidArgument, "missing entry events.jsonl");
 
   Entries extra = entries;
-  extra.emplace_back("secrets.jsonl", "");
+  extra.emplace_back("unknown_table.jsonl", "");
   WriteArchive(Path("extra.tar.zst"), extra);
-  ExpectRefused(Path("extra.tar.zst"), Code::kInvalidArgument, "unexpected entry secrets.jsonl");
+  ExpectRefused(Path("extra.tar.zst"), Code::kInvalidArgument,
+                "unexpected entry unknown_table.jsonl");
 
   // A malformed line with a manifest that matches it: the row check still refuses it.
   Entries malformed = entries;
-  malformed[3].second += "{\"id\": 1}\n";
+  const size_t agents = EntryIndex(malformed, "agents.jsonl");
+  malformed[agents].second += "{\"id\": 1}\n";
   Json manifest = Json::parse(malformed[0].second);
   manifest["tables"]["agents"]["rows"] = manifest["tables"]["agents"]["rows"].get<int>() + 1;
-  manifest["tables"]["agents"]["sha256"] = Sha256Hex(malformed[3].second);
+  manifest["tables"]["agents"]["sha256"] = Sha256Hex(malformed[agents].second);
   malformed[0].second = manifest.dump();
   WriteArchive(Path("malformed.tar.zst"), malformed);
   ExpectRefused(Path("malformed.tar.zst"), Code::kInvalidArgument, "agents.jsonl line 3");

@@ -369,6 +369,58 @@ TEST_P(StoreTest, TenantsDoNotSeeEachOther) {
             Code::kConflict);
 }
 
+TEST_P(StoreTest, SecretsAreKeptPerTenantReplacedInPlaceAndDeleted) {
+  Tenant a = MakeTenant();
+  Tenant b = MakeTenant();
+  Status put = store_->WriteSync([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.secrets().InsertTenantKey({a.id, "wrapped-a", "fp", 1}));
+    KEEL_RETURN_IF_ERROR(tx.secrets().PutSecret({a.id, "zeta", "sealed-1", 10, 10}));
+    KEEL_RETURN_IF_ERROR(tx.secrets().PutSecret({a.id, "alpha", "sealed-2", 11, 11}));
+    return tx.secrets().PutSecret({b.id, "alpha", "sealed-b", 12, 12});
+  });
+  ASSERT_TRUE(put.ok()) << put.ToString();
+  // A second data key for a tenant is a conflict; replacing a value keeps created_at.
+  EXPECT_EQ(store_->WriteSync([&](Tx& tx) {
+              return tx.secrets().InsertTenantKey({a.id, "other", "fp", 2});
+            }).code(),
+            Code::kConflict);
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) {
+    return tx.secrets().PutSecret({a.id, "zeta", "sealed-3", 99, 20});
+  }).ok());
+  ASSERT_TRUE(store_->Read([&](Tx& tx) -> Status {
+    auto key = tx.secrets().GetTenantKey(a.id);
+    EXPECT_TRUE(key.ok() && key->has_value() && (*key)->wrapped == "wrapped-a");
+    auto none = tx.secrets().GetTenantKey(b.id);
+    EXPECT_TRUE(none.ok() && !none->has_value());
+    auto list = tx.secrets().ListSecrets(a.id);
+    EXPECT_TRUE(list.ok());
+    if (list.ok()) {
+      EXPECT_EQ(list->size(), 2u);
+      if (list->size() != 2u) return Status::Ok();
+      EXPECT_EQ((*list)[0].name, "alpha");
+      EXPECT_EQ((*list)[1].name, "zeta");
+      EXPECT_EQ((*list)[1].sealed, "sealed-3");
+      EXPECT_EQ((*list)[1].created_at, 10);
+      EXPECT_EQ((*list)[1].updated_at, 20);
+    }
+    auto other = tx.secrets().GetSecret(b.id, "zeta");
+    EXPECT_EQ(other.status().code(), Code::kNotFound);
+    EXPECT_EQ(other.status().message(), "secret not found: zeta");
+    EXPECT_EQ(tx.secrets().GetSecret(b.id, "alpha")->sealed, "sealed-b");
+    return Status::Ok();
+  }).ok());
+  EXPECT_EQ(store_->WriteSync([&](Tx& tx) { return tx.secrets().DeleteSecret(b.id, "zeta"); })
+                .code(),
+            Code::kNotFound);
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) { return tx.secrets().DeleteSecret(a.id, "zeta"); })
+                  .ok());
+  ASSERT_TRUE(store_->Read([&](Tx& tx) -> Status {
+    EXPECT_EQ(tx.secrets().ListSecrets(a.id)->size(), 1u);
+    EXPECT_EQ(tx.secrets().ListSecrets(b.id)->size(), 1u);
+    return Status::Ok();
+  }).ok());
+}
+
 TEST_P(StoreTest, AnotherTenantsObjectsAreNotFound) {
   Tenant a = MakeTenant();
   Tenant b = MakeTenant();

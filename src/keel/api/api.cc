@@ -170,6 +170,7 @@ void RegisterAllRoutes(http::Router& router, ApiContext& ctx) {
   RegisterSessionRoutes(router, ctx);
   RegisterRunRoutes(router, ctx);
   RegisterEventRoutes(router, ctx);
+  RegisterSecretRoutes(router, ctx);
 }
 
 }  // namespace keel::api

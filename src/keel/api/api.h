@@ -17,6 +17,9 @@ class ProviderRegistry;
 namespace store {
 class Store;
 }
+namespace secrets {
+class Vault;
+}
 namespace runtime {
 class Runtime;
 class EventHub;
@@ -33,6 +36,7 @@ struct ApiContext {
   Metrics& metrics;
   const config::Config& config;
   const model::ProviderRegistry& providers;
+  const secrets::Vault& vault;
   std::string admin_tenant_id;  // the first tenant: its owners are platform admins
 };
 
@@ -48,6 +52,7 @@ void RegisterAgentRoutes(http::Router& router, ApiContext& ctx);     // agents
 void RegisterSessionRoutes(http::Router& router, ApiContext& ctx);   // sessions, messages
 void RegisterRunRoutes(http::Router& router, ApiContext& ctx);       // runs, steps, cancel
 void RegisterEventRoutes(http::Router& router, ApiContext& ctx);     // events, SSE stream
+void RegisterSecretRoutes(http::Router& router, ApiContext& ctx);    // secrets
 
 // The OpenAPI 3.1 document served at /v1/openapi.json.
 const std::string& OpenApiDocument();

@@ -141,6 +141,7 @@ Result<Config> Load(const Overrides& o) {
   if (auto v = Env("KEEL_LISTEN"); !v.empty()) c.listen = v;
   if (auto v = Env("KEEL_STORE"); !v.empty()) c.store_url = v;
   if (auto v = Env("KEEL_WORKSPACES"); !v.empty()) c.workspaces = v;
+  c.secret_kek = Env("KEEL_SECRET_KEK");
   if (auto v = Env("KEEL_DURABLE"); !v.empty()) {
     if (v != "true" && v != "false" && v != "1" && v != "0") {
       return InvalidArgument("KEEL_DURABLE must be true or false, got '" + v + "'");

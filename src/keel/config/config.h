@@ -30,6 +30,8 @@ struct Config {
   int lease_ms = 30000;
   int history_limit = 50;        // earlier messages a turn's context carries
   std::string log_level = "info";
+  // KEEL_SECRET_KEK (environment only): base64 of the 256-bit key-encryption key of secrets.
+  std::string secret_kek;
   OpenAiConfig openai;
 };
 

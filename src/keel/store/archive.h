@@ -21,7 +21,7 @@
 namespace keel::store {
 
 inline constexpr const char* kArchiveFormat = "keel-export";
-inline constexpr int kArchiveVersion = 1;
+inline constexpr int kArchiveVersion = 2;  // 2: tenant_keys and secrets
 
 // Writes the archive of `tenant_id`'s rows (every tenant's when empty) to `path`, replacing it.
 // One Store::Read: a consistent snapshot even while a server writes to the store.

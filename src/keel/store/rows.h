@@ -30,6 +30,18 @@ Token ReadToken(const Row& s) {
   return t;
 }
 
+inline constexpr const char* kTenantKeyCols = "tenant_id, wrapped, kek_fingerprint, created_at";
+template <typename Row>
+TenantKey ReadTenantKey(const Row& s) {
+  return TenantKey{s.Text(0), s.Text(1), s.Text(2), s.Int(3)};
+}
+
+inline constexpr const char* kSecretCols = "tenant_id, name, sealed, created_at, updated_at";
+template <typename Row>
+Secret ReadSecret(const Row& s) {
+  return Secret{s.Text(0), s.Text(1), s.Text(2), s.Int(3), s.Int(4)};
+}
+
 inline constexpr const char* kAgentCols =
     "id, tenant_id, name, model, instructions, tools, config, status, created_at, updated_at";
 template <typename Row>

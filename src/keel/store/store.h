@@ -40,6 +40,22 @@ class TokenStore {
   virtual Status RevokeToken(const std::string& tenant_id, const std::string& id, Millis at) = 0;
 };
 
+class SecretStore {
+ public:
+  virtual ~SecretStore() = default;
+  virtual Result<std::optional<TenantKey>> GetTenantKey(const std::string& tenant_id) = 0;
+  // kConflict when the tenant has one.
+  virtual Status InsertTenantKey(const TenantKey& k) = 0;
+  // Inserts the secret or replaces its sealed value and updated_at (created_at stays).
+  virtual Status PutSecret(const Secret& s) = 0;
+  // kNotFound "secret not found: NAME".
+  virtual Result<Secret> GetSecret(const std::string& tenant_id, const std::string& name) = 0;
+  // By name.
+  virtual Result<std::vector<Secret>> ListSecrets(const std::string& tenant_id) = 0;
+  // kNotFound "secret not found: NAME".
+  virtual Status DeleteSecret(const std::string& tenant_id, const std::string& name) = 0;
+};
+
 class AgentStore {
  public:
   virtual ~AgentStore() = default;
@@ -200,6 +216,7 @@ class Tx {
   virtual ~Tx() = default;
   virtual TenantStore& tenants() = 0;
   virtual TokenStore& tokens() = 0;
+  virtual SecretStore& secrets() = 0;
   virtual AgentStore& agents() = 0;
   virtual SessionStore& sessions() = 0;
   virtual MessageStore& messages() = 0;

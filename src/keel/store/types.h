@@ -28,6 +28,24 @@ struct Token {
   std::optional<Millis> revoked_at;
 };
 
+// A tenant's data key for secrets, wrapped (sealed) by the key-encryption key whose fingerprint
+// is kept beside it.
+struct TenantKey {
+  std::string tenant_id;
+  std::string wrapped;
+  std::string kek_fingerprint;
+  Millis created_at = 0;
+};
+
+// A secret's value, sealed by its tenant's data key; (tenant_id, name) is unique.
+struct Secret {
+  std::string tenant_id;
+  std::string name;
+  std::string sealed;
+  Millis created_at = 0;
+  Millis updated_at = 0;
+};
+
 struct Agent {
   std::string id;
   std::string tenant_id;

@@ -191,6 +191,57 @@ Status PostgresTx::RevokeToken(const std::string& tenant_id, const std::string& 
   return Updated(conn_.Query(kSql, P(at, tenant_id, id)), "token not found: " + id);
 }
 
+// ---- SecretStore
+
+Result<std::optional<TenantKey>> PostgresTx::GetTenantKey(const std::string& tenant_id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kTenantKeyCols) + " FROM tenant_keys WHERE tenant_id=$1";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id)));
+  if (rows.empty()) return std::optional<TenantKey>();
+  return std::optional<TenantKey>(ReadTenantKey(Row(rows, 0)));
+}
+
+Status PostgresTx::InsertTenantKey(const TenantKey& k) {
+  static const std::string kSql = "INSERT INTO tenant_keys(" + std::string(kTenantKeyCols) +
+                                  ") VALUES($1,$2,$3,$4) ON CONFLICT DO NOTHING RETURNING tenant_id";
+  KEEL_RETURN_IF_ERROR(BindTenant(k.tenant_id));
+  return Inserted(conn_.Query(kSql, P(k.tenant_id, k.wrapped, k.kek_fingerprint, k.created_at)),
+                  "tenant " + k.tenant_id + " already has a data key");
+}
+
+Status PostgresTx::PutSecret(const Secret& x) {
+  static const std::string kSql =
+      "INSERT INTO secrets(" + std::string(kSecretCols) +
+      ") VALUES($1,$2,$3,$4,$5) ON CONFLICT(tenant_id, name) DO UPDATE SET "
+      "sealed=EXCLUDED.sealed, updated_at=EXCLUDED.updated_at";
+  KEEL_RETURN_IF_ERROR(BindTenant(x.tenant_id));
+  return conn_.Query(kSql, P(x.tenant_id, x.name, x.sealed, x.created_at, x.updated_at)).status();
+}
+
+Result<Secret> PostgresTx::GetSecret(const std::string& tenant_id, const std::string& name) {
+  static const std::string kSql =
+      "SELECT " + std::string(kSecretCols) + " FROM secrets WHERE tenant_id=$1 AND name=$2";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, name)));
+  return One<Secret>(rows, ReadSecret<Row>, "secret not found: " + name);
+}
+
+Result<std::vector<Secret>> PostgresTx::ListSecrets(const std::string& tenant_id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kSecretCols) + " FROM secrets WHERE tenant_id=$1 ORDER BY name";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id)));
+  return Collect<Secret>(rows, ReadSecret<Row>);
+}
+
+Status PostgresTx::DeleteSecret(const std::string& tenant_id, const std::string& name) {
+  static const std::string kSql =
+      "DELETE FROM secrets WHERE tenant_id=$1 AND name=$2 RETURNING name";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  return Updated(conn_.Query(kSql, P(tenant_id, name)), "secret not found: " + name);
+}
+
 // ---- AgentStore
 
 Status PostgresTx::InsertAgent(const Agent& a) {
@@ -813,6 +864,26 @@ CREATE POLICY tenant_isolation ON tool_calls
 ALTER TABLE events ENABLE ROW LEVEL SECURITY;
 ALTER TABLE events FORCE ROW LEVEL SECURITY;
 CREATE POLICY tenant_isolation ON events
+  USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
+  WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
+)sql",
+      // 2: secrets (envelope encryption: a wrapped data key per tenant, sealed values).
+      R"sql(
+CREATE TABLE tenant_keys(
+  tenant_id TEXT COLLATE "C" PRIMARY KEY REFERENCES tenants(id), wrapped TEXT NOT NULL,
+  kek_fingerprint TEXT NOT NULL, created_at BIGINT NOT NULL);
+CREATE TABLE secrets(
+  tenant_id TEXT COLLATE "C" NOT NULL REFERENCES tenants(id), name TEXT COLLATE "C" NOT NULL,
+  sealed TEXT NOT NULL, created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL,
+  PRIMARY KEY(tenant_id, name));
+ALTER TABLE tenant_keys ENABLE ROW LEVEL SECURITY;
+ALTER TABLE tenant_keys FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON tenant_keys
+  USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
+  WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
+ALTER TABLE secrets ENABLE ROW LEVEL SECURITY;
+ALTER TABLE secrets FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON secrets
   USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
   WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
 )sql",

@@ -112,6 +112,60 @@ Status SqliteTx::RevokeToken(const std::string& tenant_id, const std::string& id
   return Status::Ok();
 }
 
+// ---- SecretStore
+
+Result<std::optional<TenantKey>> SqliteTx::GetTenantKey(const std::string& tenant_id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kTenantKeyCols) + " FROM tenant_keys WHERE tenant_id=?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id);
+  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return std::optional<TenantKey>();
+  return std::optional<TenantKey>(ReadTenantKey(s));
+}
+
+Status SqliteTx::InsertTenantKey(const TenantKey& k) {
+  static const std::string kSql =
+      "INSERT INTO tenant_keys(" + std::string(kTenantKeyCols) + ") VALUES(?,?,?,?)";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  return s.BindAll(k.tenant_id, k.wrapped, k.kek_fingerprint, k.created_at).Run();
+}
+
+Status SqliteTx::PutSecret(const Secret& x) {
+  static const std::string kSql =
+      "INSERT INTO secrets(" + std::string(kSecretCols) +
+      ") VALUES(?,?,?,?,?) ON CONFLICT(tenant_id, name) DO UPDATE SET sealed=excluded.sealed, "
+      "updated_at=excluded.updated_at";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  return s.BindAll(x.tenant_id, x.name, x.sealed, x.created_at, x.updated_at).Run();
+}
+
+Result<Secret> SqliteTx::GetSecret(const std::string& tenant_id, const std::string& name) {
+  static const std::string kSql =
+      "SELECT " + std::string(kSecretCols) + " FROM secrets WHERE tenant_id=? AND name=?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id, name);
+  return One<Secret>(s, ReadSecret<Stmt>, "secret not found: " + name);
+}
+
+Result<std::vector<Secret>> SqliteTx::ListSecrets(const std::string& tenant_id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kSecretCols) + " FROM secrets WHERE tenant_id=? ORDER BY name";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id);
+  return Collect<Secret>(s, ReadSecret<Stmt>);
+}
+
+Status SqliteTx::DeleteSecret(const std::string& tenant_id, const std::string& name) {
+  static const std::string kSql =
+      "DELETE FROM secrets WHERE tenant_id=? AND name=? RETURNING name";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id, name);
+  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return NotFound("secret not found: " + name);
+  return Status::Ok();
+}
+
 // ---- AgentStore
 
 Status SqliteTx::InsertAgent(const Agent& a) {
@@ -636,6 +690,15 @@ CREATE TABLE events(
   session_id TEXT NOT NULL, run_id TEXT NOT NULL, payload TEXT NOT NULL,
   occurred_at INTEGER NOT NULL, UNIQUE(origin, origin_seq));
 CREATE INDEX events_tenant ON events(tenant_id, position);
+)sql",
+      // 2: secrets (envelope encryption: a wrapped data key per tenant, sealed values).
+      R"sql(
+CREATE TABLE tenant_keys(
+  tenant_id TEXT PRIMARY KEY REFERENCES tenants(id), wrapped TEXT NOT NULL,
+  kek_fingerprint TEXT NOT NULL, created_at INTEGER NOT NULL);
+CREATE TABLE secrets(
+  tenant_id TEXT NOT NULL REFERENCES tenants(id), name TEXT NOT NULL, sealed TEXT NOT NULL,
+  created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL, PRIMARY KEY(tenant_id, name));
 )sql",
   };
   return kMigrations;

@@ -14,6 +14,7 @@ namespace keel::store::sqlite {
 class SqliteTx final : public Tx,
                        public TenantStore,
                        public TokenStore,
+                       public SecretStore,
                        public AgentStore,
                        public SessionStore,
                        public MessageStore,
@@ -29,6 +30,7 @@ class SqliteTx final : public Tx,
 
   TenantStore& tenants() override { return *this; }
   TokenStore& tokens() override { return *this; }
+  SecretStore& secrets() override { return *this; }
   AgentStore& agents() override { return *this; }
   SessionStore& sessions() override { return *this; }
   MessageStore& messages() override { return *this; }
@@ -103,6 +105,14 @@ class SqliteTx final : public Tx,
   Status ImportRow(const std::string& table, const Json& row) override;
   Status FinishImport() override;
   Result<bool> IsEmpty() override;
+
+  // SecretStore
+  Result<std::optional<TenantKey>> GetTenantKey(const std::string& tenant_id) override;
+  Status InsertTenantKey(const TenantKey& k) override;
+  Status PutSecret(const Secret& s) override;
+  Result<Secret> GetSecret(const std::string& tenant_id, const std::string& name) override;
+  Result<std::vector<Secret>> ListSecrets(const std::string& tenant_id) override;
+  Status DeleteSecret(const std::string& tenant_id, const std::string& name) override;
 
  private:
   Db& db_;
