@@ -421,6 +421,166 @@ TEST_P(StoreTest, SecretsAreKeptPerTenantReplacedInPlaceAndDeleted) {
   }).ok());
 }
 
+TEST_P(StoreTest, PoliciesAndEmergencyStops) {
+  Tenant a = MakeTenant();
+  Tenant b = MakeTenant();
+  EXPECT_FALSE(ReadValue<bool>(*store_, [&](Tx& tx) -> Result<bool> {
+    KEEL_ASSIGN_OR_RETURN(auto p, tx.policies().GetPolicy(a.id, ""));
+    return p.has_value();
+  }));
+  Json frame = {{"rules", Json::array({{{"tool", "*"}, {"rights", {"read"}}}})}};
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.policies().PutPolicy({a.id, "", frame, 1}));
+    KEEL_RETURN_IF_ERROR(tx.policies().PutPolicy({a.id, "agent-1", Json::object(), 2}));
+    return tx.policies().PutPolicy({a.id, "", {{"deny", {"x"}}}, 3});  // replaces the frame
+  }).ok());
+  ASSERT_TRUE(store_->Read([&](Tx& tx) -> Status {
+    auto got = tx.policies().GetPolicy(a.id, "");
+    EXPECT_TRUE(got.ok() && got->has_value());
+    if (got.ok() && got->has_value()) {
+      EXPECT_EQ((*got)->body, Json({{"deny", {"x"}}}));
+      EXPECT_EQ((*got)->updated_at, 3);
+    }
+    EXPECT_TRUE(tx.policies().GetPolicy(a.id, "agent-1")->has_value());
+    EXPECT_FALSE(tx.policies().GetPolicy(b.id, "")->has_value());
+    return Status::Ok();
+  }).ok());
+
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.policies().PutStop({a.id, "agent-9", "runaway", "tok", 5}));
+    KEEL_RETURN_IF_ERROR(tx.policies().PutStop({a.id, "", "incident", "tok", 6}));
+    return tx.policies().PutStop({a.id, "", "incident 2", "tok2", 7});
+  }).ok());
+  auto stops = ReadValue<std::vector<EmergencyStop>>(
+      *store_, [&](Tx& tx) { return tx.policies().ListStops(a.id); });
+  ASSERT_EQ(stops.size(), 2u);
+  EXPECT_EQ(stops[0].agent_id, "");
+  EXPECT_EQ(stops[0].reason, "incident 2");
+  EXPECT_EQ(stops[1].agent_id, "agent-9");
+  EXPECT_TRUE(ReadValue<std::vector<EmergencyStop>>(
+                  *store_, [&](Tx& tx) { return tx.policies().ListStops(b.id); })
+                  .empty());
+  EXPECT_EQ(store_->WriteSync([&](Tx& tx) { return tx.policies().DeleteStop(b.id, ""); }).code(),
+            Code::kNotFound);
+  EXPECT_TRUE(store_->WriteSync([&](Tx& tx) { return tx.policies().DeleteStop(a.id, ""); }).ok());
+  EXPECT_EQ(ReadValue<std::vector<EmergencyStop>>(
+                *store_, [&](Tx& tx) { return tx.policies().ListStops(a.id); })
+                .size(),
+            1u);
+}
+
+TEST_P(StoreTest, ApprovalsAndStandingApprovals) {
+  Tenant a = MakeTenant();
+  Tenant b = MakeTenant();
+  Agent agent = MakeAgent(a, "agent");
+  Session session = NewSession(a, agent);
+  store::Run run = NewRun(a, session);
+  Message msg = NewMessage(a, session);
+  run.message_id = msg.id;
+  msg.run_id = run.id;
+  run.requested_by = "token-1";
+  run.caller_role = "guest";
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(session));
+    KEEL_RETURN_IF_ERROR(tx.messages().InsertMessage(msg));
+    return tx.runs().InsertRun(run);
+  }).ok());
+  auto stored_run =
+      ReadValue<store::Run>(*store_, [&](Tx& tx) { return tx.runs().GetRun(a.id, run.id); });
+  EXPECT_EQ(stored_run.requested_by, "token-1");
+  EXPECT_EQ(stored_run.caller_role, "guest");
+
+  auto approval = [&](const std::string& call_id, Millis expires_at) {
+    Approval ap;
+    ap.id = NewId();
+    ap.tenant_id = a.id;
+    ap.run_id = run.id;
+    ap.session_id = session.id;
+    ap.agent_id = agent.id;
+    ap.call_id = call_id;
+    ap.tool = "notes.append";
+    ap.arguments = {{"line", call_id}};
+    ap.reason = "always";
+    ap.requested_by = "token-1";
+    ap.created_at = 100;
+    ap.expires_at = expires_at;
+    return ap;
+  };
+  Approval first = approval("call_1", 1000), second = approval("call_2", 500),
+           third = approval("call_3", 5000);
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.approvals().InsertApproval(first));
+    KEEL_RETURN_IF_ERROR(tx.approvals().InsertApproval(second));
+    return tx.approvals().InsertApproval(third);
+  }).ok());
+  Approval dup = approval("call_1", 1000);
+  EXPECT_EQ(store_->WriteSync([&](Tx& tx) { return tx.approvals().InsertApproval(dup); }).code(),
+            Code::kConflict);
+  first.status = "approved";
+  first.amended_arguments = {{"line", "amended"}};
+  first.decided_by = "token-2";
+  first.decision_reason = "fine";
+  first.decided_at = 200;
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) { return tx.approvals().UpdateApproval(first); })
+                  .ok());
+  ASSERT_TRUE(store_->Read([&](Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(auto got, tx.approvals().GetApproval(a.id, first.id));
+    EXPECT_EQ(got.status, "approved");
+    EXPECT_EQ(got.amended_arguments, Json({{"line", "amended"}}));
+    EXPECT_EQ(got.arguments, Json({{"line", "call_1"}}));
+    EXPECT_EQ(got.decided_at, std::optional<Millis>(200));
+    EXPECT_TRUE(tx.approvals().GetApproval(a.id, second.id)->amended_arguments.is_null());
+    EXPECT_EQ(tx.approvals().GetApproval(b.id, first.id).status().code(), Code::kNotFound);
+    auto pending = tx.approvals().ListApprovals(a.id, "pending", {"", 1});
+    EXPECT_TRUE(pending.ok());
+    if (!pending.ok()) return Status::Ok();
+    EXPECT_EQ(Ids(pending->items), std::vector<std::string>({second.id}));
+    auto rest = tx.approvals().ListApprovals(a.id, "pending", {pending->next_cursor, 10});
+    EXPECT_EQ(Ids(rest->items), std::vector<std::string>({third.id}));
+    EXPECT_EQ(tx.approvals().ListApprovals(a.id, "", {"", 10})->items.size(), 3u);
+    EXPECT_TRUE(tx.approvals().ListApprovals(b.id, "", {"", 10})->items.empty());
+    auto found = tx.approvals().FindApprovalForCall(a.id, run.id, "call_2");
+    EXPECT_TRUE(found.ok() && found->has_value() && (*found)->id == second.id);
+    EXPECT_FALSE(tx.approvals().FindApprovalForCall(a.id, run.id, "call_9")->has_value());
+    // Runtime-wide: pending ones past their expiry, oldest expiry first.
+    auto expired = tx.approvals().ExpiredApprovals(6000, 10);
+    EXPECT_EQ(Ids(*expired), std::vector<std::string>({second.id, third.id}));
+    EXPECT_EQ(Ids(*tx.approvals().ExpiredApprovals(600, 10)),
+              std::vector<std::string>({second.id}));
+    return Status::Ok();
+  }).ok());
+
+  StandingApproval any{NewId(), a.id, agent.id, "notes.append", Json(), "token-2", first.id,
+                       100, 1000, std::nullopt};
+  StandingApproval matching{NewId(), a.id, agent.id, "notes.append", {{"line", "x"}},
+                            "token-2", first.id, 100, 5000, std::nullopt};
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.approvals().InsertStanding(any));
+    return tx.approvals().InsertStanding(matching);
+  }).ok());
+  auto active = [&](Millis now) {
+    return Ids(ReadValue<std::vector<StandingApproval>>(*store_, [&](Tx& tx) {
+      return tx.approvals().ActiveStanding(a.id, agent.id, "notes.append", now);
+    }));
+  };
+  EXPECT_EQ(active(500), std::vector<std::string>({any.id, matching.id}));
+  EXPECT_EQ(active(2000), std::vector<std::string>({matching.id}));
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) {
+    return tx.approvals().RevokeStanding(a.id, matching.id, 600);
+  }).ok());
+  EXPECT_EQ(active(500), std::vector<std::string>({any.id}));
+  EXPECT_EQ(store_->WriteSync([&](Tx& tx) {
+              return tx.approvals().RevokeStanding(a.id, matching.id, 700);
+            }).code(),
+            Code::kNotFound);
+  auto all = ReadValue<std::vector<StandingApproval>>(
+      *store_, [&](Tx& tx) { return tx.approvals().ListStanding(a.id); });
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_TRUE(all[0].arguments_match.is_null());
+  EXPECT_EQ(all[1].arguments_match, Json({{"line", "x"}}));
+  EXPECT_EQ(all[1].revoked_at, std::optional<Millis>(600));
+}
+
 TEST_P(StoreTest, AnotherTenantsObjectsAreNotFound) {
   Tenant a = MakeTenant();
   Tenant b = MakeTenant();

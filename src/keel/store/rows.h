@@ -42,6 +42,64 @@ Secret ReadSecret(const Row& s) {
   return Secret{s.Text(0), s.Text(1), s.Text(2), s.Int(3), s.Int(4)};
 }
 
+inline constexpr const char* kPolicyCols = "tenant_id, scope, body, updated_at";
+template <typename Row>
+PolicyDoc ReadPolicy(const Row& s) {
+  return PolicyDoc{s.Text(0), s.Text(1), ParseStored(s.Text(2)), s.Int(3)};
+}
+
+inline constexpr const char* kStopCols = "tenant_id, agent_id, reason, created_by, created_at";
+template <typename Row>
+EmergencyStop ReadStop(const Row& s) {
+  return EmergencyStop{s.Text(0), s.Text(1), s.Text(2), s.Text(3), s.Int(4)};
+}
+
+inline constexpr const char* kApprovalCols =
+    "id, tenant_id, run_id, session_id, agent_id, call_id, tool, arguments, amended_arguments, "
+    "reason, status, requested_by, decided_by, decision_reason, created_at, expires_at, "
+    "decided_at";
+template <typename Row>
+Approval ReadApproval(const Row& s) {
+  Approval a;
+  a.id = s.Text(0);
+  a.tenant_id = s.Text(1);
+  a.run_id = s.Text(2);
+  a.session_id = s.Text(3);
+  a.agent_id = s.Text(4);
+  a.call_id = s.Text(5);
+  a.tool = s.Text(6);
+  a.arguments = ParseStored(s.Text(7));
+  a.amended_arguments = ParseStored(s.Text(8));
+  a.reason = s.Text(9);
+  a.status = s.Text(10);
+  a.requested_by = s.Text(11);
+  a.decided_by = s.Text(12);
+  a.decision_reason = s.Text(13);
+  a.created_at = s.Int(14);
+  a.expires_at = s.Int(15);
+  a.decided_at = s.OptInt(16);
+  return a;
+}
+
+inline constexpr const char* kStandingCols =
+    "id, tenant_id, agent_id, tool, arguments_match, created_by, approval_id, created_at, "
+    "expires_at, revoked_at";
+template <typename Row>
+StandingApproval ReadStanding(const Row& s) {
+  StandingApproval a;
+  a.id = s.Text(0);
+  a.tenant_id = s.Text(1);
+  a.agent_id = s.Text(2);
+  a.tool = s.Text(3);
+  a.arguments_match = ParseStored(s.Text(4));
+  a.created_by = s.Text(5);
+  a.approval_id = s.Text(6);
+  a.created_at = s.Int(7);
+  a.expires_at = s.Int(8);
+  a.revoked_at = s.OptInt(9);
+  return a;
+}
+
 inline constexpr const char* kAgentCols =
     "id, tenant_id, name, model, instructions, tools, config, status, created_at, updated_at";
 template <typename Row>
@@ -94,7 +152,7 @@ Message ReadMessage(const Row& s) {
 inline constexpr const char* kRunCols =
     "id, tenant_id, session_id, agent_id, message_id, status, attempt, output, error, "
     "input_tokens, output_tokens, lease_owner, lease_expires_at, cancel_requested, created_at, "
-    "started_at, finished_at";
+    "started_at, finished_at, requested_by, caller_role";
 template <typename Row>
 Run ReadRun(const Row& s) {
   Run r;
@@ -115,6 +173,8 @@ Run ReadRun(const Row& s) {
   r.created_at = s.Int(14);
   r.started_at = s.OptInt(15);
   r.finished_at = s.OptInt(16);
+  r.requested_by = s.Text(17);
+  r.caller_role = s.Text(18);
   return r;
 }
 

@@ -56,6 +56,50 @@ class SecretStore {
   virtual Status DeleteSecret(const std::string& tenant_id, const std::string& name) = 0;
 };
 
+class PolicyStore {
+ public:
+  virtual ~PolicyStore() = default;
+  // scope "": the tenant frame; otherwise an agent id (its narrowing).
+  virtual Result<std::optional<PolicyDoc>> GetPolicy(const std::string& tenant_id,
+                                                     const std::string& scope) = 0;
+  // Inserts or replaces.
+  virtual Status PutPolicy(const PolicyDoc& p) = 0;
+  // The tenant's emergency stops, tenant-wide first.
+  virtual Result<std::vector<EmergencyStop>> ListStops(const std::string& tenant_id) = 0;
+  // Inserts or replaces (agent_id "" is tenant-wide).
+  virtual Status PutStop(const EmergencyStop& s) = 0;
+  // kNotFound when there is none.
+  virtual Status DeleteStop(const std::string& tenant_id, const std::string& agent_id) = 0;
+};
+
+class ApprovalStore {
+ public:
+  virtual ~ApprovalStore() = default;
+  virtual Status InsertApproval(const Approval& a) = 0;
+  // Writes status, amended_arguments, decided_by, decision_reason, decided_at.
+  virtual Status UpdateApproval(const Approval& a) = 0;
+  virtual Result<Approval> GetApproval(const std::string& tenant_id, const std::string& id) = 0;
+  // By id; `status` empty for all.
+  virtual Result<Paged<Approval>> ListApprovals(const std::string& tenant_id,
+                                                const std::string& status, const Page& page) = 0;
+  virtual Result<std::optional<Approval>> FindApprovalForCall(const std::string& tenant_id,
+                                                              const std::string& run_id,
+                                                              const std::string& call_id) = 0;
+  // Runtime-wide: pending approvals whose expires_at is before `now`, oldest first.
+  virtual Result<std::vector<Approval>> ExpiredApprovals(Millis now, int limit) = 0;
+  virtual Status InsertStanding(const StandingApproval& s) = 0;
+  // The agent's standing approvals for `tool` that are neither revoked nor expired at `now`.
+  virtual Result<std::vector<StandingApproval>> ActiveStanding(const std::string& tenant_id,
+                                                               const std::string& agent_id,
+                                                               const std::string& tool,
+                                                               Millis now) = 0;
+  // Every standing approval of the tenant, by id.
+  virtual Result<std::vector<StandingApproval>> ListStanding(const std::string& tenant_id) = 0;
+  // kNotFound when unknown or already revoked.
+  virtual Status RevokeStanding(const std::string& tenant_id, const std::string& id,
+                                Millis at) = 0;
+};
+
 class AgentStore {
  public:
   virtual ~AgentStore() = default;
@@ -217,6 +261,8 @@ class Tx {
   virtual TenantStore& tenants() = 0;
   virtual TokenStore& tokens() = 0;
   virtual SecretStore& secrets() = 0;
+  virtual PolicyStore& policies() = 0;
+  virtual ApprovalStore& approvals() = 0;
   virtual AgentStore& agents() = 0;
   virtual SessionStore& sessions() = 0;
   virtual MessageStore& messages() = 0;

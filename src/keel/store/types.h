@@ -46,6 +46,60 @@ struct Secret {
   Millis updated_at = 0;
 };
 
+// A policy document: the tenant's frame (scope "") or an agent's narrowing (scope = agent id).
+struct PolicyDoc {
+  std::string tenant_id;
+  std::string scope;
+  Json body;
+  Millis updated_at = 0;
+};
+
+// An emergency stop: tenant-wide (agent_id "") or for one agent. While it holds, runs halt at
+// their next step and every tool call is refused.
+struct EmergencyStop {
+  std::string tenant_id;
+  std::string agent_id;
+  std::string reason;
+  std::string created_by;  // token id
+  Millis created_at = 0;
+};
+
+// A tool call waiting for (or decided by) a human.
+struct Approval {
+  std::string id;
+  std::string tenant_id;
+  std::string run_id;
+  std::string session_id;
+  std::string agent_id;
+  std::string call_id;
+  std::string tool;
+  Json arguments = Json::object();  // as the model proposed them
+  Json amended_arguments;           // null unless the approver changed them
+  std::string reason;               // why a human is needed
+  std::string status = "pending";   // pending | approved | rejected | expired | cancelled
+  std::string requested_by;         // token id of whoever asked for the run
+  std::string decided_by;           // token id, or "system"
+  std::string decision_reason;
+  Millis created_at = 0;
+  Millis expires_at = 0;
+  std::optional<Millis> decided_at;
+};
+
+// A standing approval: later calls of `tool` by `agent_id` (whose arguments contain every
+// member of `arguments_match`, when it is an object) need no human until `expires_at`.
+struct StandingApproval {
+  std::string id;
+  std::string tenant_id;
+  std::string agent_id;
+  std::string tool;
+  Json arguments_match;  // null: any arguments
+  std::string created_by;
+  std::string approval_id;  // the decision that granted it
+  Millis created_at = 0;
+  Millis expires_at = 0;
+  std::optional<Millis> revoked_at;
+};
+
 struct Agent {
   std::string id;
   std::string tenant_id;
@@ -98,6 +152,8 @@ struct Run {
   Millis created_at = 0;
   std::optional<Millis> started_at;
   std::optional<Millis> finished_at;
+  std::string requested_by;          // token id of the caller who posted the message
+  std::string caller_role = "owner";  // that caller's role: owner | user | guest
 
   bool Terminal() const { return status == "done" || status == "failed" || status == "cancelled"; }
 };

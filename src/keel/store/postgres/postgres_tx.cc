@@ -8,6 +8,10 @@
 namespace keel::store::postgres {
 namespace {
 
+// A JSON column as stored: empty text for null, else the compact dump.
+std::string StoredJson(const Json& j) { return j.is_null() ? std::string() : DumpJson(j); }
+
+
 using namespace rows;  // NOLINT: the shared record readers
 
 
@@ -242,6 +246,162 @@ Status PostgresTx::DeleteSecret(const std::string& tenant_id, const std::string&
   return Updated(conn_.Query(kSql, P(tenant_id, name)), "secret not found: " + name);
 }
 
+// ---- PolicyStore
+
+Result<std::optional<PolicyDoc>> PostgresTx::GetPolicy(const std::string& tenant_id,
+                                                       const std::string& scope) {
+  static const std::string kSql =
+      "SELECT " + std::string(kPolicyCols) + " FROM policies WHERE tenant_id=$1 AND scope=$2";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, scope)));
+  if (rows.empty()) return std::optional<PolicyDoc>();
+  return std::optional<PolicyDoc>(ReadPolicy(Row(rows, 0)));
+}
+
+Status PostgresTx::PutPolicy(const PolicyDoc& p) {
+  static const std::string kSql =
+      "INSERT INTO policies(" + std::string(kPolicyCols) +
+      ") VALUES($1,$2,$3,$4) ON CONFLICT(tenant_id, scope) DO UPDATE SET body=EXCLUDED.body, "
+      "updated_at=EXCLUDED.updated_at";
+  KEEL_RETURN_IF_ERROR(BindTenant(p.tenant_id));
+  return conn_.Query(kSql, P(p.tenant_id, p.scope, DumpJson(p.body), p.updated_at)).status();
+}
+
+Result<std::vector<EmergencyStop>> PostgresTx::ListStops(const std::string& tenant_id) {
+  static const std::string kSql = "SELECT " + std::string(kStopCols) +
+                                  " FROM emergency_stops WHERE tenant_id=$1 ORDER BY agent_id";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id)));
+  return Collect<EmergencyStop>(rows, ReadStop<Row>);
+}
+
+Status PostgresTx::PutStop(const EmergencyStop& x) {
+  static const std::string kSql =
+      "INSERT INTO emergency_stops(" + std::string(kStopCols) +
+      ") VALUES($1,$2,$3,$4,$5) ON CONFLICT(tenant_id, agent_id) DO UPDATE SET "
+      "reason=EXCLUDED.reason, created_by=EXCLUDED.created_by, created_at=EXCLUDED.created_at";
+  KEEL_RETURN_IF_ERROR(BindTenant(x.tenant_id));
+  return conn_.Query(kSql, P(x.tenant_id, x.agent_id, x.reason, x.created_by, x.created_at))
+      .status();
+}
+
+Status PostgresTx::DeleteStop(const std::string& tenant_id, const std::string& agent_id) {
+  static const std::string kSql =
+      "DELETE FROM emergency_stops WHERE tenant_id=$1 AND agent_id=$2 RETURNING agent_id";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  return Updated(conn_.Query(kSql, P(tenant_id, agent_id)), "no emergency stop is in force");
+}
+
+// ---- ApprovalStore
+
+Status PostgresTx::InsertApproval(const Approval& a) {
+  static const std::string kSql = InsertSql("approvals", kApprovalCols, 17);
+  KEEL_RETURN_IF_ERROR(BindTenant(a.tenant_id));
+  return Inserted(
+      conn_.Query(kSql, P(a.id, a.tenant_id, a.run_id, a.session_id, a.agent_id, a.call_id,
+                          a.tool, DumpJson(a.arguments), StoredJson(a.amended_arguments),
+                          a.reason, a.status, a.requested_by, a.decided_by, a.decision_reason,
+                          a.created_at, a.expires_at, a.decided_at)),
+      "approval already exists: " + a.id);
+}
+
+Status PostgresTx::UpdateApproval(const Approval& a) {
+  static const std::string kSql =
+      "UPDATE approvals SET status=$1, amended_arguments=$2, decided_by=$3, decision_reason=$4, "
+      "decided_at=$5 WHERE tenant_id=$6 AND id=$7 RETURNING id";
+  KEEL_RETURN_IF_ERROR(BindTenant(a.tenant_id));
+  return Updated(conn_.Query(kSql, P(a.status, StoredJson(a.amended_arguments), a.decided_by,
+                                     a.decision_reason, a.decided_at, a.tenant_id, a.id)),
+                 "approval not found: " + a.id);
+}
+
+Result<Approval> PostgresTx::GetApproval(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kApprovalCols) + " FROM approvals WHERE tenant_id=$1 AND id=$2";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, id)));
+  return One<Approval>(rows, ReadApproval<Row>, "approval not found: " + id);
+}
+
+Result<Paged<Approval>> PostgresTx::ListApprovals(const std::string& tenant_id,
+                                                  const std::string& status, const Page& page) {
+  int limit = ClampLimit(page.limit);
+  static const std::string kAll = "SELECT " + std::string(kApprovalCols) +
+                                  " FROM approvals WHERE tenant_id=$1 AND id>$2 ORDER BY id "
+                                  "LIMIT $3";
+  static const std::string kOfStatus =
+      "SELECT " + std::string(kApprovalCols) +
+      " FROM approvals WHERE tenant_id=$1 AND status=$2 AND id>$3 ORDER BY id LIMIT $4";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  std::string cursor = DecodeCursor(page.cursor);
+  auto rows = status.empty() ? conn_.Query(kAll, P(tenant_id, cursor, limit + 1))
+                             : conn_.Query(kOfStatus, P(tenant_id, status, cursor, limit + 1));
+  if (!rows.ok()) return rows.status();
+  return MakePage(Collect<Approval>(*rows, ReadApproval<Row>), limit,
+                  [](const Approval& a) { return a.id; });
+}
+
+Result<std::optional<Approval>> PostgresTx::FindApprovalForCall(const std::string& tenant_id,
+                                                                const std::string& run_id,
+                                                                const std::string& call_id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kApprovalCols) +
+      " FROM approvals WHERE tenant_id=$1 AND run_id=$2 AND call_id=$3";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, run_id, call_id)));
+  if (rows.empty()) return std::optional<Approval>();
+  return std::optional<Approval>(ReadApproval(Row(rows, 0)));
+}
+
+Result<std::vector<Approval>> PostgresTx::ExpiredApprovals(Millis now, int limit) {
+  static const std::string kSql = "SELECT " + std::string(kApprovalCols) +
+                                  " FROM approvals WHERE status='pending' AND expires_at<$1 "
+                                  "ORDER BY expires_at, id LIMIT $2";
+  return AsSystem([&]() -> Result<std::vector<Approval>> {
+    KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(now, LimitParam(limit))));
+    return Collect<Approval>(rows, ReadApproval<Row>);
+  });
+}
+
+Status PostgresTx::InsertStanding(const StandingApproval& x) {
+  static const std::string kSql = InsertSql("standing_approvals", kStandingCols, 10);
+  KEEL_RETURN_IF_ERROR(BindTenant(x.tenant_id));
+  return Inserted(conn_.Query(kSql, P(x.id, x.tenant_id, x.agent_id, x.tool,
+                                      StoredJson(x.arguments_match), x.created_by, x.approval_id,
+                                      x.created_at, x.expires_at, x.revoked_at)),
+                  "standing approval already exists: " + x.id);
+}
+
+Result<std::vector<StandingApproval>> PostgresTx::ActiveStanding(const std::string& tenant_id,
+                                                                 const std::string& agent_id,
+                                                                 const std::string& tool,
+                                                                 Millis now) {
+  static const std::string kSql =
+      "SELECT " + std::string(kStandingCols) +
+      " FROM standing_approvals WHERE tenant_id=$1 AND agent_id=$2 AND tool=$3 AND "
+      "revoked_at IS NULL AND expires_at>$4 ORDER BY id";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, agent_id, tool, now)));
+  return Collect<StandingApproval>(rows, ReadStanding<Row>);
+}
+
+Result<std::vector<StandingApproval>> PostgresTx::ListStanding(const std::string& tenant_id) {
+  static const std::string kSql = "SELECT " + std::string(kStandingCols) +
+                                  " FROM standing_approvals WHERE tenant_id=$1 ORDER BY id";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id)));
+  return Collect<StandingApproval>(rows, ReadStanding<Row>);
+}
+
+Status PostgresTx::RevokeStanding(const std::string& tenant_id, const std::string& id,
+                                  Millis at) {
+  static const std::string kSql =
+      "UPDATE standing_approvals SET revoked_at=$1 WHERE tenant_id=$2 AND id=$3 AND "
+      "revoked_at IS NULL RETURNING id";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  return Updated(conn_.Query(kSql, P(at, tenant_id, id)), "standing approval not found: " + id);
+}
+
 // ---- AgentStore
 
 Status PostgresTx::InsertAgent(const Agent& a) {
@@ -419,14 +579,14 @@ Result<std::vector<Message>> PostgresTx::RecentMessages(const std::string& tenan
 // ---- RunStore
 
 Status PostgresTx::InsertRun(const Run& r) {
-  static const std::string kSql = InsertSql("runs", kRunCols, 17);
+  static const std::string kSql = InsertSql("runs", kRunCols, 19);
   KEEL_RETURN_IF_ERROR(BindTenant(r.tenant_id));
   return Inserted(
-      conn_.Query(kSql,
-                  P(r.id, r.tenant_id, r.session_id, r.agent_id, r.message_id, r.status, r.attempt,
-                    r.output, r.error.is_null() ? std::string() : DumpJson(r.error), r.input_tokens,
-                    r.output_tokens, r.lease_owner, r.lease_expires_at, r.cancel_requested,
-                    r.created_at, r.started_at, r.finished_at)),
+      conn_.Query(kSql, P(r.id, r.tenant_id, r.session_id, r.agent_id, r.message_id, r.status,
+                          r.attempt, r.output, StoredJson(r.error), r.input_tokens,
+                          r.output_tokens, r.lease_owner, r.lease_expires_at, r.cancel_requested,
+                          r.created_at, r.started_at, r.finished_at, r.requested_by,
+                          r.caller_role)),
       "run already exists: " + r.id);
 }
 
@@ -438,7 +598,7 @@ Status PostgresTx::UpdateRun(const Run& r) {
   KEEL_RETURN_IF_ERROR(BindTenant(r.tenant_id));
   return Updated(
       conn_.Query(kSql, P(r.status, r.attempt, r.output,
-                          r.error.is_null() ? std::string() : DumpJson(r.error), r.input_tokens,
+                          StoredJson(r.error), r.input_tokens,
                           r.output_tokens, r.lease_owner, r.lease_expires_at, r.cancel_requested,
                           r.started_at, r.finished_at, r.tenant_id, r.id)),
       "run not found: " + r.id);
@@ -884,6 +1044,54 @@ CREATE POLICY tenant_isolation ON tenant_keys
 ALTER TABLE secrets ENABLE ROW LEVEL SECURITY;
 ALTER TABLE secrets FORCE ROW LEVEL SECURITY;
 CREATE POLICY tenant_isolation ON secrets
+  USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
+  WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
+)sql",
+      // 3: the gateway's guardrails: policies, emergency stops, approvals, and who asked.
+      R"sql(
+ALTER TABLE runs ADD COLUMN requested_by TEXT COLLATE "C" NOT NULL DEFAULT '';
+ALTER TABLE runs ADD COLUMN caller_role TEXT COLLATE "C" NOT NULL DEFAULT 'owner';
+CREATE TABLE policies(
+  tenant_id TEXT COLLATE "C" NOT NULL REFERENCES tenants(id), scope TEXT COLLATE "C" NOT NULL,
+  body TEXT NOT NULL, updated_at BIGINT NOT NULL, PRIMARY KEY(tenant_id, scope));
+CREATE TABLE emergency_stops(
+  tenant_id TEXT COLLATE "C" NOT NULL REFERENCES tenants(id), agent_id TEXT COLLATE "C" NOT NULL,
+  reason TEXT NOT NULL, created_by TEXT NOT NULL, created_at BIGINT NOT NULL,
+  PRIMARY KEY(tenant_id, agent_id));
+CREATE TABLE approvals(
+  id TEXT COLLATE "C" PRIMARY KEY, tenant_id TEXT COLLATE "C" NOT NULL REFERENCES tenants(id),
+  run_id TEXT COLLATE "C" NOT NULL REFERENCES runs(id), session_id TEXT COLLATE "C" NOT NULL,
+  agent_id TEXT COLLATE "C" NOT NULL, call_id TEXT COLLATE "C" NOT NULL,
+  tool TEXT COLLATE "C" NOT NULL, arguments TEXT NOT NULL, amended_arguments TEXT NOT NULL,
+  reason TEXT NOT NULL, status TEXT COLLATE "C" NOT NULL, requested_by TEXT NOT NULL,
+  decided_by TEXT NOT NULL, decision_reason TEXT NOT NULL, created_at BIGINT NOT NULL,
+  expires_at BIGINT NOT NULL, decided_at BIGINT, UNIQUE(run_id, call_id));
+CREATE INDEX approvals_tenant_status ON approvals(tenant_id, status, id);
+CREATE INDEX approvals_pending ON approvals(status, expires_at);
+CREATE TABLE standing_approvals(
+  id TEXT COLLATE "C" PRIMARY KEY, tenant_id TEXT COLLATE "C" NOT NULL REFERENCES tenants(id),
+  agent_id TEXT COLLATE "C" NOT NULL, tool TEXT COLLATE "C" NOT NULL,
+  arguments_match TEXT NOT NULL, created_by TEXT NOT NULL, approval_id TEXT NOT NULL,
+  created_at BIGINT NOT NULL, expires_at BIGINT NOT NULL, revoked_at BIGINT);
+CREATE INDEX standing_approvals_lookup ON standing_approvals(tenant_id, agent_id, tool);
+ALTER TABLE policies ENABLE ROW LEVEL SECURITY;
+ALTER TABLE policies FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON policies
+  USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
+  WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
+ALTER TABLE emergency_stops ENABLE ROW LEVEL SECURITY;
+ALTER TABLE emergency_stops FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON emergency_stops
+  USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
+  WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
+ALTER TABLE approvals ENABLE ROW LEVEL SECURITY;
+ALTER TABLE approvals FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON approvals
+  USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
+  WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
+ALTER TABLE standing_approvals ENABLE ROW LEVEL SECURITY;
+ALTER TABLE standing_approvals FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON standing_approvals
   USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
   WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
 )sql",

@@ -8,6 +8,10 @@
 namespace keel::store::sqlite {
 namespace {
 
+// A JSON column as stored: empty text for null, else the compact dump.
+std::string StoredJson(const Json& j) { return j.is_null() ? std::string() : DumpJson(j); }
+
+
 using namespace rows;  // NOLINT: the shared record readers
 
 
@@ -163,6 +167,165 @@ Status SqliteTx::DeleteSecret(const std::string& tenant_id, const std::string& n
   s.BindAll(tenant_id, name);
   KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
   if (!row) return NotFound("secret not found: " + name);
+  return Status::Ok();
+}
+
+// ---- PolicyStore
+
+Result<std::optional<PolicyDoc>> SqliteTx::GetPolicy(const std::string& tenant_id,
+                                                     const std::string& scope) {
+  static const std::string kSql =
+      "SELECT " + std::string(kPolicyCols) + " FROM policies WHERE tenant_id=? AND scope=?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id, scope);
+  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return std::optional<PolicyDoc>();
+  return std::optional<PolicyDoc>(ReadPolicy(s));
+}
+
+Status SqliteTx::PutPolicy(const PolicyDoc& p) {
+  static const std::string kSql =
+      "INSERT INTO policies(" + std::string(kPolicyCols) +
+      ") VALUES(?,?,?,?) ON CONFLICT(tenant_id, scope) DO UPDATE SET body=excluded.body, "
+      "updated_at=excluded.updated_at";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  return s.BindAll(p.tenant_id, p.scope, DumpJson(p.body), p.updated_at).Run();
+}
+
+Result<std::vector<EmergencyStop>> SqliteTx::ListStops(const std::string& tenant_id) {
+  static const std::string kSql = "SELECT " + std::string(kStopCols) +
+                                  " FROM emergency_stops WHERE tenant_id=? ORDER BY agent_id";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id);
+  return Collect<EmergencyStop>(s, ReadStop<Stmt>);
+}
+
+Status SqliteTx::PutStop(const EmergencyStop& x) {
+  static const std::string kSql =
+      "INSERT INTO emergency_stops(" + std::string(kStopCols) +
+      ") VALUES(?,?,?,?,?) ON CONFLICT(tenant_id, agent_id) DO UPDATE SET "
+      "reason=excluded.reason, created_by=excluded.created_by, created_at=excluded.created_at";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  return s.BindAll(x.tenant_id, x.agent_id, x.reason, x.created_by, x.created_at).Run();
+}
+
+Status SqliteTx::DeleteStop(const std::string& tenant_id, const std::string& agent_id) {
+  static const std::string kSql =
+      "DELETE FROM emergency_stops WHERE tenant_id=? AND agent_id=? RETURNING agent_id";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id, agent_id);
+  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return NotFound("no emergency stop is in force");
+  return Status::Ok();
+}
+
+// ---- ApprovalStore
+
+Status SqliteTx::InsertApproval(const Approval& a) {
+  static const std::string kSql = "INSERT INTO approvals(" + std::string(kApprovalCols) +
+                                  ") VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  return s.BindAll(a.id, a.tenant_id, a.run_id, a.session_id, a.agent_id, a.call_id, a.tool,
+                   DumpJson(a.arguments), StoredJson(a.amended_arguments), a.reason, a.status,
+                   a.requested_by, a.decided_by, a.decision_reason, a.created_at, a.expires_at,
+                   a.decided_at)
+      .Run();
+}
+
+Status SqliteTx::UpdateApproval(const Approval& a) {
+  static const std::string kSql =
+      "UPDATE approvals SET status=?, amended_arguments=?, decided_by=?, decision_reason=?, "
+      "decided_at=? WHERE tenant_id=? AND id=? RETURNING id";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(a.status, StoredJson(a.amended_arguments), a.decided_by, a.decision_reason,
+            a.decided_at, a.tenant_id, a.id);
+  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return NotFound("approval not found: " + a.id);
+  return Status::Ok();
+}
+
+Result<Approval> SqliteTx::GetApproval(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kApprovalCols) + " FROM approvals WHERE tenant_id=? AND id=?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id, id);
+  return One<Approval>(s, ReadApproval<Stmt>, "approval not found: " + id);
+}
+
+Result<Paged<Approval>> SqliteTx::ListApprovals(const std::string& tenant_id,
+                                                const std::string& status, const Page& page) {
+  int limit = ClampLimit(page.limit);
+  static const std::string kAll = "SELECT " + std::string(kApprovalCols) +
+                                  " FROM approvals WHERE tenant_id=? AND ?='' AND id>? "
+                                  "ORDER BY id LIMIT ?";
+  static const std::string kOfStatus = "SELECT " + std::string(kApprovalCols) +
+                                       " FROM approvals WHERE tenant_id=? AND status=? AND id>? "
+                                       "ORDER BY id LIMIT ?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(status.empty() ? kAll : kOfStatus));
+  s.BindAll(tenant_id, status, DecodeCursor(page.cursor), limit + 1);
+  KEEL_ASSIGN_OR_RETURN(auto rows, Collect<Approval>(s, ReadApproval<Stmt>));
+  return MakePage(std::move(rows), limit, [](const Approval& a) { return a.id; });
+}
+
+Result<std::optional<Approval>> SqliteTx::FindApprovalForCall(const std::string& tenant_id,
+                                                              const std::string& run_id,
+                                                              const std::string& call_id) {
+  static const std::string kSql = "SELECT " + std::string(kApprovalCols) +
+                                  " FROM approvals WHERE tenant_id=? AND run_id=? AND call_id=?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id, run_id, call_id);
+  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return std::optional<Approval>();
+  return std::optional<Approval>(ReadApproval(s));
+}
+
+Result<std::vector<Approval>> SqliteTx::ExpiredApprovals(Millis now, int limit) {
+  static const std::string kSql = "SELECT " + std::string(kApprovalCols) +
+                                  " FROM approvals WHERE status='pending' AND expires_at<? "
+                                  "ORDER BY expires_at, id LIMIT ?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(now, limit);
+  return Collect<Approval>(s, ReadApproval<Stmt>);
+}
+
+Status SqliteTx::InsertStanding(const StandingApproval& x) {
+  static const std::string kSql = "INSERT INTO standing_approvals(" + std::string(kStandingCols) +
+                                  ") VALUES(?,?,?,?,?,?,?,?,?,?)";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  return s.BindAll(x.id, x.tenant_id, x.agent_id, x.tool, StoredJson(x.arguments_match),
+                   x.created_by, x.approval_id, x.created_at, x.expires_at, x.revoked_at)
+      .Run();
+}
+
+Result<std::vector<StandingApproval>> SqliteTx::ActiveStanding(const std::string& tenant_id,
+                                                               const std::string& agent_id,
+                                                               const std::string& tool,
+                                                               Millis now) {
+  static const std::string kSql =
+      "SELECT " + std::string(kStandingCols) +
+      " FROM standing_approvals WHERE tenant_id=? AND agent_id=? AND tool=? AND "
+      "revoked_at IS NULL AND expires_at>? ORDER BY id";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id, agent_id, tool, now);
+  return Collect<StandingApproval>(s, ReadStanding<Stmt>);
+}
+
+Result<std::vector<StandingApproval>> SqliteTx::ListStanding(const std::string& tenant_id) {
+  static const std::string kSql = "SELECT " + std::string(kStandingCols) +
+                                  " FROM standing_approvals WHERE tenant_id=? ORDER BY id";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id);
+  return Collect<StandingApproval>(s, ReadStanding<Stmt>);
+}
+
+Status SqliteTx::RevokeStanding(const std::string& tenant_id, const std::string& id, Millis at) {
+  static const std::string kSql =
+      "UPDATE standing_approvals SET revoked_at=? WHERE tenant_id=? AND id=? AND "
+      "revoked_at IS NULL RETURNING id";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(at, tenant_id, id);
+  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return NotFound("standing approval not found: " + id);
   return Status::Ok();
 }
 
@@ -339,12 +502,12 @@ Result<std::vector<Message>> SqliteTx::RecentMessages(const std::string& tenant_
 
 Status SqliteTx::InsertRun(const Run& r) {
   static const std::string kSql = "INSERT INTO runs(" + std::string(kRunCols) +
-                                            ") VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)";
+                                            ") VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   return s.BindAll(r.id, r.tenant_id, r.session_id, r.agent_id, r.message_id, r.status,
-                   r.attempt, r.output, r.error.is_null() ? std::string() : DumpJson(r.error),
-                   r.input_tokens, r.output_tokens, r.lease_owner, r.lease_expires_at,
-                   r.cancel_requested, r.created_at, r.started_at, r.finished_at)
+                   r.attempt, r.output, StoredJson(r.error), r.input_tokens, r.output_tokens,
+                   r.lease_owner, r.lease_expires_at, r.cancel_requested, r.created_at,
+                   r.started_at, r.finished_at, r.requested_by, r.caller_role)
       .Run();
 }
 
@@ -355,7 +518,7 @@ Status SqliteTx::UpdateRun(const Run& r) {
                                     "lease_expires_at=?, cancel_requested=?, started_at=?, "
                                     "finished_at=? WHERE tenant_id=? AND id=? RETURNING id";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
-  s.BindAll(r.status, r.attempt, r.output, r.error.is_null() ? std::string() : DumpJson(r.error),
+  s.BindAll(r.status, r.attempt, r.output, StoredJson(r.error),
             r.input_tokens, r.output_tokens, r.lease_owner, r.lease_expires_at, r.cancel_requested,
             r.started_at, r.finished_at, r.tenant_id, r.id);
   KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
@@ -699,6 +862,33 @@ CREATE TABLE tenant_keys(
 CREATE TABLE secrets(
   tenant_id TEXT NOT NULL REFERENCES tenants(id), name TEXT NOT NULL, sealed TEXT NOT NULL,
   created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL, PRIMARY KEY(tenant_id, name));
+)sql",
+      // 3: the gateway's guardrails: policies, emergency stops, approvals, and who asked.
+      R"sql(
+ALTER TABLE runs ADD COLUMN requested_by TEXT NOT NULL DEFAULT '';
+ALTER TABLE runs ADD COLUMN caller_role TEXT NOT NULL DEFAULT 'owner';
+CREATE TABLE policies(
+  tenant_id TEXT NOT NULL REFERENCES tenants(id), scope TEXT NOT NULL, body TEXT NOT NULL,
+  updated_at INTEGER NOT NULL, PRIMARY KEY(tenant_id, scope));
+CREATE TABLE emergency_stops(
+  tenant_id TEXT NOT NULL REFERENCES tenants(id), agent_id TEXT NOT NULL, reason TEXT NOT NULL,
+  created_by TEXT NOT NULL, created_at INTEGER NOT NULL, PRIMARY KEY(tenant_id, agent_id));
+CREATE TABLE approvals(
+  id TEXT PRIMARY KEY, tenant_id TEXT NOT NULL REFERENCES tenants(id),
+  run_id TEXT NOT NULL REFERENCES runs(id), session_id TEXT NOT NULL, agent_id TEXT NOT NULL,
+  call_id TEXT NOT NULL, tool TEXT NOT NULL, arguments TEXT NOT NULL,
+  amended_arguments TEXT NOT NULL, reason TEXT NOT NULL, status TEXT NOT NULL,
+  requested_by TEXT NOT NULL, decided_by TEXT NOT NULL, decision_reason TEXT NOT NULL,
+  created_at INTEGER NOT NULL, expires_at INTEGER NOT NULL, decided_at INTEGER,
+  UNIQUE(run_id, call_id));
+CREATE INDEX approvals_tenant_status ON approvals(tenant_id, status, id);
+CREATE INDEX approvals_pending ON approvals(status, expires_at);
+CREATE TABLE standing_approvals(
+  id TEXT PRIMARY KEY, tenant_id TEXT NOT NULL REFERENCES tenants(id), agent_id TEXT NOT NULL,
+  tool TEXT NOT NULL, arguments_match TEXT NOT NULL, created_by TEXT NOT NULL,
+  approval_id TEXT NOT NULL, created_at INTEGER NOT NULL, expires_at INTEGER NOT NULL,
+  revoked_at INTEGER);
+CREATE INDEX standing_approvals_lookup ON standing_approvals(tenant_id, agent_id, tool);
 )sql",
   };
   return kMigrations;

@@ -15,6 +15,8 @@ class SqliteTx final : public Tx,
                        public TenantStore,
                        public TokenStore,
                        public SecretStore,
+                       public PolicyStore,
+                       public ApprovalStore,
                        public AgentStore,
                        public SessionStore,
                        public MessageStore,
@@ -31,6 +33,8 @@ class SqliteTx final : public Tx,
   TenantStore& tenants() override { return *this; }
   TokenStore& tokens() override { return *this; }
   SecretStore& secrets() override { return *this; }
+  PolicyStore& policies() override { return *this; }
+  ApprovalStore& approvals() override { return *this; }
   AgentStore& agents() override { return *this; }
   SessionStore& sessions() override { return *this; }
   MessageStore& messages() override { return *this; }
@@ -113,6 +117,32 @@ class SqliteTx final : public Tx,
   Result<Secret> GetSecret(const std::string& tenant_id, const std::string& name) override;
   Result<std::vector<Secret>> ListSecrets(const std::string& tenant_id) override;
   Status DeleteSecret(const std::string& tenant_id, const std::string& name) override;
+
+  // PolicyStore
+  Result<std::optional<PolicyDoc>> GetPolicy(const std::string& tenant_id,
+                                             const std::string& scope) override;
+  Status PutPolicy(const PolicyDoc& p) override;
+  Result<std::vector<EmergencyStop>> ListStops(const std::string& tenant_id) override;
+  Status PutStop(const EmergencyStop& s) override;
+  Status DeleteStop(const std::string& tenant_id, const std::string& agent_id) override;
+
+  // ApprovalStore
+  Status InsertApproval(const Approval& a) override;
+  Status UpdateApproval(const Approval& a) override;
+  Result<Approval> GetApproval(const std::string& tenant_id, const std::string& id) override;
+  Result<Paged<Approval>> ListApprovals(const std::string& tenant_id, const std::string& status,
+                                        const Page& page) override;
+  Result<std::optional<Approval>> FindApprovalForCall(const std::string& tenant_id,
+                                                      const std::string& run_id,
+                                                      const std::string& call_id) override;
+  Result<std::vector<Approval>> ExpiredApprovals(Millis now, int limit) override;
+  Status InsertStanding(const StandingApproval& s) override;
+  Result<std::vector<StandingApproval>> ActiveStanding(const std::string& tenant_id,
+                                                       const std::string& agent_id,
+                                                       const std::string& tool,
+                                                       Millis now) override;
+  Result<std::vector<StandingApproval>> ListStanding(const std::string& tenant_id) override;
+  Status RevokeStanding(const std::string& tenant_id, const std::string& id, Millis at) override;
 
  private:
   Db& db_;
