@@ -138,9 +138,10 @@ int Main(int argc, char** argv) {
   std::string token_name, token_role = "user", token_id;
   CLI::App* tokens_create = tokens->add_subcommand("create", "Create a token; prints its secret");
   tokens_create->add_option("name", token_name, "Token name")->required();
-  tokens_create->add_option("--role", token_role, "owner or user")
+  tokens_create->add_option("--role", token_role,
+                            "owner, user, or guest (guests' runs may only use read tools)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"owner", "user"}));
+      ->check(CLI::IsMember({"owner", "user", "guest"}));
   on_parse(tokens_create, [&](Context& c) { return TokensCreate(c, token_name, token_role); });
   on_parse(tokens->add_subcommand("list", "List tokens"), [](Context& c) { return TokensList(c); });
   CLI::App* tokens_revoke = tokens->add_subcommand("revoke", "Revoke a token");

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "keel/common/ids.h"
+#include "keel/common/time.h"
 #include "keel/store/store.h"
 #include "keel/tools/gateway.h"
 
@@ -63,8 +64,17 @@ class GatewayTest : public ::testing::Test {
   }
 
   CallRequest Req(const std::string& tool, Json args, int seq) {
-    return {tenant_, agent_, session_, run_id_, seq, "call_" + std::to_string(seq), tool, args,
-            Json::array({"time.now", "notes.append"})};
+    CallRequest r;
+    r.tenant_id = tenant_;
+    r.agent_id = agent_;
+    r.session_id = session_;
+    r.run_id = run_id_;
+    r.step_seq = seq;
+    r.call_id = "call_" + std::to_string(seq);
+    r.tool = tool;
+    r.arguments = args;
+    r.allowed_tools = Json::array({"time.now", "notes.append"});
+    return r;
   }
 
   std::string Notes() {
@@ -115,10 +125,108 @@ TEST_F(GatewayTest, DeniesToolsOffTheAgentsList) {
 }
 
 TEST_F(GatewayTest, ToolErrorsAreOutcomesNotFailures) {
-  auto out = RunCoro(gateway_->Call(Req("notes.append", {{"line", 42}}, 2)));
+  auto out = RunCoro(gateway_->Call(Req("notes.append", {{"line", "two\nlines"}}, 2)));
   ASSERT_TRUE(out.ok());
   EXPECT_EQ(out->status, "failed");
+  EXPECT_EQ(out->ForModel(), "error: notes.append takes one line (no newline characters)");
   EXPECT_EQ(Notes(), "");
+}
+
+TEST_F(GatewayTest, ArgumentsThatDoNotMatchTheSchemaAreDeniedBeforeTheJournal) {
+  auto wrong_type = RunCoro(gateway_->Call(Req("notes.append", {{"line", 42}}, 2)));
+  ASSERT_TRUE(wrong_type.ok());
+  EXPECT_EQ(wrong_type->status, "denied");
+  EXPECT_EQ(wrong_type->ForModel(),
+            "error: the arguments do not match notes.append's schema: arguments.line: expected "
+            "string, got integer");
+  auto missing = RunCoro(gateway_->Call(Req("notes.append", Json::object(), 3)));
+  EXPECT_EQ(missing->ForModel(), "error: the arguments do not match notes.append's schema: "
+                                 "arguments: missing required field 'line'");
+  auto extra = RunCoro(gateway_->Call(Req("time.now", {{"zone", "UTC"}}, 4)));
+  EXPECT_EQ(extra->ForModel(), "error: the arguments do not match time.now's schema: "
+                               "arguments.zone: unknown field");
+  EXPECT_EQ(Notes(), "");
+}
+
+TEST_F(GatewayTest, PolicyEmergencyStopAndRoleDecideWithReasons) {
+  const store::PolicyDoc read_only{tenant_, "", {{"rules", {{{"tool", "*"}, {"rights", {"read"}}}}}},
+                                   1};
+  ASSERT_TRUE(store_->WriteSync([&](store::Tx& tx) { return tx.policies().PutPolicy(read_only); })
+                  .ok());
+  auto write = RunCoro(gateway_->Call(Req("notes.append", {{"line", "x"}}, 2)));
+  EXPECT_EQ(write->status, "denied");
+  EXPECT_EQ(write->ForModel(), "error: the tenant policy's rule * does not grant write to "
+                               "notes.append");
+  auto read = RunCoro(gateway_->Call(Req("time.now", Json::object(), 3)));
+  EXPECT_EQ(read->status, "succeeded");
+
+  CallRequest guest = Req("notes.append", {{"line", "x"}}, 4);
+  guest.caller_role = "guest";
+  ASSERT_TRUE(store_->WriteSync([&](store::Tx& tx) {
+    return tx.policies().DeletePolicy(tenant_, "");
+  }).ok());
+  auto as_guest = RunCoro(gateway_->Call(guest));
+  EXPECT_EQ(as_guest->status, "denied");
+  EXPECT_EQ(as_guest->ForModel(), "error: guests may only use read tools; notes.append needs write");
+
+  const store::EmergencyStop stop{tenant_, agent_, "runaway", "tok", 1};
+  ASSERT_TRUE(store_->WriteSync([&](store::Tx& tx) { return tx.policies().PutStop(stop); }).ok());
+  auto stopped = RunCoro(gateway_->Call(Req("time.now", Json::object(), 5)));
+  EXPECT_EQ(stopped->status, "denied");
+  EXPECT_EQ(stopped->ForModel(), "error: an emergency stop is in force for this agent: runaway");
+  EXPECT_EQ(Notes(), "");
+  // Every decision is a step with its reason.
+  store::Step last;
+  ASSERT_TRUE(store_->Read([&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(auto steps, tx.runs().ListSteps(tenant_, run_id_));
+    last = steps.back();
+    return Status::Ok();
+  }).ok());
+  EXPECT_EQ(last.input["decision"]["outcome"], "deny");
+  EXPECT_EQ(last.input["decision"]["reason"], "an emergency stop is in force for this agent: runaway");
+}
+
+TEST_F(GatewayTest, ACallThatNeedsApprovalParksTheRunAtomically) {
+  // The run is executing on this node (origin "node"), attempt 1.
+  const store::PolicyDoc always{
+      tenant_, "",
+      {{"rules", {{{"tool", "notes.*"}, {"rights", {"write"}}, {"approval", "always"}}}}}, 1};
+  ASSERT_TRUE(store_->WriteSync([&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(auto run, tx.runs().GetRun(tenant_, run_id_));
+    run.status = "running";
+    run.attempt = 1;
+    run.lease_owner = "node";
+    run.lease_expires_at = NowMillis() + 60000;
+    KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(run));
+    return tx.policies().PutPolicy(always);
+  }).ok());
+  CallRequest req = Req("notes.append", {{"line", "needs a human"}}, 2);
+  req.attempt = 2;  // not the run's attempt: this execution lost the run
+  auto lost = RunCoro(gateway_->Call(req));
+  EXPECT_EQ(lost.status().code(), Code::kConflict);
+  req.attempt = 1;
+  req.requested_by = "token-1";
+  auto out = RunCoro(gateway_->Call(req));
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_EQ(out->status, "awaiting_approval");
+  std::string approval_id = out->result["approval_id"];
+  EXPECT_EQ(Notes(), "");
+  ASSERT_TRUE(store_->Read([&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(auto run, tx.runs().GetRun(tenant_, run_id_));
+    EXPECT_EQ(run.status, "waiting_for_approval");
+    EXPECT_EQ(run.lease_owner, "");
+    KEEL_ASSIGN_OR_RETURN(auto session, tx.sessions().GetSession(tenant_, session_));
+    EXPECT_EQ(session.status, "awaiting_approval");
+    KEEL_ASSIGN_OR_RETURN(auto approval, tx.approvals().GetApproval(tenant_, approval_id));
+    EXPECT_EQ(approval.status, "pending");
+    EXPECT_EQ(approval.requested_by, "token-1");
+    EXPECT_EQ(approval.arguments, Json({{"line", "needs a human"}}));
+    EXPECT_NE(approval.reason.find("always"), std::string::npos) << approval.reason;
+    KEEL_ASSIGN_OR_RETURN(auto calls, tx.runs().ListToolCalls(tenant_, run_id_));
+    EXPECT_EQ(calls.size(), 1u);
+    EXPECT_EQ(calls[0].status, "awaiting_approval");
+    return Status::Ok();
+  }).ok());
 }
 
 // A call journaled as started whose process died: `once` is never repeated.

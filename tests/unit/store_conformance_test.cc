@@ -463,6 +463,11 @@ TEST_P(StoreTest, PoliciesAndEmergencyStops) {
   EXPECT_EQ(store_->WriteSync([&](Tx& tx) { return tx.policies().DeleteStop(b.id, ""); }).code(),
             Code::kNotFound);
   EXPECT_TRUE(store_->WriteSync([&](Tx& tx) { return tx.policies().DeleteStop(a.id, ""); }).ok());
+  EXPECT_TRUE(store_->WriteSync([&](Tx& tx) { return tx.policies().DeletePolicy(a.id, ""); })
+                  .ok());
+  Status again = store_->WriteSync([&](Tx& tx) { return tx.policies().DeletePolicy(a.id, ""); });
+  EXPECT_EQ(again.code(), Code::kNotFound);
+  EXPECT_EQ(again.message(), "no tenant policy is set");
   EXPECT_EQ(ReadValue<std::vector<EmergencyStop>>(
                 *store_, [&](Tx& tx) { return tx.policies().ListStops(a.id); })
                 .size(),

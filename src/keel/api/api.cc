@@ -171,6 +171,8 @@ void RegisterAllRoutes(http::Router& router, ApiContext& ctx) {
   RegisterRunRoutes(router, ctx);
   RegisterEventRoutes(router, ctx);
   RegisterSecretRoutes(router, ctx);
+  RegisterPolicyRoutes(router, ctx);
+  RegisterApprovalRoutes(router, ctx);
 }
 
 }  // namespace keel::api

@@ -53,6 +53,8 @@ void RegisterSessionRoutes(http::Router& router, ApiContext& ctx);   // sessions
 void RegisterRunRoutes(http::Router& router, ApiContext& ctx);       // runs, steps, cancel
 void RegisterEventRoutes(http::Router& router, ApiContext& ctx);     // events, SSE stream
 void RegisterSecretRoutes(http::Router& router, ApiContext& ctx);    // secrets
+void RegisterPolicyRoutes(http::Router& router, ApiContext& ctx);    // policies, emergency stops
+void RegisterApprovalRoutes(http::Router& router, ApiContext& ctx);  // approvals, standing ones
 
 // The OpenAPI 3.1 document served at /v1/openapi.json.
 const std::string& OpenApiDocument();

@@ -55,8 +55,8 @@ namespace {
 
 Result<std::string> RoleOf(const Json& body) {
   KEEL_ASSIGN_OR_RETURN(std::string role, OptString(body, "role", "user"));
-  if (role != "owner" && role != "user") {
-    return InvalidArgument("role must be 'owner' or 'user', got '" + role + "'");
+  if (role != "owner" && role != "user" && role != "guest") {
+    return InvalidArgument("role must be 'owner', 'user' or 'guest', got '" + role + "'");
   }
   return role;
 }

@@ -143,7 +143,8 @@ void RegisterSessionRoutes(http::Router& router, ApiContext& ctx) {
     auto wait = WaitSeconds(req);
     if (!wait.ok()) co_return Response::Error(wait.status());
     runtime::IntakeRequest intake{req.principal.tenant_id, req.Param("id"), *content,
-                                  req.Header("idempotency-key")};
+                                  req.Header("idempotency-key"), req.principal.token_id,
+                                  req.principal.role};
     auto result = co_await ctx.runtime.PostMessage(intake);
     if (!result.ok()) {
       Response r = Response::Error(result.status());

@@ -19,7 +19,7 @@ namespace keel::http {
 struct Principal {
   std::string tenant_id;
   std::string token_id;
-  std::string role;  // owner | user
+  std::string role;  // owner | user | guest
   bool platform_admin = false;
 };
 

@@ -1,5 +1,6 @@
 // Intake and cancellation: the two ways a client changes what the runtime will do.
 
+#include "keel/approvals/approvals.h"
 #include "keel/common/ids.h"
 #include "keel/runtime/runtime.h"
 #include "keel/store/async.h"
@@ -52,6 +53,8 @@ asio::awaitable<Result<IntakeResult>> Runtime::PostMessage(const IntakeRequest& 
   out.run.agent_id = agent.id;
   out.run.message_id = out.message.id;
   out.run.status = "queued";
+  out.run.requested_by = req.requested_by;
+  out.run.caller_role = req.caller_role;
 
   const int cap = options_.tenant_run_cap;
   // When the session is idle and this node has room, intake also claims the run, saving a
@@ -143,6 +146,25 @@ asio::awaitable<Result<store::Run>> Runtime::Cancel(const std::string& tenant_id
       KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(out));
       return tx.events()
           .Append({tenant_id, "run.cancel_requested@v1", out.agent_id, out.session_id, out.id, {}});
+    }
+    if (out.status == "waiting_for_approval") {
+      // The pending approval ends with the run, through the one decision function.
+      KEEL_ASSIGN_OR_RETURN(auto calls, tx.runs().ListToolCalls(tenant_id, run_id));
+      for (const auto& c : calls) {
+        if (c.status != "awaiting_approval") continue;
+        KEEL_ASSIGN_OR_RETURN(auto approval,
+                              tx.approvals().FindApprovalForCall(tenant_id, run_id, c.call_id));
+        if (!approval) continue;
+        approvals::DecisionRequest d;
+        d.tenant_id = tenant_id;
+        d.approval_id = approval->id;
+        d.verdict = approvals::Verdict::kCancel;
+        d.decided_by = "system";
+        d.reason = "the run was cancelled";
+        KEEL_RETURN_IF_ERROR(approvals::Decide(tx, d, now).status());
+      }
+      KEEL_RETURN_IF_ERROR(
+          tx.sessions().UpdateSessionStatus(tenant_id, out.session_id, "idle", now));
     }
     out.status = "cancelled";
     out.finished_at = now;

@@ -50,6 +50,39 @@ Result<store::Run> OwnedRun(store::Tx& tx, const store::Run& mine) {
 
 }  // namespace
 
+asio::awaitable<Status> Runtime::ParkAgain(const store::Run& mine) {
+  auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(auto cur, OwnedRun(tx, mine));
+    Millis now = NowMillis();
+    cur.status = "waiting_for_approval";
+    cur.lease_owner.clear();
+    cur.lease_expires_at = 0;
+    KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(cur));
+    KEEL_RETURN_IF_ERROR(
+        tx.sessions().UpdateSessionStatus(cur.tenant_id, cur.session_id, "awaiting_approval", now));
+    return tx.events().Append({cur.tenant_id, "run.waiting_for_approval@v1", cur.agent_id,
+                               cur.session_id, cur.id, Json::object()});
+  });
+  co_return written.status();
+}
+
+asio::awaitable<std::optional<std::string>> Runtime::StopFor(const store::Run& run) {
+  std::vector<store::EmergencyStop> stops;
+  Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(stops, tx.policies().ListStops(run.tenant_id));
+    return Status::Ok();
+  });
+  if (!read.ok()) co_return std::nullopt;  // a failing store fails the next write instead
+  for (const auto& s : stops) {
+    if (s.agent_id.empty() || s.agent_id == run.agent_id) {
+      co_return std::string("an emergency stop is in force for ") +
+          (s.agent_id.empty() ? "the tenant" : "this agent") +
+          (s.reason.empty() ? "" : ": " + s.reason);
+    }
+  }
+  co_return std::nullopt;
+}
+
 asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known) {
   ++metrics_.runs_executing;
   struct Release {
@@ -237,6 +270,14 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
       auto resumed = co_await gateway_.Resume(call, step, run.agent_id, run.session_id);
       if (!resumed.ok()) co_return;  // the store failed; the lease will expire and we retry
       outcome = *resumed;
+    } else if (call.status == "approved") {
+      auto executed = co_await gateway_.ExecuteApproved(call, step, run.agent_id, run.session_id);
+      if (!executed.ok()) co_return;
+      outcome = *executed;
+    } else if (call.status == "awaiting_approval") {
+      // Still undecided (the run was queued by something else): wait again.
+      (void)co_await ParkAgain(run);
+      co_return;
     }
     std::erase_if(pending, [&](const auto& p) { return p.id == call.call_id; });
     request.messages.push_back({"tool", outcome.ForModel(), {}, call.call_id, call.tool});
@@ -252,15 +293,26 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
       (void)co_await finish(cancelled, std::string(), error, std::nullopt, model::Usage{});
       co_return;
     }
+    if (auto stop = co_await StopFor(run)) {
+      // Halts at this step boundary; the stop survives restarts, so a resumed run halts too.
+      Json error = Json::object();
+      error["code"] = "emergency_stop";
+      error["message"] = *stop;
+      std::string cancelled = "cancelled";
+      (void)co_await finish(cancelled, std::string(), error, std::nullopt, model::Usage{});
+      co_return;
+    }
     if (!pending.empty()) {
       for (const auto& call : pending) {
         if (cancel_requested_.count(run.id)) break;  // stop at the next step boundary
         ++metrics_.tool_calls;
-        tools::CallRequest creq{run.tenant_id, run.agent_id, run.session_id, run.id,
-                                next_seq++,    call.id,      call.name,      call.arguments,
-                                agent.tools};
+        tools::CallRequest creq{run.tenant_id, run.agent_id,     run.session_id,
+                                run.id,        next_seq++,       call.id,
+                                call.name,     call.arguments,   agent.tools,
+                                run.caller_role, run.requested_by, run.attempt};
         auto outcome = co_await gateway_.Call(creq);
         if (!outcome.ok()) co_return;  // the store failed; the run resumes after its lease
+        if (outcome->status == "awaiting_approval") co_return;  // parked; a decision requeues it
         request.messages.push_back({"tool", outcome->ForModel(), {}, call.id, call.name});
       }
       pending.clear();

@@ -7,6 +7,7 @@
 
 #include <vector>
 
+#include "keel/approvals/approvals.h"
 #include "keel/common/log.h"
 #include "keel/common/time.h"
 #include "keel/metrics.h"
@@ -39,6 +40,7 @@ Status Runtime::Start() {
       [origin](store::Tx& tx) { return tx.runs().ExpireLeasesOf(origin); }));
   asio::co_spawn(executor_, DispatchLoop(), ReportExceptions{"run dispatcher"});
   asio::co_spawn(executor_, LeaseLoop(), ReportExceptions{"lease keeper"});
+  asio::co_spawn(executor_, ApprovalExpiryLoop(), ReportExceptions{"approval expiry"});
   return Status::Ok();
 }
 
@@ -95,6 +97,38 @@ asio::awaitable<void> Runtime::LeaseLoop() {
     (void)co_await store::AsyncWrite(store_, [&](store::Tx& tx) {
       return tx.runs().RenewLeases(origin, ids, until);
     });
+  }
+}
+
+asio::awaitable<void> Runtime::ApprovalExpiryLoop() {
+  asio::steady_timer timer(executor_);
+  while (!draining_) {
+    timer.expires_after(std::chrono::seconds(1));
+    boost::system::error_code ec;
+    co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    if (draining_ || !store_.leader()) continue;  // one node sweeps; Decide is safe anyway
+    std::vector<store::Approval> expired;
+    Millis now = NowMillis();
+    Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(expired, tx.approvals().ExpiredApprovals(now, 100));
+      return Status::Ok();
+    });
+    if (!read.ok() || expired.empty()) continue;
+    bool requeued = false;
+    for (const auto& a : expired) {
+      approvals::DecisionRequest d;
+      d.tenant_id = a.tenant_id;
+      d.approval_id = a.id;
+      d.verdict = approvals::Verdict::kExpire;
+      d.decided_by = "system";
+      d.reason = "no decision before " + FormatRfc3339(a.expires_at);
+      auto written = co_await store::AsyncWrite(store_, [d, now](store::Tx& tx) -> Status {
+        return approvals::Decide(tx, d, now).status();
+      });
+      // kConflict: decided meanwhile (by a human or another node); nothing to do.
+      if (written.ok()) requeued = true;
+    }
+    if (requeued) Wake();
   }
 }
 

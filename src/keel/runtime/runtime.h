@@ -45,11 +45,14 @@ struct RuntimeOptions {
   int tenant_run_cap = 1000;
 };
 
+
 struct IntakeRequest {
   std::string tenant_id;
   std::string session_id;
   std::string content;
   std::string idempotency_key;  // empty: none
+  std::string requested_by;     // the caller's token id
+  std::string caller_role = "owner";  // owner | user | guest: bounds the run's tool calls
 };
 
 struct IntakeResult {
@@ -99,6 +102,12 @@ class Runtime {
   boost::asio::awaitable<void> RunOne(store::Run run, std::optional<Known> known);
   // Marks a run as held by this node and starts executing it.
   void Launch(store::Run run, std::optional<Known> known);
+  // Puts a run that found its approval still pending back to waiting_for_approval.
+  boost::asio::awaitable<Status> ParkAgain(const store::Run& run);
+  // The reason of an emergency stop in force for the run's agent, if any.
+  boost::asio::awaitable<std::optional<std::string>> StopFor(const store::Run& run);
+  // Expires pending approvals past their time (on the leader), every second.
+  boost::asio::awaitable<void> ApprovalExpiryLoop();
 
   boost::asio::any_io_executor executor_;
   store::Store& store_;

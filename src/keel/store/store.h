@@ -64,6 +64,8 @@ class PolicyStore {
                                                      const std::string& scope) = 0;
   // Inserts or replaces.
   virtual Status PutPolicy(const PolicyDoc& p) = 0;
+  // kNotFound when none is set.
+  virtual Status DeletePolicy(const std::string& tenant_id, const std::string& scope) = 0;
   // The tenant's emergency stops, tenant-wide first.
   virtual Result<std::vector<EmergencyStop>> ListStops(const std::string& tenant_id) = 0;
   // Inserts or replaces (agent_id "" is tenant-wide).

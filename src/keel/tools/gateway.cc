@@ -2,9 +2,14 @@
 
 #include <boost/asio/use_awaitable.hpp>
 
+#include <optional>
+
+#include "keel/approvals/approvals.h"
 #include "keel/common/ids.h"
 #include "keel/common/time.h"
+#include "keel/policy/policy.h"
 #include "keel/store/async.h"
+#include "keel/tools/schema.h"
 
 namespace keel::tools {
 
@@ -40,6 +45,76 @@ std::vector<const Tool*> Gateway::ToolsFor(const Json& allowed_tools) const {
   return out;
 }
 
+namespace {
+
+// What the gateway reads before deciding a call.
+struct Guards {
+  std::optional<policy::Policy> frame;
+  std::optional<policy::Policy> narrowing;
+  std::vector<store::EmergencyStop> stops;
+  std::vector<store::StandingApproval> standing;
+};
+
+Result<std::optional<policy::Policy>> LoadPolicy(store::Tx& tx, const std::string& tenant_id,
+                                                 const std::string& scope) {
+  KEEL_ASSIGN_OR_RETURN(auto doc, tx.policies().GetPolicy(tenant_id, scope));
+  if (!doc) return std::optional<policy::Policy>();
+  auto parsed = policy::ParsePolicy(doc->body);
+  if (!parsed.ok()) {
+    return Internal("the stored " + std::string(scope.empty() ? "tenant policy" : "agent policy") +
+                    " does not parse: " + parsed.status().message());
+  }
+  return std::optional<policy::Policy>(std::move(parsed).value());
+}
+
+// The stop that holds for the agent, if any (tenant-wide first).
+const store::EmergencyStop* StopFor(const std::vector<store::EmergencyStop>& stops,
+                                    const std::string& agent_id) {
+  for (const auto& s : stops) {
+    if (s.agent_id.empty() || s.agent_id == agent_id) return &s;
+  }
+  return nullptr;
+}
+
+std::string StopReason(const store::EmergencyStop& s) {
+  return std::string("an emergency stop is in force for ") +
+         (s.agent_id.empty() ? "the tenant" : "this agent") +
+         (s.reason.empty() ? "" : ": " + s.reason);
+}
+
+// Re-reads the run inside the unit and checks this execution still owns it.
+Status CheckOwned(store::Tx& tx, const store::Run& cur, const std::string& origin, int attempt) {
+  if (cur.status != "running" || cur.lease_owner != origin || cur.attempt != attempt) {
+    return Conflict("run " + cur.id + " is no longer held by this execution");
+  }
+  (void)tx;
+  return Status::Ok();
+}
+
+}  // namespace
+
+asio::awaitable<Result<CallOutcome>> Gateway::Deny(store::ToolCall call, store::Step step,
+                                                   const CallRequest& req, std::string reason) {
+  Tool* tool = registry_.Find(req.tool);
+  Millis now = NowMillis();
+  call.effect_class = tool ? EffectClassName(tool->effect_class()) : "once";
+  call.status = "denied";
+  call.result = {{"error", reason}};
+  step.status = "denied";
+  step.input["decision"] = {{"outcome", "deny"}, {"reason", reason}};
+  step.output = call.result;
+  step.finished_at = now;
+  auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(step));
+    KEEL_RETURN_IF_ERROR(tx.runs().InsertToolCall(call));
+    return tx.events().Append({req.tenant_id, "tool.call.denied@v1", req.agent_id,
+                               req.session_id, req.run_id,
+                               {{"call_id", call.call_id}, {"tool", call.tool}, {"reason", reason}}});
+  });
+  if (!written.ok()) co_return written.status();
+  co_return CallOutcome{"denied", call.result};
+}
+
 asio::awaitable<Result<CallOutcome>> Gateway::Call(const CallRequest& req) {
   Millis now = NowMillis();
   store::ToolCall call;
@@ -62,39 +137,108 @@ asio::awaitable<Result<CallOutcome>> Gateway::Call(const CallRequest& req) {
   step.started_at = now;
   call.step_id = step.id;
 
-  // Policy: the tool must exist and be on the agent's list.
+  // Checks that need no policy: the tool exists, the agent may use it, the arguments fit.
   Tool* tool = registry_.Find(req.tool);
-  std::string denial;
-  if (!tool) {
-    denial = "unknown tool: " + req.tool;
-  } else if (!Allowed(req.allowed_tools, req.tool)) {
-    denial = "the agent may not call " + req.tool;
-  } else if (!req.arguments.is_object()) {
-    denial = "tool arguments must be a JSON object";
+  if (!tool) co_return co_await Deny(call, step, req, "unknown tool: " + req.tool);
+  if (!Allowed(req.allowed_tools, req.tool)) {
+    co_return co_await Deny(call, step, req, "the agent may not call " + req.tool);
   }
-  if (!denial.empty()) {
-    call.effect_class = tool ? EffectClassName(tool->effect_class()) : "once";
-    call.status = "denied";
-    call.result = {{"error", denial}};
-    step.status = "denied";
-    step.output = call.result;
-    step.finished_at = now;
-    auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
+  if (!req.arguments.is_object()) {
+    co_return co_await Deny(call, step, req, "tool arguments must be a JSON object");
+  }
+  if (Status fits = CheckArguments(tool->parameters(), req.arguments); !fits.ok()) {
+    co_return co_await Deny(call, step, req,
+                            "the arguments do not match " + req.tool + "'s schema: " +
+                                fits.message());
+  }
+  auto role = policy::ParseRole(req.caller_role);
+  if (!role.ok()) co_return co_await Deny(call, step, req, role.status().message());
+
+  Guards guards;
+  Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(guards.frame, LoadPolicy(tx, req.tenant_id, ""));
+    KEEL_ASSIGN_OR_RETURN(guards.narrowing, LoadPolicy(tx, req.tenant_id, req.agent_id));
+    KEEL_ASSIGN_OR_RETURN(guards.stops, tx.policies().ListStops(req.tenant_id));
+    KEEL_ASSIGN_OR_RETURN(guards.standing, tx.approvals().ActiveStanding(
+                                               req.tenant_id, req.agent_id, req.tool, now));
+    return Status::Ok();
+  });
+  if (!read.ok()) co_return read;
+  if (const auto* stop = StopFor(guards.stops, req.agent_id)) {
+    co_return co_await Deny(call, step, req, StopReason(*stop));
+  }
+  policy::Decision decision =
+      policy::Decide(guards.frame ? &*guards.frame : nullptr,
+                     guards.narrowing ? &*guards.narrowing : nullptr, *role,
+                     {tool->name(), tool->rights()}, call.arguments);
+  if (decision.kind == policy::Decision::Kind::kDeny) {
+    co_return co_await Deny(call, step, req, decision.reason);
+  }
+  std::string allowed_by = guards.frame || guards.narrowing ? "the policy allows it"
+                                                            : "no policy is set";
+  if (decision.kind == policy::Decision::Kind::kNeedsApproval) {
+    for (const auto& standing : guards.standing) {
+      if (approvals::StandingCovers(standing, call.arguments)) {
+        decision.kind = policy::Decision::Kind::kAllow;
+        allowed_by = "standing approval " + standing.id + " (" + decision.reason + ")";
+        break;
+      }
+    }
+  }
+  call.effect_class = EffectClassName(tool->effect_class());
+
+  if (decision.kind == policy::Decision::Kind::kNeedsApproval) {
+    // Park: the call, its step and a pending approval; the run waits with its lease released.
+    store::Approval approval;
+    approval.id = NewId();
+    approval.tenant_id = req.tenant_id;
+    approval.run_id = req.run_id;
+    approval.session_id = req.session_id;
+    approval.agent_id = req.agent_id;
+    approval.call_id = req.call_id;
+    approval.tool = req.tool;
+    approval.arguments = call.arguments;
+    approval.reason = decision.reason;
+    approval.requested_by = req.requested_by;
+    approval.created_at = now;
+    approval.expires_at = now + options_.approval_ttl_ms;
+    call.status = "awaiting_approval";
+    step.status = "awaiting_approval";
+    step.input["decision"] = {{"outcome", "approval"}, {"reason", decision.reason},
+                              {"approval_id", approval.id}};
+    const std::string origin = store_.origin();
+    auto parked = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(store::Run run, tx.runs().GetRun(req.tenant_id, req.run_id));
+      KEEL_RETURN_IF_ERROR(CheckOwned(tx, run, origin, req.attempt));
       KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(step));
       KEEL_RETURN_IF_ERROR(tx.runs().InsertToolCall(call));
-      return tx.events()
-          .Append({req.tenant_id, "tool.call.denied@v1", req.agent_id, req.session_id, req.run_id,
-                   {{"call_id", call.call_id}, {"tool", call.tool}, {"reason", denial}}});
+      KEEL_RETURN_IF_ERROR(tx.approvals().InsertApproval(approval));
+      run.status = "waiting_for_approval";
+      run.lease_owner.clear();
+      run.lease_expires_at = 0;
+      KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(run));
+      KEEL_RETURN_IF_ERROR(tx.sessions().UpdateSessionStatus(req.tenant_id, req.session_id,
+                                                             "awaiting_approval", now));
+      KEEL_RETURN_IF_ERROR(tx.events().Append(
+          {req.tenant_id, "approval.requested@v1", req.agent_id, req.session_id, req.run_id,
+           {{"approval_id", approval.id},
+            {"call_id", call.call_id},
+            {"tool", call.tool},
+            {"arguments", call.arguments},
+            {"reason", approval.reason},
+            {"expires_at", FormatRfc3339(approval.expires_at)}}}));
+      return tx.events().Append({req.tenant_id, "run.waiting_for_approval@v1", req.agent_id,
+                                 req.session_id, req.run_id, {{"approval_id", approval.id}}});
     });
-    if (!written.ok()) co_return written.status();
-    co_return CallOutcome{"denied", call.result};
+    if (!parked.ok()) co_return parked.status();
+    co_return CallOutcome{"awaiting_approval", {{"approval_id", approval.id}}};
   }
 
   // Journal: the call is durably `started` before it runs.
-  call.effect_class = EffectClassName(tool->effect_class());
   call.status = "started";
   call.result = nullptr;
   step.status = "started";
+  step.input["decision"] = {{"outcome", "allow"}, {"reason", allowed_by}};
   auto journaled = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
     KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(step));
     KEEL_RETURN_IF_ERROR(tx.runs().InsertToolCall(call));
@@ -103,11 +247,62 @@ asio::awaitable<Result<CallOutcome>> Gateway::Call(const CallRequest& req) {
                  {{"call_id", call.call_id},
                   {"tool", call.tool},
                   {"arguments", call.arguments},
-                  {"effect_class", call.effect_class}}});
+                  {"effect_class", call.effect_class},
+                  {"decision", allowed_by}}});
   });
   if (!journaled.ok()) co_return journaled.status();
   co_return co_await ExecuteAndRecord(std::move(call), std::move(step), req.agent_id,
                                       req.session_id);
+}
+
+asio::awaitable<Result<CallOutcome>> Gateway::ExecuteApproved(const store::ToolCall& approved,
+                                                              const store::Step& approved_step,
+                                                              const std::string& agent_id,
+                                                              const std::string& session_id) {
+  store::ToolCall call = approved;
+  store::Step step = approved_step;
+  std::vector<store::EmergencyStop> stops;
+  Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(stops, tx.policies().ListStops(call.tenant_id));
+    return Status::Ok();
+  });
+  if (!read.ok()) co_return read;
+  Millis now = NowMillis();
+  if (const auto* stop = StopFor(stops, agent_id)) {
+    std::string reason = StopReason(*stop);
+    call.status = "denied";
+    call.result = {{"error", reason}};
+    call.updated_at = now;
+    step.status = "denied";
+    step.output = call.result;
+    step.finished_at = now;
+    auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
+      KEEL_RETURN_IF_ERROR(tx.runs().UpdateToolCall(call));
+      KEEL_RETURN_IF_ERROR(tx.runs().UpdateStep(step));
+      return tx.events().Append({call.tenant_id, "tool.call.denied@v1", agent_id, session_id,
+                                 call.run_id,
+                                 {{"call_id", call.call_id}, {"tool", call.tool},
+                                  {"reason", reason}}});
+    });
+    if (!written.ok()) co_return written.status();
+    co_return CallOutcome{"denied", call.result};
+  }
+  call.status = "started";
+  call.updated_at = now;
+  step.status = "started";
+  auto journaled = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.runs().UpdateToolCall(call));
+    KEEL_RETURN_IF_ERROR(tx.runs().UpdateStep(step));
+    return tx.events().Append({call.tenant_id, "tool.call.started@v1", agent_id, session_id,
+                               call.run_id,
+                               {{"call_id", call.call_id},
+                                {"tool", call.tool},
+                                {"arguments", call.arguments},
+                                {"effect_class", call.effect_class},
+                                {"decision", "approved by a human"}}});
+  });
+  if (!journaled.ok()) co_return journaled.status();
+  co_return co_await ExecuteAndRecord(std::move(call), std::move(step), agent_id, session_id);
 }
 
 asio::awaitable<Result<CallOutcome>> Gateway::Resume(const store::ToolCall& call,

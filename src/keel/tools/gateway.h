@@ -1,7 +1,15 @@
 #pragma once
 // tools::Gateway — the one door every tool call passes (DESIGN.md invariant 4):
-//   policy -> effect journal (started, durable) -> execution -> result (durable).
-// Veto hooks and approvals slot in before the journal; nothing else executes a tool.
+//   checks (known tool, on the agent's list, arguments match its schema, no emergency stop)
+//   -> policy (tenant frame, agent narrowing, caller's role) -> approval when needed
+//   -> effect journal (started, durable) -> execution -> result (durable).
+// Veto hooks slot in before the policy; nothing else executes a tool. Every decision is
+// recorded with its reason in the call's step and its events.
+//
+// A call that needs a human parks its run in the same unit of work that records the call:
+// run `waiting_for_approval` with its lease released, session `awaiting_approval`, and a pending
+// approval. approvals::Decide queues the run again; on its next attempt the runtime passes the
+// decided call to ExecuteApproved (approved) or hands the model the refusal (rejected).
 //
 // Runs on the server's io executor. A call's journal entry and its step are committed before
 // the tool runs, so after a crash the runtime knows which calls may have started
@@ -29,10 +37,19 @@ struct CallRequest {
   std::string tool;
   Json arguments = Json::object();
   Json allowed_tools = Json::array();  // the agent's `tools`; empty = every registered tool
+  std::string caller_role = "owner";    // of whoever posted the run's message
+  std::string requested_by;             // that caller's token id
+  int attempt = 0;                      // the run's attempt making the call (ownership check)
+};
+
+struct GatewayOptions {
+  int64_t approval_ttl_ms = 24LL * 3600 * 1000;  // a pending approval expires after this
 };
 
 struct CallOutcome {
-  std::string status;  // succeeded | failed | denied | unknown
+  // succeeded | failed | denied | unknown | rejected, or awaiting_approval: the run is parked
+  // and must stop executing (result {"approval_id": ...}).
+  std::string status;
   Json result;         // the tool's value, or {"error": "..."}
   // The text the model sees as the tool's answer.
   std::string ForModel() const;
@@ -40,12 +57,24 @@ struct CallOutcome {
 
 class Gateway {
  public:
-  Gateway(store::Store& store, ToolRegistry& registry, std::string workspaces_root)
-      : store_(store), registry_(registry), workspaces_root_(std::move(workspaces_root)) {}
+  Gateway(store::Store& store, ToolRegistry& registry, std::string workspaces_root,
+          GatewayOptions options = {})
+      : store_(store),
+        registry_(registry),
+        workspaces_root_(std::move(workspaces_root)),
+        options_(options) {}
 
   // Takes a proposed call through the whole pipeline. Fails only when the store fails; a
   // denied or failing tool is a successful CallOutcome with that status.
   boost::asio::awaitable<Result<CallOutcome>> Call(const CallRequest& request);
+
+  // Runs a call a human approved (journal status `approved`), with the approved (possibly
+  // amended) arguments: journal `started`, execute, record. An emergency stop that came into
+  // force meanwhile still refuses it.
+  boost::asio::awaitable<Result<CallOutcome>> ExecuteApproved(const store::ToolCall& call,
+                                                              const store::Step& step,
+                                                              const std::string& agent_id,
+                                                              const std::string& session_id);
 
   // Finishes a call whose journal entry says `started` but that has no result (a crash
   // happened while it ran). `step` is that call's recorded step.
@@ -69,9 +98,14 @@ class Gateway {
                                                                const std::string& agent_id,
                                                                const std::string& session_id);
 
+  // Records a refused call (status denied) with its reason.
+  boost::asio::awaitable<Result<CallOutcome>> Deny(store::ToolCall call, store::Step step,
+                                                   const CallRequest& req, std::string reason);
+
   store::Store& store_;
   ToolRegistry& registry_;
   const std::string workspaces_root_;
+  const GatewayOptions options_;
 };
 
 }  // namespace keel::tools

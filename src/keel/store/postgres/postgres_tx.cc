@@ -267,6 +267,14 @@ Status PostgresTx::PutPolicy(const PolicyDoc& p) {
   return conn_.Query(kSql, P(p.tenant_id, p.scope, DumpJson(p.body), p.updated_at)).status();
 }
 
+Status PostgresTx::DeletePolicy(const std::string& tenant_id, const std::string& scope) {
+  static const std::string kSql =
+      "DELETE FROM policies WHERE tenant_id=$1 AND scope=$2 RETURNING scope";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  return Updated(conn_.Query(kSql, P(tenant_id, scope)),
+                 scope.empty() ? "no tenant policy is set" : "no agent policy is set");
+}
+
 Result<std::vector<EmergencyStop>> PostgresTx::ListStops(const std::string& tenant_id) {
   static const std::string kSql = "SELECT " + std::string(kStopCols) +
                                   " FROM emergency_stops WHERE tenant_id=$1 ORDER BY agent_id";

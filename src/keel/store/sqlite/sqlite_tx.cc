@@ -192,6 +192,16 @@ Status SqliteTx::PutPolicy(const PolicyDoc& p) {
   return s.BindAll(p.tenant_id, p.scope, DumpJson(p.body), p.updated_at).Run();
 }
 
+Status SqliteTx::DeletePolicy(const std::string& tenant_id, const std::string& scope) {
+  static const std::string kSql =
+      "DELETE FROM policies WHERE tenant_id=? AND scope=? RETURNING scope";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id, scope);
+  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return NotFound(scope.empty() ? "no tenant policy is set" : "no agent policy is set");
+  return Status::Ok();
+}
+
 Result<std::vector<EmergencyStop>> SqliteTx::ListStops(const std::string& tenant_id) {
   static const std::string kSql = "SELECT " + std::string(kStopCols) +
                                   " FROM emergency_stops WHERE tenant_id=? ORDER BY agent_id";

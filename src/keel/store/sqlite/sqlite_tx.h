@@ -122,6 +122,7 @@ class SqliteTx final : public Tx,
   Result<std::optional<PolicyDoc>> GetPolicy(const std::string& tenant_id,
                                              const std::string& scope) override;
   Status PutPolicy(const PolicyDoc& p) override;
+  Status DeletePolicy(const std::string& tenant_id, const std::string& scope) override;
   Result<std::vector<EmergencyStop>> ListStops(const std::string& tenant_id) override;
   Status PutStop(const EmergencyStop& s) override;
   Status DeleteStop(const std::string& tenant_id, const std::string& agent_id) override;

@@ -1,0 +1,196 @@
+#include "keel/approvals/approvals.h"
+
+#include "keel/common/ids.h"
+#include "keel/policy/policy.h"
+
+namespace keel::approvals {
+namespace {
+
+// The approval's new status, the tool call's, and the error the model sees when refused.
+struct Outcome {
+  const char* approval_status;
+  const char* call_status;
+  std::string error;  // empty when approved
+};
+
+Outcome OutcomeOf(const DecisionRequest& d) {
+  std::string why = d.reason.empty() ? "" : ": " + d.reason;
+  switch (d.verdict) {
+    case Verdict::kApprove:
+      return {"approved", "approved", ""};
+    case Verdict::kReject:
+      return {"rejected", "rejected", "a human rejected this call" + why};
+    case Verdict::kExpire:
+      return {"expired", "rejected", "the approval expired without a decision; the call was not made"};
+    case Verdict::kCancel:
+      return {"cancelled", "rejected", "the run was cancelled while the call waited for approval"};
+  }
+  return {"rejected", "rejected", "rejected"};
+}
+
+Result<std::optional<policy::Policy>> LoadPolicy(store::Tx& tx, const std::string& tenant_id,
+                                                 const std::string& scope) {
+  KEEL_ASSIGN_OR_RETURN(auto doc, tx.policies().GetPolicy(tenant_id, scope));
+  if (!doc) return std::optional<policy::Policy>();
+  KEEL_ASSIGN_OR_RETURN(auto parsed, policy::ParsePolicy(doc->body));
+  return std::optional<policy::Policy>(std::move(parsed));
+}
+
+}  // namespace
+
+const char* VerdictName(Verdict v) {
+  switch (v) {
+    case Verdict::kApprove: return "approve";
+    case Verdict::kReject: return "reject";
+    case Verdict::kExpire: return "expire";
+    case Verdict::kCancel: return "cancel";
+  }
+  return "?";
+}
+
+bool StandingCovers(const store::StandingApproval& standing, const Json& arguments) {
+  if (!standing.arguments_match.is_object()) return true;
+  if (!arguments.is_object()) return false;
+  for (auto it = standing.arguments_match.begin(); it != standing.arguments_match.end(); ++it) {
+    auto found = arguments.find(it.key());
+    if (found == arguments.end() || *found != it.value()) return false;
+  }
+  return true;
+}
+
+Result<store::Approval> Decide(store::Tx& tx, const DecisionRequest& d, Millis now) {
+  KEEL_ASSIGN_OR_RETURN(store::Approval a, tx.approvals().GetApproval(d.tenant_id, d.approval_id));
+  if (a.status != "pending") {
+    std::string by = a.decided_by.empty() ? "" : " by " + a.decided_by;
+    std::string at = a.decided_at ? " at " + FormatRfc3339(*a.decided_at) : "";
+    return Conflict("approval " + a.id + " was already decided: " + a.status + by + at);
+  }
+  const bool human = d.verdict == Verdict::kApprove || d.verdict == Verdict::kReject;
+  if (human && now >= a.expires_at) {
+    return Conflict("approval " + a.id + " expired at " + FormatRfc3339(a.expires_at));
+  }
+  if (d.verdict != Verdict::kApprove &&
+      (!d.amended_arguments.is_null() || d.standing.has_value())) {
+    return InvalidArgument("amended arguments and standing approvals go with an approval only");
+  }
+  if (!d.amended_arguments.is_null() && !d.amended_arguments.is_object()) {
+    return InvalidArgument("amended arguments must be a JSON object");
+  }
+  if (d.standing) {
+    if (d.standing->expires_at <= now) {
+      return InvalidArgument("a standing approval must expire in the future");
+    }
+    if (!d.standing->arguments_match.is_null() && !d.standing->arguments_match.is_object()) {
+      return InvalidArgument("a standing approval's match must be a JSON object");
+    }
+  }
+  if (human) {
+    KEEL_ASSIGN_OR_RETURN(auto frame, LoadPolicy(tx, d.tenant_id, ""));
+    KEEL_ASSIGN_OR_RETURN(auto narrowing, LoadPolicy(tx, d.tenant_id, a.agent_id));
+    if (policy::SeparateApprover(frame ? &*frame : nullptr, narrowing ? &*narrowing : nullptr) &&
+        !a.requested_by.empty() && a.requested_by == d.decided_by) {
+      return PermissionDenied("the policy asks for a separate approver: whoever asked for the "
+                              "run may not decide its approvals");
+    }
+  }
+
+  const Outcome outcome = OutcomeOf(d);
+  a.status = outcome.approval_status;
+  a.amended_arguments = d.amended_arguments;
+  a.decided_by = d.decided_by;
+  a.decision_reason = d.reason;
+  a.decided_at = now;
+  KEEL_RETURN_IF_ERROR(tx.approvals().UpdateApproval(a));
+
+  // The parked call: its journal entry and its step.
+  KEEL_ASSIGN_OR_RETURN(auto calls, tx.runs().ListToolCalls(d.tenant_id, a.run_id));
+  KEEL_ASSIGN_OR_RETURN(auto steps, tx.runs().ListSteps(d.tenant_id, a.run_id));
+  const store::ToolCall* parked = nullptr;
+  for (const auto& c : calls) {
+    if (c.call_id == a.call_id) parked = &c;
+  }
+  if (!parked || parked->status != "awaiting_approval") {
+    return Internal("approval " + a.id + " has no tool call awaiting it");
+  }
+  store::ToolCall call = *parked;
+  call.status = outcome.call_status;
+  call.updated_at = now;
+  if (outcome.error.empty()) {
+    if (a.amended_arguments.is_object()) call.arguments = a.amended_arguments;
+    call.result = nullptr;
+  } else {
+    call.result = {{"error", outcome.error}};
+  }
+  KEEL_RETURN_IF_ERROR(tx.runs().UpdateToolCall(call));
+  for (auto step : steps) {
+    if (step.id != call.step_id) continue;
+    step.status = call.status;
+    if (!outcome.error.empty()) {
+      step.output = call.result;
+      step.finished_at = now;
+    } else if (a.amended_arguments.is_object()) {
+      step.input["arguments"] = a.amended_arguments;
+      step.input["amended_from"] = a.arguments;
+    }
+    KEEL_RETURN_IF_ERROR(tx.runs().UpdateStep(step));
+  }
+
+  std::string standing_id;
+  if (d.standing) {
+    store::StandingApproval s{NewId(), a.tenant_id, a.agent_id, a.tool,
+                              d.standing->arguments_match, d.decided_by, a.id, now,
+                              d.standing->expires_at, std::nullopt};
+    KEEL_RETURN_IF_ERROR(tx.approvals().InsertStanding(s));
+    standing_id = s.id;
+  }
+
+  Json decided = {{"approval_id", a.id},   {"call_id", a.call_id},
+                  {"tool", a.tool},        {"status", a.status},
+                  {"decided_by", a.decided_by}, {"reason", a.decision_reason},
+                  {"amended", a.amended_arguments.is_object()}};
+  if (a.amended_arguments.is_object()) {
+    decided["arguments"] = a.amended_arguments;
+    decided["original_arguments"] = a.arguments;
+  }
+  if (!standing_id.empty()) {
+    decided["standing_approval_id"] = standing_id;
+    decided["standing_expires_at"] = FormatRfc3339(d.standing->expires_at);
+  }
+  KEEL_RETURN_IF_ERROR(tx.events().Append({a.tenant_id, "approval.decided@v1", a.agent_id,
+                                           a.session_id, a.run_id, decided}));
+
+  // The run goes back to the queue (a cancelled run has already ended).
+  KEEL_ASSIGN_OR_RETURN(store::Run run, tx.runs().GetRun(d.tenant_id, a.run_id));
+  if (run.status == "waiting_for_approval" && d.verdict != Verdict::kCancel) {
+    run.status = "queued";
+    KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(run));
+    KEEL_RETURN_IF_ERROR(
+        tx.sessions().UpdateSessionStatus(run.tenant_id, run.session_id, "idle", now));
+    KEEL_RETURN_IF_ERROR(tx.events().Append({run.tenant_id, "run.queued@v1", run.agent_id,
+                                             run.session_id, run.id,
+                                             {{"message_id", run.message_id},
+                                              {"after_approval", a.id}}}));
+  }
+  return a;
+}
+
+Json ApprovalJson(const store::Approval& a) {
+  return {{"id", a.id},
+          {"run_id", a.run_id},
+          {"session_id", a.session_id},
+          {"agent_id", a.agent_id},
+          {"call_id", a.call_id},
+          {"tool", a.tool},
+          {"arguments", a.arguments},
+          {"amended_arguments", a.amended_arguments},
+          {"reason", a.reason},
+          {"status", a.status},
+          {"requested_by", a.requested_by.empty() ? Json(nullptr) : Json(a.requested_by)},
+          {"decided_by", a.decided_by.empty() ? Json(nullptr) : Json(a.decided_by)},
+          {"decision_reason", a.decision_reason.empty() ? Json(nullptr) : Json(a.decision_reason)},
+          {"decided_at", a.decided_at ? Json(FormatRfc3339(*a.decided_at)) : Json(nullptr)},
+          {"expires_at", FormatRfc3339(a.expires_at)},
+          {"created_at", FormatRfc3339(a.created_at)}};
+}
+
+}  // namespace keel::approvals
