@@ -258,8 +258,8 @@ int FinishRun(const Json& run) {
   if (status == "done") return kExitOk;
   if (status == "waiting_for_approval") {
     std::cerr << "keel: run " << id
-              << " is waiting for approval; pending approvals are at "
-                 "GET /v1/approvals?status=pending\n";
+              << " is waiting for approval: see `keel approvals list --status pending`, then "
+                 "`keel approvals approve|reject ID`\n";
     return kExitOk;
   }
   if (status == "failed") {
@@ -267,7 +267,8 @@ int FinishRun(const Json& run) {
     return kExitServerError;
   }
   if (status == "cancelled") {
-    std::cerr << "keel: run " << id << " was cancelled\n";
+    std::cerr << "keel: run " << id << " was cancelled ("
+              << RunErrorText(Field(run, "error")) << ")\n";
     return kExitServerError;
   }
   std::cerr << "keel: run " << id << " is still " << (status.empty() ? "unknown" : status)
@@ -730,6 +731,219 @@ int SecretsDelete(Context& ctx, const std::string& name) {
   Reply gone = Request(ctx, "DELETE", "/v1/secrets/" + Escape(name));
   if (!gone.ok()) return gone.exit_code;
   if (!ctx.json) std::cout << "deleted secret " << name << "\n";
+  return kExitOk;
+}
+
+int ApprovalsList(Context& ctx, const std::string& status) {
+  Reply list = ListAll(ctx, "/v1/approvals" + (status.empty() ? "" : "?status=" + Escape(status)));
+  if (!list.ok()) return list.exit_code;
+  if (ctx.json) {
+    PrintJson(list.body);
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const Json& a : Items(list.body)) {
+    rows.push_back({Str(a, "id"), Str(a, "status"), Str(a, "tool"),
+                    OneLine(a.value("arguments", Json::object()).dump(), 40), Str(a, "run_id"),
+                    Str(a, "expires_at")});
+  }
+  PrintTable({"ID", "STATUS", "TOOL", "ARGUMENTS", "RUN", "EXPIRES"}, rows);
+  return kExitOk;
+}
+
+int ApprovalsShow(Context& ctx, const std::string& id) {
+  Reply a = Request(ctx, "GET", "/v1/approvals/" + Escape(id));
+  if (!a.ok()) return a.exit_code;
+  if (ctx.json) {
+    PrintJson(a.body);
+    return kExitOk;
+  }
+  const Json& b = a.body;
+  std::vector<std::pair<std::string, std::string>> fields = {
+      {"id", Str(b, "id")},
+      {"status", Str(b, "status")},
+      {"tool", Str(b, "tool")},
+      {"arguments", b.value("arguments", Json::object()).dump()},
+      {"why", Str(b, "reason")},
+      {"run", Str(b, "run_id")},
+      {"agent", Str(b, "agent_id")},
+      {"asked by", Str(b, "requested_by")},
+      {"created", Str(b, "created_at")},
+      {"expires", Str(b, "expires_at")}};
+  if (b.contains("amended_arguments") && b["amended_arguments"].is_object()) {
+    fields.push_back({"amended to", b["amended_arguments"].dump()});
+  }
+  if (Str(b, "status") != "pending") {
+    fields.push_back({"decided by", Str(b, "decided_by")});
+    fields.push_back({"decided", Str(b, "decided_at")});
+    fields.push_back({"decision reason", Str(b, "decision_reason")});
+  }
+  PrintFields(fields);
+  return kExitOk;
+}
+
+int ApprovalsDecide(Context& ctx, const ApprovalDecisionArgs& args, bool approve) {
+  Json body = Json::object();
+  if (!args.reason.empty()) body["reason"] = args.reason;
+  if (!args.arguments_json.empty()) {
+    auto amended = ParseJsonObject(args.arguments_json);
+    if (!amended.ok()) {
+      std::cerr << "keel: --arguments: " << amended.status().message() << "\n";
+      return kExitUsage;
+    }
+    body["arguments"] = *amended;
+  }
+  if (args.standing_seconds > 0) {
+    body["standing"] = {{"expires_in", args.standing_seconds}};
+    if (!args.match_json.empty()) {
+      auto match = ParseJsonObject(args.match_json);
+      if (!match.ok()) {
+        std::cerr << "keel: --match: " << match.status().message() << "\n";
+        return kExitUsage;
+      }
+      body["standing"]["match"] = *match;
+    }
+  } else if (!args.match_json.empty()) {
+    std::cerr << "keel: --match goes with --standing SECONDS\n";
+    return kExitUsage;
+  }
+  Reply decided = Request(ctx, "POST",
+                          "/v1/approvals/" + Escape(args.id) + (approve ? "/approve" : "/reject"),
+                          body);
+  if (!decided.ok()) return decided.exit_code;
+  if (ctx.json) {
+    PrintJson(decided.body);
+  } else {
+    std::cout << Str(decided.body, "status") << " " << Str(decided.body, "tool") << " call of run "
+              << Str(decided.body, "run_id") << "; the run goes on\n";
+  }
+  return kExitOk;
+}
+
+namespace {
+
+// The policy route of the tenant (`agent` empty) or of an agent; reports a bad agent name.
+int PolicyPath(Context& ctx, const std::string& agent, std::string* path) {
+  if (agent.empty()) {
+    *path = "/v1/policy";
+    return kExitOk;
+  }
+  std::string id;
+  if (int code = ResolveAgent(ctx, agent, &id); code != kExitOk) return code;
+  *path = "/v1/agents/" + Escape(id) + "/policy";
+  return kExitOk;
+}
+
+int StopPath(Context& ctx, const std::string& agent, std::string* path) {
+  if (agent.empty()) {
+    *path = "/v1/emergency-stop";
+    return kExitOk;
+  }
+  std::string id;
+  if (int code = ResolveAgent(ctx, agent, &id); code != kExitOk) return code;
+  *path = "/v1/agents/" + Escape(id) + "/emergency-stop";
+  return kExitOk;
+}
+
+}  // namespace
+
+int PolicyShow(Context& ctx, const std::string& agent) {
+  std::string path;
+  if (int code = PolicyPath(ctx, agent, &path); code != kExitOk) return code;
+  Reply doc = Request(ctx, "GET", path);
+  if (!doc.ok()) return doc.exit_code;
+  PrintJson(doc.body);  // the document is its own best display
+  return kExitOk;
+}
+
+int PolicySet(Context& ctx, const std::string& agent, const std::string& file) {
+  std::string text;
+  if (file == "-") {
+    std::ostringstream in;
+    in << std::cin.rdbuf();
+    text = in.str();
+  } else {
+    std::ifstream in(file);
+    if (!in) {
+      std::cerr << "keel: cannot read " << file << "\n";
+      return kExitUsage;
+    }
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    text = ss.str();
+  }
+  auto doc = ParseJsonObject(text);
+  if (!doc.ok()) {
+    std::cerr << "keel: " << (file == "-" ? "standard input" : file) << ": "
+              << doc.status().message() << "\n";
+    return kExitUsage;
+  }
+  std::string path;
+  if (int code = PolicyPath(ctx, agent, &path); code != kExitOk) return code;
+  Reply stored = Request(ctx, "PUT", path, *doc);
+  if (!stored.ok()) return stored.exit_code;
+  if (ctx.json) {
+    PrintJson(stored.body);
+  } else {
+    std::cout << "set the " << (agent.empty() ? "tenant policy" : "policy of agent " + agent)
+              << " (" << stored.body.value("rules", Json::array()).size() << " rules)\n";
+  }
+  return kExitOk;
+}
+
+int PolicyRemove(Context& ctx, const std::string& agent) {
+  std::string path;
+  if (int code = PolicyPath(ctx, agent, &path); code != kExitOk) return code;
+  Reply gone = Request(ctx, "DELETE", path);
+  if (!gone.ok()) return gone.exit_code;
+  if (!ctx.json) {
+    std::cout << "removed the " << (agent.empty() ? "tenant policy" : "policy of agent " + agent)
+              << "\n";
+  }
+  return kExitOk;
+}
+
+int StopEngage(Context& ctx, const std::string& agent, const std::string& reason) {
+  std::string path;
+  if (int code = StopPath(ctx, agent, &path); code != kExitOk) return code;
+  Reply stop = Request(ctx, "PUT", path, Json{{"reason", reason}});
+  if (!stop.ok()) return stop.exit_code;
+  if (ctx.json) {
+    PrintJson(stop.body);
+  } else {
+    std::cout << "emergency stop in force for " << (agent.empty() ? "the tenant" : agent)
+              << ": runs halt at their next step and every tool call is refused until "
+                 "`keel emergency-stop off`\n";
+  }
+  return kExitOk;
+}
+
+int StopLift(Context& ctx, const std::string& agent) {
+  std::string path;
+  if (int code = StopPath(ctx, agent, &path); code != kExitOk) return code;
+  Reply gone = Request(ctx, "DELETE", path);
+  if (!gone.ok()) return gone.exit_code;
+  if (!ctx.json) {
+    std::cout << "lifted the emergency stop for " << (agent.empty() ? "the tenant" : agent)
+              << "\n";
+  }
+  return kExitOk;
+}
+
+int StopList(Context& ctx) {
+  Reply list = Request(ctx, "GET", "/v1/emergency-stops");
+  if (!list.ok()) return list.exit_code;
+  if (ctx.json) {
+    PrintJson(list.body);
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const Json& s : Items(list.body)) {
+    std::string agent = Str(s, "agent_id");
+    rows.push_back({agent.empty() ? "(tenant)" : agent, Str(s, "reason"), Str(s, "created_by"),
+                    Str(s, "created_at")});
+  }
+  PrintTable({"AGENT", "REASON", "BY", "SINCE"}, rows);
   return kExitOk;
 }
 

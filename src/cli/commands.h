@@ -102,6 +102,28 @@ int SecretsSet(Context& ctx, const std::string& name, const std::optional<std::s
 int SecretsList(Context& ctx);
 int SecretsDelete(Context& ctx, const std::string& name);
 
+struct ApprovalDecisionArgs {
+  std::string id;
+  std::string reason;
+  std::string arguments_json;  // approve: amended arguments (a JSON object); empty: as proposed
+  int64_t standing_seconds = 0;  // approve: > 0 grants a standing approval for this long
+  std::string match_json;        // with a standing approval: arguments later calls must match
+};
+int ApprovalsList(Context& ctx, const std::string& status);
+int ApprovalsShow(Context& ctx, const std::string& id);
+int ApprovalsDecide(Context& ctx, const ApprovalDecisionArgs& args, bool approve);
+
+// `agent` empty: the tenant policy; otherwise an agent id or name (its narrowing).
+int PolicyShow(Context& ctx, const std::string& agent);
+// Reads the document from `file` ("-": standard input).
+int PolicySet(Context& ctx, const std::string& agent, const std::string& file);
+int PolicyRemove(Context& ctx, const std::string& agent);
+
+// `agent` empty: tenant-wide.
+int StopEngage(Context& ctx, const std::string& agent, const std::string& reason);
+int StopLift(Context& ctx, const std::string& agent);
+int StopList(Context& ctx);
+
 int TenantsCreate(Context& ctx, const std::string& name);
 
 int Events(Context& ctx, const EventsArgs& args);

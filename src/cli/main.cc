@@ -166,6 +166,69 @@ int Main(int argc, char** argv) {
   secrets_rm->add_option("name", secret_name, "Secret name")->required();
   on_parse(secrets_rm, [&](Context& c) { return SecretsDelete(c, secret_name); });
 
+  // keel approvals ...
+  CLI::App* approvals = app.add_subcommand("approvals", "List, show, approve and reject tool calls "
+                                                        "that wait for a human");
+  approvals->require_subcommand(1);
+  std::string approvals_status;
+  ApprovalDecisionArgs decision;
+  CLI::App* approvals_list = approvals->add_subcommand("list", "List approvals");
+  approvals_list->add_option("--status", approvals_status, "pending, approved, rejected, "
+                                                          "expired or cancelled (default: all)");
+  on_parse(approvals_list, [&](Context& c) { return ApprovalsList(c, approvals_status); });
+  CLI::App* approvals_show = approvals->add_subcommand("show", "Show one approval");
+  approvals_show->add_option("id", decision.id, "Approval id")->required();
+  on_parse(approvals_show, [&](Context& c) { return ApprovalsShow(c, decision.id); });
+  CLI::App* approvals_approve =
+      approvals->add_subcommand("approve", "Approve a call; its run goes on (owners)");
+  approvals_approve->add_option("id", decision.id, "Approval id")->required();
+  approvals_approve->add_option("--reason", decision.reason, "Why (kept with the decision)");
+  approvals_approve->add_option("--arguments", decision.arguments_json,
+                                "Amended arguments, a JSON object (the original is kept)");
+  approvals_approve->add_option("--standing", decision.standing_seconds,
+                                "Also approve later calls of this tool by this agent for SECONDS");
+  approvals_approve->add_option("--match", decision.match_json,
+                                "With --standing: only calls whose arguments contain this JSON "
+                                "object's members");
+  on_parse(approvals_approve, [&](Context& c) { return ApprovalsDecide(c, decision, true); });
+  CLI::App* approvals_reject = approvals->add_subcommand(
+      "reject", "Reject a call; the model gets the refusal as the tool's error (owners)");
+  approvals_reject->add_option("id", decision.id, "Approval id")->required();
+  approvals_reject->add_option("--reason", decision.reason, "Why (the model sees it)");
+  on_parse(approvals_reject, [&](Context& c) { return ApprovalsDecide(c, decision, false); });
+
+  // keel policy ...
+  CLI::App* policy = app.add_subcommand(
+      "policy", "Show, set and remove the tenant policy or an agent's narrowing of it");
+  policy->require_subcommand(1);
+  std::string policy_agent, policy_file;
+  CLI::App* policy_show = policy->add_subcommand("show", "Print a policy document");
+  policy_show->add_option("--agent", policy_agent, "Agent id or name (default: the tenant's)");
+  on_parse(policy_show, [&](Context& c) { return PolicyShow(c, policy_agent); });
+  CLI::App* policy_set = policy->add_subcommand("set", "Set a policy from a JSON file (owners)");
+  policy_set->add_option("file", policy_file, "The document, or - for standard input")
+      ->required();
+  policy_set->add_option("--agent", policy_agent, "Agent id or name (default: the tenant's)");
+  on_parse(policy_set, [&](Context& c) { return PolicySet(c, policy_agent, policy_file); });
+  CLI::App* policy_rm = policy->add_subcommand("rm", "Remove a policy (owners)");
+  policy_rm->add_option("--agent", policy_agent, "Agent id or name (default: the tenant's)");
+  on_parse(policy_rm, [&](Context& c) { return PolicyRemove(c, policy_agent); });
+
+  // keel emergency-stop ...
+  CLI::App* estop = app.add_subcommand(
+      "emergency-stop", "Halt an agent's (or every agent's) runs and refuse every tool call");
+  estop->require_subcommand(1);
+  std::string estop_agent, estop_reason;
+  CLI::App* estop_on = estop->add_subcommand("on", "Engage a stop (owners)");
+  estop_on->add_option("--agent", estop_agent, "Agent id or name (default: the whole tenant)");
+  estop_on->add_option("--reason", estop_reason, "Why");
+  on_parse(estop_on, [&](Context& c) { return StopEngage(c, estop_agent, estop_reason); });
+  CLI::App* estop_off = estop->add_subcommand("off", "Lift a stop (owners)");
+  estop_off->add_option("--agent", estop_agent, "Agent id or name (default: the whole tenant)");
+  on_parse(estop_off, [&](Context& c) { return StopLift(c, estop_agent); });
+  on_parse(estop->add_subcommand("list", "List the stops in force"),
+           [](Context& c) { return StopList(c); });
+
   // keel tenants create
   CLI::App* tenants = app.add_subcommand("tenants", "Manage tenants (platform admin only)");
   tenants->require_subcommand(1);

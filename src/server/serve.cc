@@ -172,7 +172,9 @@ int ServeMain(const ServeFlags& flags) {
   (void)providers.Register("openai", std::make_unique<model::OpenAiProvider>(config.openai));
   tools::ToolRegistry tool_registry;
   if (Status st = tools::RegisterBuiltinTools(tool_registry); !st.ok()) return Fail(st);
-  tools::Gateway gateway(*store, tool_registry, config.workspaces);
+  tools::GatewayOptions gateway_options;
+  gateway_options.approval_ttl_ms = config.approval_timeout_ms;
+  tools::Gateway gateway(*store, tool_registry, config.workspaces, gateway_options);
 
   runtime::RuntimeOptions runtime_options;
   runtime_options.max_concurrent_runs = config.max_concurrent_runs;
