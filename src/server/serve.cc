@@ -172,6 +172,7 @@ int ServeMain(const ServeFlags& flags) {
   (void)providers.Register("openai", std::make_unique<model::OpenAiProvider>(config.openai));
   tools::ToolRegistry tool_registry;
   if (Status st = tools::RegisterBuiltinTools(tool_registry); !st.ok()) return Fail(st);
+  if (Status st = tools::RegisterWorkspaceTools(tool_registry); !st.ok()) return Fail(st);
   tools::GatewayOptions gateway_options;
   gateway_options.approval_ttl_ms = config.approval_timeout_ms;
   tools::Gateway gateway(*store, tool_registry, config.workspaces, gateway_options);

@@ -43,6 +43,12 @@ Status ValidateConfig(const Json& config) {
       return InvalidArgument("config.max_steps must be an integer from 1 to 1000");
     }
   }
+  if (config.contains("exec_backend")) {
+    const auto& b = config["exec_backend"];
+    if (!b.is_string() || (b != "sandbox" && b != "host")) {
+      return InvalidArgument("config.exec_backend must be 'sandbox' (the default) or 'host'");
+    }
+  }
   if (config.contains("local_latency_ms")) {
     const auto& m = config["local_latency_ms"];
     if (!m.is_number_integer() || m.get<int64_t>() < 0 || m.get<int64_t>() > 60000) {

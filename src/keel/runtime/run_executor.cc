@@ -267,11 +267,13 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
     store::ToolCall call = *it->second;
     tools::CallOutcome outcome{call.status, call.result};
     if (call.status == "started") {
-      auto resumed = co_await gateway_.Resume(call, step, run.agent_id, run.session_id);
+      auto resumed =
+          co_await gateway_.Resume(call, step, run.agent_id, run.session_id, agent.config);
       if (!resumed.ok()) co_return;  // the store failed; the lease will expire and we retry
       outcome = *resumed;
     } else if (call.status == "approved") {
-      auto executed = co_await gateway_.ExecuteApproved(call, step, run.agent_id, run.session_id);
+      auto executed = co_await gateway_.ExecuteApproved(call, step, run.agent_id, run.session_id,
+                                                        agent.config);
       if (!executed.ok()) co_return;
       outcome = *executed;
     } else if (call.status == "awaiting_approval") {
@@ -306,10 +308,20 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
       for (const auto& call : pending) {
         if (cancel_requested_.count(run.id)) break;  // stop at the next step boundary
         ++metrics_.tool_calls;
-        tools::CallRequest creq{run.tenant_id, run.agent_id,     run.session_id,
-                                run.id,        next_seq++,       call.id,
-                                call.name,     call.arguments,   agent.tools,
-                                run.caller_role, run.requested_by, run.attempt};
+        tools::CallRequest creq;
+        creq.tenant_id = run.tenant_id;
+        creq.agent_id = run.agent_id;
+        creq.session_id = run.session_id;
+        creq.run_id = run.id;
+        creq.step_seq = next_seq++;
+        creq.call_id = call.id;
+        creq.tool = call.name;
+        creq.arguments = call.arguments;
+        creq.allowed_tools = agent.tools;
+        creq.agent_config = agent.config;
+        creq.caller_role = run.caller_role;
+        creq.requested_by = run.requested_by;
+        creq.attempt = run.attempt;
         auto outcome = co_await gateway_.Call(creq);
         if (!outcome.ok()) co_return;  // the store failed; the run resumes after its lease
         if (outcome->status == "awaiting_approval") co_return;  // parked; a decision requeues it

@@ -1,5 +1,7 @@
 #include "keel/tools/gateway.h"
 
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
 #include <optional>
@@ -14,6 +16,19 @@
 namespace keel::tools {
 
 namespace asio = boost::asio;
+
+// Threads for blocking tools (commands, remote servers): a few at once per node.
+constexpr int kToolThreads = 4;
+
+Gateway::Gateway(store::Store& store, ToolRegistry& registry, std::string workspaces_root,
+                 GatewayOptions options)
+    : store_(store),
+      registry_(registry),
+      workspaces_root_(std::move(workspaces_root)),
+      options_(options),
+      pool_(std::make_unique<asio::thread_pool>(kToolThreads)) {}
+
+Gateway::~Gateway() { pool_->join(); }
 
 std::string CallOutcome::ForModel() const {
   if (result.is_string()) return result.get<std::string>();
@@ -252,13 +267,14 @@ asio::awaitable<Result<CallOutcome>> Gateway::Call(const CallRequest& req) {
   });
   if (!journaled.ok()) co_return journaled.status();
   co_return co_await ExecuteAndRecord(std::move(call), std::move(step), req.agent_id,
-                                      req.session_id);
+                                      req.session_id, req.agent_config);
 }
 
 asio::awaitable<Result<CallOutcome>> Gateway::ExecuteApproved(const store::ToolCall& approved,
                                                               const store::Step& approved_step,
                                                               const std::string& agent_id,
-                                                              const std::string& session_id) {
+                                                              const std::string& session_id,
+                                                              const Json& agent_config) {
   store::ToolCall call = approved;
   store::Step step = approved_step;
   std::vector<store::EmergencyStop> stops;
@@ -302,15 +318,17 @@ asio::awaitable<Result<CallOutcome>> Gateway::ExecuteApproved(const store::ToolC
                                 {"decision", "approved by a human"}}});
   });
   if (!journaled.ok()) co_return journaled.status();
-  co_return co_await ExecuteAndRecord(std::move(call), std::move(step), agent_id, session_id);
+  co_return co_await ExecuteAndRecord(std::move(call), std::move(step), agent_id, session_id,
+                                      agent_config);
 }
 
 asio::awaitable<Result<CallOutcome>> Gateway::Resume(const store::ToolCall& call,
                                                      const store::Step& step,
                                                      const std::string& agent_id,
-                                                     const std::string& session_id) {
+                                                     const std::string& session_id,
+                                                     const Json& agent_config) {
   if (call.effect_class == "pure" || call.effect_class == "idempotent") {
-    co_return co_await ExecuteAndRecord(call, step, agent_id, session_id);
+    co_return co_await ExecuteAndRecord(call, step, agent_id, session_id, agent_config);
   }
   // A `once` call may have had its effect: never repeat it, surface it as unknown.
   store::ToolCall c = call;
@@ -337,17 +355,28 @@ asio::awaitable<Result<CallOutcome>> Gateway::Resume(const store::ToolCall& call
 
 asio::awaitable<Result<CallOutcome>> Gateway::ExecuteAndRecord(store::ToolCall call,
                                                                store::Step step,
-                                                               const std::string& agent_id,
-                                                               const std::string& session_id) {
+                                                               std::string agent_id,
+                                                               std::string session_id,
+                                                               Json agent_config) {
   Tool* tool = registry_.Find(call.tool);
   Result<Json> result = tool ? Result<Json>(Status::Ok()) : Result<Json>(NotFound("unknown tool"));
   if (tool) {
-    ToolContext ctx{call.tenant_id, agent_id,       session_id,          call.run_id,
-                    call.call_id,   call.effect_key, WorkspaceOf(agent_id)};
-    try {
-      result = tool->Execute(ctx, call.arguments);
-    } catch (const std::exception& e) {
-      result = Internal(std::string("tool threw: ") + e.what());
+    ToolContext ctx{call.tenant_id, agent_id,        session_id,            call.run_id,
+                    call.call_id,   call.effect_key, WorkspaceOf(agent_id), agent_config};
+    auto run = [tool, ctx, args = call.arguments]() -> Result<Json> {
+      try {
+        return tool->Execute(ctx, args);
+      } catch (const std::exception& e) {
+        return Internal(std::string("tool threw: ") + e.what());
+      }
+    };
+    if (tool->blocking()) {
+      // Off the event loop; the coroutine resumes on its own executor when the tool returns.
+      result = co_await asio::co_spawn(
+          pool_->get_executor(), [run]() -> asio::awaitable<Result<Json>> { co_return run(); },
+          asio::use_awaitable);
+    } else {
+      result = run();
     }
   }
   call.updated_at = NowMillis();

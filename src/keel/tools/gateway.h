@@ -18,12 +18,17 @@
 
 #include <boost/asio/awaitable.hpp>
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "keel/common/json_util.h"
 #include "keel/store/store.h"
 #include "keel/tools/tool.h"
+
+namespace boost::asio {
+class thread_pool;
+}
 
 namespace keel::tools {
 
@@ -37,6 +42,7 @@ struct CallRequest {
   std::string tool;
   Json arguments = Json::object();
   Json allowed_tools = Json::array();  // the agent's `tools`; empty = every registered tool
+  Json agent_config = Json::object();   // handed to the tool (ToolContext)
   std::string caller_role = "owner";    // of whoever posted the run's message
   std::string requested_by;             // that caller's token id
   int attempt = 0;                      // the run's attempt making the call (ownership check)
@@ -58,11 +64,8 @@ struct CallOutcome {
 class Gateway {
  public:
   Gateway(store::Store& store, ToolRegistry& registry, std::string workspaces_root,
-          GatewayOptions options = {})
-      : store_(store),
-        registry_(registry),
-        workspaces_root_(std::move(workspaces_root)),
-        options_(options) {}
+          GatewayOptions options = {});
+  ~Gateway();
 
   // Takes a proposed call through the whole pipeline. Fails only when the store fails; a
   // denied or failing tool is a successful CallOutcome with that status.
@@ -74,14 +77,16 @@ class Gateway {
   boost::asio::awaitable<Result<CallOutcome>> ExecuteApproved(const store::ToolCall& call,
                                                               const store::Step& step,
                                                               const std::string& agent_id,
-                                                              const std::string& session_id);
+                                                              const std::string& session_id,
+                                                              const Json& agent_config);
 
   // Finishes a call whose journal entry says `started` but that has no result (a crash
   // happened while it ran). `step` is that call's recorded step.
   boost::asio::awaitable<Result<CallOutcome>> Resume(const store::ToolCall& call,
                                                      const store::Step& step,
                                                      const std::string& agent_id,
-                                                     const std::string& session_id);
+                                                     const std::string& session_id,
+                                                     const Json& agent_config = Json::object());
 
   // The registered tools the agent's `tools` list lets it call (what the model is offered).
   std::vector<const Tool*> ToolsFor(const Json& allowed_tools) const;
@@ -95,8 +100,9 @@ class Gateway {
  private:
   boost::asio::awaitable<Result<CallOutcome>> ExecuteAndRecord(store::ToolCall call,
                                                                store::Step step,
-                                                               const std::string& agent_id,
-                                                               const std::string& session_id);
+                                                               std::string agent_id,
+                                                               std::string session_id,
+                                                               Json agent_config);
 
   // Records a refused call (status denied) with its reason.
   boost::asio::awaitable<Result<CallOutcome>> Deny(store::ToolCall call, store::Step step,
@@ -106,6 +112,7 @@ class Gateway {
   ToolRegistry& registry_;
   const std::string workspaces_root_;
   const GatewayOptions options_;
+  std::unique_ptr<boost::asio::thread_pool> pool_;  // runs blocking tools off the event loop
 };
 
 }  // namespace keel::tools

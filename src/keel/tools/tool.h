@@ -24,6 +24,7 @@ struct ToolContext {
   std::string call_id;
   std::string effect_key;  // stable across retries of the same call
   std::string workspace;   // the agent's workspace directory (created on demand)
+  Json agent_config;       // the agent's config (e.g. exec_backend)
 };
 
 class Tool {
@@ -35,8 +36,10 @@ class Tool {
   virtual EffectClass effect_class() const = 0;
   virtual std::vector<std::string> rights() const = 0;  // read | write | send
   // Runs the tool. A failure is reported to the model as the tool's error, not a crash.
-  // Executes synchronously on the calling thread; keep it short or hand work off.
+  // Runs on the event loop unless blocking() says it may take long (processes, network): then
+  // the gateway runs it on a worker thread.
   virtual Result<Json> Execute(const ToolContext& ctx, const Json& arguments) = 0;
+  virtual bool blocking() const { return false; }
 };
 
 // Tools by name, owned by the server instance. Registration is explicit (RegisterBuiltinTools).
@@ -52,5 +55,7 @@ class ToolRegistry {
 
 // time.now (pure) and notes.append (once).
 Status RegisterBuiltinTools(ToolRegistry& registry);
+// files.read, files.list (pure), files.write (idempotent), exec (once; sandboxed by default).
+Status RegisterWorkspaceTools(ToolRegistry& registry);
 
 }  // namespace keel::tools
