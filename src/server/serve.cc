@@ -175,6 +175,7 @@ int ServeMain(const ServeFlags& flags) {
   if (Status st = tools::RegisterWorkspaceTools(tool_registry); !st.ok()) return Fail(st);
   tools::GatewayOptions gateway_options;
   gateway_options.approval_ttl_ms = config.approval_timeout_ms;
+  gateway_options.large_result_bytes = static_cast<size_t>(config.large_result_bytes);
   tools::Gateway gateway(*store, tool_registry, config.workspaces, gateway_options);
 
   runtime::RuntimeOptions runtime_options;

@@ -29,6 +29,7 @@ class GatewayTest : public ::testing::Test {
     ASSERT_TRUE(s.ok());
     store_ = std::move(s).value();
     ASSERT_TRUE(RegisterBuiltinTools(registry_).ok());
+    ASSERT_TRUE(RegisterWorkspaceTools(registry_).ok());
     gateway_ = std::make_unique<Gateway>(*store_, registry_, (dir_ / "ws").string());
     tenant_ = NewId();
     run_id_ = NewId();
@@ -73,7 +74,7 @@ class GatewayTest : public ::testing::Test {
     r.call_id = "call_" + std::to_string(seq);
     r.tool = tool;
     r.arguments = args;
-    r.allowed_tools = Json::array({"time.now", "notes.append"});
+    r.allowed_tools = Json::array({"time.now", "notes.append", "files.*"});
     return r;
   }
 
@@ -283,6 +284,37 @@ TEST_F(GatewayTest, ResumeOfAStartedPureCallRunsItAgain) {
   ASSERT_TRUE(out.ok());
   EXPECT_EQ(out->status, "succeeded");
   EXPECT_TRUE(out->result.is_string());
+}
+
+}  // namespace
+}  // namespace keel::tools
+
+namespace keel::tools {
+namespace {
+
+TEST_F(GatewayTest, ALargeResultIsKeptInTheWorkspaceAndPreviewed) {
+  std::string big;
+  for (int i = 0; i < 5000; ++i) big += "line " + std::to_string(i) + "\n";
+  std::filesystem::create_directories(gateway_->WorkspaceOf(agent_));
+  std::ofstream(gateway_->WorkspaceOf(agent_) + "/big.txt") << big;
+  auto out = RunCoro(gateway_->Call(Req("files.read", {{"path", "big.txt"}}, 2)));
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->status, "succeeded");
+  const Json& r = out->result;
+  ASSERT_TRUE(r.contains("file")) << r.dump().substr(0, 300);
+  std::string file = r["file"];
+  EXPECT_EQ(file, ".keel/results/" + run_id_ + "-call_2.json");
+  std::string preview = r["preview"];
+  EXPECT_LT(preview.size(), 9000u);
+  EXPECT_NE(preview.find("line 0\\n"), std::string::npos);     // the head (JSON-escaped)
+  EXPECT_NE(preview.find("line 4999\\n"), std::string::npos);  // and the tail
+  EXPECT_NE(preview.find("bytes omitted"), std::string::npos);
+  std::ifstream in(gateway_->WorkspaceOf(agent_) + "/" + file);
+  std::stringstream whole;
+  whole << in.rdbuf();
+  Json kept = Json::parse(whole.str());
+  EXPECT_EQ(kept["content"], big);
+  EXPECT_EQ(r["bytes"], whole.str().size());
 }
 
 }  // namespace

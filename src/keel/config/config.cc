@@ -50,7 +50,8 @@ Status ApplyToml(const std::string& path, Config& c) {
   static const std::set<std::string> kTop = {"listen", "store", "workspaces", "durable",
                                              "max_body_bytes", "tenant_run_cap",
                                              "max_concurrent_runs", "max_steps", "lease_ms",
-                                             "approval_timeout_ms", "history_limit", "log_level",
+                                             "approval_timeout_ms", "large_result_bytes",
+                                             "history_limit", "log_level",
                                              "openai"};
   for (const auto& [k, v] : t) {
     if (!kTop.count(std::string(k.str()))) {
@@ -90,6 +91,7 @@ Status ApplyToml(const std::string& path, Config& c) {
   KEEL_RETURN_IF_ERROR(num("lease_ms", 1000, 3600000, &c.lease_ms));
   KEEL_RETURN_IF_ERROR(
       num("approval_timeout_ms", 1000, int64_t(365) * 86400000, &c.approval_timeout_ms));
+  KEEL_RETURN_IF_ERROR(num("large_result_bytes", 1024, int64_t(64) << 20, &c.large_result_bytes));
   KEEL_RETURN_IF_ERROR(num("history_limit", 0, 10000, &c.history_limit));
   if (auto o = t["openai"]; o) {
     if (!o.is_table()) return InvalidArgument(path + ": [openai] must be a table");
@@ -162,6 +164,10 @@ Result<Config> Load(const Overrides& o) {
   }
   if (auto v = Env("KEEL_LEASE_MS"); !v.empty()) {
     KEEL_RETURN_IF_ERROR(SetInt(v, "KEEL_LEASE_MS", 1000, 3600000, &c.lease_ms));
+  }
+  if (auto v = Env("KEEL_LARGE_RESULT_BYTES"); !v.empty()) {
+    KEEL_RETURN_IF_ERROR(SetInt(v, "KEEL_LARGE_RESULT_BYTES", 1024, int64_t(64) << 20,
+                                &c.large_result_bytes));
   }
   if (auto v = Env("KEEL_APPROVAL_TIMEOUT_MS"); !v.empty()) {
     KEEL_RETURN_IF_ERROR(SetInt(v, "KEEL_APPROVAL_TIMEOUT_MS", 1000, int64_t(365) * 86400000,

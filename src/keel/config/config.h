@@ -29,6 +29,7 @@ struct Config {
   int max_steps = 16;            // model steps per run, unless the agent says otherwise
   int lease_ms = 30000;
   int64_t approval_timeout_ms = 86400000;  // a pending approval expires (rejected) after this
+  int64_t large_result_bytes = 16384;      // larger tool results go to the workspace
   int history_limit = 50;        // earlier messages a turn's context carries
   std::string log_level = "info";
   // KEEL_SECRET_KEK (environment only): base64 of the 256-bit key-encryption key of secrets.

@@ -4,6 +4,8 @@
 #include <boost/asio/thread_pool.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include <filesystem>
+#include <fstream>
 #include <optional>
 
 #include "keel/approvals/approvals.h"
@@ -104,6 +106,37 @@ Status CheckOwned(store::Tx& tx, const store::Run& cur, const std::string& origi
   }
   (void)tx;
   return Status::Ok();
+}
+
+// Writes a large result whole into the workspace; returns what the model sees instead.
+Result<Json> KeepLargeResult(const std::string& workspace, const store::ToolCall& call,
+                             const std::string& text, bool is_text) {
+  constexpr size_t kPreview = 4096;
+  std::string rel = ".keel/results/" + call.run_id + "-" + call.call_id + (is_text ? ".txt" : ".json");
+  std::error_code ec;
+  std::filesystem::create_directories(workspace + "/.keel/results", ec);
+  if (ec) return Unavailable(ec.message());
+  std::string path = workspace + "/" + rel;
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << text;
+    if (!out) return Unavailable("cannot write " + rel);
+  }
+  // Head and tail, cut on UTF-8 character boundaries.
+  auto cut = [&](size_t at) {
+    while (at > 0 && at < text.size() && (static_cast<unsigned char>(text[at]) & 0xC0) == 0x80) --at;
+    return at;
+  };
+  size_t head_end = cut(kPreview);
+  size_t tail_start = cut(text.size() - kPreview);
+  std::string preview = text.substr(0, head_end) + "\n[... " +
+                        std::to_string(tail_start - head_end) + " bytes omitted ...]\n" +
+                        text.substr(tail_start);
+  return Json{{"preview", preview},
+              {"file", rel},
+              {"bytes", text.size()},
+              {"note", "the whole result is in the workspace file " + rel +
+                           " (read it with files.read)"}};
 }
 
 }  // namespace
@@ -383,6 +416,17 @@ asio::awaitable<Result<CallOutcome>> Gateway::ExecuteAndRecord(store::ToolCall c
   if (result.ok()) {
     call.status = "succeeded";
     call.result = *result;
+    std::string text = result->is_string() ? result->get<std::string>() : DumpJson(*result);
+    if (text.size() > options_.large_result_bytes) {
+      auto kept = KeepLargeResult(WorkspaceOf(agent_id), call, text, result->is_string());
+      if (kept.ok()) {
+        call.result = *kept;
+      } else {
+        call.status = "failed";
+        call.result = {{"error", "the result (" + std::to_string(text.size()) +
+                                     " bytes) could not be kept: " + kept.status().message()}};
+      }
+    }
   } else {
     call.status = "failed";
     call.result = {{"error", result.status().message()}};

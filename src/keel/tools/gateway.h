@@ -50,6 +50,9 @@ struct CallRequest {
 
 struct GatewayOptions {
   int64_t approval_ttl_ms = 24LL * 3600 * 1000;  // a pending approval expires after this
+  // A result larger than this (as JSON text) is kept whole in the agent's workspace, under
+  // .keel/results/, and the model gets its head and tail with the file's name.
+  size_t large_result_bytes = 16 * 1024;
 };
 
 struct CallOutcome {
