@@ -793,6 +793,10 @@ int ApprovalsDecide(Context& ctx, const ApprovalDecisionArgs& args, bool approve
     }
     body["arguments"] = *amended;
   }
+  if (args.standing_seconds < 0 || (args.standing_seconds == 0 && args.standing_given)) {
+    std::cerr << "keel: --standing takes a number of seconds greater than 0\n";
+    return kExitUsage;
+  }
   if (args.standing_seconds > 0) {
     body["standing"] = {{"expires_in", args.standing_seconds}};
     if (!args.match_json.empty()) {

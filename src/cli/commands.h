@@ -107,6 +107,7 @@ struct ApprovalDecisionArgs {
   std::string reason;
   std::string arguments_json;  // approve: amended arguments (a JSON object); empty: as proposed
   int64_t standing_seconds = 0;  // approve: > 0 grants a standing approval for this long
+  bool standing_given = false;   // --standing appeared (so 0 is an error, not "none")
   std::string match_json;        // with a standing approval: arguments later calls must match
 };
 int ApprovalsList(Context& ctx, const std::string& status);

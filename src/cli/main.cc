@@ -185,8 +185,10 @@ int Main(int argc, char** argv) {
   approvals_approve->add_option("--reason", decision.reason, "Why (kept with the decision)");
   approvals_approve->add_option("--arguments", decision.arguments_json,
                                 "Amended arguments, a JSON object (the original is kept)");
-  approvals_approve->add_option("--standing", decision.standing_seconds,
-                                "Also approve later calls of this tool by this agent for SECONDS");
+  approvals_approve
+      ->add_option("--standing", decision.standing_seconds,
+                   "Also approve later calls of this tool by this agent for SECONDS")
+      ->each([&](const std::string&) { decision.standing_given = true; });
   approvals_approve->add_option("--match", decision.match_json,
                                 "With --standing: only calls whose arguments contain this JSON "
                                 "object's members");

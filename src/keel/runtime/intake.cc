@@ -165,6 +165,24 @@ asio::awaitable<Result<store::Run>> Runtime::Cancel(const std::string& tenant_id
       }
       KEEL_RETURN_IF_ERROR(
           tx.sessions().UpdateSessionStatus(tenant_id, out.session_id, "idle", now));
+    } else if (out.attempt > 0) {
+      // A run queued again after an approval: its approved call will never run now.
+      KEEL_ASSIGN_OR_RETURN(auto calls, tx.runs().ListToolCalls(tenant_id, run_id));
+      KEEL_ASSIGN_OR_RETURN(auto steps, tx.runs().ListSteps(tenant_id, run_id));
+      for (auto c : calls) {
+        if (c.status != "approved") continue;
+        c.status = "rejected";
+        c.result = {{"error", "the run was cancelled before the approved call ran"}};
+        c.updated_at = now;
+        KEEL_RETURN_IF_ERROR(tx.runs().UpdateToolCall(c));
+        for (auto s : steps) {
+          if (s.id != c.step_id) continue;
+          s.status = c.status;
+          s.output = c.result;
+          s.finished_at = now;
+          KEEL_RETURN_IF_ERROR(tx.runs().UpdateStep(s));
+        }
+      }
     }
     out.status = "cancelled";
     out.finished_at = now;

@@ -50,9 +50,11 @@ Result<store::Run> OwnedRun(store::Tx& tx, const store::Run& mine) {
 
 }  // namespace
 
-asio::awaitable<Status> Runtime::ParkAgain(const store::Run& mine) {
+asio::awaitable<Status> Runtime::ParkAgain(const store::Run& mine, const std::string& call_id) {
   auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
     KEEL_ASSIGN_OR_RETURN(auto cur, OwnedRun(tx, mine));
+    KEEL_ASSIGN_OR_RETURN(auto approval,
+                          tx.approvals().FindApprovalForCall(cur.tenant_id, cur.id, call_id));
     Millis now = NowMillis();
     cur.status = "waiting_for_approval";
     cur.lease_owner.clear();
@@ -61,7 +63,8 @@ asio::awaitable<Status> Runtime::ParkAgain(const store::Run& mine) {
     KEEL_RETURN_IF_ERROR(
         tx.sessions().UpdateSessionStatus(cur.tenant_id, cur.session_id, "awaiting_approval", now));
     return tx.events().Append({cur.tenant_id, "run.waiting_for_approval@v1", cur.agent_id,
-                               cur.session_id, cur.id, Json::object()});
+                               cur.session_id, cur.id,
+                               {{"approval_id", approval ? approval->id : std::string()}}});
   });
   co_return written.status();
 }
@@ -278,7 +281,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
       outcome = *executed;
     } else if (call.status == "awaiting_approval") {
       // Still undecided (the run was queued by something else): wait again.
-      (void)co_await ParkAgain(run);
+      (void)co_await ParkAgain(run, call.call_id);
       co_return;
     }
     std::erase_if(pending, [&](const auto& p) { return p.id == call.call_id; });

@@ -122,9 +122,12 @@ asio::awaitable<void> Runtime::ApprovalExpiryLoop() {
       d.verdict = approvals::Verdict::kExpire;
       d.decided_by = "system";
       d.reason = "no decision before " + FormatRfc3339(a.expires_at);
-      auto written = co_await store::AsyncWrite(store_, [d, now](store::Tx& tx) -> Status {
+      // A named function object: g++ 12 mis-destroys a capturing lambda temporary inside a
+      // co_await expression (freed twice).
+      store::WriteFn decide = [d, now](store::Tx& tx) -> Status {
         return approvals::Decide(tx, d, now).status();
-      });
+      };
+      auto written = co_await store::AsyncWrite(store_, std::move(decide));
       // kConflict: decided meanwhile (by a human or another node); nothing to do.
       if (written.ok()) requeued = true;
     }

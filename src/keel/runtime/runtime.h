@@ -103,7 +103,7 @@ class Runtime {
   // Marks a run as held by this node and starts executing it.
   void Launch(store::Run run, std::optional<Known> known);
   // Puts a run that found its approval still pending back to waiting_for_approval.
-  boost::asio::awaitable<Status> ParkAgain(const store::Run& run);
+  boost::asio::awaitable<Status> ParkAgain(const store::Run& run, const std::string& call_id);
   // The reason of an emergency stop in force for the run's agent, if any.
   boost::asio::awaitable<std::optional<std::string>> StopFor(const store::Run& run);
   // Expires pending approvals past their time (on the leader), every second.

@@ -172,11 +172,13 @@ class RunStore {
                              Millis expires_at) = 0;
 
   virtual Status InsertStep(const Step& s) = 0;
+  // Writes status, input, output and finished_at.
   virtual Status UpdateStep(const Step& s) = 0;
   virtual Result<std::vector<Step>> ListSteps(const std::string& tenant_id,
                                               const std::string& run_id) = 0;
 
   virtual Status InsertToolCall(const ToolCall& c) = 0;
+  // Writes status, arguments (an approver may amend them), result and updated_at.
   virtual Status UpdateToolCall(const ToolCall& c) = 0;
   virtual Result<std::vector<ToolCall>> ListToolCalls(const std::string& tenant_id,
                                                       const std::string& run_id) = 0;

@@ -22,7 +22,7 @@ struct Token {
   std::string id;
   std::string tenant_id;
   std::string name;
-  std::string role;  // owner | user
+  std::string role;  // owner | user | guest
   std::string hash;  // sha256 hex of the secret; the secret itself is never stored
   Millis created_at = 0;
   std::optional<Millis> revoked_at;

@@ -296,7 +296,7 @@ asio::awaitable<Result<CallOutcome>> Gateway::Call(const CallRequest& req) {
                   {"tool", call.tool},
                   {"arguments", call.arguments},
                   {"effect_class", call.effect_class},
-                  {"decision", allowed_by}}});
+                  {"decision", {{"outcome", "allow"}, {"reason", allowed_by}}}}});
   });
   if (!journaled.ok()) co_return journaled.status();
   co_return co_await ExecuteAndRecord(std::move(call), std::move(step), req.agent_id,
@@ -317,8 +317,18 @@ asio::awaitable<Result<CallOutcome>> Gateway::ExecuteApproved(const store::ToolC
   });
   if (!read.ok()) co_return read;
   Millis now = NowMillis();
+  std::string refusal;
   if (const auto* stop = StopFor(stops, agent_id)) {
-    std::string reason = StopReason(*stop);
+    refusal = StopReason(*stop);
+  } else if (Tool* tool = registry_.Find(call.tool); !tool) {
+    refusal = "unknown tool: " + call.tool;
+  } else if (Status fits = CheckArguments(tool->parameters(), call.arguments); !fits.ok()) {
+    // The approver may have amended them.
+    refusal = "the approved arguments do not match " + call.tool + "'s schema: " + fits.message();
+  }
+  if (!refusal.empty()) {
+    std::string reason = refusal;
+    step.input["decision"] = {{"outcome", "deny"}, {"reason", reason}};
     call.status = "denied";
     call.result = {{"error", reason}};
     call.updated_at = now;
@@ -348,7 +358,8 @@ asio::awaitable<Result<CallOutcome>> Gateway::ExecuteApproved(const store::ToolC
                                 {"tool", call.tool},
                                 {"arguments", call.arguments},
                                 {"effect_class", call.effect_class},
-                                {"decision", "approved by a human"}}});
+                                {"decision", {{"outcome", "approved"},
+                                              {"reason", "approved by a human"}}}}});
   });
   if (!journaled.ok()) co_return journaled.status();
   co_return co_await ExecuteAndRecord(std::move(call), std::move(step), agent_id, session_id,
@@ -405,9 +416,10 @@ asio::awaitable<Result<CallOutcome>> Gateway::ExecuteAndRecord(store::ToolCall c
     };
     if (tool->blocking()) {
       // Off the event loop; the coroutine resumes on its own executor when the tool returns.
-      result = co_await asio::co_spawn(
-          pool_->get_executor(), [run]() -> asio::awaitable<Result<Json>> { co_return run(); },
-          asio::use_awaitable);
+      // Named, not a temporary in the co_await expression (g++ 12 mis-destroys those).
+      auto on_pool = [run]() -> asio::awaitable<Result<Json>> { co_return run(); };
+      result = co_await asio::co_spawn(pool_->get_executor(), std::move(on_pool),
+                                       asio::use_awaitable);
     } else {
       result = run();
     }

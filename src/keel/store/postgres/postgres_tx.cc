@@ -710,12 +710,12 @@ Status PostgresTx::InsertStep(const Step& x) {
 
 Status PostgresTx::UpdateStep(const Step& x) {
   static const std::string kSql =
-      "UPDATE run_steps SET status=$1, output=$2, finished_at=$3 WHERE tenant_id=$4 AND id=$5 "
-      "RETURNING id";
+      "UPDATE run_steps SET status=$1, input=$2, output=$3, finished_at=$4 WHERE tenant_id=$5 "
+      "AND id=$6 RETURNING id";
   KEEL_RETURN_IF_ERROR(BindTenant(x.tenant_id));
-  return Updated(
-      conn_.Query(kSql, P(x.status, DumpJson(x.output), x.finished_at, x.tenant_id, x.id)),
-      "step not found: " + x.id);
+  return Updated(conn_.Query(kSql, P(x.status, DumpJson(x.input), DumpJson(x.output),
+                                     x.finished_at, x.tenant_id, x.id)),
+                 "step not found: " + x.id);
 }
 
 Result<std::vector<Step>> PostgresTx::ListSteps(const std::string& tenant_id,
@@ -738,12 +738,12 @@ Status PostgresTx::InsertToolCall(const ToolCall& c) {
 
 Status PostgresTx::UpdateToolCall(const ToolCall& c) {
   static const std::string kSql =
-      "UPDATE tool_calls SET status=$1, result=$2, updated_at=$3 WHERE tenant_id=$4 AND id=$5 "
-      "RETURNING id";
+      "UPDATE tool_calls SET status=$1, arguments=$2, result=$3, updated_at=$4 WHERE "
+      "tenant_id=$5 AND id=$6 RETURNING id";
   KEEL_RETURN_IF_ERROR(BindTenant(c.tenant_id));
-  return Updated(
-      conn_.Query(kSql, P(c.status, DumpJson(c.result), c.updated_at, c.tenant_id, c.id)),
-      "tool call not found: " + c.id);
+  return Updated(conn_.Query(kSql, P(c.status, DumpJson(c.arguments), DumpJson(c.result),
+                                     c.updated_at, c.tenant_id, c.id)),
+                 "tool call not found: " + c.id);
 }
 
 Result<std::vector<ToolCall>> PostgresTx::ListToolCalls(const std::string& tenant_id,

@@ -622,10 +622,10 @@ Status SqliteTx::InsertStep(const Step& x) {
 }
 
 Status SqliteTx::UpdateStep(const Step& x) {
-  static const std::string kSql = "UPDATE run_steps SET status=?, output=?, "
-                                            "finished_at=? WHERE tenant_id=? AND id=? RETURNING id";
+  static const std::string kSql = "UPDATE run_steps SET status=?, input=?, output=?, "
+                                  "finished_at=? WHERE tenant_id=? AND id=? RETURNING id";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
-  s.BindAll(x.status, DumpJson(x.output), x.finished_at, x.tenant_id, x.id);
+  s.BindAll(x.status, DumpJson(x.input), DumpJson(x.output), x.finished_at, x.tenant_id, x.id);
   KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
   if (!row) return NotFound("step not found: " + x.id);
   return Status::Ok();
@@ -652,10 +652,10 @@ Status SqliteTx::InsertToolCall(const ToolCall& c) {
 }
 
 Status SqliteTx::UpdateToolCall(const ToolCall& c) {
-  static const std::string kSql = "UPDATE tool_calls SET status=?, result=?, "
-                                            "updated_at=? WHERE tenant_id=? AND id=? RETURNING id";
+  static const std::string kSql = "UPDATE tool_calls SET status=?, arguments=?, result=?, "
+                                  "updated_at=? WHERE tenant_id=? AND id=? RETURNING id";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
-  s.BindAll(c.status, DumpJson(c.result), c.updated_at, c.tenant_id, c.id);
+  s.BindAll(c.status, DumpJson(c.arguments), DumpJson(c.result), c.updated_at, c.tenant_id, c.id);
   KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
   if (!row) return NotFound("tool call not found: " + c.id);
   return Status::Ok();

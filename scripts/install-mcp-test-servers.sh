@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs the reference MCP servers the MCP client tests run against, from npm, into a cache
+# directory (default $HOME/.cache/keel-mcp-servers; or the first argument; or KEEL_TEST_MCP_DIR).
+# Idempotent: packages already there are not fetched again. Prints what it does, and on success
+# nothing else. Point the tests at the directory with KEEL_TEST_MCP_DIR=<dir>.
+#
+#   bash scripts/install-mcp-test-servers.sh [DIR]
+set -euo pipefail
+
+DIR=${1:-${KEEL_TEST_MCP_DIR:-$HOME/.cache/keel-mcp-servers}}
+PACKAGES=(@modelcontextprotocol/server-everything @modelcontextprotocol/server-filesystem)
+
+command -v npm >/dev/null || { echo "install-mcp-test-servers: npm is missing (apt-get install npm)" >&2; exit 1; }
+command -v node >/dev/null || { echo "install-mcp-test-servers: node is missing (apt-get install nodejs)" >&2; exit 1; }
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  [ -f "$DIR/node_modules/$p/package.json" ] || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-mcp-test-servers: ${PACKAGES[*]} present in $DIR"
+  exit 0
+fi
+
+mkdir -p "$DIR"
+echo "install-mcp-test-servers: npm install --prefix $DIR ${missing[*]}"
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+if ! npm install --prefix "$DIR" --no-audit --no-fund --loglevel=error "${missing[@]}" >"$log" 2>&1; then
+  cat "$log" >&2
+  echo "install-mcp-test-servers: npm install failed" >&2
+  exit 1
+fi
