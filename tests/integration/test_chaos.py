@@ -123,7 +123,7 @@ class ChaosTest(KeelTestCase):
         for n in nodes:
             self.assertTrue(n.alive(), "node %s is not running after the load" % n.home)
         summary = check_outcome(self, first, agents, sessions, per_session, all_turns,
-                                lambda aid: os.path.join(self.workspaces, aid, "notes.txt"))
+                                lambda aid: os.path.join(self.workspaces, aid))
         self.assertGreater(summary["resumed"], 0,
                            "no run was resumed: the kills never hit a run in flight")
         self.assertGreaterEqual(len(summary["origins"]), 3, "events of every node's origin")

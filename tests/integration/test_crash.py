@@ -1,5 +1,5 @@
-"""The crash test: a few hundred turns calling notes.append from several client threads across
-several agents and sessions, while the server is killed with SIGKILL at random moments and
+"""The crash test: a few hundred turns calling notes.append, and every third one exec (a sandboxed
+command appending to exec.txt), from several client threads across several agents and sessions, while the server is killed with SIGKILL at random moments and
 restarted on the same KEEL_HOME. Clients retry unacknowledged posts with the same
 Idempotency-Key. At the end the invariants of turn_load.check_outcome hold (one `done` run per
 acknowledged message, nothing executed twice, notes.txt matches the calls, gapless origins).
@@ -64,7 +64,7 @@ class CrashTest(KeelTestCase):
         sys.stderr.write("\ncrash test: TURNS=%d KILLS=%d KEEL_CRASH_SEED=%d home=%s\n"
                          % (TURNS, KILLS, SEED, s.home))
         agents, sessions, per_session, all_turns = plan_turns(s, TURNS, AGENTS, SESSIONS_PER_AGENT,
-                                                              name="crash-agent")
+                                                              name="crash-agent", exec_every=3)
         state = {"kills": 0, "killer_done": KILLS == 0, "killer_error": None,
                  "acks_since_restart": 0, "lock": threading.Lock(),
                  "deadline": time.monotonic() + CLIENT_DEADLINE_S}
@@ -101,14 +101,13 @@ class CrashTest(KeelTestCase):
         self.assertIsNone(state["killer_error"], "kill/restart failed: %s" % state["killer_error"])
         self.assertEqual(state["kills"], KILLS, "not every kill happened")
         self.assertTrue(s.alive(), "the server is not running after the last restart")
-        summary = check_outcome(
-            self, s, agents, sessions, per_session, all_turns,
-            lambda aid: os.path.join(s.home, "workspaces", aid, "notes.txt"))
+        summary = check_outcome(self, s, agents, sessions, per_session, all_turns,
+                                lambda aid: os.path.join(s.home, "workspaces", aid))
         sys.stderr.write(
             "crash test: %d turns, %d kills, %.1fs of load, %d attempts, %d runs resumed "
-            "(attempt > 1), calls %s, %d events, origins %s\n"
+            "(attempt > 1), calls %s by effect file %s, %d events, origins %s\n"
             % (TURNS, state["kills"], load_s, summary["attempts"], summary["resumed"],
-               summary["calls"], len(summary["events"]), summary["origins"]))
+               summary["calls"], summary["tools"], len(summary["events"]), summary["origins"]))
 
 
 if __name__ == "__main__":

@@ -1,20 +1,23 @@
 """Turns under fire: the load and the checks shared by the crash test (one node, SQLite or
 PostgreSQL) and the chaos test (three nodes on one PostgreSQL database).
 
-Each turn posts `/call notes.append {"line": ...}` to its session with an Idempotency-Key and is
-retried with the same key, on whichever node is up, until some node acknowledges it. After the
-load, `check_outcome` asserts what must hold however often nodes were killed:
+Each turn posts one call with a non-idempotent effect to its session, with an Idempotency-Key, and
+is retried with the same key, on whichever node is up, until some node acknowledges it. The call
+is `notes.append {"line": ...}` (appends to notes.txt), or, with `exec_every`, every n-th turn is
+`exec {"command": "echo LINE >> exec.txt"}` in the sandbox. After the load, `check_outcome`
+asserts what must hold however often nodes were killed:
 
   - every acknowledged message has exactly one run, and it ended `done`;
   - no step was executed twice (step seq unique and contiguous; each call in one tool step;
     one tool.call.started event per call; one run.completed per run);
-  - each agent's notes.txt holds exactly the lines of the succeeded calls, plus possibly lines of
-    calls resolved `unknown`, and no line twice;
+  - each agent's notes.txt and exec.txt hold exactly the lines of the succeeded calls, plus
+    possibly lines of calls resolved `unknown`, and no line twice;
   - each origin's origin_seq in the event log is gapless from 1, in position order.
 """
 
 import collections
 import http.client
+import json
 import os
 import random
 import time
@@ -23,21 +26,29 @@ from keel_harness import TERMINAL_RUN_STATES, http_request
 
 
 class Turn:
-    def __init__(self, session_index, session_id, agent_id, i):
+    def __init__(self, session_index, session_id, agent_id, i, use_exec=False):
         self.session_index = session_index
         self.session_id = session_id
         self.agent_id = agent_id
         self.i = i
         self.line = "m-%d-%d" % (session_index, i)
-        self.content = '/call notes.append {"line": "%s"}' % self.line
+        if use_exec:
+            self.tool, self.effect_file = "exec", "exec.txt"
+            self.arguments = {"command": "echo %s >> exec.txt" % self.line}
+        else:
+            self.tool, self.effect_file = "notes.append", "notes.txt"
+            self.arguments = {"line": self.line}
+        self.content = "/call %s %s" % (self.tool, json.dumps(self.arguments))
         self.key = "turn-%d-%d" % (session_index, i)
         self.acks = []  # (message_id, run_id) of every 2xx answer
         self.attempts = 0
         self.error = None
 
 
-def plan_turns(server, count, agents, sessions_per_agent, agent_config=None, name="load-agent"):
-    """Creates the agents and sessions and spreads `count` turns over the sessions round-robin.
+def plan_turns(server, count, agents, sessions_per_agent, agent_config=None, name="load-agent",
+               exec_every=0):
+    """Creates the agents and sessions and spreads `count` turns over the sessions round-robin;
+    with exec_every=n, every n-th turn calls exec instead of notes.append.
     Returns (agents, sessions [(agent_id, session_id)], per_session {index: [Turn]}, all_turns).
     """
     agent_list = [server.create_agent(name="%s-%d" % (name, a), config=agent_config)
@@ -50,7 +61,8 @@ def plan_turns(server, count, agents, sessions_per_agent, agent_config=None, nam
     for i in range(count):
         k = i % len(sessions)
         agent_id, session_id = sessions[k]
-        per_session[k].append(Turn(k, session_id, agent_id, i))
+        per_session[k].append(Turn(k, session_id, agent_id, i,
+                                   use_exec=bool(exec_every) and i % exec_every == exec_every - 1))
     all_turns = [t for k in sorted(per_session) for t in per_session[k]]
     return agent_list, sessions, per_session, all_turns
 
@@ -96,10 +108,10 @@ def post_turns(turns, state, pick_node, seed, pace=None):
         time.sleep(rng.uniform(0, 0.01))
 
 
-def check_outcome(test, api, agents, sessions, per_session, all_turns, notes_path,
+def check_outcome(test, api, agents, sessions, per_session, all_turns, workspace_of,
                   settle_timeout=90):
     """Asserts the invariants listed in the module docstring. `api`: a live KeelServer to read
-    through; notes_path(agent_id) -> that agent's notes.txt. Returns a summary dict."""
+    through; workspace_of(agent_id) -> that agent's workspace directory. Returns a summary."""
     errors = [(t.key, t.error) for t in all_turns if t.error]
     test.assertFalse(errors, "turns that failed: %s" % errors[:20])
 
@@ -148,7 +160,7 @@ def check_outcome(test, api, agents, sessions, per_session, all_turns, notes_pat
     test.assertFalse(not_done, "runs that did not end done: %s" % not_done[:20])
 
     # ---- steps: nothing executed twice
-    calls = []  # (agent_id, run_id, call_id, line, status)
+    calls = []  # (agent_id, run_id, call_id, line, status, effect_file)
     by_run = {t.acks[0][1]: t for t in all_turns}
     resumed = 0
     for rid, t in by_run.items():
@@ -164,20 +176,21 @@ def check_outcome(test, api, agents, sessions, per_session, all_turns, notes_pat
         test.assertEqual(len(tools), 1, "run %s (%s): the call was made %d times: %s"
                          % (rid, t.key, len(tools), tools))
         call = tools[0]
-        test.assertEqual(call["input"].get("tool"), "notes.append")
-        test.assertEqual(call["input"].get("arguments"), {"line": t.line})
+        test.assertEqual(call["input"].get("tool"), t.tool)
+        test.assertEqual(call["input"].get("arguments"), t.arguments)
         test.assertIn(call["status"], ("succeeded", "unknown"),
                       "run %s: tool call status %r" % (rid, call))
-        calls.append((t.agent_id, rid, call["input"].get("call_id"), t.line, call["status"]))
+        calls.append((t.agent_id, rid, call["input"].get("call_id"), t.line, call["status"],
+                      t.effect_file))
         if runs[rid]["attempt"] > 1:
             resumed += 1
 
-    # ---- effects: notes.txt equals the succeeded calls (plus possibly unknown ones)
+    # ---- effects: each effect file equals the succeeded calls (plus possibly unknown ones)
     statuses = collections.Counter(c[4] for c in calls)
-    for agent in agents:
+    for agent, effect_file in [(a, f) for a in agents for f in ("notes.txt", "exec.txt")]:
         aid = agent["id"]
-        path = notes_path(aid)
-        mine = [c for c in calls if c[0] == aid]
+        path = os.path.join(workspace_of(aid), effect_file)
+        mine = [c for c in calls if c[0] == aid and c[5] == effect_file]
         succeeded = {c[3] for c in mine if c[4] == "succeeded"}
         unknown = {c[3] for c in mine if c[4] == "unknown"}
         data = ""
@@ -188,7 +201,7 @@ def check_outcome(test, api, agents, sessions, per_session, all_turns, notes_pat
         lines = data.split("\n")[:-1] if data else []
         counts = collections.Counter(lines)
         dups = {k: v for k, v in counts.items() if v > 1}
-        test.assertFalse(dups, "agent %s: notes.append effects repeated: %s" % (aid, dups))
+        test.assertFalse(dups, "agent %s: %s effects repeated: %s" % (aid, effect_file, dups))
         missing = succeeded - set(counts)
         test.assertFalse(missing, "agent %s: succeeded calls without their line: %s"
                          % (aid, sorted(missing)[:20]))
@@ -228,6 +241,7 @@ def check_outcome(test, api, agents, sessions, per_session, all_turns, notes_pat
     test.assertFalse(twice, "tool calls started twice: %s" % twice)
     test.assertEqual(unknown_events, statuses["unknown"],
                      "tool.call.unknown events vs unknown calls")
-    return {"resumed": resumed, "calls": dict(statuses), "events": events,
+    return {"resumed": resumed, "calls": dict(statuses),
+            "tools": dict(collections.Counter(c[5] for c in calls)), "events": events,
             "origins": {o: len(v) for o, v in by_origin.items()},
             "attempts": sum(t.attempts for t in all_turns)}
