@@ -13,7 +13,7 @@
 # Knobs (environment): BENCH_DURATION (seconds per measured load phase, default 10),
 # BENCH_WARMUP (default 2), BENCH_MIN_TIME (Google Benchmark min time, default 0.5),
 # BENCH_ROUNDS (rounds of the event benchmarks; the table shows medians, default 3),
-# BENCH_AGENTS / BENCH_SESSIONS (default 100000 / 1000000), BENCH_ONLY (e2e|events|memory),
+# BENCH_AGENTS / BENCH_SESSIONS (default 100000 / 1000000), BENCH_ONLY (e2e|events|memory|gateway),
 # BENCH_SERVER_CPUS / BENCH_LOADGEN_CPUS (taskset CPU lists; default: loadgen on the last CPU,
 # the server on the others, when there are at least 2 CPUs and taskset exists; "" disables).
 # BENCH_STRICT=1 makes the exit status 1 when a target is missed.
@@ -268,6 +268,33 @@ H=\$(mktemp -d); $POPULATE --home \$H --agents $AGENTS --sessions $SESSIONS
 $KEEL serve --home \$H --listen 127.0.0.1:0 & sleep 1   # then: list agents, list an agent's sessions, one turn
 grep -E 'VmRSS|VmHWM' /proc/\$!/status; kill %1
 EOF
+fi
+
+# ---------------------------------------------------------------------------------------------
+if [[ -z $ONLY || $ONLY == gateway ]]; then
+  section "4. the tool gateway and the exec sandbox (keel_bench)"
+  if ! TMPDIR=$WORK "$BENCH" --benchmark_filter='BM_(GatewayAllowedCall|ToolDirect|ForkExecTrue|SandboxExecTrue)' \
+       --benchmark_min_time="$MIN_TIME" --benchmark_out="$WORK/gateway.json" \
+       --benchmark_out_format=json >"$WORK/gateway.txt" 2>&1; then
+    cat "$WORK/gateway.txt"; echo "bench: keel_bench failed" >&2; exit 1
+  fi
+  grep -E '^BM_' "$WORK/gateway.txt"
+  python3 - "$WORK/gateway.json" >>"$ROWS" <<'PYEOF'
+import json, sys
+b = {x["name"].split("/")[0]: x for x in json.load(open(sys.argv[1]))["benchmarks"]}
+def us(name, key="real_time"):
+    return b[name][key] if name in b and not b[name].get("error_occurred") else None
+gw, gw_cpu, direct = us("BM_GatewayAllowedCall"), us("BM_GatewayAllowedCall", "cpu_time"), us("BM_ToolDirect", "cpu_time")
+if gw is not None and direct is not None:
+    print(f"gateway overhead per allowed call (policy + journal + result, 2 durable commits)\t{gw - direct:,.0f} us wall, {gw_cpu - direct:,.0f} us CPU\t\tinfo")
+fork, sandbox = us("BM_ForkExecTrue"), us("BM_SandboxExecTrue")
+if fork and sandbox:
+    print(f"exec of /bin/true: sandbox (bubblewrap) vs plain fork/exec\t{sandbox:,.0f} us vs {fork:,.0f} us = {sandbox / fork:.1f}x\t\tinfo")
+else:
+    print("exec sandbox benchmark\tskipped (no bubblewrap?)\t\tinfo")
+PYEOF
+  echo "# 4. gateway and sandbox" >>"$REPRO"
+  echo "$BENCH --benchmark_filter='BM_(GatewayAllowedCall|ToolDirect|ForkExecTrue|SandboxExecTrue)' --benchmark_min_time=$MIN_TIME" >>"$REPRO"
 fi
 
 FSYNC_END=$(fsync_probe "$WORK")

@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -154,21 +155,30 @@ Result<ProcessResult> RunProcess(const std::vector<std::string>& argv,
   CloseFd(in_fd);
   CloseFd(out_fd);
   CloseFd(err_fd);
-  // Output closed early (or the command flooded): wait for the end within the deadline.
+  // Output closed (or the command flooded): wait for its end within the deadline. A pidfd
+  // wakes us the moment it exits; without one (old kernels), poll the status every millisecond.
+  int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
   while (!reaped) {
     if (::waitpid(pid, &wstatus, WNOHANG) == pid) {
       reaped = true;
       break;
     }
-    if (Clock::now() >= deadline) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) {
       r.timed_out = true;
       kill_group();
       ::waitpid(pid, &wstatus, 0);
       reaped = true;
       break;
     }
-    ::usleep(5000);
+    if (pidfd >= 0) {
+      pollfd pfd{pidfd, POLLIN, 0};
+      ::poll(&pfd, 1, static_cast<int>(left.count()));
+    } else {
+      ::usleep(1000);
+    }
   }
+  if (pidfd >= 0) ::close(pidfd);
   if (!killed) ::kill(-pid, SIGKILL);  // stragglers in the group
   r.elapsed_ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started).count();
   if (WIFEXITED(wstatus)) r.exit_code = WEXITSTATUS(wstatus);
