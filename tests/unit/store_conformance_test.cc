@@ -586,6 +586,38 @@ TEST_P(StoreTest, ApprovalsAndStandingApprovals) {
   EXPECT_EQ(all[1].revoked_at, std::optional<Millis>(600));
 }
 
+TEST_P(StoreTest, McpServersAreNamedUniquelyPerTenant) {
+  Tenant a = MakeTenant();
+  Tenant b = MakeTenant();
+  McpServer fs{NewId(), a.id, "fs", "stdio", {{"command", {"npx", "server"}}}, 1};
+  McpServer web{NewId(), a.id, "web", "http", {{"url", "http://127.0.0.1:1/mcp"}}, 2};
+  McpServer other{NewId(), b.id, "fs", "stdio", Json::object(), 3};
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.mcp_servers().InsertMcpServer(web));
+    KEEL_RETURN_IF_ERROR(tx.mcp_servers().InsertMcpServer(fs));
+    return tx.mcp_servers().InsertMcpServer(other);
+  }).ok());
+  McpServer dup{NewId(), a.id, "fs", "stdio", Json::object(), 4};
+  Status st = store_->WriteSync([&](Tx& tx) { return tx.mcp_servers().InsertMcpServer(dup); });
+  EXPECT_EQ(st.code(), Code::kConflict);
+  EXPECT_EQ(st.message(), "an MCP server named 'fs' exists");
+  ASSERT_TRUE(store_->Read([&](Tx& tx) -> Status {
+    auto list = tx.mcp_servers().ListMcpServers(a.id);
+    EXPECT_EQ(Ids(*list), std::vector<std::string>({fs.id, web.id}));
+    EXPECT_EQ(list->at(0).config, Json({{"command", {"npx", "server"}}}));
+    EXPECT_EQ(tx.mcp_servers().GetMcpServerByName(a.id, "web")->id, web.id);
+    EXPECT_EQ(tx.mcp_servers().GetMcpServer(b.id, fs.id).status().code(), Code::kNotFound);
+    return Status::Ok();
+  }).ok());
+  EXPECT_TRUE(
+      store_->WriteSync([&](Tx& tx) { return tx.mcp_servers().DeleteMcpServer(a.id, fs.id); })
+          .ok());
+  EXPECT_EQ(
+      store_->WriteSync([&](Tx& tx) { return tx.mcp_servers().DeleteMcpServer(a.id, fs.id); })
+          .code(),
+      Code::kNotFound);
+}
+
 TEST_P(StoreTest, AnotherTenantsObjectsAreNotFound) {
   Tenant a = MakeTenant();
   Tenant b = MakeTenant();

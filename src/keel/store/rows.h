@@ -100,6 +100,13 @@ StandingApproval ReadStanding(const Row& s) {
   return a;
 }
 
+inline constexpr const char* kMcpServerCols =
+    "id, tenant_id, name, transport, config, created_at";
+template <typename Row>
+McpServer ReadMcpServer(const Row& s) {
+  return McpServer{s.Text(0), s.Text(1), s.Text(2), s.Text(3), ParseStored(s.Text(4)), s.Int(5)};
+}
+
 inline constexpr const char* kAgentCols =
     "id, tenant_id, name, model, instructions, tools, config, status, created_at, updated_at";
 template <typename Row>

@@ -102,6 +102,19 @@ class ApprovalStore {
                                 Millis at) = 0;
 };
 
+class McpServerStore {
+ public:
+  virtual ~McpServerStore() = default;
+  // kConflict when the tenant has a server of that name.
+  virtual Status InsertMcpServer(const McpServer& s) = 0;
+  virtual Result<McpServer> GetMcpServer(const std::string& tenant_id, const std::string& id) = 0;
+  virtual Result<McpServer> GetMcpServerByName(const std::string& tenant_id,
+                                               const std::string& name) = 0;
+  // By name.
+  virtual Result<std::vector<McpServer>> ListMcpServers(const std::string& tenant_id) = 0;
+  virtual Status DeleteMcpServer(const std::string& tenant_id, const std::string& id) = 0;
+};
+
 class AgentStore {
  public:
   virtual ~AgentStore() = default;
@@ -267,6 +280,7 @@ class Tx {
   virtual SecretStore& secrets() = 0;
   virtual PolicyStore& policies() = 0;
   virtual ApprovalStore& approvals() = 0;
+  virtual McpServerStore& mcp_servers() = 0;
   virtual AgentStore& agents() = 0;
   virtual SessionStore& sessions() = 0;
   virtual MessageStore& messages() = 0;

@@ -100,6 +100,16 @@ struct StandingApproval {
   std::optional<Millis> revoked_at;
 };
 
+// An MCP server registered for a tenant; its tools appear as mcp__{name}__{tool}.
+struct McpServer {
+  std::string id;
+  std::string tenant_id;
+  std::string name;
+  std::string transport;  // stdio | http
+  Json config;            // command, env, url, headers, timeout_ms (secret references, no values)
+  Millis created_at = 0;
+};
+
 struct Agent {
   std::string id;
   std::string tenant_id;

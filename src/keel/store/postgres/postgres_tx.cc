@@ -410,6 +410,48 @@ Status PostgresTx::RevokeStanding(const std::string& tenant_id, const std::strin
   return Updated(conn_.Query(kSql, P(at, tenant_id, id)), "standing approval not found: " + id);
 }
 
+// ---- McpServerStore
+
+Status PostgresTx::InsertMcpServer(const McpServer& x) {
+  static const std::string kSql = InsertSql("mcp_servers", kMcpServerCols, 6);
+  KEEL_RETURN_IF_ERROR(BindTenant(x.tenant_id));
+  return Inserted(conn_.Query(kSql, P(x.id, x.tenant_id, x.name, x.transport,
+                                      DumpJson(x.config), x.created_at)),
+                  "an MCP server named '" + x.name + "' exists");
+}
+
+Result<McpServer> PostgresTx::GetMcpServer(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kMcpServerCols) + " FROM mcp_servers WHERE tenant_id=$1 AND id=$2";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, id)));
+  return One<McpServer>(rows, ReadMcpServer<Row>, "MCP server not found: " + id);
+}
+
+Result<McpServer> PostgresTx::GetMcpServerByName(const std::string& tenant_id,
+                                                 const std::string& name) {
+  static const std::string kSql = "SELECT " + std::string(kMcpServerCols) +
+                                  " FROM mcp_servers WHERE tenant_id=$1 AND name=$2";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, name)));
+  return One<McpServer>(rows, ReadMcpServer<Row>, "MCP server not found: " + name);
+}
+
+Result<std::vector<McpServer>> PostgresTx::ListMcpServers(const std::string& tenant_id) {
+  static const std::string kSql = "SELECT " + std::string(kMcpServerCols) +
+                                  " FROM mcp_servers WHERE tenant_id=$1 ORDER BY name";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id)));
+  return Collect<McpServer>(rows, ReadMcpServer<Row>);
+}
+
+Status PostgresTx::DeleteMcpServer(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql =
+      "DELETE FROM mcp_servers WHERE tenant_id=$1 AND id=$2 RETURNING id";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  return Updated(conn_.Query(kSql, P(tenant_id, id)), "MCP server not found: " + id);
+}
+
 // ---- AgentStore
 
 Status PostgresTx::InsertAgent(const Agent& a) {
@@ -1100,6 +1142,18 @@ CREATE POLICY tenant_isolation ON approvals
 ALTER TABLE standing_approvals ENABLE ROW LEVEL SECURITY;
 ALTER TABLE standing_approvals FORCE ROW LEVEL SECURITY;
 CREATE POLICY tenant_isolation ON standing_approvals
+  USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
+  WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
+)sql",
+      // 4: MCP servers registered per tenant.
+      R"sql(
+CREATE TABLE mcp_servers(
+  id TEXT COLLATE "C" PRIMARY KEY, tenant_id TEXT COLLATE "C" NOT NULL REFERENCES tenants(id),
+  name TEXT COLLATE "C" NOT NULL, transport TEXT NOT NULL, config TEXT NOT NULL,
+  created_at BIGINT NOT NULL, UNIQUE(tenant_id, name));
+ALTER TABLE mcp_servers ENABLE ROW LEVEL SECURITY;
+ALTER TABLE mcp_servers FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON mcp_servers
   USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
   WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
 )sql",

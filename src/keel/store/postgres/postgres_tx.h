@@ -34,6 +34,7 @@ class PostgresTx final : public Tx,
                          public SecretStore,
                          public PolicyStore,
                          public ApprovalStore,
+                         public McpServerStore,
                          public AgentStore,
                          public SessionStore,
                          public MessageStore,
@@ -56,6 +57,7 @@ class PostgresTx final : public Tx,
   SecretStore& secrets() override { return *this; }
   PolicyStore& policies() override { return *this; }
   ApprovalStore& approvals() override { return *this; }
+  McpServerStore& mcp_servers() override { return *this; }
   AgentStore& agents() override { return *this; }
   SessionStore& sessions() override { return *this; }
   MessageStore& messages() override { return *this; }
@@ -165,6 +167,14 @@ class PostgresTx final : public Tx,
                                                        Millis now) override;
   Result<std::vector<StandingApproval>> ListStanding(const std::string& tenant_id) override;
   Status RevokeStanding(const std::string& tenant_id, const std::string& id, Millis at) override;
+
+  // McpServerStore
+  Status InsertMcpServer(const McpServer& s) override;
+  Result<McpServer> GetMcpServer(const std::string& tenant_id, const std::string& id) override;
+  Result<McpServer> GetMcpServerByName(const std::string& tenant_id,
+                                       const std::string& name) override;
+  Result<std::vector<McpServer>> ListMcpServers(const std::string& tenant_id) override;
+  Status DeleteMcpServer(const std::string& tenant_id, const std::string& id) override;
 
  private:
   // Binds the transaction to `tenant_id` (row-level security) unless it already is.

@@ -339,6 +339,53 @@ Status SqliteTx::RevokeStanding(const std::string& tenant_id, const std::string&
   return Status::Ok();
 }
 
+// ---- McpServerStore
+
+Status SqliteTx::InsertMcpServer(const McpServer& x) {
+  static const std::string kSql =
+      "INSERT INTO mcp_servers(" + std::string(kMcpServerCols) + ") VALUES(?,?,?,?,?,?)";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  Status st = s.BindAll(x.id, x.tenant_id, x.name, x.transport, DumpJson(x.config), x.created_at)
+                  .Run();
+  if (st.code() == Code::kConflict) return Conflict("an MCP server named '" + x.name + "' exists");
+  return st;
+}
+
+Result<McpServer> SqliteTx::GetMcpServer(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kMcpServerCols) + " FROM mcp_servers WHERE tenant_id=? AND id=?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id, id);
+  return One<McpServer>(s, ReadMcpServer<Stmt>, "MCP server not found: " + id);
+}
+
+Result<McpServer> SqliteTx::GetMcpServerByName(const std::string& tenant_id,
+                                               const std::string& name) {
+  static const std::string kSql =
+      "SELECT " + std::string(kMcpServerCols) + " FROM mcp_servers WHERE tenant_id=? AND name=?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id, name);
+  return One<McpServer>(s, ReadMcpServer<Stmt>, "MCP server not found: " + name);
+}
+
+Result<std::vector<McpServer>> SqliteTx::ListMcpServers(const std::string& tenant_id) {
+  static const std::string kSql = "SELECT " + std::string(kMcpServerCols) +
+                                  " FROM mcp_servers WHERE tenant_id=? ORDER BY name";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id);
+  return Collect<McpServer>(s, ReadMcpServer<Stmt>);
+}
+
+Status SqliteTx::DeleteMcpServer(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql =
+      "DELETE FROM mcp_servers WHERE tenant_id=? AND id=? RETURNING id";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id, id);
+  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return NotFound("MCP server not found: " + id);
+  return Status::Ok();
+}
+
 // ---- AgentStore
 
 Status SqliteTx::InsertAgent(const Agent& a) {
@@ -899,6 +946,13 @@ CREATE TABLE standing_approvals(
   approval_id TEXT NOT NULL, created_at INTEGER NOT NULL, expires_at INTEGER NOT NULL,
   revoked_at INTEGER);
 CREATE INDEX standing_approvals_lookup ON standing_approvals(tenant_id, agent_id, tool);
+)sql",
+      // 4: MCP servers registered per tenant.
+      R"sql(
+CREATE TABLE mcp_servers(
+  id TEXT PRIMARY KEY, tenant_id TEXT NOT NULL REFERENCES tenants(id), name TEXT NOT NULL,
+  transport TEXT NOT NULL, config TEXT NOT NULL, created_at INTEGER NOT NULL,
+  UNIQUE(tenant_id, name));
 )sql",
   };
   return kMigrations;

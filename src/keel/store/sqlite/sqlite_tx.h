@@ -17,6 +17,7 @@ class SqliteTx final : public Tx,
                        public SecretStore,
                        public PolicyStore,
                        public ApprovalStore,
+                       public McpServerStore,
                        public AgentStore,
                        public SessionStore,
                        public MessageStore,
@@ -35,6 +36,7 @@ class SqliteTx final : public Tx,
   SecretStore& secrets() override { return *this; }
   PolicyStore& policies() override { return *this; }
   ApprovalStore& approvals() override { return *this; }
+  McpServerStore& mcp_servers() override { return *this; }
   AgentStore& agents() override { return *this; }
   SessionStore& sessions() override { return *this; }
   MessageStore& messages() override { return *this; }
@@ -144,6 +146,14 @@ class SqliteTx final : public Tx,
                                                        Millis now) override;
   Result<std::vector<StandingApproval>> ListStanding(const std::string& tenant_id) override;
   Status RevokeStanding(const std::string& tenant_id, const std::string& id, Millis at) override;
+
+  // McpServerStore
+  Status InsertMcpServer(const McpServer& s) override;
+  Result<McpServer> GetMcpServer(const std::string& tenant_id, const std::string& id) override;
+  Result<McpServer> GetMcpServerByName(const std::string& tenant_id,
+                                       const std::string& name) override;
+  Result<std::vector<McpServer>> ListMcpServers(const std::string& tenant_id) override;
+  Status DeleteMcpServer(const std::string& tenant_id, const std::string& id) override;
 
  private:
   Db& db_;
