@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-.PHONY: all deps build run test test-sanitize bench clean
+.PHONY: all deps build run test test-sanitize bench clean mcp-servers
 
 all: build
 
@@ -21,14 +21,21 @@ run: build
 
 # The tests run under scripts/with-pg.sh: a throwaway PostgreSQL for the PostgreSQL store's cases,
 # stopped afterwards whatever the outcome (none is started when KEEL_TEST_PG_ADMIN_URL is set).
-test: build
-	bash scripts/with-pg.sh ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) --timeout 900
+# The MCP tests run real servers from npm, installed once into a cache directory.
+MCP_DIR ?= $(or $(KEEL_TEST_MCP_DIR),$(HOME)/.cache/keel-mcp-servers)
+
+mcp-servers:
+	@bash scripts/install-mcp-test-servers.sh $(MCP_DIR) || \
+	  echo "make: could not install the MCP test servers; their tests will be skipped"
+
+test: build mcp-servers
+	KEEL_TEST_MCP_DIR=$(MCP_DIR) bash scripts/with-pg.sh ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) --timeout 900
 
 # The same suite built with AddressSanitizer and UndefinedBehaviorSanitizer.
-test-sanitize: deps
+test-sanitize: deps mcp-servers
 	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DKEEL_SANITIZE=ON -DKEEL_BENCH=OFF
 	cmake --build build-asan -j $(JOBS)
-	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 KEEL_TEST_MCP_DIR=$(MCP_DIR) \
 	  KEEL_CRASH_TURNS=120 KEEL_CRASH_KILLS=20 KEEL_CHAOS_TURNS=300 \
 	  bash scripts/with-pg.sh ctest --test-dir build-asan --output-on-failure -j $(JOBS) --timeout 1200
 

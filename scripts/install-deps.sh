@@ -10,7 +10,7 @@ PACKAGES=(
   libssl-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libtomlplusplus-dev
   libarchive-dev liblua5.4-dev zstd bubblewrap
   libgtest-dev libgmock-dev libbenchmark-dev
-  python3 curl procps
+  python3 curl procps nodejs
 )
 
 missing=()

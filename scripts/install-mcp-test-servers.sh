@@ -8,14 +8,20 @@
 set -euo pipefail
 
 DIR=${1:-${KEEL_TEST_MCP_DIR:-$HOME/.cache/keel-mcp-servers}}
-PACKAGES=(@modelcontextprotocol/server-everything @modelcontextprotocol/server-filesystem)
+# Pinned, so that CI runs against the servers the tests were written for.
+PACKAGES=(@modelcontextprotocol/server-everything@2026.8.31
+          @modelcontextprotocol/server-filesystem@2026.8.31)
 
-command -v npm >/dev/null || { echo "install-mcp-test-servers: npm is missing (apt-get install npm)" >&2; exit 1; }
-command -v node >/dev/null || { echo "install-mcp-test-servers: node is missing (apt-get install nodejs)" >&2; exit 1; }
+for tool in node npm; do
+  if ! command -v "$tool" >/dev/null; then
+    echo "install-mcp-test-servers: $tool is missing (apt-get install nodejs npm)" >&2
+    exit 1
+  fi
+done
 
 missing=()
 for p in "${PACKAGES[@]}"; do
-  [ -f "$DIR/node_modules/$p/package.json" ] || missing+=("$p")
+  [ -f "$DIR/node_modules/${p%@*}/package.json" ] || missing+=("$p")
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-mcp-test-servers: ${PACKAGES[*]} present in $DIR"
@@ -26,7 +32,8 @@ mkdir -p "$DIR"
 echo "install-mcp-test-servers: npm install --prefix $DIR ${missing[*]}"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-if ! npm install --prefix "$DIR" --no-audit --no-fund --loglevel=error "${missing[@]}" >"$log" 2>&1; then
+if ! npm install --prefix "$DIR" --no-audit --no-fund --loglevel=error "${missing[@]}" \
+    >"$log" 2>&1; then
   cat "$log" >&2
   echo "install-mcp-test-servers: npm install failed" >&2
   exit 1

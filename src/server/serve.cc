@@ -27,6 +27,7 @@
 #include "keel/http/server.h"
 #include "keel/metrics.h"
 #include "keel/model/local_model.h"
+#include "keel/mcp/manager.h"
 #include "keel/model/openai_provider.h"
 #include "keel/runtime/event_hub.h"
 #include "keel/runtime/runtime.h"
@@ -176,7 +177,9 @@ int ServeMain(const ServeFlags& flags) {
   tools::GatewayOptions gateway_options;
   gateway_options.approval_ttl_ms = config.approval_timeout_ms;
   gateway_options.large_result_bytes = static_cast<size_t>(config.large_result_bytes);
-  tools::Gateway gateway(*store, tool_registry, config.workspaces, gateway_options);
+  mcp::McpManager mcp_servers;
+  tools::Gateway gateway(*store, tool_registry, config.workspaces, gateway_options, &mcp_servers,
+                         &vault);
 
   runtime::RuntimeOptions runtime_options;
   runtime_options.max_concurrent_runs = config.max_concurrent_runs;
@@ -187,8 +190,8 @@ int ServeMain(const ServeFlags& flags) {
   runtime::Runtime runtime(io.get_executor(), *store, hub, providers, gateway, metrics,
                            runtime_options);
 
-  api::ApiContext api_context{*store,    runtime, hub, metrics, config,
-                              providers, vault,   *admin_tenant};
+  api::ApiContext api_context{*store, runtime, hub,         metrics,      config,
+                              providers, vault, gateway, mcp_servers, *admin_tenant};
   http::Router router(api::MakeAuthenticator(api_context));
   api::RegisterAllRoutes(router, api_context);
   http::Server server(io, router, metrics, config.max_body_bytes);

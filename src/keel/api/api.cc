@@ -173,6 +173,7 @@ void RegisterAllRoutes(http::Router& router, ApiContext& ctx) {
   RegisterSecretRoutes(router, ctx);
   RegisterPolicyRoutes(router, ctx);
   RegisterApprovalRoutes(router, ctx);
+  RegisterMcpRoutes(router, ctx);
 }
 
 }  // namespace keel::api

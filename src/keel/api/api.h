@@ -20,6 +20,12 @@ class Store;
 namespace secrets {
 class Vault;
 }
+namespace tools {
+class Gateway;
+}
+namespace mcp {
+class McpManager;
+}
 namespace runtime {
 class Runtime;
 class EventHub;
@@ -37,6 +43,8 @@ struct ApiContext {
   const config::Config& config;
   const model::ProviderRegistry& providers;
   const secrets::Vault& vault;
+  tools::Gateway& gateway;
+  mcp::McpManager& mcp;
   std::string admin_tenant_id;  // the first tenant: its owners are platform admins
 };
 
@@ -55,6 +63,7 @@ void RegisterEventRoutes(http::Router& router, ApiContext& ctx);     // events, 
 void RegisterSecretRoutes(http::Router& router, ApiContext& ctx);    // secrets
 void RegisterPolicyRoutes(http::Router& router, ApiContext& ctx);    // policies, emergency stops
 void RegisterApprovalRoutes(http::Router& router, ApiContext& ctx);  // approvals, standing ones
+void RegisterMcpRoutes(http::Router& router, ApiContext& ctx);       // MCP servers
 
 // The OpenAPI 3.1 document served at /v1/openapi.json.
 const std::string& OpenApiDocument();

@@ -55,8 +55,8 @@ std::string PathEntryOf(const std::vector<std::string>& env) {
 }
 
 // In the child, between fork and exec: only async-signal-safe calls.
-[[noreturn]] void ExecChild(const char* path, char* const* argv, char* const* envp,
-                            const char* cwd, int in_fd, int out_fd, int err_fd, int status_fd) {
+[[noreturn]] void ExecChild(const char* path, char* const* argv, char* const* envp, const char* cwd,
+                            int in_fd, int out_fd, int err_fd, int status_fd) {
   // Ignored signals and the mask survive exec; the server should start as if from a shell.
   sigset_t none;
   ::sigemptyset(&none);
@@ -101,7 +101,9 @@ std::string FindExecutable(const std::string& name, const std::string& path_var)
     size_t colon = rest.find(':');
     std::string dir(rest.substr(0, colon));
     if (dir.empty()) dir = ".";  // an empty PATH entry means the current directory
-    std::string candidate = dir + "/" + name;
+    std::string candidate = std::move(dir);
+    candidate += '/';
+    candidate += name;
     struct stat st {};
     if (::stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
         ::access(candidate.c_str(), X_OK) == 0) {
@@ -194,7 +196,8 @@ std::string DescribeWaitStatus(int wstatus) {
   if (WIFSIGNALED(wstatus)) {
     int sig = WTERMSIG(wstatus);
     const char* name = ::strsignal(sig);
-    return "was killed by signal " + std::to_string(sig) + (name ? std::string(" (") + name + ")" : "");
+    return "was killed by signal " + std::to_string(sig) +
+           (name ? std::string(" (") + name + ")" : "");
   }
   return "ended (wait status " + std::to_string(wstatus) + ")";
 }

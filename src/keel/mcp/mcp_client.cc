@@ -1,12 +1,11 @@
 #include "keel/mcp/mcp_client.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <fcntl.h>
 
 #include <algorithm>
 #include <atomic>
@@ -47,10 +46,11 @@ constexpr auto kLostGrace = milliseconds(200);
 // Where the kernel has no pidfd, the I/O thread checks for the child's exit this often.
 constexpr auto kNoPidfdTick = milliseconds(50);
 constexpr int kMaxToolPages = 1000;
+constexpr int64_t kMaxTimeoutMs = int64_t(7) * 24 * 3600 * 1000;  // keeps deadlines in range
 // Deeper JSON is refused: serializing it again (by whoever reads a tool result) recurses.
 constexpr int kMaxJsonDepth = 256;
 constexpr int kGarbageLinesLogged = 5;
-constexpr size_t kReadChunk = 64 * 1024;
+constexpr size_t kReadChunk = size_t(64) * 1024;
 constexpr int kJsonRpcMethodNotFound = -32601;
 
 std::string Truncate(std::string_view s, size_t max) {
@@ -103,11 +103,16 @@ Result<std::vector<std::string>> ServerEnvironment(const std::map<std::string, s
     if (name.empty() || name.find_first_of("=\0", 0, 2) != std::string::npos) {
       return InvalidArgument("invalid environment variable name '" + name + "'");
     }
-    out.push_back(name + "=" + value);
+    std::string entry = name;
+    entry += '=';
+    entry += value;
+    out.push_back(std::move(entry));
   }
   for (const char* inherited : {"PATH", "HOME"}) {
     if (env.count(inherited)) continue;
-    if (const char* value = std::getenv(inherited)) out.push_back(std::string(inherited) + "=" + value);
+    if (const char* value = std::getenv(inherited)) {
+      out.push_back(std::string(inherited) + "=" + value);
+    }
   }
   return out;
 }
@@ -159,7 +164,8 @@ bool IsSupportedProtocolVersion(std::string_view version) {
 //     A PendingCall lives on its caller's stack; it is out of pending_ before the caller returns.
 //  2. broken_ never goes back to false; once set, pending_ is empty and stays empty.
 //  3. The child's pid is signalled (as a process group) only before the I/O thread reaps it,
-//     so the signal cannot reach a process that reused the number.
+//     so the signal cannot reach a process that reused the number. (This needs SIGCHLD not to
+//     be ignored in this process: the kernel would then reap children behind our back.)
 class McpClient::Connection {
  public:
   Connection(const ChildProcess& child, std::string label, const ClientOptions& options)
@@ -224,6 +230,7 @@ class McpClient::Connection {
     line.push_back('\n');
     PendingCall call;
     call.method = method;
+    timeout_ms = std::clamp<int64_t>(timeout_ms, 1, kMaxTimeoutMs);
     auto deadline = Clock::now() + milliseconds(timeout_ms);
     std::unique_lock<std::mutex> lock(mu_);
     if (broken_) return Unavailable(broken_reason_);
@@ -277,7 +284,7 @@ class McpClient::Connection {
     return broken_what_;
   }
 
-  bool alive() const {
+  bool Alive() const {
     std::lock_guard<std::mutex> lock(mu_);
     return !broken_ && !shutting_down_;
   }
@@ -311,7 +318,7 @@ class McpClient::Connection {
     return "; stderr: " + one_line;
   }
 
-  const std::string& label() const { return label_; }
+  const std::string& Label() const { return label_; }
 
  private:
   struct PendingCall {
@@ -456,11 +463,9 @@ class McpClient::Connection {
         pid_i = n;
         fds[n++] = {pidfd_, POLLIN, 0};
       }
-      int ready = ::poll(fds, static_cast<nfds_t>(n), timeout_ms);
-      if (ready < 0) {
+      if (::poll(fds, static_cast<nfds_t>(n), timeout_ms) < 0) {
         if (errno == EINTR) continue;
         LogError(label_ + ": poll failed: " + std::strerror(errno));
-        ready = 0;
         for (auto& f : fds) f.revents = 0;
         std::this_thread::sleep_for(kNoPidfdTick);  // never spin, whatever poll does
       }
@@ -509,7 +514,10 @@ class McpClient::Connection {
   // The child has exited (and is not reaped yet): read what it wrote before it did, clear out
   // the rest of its process group, reap it, and fail everything with its exit status.
   void OnExit() {
-    SignalGroup(SIGKILL);
+    siginfo_t info{};
+    if (::waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) == 0) {
+      SignalGroup(SIGKILL);  // still a zombie of ours, so its pid still names its group
+    }
     ReadStdout(4 * options_.max_message_bytes);
     ReadStderr(4 * options_.max_message_bytes);
     int wstatus = 0;
@@ -630,8 +638,7 @@ class McpClient::Connection {
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (line.find_first_not_of(" \t") == std::string_view::npos) return;
     if (JsonDepth(line, kMaxJsonDepth) > kMaxJsonDepth) {
-      Break("sent a message nested more than " + std::to_string(kMaxJsonDepth) +
-            " levels deep");
+      Break("sent a message nested more than " + std::to_string(kMaxJsonDepth) + " levels deep");
       return;
     }
     Json message = Json::parse(line, nullptr, /*allow_exceptions=*/false);
@@ -735,7 +742,7 @@ class McpClient::Connection {
   int stdout_fd_;
   int stderr_fd_;
   int pidfd_;
-  int wake_r_ = -1;  // a byte here wakes the I/O thread: something to write, or a state change
+  int wake_r_ = -1;      // a byte here wakes the I/O thread: something to write, or a state change
   std::string out_buf_;  // stdout not yet split into lines
   int garbage_lines_ = 0;
   bool reaped_ = false;
@@ -743,16 +750,16 @@ class McpClient::Connection {
   int wake_w_ = -1;
 
   mutable std::mutex mu_;
-  int stdin_fd_;                              // GUARDED_BY(mu_); written and closed by the I/O thread
+  int stdin_fd_;  // GUARDED_BY(mu_); written and closed by the I/O thread
   std::map<int64_t, PendingCall*> pending_;  // GUARDED_BY(mu_)
-  std::deque<Outgoing> outgoing_;             // GUARDED_BY(mu_)
-  size_t outgoing_bytes_ = 0;                 // GUARDED_BY(mu_)
-  size_t front_written_ = 0;                  // GUARDED_BY(mu_); of outgoing_.front()
-  bool broken_ = false;                       // GUARDED_BY(mu_)
-  std::string broken_what_;                   // GUARDED_BY(mu_); see Break
-  std::string broken_reason_;                 // GUARDED_BY(mu_); label_ + " " + broken_what_
-  bool shutting_down_ = false;                // GUARDED_BY(mu_)
-  std::string stderr_;                        // GUARDED_BY(mu_); the last bytes of stderr
+  std::deque<Outgoing> outgoing_;            // GUARDED_BY(mu_)
+  size_t outgoing_bytes_ = 0;                // GUARDED_BY(mu_)
+  size_t front_written_ = 0;                 // GUARDED_BY(mu_); of outgoing_.front()
+  bool broken_ = false;                      // GUARDED_BY(mu_)
+  std::string broken_what_;                  // GUARDED_BY(mu_); see Break
+  std::string broken_reason_;                // GUARDED_BY(mu_); label_ + " " + broken_what_
+  bool shutting_down_ = false;               // GUARDED_BY(mu_)
+  std::string stderr_;                       // GUARDED_BY(mu_); the last bytes of stderr
 };
 
 McpClient::McpClient() = default;
@@ -789,19 +796,21 @@ Status McpClient::Initialize(int64_t timeout_ms) {
   Result<Json> answer = conn.Request("initialize", std::move(params), timeout_ms, false);
   auto fail = [&](const std::string& why) {
     conn.Break(why);
-    return Unavailable(conn.label() + " failed to initialize: " + why);
+    return Unavailable(conn.Label() + " failed to initialize: " + why);
   };
   if (!answer.ok()) {
     const Status& s = answer.status();
     if (s.code() == Code::kInvalidArgument) return Unavailable(s.message());  // a JSON-RPC error
     std::string broke = conn.BrokenWhat();
-    if (!broke.empty()) return Unavailable(conn.label() + " failed to initialize: " + broke);
+    if (!broke.empty()) return Unavailable(conn.Label() + " failed to initialize: " + broke);
     return fail("no answer within " + std::to_string(timeout_ms) + " ms" + conn.StderrSuffix());
   }
   const Json& result = *answer;
   if (!result.is_object()) return fail("the initialize result is not an object");
   const Json* version = Field(result, "protocolVersion");
-  if (!version || !version->is_string()) return fail("the initialize result has no protocolVersion");
+  if (!version || !version->is_string()) {
+    return fail("the initialize result has no protocolVersion");
+  }
   protocol_version_ = version->get<std::string>();
   if (!IsSupportedProtocolVersion(protocol_version_)) {
     return fail("it speaks protocol version '" + Truncate(protocol_version_, 40) +
@@ -816,7 +825,12 @@ Status McpClient::Initialize(int64_t timeout_ms) {
 
 Result<std::vector<McpTool>> McpClient::ListTools() {
   std::vector<McpTool> tools;
-  if (!server_capabilities_.contains("tools")) return tools;
+  if (!server_capabilities_.contains("tools")) {
+    if (std::string what = conn_->BrokenWhat(); !what.empty()) {
+      return Unavailable(conn_->Label() + " " + what);
+    }
+    return tools;
+  }
   std::set<std::string> cursors_seen;
   std::string cursor;
   for (int page = 0; page < kMaxToolPages; ++page) {
@@ -825,14 +839,16 @@ Result<std::vector<McpTool>> McpClient::ListTools() {
     KEEL_ASSIGN_OR_RETURN(Json result, conn_->Request("tools/list", std::move(params),
                                                       options_.request_timeout_ms, true));
     auto malformed = [&](const std::string& why) {
-      return Unavailable(conn_->label() + " sent a malformed tools/list result: " + why);
+      return Unavailable(conn_->Label() + " sent a malformed tools/list result: " + why);
     };
     const Json* list = Field(result, "tools");
     if (!list || !list->is_array()) return malformed("no tools array");
     for (const Json& t : *list) {
       McpTool tool;
       tool.name = StringField(t, "name");
-      if (tool.name.empty()) return malformed("a tool without a name: " + Truncate(DumpJson(t), 200));
+      if (tool.name.empty()) {
+        return malformed("a tool without a name: " + Truncate(DumpJson(t), 200));
+      }
       tool.description = StringField(t, "description");
       tool.title = StringField(t, "title");
       const Json* schema = Field(t, "inputSchema");
@@ -846,9 +862,11 @@ Result<std::vector<McpTool>> McpClient::ListTools() {
     if (!next->is_string()) return malformed("nextCursor is not a string");
     cursor = next->get<std::string>();
     if (cursor.empty()) return tools;
-    if (!cursors_seen.insert(cursor).second) return malformed("nextCursor repeats '" + Truncate(cursor, 100) + "'");
+    if (!cursors_seen.insert(cursor).second) {
+      return malformed("nextCursor repeats '" + Truncate(cursor, 100) + "'");
+    }
   }
-  return Unavailable(conn_->label() + " lists tools over more than " +
+  return Unavailable(conn_->Label() + " lists tools over more than " +
                      std::to_string(kMaxToolPages) + " pages");
 }
 
@@ -868,13 +886,13 @@ Result<Json> McpClient::CallTool(const std::string& name, const Json& arguments,
   const Json* is_error = Field(*result, "isError");
   if (!result->is_object() || (content && !content->is_array()) ||
       (is_error && !is_error->is_boolean()) || (!content && !Field(*result, "structuredContent"))) {
-    return Unavailable(conn_->label() + " sent a malformed tools/call result for '" + name +
+    return Unavailable(conn_->Label() + " sent a malformed tools/call result for '" + name +
                        "': " + Truncate(DumpJson(*result), 300));
   }
   return result;
 }
 
-bool McpClient::alive() const { return conn_->alive(); }
+bool McpClient::alive() const { return conn_->Alive(); }
 bool McpClient::tools_changed() { return conn_->TakeToolsChanged(); }
 std::string McpClient::server_name() const { return server_name_; }
 std::string McpClient::protocol_version() const { return protocol_version_; }

@@ -56,7 +56,7 @@ struct ClientOptions {
   // Requests longer than this are refused before they are sent.
   size_t max_message_bytes = size_t(16) << 20;
   // Lines on the server's stdout that are not JSON-RPC messages are logged and ignored, up to
-  // this many; one more breaks the connection.
+  // this many over the connection's life; one more breaks the connection.
   int max_garbage_lines = 100;
 };
 

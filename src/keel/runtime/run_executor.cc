@@ -238,7 +238,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
     if (m.role == "user" || m.role == "assistant") request.messages.push_back({m.role, m.content, {}, "", ""});
   }
   request.messages.push_back({"user", prompt.content, {}, "", ""});
-  for (const tools::Tool* t : gateway_.ToolsFor(agent.tools)) {
+  for (const auto& t : co_await gateway_.Offered(run.tenant_id, agent.tools)) {
     request.tools.push_back({t->name(), t->description(), t->parameters()});
   }
   int max_steps = options_.default_max_steps;

@@ -9,7 +9,11 @@
 #include <optional>
 
 #include "keel/approvals/approvals.h"
+#include "keel/common/crypto.h"
 #include "keel/common/ids.h"
+#include "keel/common/log.h"
+#include "keel/mcp/manager.h"
+#include "keel/secrets/vault.h"
 #include "keel/common/time.h"
 #include "keel/policy/policy.h"
 #include "keel/store/async.h"
@@ -23,12 +27,238 @@ namespace asio = boost::asio;
 constexpr int kToolThreads = 4;
 
 Gateway::Gateway(store::Store& store, ToolRegistry& registry, std::string workspaces_root,
-                 GatewayOptions options)
+                 GatewayOptions options, mcp::McpManager* mcp, const secrets::Vault* vault)
     : store_(store),
       registry_(registry),
       workspaces_root_(std::move(workspaces_root)),
       options_(options),
+      mcp_(mcp),
+      vault_(vault),
       pool_(std::make_unique<asio::thread_pool>(kToolThreads)) {}
+
+template <typename T>
+asio::awaitable<T> Gateway::OnPool(std::function<T()> fn) {
+  // Named, not a temporary in the co_await expression (g++ 12 mis-destroys those).
+  auto on_pool = [fn = std::move(fn)]() -> asio::awaitable<T> { co_return fn(); };
+  co_return co_await asio::co_spawn(pool_->get_executor(), std::move(on_pool),
+                                    asio::use_awaitable);
+}
+
+namespace {
+
+constexpr std::string_view kMcpPrefix = "mcp__";
+
+// mcp__{server}__{tool} -> (server, tool); false for anything else.
+bool SplitMcpName(const std::string& name, std::string* server, std::string* tool) {
+  if (name.compare(0, kMcpPrefix.size(), kMcpPrefix) != 0) return false;
+  size_t sep = name.find("__", kMcpPrefix.size());
+  if (sep == std::string::npos || sep == kMcpPrefix.size() || sep + 2 >= name.size()) return false;
+  *server = name.substr(kMcpPrefix.size(), sep - kMcpPrefix.size());
+  *tool = name.substr(sep + 2);
+  return true;
+}
+
+// An MCP server's tool as a Keel tool. What it may do is what its annotations say: read-only
+// tools need `read` (and are pure when also idempotent... a read has no effect to repeat);
+// others need `write`, plus `send` when they reach the outside world; effects are `once`
+// unless the server says the tool is idempotent.
+class McpToolAdapter final : public Tool {
+ public:
+  McpToolAdapter(mcp::McpManager& manager, mcp::ServerLaunch launch, mcp::McpTool tool)
+      : manager_(manager), launch_(std::move(launch)), tool_(std::move(tool)) {}
+  std::string name() const override {
+    return std::string(kMcpPrefix) + launch_.name + "__" + tool_.name;
+  }
+  std::string description() const override { return tool_.description; }
+  Json parameters() const override { return tool_.input_schema; }
+  EffectClass effect_class() const override {
+    if (Hint("readOnlyHint")) return EffectClass::kPure;
+    if (Hint("idempotentHint")) return EffectClass::kIdempotent;
+    return EffectClass::kOnce;
+  }
+  std::vector<std::string> rights() const override {
+    if (Hint("readOnlyHint")) return {"read"};
+    if (Hint("openWorldHint")) return {"write", "send"};
+    return {"write"};
+  }
+  bool blocking() const override { return true; }
+  Result<Json> Execute(const ToolContext&, const Json& arguments) override {
+    KEEL_ASSIGN_OR_RETURN(Json result, manager_.Call(launch_, tool_.name, arguments, 0));
+    // Text content reads best as text; anything else goes to the model as the MCP result.
+    std::string text;
+    bool all_text = result.contains("content") && result["content"].is_array();
+    if (all_text) {
+      for (const auto& part : result["content"]) {
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+            !part["text"].is_string()) {
+          all_text = false;
+          break;
+        }
+        if (!text.empty()) text += "\n";
+        text += part["text"].get<std::string>();
+      }
+    }
+    if (result.value("isError", false)) {
+      return Unavailable(all_text ? text : DumpJson(result.value("content", Json::array())));
+    }
+    if (all_text && !result.contains("structuredContent")) return Json(text);
+    return result;
+  }
+
+ private:
+  bool Hint(const char* name) const {
+    return tool_.annotations.is_object() && tool_.annotations.value(name, false) == true;
+  }
+  mcp::McpManager& manager_;
+  mcp::ServerLaunch launch_;
+  mcp::McpTool tool_;
+};
+
+// The launch of a registered server, its secrets opened (inside a read).
+Result<mcp::ServerLaunch> LaunchOf(store::Tx& tx, const secrets::Vault* vault,
+                                   const store::McpServer& s) {
+  mcp::ServerLaunch l;
+  l.server_id = s.id;
+  l.name = s.name;
+  l.spec.name = s.name;
+  const Json& c = s.config;
+  for (const auto& arg : c.value("command", Json::array())) {
+    if (arg.is_string()) l.spec.command.push_back(arg.get<std::string>());
+  }
+  std::string resolved;
+  const Json env = c.value("env", Json::object());
+  for (auto it = env.begin(); it != env.end(); ++it) {
+    if (it.value().is_string()) {
+      l.spec.env[it.key()] = it.value().get<std::string>();
+    } else if (it.value().is_object() && it.value().contains("secret")) {
+      if (!vault) return Unavailable("secrets are not available to MCP servers here");
+      std::string secret = it.value()["secret"].get<std::string>();
+      auto value = vault->Get(tx, s.tenant_id, secret);
+      if (!value.ok()) {
+        return Status(value.status().code(), "MCP server " + s.name + " needs secret " + secret +
+                                                 ": " + value.status().message());
+      }
+      l.spec.env[it.key()] = *value;
+    }
+    resolved += it.key() + "=" + l.spec.env[it.key()] + "\n";
+  }
+  if (c.contains("timeout_ms") && c["timeout_ms"].is_number_integer()) {
+    l.options.request_timeout_ms = c["timeout_ms"].get<int64_t>();
+  }
+  l.fingerprint = Sha256Hex(DumpJson(c.value("command", Json::array())) + "\n" + resolved);
+  return l;
+}
+
+}  // namespace
+
+asio::awaitable<Result<std::shared_ptr<Tool>>> Gateway::Resolve(std::string tenant_id,
+                                                                 std::string name) {
+  if (Tool* t = registry_.Find(name)) {
+    co_return std::shared_ptr<Tool>(t, [](Tool*) {});  // owned by the registry
+  }
+  std::string server, tool;
+  if (!mcp_ || !SplitMcpName(name, &server, &tool)) co_return NotFound("unknown tool: " + name);
+  mcp::ServerLaunch launch;
+  Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
+    auto found = tx.mcp_servers().GetMcpServerByName(tenant_id, server);
+    if (!found.ok()) {
+      if (found.status().code() == Code::kNotFound) {
+        return NotFound("unknown tool: " + name + " (no MCP server named " + server + ")");
+      }
+      return found.status();
+    }
+    KEEL_ASSIGN_OR_RETURN(launch, LaunchOf(tx, vault_, *found));
+    return Status::Ok();
+  });
+  if (!read.ok()) co_return read;
+  mcp::McpManager* manager = mcp_;
+  // A named std::function: g++ 12 destroys a capturing temporary in a co_await twice.
+  std::function<Result<std::vector<mcp::McpTool>>()> list = [manager, launch]() {
+    return manager->Tools(launch);
+  };
+  auto tools = co_await OnPool(std::move(list));
+  if (!tools.ok()) {
+    co_return Status(tools.status().code(),
+                     "MCP server " + server + " is not available: " + tools.status().message());
+  }
+  for (const auto& t : *tools) {
+    if (t.name == tool) co_return std::shared_ptr<Tool>(std::make_shared<McpToolAdapter>(*mcp_, launch, t));
+  }
+  co_return NotFound("unknown tool: " + name + " (MCP server " + server + " has no tool " + tool +
+                     ")");
+}
+
+asio::awaitable<Result<std::vector<std::shared_ptr<Tool>>>> Gateway::McpServerTools(
+    store::McpServer server) {
+  if (!mcp_) co_return Unavailable("MCP servers are not enabled");
+  mcp::ServerLaunch launch;
+  Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(launch, LaunchOf(tx, vault_, server));
+    return Status::Ok();
+  });
+  if (!read.ok()) co_return read;
+  mcp::McpManager* manager = mcp_;
+  // A named std::function: g++ 12 destroys a capturing temporary in a co_await twice.
+  std::function<Result<std::vector<mcp::McpTool>>()> list = [manager, launch]() {
+    return manager->Tools(launch);
+  };
+  auto tools = co_await OnPool(std::move(list));
+  if (!tools.ok()) co_return tools.status();
+  std::vector<std::shared_ptr<Tool>> out;
+  for (const auto& t : *tools) out.push_back(std::make_shared<McpToolAdapter>(*mcp_, launch, t));
+  co_return out;
+}
+
+asio::awaitable<void> Gateway::ForgetMcpServer(std::string server_id) {
+  if (!mcp_) co_return;
+  mcp::McpManager* manager = mcp_;
+  std::function<bool()> forget = [manager, server_id]() {
+    manager->Forget(server_id);
+    return true;
+  };
+  (void)co_await OnPool(std::move(forget));
+}
+
+asio::awaitable<std::vector<std::shared_ptr<Tool>>> Gateway::Offered(std::string tenant_id,
+                                                                     Json allowed_tools) {
+  std::vector<std::shared_ptr<Tool>> out;
+  for (const Tool* t : registry_.All()) {
+    if (Allowed(allowed_tools, t->name())) {
+      out.push_back(std::shared_ptr<Tool>(const_cast<Tool*>(t), [](Tool*) {}));
+    }
+  }
+  if (!mcp_) co_return out;
+  std::vector<store::McpServer> servers;
+  Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(servers, tx.mcp_servers().ListMcpServers(tenant_id));
+    return Status::Ok();
+  });
+  if (!read.ok()) co_return out;
+  for (const auto& s : servers) {
+    // Only servers the agent's list can reach at all are started.
+    std::string prefix = std::string(kMcpPrefix) + s.name + "__";
+    bool any = !allowed_tools.is_array() || allowed_tools.empty();
+    for (const auto& a : allowed_tools) {
+      if (!a.is_string()) continue;
+      const std::string& p = a.get_ref<const std::string&>();
+      if (p == "*" || p.compare(0, prefix.size(), prefix) == 0 ||
+          (p.back() == '*' && prefix.compare(0, p.size() - 1, p, 0, p.size() - 1) == 0)) {
+        any = true;
+      }
+    }
+    if (!any) continue;
+    auto tools = co_await McpServerTools(s);
+    if (!tools.ok()) {
+      LogError("MCP server " + s.name + " (tenant " + tenant_id +
+               ") offers no tools: " + tools.status().message());
+      continue;
+    }
+    for (auto& t : *tools) {
+      if (Allowed(allowed_tools, t->name())) out.push_back(std::move(t));
+    }
+  }
+  co_return out;
+}
 
 Gateway::~Gateway() { pool_->join(); }
 
@@ -186,11 +416,16 @@ asio::awaitable<Result<CallOutcome>> Gateway::Call(const CallRequest& req) {
   call.step_id = step.id;
 
   // Checks that need no policy: the tool exists, the agent may use it, the arguments fit.
-  Tool* tool = registry_.Find(req.tool);
-  if (!tool) co_return co_await Deny(call, step, req, "unknown tool: " + req.tool);
+  std::string server, mcp_tool;
+  if (!registry_.Find(req.tool) && !SplitMcpName(req.tool, &server, &mcp_tool)) {
+    co_return co_await Deny(call, step, req, "unknown tool: " + req.tool);
+  }
   if (!Allowed(req.allowed_tools, req.tool)) {
     co_return co_await Deny(call, step, req, "the agent may not call " + req.tool);
   }
+  auto resolved = co_await Resolve(req.tenant_id, req.tool);
+  if (!resolved.ok()) co_return co_await Deny(call, step, req, resolved.status().message());
+  std::shared_ptr<Tool> tool = *resolved;
   if (!req.arguments.is_object()) {
     co_return co_await Deny(call, step, req, "tool arguments must be a JSON object");
   }
@@ -320,9 +555,9 @@ asio::awaitable<Result<CallOutcome>> Gateway::ExecuteApproved(const store::ToolC
   std::string refusal;
   if (const auto* stop = StopFor(stops, agent_id)) {
     refusal = StopReason(*stop);
-  } else if (Tool* tool = registry_.Find(call.tool); !tool) {
-    refusal = "unknown tool: " + call.tool;
-  } else if (Status fits = CheckArguments(tool->parameters(), call.arguments); !fits.ok()) {
+  } else if (auto tool = co_await Resolve(call.tenant_id, call.tool); !tool.ok()) {
+    refusal = tool.status().message();
+  } else if (Status fits = CheckArguments((*tool)->parameters(), call.arguments); !fits.ok()) {
     // The approver may have amended them.
     refusal = "the approved arguments do not match " + call.tool + "'s schema: " + fits.message();
   }
@@ -402,9 +637,10 @@ asio::awaitable<Result<CallOutcome>> Gateway::ExecuteAndRecord(store::ToolCall c
                                                                std::string agent_id,
                                                                std::string session_id,
                                                                Json agent_config) {
-  Tool* tool = registry_.Find(call.tool);
-  Result<Json> result = tool ? Result<Json>(Status::Ok()) : Result<Json>(NotFound("unknown tool"));
-  if (tool) {
+  auto resolved = co_await Resolve(call.tenant_id, call.tool);
+  Result<Json> result = resolved.ok() ? Result<Json>(Status::Ok()) : Result<Json>(resolved.status());
+  if (resolved.ok()) {
+    std::shared_ptr<Tool> tool = *resolved;
     ToolContext ctx{call.tenant_id, agent_id,        session_id,            call.run_id,
                     call.call_id,   call.effect_key, WorkspaceOf(agent_id), agent_config};
     auto run = [tool, ctx, args = call.arguments]() -> Result<Json> {

@@ -18,6 +18,7 @@
 
 #include <boost/asio/awaitable.hpp>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +29,12 @@
 
 namespace boost::asio {
 class thread_pool;
+}
+namespace keel::mcp {
+class McpManager;
+}
+namespace keel::secrets {
+class Vault;
 }
 
 namespace keel::tools {
@@ -66,9 +73,28 @@ struct CallOutcome {
 
 class Gateway {
  public:
+  // `mcp` and `vault` (both optional) make the tenants' MCP servers' tools callable as
+  // mcp__{server}__{tool}, with their secrets resolved from the vault.
   Gateway(store::Store& store, ToolRegistry& registry, std::string workspaces_root,
-          GatewayOptions options = {});
+          GatewayOptions options = {}, mcp::McpManager* mcp = nullptr,
+          const secrets::Vault* vault = nullptr);
   ~Gateway();
+
+  // A tool by name: a registered one, or mcp__{server}__{tool} of the tenant's MCP servers
+  // (connecting to the server when needed). kNotFound, or the server's failure to start.
+  boost::asio::awaitable<Result<std::shared_ptr<Tool>>> Resolve(std::string tenant_id,
+                                                                std::string name);
+  // What the model is offered: the registered tools and every tool of the tenant's MCP servers
+  // that the agent's list allows. A server that cannot be reached offers nothing (and says so
+  // in the log); the run goes on with the rest.
+  boost::asio::awaitable<std::vector<std::shared_ptr<Tool>>> Offered(std::string tenant_id,
+                                                                     Json allowed_tools);
+  // Stops a deleted MCP server's connection (off the event loop: a stubborn server takes
+  // seconds to stop).
+  boost::asio::awaitable<void> ForgetMcpServer(std::string server_id);
+  // The tools of one registered MCP server, as the model would see them (for the API).
+  boost::asio::awaitable<Result<std::vector<std::shared_ptr<Tool>>>> McpServerTools(
+      store::McpServer server);
 
   // Takes a proposed call through the whole pipeline. Fails only when the store fails; a
   // denied or failing tool is a successful CallOutcome with that status.
@@ -114,7 +140,13 @@ class Gateway {
   store::Store& store_;
   ToolRegistry& registry_;
   const std::string workspaces_root_;
+  // Runs `fn` on the tool pool and resumes the caller on its executor.
+  template <typename T>
+  boost::asio::awaitable<T> OnPool(std::function<T()> fn);
+
   const GatewayOptions options_;
+  mcp::McpManager* mcp_;
+  const secrets::Vault* vault_;
   std::unique_ptr<boost::asio::thread_pool> pool_;  // runs blocking tools off the event loop
 };
 

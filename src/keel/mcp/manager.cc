@@ -1,0 +1,87 @@
+#include "keel/mcp/manager.h"
+
+namespace keel::mcp {
+
+McpManager::~McpManager() {
+  std::lock_guard<std::mutex> lock(mu_);
+  entries_.clear();  // each client's destructor shuts its server down
+}
+
+std::shared_ptr<McpManager::Entry> McpManager::EntryFor(const std::string& server_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& e = entries_[server_id];
+  if (!e) e = std::make_shared<Entry>();
+  return e;
+}
+
+Result<std::shared_ptr<McpClient>> McpManager::Connect(Entry& e, const ServerLaunch& launch) {
+  // REQUIRES: e.mu held.
+  if (e.client && e.client->alive() && e.fingerprint == launch.fingerprint) return e.client;
+  e.client.reset();
+  e.have_tools = false;
+  auto started = McpClient::StartStdio(launch.spec, launch.options);
+  if (!started.ok()) {
+    e.last_error = started.status().message();
+    return started.status();
+  }
+  e.client = std::shared_ptr<McpClient>(std::move(started).value());
+  e.fingerprint = launch.fingerprint;
+  e.last_error.clear();
+  return e.client;
+}
+
+Result<std::vector<McpTool>> McpManager::Tools(const ServerLaunch& launch) {
+  auto entry = EntryFor(launch.server_id);
+  std::lock_guard<std::mutex> lock(entry->mu);
+  KEEL_ASSIGN_OR_RETURN(auto client, Connect(*entry, launch));
+  if (entry->have_tools && !client->tools_changed()) return entry->tools;
+  auto listed = client->ListTools();
+  if (!listed.ok()) {
+    entry->last_error = listed.status().message();
+    return listed.status();
+  }
+  entry->tools = std::move(listed).value();
+  entry->have_tools = true;
+  return entry->tools;
+}
+
+Result<Json> McpManager::Call(const ServerLaunch& launch, const std::string& tool,
+                              const Json& arguments, int64_t timeout_ms) {
+  auto entry = EntryFor(launch.server_id);
+  std::shared_ptr<McpClient> client;
+  {
+    std::lock_guard<std::mutex> lock(entry->mu);
+    KEEL_ASSIGN_OR_RETURN(client, Connect(*entry, launch));
+  }
+  // The call itself runs without the entry's lock: calls to one server proceed concurrently.
+  return client->CallTool(tool, arguments, timeout_ms);
+}
+
+void McpManager::Forget(const std::string& server_id) {
+  std::shared_ptr<Entry> gone;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = entries_.find(server_id);
+    if (it == entries_.end()) return;
+    gone = std::move(it->second);
+    entries_.erase(it);
+  }
+  std::lock_guard<std::mutex> lock(gone->mu);
+  gone->client.reset();
+}
+
+std::string McpManager::StatusOf(const std::string& server_id) {
+  std::shared_ptr<Entry> e;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = entries_.find(server_id);
+    if (it == entries_.end()) return "not_connected";
+    e = it->second;
+  }
+  std::lock_guard<std::mutex> lock(e->mu);
+  if (e->client && e->client->alive()) return "ready";
+  if (!e->last_error.empty()) return "error: " + e->last_error;
+  return "not_connected";
+}
+
+}  // namespace keel::mcp

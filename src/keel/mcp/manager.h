@@ -1,0 +1,62 @@
+#pragma once
+// McpManager — the live connections to the tenants' MCP servers, one per registered server,
+// started on first use and started again after the server died. Tool lists are cached per
+// connection and refreshed after notifications/tools/list_changed.
+//
+// Threads: blocking and thread-safe; call from worker threads (the gateway's tool pool), never
+// from the event loop. Calls to one server run concurrently on its one connection.
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "keel/mcp/mcp_client.h"
+
+namespace keel::mcp {
+
+// A registered server with its secrets resolved: what it takes to start it.
+struct ServerLaunch {
+  std::string server_id;
+  std::string name;
+  StdioServerSpec spec;
+  ClientOptions options;
+  // Changes when the registration changed (a different command or environment): a running
+  // connection started from another fingerprint is replaced.
+  std::string fingerprint;
+};
+
+class McpManager {
+ public:
+  McpManager() = default;
+  ~McpManager();
+
+  // The server's tools (connecting first when needed).
+  Result<std::vector<McpTool>> Tools(const ServerLaunch& launch);
+  // Calls a tool. A connection found dead is started again once before the call.
+  Result<Json> Call(const ServerLaunch& launch, const std::string& tool, const Json& arguments,
+                    int64_t timeout_ms);
+  // Stops and forgets a server's connection (it was deleted).
+  void Forget(const std::string& server_id);
+  // "ready", "not_connected" or "error: ..." for the API.
+  std::string StatusOf(const std::string& server_id);
+
+ private:
+  struct Entry {
+    std::mutex mu;  // serializes (re)starting and tool-list refreshes of this server
+    std::shared_ptr<McpClient> client;
+    std::string fingerprint;
+    std::vector<McpTool> tools;
+    bool have_tools = false;
+    std::string last_error;
+  };
+  std::shared_ptr<Entry> EntryFor(const std::string& server_id);
+  // Returns a live client for the launch, starting one when there is none or it died.
+  Result<std::shared_ptr<McpClient>> Connect(Entry& e, const ServerLaunch& launch);
+
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<Entry>> entries_;  // GUARDED_BY(mu_)
+};
+
+}  // namespace keel::mcp
