@@ -7,6 +7,10 @@
 //   BM_ToolDirect           the same tool's Execute alone, for scale.
 //   BM_ForkExecTrue         /bin/true as a plain child process (tools::RunProcess).
 //   BM_SandboxExecTrue      /bin/true inside the exec tool's bubblewrap sandbox, same runner.
+//   BM_McpDirect            tools/call `echo` on an MCP stdio server (tests/fakes/
+//                           fake_mcp_stdio.py) straight through mcp::McpClient.
+//   BM_McpThroughKeel       the same call as mcp__fake__echo through Gateway::Call (policy,
+//                           journal, the server's connection from the manager, result).
 // scripts/bench.sh reports gateway overhead = allowed call - direct, and sandbox/fork ratio.
 
 #include <benchmark/benchmark.h>
@@ -21,6 +25,8 @@
 
 #include "keel/common/ids.h"
 #include "keel/common/time.h"
+#include "keel/mcp/manager.h"
+#include "keel/mcp/mcp_client.h"
 #include "keel/store/store.h"
 #include "keel/tools/gateway.h"
 #include "keel/tools/process.h"
@@ -137,8 +143,63 @@ void BM_SandboxExecTrue(benchmark::State& state) {
   fs::remove_all(ws);
 }
 
+const std::string kFakeMcp = std::string(KEEL_TEST_FAKES_DIR) + "/fake_mcp_stdio.py";
+
+void BM_McpDirect(benchmark::State& state) {
+  keel::mcp::StdioServerSpec spec;
+  spec.command = {"python3", kFakeMcp};
+  auto client = keel::mcp::McpClient::StartStdio(spec, {});
+  if (!client.ok()) {
+    state.SkipWithError(client.status().message().c_str());
+    return;
+  }
+  for (auto _ : state) {
+    auto r = (*client)->CallTool("echo", {{"text", "hello"}});
+    if (!r.ok()) {
+      state.SkipWithError(r.status().message().c_str());
+      break;
+    }
+  }
+}
+
+void BM_McpThroughKeel(benchmark::State& state) {
+  GatewayFixture f;
+  keel::mcp::McpManager manager;
+  auto gateway = std::make_unique<keel::tools::Gateway>(*f.store, f.registry, (f.dir / "ws2").string(),
+                                                        keel::tools::GatewayOptions{}, &manager);
+  keel::store::McpServer server{keel::NewId(), f.tenant, "fake", "stdio",
+                                {{"command", {"python3", kFakeMcp}}, {"env", keel::Json::object()}},
+                                1};
+  (void)f.store->WriteSync(
+      [&](keel::store::Tx& tx) { return tx.mcp_servers().InsertMcpServer(server); });
+  asio::io_context io;
+  int seq = 0;
+  for (auto _ : state) {
+    keel::tools::CallRequest req;
+    req.tenant_id = f.tenant;
+    req.agent_id = f.agent;
+    req.session_id = f.session;
+    req.run_id = f.run;
+    req.step_seq = ++seq;
+    req.call_id = "call_" + std::to_string(seq);
+    req.tool = "mcp__fake__echo";
+    req.arguments = {{"text", "hello"}};
+    auto fut = asio::co_spawn(io, gateway->Call(req), asio::use_future);
+    io.restart();
+    io.run();
+    auto out = fut.get();
+    if (!out.ok() || out->status != "succeeded") {
+      state.SkipWithError(out.ok() ? out->ForModel().c_str() : out.status().message().c_str());
+      break;
+    }
+  }
+  gateway.reset();
+}
+
 }  // namespace
 
+BENCHMARK(BM_McpDirect)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_McpThroughKeel)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_GatewayAllowedCall)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_ToolDirect)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_ForkExecTrue)->Unit(benchmark::kMicrosecond)->UseRealTime();

@@ -272,8 +272,8 @@ fi
 
 # ---------------------------------------------------------------------------------------------
 if [[ -z $ONLY || $ONLY == gateway ]]; then
-  section "4. the tool gateway and the exec sandbox (keel_bench)"
-  if ! TMPDIR=$WORK "$BENCH" --benchmark_filter='BM_(GatewayAllowedCall|ToolDirect|ForkExecTrue|SandboxExecTrue)' \
+  section "4. the tool gateway, the exec sandbox and MCP (keel_bench)"
+  if ! TMPDIR=$WORK "$BENCH" --benchmark_filter='BM_(GatewayAllowedCall|ToolDirect|ForkExecTrue|SandboxExecTrue|McpDirect|McpThroughKeel)' \
        --benchmark_min_time="$MIN_TIME" --benchmark_out="$WORK/gateway.json" \
        --benchmark_out_format=json >"$WORK/gateway.txt" 2>&1; then
     cat "$WORK/gateway.txt"; echo "bench: keel_bench failed" >&2; exit 1
@@ -292,9 +292,12 @@ if fork and sandbox:
     print(f"exec of /bin/true: sandbox (bubblewrap) vs plain fork/exec\t{sandbox:,.0f} us vs {fork:,.0f} us = {sandbox / fork:.1f}x\t\tinfo")
 else:
     print("exec sandbox benchmark\tskipped (no bubblewrap?)\t\tinfo")
+direct, keel = us("BM_McpDirect"), us("BM_McpThroughKeel")
+if direct and keel:
+    print(f"MCP tools/call (stdio echo): through Keel's gateway vs the client alone\t{keel:,.0f} us vs {direct:,.0f} us = {keel / direct:.1f}x\t\tinfo")
 PYEOF
   echo "# 4. gateway and sandbox" >>"$REPRO"
-  echo "$BENCH --benchmark_filter='BM_(GatewayAllowedCall|ToolDirect|ForkExecTrue|SandboxExecTrue)' --benchmark_min_time=$MIN_TIME" >>"$REPRO"
+  echo "$BENCH --benchmark_filter='BM_(GatewayAllowedCall|ToolDirect|ForkExecTrue|SandboxExecTrue|McpDirect|McpThroughKeel)' --benchmark_min_time=$MIN_TIME" >>"$REPRO"
 fi
 
 FSYNC_END=$(fsync_probe "$WORK")

@@ -319,3 +319,32 @@ TEST_F(GatewayTest, ALargeResultIsKeptInTheWorkspaceAndPreviewed) {
 
 }  // namespace
 }  // namespace keel::tools
+
+namespace keel::tools {
+namespace {
+
+TEST_F(GatewayTest, AVetoHookRefusesACallBeforeThePolicyWithItsReason) {
+  std::vector<std::string> seen;
+  gateway_->AddVetoHook([&seen](const CallRequest& c) -> std::optional<std::string> {
+    seen.push_back(c.tool);
+    if (c.tool == "notes.append" && c.arguments.value("line", "").find("password") != std::string::npos) {
+      return std::string("lines may not mention passwords");
+    }
+    return std::nullopt;
+  });
+  gateway_->AddVetoHook([](const CallRequest&) -> std::optional<std::string> {
+    throw std::runtime_error("boom");
+  });
+  auto vetoed = RunCoro(gateway_->Call(Req("notes.append", {{"line", "my password is x"}}, 2)));
+  ASSERT_TRUE(vetoed.ok());
+  EXPECT_EQ(vetoed->status, "denied");
+  EXPECT_EQ(vetoed->ForModel(), "error: vetoed: lines may not mention passwords");
+  EXPECT_EQ(Notes(), "");
+  // A hook that throws refuses the call (fail closed).
+  auto thrown = RunCoro(gateway_->Call(Req("time.now", Json::object(), 3)));
+  EXPECT_EQ(thrown->ForModel(), "error: vetoed: a veto hook failed: boom");
+  EXPECT_EQ(seen, std::vector<std::string>({"notes.append", "time.now"}));
+}
+
+}  // namespace
+}  // namespace keel::tools

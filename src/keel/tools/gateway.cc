@@ -434,6 +434,15 @@ asio::awaitable<Result<CallOutcome>> Gateway::Call(const CallRequest& req) {
                             "the arguments do not match " + req.tool + "'s schema: " +
                                 fits.message());
   }
+  for (const auto& hook : veto_hooks_) {
+    std::optional<std::string> veto;
+    try {
+      veto = hook(req);
+    } catch (const std::exception& e) {
+      veto = std::string("a veto hook failed: ") + e.what();  // fail closed
+    }
+    if (veto) co_return co_await Deny(call, step, req, "vetoed: " + *veto);
+  }
   auto role = policy::ParseRole(req.caller_role);
   if (!role.ok()) co_return co_await Deny(call, step, req, role.status().message());
 

@@ -20,6 +20,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,12 @@ struct GatewayOptions {
   size_t large_result_bytes = 16 * 1024;
 };
 
+// A veto hook sees every call after the tool is known and its arguments checked, before the
+// policy, and may refuse it: it returns the reason, or nullopt to let it pass. Hooks run on the
+// event loop, in the order they were added; the first refusal wins and is recorded like any
+// denial. (The plugin system registers its `tool.before` vetoes here.)
+using VetoHook = std::function<std::optional<std::string>(const CallRequest& call)>;
+
 struct CallOutcome {
   // succeeded | failed | denied | unknown | rejected, or awaiting_approval: the run is parked
   // and must stop executing (result {"approval_id": ...}).
@@ -89,6 +96,9 @@ class Gateway {
   // in the log); the run goes on with the rest.
   boost::asio::awaitable<std::vector<std::shared_ptr<Tool>>> Offered(std::string tenant_id,
                                                                      Json allowed_tools);
+  // Adds a veto hook (see VetoHook). REQUIRES: before the first call.
+  void AddVetoHook(VetoHook hook) { veto_hooks_.push_back(std::move(hook)); }
+
   // Stops a deleted MCP server's connection (off the event loop: a stubborn server takes
   // seconds to stop).
   boost::asio::awaitable<void> ForgetMcpServer(std::string server_id);
@@ -145,6 +155,7 @@ class Gateway {
   boost::asio::awaitable<T> OnPool(std::function<T()> fn);
 
   const GatewayOptions options_;
+  std::vector<VetoHook> veto_hooks_;
   mcp::McpManager* mcp_;
   const secrets::Vault* vault_;
   std::unique_ptr<boost::asio::thread_pool> pool_;  // runs blocking tools off the event loop
