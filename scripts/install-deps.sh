@@ -13,6 +13,10 @@ PACKAGES=(
   python3 curl procps nodejs
 )
 
+# npm comes with some nodejs builds (NodeSource) and separately with Debian's; ask for the
+# Debian package only when no npm is there.
+if ! command -v npm >/dev/null 2>&1; then PACKAGES+=(npm); fi
+
 missing=()
 for p in "${PACKAGES[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

@@ -7,7 +7,10 @@ installs it), the reference @modelcontextprotocol/server-everything."""
 
 import base64
 import os
+import socket
+import subprocess
 import sys
+import time
 import unittest
 
 from keel_harness import KeelServer, KeelTestCase
@@ -110,7 +113,11 @@ class McpTest(KeelTestCase):
         for body, fragment in [
             ({"name": "Bad", "command": ["x"]}, "lowercase"),
             ({"name": "a__b", "command": ["x"]}, "'__'"),
-            ({"name": "h", "transport": "http", "url": "http://127.0.0.1:1/mcp"}, "not available"),
+            ({"name": "h", "transport": "http"}, "url"),
+            ({"name": "h", "transport": "http", "url": "ftp://x/mcp"}, "http://"),
+            ({"name": "h", "transport": "http", "url": "http://x/mcp", "command": ["x"]},
+             "command and env go with transport"),
+            ({"name": "c_", "command": ["x"]}, "may not start or end"),
             ({"name": "c", "command": []}, "command"),
             ({"name": "c", "command": ["x"], "env": {"K": 5}}, "env.K"),
             ({"name": "c", "command": ["x"], "extra": 1}, "unknown field"),
@@ -152,6 +159,45 @@ class McpTest(KeelTestCase):
             "mcp__everything__add"
         run, _ = self.turn(agent, '/call %s {"a": 2, "b": 40}' % add)
         self.assertIn("42", run["output"])
+
+    @unittest.skipUnless(os.path.exists(EVERYTHING),
+                         "the reference MCP servers are not installed (make test installs them)")
+    def test_streamable_http_transport(self):
+        s = self.server
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        sock.close()
+        env = dict(os.environ, PORT=str(port))
+        proc = subprocess.Popen(["node", EVERYTHING, "streamableHttp"], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.addCleanup(proc.wait)
+        self.addCleanup(proc.terminate)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        s.ok("PUT", "/v1/secrets/web_key", {"value": "key-123"})
+        srv = self.register({"name": "web", "transport": "http",
+                             "url": "http://127.0.0.1:%d/mcp" % port,
+                             "headers": {"X-Api-Key": {"secret": "web_key"}}})
+        self.assertEqual(srv["status"], "ready", srv)
+        self.assertEqual(srv["headers"], {"X-Api-Key": {"secret": "web_key"}})
+        self.assertIn("mcp__web__echo", [t["name"] for t in srv["tools"]])
+        agent = s.create_agent(tools=["mcp__web__*"])
+        run, steps = self.turn(agent, '/call mcp__web__echo {"message": "over http"}')
+        self.assertEqual(run["status"], "done", run)
+        self.assertIn("over http", run["output"])
+        # The server goes away: calls fail as tool errors, the run goes on.
+        proc.terminate()
+        proc.wait()
+        run, steps = self.turn(agent, '/call mcp__web__echo {"message": "gone"}')
+        self.assertEqual(run["status"], "done", run)
+        self.assertIn([x["status"] for x in steps if x["kind"] == "tool"],
+                      (["failed"], ["denied"]))
 
 
 if __name__ == "__main__":

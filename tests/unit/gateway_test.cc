@@ -348,3 +348,42 @@ TEST_F(GatewayTest, AVetoHookRefusesACallBeforeThePolicyWithItsReason) {
 
 }  // namespace
 }  // namespace keel::tools
+
+namespace keel::tools {
+namespace {
+
+TEST_F(GatewayTest, PlantedSymlinksDoNotLeadWritesOutOfTheWorkspace) {
+  namespace fs = std::filesystem;
+  fs::path outside = fs::temp_directory_path() / ("keel-outside-" + NewId());
+  fs::create_directories(outside);
+  std::string ws = gateway_->WorkspaceOf(agent_);
+  fs::create_directories(ws);
+  fs::create_symlink(outside / "stolen.txt", fs::path(ws) / "notes.txt");
+  fs::create_symlink(outside, fs::path(ws) / ".keel");
+  auto notes = RunCoro(gateway_->Call(Req("notes.append", {{"line", "x"}}, 2)));
+  ASSERT_TRUE(notes.ok());
+  EXPECT_EQ(notes->status, "failed") << notes->ForModel();
+  EXPECT_FALSE(fs::exists(outside / "stolen.txt"));
+  std::string big(40000, 'z');
+  std::ofstream(fs::path(ws) / "big.txt") << big;
+  auto read = RunCoro(gateway_->Call(Req("files.read", {{"path", "big.txt"}}, 3)));
+  ASSERT_TRUE(read.ok());
+  EXPECT_EQ(read->status, "failed") << read->ForModel();
+  EXPECT_NE(read->ForModel().find("leaves the workspace"), std::string::npos) << read->ForModel();
+  EXPECT_TRUE(fs::is_empty(outside));
+  fs::remove_all(outside);
+}
+
+TEST_F(GatewayTest, FilesReadReadsLargeFilesInParts) {
+  std::string ws = gateway_->WorkspaceOf(agent_);
+  std::filesystem::create_directories(ws);
+  std::ofstream(ws + "/part.txt") << "0123456789";
+  auto part = RunCoro(gateway_->Call(Req("files.read", {{"path", "part.txt"}, {"offset", 3}, {"length", 4}}, 2)));
+  ASSERT_TRUE(part.ok());
+  EXPECT_EQ(part->result["content"], "3456");
+  EXPECT_EQ(part->result["truncated"], true);
+  EXPECT_EQ(part->result["bytes"], 10);
+}
+
+}  // namespace
+}  // namespace keel::tools

@@ -49,16 +49,56 @@ Result<Json> ConfigOf(const Json& body, std::string* name, std::string* transpor
       return InvalidArgument("name may contain only lowercase letters, digits, '_' and '-'");
     }
   }
-  KEEL_ASSIGN_OR_RETURN(*transport, OptString(body, "transport", "stdio"));
-  if (*transport == "http") {
-    return InvalidArgument("the streamable HTTP transport is not available yet; register a stdio "
-                           "server (transport \"stdio\" with a command)");
+  if (name->front() == '_' || name->back() == '_') {
+    return InvalidArgument("name may not start or end with '_' (tools are named "
+                           "mcp__{server}__{tool})");
   }
-  if (*transport != "stdio") return InvalidArgument("transport must be \"stdio\" or \"http\"");
+  KEEL_ASSIGN_OR_RETURN(*transport, OptString(body, "transport", "stdio"));
+  if (*transport != "stdio" && *transport != "http") {
+    return InvalidArgument("transport must be \"stdio\" or \"http\"");
+  }
+  Json config = Json::object();
+  // A header or environment value: a string, or a secret by reference.
+  auto value = [](const std::string& what, const Json& v) -> Status {
+    if (v.is_string()) return Status::Ok();
+    if (v.is_object() && v.size() == 1 && v.contains("secret") && v["secret"].is_string()) {
+      return secrets::Vault::CheckName(v["secret"].get<std::string>());
+    }
+    return InvalidArgument(what + " must be a string or {\"secret\": NAME}");
+  };
+  if (*transport == "http") {
+    if (body.contains("command") || body.contains("env")) {
+      return InvalidArgument("command and env go with transport \"stdio\"");
+    }
+    KEEL_ASSIGN_OR_RETURN(std::string url, ReqString(body, "url"));
+    if (url.rfind("http://", 0) != 0 && url.rfind("https://", 0) != 0) {
+      return InvalidArgument("url must start with http:// or https://");
+    }
+    config["url"] = url;
+    Json headers = Json::object();
+    if (body.contains("headers")) {
+      if (!body["headers"].is_object()) return InvalidArgument("headers must be an object");
+      for (auto it = body["headers"].begin(); it != body["headers"].end(); ++it) {
+        if (it.key().empty() || it.key().find_first_of(":\r\n ") != std::string::npos) {
+          return InvalidArgument("headers: '" + it.key() + "' is not a header name");
+        }
+        KEEL_RETURN_IF_ERROR(value("headers." + it.key(), it.value()));
+        headers[it.key()] = it.value();
+      }
+    }
+    config["headers"] = headers;
+    if (body.contains("timeout_ms")) {
+      const Json& t = body["timeout_ms"];
+      if (!t.is_number_integer() || t.get<int64_t>() < 100 || t.get<int64_t>() > 600000) {
+        return InvalidArgument("timeout_ms must be an integer from 100 to 600000");
+      }
+      config["timeout_ms"] = t;
+    }
+    return config;
+  }
   if (body.contains("url") || body.contains("headers")) {
     return InvalidArgument("url and headers go with transport \"http\"");
   }
-  Json config = Json::object();
   if (!body.contains("command") || !body["command"].is_array() || body["command"].empty()) {
     return InvalidArgument("command must be a non-empty array of strings (program and arguments)");
   }
@@ -106,9 +146,14 @@ Json ServerJson(const store::McpServer& s, const std::string& status) {
   Json out = {{"id", s.id},
               {"name", s.name},
               {"transport", s.transport},
-              {"command", s.config.value("command", Json::array())},
-              {"env", s.config.value("env", Json::object())},  // references, never values
               {"created_at", FormatRfc3339(s.created_at)}};
+  if (s.transport == "http") {
+    out["url"] = s.config.value("url", "");
+    out["headers"] = s.config.value("headers", Json::object());  // references, never values
+  } else {
+    out["command"] = s.config.value("command", Json::array());
+    out["env"] = s.config.value("env", Json::object());  // references, never values
+  }
   if (status.rfind("error: ", 0) == 0) {
     out["status"] = "error";
     out["error"] = status.substr(7);

@@ -14,17 +14,26 @@ std::shared_ptr<McpManager::Entry> McpManager::EntryFor(const std::string& serve
   return e;
 }
 
-Result<std::shared_ptr<McpClient>> McpManager::Connect(Entry& e, const ServerLaunch& launch) {
+Result<std::shared_ptr<McpSession>> McpManager::Connect(Entry& e, const ServerLaunch& launch) {
   // REQUIRES: e.mu held.
   if (e.client && e.client->alive() && e.fingerprint == launch.fingerprint) return e.client;
   e.client.reset();
   e.have_tools = false;
-  auto started = McpClient::StartStdio(launch.spec, launch.options);
+  Result<std::shared_ptr<McpSession>> started = Internal("unknown transport " + launch.transport);
+  if (launch.transport == "http") {
+    auto c = McpHttpClient::Connect(launch.http, launch.options);
+    started = c.ok() ? Result<std::shared_ptr<McpSession>>(std::shared_ptr<McpSession>(std::move(c).value()))
+                     : Result<std::shared_ptr<McpSession>>(c.status());
+  } else {
+    auto c = McpClient::StartStdio(launch.spec, launch.options);
+    started = c.ok() ? Result<std::shared_ptr<McpSession>>(std::shared_ptr<McpSession>(std::move(c).value()))
+                     : Result<std::shared_ptr<McpSession>>(c.status());
+  }
   if (!started.ok()) {
     e.last_error = started.status().message();
     return started.status();
   }
-  e.client = std::shared_ptr<McpClient>(std::move(started).value());
+  e.client = std::move(started).value();
   e.fingerprint = launch.fingerprint;
   e.last_error.clear();
   return e.client;
@@ -48,7 +57,7 @@ Result<std::vector<McpTool>> McpManager::Tools(const ServerLaunch& launch) {
 Result<Json> McpManager::Call(const ServerLaunch& launch, const std::string& tool,
                               const Json& arguments, int64_t timeout_ms) {
   auto entry = EntryFor(launch.server_id);
-  std::shared_ptr<McpClient> client;
+  std::shared_ptr<McpSession> client;
   {
     std::lock_guard<std::mutex> lock(entry->mu);
     KEEL_ASSIGN_OR_RETURN(client, Connect(*entry, launch));

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "keel/mcp/http_client.h"
 #include "keel/mcp/mcp_client.h"
 
 namespace keel::mcp {
@@ -20,7 +21,9 @@ namespace keel::mcp {
 struct ServerLaunch {
   std::string server_id;
   std::string name;
-  StdioServerSpec spec;
+  std::string transport = "stdio";  // stdio | http
+  StdioServerSpec spec;             // stdio
+  HttpServerSpec http;              // http
   ClientOptions options;
   // Changes when the registration changed (a different command or environment): a running
   // connection started from another fingerprint is replaced.
@@ -45,7 +48,7 @@ class McpManager {
  private:
   struct Entry {
     std::mutex mu;  // serializes (re)starting and tool-list refreshes of this server
-    std::shared_ptr<McpClient> client;
+    std::shared_ptr<McpSession> client;
     std::string fingerprint;
     std::vector<McpTool> tools;
     bool have_tools = false;
@@ -53,7 +56,7 @@ class McpManager {
   };
   std::shared_ptr<Entry> EntryFor(const std::string& server_id);
   // Returns a live client for the launch, starting one when there is none or it died.
-  Result<std::shared_ptr<McpClient>> Connect(Entry& e, const ServerLaunch& launch);
+  Result<std::shared_ptr<McpSession>> Connect(Entry& e, const ServerLaunch& launch);
 
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<Entry>> entries_;  // GUARDED_BY(mu_)

@@ -78,7 +78,19 @@ struct ClientOptions {
 // Every call then waiting, and every later call, fails at once with kUnavailable saying why
 // (the exit status and the end of the server's stderr when it exited). A caller that wants the
 // server back starts a new client.
-class McpClient {
+// What Keel needs of a connection to an MCP server, whatever its transport (stdio: McpClient;
+// streamable HTTP: McpHttpClient in http_client.h). Blocking and thread-safe.
+class McpSession {
+ public:
+  virtual ~McpSession() = default;
+  virtual Result<std::vector<McpTool>> ListTools() = 0;
+  virtual Result<Json> CallTool(const std::string& name, const Json& arguments,
+                                int64_t timeout_ms = 0) = 0;
+  virtual bool alive() const = 0;
+  virtual bool tools_changed() = 0;
+};
+
+class McpClient final : public McpSession {
  public:
   // Starts the server and performs the initialize handshake within options.init_timeout_ms.
   // Errors: kInvalidArgument for a bad spec; kNotFound when the command does not exist;
@@ -89,7 +101,7 @@ class McpClient {
                                                        const ClientOptions& options);
 
   // REQUIRES: no call of this client is running or will start.
-  ~McpClient();
+  ~McpClient() override;
   McpClient(const McpClient&) = delete;
   McpClient& operator=(const McpClient&) = delete;
 
@@ -97,7 +109,7 @@ class McpClient {
   // the server did not declare the tools capability. kUnavailable for a broken connection, a
   // timeout (request_timeout_ms per page) or a malformed answer; kInvalidArgument when the
   // server answers with a JSON-RPC error.
-  Result<std::vector<McpTool>> ListTools();
+  Result<std::vector<McpTool>> ListTools() override;
 
   // Calls a tool and returns the MCP result object as received: {"content": [...],
   // "isError"?: bool, "structuredContent"?: {...}}. A tool that ran and failed is a success
@@ -108,13 +120,14 @@ class McpClient {
   // request exceeds max_message_bytes; kUnavailable when the server did not answer in time (the
   // request is then cancelled with notifications/cancelled and the client stays usable), or the
   // connection is or becomes broken, or the result is malformed.
-  Result<Json> CallTool(const std::string& name, const Json& arguments, int64_t timeout_ms = 0);
+  Result<Json> CallTool(const std::string& name, const Json& arguments,
+                        int64_t timeout_ms = 0) override;
 
   // True while the process runs and the connection is healthy.
-  bool alive() const;
+  bool alive() const override;
   // True once after each notifications/tools/list_changed (several coalesce): the caller
   // should ListTools again.
-  bool tools_changed();
+  bool tools_changed() override;
   // From the initialize result: serverInfo.name ("" when absent), and the protocol revision
   // the server chose.
   std::string server_name() const;

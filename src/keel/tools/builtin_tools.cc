@@ -7,6 +7,7 @@
 
 #include "keel/common/time.h"
 #include "keel/tools/tool.h"
+#include "keel/tools/workspace.h"
 
 namespace keel::tools {
 
@@ -77,11 +78,9 @@ class NotesAppend final : public Tool {
       return InvalidArgument("notes.append takes one line (no newline characters)");
     }
     if (line.size() > 4096) return InvalidArgument("notes.append: line longer than 4096 bytes");
-    std::error_code ec;
-    std::filesystem::create_directories(ctx.workspace, ec);
-    if (ec) return Unavailable("cannot create workspace " + ctx.workspace + ": " + ec.message());
-    std::string path = ctx.workspace + "/notes.txt";
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    // Inside the workspace and not through a symlink (a command may have planted one).
+    KEEL_ASSIGN_OR_RETURN(std::string path, ResolveInWorkspace(ctx.workspace, "notes.txt"));
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) return Unavailable("cannot open " + path + ": " + std::strerror(errno));
     std::string data = line + "\n";
     // One write(2) with O_APPEND: the line lands whole or not at all on a local file system.

@@ -4,8 +4,12 @@
 #include <boost/asio/thread_pool.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 
 #include "keel/approvals/approvals.h"
@@ -18,6 +22,7 @@
 #include "keel/policy/policy.h"
 #include "keel/store/async.h"
 #include "keel/tools/schema.h"
+#include "keel/tools/workspace.h"
 
 namespace keel::tools {
 
@@ -59,9 +64,9 @@ bool SplitMcpName(const std::string& name, std::string* server, std::string* too
 }
 
 // An MCP server's tool as a Keel tool. What it may do is what its annotations say: read-only
-// tools need `read` (and are pure when also idempotent... a read has no effect to repeat);
-// others need `write`, plus `send` when they reach the outside world; effects are `once`
-// unless the server says the tool is idempotent.
+// tools need `read` and are pure (a read has no effect to repeat); others need `write`, plus
+// `send` unless they say they do not reach the outside world (openWorldHint false); effects
+// are `once` unless the server says the tool is idempotent.
 class McpToolAdapter final : public Tool {
  public:
   McpToolAdapter(mcp::McpManager& manager, mcp::ServerLaunch launch, mcp::McpTool tool)
@@ -78,7 +83,8 @@ class McpToolAdapter final : public Tool {
   }
   std::vector<std::string> rights() const override {
     if (Hint("readOnlyHint")) return {"read"};
-    if (Hint("openWorldHint")) return {"write", "send"};
+    // As the MCP spec says: a tool reaches the outside world unless it says it does not.
+    if (Hint("openWorldHint", true)) return {"write", "send"};
     return {"write"};
   }
   bool blocking() const override { return true; }
@@ -106,8 +112,12 @@ class McpToolAdapter final : public Tool {
   }
 
  private:
-  bool Hint(const char* name) const {
-    return tool_.annotations.is_object() && tool_.annotations.value(name, false) == true;
+  // A boolean hint; anything else (absent, or not a boolean) is the default.
+  bool Hint(const char* name, bool fallback = false) const {
+    if (!tool_.annotations.is_object()) return fallback;
+    auto it = tool_.annotations.find(name);
+    if (it == tool_.annotations.end() || !it->is_boolean()) return fallback;
+    return it->get<bool>();
   }
   mcp::McpManager& manager_;
   mcp::ServerLaunch launch_;
@@ -120,32 +130,45 @@ Result<mcp::ServerLaunch> LaunchOf(store::Tx& tx, const secrets::Vault* vault,
   mcp::ServerLaunch l;
   l.server_id = s.id;
   l.name = s.name;
+  l.transport = s.transport;
   l.spec.name = s.name;
+  l.http.name = s.name;
   const Json& c = s.config;
+  l.http.url = c.value("url", "");
+  // A value, or a secret by reference, opened now.
+  auto value_of = [&](const std::string& what, const Json& v) -> Result<std::string> {
+    if (v.is_string()) return v.get<std::string>();
+    if (!v.is_object() || !v.contains("secret")) return InvalidArgument(what + " is malformed");
+    if (!vault) return Unavailable("secrets are not available to MCP servers here");
+    std::string secret = v["secret"].get<std::string>();
+    auto value = vault->Get(tx, s.tenant_id, secret);
+    if (!value.ok()) {
+      return Status(value.status().code(), "MCP server " + s.name + " needs secret " + secret +
+                                               ": " + value.status().message());
+    }
+    return std::move(value).value();
+  };
+  std::string resolved_headers;
+  const Json headers = c.value("headers", Json::object());
+  for (auto it = headers.begin(); it != headers.end(); ++it) {
+    KEEL_ASSIGN_OR_RETURN(std::string v, value_of("headers." + it.key(), it.value()));
+    l.http.headers.emplace_back(it.key(), v);
+    resolved_headers += it.key() + ": " + v + "\n";
+  }
   for (const auto& arg : c.value("command", Json::array())) {
     if (arg.is_string()) l.spec.command.push_back(arg.get<std::string>());
   }
   std::string resolved;
   const Json env = c.value("env", Json::object());
   for (auto it = env.begin(); it != env.end(); ++it) {
-    if (it.value().is_string()) {
-      l.spec.env[it.key()] = it.value().get<std::string>();
-    } else if (it.value().is_object() && it.value().contains("secret")) {
-      if (!vault) return Unavailable("secrets are not available to MCP servers here");
-      std::string secret = it.value()["secret"].get<std::string>();
-      auto value = vault->Get(tx, s.tenant_id, secret);
-      if (!value.ok()) {
-        return Status(value.status().code(), "MCP server " + s.name + " needs secret " + secret +
-                                                 ": " + value.status().message());
-      }
-      l.spec.env[it.key()] = *value;
-    }
+    KEEL_ASSIGN_OR_RETURN(l.spec.env[it.key()], value_of("env." + it.key(), it.value()));
     resolved += it.key() + "=" + l.spec.env[it.key()] + "\n";
   }
   if (c.contains("timeout_ms") && c["timeout_ms"].is_number_integer()) {
     l.options.request_timeout_ms = c["timeout_ms"].get<int64_t>();
   }
-  l.fingerprint = Sha256Hex(DumpJson(c.value("command", Json::array())) + "\n" + resolved);
+  l.fingerprint = Sha256Hex(s.transport + "\n" + DumpJson(c.value("command", Json::array())) +
+                            "\n" + l.http.url + "\n" + resolved + resolved_headers);
   return l;
 }
 
@@ -340,18 +363,22 @@ Status CheckOwned(store::Tx& tx, const store::Run& cur, const std::string& origi
 
 // Writes a large result whole into the workspace; returns what the model sees instead.
 Result<Json> KeepLargeResult(const std::string& workspace, const store::ToolCall& call,
-                             const std::string& text, bool is_text) {
-  constexpr size_t kPreview = 4096;
+                             const std::string& text, bool is_text, size_t limit) {
+  // Head and tail of at most a quarter of the limit each: the preview stays under it.
+  const size_t kPreview = std::min<size_t>(4096, limit / 4);
   std::string rel = ".keel/results/" + call.run_id + "-" + call.call_id + (is_text ? ".txt" : ".json");
+  KEEL_ASSIGN_OR_RETURN(std::string dir, ResolveInWorkspace(workspace, ".keel/results"));
   std::error_code ec;
-  std::filesystem::create_directories(workspace + "/.keel/results", ec);
+  std::filesystem::create_directories(dir, ec);
   if (ec) return Unavailable(ec.message());
-  std::string path = workspace + "/" + rel;
-  {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out << text;
-    if (!out) return Unavailable("cannot write " + rel);
-  }
+  // Checked again once the directories exist, and written without following a symlink: the
+  // agent's own commands can plant links in its workspace.
+  KEEL_ASSIGN_OR_RETURN(std::string path, ResolveInWorkspace(workspace, rel));
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return Unavailable("cannot write " + rel + ": " + std::strerror(errno));
+  ssize_t n = ::write(fd, text.data(), text.size());
+  ::close(fd);
+  if (n != static_cast<ssize_t>(text.size())) return Unavailable("cannot write " + rel);
   // Head and tail, cut on UTF-8 character boundaries.
   auto cut = [&](size_t at) {
     while (at > 0 && at < text.size() && (static_cast<unsigned char>(text[at]) & 0xC0) == 0x80) --at;
@@ -366,7 +393,7 @@ Result<Json> KeepLargeResult(const std::string& workspace, const store::ToolCall
               {"file", rel},
               {"bytes", text.size()},
               {"note", "the whole result is in the workspace file " + rel +
-                           " (read it with files.read)"}};
+                           " (read it in parts with files.read and offset/length)"}};
 }
 
 }  // namespace
@@ -675,7 +702,8 @@ asio::awaitable<Result<CallOutcome>> Gateway::ExecuteAndRecord(store::ToolCall c
     call.result = *result;
     std::string text = result->is_string() ? result->get<std::string>() : DumpJson(*result);
     if (text.size() > options_.large_result_bytes) {
-      auto kept = KeepLargeResult(WorkspaceOf(agent_id), call, text, result->is_string());
+      auto kept = KeepLargeResult(WorkspaceOf(agent_id), call, text, result->is_string(),
+                                  options_.large_result_bytes);
       if (kept.ok()) {
         call.result = *kept;
       } else {

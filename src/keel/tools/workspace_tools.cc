@@ -66,11 +66,15 @@ class FilesRead final : public Tool {
  public:
   std::string name() const override { return "files.read"; }
   std::string description() const override {
-    return "Reads a text file of the agent's workspace (up to 1 MiB).";
+    return "Reads a text file of the agent's workspace: up to 1 MiB from `offset` (bytes), or "
+           "`length` bytes.";
   }
   Json parameters() const override {
     return {{"type", "object"},
-            {"properties", {{"path", {{"type", "string"}, {"description", "relative to the workspace"}}}}},
+            {"properties",
+             {{"path", {{"type", "string"}, {"description", "relative to the workspace"}}},
+              {"offset", {{"type", "integer"}, {"minimum", 0}}},
+              {"length", {{"type", "integer"}, {"minimum", 1}, {"maximum", 1 << 20}}}}},
             {"required", {"path"}},
             {"additionalProperties", false}};
   }
@@ -89,13 +93,17 @@ class FilesRead final : public Tool {
       ::close(fd);
       return InvalidArgument("'" + path + "' is not a regular file");
     }
-    std::string data(std::min<size_t>(static_cast<size_t>(st.st_size), kMaxReadBytes), '\0');
-    ssize_t n = ::read(fd, data.data(), data.size());
+    const size_t size = static_cast<size_t>(st.st_size);
+    const size_t offset = std::min<size_t>(args.value("offset", size_t(0)), size);
+    const size_t want = std::min<size_t>(args.value("length", kMaxReadBytes), kMaxReadBytes);
+    std::string data(std::min(want, size - offset), '\0');
+    ssize_t n = ::pread(fd, data.data(), data.size(), static_cast<off_t>(offset));
     ::close(fd);
     if (n < 0) return Unavailable("cannot read '" + path + "': " + std::strerror(errno));
     data.resize(static_cast<size_t>(n));
-    Json out = {{"path", path}, {"content", data}, {"bytes", st.st_size}};
-    if (static_cast<size_t>(st.st_size) > kMaxReadBytes) out["truncated"] = true;
+    Json out = {{"path", path}, {"content", data}, {"bytes", size}};
+    if (offset > 0) out["offset"] = offset;
+    if (offset + data.size() < size) out["truncated"] = true;
     return out;
   }
 };
