@@ -1,5 +1,7 @@
 #include "keel/mcp/manager.h"
 
+#include <algorithm>
+
 namespace keel::mcp {
 
 McpManager::~McpManager() {
@@ -34,6 +36,7 @@ Result<std::shared_ptr<McpSession>> McpManager::Connect(Entry& e, const ServerLa
     return started.status();
   }
   e.client = std::move(started).value();
+  e.tenant_id = launch.tenant_id;
   e.fingerprint = launch.fingerprint;
   e.last_error.clear();
   return e.client;
@@ -77,6 +80,19 @@ void McpManager::Forget(const std::string& server_id) {
   }
   std::lock_guard<std::mutex> lock(gone->mu);
   gone->client.reset();
+}
+
+void McpManager::Prune(const std::string& tenant_id, const std::vector<std::string>& registered) {
+  std::vector<std::string> stale;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [id, entry] : entries_) {
+      if (std::find(registered.begin(), registered.end(), id) != registered.end()) continue;
+      std::lock_guard<std::mutex> entry_lock(entry->mu);
+      if (entry->tenant_id == tenant_id) stale.push_back(id);
+    }
+  }
+  for (const auto& id : stale) Forget(id);
 }
 
 std::string McpManager::StatusOf(const std::string& server_id) {

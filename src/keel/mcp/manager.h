@@ -20,6 +20,7 @@ namespace keel::mcp {
 // A registered server with its secrets resolved: what it takes to start it.
 struct ServerLaunch {
   std::string server_id;
+  std::string tenant_id;
   std::string name;
   std::string transport = "stdio";  // stdio | http
   StdioServerSpec spec;             // stdio
@@ -42,6 +43,9 @@ class McpManager {
                     int64_t timeout_ms);
   // Stops and forgets a server's connection (it was deleted).
   void Forget(const std::string& server_id);
+  // Stops the tenant's connections whose servers are no longer registered (deleted through
+  // another node). `registered`: the ids the tenant has now.
+  void Prune(const std::string& tenant_id, const std::vector<std::string>& registered);
   // "ready", "not_connected" or "error: ..." for the API.
   std::string StatusOf(const std::string& server_id);
 
@@ -50,6 +54,7 @@ class McpManager {
     std::mutex mu;  // serializes (re)starting and tool-list refreshes of this server
     std::shared_ptr<McpSession> client;
     std::string fingerprint;
+    std::string tenant_id;
     std::vector<McpTool> tools;
     bool have_tools = false;
     std::string last_error;

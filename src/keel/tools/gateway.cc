@@ -129,6 +129,7 @@ Result<mcp::ServerLaunch> LaunchOf(store::Tx& tx, const secrets::Vault* vault,
                                    const store::McpServer& s) {
   mcp::ServerLaunch l;
   l.server_id = s.id;
+  l.tenant_id = s.tenant_id;
   l.name = s.name;
   l.transport = s.transport;
   l.spec.name = s.name;
@@ -257,6 +258,17 @@ asio::awaitable<std::vector<std::shared_ptr<Tool>>> Gateway::Offered(std::string
     return Status::Ok();
   });
   if (!read.ok()) co_return out;
+  {
+    // Servers deleted through another node: stop their processes here too.
+    std::vector<std::string> ids;
+    for (const auto& s : servers) ids.push_back(s.id);
+    mcp::McpManager* manager = mcp_;
+    std::function<bool()> prune = [manager, tenant_id, ids]() {
+      manager->Prune(tenant_id, ids);
+      return true;
+    };
+    (void)co_await OnPool(std::move(prune));
+  }
   for (const auto& s : servers) {
     // Only servers the agent's list can reach at all are started.
     std::string prefix = std::string(kMcpPrefix) + s.name + "__";
