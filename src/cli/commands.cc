@@ -951,6 +951,110 @@ int StopList(Context& ctx) {
   return kExitOk;
 }
 
+namespace {
+
+// NAME=value, or NAME=secret:SECRET for a secret by reference.
+Result<std::pair<std::string, Json>> Assignment(const std::string& text, const char* what) {
+  size_t eq = text.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    return InvalidArgument(std::string(what) + " '" + text + "' is not NAME=value");
+  }
+  std::string value = text.substr(eq + 1);
+  if (value.rfind("secret:", 0) == 0) {
+    return std::pair<std::string, Json>(text.substr(0, eq), Json{{"secret", value.substr(7)}});
+  }
+  return std::pair<std::string, Json>(text.substr(0, eq), Json(value));
+}
+
+}  // namespace
+
+int McpAdd(Context& ctx, const McpAddArgs& args) {
+  Json body = {{"name", args.name}};
+  if (!args.url.empty()) {
+    body["transport"] = "http";
+    body["url"] = args.url;
+    Json headers = Json::object();
+    for (const auto& h : args.headers) {
+      auto kv = Assignment(h, "--header");
+      if (!kv.ok()) {
+        std::cerr << "keel: " << kv.status().message() << "\n";
+        return kExitUsage;
+      }
+      headers[kv->first] = kv->second;
+    }
+    body["headers"] = headers;
+  } else {
+    body["command"] = args.command;
+    Json env = Json::object();
+    for (const auto& e : args.env) {
+      auto kv = Assignment(e, "--env");
+      if (!kv.ok()) {
+        std::cerr << "keel: " << kv.status().message() << "\n";
+        return kExitUsage;
+      }
+      env[kv->first] = kv->second;
+    }
+    body["env"] = env;
+  }
+  Reply added = Request(ctx, "POST", "/v1/mcp-servers", body, seconds(120));
+  if (!added.ok()) return added.exit_code;
+  if (ctx.json) {
+    PrintJson(added.body);
+    return kExitOk;
+  }
+  const Json& b = added.body;
+  if (Str(b, "status") == "ready") {
+    std::cout << "registered MCP server " << Str(b, "name") << " (" << Str(b, "id") << "): "
+              << b.value("tools", Json::array()).size() << " tools\n";
+    for (const Json& t : b.value("tools", Json::array())) {
+      std::cout << "  " << Str(t, "name") << "  [" << Join(t.value("rights", Json::array()), ",")
+                << "]\n";
+    }
+  } else {
+    std::cout << "registered MCP server " << Str(b, "name") << " (" << Str(b, "id")
+              << "), but it does not work yet: " << Str(b, "error") << "\n";
+  }
+  return kExitOk;
+}
+
+int McpList(Context& ctx) {
+  Reply list = Request(ctx, "GET", "/v1/mcp-servers");
+  if (!list.ok()) return list.exit_code;
+  if (ctx.json) {
+    PrintJson(list.body);
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const Json& s : Items(list.body)) {
+    std::string where = Str(s, "transport") == "http" ? Str(s, "url")
+                                                      : Join(s.value("command", Json::array()), " ");
+    rows.push_back({Str(s, "id"), Str(s, "name"), Str(s, "transport"), Str(s, "status"),
+                    OneLine(where, 50)});
+  }
+  PrintTable({"ID", "NAME", "TRANSPORT", "STATUS", "COMMAND / URL"}, rows);
+  return kExitOk;
+}
+
+int McpRemove(Context& ctx, const std::string& server) {
+  std::string id = server;
+  if (!IsUuid(server)) {
+    Reply list = Request(ctx, "GET", "/v1/mcp-servers");
+    if (!list.ok()) return list.exit_code;
+    id.clear();
+    for (const Json& s : Items(list.body)) {
+      if (Str(s, "name") == server) id = Str(s, "id");
+    }
+    if (id.empty()) {
+      std::cerr << "keel: not_found: no MCP server named " << server << "\n";
+      return kExitServerError;
+    }
+  }
+  Reply gone = Request(ctx, "DELETE", "/v1/mcp-servers/" + Escape(id));
+  if (!gone.ok()) return gone.exit_code;
+  if (!ctx.json) std::cout << "removed MCP server " << server << "\n";
+  return kExitOk;
+}
+
 int TenantsCreate(Context& ctx, const std::string& name) {
   Reply created = Request(ctx, "POST", "/v1/tenants", Json{{"name", name}});
   if (!created.ok()) return created.exit_code;

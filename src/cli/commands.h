@@ -125,6 +125,18 @@ int StopEngage(Context& ctx, const std::string& agent, const std::string& reason
 int StopLift(Context& ctx, const std::string& agent);
 int StopList(Context& ctx);
 
+struct McpAddArgs {
+  std::string name;
+  std::vector<std::string> command;  // stdio: program and arguments
+  std::string url;                   // http: the endpoint
+  std::vector<std::string> env;      // NAME=value or NAME=secret:SECRET
+  std::vector<std::string> headers;  // Name=value or Name=secret:SECRET
+};
+int McpAdd(Context& ctx, const McpAddArgs& args);
+int McpList(Context& ctx);
+// `server`: id or name.
+int McpRemove(Context& ctx, const std::string& server);
+
 int TenantsCreate(Context& ctx, const std::string& name);
 
 int Events(Context& ctx, const EventsArgs& args);

@@ -231,6 +231,25 @@ int Main(int argc, char** argv) {
   on_parse(estop->add_subcommand("list", "List the stops in force"),
            [](Context& c) { return StopList(c); });
 
+  // keel mcp ...
+  CLI::App* mcp = app.add_subcommand("mcp", "Register, list and remove MCP servers (tool providers)");
+  mcp->require_subcommand(1);
+  McpAddArgs mcp_add;
+  std::string mcp_server;
+  CLI::App* mcp_add_cmd = mcp->add_subcommand(
+      "add", "Register an MCP server: NAME -- PROGRAM ARGS... (stdio), or NAME --url URL (http)");
+  mcp_add_cmd->add_option("name", mcp_add.name, "Server name (tools become mcp__NAME__TOOL)")
+      ->required();
+  mcp_add_cmd->add_option("command", mcp_add.command, "stdio: the program and its arguments");
+  mcp_add_cmd->add_option("--url", mcp_add.url, "http: the server's MCP endpoint");
+  mcp_add_cmd->add_option("--env", mcp_add.env, "stdio: NAME=value or NAME=secret:SECRET");
+  mcp_add_cmd->add_option("--header", mcp_add.headers, "http: Name=value or Name=secret:SECRET");
+  on_parse(mcp_add_cmd, [&](Context& c) { return McpAdd(c, mcp_add); });
+  on_parse(mcp->add_subcommand("list", "List MCP servers"), [](Context& c) { return McpList(c); });
+  CLI::App* mcp_rm = mcp->add_subcommand("rm", "Remove an MCP server");
+  mcp_rm->add_option("server", mcp_server, "Server id or name")->required();
+  on_parse(mcp_rm, [&](Context& c) { return McpRemove(c, mcp_server); });
+
   // keel tenants create
   CLI::App* tenants = app.add_subcommand("tenants", "Manage tenants (platform admin only)");
   tenants->require_subcommand(1);
