@@ -46,11 +46,12 @@ TEST(McpManagerTest, StartsRestartsReplacesAndPrunes) {
 
   // Pruning stops only the tenant's servers that are no longer registered.
   ASSERT_TRUE(manager.Tools(FakeLaunch("s2", "t2")).ok());
-  manager.Prune("t1", {"other"});
+  EXPECT_EQ(manager.Stale("t1", {"other"}), std::vector<std::string>({"s1"}));
+  EXPECT_TRUE(manager.Stale("t2", {"s2"}).empty());
+  manager.Forget("s1");
   EXPECT_EQ(manager.StatusOf("s1"), "not_connected");
   EXPECT_EQ(manager.StatusOf("s2"), "ready");
-  manager.Prune("t2", {"s2"});
-  EXPECT_EQ(manager.StatusOf("s2"), "ready");
+  EXPECT_TRUE(manager.Stale("t1", {}).empty());
 }
 
 }  // namespace

@@ -135,6 +135,13 @@ Result<int> LimitOf(const http::Request& req) {
   return out;
 }
 
+Status RequireMember(const http::Request& req, const std::string& what) {
+  if (req.principal.role == "guest") {
+    return PermissionDenied("guests may not " + what + "; this needs an owner or user token");
+  }
+  return Status::Ok();
+}
+
 Status RequireOwner(const http::Request& req) {
   if (req.principal.role != "owner") {
     return PermissionDenied("this needs an owner token; this token's role is '" +

@@ -19,13 +19,6 @@ namespace {
 
 constexpr int64_t kMaxStandingSeconds = 365LL * 24 * 3600;
 
-Status RequireMember(const Request& req) {
-  if (req.principal.role == "guest") {
-    return PermissionDenied("guests may not see approvals; this needs an owner or user token");
-  }
-  return Status::Ok();
-}
-
 Json StandingJson(const store::StandingApproval& s) {
   return {{"id", s.id},
           {"agent_id", s.agent_id},
@@ -104,7 +97,7 @@ Result<approvals::DecisionRequest> ParseDecision(const Request& req, bool approv
 
 void RegisterApprovalRoutes(http::Router& router, ApiContext& ctx) {
   router.Add("GET", "/v1/approvals", [&ctx](Request& req) -> asio::awaitable<Response> {
-    if (auto st = RequireMember(req); !st.ok()) co_return Response::Error(st);
+    if (auto st = RequireMember(req, "see approvals"); !st.ok()) co_return Response::Error(st);
     auto page = PageOf(req);
     if (!page.ok()) co_return Response::Error(page.status());
     std::string status = req.Query("status");
@@ -124,7 +117,7 @@ void RegisterApprovalRoutes(http::Router& router, ApiContext& ctx) {
   });
 
   router.Add("GET", "/v1/approvals/{id}", [&ctx](Request& req) -> asio::awaitable<Response> {
-    if (auto st = RequireMember(req); !st.ok()) co_return Response::Error(st);
+    if (auto st = RequireMember(req, "see approvals"); !st.ok()) co_return Response::Error(st);
     store::Approval found;
     std::string tenant = req.principal.tenant_id;
     std::string id = req.Param("id");
@@ -157,7 +150,7 @@ void RegisterApprovalRoutes(http::Router& router, ApiContext& ctx) {
   }
 
   router.Add("GET", "/v1/standing-approvals", [&ctx](Request& req) -> asio::awaitable<Response> {
-    if (auto st = RequireMember(req); !st.ok()) co_return Response::Error(st);
+    if (auto st = RequireMember(req, "see approvals"); !st.ok()) co_return Response::Error(st);
     std::vector<store::StandingApproval> found;
     std::string tenant = req.principal.tenant_id;
     Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {

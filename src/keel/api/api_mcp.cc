@@ -25,13 +25,6 @@ using http::Response;
 
 namespace {
 
-Status RequireMember(const Request& req) {
-  if (req.principal.role == "guest") {
-    return PermissionDenied("guests may not see MCP servers; this needs an owner or user token");
-  }
-  return Status::Ok();
-}
-
 // Validates a registration and returns the stored config (command, env, timeout_ms).
 Result<Json> ConfigOf(const Json& body, std::string* name, std::string* transport) {
   static const std::set<std::string> kFields = {"name", "transport", "command", "env",
@@ -203,7 +196,7 @@ void RegisterMcpRoutes(http::Router& router, ApiContext& ctx) {
   });
 
   router.Add("GET", "/v1/mcp-servers", [&ctx](Request& req) -> asio::awaitable<Response> {
-    if (auto st = RequireMember(req); !st.ok()) co_return Response::Error(st);
+    if (auto st = RequireMember(req, "see MCP servers"); !st.ok()) co_return Response::Error(st);
     std::vector<store::McpServer> found;
     std::string tenant = req.principal.tenant_id;
     Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
@@ -217,7 +210,7 @@ void RegisterMcpRoutes(http::Router& router, ApiContext& ctx) {
   });
 
   router.Add("GET", "/v1/mcp-servers/{id}", [&ctx](Request& req) -> asio::awaitable<Response> {
-    if (auto st = RequireMember(req); !st.ok()) co_return Response::Error(st);
+    if (auto st = RequireMember(req, "see MCP servers"); !st.ok()) co_return Response::Error(st);
     store::McpServer found;
     std::string tenant = req.principal.tenant_id;
     std::string id = req.Param("id");

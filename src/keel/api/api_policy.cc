@@ -5,6 +5,7 @@
 #include "keel/api/render.h"
 #include "keel/common/time.h"
 #include "keel/policy/policy.h"
+#include "keel/policy/stored.h"
 #include "keel/runtime/runtime.h"
 #include "keel/store/async.h"
 #include "keel/store/store.h"
@@ -16,21 +17,6 @@ using http::Request;
 using http::Response;
 
 namespace {
-
-Status RequireMember(const Request& req) {
-  if (req.principal.role == "guest") {
-    return PermissionDenied("guests may not read policies; this needs an owner or user token");
-  }
-  return Status::Ok();
-}
-
-Result<std::optional<policy::Policy>> StoredPolicy(store::Tx& tx, const std::string& tenant,
-                                                   const std::string& scope) {
-  KEEL_ASSIGN_OR_RETURN(auto doc, tx.policies().GetPolicy(tenant, scope));
-  if (!doc) return std::optional<policy::Policy>();
-  KEEL_ASSIGN_OR_RETURN(auto parsed, policy::ParsePolicy(doc->body));
-  return std::optional<policy::Policy>(std::move(parsed));
-}
 
 Json StopJson(const store::EmergencyStop& s) {
   return {{"agent_id", s.agent_id.empty() ? Json(nullptr) : Json(s.agent_id)},
@@ -44,7 +30,7 @@ Json StopJson(const store::EmergencyStop& s) {
 void AddPolicyRoutes(http::Router& router, ApiContext& ctx, const std::string& path,
                      bool agent_scope) {
   router.Add("GET", path, [&ctx, agent_scope](Request& req) -> asio::awaitable<Response> {
-    if (auto st = RequireMember(req); !st.ok()) co_return Response::Error(st);
+    if (auto st = RequireMember(req, "read policies"); !st.ok()) co_return Response::Error(st);
     std::string tenant = req.principal.tenant_id;
     std::string scope = agent_scope ? req.Param("id") : "";
     std::optional<store::PolicyDoc> doc;
@@ -75,7 +61,7 @@ void AddPolicyRoutes(http::Router& router, ApiContext& ctx, const std::string& p
       if (agent_scope) {
         KEEL_RETURN_IF_ERROR(tx.agents().GetAgent(tenant, scope).status());
         // Checked against the frame in force, inside the unit that writes the narrowing.
-        KEEL_ASSIGN_OR_RETURN(auto frame, StoredPolicy(tx, tenant, ""));
+        KEEL_ASSIGN_OR_RETURN(auto frame, policy::LoadPolicy(tx, tenant, ""));
         KEEL_RETURN_IF_ERROR(policy::CheckNarrowing(frame ? &*frame : nullptr, *parsed));
       }
       KEEL_RETURN_IF_ERROR(tx.policies().PutPolicy(doc));
@@ -155,7 +141,7 @@ void RegisterPolicyRoutes(http::Router& router, ApiContext& ctx) {
   AddStopRoutes(router, ctx, "/v1/agents/{id}/emergency-stop", true);
 
   router.Add("GET", "/v1/emergency-stops", [&ctx](Request& req) -> asio::awaitable<Response> {
-    if (auto st = RequireMember(req); !st.ok()) co_return Response::Error(st);
+    if (auto st = RequireMember(req, "read policies"); !st.ok()) co_return Response::Error(st);
     std::vector<store::EmergencyStop> stops;
     std::string tenant = req.principal.tenant_id;
     Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {

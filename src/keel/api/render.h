@@ -33,5 +33,7 @@ Json ListJson(const store::Paged<T>& page, Fn render) {
 
 // Owners may administer their tenant; users may only use it.
 Status RequireOwner(const http::Request& req);
+// Owners and users, not guests; `what` names the action for the error ("see approvals").
+Status RequireMember(const http::Request& req, const std::string& what);
 
 }  // namespace keel::api

@@ -2,6 +2,7 @@
 
 #include "keel/common/ids.h"
 #include "keel/policy/policy.h"
+#include "keel/policy/stored.h"
 
 namespace keel::approvals {
 namespace {
@@ -26,14 +27,6 @@ Outcome OutcomeOf(const DecisionRequest& d) {
       return {"cancelled", "rejected", "the run was cancelled while the call waited for approval"};
   }
   return {"rejected", "rejected", "rejected"};
-}
-
-Result<std::optional<policy::Policy>> LoadPolicy(store::Tx& tx, const std::string& tenant_id,
-                                                 const std::string& scope) {
-  KEEL_ASSIGN_OR_RETURN(auto doc, tx.policies().GetPolicy(tenant_id, scope));
-  if (!doc) return std::optional<policy::Policy>();
-  KEEL_ASSIGN_OR_RETURN(auto parsed, policy::ParsePolicy(doc->body));
-  return std::optional<policy::Policy>(std::move(parsed));
 }
 
 }  // namespace
@@ -85,8 +78,8 @@ Result<store::Approval> Decide(store::Tx& tx, const DecisionRequest& d, Millis n
     }
   }
   if (human) {
-    KEEL_ASSIGN_OR_RETURN(auto frame, LoadPolicy(tx, d.tenant_id, ""));
-    KEEL_ASSIGN_OR_RETURN(auto narrowing, LoadPolicy(tx, d.tenant_id, a.agent_id));
+    KEEL_ASSIGN_OR_RETURN(auto frame, policy::LoadPolicy(tx, d.tenant_id, ""));
+    KEEL_ASSIGN_OR_RETURN(auto narrowing, policy::LoadPolicy(tx, d.tenant_id, a.agent_id));
     if (policy::SeparateApprover(frame ? &*frame : nullptr, narrowing ? &*narrowing : nullptr) &&
         !a.requested_by.empty() && a.requested_by == d.decided_by) {
       return PermissionDenied("the policy asks for a separate approver: whoever asked for the "

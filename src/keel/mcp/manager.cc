@@ -9,9 +9,10 @@ McpManager::~McpManager() {
   entries_.clear();  // each client's destructor shuts its server down
 }
 
-std::shared_ptr<McpManager::Entry> McpManager::EntryFor(const std::string& server_id) {
+std::shared_ptr<McpManager::Entry> McpManager::EntryFor(const ServerLaunch& launch) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto& e = entries_[server_id];
+  tenant_of_[launch.server_id] = launch.tenant_id;
+  auto& e = entries_[launch.server_id];
   if (!e) e = std::make_shared<Entry>();
   return e;
 }
@@ -36,14 +37,13 @@ Result<std::shared_ptr<McpSession>> McpManager::Connect(Entry& e, const ServerLa
     return started.status();
   }
   e.client = std::move(started).value();
-  e.tenant_id = launch.tenant_id;
   e.fingerprint = launch.fingerprint;
   e.last_error.clear();
   return e.client;
 }
 
 Result<std::vector<McpTool>> McpManager::Tools(const ServerLaunch& launch) {
-  auto entry = EntryFor(launch.server_id);
+  auto entry = EntryFor(launch);
   std::lock_guard<std::mutex> lock(entry->mu);
   KEEL_ASSIGN_OR_RETURN(auto client, Connect(*entry, launch));
   if (entry->have_tools && !client->tools_changed()) return entry->tools;
@@ -59,7 +59,7 @@ Result<std::vector<McpTool>> McpManager::Tools(const ServerLaunch& launch) {
 
 Result<Json> McpManager::Call(const ServerLaunch& launch, const std::string& tool,
                               const Json& arguments, int64_t timeout_ms) {
-  auto entry = EntryFor(launch.server_id);
+  auto entry = EntryFor(launch);
   std::shared_ptr<McpSession> client;
   {
     std::lock_guard<std::mutex> lock(entry->mu);
@@ -77,22 +77,23 @@ void McpManager::Forget(const std::string& server_id) {
     if (it == entries_.end()) return;
     gone = std::move(it->second);
     entries_.erase(it);
+    tenant_of_.erase(server_id);
   }
   std::lock_guard<std::mutex> lock(gone->mu);
   gone->client.reset();
 }
 
-void McpManager::Prune(const std::string& tenant_id, const std::vector<std::string>& registered) {
+std::vector<std::string> McpManager::Stale(const std::string& tenant_id,
+                                           const std::vector<std::string>& registered) {
   std::vector<std::string> stale;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& [id, entry] : entries_) {
-      if (std::find(registered.begin(), registered.end(), id) != registered.end()) continue;
-      std::lock_guard<std::mutex> entry_lock(entry->mu);
-      if (entry->tenant_id == tenant_id) stale.push_back(id);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [id, tenant] : tenant_of_) {
+    if (tenant == tenant_id && entries_.count(id) &&
+        std::find(registered.begin(), registered.end(), id) == registered.end()) {
+      stale.push_back(id);
     }
   }
-  for (const auto& id : stale) Forget(id);
+  return stale;
 }
 
 std::string McpManager::StatusOf(const std::string& server_id) {

@@ -43,9 +43,11 @@ class McpManager {
                     int64_t timeout_ms);
   // Stops and forgets a server's connection (it was deleted).
   void Forget(const std::string& server_id);
-  // Stops the tenant's connections whose servers are no longer registered (deleted through
-  // another node). `registered`: the ids the tenant has now.
-  void Prune(const std::string& tenant_id, const std::vector<std::string>& registered);
+  // The tenant's connections whose servers are no longer registered (deleted through another
+  // node), to Forget. `registered`: the ids the tenant has now. Never blocks: callable from the
+  // event loop, which then forgets the few it finds on a worker thread.
+  std::vector<std::string> Stale(const std::string& tenant_id,
+                                 const std::vector<std::string>& registered);
   // "ready", "not_connected" or "error: ..." for the API.
   std::string StatusOf(const std::string& server_id);
 
@@ -54,17 +56,17 @@ class McpManager {
     std::mutex mu;  // serializes (re)starting and tool-list refreshes of this server
     std::shared_ptr<McpSession> client;
     std::string fingerprint;
-    std::string tenant_id;
     std::vector<McpTool> tools;
     bool have_tools = false;
     std::string last_error;
   };
-  std::shared_ptr<Entry> EntryFor(const std::string& server_id);
+  std::shared_ptr<Entry> EntryFor(const ServerLaunch& launch);
   // Returns a live client for the launch, starting one when there is none or it died.
   Result<std::shared_ptr<McpSession>> Connect(Entry& e, const ServerLaunch& launch);
 
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<Entry>> entries_;  // GUARDED_BY(mu_)
+  std::map<std::string, std::string> tenant_of_;          // server id -> tenant; GUARDED_BY(mu_)
 };
 
 }  // namespace keel::mcp

@@ -9,6 +9,7 @@
 #include "keel/common/ids.h"
 #include "keel/metrics.h"
 #include "keel/model/provider.h"
+#include "keel/policy/stored.h"
 #include "keel/runtime/event_hub.h"
 #include "keel/runtime/runtime.h"
 #include "keel/store/async.h"
@@ -76,14 +77,7 @@ asio::awaitable<std::optional<std::string>> Runtime::StopFor(const store::Run& r
     return Status::Ok();
   });
   if (!read.ok()) co_return std::nullopt;  // a failing store fails the next write instead
-  for (const auto& s : stops) {
-    if (s.agent_id.empty() || s.agent_id == run.agent_id) {
-      co_return std::string("an emergency stop is in force for ") +
-          (s.agent_id.empty() ? "the tenant" : "this agent") +
-          (s.reason.empty() ? "" : ": " + s.reason);
-    }
-  }
-  co_return std::nullopt;
+  co_return policy::StopReason(stops, run.agent_id);
 }
 
 asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known) {

@@ -20,6 +20,7 @@
 #include "keel/secrets/vault.h"
 #include "keel/common/time.h"
 #include "keel/policy/policy.h"
+#include "keel/policy/stored.h"
 #include "keel/store/async.h"
 #include "keel/tools/schema.h"
 #include "keel/tools/workspace.h"
@@ -258,17 +259,11 @@ asio::awaitable<std::vector<std::shared_ptr<Tool>>> Gateway::Offered(std::string
     return Status::Ok();
   });
   if (!read.ok()) co_return out;
-  {
-    // Servers deleted through another node: stop their processes here too.
-    std::vector<std::string> ids;
-    for (const auto& s : servers) ids.push_back(s.id);
-    mcp::McpManager* manager = mcp_;
-    std::function<bool()> prune = [manager, tenant_id, ids]() {
-      manager->Prune(tenant_id, ids);
-      return true;
-    };
-    (void)co_await OnPool(std::move(prune));
-  }
+  // Servers deleted through another node: stop their processes here too (rarely any, so the
+  // check stays on the event loop and only stopping goes to the pool).
+  std::vector<std::string> ids;
+  for (const auto& s : servers) ids.push_back(s.id);
+  for (const auto& stale : mcp_->Stale(tenant_id, ids)) co_await ForgetMcpServer(stale);
   for (const auto& s : servers) {
     // Only servers the agent's list can reach at all are started.
     std::string prefix = std::string(kMcpPrefix) + s.name + "__";
@@ -336,33 +331,6 @@ struct Guards {
   std::vector<store::EmergencyStop> stops;
   std::vector<store::StandingApproval> standing;
 };
-
-Result<std::optional<policy::Policy>> LoadPolicy(store::Tx& tx, const std::string& tenant_id,
-                                                 const std::string& scope) {
-  KEEL_ASSIGN_OR_RETURN(auto doc, tx.policies().GetPolicy(tenant_id, scope));
-  if (!doc) return std::optional<policy::Policy>();
-  auto parsed = policy::ParsePolicy(doc->body);
-  if (!parsed.ok()) {
-    return Internal("the stored " + std::string(scope.empty() ? "tenant policy" : "agent policy") +
-                    " does not parse: " + parsed.status().message());
-  }
-  return std::optional<policy::Policy>(std::move(parsed).value());
-}
-
-// The stop that holds for the agent, if any (tenant-wide first).
-const store::EmergencyStop* StopFor(const std::vector<store::EmergencyStop>& stops,
-                                    const std::string& agent_id) {
-  for (const auto& s : stops) {
-    if (s.agent_id.empty() || s.agent_id == agent_id) return &s;
-  }
-  return nullptr;
-}
-
-std::string StopReason(const store::EmergencyStop& s) {
-  return std::string("an emergency stop is in force for ") +
-         (s.agent_id.empty() ? "the tenant" : "this agent") +
-         (s.reason.empty() ? "" : ": " + s.reason);
-}
 
 // Re-reads the run inside the unit and checks this execution still owns it.
 Status CheckOwned(store::Tx& tx, const store::Run& cur, const std::string& origin, int attempt) {
@@ -487,16 +455,17 @@ asio::awaitable<Result<CallOutcome>> Gateway::Call(const CallRequest& req) {
 
   Guards guards;
   Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
-    KEEL_ASSIGN_OR_RETURN(guards.frame, LoadPolicy(tx, req.tenant_id, ""));
-    KEEL_ASSIGN_OR_RETURN(guards.narrowing, LoadPolicy(tx, req.tenant_id, req.agent_id));
+    KEEL_ASSIGN_OR_RETURN(guards.frame, policy::LoadPolicy(tx, req.tenant_id, ""));
+    KEEL_ASSIGN_OR_RETURN(guards.narrowing,
+                          policy::LoadPolicy(tx, req.tenant_id, req.agent_id));
     KEEL_ASSIGN_OR_RETURN(guards.stops, tx.policies().ListStops(req.tenant_id));
     KEEL_ASSIGN_OR_RETURN(guards.standing, tx.approvals().ActiveStanding(
                                                req.tenant_id, req.agent_id, req.tool, now));
     return Status::Ok();
   });
   if (!read.ok()) co_return read;
-  if (const auto* stop = StopFor(guards.stops, req.agent_id)) {
-    co_return co_await Deny(call, step, req, StopReason(*stop));
+  if (auto stop = policy::StopReason(guards.stops, req.agent_id)) {
+    co_return co_await Deny(call, step, req, *stop);
   }
   policy::Decision decision =
       policy::Decide(guards.frame ? &*guards.frame : nullptr,
@@ -601,8 +570,8 @@ asio::awaitable<Result<CallOutcome>> Gateway::ExecuteApproved(const store::ToolC
   if (!read.ok()) co_return read;
   Millis now = NowMillis();
   std::string refusal;
-  if (const auto* stop = StopFor(stops, agent_id)) {
-    refusal = StopReason(*stop);
+  if (auto stop = policy::StopReason(stops, agent_id)) {
+    refusal = *stop;
   } else if (auto tool = co_await Resolve(call.tenant_id, call.tool); !tool.ok()) {
     refusal = tool.status().message();
   } else if (Status fits = CheckArguments((*tool)->parameters(), call.arguments); !fits.ok()) {

@@ -285,6 +285,7 @@ void PostgresStore::CommitBatch(std::vector<Unit>& batch) {
   std::vector<Status> results(batch.size());
   std::vector<std::vector<Event>> events(batch.size());
   Status begin = BeginWrite();
+  Status commit;
   int committed_units = 0;
   if (begin.ok()) {
     Conn& conn = *writer_->conn;
@@ -329,7 +330,6 @@ void PostgresStore::CommitBatch(std::vector<Unit>& batch) {
         ++committed_units;
       }
     }
-    Status commit;
     if (committed_units == 0) {
       commit = conn.Exec("ROLLBACK");
     } else if (conn.in_failed_transaction()) {
@@ -338,31 +338,11 @@ void PostgresStore::CommitBatch(std::vector<Unit>& batch) {
     } else {
       commit = conn.Exec(CommitSql(conn, events).c_str());
     }
-    if (!commit.ok()) {
-      (void)conn.Exec("ROLLBACK");
-      for (size_t i = 0; i < batch.size(); ++i) {
-        if (results[i].ok()) results[i] = commit;
-        events[i].clear();
-      }
-      committed_units = 0;
-    }
+    if (!commit.ok()) (void)conn.Exec("ROLLBACK");
   } else {
     for (auto& r : results) r = begin;
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (committed_units > 0) ++stats_.commits;
-    stats_.units += committed_units;
-    stats_.failed_units += static_cast<int64_t>(batch.size()) - committed_units;
-  }
-  if (listener_ && committed_units > 0) {
-    std::vector<Event> all;
-    for (auto& ev : events) all.insert(all.end(), ev.begin(), ev.end());
-    if (!all.empty()) listener_(all);
-  }
-  for (size_t i = 0; i < batch.size(); ++i) {
-    if (batch[i].done) batch[i].done(std::move(results[i]), std::move(events[i]));
-  }
+  FinishBatch(batch, results, events, commit, committed_units, mu_, stats_, listener_);
 }
 
 std::string PostgresStore::CommitSql(Conn& conn,

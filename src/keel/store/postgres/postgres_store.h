@@ -45,6 +45,7 @@
 #include <thread>
 #include <vector>
 
+#include "keel/store/batch.h"
 #include "keel/store/store.h"
 
 namespace keel::store::postgres {
@@ -72,10 +73,7 @@ class PostgresStore final : public Store {
   void Close() override;
 
  private:
-  struct Unit {
-    WriteFn fn;
-    WriteDone done;
-  };
+  using Unit = PendingUnit;
   // A connection with its Tx; the writer's and each pooled reader's.
   struct Session {
     std::unique_ptr<Conn> conn;

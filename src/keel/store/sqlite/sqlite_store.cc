@@ -141,6 +141,7 @@ void SqliteStore::CommitBatch(std::vector<Unit>& batch) {
   std::vector<Status> results(batch.size());
   std::vector<std::vector<Event>> events(batch.size());
   Status begin = db.Exec("BEGIN IMMEDIATE");
+  Status commit;
   int committed_units = 0;
   if (begin.ok()) {
     // A unit alone in its batch needs no savepoint: its failure rolls back the transaction.
@@ -169,32 +170,12 @@ void SqliteStore::CommitBatch(std::vector<Unit>& batch) {
         ++committed_units;
       }
     }
-    Status commit = committed_units > 0 ? db.Exec("COMMIT") : db.Exec("ROLLBACK");
-    if (!commit.ok()) {
-      (void)db.Exec("ROLLBACK");
-      for (size_t i = 0; i < batch.size(); ++i) {
-        if (results[i].ok()) results[i] = commit;
-        events[i].clear();
-      }
-      committed_units = 0;
-    }
+    commit = committed_units > 0 ? db.Exec("COMMIT") : db.Exec("ROLLBACK");
+    if (!commit.ok()) (void)db.Exec("ROLLBACK");
   } else {
     for (auto& r : results) r = begin;
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (committed_units > 0) ++stats_.commits;
-    stats_.units += committed_units;
-    stats_.failed_units += static_cast<int64_t>(batch.size()) - committed_units;
-  }
-  if (listener_ && committed_units > 0) {
-    std::vector<Event> all;
-    for (auto& ev : events) all.insert(all.end(), ev.begin(), ev.end());
-    if (!all.empty()) listener_(all);
-  }
-  for (size_t i = 0; i < batch.size(); ++i) {
-    if (batch[i].done) batch[i].done(std::move(results[i]), std::move(events[i]));
-  }
+  FinishBatch(batch, results, events, commit, committed_units, mu_, stats_, listener_);
 }
 
 }  // namespace keel::store::sqlite

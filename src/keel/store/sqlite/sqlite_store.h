@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "keel/store/batch.h"
 #include "keel/store/store.h"
 
 namespace keel::store::sqlite {
@@ -36,10 +37,7 @@ class SqliteStore final : public Store {
   void Close() override;
 
  private:
-  struct Unit {
-    WriteFn fn;
-    WriteDone done;
-  };
+  using Unit = PendingUnit;
   struct Reader {
     std::unique_ptr<Db> db;
     std::unique_ptr<SqliteTx> tx;
