@@ -181,6 +181,7 @@ void RegisterAllRoutes(http::Router& router, ApiContext& ctx) {
   RegisterPolicyRoutes(router, ctx);
   RegisterApprovalRoutes(router, ctx);
   RegisterMcpRoutes(router, ctx);
+  RegisterMcpServerRoutes(router, ctx);
 }
 
 }  // namespace keel::api

@@ -64,6 +64,7 @@ void RegisterSecretRoutes(http::Router& router, ApiContext& ctx);    // secrets
 void RegisterPolicyRoutes(http::Router& router, ApiContext& ctx);    // policies, emergency stops
 void RegisterApprovalRoutes(http::Router& router, ApiContext& ctx);  // approvals, standing ones
 void RegisterMcpRoutes(http::Router& router, ApiContext& ctx);       // MCP servers
+void RegisterMcpServerRoutes(http::Router& router, ApiContext& ctx); // /v1/mcp: Keel as one
 
 // The OpenAPI 3.1 document served at /v1/openapi.json.
 const std::string& OpenApiDocument();

@@ -142,9 +142,13 @@ void RegisterSessionRoutes(http::Router& router, ApiContext& ctx) {
     if (!content.ok()) co_return Response::Error(content.status());
     auto wait = WaitSeconds(req);
     if (!wait.ok()) co_return Response::Error(wait.status());
-    runtime::IntakeRequest intake{req.principal.tenant_id, req.Param("id"), *content,
-                                  req.Header("idempotency-key"), req.principal.token_id,
-                                  req.principal.role};
+    runtime::IntakeRequest intake;
+    intake.tenant_id = req.principal.tenant_id;
+    intake.session_id = req.Param("id");
+    intake.content = *content;
+    intake.idempotency_key = req.Header("idempotency-key");
+    intake.requested_by = req.principal.token_id;
+    intake.caller_role = req.principal.role;
     auto result = co_await ctx.runtime.PostMessage(intake);
     if (!result.ok()) {
       Response r = Response::Error(result.status());

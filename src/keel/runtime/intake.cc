@@ -10,7 +10,18 @@ namespace keel::runtime {
 namespace asio = boost::asio;
 
 asio::awaitable<Result<IntakeResult>> Runtime::PostMessage(const IntakeRequest& req) {
-  if (req.content.empty()) co_return InvalidArgument("field 'content' must not be empty");
+  std::string content = req.content;
+  if (!req.call.is_null()) {
+    const Json& c = req.call;
+    if (!c.is_object() || !c.contains("name") || !c["name"].is_string() ||
+        c["name"].get_ref<const std::string&>().empty()) {
+      co_return InvalidArgument("a direct call needs a tool name");
+    }
+    Json arguments = c.value("arguments", Json::object());
+    if (!arguments.is_object()) co_return InvalidArgument("a call's arguments must be an object");
+    content = DumpJson(Json{{"id", "call_" + NewId()}, {"name", c["name"]}, {"arguments", arguments}});
+  }
+  if (content.empty()) co_return InvalidArgument("field 'content' must not be empty");
   if (req.idempotency_key.size() > 256) {
     co_return InvalidArgument("Idempotency-Key is longer than 256 characters");
   }
@@ -46,8 +57,8 @@ asio::awaitable<Result<IntakeResult>> Runtime::PostMessage(const IntakeRequest& 
   out.message.tenant_id = out.run.tenant_id = req.tenant_id;
   out.message.session_id = out.run.session_id = req.session_id;
   out.message.run_id = out.run.id;
-  out.message.role = "user";
-  out.message.content = req.content;
+  out.message.role = req.call.is_null() ? "user" : "call";
+  out.message.content = content;
   out.message.idempotency_key = req.idempotency_key;
   out.message.created_at = out.run.created_at = now;
   out.run.agent_id = agent.id;
@@ -105,7 +116,7 @@ asio::awaitable<Result<IntakeResult>> Runtime::PostMessage(const IntakeRequest& 
     KEEL_RETURN_IF_ERROR(tx.events()
                              .Append({req.tenant_id, "message.created@v1", agent.id, req.session_id,
                                       out.run.id,
-                                      {{"message_id", out.message.id}, {"role", "user"}}}));
+                                      {{"message_id", out.message.id}, {"role", out.message.role}}}));
     KEEL_RETURN_IF_ERROR(tx.events()
                              .Append({req.tenant_id, "run.queued@v1", agent.id, req.session_id,
                                       out.run.id, {{"message_id", out.message.id}}}));

@@ -121,6 +121,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
   }
   ++metrics_.runs_started;
 
+  bool direct = false;  // a direct call (see below); set once the prompt is known
   // Ends the run in one unit of work: the final answer (or the failure) and the session's state.
   // Parameters by value: the coroutine outlives the caller's temporaries (see `fail`).
   auto finish = [&](std::string status, std::string output, Json error,
@@ -148,7 +149,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
       KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(cur));
       KEEL_RETURN_IF_ERROR(tx.sessions().UpdateSessionStatus(cur.tenant_id, cur.session_id,
                                                              "idle", at));
-      if (status == "done") {
+      if (status == "done" && !direct) {
         store::Message reply;
         reply.id = NewId();
         reply.tenant_id = cur.tenant_id;
@@ -217,23 +218,41 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
     co_return;
   }
 
+  // A direct call (role "call", posted through Keel's MCP server) runs its one tool call through
+  // the gateway and ends with the call's answer; the model is never asked.
+  direct = prompt.role == "call";
+  std::vector<model::ToolCallRequest> pending;  // proposed by the last model step, not yet run
+  std::string direct_answer;                    // a direct call's answer, once it has one
   model::ModelRequest request;
-  std::string model_name;
-  auto provider = providers_.Resolve(agent.model, &model_name);
-  if (!provider.ok()) {
-    std::string code = "invalid_model";
-    (void)co_await fail(code, provider.status().message());
-    co_return;
-  }
-  request.model = model_name;
-  request.agent_config = agent.config;
-  if (!agent.instructions.empty()) request.messages.push_back({"system", agent.instructions, {}, "", ""});
-  for (const auto& m : history) {
-    if (m.role == "user" || m.role == "assistant") request.messages.push_back({m.role, m.content, {}, "", ""});
-  }
-  request.messages.push_back({"user", prompt.content, {}, "", ""});
-  for (const auto& t : co_await gateway_.Offered(run.tenant_id, agent.tools)) {
-    request.tools.push_back({t->name(), t->description(), t->parameters()});
+  model::Provider* provider = nullptr;
+  if (direct) {
+    auto call = ParseJson(prompt.content);
+    if (!call.ok() || !call->is_object()) {
+      std::string code = "invalid_call";
+      (void)co_await fail(code, "the run's call is not a JSON object");
+      co_return;
+    }
+    pending.push_back({call->value("id", ""), call->value("name", ""),
+                       call->value("arguments", Json::object())});
+  } else {
+    std::string model_name;
+    auto resolved = providers_.Resolve(agent.model, &model_name);
+    if (!resolved.ok()) {
+      std::string code = "invalid_model";
+      (void)co_await fail(code, resolved.status().message());
+      co_return;
+    }
+    provider = *resolved;
+    request.model = model_name;
+    request.agent_config = agent.config;
+    if (!agent.instructions.empty()) request.messages.push_back({"system", agent.instructions, {}, "", ""});
+    for (const auto& m : history) {
+      if (m.role == "user" || m.role == "assistant") request.messages.push_back({m.role, m.content, {}, "", ""});
+    }
+    request.messages.push_back({"user", prompt.content, {}, "", ""});
+    for (const auto& t : co_await gateway_.Offered(run.tenant_id, agent.tools)) {
+      request.tools.push_back({t->name(), t->description(), t->parameters()});
+    }
   }
   int max_steps = options_.default_max_steps;
   if (agent.config.is_object() && agent.config.contains("max_steps") &&
@@ -245,7 +264,6 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
   std::map<std::string, const store::ToolCall*> call_by_step;
   for (const auto& c : calls) call_by_step[c.step_id] = &c;
   std::set<std::string> seen_call_ids;
-  std::vector<model::ToolCallRequest> pending;  // proposed by the last model step, not yet run
   int model_steps = 0;
   int next_seq = 1;
   for (const auto& step : steps) {
@@ -279,6 +297,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
       co_return;
     }
     std::erase_if(pending, [&](const auto& p) { return p.id == call.call_id; });
+    if (direct) direct_answer = outcome.ForModel();
     request.messages.push_back({"tool", outcome.ForModel(), {}, call.call_id, call.tool});
   }
 
@@ -322,6 +341,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
         auto outcome = co_await gateway_.Call(creq);
         if (!outcome.ok()) co_return;  // the store failed; the run resumes after its lease
         if (outcome->status == "awaiting_approval") co_return;  // parked; a decision requeues it
+        if (direct) direct_answer = outcome->ForModel();
         request.messages.push_back({"tool", outcome->ForModel(), {}, call.id, call.name});
       }
       pending.clear();
@@ -333,6 +353,11 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
       });
       (void)fresh;
       continue;
+    }
+    if (direct) {  // its call has its answer (the call's record says how it went)
+      std::string done = "done";
+      (void)co_await finish(done, direct_answer, Json(), std::nullopt, model::Usage{});
+      co_return;
     }
     if (model_steps >= max_steps) {
       std::string code = "step_limit";
@@ -354,7 +379,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
     auto delta = [this, &run](const std::string& text) {
       hub_.PublishDelta({run.tenant_id, run.agent_id, run.session_id, run.id, text});
     };
-    auto response = co_await (*provider)->Complete(request, delta);
+    auto response = co_await provider->Complete(request, delta);
     step.finished_at = NowMillis();
     ++model_steps;
     if (!response.ok()) {

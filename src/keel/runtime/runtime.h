@@ -20,6 +20,7 @@
 #include <set>
 #include <string>
 
+#include "keel/common/json_util.h"
 #include "keel/common/status.h"
 #include "keel/store/store.h"
 
@@ -53,6 +54,11 @@ struct IntakeRequest {
   std::string idempotency_key;  // empty: none
   std::string requested_by;     // the caller's token id
   std::string caller_role = "owner";  // owner | user | guest: bounds the run's tool calls
+  // A direct tool call instead of a message for the model (Keel as an MCP server):
+  // {"name", "arguments"}. The run passes that one call through the gateway, with its policy
+  // and approvals, and ends with the call's answer; the model is never asked. The message is
+  // recorded with role "call" and the call as its content. Null: an ordinary message.
+  Json call;
 };
 
 struct IntakeResult {
