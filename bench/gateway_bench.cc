@@ -69,7 +69,7 @@ struct GatewayFixture {
       r.session_id = session;
       r.agent_id = agent;
       KEEL_RETURN_IF_ERROR(tx.runs().InsertRun(r));
-      keel::Json frame = {{"rules", {{{"tool", "*"}, {"rights", {"read", "write"}}}}}};
+      keel::Json frame = {{"rules", {{{"tool", "*"}, {"rights", {"read", "write", "send"}}}}}};
       return tx.policies().PutPolicy({tenant, "", frame, 1});
     });
   }
