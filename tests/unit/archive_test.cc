@@ -102,7 +102,8 @@ bool IsEmpty(Store& store) {
 }
 
 // One tenant's worth of everything: tokens, an agent, a session, messages, a run with a model
-// step and a tool step with its tool call, and events.
+// step and a tool step with its tool call, events, and two plugins enabled (one with a webhook
+// delivery, which is not exported).
 Status Fill(Store& store, const std::string& tenant_id) {
   return store.WriteSync([&](Tx& tx) -> Status {
     Millis now = NowMillis();
@@ -169,6 +170,35 @@ Status Fill(Store& store, const std::string& tenant_id) {
     c.result = Json{{"time", "12:00"}};
     c.created_at = c.updated_at = now;
     KEEL_RETURN_IF_ERROR(tx.runs().InsertToolCall(c));
+    Plugin lua;
+    lua.tenant_id = tenant_id;
+    lua.id = "audit";
+    lua.name = "Audit";
+    lua.version = "1.2.0";
+    lua.kind = "lua";
+    lua.manifest = Json{{"id", "audit"}, {"hooks", {"tool.after"}}, {"note", "ünïcode ✓"}};
+    lua.source = "return { on = { [\"tool.after\"] = function(e) end } }\n";
+    lua.config = Json{{"level", 2}};
+    lua.created_at = now;
+    lua.updated_at = now + 1;
+    Plugin hook = lua;
+    hook.id = "hook";
+    hook.name = "Hook";
+    hook.kind = "webhook";
+    hook.source = "";
+    hook.config = Json{{"url", "https://example.com/hook"}};
+    KEEL_RETURN_IF_ERROR(tx.plugins().UpsertPlugin(lua));
+    KEEL_RETURN_IF_ERROR(tx.plugins().UpsertPlugin(hook));
+    KEEL_RETURN_IF_ERROR(tx.plugins().EnablePlugin({tenant_id, "audit", a.id, now}));
+    KEEL_RETURN_IF_ERROR(tx.plugins().EnablePlugin({tenant_id, "hook", "*", now}));
+    PluginDelivery d;
+    d.id = NewId();
+    d.tenant_id = tenant_id;
+    d.plugin_id = "hook";
+    d.agent_id = a.id;
+    d.event_type = "run.completed@v1";
+    d.created_at = d.next_attempt_at = now;
+    KEEL_RETURN_IF_ERROR(tx.plugins().InsertDelivery(d));
     for (const char* type : {"message.created@v1", "run.started@v1", "run.completed@v1"}) {
       KEEL_RETURN_IF_ERROR(tx.events().Append(
           {tenant_id, type, a.id, s.id, r.id, Json{{"note", "ünïcode ✓"}, {"n", 1}}}));
@@ -234,6 +264,9 @@ TEST_F(ArchiveTest, ManifestComesFirstAndDescribesEveryTable) {
   EXPECT_EQ(manifest["tables"]["messages"]["rows"], 4);
   EXPECT_EQ(manifest["tables"]["run_steps"]["rows"], 4);
   EXPECT_EQ(manifest["tables"]["events"]["rows"], 6);
+  EXPECT_EQ(manifest["tables"]["plugins"]["rows"], 4);
+  EXPECT_EQ(manifest["tables"]["agent_plugins"]["rows"], 4);
+  EXPECT_FALSE(manifest["tables"].contains("plugin_deliveries"));  // not exported
   for (size_t i = 0; i < ExportTables().size(); ++i) {
     EXPECT_EQ(entries[i + 1].first, std::string(ExportTables()[i].name) + ".jsonl");
   }
@@ -290,6 +323,79 @@ TEST_F(ArchiveTest, RoundTripAcrossBackendsIsByteIdentical) {
   ASSERT_EQ(appended.size(), 1u);
   EXPECT_EQ(appended[0].origin_seq, 7);
   EXPECT_GT(appended[0].position, 6);
+
+  // The plugins and their enablements came across; their deliveries did not.
+  ASSERT_TRUE(target->store->Read([&](Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(Plugin audit, tx.plugins().GetPlugin("tenant-a", "audit"));
+    EXPECT_EQ(audit.version, "1.2.0");
+    EXPECT_EQ(audit.source, "return { on = { [\"tool.after\"] = function(e) end } }\n");
+    EXPECT_EQ(audit.manifest["note"], "ünïcode ✓");
+    EXPECT_EQ(audit.updated_at, audit.created_at + 1);
+    KEEL_ASSIGN_OR_RETURN(auto enabled, tx.plugins().ListEnablements("tenant-b", "hook"));
+    EXPECT_EQ(enabled.size(), 1u);
+    KEEL_ASSIGN_OR_RETURN(auto deliveries,
+                          tx.plugins().ListDeliveries("tenant-a", "hook", "", {"", 50}));
+    EXPECT_TRUE(deliveries.items.empty());
+    return Status::Ok();
+  }).ok());
+}
+
+// Version 2 archives were written before the plugin tables: they import, with no plugins.
+TEST_F(ArchiveTest, ImportsAVersion2ArchiveWithoutThePluginTables) {
+  ASSERT_EQ(kArchiveVersion, 3);
+  Entries entries = ReadArchive(archive_);
+  Entries v2;
+  for (const auto& e : entries) {
+    if (e.first != "plugins.jsonl" && e.first != "agent_plugins.jsonl") v2.push_back(e);
+  }
+  ASSERT_EQ(v2.size(), entries.size() - 2);
+  Json manifest = Json::parse(v2[0].second);
+  manifest["version"] = 2;
+  manifest["tables"].erase("plugins");
+  manifest["tables"].erase("agent_plugins");
+  v2[0].second = manifest.dump(2) + "\n";
+  std::string path = Path("v2.tar.zst");
+  WriteArchive(path, v2);
+
+  auto target = NewTarget();
+  ASSERT_TRUE(target->store);
+  Status st = ImportArchive(*target->store, path);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  // Everything else is there, byte for byte; the plugin tables are empty.
+  std::string again = Path("v2-again.tar.zst");
+  ASSERT_TRUE(ExportArchive(*target->store, "", again).ok());
+  Entries out = ReadArchive(again);
+  ASSERT_EQ(out.size(), entries.size());
+  EXPECT_EQ(Json::parse(out[0].second)["version"], kArchiveVersion);
+  for (size_t i = 1; i < out.size(); ++i) {
+    EXPECT_EQ(out[i].first, entries[i].first);
+    if (out[i].first == "plugins.jsonl" || out[i].first == "agent_plugins.jsonl") {
+      EXPECT_EQ(out[i].second, "") << out[i].first;
+    } else {
+      EXPECT_EQ(out[i].second, entries[i].second) << out[i].first;
+    }
+  }
+
+  // A version 2 archive has no plugin tables: one that does is refused, as is version 1.
+  Entries mixed = entries;
+  manifest = Json::parse(mixed[0].second);
+  manifest["version"] = 2;
+  mixed[0].second = manifest.dump();
+  WriteArchive(Path("mixed.tar.zst"), mixed);
+  ExpectRefused(Path("mixed.tar.zst"), Code::kInvalidArgument, "unknown table");
+  Entries v1 = v2;
+  manifest = Json::parse(v1[0].second);
+  manifest["version"] = 1;
+  v1[0].second = manifest.dump();
+  WriteArchive(Path("v1.tar.zst"), v1);
+  ExpectRefused(Path("v1.tar.zst"), Code::kInvalidArgument, "unsupported export version 1");
+  // A version 3 archive must have them.
+  Entries lacking = v2;
+  manifest = Json::parse(lacking[0].second);
+  manifest["version"] = 3;
+  lacking[0].second = manifest.dump();
+  WriteArchive(Path("lacking.tar.zst"), lacking);
+  ExpectRefused(Path("lacking.tar.zst"), Code::kInvalidArgument, "lacks table plugins");
 }
 
 TEST_F(ArchiveTest, ExportsOneTenant) {

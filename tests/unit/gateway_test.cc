@@ -325,14 +325,14 @@ namespace {
 
 TEST_F(GatewayTest, AVetoHookRefusesACallBeforeThePolicyWithItsReason) {
   std::vector<std::string> seen;
-  gateway_->AddVetoHook([&seen](const CallRequest& c) -> std::optional<std::string> {
+  gateway_->AddVetoHook([&seen](const CallRequest& c) -> std::optional<Veto> {
     seen.push_back(c.tool);
     if (c.tool == "notes.append" && c.arguments.value("line", "").find("password") != std::string::npos) {
-      return std::string("lines may not mention passwords");
+      return Veto{"lines may not mention passwords"};
     }
     return std::nullopt;
   });
-  gateway_->AddVetoHook([](const CallRequest&) -> std::optional<std::string> {
+  gateway_->AddVetoHook([](const CallRequest&) -> std::optional<Veto> {
     throw std::runtime_error("boom");
   });
   auto vetoed = RunCoro(gateway_->Call(Req("notes.append", {{"line", "my password is x"}}, 2)));

@@ -147,6 +147,23 @@ TEST_F(PostgresRlsTest, TheStoreRoleIsNotSuperuserAndCannotBypassRls) {
               "t")
         << table;
   }
+  // ... and forced, with a policy, on every table of the schema but the two that hold no
+  // tenant's data.
+  auto tables = conn_->Exec(
+      "SELECT c.relname, c.relrowsecurity, c.relforcerowsecurity, "
+      "(SELECT count(*) FROM pg_policy p WHERE p.polrelid = c.oid) "
+      "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+      "WHERE n.nspname = 'public' AND c.relkind = 'r' ORDER BY c.relname");
+  ASSERT_EQ(tables.error, "");
+  int tenant_tables = 0;
+  for (const auto& row : tables.rows) {
+    if (row[0] == "event_origins" || row[0] == "schema_migrations") continue;
+    ++tenant_tables;
+    EXPECT_EQ(row[1], "t") << row[0] << " has no row-level security";
+    EXPECT_EQ(row[2], "t") << row[0] << " does not force row-level security";
+    EXPECT_EQ(row[3], "1") << row[0] << " has no policy";
+  }
+  EXPECT_GE(tenant_tables, 19);  // 16 in migrations 1-4, the plugins' 3 in migration 5
 }
 
 TEST_F(PostgresRlsTest, WithoutATenantNoRowIsVisible) {
@@ -212,6 +229,113 @@ TEST_F(PostgresRlsTest, RowsForAnotherTenantCannotBeWritten) {
   ASSERT_NO_FATAL_FAILURE(Begin(b_.id));
   EXPECT_EQ(Count("agents"), "2");
   ASSERT_EQ(conn_->Exec("ROLLBACK").error, "");
+}
+
+// The plugin tables (migration 5): another tenant's plugins, enablements and deliveries are
+// invisible and cannot be written, while the runtime-wide DueDeliveries still sees every tenant.
+TEST_F(PostgresRlsTest, PluginTablesAreSeparatedByTenant) {
+  StoreOptions o;
+  o.origin = "node-plugins";
+  auto opened = OpenStore(url_, o);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  std::unique_ptr<Store> s = std::move(opened).value();
+  auto plugin = [](const Tenant& t, const std::string& id) {
+    Plugin p;
+    p.tenant_id = t.id;
+    p.id = id;
+    p.name = id;
+    p.version = "1";
+    p.kind = "webhook";
+    p.created_at = p.updated_at = 1;
+    return p;
+  };
+  auto delivery = [](const Tenant& t, const std::string& plugin_id, Millis next) {
+    PluginDelivery d;
+    d.id = NewId();
+    d.tenant_id = t.id;
+    d.plugin_id = plugin_id;
+    d.agent_id = "*";
+    d.event_type = "run.completed@v1";
+    d.next_attempt_at = next;
+    d.created_at = next;
+    return d;
+  };
+  // A: 2 plugins, 3 enablements, 4 deliveries; B: 1 of each, its plugin named like one of A's.
+  Status st = s->WriteSync([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.plugins().UpsertPlugin(plugin(a_, "audit")));
+    KEEL_RETURN_IF_ERROR(tx.plugins().UpsertPlugin(plugin(a_, "notify")));
+    KEEL_RETURN_IF_ERROR(tx.plugins().UpsertPlugin(plugin(b_, "audit")));
+    KEEL_RETURN_IF_ERROR(tx.plugins().EnablePlugin({a_.id, "audit", "*", 1}));
+    KEEL_RETURN_IF_ERROR(tx.plugins().EnablePlugin({a_.id, "audit", "agent-1", 1}));
+    KEEL_RETURN_IF_ERROR(tx.plugins().EnablePlugin({a_.id, "notify", "*", 1}));
+    KEEL_RETURN_IF_ERROR(tx.plugins().EnablePlugin({b_.id, "audit", "*", 1}));
+    for (int i = 0; i < 4; ++i) {
+      KEEL_RETURN_IF_ERROR(tx.plugins().InsertDelivery(delivery(a_, "audit", 10 + i)));
+    }
+    return tx.plugins().InsertDelivery(delivery(b_, "audit", 5));
+  });
+  ASSERT_TRUE(st.ok()) << st.ToString();
+
+  const std::vector<std::string> tables = {"plugins", "agent_plugins", "plugin_deliveries"};
+  for (const auto& table : tables) EXPECT_EQ(Count(table), "0") << table << " without a tenant";
+
+  ASSERT_NO_FATAL_FAILURE(Begin(a_.id));
+  EXPECT_EQ(Count("plugins"), "2");
+  EXPECT_EQ(Count("agent_plugins"), "3");
+  EXPECT_EQ(Count("plugin_deliveries"), "4");
+  for (const auto& table : tables) {
+    EXPECT_EQ(Count(table, "tenant_id <> '" + a_.id + "'"), "0") << table;
+  }
+  // B's rows cannot be changed or deleted from A (its plugin's delete would cascade).
+  auto upd = conn_->Exec("UPDATE plugin_deliveries SET status = 'dead' WHERE tenant_id = $1",
+                         {b_.id});
+  EXPECT_EQ(upd.error, "");
+  EXPECT_EQ(upd.affected, "0");
+  auto del = conn_->Exec("DELETE FROM plugins WHERE tenant_id = $1", {b_.id});
+  EXPECT_EQ(del.error, "");
+  EXPECT_EQ(del.affected, "0");
+  auto dis = conn_->Exec("DELETE FROM agent_plugins WHERE tenant_id = $1", {b_.id});
+  EXPECT_EQ(dis.error, "");
+  EXPECT_EQ(dis.affected, "0");
+  ASSERT_EQ(conn_->Exec("COMMIT").error, "");
+
+  // Rows labelled B are refused while bound to A, in each table.
+  const std::vector<std::pair<std::string, std::vector<std::string>>> inserts = {
+      {"INSERT INTO plugins(tenant_id, id, name, version, kind, manifest, source, config, "
+       "created_at, updated_at) VALUES($1, 'intruder', 'x', '1', 'lua', '{}', '', '{}', 1, 1)",
+       {b_.id}},
+      {"INSERT INTO agent_plugins(tenant_id, plugin_id, agent_id, created_at) "
+       "VALUES($1, 'audit', 'agent-9', 1)",
+       {b_.id}},
+      {"INSERT INTO plugin_deliveries(id, tenant_id, plugin_id, agent_id, event_type, payload, "
+       "status, attempts, next_attempt_at, last_status, last_error, created_at, delivered_at) "
+       "VALUES($1, $2, 'audit', '*', 'x@v1', '{}', 'pending', 0, 0, 0, '', 1, NULL)",
+       {NewId(), b_.id}},
+  };
+  for (const auto& [sql, params] : inserts) {
+    ASSERT_NO_FATAL_FAILURE(Begin(a_.id));
+    auto ins = conn_->Exec(sql, params);
+    EXPECT_NE(ins.error, "") << "a row of tenant B was inserted while app.tenant_id was A: " << sql;
+    EXPECT_EQ(ins.sqlstate, "42501") << ins.error;
+    ASSERT_EQ(conn_->Exec("ROLLBACK").error, "");
+  }
+
+  ASSERT_NO_FATAL_FAILURE(Begin(b_.id));
+  for (const auto& table : tables) EXPECT_EQ(Count(table), "1") << table;
+  EXPECT_EQ(Count("plugin_deliveries", "status = 'dead'"), "0");  // A's UPDATE changed nothing
+  ASSERT_EQ(conn_->Exec("ROLLBACK").error, "");
+
+  // Through the store: tenant-scoped reads see their own; DueDeliveries sees both tenants.
+  ASSERT_TRUE(s->Read([&](Tx& tx) -> Status {
+    EXPECT_EQ(tx.plugins().ListPlugins(a_.id)->size(), 2u);
+    EXPECT_EQ(tx.plugins().ListPlugins(b_.id)->size(), 1u);
+    EXPECT_EQ(tx.plugins().GetPlugin(b_.id, "notify").status().code(), Code::kNotFound);
+    KEEL_ASSIGN_OR_RETURN(auto due, tx.plugins().DueDeliveries(100, 10));
+    EXPECT_EQ(due.size(), 5u);
+    if (!due.empty()) EXPECT_EQ(due[0].tenant_id, b_.id);
+    EXPECT_EQ(tx.plugins().ListDeliveries(a_.id, "audit", "", {"", 50})->items.size(), 4u);
+    return Status::Ok();
+  }).ok());
 }
 
 // A claim locks the run's row with FOR UPDATE SKIP LOCKED: while another transaction holds the

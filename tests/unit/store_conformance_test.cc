@@ -21,6 +21,7 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include <unistd.h>
 
@@ -121,6 +122,36 @@ Message NewMessage(const Tenant& t, const Session& s, const std::string& key = "
   m.idempotency_key = key;
   m.created_at = NowMillis();
   return m;
+}
+
+Plugin NewPlugin(const Tenant& t, const std::string& id, Millis at = 100) {
+  Plugin p;
+  p.tenant_id = t.id;
+  p.id = id;
+  p.name = "Plugin " + id;
+  p.version = "1.0.0";
+  p.kind = "lua";
+  p.manifest = Json{{"id", id}, {"version", "1.0.0"}, {"hooks", {"tool.after"}}};
+  p.source = "return {}";
+  p.config = Json{{"level", 1}};
+  p.created_at = p.updated_at = at;
+  return p;
+}
+
+PluginDelivery NewDelivery(const Tenant& t, const std::string& plugin_id, Millis created_at,
+                           const std::string& status = "pending", Millis next_attempt_at = 0,
+                           std::string id = NewId()) {
+  PluginDelivery d;
+  d.id = std::move(id);
+  d.tenant_id = t.id;
+  d.plugin_id = plugin_id;
+  d.agent_id = "agent-1";
+  d.event_type = "tool.after@v1";
+  d.payload = Json{{"tool", "time.now"}, {"n", created_at}};
+  d.status = status;
+  d.next_attempt_at = next_attempt_at;
+  d.created_at = created_at;
+  return d;
 }
 
 template <typename T>
@@ -616,6 +647,416 @@ TEST_P(StoreTest, McpServersAreNamedUniquelyPerTenant) {
       store_->WriteSync([&](Tx& tx) { return tx.mcp_servers().DeleteMcpServer(a.id, fs.id); })
           .code(),
       Code::kNotFound);
+}
+
+TEST_P(StoreTest, PluginsAreReplacedInPlaceKeepingTheirCreationTime) {
+  Tenant a = MakeTenant();
+  Tenant b = MakeTenant();
+  Plugin audit = NewPlugin(a, "audit", 100);
+  Plugin zeta = NewPlugin(a, "zeta", 101);
+  zeta.kind = "webhook";
+  zeta.source = "";
+  zeta.config = Json{{"url", "https://example.com/hook"}, {"secret", {{"secret", "HOOK"}}}};
+  Plugin other = NewPlugin(b, "audit", 102);  // the same id in another tenant
+  other.name = "B's audit";
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.plugins().UpsertPlugin(zeta));
+    KEEL_RETURN_IF_ERROR(tx.plugins().UpsertPlugin(audit));
+    return tx.plugins().UpsertPlugin(other);
+  }).ok());
+
+  // A new version replaces every field but created_at.
+  Plugin v2 = audit;
+  v2.name = "Audit trail";
+  v2.version = "2.0.0";
+  v2.kind = "builtin";
+  v2.manifest = Json{{"id", "audit"}, {"version", "2.0.0"}};
+  v2.source = "";
+  v2.config = Json{{"level", 2}, {"tags", {"a", "b"}}};
+  v2.created_at = 999;  // ignored on replace
+  v2.updated_at = 200;
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) { return tx.plugins().UpsertPlugin(v2); }).ok());
+
+  ASSERT_TRUE(store_->Read([&](Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(Plugin got, tx.plugins().GetPlugin(a.id, "audit"));
+    EXPECT_EQ(got.tenant_id, a.id);
+    EXPECT_EQ(got.id, "audit");
+    EXPECT_EQ(got.name, "Audit trail");
+    EXPECT_EQ(got.version, "2.0.0");
+    EXPECT_EQ(got.kind, "builtin");
+    EXPECT_EQ(got.manifest, v2.manifest);
+    EXPECT_EQ(got.source, "");
+    EXPECT_EQ(got.config, v2.config);
+    EXPECT_EQ(got.created_at, 100);
+    EXPECT_EQ(got.updated_at, 200);
+    KEEL_ASSIGN_OR_RETURN(Plugin z, tx.plugins().GetPlugin(a.id, "zeta"));
+    EXPECT_EQ(z.kind, "webhook");
+    EXPECT_EQ(z.config, zeta.config);
+    EXPECT_EQ(z.manifest, zeta.manifest);
+    KEEL_ASSIGN_OR_RETURN(auto list, tx.plugins().ListPlugins(a.id));
+    std::vector<std::string> ids;
+    for (const auto& p : list) ids.push_back(p.id);
+    EXPECT_EQ(ids, std::vector<std::string>({"audit", "zeta"}));
+    // B's plugin of the same id is untouched.
+    KEEL_ASSIGN_OR_RETURN(Plugin theirs, tx.plugins().GetPlugin(b.id, "audit"));
+    EXPECT_EQ(theirs.name, "B's audit");
+    EXPECT_EQ(theirs.version, "1.0.0");
+    EXPECT_EQ(tx.plugins().ListPlugins(b.id)->size(), 1u);
+    auto missing = tx.plugins().GetPlugin(b.id, "zeta");
+    EXPECT_EQ(missing.status().code(), Code::kNotFound);
+    EXPECT_EQ(missing.status().message(), "plugin not found: zeta");
+    EXPECT_TRUE(tx.plugins().ListPlugins(NewId())->empty());
+    return Status::Ok();
+  }).ok());
+}
+
+TEST_P(StoreTest, DeletingAPluginTakesItsEnablementsAndDeliveries) {
+  Tenant a = MakeTenant();
+  Tenant b = MakeTenant();
+  PluginDelivery mine = NewDelivery(a, "audit", 10);
+  PluginDelivery mine_done = NewDelivery(a, "audit", 11, "delivered");
+  PluginDelivery kept = NewDelivery(a, "keeper", 12);
+  PluginDelivery theirs = NewDelivery(b, "audit", 13);
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) -> Status {
+    for (const Plugin& p : {NewPlugin(a, "audit"), NewPlugin(a, "keeper"), NewPlugin(b, "audit")}) {
+      KEEL_RETURN_IF_ERROR(tx.plugins().UpsertPlugin(p));
+    }
+    KEEL_RETURN_IF_ERROR(tx.plugins().EnablePlugin({a.id, "audit", "*", 1}));
+    KEEL_RETURN_IF_ERROR(tx.plugins().EnablePlugin({a.id, "audit", "agent-1", 1}));
+    KEEL_RETURN_IF_ERROR(tx.plugins().EnablePlugin({a.id, "keeper", "*", 1}));
+    KEEL_RETURN_IF_ERROR(tx.plugins().EnablePlugin({b.id, "audit", "*", 1}));
+    for (const auto& d : {mine, mine_done, kept, theirs}) {
+      KEEL_RETURN_IF_ERROR(tx.plugins().InsertDelivery(d));
+    }
+    return Status::Ok();
+  }).ok());
+  // Replacing the plugin keeps them (an upsert, not a delete and insert).
+  Plugin v2 = NewPlugin(a, "audit", 500);
+  v2.version = "2.0.0";
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) { return tx.plugins().UpsertPlugin(v2); }).ok());
+  ASSERT_TRUE(store_->Read([&](Tx& tx) -> Status {
+    EXPECT_EQ(tx.plugins().ListEnablements(a.id, "audit")->size(), 2u);
+    EXPECT_TRUE(tx.plugins().GetDelivery(a.id, mine.id).ok());
+    return Status::Ok();
+  }).ok());
+
+  ASSERT_TRUE(
+      store_->WriteSync([&](Tx& tx) { return tx.plugins().DeletePlugin(a.id, "audit"); }).ok());
+  Status again =
+      store_->WriteSync([&](Tx& tx) { return tx.plugins().DeletePlugin(a.id, "audit"); });
+  EXPECT_EQ(again.code(), Code::kNotFound);
+  EXPECT_EQ(again.message(), "plugin not found: audit");
+  EXPECT_EQ(
+      store_->WriteSync([&](Tx& tx) { return tx.plugins().DeletePlugin(a.id, "never"); }).code(),
+      Code::kNotFound);
+
+  ASSERT_TRUE(store_->Read([&](Tx& tx) -> Status {
+    EXPECT_EQ(tx.plugins().GetPlugin(a.id, "audit").status().code(), Code::kNotFound);
+    EXPECT_TRUE(tx.plugins().ListEnablements(a.id, "audit")->empty());
+    EXPECT_TRUE(tx.plugins().PluginsForAgent(a.id, "agent-1").ok());
+    std::vector<std::string> left;
+    for (const auto& p : *tx.plugins().PluginsForAgent(a.id, "agent-1")) left.push_back(p.id);
+    EXPECT_EQ(left, std::vector<std::string>({"keeper"}));
+    EXPECT_EQ(tx.plugins().GetDelivery(a.id, mine.id).status().code(), Code::kNotFound);
+    EXPECT_EQ(tx.plugins().GetDelivery(a.id, mine_done.id).status().code(), Code::kNotFound);
+    EXPECT_TRUE(tx.plugins().ListDeliveries(a.id, "audit", "", {"", 50})->items.empty());
+    // The tenant's other plugin and the other tenant's plugin of the same id keep theirs.
+    EXPECT_TRUE(tx.plugins().GetDelivery(a.id, kept.id).ok());
+    EXPECT_EQ(tx.plugins().ListEnablements(a.id, "keeper")->size(), 1u);
+    EXPECT_TRUE(tx.plugins().GetPlugin(b.id, "audit").ok());
+    EXPECT_EQ(tx.plugins().ListEnablements(b.id, "audit")->size(), 1u);
+    EXPECT_TRUE(tx.plugins().GetDelivery(b.id, theirs.id).ok());
+    return Status::Ok();
+  }).ok());
+}
+
+TEST_P(StoreTest, EnablingIsIdempotentAndNeedsThePlugin) {
+  Tenant a = MakeTenant();
+  Tenant b = MakeTenant();
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.plugins().UpsertPlugin(NewPlugin(a, "audit")));
+    return tx.plugins().UpsertPlugin(NewPlugin(b, "only-b"));
+  }).ok());
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.plugins().EnablePlugin({a.id, "audit", "agent-2", 10}));
+    KEEL_RETURN_IF_ERROR(tx.plugins().EnablePlugin({a.id, "audit", "*", 11}));
+    return tx.plugins().EnablePlugin({a.id, "audit", "agent-1", 12});
+  }).ok());
+  // Again, in a later unit and within one: no error, no second row, the first created_at.
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.plugins().EnablePlugin({a.id, "audit", "agent-1", 99}));
+    return tx.plugins().EnablePlugin({a.id, "audit", "agent-1", 100});
+  }).ok());
+  auto enablements = ReadValue<std::vector<PluginEnablement>>(
+      *store_, [&](Tx& tx) { return tx.plugins().ListEnablements(a.id, "audit"); });
+  ASSERT_EQ(enablements.size(), 3u);
+  EXPECT_EQ(enablements[0].agent_id, "*");  // by agent_id
+  EXPECT_EQ(enablements[1].agent_id, "agent-1");
+  EXPECT_EQ(enablements[2].agent_id, "agent-2");
+  EXPECT_EQ(enablements[1].created_at, 12);
+  EXPECT_EQ(enablements[1].tenant_id, a.id);
+  EXPECT_EQ(enablements[1].plugin_id, "audit");
+
+  auto expect = [&](const WriteFn& fn, const std::string& message) {
+    Status st = store_->WriteSync(fn);
+    EXPECT_EQ(st.code(), Code::kNotFound) << st.ToString();
+    EXPECT_EQ(st.message(), message);
+  };
+  expect([&](Tx& tx) { return tx.plugins().EnablePlugin({a.id, "nope", "*", 1}); },
+         "plugin not found: nope");
+  // Another tenant's plugin is unknown here.
+  expect([&](Tx& tx) { return tx.plugins().EnablePlugin({a.id, "only-b", "*", 1}); },
+         "plugin not found: only-b");
+  expect([&](Tx& tx) { return tx.plugins().DisablePlugin(a.id, "audit", "agent-9"); },
+         "plugin audit is not enabled for agent agent-9");
+  expect([&](Tx& tx) { return tx.plugins().DisablePlugin(b.id, "audit", "agent-1"); },
+         "plugin audit is not enabled for agent agent-1");
+  expect([&](Tx& tx) { return tx.plugins().DisablePlugin(a.id, "nope", "*"); },
+         "plugin nope is not enabled for agent *");
+
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) {
+    return tx.plugins().DisablePlugin(a.id, "audit", "agent-1");
+  }).ok());
+  expect([&](Tx& tx) { return tx.plugins().DisablePlugin(a.id, "audit", "agent-1"); },
+         "plugin audit is not enabled for agent agent-1");
+  ASSERT_TRUE(store_->Read([&](Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(auto left, tx.plugins().ListEnablements(a.id, "audit"));
+    EXPECT_EQ(left.size(), 2u);
+    EXPECT_TRUE(tx.plugins().ListEnablements(b.id, "audit")->empty());
+    EXPECT_TRUE(tx.plugins().ListEnablements(a.id, "nope")->empty());
+    EXPECT_TRUE(tx.plugins().ListEnablements(b.id, "only-b")->empty());
+    return Status::Ok();
+  }).ok());
+}
+
+TEST_P(StoreTest, PluginsForAnAgentAreItsOwnAndTheTenantWideOnesOnce) {
+  Tenant a = MakeTenant();
+  Tenant b = MakeTenant();
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) -> Status {
+    for (const char* id : {"e-none", "d-other", "c-both", "b-star", "a-one"}) {
+      KEEL_RETURN_IF_ERROR(tx.plugins().UpsertPlugin(NewPlugin(a, id)));
+    }
+    KEEL_RETURN_IF_ERROR(tx.plugins().EnablePlugin({a.id, "a-one", "agent-1", 1}));
+    KEEL_RETURN_IF_ERROR(tx.plugins().EnablePlugin({a.id, "b-star", "*", 1}));
+    KEEL_RETURN_IF_ERROR(tx.plugins().EnablePlugin({a.id, "c-both", "agent-1", 1}));
+    KEEL_RETURN_IF_ERROR(tx.plugins().EnablePlugin({a.id, "c-both", "*", 1}));
+    KEEL_RETURN_IF_ERROR(tx.plugins().EnablePlugin({a.id, "c-both", "agent-2", 1}));
+    KEEL_RETURN_IF_ERROR(tx.plugins().EnablePlugin({a.id, "d-other", "agent-2", 1}));
+    // Tenant b: a plugin of the same id as a's, and one of its own, both for everyone.
+    Plugin b_one = NewPlugin(b, "a-one");
+    b_one.name = "b's";
+    KEEL_RETURN_IF_ERROR(tx.plugins().UpsertPlugin(b_one));
+    KEEL_RETURN_IF_ERROR(tx.plugins().UpsertPlugin(NewPlugin(b, "z-foreign")));
+    KEEL_RETURN_IF_ERROR(tx.plugins().EnablePlugin({b.id, "a-one", "*", 1}));
+    KEEL_RETURN_IF_ERROR(tx.plugins().EnablePlugin({b.id, "a-one", "agent-1", 1}));
+    return tx.plugins().EnablePlugin({b.id, "z-foreign", "*", 1});
+  }).ok());
+  auto for_agent = [&](const Tenant& t, const std::string& agent) {
+    auto plugins = ReadValue<std::vector<Plugin>>(
+        *store_, [&](Tx& tx) { return tx.plugins().PluginsForAgent(t.id, agent); });
+    std::vector<std::string> ids;
+    for (const auto& p : plugins) {
+      EXPECT_EQ(p.tenant_id, t.id) << p.id;
+      ids.push_back(p.id);
+    }
+    return ids;
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(for_agent(a, "agent-1"), V({"a-one", "b-star", "c-both"}));
+  EXPECT_EQ(for_agent(a, "agent-2"), V({"b-star", "c-both", "d-other"}));
+  EXPECT_EQ(for_agent(a, "agent-3"), V({"b-star", "c-both"}));
+  EXPECT_EQ(for_agent(a, "*"), V({"b-star", "c-both"}));
+  EXPECT_EQ(for_agent(b, "agent-1"), V({"a-one", "z-foreign"}));
+  EXPECT_EQ(for_agent(b, "agent-2"), V({"a-one", "z-foreign"}));
+  EXPECT_TRUE(for_agent(MakeTenant(), "agent-1").empty());
+  // The whole plugin comes back, b's own.
+  auto b_plugins = ReadValue<std::vector<Plugin>>(
+      *store_, [&](Tx& tx) { return tx.plugins().PluginsForAgent(b.id, "agent-1"); });
+  ASSERT_FALSE(b_plugins.empty());
+  EXPECT_EQ(b_plugins[0].name, "b's");
+  EXPECT_EQ(b_plugins[0].manifest, NewPlugin(b, "a-one").manifest);
+}
+
+TEST_P(StoreTest, DeliveriesRoundTripAndListNewestFirst) {
+  Tenant a = MakeTenant();
+  Tenant b = MakeTenant();
+  // Ten deliveries of `hook`, created_at 100..109 with two ties (ordered by id then), inserted
+  // shuffled; others of another plugin and of another tenant around them.
+  std::vector<PluginDelivery> hook;
+  for (int i = 0; i < 10; ++i) {
+    Millis at = 100 + (i == 5 ? 4 : i);  // 104 twice
+    hook.push_back(NewDelivery(a, "hook", at, i % 3 == 0 ? "delivered" : "pending", 1000 + i));
+  }
+  std::vector<PluginDelivery> shuffled = hook;
+  std::shuffle(shuffled.begin(), shuffled.end(), std::mt19937(11));
+  PluginDelivery other_plugin = NewDelivery(a, "other", 105);
+  PluginDelivery other_tenant = NewDelivery(b, "hook", 105);
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.plugins().UpsertPlugin(NewPlugin(a, "hook")));
+    KEEL_RETURN_IF_ERROR(tx.plugins().UpsertPlugin(NewPlugin(a, "other")));
+    KEEL_RETURN_IF_ERROR(tx.plugins().UpsertPlugin(NewPlugin(b, "hook")));
+    for (const auto& d : shuffled) KEEL_RETURN_IF_ERROR(tx.plugins().InsertDelivery(d));
+    KEEL_RETURN_IF_ERROR(tx.plugins().InsertDelivery(other_plugin));
+    return tx.plugins().InsertDelivery(other_tenant);
+  }).ok());
+
+  // Every field round-trips; an update writes the delivery's progress.
+  PluginDelivery d = hook[1];
+  ASSERT_TRUE(store_->Read([&](Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(PluginDelivery got, tx.plugins().GetDelivery(a.id, d.id));
+    EXPECT_EQ(got.id, d.id);
+    EXPECT_EQ(got.tenant_id, a.id);
+    EXPECT_EQ(got.plugin_id, "hook");
+    EXPECT_EQ(got.agent_id, "agent-1");
+    EXPECT_EQ(got.event_type, "tool.after@v1");
+    EXPECT_EQ(got.payload, d.payload);
+    EXPECT_EQ(got.status, "pending");
+    EXPECT_EQ(got.attempts, 0);
+    EXPECT_EQ(got.next_attempt_at, 1001);
+    EXPECT_EQ(got.last_status, 0);
+    EXPECT_EQ(got.last_error, "");
+    EXPECT_EQ(got.created_at, 101);
+    EXPECT_FALSE(got.delivered_at.has_value());
+    return Status::Ok();
+  }).ok());
+  d.status = "delivered";
+  d.attempts = 3;
+  d.next_attempt_at = 5000;
+  d.last_status = 204;
+  d.last_error = "earlier: 503 Service Unavailable";
+  d.delivered_at = 4999;
+  d.payload = Json{{"changed", true}};  // not written by an update
+  d.event_type = "changed@v1";
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) { return tx.plugins().UpdateDelivery(d); }).ok());
+  ASSERT_TRUE(store_->Read([&](Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(PluginDelivery got, tx.plugins().GetDelivery(a.id, d.id));
+    EXPECT_EQ(got.status, "delivered");
+    EXPECT_EQ(got.attempts, 3);
+    EXPECT_EQ(got.next_attempt_at, 5000);
+    EXPECT_EQ(got.last_status, 204);
+    EXPECT_EQ(got.last_error, "earlier: 503 Service Unavailable");
+    EXPECT_EQ(got.delivered_at, std::optional<Millis>(4999));
+    EXPECT_EQ(got.payload, hook[1].payload);
+    EXPECT_EQ(got.event_type, "tool.after@v1");
+    auto theirs = tx.plugins().GetDelivery(b.id, d.id);
+    EXPECT_EQ(theirs.status().code(), Code::kNotFound);
+    EXPECT_EQ(theirs.status().message(), "plugin delivery not found: " + d.id);
+    return Status::Ok();
+  }).ok());
+  hook[1] = d;
+
+  // Not found: an unknown id, or another tenant's. A duplicate id is a conflict.
+  PluginDelivery unknown = NewDelivery(a, "hook", 1);
+  PluginDelivery stolen = d;
+  stolen.tenant_id = b.id;
+  for (const auto& x : {unknown, stolen}) {
+    Status st = store_->WriteSync([&](Tx& tx) { return tx.plugins().UpdateDelivery(x); });
+    EXPECT_EQ(st.code(), Code::kNotFound) << st.ToString();
+    EXPECT_EQ(st.message(), "plugin delivery not found: " + x.id);
+  }
+  EXPECT_EQ(store_->WriteSync([&](Tx& tx) { return tx.plugins().InsertDelivery(hook[0]); }).code(),
+            Code::kConflict);
+  // A delivery needs its plugin.
+  EXPECT_EQ(store_->WriteSync([&](Tx& tx) {
+              return tx.plugins().InsertDelivery(NewDelivery(a, "no-such-plugin", 1));
+            }).code(),
+            Code::kConflict);
+  EXPECT_EQ(ReadValue<PluginDelivery>(
+                *store_, [&](Tx& tx) { return tx.plugins().GetDelivery(b.id, other_tenant.id); })
+                .status,
+            "pending");
+
+  // Newest first: created_at descending, then id descending.
+  auto newest_first = [](std::vector<PluginDelivery> v, const std::string& status) {
+    std::vector<std::string> ids;
+    std::sort(v.begin(), v.end(), [](const PluginDelivery& x, const PluginDelivery& y) {
+      return std::tie(x.created_at, x.id) > std::tie(y.created_at, y.id);
+    });
+    for (const auto& x : v) {
+      if (status.empty() || x.status == status) ids.push_back(x.id);
+    }
+    return ids;
+  };
+  for (const std::string status : {"", "pending", "delivered", "dead"}) {
+    PageFn list = [&](Tx& tx, const Page& p) {
+      return ToIdPage(tx.plugins().ListDeliveries(a.id, "hook", status, p));
+    };
+    const std::vector<std::string> expected = newest_first(hook, status);
+    for (int limit : {1, 3, 4, 10, 50}) {
+      SCOPED_TRACE("status '" + status + "', limit " + std::to_string(limit));
+      Pages pages = AllPages(*store_, limit, list);
+      std::vector<std::string> all;
+      for (size_t i = 0; i < pages.size(); ++i) {
+        const auto& [ids, next] = pages[i];
+        EXPECT_LE(ids.size(), static_cast<size_t>(limit));
+        if (i + 1 < pages.size()) EXPECT_EQ(ids.size(), static_cast<size_t>(limit));
+        all.insert(all.end(), ids.begin(), ids.end());
+      }
+      EXPECT_EQ(all, expected);
+    }
+  }
+  ASSERT_TRUE(store_->Read([&](Tx& tx) -> Status {
+    auto page = tx.plugins().ListDeliveries(a.id, "hook", "", {"", 50});
+    EXPECT_EQ(page->items.size(), 10u);
+    EXPECT_TRUE(page->next_cursor.empty());
+    EXPECT_EQ(page->items.front().created_at, 109);
+    EXPECT_EQ(tx.plugins().ListDeliveries(a.id, "other", "", {"", 50})->items.size(), 1u);
+    EXPECT_EQ(Ids(tx.plugins().ListDeliveries(b.id, "hook", "", {"", 50})->items),
+              std::vector<std::string>({other_tenant.id}));
+    EXPECT_TRUE(tx.plugins().ListDeliveries(b.id, "other", "", {"", 50})->items.empty());
+    EXPECT_EQ(tx.plugins().ListDeliveries(a.id, "hook", "", {"not a cursor!", 5}).status().code(),
+              Code::kInvalidArgument);
+    EXPECT_EQ(tx.plugins()
+                  .ListDeliveries(a.id, "hook", "", {EncodeCursor("no-colon"), 5})
+                  .status()
+                  .code(),
+              Code::kInvalidArgument);
+    return Status::Ok();
+  }).ok());
+}
+
+TEST_P(StoreTest, DueDeliveriesArePendingAndDueAcrossTenantsLongestDueFirst) {
+  Tenant a = MakeTenant();
+  Tenant b = MakeTenant();
+  const Millis now = 10'000;
+  PluginDelivery a_due = NewDelivery(a, "hook", 1, "pending", 9'000);
+  PluginDelivery b_due_first = NewDelivery(b, "hook", 2, "pending", 5'000);
+  PluginDelivery a_due_now = NewDelivery(a, "hook", 3, "pending", now);  // at `now` is due
+  PluginDelivery b_due_last = NewDelivery(b, "hook", 4, "pending", 9'500);
+  PluginDelivery a_later = NewDelivery(a, "hook", 5, "pending", now + 1);
+  PluginDelivery a_delivered = NewDelivery(a, "hook", 6, "delivered", 1);
+  PluginDelivery b_dead = NewDelivery(b, "hook", 7, "dead", 1);
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.plugins().UpsertPlugin(NewPlugin(a, "hook")));
+    KEEL_RETURN_IF_ERROR(tx.plugins().UpsertPlugin(NewPlugin(b, "hook")));
+    for (const auto& d : {a_due, b_due_first, a_due_now, b_due_last, a_later, a_delivered, b_dead}) {
+      KEEL_RETURN_IF_ERROR(tx.plugins().InsertDelivery(d));
+    }
+    return Status::Ok();
+  }).ok());
+  auto due = [&](Millis at, int limit) {
+    return Ids(ReadValue<std::vector<PluginDelivery>>(
+        *store_, [&](Tx& tx) { return tx.plugins().DueDeliveries(at, limit); }));
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(due(now, 100), V({b_due_first.id, a_due.id, b_due_last.id, a_due_now.id}));
+  EXPECT_EQ(due(now, 2), V({b_due_first.id, a_due.id}));
+  EXPECT_EQ(due(now + 1, 100),
+            V({b_due_first.id, a_due.id, b_due_last.id, a_due_now.id, a_later.id}));
+  EXPECT_TRUE(due(4'999, 100).empty());
+  // The whole record comes back, with its tenant.
+  auto first = ReadValue<std::vector<PluginDelivery>>(
+      *store_, [&](Tx& tx) { return tx.plugins().DueDeliveries(now, 1); });
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0].tenant_id, b.id);
+  EXPECT_EQ(first[0].payload, b_due_first.payload);
+  // Delivered, it is no longer due.
+  PluginDelivery done = b_due_first;
+  done.status = "delivered";
+  done.attempts = 1;
+  done.delivered_at = now;
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) { return tx.plugins().UpdateDelivery(done); }).ok());
+  EXPECT_EQ(due(now, 100), V({a_due.id, b_due_last.id, a_due_now.id}));
 }
 
 TEST_P(StoreTest, AnotherTenantsObjectsAreNotFound) {
@@ -1303,10 +1744,17 @@ TEST(StoreCrossBackendTest, SameDataSameOrderAndCursors) {
     std::shuffle(v.begin(), v.end(), rng);
     return v;
   };
+  // Deliveries three to a created_at (ties are ordered by id), some pending and due.
+  std::vector<PluginDelivery> deliveries;
+  for (int i = 0; i < 14; ++i) {
+    deliveries.push_back(NewDelivery(t, "hook", 1000 + i / 3, i % 4 == 1 ? "delivered" : "pending",
+                                     5000 - 10 * (i % 5)));
+  }
   auto agents_in = shuffled(agents);
   auto sessions_in = shuffled(sessions);
   auto messages_in = shuffled(messages);
   auto runs_in = shuffled(runs);
+  auto deliveries_in = shuffled(deliveries);
   for (auto& [name, store] : stores) {
     SCOPED_TRACE(name);
     MakeTenant(*store, u.id);
@@ -1317,6 +1765,8 @@ TEST(StoreCrossBackendTest, SameDataSameOrderAndCursors) {
       for (const auto& m : messages_in) KEEL_RETURN_IF_ERROR(tx.messages().InsertMessage(m));
       for (const auto& r : runs_in) KEEL_RETURN_IF_ERROR(tx.runs().InsertRun(r));
       for (const auto& s : steps) KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(s));
+      KEEL_RETURN_IF_ERROR(tx.plugins().UpsertPlugin(NewPlugin(t, "hook")));
+      for (const auto& d : deliveries_in) KEEL_RETURN_IF_ERROR(tx.plugins().InsertDelivery(d));
       for (int i = 0; i < 9; ++i) {
         KEEL_RETURN_IF_ERROR(tx.events().Append({t.id, "e" + std::to_string(i) + "@v1",
                                                  agents[0].id, sessions[i % 2].id, "", {}}));
@@ -1343,6 +1793,14 @@ TEST(StoreCrossBackendTest, SameDataSameOrderAndCursors) {
        [&](Tx& tx, const Page& p) { return ToIdPage(tx.runs().ListRuns(t.id, sessions[1].id, p)); }},
       {"runs of the tenant",
        [&](Tx& tx, const Page& p) { return ToIdPage(tx.runs().ListRuns(t.id, "", p)); }},
+      {"deliveries",
+       [&](Tx& tx, const Page& p) {
+         return ToIdPage(tx.plugins().ListDeliveries(t.id, "hook", "", p));
+       }},
+      {"pending deliveries",
+       [&](Tx& tx, const Page& p) {
+         return ToIdPage(tx.plugins().ListDeliveries(t.id, "hook", "pending", p));
+       }},
   };
   for (const auto& [what, list] : lists) {
     for (int limit : {1, 2, 3, 5, 7, 12, 13, 50}) {
@@ -1371,12 +1829,15 @@ TEST(StoreCrossBackendTest, SameDataSameOrderAndCursors) {
   EXPECT_EQ(ReadPage(*stores["postgres"], lists["messages"], {"", 500}), IdPage(Ids(messages), ""));
 
   // Runtime-wide and unpaged reads agree too.
-  std::map<std::string, std::vector<std::string>> claimable, tenants, steps_read, recent, events;
+  std::map<std::string, std::vector<std::string>> claimable, tenants, steps_read, recent, events,
+      due;
   std::map<std::string, std::vector<int64_t>> seqs;
   for (auto& [name, store] : stores) {
     ASSERT_TRUE(store->Read([&](Tx& tx) -> Status {
       KEEL_ASSIGN_OR_RETURN(auto c, tx.runs().ClaimableRuns(NowMillis(), 100));
       claimable[name] = Ids(c);
+      KEEL_ASSIGN_OR_RETURN(auto d, tx.plugins().DueDeliveries(4995, 7));
+      due[name] = Ids(d);
       KEEL_ASSIGN_OR_RETURN(auto ts, tx.tenants().ListTenants());
       tenants[name] = Ids(ts);
       KEEL_ASSIGN_OR_RETURN(auto st, tx.runs().ListSteps(t.id, runs[0].id));
@@ -1394,6 +1855,8 @@ TEST(StoreCrossBackendTest, SameDataSameOrderAndCursors) {
   }
   EXPECT_EQ(claimable["sqlite"], claimable["postgres"]);
   EXPECT_EQ(claimable["sqlite"].size(), 4u);  // the first queued run of each session, or expired
+  EXPECT_EQ(due["sqlite"], due["postgres"]);
+  EXPECT_EQ(due["sqlite"].size(), 7u);
   EXPECT_EQ(tenants["sqlite"], tenants["postgres"]);
   EXPECT_EQ(steps_read["sqlite"], steps_read["postgres"]);
   EXPECT_EQ(seqs["postgres"], (std::vector<int64_t>{1, 2, 3, 4}));

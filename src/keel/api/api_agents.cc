@@ -3,6 +3,7 @@
 #include <set>
 
 #include "keel/api/api.h"
+#include "keel/runtime/runtime.h"
 #include "keel/api/render.h"
 #include "keel/common/ids.h"
 #include "keel/model/provider.h"
@@ -196,6 +197,7 @@ void RegisterAgentRoutes(http::Router& router, ApiContext& ctx) {
       return tx.events().Append({tenant, "agent.deleted@v1", id, "", "", {}});
     });
     if (!written.ok()) co_return Response::Error(written.status());
+    ctx.runtime.ForgetAgent(id);  // agent.stopped@v1 on this node
     co_return Response::NoContent();
   });
 }

@@ -292,6 +292,8 @@ asio::awaitable<Response> Initialize(ApiContext& ctx, const Request& req, const 
                  {"instructions", "Tools of the Keel agent '" + agent.name +
                                       "'. Every call passes Keel's policy; a call that needs a "
                                       "human waits for an approval."}};
+  Json opened = {{"agent_id", agent_id}, {"session_id", session.id}, {"title", session.title}};
+  co_await ctx.runtime.EmitFor(session.tenant_id, agent_id, "session.opened", std::move(opened));
   Response r = RpcResponse(200, RpcResult(id, result));
   r.headers["Mcp-Session-Id"] = session.id;
   co_return r;
@@ -305,7 +307,7 @@ asio::awaitable<Response> ToolsList(ApiContext& ctx, const store::Session& sessi
   });
   if (!st.ok()) co_return RpcResponse(200, RpcError(id, kServerError, st.message()));
   Json tools = Json::array();
-  for (const auto& t : co_await ctx.gateway.Offered(session.tenant_id, agent.tools)) {
+  for (const auto& t : co_await ctx.gateway.Offered(session.tenant_id, session.agent_id, agent.tools)) {
     tools.push_back(ToolJson(*t));
   }
   co_return RpcResponse(200, RpcResult(id, {{"tools", tools}}));
@@ -426,6 +428,10 @@ void RegisterMcpServerRoutes(http::Router& router, ApiContext& ctx) {
                                  session->id, "", {}});
     });
     if (!written.ok()) co_return TransportError(written.status());
+    Json closed = {{"agent_id", session->agent_id}, {"session_id", session->id},
+                   {"title", session->title}};
+    co_await ctx.runtime.EmitFor(session->tenant_id, session->agent_id, "session.closed",
+                                 std::move(closed));
     co_return Response::NoContent();
   });
 }

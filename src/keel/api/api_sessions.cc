@@ -76,6 +76,10 @@ void RegisterSessionRoutes(http::Router& router, ApiContext& ctx) {
                    {{"title", session.title}}});
     });
     if (!written.ok()) co_return Response::Error(written.status());
+    Json opened = {{"agent_id", session.agent_id}, {"session_id", session.id},
+                   {"title", session.title}};
+    co_await ctx.runtime.EmitFor(session.tenant_id, session.agent_id, "session.opened",
+                                 std::move(opened));
     co_return Response::Json(201, SessionJson(session));
   });
 
@@ -132,6 +136,9 @@ void RegisterSessionRoutes(http::Router& router, ApiContext& ctx) {
                    session.agent_id, id, "", {}});
     });
     if (!written.ok()) co_return Response::Error(written.status());
+    Json changed = {{"agent_id", session.agent_id}, {"session_id", id}, {"title", session.title}};
+    std::string family = *status == "inactive" ? "session.closed" : "session.opened";
+    co_await ctx.runtime.EmitFor(tenant, session.agent_id, family, std::move(changed));
     co_return Response::Json(200, SessionJson(session));
   });
 

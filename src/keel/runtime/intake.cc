@@ -2,6 +2,8 @@
 
 #include "keel/approvals/approvals.h"
 #include "keel/common/ids.h"
+#include "keel/plugins/bus.h"
+#include "keel/plugins/host.h"
 #include "keel/runtime/runtime.h"
 #include "keel/store/async.h"
 
@@ -28,11 +30,13 @@ asio::awaitable<Result<IntakeResult>> Runtime::PostMessage(const IntakeRequest& 
   store::Session session;
   store::Agent agent;
   std::optional<IntakeResult> replay;
+  std::vector<store::Plugin> enabled;
   Status st = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
     KEEL_ASSIGN_OR_RETURN(session, tx.sessions().GetSession(req.tenant_id, req.session_id));
     auto a = tx.agents().GetAgent(req.tenant_id, session.agent_id);
     if (!a.ok()) return Conflict("the session's agent was deleted");
     agent = *a;
+    KEEL_ASSIGN_OR_RETURN(enabled, tx.plugins().PluginsForAgent(req.tenant_id, agent.id));
     if (!req.idempotency_key.empty()) {
       KEEL_ASSIGN_OR_RETURN(auto found, tx.messages().FindByIdempotencyKey(
                                             req.tenant_id, req.session_id, req.idempotency_key));
@@ -47,6 +51,22 @@ asio::awaitable<Result<IntakeResult>> Runtime::PostMessage(const IntakeRequest& 
   if (replay) co_return *replay;
   if (session.status == "inactive") {
     co_return Conflict("session " + session.id + " is inactive and takes no new messages");
+  }
+  // session.message.received@v1: the agent's plugins may rewrite the message before it is
+  // stored (a direct call is not a message and is not shown to them).
+  if (req.call.is_null()) {
+    auto plugins = UsePlugins(req.tenant_id, agent.id, enabled);
+    if (plugins->bus.Has("session.message.received")) {
+      auto out = Emit(*plugins, "session.message.received",
+                      {{"agent_id", agent.id}, {"session_id", session.id}, {"role", "user"},
+                       {"content", content}});
+      if (out.abort) {
+        co_return InvalidArgument("plugin " + out.abort->plugin_id + " refused the message: " +
+                                  out.abort->message);
+      }
+      const Json& c = out.payload.contains("content") ? out.payload["content"] : Json();
+      if (c.is_string() && !c.get_ref<const std::string&>().empty()) content = c.get<std::string>();
+    }
   }
   const bool reject_when_busy = agent.config.is_object() && agent.config.value("busy", "") == "reject";
 

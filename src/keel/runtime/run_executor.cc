@@ -9,6 +9,8 @@
 #include "keel/common/ids.h"
 #include "keel/metrics.h"
 #include "keel/model/provider.h"
+#include "keel/plugins/bus.h"
+#include "keel/plugins/host.h"
 #include "keel/policy/stored.h"
 #include "keel/runtime/event_hub.h"
 #include "keel/runtime/runtime.h"
@@ -35,6 +37,41 @@ std::vector<model::ToolCallRequest> ToolCallsFrom(const Json& j) {
   for (const auto& c : j) {
     if (!c.is_object()) continue;
     out.push_back({c.value("id", ""), c.value("name", ""), c.value("arguments", Json::object())});
+  }
+  return out;
+}
+
+// The conversation as plugins see it (prompt.assemble, model.before):
+// [{"role", "content", "tool_calls"?, "tool_call_id"?, "tool_name"?}].
+Json MessagesJson(const std::vector<model::ChatMessage>& messages) {
+  Json out = Json::array();
+  for (const auto& m : messages) {
+    Json j = {{"role", m.role}, {"content", m.content}};
+    if (!m.tool_calls.empty()) j["tool_calls"] = ToolCallsJson(m.tool_calls);
+    if (!m.tool_call_id.empty()) j["tool_call_id"] = m.tool_call_id;
+    if (!m.tool_name.empty()) j["tool_name"] = m.tool_name;
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+// A transformed payload's messages; nullopt when a transform broke their shape (the runtime
+// then keeps its own).
+std::optional<std::vector<model::ChatMessage>> MessagesFrom(const Json& payload) {
+  if (!payload.is_object() || !payload.contains("messages") || !payload["messages"].is_array()) {
+    return std::nullopt;
+  }
+  std::vector<model::ChatMessage> out;
+  for (const auto& j : payload["messages"]) {
+    if (!j.is_object() || !j.contains("role") || !j["role"].is_string() ||
+        !j.contains("content") || !j["content"].is_string()) {
+      return std::nullopt;
+    }
+    model::ChatMessage m{j["role"].get<std::string>(), j["content"].get<std::string>(), {}, "", ""};
+    if (j.contains("tool_calls")) m.tool_calls = ToolCallsFrom(j["tool_calls"]);
+    if (j.contains("tool_call_id") && j["tool_call_id"].is_string()) m.tool_call_id = j["tool_call_id"];
+    if (j.contains("tool_name") && j["tool_name"].is_string()) m.tool_name = j["tool_name"];
+    out.push_back(std::move(m));
   }
   return out;
 }
@@ -195,6 +232,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
   std::vector<store::Message> history;
   std::vector<store::Step> steps;
   std::vector<store::ToolCall> calls;
+  std::vector<store::Plugin> enabled;
   Status loaded = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
     if (known) {
       agent = known->agent;
@@ -210,6 +248,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
       KEEL_ASSIGN_OR_RETURN(steps, tx.runs().ListSteps(run.tenant_id, run.id));
       KEEL_ASSIGN_OR_RETURN(calls, tx.runs().ListToolCalls(run.tenant_id, run.id));
     }
+    KEEL_ASSIGN_OR_RETURN(enabled, tx.plugins().PluginsForAgent(run.tenant_id, run.agent_id));
     return Status::Ok();
   });
   if (!loaded.ok()) {
@@ -217,6 +256,14 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
     (void)co_await fail(code, loaded.message());
     co_return;
   }
+  // The agent's plugins as of this turn (built again when they changed since its last one).
+  std::shared_ptr<plugins::AgentPlugins> plugins = UsePlugins(run.tenant_id, run.agent_id, enabled);
+  // A plugin whose failure mode is "fail" failed: the turn stops with its error.
+  auto plugin_failed = [&](const plugins::PluginError& e) {
+    std::string code = "plugin_failed";
+    return fail(code, "plugin " + e.plugin_id + " failed on " + e.event + ": " + e.message);
+  };
+  const Json ids = {{"agent_id", run.agent_id}, {"session_id", run.session_id}, {"run_id", run.id}};
 
   // A direct call (role "call", posted through Keel's MCP server) runs its one tool call through
   // the gateway and ends with the call's answer; the model is never asked.
@@ -250,7 +297,17 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
       if (m.role == "user" || m.role == "assistant") request.messages.push_back({m.role, m.content, {}, "", ""});
     }
     request.messages.push_back({"user", prompt.content, {}, "", ""});
-    for (const auto& t : co_await gateway_.Offered(run.tenant_id, agent.tools)) {
+    if (plugins->bus.Has("prompt.assemble")) {
+      Json payload = ids;
+      payload["messages"] = MessagesJson(request.messages);
+      auto out = Emit(*plugins, "prompt.assemble", std::move(payload));
+      if (out.abort) {
+        (void)co_await plugin_failed(*out.abort);
+        co_return;
+      }
+      if (auto assembled = MessagesFrom(out.payload)) request.messages = std::move(*assembled);
+    }
+    for (const auto& t : co_await gateway_.Offered(run.tenant_id, run.agent_id, agent.tools)) {
       request.tools.push_back({t->name(), t->description(), t->parameters()});
     }
   }
@@ -340,6 +397,11 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
         creq.attempt = run.attempt;
         auto outcome = co_await gateway_.Call(creq);
         if (!outcome.ok()) co_return;  // the store failed; the run resumes after its lease
+        if (outcome->abort_turn) {  // a plugin that must not be skipped failed deciding
+          std::string code = "plugin_failed";
+          (void)co_await fail(code, outcome->ForModel());
+          co_return;
+        }
         if (outcome->status == "awaiting_approval") co_return;  // parked; a decision requeues it
         if (direct) direct_answer = outcome->ForModel();
         request.messages.push_back({"tool", outcome->ForModel(), {}, call.id, call.name});
@@ -379,7 +441,37 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
     auto delta = [this, &run](const std::string& text) {
       hub_.PublishDelta({run.tenant_id, run.agent_id, run.session_id, run.id, text});
     };
-    auto response = co_await provider->Complete(request, delta);
+    // model.before may rewrite what this call sends (redaction); the run's own record of the
+    // conversation stays as it was.
+    const model::ModelRequest* sent = &request;
+    model::ModelRequest rewritten;
+    if (plugins->bus.Has("model.before")) {
+      Json payload = ids;
+      payload["model"] = agent.model;
+      payload["messages"] = MessagesJson(request.messages);
+      Json names = Json::array();
+      for (const auto& t : request.tools) names.push_back(t.name);
+      payload["tools"] = names;
+      auto out = Emit(*plugins, "model.before", std::move(payload));
+      if (out.abort) {
+        (void)co_await plugin_failed(*out.abort);
+        co_return;
+      }
+      if (auto messages = MessagesFrom(out.payload)) {
+        rewritten = request;
+        rewritten.messages = std::move(*messages);
+        sent = &rewritten;
+      }
+    }
+    auto response = co_await provider->Complete(*sent, delta);
+    if (response.ok() && plugins->bus.Has("model.after")) {
+      Json payload = ids;
+      payload["text"] = response->text;
+      payload["tool_calls"] = ToolCallsJson(response->tool_calls);
+      payload["usage"] = {{"input_tokens", response->usage.input_tokens},
+                          {"output_tokens", response->usage.output_tokens}};
+      Emit(*plugins, "model.after", std::move(payload));
+    }
     step.finished_at = NowMillis();
     ++model_steps;
     if (!response.ok()) {

@@ -11,6 +11,7 @@
 #include "keel/common/log.h"
 #include "keel/common/time.h"
 #include "keel/metrics.h"
+#include "keel/plugins/host.h"
 #include "keel/runtime/event_hub.h"
 #include "keel/store/async.h"
 
@@ -28,7 +29,10 @@ Runtime::Runtime(asio::any_io_executor executor, store::Store& store, EventHub& 
       gateway_(gateway),
       metrics_(metrics),
       options_(options),
-      wake_timer_(executor) {}
+      wake_timer_(executor),
+      plugins_(std::make_unique<plugins::PluginHost>(options.audit_dir)) {
+  HookGateway();
+}
 
 Runtime::~Runtime() = default;
 
@@ -145,6 +149,7 @@ asio::awaitable<void> Runtime::Drain(std::chrono::milliseconds grace) {
     boost::system::error_code ec;
     co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
   }
+  for (const auto& p : plugins_->All()) ForgetAgent(p->agent_id);
 }
 
 }  // namespace keel::runtime

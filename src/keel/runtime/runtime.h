@@ -32,6 +32,12 @@ class ProviderRegistry;
 namespace tools {
 class Gateway;
 }
+namespace plugins {
+class PluginHost;
+struct AgentPlugins;
+struct Emitted;
+struct PluginError;
+}  // namespace plugins
 }  // namespace keel
 
 namespace keel::runtime {
@@ -44,6 +50,7 @@ struct RuntimeOptions {
   int default_max_steps = 16;
   int history_limit = 50;
   int tenant_run_cap = 1000;
+  std::string audit_dir;  // where the built-in audit-log plugin writes ({tenant}/{agent}.jsonl)
 };
 
 
@@ -93,6 +100,19 @@ class Runtime {
   // Wakes the dispatcher to look for runnable runs.
   void Wake();
 
+  // Plugins (docs/PLUGINS.md). The agent's plugins as the store lists them now, built on this
+  // node when they changed (emitting agent.started@v1 the first time); failures to load are
+  // reported as plugin.error@v1. Fails only when the store does.
+  boost::asio::awaitable<Result<std::shared_ptr<plugins::AgentPlugins>>> PluginsOf(
+      std::string tenant_id, std::string agent_id);
+  // Emits `family` with the payload of its newest version on the agent's bus and reports the
+  // handlers that failed. For the API's events (session.opened, session.closed): loads the
+  // agent's plugins first; a store failure only costs the event.
+  boost::asio::awaitable<void> EmitFor(std::string tenant_id, std::string agent_id,
+                                       std::string family, Json payload);
+  // The agent was deleted: emits agent.stopped@v1 and drops its plugins on this node.
+  void ForgetAgent(const std::string& agent_id);
+
   const RuntimeOptions& options() const { return options_; }
 
  private:
@@ -114,6 +134,22 @@ class Runtime {
   boost::asio::awaitable<std::optional<std::string>> StopFor(const store::Run& run);
   // Expires pending approvals past their time (on the leader), every second.
   boost::asio::awaitable<void> ApprovalExpiryLoop();
+  // The agent's plugins for the enabled list just read from the store (see PluginsOf).
+  std::shared_ptr<plugins::AgentPlugins> UsePlugins(const std::string& tenant_id,
+                                                    const std::string& agent_id,
+                                                    const std::vector<store::Plugin>& enabled);
+  // Emits on a bus already loaded; reports failed handlers (plugin.error@v1, in the log and to
+  // the agent's plugin.error listeners).
+  plugins::Emitted Emit(const plugins::AgentPlugins& plugins, const std::string& family,
+                        Json payload);
+  // Reports handlers that failed or plugins that did not load.
+  void ReportPluginErrors(const plugins::AgentPlugins& plugins,
+                          const std::vector<plugins::PluginError>& errors);
+  // Appends plugin.error@v1 events (off the caller's path).
+  boost::asio::awaitable<void> RecordPluginErrors(std::string tenant_id, std::string agent_id,
+                                                  Json errors);
+  // Connects the gateway's veto, after and agent-tools hooks to the agents' plugins.
+  void HookGateway();
 
   boost::asio::any_io_executor executor_;
   store::Store& store_;
@@ -128,6 +164,7 @@ class Runtime {
   bool draining_ = false;
   std::set<std::string> executing_;         // run ids claimed or running on this node
   std::set<std::string> cancel_requested_;  // executing runs asked to stop
+  std::unique_ptr<plugins::PluginHost> plugins_;
 };
 
 }  // namespace keel::runtime

@@ -31,6 +31,14 @@ Status ArchiveError(struct archive* a, const std::string& what) {
 
 std::string EntryName(const ExportTableSpec& t) { return std::string(t.name) + ".jsonl"; }
 
+// The archive version that first carried `t`: archives of an earlier version lack it. Tables not
+// named here are in every version ImportArchive reads.
+int FirstVersionOf(const ExportTableSpec& t) {
+  static const std::map<std::string, int> kAdded = {{"plugins", 3}, {"agent_plugins", 3}};
+  auto it = kAdded.find(t.name);
+  return it == kAdded.end() ? kOldestArchiveVersion : it->second;
+}
+
 Status WriteEntry(struct archive* a, const std::string& name, const std::string& data,
                   Millis mtime) {
   std::unique_ptr<archive_entry, decltype(&archive_entry_free)> e(archive_entry_new(),
@@ -174,16 +182,22 @@ Status ImportArchive(Store& store, const std::string& path) {
   if (manifest.value("format", Json()) != kArchiveFormat) {
     return InvalidArgument(path + ": not a Keel export (format is not \"keel-export\")");
   }
-  const Json version = manifest.value("version", Json());
-  if (version != kArchiveVersion) {
-    return InvalidArgument(path + ": unsupported export version " + version.dump() +
-                           " (this Keel reads version " + std::to_string(kArchiveVersion) + ")");
+  const Json version_json = manifest.value("version", Json());
+  if (!version_json.is_number_integer() || version_json.get<int64_t>() < kOldestArchiveVersion ||
+      version_json.get<int64_t>() > kArchiveVersion) {
+    return InvalidArgument(path + ": unsupported export version " + version_json.dump() +
+                           " (this Keel reads versions " + std::to_string(kOldestArchiveVersion) +
+                           " to " + std::to_string(kArchiveVersion) + ")");
   }
+  const int version = static_cast<int>(version_json.get<int64_t>());
   const Json tables = manifest.value("tables", Json());
   if (!tables.is_object()) return InvalidArgument(path + ": manifest.json lacks \"tables\"");
 
+  // The tables an archive of this version has: exactly those, each with its entry.
   std::set<std::string> expected;
-  for (const auto& spec : ExportTables()) expected.insert(spec.name);
+  for (const auto& spec : ExportTables()) {
+    if (FirstVersionOf(spec) <= version) expected.insert(spec.name);
+  }
   for (const auto& [name, _] : tables.items()) {
     if (!expected.count(name)) return InvalidArgument(path + ": unknown table " + name);
   }
@@ -201,6 +215,7 @@ Status ImportArchive(Store& store, const std::string& path) {
   // Every row parsed and checked before anything is written.
   std::vector<std::pair<const ExportTableSpec*, std::vector<Json>>> rows;
   for (const auto& spec : ExportTables()) {
+    if (!expected.count(spec.name)) continue;  // newer than the archive: imports as empty
     const std::string entry = EntryName(spec);
     auto meta = tables.find(spec.name);
     if (meta == tables.end() || !meta->is_object()) {

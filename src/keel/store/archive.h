@@ -3,13 +3,17 @@
 // backend wrote them, so data moves between SQLite and PostgreSQL.
 //
 // The archive is a tar (pax) compressed with zstd. Its first entry is manifest.json:
-//   {"format": "keel-export", "version": 1, "created_at": MILLIS,
+//   {"format": "keel-export", "version": 3, "created_at": MILLIS,
 //    "tenant": {"id", "name", "created_at"} | null (null: every tenant),
 //    "tables": {"agents": {"rows": N, "sha256": HEX}, ...}}
 // then one TABLE.jsonl per table of ExportTables() (store.h), in that order: one JSON object per
 // line, fields named like the columns, rows in primary key order (events by position). JSON-text
 // columns (tools, payload, ...) stay strings, verbatim. api_tokens carries hashes only; secrets
 // are never stored.
+//
+// A table added to ExportTables() after version 2 raises the version, so that an archive lacking
+// it is told from one that lost an entry; ImportArchive still reads the older versions, whose
+// archives lack those tables (they import as empty).
 //
 // Both functions run on the calling thread and hold the whole archive in memory.
 
@@ -21,7 +25,10 @@
 namespace keel::store {
 
 inline constexpr const char* kArchiveFormat = "keel-export";
-inline constexpr int kArchiveVersion = 2;  // 2: tenant_keys and secrets
+// 2: tenant_keys and secrets; 3: plugins and agent_plugins.
+inline constexpr int kArchiveVersion = 3;
+// The oldest version ImportArchive reads.
+inline constexpr int kOldestArchiveVersion = 2;
 
 // Writes the archive of `tenant_id`'s rows (every tenant's when empty) to `path`, replacing it.
 // One Store::Read: a consistent snapshot even while a server writes to the store.
@@ -31,8 +38,8 @@ Status ExportArchive(Store& store, const std::string& tenant_id, const std::stri
 // Reads the archive at `path` into `store`. The whole archive is validated first (format,
 // version, exactly the expected entries, row counts, checksums, every row's fields and types),
 // then imported in one unit of work that also checks that the store is empty: on any error
-// nothing is written. kInvalidArgument for a bad archive, kConflict for a store that already
-// holds data.
+// nothing is written. Versions kOldestArchiveVersion to kArchiveVersion are read. kInvalidArgument
+// for a bad archive, kConflict for a store that already holds data.
 Status ImportArchive(Store& store, const std::string& path);
 
 }  // namespace keel::store

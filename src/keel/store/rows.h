@@ -1,10 +1,16 @@
 #pragma once
 // Internal to the store backends: the column lists of each record and how a result row maps to
 // it. Both backends select the same columns in the same order, so one reader per record serves
-// both; `Row` is the backend's row view with Text(i), Int(i) and OptInt(i).
+// both; `Row` is the backend's row view with Text(i), Int(i) and OptInt(i). Also the cursor of
+// ListDeliveries, the one list not ordered by id.
 
+#include <charconv>
+#include <cstdint>
 #include <string>
+#include <utility>
 
+#include "keel/common/status.h"
+#include "keel/store/store.h"
 #include "keel/store/types.h"
 
 namespace keel::store::rows {
@@ -105,6 +111,69 @@ inline constexpr const char* kMcpServerCols =
 template <typename Row>
 McpServer ReadMcpServer(const Row& s) {
   return McpServer{s.Text(0), s.Text(1), s.Text(2), s.Text(3), ParseStored(s.Text(4)), s.Int(5)};
+}
+
+inline constexpr const char* kPluginCols =
+    "tenant_id, id, name, version, kind, manifest, source, config, created_at, updated_at";
+template <typename Row>
+Plugin ReadPlugin(const Row& s) {
+  Plugin p;
+  p.tenant_id = s.Text(0);
+  p.id = s.Text(1);
+  p.name = s.Text(2);
+  p.version = s.Text(3);
+  p.kind = s.Text(4);
+  p.manifest = ParseStored(s.Text(5));
+  p.source = s.Text(6);
+  p.config = ParseStored(s.Text(7));
+  p.created_at = s.Int(8);
+  p.updated_at = s.Int(9);
+  return p;
+}
+
+inline constexpr const char* kEnablementCols = "tenant_id, plugin_id, agent_id, created_at";
+template <typename Row>
+PluginEnablement ReadEnablement(const Row& s) {
+  return PluginEnablement{s.Text(0), s.Text(1), s.Text(2), s.Int(3)};
+}
+
+inline constexpr const char* kDeliveryCols =
+    "id, tenant_id, plugin_id, agent_id, event_type, payload, status, attempts, "
+    "next_attempt_at, last_status, last_error, created_at, delivered_at";
+template <typename Row>
+PluginDelivery ReadDelivery(const Row& s) {
+  PluginDelivery d;
+  d.id = s.Text(0);
+  d.tenant_id = s.Text(1);
+  d.plugin_id = s.Text(2);
+  d.agent_id = s.Text(3);
+  d.event_type = s.Text(4);
+  d.payload = ParseStored(s.Text(5));
+  d.status = s.Text(6);
+  d.attempts = static_cast<int>(s.Int(7));
+  d.next_attempt_at = s.Int(8);
+  d.last_status = static_cast<int>(s.Int(9));
+  d.last_error = s.Text(10);
+  d.created_at = s.Int(11);
+  d.delivered_at = s.OptInt(12);
+  return d;
+}
+
+// ListDeliveries pages newest first, so its cursor is the last item's (created_at, id), as
+// "MILLIS:ID" before EncodeCursor.
+inline std::string DeliveryCursorKey(const PluginDelivery& d) {
+  return std::to_string(d.created_at) + ":" + d.id;
+}
+// The (created_at, id) a page of deliveries starts below: the top for an empty cursor.
+inline Result<std::pair<Millis, std::string>> DeliveryCursorStart(const std::string& cursor) {
+  if (cursor.empty()) return std::pair<Millis, std::string>(INT64_MAX, "");
+  const std::string key = DecodeCursor(cursor);
+  const size_t colon = key.find(':');
+  Millis at = 0;
+  if (colon == std::string::npos || colon == 0) return InvalidArgument("cursor is not valid");
+  auto [end, ec] = std::from_chars(key.data(), key.data() + colon, at);
+  if (ec != std::errc() || end != key.data() + colon) return InvalidArgument("cursor is not valid");
+  return std::pair<Millis, std::string>(at, key.substr(colon + 1));
 }
 
 inline constexpr const char* kAgentCols =

@@ -173,6 +173,28 @@ const std::vector<ExportTableSpec>& ExportTables() {
         {"config", T::kText},
         {"created_at", T::kInt}},
        "id"},
+      {"plugins",
+       {{"tenant_id", T::kText},
+        {"id", T::kText},
+        {"name", T::kText},
+        {"version", T::kText},
+        {"kind", T::kText},
+        {"manifest", T::kText},
+        {"source", T::kText},
+        {"config", T::kText},
+        {"created_at", T::kInt},
+        {"updated_at", T::kInt}},
+       "tenant_id, id"},
+      {"agent_plugins",
+       {{"tenant_id", T::kText},
+        {"plugin_id", T::kText},
+        {"agent_id", T::kText},
+        {"created_at", T::kInt}},
+       "tenant_id, plugin_id, agent_id"},
+      // plugin_deliveries is not exported: it is the webhook plugins' outbound queue and its
+      // history, not the tenant's configuration. An imported copy would deliver its pending
+      // events a second time from the new store, to receivers outside Keel that may already
+      // have them (or that a copy, such as a staging store, must not reach at all).
       {"events",
        {{"position", T::kInt},
         {"id", T::kText},

@@ -115,6 +115,49 @@ class McpServerStore {
   virtual Status DeleteMcpServer(const std::string& tenant_id, const std::string& id) = 0;
 };
 
+class PluginStore {
+ public:
+  virtual ~PluginStore() = default;
+  // Inserts or replaces (same tenant and id) a plugin; created_at is kept on replace.
+  virtual Status UpsertPlugin(const Plugin& plugin) = 0;
+  // kNotFound "plugin not found: ID".
+  virtual Result<Plugin> GetPlugin(const std::string& tenant_id, const std::string& id) = 0;
+  // By id.
+  virtual Result<std::vector<Plugin>> ListPlugins(const std::string& tenant_id) = 0;
+  // Deletes the plugin, its enablements and its deliveries. kNotFound when absent.
+  virtual Status DeletePlugin(const std::string& tenant_id, const std::string& id) = 0;
+  // Idempotent (enabling again keeps the first created_at). REQUIRES: the plugin exists
+  // (kNotFound "plugin not found: ID" otherwise).
+  virtual Status EnablePlugin(const PluginEnablement& e) = 0;
+  // kNotFound when that enablement does not exist.
+  virtual Status DisablePlugin(const std::string& tenant_id, const std::string& plugin_id,
+                               const std::string& agent_id) = 0;
+  // The plugin's enablements, by agent_id ("*" first); empty for an unknown plugin.
+  virtual Result<std::vector<PluginEnablement>> ListEnablements(const std::string& tenant_id,
+                                                                const std::string& plugin_id) = 0;
+  // The plugins enabled for the agent (by its id or "*"), each once, ordered by id.
+  virtual Result<std::vector<Plugin>> PluginsForAgent(const std::string& tenant_id,
+                                                      const std::string& agent_id) = 0;
+
+  // kConflict when the id exists; the plugin must exist (an integrity kConflict otherwise).
+  virtual Status InsertDelivery(const PluginDelivery& d) = 0;
+  // By tenant and id: writes status, attempts, next_attempt_at, last_status, last_error and
+  // delivered_at. kNotFound "plugin delivery not found: ID".
+  virtual Status UpdateDelivery(const PluginDelivery& d) = 0;
+  // kNotFound "plugin delivery not found: ID".
+  virtual Result<PluginDelivery> GetDelivery(const std::string& tenant_id,
+                                             const std::string& id) = 0;
+  // A plugin's deliveries, newest first (created_at, then id, descending); `status` empty for
+  // all. kInvalidArgument for a cursor that is not one this list returned.
+  virtual Result<Paged<PluginDelivery>> ListDeliveries(const std::string& tenant_id,
+                                                        const std::string& plugin_id,
+                                                        const std::string& status,
+                                                        const Page& page) = 0;
+  // Runtime-wide: pending deliveries whose next_attempt_at is at or before `now`, the longest
+  // due first (next_attempt_at, then id). At most `limit`.
+  virtual Result<std::vector<PluginDelivery>> DueDeliveries(Millis now, int limit) = 0;
+};
+
 class AgentStore {
  public:
   virtual ~AgentStore() = default;
@@ -281,6 +324,7 @@ class Tx {
   virtual PolicyStore& policies() = 0;
   virtual ApprovalStore& approvals() = 0;
   virtual McpServerStore& mcp_servers() = 0;
+  virtual PluginStore& plugins() = 0;
   virtual AgentStore& agents() = 0;
   virtual SessionStore& sessions() = 0;
   virtual MessageStore& messages() = 0;

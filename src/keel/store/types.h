@@ -110,6 +110,46 @@ struct McpServer {
   Millis created_at = 0;
 };
 
+// A plugin registered by a tenant (docs/API.md, plugins). (tenant_id, id) is unique; the id
+// comes from the manifest. Registering the same id again replaces it (a new version).
+struct Plugin {
+  std::string tenant_id;
+  std::string id;
+  std::string name;
+  std::string version;
+  std::string kind;                // builtin | lua | webhook
+  Json manifest = Json::object();  // the manifest as registered
+  std::string source;              // the Lua source (kind lua); empty otherwise
+  Json config = Json::object();    // the tenant's settings for it (checked against its config schema)
+  Millis created_at = 0;
+  Millis updated_at = 0;
+};
+
+// A plugin enabled for one agent, or for all of the tenant's agents (agent_id "*").
+struct PluginEnablement {
+  std::string tenant_id;
+  std::string plugin_id;
+  std::string agent_id;
+  Millis created_at = 0;
+};
+
+// One event a webhook plugin must deliver, and how its delivery goes.
+struct PluginDelivery {
+  std::string id;
+  std::string tenant_id;
+  std::string plugin_id;
+  std::string agent_id;
+  std::string event_type;  // "tool.after@v1"
+  Json payload = Json::object();
+  std::string status = "pending";  // pending | delivered | dead
+  int attempts = 0;
+  Millis next_attempt_at = 0;
+  int last_status = 0;  // the last HTTP status (0: no answer)
+  std::string last_error;
+  Millis created_at = 0;
+  std::optional<Millis> delivered_at;
+};
+
 struct Agent {
   std::string id;
   std::string tenant_id;

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -53,6 +54,7 @@ asio::awaitable<T> Gateway::OnPool(std::function<T()> fn) {
 namespace {
 
 constexpr std::string_view kMcpPrefix = "mcp__";
+constexpr std::string_view kPluginPrefix = "plugin__";
 
 // mcp__{server}__{tool} -> (server, tool); false for anything else.
 bool SplitMcpName(const std::string& name, std::string* server, std::string* tool) {
@@ -177,9 +179,18 @@ Result<mcp::ServerLaunch> LaunchOf(store::Tx& tx, const secrets::Vault* vault,
 }  // namespace
 
 asio::awaitable<Result<std::shared_ptr<Tool>>> Gateway::Resolve(std::string tenant_id,
+                                                                 std::string agent_id,
                                                                  std::string name) {
   if (Tool* t = registry_.Find(name)) {
     co_return std::shared_ptr<Tool>(t, [](Tool*) {});  // owned by the registry
+  }
+  if (name.rfind(kPluginPrefix, 0) == 0) {
+    if (agent_tools_) {
+      for (auto& t : agent_tools_(agent_id)) {
+        if (t->name() == name) co_return t;
+      }
+    }
+    co_return NotFound("unknown tool: " + name + " (no enabled plugin of the agent adds it)");
   }
   std::string server, tool;
   if (!mcp_ || !SplitMcpName(name, &server, &tool)) co_return NotFound("unknown tool: " + name);
@@ -245,11 +256,17 @@ asio::awaitable<void> Gateway::ForgetMcpServer(std::string server_id) {
 }
 
 asio::awaitable<std::vector<std::shared_ptr<Tool>>> Gateway::Offered(std::string tenant_id,
+                                                                     std::string agent_id,
                                                                      Json allowed_tools) {
   std::vector<std::shared_ptr<Tool>> out;
   for (const Tool* t : registry_.All()) {
     if (Allowed(allowed_tools, t->name())) {
       out.push_back(std::shared_ptr<Tool>(const_cast<Tool*>(t), [](Tool*) {}));
+    }
+  }
+  if (agent_tools_) {
+    for (auto& t : agent_tools_(agent_id)) {
+      if (Allowed(allowed_tools, t->name())) out.push_back(t);
     }
   }
   if (!mcp_) co_return out;
@@ -424,13 +441,14 @@ asio::awaitable<Result<CallOutcome>> Gateway::Call(const CallRequest& req) {
 
   // Checks that need no policy: the tool exists, the agent may use it, the arguments fit.
   std::string server, mcp_tool;
-  if (!registry_.Find(req.tool) && !SplitMcpName(req.tool, &server, &mcp_tool)) {
+  if (!registry_.Find(req.tool) && !SplitMcpName(req.tool, &server, &mcp_tool) &&
+      req.tool.rfind(kPluginPrefix, 0) != 0) {
     co_return co_await Deny(call, step, req, "unknown tool: " + req.tool);
   }
   if (!Allowed(req.allowed_tools, req.tool)) {
     co_return co_await Deny(call, step, req, "the agent may not call " + req.tool);
   }
-  auto resolved = co_await Resolve(req.tenant_id, req.tool);
+  auto resolved = co_await Resolve(req.tenant_id, req.agent_id, req.tool);
   if (!resolved.ok()) co_return co_await Deny(call, step, req, resolved.status().message());
   std::shared_ptr<Tool> tool = *resolved;
   if (!req.arguments.is_object()) {
@@ -442,13 +460,16 @@ asio::awaitable<Result<CallOutcome>> Gateway::Call(const CallRequest& req) {
                                 fits.message());
   }
   for (const auto& hook : veto_hooks_) {
-    std::optional<std::string> veto;
+    std::optional<Veto> veto;
     try {
       veto = hook(req);
     } catch (const std::exception& e) {
-      veto = std::string("a veto hook failed: ") + e.what();  // fail closed
+      veto = Veto{std::string("a veto hook failed: ") + e.what()};  // fail closed
     }
-    if (veto) co_return co_await Deny(call, step, req, "vetoed: " + *veto);
+    if (!veto) continue;
+    auto denied = co_await Deny(call, step, req, "vetoed: " + veto->reason);
+    if (denied.ok()) denied->abort_turn = veto->abort_turn;
+    co_return denied;
   }
   auto role = policy::ParseRole(req.caller_role);
   if (!role.ok()) co_return co_await Deny(call, step, req, role.status().message());
@@ -572,7 +593,7 @@ asio::awaitable<Result<CallOutcome>> Gateway::ExecuteApproved(const store::ToolC
   std::string refusal;
   if (auto stop = policy::StopReason(stops, agent_id)) {
     refusal = *stop;
-  } else if (auto tool = co_await Resolve(call.tenant_id, call.tool); !tool.ok()) {
+  } else if (auto tool = co_await Resolve(call.tenant_id, agent_id, call.tool); !tool.ok()) {
     refusal = tool.status().message();
   } else if (Status fits = CheckArguments((*tool)->parameters(), call.arguments); !fits.ok()) {
     // The approver may have amended them.
@@ -654,7 +675,8 @@ asio::awaitable<Result<CallOutcome>> Gateway::ExecuteAndRecord(store::ToolCall c
                                                                std::string agent_id,
                                                                std::string session_id,
                                                                Json agent_config) {
-  auto resolved = co_await Resolve(call.tenant_id, call.tool);
+  auto resolved = co_await Resolve(call.tenant_id, agent_id, call.tool);
+  const auto started = std::chrono::steady_clock::now();
   Result<Json> result = resolved.ok() ? Result<Json>(Status::Ok()) : Result<Json>(resolved.status());
   if (resolved.ok()) {
     std::shared_ptr<Tool> tool = *resolved;
@@ -708,6 +730,12 @@ asio::awaitable<Result<CallOutcome>> Gateway::ExecuteAndRecord(store::ToolCall c
                  {{"call_id", call.call_id}, {"tool", call.tool}, {"status", call.status}}});
   });
   if (!written.ok()) co_return written.status();
+  if (after_hook_) {
+    auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::steady_clock::now() - started);
+    after_hook_({call.tenant_id, agent_id, session_id, call.run_id, &call,
+                 step.input.value("decision", Json::object()), took.count()});
+  }
   co_return CallOutcome{call.status, call.result};
 }
 

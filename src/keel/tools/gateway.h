@@ -63,20 +63,44 @@ struct GatewayOptions {
   size_t large_result_bytes = 16 * 1024;
 };
 
+// A veto hook's refusal. With abort_turn the run must stop (a plugin whose failure mode is
+// "fail" failed deciding).
+struct Veto {
+  std::string reason;
+  bool abort_turn = false;
+};
+
 // A veto hook sees every call after the tool is known and its arguments checked, before the
-// policy, and may refuse it: it returns the reason, or nullopt to let it pass. Hooks run on the
-// event loop, in the order they were added; the first refusal wins and is recorded like any
-// denial. (The plugin system registers its `tool.before` vetoes here.)
-using VetoHook = std::function<std::optional<std::string>(const CallRequest& call)>;
+// policy, and may refuse it: it returns the refusal, or nullopt to let it pass. Hooks run on
+// the event loop, in the order they were added; the first refusal wins and is recorded like
+// any denial. (The plugin host registers the agents' `tool.before` vetoes here.)
+using VetoHook = std::function<std::optional<Veto>(const CallRequest& call)>;
+
+// Tools of one agent beyond the registered and MCP ones (the ones its plugins added), named
+// plugin__{plugin}__{tool}.
+using AgentTools = std::function<std::vector<std::shared_ptr<Tool>>(const std::string& agent_id)>;
 
 struct CallOutcome {
   // succeeded | failed | denied | unknown | rejected, or awaiting_approval: the run is parked
   // and must stop executing (result {"approval_id": ...}).
   std::string status;
   Json result;         // the tool's value, or {"error": "..."}
+  bool abort_turn = false;  // denied by a veto that stops the run
   // The text the model sees as the tool's answer.
   std::string ForModel() const;
 };
+
+// What a call came to, for whoever watches calls end (tool.after).
+struct CallRecord {
+  std::string tenant_id;
+  std::string agent_id;
+  std::string session_id;
+  std::string run_id;
+  const store::ToolCall* call;  // as recorded (status, result, effect class)
+  Json decision;                // the gateway's decision {"outcome", "reason"}
+  int64_t duration_ms = 0;      // of the execution
+};
+using AfterHook = std::function<void(const CallRecord& record)>;
 
 class Gateway {
  public:
@@ -87,17 +111,25 @@ class Gateway {
           const secrets::Vault* vault = nullptr);
   ~Gateway();
 
-  // A tool by name: a registered one, or mcp__{server}__{tool} of the tenant's MCP servers
-  // (connecting to the server when needed). kNotFound, or the server's failure to start.
+  // A tool by name: a registered one, one of the agent's own (plugin__...), or
+  // mcp__{server}__{tool} of the tenant's MCP servers (connecting to the server when needed).
+  // kNotFound, or the server's failure to start.
   boost::asio::awaitable<Result<std::shared_ptr<Tool>>> Resolve(std::string tenant_id,
+                                                                std::string agent_id,
                                                                 std::string name);
-  // What the model is offered: the registered tools and every tool of the tenant's MCP servers
-  // that the agent's list allows. A server that cannot be reached offers nothing (and says so
-  // in the log); the run goes on with the rest.
+  // What the model is offered: the registered tools, the agent's own and every tool of the
+  // tenant's MCP servers that the agent's list allows. A server that cannot be reached offers
+  // nothing (and says so in the log); the run goes on with the rest.
   boost::asio::awaitable<std::vector<std::shared_ptr<Tool>>> Offered(std::string tenant_id,
+                                                                     std::string agent_id,
                                                                      Json allowed_tools);
   // Adds a veto hook (see VetoHook). REQUIRES: before the first call.
   void AddVetoHook(VetoHook hook) { veto_hooks_.push_back(std::move(hook)); }
+  // Called (on the event loop) after every executed call is recorded. REQUIRES: before the
+  // first call.
+  void SetAfterHook(AfterHook hook) { after_hook_ = std::move(hook); }
+  // Where the agents' own tools come from. REQUIRES: before the first call.
+  void SetAgentTools(AgentTools source) { agent_tools_ = std::move(source); }
 
   // Stops a deleted MCP server's connection (off the event loop: a stubborn server takes
   // seconds to stop).
@@ -156,6 +188,8 @@ class Gateway {
 
   const GatewayOptions options_;
   std::vector<VetoHook> veto_hooks_;
+  AfterHook after_hook_;
+  AgentTools agent_tools_;
   mcp::McpManager* mcp_;
   const secrets::Vault* vault_;
   std::unique_ptr<boost::asio::thread_pool> pool_;  // runs blocking tools off the event loop

@@ -452,6 +452,151 @@ Status PostgresTx::DeleteMcpServer(const std::string& tenant_id, const std::stri
   return Updated(conn_.Query(kSql, P(tenant_id, id)), "MCP server not found: " + id);
 }
 
+// ---- PluginStore
+
+Status PostgresTx::UpsertPlugin(const Plugin& p) {
+  static const std::string kSql =
+      "INSERT INTO plugins(" + std::string(kPluginCols) + ") VALUES(" + Placeholders(10) +
+      ") ON CONFLICT(tenant_id, id) DO UPDATE SET name=EXCLUDED.name, "
+      "version=EXCLUDED.version, kind=EXCLUDED.kind, manifest=EXCLUDED.manifest, "
+      "source=EXCLUDED.source, config=EXCLUDED.config, updated_at=EXCLUDED.updated_at";
+  KEEL_RETURN_IF_ERROR(BindTenant(p.tenant_id));
+  return conn_
+      .Query(kSql, P(p.tenant_id, p.id, p.name, p.version, p.kind, DumpJson(p.manifest), p.source,
+                     DumpJson(p.config), p.created_at, p.updated_at))
+      .status();
+}
+
+Result<Plugin> PostgresTx::GetPlugin(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kPluginCols) + " FROM plugins WHERE tenant_id=$1 AND id=$2";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, id)));
+  return One<Plugin>(rows, ReadPlugin<Row>, "plugin not found: " + id);
+}
+
+Result<std::vector<Plugin>> PostgresTx::ListPlugins(const std::string& tenant_id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kPluginCols) + " FROM plugins WHERE tenant_id=$1 ORDER BY id";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id)));
+  return Collect<Plugin>(rows, ReadPlugin<Row>);
+}
+
+// The plugin's enablements and deliveries go with it (ON DELETE CASCADE).
+Status PostgresTx::DeletePlugin(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql = "DELETE FROM plugins WHERE tenant_id=$1 AND id=$2 RETURNING id";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  return Updated(conn_.Query(kSql, P(tenant_id, id)), "plugin not found: " + id);
+}
+
+// The plugin's row is share-locked until the transaction ends, so that it cannot be deleted
+// between the check and the insert.
+Status PostgresTx::EnablePlugin(const PluginEnablement& e) {
+  static const std::string kExists =
+      "SELECT id FROM plugins WHERE tenant_id=$1 AND id=$2 FOR KEY SHARE";
+  static const std::string kSql = "INSERT INTO agent_plugins(" + std::string(kEnablementCols) +
+                                  ") VALUES($1,$2,$3,$4) ON CONFLICT DO NOTHING";
+  KEEL_RETURN_IF_ERROR(BindTenant(e.tenant_id));
+  KEEL_RETURN_IF_ERROR(Updated(conn_.Query(kExists, P(e.tenant_id, e.plugin_id)),
+                               "plugin not found: " + e.plugin_id));
+  return conn_.Query(kSql, P(e.tenant_id, e.plugin_id, e.agent_id, e.created_at)).status();
+}
+
+Status PostgresTx::DisablePlugin(const std::string& tenant_id, const std::string& plugin_id,
+                                 const std::string& agent_id) {
+  static const std::string kSql =
+      "DELETE FROM agent_plugins WHERE tenant_id=$1 AND plugin_id=$2 AND agent_id=$3 "
+      "RETURNING agent_id";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  return Updated(conn_.Query(kSql, P(tenant_id, plugin_id, agent_id)),
+                 "plugin " + plugin_id + " is not enabled for agent " + agent_id);
+}
+
+Result<std::vector<PluginEnablement>> PostgresTx::ListEnablements(const std::string& tenant_id,
+                                                                  const std::string& plugin_id) {
+  static const std::string kSql = "SELECT " + std::string(kEnablementCols) +
+                                  " FROM agent_plugins WHERE tenant_id=$1 AND plugin_id=$2 "
+                                  "ORDER BY agent_id";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, plugin_id)));
+  return Collect<PluginEnablement>(rows, ReadEnablement<Row>);
+}
+
+Result<std::vector<Plugin>> PostgresTx::PluginsForAgent(const std::string& tenant_id,
+                                                        const std::string& agent_id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kPluginCols) +
+      " FROM plugins WHERE tenant_id=$1 AND id IN (SELECT plugin_id FROM agent_plugins "
+      "WHERE tenant_id=$1 AND agent_id IN ($2, '*')) ORDER BY id";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, agent_id)));
+  return Collect<Plugin>(rows, ReadPlugin<Row>);
+}
+
+Status PostgresTx::InsertDelivery(const PluginDelivery& d) {
+  static const std::string kSql = InsertSql("plugin_deliveries", kDeliveryCols, 13);
+  KEEL_RETURN_IF_ERROR(BindTenant(d.tenant_id));
+  return Inserted(
+      conn_.Query(kSql, P(d.id, d.tenant_id, d.plugin_id, d.agent_id, d.event_type,
+                          DumpJson(d.payload), d.status, d.attempts, d.next_attempt_at,
+                          d.last_status, d.last_error, d.created_at, d.delivered_at)),
+      "plugin delivery already exists: " + d.id);
+}
+
+Status PostgresTx::UpdateDelivery(const PluginDelivery& d) {
+  static const std::string kSql =
+      "UPDATE plugin_deliveries SET status=$1, attempts=$2, next_attempt_at=$3, last_status=$4, "
+      "last_error=$5, delivered_at=$6 WHERE tenant_id=$7 AND id=$8 RETURNING id";
+  KEEL_RETURN_IF_ERROR(BindTenant(d.tenant_id));
+  return Updated(conn_.Query(kSql, P(d.status, d.attempts, d.next_attempt_at, d.last_status,
+                                     d.last_error, d.delivered_at, d.tenant_id, d.id)),
+                 "plugin delivery not found: " + d.id);
+}
+
+Result<PluginDelivery> PostgresTx::GetDelivery(const std::string& tenant_id,
+                                               const std::string& id) {
+  static const std::string kSql = "SELECT " + std::string(kDeliveryCols) +
+                                  " FROM plugin_deliveries WHERE tenant_id=$1 AND id=$2";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, id)));
+  return One<PluginDelivery>(rows, ReadDelivery<Row>, "plugin delivery not found: " + id);
+}
+
+Result<Paged<PluginDelivery>> PostgresTx::ListDeliveries(const std::string& tenant_id,
+                                                          const std::string& plugin_id,
+                                                          const std::string& status,
+                                                          const Page& page) {
+  int limit = ClampLimit(page.limit);
+  KEEL_ASSIGN_OR_RETURN(auto start, DeliveryCursorStart(page.cursor));
+  static const std::string kAll =
+      "SELECT " + std::string(kDeliveryCols) +
+      " FROM plugin_deliveries WHERE tenant_id=$1 AND plugin_id=$2 AND (created_at, id) < "
+      "($3, $4) ORDER BY created_at DESC, id DESC LIMIT $5";
+  static const std::string kOfStatus =
+      "SELECT " + std::string(kDeliveryCols) +
+      " FROM plugin_deliveries WHERE tenant_id=$1 AND plugin_id=$2 AND status=$3 AND "
+      "(created_at, id) < ($4, $5) ORDER BY created_at DESC, id DESC LIMIT $6";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  auto rows =
+      status.empty()
+          ? conn_.Query(kAll, P(tenant_id, plugin_id, start.first, start.second, limit + 1))
+          : conn_.Query(kOfStatus,
+                        P(tenant_id, plugin_id, status, start.first, start.second, limit + 1));
+  if (!rows.ok()) return rows.status();
+  return MakePage(Collect<PluginDelivery>(*rows, ReadDelivery<Row>), limit, DeliveryCursorKey);
+}
+
+Result<std::vector<PluginDelivery>> PostgresTx::DueDeliveries(Millis now, int limit) {
+  static const std::string kSql = "SELECT " + std::string(kDeliveryCols) +
+                                  " FROM plugin_deliveries WHERE status='pending' AND "
+                                  "next_attempt_at<=$1 ORDER BY next_attempt_at, id LIMIT $2";
+  return AsSystem([&]() -> Result<std::vector<PluginDelivery>> {
+    KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(now, LimitParam(limit))));
+    return Collect<PluginDelivery>(rows, ReadDelivery<Row>);
+  });
+}
+
 // ---- AgentStore
 
 Status PostgresTx::InsertAgent(const Agent& a) {
@@ -1154,6 +1299,45 @@ CREATE TABLE mcp_servers(
 ALTER TABLE mcp_servers ENABLE ROW LEVEL SECURITY;
 ALTER TABLE mcp_servers FORCE ROW LEVEL SECURITY;
 CREATE POLICY tenant_isolation ON mcp_servers
+  USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
+  WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
+)sql",
+      // 5: plugins registered per tenant, the agents they are enabled for ('*': all of the
+      // tenant's), and the webhook deliveries they owe. Both go with their plugin.
+      R"sql(
+CREATE TABLE plugins(
+  tenant_id TEXT COLLATE "C" NOT NULL REFERENCES tenants(id), id TEXT COLLATE "C" NOT NULL,
+  name TEXT COLLATE "C" NOT NULL, version TEXT NOT NULL, kind TEXT COLLATE "C" NOT NULL,
+  manifest TEXT NOT NULL, source TEXT NOT NULL, config TEXT NOT NULL,
+  created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL, PRIMARY KEY(tenant_id, id));
+CREATE TABLE agent_plugins(
+  tenant_id TEXT COLLATE "C" NOT NULL, plugin_id TEXT COLLATE "C" NOT NULL,
+  agent_id TEXT COLLATE "C" NOT NULL, created_at BIGINT NOT NULL,
+  PRIMARY KEY(tenant_id, plugin_id, agent_id),
+  FOREIGN KEY(tenant_id, plugin_id) REFERENCES plugins(tenant_id, id) ON DELETE CASCADE);
+CREATE INDEX agent_plugins_agent ON agent_plugins(tenant_id, agent_id);
+CREATE TABLE plugin_deliveries(
+  id TEXT COLLATE "C" PRIMARY KEY, tenant_id TEXT COLLATE "C" NOT NULL,
+  plugin_id TEXT COLLATE "C" NOT NULL, agent_id TEXT COLLATE "C" NOT NULL,
+  event_type TEXT COLLATE "C" NOT NULL, payload TEXT NOT NULL, status TEXT COLLATE "C" NOT NULL,
+  attempts BIGINT NOT NULL, next_attempt_at BIGINT NOT NULL, last_status BIGINT NOT NULL,
+  last_error TEXT NOT NULL, created_at BIGINT NOT NULL, delivered_at BIGINT,
+  FOREIGN KEY(tenant_id, plugin_id) REFERENCES plugins(tenant_id, id) ON DELETE CASCADE);
+CREATE INDEX plugin_deliveries_due ON plugin_deliveries(status, next_attempt_at);
+CREATE INDEX plugin_deliveries_plugin ON plugin_deliveries(tenant_id, plugin_id, created_at, id);
+ALTER TABLE plugins ENABLE ROW LEVEL SECURITY;
+ALTER TABLE plugins FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON plugins
+  USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
+  WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
+ALTER TABLE agent_plugins ENABLE ROW LEVEL SECURITY;
+ALTER TABLE agent_plugins FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON agent_plugins
+  USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
+  WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
+ALTER TABLE plugin_deliveries ENABLE ROW LEVEL SECURITY;
+ALTER TABLE plugin_deliveries FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON plugin_deliveries
   USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
   WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
 )sql",

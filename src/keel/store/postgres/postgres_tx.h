@@ -9,8 +9,9 @@
 // set_config when the call names a tenant other than the one already bound in this transaction
 // (so a unit that stays within one tenant pays for one set_config). The runtime-wide calls
 // (FindActiveTokenByHash, ListTenants, InsertTenant, ClaimableRuns, ExpireLeasesOf, RenewLeases,
-// LastPosition) switch `app.system` on for that call only and off again after it. Every query
-// still filters by tenant_id itself; the policies are the second line of defence.
+// LastPosition, ExpiredApprovals, DueDeliveries) switch `app.system` on for that call only and
+// off again after it. Every query still filters by tenant_id itself; the policies are the
+// second line of defence.
 //
 // Invariants:
 //   1. bound_tenant_ is the value of app.tenant_id in the open transaction, or nullopt when it
@@ -35,6 +36,7 @@ class PostgresTx final : public Tx,
                          public PolicyStore,
                          public ApprovalStore,
                          public McpServerStore,
+                         public PluginStore,
                          public AgentStore,
                          public SessionStore,
                          public MessageStore,
@@ -58,6 +60,7 @@ class PostgresTx final : public Tx,
   PolicyStore& policies() override { return *this; }
   ApprovalStore& approvals() override { return *this; }
   McpServerStore& mcp_servers() override { return *this; }
+  PluginStore& plugins() override { return *this; }
   AgentStore& agents() override { return *this; }
   SessionStore& sessions() override { return *this; }
   MessageStore& messages() override { return *this; }
@@ -175,6 +178,27 @@ class PostgresTx final : public Tx,
                                        const std::string& name) override;
   Result<std::vector<McpServer>> ListMcpServers(const std::string& tenant_id) override;
   Status DeleteMcpServer(const std::string& tenant_id, const std::string& id) override;
+
+  // PluginStore
+  Status UpsertPlugin(const Plugin& p) override;
+  Result<Plugin> GetPlugin(const std::string& tenant_id, const std::string& id) override;
+  Result<std::vector<Plugin>> ListPlugins(const std::string& tenant_id) override;
+  Status DeletePlugin(const std::string& tenant_id, const std::string& id) override;
+  Status EnablePlugin(const PluginEnablement& e) override;
+  Status DisablePlugin(const std::string& tenant_id, const std::string& plugin_id,
+                       const std::string& agent_id) override;
+  Result<std::vector<PluginEnablement>> ListEnablements(const std::string& tenant_id,
+                                                        const std::string& plugin_id) override;
+  Result<std::vector<Plugin>> PluginsForAgent(const std::string& tenant_id,
+                                              const std::string& agent_id) override;
+  Status InsertDelivery(const PluginDelivery& d) override;
+  Status UpdateDelivery(const PluginDelivery& d) override;
+  Result<PluginDelivery> GetDelivery(const std::string& tenant_id, const std::string& id) override;
+  Result<Paged<PluginDelivery>> ListDeliveries(const std::string& tenant_id,
+                                                const std::string& plugin_id,
+                                                const std::string& status,
+                                                const Page& page) override;
+  Result<std::vector<PluginDelivery>> DueDeliveries(Millis now, int limit) override;
 
  private:
   // Binds the transaction to `tenant_id` (row-level security) unless it already is.

@@ -386,6 +386,155 @@ Status SqliteTx::DeleteMcpServer(const std::string& tenant_id, const std::string
   return Status::Ok();
 }
 
+// ---- PluginStore
+
+Status SqliteTx::UpsertPlugin(const Plugin& p) {
+  // ON CONFLICT DO UPDATE, not INSERT OR REPLACE: a replace would delete the row first and so
+  // cascade to the plugin's enablements and deliveries.
+  static const std::string kSql =
+      "INSERT INTO plugins(" + std::string(kPluginCols) +
+      ") VALUES(?,?,?,?,?,?,?,?,?,?) ON CONFLICT(tenant_id, id) DO UPDATE SET "
+      "name=excluded.name, version=excluded.version, kind=excluded.kind, "
+      "manifest=excluded.manifest, source=excluded.source, config=excluded.config, "
+      "updated_at=excluded.updated_at";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  return s.BindAll(p.tenant_id, p.id, p.name, p.version, p.kind, DumpJson(p.manifest), p.source,
+                   DumpJson(p.config), p.created_at, p.updated_at)
+      .Run();
+}
+
+Result<Plugin> SqliteTx::GetPlugin(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kPluginCols) + " FROM plugins WHERE tenant_id=? AND id=?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id, id);
+  return One<Plugin>(s, ReadPlugin<Stmt>, "plugin not found: " + id);
+}
+
+Result<std::vector<Plugin>> SqliteTx::ListPlugins(const std::string& tenant_id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kPluginCols) + " FROM plugins WHERE tenant_id=? ORDER BY id";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id);
+  return Collect<Plugin>(s, ReadPlugin<Stmt>);
+}
+
+// The plugin's enablements and deliveries go with it (ON DELETE CASCADE).
+Status SqliteTx::DeletePlugin(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql = "DELETE FROM plugins WHERE tenant_id=? AND id=? RETURNING id";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id, id);
+  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return NotFound("plugin not found: " + id);
+  return Status::Ok();
+}
+
+Status SqliteTx::EnablePlugin(const PluginEnablement& e) {
+  static const std::string kExists = "SELECT 1 FROM plugins WHERE tenant_id=? AND id=?";
+  static const std::string kSql = "INSERT INTO agent_plugins(" + std::string(kEnablementCols) +
+                                  ") VALUES(?,?,?,?) ON CONFLICT DO NOTHING";
+  {
+    KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kExists));
+    s.BindAll(e.tenant_id, e.plugin_id);
+    KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) return NotFound("plugin not found: " + e.plugin_id);
+  }
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  return s.BindAll(e.tenant_id, e.plugin_id, e.agent_id, e.created_at).Run();
+}
+
+Status SqliteTx::DisablePlugin(const std::string& tenant_id, const std::string& plugin_id,
+                               const std::string& agent_id) {
+  static const std::string kSql =
+      "DELETE FROM agent_plugins WHERE tenant_id=? AND plugin_id=? AND agent_id=? "
+      "RETURNING agent_id";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id, plugin_id, agent_id);
+  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return NotFound("plugin " + plugin_id + " is not enabled for agent " + agent_id);
+  return Status::Ok();
+}
+
+Result<std::vector<PluginEnablement>> SqliteTx::ListEnablements(const std::string& tenant_id,
+                                                                const std::string& plugin_id) {
+  static const std::string kSql = "SELECT " + std::string(kEnablementCols) +
+                                  " FROM agent_plugins WHERE tenant_id=? AND plugin_id=? "
+                                  "ORDER BY agent_id";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id, plugin_id);
+  return Collect<PluginEnablement>(s, ReadEnablement<Stmt>);
+}
+
+Result<std::vector<Plugin>> SqliteTx::PluginsForAgent(const std::string& tenant_id,
+                                                      const std::string& agent_id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kPluginCols) +
+      " FROM plugins WHERE tenant_id=? AND id IN (SELECT plugin_id FROM agent_plugins "
+      "WHERE tenant_id=? AND agent_id IN (?, '*')) ORDER BY id";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id, tenant_id, agent_id);
+  return Collect<Plugin>(s, ReadPlugin<Stmt>);
+}
+
+Status SqliteTx::InsertDelivery(const PluginDelivery& d) {
+  static const std::string kSql = "INSERT INTO plugin_deliveries(" + std::string(kDeliveryCols) +
+                                  ") VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  return s.BindAll(d.id, d.tenant_id, d.plugin_id, d.agent_id, d.event_type, DumpJson(d.payload),
+                   d.status, d.attempts, d.next_attempt_at, d.last_status, d.last_error,
+                   d.created_at, d.delivered_at)
+      .Run();
+}
+
+Status SqliteTx::UpdateDelivery(const PluginDelivery& d) {
+  static const std::string kSql =
+      "UPDATE plugin_deliveries SET status=?, attempts=?, next_attempt_at=?, last_status=?, "
+      "last_error=?, delivered_at=? WHERE tenant_id=? AND id=? RETURNING id";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(d.status, d.attempts, d.next_attempt_at, d.last_status, d.last_error, d.delivered_at,
+            d.tenant_id, d.id);
+  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return NotFound("plugin delivery not found: " + d.id);
+  return Status::Ok();
+}
+
+Result<PluginDelivery> SqliteTx::GetDelivery(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql = "SELECT " + std::string(kDeliveryCols) +
+                                  " FROM plugin_deliveries WHERE tenant_id=? AND id=?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id, id);
+  return One<PluginDelivery>(s, ReadDelivery<Stmt>, "plugin delivery not found: " + id);
+}
+
+Result<Paged<PluginDelivery>> SqliteTx::ListDeliveries(const std::string& tenant_id,
+                                                        const std::string& plugin_id,
+                                                        const std::string& status,
+                                                        const Page& page) {
+  int limit = ClampLimit(page.limit);
+  KEEL_ASSIGN_OR_RETURN(auto start, DeliveryCursorStart(page.cursor));
+  static const std::string kAll =
+      "SELECT " + std::string(kDeliveryCols) +
+      " FROM plugin_deliveries WHERE tenant_id=? AND plugin_id=? AND ?='' AND "
+      "(created_at, id) < (?, ?) ORDER BY created_at DESC, id DESC LIMIT ?";
+  static const std::string kOfStatus =
+      "SELECT " + std::string(kDeliveryCols) +
+      " FROM plugin_deliveries WHERE tenant_id=? AND plugin_id=? AND status=? AND "
+      "(created_at, id) < (?, ?) ORDER BY created_at DESC, id DESC LIMIT ?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(status.empty() ? kAll : kOfStatus));
+  s.BindAll(tenant_id, plugin_id, status, start.first, start.second, limit + 1);
+  KEEL_ASSIGN_OR_RETURN(auto rows, Collect<PluginDelivery>(s, ReadDelivery<Stmt>));
+  return MakePage(std::move(rows), limit, DeliveryCursorKey);
+}
+
+Result<std::vector<PluginDelivery>> SqliteTx::DueDeliveries(Millis now, int limit) {
+  static const std::string kSql = "SELECT " + std::string(kDeliveryCols) +
+                                  " FROM plugin_deliveries WHERE status='pending' AND "
+                                  "next_attempt_at<=? ORDER BY next_attempt_at, id LIMIT ?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(now, limit);
+  return Collect<PluginDelivery>(s, ReadDelivery<Stmt>);
+}
+
 // ---- AgentStore
 
 Status SqliteTx::InsertAgent(const Agent& a) {
@@ -953,6 +1102,28 @@ CREATE TABLE mcp_servers(
   id TEXT PRIMARY KEY, tenant_id TEXT NOT NULL REFERENCES tenants(id), name TEXT NOT NULL,
   transport TEXT NOT NULL, config TEXT NOT NULL, created_at INTEGER NOT NULL,
   UNIQUE(tenant_id, name));
+)sql",
+      // 5: plugins registered per tenant, the agents they are enabled for ('*': all of the
+      // tenant's), and the webhook deliveries they owe. Both go with their plugin.
+      R"sql(
+CREATE TABLE plugins(
+  tenant_id TEXT NOT NULL REFERENCES tenants(id), id TEXT NOT NULL, name TEXT NOT NULL,
+  version TEXT NOT NULL, kind TEXT NOT NULL, manifest TEXT NOT NULL, source TEXT NOT NULL,
+  config TEXT NOT NULL, created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL,
+  PRIMARY KEY(tenant_id, id));
+CREATE TABLE agent_plugins(
+  tenant_id TEXT NOT NULL, plugin_id TEXT NOT NULL, agent_id TEXT NOT NULL,
+  created_at INTEGER NOT NULL, PRIMARY KEY(tenant_id, plugin_id, agent_id),
+  FOREIGN KEY(tenant_id, plugin_id) REFERENCES plugins(tenant_id, id) ON DELETE CASCADE);
+CREATE INDEX agent_plugins_agent ON agent_plugins(tenant_id, agent_id);
+CREATE TABLE plugin_deliveries(
+  id TEXT PRIMARY KEY, tenant_id TEXT NOT NULL, plugin_id TEXT NOT NULL, agent_id TEXT NOT NULL,
+  event_type TEXT NOT NULL, payload TEXT NOT NULL, status TEXT NOT NULL,
+  attempts INTEGER NOT NULL, next_attempt_at INTEGER NOT NULL, last_status INTEGER NOT NULL,
+  last_error TEXT NOT NULL, created_at INTEGER NOT NULL, delivered_at INTEGER,
+  FOREIGN KEY(tenant_id, plugin_id) REFERENCES plugins(tenant_id, id) ON DELETE CASCADE);
+CREATE INDEX plugin_deliveries_due ON plugin_deliveries(status, next_attempt_at);
+CREATE INDEX plugin_deliveries_plugin ON plugin_deliveries(tenant_id, plugin_id, created_at, id);
 )sql",
   };
   return kMigrations;

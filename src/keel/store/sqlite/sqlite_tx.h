@@ -18,6 +18,7 @@ class SqliteTx final : public Tx,
                        public PolicyStore,
                        public ApprovalStore,
                        public McpServerStore,
+                       public PluginStore,
                        public AgentStore,
                        public SessionStore,
                        public MessageStore,
@@ -37,6 +38,7 @@ class SqliteTx final : public Tx,
   PolicyStore& policies() override { return *this; }
   ApprovalStore& approvals() override { return *this; }
   McpServerStore& mcp_servers() override { return *this; }
+  PluginStore& plugins() override { return *this; }
   AgentStore& agents() override { return *this; }
   SessionStore& sessions() override { return *this; }
   MessageStore& messages() override { return *this; }
@@ -154,6 +156,27 @@ class SqliteTx final : public Tx,
                                        const std::string& name) override;
   Result<std::vector<McpServer>> ListMcpServers(const std::string& tenant_id) override;
   Status DeleteMcpServer(const std::string& tenant_id, const std::string& id) override;
+
+  // PluginStore
+  Status UpsertPlugin(const Plugin& p) override;
+  Result<Plugin> GetPlugin(const std::string& tenant_id, const std::string& id) override;
+  Result<std::vector<Plugin>> ListPlugins(const std::string& tenant_id) override;
+  Status DeletePlugin(const std::string& tenant_id, const std::string& id) override;
+  Status EnablePlugin(const PluginEnablement& e) override;
+  Status DisablePlugin(const std::string& tenant_id, const std::string& plugin_id,
+                       const std::string& agent_id) override;
+  Result<std::vector<PluginEnablement>> ListEnablements(const std::string& tenant_id,
+                                                        const std::string& plugin_id) override;
+  Result<std::vector<Plugin>> PluginsForAgent(const std::string& tenant_id,
+                                              const std::string& agent_id) override;
+  Status InsertDelivery(const PluginDelivery& d) override;
+  Status UpdateDelivery(const PluginDelivery& d) override;
+  Result<PluginDelivery> GetDelivery(const std::string& tenant_id, const std::string& id) override;
+  Result<Paged<PluginDelivery>> ListDeliveries(const std::string& tenant_id,
+                                                const std::string& plugin_id,
+                                                const std::string& status,
+                                                const Page& page) override;
+  Result<std::vector<PluginDelivery>> DueDeliveries(Millis now, int limit) override;
 
  private:
   Db& db_;

@@ -1,0 +1,142 @@
+#include "keel/plugins/builtin_plugins.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <memory>
+#include <regex>
+#include <vector>
+
+#include "keel/common/time.h"
+#include "keel/plugins/bus.h"
+#include "keel/plugins/catalog.h"
+#include "keel/plugins/manifest.h"
+
+namespace keel::plugins {
+
+namespace {
+
+constexpr size_t kMaxPatterns = 50;
+constexpr size_t kMaxPatternLength = 500;
+
+// The value a handler of `shape` returns when it changes nothing.
+Json Unchanged(Shape shape, const Json& payload) {
+  if (shape == Shape::kTransform) return payload;
+  if (shape == Shape::kVeto) return Json{{"allow", true}};
+  return Json();
+}
+
+Status AppendLine(const std::string& path, const std::string& line) {
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (fd < 0) return Unavailable("cannot open the audit file " + path);
+  std::string data = line + "\n";
+  ssize_t n = ::write(fd, data.data(), data.size());  // one write: lines never interleave
+  ::close(fd);
+  if (n != static_cast<ssize_t>(data.size())) return Unavailable("cannot write the audit file");
+  return Status::Ok();
+}
+
+struct Redactor {
+  std::vector<std::regex> patterns;
+  std::string mask;
+
+  void Apply(Json& j) const {
+    if (j.is_string()) {
+      std::string s = j.get<std::string>();
+      for (const auto& re : patterns) s = std::regex_replace(s, re, mask);
+      j = std::move(s);
+    } else if (j.is_array() || j.is_object()) {
+      for (auto& v : j) Apply(v);
+    }
+  }
+};
+
+Result<std::shared_ptr<Redactor>> RedactorOf(const Json& config) {
+  if (!config.is_object()) return InvalidArgument("redaction: config must be an object");
+  for (auto it = config.begin(); it != config.end(); ++it) {
+    if (it.key() != "patterns" && it.key() != "mask") {
+      return InvalidArgument("redaction: unknown config field '" + it.key() + "'");
+    }
+  }
+  if (!config.contains("patterns") || !config["patterns"].is_array() ||
+      config["patterns"].empty() || config["patterns"].size() > kMaxPatterns) {
+    return InvalidArgument("redaction: config.patterns must list 1 to 50 regular expressions");
+  }
+  auto r = std::make_shared<Redactor>();
+  r->mask = "[REDACTED]";
+  if (config.contains("mask")) {
+    if (!config["mask"].is_string()) return InvalidArgument("redaction: config.mask must be a string");
+    r->mask = config["mask"].get<std::string>();
+  }
+  for (const auto& p : config["patterns"]) {
+    if (!p.is_string() || p.get_ref<const std::string&>().empty() ||
+        p.get_ref<const std::string&>().size() > kMaxPatternLength) {
+      return InvalidArgument("redaction: each pattern must be a non-empty string of at most 500 "
+                             "characters");
+    }
+    try {
+      r->patterns.emplace_back(p.get<std::string>(), std::regex::ECMAScript | std::regex::optimize);
+    } catch (const std::regex_error& e) {
+      return InvalidArgument("redaction: pattern '" + p.get<std::string>() + "' is not a valid "
+                             "regular expression: " + e.what());
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
+Status CheckBuiltin(const Manifest& m, const Json& config) {
+  if (m.builtin == "audit-log") {
+    if (config.is_object() && !config.empty()) {
+      return InvalidArgument("audit-log takes no config");
+    }
+    return Status::Ok();
+  }
+  if (m.builtin == "redaction") {
+    for (const auto& e : m.events) {
+      if (FindEvent(e)->shape != Shape::kTransform) {
+        return InvalidArgument("redaction transforms payloads; '" + e + "' is not a transform "
+                               "event");
+      }
+    }
+    return RedactorOf(config).status();
+  }
+  return InvalidArgument("manifest.builtin: unknown built-in plugin '" + m.builtin +
+                         "' (there are audit-log and redaction)");
+}
+
+Status AddBuiltin(const Manifest& m, const Json& config, const BuiltinContext& context,
+                  EventBus& bus) {
+  KEEL_RETURN_IF_ERROR(CheckBuiltin(m, config));
+  HookOptions options;
+  options.plugin_id = m.id;
+  options.priority = m.priority;
+  options.fail_turn = m.fail_turn;
+  for (const auto& event : m.events) {
+    const Shape shape = FindEvent(event)->shape;
+    HookFn fn;
+    if (m.builtin == "audit-log") {
+      std::string path = context.audit_file;
+      fn = [path, event, shape](const Json& payload) -> Result<Json> {
+        Json line = {{"at", FormatRfc3339(NowMillis())}, {"event", event}, {"payload", payload}};
+        KEEL_RETURN_IF_ERROR(AppendLine(path, DumpJson(line)));
+        return Unchanged(shape, payload);
+      };
+    } else {
+      KEEL_ASSIGN_OR_RETURN(auto redactor, RedactorOf(config));
+      fn = [redactor](const Json& payload) -> Result<Json> {
+        Json out = payload;
+        redactor->Apply(out);
+        return out;
+      };
+    }
+    KEEL_RETURN_IF_ERROR(bus.On(event, std::move(fn), options));
+  }
+  return Status::Ok();
+}
+
+}  // namespace keel::plugins

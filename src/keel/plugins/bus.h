@@ -1,0 +1,75 @@
+#pragma once
+// plugins::EventBus — one per running agent, never shared between agents: the handlers its
+// enabled plugins registered, by event type. Emitting runs them in order (lower priority first,
+// ties in registration order), across the versions of the family: the runtime emits the newest
+// payload and a handler of an older version gets it converted down (catalog.h).
+//
+// Shapes: listeners only look; transforms hand their result to the next handler and finally to
+// the runtime; vetoes allow or deny, and the first deny ends the emission. A handler that fails
+// (throws, errs, runs out of its budget) is skipped and reported in Emitted::errors, unless its
+// plugin said failure_mode "fail": then Emitted::abort says the turn must stop.
+//
+// Not thread-safe: used on the event loop only. Handlers must be quick (Lua handlers run under
+// their budgets; slow work belongs in a webhook plugin).
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "keel/common/json_util.h"
+#include "keel/common/status.h"
+
+namespace keel::plugins {
+
+// A listener's value is ignored; a transform returns the new payload; a veto returns
+// {"allow": bool, "reason": text}.
+using HookFn = std::function<Result<Json>(const Json& payload)>;
+
+struct HookOptions {
+  std::string plugin_id;
+  int priority = 100;
+  bool fail_turn = false;  // the plugin's failure_mode is "fail"
+};
+
+struct PluginError {
+  std::string plugin_id;
+  std::string event;    // "tool.before@v1"
+  std::string message;
+};
+
+struct Emitted {
+  Json payload;  // after every transform (transform events); the input otherwise
+  bool denied = false;     // veto events: a handler denied
+  std::string reason;      // ... and why
+  std::string denied_by;   // ... which plugin
+  std::vector<PluginError> errors;  // handlers skipped because they failed
+  std::optional<PluginError> abort; // a failure_mode "fail" handler failed: stop the turn
+};
+
+class EventBus {
+ public:
+  // Adds a handler for "family@vN". kInvalidArgument for a type not in the catalog.
+  Status On(std::string_view event, HookFn fn, HookOptions options);
+
+  // Whether any handler listens to a version of `family` (to skip building payloads).
+  bool Has(std::string_view family) const;
+
+  // Emits `family` with the payload of its newest version.
+  Emitted Emit(std::string_view family, Json payload) const;
+
+  size_t size() const { return hooks_.size(); }
+
+ private:
+  struct Hook {
+    std::string family;
+    int version;
+    HookFn fn;
+    HookOptions options;
+    size_t seq;
+  };
+  std::vector<Hook> hooks_;  // sorted by (priority, seq)
+};
+
+}  // namespace keel::plugins

@@ -1,0 +1,157 @@
+#include "keel/plugins/host.h"
+
+#include "keel/common/log.h"
+#include "keel/plugins/builtin_plugins.h"
+#include "keel/plugins/catalog.h"
+#include "keel/plugins/lua_plugin.h"
+#include "keel/plugins/manifest.h"
+#include "keel/tools/tool.h"
+
+namespace keel::plugins {
+
+namespace {
+
+// A tool a Lua plugin added: it runs in the plugin's state, on the event loop, under the
+// plugin's budgets, and passes the gateway like every other tool. It cannot reach the world,
+// so it needs only `read`.
+class LuaTool final : public tools::Tool {
+ public:
+  LuaTool(std::string name, std::shared_ptr<LuaPlugin> lua, LuaPlugin::ToolDef def)
+      : name_(std::move(name)), lua_(std::move(lua)), def_(std::move(def)) {}
+  std::string name() const override { return name_; }
+  std::string description() const override { return def_.description; }
+  Json parameters() const override { return def_.schema; }
+  tools::EffectClass effect_class() const override {
+    if (def_.effect == "once") return tools::EffectClass::kOnce;
+    if (def_.effect == "idempotent") return tools::EffectClass::kIdempotent;
+    return tools::EffectClass::kPure;
+  }
+  std::vector<std::string> rights() const override { return {"read"}; }
+  Result<Json> Execute(const tools::ToolContext& ctx, const Json& arguments) override {
+    Json session = {{"id", ctx.session_id}, {"agent_id", ctx.agent_id}, {"run_id", ctx.run_id}};
+    return lua_->Call(def_.ref, arguments, session);
+  }
+
+ private:
+  std::string name_;
+  std::shared_ptr<LuaPlugin> lua_;
+  LuaPlugin::ToolDef def_;
+};
+
+// What ctx.session() shows a handler: the ids the payload carries.
+Json SessionView(const Json& payload) {
+  Json view = Json::object();
+  if (!payload.is_object()) return view;
+  if (payload.contains("session_id")) view["id"] = payload["session_id"];
+  for (const char* f : {"agent_id", "run_id"}) {
+    if (payload.contains(f)) view[f] = payload[f];
+  }
+  return view;
+}
+
+}  // namespace
+
+std::string FingerprintOf(const std::vector<store::Plugin>& enabled) {
+  std::string f;
+  for (const auto& p : enabled) f += p.id + "@" + std::to_string(p.updated_at) + ";";
+  return f;
+}
+
+std::shared_ptr<AgentPlugins> PluginHost::Build(const std::string& tenant_id,
+                                                const std::string& agent_id,
+                                                const std::vector<store::Plugin>& enabled,
+                                                std::vector<PluginError>* errors) const {
+  auto out = std::make_shared<AgentPlugins>();
+  out->tenant_id = tenant_id;
+  out->agent_id = agent_id;
+  out->fingerprint = FingerprintOf(enabled);
+  for (const auto& p : enabled) {
+    auto fail = [&](const std::string& message) {
+      errors->push_back({p.id, "", message});
+    };
+    auto manifest = ParseManifest(p.manifest);
+    if (!manifest.ok()) {
+      fail(manifest.status().message());
+      continue;
+    }
+    const Manifest& m = *manifest;
+    if (m.kind == "webhook") {
+      out->webhook_plugins.push_back(m.id);
+      continue;
+    }
+    if (m.kind == "builtin") {
+      BuiltinContext context{audit_root_ + "/" + tenant_id + "/" + agent_id + ".jsonl"};
+      if (Status st = AddBuiltin(m, p.config, context, out->bus); !st.ok()) fail(st.message());
+      continue;
+    }
+    std::string where = "plugin " + m.id + " (agent " + agent_id + "): ";
+    auto log = [where](const std::string& level, const std::string& text) {
+      if (level == "error") LogError(where + text);
+      else LogInfo(where + level + ": " + text);
+    };
+    auto loaded = LuaPlugin::Load(m.id, p.source, p.config, m.events, m.priority, m.limits, log);
+    if (!loaded.ok()) {
+      fail(loaded.status().message());
+      continue;
+    }
+    std::shared_ptr<LuaPlugin> lua = std::move(*loaded);
+    HookOptions options;
+    options.plugin_id = m.id;
+    options.fail_turn = m.fail_turn;
+    for (const auto& hook : lua->hooks()) {
+      options.priority = hook.priority;
+      int ref = hook.ref;
+      const bool veto = FindEvent(hook.event)->shape == Shape::kVeto;
+      HookFn fn = [lua, ref, veto](const Json& payload) -> Result<Json> {
+        auto result = lua->Call(ref, payload, SessionView(payload));
+        // Returning nothing keeps the payload (a veto: allows); a veto that returns a boolean
+        // means allow or deny.
+        if (result.ok() && result->is_null()) return veto ? Json{{"allow", true}} : payload;
+        if (result.ok() && result->is_boolean()) return Json{{"allow", result->get<bool>()}};
+        return result;
+      };
+      if (Status st = out->bus.On(hook.event, std::move(fn), options); !st.ok()) fail(st.message());
+    }
+    for (const auto& def : lua->tools()) {
+      std::string name = "plugin__" + m.id + "__" + def.name;
+      out->tools[name] = std::make_shared<LuaTool>(name, lua, def);
+    }
+    out->lua.push_back(std::move(lua));
+  }
+  return out;
+}
+
+PluginHost::Loaded PluginHost::For(const std::string& tenant_id, const std::string& agent_id,
+                                   const std::vector<store::Plugin>& enabled) {
+  Loaded out;
+  auto it = agents_.find(agent_id);
+  if (it != agents_.end() && it->second->fingerprint == FingerprintOf(enabled)) {
+    out.plugins = it->second;
+    return out;
+  }
+  out.started = it == agents_.end();
+  out.plugins = Build(tenant_id, agent_id, enabled, &out.errors);
+  agents_[agent_id] = out.plugins;
+  return out;
+}
+
+std::shared_ptr<AgentPlugins> PluginHost::Find(const std::string& agent_id) const {
+  auto it = agents_.find(agent_id);
+  return it == agents_.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<AgentPlugins> PluginHost::Forget(const std::string& agent_id) {
+  auto it = agents_.find(agent_id);
+  if (it == agents_.end()) return nullptr;
+  auto out = it->second;
+  agents_.erase(it);
+  return out;
+}
+
+std::vector<std::shared_ptr<AgentPlugins>> PluginHost::All() const {
+  std::vector<std::shared_ptr<AgentPlugins>> out;
+  for (const auto& [id, p] : agents_) out.push_back(p);
+  return out;
+}
+
+}  // namespace keel::plugins

@@ -1,0 +1,73 @@
+#pragma once
+// plugins::PluginHost — the plugins of the agents running on this node. Each agent gets an
+// AgentPlugins of its own (DESIGN: never shared between agents): its event bus, the Lua states
+// of its Lua plugins and the tools they added. It is built from the agent's enabled plugins
+// as the store lists them at the start of each run, and built again when that list changed
+// (a plugin enabled, disabled, registered again or deleted): changes take effect on the
+// agent's next turn, without a restart.
+//
+// Webhook plugins add no handler here: their events are delivered from the store, off the turn.
+//
+// Lives on the event loop; not thread-safe.
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "keel/plugins/bus.h"
+#include "keel/store/types.h"
+
+namespace keel::tools {
+class Tool;
+}
+
+namespace keel::plugins {
+
+class LuaPlugin;
+
+struct AgentPlugins {
+  std::string tenant_id;
+  std::string agent_id;
+  std::string fingerprint;  // the enabled plugins' ids and update times
+  EventBus bus;
+  std::vector<std::shared_ptr<LuaPlugin>> lua;
+  // Tools the agent's Lua plugins added, named plugin__{plugin id}__{tool name}.
+  std::map<std::string, std::shared_ptr<tools::Tool>> tools;
+  std::vector<std::string> webhook_plugins;  // ids of its enabled webhook plugins
+};
+
+class PluginHost {
+ public:
+  // Built-in audit-log writes under `audit_root`/{tenant_id}/{agent_id}.jsonl.
+  explicit PluginHost(std::string audit_root) : audit_root_(std::move(audit_root)) {}
+
+  struct Loaded {
+    std::shared_ptr<AgentPlugins> plugins;
+    bool started = false;               // first built on this node: emit agent.started@v1
+    std::vector<PluginError> errors;    // plugins that failed to load (left out)
+  };
+  // The agent's plugins for a turn, given its enabled plugins as the store has them now.
+  Loaded For(const std::string& tenant_id, const std::string& agent_id,
+             const std::vector<store::Plugin>& enabled);
+
+  // The agent's plugins as last built, or nullptr.
+  std::shared_ptr<AgentPlugins> Find(const std::string& agent_id) const;
+
+  // Drops an agent's plugins (the agent was deleted); returns them, to emit agent.stopped@v1.
+  std::shared_ptr<AgentPlugins> Forget(const std::string& agent_id);
+  // Every agent's plugins (to emit agent.stopped@v1 when the node stops).
+  std::vector<std::shared_ptr<AgentPlugins>> All() const;
+
+ private:
+  std::shared_ptr<AgentPlugins> Build(const std::string& tenant_id, const std::string& agent_id,
+                                      const std::vector<store::Plugin>& enabled,
+                                      std::vector<PluginError>* errors) const;
+  std::string audit_root_;
+  std::map<std::string, std::shared_ptr<AgentPlugins>> agents_;
+};
+
+// A fingerprint of the enabled plugins (what For compares).
+std::string FingerprintOf(const std::vector<store::Plugin>& enabled);
+
+}  // namespace keel::plugins

@@ -1,0 +1,496 @@
+#include "keel/plugins/lua_plugin.h"
+
+#include <lua.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <regex>
+
+#include "keel/plugins/catalog.h"
+
+namespace keel::plugins {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kHookEvery = 1000;  // instructions between budget checks
+constexpr int kMaxDepth = 64;     // nesting of converted values
+constexpr size_t kMaxLogLine = 1024;
+
+}  // namespace
+
+struct LuaPlugin::Sandbox {
+  lua_State* L = nullptr;
+  std::string plugin_id;
+  LuaLimits limits;
+  LogFn log;
+  std::vector<std::string> events;
+  int default_priority = 100;
+  bool loading = false;
+  // What the script registered while loading.
+  std::vector<LuaPlugin::Hook> hooks;
+  std::vector<LuaPlugin::ToolDef> tools;
+
+  // Memory: what the state holds, and what it may hold during the current call.
+  size_t used = 0;
+  size_t cap = std::numeric_limits<size_t>::max();
+  // Budget of the current call.
+  int64_t remaining = 0;
+  Clock::time_point deadline = Clock::time_point::max();
+  // Set when the call ran out of a limit: the error is re-raised through pcall.
+  std::string killed;
+  Json session;
+
+  ~Sandbox() {
+    if (L) lua_close(L);
+  }
+};
+
+namespace {
+
+using Sandbox = LuaPlugin::Sandbox;
+
+Sandbox* SandboxOf(lua_State* L) {
+  void* ud = nullptr;
+  lua_getallocf(L, &ud);
+  return static_cast<Sandbox*>(ud);
+}
+
+void* Alloc(void* ud, void* ptr, size_t osize, size_t nsize) {
+  auto* sb = static_cast<Sandbox*>(ud);
+  const size_t old = ptr ? osize : 0;
+  if (nsize == 0) {
+    sb->used -= old;
+    std::free(ptr);
+    return nullptr;
+  }
+  // Refused: Lua collects garbage and tries again, then raises a memory error.
+  if (nsize > old && sb->used - old + nsize > sb->cap) return nullptr;
+  void* p = std::realloc(ptr, nsize);
+  if (p) sb->used = sb->used - old + nsize;
+  return p;
+}
+
+void CountHook(lua_State* L, lua_Debug*) {
+  Sandbox* sb = SandboxOf(L);
+  sb->remaining -= kHookEvery;
+  if (sb->killed.empty()) {
+    if (sb->remaining <= 0) {
+      sb->killed = "exceeded its instruction budget";
+    } else if (Clock::now() > sb->deadline) {
+      sb->killed = "exceeded its time limit";
+    }
+  }
+  if (!sb->killed.empty()) luaL_error(L, "%s", sb->killed.c_str());
+}
+
+// pcall that cannot swallow a stop: once a limit is hit, the error goes on up.
+int SafePcall(lua_State* L) {
+  luaL_checkany(L, 1);
+  int status = lua_pcall(L, lua_gettop(L) - 1, LUA_MULTRET, 0);
+  Sandbox* sb = SandboxOf(L);
+  if (!sb->killed.empty()) return luaL_error(L, "%s", sb->killed.c_str());
+  if (status == LUA_ERRMEM) return lua_error(L);  // the memory limit: no way around it either
+  lua_pushboolean(L, status == LUA_OK);
+  lua_insert(L, 1);
+  return lua_gettop(L);
+}
+
+// string.find without patterns: (s, needle [, init]) -> start, end | nil.
+int PlainFind(lua_State* L) {
+  size_t n = 0, m = 0;
+  const char* s = luaL_checklstring(L, 1, &n);
+  const char* needle = luaL_checklstring(L, 2, &m);
+  lua_Integer init = luaL_optinteger(L, 3, 1);
+  if (init < 0) init = std::max<lua_Integer>(1, static_cast<lua_Integer>(n) + init + 1);
+  if (init < 1) init = 1;
+  if (static_cast<size_t>(init) > n + 1) {
+    lua_pushnil(L);
+    return 1;
+  }
+  std::string_view hay(s + init - 1, n - (init - 1));
+  size_t at = hay.find(std::string_view(needle, m));
+  if (at == std::string_view::npos) {
+    lua_pushnil(L);
+    return 1;
+  }
+  lua_pushinteger(L, static_cast<lua_Integer>(init + at));
+  lua_pushinteger(L, static_cast<lua_Integer>(init + at + m - 1));
+  return 2;
+}
+
+// JSON -> Lua (null becomes nil).
+void Push(lua_State* L, const Json& j, int depth = 0) {
+  luaL_checkstack(L, 4, "nesting");
+  if (depth > kMaxDepth) luaL_error(L, "a value nests deeper than %d levels", kMaxDepth);
+  switch (j.type()) {
+    case Json::value_t::null:
+    case Json::value_t::discarded:
+      lua_pushnil(L);
+      return;
+    case Json::value_t::boolean:
+      lua_pushboolean(L, j.get<bool>());
+      return;
+    case Json::value_t::number_integer:
+      lua_pushinteger(L, j.get<int64_t>());
+      return;
+    case Json::value_t::number_unsigned:
+      lua_pushinteger(L, static_cast<lua_Integer>(j.get<uint64_t>()));
+      return;
+    case Json::value_t::number_float:
+      lua_pushnumber(L, j.get<double>());
+      return;
+    case Json::value_t::string: {
+      const auto& s = j.get_ref<const std::string&>();
+      lua_pushlstring(L, s.data(), s.size());
+      return;
+    }
+    case Json::value_t::array: {
+      lua_createtable(L, static_cast<int>(j.size()), 0);
+      lua_Integer i = 1;
+      for (const auto& v : j) {
+        Push(L, v, depth + 1);
+        lua_rawseti(L, -2, i++);
+      }
+      return;
+    }
+    case Json::value_t::object: {
+      lua_createtable(L, 0, static_cast<int>(j.size()));
+      for (auto it = j.begin(); it != j.end(); ++it) {
+        Push(L, it.value(), depth + 1);
+        lua_setfield(L, -2, it.key().c_str());
+      }
+      return;
+    }
+    case Json::value_t::binary:
+      lua_pushnil(L);
+      return;
+  }
+}
+
+// Lua -> JSON. `hint` is the value this one replaces, if any: an empty table becomes an array
+// where the hint was one.
+Result<Json> ToJson(lua_State* L, int index, const Json* hint, int depth = 0) {
+  if (depth > kMaxDepth) return InvalidArgument("a value nests deeper than 64 levels");
+  index = lua_absindex(L, index);
+  switch (lua_type(L, index)) {
+    case LUA_TNIL:
+      return Json();
+    case LUA_TBOOLEAN:
+      return Json(static_cast<bool>(lua_toboolean(L, index)));
+    case LUA_TNUMBER:
+      if (lua_isinteger(L, index)) return Json(static_cast<int64_t>(lua_tointeger(L, index)));
+      {
+        double d = lua_tonumber(L, index);
+        return std::isfinite(d) ? Json(d) : Json();
+      }
+    case LUA_TSTRING: {
+      size_t n = 0;
+      const char* s = lua_tolstring(L, index, &n);
+      return Json(std::string(s, n));
+    }
+    case LUA_TTABLE: {
+      if (!lua_checkstack(L, 4)) return InvalidArgument("a value nests too deep");
+      // An array when its keys are exactly 1..n.
+      lua_Integer n = static_cast<lua_Integer>(lua_rawlen(L, index));
+      size_t keys = 0;
+      bool only_strings_or_ints = true;
+      lua_pushnil(L);
+      while (lua_next(L, index) != 0) {
+        ++keys;
+        int kt = lua_type(L, -2);
+        if (kt != LUA_TSTRING && !(kt == LUA_TNUMBER && lua_isinteger(L, -2))) {
+          only_strings_or_ints = false;
+        }
+        lua_pop(L, 1);
+      }
+      if (!only_strings_or_ints) return InvalidArgument("a table key is neither a string nor an integer");
+      if (keys == 0) {
+        return hint && hint->is_array() ? Json::array() : Json::object();
+      }
+      if (n > 0 && static_cast<size_t>(n) == keys) {
+        Json out = Json::array();
+        for (lua_Integer i = 1; i <= n; ++i) {
+          lua_rawgeti(L, index, i);
+          const Json* h = hint && hint->is_array() && static_cast<size_t>(i - 1) < hint->size()
+                              ? &(*hint)[i - 1] : nullptr;
+          auto v = ToJson(L, -1, h, depth + 1);
+          lua_pop(L, 1);
+          if (!v.ok()) return v.status();
+          out.push_back(std::move(*v));
+        }
+        return out;
+      }
+      Json out = Json::object();
+      lua_pushnil(L);
+      while (lua_next(L, index) != 0) {
+        std::string key;
+        if (lua_type(L, -2) == LUA_TSTRING) {
+          size_t kn = 0;
+          const char* k = lua_tolstring(L, -2, &kn);
+          key.assign(k, kn);
+        } else {
+          key = std::to_string(lua_tointeger(L, -2));
+        }
+        const Json* h = hint && hint->is_object() && hint->contains(key) ? &(*hint)[key] : nullptr;
+        auto v = ToJson(L, -1, h, depth + 1);
+        lua_pop(L, 1);
+        if (!v.ok()) {
+          lua_pop(L, 1);
+          return v.status();
+        }
+        if (!v->is_null()) out[key] = std::move(*v);
+      }
+      return out;
+    }
+    default:
+      return InvalidArgument(std::string("a ") + luaL_typename(L, index) +
+                             " cannot be turned into JSON");
+  }
+}
+
+int LogAt(lua_State* L, const char* level) {
+  Sandbox* sb = SandboxOf(L);
+  size_t n = 0;
+  const char* s = luaL_tolstring(L, 1, &n);
+  std::string text(s, std::min(n, kMaxLogLine));
+  lua_pop(L, 1);
+  if (sb->log) sb->log(level, text);
+  return 0;
+}
+int LogInfoFn(lua_State* L) { return LogAt(L, "info"); }
+int LogWarnFn(lua_State* L) { return LogAt(L, "warn"); }
+int LogErrorFn(lua_State* L) { return LogAt(L, "error"); }
+
+// Runs inside lua_pcall, so that pushing the payload (which may run out of memory) is
+// protected too: upvalue-free; the function ref and the payload come as light userdata.
+int CallTrampoline(lua_State* L) {
+  int ref = static_cast<int>(lua_tointeger(L, 1));
+  const Json* arg = static_cast<const Json*>(lua_touserdata(L, 2));
+  lua_settop(L, 0);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
+  Push(L, *arg);
+  lua_call(L, 1, 1);
+  return 1;
+}
+
+int SessionFn(lua_State* L) {
+  Push(L, SandboxOf(L)->session);
+  return 1;
+}
+
+int BusOn(lua_State* L) {
+  Sandbox* sb = SandboxOf(L);
+  if (!sb->loading) return luaL_error(L, "ctx.bus.on works only while the plugin loads");
+  std::string event = luaL_checkstring(L, 1);
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  if (!FindEvent(event)) return luaL_error(L, "ctx.bus.on: unknown event '%s'", event.c_str());
+  if (std::find(sb->events.begin(), sb->events.end(), event) == sb->events.end()) {
+    return luaL_error(L, "ctx.bus.on: '%s' is not among the manifest's events", event.c_str());
+  }
+  int priority = sb->default_priority;
+  if (lua_istable(L, 3)) {
+    lua_getfield(L, 3, "priority");
+    if (!lua_isnil(L, -1)) {
+      if (!lua_isinteger(L, -1)) return luaL_error(L, "ctx.bus.on: priority must be an integer");
+      priority = static_cast<int>(lua_tointeger(L, -1));
+    }
+    lua_pop(L, 1);
+  }
+  lua_pushvalue(L, 2);
+  int ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  sb->hooks.push_back({event, priority, ref});
+  return 0;
+}
+
+int ToolsAdd(lua_State* L) {
+  Sandbox* sb = SandboxOf(L);
+  if (!sb->loading) return luaL_error(L, "ctx.tools.add works only while the plugin loads");
+  luaL_checktype(L, 1, LUA_TTABLE);
+  LuaPlugin::ToolDef def;
+  lua_getfield(L, 1, "name");
+  if (!lua_isstring(L, -1)) return luaL_error(L, "ctx.tools.add: name must be a string");
+  def.name = lua_tostring(L, -1);
+  lua_pop(L, 1);
+  static const std::regex kName("[a-z0-9][a-z0-9_-]{0,63}");
+  if (!std::regex_match(def.name, kName)) {
+    return luaL_error(L, "ctx.tools.add: name must be 1 to 64 of a-z, 0-9, '_' and '-'");
+  }
+  lua_getfield(L, 1, "description");
+  def.description = lua_isstring(L, -1) ? lua_tostring(L, -1) : "";
+  lua_pop(L, 1);
+  lua_getfield(L, 1, "effect");
+  def.effect = lua_isstring(L, -1) ? lua_tostring(L, -1) : "pure";
+  lua_pop(L, 1);
+  if (def.effect != "pure" && def.effect != "idempotent" && def.effect != "once") {
+    return luaL_error(L, "ctx.tools.add: effect must be pure, idempotent or once");
+  }
+  lua_getfield(L, 1, "schema");
+  if (lua_istable(L, -1)) {
+    Json object = Json::object();
+    auto schema = ToJson(L, -1, &object);
+    if (!schema.ok() || !schema->is_object()) {
+      return luaL_error(L, "ctx.tools.add: schema must be a JSON Schema object");
+    }
+    def.schema = *schema;
+  } else {
+    def.schema = {{"type", "object"}};
+  }
+  lua_pop(L, 1);
+  lua_getfield(L, 1, "handler");
+  if (!lua_isfunction(L, -1)) return luaL_error(L, "ctx.tools.add: handler must be a function");
+  def.ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  for (const auto& t : sb->tools) {
+    if (t.name == def.name) return luaL_error(L, "ctx.tools.add: '%s' twice", def.name.c_str());
+  }
+  sb->tools.push_back(std::move(def));
+  return 0;
+}
+
+void SetFunctions(lua_State* L, const luaL_Reg* fns) {
+  lua_newtable(L);
+  luaL_setfuncs(L, fns, 0);
+}
+
+// Opens the allowed libraries and takes out what could reach beyond the sandbox.
+void OpenSandbox(lua_State* L) {
+  luaL_requiref(L, LUA_GNAME, luaopen_base, 1);
+  luaL_requiref(L, LUA_TABLIBNAME, luaopen_table, 1);
+  luaL_requiref(L, LUA_STRLIBNAME, luaopen_string, 1);
+  luaL_requiref(L, LUA_MATHLIBNAME, luaopen_math, 1);
+  luaL_requiref(L, LUA_UTF8LIBNAME, luaopen_utf8, 1);
+  lua_pop(L, 5);
+  for (const char* name : {"load", "loadfile", "dofile", "require", "collectgarbage", "print",
+                           "rawget", "rawset", "rawequal", "rawlen", "getmetatable",
+                           "setmetatable", "xpcall"}) {
+    lua_pushnil(L);
+    lua_setglobal(L, name);
+  }
+  lua_pushcfunction(L, SafePcall);
+  lua_setglobal(L, "pcall");
+  lua_getglobal(L, LUA_STRLIBNAME);
+  for (const char* name : {"match", "gmatch", "gsub", "dump"}) {
+    lua_pushnil(L);
+    lua_setfield(L, -2, name);
+  }
+  lua_pushcfunction(L, PlainFind);
+  lua_setfield(L, -2, "find");
+  lua_pop(L, 1);
+  // math.random is fine (no I/O); its seed comes from the runtime.
+}
+
+}  // namespace
+
+Result<std::unique_ptr<LuaPlugin>> LuaPlugin::Load(std::string plugin_id, const std::string& source,
+                                                   const Json& config,
+                                                   std::vector<std::string> events,
+                                                   int default_priority, LuaLimits limits,
+                                                   LogFn log) {
+  std::unique_ptr<LuaPlugin> plugin(new LuaPlugin());
+  plugin->sandbox_ = std::make_unique<Sandbox>();
+  Sandbox* sb = plugin->sandbox_.get();
+  sb->plugin_id = std::move(plugin_id);
+  sb->limits = limits;
+  sb->log = std::move(log);
+  sb->events = std::move(events);
+  sb->default_priority = default_priority;
+  sb->L = lua_newstate(Alloc, sb);
+  if (!sb->L) return Internal("could not create a Lua state");
+  lua_State* L = sb->L;
+  lua_sethook(L, CountHook, LUA_MASKCOUNT, kHookEvery);
+  OpenSandbox(L);
+
+  // ctx
+  lua_newtable(L);
+  lua_newtable(L);
+  lua_pushstring(L, sb->plugin_id.c_str());
+  lua_setfield(L, -2, "id");
+  lua_setfield(L, -2, "plugin");
+  Push(L, config.is_object() ? config : Json::object());
+  lua_setfield(L, -2, "config");
+  static const luaL_Reg kBus[] = {{"on", BusOn}, {nullptr, nullptr}};
+  SetFunctions(L, kBus);
+  lua_setfield(L, -2, "bus");
+  static const luaL_Reg kTools[] = {{"add", ToolsAdd}, {nullptr, nullptr}};
+  SetFunctions(L, kTools);
+  lua_setfield(L, -2, "tools");
+  static const luaL_Reg kLog[] = {
+      {"info", LogInfoFn}, {"warn", LogWarnFn}, {"error", LogErrorFn}, {nullptr, nullptr}};
+  SetFunctions(L, kLog);
+  lua_setfield(L, -2, "log");
+  lua_pushcfunction(L, SessionFn);
+  lua_setfield(L, -2, "session");
+  lua_setglobal(L, "ctx");
+
+  if (luaL_loadbufferx(L, source.data(), source.size(), ("=" + sb->plugin_id).c_str(), "t") !=
+      LUA_OK) {
+    std::string error = lua_tostring(L, -1) ? lua_tostring(L, -1) : "?";
+    return InvalidArgument("the plugin's Lua source does not compile: " + error);
+  }
+  sb->loading = true;
+  sb->killed.clear();
+  sb->remaining = limits.instructions;
+  sb->deadline = Clock::now() + std::chrono::milliseconds(limits.wall_ms);
+  sb->cap = sb->used + limits.memory_bytes;
+  int status = lua_pcall(L, 0, 0, 0);
+  sb->loading = false;
+  sb->cap = std::numeric_limits<size_t>::max();
+  sb->remaining = std::numeric_limits<int64_t>::max();
+  sb->deadline = Clock::time_point::max();
+  if (status != LUA_OK) {
+    std::string error = !sb->killed.empty()       ? sb->killed
+                        : status == LUA_ERRMEM    ? "exceeded its memory limit"
+                        : lua_tostring(L, -1)     ? lua_tostring(L, -1)
+                                                  : "an error that is not a string";
+    return InvalidArgument("the plugin failed while loading: " + error);
+  }
+  return plugin;
+}
+
+LuaPlugin::~LuaPlugin() = default;
+
+const std::vector<LuaPlugin::Hook>& LuaPlugin::hooks() const { return sandbox_->hooks; }
+const std::vector<LuaPlugin::ToolDef>& LuaPlugin::tools() const { return sandbox_->tools; }
+
+size_t LuaPlugin::memory_in_use() const { return sandbox_->used; }
+
+Result<Json> LuaPlugin::Call(int ref, const Json& arg, const Json& session) {
+  Sandbox* sb = sandbox_.get();
+  lua_State* L = sb->L;
+  lua_settop(L, 0);
+  sb->session = session;
+  sb->killed.clear();
+  sb->remaining = sb->limits.instructions;
+  sb->deadline = Clock::now() + std::chrono::milliseconds(sb->limits.wall_ms);
+  sb->cap = sb->used + sb->limits.memory_bytes;
+  struct Reset {
+    Sandbox* sb;
+    ~Reset() {
+      sb->cap = std::numeric_limits<size_t>::max();
+      sb->remaining = std::numeric_limits<int64_t>::max();
+      sb->deadline = Clock::time_point::max();
+      sb->session = Json();
+      lua_settop(sb->L, 0);
+    }
+  } reset{sb};
+  // Pushing a C function and two plain values needs no allocation (the stack is empty).
+  lua_pushcfunction(L, CallTrampoline);
+  lua_pushinteger(L, ref);
+  lua_pushlightuserdata(L, const_cast<Json*>(&arg));
+  int status = lua_pcall(L, 2, 1, 0);
+  if (status != LUA_OK) {
+    std::string error = !sb->killed.empty()       ? sb->killed
+                        : status == LUA_ERRMEM    ? "exceeded its memory limit"
+                        : lua_tostring(L, -1)     ? lua_tostring(L, -1)
+                                                  : "an error that is not a string";
+    return InvalidArgument("plugin " + sb->plugin_id + ": " + error);
+  }
+  auto out = ToJson(L, -1, &arg);
+  if (!out.ok()) return InvalidArgument("plugin " + sb->plugin_id + ": " + out.status().message());
+  return out;
+}
+
+}  // namespace keel::plugins

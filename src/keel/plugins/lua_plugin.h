@@ -1,0 +1,86 @@
+#pragma once
+// plugins::LuaPlugin — one Lua 5.4 plugin loaded for one agent, in a state of its own.
+//
+// The sandbox: only the base, table, string, math and utf8 libraries, without load, loadfile,
+// dofile, require, collectgarbage, print, the raw* functions, get/setmetatable and string.dump;
+// string.find is plain (no patterns: a backtracking pattern is one C call no budget can stop)
+// and match/gmatch/gsub are gone. Every call (the load itself, and each handler or tool call)
+// runs under an instruction budget, a wall-clock limit (both checked every 1000 instructions)
+// and a cap on the memory it may add; exceeding one stops the call with an error that the
+// script's own pcall cannot swallow.
+//
+// The script runs once at load with a global `ctx`:
+//   ctx.plugin            {id = ...}
+//   ctx.config            the plugin's config (a table)
+//   ctx.bus.on(event, fn, {priority = N})   only while loading; event must be in the manifest
+//   ctx.tools.add{name = ..., description = ..., schema = {...}, effect = "pure" |
+//                 "idempotent" | "once", handler = fn}   only while loading
+//   ctx.log.info(text), ctx.log.warn(text), ctx.log.error(text)
+//   ctx.session()         during a call: a copy of the session the event belongs to
+// It has no other way out: no files, no network, no store.
+//
+// Not thread-safe: one caller at a time (the event loop).
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "keel/common/json_util.h"
+#include "keel/common/status.h"
+
+namespace keel::plugins {
+
+struct LuaLimits {
+  int64_t instructions = 1'000'000;  // per call
+  int64_t wall_ms = 250;             // per call
+  size_t memory_bytes = 16u << 20;   // what one call may add to the state
+};
+
+class LuaPlugin {
+ public:
+  struct Hook {
+    std::string event;  // "tool.before@v1"
+    int priority = 100;
+    int ref = 0;
+  };
+  struct ToolDef {
+    std::string name;
+    std::string description;
+    Json schema;
+    std::string effect;  // pure | idempotent | once
+    int ref = 0;
+  };
+  // level: info | warn | error.
+  using LogFn = std::function<void(const std::string& level, const std::string& text)>;
+
+  // Runs `source` once in a fresh sandbox. kInvalidArgument when it does not compile, fails,
+  // exceeds its limits, or subscribes to an event outside `events` (the manifest's).
+  static Result<std::unique_ptr<LuaPlugin>> Load(std::string plugin_id, const std::string& source,
+                                                 const Json& config,
+                                                 std::vector<std::string> events,
+                                                 int default_priority, LuaLimits limits,
+                                                 LogFn log);
+  ~LuaPlugin();
+  LuaPlugin(const LuaPlugin&) = delete;
+  LuaPlugin& operator=(const LuaPlugin&) = delete;
+
+  const std::vector<Hook>& hooks() const;
+  const std::vector<ToolDef>& tools() const;
+
+  // Calls a registered function with `arg`; `session` is what ctx.session() returns meanwhile.
+  // A table result converts to JSON (an empty table is an array where `arg` had one); nil to
+  // null. Errors name the plugin and what went wrong.
+  Result<Json> Call(int ref, const Json& arg, const Json& session = Json());
+
+  size_t memory_in_use() const;
+
+  struct Sandbox;  // internal
+
+ private:
+  LuaPlugin() = default;
+  std::unique_ptr<Sandbox> sandbox_;
+};
+
+}  // namespace keel::plugins

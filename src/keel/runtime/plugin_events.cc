@@ -1,0 +1,146 @@
+// The runtime's side of plugins: loading each agent's plugins on this node, emitting the
+// catalog's events on the agent's bus, connecting the gateway's hooks (tool.before vetoes,
+// tool.after, the tools Lua plugins add) and reporting the handlers that fail.
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+
+#include "keel/common/log.h"
+#include "keel/plugins/bus.h"
+#include "keel/plugins/host.h"
+#include "keel/runtime/runtime.h"
+#include "keel/store/async.h"
+#include "keel/tools/gateway.h"
+#include "keel/tools/tool.h"
+
+namespace keel::runtime {
+
+namespace asio = boost::asio;
+
+asio::awaitable<Result<std::shared_ptr<plugins::AgentPlugins>>> Runtime::PluginsOf(
+    std::string tenant_id, std::string agent_id) {
+  std::vector<store::Plugin> enabled;
+  Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(enabled, tx.plugins().PluginsForAgent(tenant_id, agent_id));
+    return Status::Ok();
+  });
+  if (!read.ok()) co_return read;
+  co_return UsePlugins(tenant_id, agent_id, enabled);
+}
+
+std::shared_ptr<plugins::AgentPlugins> Runtime::UsePlugins(
+    const std::string& tenant_id, const std::string& agent_id,
+    const std::vector<store::Plugin>& enabled) {
+  auto loaded = plugins_->For(tenant_id, agent_id, enabled);
+  if (!loaded.errors.empty()) ReportPluginErrors(*loaded.plugins, loaded.errors);
+  if (loaded.started) Emit(*loaded.plugins, "agent.started", {{"agent_id", agent_id}});
+  return loaded.plugins;
+}
+
+asio::awaitable<void> Runtime::EmitFor(std::string tenant_id, std::string agent_id,
+                                       std::string family, Json payload) {
+  auto plugins = co_await PluginsOf(tenant_id, agent_id);
+  if (!plugins.ok()) co_return;
+  Emit(**plugins, family, std::move(payload));
+}
+
+void Runtime::ForgetAgent(const std::string& agent_id) {
+  if (auto gone = plugins_->Forget(agent_id)) Emit(*gone, "agent.stopped", {{"agent_id", agent_id}});
+}
+
+plugins::Emitted Runtime::Emit(const plugins::AgentPlugins& plugins, const std::string& family,
+                               Json payload) {
+  if (!plugins.bus.Has(family)) {
+    plugins::Emitted none;
+    none.payload = std::move(payload);
+    return none;
+  }
+  auto out = plugins.bus.Emit(family, std::move(payload));
+  std::vector<plugins::PluginError> errors = out.errors;
+  if (out.abort) errors.push_back(*out.abort);
+  if (!errors.empty()) ReportPluginErrors(plugins, errors);
+  return out;
+}
+
+void Runtime::ReportPluginErrors(const plugins::AgentPlugins& plugins,
+                                 const std::vector<plugins::PluginError>& errors) {
+  Json recorded = Json::array();
+  for (const auto& e : errors) {
+    Json payload = {{"agent_id", plugins.agent_id},
+                    {"plugin_id", e.plugin_id},
+                    {"event", e.event},
+                    {"message", e.message}};
+    LogError("plugin " + e.plugin_id + " (agent " + plugins.agent_id + ")" +
+             (e.event.empty() ? "" : " on " + e.event) + ": " + e.message);
+    recorded.push_back(payload);
+    // The agent's own plugin.error listeners hear of it, except of their own failures (which
+    // would repeat without end).
+    if (e.event != "plugin.error@v1" && plugins.bus.Has("plugin.error")) {
+      auto heard = plugins.bus.Emit("plugin.error", payload);
+      for (const auto& again : heard.errors) {
+        recorded.push_back({{"agent_id", plugins.agent_id},
+                            {"plugin_id", again.plugin_id},
+                            {"event", again.event},
+                            {"message", again.message}});
+      }
+    }
+  }
+  asio::co_spawn(executor_, RecordPluginErrors(plugins.tenant_id, plugins.agent_id, recorded),
+                 asio::detached);
+}
+
+asio::awaitable<void> Runtime::RecordPluginErrors(std::string tenant_id, std::string agent_id,
+                                                  Json errors) {
+  auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
+    for (const auto& e : errors) {
+      KEEL_RETURN_IF_ERROR(tx.events().Append(
+          {tenant_id, "plugin.error@v1", agent_id, "", "", e}));
+    }
+    return Status::Ok();
+  });
+  if (!written.ok()) LogError("could not record plugin errors: " + written.status().message());
+}
+
+void Runtime::HookGateway() {
+  gateway_.AddVetoHook([this](const tools::CallRequest& c) -> std::optional<tools::Veto> {
+    auto p = plugins_->Find(c.agent_id);
+    if (!p || !p->bus.Has("tool.before")) return std::nullopt;
+    Json payload = {{"agent_id", c.agent_id},   {"session_id", c.session_id},
+                    {"run_id", c.run_id},       {"call_id", c.call_id},
+                    {"tool", c.tool},           {"arguments", c.arguments},
+                    {"caller_role", c.caller_role}};
+    auto out = Emit(*p, "tool.before", std::move(payload));
+    if (out.abort) {
+      return tools::Veto{"plugin " + out.abort->plugin_id + " failed deciding: " +
+                             out.abort->message,
+                         true};
+    }
+    if (out.denied) return tools::Veto{"plugin " + out.denied_by + ": " + out.reason};
+    return std::nullopt;
+  });
+  gateway_.SetAfterHook([this](const tools::CallRecord& r) {
+    auto p = plugins_->Find(r.agent_id);
+    if (!p || !p->bus.Has("tool.after")) return;
+    Json payload = {{"agent_id", r.agent_id},
+                    {"session_id", r.session_id},
+                    {"run_id", r.run_id},
+                    {"call_id", r.call->call_id},
+                    {"tool", r.call->tool},
+                    {"arguments", r.call->arguments},
+                    {"status", r.call->status},
+                    {"result", r.call->result},
+                    {"duration_ms", r.duration_ms},
+                    {"effect_class", r.call->effect_class},
+                    {"decision", r.decision}};
+    Emit(*p, "tool.after", std::move(payload));
+  });
+  gateway_.SetAgentTools([this](const std::string& agent_id) {
+    std::vector<std::shared_ptr<tools::Tool>> out;
+    if (auto p = plugins_->Find(agent_id)) {
+      for (const auto& [name, tool] : p->tools) out.push_back(tool);
+    }
+    return out;
+  });
+}
+
+}  // namespace keel::runtime

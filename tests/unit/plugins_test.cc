@@ -1,0 +1,329 @@
+// The event bus (order, shapes, versions, failures) and the Lua sandbox (API, budgets).
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "keel/plugins/bus.h"
+#include "keel/plugins/catalog.h"
+#include "keel/plugins/lua_plugin.h"
+
+namespace keel::plugins {
+namespace {
+
+HookOptions Opt(std::string id, int priority, bool fail = false) {
+  HookOptions o;
+  o.plugin_id = std::move(id);
+  o.priority = priority;
+  o.fail_turn = fail;
+  return o;
+}
+
+TEST(Catalog, KnowsEveryTypeOfTheIssueWithItsShape) {
+  const char* listeners[] = {"agent.started@v1", "agent.stopped@v1", "session.opened@v1",
+                             "session.closed@v1", "model.after@v1", "tool.after@v1",
+                             "tool.after@v2", "memory.upsert@v1", "plugin.error@v1"};
+  const char* transforms[] = {"session.message.received@v1", "prompt.assemble@v1",
+                              "model.before@v1", "channel.message.in@v1",
+                              "channel.message.out@v1", "schedule.fired@v1"};
+  for (const char* n : listeners) {
+    ASSERT_NE(FindEvent(n), nullptr) << n;
+    EXPECT_EQ(FindEvent(n)->shape, Shape::kListener) << n;
+  }
+  for (const char* n : transforms) {
+    ASSERT_NE(FindEvent(n), nullptr) << n;
+    EXPECT_EQ(FindEvent(n)->shape, Shape::kTransform) << n;
+  }
+  ASSERT_NE(FindEvent("tool.before@v1"), nullptr);
+  EXPECT_EQ(FindEvent("tool.before@v1")->shape, Shape::kVeto);
+  EXPECT_EQ(FindEvent("tool.before@v2"), nullptr);
+  EXPECT_EQ(FindEvent("tool.before"), nullptr);
+  EXPECT_FALSE(FindEvent("tool.before@v1")->webhook);
+  EXPECT_TRUE(FindEvent("tool.after@v1")->webhook);
+}
+
+TEST(Bus, RunsByPriorityThenRegistrationOrder) {
+  EventBus bus;
+  std::vector<std::string> order;
+  auto record = [&](std::string name) {
+    return [&order, name](const Json&) -> Result<Json> {
+      order.push_back(name);
+      return Json();
+    };
+  };
+  ASSERT_TRUE(bus.On("model.after@v1", record("b50"), Opt("b", 50)).ok());
+  ASSERT_TRUE(bus.On("model.after@v1", record("a100"), Opt("a", 100)).ok());
+  ASSERT_TRUE(bus.On("model.after@v1", record("c50"), Opt("c", 50)).ok());
+  ASSERT_TRUE(bus.On("model.after@v1", record("d-5"), Opt("d", -5)).ok());
+  ASSERT_TRUE(bus.On("tool.after@v1", record("other"), Opt("e", 0)).ok());
+  bus.Emit("model.after", Json::object());
+  std::vector<std::string> want = {"d-5", "b50", "c50", "a100"};
+  EXPECT_EQ(order, want);
+  EXPECT_FALSE(bus.On("model.after@v9", record("x"), Opt("x", 1)).ok());
+  EXPECT_TRUE(bus.Has("tool.after"));
+  EXPECT_FALSE(bus.Has("tool.before"));
+}
+
+TEST(Bus, TransformsChain) {
+  EventBus bus;
+  ASSERT_TRUE(bus.On("prompt.assemble@v1", [](const Json& p) -> Result<Json> {
+                    Json out = p;
+                    out["text"] = p["text"].get<std::string>() + " first";
+                    return out;
+                  }, Opt("a", 1)).ok());
+  ASSERT_TRUE(bus.On("prompt.assemble@v1", [](const Json& p) -> Result<Json> {
+                    Json out = p;
+                    out["text"] = p["text"].get<std::string>() + " second";
+                    return out;
+                  }, Opt("b", 2)).ok());
+  Json in = {{"text", "start"}};
+  auto out = bus.Emit("prompt.assemble", in);
+  EXPECT_EQ(out.payload["text"], "start first second");
+  EXPECT_TRUE(out.errors.empty());
+}
+
+TEST(Bus, FirstDenyWinsAndStopsTheChain) {
+  EventBus bus;
+  int later = 0;
+  ASSERT_TRUE(bus.On("tool.before@v1", [](const Json&) -> Result<Json> {
+                    return Json{{"allow", true}};
+                  }, Opt("ok", 1)).ok());
+  ASSERT_TRUE(bus.On("tool.before@v1", [](const Json& p) -> Result<Json> {
+                    if (p["tool"] == "exec") return Json{{"allow", false}, {"reason", "no exec"}};
+                    return Json{{"allow", true}};
+                  }, Opt("guard", 2)).ok());
+  ASSERT_TRUE(bus.On("tool.before@v1", [&](const Json&) -> Result<Json> {
+                    ++later;
+                    return Json{{"allow", true}};
+                  }, Opt("late", 3)).ok());
+  auto denied = bus.Emit("tool.before", {{"tool", "exec"}});
+  EXPECT_TRUE(denied.denied);
+  EXPECT_EQ(denied.reason, "no exec");
+  EXPECT_EQ(denied.denied_by, "guard");
+  EXPECT_EQ(later, 0);
+  auto allowed = bus.Emit("tool.before", {{"tool", "time.now"}});
+  EXPECT_FALSE(allowed.denied);
+  EXPECT_EQ(later, 1);
+}
+
+TEST(Bus, AFailingHandlerIsSkippedAndReported) {
+  EventBus bus;
+  ASSERT_TRUE(bus.On("prompt.assemble@v1", [](const Json&) -> Result<Json> {
+                    throw std::runtime_error("boom");
+                  }, Opt("thrower", 1)).ok());
+  ASSERT_TRUE(bus.On("prompt.assemble@v1", [](const Json&) -> Result<Json> {
+                    return Json("not an object");
+                  }, Opt("bad-shape", 2)).ok());
+  ASSERT_TRUE(bus.On("prompt.assemble@v1", [](const Json& p) -> Result<Json> {
+                    Json out = p;
+                    out["seen"] = true;
+                    return out;
+                  }, Opt("good", 3)).ok());
+  auto out = bus.Emit("prompt.assemble", {{"text", "x"}});
+  EXPECT_EQ(out.payload["seen"], true);
+  ASSERT_EQ(out.errors.size(), 2u);
+  EXPECT_EQ(out.errors[0].plugin_id, "thrower");
+  EXPECT_NE(out.errors[0].message.find("boom"), std::string::npos);
+  EXPECT_EQ(out.errors[0].event, "prompt.assemble@v1");
+  EXPECT_EQ(out.errors[1].plugin_id, "bad-shape");
+  EXPECT_FALSE(out.abort);
+}
+
+TEST(Bus, FailureModeFailAborts) {
+  EventBus bus;
+  bool later = false;
+  ASSERT_TRUE(bus.On("model.before@v1", [](const Json&) -> Result<Json> {
+                    return InvalidArgument("refused");
+                  }, Opt("strict", 1, /*fail=*/true)).ok());
+  ASSERT_TRUE(bus.On("model.before@v1", [&](const Json& p) -> Result<Json> {
+                    later = true;
+                    return p;
+                  }, Opt("after", 2)).ok());
+  auto out = bus.Emit("model.before", Json::object());
+  ASSERT_TRUE(out.abort);
+  EXPECT_EQ(out.abort->plugin_id, "strict");
+  EXPECT_FALSE(later);
+}
+
+TEST(Bus, VersionsAreDispatchedSideBySide) {
+  EventBus bus;
+  Json v1_seen, v2_seen;
+  ASSERT_TRUE(bus.On("tool.after@v1", [&](const Json& p) -> Result<Json> {
+                    v1_seen = p;
+                    return Json();
+                  }, Opt("old", 1)).ok());
+  ASSERT_TRUE(bus.On("tool.after@v2", [&](const Json& p) -> Result<Json> {
+                    v2_seen = p;
+                    return Json();
+                  }, Opt("new", 2)).ok());
+  Json v2 = {{"tool", "time.now"}, {"status", "succeeded"}, {"duration_ms", 3},
+             {"effect_class", "pure"}, {"decision", {{"allowed", true}}}};
+  bus.Emit("tool.after", v2);
+  EXPECT_EQ(v2_seen, v2);
+  EXPECT_EQ(v1_seen, (Json{{"tool", "time.now"}, {"status", "succeeded"}}));
+}
+
+// --- Lua ------------------------------------------------------------------------------
+
+struct Loaded {
+  std::unique_ptr<LuaPlugin> plugin;
+  std::vector<std::string> logs;
+};
+
+Result<std::unique_ptr<LuaPlugin>> Load(const std::string& src, std::vector<std::string>* logs = nullptr,
+                                        LuaLimits limits = {}, Json config = Json::object()) {
+  std::vector<std::string> events = {"tool.before@v1", "prompt.assemble@v1", "tool.after@v1"};
+  return LuaPlugin::Load("p1", src, config, events, 100, limits,
+                         [logs](const std::string& level, const std::string& text) {
+                           if (logs) logs->push_back(level + ": " + text);
+                         });
+}
+
+TEST(Lua, RegistersHooksAndToolsAndCallsThem) {
+  std::vector<std::string> logs;
+  auto p = Load(R"(
+    ctx.log.info("loading " .. ctx.plugin.id .. " with " .. ctx.config.word)
+    ctx.bus.on("tool.before@v1", function(call)
+      if call.tool == "exec" then return {allow = false, reason = "no exec for " .. ctx.session().id} end
+      return {allow = true}
+    end, {priority = 5})
+    ctx.bus.on("prompt.assemble@v1", function(p)
+      p.text = string.upper(p.text)
+      return p
+    end)
+    ctx.tools.add{name = "shout", description = "Shouts", effect = "pure",
+                  schema = {type = "object", properties = {text = {type = "string"}}},
+                  handler = function(args) return {shouted = args.text .. "!"} end}
+  )", &logs, {}, Json{{"word", "salt"}});
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  ASSERT_EQ(logs.size(), 1u);
+  EXPECT_EQ(logs[0], "info: loading p1 with salt");
+  auto& plugin = **p;
+  ASSERT_EQ(plugin.hooks().size(), 2u);
+  EXPECT_EQ(plugin.hooks()[0].event, "tool.before@v1");
+  EXPECT_EQ(plugin.hooks()[0].priority, 5);
+  EXPECT_EQ(plugin.hooks()[1].priority, 100);
+  ASSERT_EQ(plugin.tools().size(), 1u);
+  EXPECT_EQ(plugin.tools()[0].name, "shout");
+  EXPECT_EQ(plugin.tools()[0].schema["properties"]["text"]["type"], "string");
+
+  auto veto = plugin.Call(plugin.hooks()[0].ref, {{"tool", "exec"}}, {{"id", "s1"}});
+  ASSERT_TRUE(veto.ok()) << veto.status().message();
+  EXPECT_EQ(*veto, (Json{{"allow", false}, {"reason", "no exec for s1"}}));
+  auto upper = plugin.Call(plugin.hooks()[1].ref, {{"text", "hi"}, {"list", Json::array()}});
+  ASSERT_TRUE(upper.ok());
+  EXPECT_EQ(*upper, (Json{{"text", "HI"}, {"list", Json::array()}}));  // [] stays an array
+  auto tool = plugin.Call(plugin.tools()[0].ref, {{"text", "hey"}});
+  ASSERT_TRUE(tool.ok());
+  EXPECT_EQ(*tool, (Json{{"shouted", "hey!"}}));
+}
+
+TEST(Lua, BadScriptsAreRefusedWithClearErrors) {
+  auto syntax = Load("this is not lua");
+  ASSERT_FALSE(syntax.ok());
+  EXPECT_NE(syntax.status().message().find("does not compile"), std::string::npos);
+  auto throws = Load("error('nope')");
+  ASSERT_FALSE(throws.ok());
+  EXPECT_NE(throws.status().message().find("nope"), std::string::npos);
+  auto unknown = Load("ctx.bus.on('tool.exploded@v1', function() end)");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("unknown event"), std::string::npos);
+  auto unlisted = Load("ctx.bus.on('model.after@v1', function() end)");
+  ASSERT_FALSE(unlisted.ok());
+  EXPECT_NE(unlisted.status().message().find("manifest"), std::string::npos);
+  auto bytecode = Load(std::string("\x1bLua", 4));
+  EXPECT_FALSE(bytecode.ok());
+}
+
+TEST(Lua, ForbiddenFunctionsAreAbsent) {
+  for (const char* expr : {"io", "os", "package", "require", "load", "loadfile", "dofile",
+                           "collectgarbage", "rawset", "setmetatable", "getmetatable",
+                           "string.dump", "string.gsub", "string.match", "debug", "xpcall"}) {
+    auto p = Load(std::string("assert(") + expr + " == nil, '" + expr + " is reachable')");
+    EXPECT_TRUE(p.ok()) << expr << ": " << p.status().message();
+  }
+  // string.find is plain: a pattern character matches itself
+  auto p = Load("assert(string.find('a.c', '.') == 2) assert(('x%d'):find('%d') == 2)");
+  EXPECT_TRUE(p.ok()) << p.status().message();
+}
+
+TEST(Lua, ARunawayLoopIsStoppedByItsBudgetEvenThroughPcall) {
+  LuaLimits limits;
+  limits.instructions = 200'000;
+  limits.wall_ms = 5'000;
+  auto p = Load(R"(
+    ctx.bus.on("tool.after@v1", function() while true do end end)
+    ctx.bus.on("prompt.assemble@v1", function()
+      while true do pcall(function() while true do end end) end
+    end)
+  )", nullptr, limits);
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  for (const auto& hook : (*p)->hooks()) {
+    auto start = std::chrono::steady_clock::now();
+    auto r = (*p)->Call(hook.ref, Json::object());
+    ASSERT_FALSE(r.ok()) << hook.event;
+    EXPECT_NE(r.status().message().find("instruction budget"), std::string::npos)
+        << r.status().message();
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+  }
+  // the state is still usable afterwards
+  auto again = (*p)->Call((*p)->hooks()[0].ref, Json::object());
+  EXPECT_FALSE(again.ok());
+}
+
+TEST(Lua, WallClockLimitStopsASlowCall) {
+  LuaLimits limits;
+  limits.instructions = int64_t{1} << 50;
+  limits.wall_ms = 50;
+  auto p = Load("ctx.bus.on('tool.after@v1', function() local x = 0 while true do x = x + 1 end end)",
+                nullptr, limits);
+  ASSERT_TRUE(p.ok());
+  auto start = std::chrono::steady_clock::now();
+  auto r = (*p)->Call((*p)->hooks()[0].ref, Json::object());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("time limit"), std::string::npos) << r.status().message();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+}
+
+TEST(Lua, AMemoryBombIsStoppedByItsCap) {
+  LuaLimits limits;
+  limits.memory_bytes = 4u << 20;
+  limits.wall_ms = 5'000;
+  auto p = Load(R"(
+    ctx.bus.on("tool.after@v1", function()
+      local t = {}
+      for i = 1, 1e9 do t[i] = string.rep("x", 1024) .. i end
+    end)
+    ctx.bus.on("prompt.assemble@v1", function(p)
+      local ok = pcall(function() return string.rep("y", 64 * 1024 * 1024) end)
+      return p
+    end)
+  )", nullptr, limits);
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  size_t before = (*p)->memory_in_use();
+  for (const auto& hook : (*p)->hooks()) {
+    auto r = (*p)->Call(hook.ref, Json::object());
+    ASSERT_FALSE(r.ok()) << hook.event;
+    EXPECT_NE(r.status().message().find("memory"), std::string::npos) << r.status().message();
+  }
+  EXPECT_LT((*p)->memory_in_use(), before + (8u << 20));
+}
+
+TEST(Lua, PluginsDoNotShareState) {
+  const char* src = R"(
+    count = (count or 0)
+    ctx.bus.on("tool.after@v1", function() count = count + 1 return count end)
+  )";
+  auto a = Load(src);
+  auto b = Load(src);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE((*a)->Call((*a)->hooks()[0].ref, Json::object()).ok());
+  ASSERT_TRUE((*a)->Call((*a)->hooks()[0].ref, Json::object()).ok());
+  auto third = (*a)->Call((*a)->hooks()[0].ref, Json::object());
+  auto first = (*b)->Call((*b)->hooks()[0].ref, Json::object());
+  EXPECT_EQ(*third, 3);
+  EXPECT_EQ(*first, 1);
+}
+
+}  // namespace
+}  // namespace keel::plugins
