@@ -187,8 +187,9 @@ int ServeMain(const ServeFlags& flags) {
   runtime_options.default_max_steps = config.max_steps;
   runtime_options.history_limit = config.history_limit;
   runtime_options.tenant_run_cap = config.tenant_run_cap;
+  runtime_options.audit_dir = config.home + "/audit";
   runtime::Runtime runtime(io.get_executor(), *store, hub, providers, gateway, metrics,
-                           runtime_options);
+                           runtime_options, &vault);
 
   api::ApiContext api_context{*store, runtime, hub,         metrics,      config,
                               providers, vault, gateway, mcp_servers, *admin_tenant};

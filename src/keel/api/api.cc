@@ -182,6 +182,7 @@ void RegisterAllRoutes(http::Router& router, ApiContext& ctx) {
   RegisterApprovalRoutes(router, ctx);
   RegisterMcpRoutes(router, ctx);
   RegisterMcpServerRoutes(router, ctx);
+  RegisterPluginRoutes(router, ctx);
 }
 
 }  // namespace keel::api

@@ -65,6 +65,7 @@ void RegisterPolicyRoutes(http::Router& router, ApiContext& ctx);    // policies
 void RegisterApprovalRoutes(http::Router& router, ApiContext& ctx);  // approvals, standing ones
 void RegisterMcpRoutes(http::Router& router, ApiContext& ctx);       // MCP servers
 void RegisterMcpServerRoutes(http::Router& router, ApiContext& ctx); // /v1/mcp: Keel as one
+void RegisterPluginRoutes(http::Router& router, ApiContext& ctx);    // plugins, deliveries
 
 // The OpenAPI 3.1 document served at /v1/openapi.json.
 const std::string& OpenApiDocument();

@@ -1,6 +1,8 @@
 #include "keel/common/crypto.h"
 
 #include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <openssl/rand.h>
 #include <openssl/sha.h>
 
@@ -25,6 +27,14 @@ std::string Sha256Hex(std::string_view data) {
   unsigned char md[SHA256_DIGEST_LENGTH];
   SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(), md);
   return Hex(md, sizeof md);
+}
+
+std::string HmacSha256Hex(std::string_view key, std::string_view data) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+       reinterpret_cast<const unsigned char*>(data.data()), data.size(), md, &len);
+  return Hex(md, len);
 }
 
 std::string RandomHex(size_t n) {

@@ -76,7 +76,7 @@ std::shared_ptr<AgentPlugins> PluginHost::Build(const std::string& tenant_id,
     }
     const Manifest& m = *manifest;
     if (m.kind == "webhook") {
-      out->webhook_plugins.push_back(m.id);
+      out->webhooks.push_back({m.id, m.events});
       continue;
     }
     if (m.kind == "builtin") {

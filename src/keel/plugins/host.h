@@ -34,7 +34,27 @@ struct AgentPlugins {
   std::vector<std::shared_ptr<LuaPlugin>> lua;
   // Tools the agent's Lua plugins added, named plugin__{plugin id}__{tool name}.
   std::map<std::string, std::shared_ptr<tools::Tool>> tools;
-  std::vector<std::string> webhook_plugins;  // ids of its enabled webhook plugins
+  // Its enabled webhook plugins and the events each subscribes to ("family@vN").
+  struct Webhook {
+    std::string plugin_id;
+    std::vector<std::string> events;
+  };
+  std::vector<Webhook> webhooks;
+
+  // Whether a handler or a webhook plugin takes a version of `family` (callers skip building
+  // payloads nobody takes).
+  bool Wants(const std::string& family) const {
+    if (bus.Has(family)) return true;
+    for (const auto& w : webhooks) {
+      for (const auto& e : w.events) {
+        if (e.size() > family.size() && e.compare(0, family.size(), family) == 0 &&
+            e[family.size()] == '@') {
+          return true;
+        }
+      }
+    }
+    return false;
+  }
 };
 
 class PluginHost {

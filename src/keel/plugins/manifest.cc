@@ -25,7 +25,7 @@ Result<Manifest> ParseManifest(const Json& j) {
   if (!j.is_object()) return InvalidArgument("the manifest must be a JSON object");
   static const std::set<std::string> kFields = {
       "id", "name", "version", "kind", "events", "priority", "failure_mode", "config_schema",
-      "builtin", "url", "timeout_ms", "limits", "description"};
+      "builtin", "url", "timeout_ms", "max_attempts", "limits", "description"};
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (!kFields.count(it.key())) return InvalidArgument("manifest: unknown field '" + it.key() + "'");
   }
@@ -89,6 +89,7 @@ Result<Manifest> ParseManifest(const Json& j) {
   KEEL_RETURN_IF_ERROR(only("builtin", "builtin"));
   KEEL_RETURN_IF_ERROR(only("url", "webhook"));
   KEEL_RETURN_IF_ERROR(only("timeout_ms", "webhook"));
+  KEEL_RETURN_IF_ERROR(only("max_attempts", "webhook"));
   KEEL_RETURN_IF_ERROR(only("limits", "lua"));
   if (m.kind == "builtin") {
     KEEL_ASSIGN_OR_RETURN(m.builtin, ReqString(j, "builtin"));
@@ -100,6 +101,10 @@ Result<Manifest> ParseManifest(const Json& j) {
     }
     if (j.contains("timeout_ms")) {
       KEEL_ASSIGN_OR_RETURN(m.timeout_ms, Integer(j["timeout_ms"], "timeout_ms", 100, 60'000));
+    }
+    if (j.contains("max_attempts")) {
+      KEEL_ASSIGN_OR_RETURN(int64_t n, Integer(j["max_attempts"], "max_attempts", 1, 20));
+      m.max_attempts = static_cast<int>(n);
     }
   }
   if (j.contains("limits")) {

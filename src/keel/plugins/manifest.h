@@ -6,7 +6,7 @@
 //    "events": ["tool.before@v1"], "priority": 100, "failure_mode": "skip" | "fail",
 //    "config_schema": {JSON Schema of the config},
 //    "builtin": "audit-log" | "redaction"            (kind builtin)
-//    "url": "https://...", "timeout_ms": 5000        (kind webhook)
+//    "url": "https://...", "timeout_ms": 5000, "max_attempts": 8   (kind webhook)
 //    "limits": {"instructions", "wall_ms", "memory_bytes"}   (kind lua; each at most the cap)}
 
 #include <string>
@@ -30,6 +30,7 @@ struct Manifest {
   std::string builtin;  // kind builtin
   std::string url;      // kind webhook
   int64_t timeout_ms = 5000;
+  int max_attempts = 8;  // kind webhook: tries before a delivery is dead
   LuaLimits limits;     // kind lua
 };
 

@@ -56,7 +56,7 @@ asio::awaitable<Result<IntakeResult>> Runtime::PostMessage(const IntakeRequest& 
   // stored (a direct call is not a message and is not shown to them).
   if (req.call.is_null()) {
     auto plugins = UsePlugins(req.tenant_id, agent.id, enabled);
-    if (plugins->bus.Has("session.message.received")) {
+    if (plugins->Wants("session.message.received")) {
       auto out = Emit(*plugins, "session.message.received",
                       {{"agent_id", agent.id}, {"session_id", session.id}, {"role", "user"},
                        {"content", content}});

@@ -51,11 +51,13 @@ void Runtime::ForgetAgent(const std::string& agent_id) {
 plugins::Emitted Runtime::Emit(const plugins::AgentPlugins& plugins, const std::string& family,
                                Json payload) {
   if (!plugins.bus.Has(family)) {
+    if (!plugins.webhooks.empty()) QueueDeliveries(plugins, family, payload);
     plugins::Emitted none;
     none.payload = std::move(payload);
     return none;
   }
   auto out = plugins.bus.Emit(family, std::move(payload));
+  if (!plugins.webhooks.empty()) QueueDeliveries(plugins, family, out.payload);
   std::vector<plugins::PluginError> errors = out.errors;
   if (out.abort) errors.push_back(*out.abort);
   if (!errors.empty()) ReportPluginErrors(plugins, errors);
@@ -73,6 +75,7 @@ void Runtime::ReportPluginErrors(const plugins::AgentPlugins& plugins,
     LogError("plugin " + e.plugin_id + " (agent " + plugins.agent_id + ")" +
              (e.event.empty() ? "" : " on " + e.event) + ": " + e.message);
     recorded.push_back(payload);
+    if (!plugins.webhooks.empty()) QueueDeliveries(plugins, "plugin.error", payload);
     // The agent's own plugin.error listeners hear of it, except of their own failures (which
     // would repeat without end).
     if (e.event != "plugin.error@v1" && plugins.bus.Has("plugin.error")) {
@@ -120,7 +123,7 @@ void Runtime::HookGateway() {
   });
   gateway_.SetAfterHook([this](const tools::CallRecord& r) {
     auto p = plugins_->Find(r.agent_id);
-    if (!p || !p->bus.Has("tool.after")) return;
+    if (!p || !p->Wants("tool.after")) return;
     Json payload = {{"agent_id", r.agent_id},
                     {"session_id", r.session_id},
                     {"run_id", r.run_id},

@@ -297,7 +297,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
       if (m.role == "user" || m.role == "assistant") request.messages.push_back({m.role, m.content, {}, "", ""});
     }
     request.messages.push_back({"user", prompt.content, {}, "", ""});
-    if (plugins->bus.Has("prompt.assemble")) {
+    if (plugins->Wants("prompt.assemble")) {
       Json payload = ids;
       payload["messages"] = MessagesJson(request.messages);
       auto out = Emit(*plugins, "prompt.assemble", std::move(payload));
@@ -445,7 +445,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
     // conversation stays as it was.
     const model::ModelRequest* sent = &request;
     model::ModelRequest rewritten;
-    if (plugins->bus.Has("model.before")) {
+    if (plugins->Wants("model.before")) {
       Json payload = ids;
       payload["model"] = agent.model;
       payload["messages"] = MessagesJson(request.messages);
@@ -464,7 +464,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
       }
     }
     auto response = co_await provider->Complete(*sent, delta);
-    if (response.ok() && plugins->bus.Has("model.after")) {
+    if (response.ok() && plugins->Wants("model.after")) {
       Json payload = ids;
       payload["text"] = response->text;
       payload["tool_calls"] = ToolCallsJson(response->tool_calls);

@@ -10,6 +10,7 @@
 #include "keel/approvals/approvals.h"
 #include "keel/common/log.h"
 #include "keel/common/time.h"
+#include "keel/http/client.h"
 #include "keel/metrics.h"
 #include "keel/plugins/host.h"
 #include "keel/runtime/event_hub.h"
@@ -21,7 +22,7 @@ namespace asio = boost::asio;
 
 Runtime::Runtime(asio::any_io_executor executor, store::Store& store, EventHub& hub,
                  model::ProviderRegistry& providers, tools::Gateway& gateway, Metrics& metrics,
-                 RuntimeOptions options)
+                 RuntimeOptions options, const secrets::Vault* vault)
     : executor_(executor),
       store_(store),
       hub_(hub),
@@ -30,7 +31,10 @@ Runtime::Runtime(asio::any_io_executor executor, store::Store& store, EventHub& 
       metrics_(metrics),
       options_(options),
       wake_timer_(executor),
-      plugins_(std::make_unique<plugins::PluginHost>(options.audit_dir)) {
+      plugins_(std::make_unique<plugins::PluginHost>(options.audit_dir)),
+      vault_(vault),
+      webhook_client_(std::make_unique<http::Client>()),
+      delivery_timer_(executor) {
   HookGateway();
 }
 
@@ -45,6 +49,7 @@ Status Runtime::Start() {
   asio::co_spawn(executor_, DispatchLoop(), ReportExceptions{"run dispatcher"});
   asio::co_spawn(executor_, LeaseLoop(), ReportExceptions{"lease keeper"});
   asio::co_spawn(executor_, ApprovalExpiryLoop(), ReportExceptions{"approval expiry"});
+  asio::co_spawn(executor_, DeliveryLoop(), ReportExceptions{"webhook deliveries"});
   return Status::Ok();
 }
 
@@ -142,6 +147,7 @@ asio::awaitable<void> Runtime::ApprovalExpiryLoop() {
 asio::awaitable<void> Runtime::Drain(std::chrono::milliseconds grace) {
   draining_ = true;
   wake_timer_.cancel();
+  delivery_timer_.cancel();
   asio::steady_timer timer(executor_);
   auto deadline = std::chrono::steady_clock::now() + grace;
   while (!executing_.empty() && std::chrono::steady_clock::now() < deadline) {

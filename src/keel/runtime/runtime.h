@@ -32,6 +32,12 @@ class ProviderRegistry;
 namespace tools {
 class Gateway;
 }
+namespace http {
+class Client;
+}
+namespace secrets {
+class Vault;
+}
 namespace plugins {
 class PluginHost;
 struct AgentPlugins;
@@ -78,7 +84,7 @@ class Runtime {
  public:
   Runtime(boost::asio::any_io_executor executor, store::Store& store, EventHub& hub,
           model::ProviderRegistry& providers, tools::Gateway& gateway, Metrics& metrics,
-          RuntimeOptions options);
+          RuntimeOptions options, const secrets::Vault* vault = nullptr);
   ~Runtime();
 
   // Expires leases this origin held before a restart and starts the dispatcher and the lease
@@ -112,6 +118,8 @@ class Runtime {
                                        std::string family, Json payload);
   // The agent was deleted: emits agent.stopped@v1 and drops its plugins on this node.
   void ForgetAgent(const std::string& agent_id);
+  // Looks for webhook deliveries that are due now.
+  void WakeDeliveries();
 
   const RuntimeOptions& options() const { return options_; }
 
@@ -150,6 +158,13 @@ class Runtime {
                                                   Json errors);
   // Connects the gateway's veto, after and agent-tools hooks to the agents' plugins.
   void HookGateway();
+  // Webhook plugins (webhooks.cc): queue an emitted event for the agent's webhook plugins
+  // that subscribe to it; send due deliveries (on the leader), signed, retried with backoff,
+  // dead after the plugin's max_attempts.
+  void QueueDeliveries(const plugins::AgentPlugins& plugins, const std::string& family,
+                       const Json& payload);
+  boost::asio::awaitable<void> DeliveryLoop();
+  boost::asio::awaitable<void> Deliver(store::PluginDelivery delivery);
 
   boost::asio::any_io_executor executor_;
   store::Store& store_;
@@ -165,6 +180,10 @@ class Runtime {
   std::set<std::string> executing_;         // run ids claimed or running on this node
   std::set<std::string> cancel_requested_;  // executing runs asked to stop
   std::unique_ptr<plugins::PluginHost> plugins_;
+  const secrets::Vault* vault_;
+  std::unique_ptr<http::Client> webhook_client_;
+  boost::asio::steady_timer delivery_timer_;
+  std::set<std::string> delivering_;  // deliveries being sent by this node
 };
 
 }  // namespace keel::runtime
