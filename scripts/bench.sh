@@ -8,12 +8,14 @@
 #      concurrency 1 and 64;
 #   2. event append rate, Keel's store vs raw SQLite, same durability (keel_bench);
 #   3. resident size of a server whose store holds 100,000 agents and 1,000,000 sessions
-#      (keel_populate, then `keel serve` on that home).
+#      (keel_populate, then `keel serve` on that home);
+#   4. the tool gateway, the exec sandbox and MCP through Keel (keel_bench);
+#   5. plugins: emitting events, Lua handlers, and turns with the built-in plugins enabled.
 #
 # Knobs (environment): BENCH_DURATION (seconds per measured load phase, default 10),
 # BENCH_WARMUP (default 2), BENCH_MIN_TIME (Google Benchmark min time, default 0.5),
 # BENCH_ROUNDS (rounds of the event benchmarks; the table shows medians, default 3),
-# BENCH_AGENTS / BENCH_SESSIONS (default 100000 / 1000000), BENCH_ONLY (e2e|events|memory|gateway),
+# BENCH_AGENTS / BENCH_SESSIONS (default 100000 / 1000000), BENCH_ONLY (e2e|events|memory|gateway|plugins),
 # BENCH_SERVER_CPUS / BENCH_LOADGEN_CPUS (taskset CPU lists; default: loadgen on the last CPU,
 # the server on the others, when there are at least 2 CPUs and taskset exists; "" disables).
 # BENCH_STRICT=1 makes the exit status 1 when a target is missed.
@@ -298,6 +300,59 @@ if direct and keel:
 PYEOF
   echo "# 4. gateway and sandbox" >>"$REPRO"
   echo "$BENCH --benchmark_filter='BM_(GatewayAllowedCall|ToolDirect|ForkExecTrue|SandboxExecTrue|McpDirect|McpThroughKeel)' --benchmark_min_time=$MIN_TIME" >>"$REPRO"
+fi
+
+# ---------------------------------------------------------------------------------------------
+if [[ -z $ONLY || $ONLY == plugins ]]; then
+  section "5. plugins: the event bus and Lua in process (keel_bench), and end-to-end turns with the built-in plugins"
+  if ! "$BENCH" --benchmark_filter='BM_Emit' --benchmark_min_time="$MIN_TIME" \
+       --benchmark_out="$WORK/plugins.json" --benchmark_out_format=json >"$WORK/plugins.txt" 2>&1; then
+    cat "$WORK/plugins.txt"; echo "bench: keel_bench failed" >&2; exit 1
+  fi
+  grep -E '^BM_' "$WORK/plugins.txt"
+  python3 - "$WORK/plugins.json" >>"$ROWS" <<'PYEOF'
+import json, sys
+b = {x["name"]: x["cpu_time"] for x in json.load(open(sys.argv[1]))["benchmarks"]}
+for n in (0, 1, 10):
+    print(f"emit model.after@v1 with {n} C++ listener(s)\t{b[f'BM_EmitListeners/{n}']:,.0f} ns\t\tinfo")
+print(f"emit prompt.assemble@v1 through one Lua transform\t{b['BM_EmitLuaTransform']:,.0f} ns\t\tinfo")
+print(f"emit tool.before@v1 through one Lua veto\t{b['BM_EmitLuaVeto']:,.0f} ns\t\tinfo")
+PYEOF
+  # Turns without plugins, with audit-log + redaction enabled for every agent, and without again
+  # (the mean of the two plain runs is the baseline: this machine drifts).
+  H5=$WORK/plugins
+  mkdir -p "$H5"
+  start_server "$H5"
+  TOKEN=$(cat "$H5/owner.token")
+  turns() {  # turns CONCURRENCY -> turns/s
+    local out
+    out=$("${LOADGEN_PIN[@]}" "$LOADGEN" --url "http://$ADDR" --token-file "$H5/owner.token" \
+            --concurrency "$1" --warmup "$WARMUP" --duration "$DURATION") || {
+      echo "$out" >&2; echo "bench: keel_loadgen failed" >&2; exit 1; }
+    result_field "$(grep '^RESULT' <<<"$out")" turns_per_s
+  }
+  api() { curl -fsS -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' "$@" >/dev/null; }
+  for c in 1 32; do
+    A=$(turns "$c")
+    api -X POST "http://$ADDR/v1/plugins" -d '{"manifest": {"id": "audit", "name": "Audit", "version": "1", "kind": "builtin", "builtin": "audit-log", "events": ["session.opened@v1", "model.after@v1", "tool.after@v2", "agent.started@v1"]}}'
+    api -X POST "http://$ADDR/v1/plugins" -d '{"manifest": {"id": "redact", "name": "Redact", "version": "1", "kind": "builtin", "builtin": "redaction", "events": ["model.before@v1"]}, "config": {"patterns": ["[0-9]{4}-[0-9]{4}-[0-9]{4}-[0-9]{4}", "sk-[A-Za-z0-9]{20,}"]}}'
+    api -X POST "http://$ADDR/v1/plugins/audit/enable" -d '{"agent_id": "*"}'
+    api -X POST "http://$ADDR/v1/plugins/redact/enable" -d '{"agent_id": "*"}'
+    P=$(turns "$c")
+    api -X DELETE "http://$ADDR/v1/plugins/audit"
+    api -X DELETE "http://$ADDR/v1/plugins/redact"
+    B=$(turns "$c")
+    echo "concurrency $c: $A turns/s without, $P with audit-log + redaction, $B without again"
+    row "turns/s with audit-log + redaction vs without, concurrency $c" \
+        "$P vs $(awk -v a="$A" -v b="$B" 'BEGIN { printf "%.0f", (a + b) / 2 }') = $(awk -v p="$P" -v a="$A" -v b="$B" 'BEGIN { printf "%.2f", p / ((a + b) / 2) }')x" "" info
+  done
+  stop_server
+  cat >>"$REPRO" <<REPRO_END
+# 5. plugins
+$BENCH --benchmark_filter='BM_Emit' --benchmark_min_time=$MIN_TIME
+# end to end: keel_loadgen as in 1, before and after registering and enabling (for "*") the
+# built-in audit-log and redaction plugins (scripts/bench.sh section 5 has the manifests)
+REPRO_END
 fi
 
 FSYNC_END=$(fsync_probe "$WORK")

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -189,6 +190,7 @@ int ReportHttpError(const HttpResult& answer) {
 struct Reply {
   Json body;
   int exit_code = kExitOk;
+  int status = 0;  // the HTTP status of a successful answer
   bool ok() const { return exit_code == kExitOk; }
 };
 
@@ -197,13 +199,13 @@ Reply Request(Context& ctx, std::string_view method, const std::string& target,
   Result<HttpResult> answer = ctx.client.Call(method, target, body, {}, timeout);
   if (!answer.ok()) return {nullptr, ReportTransportError(answer.status())};
   if (answer->status < 200 || answer->status >= 300) return {nullptr, ReportHttpError(*answer)};
-  if (Trim(answer->body).empty()) return {Json::object()};
+  if (Trim(answer->body).empty()) return {Json::object(), kExitOk, answer->status};
   Result<Json> parsed = ParseJson(answer->body);
   if (!parsed.ok()) {
     std::cerr << "keel: the server sent invalid JSON: " << parsed.status().message() << "\n";
     return {nullptr, kExitServerError};
   }
-  return {std::move(parsed).value()};
+  return {std::move(parsed).value(), kExitOk, answer->status};
 }
 
 // Reads every page of a list, following next_cursor; the answer is one list with all items.
@@ -1052,6 +1054,250 @@ int McpRemove(Context& ctx, const std::string& server) {
   Reply gone = Request(ctx, "DELETE", "/v1/mcp-servers/" + Escape(id));
   if (!gone.ok()) return gone.exit_code;
   if (!ctx.json) std::cout << "removed MCP server " << server << "\n";
+  return kExitOk;
+}
+
+namespace {
+
+// The whole of a file, or nullopt when it cannot be read.
+std::optional<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::ostringstream contents;
+  contents << in.rdbuf();
+  if (in.bad()) return std::nullopt;
+  return contents.str();
+}
+
+// A file that must hold a JSON object; the error names the file and where the JSON breaks.
+Result<Json> ReadJsonObjectFile(const std::string& path) {
+  std::optional<std::string> text = ReadFile(path);
+  if (!text) return InvalidArgument("cannot read " + path);
+  Json j;
+  try {
+    j = Json::parse(*text);
+  } catch (const Json::parse_error& e) {
+    std::string why = e.what();
+    // "[json.exception.parse_error.101] parse error at line 1, ..." -> "parse error at line 1, ..."
+    if (size_t at = why.find("] "); why.rfind("[json.exception.", 0) == 0 && at != std::string::npos) {
+      why = why.substr(at + 2);
+    }
+    return InvalidArgument(path + " is not valid JSON: " + why);
+  }
+  if (!j.is_object()) return InvalidArgument(path + " must hold a JSON object");
+  return j;
+}
+
+bool IsDirectory(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::is_directory(path, ec);
+}
+
+bool Exists(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::exists(path, ec);
+}
+
+// The agents a plugin is enabled for, for display: "*" is every agent.
+std::string EnabledFor(const Json& plugin) {
+  std::string out;
+  for (const Json& a : Field(plugin, "enabled_for")) {
+    if (!out.empty()) out += ", ";
+    std::string agent = a.is_string() ? a.get<std::string>() : DumpJson(a);
+    out += agent == "*" ? "all agents" : agent;
+  }
+  return out;
+}
+
+// What a plugin does, from its manifest: "builtin audit-log", a webhook's URL, or "".
+std::string PluginTarget(const Json& plugin) {
+  const Json& m = Field(plugin, "manifest");
+  if (Str(plugin, "kind") == "builtin") return Str(m, "builtin");
+  if (Str(plugin, "kind") == "webhook") return Str(m, "url");
+  return "";
+}
+
+}  // namespace
+
+int PluginsList(Context& ctx) {
+  Reply list = ListAll(ctx, "/v1/plugins");
+  if (!list.ok()) return list.exit_code;
+  if (ctx.json) {
+    PrintJson(list.body);
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const Json& p : Items(list.body)) {
+    std::string enabled = EnabledFor(p);
+    rows.push_back({Str(p, "id"), Str(p, "kind"), Str(p, "version"),
+                    OneLine(Join(Field(Field(p, "manifest"), "events"), ","), 50),
+                    OneLine(enabled.empty() ? "-" : enabled, 40), Str(p, "updated_at")});
+  }
+  PrintTable({"ID", "KIND", "VERSION", "EVENTS", "ENABLED FOR", "UPDATED"}, rows);
+  return kExitOk;
+}
+
+int PluginsShow(Context& ctx, const std::string& id) {
+  Reply p = Request(ctx, "GET", "/v1/plugins/" + Escape(id));
+  if (!p.ok()) return p.exit_code;
+  if (ctx.json) {
+    PrintJson(p.body);
+    return kExitOk;
+  }
+  const Json& b = p.body;
+  const Json& m = Field(b, "manifest");
+  const Json& config = Field(b, "config");
+  std::string kind = Str(b, "kind");
+  std::string enabled = EnabledFor(b);
+  PrintFields({{"id", Str(b, "id")},
+               {"name", Str(b, "name")},
+               {"version", Str(b, "version")},
+               {"kind", kind},
+               {"builtin", kind == "builtin" ? Str(m, "builtin") : ""},
+               {"url", kind == "webhook" ? Str(m, "url") : ""},
+               {"events", Join(Field(m, "events"), ", ")},
+               {"priority", Str(m, "priority").empty() ? "100" : Str(m, "priority")},
+               {"failure mode", kind == "webhook" ? ""
+                                : Str(m, "failure_mode").empty() ? "skip"
+                                                                 : Str(m, "failure_mode")},
+               {"enabled for", enabled.empty() ? "no agent" : enabled},
+               {"config", config.is_object() && !config.empty() ? DumpJson(config) : ""},
+               {"created", Str(b, "created_at")},
+               {"updated", Str(b, "updated_at")}});
+  std::string description = Str(m, "description");
+  if (!description.empty()) std::cout << "\n" << description << "\n";
+  std::string source = Str(b, "source");
+  if (!source.empty()) {
+    std::cout << "\nsource:\n" << source << (source.back() == '\n' ? "" : "\n");
+  }
+  return kExitOk;
+}
+
+int PluginsRegister(Context& ctx, const PluginRegisterArgs& args) {
+  if (!IsDirectory(args.dir)) {
+    std::cerr << "keel: " << args.dir << " is not a directory (it should hold manifest.json, "
+              << "and plugin.lua for a lua plugin)\n";
+    return kExitUsage;
+  }
+  const std::string dir = args.dir.ends_with('/') ? args.dir.substr(0, args.dir.size() - 1)
+                                                  : args.dir;
+  Result<Json> manifest = ReadJsonObjectFile(dir + "/manifest.json");
+  if (!manifest.ok()) {
+    std::cerr << "keel: " << manifest.status().message() << "\n";
+    return kExitUsage;
+  }
+  Json body = {{"manifest", *manifest}};
+  const Json& kind = Field(*manifest, "kind");
+  if (kind.is_string() && kind.get<std::string>() == "lua") {
+    std::optional<std::string> source = ReadFile(dir + "/plugin.lua");
+    if (!source) {
+      std::cerr << "keel: cannot read " << dir << "/plugin.lua (a lua plugin's script)\n";
+      return kExitUsage;
+    }
+    body["source"] = *source;
+  }
+  std::string config_file = args.config_file;
+  if (config_file.empty() && Exists(dir + "/config.json")) config_file = dir + "/config.json";
+  if (!config_file.empty()) {
+    Result<Json> config = ReadJsonObjectFile(config_file);
+    if (!config.ok()) {
+      std::cerr << "keel: " << config.status().message() << "\n";
+      return kExitUsage;
+    }
+    body["config"] = *config;
+  }
+  Reply registered = Request(ctx, "POST", "/v1/plugins", body);
+  if (!registered.ok()) return registered.exit_code;
+  if (ctx.json) {
+    PrintJson(registered.body);
+    return kExitOk;
+  }
+  const Json& p = registered.body;
+  std::string id = Str(p, "id");
+  std::string target = PluginTarget(p);
+  std::cout << (registered.status == 201 ? "registered" : "replaced") << " plugin " << id << " ("
+            << Str(p, "kind") << (target.empty() ? "" : " " + target) << ", version "
+            << Str(p, "version") << "): "
+            << Join(Field(Field(p, "manifest"), "events"), ", ") << "\n";
+  std::string enabled = EnabledFor(p);
+  if (enabled.empty()) {
+    std::cout << "enable it with `keel plugins enable " << id << " --agent AGENT` or `--all`\n";
+  } else {
+    std::cout << "enabled for " << enabled << "; agents take it up at their next turn\n";
+  }
+  return kExitOk;
+}
+
+int PluginsEnable(Context& ctx, const std::string& id, const std::string& agent, bool all,
+                  bool enable) {
+  const char* verb = enable ? "enable" : "disable";
+  if (agent.empty() == !all) {
+    std::cerr << "keel: plugins " << verb << " takes --agent AGENT or --all (one of them)\n";
+    return kExitUsage;
+  }
+  std::string agent_id = "*";
+  if (!all) {
+    if (int code = ResolveAgent(ctx, agent, &agent_id); code != kExitOk) return code;
+  }
+  Reply changed = Request(ctx, "POST", "/v1/plugins/" + Escape(id) + "/" + verb,
+                          Json{{"agent_id", agent_id}});
+  if (!changed.ok()) return changed.exit_code;
+  if (ctx.json) {
+    PrintJson(changed.body);
+    return kExitOk;
+  }
+  std::cout << verb << "d plugin " << id << " for "
+            << (all ? std::string("all agents")
+                    : "agent " + agent + (agent == agent_id ? "" : " (" + agent_id + ")"))
+            << "; it takes effect at " << (all ? "each agent's" : "the agent's")
+            << " next turn\n";
+  std::string enabled = EnabledFor(changed.body);
+  std::cout << "enabled for: " << (enabled.empty() ? "no agent" : enabled) << "\n";
+  return kExitOk;
+}
+
+int PluginsDelete(Context& ctx, const std::string& id) {
+  Reply gone = Request(ctx, "DELETE", "/v1/plugins/" + Escape(id));
+  if (!gone.ok()) return gone.exit_code;
+  if (!ctx.json) std::cout << "deleted plugin " << id << "\n";
+  return kExitOk;
+}
+
+int PluginsDeliveries(Context& ctx, const std::string& id, const std::string& status) {
+  Reply list = ListAll(ctx, "/v1/plugins/" + Escape(id) + "/deliveries" +
+                                (status.empty() ? "" : "?status=" + Escape(status)));
+  if (!list.ok()) return list.exit_code;
+  if (ctx.json) {
+    PrintJson(list.body);
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const Json& d : Items(list.body)) {
+    // The last attempt: why it failed, or the receiver's status.
+    std::string last = Str(d, "last_error");
+    std::string code = Str(d, "last_status");
+    if (last.empty() && !code.empty() && code != "0") last = "HTTP " + code;
+    std::string when = Str(d, "status") == "pending" ? Str(d, "next_attempt_at")
+                                                     : Str(d, "delivered_at");
+    rows.push_back({Str(d, "id"), Str(d, "status"), Str(d, "event"), Str(d, "attempts"),
+                    Str(d, "created_at"), when.empty() ? "-" : when,
+                    OneLine(last.empty() ? "-" : last, 60)});
+  }
+  PrintTable({"ID", "STATUS", "EVENT", "ATTEMPTS", "CREATED", "NEXT / DELIVERED", "LAST ATTEMPT"},
+             rows);
+  return kExitOk;
+}
+
+int PluginsReplay(Context& ctx, const std::string& id, const std::string& delivery_id) {
+  Reply d = Request(ctx, "POST", "/v1/plugins/" + Escape(id) + "/deliveries/" +
+                                     Escape(delivery_id) + "/replay");
+  if (!d.ok()) return d.exit_code;
+  if (ctx.json) {
+    PrintJson(d.body);
+  } else {
+    std::cout << "delivery " << delivery_id << " of plugin " << id << " (" << Str(d.body, "event")
+              << ") is pending again and due now\n";
+  }
   return kExitOk;
 }
 

@@ -137,6 +137,21 @@ int McpList(Context& ctx);
 // `server`: id or name.
 int McpRemove(Context& ctx, const std::string& server);
 
+struct PluginRegisterArgs {
+  std::string dir;          // holds manifest.json, and plugin.lua for kind lua
+  std::string config_file;  // empty: DIR/config.json when it exists, else no config
+};
+int PluginsList(Context& ctx);
+int PluginsShow(Context& ctx, const std::string& id);
+int PluginsRegister(Context& ctx, const PluginRegisterArgs& args);
+// For one agent (`agent`: id or name) or, with `all`, for every agent ("*"); exactly one of them.
+int PluginsEnable(Context& ctx, const std::string& id, const std::string& agent, bool all,
+                  bool enable);
+int PluginsDelete(Context& ctx, const std::string& id);
+// `status` empty: every delivery.
+int PluginsDeliveries(Context& ctx, const std::string& id, const std::string& status);
+int PluginsReplay(Context& ctx, const std::string& id, const std::string& delivery_id);
+
 int TenantsCreate(Context& ctx, const std::string& name);
 
 int Events(Context& ctx, const EventsArgs& args);

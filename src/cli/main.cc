@@ -250,6 +250,61 @@ int Main(int argc, char** argv) {
   mcp_rm->add_option("server", mcp_server, "Server id or name")->required();
   on_parse(mcp_rm, [&](Context& c) { return McpRemove(c, mcp_server); });
 
+  // keel plugins ...
+  CLI::App* plugins = app.add_subcommand(
+      "plugins", "Register, list, enable, disable and delete plugins; webhook deliveries");
+  plugins->require_subcommand(1);
+  PluginRegisterArgs plugin_register;
+  std::string plugin_id, plugin_agent, plugin_status, plugin_delivery;
+  bool plugin_all = false;
+  on_parse(plugins->add_subcommand("list", "List the tenant's plugins"),
+           [](Context& c) { return PluginsList(c); });
+  CLI::App* plugins_show = plugins->add_subcommand("show", "Show a plugin (and a lua one's source)");
+  plugins_show->add_option("id", plugin_id, "Plugin id")->required();
+  on_parse(plugins_show, [&](Context& c) { return PluginsShow(c, plugin_id); });
+  CLI::App* plugins_register = plugins->add_subcommand(
+      "register", "Register a plugin from DIR/manifest.json (and DIR/plugin.lua for kind lua), "
+                  "or replace the one with its id (owners)");
+  plugins_register->add_option("dir", plugin_register.dir, "The plugin's directory")->required();
+  plugins_register->add_option("--config", plugin_register.config_file,
+                               "The plugin's config, a JSON object (default: DIR/config.json "
+                               "when it exists)");
+  on_parse(plugins_register, [&](Context& c) { return PluginsRegister(c, plugin_register); });
+  for (bool enable : {true, false}) {
+    CLI::App* cmd = plugins->add_subcommand(
+        enable ? "enable" : "disable",
+        std::string(enable ? "Enable" : "Disable") +
+            " a plugin for an agent or for all agents; agents see the change at their next "
+            "turn (owners)");
+    cmd->add_option("id", plugin_id, "Plugin id")->required();
+    CLI::Option* agent_opt = cmd->add_option("--agent", plugin_agent, "Agent id or name");
+    cmd->add_flag("--all", plugin_all,
+                  enable ? "Every agent of the tenant, present and future"
+                         : "The enablement for all agents (not the per-agent ones)")
+        ->excludes(agent_opt);
+    on_parse(cmd, [&, enable](Context& c) {
+      return PluginsEnable(c, plugin_id, plugin_agent, plugin_all, enable);
+    });
+  }
+  CLI::App* plugins_delete =
+      plugins->add_subcommand("delete", "Delete a plugin, its enablements and deliveries (owners)");
+  plugins_delete->add_option("id", plugin_id, "Plugin id")->required();
+  on_parse(plugins_delete, [&](Context& c) { return PluginsDelete(c, plugin_id); });
+  CLI::App* plugins_deliveries = plugins->add_subcommand(
+      "deliveries", "List a webhook plugin's deliveries, newest first");
+  plugins_deliveries->add_option("id", plugin_id, "Plugin id")->required();
+  plugins_deliveries->add_option("--status", plugin_status, "pending, delivered or dead "
+                                                            "(default: all)")
+      ->check(CLI::IsMember({"pending", "delivered", "dead"}));
+  on_parse(plugins_deliveries,
+           [&](Context& c) { return PluginsDeliveries(c, plugin_id, plugin_status); });
+  CLI::App* plugins_replay = plugins->add_subcommand(
+      "replay", "Send a delivery again (a dead one, or a delivered one on purpose) (owners)");
+  plugins_replay->add_option("id", plugin_id, "Plugin id")->required();
+  plugins_replay->add_option("delivery", plugin_delivery, "Delivery id")->required();
+  on_parse(plugins_replay,
+           [&](Context& c) { return PluginsReplay(c, plugin_id, plugin_delivery); });
+
   // keel tenants create
   CLI::App* tenants = app.add_subcommand("tenants", "Manage tenants (platform admin only)");
   tenants->require_subcommand(1);

@@ -264,6 +264,7 @@ void RegisterPluginRoutes(http::Router& router, ApiContext& ctx) {
       d.attempts = 0;
       d.next_attempt_at = NowMillis();
       d.last_error.clear();
+      d.last_status = 0;
       d.delivered_at.reset();
       KEEL_RETURN_IF_ERROR(tx.plugins().UpdateDelivery(d));
       return tx.events().Append({tenant, "plugin.delivery_replayed@v1", d.agent_id, "", "",

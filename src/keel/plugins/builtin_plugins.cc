@@ -3,9 +3,10 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <re2/re2.h>
+
 #include <filesystem>
 #include <memory>
-#include <regex>
 #include <vector>
 
 #include "keel/common/time.h"
@@ -27,27 +28,42 @@ Json Unchanged(Shape shape, const Json& payload) {
   return Json();
 }
 
-Status AppendLine(const std::string& path, const std::string& line) {
-  std::error_code ec;
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-  if (fd < 0) return Unavailable("cannot open the audit file " + path);
-  std::string data = line + "\n";
-  ssize_t n = ::write(fd, data.data(), data.size());  // one write: lines never interleave
-  ::close(fd);
-  if (n != static_cast<ssize_t>(data.size())) return Unavailable("cannot write the audit file");
-  return Status::Ok();
-}
+// The audit file of one plugin instance, opened at its first line and kept open.
+class AuditFile {
+ public:
+  explicit AuditFile(std::string path) : path_(std::move(path)) {}
+  ~AuditFile() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  AuditFile(const AuditFile&) = delete;
+  AuditFile& operator=(const AuditFile&) = delete;
+
+  Status Append(const std::string& line) {
+    if (fd_ < 0) {
+      std::error_code ec;
+      std::filesystem::create_directories(std::filesystem::path(path_).parent_path(), ec);
+      fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+      if (fd_ < 0) return Unavailable("cannot open the audit file " + path_);
+    }
+    std::string data = line + "\n";
+    ssize_t n = ::write(fd_, data.data(), data.size());  // one write: lines never interleave
+    if (n != static_cast<ssize_t>(data.size())) return Unavailable("cannot write " + path_);
+    return Status::Ok();
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
 
 struct Redactor {
-  std::vector<std::regex> patterns;
+  std::vector<std::unique_ptr<RE2>> patterns;
   std::string mask;
 
   void Apply(Json& j) const {
     if (j.is_string()) {
-      std::string s = j.get<std::string>();
-      for (const auto& re : patterns) s = std::regex_replace(s, re, mask);
-      j = std::move(s);
+      std::string& s = j.get_ref<std::string&>();
+      for (const auto& re : patterns) RE2::GlobalReplace(&s, *re, mask);
     } else if (j.is_array() || j.is_object()) {
       for (auto& v : j) Apply(v);
     }
@@ -71,18 +87,25 @@ Result<std::shared_ptr<Redactor>> RedactorOf(const Json& config) {
     if (!config["mask"].is_string()) return InvalidArgument("redaction: config.mask must be a string");
     r->mask = config["mask"].get<std::string>();
   }
+  // The mask is inserted as is: RE2 would read "\1" in it as a group.
+  std::string literal;
+  for (char c : r->mask) {
+    if (c == '\\') literal += '\\';
+    literal += c;
+  }
+  r->mask = literal;
   for (const auto& p : config["patterns"]) {
     if (!p.is_string() || p.get_ref<const std::string&>().empty() ||
         p.get_ref<const std::string&>().size() > kMaxPatternLength) {
       return InvalidArgument("redaction: each pattern must be a non-empty string of at most 500 "
                              "characters");
     }
-    try {
-      r->patterns.emplace_back(p.get<std::string>(), std::regex::ECMAScript | std::regex::optimize);
-    } catch (const std::regex_error& e) {
+    auto re = std::make_unique<RE2>(p.get<std::string>(), RE2::Quiet);
+    if (!re->ok()) {
       return InvalidArgument("redaction: pattern '" + p.get<std::string>() + "' is not a valid "
-                             "regular expression: " + e.what());
+                             "RE2 regular expression: " + re->error());
     }
+    r->patterns.push_back(std::move(re));
   }
   return r;
 }
@@ -116,18 +139,22 @@ Status AddBuiltin(const Manifest& m, const Json& config, const BuiltinContext& c
   options.plugin_id = m.id;
   options.priority = m.priority;
   options.fail_turn = m.fail_turn;
+  std::shared_ptr<AuditFile> audit;
+  std::shared_ptr<Redactor> redactor;
   for (const auto& event : m.events) {
     const Shape shape = FindEvent(event)->shape;
     HookFn fn;
     if (m.builtin == "audit-log") {
-      std::string path = context.audit_file;
-      fn = [path, event, shape](const Json& payload) -> Result<Json> {
+      if (!audit) audit = std::make_shared<AuditFile>(context.audit_file);
+      fn = [audit, event, shape](const Json& payload) -> Result<Json> {
         Json line = {{"at", FormatRfc3339(NowMillis())}, {"event", event}, {"payload", payload}};
-        KEEL_RETURN_IF_ERROR(AppendLine(path, DumpJson(line)));
+        KEEL_RETURN_IF_ERROR(audit->Append(DumpJson(line)));
         return Unchanged(shape, payload);
       };
     } else {
-      KEEL_ASSIGN_OR_RETURN(auto redactor, RedactorOf(config));
+      if (!redactor) {
+        KEEL_ASSIGN_OR_RETURN(redactor, RedactorOf(config));
+      }
       fn = [redactor](const Json& payload) -> Result<Json> {
         Json out = payload;
         redactor->Apply(out);

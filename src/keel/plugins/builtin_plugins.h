@@ -5,8 +5,9 @@
 //               {"at", "event", "payload"}, to its audit file (outside the agent's workspace, so
 //               the agent's own tools cannot rewrite it). On a transform or veto event it
 //               changes nothing and allows.
-//   redaction   a transform: replaces every match of its config's `patterns` (ECMAScript regular
-//               expressions) in every string of the payload with `mask` (default "[REDACTED]").
+//   redaction   a transform: replaces every match of its config's `patterns` (RE2 regular
+//               expressions: linear time, whatever the pattern) in every string of the payload
+//               with `mask` (default "[REDACTED]", inserted as is).
 //               On model.before@v1 that covers everything the model is sent: the instructions,
 //               the messages and the tool results.
 

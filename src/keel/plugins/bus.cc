@@ -35,8 +35,9 @@ Emitted EventBus::Emit(std::string_view family, Json payload) const {
   }
   for (const auto& h : hooks_) {
     if (h.family != family) continue;
-    const std::string name = h.family + "@v" + std::to_string(h.version);
-    Json input = h.version == newest ? out.payload : ConvertDown(family, h.version, out.payload);
+    Json converted;
+    if (h.version != newest) converted = ConvertDown(family, h.version, out.payload);
+    const Json& input = h.version == newest ? out.payload : converted;
     Result<Json> result = InvalidArgument("no result");
     try {
       result = h.fn(input);
@@ -53,7 +54,8 @@ Emitted EventBus::Emit(std::string_view family, Json payload) const {
       result = InvalidArgument("a veto must return {allow: true|false, reason: text}");
     }
     if (!result.ok()) {
-      PluginError error{h.options.plugin_id, name, result.status().message()};
+      PluginError error{h.options.plugin_id, h.family + "@v" + std::to_string(h.version),
+                        result.status().message()};
       if (h.options.fail_turn) {
         out.abort = std::move(error);
         return out;

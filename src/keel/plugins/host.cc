@@ -66,8 +66,11 @@ std::shared_ptr<AgentPlugins> PluginHost::Build(const std::string& tenant_id,
   out->agent_id = agent_id;
   out->fingerprint = FingerprintOf(enabled);
   for (const auto& p : enabled) {
+    const bool must_run = p.manifest.is_object() && p.manifest.value("failure_mode", "") == "fail";
     auto fail = [&](const std::string& message) {
       errors->push_back({p.id, "", message});
+      // A plugin that may not be skipped and cannot load stops the agent's turns (fail closed).
+      if (must_run && !out->broken) out->broken = plugins::PluginError{p.id, "", message};
     };
     auto manifest = ParseManifest(p.manifest);
     if (!manifest.ok()) {
@@ -107,7 +110,9 @@ std::shared_ptr<AgentPlugins> PluginHost::Build(const std::string& tenant_id,
         // Returning nothing keeps the payload (a veto: allows); a veto that returns a boolean
         // means allow or deny.
         if (result.ok() && result->is_null()) return veto ? Json{{"allow", true}} : payload;
-        if (result.ok() && result->is_boolean()) return Json{{"allow", result->get<bool>()}};
+        if (veto && result.ok() && result->is_boolean()) {
+          return Json{{"allow", result->get<bool>()}};
+        }
         return result;
       };
       if (Status st = out->bus.On(hook.event, std::move(fn), options); !st.ok()) fail(st.message());

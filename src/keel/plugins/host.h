@@ -12,6 +12,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,9 @@ struct AgentPlugins {
     std::vector<std::string> events;
   };
   std::vector<Webhook> webhooks;
+  // A plugin whose failure mode is "fail" could not be loaded: every turn of the agent fails
+  // (and every tool call is refused) until it is fixed, disabled or deleted.
+  std::optional<PluginError> broken;
 
   // Whether a handler or a webhook plugin takes a version of `family` (callers skip building
   // payloads nobody takes).

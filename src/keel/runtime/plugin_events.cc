@@ -107,6 +107,11 @@ asio::awaitable<void> Runtime::RecordPluginErrors(std::string tenant_id, std::st
 void Runtime::HookGateway() {
   gateway_.AddVetoHook([this](const tools::CallRequest& c) -> std::optional<tools::Veto> {
     auto p = plugins_->Find(c.agent_id);
+    if (p && p->broken) {
+      return tools::Veto{"plugin " + p->broken->plugin_id + " could not be loaded: " +
+                             p->broken->message,
+                         true};
+    }
     if (!p || !p->bus.Has("tool.before")) return std::nullopt;
     Json payload = {{"agent_id", c.agent_id},   {"session_id", c.session_id},
                     {"run_id", c.run_id},       {"call_id", c.call_id},

@@ -264,6 +264,12 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
     return fail(code, "plugin " + e.plugin_id + " failed on " + e.event + ": " + e.message);
   };
   const Json ids = {{"agent_id", run.agent_id}, {"session_id", run.session_id}, {"run_id", run.id}};
+  if (plugins->broken) {
+    plugins::PluginError e = *plugins->broken;
+    e.event = "load";
+    (void)co_await plugin_failed(e);
+    co_return;
+  }
 
   // A direct call (role "call", posted through Keel's MCP server) runs its one tool call through
   // the gateway and ends with the call's answer; the model is never asked.
