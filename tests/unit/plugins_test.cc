@@ -327,3 +327,70 @@ TEST(Lua, PluginsDoNotShareState) {
 
 }  // namespace
 }  // namespace keel::plugins
+
+namespace keel::plugins {
+namespace {
+
+TEST(Lua, LongLibraryCallsAreBoundedOrLinear) {
+  LuaLimits limits;
+  limits.wall_ms = 2'000;
+  auto p = Load(R"(
+    ctx.bus.on("tool.after@v1", function(a)
+      if a.what == "sort" then local t = {} for i = 1, 200000 do t[i] = i end table.sort(t) end
+      if a.what == "move" then table.move({}, 1, 2e8, 2, {}) end
+      if a.what == "insert" then local t = {} for i = 1, 150000 do t[i] = i end table.insert(t, 1, 0) end
+      if a.what == "small" then local t = {3, 1, 2} table.sort(t) table.insert(t, 1, 0) return t end
+      if a.what == "find" then
+        return {at = string.find(string.rep("a", 4000000), string.rep("a", 100000) .. "b") or 0}
+      end
+      if a.what == "bytes" then return {s = "ok\255\192\128" .. utf8.char(233)} end
+    end)
+  )", nullptr, limits);
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  int ref = (*p)->hooks()[0].ref;
+  for (const char* what : {"sort", "move", "insert"}) {
+    auto r = (*p)->Call(ref, {{"what", what}});
+    ASSERT_FALSE(r.ok()) << what;
+    EXPECT_NE(r.status().message().find("elements at once"), std::string::npos)
+        << r.status().message();
+  }
+  auto small = (*p)->Call(ref, {{"what", "small"}});
+  ASSERT_TRUE(small.ok()) << small.status().message();
+  EXPECT_EQ(*small, (Json{0, 1, 2, 3}));
+  auto start = std::chrono::steady_clock::now();
+  auto found = (*p)->Call(ref, {{"what", "find"}});
+  ASSERT_TRUE(found.ok()) << found.status().message();
+  EXPECT_EQ(*found, (Json{{"at", 0}}));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
+  // Invalid UTF-8 never leaves the sandbox.
+  auto bytes = (*p)->Call(ref, {{"what", "bytes"}});
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_EQ((*bytes)["s"], "ok\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xC3\xA9");
+}
+
+TEST(Lua, TheWholeStateIsCappedAcrossCalls) {
+  LuaLimits limits;
+  limits.memory_bytes = 8u << 20;
+  limits.state_bytes = 12u << 20;
+  limits.wall_ms = 5'000;
+  auto p = Load(R"(
+    hoard = {}
+    ctx.bus.on("tool.after@v1", function()
+      hoard[#hoard + 1] = string.rep("x", 3 * 1024 * 1024) .. #hoard
+    end)
+  )", nullptr, limits);
+  ASSERT_TRUE(p.ok());
+  int ok = 0;
+  Status last;
+  for (int i = 0; i < 10; ++i) {
+    auto r = (*p)->Call((*p)->hooks()[0].ref, Json::object());
+    if (r.ok()) ++ok;
+    else last = r.status();
+  }
+  EXPECT_LE(ok, 4);  // 3 MiB each, 12 MiB for the whole state
+  EXPECT_NE(last.message().find("memory"), std::string::npos) << last.message();
+  EXPECT_LE((*p)->memory_in_use(), 12u << 20);
+}
+
+}  // namespace
+}  // namespace keel::plugins

@@ -194,6 +194,14 @@ void RegisterAgentRoutes(http::Router& router, ApiContext& ctx) {
     std::string id = req.Param("id");
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_RETURN_IF_ERROR(tx.agents().DeleteAgent(tenant, id));
+      // Plugins enabled for it alone are no longer enabled for anyone.
+      KEEL_ASSIGN_OR_RETURN(auto plugins, tx.plugins().ListPlugins(tenant));
+      for (const auto& p : plugins) {
+        KEEL_ASSIGN_OR_RETURN(auto enabled, tx.plugins().ListEnablements(tenant, p.id));
+        for (const auto& e : enabled) {
+          if (e.agent_id == id) KEEL_RETURN_IF_ERROR(tx.plugins().DisablePlugin(tenant, p.id, id));
+        }
+      }
       return tx.events().Append({tenant, "agent.deleted@v1", id, "", "", {}});
     });
     if (!written.ok()) co_return Response::Error(written.status());

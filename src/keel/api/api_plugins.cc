@@ -202,7 +202,7 @@ void RegisterPluginRoutes(http::Router& router, ApiContext& ctx) {
       Json out;
       auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
         KEEL_RETURN_IF_ERROR(RequirePlugin(tx, tenant, id));
-        if (agent_id != "*") {
+        if (enable && agent_id != "*") {  // a deleted agent's enablement may still be removed
           auto a = tx.agents().GetAgent(tenant, agent_id);
           if (!a.ok()) {
             return a.status().code() == Code::kNotFound

@@ -2,6 +2,9 @@
 
 #include <lua.hpp>
 
+#include <string.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -16,7 +19,8 @@ namespace keel::plugins {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr int kHookEvery = 1000;  // instructions between budget checks
+constexpr int kHookEvery = 250;   // instructions between budget checks
+constexpr lua_Integer kMaxBulk = 100'000;  // elements one table library call may touch
 constexpr int kMaxDepth = 64;     // nesting of converted values
 constexpr size_t kMaxLogLine = 1024;
 
@@ -68,7 +72,10 @@ void* Alloc(void* ud, void* ptr, size_t osize, size_t nsize) {
     return nullptr;
   }
   // Refused: Lua collects garbage and tries again, then raises a memory error.
-  if (nsize > old && sb->used - old + nsize > sb->cap) return nullptr;
+  if (nsize > old && (sb->used - old + nsize > sb->cap ||
+                      sb->used - old + nsize > sb->limits.state_bytes)) {
+    return nullptr;
+  }
   void* p = std::realloc(ptr, nsize);
   if (p) sb->used = sb->used - old + nsize;
   return p;
@@ -111,15 +118,81 @@ int PlainFind(lua_State* L) {
     lua_pushnil(L);
     return 1;
   }
-  std::string_view hay(s + init - 1, n - (init - 1));
-  size_t at = hay.find(std::string_view(needle, m));
-  if (at == std::string_view::npos) {
+  const char* first = s + init - 1;
+  // glibc's memmem is linear in the worst case (two-way); a naive search is quadratic.
+  const void* hit = m == 0 ? first : ::memmem(first, n - (init - 1), needle, m);
+  if (!hit) {
     lua_pushnil(L);
     return 1;
   }
+  size_t at = static_cast<size_t>(static_cast<const char*>(hit) - first);
   lua_pushinteger(L, static_cast<lua_Integer>(init + at));
   lua_pushinteger(L, static_cast<lua_Integer>(init + at + m - 1));
   return 2;
+}
+
+// The table library's bulk operations, bounded: a call that touches more than kMaxBulk elements
+// is one C loop no instruction budget can interrupt.
+int Bounded(lua_State* L, const char* name, lua_Integer span) {
+  if (span > kMaxBulk) {
+    return luaL_error(L, "table.%s: more than %d elements at once (a sandbox limit)", name,
+                      static_cast<int>(kMaxBulk));
+  }
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_insert(L, 1);
+  lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
+  return lua_gettop(L);
+}
+int BoundedSort(lua_State* L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  return Bounded(L, "sort", luaL_len(L, 1));
+}
+int BoundedMove(lua_State* L) {
+  lua_Integer f = luaL_checkinteger(L, 2);
+  lua_Integer e = luaL_checkinteger(L, 3);
+  return Bounded(L, "move", e >= f ? e - f : 0);
+}
+int BoundedInsert(lua_State* L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_Integer n = luaL_len(L, 1);
+  lua_Integer pos = lua_gettop(L) >= 3 ? luaL_checkinteger(L, 2) : n + 1;
+  return Bounded(L, "insert", n - pos);
+}
+int BoundedRemove(lua_State* L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_Integer n = luaL_len(L, 1);
+  lua_Integer pos = luaL_optinteger(L, 2, n);
+  return Bounded(L, "remove", n - pos);
+}
+
+// Lua strings are bytes; what leaves the sandbox is valid UTF-8 (an invalid byte becomes
+// U+FFFD), as everything Keel stores must be.
+std::string ValidUtf8(const char* s, size_t n) {
+  std::string out;
+  out.reserve(n);
+  size_t i = 0;
+  while (i < n) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    bool ok = len > 0 && i + len <= n;
+    for (size_t k = 1; ok && k < len; ++k) {
+      ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
+    }
+    if (ok && len > 1) {  // no overlong forms, surrogates or values past U+10FFFF
+      uint32_t cp = len == 2 ? (c & 0x1F) : len == 3 ? (c & 0x0F) : (c & 0x07);
+      for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+      ok = !(len == 2 && cp < 0x80) && !(len == 3 && cp < 0x800) && !(len == 4 && cp < 0x10000) &&
+           !(cp >= 0xD800 && cp <= 0xDFFF) && cp <= 0x10FFFF;
+    }
+    if (ok) {
+      out.append(s + i, len);
+      i += len;
+    } else {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    }
+  }
+  return out;
 }
 
 // JSON -> Lua (null becomes nil).
@@ -190,7 +263,7 @@ Result<Json> ToJson(lua_State* L, int index, const Json* hint, int depth = 0) {
     case LUA_TSTRING: {
       size_t n = 0;
       const char* s = lua_tolstring(L, index, &n);
-      return Json(std::string(s, n));
+      return Json(ValidUtf8(s, n));
     }
     case LUA_TTABLE: {
       if (!lua_checkstack(L, 4)) return InvalidArgument("a value nests too deep");
@@ -231,7 +304,7 @@ Result<Json> ToJson(lua_State* L, int index, const Json* hint, int depth = 0) {
         if (lua_type(L, -2) == LUA_TSTRING) {
           size_t kn = 0;
           const char* k = lua_tolstring(L, -2, &kn);
-          key.assign(k, kn);
+          key = ValidUtf8(k, kn);
         } else {
           key = std::to_string(lua_tointeger(L, -2));
         }
@@ -378,6 +451,16 @@ void OpenSandbox(lua_State* L) {
   }
   lua_pushcfunction(L, PlainFind);
   lua_setfield(L, -2, "find");
+  lua_pop(L, 1);
+  lua_getglobal(L, LUA_TABLIBNAME);
+  const std::pair<const char*, lua_CFunction> bounded[] = {
+      {"sort", BoundedSort}, {"move", BoundedMove}, {"insert", BoundedInsert},
+      {"remove", BoundedRemove}};
+  for (const auto& [name, fn] : bounded) {
+    lua_getfield(L, -1, name);       // the library's own function, as the wrapper's upvalue
+    lua_pushcclosure(L, fn, 1);
+    lua_setfield(L, -2, name);
+  }
   lua_pop(L, 1);
   // math.random is fine (no I/O); its seed comes from the runtime.
 }

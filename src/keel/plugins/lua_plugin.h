@@ -2,12 +2,15 @@
 // plugins::LuaPlugin — one Lua 5.4 plugin loaded for one agent, in a state of its own.
 //
 // The sandbox: only the base, table, string, math and utf8 libraries, without load, loadfile,
-// dofile, require, collectgarbage, print, the raw* functions, get/setmetatable and string.dump;
-// string.find is plain (no patterns: a backtracking pattern is one C call no budget can stop)
-// and match/gmatch/gsub are gone. Every call (the load itself, and each handler or tool call)
-// runs under an instruction budget, a wall-clock limit (both checked every 1000 instructions)
-// and a cap on the memory it may add; exceeding one stops the call with an error that the
-// script's own pcall cannot swallow.
+// dofile, require, collectgarbage, print, the raw* functions, get/setmetatable and string.dump.
+// Budgets are checked between VM instructions, so no single library call may run long:
+// string.find is plain and linear (no patterns: a backtracking pattern is one C call no budget
+// can stop), match/gmatch/gsub are gone, and table.sort, table.move, table.insert and
+// table.remove refuse work on more than 100,000 elements at once. Every call (the load itself,
+// and each handler or tool call) runs under an instruction budget and a wall-clock limit (both
+// checked every 250 instructions) and a cap on the memory it may add, within a cap on the
+// whole state; exceeding one stops the call with an error the script's pcall cannot swallow.
+// Strings that come out are made valid UTF-8 (invalid bytes become U+FFFD).
 //
 // The script runs once at load with a global `ctx`:
 //   ctx.plugin            {id = ...}
@@ -36,6 +39,7 @@ struct LuaLimits {
   int64_t instructions = 1'000'000;  // per call
   int64_t wall_ms = 250;             // per call
   size_t memory_bytes = 16u << 20;   // what one call may add to the state
+  size_t state_bytes = 64u << 20;    // what the state may hold at all, across calls
 };
 
 class LuaPlugin {

@@ -116,6 +116,10 @@ Result<Manifest> ParseManifest(const Json& j) {
                               Integer(it.value(), "limits.instructions", 1000, kMaxInstructions));
       } else if (it.key() == "wall_ms") {
         KEEL_ASSIGN_OR_RETURN(m.limits.wall_ms, Integer(it.value(), "limits.wall_ms", 1, kMaxWallMs));
+      } else if (it.key() == "state_bytes") {
+        KEEL_ASSIGN_OR_RETURN(int64_t b, Integer(it.value(), "limits.state_bytes", 1 << 20,
+                                                 static_cast<int64_t>(kMaxMemoryBytes)));
+        m.limits.state_bytes = static_cast<size_t>(b);
       } else if (it.key() == "memory_bytes") {
         KEEL_ASSIGN_OR_RETURN(int64_t b, Integer(it.value(), "limits.memory_bytes", 64 * 1024,
                                                  static_cast<int64_t>(kMaxMemoryBytes)));

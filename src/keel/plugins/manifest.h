@@ -7,7 +7,8 @@
 //    "config_schema": {JSON Schema of the config},
 //    "builtin": "audit-log" | "redaction"            (kind builtin)
 //    "url": "https://...", "timeout_ms": 5000, "max_attempts": 8   (kind webhook)
-//    "limits": {"instructions", "wall_ms", "memory_bytes"}   (kind lua; each at most the cap)}
+//    "limits": {"instructions", "wall_ms", "memory_bytes", "state_bytes"}   (kind lua; each at
+//               most the cap)}
 
 #include <string>
 #include <vector>

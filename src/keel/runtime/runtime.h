@@ -183,6 +183,7 @@ class Runtime {
   const secrets::Vault* vault_;
   std::unique_ptr<http::Client> webhook_client_;
   boost::asio::steady_timer delivery_timer_;
+  bool delivery_wake_ = false;
   std::set<std::string> delivering_;  // deliveries being sent by this node
 };
 

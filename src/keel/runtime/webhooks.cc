@@ -34,6 +34,8 @@ namespace {
 constexpr int kBatch = 32;           // deliveries read per round
 constexpr size_t kMaxInFlight = 16;  // sent at once by this node
 constexpr Millis kMaxBackoffMs = 3600 * 1000;
+// A claimed delivery is due again after this if its attempt never reports (its node died).
+constexpr Millis kClaimMs = 5 * 60 * 1000;
 
 }  // namespace
 
@@ -74,23 +76,37 @@ void Runtime::QueueDeliveries(const plugins::AgentPlugins& plugins, const std::s
   asio::co_spawn(executor_, std::move(insert), asio::detached);
 }
 
-void Runtime::WakeDeliveries() { delivery_timer_.cancel(); }
+void Runtime::WakeDeliveries() {
+  delivery_wake_ = true;
+  delivery_timer_.cancel();
+}
 
 asio::awaitable<void> Runtime::DeliveryLoop() {
   while (!draining_) {
-    delivery_timer_.expires_after(std::chrono::seconds(1));
-    boost::system::error_code ec;
-    co_await delivery_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    if (!delivery_wake_) {
+      delivery_timer_.expires_after(std::chrono::seconds(1));
+      boost::system::error_code ec;
+      co_await delivery_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    }
+    delivery_wake_ = false;
     if (draining_ || !store_.leader() || delivering_.size() >= kMaxInFlight) continue;
+    // Claim what is due in one unit: each is not due again until this attempt has had its
+    // time (its answer, or this node's crash, then decides), so a list read while other
+    // deliveries were in flight never sends one twice.
     std::vector<store::PluginDelivery> due;
     Millis now = NowMillis();
-    Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
-      KEEL_ASSIGN_OR_RETURN(due, tx.plugins().DueDeliveries(now, kBatch));
+    int room = std::min<int>(kBatch, static_cast<int>(kMaxInFlight - delivering_.size()));
+    auto claimed = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
+      due.clear();
+      KEEL_ASSIGN_OR_RETURN(due, tx.plugins().DueDeliveries(now, room));
+      for (auto& d : due) {
+        d.next_attempt_at = now + kClaimMs;
+        KEEL_RETURN_IF_ERROR(tx.plugins().UpdateDelivery(d));
+      }
       return Status::Ok();
     });
-    if (!read.ok()) continue;
+    if (!claimed.ok()) continue;
     for (auto& d : due) {
-      if (delivering_.size() >= kMaxInFlight) break;
       if (!delivering_.insert(d.id).second) continue;  // still being sent
       asio::co_spawn(executor_, Deliver(std::move(d)), ReportExceptions{"webhook delivery"});
     }
@@ -101,7 +117,10 @@ asio::awaitable<void> Runtime::Deliver(store::PluginDelivery d) {
   struct Done {
     Runtime* rt;
     std::string id;
-    ~Done() { rt->delivering_.erase(id); }
+    ~Done() {
+      rt->delivering_.erase(id);
+      rt->WakeDeliveries();  // room for the next one
+    }
   } done{this, d.id};
 
   store::Plugin plugin;
