@@ -755,7 +755,8 @@ TEST_P(StoreTest, DeletingAPluginTakesItsEnablementsAndDeliveries) {
     EXPECT_TRUE(tx.plugins().ListEnablements(a.id, "audit")->empty());
     EXPECT_TRUE(tx.plugins().PluginsForAgent(a.id, "agent-1").ok());
     std::vector<std::string> left;
-    for (const auto& p : *tx.plugins().PluginsForAgent(a.id, "agent-1")) left.push_back(p.id);
+    auto remaining = tx.plugins().PluginsForAgent(a.id, "agent-1");
+    for (const auto& p : *remaining) left.push_back(p.id);
     EXPECT_EQ(left, std::vector<std::string>({"keeper"}));
     EXPECT_EQ(tx.plugins().GetDelivery(a.id, mine.id).status().code(), Code::kNotFound);
     EXPECT_EQ(tx.plugins().GetDelivery(a.id, mine_done.id).status().code(), Code::kNotFound);
