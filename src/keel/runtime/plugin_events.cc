@@ -49,15 +49,16 @@ void Runtime::ForgetAgent(const std::string& agent_id) {
 }
 
 plugins::Emitted Runtime::Emit(const plugins::AgentPlugins& plugins, const std::string& family,
-                               Json payload) {
+                               Json payload, bool queue_webhooks) {
+  queue_webhooks = queue_webhooks && !plugins.webhooks.empty();
   if (!plugins.bus.Has(family)) {
-    if (!plugins.webhooks.empty()) QueueDeliveries(plugins, family, payload);
+    if (queue_webhooks) QueueDeliveries(plugins, family, payload);
     plugins::Emitted none;
     none.payload = std::move(payload);
     return none;
   }
   auto out = plugins.bus.Emit(family, std::move(payload));
-  if (!plugins.webhooks.empty()) QueueDeliveries(plugins, family, out.payload);
+  if (queue_webhooks) QueueDeliveries(plugins, family, out.payload);
   std::vector<plugins::PluginError> errors = out.errors;
   if (out.abort) errors.push_back(*out.abort);
   if (!errors.empty()) ReportPluginErrors(plugins, errors);
@@ -126,21 +127,31 @@ void Runtime::HookGateway() {
     if (out.denied) return tools::Veto{"plugin " + out.denied_by + ": " + out.reason};
     return std::nullopt;
   });
-  gateway_.SetAfterHook([this](const tools::CallRecord& r) {
+  // tool.after: its webhook deliveries go into the unit that records the call's result; the
+  // agent's handlers hear of it once that unit committed.
+  auto tool_after = [](const tools::CallRecord& r) {
+    return Json{{"agent_id", r.agent_id},
+                {"session_id", r.session_id},
+                {"run_id", r.run_id},
+                {"call_id", r.call->call_id},
+                {"tool", r.call->tool},
+                {"arguments", r.call->arguments},
+                {"status", r.call->status},
+                {"result", r.call->result},
+                {"duration_ms", r.duration_ms},
+                {"effect_class", r.call->effect_class},
+                {"decision", r.decision}};
+  };
+  gateway_.SetOutboxHook([this, tool_after](const tools::CallRecord& r) {
+    auto p = plugins_->Find(r.agent_id);
+    if (!p || p->webhooks.empty()) return std::vector<store::PluginDelivery>();
+    return DeliveriesFor(*p, "tool.after", tool_after(r));
+  });
+  gateway_.SetAfterHook([this, tool_after](const tools::CallRecord& r) {
     auto p = plugins_->Find(r.agent_id);
     if (!p || !p->Wants("tool.after")) return;
-    Json payload = {{"agent_id", r.agent_id},
-                    {"session_id", r.session_id},
-                    {"run_id", r.run_id},
-                    {"call_id", r.call->call_id},
-                    {"tool", r.call->tool},
-                    {"arguments", r.call->arguments},
-                    {"status", r.call->status},
-                    {"result", r.call->result},
-                    {"duration_ms", r.duration_ms},
-                    {"effect_class", r.call->effect_class},
-                    {"decision", r.decision}};
-    Emit(*p, "tool.after", std::move(payload));
+    if (!p->webhooks.empty()) WakeDeliveries();
+    if (p->bus.Has("tool.after")) Emit(*p, "tool.after", tool_after(r), /*queue_webhooks=*/false);
   });
   gateway_.SetAgentTools([this](const std::string& agent_id) {
     std::vector<std::shared_ptr<tools::Tool>> out;

@@ -148,8 +148,10 @@ class Runtime {
                                                     const std::vector<store::Plugin>& enabled);
   // Emits on a bus already loaded; reports failed handlers (plugin.error@v1, in the log and to
   // the agent's plugin.error listeners).
+  // With queue_webhooks false the caller wrote the event's webhook deliveries itself (in the
+  // unit of work the event is about).
   plugins::Emitted Emit(const plugins::AgentPlugins& plugins, const std::string& family,
-                        Json payload);
+                        Json payload, bool queue_webhooks = true);
   // Reports handlers that failed or plugins that did not load.
   void ReportPluginErrors(const plugins::AgentPlugins& plugins,
                           const std::vector<plugins::PluginError>& errors);
@@ -163,6 +165,10 @@ class Runtime {
   // dead after the plugin's max_attempts.
   void QueueDeliveries(const plugins::AgentPlugins& plugins, const std::string& family,
                        const Json& payload);
+  // The deliveries an event makes for the agent's webhook plugins (none written yet).
+  std::vector<store::PluginDelivery> DeliveriesFor(const plugins::AgentPlugins& plugins,
+                                                   const std::string& family,
+                                                   const Json& payload) const;
   boost::asio::awaitable<void> DeliveryLoop();
   boost::asio::awaitable<void> Deliver(store::PluginDelivery delivery);
 

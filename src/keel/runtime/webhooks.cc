@@ -1,7 +1,9 @@
 // Webhook plugins: events off the hot path, delivered by HTTP POST from the store.
 //
 // An emitted event that an agent's webhook plugin subscribes to becomes a pending delivery
-// (its payload converted to the version the plugin asked for). The leader sends due
+// (its payload converted to the version the plugin asked for): tool.after in the unit of work
+// that records the call's result, the others in a unit of their own right after the commit
+// they are about. The leader sends due
 // deliveries: a JSON body {"id", "event", "tenant_id", "agent_id", "created_at", "payload"},
 // signed with HMAC-SHA256 under the tenant secret the plugin's config names
 // (Keel-Signature: v1=HEX over "TIMESTAMP.BODY", Keel-Timestamp: unix seconds). A 2xx answer
@@ -41,6 +43,25 @@ constexpr Millis kClaimMs = 5 * 60 * 1000;
 
 void Runtime::QueueDeliveries(const plugins::AgentPlugins& plugins, const std::string& family,
                               const Json& payload) {
+  std::vector<store::PluginDelivery> queued = DeliveriesFor(plugins, family, payload);
+  if (queued.empty()) return;
+  auto insert = [this, queued]() -> asio::awaitable<void> {
+    auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
+      for (const auto& d : queued) KEEL_RETURN_IF_ERROR(tx.plugins().InsertDelivery(d));
+      return Status::Ok();
+    });
+    if (!written.ok()) {
+      LogError("could not queue webhook deliveries: " + written.status().message());
+      co_return;
+    }
+    WakeDeliveries();
+  };
+  asio::co_spawn(executor_, std::move(insert), asio::detached);
+}
+
+std::vector<store::PluginDelivery> Runtime::DeliveriesFor(const plugins::AgentPlugins& plugins,
+                                                          const std::string& family,
+                                                          const Json& payload) const {
   const int newest = plugins::NewestVersion(family);
   std::vector<store::PluginDelivery> queued;
   Millis now = NowMillis();
@@ -61,19 +82,7 @@ void Runtime::QueueDeliveries(const plugins::AgentPlugins& plugins, const std::s
       queued.push_back(std::move(d));
     }
   }
-  if (queued.empty()) return;
-  auto insert = [this, queued]() -> asio::awaitable<void> {
-    auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
-      for (const auto& d : queued) KEEL_RETURN_IF_ERROR(tx.plugins().InsertDelivery(d));
-      return Status::Ok();
-    });
-    if (!written.ok()) {
-      LogError("could not queue webhook deliveries: " + written.status().message());
-      co_return;
-    }
-    WakeDeliveries();
-  };
-  asio::co_spawn(executor_, std::move(insert), asio::detached);
+  return queued;
 }
 
 void Runtime::WakeDeliveries() {

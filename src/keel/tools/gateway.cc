@@ -722,20 +722,26 @@ asio::awaitable<Result<CallOutcome>> Gateway::ExecuteAndRecord(store::ToolCall c
   step.status = call.status;
   step.output = call.result;
   step.finished_at = call.updated_at;
+  auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now() - started);
+  const CallRecord record{call.tenant_id, agent_id, session_id, call.run_id, &call,
+                          step.input.value("decision", Json::object()), took.count()};
+  std::vector<store::PluginDelivery> outbox;
+  if (outbox_hook_) outbox = outbox_hook_(record);
   auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
     KEEL_RETURN_IF_ERROR(tx.runs().UpdateToolCall(call));
     KEEL_RETURN_IF_ERROR(tx.runs().UpdateStep(step));
+    for (const auto& d : outbox) {
+      // A plugin deleted meanwhile takes nothing; the call's result must be recorded anyway.
+      if (!tx.plugins().GetPlugin(d.tenant_id, d.plugin_id).ok()) continue;
+      KEEL_RETURN_IF_ERROR(tx.plugins().InsertDelivery(d));
+    }
     return tx.events()
         .Append({call.tenant_id, "tool.call.completed@v1", agent_id, session_id, call.run_id,
                  {{"call_id", call.call_id}, {"tool", call.tool}, {"status", call.status}}});
   });
   if (!written.ok()) co_return written.status();
-  if (after_hook_) {
-    auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
-        std::chrono::steady_clock::now() - started);
-    after_hook_({call.tenant_id, agent_id, session_id, call.run_id, &call,
-                 step.input.value("decision", Json::object()), took.count()});
-  }
+  if (after_hook_) after_hook_(record);
   co_return CallOutcome{call.status, call.result};
 }
 

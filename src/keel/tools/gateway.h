@@ -101,6 +101,9 @@ struct CallRecord {
   int64_t duration_ms = 0;      // of the execution
 };
 using AfterHook = std::function<void(const CallRecord& record)>;
+// Webhook deliveries to write in the same unit of work as an executed call's result, so that
+// neither is committed without the other (called on the event loop, before that unit).
+using OutboxHook = std::function<std::vector<store::PluginDelivery>(const CallRecord& record)>;
 
 class Gateway {
  public:
@@ -128,6 +131,8 @@ class Gateway {
   // Called (on the event loop) after every executed call is recorded. REQUIRES: before the
   // first call.
   void SetAfterHook(AfterHook hook) { after_hook_ = std::move(hook); }
+  // See OutboxHook. REQUIRES: before the first call.
+  void SetOutboxHook(OutboxHook hook) { outbox_hook_ = std::move(hook); }
   // Where the agents' own tools come from. REQUIRES: before the first call.
   void SetAgentTools(AgentTools source) { agent_tools_ = std::move(source); }
 
@@ -189,6 +194,7 @@ class Gateway {
   const GatewayOptions options_;
   std::vector<VetoHook> veto_hooks_;
   AfterHook after_hook_;
+  OutboxHook outbox_hook_;
   AgentTools agent_tools_;
   mcp::McpManager* mcp_;
   const secrets::Vault* vault_;
