@@ -654,6 +654,33 @@ def sse_url(server, **filters):
 # ---------------------------------------------------------------------- test case base
 
 
+class Tenant:
+    """A tenant of its own on a server (POST /v1/tenants): its owner token, that token's id, and
+    requests made with it. Test modules extend it with helpers of their own."""
+
+    def __init__(self, server):
+        self.server = server
+        body = server.ok("POST", "/v1/tenants", {"name": unique_name("tenant")}, expect=201)
+        self.id = body["tenant"]["id"]
+        self.token = body["owner_token"]
+        tokens = server.ok("GET", "/v1/tokens", token=self.token)["items"]
+        owners = [t for t in tokens if t["role"] == "owner"]
+        assert len(owners) == 1, tokens
+        self.token_id = owners[0]["id"]
+
+    def request(self, method, path, body=None, token=None, **kw):
+        return self.server.request(method, path, body=body, token=token or self.token, **kw)
+
+    def ok(self, method, path, body=None, expect=(200, 201, 204), token=None, **kw):
+        return self.server.ok(method, path, body, expect=expect, token=token or self.token, **kw)
+
+    def new_token(self, role, name=None):
+        """Creates a token of `role`; returns (secret, id)."""
+        body = self.ok("POST", "/v1/tokens", {"name": name or unique_name(role), "role": role},
+                       expect=201)
+        return body["token"], body["id"]
+
+
 class KeelTestCase(unittest.TestCase):
     """Prints the tail of every server's log when a test fails or errors.
 

@@ -19,6 +19,7 @@ import os
 import time
 import unittest
 
+import keel_harness
 from keel_harness import (TERMINAL_RUN_STATES, KeelServer, KeelTestCase, parse_time,
                           unique_name)
 
@@ -42,32 +43,8 @@ def answer_for(line):
                                                                separators=(",", ":"))
 
 
-class Tenant:
-    """A tenant of its own on a server: its owner token and that token's id."""
-
-    def __init__(self, server):
-        self.server = server
-        body = server.ok("POST", "/v1/tenants", {"name": unique_name("tenant")}, expect=201)
-        self.id = body["tenant"]["id"]
-        self.token = body["owner_token"]
-        tokens = server.ok("GET", "/v1/tokens", token=self.token)["items"]
-        owners = [t for t in tokens if t["role"] == "owner"]
-        assert len(owners) == 1, tokens
-        self.token_id = owners[0]["id"]
-
-    # ------------------------------------------------------------------ requests
-
-    def request(self, method, path, body=None, token=None, **kw):
-        return self.server.request(method, path, body=body, token=token or self.token, **kw)
-
-    def ok(self, method, path, body=None, expect=(200, 201, 204), token=None, **kw):
-        return self.server.ok(method, path, body, expect=expect, token=token or self.token, **kw)
-
-    def new_token(self, role, name=None):
-        """Creates a token of `role`; returns (secret, id)."""
-        body = self.ok("POST", "/v1/tokens", {"name": name or unique_name(role), "role": role},
-                       expect=201)
-        return body["token"], body["id"]
+class Tenant(keel_harness.Tenant):
+    """A tenant of its own, with the resources and decisions these tests use."""
 
     # ------------------------------------------------------------------ resources
 

@@ -23,6 +23,7 @@ import threading
 import time
 import unittest
 
+import keel_harness
 from keel_harness import RFC3339_MS, KeelServer, KeelTestCase, unique_name
 
 LATEST = "2025-11-25"
@@ -301,29 +302,8 @@ class McpClient:
         return self.send("DELETE", **kw)
 
 
-class Tenant:
-    """A tenant of its own on a server: its owner token and that token's id."""
-
-    def __init__(self, server):
-        self.server = server
-        body = server.ok("POST", "/v1/tenants", {"name": unique_name("tenant")}, expect=201)
-        self.id = body["tenant"]["id"]
-        self.token = body["owner_token"]
-        owners = [t for t in self.ok("GET", "/v1/tokens")["items"] if t["role"] == "owner"]
-        assert len(owners) == 1, owners
-        self.token_id = owners[0]["id"]
-
-    def request(self, method, path, body=None, token=None, **kw):
-        return self.server.request(method, path, body=body, token=token or self.token, **kw)
-
-    def ok(self, method, path, body=None, expect=(200, 201, 204), token=None, **kw):
-        return self.server.ok(method, path, body, expect=expect, token=token or self.token, **kw)
-
-    def new_token(self, role):
-        """Creates a token of `role`; returns (secret, id)."""
-        body = self.ok("POST", "/v1/tokens", {"name": unique_name(role), "role": role},
-                       expect=201)
-        return body["token"], body["id"]
+class Tenant(keel_harness.Tenant):
+    """A tenant of its own, with MCP clients and the records these tests look at."""
 
     def agent(self, tools=None):
         return self.server.create_agent(tools=tools, token=self.token)

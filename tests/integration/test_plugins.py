@@ -26,6 +26,7 @@ import threading
 import time
 import unittest
 
+import keel_harness
 from keel_harness import (TERMINAL_RUN_STATES, KeelServer, KeelTestCase, parse_time,
                           unique_name)
 
@@ -92,25 +93,8 @@ def wait_for(predicate, timeout, interval=0.05, what="condition"):
     raise AssertionError("%s not met within %ss (last: %r)" % (what, timeout, last))
 
 
-class Tenant:
-    """A tenant of its own on the server: its owner token and helpers that use it."""
-
-    def __init__(self, server):
-        self.server = server
-        body = server.ok("POST", "/v1/tenants", {"name": unique_name("tenant")}, expect=201)
-        self.id = body["tenant"]["id"]
-        self.token = body["owner_token"]
-
-    def request(self, method, path, body=None, token=None, **kw):
-        return self.server.request(method, path, body=body, token=token or self.token, **kw)
-
-    def ok(self, method, path, body=None, expect=(200, 201, 204), token=None, **kw):
-        return self.server.ok(method, path, body, expect=expect, token=token or self.token, **kw)
-
-    def new_token(self, role):
-        body = self.ok("POST", "/v1/tokens", {"name": unique_name(role), "role": role},
-                       expect=201)
-        return body["token"]
+class Tenant(keel_harness.Tenant):
+    """A tenant of its own, with the plugin helpers these tests use."""
 
     # plugins
 
@@ -439,8 +423,8 @@ class PluginsTest(KeelTestCase):
         self.assertEqual(t.ok("GET", "/v1/plugins")["items"], [])
 
         # A user may look but not change; a guest may not even look.
-        user = t.new_token("user")
-        guest = t.new_token("guest")
+        user, _ = t.new_token("user")
+        guest, _ = t.new_token("guest")
         status, body, _ = t.request("POST", "/v1/plugins", good, token=user)
         self.assertEqual(status, 403, body)
         self.assertEqual(t.ok("GET", "/v1/plugins")["items"], [])
@@ -1229,7 +1213,7 @@ end}
         self.assertEqual(len(self.receiver.at(path)), 2)
 
         # Replay: refused to a user, to another plugin's path and for an unknown delivery.
-        user = t.new_token("user")
+        user, _ = t.new_token("user")
         status, body, _ = t.request("POST", "/v1/plugins/flaky/deliveries/%s/replay"
                                     % delivery_id, {}, token=user)
         self.assertEqual(status, 403, body)
