@@ -8,7 +8,7 @@ PACKAGES=(
   libboost1.81-dev libboost-json1.81-dev libboost-url1.81-dev libboost-system1.81-dev
   libsqlite3-dev sqlite3 libpq-dev postgresql
   libssl-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libtomlplusplus-dev
-  libarchive-dev liblua5.4-dev libre2-dev zstd bubblewrap
+  libarchive-dev liblua5.4-dev libre2-dev libhowardhinnant-date-dev tzdata zstd bubblewrap
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 curl procps nodejs
 )

@@ -9,8 +9,8 @@
 // set_config when the call names a tenant other than the one already bound in this transaction
 // (so a unit that stays within one tenant pays for one set_config). The runtime-wide calls
 // (FindActiveTokenByHash, ListTenants, InsertTenant, ClaimableRuns, ExpireLeasesOf, RenewLeases,
-// LastPosition, ExpiredApprovals, DueDeliveries) switch `app.system` on for that call only and
-// off again after it. Every query still filters by tenant_id itself; the policies are the
+// LastPosition, ExpiredApprovals, DueDeliveries, DueSchedules, NextFireAt) switch `app.system`
+// on for that call only and off again after it. Every query still filters by tenant_id itself; the policies are the
 // second line of defence.
 //
 // Invariants:
@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "keel/store/postgres/pg_conn.h"
+#include "keel/store/schedule_store.h"
 #include "keel/store/store.h"
 
 namespace keel::store::postgres {
@@ -37,6 +38,7 @@ class PostgresTx final : public Tx,
                          public ApprovalStore,
                          public McpServerStore,
                          public PluginStore,
+                         public ScheduleStore,
                          public AgentStore,
                          public SessionStore,
                          public MessageStore,
@@ -61,6 +63,7 @@ class PostgresTx final : public Tx,
   ApprovalStore& approvals() override { return *this; }
   McpServerStore& mcp_servers() override { return *this; }
   PluginStore& plugins() override { return *this; }
+  ScheduleStore& schedules() override { return *this; }
   AgentStore& agents() override { return *this; }
   SessionStore& sessions() override { return *this; }
   MessageStore& messages() override { return *this; }
@@ -199,6 +202,21 @@ class PostgresTx final : public Tx,
                                                 const std::string& status,
                                                 const Page& page) override;
   Result<std::vector<PluginDelivery>> DueDeliveries(Millis now, int limit) override;
+
+
+  // ScheduleStore (defined in postgres_schedules.cc)
+  Status InsertSchedule(const Schedule& s) override;
+  Status UpdateSchedule(const Schedule& s) override;
+  Result<Schedule> GetSchedule(const std::string& tenant_id, const std::string& id) override;
+  Result<Paged<Schedule>> ListSchedules(const std::string& tenant_id, const std::string& agent_id,
+                                        const Page& page) override;
+  Status DeleteSchedule(const std::string& tenant_id, const std::string& id) override;
+  Status InsertFire(const ScheduleFire& f) override;
+  Result<std::vector<ScheduleFire>> RecentFires(const std::string& tenant_id,
+                                                const std::string& schedule_id,
+                                                int limit) override;
+  Result<std::vector<Schedule>> DueSchedules(Millis now, int limit) override;
+  Result<std::optional<Millis>> NextFireAt() override;
 
  private:
   // Binds the transaction to `tenant_id` (row-level security) unless it already is.

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "keel/store/sqlite/sqlite_db.h"
+#include "keel/store/schedule_store.h"
 #include "keel/store/store.h"
 
 namespace keel::store::sqlite {
@@ -19,6 +20,7 @@ class SqliteTx final : public Tx,
                        public ApprovalStore,
                        public McpServerStore,
                        public PluginStore,
+                       public ScheduleStore,
                        public AgentStore,
                        public SessionStore,
                        public MessageStore,
@@ -39,6 +41,7 @@ class SqliteTx final : public Tx,
   ApprovalStore& approvals() override { return *this; }
   McpServerStore& mcp_servers() override { return *this; }
   PluginStore& plugins() override { return *this; }
+  ScheduleStore& schedules() override { return *this; }
   AgentStore& agents() override { return *this; }
   SessionStore& sessions() override { return *this; }
   MessageStore& messages() override { return *this; }
@@ -177,6 +180,21 @@ class SqliteTx final : public Tx,
                                                 const std::string& status,
                                                 const Page& page) override;
   Result<std::vector<PluginDelivery>> DueDeliveries(Millis now, int limit) override;
+
+
+  // ScheduleStore (defined in sqlite_schedules.cc)
+  Status InsertSchedule(const Schedule& s) override;
+  Status UpdateSchedule(const Schedule& s) override;
+  Result<Schedule> GetSchedule(const std::string& tenant_id, const std::string& id) override;
+  Result<Paged<Schedule>> ListSchedules(const std::string& tenant_id, const std::string& agent_id,
+                                        const Page& page) override;
+  Status DeleteSchedule(const std::string& tenant_id, const std::string& id) override;
+  Status InsertFire(const ScheduleFire& f) override;
+  Result<std::vector<ScheduleFire>> RecentFires(const std::string& tenant_id,
+                                                const std::string& schedule_id,
+                                                int limit) override;
+  Result<std::vector<Schedule>> DueSchedules(Millis now, int limit) override;
+  Result<std::optional<Millis>> NextFireAt() override;
 
  private:
   Db& db_;

@@ -1,0 +1,123 @@
+#include "keel/schedule/schedule.h"
+
+#include "keel/common/ids.h"
+#include "keel/schedule/cron.h"
+
+namespace keel::schedule {
+
+namespace {
+
+constexpr size_t kMaxPromptBytes = 64 * 1024;
+constexpr size_t kMaxNameBytes = 200;
+
+struct Compiled {
+  CronExpr cron;
+  TimeZone zone;
+};
+
+Result<Compiled> Compile(const store::Schedule& s) {
+  KEEL_ASSIGN_OR_RETURN(CronExpr cron, CronExpr::Parse(s.cron));
+  KEEL_ASSIGN_OR_RETURN(TimeZone zone, TimeZone::Find(s.timezone));
+  return Compiled{std::move(cron), std::move(zone)};
+}
+
+// The latest slot of `s` at or before `now`, given that `due` (its next_fire_at) is one.
+Result<Millis> LatestDue(const store::Schedule& s, Millis due, Millis now) {
+  if (s.kind == "once") return due;
+  KEEL_ASSIGN_OR_RETURN(Compiled c, Compile(s));
+  return LatestSlot(c.cron, c.zone, now, due - 1).value_or(due);
+}
+
+}  // namespace
+
+Result<store::Schedule> MakeSchedule(const ScheduleRequest& r, const std::string& tenant_id,
+                                     const std::string& created_by,
+                                     const std::string& caller_role, Millis now) {
+  if (r.agent_id.empty()) return InvalidArgument("field 'agent_id' is required");
+  if (r.cron.empty() == !r.at.has_value()) {
+    return InvalidArgument(r.cron.empty() ? "one of 'cron' and 'at' is required"
+                                          : "give 'cron' or 'at', not both");
+  }
+  if (r.prompt.empty()) return InvalidArgument("field 'prompt' must not be empty");
+  if (r.prompt.size() > kMaxPromptBytes) {
+    return InvalidArgument("field 'prompt' is longer than " + std::to_string(kMaxPromptBytes) +
+                           " bytes");
+  }
+  if (r.name.size() > kMaxNameBytes) {
+    return InvalidArgument("field 'name' is longer than " + std::to_string(kMaxNameBytes) +
+                           " bytes");
+  }
+  if (r.missed != "skip" && r.missed != "catch_up_one") {
+    return InvalidArgument("field 'missed' must be \"skip\" or \"catch_up_one\", not \"" +
+                           r.missed.substr(0, 40) + "\"");
+  }
+  auto zone = TimeZone::Find(r.timezone);
+  if (!zone.ok()) return InvalidArgument("field 'timezone': " + zone.status().message());
+
+  store::Schedule s;
+  s.id = NewId();
+  s.tenant_id = tenant_id;
+  s.agent_id = r.agent_id;
+  s.timezone = r.timezone;
+  s.prompt = r.prompt;
+  s.session_id = r.session_id;
+  s.missed = r.missed;
+  s.status = "active";
+  s.created_by = created_by;
+  s.caller_role = caller_role;
+  s.created_at = s.updated_at = now;
+  if (!r.cron.empty()) {
+    auto cron = CronExpr::Parse(r.cron);
+    if (!cron.ok()) return InvalidArgument("field 'cron': " + cron.status().message());
+    s.kind = "cron";
+    s.cron = cron->text();
+    s.next_fire_at = NextSlot(*cron, *zone, now);
+    if (!s.next_fire_at) {
+      return InvalidArgument("field 'cron': \"" + s.cron + "\" never fires");
+    }
+    s.name = r.name.empty() ? s.cron : r.name;
+  } else {
+    s.kind = "once";
+    s.at = r.at;
+    s.next_fire_at = r.at;
+    s.name = r.name.empty() ? "once at " + FormatRfc3339(*r.at) : r.name;
+  }
+  return s;
+}
+
+Result<std::optional<Millis>> SlotAfter(const store::Schedule& s, Millis after) {
+  if (s.kind == "once") {
+    if (s.at && *s.at > after) return s.at;
+    return std::optional<Millis>();
+  }
+  KEEL_ASSIGN_OR_RETURN(Compiled c, Compile(s));
+  return NextSlot(c.cron, c.zone, after);
+}
+
+Result<Firing> PlanFiring(const store::Schedule& s, Millis now, Millis firing_since) {
+  const Millis due = s.next_fire_at.value_or(now);
+  Firing f;
+  f.missed = due < firing_since && s.updated_at < firing_since;
+  if (!f.missed) {
+    f.slot = due;
+    if (s.kind == "cron") {
+      KEEL_ASSIGN_OR_RETURN(f.next, SlotAfter(s, due));
+    }
+    return f;
+  }
+  if (s.missed == "catch_up_one") {
+    KEEL_ASSIGN_OR_RETURN(f.slot, LatestDue(s, due, now));
+  }
+  KEEL_ASSIGN_OR_RETURN(f.next, SlotAfter(s, now));
+  return f;
+}
+
+Result<std::optional<Millis>> ResumeAt(const store::Schedule& s, Millis now) {
+  if (s.next_fire_at && *s.next_fire_at <= now && s.missed == "catch_up_one") {
+    KEEL_ASSIGN_OR_RETURN(Millis latest, LatestDue(s, *s.next_fire_at, now));
+    return std::optional<Millis>(latest);
+  }
+  return SlotAfter(s, now);
+}
+
+}  // namespace keel::schedule
