@@ -31,6 +31,7 @@
 #include "keel/model/openai_provider.h"
 #include "keel/runtime/event_hub.h"
 #include "keel/runtime/runtime.h"
+#include "keel/schedule/schedule_tools.h"
 #include "keel/secrets/vault.h"
 #include "keel/store/store.h"
 #include "keel/tenants/tenants.h"
@@ -174,6 +175,16 @@ int ServeMain(const ServeFlags& flags) {
   tools::ToolRegistry tool_registry;
   if (Status st = tools::RegisterBuiltinTools(tool_registry); !st.ok()) return Fail(st);
   if (Status st = tools::RegisterWorkspaceTools(tool_registry); !st.ok()) return Fail(st);
+  // The agents' schedule tools run on the tool pool; a new schedule wakes the runtime's
+  // schedule loop on the io thread (the runtime is made below, before io.run()).
+  runtime::Runtime* schedules_runtime = nullptr;
+  auto wake_schedules = [&io, &schedules_runtime] {
+    asio::post(io, [&schedules_runtime] { schedules_runtime->WakeSchedules(); });
+  };
+  if (Status st = schedule::RegisterScheduleTools(tool_registry, *store, wake_schedules);
+      !st.ok()) {
+    return Fail(st);
+  }
   tools::GatewayOptions gateway_options;
   gateway_options.approval_ttl_ms = config.approval_timeout_ms;
   gateway_options.large_result_bytes = static_cast<size_t>(config.large_result_bytes);
@@ -190,6 +201,7 @@ int ServeMain(const ServeFlags& flags) {
   runtime_options.audit_dir = config.home + "/audit";
   runtime::Runtime runtime(io.get_executor(), *store, hub, providers, gateway, metrics,
                            runtime_options, &vault);
+  schedules_runtime = &runtime;
 
   api::ApiContext api_context{*store, runtime, hub,         metrics,      config,
                               providers, vault, gateway, mcp_servers, *admin_tenant};

@@ -68,98 +68,129 @@ asio::awaitable<Result<IntakeResult>> Runtime::PostMessage(const IntakeRequest& 
       if (c.is_string() && !c.get_ref<const std::string&>().empty()) content = c.get<std::string>();
     }
   }
-  const bool reject_when_busy = agent.config.is_object() && agent.config.value("busy", "") == "reject";
+  IntakeUnit unit = PrepareIntake(req, agent, std::move(content));
+  store::WriteFn write = [&unit, this](store::Tx& tx) { return WriteIntake(tx, unit); };
+  auto written = co_await store::AsyncWrite(store_, std::move(write));
+  if (!written.ok()) co_return written.status();
+  if (unit.replay) co_return *unit.replay;
+  AfterIntake(unit);
+  co_return unit.out;
+}
 
-  Millis now = NowMillis();
-  IntakeResult out;
+Runtime::IntakeUnit Runtime::PrepareIntake(const IntakeRequest& req, const store::Agent& agent,
+                                           std::string content) {
+  IntakeUnit u;
+  u.request = req;
+  u.agent = agent;
+  u.reject_when_busy = agent.config.is_object() && agent.config.value("busy", "") == "reject";
+  // When the session is idle and this node has room, intake also claims the run, saving a
+  // commit and a trip through the dispatcher.
+  u.may_claim = !draining_ && static_cast<int>(executing_.size()) < options_.max_concurrent_runs;
+  u.origin = store_.origin();
+  u.now = NowMillis();
+  IntakeResult& out = u.out;
   out.message.id = NewId();
   out.run.id = NewId();
   out.message.tenant_id = out.run.tenant_id = req.tenant_id;
   out.message.session_id = out.run.session_id = req.session_id;
   out.message.run_id = out.run.id;
   out.message.role = req.call.is_null() ? "user" : "call";
-  out.message.content = content;
+  out.message.content = std::move(content);
   out.message.idempotency_key = req.idempotency_key;
-  out.message.created_at = out.run.created_at = now;
+  out.message.created_at = out.run.created_at = u.now;
   out.run.agent_id = agent.id;
   out.run.message_id = out.message.id;
   out.run.status = "queued";
   out.run.requested_by = req.requested_by;
   out.run.caller_role = req.caller_role;
+  return u;
+}
 
-  const int cap = options_.tenant_run_cap;
-  // When the session is idle and this node has room, intake also claims the run, saving a
-  // commit and a trip through the dispatcher.
-  const bool may_claim =
-      !draining_ && static_cast<int>(executing_.size()) < options_.max_concurrent_runs;
-  const std::string origin = store_.origin();
-  bool claimed = false;
-  auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
-    if (!req.idempotency_key.empty()) {
-      // Re-checked inside the unit: two requests with one key may race past the read above.
-      KEEL_ASSIGN_OR_RETURN(auto found, tx.messages().FindByIdempotencyKey(
-                                            req.tenant_id, req.session_id, req.idempotency_key));
-      if (found) {
-        KEEL_ASSIGN_OR_RETURN(auto run, tx.runs().GetRun(req.tenant_id, found->run_id));
-        replay = IntakeResult{*found, run, true};
-        return Status::Ok();
-      }
+Status Runtime::CheckIntake(store::Tx& tx, IntakeUnit& u) {
+  const IntakeRequest& req = u.request;
+  if (!req.idempotency_key.empty()) {
+    // Re-checked inside the unit: two requests with one key may race past the read before it.
+    KEEL_ASSIGN_OR_RETURN(auto found, tx.messages().FindByIdempotencyKey(
+                                          req.tenant_id, req.session_id, req.idempotency_key));
+    if (found) {
+      KEEL_ASSIGN_OR_RETURN(auto run, tx.runs().GetRun(req.tenant_id, found->run_id));
+      u.replay = IntakeResult{*found, run, true};
+      return Status::Ok();
     }
-    KEEL_ASSIGN_OR_RETURN(auto current, tx.sessions().GetSession(req.tenant_id, req.session_id));
-    if (current.status == "inactive") {
-      return Conflict("session " + req.session_id + " is inactive and takes no new messages");
-    }
-    KEEL_ASSIGN_OR_RETURN(bool busy, tx.runs().SessionBusy(req.tenant_id, req.session_id));
-    if (busy && reject_when_busy) {
-      return Conflict("session " + req.session_id +
-                      " is busy with a run and its agent rejects messages while busy");
-    }
-    KEEL_ASSIGN_OR_RETURN(int64_t active, tx.runs().CountActiveRuns(req.tenant_id));
-    if (active >= cap) {
-      return Status(Code::kRateLimited, "the tenant has " + std::to_string(active) +
-                                            " runs in flight (limit " + std::to_string(cap) +
-                                            "); retry later");
-    }
-    KEEL_RETURN_IF_ERROR(tx.messages().InsertMessage(out.message));
-    claimed = may_claim && !busy;
-    store::Run stored = out.run;
-    if (claimed) {
-      stored.status = "running";
-      stored.attempt = 1;
-      stored.lease_owner = origin;
-      stored.lease_expires_at = now + options_.lease_ms;
-      stored.started_at = now;
-      KEEL_RETURN_IF_ERROR(
-          tx.sessions().UpdateSessionStatus(req.tenant_id, req.session_id, "running", now));
-    }
-    KEEL_RETURN_IF_ERROR(tx.runs().InsertRun(stored));
-    KEEL_RETURN_IF_ERROR(tx.events()
-                             .Append({req.tenant_id, "message.created@v1", agent.id, req.session_id,
-                                      out.run.id,
-                                      {{"message_id", out.message.id}, {"role", out.message.role}}}));
-    KEEL_RETURN_IF_ERROR(tx.events()
-                             .Append({req.tenant_id, "run.queued@v1", agent.id, req.session_id,
-                                      out.run.id, {{"message_id", out.message.id}}}));
-    if (!claimed) return Status::Ok();
-    return tx.events()
-        .Append({req.tenant_id, "run.started@v1", agent.id, req.session_id, out.run.id,
-                 {{"attempt", 1}, {"resumed", false}}});
-  });
-  if (!written.ok()) co_return written.status();
-  if (replay) co_return *replay;
-  if (claimed) {
-    store::Run running = out.run;
-    running.status = "running";
-    running.attempt = 1;
-    running.lease_owner = origin;
-    running.lease_expires_at = now + options_.lease_ms;
-    running.started_at = now;
-    out.run = running;  // the run as committed
-    Launch(running, Known{agent, out.message});
-  } else {
-    Wake();
   }
-  co_return out;
+  KEEL_ASSIGN_OR_RETURN(auto current, tx.sessions().GetSession(req.tenant_id, req.session_id));
+  if (current.agent_id != u.agent.id) {
+    return Conflict("session " + req.session_id + " is not a session of agent " + u.agent.id);
+  }
+  if (current.status == "inactive") {
+    return Conflict("session " + req.session_id + " is inactive and takes no new messages");
+  }
+  KEEL_ASSIGN_OR_RETURN(u.busy, tx.runs().SessionBusy(req.tenant_id, req.session_id));
+  if (u.busy && u.reject_when_busy) {
+    return Conflict("session " + req.session_id +
+                    " is busy with a run and its agent rejects messages while busy");
+  }
+  KEEL_ASSIGN_OR_RETURN(int64_t active, tx.runs().CountActiveRuns(req.tenant_id));
+  const int cap = options_.tenant_run_cap;
+  if (active >= cap) {
+    return Status(Code::kRateLimited, "the tenant has " + std::to_string(active) +
+                                          " runs in flight (limit " + std::to_string(cap) +
+                                          "); retry later");
+  }
+  return Status::Ok();
+}
+
+Status Runtime::WriteIntake(store::Tx& tx, IntakeUnit& u) {
+  u.refused = false;
+  u.replay.reset();
+  u.claimed = false;
+  if (Status checked = CheckIntake(tx, u); !checked.ok()) {
+    // Nothing is written yet: a caller may record the refusal instead (a schedule does).
+    u.refused = checked.code() != Code::kUnavailable && checked.code() != Code::kInternal;
+    return checked;
+  }
+  if (u.replay) return Status::Ok();
+  const IntakeRequest& req = u.request;
+  const IntakeResult& out = u.out;
+  KEEL_RETURN_IF_ERROR(tx.messages().InsertMessage(out.message));
+  u.claimed = u.may_claim && !u.busy;
+  store::Run stored = out.run;
+  if (u.claimed) {
+    stored.status = "running";
+    stored.attempt = 1;
+    stored.lease_owner = u.origin;
+    stored.lease_expires_at = u.now + options_.lease_ms;
+    stored.started_at = u.now;
+    KEEL_RETURN_IF_ERROR(
+        tx.sessions().UpdateSessionStatus(req.tenant_id, req.session_id, "running", u.now));
+  }
+  KEEL_RETURN_IF_ERROR(tx.runs().InsertRun(stored));
+  KEEL_RETURN_IF_ERROR(tx.events().Append({req.tenant_id, "message.created@v1", u.agent.id,
+                                           req.session_id, out.run.id,
+                                           {{"message_id", out.message.id},
+                                            {"role", out.message.role}}}));
+  Json queued = {{"message_id", out.message.id}};
+  if (!u.trigger.is_null()) queued["trigger"] = u.trigger;
+  KEEL_RETURN_IF_ERROR(tx.events().Append(
+      {req.tenant_id, "run.queued@v1", u.agent.id, req.session_id, out.run.id, queued}));
+  if (!u.claimed) return Status::Ok();
+  return tx.events().Append({req.tenant_id, "run.started@v1", u.agent.id, req.session_id,
+                             out.run.id, {{"attempt", 1}, {"resumed", false}}});
+}
+
+void Runtime::AfterIntake(IntakeUnit& u) {
+  if (!u.claimed) {
+    Wake();
+    return;
+  }
+  store::Run running = u.out.run;
+  running.status = "running";
+  running.attempt = 1;
+  running.lease_owner = u.origin;
+  running.lease_expires_at = u.now + options_.lease_ms;
+  running.started_at = u.now;
+  u.out.run = running;  // the run as committed
+  Launch(running, Known{u.agent, u.out.message});
 }
 
 asio::awaitable<Result<store::Run>> Runtime::Cancel(const std::string& tenant_id,

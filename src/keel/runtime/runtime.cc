@@ -34,7 +34,8 @@ Runtime::Runtime(asio::any_io_executor executor, store::Store& store, EventHub& 
       plugins_(std::make_unique<plugins::PluginHost>(options.audit_dir)),
       vault_(vault),
       webhook_client_(std::make_unique<http::Client>()),
-      delivery_timer_(executor) {
+      delivery_timer_(executor),
+      schedule_timer_(executor) {
   HookGateway();
 }
 
@@ -50,6 +51,7 @@ Status Runtime::Start() {
   asio::co_spawn(executor_, LeaseLoop(), ReportExceptions{"lease keeper"});
   asio::co_spawn(executor_, ApprovalExpiryLoop(), ReportExceptions{"approval expiry"});
   asio::co_spawn(executor_, DeliveryLoop(), ReportExceptions{"webhook deliveries"});
+  asio::co_spawn(executor_, ScheduleLoop(), ReportExceptions{"schedules"});
   return Status::Ok();
 }
 
@@ -148,6 +150,7 @@ asio::awaitable<void> Runtime::Drain(std::chrono::milliseconds grace) {
   draining_ = true;
   wake_timer_.cancel();
   delivery_timer_.cancel();
+  schedule_timer_.cancel();
   asio::steady_timer timer(executor_);
   auto deadline = std::chrono::steady_clock::now() + grace;
   while (!executing_.empty() && std::chrono::steady_clock::now() < deadline) {

@@ -14,6 +14,7 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <memory>
@@ -22,6 +23,8 @@
 
 #include "keel/common/json_util.h"
 #include "keel/common/status.h"
+#include "keel/common/time.h"
+#include "keel/store/schedule_store.h"
 #include "keel/store/store.h"
 
 namespace keel {
@@ -50,6 +53,10 @@ namespace keel::runtime {
 
 class EventHub;
 
+// Wall-clock time in milliseconds. The runtime's schedules read it through RuntimeOptions, so a
+// test can run them on a clock it moves; the server uses NowMillis.
+using Clock = std::function<Millis()>;
+
 struct RuntimeOptions {
   int max_concurrent_runs = 256;
   int lease_ms = 30000;
@@ -57,6 +64,7 @@ struct RuntimeOptions {
   int history_limit = 50;
   int tenant_run_cap = 1000;
   std::string audit_dir;  // where the built-in audit-log plugin writes ({tenant}/{agent}.jsonl)
+  Clock clock;            // for schedules; empty: NowMillis
 };
 
 
@@ -120,6 +128,9 @@ class Runtime {
   void ForgetAgent(const std::string& agent_id);
   // Looks for webhook deliveries that are due now.
   void WakeDeliveries();
+  // Looks for due schedules now (a schedule was created or resumed on this node, or the test
+  // clock moved). Other nodes' new schedules are seen within a second.
+  void WakeSchedules();
 
   const RuntimeOptions& options() const { return options_; }
 
@@ -132,6 +143,33 @@ class Runtime {
     store::Agent agent;
     store::Message prompt;
   };
+  // Intake's unit of work, in three parts so that another unit (a schedule's firing) can post
+  // a message inside itself: PrepareIntake (before the unit: ids, times, whether this node may
+  // claim the run), WriteIntake (inside it), AfterIntake (once it committed: start the run
+  // here if the unit claimed it, else wake the dispatcher).
+  struct IntakeUnit {
+    IntakeRequest request;
+    store::Agent agent;
+    bool reject_when_busy = false;
+    bool may_claim = false;
+    std::string origin;
+    Millis now = 0;
+    Json trigger;        // what posted the message, for run.queued@v1 (a schedule); null: a client
+    IntakeResult out;    // the message and the run to write
+    // Set by WriteIntake:
+    bool busy = false;     // the session had an unfinished run
+    bool claimed = false;  // the run was written running, with this node's lease
+    bool refused = false;  // a check refused the message before anything was written
+    std::optional<IntakeResult> replay;  // the idempotency key matched an earlier message
+  };
+  IntakeUnit PrepareIntake(const IntakeRequest& request, const store::Agent& agent,
+                           std::string content);
+  // Checks the session (the agent's, not inactive, busy policy) and the tenant's run cap, then
+  // writes the message, its run (claimed when it may be) and their events. A refusal
+  // (kNotFound, kConflict, kRateLimited) comes before any write and sets `refused`.
+  Status WriteIntake(store::Tx& tx, IntakeUnit& unit);
+  Status CheckIntake(store::Tx& tx, IntakeUnit& unit);
+  void AfterIntake(IntakeUnit& unit);
   // Executes a run; with `known`, intake already holds its lease, otherwise RunOne claims it.
   boost::asio::awaitable<void> RunOne(store::Run run, std::optional<Known> known);
   // Marks a run as held by this node and starts executing it.
@@ -171,6 +209,12 @@ class Runtime {
                                                    const Json& payload) const;
   boost::asio::awaitable<void> DeliveryLoop();
   boost::asio::awaitable<void> Deliver(store::PluginDelivery delivery);
+  // Schedules (schedules.cc): on the leader, fires due slots, up to kMaxFiring at once, and
+  // sleeps until the earliest next slot (at most a second). FireSchedule handles one due
+  // schedule in one unit of work: the slot recorded, the schedule advanced, the prompt posted.
+  boost::asio::awaitable<void> ScheduleLoop();
+  boost::asio::awaitable<void> FireSchedule(store::Schedule schedule, Millis firing_since);
+  Millis Now() const { return options_.clock ? options_.clock() : NowMillis(); }
 
   boost::asio::any_io_executor executor_;
   store::Store& store_;
@@ -191,6 +235,9 @@ class Runtime {
   boost::asio::steady_timer delivery_timer_;
   bool delivery_wake_ = false;
   std::set<std::string> delivering_;  // deliveries being sent by this node
+  boost::asio::steady_timer schedule_timer_;
+  bool schedule_wake_ = true;         // the first round does not wait
+  std::set<std::string> firing_;      // schedules being fired by this node
 };
 
 }  // namespace keel::runtime

@@ -120,4 +120,73 @@ Result<std::optional<Millis>> ResumeAt(const store::Schedule& s, Millis now) {
   return SlotAfter(s, now);
 }
 
+Status InsertSchedule(store::Tx& tx, const store::Schedule& s) {
+  auto agent = tx.agents().GetAgent(s.tenant_id, s.agent_id);
+  if (!agent.ok()) {
+    if (agent.status().code() != Code::kNotFound) return agent.status();
+    return InvalidArgument("field 'agent_id': no agent " + s.agent_id);
+  }
+  if (!s.session_id.empty()) {
+    auto session = tx.sessions().GetSession(s.tenant_id, s.session_id);
+    if (!session.ok() && session.status().code() != Code::kNotFound) return session.status();
+    if (!session.ok() || session->agent_id != s.agent_id) {
+      return InvalidArgument("field 'session_id': " + s.session_id +
+                             " is not a session of agent " + s.agent_id);
+    }
+    if (session->status == "inactive") {
+      return InvalidArgument("field 'session_id': session " + s.session_id + " is inactive");
+    }
+  }
+  KEEL_RETURN_IF_ERROR(tx.schedules().InsertSchedule(s));
+  return tx.events().Append({s.tenant_id, "schedule.created@v1", s.agent_id, s.session_id, "",
+                             {{"schedule_id", s.id},
+                              {"kind", s.kind},
+                              {"next_fire_at", FormatRfc3339(s.next_fire_at.value_or(0))}}});
+}
+
+Status RemoveSchedule(store::Tx& tx, const std::string& tenant_id, const std::string& id,
+                      const std::string& agent_id) {
+  KEEL_ASSIGN_OR_RETURN(store::Schedule s, tx.schedules().GetSchedule(tenant_id, id));
+  if (!agent_id.empty() && s.agent_id != agent_id) return NotFound("schedule not found: " + id);
+  KEEL_RETURN_IF_ERROR(tx.schedules().DeleteSchedule(tenant_id, id));
+  return tx.events().Append(
+      {tenant_id, "schedule.deleted@v1", s.agent_id, s.session_id, "", {{"schedule_id", id}}});
+}
+
+namespace {
+Json TimeOrNull(const std::optional<Millis>& t) {
+  return t ? Json(FormatRfc3339(*t)) : Json(nullptr);
+}
+Json TextOrNull(const std::string& s) { return s.empty() ? Json(nullptr) : Json(s); }
+}  // namespace
+
+Json ScheduleJson(const store::Schedule& s) {
+  return {{"id", s.id},
+          {"agent_id", s.agent_id},
+          {"name", s.name},
+          {"kind", s.kind},
+          {"cron", TextOrNull(s.cron)},
+          {"at", TimeOrNull(s.at)},
+          {"timezone", s.timezone},
+          {"prompt", s.prompt},
+          {"session_id", TextOrNull(s.session_id)},
+          {"missed", s.missed},
+          {"status", s.status},
+          {"next_fire_at", TimeOrNull(s.next_fire_at)},
+          {"last_fired_at", TimeOrNull(s.last_fired_at)},
+          {"created_by", s.created_by},
+          {"created_at", FormatRfc3339(s.created_at)},
+          {"updated_at", FormatRfc3339(s.updated_at)}};
+}
+
+Json FireJson(const store::ScheduleFire& f) {
+  return {{"slot", FormatRfc3339(f.slot)},
+          {"fired_at", FormatRfc3339(f.fired_at)},
+          {"outcome", f.outcome},
+          {"session_id", TextOrNull(f.session_id)},
+          {"run_id", TextOrNull(f.run_id)},
+          {"message_id", TextOrNull(f.message_id)},
+          {"error", TextOrNull(f.error)}};
+}
+
 }  // namespace keel::schedule

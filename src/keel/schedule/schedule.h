@@ -7,9 +7,11 @@
 #include <optional>
 #include <string>
 
+#include "keel/common/json_util.h"
 #include "keel/common/status.h"
 #include "keel/common/time.h"
 #include "keel/store/schedule_store.h"
+#include "keel/store/store.h"
 
 namespace keel::schedule {
 
@@ -58,5 +60,18 @@ Result<Firing> PlanFiring(const store::Schedule& s, Millis now, Millis firing_si
 // with catch_up_one, the latest slot that came due while it was paused, if one did (it fires
 // at once), else likewise. nullopt: nothing is left (a one-shot whose time passed, with skip).
 Result<std::optional<Millis>> ResumeAt(const store::Schedule& s, Millis now);
+
+// Inside a unit of work: checks that the agent exists and that a named session is one of its
+// sessions and not inactive (kInvalidArgument naming them), stores the schedule and appends
+// schedule.created@v1.
+Status InsertSchedule(store::Tx& tx, const store::Schedule& s);
+// Inside a unit of work: deletes the schedule and its fires, with schedule.deleted@v1. With
+// `agent_id` set, only that agent's schedule (another's is kNotFound).
+Status RemoveSchedule(store::Tx& tx, const std::string& tenant_id, const std::string& id,
+                      const std::string& agent_id = "");
+
+// The API's shapes (docs/API.md, schedules).
+Json ScheduleJson(const store::Schedule& s);
+Json FireJson(const store::ScheduleFire& f);
 
 }  // namespace keel::schedule
