@@ -17,6 +17,7 @@
 
 #include "keel/common/ids.h"
 #include "keel/common/json_util.h"
+#include "keel/common/time.h"
 
 namespace keel::cli {
 namespace {
@@ -1384,6 +1385,149 @@ int Health(Context& ctx) {
               << "\n";
     return kExitServerError;
   }
+  return kExitOk;
+}
+
+// ---- schedules
+
+namespace {
+
+// --at: an RFC 3339 time as it is, or "+N" with s, m, h or d from now (in UTC).
+std::optional<std::string> AtTime(const std::string& at) {
+  if (at.size() < 3 || at[0] != '+') {
+    return ParseRfc3339(at) ? std::optional<std::string>(at) : std::nullopt;
+  }
+  int64_t n = 0;
+  for (std::size_t i = 1; i + 1 < at.size(); ++i) {
+    if (!std::isdigit(static_cast<unsigned char>(at[i])) || n > 100'000'000) return std::nullopt;
+    n = n * 10 + (at[i] - '0');
+  }
+  int64_t unit = 0;
+  switch (at.back()) {
+    case 's': unit = 1000; break;
+    case 'm': unit = 60'000; break;
+    case 'h': unit = 3'600'000; break;
+    case 'd': unit = 86'400'000; break;
+    default: return std::nullopt;
+  }
+  return FormatRfc3339(NowMillis() + n * unit);
+}
+
+std::string ScheduleWhen(const Json& s) {
+  return Str(s, "kind") == "once" ? "at " + Str(s, "at")
+                                  : Str(s, "cron") + " (" + Str(s, "timezone") + ")";
+}
+
+}  // namespace
+
+int ScheduleAdd(Context& ctx, const ScheduleAddArgs& args) {
+  if (args.cron.empty() == args.at.empty()) {
+    std::cerr << "keel: schedule add takes --cron EXPR or --at TIME (one of them)\n";
+    return kExitUsage;
+  }
+  std::string agent_id;
+  if (int code = ResolveAgent(ctx, args.agent, &agent_id); code != kExitOk) return code;
+  Json body = {{"agent_id", agent_id}, {"prompt", args.prompt}};
+  if (!args.cron.empty()) body["cron"] = args.cron;
+  if (!args.at.empty()) {
+    std::optional<std::string> at = AtTime(args.at);
+    if (!at) {
+      std::cerr << "keel: --at takes an RFC 3339 time (2026-11-30T09:00:00Z) or +N with s, m, h "
+                   "or d (+90s, +2h), not " << args.at << "\n";
+      return kExitUsage;
+    }
+    body["at"] = *at;
+  }
+  if (!args.timezone.empty()) body["timezone"] = args.timezone;
+  if (!args.session_id.empty()) body["session_id"] = args.session_id;
+  if (!args.missed.empty()) body["missed"] = args.missed;
+  if (!args.name.empty()) body["name"] = args.name;
+  Reply created = Request(ctx, "POST", "/v1/schedules", body);
+  if (!created.ok()) return created.exit_code;
+  if (ctx.json) {
+    PrintJson(created.body);
+    return kExitOk;
+  }
+  std::cout << "created schedule " << Str(created.body, "id") << ": "
+            << ScheduleWhen(created.body) << "; next at " << Str(created.body, "next_fire_at")
+            << "\n";
+  return kExitOk;
+}
+
+int ScheduleList(Context& ctx, const std::string& agent) {
+  std::string path = "/v1/schedules";
+  if (!agent.empty()) {
+    std::string agent_id;
+    if (int code = ResolveAgent(ctx, agent, &agent_id); code != kExitOk) return code;
+    path += "?agent_id=" + Escape(agent_id);
+  }
+  Reply list = ListAll(ctx, path);
+  if (!list.ok()) return list.exit_code;
+  if (ctx.json) {
+    PrintJson(list.body);
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const Json& s : Items(list.body)) {
+    std::string next = Str(s, "next_fire_at");
+    rows.push_back({Str(s, "id"), OneLine(Str(s, "name"), 30), OneLine(ScheduleWhen(s), 40),
+                    Str(s, "status"), next.empty() ? "-" : next,
+                    Str(s, "session_id").empty() ? "new" : Str(s, "session_id"),
+                    OneLine(Str(s, "prompt"), 40)});
+  }
+  PrintTable({"ID", "NAME", "WHEN", "STATUS", "NEXT", "SESSION", "PROMPT"}, rows);
+  return kExitOk;
+}
+
+int ScheduleShow(Context& ctx, const std::string& id) {
+  Reply s = Request(ctx, "GET", "/v1/schedules/" + Escape(id));
+  if (!s.ok()) return s.exit_code;
+  if (ctx.json) {
+    PrintJson(s.body);
+    return kExitOk;
+  }
+  const Json& b = s.body;
+  PrintFields({{"id", Str(b, "id")},
+               {"name", Str(b, "name")},
+               {"agent", Str(b, "agent_id")},
+               {"when", ScheduleWhen(b)},
+               {"missed", Str(b, "missed")},
+               {"session", Str(b, "session_id").empty() ? "a new one each time"
+                                                        : Str(b, "session_id")},
+               {"status", Str(b, "status")},
+               {"next", Str(b, "next_fire_at")},
+               {"last", Str(b, "last_fired_at")},
+               {"prompt", Str(b, "prompt")}});
+  std::vector<std::vector<std::string>> rows;
+  for (const Json& f : Field(b, "recent_fires")) {
+    rows.push_back({Str(f, "slot"), Str(f, "fired_at"), Str(f, "outcome"),
+                    Str(f, "run_id").empty() ? "-" : Str(f, "run_id"),
+                    OneLine(Str(f, "error").empty() ? "-" : Str(f, "error"), 50)});
+  }
+  if (!rows.empty()) {
+    std::cout << "\n";
+    PrintTable({"SLOT", "FIRED", "OUTCOME", "RUN", "ERROR"}, rows);
+  }
+  return kExitOk;
+}
+
+int ScheduleRemove(Context& ctx, const std::string& id) {
+  Reply gone = Request(ctx, "DELETE", "/v1/schedules/" + Escape(id));
+  if (!gone.ok()) return gone.exit_code;
+  if (!ctx.json) std::cout << "deleted schedule " << id << "\n";
+  return kExitOk;
+}
+
+int ScheduleSetEnabled(Context& ctx, const std::string& id, bool enabled) {
+  Reply s = Request(ctx, "POST", "/v1/schedules/" + Escape(id) + (enabled ? "/resume" : "/pause"));
+  if (!s.ok()) return s.exit_code;
+  if (ctx.json) {
+    PrintJson(s.body);
+    return kExitOk;
+  }
+  std::string next = Str(s.body, "next_fire_at");
+  std::cout << "schedule " << id << " is " << Str(s.body, "status")
+            << (enabled && !next.empty() ? "; next at " + next : "") << "\n";
   return kExitOk;
 }
 

@@ -152,6 +152,23 @@ int PluginsDelete(Context& ctx, const std::string& id);
 int PluginsDeliveries(Context& ctx, const std::string& id, const std::string& status);
 int PluginsReplay(Context& ctx, const std::string& id, const std::string& delivery_id);
 
+struct ScheduleAddArgs {
+  std::string agent;  // id or name
+  std::string cron;
+  std::string at;     // RFC 3339, or relative: +90s, +5m, +2h, +1d
+  std::string timezone;
+  std::string session_id;
+  std::string missed;
+  std::string name;
+  std::string prompt;
+};
+int ScheduleAdd(Context& ctx, const ScheduleAddArgs& args);
+// `agent` empty: every agent's.
+int ScheduleList(Context& ctx, const std::string& agent);
+int ScheduleShow(Context& ctx, const std::string& id);
+int ScheduleRemove(Context& ctx, const std::string& id);
+int ScheduleSetEnabled(Context& ctx, const std::string& id, bool enabled);
+
 int TenantsCreate(Context& ctx, const std::string& name);
 
 int Events(Context& ctx, const EventsArgs& args);

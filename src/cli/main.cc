@@ -305,6 +305,42 @@ int Main(int argc, char** argv) {
   on_parse(plugins_replay,
            [&](Context& c) { return PluginsReplay(c, plugin_id, plugin_delivery); });
 
+  // keel schedule ...
+  CLI::App* sched =
+      app.add_subcommand("schedule", "Add, list, show, pause, resume and remove schedules");
+  sched->require_subcommand(1);
+  ScheduleAddArgs schedule_add;
+  CLI::App* sched_add = sched->add_subcommand(
+      "add", "Schedule a prompt for an agent: --cron EXPR or --at TIME (RFC 3339 or +90s, +2h)");
+  sched_add->add_option("agent", schedule_add.agent, "Agent id or name")->required();
+  sched_add->add_option("prompt", schedule_add.prompt, "The message to post")->required();
+  sched_add->add_option("--cron", schedule_add.cron, "Cron expression (5 fields or @daily ...)");
+  sched_add->add_option("--at", schedule_add.at, "One-shot time: RFC 3339, or +N[s|m|h|d]");
+  sched_add->add_option("--tz", schedule_add.timezone, "IANA time zone (default UTC)");
+  sched_add->add_option("--session", schedule_add.session_id,
+                        "Post into this session (default: a new session each time)");
+  sched_add->add_option("--missed", schedule_add.missed,
+                        "Slots missed while down: skip (default) or catch_up_one");
+  sched_add->add_option("--name", schedule_add.name, "A name for it");
+  on_parse(sched_add, [&](Context& c) { return ScheduleAdd(c, schedule_add); });
+  std::string schedule_ref;
+  CLI::App* sched_list = sched->add_subcommand("list", "List schedules (of one agent)");
+  sched_list->add_option("agent", schedule_ref, "Agent id or name");
+  on_parse(sched_list, [&](Context& c) { return ScheduleList(c, schedule_ref); });
+  CLI::App* sched_show = sched->add_subcommand("show", "Show a schedule and its recent fires");
+  sched_show->add_option("id", schedule_ref, "Schedule id")->required();
+  on_parse(sched_show, [&](Context& c) { return ScheduleShow(c, schedule_ref); });
+  CLI::App* sched_rm = sched->add_subcommand("rm", "Delete a schedule");
+  sched_rm->add_option("id", schedule_ref, "Schedule id")->required();
+  on_parse(sched_rm, [&](Context& c) { return ScheduleRemove(c, schedule_ref); });
+  CLI::App* sched_pause = sched->add_subcommand("pause", "Pause a schedule");
+  sched_pause->add_option("id", schedule_ref, "Schedule id")->required();
+  on_parse(sched_pause, [&](Context& c) { return ScheduleSetEnabled(c, schedule_ref, false); });
+  CLI::App* sched_resume = sched->add_subcommand(
+      "resume", "Resume a schedule (its next slot from now, by its missed policy)");
+  sched_resume->add_option("id", schedule_ref, "Schedule id")->required();
+  on_parse(sched_resume, [&](Context& c) { return ScheduleSetEnabled(c, schedule_ref, true); });
+
   // keel tenants create
   CLI::App* tenants = app.add_subcommand("tenants", "Manage tenants (platform admin only)");
   tenants->require_subcommand(1);
