@@ -413,5 +413,63 @@ class SchedulesAcrossRestartsTest(KeelTestCase):
         self.assertTrue(fired[0]["payload"]["missed"])
 
 
+ON_PG = os.environ.get("KEEL_TEST_STORE") == "postgres"
+
+
+@unittest.skipUnless(ON_PG, "two nodes need a shared store: runs only with "
+                            "KEEL_TEST_STORE=postgres")
+class SchedulesOnTwoNodesTest(KeelTestCase):
+    """Two nodes on one PostgreSQL database: only the leader fires, and every slot fires exactly
+    once, also when the leader is killed among the slots and the other node takes over."""
+
+    def setUp(self):
+        self.a = KeelServer()
+        self.b = KeelServer(store_url=self.a.store_url, token=self.a.token)
+        self.addCleanup(self.a.stop)  # drops the database last
+        self.addCleanup(self.b.stop)
+
+    def servers(self):
+        return [self.a, self.b]
+
+    def leader(self, timeout=10):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for node in (self.a, self.b):
+                if node.alive() and node.ok("GET", "/healthz", expect=200)["leader"]:
+                    return node
+            time.sleep(0.1)
+        raise AssertionError("no node leads")
+
+    def test_every_slot_fires_exactly_once(self):
+        agent = self.a.create_agent()
+        shots = []
+        # 20 one-shots created alternately through both nodes, 100 ms apart.
+        for i in range(20):
+            node = (self.a, self.b)[i % 2]
+            c = ScheduleClient(node)
+            session = node.create_session(agent["id"], title="s%d" % i)
+            created = c.create(agent_id=agent["id"], at=in_seconds(1.5 + i * 0.1),
+                               prompt="slot %d" % i, session_id=session["id"],
+                               missed="catch_up_one")
+            shots.append((created, session))
+        leader = self.leader()
+        follower = self.b if leader is self.a else self.a
+        time.sleep(1.5 + 10 * 0.1 - 0.5)
+        leader.kill9()  # among the slots: the follower takes over
+        c = ScheduleClient(follower)
+        for created, session in shots:
+            done = c.wait(created["id"], lambda x: x["status"] == "done", timeout=20)
+            self.assertEqual(len(done["recent_fires"]), 1, done)
+        time.sleep(1.5)
+        events = follower.all_events()
+        for created, session in shots:
+            fired = [e for e in events if e["type"] == "schedule.fired@v1"
+                     and e["payload"]["schedule_id"] == created["id"]]
+            self.assertEqual(len(fired), 1, created["id"])
+            user = [m for m in c.messages(session["id"]) if m["role"] == "user"]
+            self.assertEqual([m["content"] for m in user], [created["prompt"]])
+        self.assertTrue(self.leader() is follower)
+
+
 if __name__ == "__main__":
     unittest.main()
