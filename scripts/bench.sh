@@ -10,12 +10,16 @@
 #   3. resident size of a server whose store holds 100,000 agents and 1,000,000 sessions
 #      (keel_populate, then `keel serve` on that home);
 #   4. the tool gateway, the exec sandbox and MCP through Keel (keel_bench);
-#   5. plugins: emitting events, Lua handlers, and turns with the built-in plugins enabled.
+#   5. plugins: emitting events, Lua handlers, and turns with the built-in plugins enabled;
+#   6. schedules: 100,000 active one-shot schedules (bench/schedules_bench.py): the server's CPU
+#      while idle between slots, and the lateness of firing over a window of slots.
 #
 # Knobs (environment): BENCH_DURATION (seconds per measured load phase, default 10),
 # BENCH_WARMUP (default 2), BENCH_MIN_TIME (Google Benchmark min time, default 0.5),
 # BENCH_ROUNDS (rounds of the event benchmarks; the table shows medians, default 3),
-# BENCH_AGENTS / BENCH_SESSIONS (default 100000 / 1000000), BENCH_ONLY (e2e|events|memory|gateway|plugins),
+# BENCH_AGENTS / BENCH_SESSIONS (default 100000 / 1000000), BENCH_ONLY (e2e|events|memory|gateway|plugins|schedules),
+# BENCH_SCHEDULES / BENCH_SCHEDULE_WINDOW (schedules, and the seconds their slots spread over;
+# default 100000 / 200),
 # BENCH_SERVER_CPUS / BENCH_LOADGEN_CPUS (taskset CPU lists; default: loadgen on the last CPU,
 # the server on the others, when there are at least 2 CPUs and taskset exists; "" disables).
 # BENCH_STRICT=1 makes the exit status 1 when a target is missed.
@@ -353,6 +357,32 @@ $BENCH --benchmark_filter='BM_Emit' --benchmark_min_time=$MIN_TIME
 # end to end: keel_loadgen as in 1, before and after registering and enabling (for "*") the
 # built-in audit-log and redaction plugins (scripts/bench.sh section 5 has the manifests)
 REPRO_END
+fi
+
+# ---------------------------------------------------------------------------------------------
+if [[ -z $ONLY || $ONLY == schedules ]]; then
+  SCHEDULES=${BENCH_SCHEDULES:-100000}
+  SCHEDULE_WINDOW=${BENCH_SCHEDULE_WINDOW:-200}
+  section "6. schedules: $SCHEDULES active, idle CPU, then their slots over ${SCHEDULE_WINDOW} s"
+  SCHED_CMD=(python3 bench/schedules_bench.py --keel "$KEEL" --count "$SCHEDULES"
+             --window "$SCHEDULE_WINDOW" --idle 30 --cpus "$SERVER_CPUS")
+  if ! OUT=$(TMPDIR=$WORK "${SCHED_CMD[@]}" 2>&1); then
+    echo "$OUT"; echo "bench: schedules_bench.py failed" >&2; exit 1
+  fi
+  echo "$OUT"
+  R=$(grep '^RESULT' <<<"$OUT")
+  P99=$(result_field "$R" lateness_p99_ms)
+  row "schedules: lateness of firing p99 ($SCHEDULES active, slots over ${SCHEDULE_WINDOW} s)" \
+      "$P99 ms" "< 1000 ms" "$(judge "$P99" '<' 1000)"
+  row "schedules: lateness p50 / max" \
+      "$(result_field "$R" lateness_p50_ms) / $(result_field "$R" lateness_max_ms) ms" "" info
+  row "schedules: slots fired / fired twice" \
+      "$(result_field "$R" fired) / $(result_field "$R" fired_twice)" "$SCHEDULES / 0" \
+      "$( [[ $(result_field "$R" fired) == "$SCHEDULES" && $(result_field "$R" fired_twice) == 0 ]] && echo pass || echo fail)"
+  row "schedules: server CPU while idle between slots ($SCHEDULES active)" \
+      "$(result_field "$R" idle_cpu_pct) % of a core" "" info
+  echo "# 6. schedules" >>"$REPRO"
+  echo "${SCHED_CMD[*]}" >>"$REPRO"
 fi
 
 FSYNC_END=$(fsync_probe "$WORK")
