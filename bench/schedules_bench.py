@@ -42,9 +42,12 @@ def parse_ms(text):
 
 
 class Api:
+    """One keep-alive connection; reconnects once when the server closed an idle one."""
+
     def __init__(self, addr, token):
-        host, port = addr.rsplit(":", 1)
-        self.conn = http.client.HTTPConnection(host, int(port), timeout=120)
+        self.host, port = addr.rsplit(":", 1)
+        self.port = int(port)
+        self.conn = http.client.HTTPConnection(self.host, self.port, timeout=120)
         self.token = token
 
     def call(self, method, path, body=None):
@@ -52,10 +55,17 @@ class Api:
         headers = {"Authorization": "Bearer " + self.token}
         if data is not None:
             headers["Content-Type"] = "application/json"
-        self.conn.request(method, path, body=data, headers=headers)
-        resp = self.conn.getresponse()
-        text = resp.read()
-        return resp.status, (json.loads(text) if text else None)
+        for attempt in (0, 1):
+            try:
+                self.conn.request(method, path, body=data, headers=headers)
+                resp = self.conn.getresponse()
+                text = resp.read()
+                return resp.status, (json.loads(text) if text else None)
+            except (http.client.RemoteDisconnected, ConnectionError, BrokenPipeError):
+                self.conn.close()
+                self.conn = http.client.HTTPConnection(self.host, self.port, timeout=120)
+                if attempt:
+                    raise
 
 
 def cpu_ticks(pid):
@@ -77,7 +87,7 @@ def main():
     ap.add_argument("--count", type=int, default=100000)
     ap.add_argument("--window", type=float, default=200.0, help="seconds the slots spread over")
     ap.add_argument("--idle", type=float, default=30.0, help="seconds of idle CPU measurement")
-    ap.add_argument("--rate", type=float, default=1500.0,
+    ap.add_argument("--rate", type=float, default=800.0,
                     help="assumed creation rate (schedules/s) to place the first slot")
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--store", default="", help="store URL (default: SQLite in KEEL_HOME)")
