@@ -26,6 +26,7 @@
 
 #include "keel/store/postgres/pg_conn.h"
 #include "keel/store/store.h"
+#include "keel/store/usage_store.h"
 
 namespace keel::store::postgres {
 
@@ -37,6 +38,7 @@ class PostgresTx final : public Tx,
                          public ApprovalStore,
                          public McpServerStore,
                          public PluginStore,
+                         public UsageStore,
                          public AgentStore,
                          public SessionStore,
                          public MessageStore,
@@ -61,6 +63,7 @@ class PostgresTx final : public Tx,
   ApprovalStore& approvals() override { return *this; }
   McpServerStore& mcp_servers() override { return *this; }
   PluginStore& plugins() override { return *this; }
+  UsageStore& usage() override { return *this; }
   AgentStore& agents() override { return *this; }
   SessionStore& sessions() override { return *this; }
   MessageStore& messages() override { return *this; }
@@ -199,6 +202,25 @@ class PostgresTx final : public Tx,
                                                 const std::string& status,
                                                 const Page& page) override;
   Result<std::vector<PluginDelivery>> DueDeliveries(Millis now, int limit) override;
+
+  // UsageStore (postgres_usage.cc)
+  Status InsertUsage(const UsageRecord& u) override;
+  Result<UsageTotals> RunUsage(const std::string& tenant_id, const std::string& run_id) override;
+  Result<UsageTotals> PeriodUsage(const std::string& tenant_id, const std::string& agent_id,
+                                  const std::string& period, Millis start) override;
+  Result<std::vector<AgentUsage>> PeriodUsageByAgent(const std::string& tenant_id,
+                                                     const std::string& period,
+                                                     Millis start) override;
+  Status PutBudget(const Budget& b) override;
+  Result<std::vector<Budget>> ListBudgets(const std::string& tenant_id) override;
+  Status DeleteBudget(const std::string& tenant_id, const std::string& scope,
+                      const std::string& period) override;
+  Result<std::optional<CacheEntry>> GetCacheEntry(const std::string& tenant_id,
+                                                  const std::string& cache_group,
+                                                  const std::string& key,
+                                                  Millis not_before) override;
+  Status PutCacheEntry(const CacheEntry& e) override;
+  Result<int64_t> PruneCache(Millis before, int64_t max_entries) override;
 
  private:
   // Binds the transaction to `tenant_id` (row-level security) unless it already is.
