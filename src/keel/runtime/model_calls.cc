@@ -7,6 +7,8 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include <cmath>
+
 #include "keel/common/crypto.h"
 #include "keel/common/ids.h"
 #include "keel/common/log.h"
@@ -98,7 +100,13 @@ Json CrossedBudget(const std::vector<BudgetSpend>& spends, int64_t estimate_micr
   return Json();
 }
 
-std::string UsdText(const Json& usd) { return DumpJson(usd) + " USD"; }
+// "5 USD", "0.0012 USD": a JSON number of USD, to the micro-dollar, without trailing zeros.
+std::string UsdText(const Json& usd) {
+  int64_t micros = usd.is_number() ? std::llround(usd.get<double>() * 1e6) : 0;
+  std::string fraction = std::to_string(1000000 + micros % 1000000).substr(1);
+  while (!fraction.empty() && fraction.back() == '0') fraction.pop_back();
+  return std::to_string(micros / 1000000) + (fraction.empty() ? "" : "." + fraction) + " USD";
+}
 
 }  // namespace
 
