@@ -28,6 +28,7 @@
 #include "keel/metrics.h"
 #include "keel/model/local_model.h"
 #include "keel/mcp/manager.h"
+#include "keel/model/anthropic_provider.h"
 #include "keel/model/openai_provider.h"
 #include "keel/runtime/event_hub.h"
 #include "keel/runtime/runtime.h"
@@ -172,6 +173,8 @@ int ServeMain(const ServeFlags& flags) {
   model::ProviderRegistry providers;
   (void)providers.Register("local", std::make_unique<model::LocalModel>());
   (void)providers.Register("openai", std::make_unique<model::OpenAiProvider>(config.openai));
+  (void)providers.Register("anthropic",
+                           std::make_unique<model::AnthropicProvider>(config.anthropic));
   tools::ToolRegistry tool_registry;
   if (Status st = tools::RegisterBuiltinTools(tool_registry); !st.ok()) return Fail(st);
   if (Status st = tools::RegisterWorkspaceTools(tool_registry); !st.ok()) return Fail(st);
@@ -199,6 +202,8 @@ int ServeMain(const ServeFlags& flags) {
   runtime_options.history_limit = config.history_limit;
   runtime_options.tenant_run_cap = config.tenant_run_cap;
   runtime_options.audit_dir = config.home + "/audit";
+  runtime_options.prices = config.prices;
+  runtime_options.cache = config.cache;
   runtime::Runtime runtime(io.get_executor(), *store, hub, providers, gateway, metrics,
                            runtime_options, &vault);
   schedules_runtime = &runtime;

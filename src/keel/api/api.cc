@@ -184,6 +184,7 @@ void RegisterAllRoutes(http::Router& router, ApiContext& ctx) {
   RegisterMcpServerRoutes(router, ctx);
   RegisterPluginRoutes(router, ctx);
   RegisterScheduleRoutes(router, ctx);
+  RegisterUsageRoutes(router, ctx);
 }
 
 }  // namespace keel::api

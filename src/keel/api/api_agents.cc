@@ -75,6 +75,30 @@ Status ValidateConfig(const Json& config) {
   return Status::Ok();
 }
 
+// The model router's fields (docs/API.md, models): fallback_model, cache, cache_group.
+Status ValidateRouterConfig(const Json& config, const model::ProviderRegistry& providers) {
+  if (config.contains("fallback_model")) {
+    const auto& f = config["fallback_model"];
+    if (!f.is_string() || f.get<std::string>().empty()) {
+      return InvalidArgument("config.fallback_model must be a model string such as \"local\" or "
+                             "\"openai/gpt-4o-mini\"");
+    }
+    std::string model_name;
+    Status known = providers.Resolve(f.get<std::string>(), &model_name).status();
+    if (!known.ok()) return InvalidArgument("config.fallback_model: " + known.message());
+  }
+  if (config.contains("cache") && !config["cache"].is_boolean()) {
+    return InvalidArgument("config.cache must be true or false");
+  }
+  if (config.contains("cache_group")) {
+    const auto& g = config["cache_group"];
+    if (!g.is_string() || g.get<std::string>().empty() || g.get<std::string>().size() > 200) {
+      return InvalidArgument("config.cache_group must be a string of 1 to 200 characters");
+    }
+  }
+  return Status::Ok();
+}
+
 // Applies the fields present in `body` to `agent`; `creating` requires a name.
 Status Apply(const Json& body, const model::ProviderRegistry& providers, store::Agent& agent,
              bool creating) {
@@ -109,6 +133,7 @@ Status Apply(const Json& body, const model::ProviderRegistry& providers, store::
   }
   if (body.contains("config")) {
     KEEL_RETURN_IF_ERROR(ValidateConfig(body["config"]));
+    KEEL_RETURN_IF_ERROR(ValidateRouterConfig(body["config"], providers));
     agent.config = body["config"];
   }
   return Status::Ok();

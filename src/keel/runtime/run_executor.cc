@@ -13,6 +13,7 @@
 #include "keel/plugins/host.h"
 #include "keel/policy/stored.h"
 #include "keel/runtime/event_hub.h"
+#include "keel/runtime/model_calls.h"
 #include "keel/runtime/runtime.h"
 #include "keel/store/async.h"
 #include "keel/tools/gateway.h"
@@ -162,8 +163,8 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
   // Ends the run in one unit of work: the final answer (or the failure) and the session's state.
   // Parameters by value: the coroutine outlives the caller's temporaries (see `fail`).
   auto finish = [&](std::string status, std::string output, Json error,
-                    std::optional<store::Step> final_step,
-                    model::Usage usage) -> asio::awaitable<Status> {
+                    std::optional<store::Step> final_step, model::Usage usage,
+                    const ModelCall* call = nullptr) -> asio::awaitable<Status> {
     auto done = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
       KEEL_ASSIGN_OR_RETURN(auto cur, OwnedRun(tx, run));
       Millis at = NowMillis();
@@ -175,6 +176,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
                                           {{"seq", final_step->seq},
                                            {"kind", final_step->kind},
                                            {"status", final_step->status}}}));
+        if (call) KEEL_RETURN_IF_ERROR(call->Record(tx, cur, *final_step));
       }
       cur.status = status;
       cur.output = output;
@@ -203,8 +205,8 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
       }
       Json payload = {{"status", status}};
       if (!error.is_null()) payload["error"] = error;
-      payload["usage"] = {{"input_tokens", cur.input_tokens},
-                          {"output_tokens", cur.output_tokens}};
+      KEEL_ASSIGN_OR_RETURN(auto totals, tx.usage().RunUsage(cur.tenant_id, cur.id));
+      payload["usage"] = RunUsageJson(cur, totals);
       std::string type = status == "done"        ? "run.completed@v1"
                          : status == "cancelled" ? "run.cancelled@v1"
                                                  : "run.failed@v1";
@@ -277,7 +279,6 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
   std::vector<model::ToolCallRequest> pending;  // proposed by the last model step, not yet run
   std::string direct_answer;                    // a direct call's answer, once it has one
   model::ModelRequest request;
-  model::Provider* provider = nullptr;
   if (direct) {
     auto call = ParseJson(prompt.content);
     if (!call.ok() || !call->is_object()) {
@@ -295,7 +296,6 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
       (void)co_await fail(code, resolved.status().message());
       co_return;
     }
-    provider = *resolved;
     request.model = model_name;
     request.agent_config = agent.config;
     if (!agent.instructions.empty()) request.messages.push_back({"system", agent.instructions, {}, "", ""});
@@ -469,7 +469,9 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
         sent = &rewritten;
       }
     }
-    auto response = co_await provider->Complete(*sent, delta);
+    ModelCall call = co_await CallModel(run, agent, *sent, delta);
+    if (call.store_failed) co_return;  // the store failed; the run resumes after its lease
+    auto& response = call.response;
     if (response.ok() && plugins->Wants("model.after")) {
       Json payload = ids;
       payload["text"] = response->text;
@@ -481,14 +483,16 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
     step.finished_at = NowMillis();
     ++model_steps;
     if (!response.ok()) {
-      ++metrics_.model_errors;
+      bool budget = !call.budget_exceeded.is_null();  // no call was made
+      if (!budget) ++metrics_.model_errors;
       step.status = "failed";
       step.output = {{"error", response.status().message()}};
+      call.Describe(step.output);
       Json error = Json::object();
-      error["code"] = "model_error";
+      error["code"] = budget ? "budget_exceeded" : "model_error";
       error["message"] = response.status().message();
       std::string failed = "failed";
-      (void)co_await finish(failed, std::string(), error, step, model::Usage{});
+      (void)co_await finish(failed, std::string(), error, step, model::Usage{}, &call);
       co_return;
     }
     // Tool call ids must be unique within the run: make them so if the model repeats one.
@@ -504,14 +508,16 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
                    {"usage",
                     {{"input_tokens", response->usage.input_tokens},
                      {"output_tokens", response->usage.output_tokens}}}};
+    call.Describe(step.output);
     if (response->tool_calls.empty()) {
       std::string done = "done";
-      (void)co_await finish(done, response->text, Json(), step, response->usage);
+      (void)co_await finish(done, response->text, Json(), step, response->usage, &call);
       co_return;
     }
     auto recorded = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
       KEEL_ASSIGN_OR_RETURN(auto cur, OwnedRun(tx, run));
       KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(step));
+      KEEL_RETURN_IF_ERROR(call.Record(tx, cur, step));
       cur.input_tokens += response->usage.input_tokens;
       cur.output_tokens += response->usage.output_tokens;
       KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(cur));

@@ -52,6 +52,7 @@ Status Runtime::Start() {
   asio::co_spawn(executor_, ApprovalExpiryLoop(), ReportExceptions{"approval expiry"});
   asio::co_spawn(executor_, DeliveryLoop(), ReportExceptions{"webhook deliveries"});
   asio::co_spawn(executor_, ScheduleLoop(), ReportExceptions{"schedules"});
+  asio::co_spawn(executor_, CachePruneLoop(), ReportExceptions{"response cache pruning"});
   return Status::Ok();
 }
 

@@ -25,12 +25,14 @@
 #include "keel/common/status.h"
 #include "keel/common/time.h"
 #include "keel/store/schedule_store.h"
+#include "keel/config/config.h"
 #include "keel/store/store.h"
 
 namespace keel {
 struct Metrics;
 namespace model {
 class ProviderRegistry;
+struct ModelRequest;
 }
 namespace tools {
 class Gateway;
@@ -52,6 +54,7 @@ struct PluginError;
 namespace keel::runtime {
 
 class EventHub;
+struct ModelCall;  // model_calls.h
 
 // Wall-clock time in milliseconds. The runtime's schedules read it through RuntimeOptions, so a
 // test can run them on a clock it moves; the server uses NowMillis.
@@ -65,6 +68,9 @@ struct RuntimeOptions {
   int tenant_run_cap = 1000;
   std::string audit_dir;  // where the built-in audit-log plugin writes ({tenant}/{agent}.jsonl)
   Clock clock;            // for schedules; empty: NowMillis
+  // The model router (model_calls.h): prices by model string, and the response cache.
+  std::map<std::string, config::ModelPrice> prices;
+  config::CacheConfig cache;
 };
 
 
@@ -178,6 +184,13 @@ class Runtime {
   boost::asio::awaitable<Status> ParkAgain(const store::Run& run, const std::string& call_id);
   // The reason of an emergency stop in force for the run's agent, if any.
   boost::asio::awaitable<std::optional<std::string>> StopFor(const store::Run& run);
+  // One model call: cache, budgets, the agent's model and its fallback, metering
+  // (model_calls.cc).
+  boost::asio::awaitable<ModelCall> CallModel(const store::Run& run, const store::Agent& agent,
+                                              const model::ModelRequest& request,
+                                              std::function<void(const std::string&)> on_delta);
+  // Prunes the response cache (on the leader): expired entries, and the oldest beyond the bound.
+  boost::asio::awaitable<void> CachePruneLoop();
   // Expires pending approvals past their time (on the leader), every second.
   boost::asio::awaitable<void> ApprovalExpiryLoop();
   // The agent's plugins for the enabled list just read from the store (see PluginsOf).

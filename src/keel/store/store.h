@@ -22,6 +22,7 @@
 namespace keel::store {
 
 class ScheduleStore;  // schedule_store.h
+class UsageStore;  // usage_store.h
 
 class TenantStore {
  public:
@@ -328,6 +329,7 @@ class Tx {
   virtual McpServerStore& mcp_servers() = 0;
   virtual PluginStore& plugins() = 0;
   virtual ScheduleStore& schedules() = 0;
+  virtual UsageStore& usage() = 0;
   virtual AgentStore& agents() = 0;
   virtual SessionStore& sessions() = 0;
   virtual MessageStore& messages() = 0;

@@ -27,6 +27,7 @@
 #include "keel/store/postgres/pg_conn.h"
 #include "keel/store/schedule_store.h"
 #include "keel/store/store.h"
+#include "keel/store/usage_store.h"
 
 namespace keel::store::postgres {
 
@@ -39,6 +40,7 @@ class PostgresTx final : public Tx,
                          public McpServerStore,
                          public PluginStore,
                          public ScheduleStore,
+                         public UsageStore,
                          public AgentStore,
                          public SessionStore,
                          public MessageStore,
@@ -64,6 +66,7 @@ class PostgresTx final : public Tx,
   McpServerStore& mcp_servers() override { return *this; }
   PluginStore& plugins() override { return *this; }
   ScheduleStore& schedules() override { return *this; }
+  UsageStore& usage() override { return *this; }
   AgentStore& agents() override { return *this; }
   SessionStore& sessions() override { return *this; }
   MessageStore& messages() override { return *this; }
@@ -217,6 +220,24 @@ class PostgresTx final : public Tx,
                                                 int limit) override;
   Result<std::vector<Schedule>> DueSchedules(Millis now, int limit) override;
   Result<std::optional<Millis>> NextFireAt() override;
+  // UsageStore (postgres_usage.cc)
+  Status InsertUsage(const UsageRecord& u) override;
+  Result<UsageTotals> RunUsage(const std::string& tenant_id, const std::string& run_id) override;
+  Result<UsageTotals> PeriodUsage(const std::string& tenant_id, const std::string& agent_id,
+                                  const std::string& period, Millis start) override;
+  Result<std::vector<AgentUsage>> PeriodUsageByAgent(const std::string& tenant_id,
+                                                     const std::string& period,
+                                                     Millis start) override;
+  Status PutBudget(const Budget& b) override;
+  Result<std::vector<Budget>> ListBudgets(const std::string& tenant_id) override;
+  Status DeleteBudget(const std::string& tenant_id, const std::string& scope,
+                      const std::string& period) override;
+  Result<std::optional<CacheEntry>> GetCacheEntry(const std::string& tenant_id,
+                                                  const std::string& cache_group,
+                                                  const std::string& key,
+                                                  Millis not_before) override;
+  Status PutCacheEntry(const CacheEntry& e) override;
+  Result<int64_t> PruneCache(Millis before, int64_t max_entries) override;
 
  private:
   // Binds the transaction to `tenant_id` (row-level security) unless it already is.
