@@ -31,6 +31,7 @@ def start_fake():
 def stop_fake(fake):
     fake.stdin.close()
     fake.wait(timeout=10)
+    fake.stdout.close()
 
 
 def completes(run_id):
