@@ -40,6 +40,8 @@ std::string Metrics::Render(const std::string& extra) const {
   Line(out, "keel_model_cache_errors_total", "counter",
        "Response cache reads or writes that failed (the call went to the provider).",
        model_cache_errors);
+  Line(out, "keel_model_cache_stores_total", "counter",
+       "Answers written to the response cache.", model_cache_stores);
   Line(out, "keel_model_fallbacks_total", "counter",
        "Model calls that went to the agent's fallback model.", model_fallbacks);
   Line(out, "keel_budget_stops_total", "counter",

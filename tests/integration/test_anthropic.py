@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 import urllib.parse
 
@@ -30,6 +31,7 @@ def start_fake():
 def stop_fake(fake):
     fake.stdin.close()
     fake.wait(timeout=10)
+    fake.stdout.close()
 
 
 def completes(run_id):
@@ -207,9 +209,14 @@ class AnthropicProviderTest(KeelTestCase):
         agent = self.agent("anthropic/stream-text")
         message = "cache this answer " + unique_name()
         hits = self.metric("keel_model_cache_hits_total")
+        stores = self.metric("keel_model_cache_stores_total")
         first = self.turn(agent, message)
         self.assertEqual(first["status"], "done", first)
         self.assertEqual(self.provider_count(message), 1)
+        deadline = time.monotonic() + 10  # the answer is written a moment after the turn
+        while self.metric("keel_model_cache_stores_total") <= stores:
+            self.assertLess(time.monotonic(), deadline, "the answer was never cached")
+            time.sleep(0.01)
 
         session = s.create_session(agent["id"])
         sse = SseClient(sse_url(s, session_id=session["id"]), s.token)

@@ -33,8 +33,9 @@ std::string TextDelta(int index, const std::string& text) {
 }
 
 std::string JsonDelta(int index, const std::string& part) {
-  return Event("content_block_delta",
-               {{"index", index}, {"delta", {{"type", "input_json_delta"}, {"partial_json", part}}}});
+  return Event(
+      "content_block_delta",
+      {{"index", index}, {"delta", {{"type", "input_json_delta"}, {"partial_json", part}}}});
 }
 
 std::string BlockStop(int index) { return Event("content_block_stop", {{"index", index}}); }
@@ -51,8 +52,7 @@ Json ToolUse(const std::string& id, const std::string& name) {
 
 // Runs a whole event stream, cut into `piece`-byte reads, through the parser and accumulator.
 Result<ModelResponse> Assemble(const std::string& stream, const ToolNameMap& names, size_t piece,
-                               std::vector<std::string>* deltas = nullptr,
-                               bool* done = nullptr) {
+                               std::vector<std::string>* deltas = nullptr, bool* done = nullptr) {
   SseParser parser;
   MessageStreamAccumulator acc(names);
   std::vector<SseEvent> events;
@@ -133,12 +133,11 @@ TEST(AnthropicWireTest, MergesConsecutiveMessagesOfOneRole) {
   auto body = BuildMessagesRequest(r, true, 10, names);
   ASSERT_TRUE(body.ok()) << body.status().ToString();
   EXPECT_EQ((*body)["system"], "one\n\ntwo");
-  EXPECT_EQ((*body)["messages"],
-            Json::array({{{"role", "user"},
-                          {"content",
-                           {{{"type", "text"}, {"text", "a"}},
-                            {{"type", "text"}, {"text", "b"}},
-                            {{"type", "text"}, {"text", "c"}}}}}}));
+  EXPECT_EQ((*body)["messages"], Json::array({{{"role", "user"},
+                                               {"content",
+                                                {{{"type", "text"}, {"text", "a"}},
+                                                 {{"type", "text"}, {"text", "b"}},
+                                                 {{"type", "text"}, {"text", "c"}}}}}}));
 }
 
 TEST(AnthropicWireTest, MapsToolCallsAndMergesConsecutiveToolResults) {
@@ -149,8 +148,9 @@ TEST(AnthropicWireTest, MapsToolCallsAndMergesConsecutiveToolResults) {
   ASSERT_TRUE(body.ok()) << body.status().ToString();
   const Json& m = (*body)["messages"];
   ASSERT_EQ(m.size(), 3u) << m.dump(2);
-  EXPECT_EQ(m[0], (Json{{"role", "user"},
-                        {"content", {{{"type", "text"}, {"text", "note this and tell the time"}}}}}));
+  EXPECT_EQ(m[0],
+            (Json{{"role", "user"},
+                  {"content", {{{"type", "text"}, {"text", "note this and tell the time"}}}}}));
   EXPECT_EQ(m[1]["role"], "assistant");
   EXPECT_EQ(m[1]["content"], (Json{{{"type", "text"}, {"text", "Sure."}},
                                    {{"type", "tool_use"},
@@ -162,12 +162,13 @@ TEST(AnthropicWireTest, MapsToolCallsAndMergesConsecutiveToolResults) {
                                     {"name", "time-now"},
                                     {"input", Json::object()}}}));
   // Both results in one user message, ids as the tool_use blocks have them.
-  EXPECT_EQ(m[2], (Json{{"role", "user"},
-                        {"content",
-                         {{{"type", "tool_result"}, {"tool_use_id", "call_1"}, {"content", "appended"}},
-                          {{"type", "tool_result"},
-                           {"tool_use_id", "call_2"},
-                           {"content", "2026-11-30T12:00:00Z"}}}}}));
+  EXPECT_EQ(m[2],
+            (Json{{"role", "user"},
+                  {"content",
+                   {{{"type", "tool_result"}, {"tool_use_id", "call_1"}, {"content", "appended"}},
+                    {{"type", "tool_result"},
+                     {"tool_use_id", "call_2"},
+                     {"content", "2026-11-30T12:00:00Z"}}}}}));
   EXPECT_FALSE(body->contains("stream"));
 }
 
@@ -175,8 +176,8 @@ TEST(AnthropicWireTest, PassesOptionsAndRefusesWrongTypes) {
   ModelRequest r;
   r.model = "m";
   r.messages = {{"user", "hi", {}, "", ""}};
-  r.agent_config = {{"max_tokens", 77}, {"temperature", 0.5}, {"top_p", 1}, {"top_k", 5},
-                    {"seed", 3}};
+  r.agent_config = {
+      {"max_tokens", 77}, {"temperature", 0.5}, {"top_p", 1}, {"top_k", 5}, {"seed", 3}};
   ToolNameMap names;
   auto body = BuildMessagesRequest(r, true, 4096, names);
   ASSERT_TRUE(body.ok());
@@ -207,9 +208,9 @@ TEST(AnthropicWireTest, WireToolIdsFitThePattern) {
 
 TEST(AnthropicWireTest, StreamsTextDeltasAndUsageWhateverTheReadSizes) {
   const std::string stream = MessageStart(25) + Event("ping") +
-                             BlockStart(0, {{"type", "text"}, {"text", ""}}) +
-                             TextDelta(0, "Hel") + TextDelta(0, "lo, ") + TextDelta(0, "world") +
-                             BlockStop(0) + MessageEnd("end_turn", 15);
+                             BlockStart(0, {{"type", "text"}, {"text", ""}}) + TextDelta(0, "Hel") +
+                             TextDelta(0, "lo, ") + TextDelta(0, "world") + BlockStop(0) +
+                             MessageEnd("end_turn", 15);
   ToolNameMap names;
   for (size_t piece : {1u, 2u, 7u, 64u, 100000u}) {
     std::vector<std::string> deltas;
@@ -229,13 +230,14 @@ TEST(AnthropicWireTest, AssemblesToolUseFromInputJsonDeltas) {
   ToolNameMap names;
   names.Encode("notes.append");
   names.Encode("time.now");
-  const std::string stream =
-      MessageStart(40) + BlockStart(0, {{"type", "text"}, {"text", ""}}) +
-      TextDelta(0, "Let me check.") + BlockStop(0) + BlockStart(1, ToolUse("toolu_a", "notes-append")) +
-      JsonDelta(1, "") + JsonDelta(1, "{\"li") + JsonDelta(1, "ne\": \"h") + JsonDelta(1, "i\"}") +
-      BlockStop(1) + BlockStart(2, ToolUse("toolu_b", "time-now")) + BlockStop(2) +
-      BlockStart(3, ToolUse("toolu_c", "never_offered")) + JsonDelta(3, "{}") + BlockStop(3) +
-      MessageEnd("tool_use", 30);
+  const std::string stream = MessageStart(40) + BlockStart(0, {{"type", "text"}, {"text", ""}}) +
+                             TextDelta(0, "Let me check.") + BlockStop(0) +
+                             BlockStart(1, ToolUse("toolu_a", "notes-append")) + JsonDelta(1, "") +
+                             JsonDelta(1, "{\"li") + JsonDelta(1, "ne\": \"h") +
+                             JsonDelta(1, "i\"}") + BlockStop(1) +
+                             BlockStart(2, ToolUse("toolu_b", "time-now")) + BlockStop(2) +
+                             BlockStart(3, ToolUse("toolu_c", "never_offered")) +
+                             JsonDelta(3, "{}") + BlockStop(3) + MessageEnd("tool_use", 30);
   for (size_t piece : {1u, 5u, 4096u}) {
     auto r = Assemble(stream, names, piece);
     ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -283,13 +285,15 @@ TEST(AnthropicWireTest, MalformedEventsAreErrorsNotCrashes) {
   const std::vector<std::string> bad = {
       "event: message_start\ndata: {not json\n\n",
       "data: [1,2]\n\n",
-      Event("content_block_delta", {{"index", 0}, {"delta", {{"type", "text_delta"}, {"text", "x"}}}}),
+      Event("content_block_delta",
+            {{"index", 0}, {"delta", {{"type", "text_delta"}, {"text", "x"}}}}),
       BlockStart(0, {{"type", "text"}}) + BlockStart(0, {{"type", "text"}}),
       Event("content_block_start", {{"content_block", {{"type", "text"}}}}),
       Event("content_block_start", {{"index", "zero"}, {"content_block", {{"type", "text"}}}}),
       BlockStart(0, {{"type", "text"}}) + Event("content_block_delta", {{"index", 0}}),
       BlockStart(0, {{"type", "text"}}) +
-          Event("content_block_delta", {{"index", 0}, {"delta", {{"type", "text_delta"}, {"text", 5}}}}),
+          Event("content_block_delta",
+                {{"index", 0}, {"delta", {{"type", "text_delta"}, {"text", 5}}}}),
       BlockStart(0, ToolUse("t", "x")) +
           Event("content_block_delta",
                 {{"index", 0}, {"delta", {{"type", "input_json_delta"}, {"partial_json", 7}}}}),
@@ -360,8 +364,8 @@ TEST(AnthropicWireTest, ParsesAWholeMessage) {
     ASSERT_FALSE(refused.ok()) << bad;
     EXPECT_EQ(refused.status().code(), Code::kUnavailable) << bad;
   }
-  auto error = ParseMessage(R"({"type":"error","error":{"type":"api_error","message":"boom"}})",
-                            names);
+  auto error =
+      ParseMessage(R"({"type":"error","error":{"type":"api_error","message":"boom"}})", names);
   ASSERT_FALSE(error.ok());
   EXPECT_NE(error.status().message().find("api_error: boom"), std::string::npos);
 }

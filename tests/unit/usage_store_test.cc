@@ -2,6 +2,8 @@
 // each backend (`Conformance/UsageStoreTest.<Case>/sqlite` and `.../postgres`). The PostgreSQL
 // cases need KEEL_TEST_PG_ADMIN_URL (see store_conformance_test.cc) and skip without it.
 
+#include "keel/store/usage_store.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -9,7 +11,6 @@
 #include "keel/common/ids.h"
 #include "keel/model/metering.h"
 #include "keel/store/store.h"
-#include "keel/store/usage_store.h"
 #include "pg_test_database.h"
 
 namespace keel::store {
@@ -181,13 +182,14 @@ TEST_P(UsageStoreTest, BudgetsArePutReplacedListedAndDeleted) {
   Status foreign = Write([&](Tx& tx) { return tx.usage().DeleteBudget(other, "tenant", "day"); });
   EXPECT_EQ(foreign.code(), Code::kNotFound);
 
-  ASSERT_TRUE(Write([&](Tx& tx) { return tx.usage().DeleteBudget(tenant_, "tenant", "day"); }).ok());
+  ASSERT_TRUE(
+      Write([&](Tx& tx) { return tx.usage().DeleteBudget(tenant_, "tenant", "day"); }).ok());
   Status gone = Write([&](Tx& tx) { return tx.usage().DeleteBudget(tenant_, "tenant", "day"); });
   EXPECT_EQ(gone.code(), Code::kNotFound);
   EXPECT_NE(gone.message().find("day budget"), std::string::npos) << gone.message();
-  EXPECT_EQ(Read<std::vector<Budget>>([&](Tx& tx) { return tx.usage().ListBudgets(tenant_); })
-                .size(),
-            1u);
+  EXPECT_EQ(
+      Read<std::vector<Budget>>([&](Tx& tx) { return tx.usage().ListBudgets(tenant_); }).size(),
+      1u);
 }
 
 TEST_P(UsageStoreTest, CacheEntriesAreScopedExpireAndArePruned) {
@@ -208,7 +210,8 @@ TEST_P(UsageStoreTest, CacheEntriesAreScopedExpireAndArePruned) {
     return Read<std::optional<CacheEntry>>(
         [&](Tx& tx) { return tx.usage().GetCacheEntry(tenant, group, key, not_before); });
   };
-  for (const auto& e : {entry("g1", "k1", 1000), entry("g1", "k2", 2000), entry("g2", "k1", 3000)}) {
+  for (const auto& e :
+       {entry("g1", "k1", 1000), entry("g1", "k2", 2000), entry("g2", "k1", 3000)}) {
     ASSERT_TRUE(Write([&](Tx& tx) { return tx.usage().PutCacheEntry(e); }).ok());
   }
   auto hit = get(tenant_, "g1", "k1", 0);
@@ -216,8 +219,8 @@ TEST_P(UsageStoreTest, CacheEntriesAreScopedExpireAndArePruned) {
   EXPECT_EQ(hit->response["text"], "answer k1");
   EXPECT_EQ(hit->input_tokens, 3);
   EXPECT_EQ(hit->created_at, 1000);
-  EXPECT_FALSE(get(tenant_, "g1", "k1", 1001).has_value());  // too old
-  EXPECT_FALSE(get(tenant_, "g3", "k1", 0).has_value());     // another group
+  EXPECT_FALSE(get(tenant_, "g1", "k1", 1001).has_value());    // too old
+  EXPECT_FALSE(get(tenant_, "g3", "k1", 0).has_value());       // another group
   EXPECT_FALSE(get(MakeTenant(), "g1", "k1", 0).has_value());  // another tenant
 
   // Putting the same key replaces the entry.

@@ -41,7 +41,8 @@ Json BudgetJson(const store::Budget& b, int64_t spent_micros, Millis period_star
 Result<Json> BudgetWithSpend(store::Tx& tx, const store::Budget& b, Millis now) {
   Millis start = model::PeriodStart(b.period, now);
   std::string agent_id = b.scope == "tenant" ? std::string() : b.scope;
-  KEEL_ASSIGN_OR_RETURN(auto totals, tx.usage().PeriodUsage(b.tenant_id, agent_id, b.period, start));
+  KEEL_ASSIGN_OR_RETURN(auto totals,
+                        tx.usage().PeriodUsage(b.tenant_id, agent_id, b.period, start));
   return BudgetJson(b, totals.cost_micros, start);
 }
 
@@ -117,8 +118,8 @@ void RegisterUsageRoutes(http::Router& router, ApiContext& ctx) {
     if (!body.ok()) co_return Response::Error(body.status());
     for (auto it = body->begin(); it != body->end(); ++it) {
       if (it.key() != "scope" && it.key() != "period" && it.key() != "limit_usd") {
-        co_return Response::Error(InvalidArgument(
-            "unknown field '" + it.key() + "' (a budget has scope, period and limit_usd)"));
+        co_return Response::Error(InvalidArgument("unknown field '" + it.key() +
+                                                  "' (a budget has scope, period and limit_usd)"));
       }
     }
     auto scope = ReqString(*body, "scope");
@@ -149,7 +150,11 @@ void RegisterUsageRoutes(http::Router& router, ApiContext& ctx) {
         KEEL_ASSIGN_OR_RETURN(out, BudgetWithSpend(tx, b, budget.updated_at));
       }
       std::string agent_id = budget.scope == "tenant" ? std::string() : budget.scope;
-      return tx.events().Append({budget.tenant_id, "budget.set@v1", agent_id, "", "",
+      return tx.events().Append({budget.tenant_id,
+                                 "budget.set@v1",
+                                 agent_id,
+                                 "",
+                                 "",
                                  {{"scope", budget.scope},
                                   {"period", budget.period},
                                   {"limit_usd", model::MicrosToUsd(budget.limit_micros)}}});
@@ -169,8 +174,8 @@ void RegisterUsageRoutes(http::Router& router, ApiContext& ctx) {
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_RETURN_IF_ERROR(tx.usage().DeleteBudget(tenant, scope, *period));
       std::string agent_id = scope == "tenant" ? std::string() : scope;
-      return tx.events().Append({tenant, "budget.deleted@v1", agent_id, "", "",
-                                 {{"scope", scope}, {"period", *period}}});
+      return tx.events().Append(
+          {tenant, "budget.deleted@v1", agent_id, "", "", {{"scope", scope}, {"period", *period}}});
     });
     if (!written.ok()) co_return Response::Error(written.status());
     co_return Response::NoContent();

@@ -28,8 +28,7 @@ namespace keel::model {
 
 class AnthropicProvider final : public Provider {
  public:
-  explicit AnthropicProvider(config::AnthropicConfig config,
-                             RetryBackoff backoff = RetryBackoff{});
+  explicit AnthropicProvider(config::AnthropicConfig config, RetryBackoff backoff = RetryBackoff{});
   ~AnthropicProvider() override;
 
   // Fails at once with kUnauthenticated naming ANTHROPIC_API_KEY when no key is configured

@@ -88,8 +88,8 @@ Result<ToolCallRequest> MakeToolCall(const std::string& id, const std::string& w
   call.name = keel_name.ok() ? std::move(keel_name).value() : wire_name;
   if (!input.is_object()) {
     std::string cut = stop_reason == "max_tokens" ? " (the output was cut at max_tokens)" : "";
-    return Unavailable("the model's input for tool '" + call.name + "' is not a JSON object" +
-                       cut + ": " + Excerpt(DumpJson(input)));
+    return Unavailable("the model's input for tool '" + call.name + "' is not a JSON object" + cut +
+                       ": " + Excerpt(DumpJson(input)));
   }
   call.arguments = std::move(input);
   return call;
@@ -176,8 +176,7 @@ Result<Json> BuildMessagesRequest(const ModelRequest& request, bool stream, int 
       if (!m.content.empty()) result["content"] = m.content;
       append("user", std::move(result));
     } else {
-      return InvalidArgument("message role '" + Excerpt(m.role, 80) +
-                             "' has no Messages API form");
+      return InvalidArgument("message role '" + Excerpt(m.role, 80) + "' has no Messages API form");
     }
   }
   if (!system.empty()) body["system"] = system;
@@ -263,8 +262,8 @@ Status MessageStreamAccumulator::Add(const SseEvent& event, std::string& delta) 
   }
   auto it = blocks_.find(*index);
   if (it == blocks_.end() || it->second.stopped) {
-    return Unavailable("the server sent " + type + " for content block " +
-                       std::to_string(*index) + ", which is not open");
+    return Unavailable("the server sent " + type + " for content block " + std::to_string(*index) +
+                       ", which is not open");
   }
   Block& block = it->second;
   if (type == "content_block_stop") {

@@ -1,11 +1,10 @@
 #include "keel/model/provider_http.h"
 
+#include <algorithm>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
-
-#include <algorithm>
 #include <cctype>
 #include <exception>
 #include <random>

@@ -8,7 +8,6 @@
 // sends a delta twice.
 
 #include <boost/asio/awaitable.hpp>
-
 #include <chrono>
 #include <functional>
 #include <optional>

@@ -3,10 +3,10 @@
 
 #include "keel/runtime/model_calls.h"
 
+#include <boost/asio/co_spawn.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
-
 #include <cmath>
 
 #include "keel/common/crypto.h"
@@ -23,10 +23,14 @@ namespace asio = boost::asio;
 
 namespace {
 
+// How long answers wait to be written to the cache together, and how many may wait.
+constexpr int kCacheFlushDelayMs = 100;
+constexpr size_t kMaxPendingCacheEntries = 256;
+
 // Agent config fields that change what a model answers (the others, such as busy or
 // local_latency_ms, do not).
-constexpr const char* kAnswerFields[] = {"temperature", "top_p",      "top_k",
-                                         "max_tokens",  "seed",       "local_rules"};
+constexpr const char* kAnswerFields[] = {"temperature", "top_p", "top_k",
+                                         "max_tokens",  "seed",  "local_rules"};
 
 std::string ConfigString(const Json& config, const char* field) {
   if (!config.is_object()) return "";
@@ -71,8 +75,8 @@ std::optional<model::ModelResponse> ResponseOf(const store::CacheEntry& e) {
         !c["name"].is_string() || !c.contains("arguments") || !c["arguments"].is_object()) {
       return std::nullopt;
     }
-    r.tool_calls.push_back({c["id"].get<std::string>(), c["name"].get<std::string>(),
-                            c["arguments"]});
+    r.tool_calls.push_back(
+        {c["id"].get<std::string>(), c["name"].get<std::string>(), c["arguments"]});
   }
   r.usage = {e.input_tokens, e.output_tokens};
   return r;
@@ -148,8 +152,8 @@ std::string ModelCall::BudgetMessage() const {
   const Json& b = budget_exceeded;
   std::string scope = b.value("scope", "");
   std::string whose = scope == "tenant" ? "the tenant's" : "agent " + scope + "'s";
-  return "this model call would cross " + whose + " " + b.value("period", "") +
-         " budget of " + UsdText(b["limit_usd"]) + ": " + UsdText(b["spent_usd"]) +
+  return "this model call would cross " + whose + " " + b.value("period", "") + " budget of " +
+         UsdText(b["limit_usd"]) + ": " + UsdText(b["spent_usd"]) +
          " spent, this call is estimated at " + UsdText(b["estimate_usd"]);
 }
 
@@ -170,12 +174,19 @@ void ModelCall::Describe(Json& out) const {
 
 Status ModelCall::Record(store::Tx& tx, const store::Run& run, const store::Step& step) const {
   if (!budget_exceeded.is_null()) {
-    return tx.events().Append({run.tenant_id, "budget.exceeded@v1", run.agent_id, run.session_id,
-                               run.id, {{"step_seq", step.seq}, {"budget", budget_exceeded}}});
+    return tx.events().Append({run.tenant_id,
+                               "budget.exceeded@v1",
+                               run.agent_id,
+                               run.session_id,
+                               run.id,
+                               {{"step_seq", step.seq}, {"budget", budget_exceeded}}});
   }
   if (fell_back) {
-    KEEL_RETURN_IF_ERROR(tx.events().Append({run.tenant_id, "model.fallback@v1", run.agent_id,
-                                             run.session_id, run.id,
+    KEEL_RETURN_IF_ERROR(tx.events().Append({run.tenant_id,
+                                             "model.fallback@v1",
+                                             run.agent_id,
+                                             run.session_id,
+                                             run.id,
                                              {{"step_seq", step.seq},
                                               {"to", model},
                                               {"error", primary_error},
@@ -248,8 +259,8 @@ asio::awaitable<ModelCall> Runtime::CallModel(const store::Run& run, const store
       ++metrics_.model_cache_hits;
       if (!cached->text.empty() && on_delta) on_delta(cached->text);
       call.cached = true;
-      call.saved_micros = model::CostMicros(model::PriceOf(options_.prices, agent.model),
-                                            cached->usage);
+      call.saved_micros =
+          model::CostMicros(model::PriceOf(options_.prices, agent.model), cached->usage);
       call.response = std::move(*cached);
       co_return call;
     }
@@ -333,18 +344,52 @@ asio::awaitable<ModelCall> Runtime::CallModel(const store::Run& run, const store
     entry.output_tokens = call.response->usage.output_tokens;
     entry.created_at = NowMillis();
     if (DumpJson(entry.response).size() <= static_cast<size_t>(options_.cache.max_entry_bytes)) {
-      Metrics* metrics = &metrics_;
-      store_.Write(
-          [entry = std::move(entry)](store::Tx& tx) { return tx.usage().PutCacheEntry(entry); },
-          [metrics](Status st, std::vector<store::Event>) {
-            if (!st.ok()) {
-              ++metrics->model_cache_errors;
-              LogError("response cache write failed: " + st.message());
-            }
-          });
+      QueueCacheEntry(std::move(entry));
     }
   }
   co_return call;
+}
+
+void Runtime::QueueCacheEntry(store::CacheEntry entry) {
+  cache_pending_.push_back(std::move(entry));
+  if (cache_pending_.size() >= kMaxPendingCacheEntries) {
+    WriteCacheEntries();
+  } else if (!cache_flush_scheduled_) {
+    cache_flush_scheduled_ = true;
+    asio::co_spawn(executor_, FlushCacheEntries(), ReportExceptions{"response cache writes"});
+  }
+}
+
+asio::awaitable<void> Runtime::FlushCacheEntries() {
+  // A short wait gathers the answers of many calls into one unit (one commit), off the runs'
+  // path; an answer repeated within it is a miss, which only costs its model call.
+  asio::steady_timer timer(executor_);
+  timer.expires_after(std::chrono::milliseconds(kCacheFlushDelayMs));
+  boost::system::error_code ec;
+  co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+  cache_flush_scheduled_ = false;
+  WriteCacheEntries();
+}
+
+void Runtime::WriteCacheEntries() {
+  if (cache_pending_.empty()) return;
+  std::vector<store::CacheEntry> entries = std::move(cache_pending_);
+  cache_pending_.clear();
+  const auto count = static_cast<int64_t>(entries.size());
+  Metrics* metrics = &metrics_;
+  store_.Write(
+      [entries = std::move(entries)](store::Tx& tx) -> Status {
+        for (const auto& e : entries) KEEL_RETURN_IF_ERROR(tx.usage().PutCacheEntry(e));
+        return Status::Ok();
+      },
+      [metrics, count](Status st, std::vector<store::Event>) {
+        if (st.ok()) {
+          metrics->model_cache_stores += count;
+        } else {
+          metrics->model_cache_errors += count;
+          LogError("response cache write failed: " + st.message());
+        }
+      });
 }
 
 asio::awaitable<void> Runtime::CachePruneLoop() {

@@ -11,8 +11,9 @@
 //   provider        the agent's model; when it is unavailable (after its own retries), the
 //                   agent's config.fallback_model gets the same request, after its own budget
 //                   check
-//   metering        the answer's cost from the price table; a primary's answer is put in the
-//                   cache (in a unit of its own, not awaited)
+//   metering        the answer's cost from the price table; a primary's answer is queued for
+//                   the cache, and the queue is written in one unit of its own a moment later
+//                   (QueueCacheEntry), off the run's path
 //
 // The executor records the outcome with the model step (ModelCall::Record), in the step's unit
 // of work. A cache that fails (a read or a write) only costs the cache: the call goes to the
@@ -32,8 +33,8 @@ namespace keel::runtime {
 // What one model call came to.
 struct ModelCall {
   Result<model::ModelResponse> response = Internal("no model call was made");
-  std::string model;      // the model string that answered: the agent's, or its fallback
-  bool cached = false;    // answered from the response cache
+  std::string model;    // the model string that answered: the agent's, or its fallback
+  bool cached = false;  // answered from the response cache
   bool fell_back = false;
   std::string primary_error;  // why the agent's model failed, when the fallback was asked
   int64_t cost_micros = 0;

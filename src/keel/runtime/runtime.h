@@ -27,6 +27,7 @@
 #include "keel/store/schedule_store.h"
 #include "keel/config/config.h"
 #include "keel/store/store.h"
+#include "keel/store/usage_store.h"
 
 namespace keel {
 struct Metrics;
@@ -191,6 +192,11 @@ class Runtime {
                                               std::function<void(const std::string&)> on_delta);
   // Prunes the response cache (on the leader): expired entries, and the oldest beyond the bound.
   boost::asio::awaitable<void> CachePruneLoop();
+  // Queues an answer for the response cache; queued answers are written together, in one unit
+  // of work a moment later, so that a miss does not cost a commit of its own.
+  void QueueCacheEntry(store::CacheEntry entry);
+  boost::asio::awaitable<void> FlushCacheEntries();  // after a moment, WriteCacheEntries
+  void WriteCacheEntries();                          // one unit, not awaited
   // Expires pending approvals past their time (on the leader), every second.
   boost::asio::awaitable<void> ApprovalExpiryLoop();
   // The agent's plugins for the enabled list just read from the store (see PluginsOf).
@@ -251,6 +257,8 @@ class Runtime {
   boost::asio::steady_timer schedule_timer_;
   bool schedule_wake_ = true;         // the first round does not wait
   std::set<std::string> firing_;      // schedules being fired by this node
+  std::vector<store::CacheEntry> cache_pending_;  // answers not written to the cache yet
+  bool cache_flush_scheduled_ = false;
 };
 
 }  // namespace keel::runtime

@@ -80,13 +80,11 @@ class UsageStore {
   // the UTC month of created_at. kConflict when the id exists.
   virtual Status InsertUsage(const UsageRecord& u) = 0;
   // The run's calls summed (zeros for a run without any).
-  virtual Result<UsageTotals> RunUsage(const std::string& tenant_id,
-                                       const std::string& run_id) = 0;
+  virtual Result<UsageTotals> RunUsage(const std::string& tenant_id, const std::string& run_id) = 0;
   // The totals of the period ("day" or "month") that starts at `start` (model::PeriodStart):
   // of one agent, or of the whole tenant when agent_id is "". Zeros when nothing was used.
-  virtual Result<UsageTotals> PeriodUsage(const std::string& tenant_id,
-                                          const std::string& agent_id, const std::string& period,
-                                          Millis start) = 0;
+  virtual Result<UsageTotals> PeriodUsage(const std::string& tenant_id, const std::string& agent_id,
+                                          const std::string& period, Millis start) = 0;
   // Each agent's totals for that period, by agent id; agents that used nothing are absent.
   virtual Result<std::vector<AgentUsage>> PeriodUsageByAgent(const std::string& tenant_id,
                                                              const std::string& period,

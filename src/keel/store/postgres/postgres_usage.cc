@@ -29,20 +29,18 @@ Status PostgresTx::InsertUsage(const UsageRecord& u) {
                                   ") VALUES($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13) "
                                   "ON CONFLICT DO NOTHING RETURNING id";
   KEEL_RETURN_IF_ERROR(BindTenant(u.tenant_id));
-  KEEL_ASSIGN_OR_RETURN(auto rows,
-                        conn_.Query(kSql, P(u.id, u.tenant_id, u.agent_id, u.run_id, u.step_id,
-                                            u.model, u.input_tokens, u.output_tokens,
-                                            u.cost_micros, u.saved_micros, u.cached, u.fallback,
-                                            u.created_at)));
+  KEEL_ASSIGN_OR_RETURN(
+      auto rows, conn_.Query(kSql, P(u.id, u.tenant_id, u.agent_id, u.run_id, u.step_id, u.model,
+                                     u.input_tokens, u.output_tokens, u.cost_micros, u.saved_micros,
+                                     u.cached, u.fallback, u.created_at)));
   if (rows.empty()) return Conflict("usage record already exists: " + u.id);
   // Pipelined: their results are not needed; a failure fails the unit when it is collected.
   for (const char* period : {model::kPeriodDay, model::kPeriodMonth}) {
     Millis start = model::PeriodStart(period, u.created_at);
     for (const std::string& agent : {u.agent_id, std::string()}) {
-      KEEL_RETURN_IF_ERROR(conn_.Send(kAddToTotals, P(u.tenant_id, agent, period, start,
-                                                      u.cached ? 1 : 0, u.input_tokens,
-                                                      u.output_tokens, u.cost_micros,
-                                                      u.saved_micros)));
+      KEEL_RETURN_IF_ERROR(conn_.Send(
+          kAddToTotals, P(u.tenant_id, agent, period, start, u.cached ? 1 : 0, u.input_tokens,
+                          u.output_tokens, u.cost_micros, u.saved_micros)));
     }
   }
   return Status::Ok();
@@ -60,8 +58,8 @@ Result<UsageTotals> PostgresTx::RunUsage(const std::string& tenant_id, const std
 }
 
 Result<UsageTotals> PostgresTx::PeriodUsage(const std::string& tenant_id,
-                                            const std::string& agent_id,
-                                            const std::string& period, Millis start) {
+                                            const std::string& agent_id, const std::string& period,
+                                            Millis start) {
   static const std::string kSql = "SELECT " + std::string(kTotalsCols) +
                                   " FROM usage_totals WHERE tenant_id=$1 AND period=$2 AND "
                                   "period_start=$3 AND agent_id=$4";
@@ -153,7 +151,8 @@ Result<int64_t> PostgresTx::PruneCache(Millis before, int64_t max_entries) {
       "ORDER BY created_at DESC OFFSET $1) RETURNING 1) SELECT count(*) FROM d";
   KEEL_RETURN_IF_ERROR(SetSystem(true));
   auto expired = conn_.Query(kExpired, P(before));
-  auto oldest = expired.ok() ? conn_.Query(kOldest, P(max_entries)) : Result<Rows>(expired.status());
+  auto oldest =
+      expired.ok() ? conn_.Query(kOldest, P(max_entries)) : Result<Rows>(expired.status());
   Status off = SetSystem(false);
   if (!oldest.ok()) return oldest.status();
   KEEL_RETURN_IF_ERROR(off);

@@ -40,8 +40,7 @@ Status SqliteTx::InsertUsage(const UsageRecord& u) {
     for (const std::string& agent : {u.agent_id, std::string()}) {
       KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kAddToTotals));
       KEEL_RETURN_IF_ERROR(s.BindAll(u.tenant_id, agent, period, start, u.cached ? 1 : 0,
-                                     u.input_tokens, u.output_tokens, u.cost_micros,
-                                     u.saved_micros)
+                                     u.input_tokens, u.output_tokens, u.cost_micros, u.saved_micros)
                                .Run());
     }
   }
@@ -60,9 +59,8 @@ Result<UsageTotals> SqliteTx::RunUsage(const std::string& tenant_id, const std::
   return ReadTotals(s, 0);
 }
 
-Result<UsageTotals> SqliteTx::PeriodUsage(const std::string& tenant_id,
-                                          const std::string& agent_id, const std::string& period,
-                                          Millis start) {
+Result<UsageTotals> SqliteTx::PeriodUsage(const std::string& tenant_id, const std::string& agent_id,
+                                          const std::string& period, Millis start) {
   static const std::string kSql = "SELECT " + std::string(kTotalsCols) +
                                   " FROM usage_totals WHERE tenant_id=? AND period=? AND "
                                   "period_start=? AND agent_id=?";
@@ -140,11 +138,12 @@ Result<std::optional<CacheEntry>> SqliteTx::GetCacheEntry(const std::string& ten
 }
 
 Status SqliteTx::PutCacheEntry(const CacheEntry& e) {
-  static const std::string kSql = "INSERT OR REPLACE INTO model_cache(" + std::string(kCacheCols) +
-                                  ") VALUES(?,?,?,?,?,?,?,?)";
+  static const std::string kSql =
+      "INSERT OR REPLACE INTO model_cache(" + std::string(kCacheCols) + ") VALUES(?,?,?,?,?,?,?,?)";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
-  return s.BindAll(e.tenant_id, e.cache_group, e.key, e.model, DumpJson(e.response),
-                   e.input_tokens, e.output_tokens, e.created_at)
+  return s
+      .BindAll(e.tenant_id, e.cache_group, e.key, e.model, DumpJson(e.response), e.input_tokens,
+               e.output_tokens, e.created_at)
       .Run();
 }
 
