@@ -51,10 +51,18 @@ TEST(CronFuzz, MutatedAndRandomInputs) {
     for (int e = 0; e < edits; ++e) {
       char c = alphabet[pick(alphabet.size())];
       switch (pick(i % 10 == 0 ? 1 : 4)) {
-        case 0: s.insert(s.begin() + static_cast<long>(pick(s.size() + 1)), c); break;
-        case 1: if (!s.empty()) s.erase(pick(s.size()), 1); break;
-        case 2: if (!s.empty()) s[pick(s.size())] = c; break;
-        case 3: s += " " + corpus[pick(corpus.size())].substr(0, 8); break;
+        case 0:
+          s.insert(s.begin() + static_cast<long>(pick(s.size() + 1)), c);
+          break;
+        case 1:
+          if (!s.empty()) s.erase(pick(s.size()), 1);
+          break;
+        case 2:
+          if (!s.empty()) s[pick(s.size())] = c;
+          break;
+        case 3:
+          s += " " + corpus[pick(corpus.size())].substr(0, 8);
+          break;
       }
     }
     std::string broken = CheckCronInput(s);

@@ -2,9 +2,10 @@
 // parser's syntax and errors, next slots across DST transitions in America/New_York and
 // Europe/Berlin, leap years, the day-of-month/day-of-week rule, and the missed-slot policies.
 
+#include "keel/schedule/cron.h"
+
 #include <gtest/gtest.h>
 
-#include "keel/schedule/cron.h"
 #include "keel/schedule/schedule.h"
 
 namespace keel::schedule {
@@ -47,10 +48,12 @@ std::string ParseError(const std::string& expr) {
 }
 
 TEST(CronParse, AcceptsListsRangesStepsNamesAndMacros) {
-  for (const char* ok : {"* * * * *", "0 9 * * 1-5", "*/15 * * * *", "5,10,15-20/2 3-5 1,15 "
-                         "JAN-MAR,dec mon-fri", "0 12 * * 7", "3/20 * * * *", "@yearly",
-                         "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly",
-                         "@DAILY", "  0\t0  * * *  "}) {
+  for (const char* ok :
+       {"* * * * *", "0 9 * * 1-5", "*/15 * * * *",
+        "5,10,15-20/2 3-5 1,15 "
+        "JAN-MAR,dec mon-fri",
+        "0 12 * * 7", "3/20 * * * *", "@yearly", "@annually", "@monthly", "@weekly", "@daily",
+        "@midnight", "@hourly", "@DAILY", "  0\t0  * * *  "}) {
     EXPECT_EQ(ParseError(ok), "parsed") << ok;
   }
 }
@@ -100,8 +103,7 @@ TEST(NextSlotTest, EveryMinuteHourAndWeekdayInUtc) {
   EXPECT_EQ(Next("* * * * *", "UTC", "2024-05-01T10:00:30.500Z"), "2024-05-01T10:01:00.000Z");
   EXPECT_EQ(Next("@hourly", "UTC", "2024-12-31T23:00:00.000Z"), "2025-01-01T00:00:00.000Z");
   // 2024-05-03 is a Friday: the next weekday 09:00 is Monday.
-  EXPECT_EQ(Next("0 9 * * MON-FRI", "UTC", "2024-05-03T09:00:00.000Z"),
-            "2024-05-06T09:00:00.000Z");
+  EXPECT_EQ(Next("0 9 * * MON-FRI", "UTC", "2024-05-03T09:00:00.000Z"), "2024-05-06T09:00:00.000Z");
   EXPECT_EQ(Next("*/20 * * * *", "UTC", "2024-05-01T10:41:00.000Z"), "2024-05-01T11:00:00.000Z");
   EXPECT_EQ(Next("3/20 * * * *", "UTC", "2024-05-01T10:44:00.000Z"), "2024-05-01T11:03:00.000Z");
 }
@@ -185,8 +187,8 @@ TEST(LatestSlotTest, FindsTheLastSlotInAnInterval) {
   latest = LatestSlot(yearly, utc, T("2030-06-01T00:00:00.000Z"), T("2024-06-01T00:00:00.000Z"));
   ASSERT_TRUE(latest);
   EXPECT_EQ(FormatRfc3339(*latest), "2030-01-01T00:00:00.000Z");
-  EXPECT_FALSE(LatestSlot(yearly, utc, T("2024-12-31T00:00:00.000Z"),
-                          T("2024-06-01T00:00:00.000Z")));
+  EXPECT_FALSE(
+      LatestSlot(yearly, utc, T("2024-12-31T00:00:00.000Z"), T("2024-06-01T00:00:00.000Z")));
 }
 
 // ---------------------------------------------------------------- schedules
@@ -221,8 +223,7 @@ TEST(MakeScheduleTest, ChecksFieldsAndSetsTheFirstSlot) {
     auto made = MakeSchedule(req, "t", "tok", "owner", 0);
     ASSERT_FALSE(made.ok()) << expect;
     EXPECT_EQ(made.status().code(), Code::kInvalidArgument);
-    EXPECT_NE(made.status().message().find(expect), std::string::npos)
-        << made.status().message();
+    EXPECT_NE(made.status().message().find(expect), std::string::npos) << made.status().message();
   };
   ScheduleRequest x = r;
   x.timezone = "Mars/Olympus";
@@ -317,8 +318,8 @@ TEST(PlanFiringTest, OneShots) {
 
 TEST(PlanFiringTest, MissedSlotsAcrossASpringForwardInNewYork) {
   // Every day at 02:30 New York time, down over 2024-03-10 (whose 02:30 fired at 03:00 EDT).
-  auto s = Active("30 2 * * *", "America/New_York", "catch_up_one",
-                  T("2024-03-09T07:30:00.000Z"), T("2024-03-08T08:00:00.000Z"));
+  auto s = Active("30 2 * * *", "America/New_York", "catch_up_one", T("2024-03-09T07:30:00.000Z"),
+                  T("2024-03-08T08:00:00.000Z"));
   auto f = PlanFiring(s, T("2024-03-10T12:00:00.000Z"), T("2024-03-10T12:00:00.000Z"));
   ASSERT_TRUE(f.ok());
   EXPECT_EQ(FormatRfc3339(*f->slot), "2024-03-10T07:00:00.000Z");

@@ -5,11 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
-
-#include <atomic>
 #include <filesystem>
 
 #include "keel/common/ids.h"
@@ -48,10 +47,12 @@ class ScheduleLoopTest : public ::testing::Test {
     agent_.tenant_id = tenant_;
     agent_.name = "a";
     agent_.model = "local";
-    ASSERT_TRUE(store_->WriteSync([&](store::Tx& tx) -> Status {
-                  KEEL_RETURN_IF_ERROR(tx.tenants().InsertTenant({tenant_, "t", 0}));
-                  return tx.agents().InsertAgent(agent_);
-                }).ok());
+    ASSERT_TRUE(store_
+                    ->WriteSync([&](store::Tx& tx) -> Status {
+                      KEEL_RETURN_IF_ERROR(tx.tenants().InsertTenant({tenant_, "t", 0}));
+                      return tx.agents().InsertAgent(agent_);
+                    })
+                    .ok());
   }
   void TearDown() override {
     StopRuntime();
@@ -69,9 +70,8 @@ class ScheduleLoopTest : public ::testing::Test {
     r.missed = missed;
     auto s = schedule::MakeSchedule(r, tenant_, "tok", "owner", created);
     EXPECT_TRUE(s.ok()) << s.status().ToString();
-    EXPECT_TRUE(store_->WriteSync([&](store::Tx& tx) {
-                  return schedule::InsertSchedule(tx, *s);
-                }).ok());
+    EXPECT_TRUE(
+        store_->WriteSync([&](store::Tx& tx) { return schedule::InsertSchedule(tx, *s); }).ok());
     return *s;
   }
 
@@ -81,17 +81,20 @@ class ScheduleLoopTest : public ::testing::Test {
     gateway_ = std::make_unique<tools::Gateway>(*store_, registry_, (dir_ / "ws").string());
     RuntimeOptions options;
     options.clock = [this] { return now_.load(); };
-    runtime_ = std::make_unique<Runtime>(io_->get_executor(), *store_, *hub_, providers_,
-                                         *gateway_, metrics_, options);
+    runtime_ = std::make_unique<Runtime>(io_->get_executor(), *store_, *hub_, providers_, *gateway_,
+                                         metrics_, options);
     ASSERT_TRUE(runtime_->Start().ok());
   }
   void StopRuntime() {
     if (!runtime_) return;
     bool drained = false;
-    asio::co_spawn(*io_, [&]() -> asio::awaitable<void> {
-      co_await runtime_->Drain(std::chrono::seconds(5));
-      drained = true;
-    }, asio::detached);
+    asio::co_spawn(
+        *io_,
+        [&]() -> asio::awaitable<void> {
+          co_await runtime_->Drain(std::chrono::seconds(5));
+          drained = true;
+        },
+        asio::detached);
     while (!drained) io_->run_one_for(std::chrono::milliseconds(50));
     io_->stop();
     runtime_.reset();
@@ -114,30 +117,36 @@ class ScheduleLoopTest : public ::testing::Test {
   }
   store::Schedule Get(const std::string& id) {
     store::Schedule s;
-    EXPECT_TRUE(store_->Read([&](store::Tx& tx) -> Status {
-                  KEEL_ASSIGN_OR_RETURN(s, tx.schedules().GetSchedule(tenant_, id));
-                  return Status::Ok();
-                }).ok());
+    EXPECT_TRUE(store_
+                    ->Read([&](store::Tx& tx) -> Status {
+                      KEEL_ASSIGN_OR_RETURN(s, tx.schedules().GetSchedule(tenant_, id));
+                      return Status::Ok();
+                    })
+                    .ok());
     return s;
   }
   std::vector<store::ScheduleFire> Fires(const std::string& id) {
     std::vector<store::ScheduleFire> f;
-    EXPECT_TRUE(store_->Read([&](store::Tx& tx) -> Status {
-                  KEEL_ASSIGN_OR_RETURN(f, tx.schedules().RecentFires(tenant_, id, 100));
-                  return Status::Ok();
-                }).ok());
+    EXPECT_TRUE(store_
+                    ->Read([&](store::Tx& tx) -> Status {
+                      KEEL_ASSIGN_OR_RETURN(f, tx.schedules().RecentFires(tenant_, id, 100));
+                      return Status::Ok();
+                    })
+                    .ok());
     return f;
   }
   std::vector<store::Message> UserMessages(const std::string& session_id) {
     std::vector<store::Message> out;
-    EXPECT_TRUE(store_->Read([&](store::Tx& tx) -> Status {
-                  KEEL_ASSIGN_OR_RETURN(auto page,
-                                        tx.messages().ListMessages(tenant_, session_id, {}));
-                  for (auto& m : page.items) {
-                    if (m.role == "user") out.push_back(m);
-                  }
-                  return Status::Ok();
-                }).ok());
+    EXPECT_TRUE(store_
+                    ->Read([&](store::Tx& tx) -> Status {
+                      KEEL_ASSIGN_OR_RETURN(auto page,
+                                            tx.messages().ListMessages(tenant_, session_id, {}));
+                      for (auto& m : page.items) {
+                        if (m.role == "user") out.push_back(m);
+                      }
+                      return Status::Ok();
+                    })
+                    .ok());
     return out;
   }
 
@@ -163,7 +172,8 @@ TEST_F(ScheduleLoopTest, FiresOnATestClockAndAppliesTheMissedPolicyAfterARestart
 
   now_ = T("2024-03-10T06:59:59.000Z");
   StartRuntime();
-  RunUntil(T("2024-03-10T06:59:59.500Z"), [] { return false; }, std::chrono::milliseconds(300));
+  RunUntil(
+      T("2024-03-10T06:59:59.500Z"), [] { return false; }, std::chrono::milliseconds(300));
   EXPECT_TRUE(Fires(catch_up.id).empty()) << "fired before its slot";
   ASSERT_TRUE(RunUntil(T("2024-03-10T07:00:00.250Z"), [&] {
     return Fires(catch_up.id).size() == 1 && Fires(skip.id).size() == 1;
@@ -192,7 +202,8 @@ TEST_F(ScheduleLoopTest, FiresOnATestClockAndAppliesTheMissedPolicyAfterARestart
   EXPECT_EQ(FormatRfc3339(*Get(catch_up.id).next_fire_at), "2024-03-14T06:30:00.000Z");
   EXPECT_EQ(Fires(skip.id).size(), 1u);  // none of the missed ones
   // Nothing more fires until the next slot.
-  RunUntil(T("2024-03-14T06:29:59.000Z"), [] { return false; }, std::chrono::milliseconds(300));
+  RunUntil(
+      T("2024-03-14T06:29:59.000Z"), [] { return false; }, std::chrono::milliseconds(300));
   EXPECT_EQ(Fires(catch_up.id).size(), 2u);
   EXPECT_EQ(Fires(skip.id).size(), 1u);
 }

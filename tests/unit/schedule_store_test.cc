@@ -2,12 +2,13 @@
 // (`Conformance/ScheduleStoreTest.<Case>/sqlite` and `.../postgres`; the PostgreSQL cases skip
 // without KEEL_TEST_PG_ADMIN_URL, see store_conformance_test.cc).
 
+#include "keel/store/schedule_store.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
 
 #include "keel/common/ids.h"
-#include "keel/store/schedule_store.h"
 #include "keel/store/store.h"
 #include "pg_test_database.h"
 
@@ -132,12 +133,14 @@ TEST_P(ScheduleStoreTest, InsertGetUpdateListDelete) {
                 KEEL_RETURN_IF_ERROR(x.InsertSchedule(other));
                 return x.InsertSchedule(once);
               }).ok());
-  auto all = Read<Paged<Schedule>>(
-      [&](ScheduleStore& x) { return x.ListSchedules(tenant_, "", Page{"", 2}); });
+  auto all = Read<Paged<Schedule>>([&](ScheduleStore& x) {
+    return x.ListSchedules(tenant_, "", Page{"", 2});
+  });
   ASSERT_EQ(all.items.size(), 2u);
   EXPECT_FALSE(all.next_cursor.empty());
-  auto rest = Read<Paged<Schedule>>(
-      [&](ScheduleStore& x) { return x.ListSchedules(tenant_, "", Page{all.next_cursor, 2}); });
+  auto rest = Read<Paged<Schedule>>([&](ScheduleStore& x) {
+    return x.ListSchedules(tenant_, "", Page{all.next_cursor, 2});
+  });
   ASSERT_EQ(rest.items.size(), 1u);
   EXPECT_TRUE(rest.next_cursor.empty());
   auto mine = Read<Paged<Schedule>>(
@@ -148,9 +151,9 @@ TEST_P(ScheduleStoreTest, InsertGetUpdateListDelete) {
 
   // Another tenant sees none of them.
   std::string t2 = MakeTenant();
-  EXPECT_EQ(store_->Read([&](Tx& tx) { return tx.schedules().GetSchedule(t2, s.id).status(); })
-                .code(),
-            Code::kNotFound);
+  EXPECT_EQ(
+      store_->Read([&](Tx& tx) { return tx.schedules().GetSchedule(t2, s.id).status(); }).code(),
+      Code::kNotFound);
   EXPECT_TRUE(Read<Paged<Schedule>>([&](ScheduleStore& x) {
                 return x.ListSchedules(t2, "", Page{});
               }).items.empty());
@@ -158,8 +161,7 @@ TEST_P(ScheduleStoreTest, InsertGetUpdateListDelete) {
   ASSERT_TRUE(Write([&](ScheduleStore& x) { return x.DeleteSchedule(tenant_, s.id); }).ok());
   EXPECT_EQ(Write([&](ScheduleStore& x) { return x.DeleteSchedule(tenant_, s.id); }).code(),
             Code::kNotFound);
-  EXPECT_EQ(Write([&](ScheduleStore& x) { return x.UpdateSchedule(got); }).code(),
-            Code::kNotFound);
+  EXPECT_EQ(Write([&](ScheduleStore& x) { return x.UpdateSchedule(got); }).code(), Code::kNotFound);
 }
 
 TEST_P(ScheduleStoreTest, ASlotIsRecordedOnceAndTheUnitGoesOn) {
@@ -175,9 +177,9 @@ TEST_P(ScheduleStoreTest, ASlotIsRecordedOnceAndTheUnitGoesOn) {
     return tx.schedules().UpdateSchedule(s);
   });
   EXPECT_TRUE(second.ok()) << second.ToString();
-  EXPECT_EQ(Read<Schedule>([&](ScheduleStore& x) { return x.GetSchedule(tenant_, s.id); })
-                .last_fired_at,
-            std::optional<Millis>(5000));
+  EXPECT_EQ(
+      Read<Schedule>([&](ScheduleStore& x) { return x.GetSchedule(tenant_, s.id); }).last_fired_at,
+      std::optional<Millis>(5000));
   ScheduleFire refused{tenant_, s.id, 6000, 6100, "refused", "", "", "", "busy"};
   ASSERT_TRUE(Write([&](ScheduleStore& x) { return x.InsertFire(refused); }).ok());
   auto fires = Read<std::vector<ScheduleFire>>(
@@ -187,15 +189,15 @@ TEST_P(ScheduleStoreTest, ASlotIsRecordedOnceAndTheUnitGoesOn) {
   EXPECT_EQ(fires[0].outcome, "refused");
   EXPECT_EQ(fires[0].error, "busy");
   EXPECT_EQ(fires[1].run_id, "run");
-  EXPECT_EQ(Read<std::vector<ScheduleFire>>(
-                [&](ScheduleStore& x) { return x.RecentFires(tenant_, s.id, 1); })
-                .size(),
+  EXPECT_EQ(Read<std::vector<ScheduleFire>>([&](ScheduleStore& x) {
+              return x.RecentFires(tenant_, s.id, 1);
+            }).size(),
             1u);
   // The fires go with their schedule.
   ASSERT_TRUE(Write([&](ScheduleStore& x) { return x.DeleteSchedule(tenant_, s.id); }).ok());
-  EXPECT_TRUE(Read<std::vector<ScheduleFire>>(
-                  [&](ScheduleStore& x) { return x.RecentFires(tenant_, s.id, 10); })
-                  .empty());
+  EXPECT_TRUE(Read<std::vector<ScheduleFire>>([&](ScheduleStore& x) {
+                return x.RecentFires(tenant_, s.id, 10);
+              }).empty());
 }
 
 TEST_P(ScheduleStoreTest, DueSchedulesAndTheEarliestNextSlotAreRuntimeWide) {
@@ -218,9 +220,9 @@ TEST_P(ScheduleStoreTest, DueSchedulesAndTheEarliestNextSlotAreRuntimeWide) {
   std::vector<std::string> ids;
   for (const auto& s : due) ids.push_back(s.id);
   EXPECT_EQ(ids, (std::vector<std::string>{early.id, elsewhere.id, late.id}));
-  EXPECT_EQ(Read<std::vector<Schedule>>([](ScheduleStore& x) { return x.DueSchedules(5000, 1); })
-                .size(),
-            1u);
+  EXPECT_EQ(
+      Read<std::vector<Schedule>>([](ScheduleStore& x) { return x.DueSchedules(5000, 1); }).size(),
+      1u);
   EXPECT_EQ(Read<std::optional<Millis>>([](ScheduleStore& x) { return x.NextFireAt(); }),
             std::optional<Millis>(1000));
 }

@@ -22,8 +22,8 @@ constexpr int kRecentFires = 20;
 
 // The request in a body; `agent_id` is the path's when it is not empty (then the body has none).
 Result<schedule::ScheduleRequest> RequestOf(const Json& body, const std::string& agent_id) {
-  static const char* const kFields[] = {"agent_id", "name",       "cron",  "at",
-                                        "timezone", "prompt",     "session_id", "missed"};
+  static const char* const kFields[] = {"agent_id", "name",   "cron",       "at",
+                                        "timezone", "prompt", "session_id", "missed"};
   for (auto it = body.begin(); it != body.end(); ++it) {
     bool known = false;
     for (const char* f : kFields) known = known || it.key() == f;
@@ -45,8 +45,10 @@ Result<schedule::ScheduleRequest> RequestOf(const Json& body, const std::string&
   if (!at.empty()) {
     r.at = ParseRfc3339(at);
     if (!r.at) {
-      return InvalidArgument("field 'at' must be an RFC 3339 time such as "
-                             "2026-11-30T12:00:00.000Z, not \"" + at.substr(0, 40) + "\"");
+      return InvalidArgument(
+          "field 'at' must be an RFC 3339 time such as "
+          "2026-11-30T12:00:00.000Z, not \"" +
+          at.substr(0, 40) + "\"");
     }
   }
   KEEL_ASSIGN_OR_RETURN(r.timezone, OptString(body, "timezone", "UTC"));
@@ -130,16 +132,15 @@ void RegisterScheduleRoutes(http::Router& router, ApiContext& ctx) {
   });
   router.Add("POST", "/v1/agents/{id}/schedules",
              [&ctx](Request& req) -> asio::awaitable<Response> {
-    std::string agent_id = req.Param("id");
-    co_return co_await Create(ctx, req, agent_id);
-  });
+               std::string agent_id = req.Param("id");
+               co_return co_await Create(ctx, req, agent_id);
+             });
 
   router.Add("GET", "/v1/schedules", [&ctx](Request& req) -> asio::awaitable<Response> {
     std::string agent_id = req.Query("agent_id");
     co_return co_await List(ctx, req, agent_id);
   });
-  router.Add("GET", "/v1/agents/{id}/schedules",
-             [&ctx](Request& req) -> asio::awaitable<Response> {
+  router.Add("GET", "/v1/agents/{id}/schedules", [&ctx](Request& req) -> asio::awaitable<Response> {
     std::string agent_id = req.Param("id");
     co_return co_await List(ctx, req, agent_id);
   });
@@ -166,9 +167,7 @@ void RegisterScheduleRoutes(http::Router& router, ApiContext& ctx) {
     if (auto st = RequireMember(req, "delete schedules"); !st.ok()) co_return Response::Error(st);
     std::string tenant = req.principal.tenant_id;
     std::string id = req.Param("id");
-    store::WriteFn remove = [&](store::Tx& tx) {
-      return schedule::RemoveSchedule(tx, tenant, id);
-    };
+    store::WriteFn remove = [&](store::Tx& tx) { return schedule::RemoveSchedule(tx, tenant, id); };
     auto written = co_await store::AsyncWrite(ctx.store, std::move(remove));
     if (!written.ok()) co_return Response::Error(written.status());
     co_return Response::NoContent();
@@ -179,16 +178,16 @@ void RegisterScheduleRoutes(http::Router& router, ApiContext& ctx) {
   });
   router.Add("POST", "/v1/schedules/{id}/resume",
              [&ctx](Request& req) -> asio::awaitable<Response> {
-    co_return co_await SetEnabled(ctx, req, true);
-  });
+               co_return co_await SetEnabled(ctx, req, true);
+             });
   // {"enabled": false} pauses, {"enabled": true} resumes (the core contract's form).
   router.Add("PATCH", "/v1/schedules/{id}", [&ctx](Request& req) -> asio::awaitable<Response> {
     auto body = ParseJsonObject(req.body);
     if (!body.ok()) co_return Response::Error(body.status());
     for (auto it = body->begin(); it != body->end(); ++it) {
       if (it.key() != "enabled") {
-        co_return Response::Error(InvalidArgument(
-            "unknown field '" + it.key() + "' (PATCH takes {\"enabled\": true|false})"));
+        co_return Response::Error(InvalidArgument("unknown field '" + it.key() +
+                                                  "' (PATCH takes {\"enabled\": true|false})"));
       }
     }
     if (!body->contains("enabled") || !(*body)["enabled"].is_boolean()) {

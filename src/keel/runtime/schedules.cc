@@ -18,12 +18,11 @@
 // whose agent rejects while busy), that unit is rolled back and one of its own records the slot
 // as refused, with schedule.refused@v1, and advances the schedule all the same.
 
+#include <algorithm>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/use_awaitable.hpp>
-
-#include <algorithm>
 
 #include "keel/common/ids.h"
 #include "keel/common/log.h"
@@ -39,7 +38,7 @@ namespace asio = boost::asio;
 
 namespace {
 
-constexpr int kMaxFiring = 64;      // schedules fired at once by one node
+constexpr int kMaxFiring = 64;  // schedules fired at once by one node
 constexpr Millis kMaxSleepMs = 1000;
 
 Json TimeOrNull(const std::optional<Millis>& t) {
@@ -149,7 +148,11 @@ asio::awaitable<void> Runtime::FireSchedule(store::Schedule s, Millis firing_sin
       if (!current) return Status::Ok();
       Advance(*current, plan, now, false);
       KEEL_RETURN_IF_ERROR(tx.schedules().UpdateSchedule(*current));
-      return tx.events().Append({s.tenant_id, "schedule.skipped@v1", s.agent_id, "", "",
+      return tx.events().Append({s.tenant_id,
+                                 "schedule.skipped@v1",
+                                 s.agent_id,
+                                 "",
+                                 "",
                                  {{"schedule_id", s.id},
                                   {"missed_from", TimeOrNull(s.next_fire_at)},
                                   {"next_fire_at", TimeOrNull(current->next_fire_at)}}});
@@ -192,16 +195,17 @@ asio::awaitable<void> Runtime::FireSchedule(store::Schedule s, Millis firing_sin
   if (refusal.empty()) {
     auto plugins = UsePlugins(s.tenant_id, agent.id, enabled);
     if (plugins->Wants("schedule.fired")) {
-      Json payload = {{"agent_id", agent.id},          {"schedule_id", s.id},
-                      {"name", s.name},                {"session_id", session.id},
-                      {"slot", FormatRfc3339(slot)},   {"missed", plan.missed},
-                      {"prompt", prompt}};
+      Json payload = {
+          {"agent_id", agent.id},     {"schedule_id", s.id},         {"name", s.name},
+          {"session_id", session.id}, {"slot", FormatRfc3339(slot)}, {"missed", plan.missed},
+          {"prompt", prompt}};
       auto out = Emit(*plugins, "schedule.fired", std::move(payload), /*queue_webhooks=*/false);
       if (out.abort) {
         refusal = "plugin " + out.abort->plugin_id + " failed: " + out.abort->message;
       } else {
         const Json& p = out.payload.contains("prompt") ? out.payload["prompt"] : Json();
-        if (p.is_string() && !p.get_ref<const std::string&>().empty()) prompt = p.get<std::string>();
+        if (p.is_string() && !p.get_ref<const std::string&>().empty())
+          prompt = p.get<std::string>();
         if (!plugins->webhooks.empty()) {
           deliveries = DeliveriesFor(*plugins, "schedule.fired", out.payload);
         }
@@ -233,8 +237,9 @@ asio::awaitable<void> Runtime::FireSchedule(store::Schedule s, Millis firing_sin
         stale = true;
         return Status::Ok();
       }
-      store::ScheduleFire record{s.tenant_id, s.id,  slot, now, "posted", session.id,
-                                 unit.out.run.id, unit.out.message.id, ""};
+      store::ScheduleFire record{
+          s.tenant_id,         s.id, slot, now, "posted", session.id, unit.out.run.id,
+          unit.out.message.id, ""};
       Status recorded = tx.schedules().InsertFire(record);
       if (recorded.code() == Code::kConflict) {
         stale = true;
@@ -245,12 +250,19 @@ asio::awaitable<void> Runtime::FireSchedule(store::Schedule s, Millis firing_sin
       KEEL_RETURN_IF_ERROR(tx.schedules().UpdateSchedule(*current));
       if (new_session) {
         KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(session));
-        KEEL_RETURN_IF_ERROR(tx.events().Append({s.tenant_id, "session.created@v1", agent.id,
-                                                 session.id, "", {{"title", session.title}}}));
+        KEEL_RETURN_IF_ERROR(tx.events().Append({s.tenant_id,
+                                                 "session.created@v1",
+                                                 agent.id,
+                                                 session.id,
+                                                 "",
+                                                 {{"title", session.title}}}));
       }
       KEEL_RETURN_IF_ERROR(WriteIntake(tx, unit));
       for (const auto& d : deliveries) KEEL_RETURN_IF_ERROR(tx.plugins().InsertDelivery(d));
-      return tx.events().Append({s.tenant_id, "schedule.fired@v1", agent.id, session.id,
+      return tx.events().Append({s.tenant_id,
+                                 "schedule.fired@v1",
+                                 agent.id,
+                                 session.id,
                                  unit.out.run.id,
                                  {{"schedule_id", s.id},
                                   {"slot", FormatRfc3339(slot)},
@@ -265,12 +277,11 @@ asio::awaitable<void> Runtime::FireSchedule(store::Schedule s, Millis firing_sin
       AfterIntake(unit);
       if (!deliveries.empty()) WakeDeliveries();
       if (new_session) {
-        asio::co_spawn(executor_,
-                       EmitFor(s.tenant_id, agent.id, "session.opened",
-                               {{"agent_id", agent.id},
-                                {"session_id", session.id},
-                                {"title", session.title}}),
-                       asio::detached);
+        asio::co_spawn(
+            executor_,
+            EmitFor(s.tenant_id, agent.id, "session.opened",
+                    {{"agent_id", agent.id}, {"session_id", session.id}, {"title", session.title}}),
+            asio::detached);
       }
       co_return;
     }
@@ -285,14 +296,18 @@ asio::awaitable<void> Runtime::FireSchedule(store::Schedule s, Millis firing_sin
   store::WriteFn refuse = [&](store::Tx& tx) -> Status {
     KEEL_ASSIGN_OR_RETURN(auto current, StillDue(tx, s));
     if (!current) return Status::Ok();
-    store::ScheduleFire record{s.tenant_id, s.id, slot, now, "refused", s.session_id, "", "",
-                               refusal.substr(0, 500)};
+    store::ScheduleFire record{
+        s.tenant_id, s.id, slot, now, "refused", s.session_id, "", "", refusal.substr(0, 500)};
     Status recorded = tx.schedules().InsertFire(record);
     if (recorded.code() == Code::kConflict) return Status::Ok();
     KEEL_RETURN_IF_ERROR(recorded);
     Advance(*current, plan, now, end);
     KEEL_RETURN_IF_ERROR(tx.schedules().UpdateSchedule(*current));
-    return tx.events().Append({s.tenant_id, "schedule.refused@v1", s.agent_id, s.session_id, "",
+    return tx.events().Append({s.tenant_id,
+                               "schedule.refused@v1",
+                               s.agent_id,
+                               s.session_id,
+                               "",
                                {{"schedule_id", s.id},
                                 {"slot", FormatRfc3339(slot)},
                                 {"reason", record.error},

@@ -36,7 +36,7 @@ struct Macro {
   const char* name;
   const char* expansion;
 };
-constexpr Macro kMacros[] = {{"@yearly", "0 0 1 1 *"}, {"@annually", "0 0 1 1 *"},
+constexpr Macro kMacros[] = {{"@yearly", "0 0 1 1 *"},  {"@annually", "0 0 1 1 *"},
                              {"@monthly", "0 0 1 * *"}, {"@weekly", "0 0 * * 0"},
                              {"@daily", "0 0 * * *"},   {"@midnight", "0 0 * * *"},
                              {"@hourly", "0 * * * *"}};
@@ -67,9 +67,8 @@ class FieldParser {
     size_t start = 0;
     while (true) {
       size_t comma = text.find(',', start);
-      std::string_view item =
-          text.substr(start, comma == std::string_view::npos ? std::string_view::npos
-                                                             : comma - start);
+      std::string_view item = text.substr(
+          start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
       if (item.empty()) return Error("has an empty list item in '" + Shown(text) + "'");
       KEEL_ASSIGN_OR_RETURN(uint64_t more, Item(item));
       bits |= more;
@@ -81,8 +80,8 @@ class FieldParser {
 
  private:
   Status Error(const std::string& what) const {
-    return InvalidArgument("invalid cron expression \"" + Shown(expr_) + "\": field '" +
-                           f_.name + "' " + what);
+    return InvalidArgument("invalid cron expression \"" + Shown(expr_) + "\": field '" + f_.name +
+                           "' " + what);
   }
 
   Result<uint64_t> Item(std::string_view item) {
@@ -135,7 +134,9 @@ class FieldParser {
   }
 
   Result<unsigned> Number(std::string_view v, const char* what) {
-    auto invalid = [&] { return Error("has an invalid " + std::string(what) + " '" + Shown(v) + "'"); };
+    auto invalid = [&] {
+      return Error("has an invalid " + std::string(what) + " '" + Shown(v) + "'");
+    };
     if (v.empty() || v.size() > 4) return invalid();
     unsigned n = 0;
     for (char c : v) {
@@ -342,8 +343,8 @@ std::optional<Millis> LatestSlot(const CronExpr& cron, const TimeZone& zone, Mil
   // Look back over growing windows, so that a frequent expression costs a few steps and a
   // rare one a few more, never a walk over every slot since `not_before`.
   constexpr Millis kHour = 3600 * 1000;
-  for (Millis window : {kHour, 24 * kHour, 32 * 24 * kHour, 400 * 24 * kHour,
-                        30 * 366 * 24 * kHour, 400 * 366 * 24 * kHour}) {
+  for (Millis window : {kHour, 24 * kHour, 32 * 24 * kHour, 400 * 24 * kHour, 30 * 366 * 24 * kHour,
+                        400 * 366 * 24 * kHour}) {
     Millis from = std::max(not_before, at - window);
     std::optional<Millis> slot = NextSlot(cron, zone, from);
     if (slot && *slot <= at) {

@@ -62,11 +62,11 @@ class CronExpr {
 
  private:
   std::string text_;
-  uint64_t minutes_ = 0;   // bits 0-59
-  uint32_t hours_ = 0;     // bits 0-23
-  uint32_t days_ = 0;      // bits 1-31
-  uint16_t months_ = 0;    // bits 1-12
-  uint8_t weekdays_ = 0;   // bits 0-6 (7 folds into 0)
+  uint64_t minutes_ = 0;        // bits 0-59
+  uint32_t hours_ = 0;          // bits 0-23
+  uint32_t days_ = 0;           // bits 1-31
+  uint16_t months_ = 0;         // bits 1-12
+  uint8_t weekdays_ = 0;        // bits 0-6 (7 folds into 0)
   bool days_star_ = false;      // the day-of-month field begins with `*`
   bool weekdays_star_ = false;  // the day-of-week field begins with `*`
 };

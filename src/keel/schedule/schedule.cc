@@ -31,8 +31,8 @@ Result<Millis> LatestDue(const store::Schedule& s, Millis due, Millis now) {
 }  // namespace
 
 Result<store::Schedule> MakeSchedule(const ScheduleRequest& r, const std::string& tenant_id,
-                                     const std::string& created_by,
-                                     const std::string& caller_role, Millis now) {
+                                     const std::string& created_by, const std::string& caller_role,
+                                     Millis now) {
   if (r.agent_id.empty()) return InvalidArgument("field 'agent_id' is required");
   if (r.cron.empty() == !r.at.has_value()) {
     return InvalidArgument(r.cron.empty() ? "one of 'cron' and 'at' is required"
@@ -130,15 +130,19 @@ Status InsertSchedule(store::Tx& tx, const store::Schedule& s) {
     auto session = tx.sessions().GetSession(s.tenant_id, s.session_id);
     if (!session.ok() && session.status().code() != Code::kNotFound) return session.status();
     if (!session.ok() || session->agent_id != s.agent_id) {
-      return InvalidArgument("field 'session_id': " + s.session_id +
-                             " is not a session of agent " + s.agent_id);
+      return InvalidArgument("field 'session_id': " + s.session_id + " is not a session of agent " +
+                             s.agent_id);
     }
     if (session->status == "inactive") {
       return InvalidArgument("field 'session_id': session " + s.session_id + " is inactive");
     }
   }
   KEEL_RETURN_IF_ERROR(tx.schedules().InsertSchedule(s));
-  return tx.events().Append({s.tenant_id, "schedule.created@v1", s.agent_id, s.session_id, "",
+  return tx.events().Append({s.tenant_id,
+                             "schedule.created@v1",
+                             s.agent_id,
+                             s.session_id,
+                             "",
                              {{"schedule_id", s.id},
                               {"kind", s.kind},
                               {"next_fire_at", FormatRfc3339(s.next_fire_at.value_or(0))}}});
@@ -180,12 +184,9 @@ Json ScheduleJson(const store::Schedule& s) {
 }
 
 Json FireJson(const store::ScheduleFire& f) {
-  return {{"slot", FormatRfc3339(f.slot)},
-          {"fired_at", FormatRfc3339(f.fired_at)},
-          {"outcome", f.outcome},
-          {"session_id", TextOrNull(f.session_id)},
-          {"run_id", TextOrNull(f.run_id)},
-          {"message_id", TextOrNull(f.message_id)},
+  return {{"slot", FormatRfc3339(f.slot)},  {"fired_at", FormatRfc3339(f.fired_at)},
+          {"outcome", f.outcome},           {"session_id", TextOrNull(f.session_id)},
+          {"run_id", TextOrNull(f.run_id)}, {"message_id", TextOrNull(f.message_id)},
           {"error", TextOrNull(f.error)}};
 }
 

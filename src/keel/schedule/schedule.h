@@ -18,8 +18,8 @@ namespace keel::schedule {
 // What a client asks for (the API, the CLI, an agent's schedule.create).
 struct ScheduleRequest {
   std::string agent_id;
-  std::string name;             // empty: named after its cron or time
-  std::string cron;             // exactly one of cron and at
+  std::string name;  // empty: named after its cron or time
+  std::string cron;  // exactly one of cron and at
   std::optional<Millis> at;
   std::string timezone = "UTC";
   std::string prompt;
@@ -32,8 +32,8 @@ struct ScheduleRequest {
 // kInvalidArgument naming the field and value. Whether the agent and the session exist is the
 // caller's to check, in its unit of work.
 Result<store::Schedule> MakeSchedule(const ScheduleRequest& request, const std::string& tenant_id,
-                                     const std::string& created_by,
-                                     const std::string& caller_role, Millis now);
+                                     const std::string& created_by, const std::string& caller_role,
+                                     Millis now);
 
 // The first slot of `s` strictly after `after`: its cron expression's next slot, or its `at`
 // when that is later (nullopt: none is left). Fails only for a stored expression or zone that

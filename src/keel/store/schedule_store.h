@@ -24,10 +24,10 @@ struct Schedule {
   std::optional<Millis> at;   // kind once: the one slot
   std::string timezone = "UTC";
   std::string prompt;
-  std::string session_id;        // "" = a new session for each firing
-  std::string missed = "skip";   // skip | catch_up_one: slots missed while no node fired
-  std::string status = "active";  // active | paused | done
-  std::optional<Millis> next_fire_at;  // the next slot to fire; null once done
+  std::string session_id;               // "" = a new session for each firing
+  std::string missed = "skip";          // skip | catch_up_one: slots missed while no node fired
+  std::string status = "active";        // active | paused | done
+  std::optional<Millis> next_fire_at;   // the next slot to fire; null once done
   std::optional<Millis> last_fired_at;  // the last slot that fired
   std::string created_by;               // token id of whoever created it
   std::string caller_role = "owner";    // that caller's role, carried by the runs it starts
@@ -39,8 +39,8 @@ struct Schedule {
 struct ScheduleFire {
   std::string tenant_id;
   std::string schedule_id;
-  Millis slot = 0;      // the slot's instant (UTC)
-  Millis fired_at = 0;  // when it was recorded
+  Millis slot = 0;                 // the slot's instant (UTC)
+  Millis fired_at = 0;             // when it was recorded
   std::string outcome = "posted";  // posted | refused (intake would not take the prompt)
   std::string session_id;
   std::string run_id;      // empty when refused
@@ -60,8 +60,7 @@ class ScheduleStore {
   virtual Result<Schedule> GetSchedule(const std::string& tenant_id, const std::string& id) = 0;
   // By id; `agent_id` empty for every agent's.
   virtual Result<Paged<Schedule>> ListSchedules(const std::string& tenant_id,
-                                                const std::string& agent_id,
-                                                const Page& page) = 0;
+                                                const std::string& agent_id, const Page& page) = 0;
   // Deletes the schedule and its fires. kNotFound "schedule not found: ID".
   virtual Status DeleteSchedule(const std::string& tenant_id, const std::string& id) = 0;
   // Records a slot. kConflict when that slot of the schedule is recorded already (another node

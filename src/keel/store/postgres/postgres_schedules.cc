@@ -38,10 +38,10 @@ Status PostgresTx::InsertSchedule(const Schedule& x) {
                                   ") VALUES(" + Placeholders(18) +
                                   ") ON CONFLICT DO NOTHING RETURNING id";
   KEEL_RETURN_IF_ERROR(BindTenant(x.tenant_id));
-  auto rows = conn_.Query(kSql, P(x.id, x.tenant_id, x.agent_id, x.name, x.kind, x.cron, x.at,
-                                  x.timezone, x.prompt, x.session_id, x.missed, x.status,
-                                  x.next_fire_at, x.last_fired_at, x.created_by, x.caller_role,
-                                  x.created_at, x.updated_at));
+  auto rows = conn_.Query(
+      kSql, P(x.id, x.tenant_id, x.agent_id, x.name, x.kind, x.cron, x.at, x.timezone, x.prompt,
+              x.session_id, x.missed, x.status, x.next_fire_at, x.last_fired_at, x.created_by,
+              x.caller_role, x.created_at, x.updated_at));
   if (!rows.ok()) return rows.status();
   if (rows->empty()) return Conflict("schedule already exists: " + x.id);
   return Status::Ok();
@@ -52,8 +52,8 @@ Status PostgresTx::UpdateSchedule(const Schedule& x) {
       "UPDATE schedules SET name=$1, status=$2, next_fire_at=$3, last_fired_at=$4, "
       "updated_at=$5 WHERE tenant_id=$6 AND id=$7 RETURNING id";
   KEEL_RETURN_IF_ERROR(BindTenant(x.tenant_id));
-  return Found(conn_.Query(kSql, P(x.name, x.status, x.next_fire_at, x.last_fired_at,
-                                   x.updated_at, x.tenant_id, x.id)),
+  return Found(conn_.Query(kSql, P(x.name, x.status, x.next_fire_at, x.last_fired_at, x.updated_at,
+                                   x.tenant_id, x.id)),
                "schedule not found: " + x.id);
 }
 
@@ -67,8 +67,7 @@ Result<Schedule> PostgresTx::GetSchedule(const std::string& tenant_id, const std
 }
 
 Result<Paged<Schedule>> PostgresTx::ListSchedules(const std::string& tenant_id,
-                                                  const std::string& agent_id,
-                                                  const Page& page) {
+                                                  const std::string& agent_id, const Page& page) {
   static const std::string kSql =
       "SELECT " + std::string(kScheduleCols) +
       " FROM schedules WHERE tenant_id=$1 AND ($2='' OR agent_id=$2) AND id>$3 ORDER BY id "
@@ -90,8 +89,7 @@ Result<Paged<Schedule>> PostgresTx::ListSchedules(const std::string& tenant_id,
 Status PostgresTx::DeleteSchedule(const std::string& tenant_id, const std::string& id) {
   static const std::string kFires =
       "DELETE FROM schedule_fires WHERE tenant_id=$1 AND schedule_id=$2";
-  static const std::string kSql =
-      "DELETE FROM schedules WHERE tenant_id=$1 AND id=$2 RETURNING id";
+  static const std::string kSql = "DELETE FROM schedules WHERE tenant_id=$1 AND id=$2 RETURNING id";
   KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
   KEEL_RETURN_IF_ERROR(conn_.Query(kFires, P(tenant_id, id)).status());
   return Found(conn_.Query(kSql, P(tenant_id, id)), "schedule not found: " + id);
@@ -138,8 +136,7 @@ Result<std::vector<Schedule>> PostgresTx::DueSchedules(Millis now, int limit) {
 }
 
 Result<std::optional<Millis>> PostgresTx::NextFireAt() {
-  static const std::string kSql =
-      "SELECT min(next_fire_at) FROM schedules WHERE status='active'";
+  static const std::string kSql = "SELECT min(next_fire_at) FROM schedules WHERE status='active'";
   KEEL_RETURN_IF_ERROR(SetSystem(true));
   auto rows = conn_.Query(kSql, Params());
   Status off = SetSystem(false);

@@ -34,9 +34,10 @@ Status SqliteTx::InsertSchedule(const Schedule& x) {
   static const std::string kSql = "INSERT INTO schedules(" + std::string(kScheduleCols) +
                                   ") VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
-  return s.BindAll(x.id, x.tenant_id, x.agent_id, x.name, x.kind, x.cron, x.at, x.timezone,
-                   x.prompt, x.session_id, x.missed, x.status, x.next_fire_at, x.last_fired_at,
-                   x.created_by, x.caller_role, x.created_at, x.updated_at)
+  return s
+      .BindAll(x.id, x.tenant_id, x.agent_id, x.name, x.kind, x.cron, x.at, x.timezone, x.prompt,
+               x.session_id, x.missed, x.status, x.next_fire_at, x.last_fired_at, x.created_by,
+               x.caller_role, x.created_at, x.updated_at)
       .Run();
 }
 
@@ -78,7 +79,8 @@ Result<Paged<Schedule>> SqliteTx::ListSchedules(const std::string& tenant_id,
 }
 
 Status SqliteTx::DeleteSchedule(const std::string& tenant_id, const std::string& id) {
-  static const std::string kFires = "DELETE FROM schedule_fires WHERE tenant_id=? AND schedule_id=?";
+  static const std::string kFires =
+      "DELETE FROM schedule_fires WHERE tenant_id=? AND schedule_id=?";
   static const std::string kSql = "DELETE FROM schedules WHERE tenant_id=? AND id=? RETURNING id";
   {
     KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kFires));
@@ -91,8 +93,7 @@ Status SqliteTx::DeleteSchedule(const std::string& tenant_id, const std::string&
 
 Status SqliteTx::InsertFire(const ScheduleFire& f) {
   // OR IGNORE: a slot recorded already leaves the unit of work usable, as on PostgreSQL.
-  static const std::string kSql = "INSERT OR IGNORE INTO schedule_fires(" +
-                                  std::string(kFireCols) +
+  static const std::string kSql = "INSERT OR IGNORE INTO schedule_fires(" + std::string(kFireCols) +
                                   ") VALUES(?,?,?,?,?,?,?,?,?) RETURNING slot";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(f.tenant_id, f.schedule_id, f.slot, f.fired_at, f.outcome, f.session_id, f.run_id,
@@ -106,8 +107,7 @@ Status SqliteTx::InsertFire(const ScheduleFire& f) {
 }
 
 Result<std::vector<ScheduleFire>> SqliteTx::RecentFires(const std::string& tenant_id,
-                                                        const std::string& schedule_id,
-                                                        int limit) {
+                                                        const std::string& schedule_id, int limit) {
   static const std::string kSql = "SELECT " + std::string(kFireCols) +
                                   " FROM schedule_fires WHERE tenant_id=? AND schedule_id=? "
                                   "ORDER BY slot DESC LIMIT ?";
@@ -126,8 +126,7 @@ Result<std::vector<Schedule>> SqliteTx::DueSchedules(Millis now, int limit) {
 }
 
 Result<std::optional<Millis>> SqliteTx::NextFireAt() {
-  static const std::string kSql =
-      "SELECT min(next_fire_at) FROM schedules WHERE status='active'";
+  static const std::string kSql = "SELECT min(next_fire_at) FROM schedules WHERE status='active'";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
   if (!row) return std::optional<Millis>();
