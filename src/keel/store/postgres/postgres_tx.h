@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "keel/store/postgres/pg_conn.h"
+#include "keel/store/memory_store.h"
 #include "keel/store/store.h"
 
 namespace keel::store::postgres {
@@ -37,6 +38,7 @@ class PostgresTx final : public Tx,
                          public ApprovalStore,
                          public McpServerStore,
                          public PluginStore,
+                         public MemoryStore,
                          public AgentStore,
                          public SessionStore,
                          public MessageStore,
@@ -61,6 +63,7 @@ class PostgresTx final : public Tx,
   ApprovalStore& approvals() override { return *this; }
   McpServerStore& mcp_servers() override { return *this; }
   PluginStore& plugins() override { return *this; }
+  MemoryStore& memory() override { return *this; }
   AgentStore& agents() override { return *this; }
   SessionStore& sessions() override { return *this; }
   MessageStore& messages() override { return *this; }
@@ -199,6 +202,21 @@ class PostgresTx final : public Tx,
                                                 const std::string& status,
                                                 const Page& page) override;
   Result<std::vector<PluginDelivery>> DueDeliveries(Millis now, int limit) override;
+
+  // MemoryStore (postgres_memory.cc)
+  Status UpsertMemory(const Memory& m) override;
+  Result<Memory> GetMemory(const std::string& tenant_id, const std::string& agent_id,
+                           const std::string& id) override;
+  Status DeleteMemory(const std::string& tenant_id, const std::string& agent_id,
+                      const std::string& id) override;
+  Result<Paged<Memory>> ListMemories(const std::string& tenant_id, const std::string& agent_id,
+                                     const std::string& tag, const Page& page) override;
+  Result<std::vector<MemoryHit>> SearchMemories(const std::string& tenant_id,
+                                                const std::string& agent_id,
+                                                const MemorySearch& search) override;
+  Result<WorkingMemory> GetWorkingMemory(const std::string& tenant_id,
+                                         const std::string& agent_id) override;
+  Status PutWorkingMemory(const WorkingMemory& w) override;
 
  private:
   // Binds the transaction to `tenant_id` (row-level security) unless it already is.

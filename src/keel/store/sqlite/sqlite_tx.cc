@@ -992,7 +992,8 @@ Status SqliteTx::ImportRow(const std::string& table, const Json& row) {
 }
 
 // Positions come from AUTOINCREMENT and origin_seqs from max(origin_seq): nothing to move.
-Status SqliteTx::FinishImport() { return Status::Ok(); }
+// Imported memories get their search scope (not part of the archive).
+Status SqliteTx::FinishImport() { return ScopeImportedMemories(); }
 
 Result<bool> SqliteTx::IsEmpty() {
   for (const auto& t : ExportTables()) {
@@ -1124,6 +1125,34 @@ CREATE TABLE plugin_deliveries(
   FOREIGN KEY(tenant_id, plugin_id) REFERENCES plugins(tenant_id, id) ON DELETE CASCADE);
 CREATE INDEX plugin_deliveries_due ON plugin_deliveries(status, next_attempt_at);
 CREATE INDEX plugin_deliveries_plugin ON plugin_deliveries(tenant_id, plugin_id, created_at, id);
+)sql",
+      // 6: agents' memories with their full-text index (FTS5 over the text and a scope of
+      // agent and tag tokens, kept in step by triggers; see sqlite_memory.cc), and each
+      // agent's working memory.
+      R"sql(
+CREATE TABLE memories(
+  seq INTEGER PRIMARY KEY, id TEXT NOT NULL, tenant_id TEXT NOT NULL REFERENCES tenants(id),
+  agent_id TEXT NOT NULL REFERENCES agents(id), text TEXT NOT NULL, tags TEXT NOT NULL,
+  source TEXT NOT NULL, created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL,
+  scope TEXT NOT NULL DEFAULT '', UNIQUE(tenant_id, agent_id, id));
+CREATE INDEX memories_recent ON memories(tenant_id, agent_id, updated_at, id);
+CREATE VIRTUAL TABLE memories_fts USING fts5(text, scope, content='memories',
+  content_rowid='seq', tokenize='unicode61 remove_diacritics 0');
+CREATE TRIGGER memories_fts_insert AFTER INSERT ON memories BEGIN
+  INSERT INTO memories_fts(rowid, text, scope) VALUES(new.seq, new.text, new.scope);
+END;
+CREATE TRIGGER memories_fts_delete AFTER DELETE ON memories BEGIN
+  INSERT INTO memories_fts(memories_fts, rowid, text, scope)
+    VALUES('delete', old.seq, old.text, old.scope);
+END;
+CREATE TRIGGER memories_fts_update AFTER UPDATE ON memories BEGIN
+  INSERT INTO memories_fts(memories_fts, rowid, text, scope)
+    VALUES('delete', old.seq, old.text, old.scope);
+  INSERT INTO memories_fts(rowid, text, scope) VALUES(new.seq, new.text, new.scope);
+END;
+CREATE TABLE working_memories(
+  tenant_id TEXT NOT NULL REFERENCES tenants(id), agent_id TEXT NOT NULL REFERENCES agents(id),
+  text TEXT NOT NULL, updated_at INTEGER NOT NULL, PRIMARY KEY(tenant_id, agent_id));
 )sql",
   };
   return kMigrations;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "keel/store/sqlite/sqlite_db.h"
+#include "keel/store/memory_store.h"
 #include "keel/store/store.h"
 
 namespace keel::store::sqlite {
@@ -19,6 +20,7 @@ class SqliteTx final : public Tx,
                        public ApprovalStore,
                        public McpServerStore,
                        public PluginStore,
+                       public MemoryStore,
                        public AgentStore,
                        public SessionStore,
                        public MessageStore,
@@ -39,6 +41,7 @@ class SqliteTx final : public Tx,
   ApprovalStore& approvals() override { return *this; }
   McpServerStore& mcp_servers() override { return *this; }
   PluginStore& plugins() override { return *this; }
+  MemoryStore& memory() override { return *this; }
   AgentStore& agents() override { return *this; }
   SessionStore& sessions() override { return *this; }
   MessageStore& messages() override { return *this; }
@@ -178,7 +181,25 @@ class SqliteTx final : public Tx,
                                                 const Page& page) override;
   Result<std::vector<PluginDelivery>> DueDeliveries(Millis now, int limit) override;
 
+  // MemoryStore (sqlite_memory.cc)
+  Status UpsertMemory(const Memory& m) override;
+  Result<Memory> GetMemory(const std::string& tenant_id, const std::string& agent_id,
+                           const std::string& id) override;
+  Status DeleteMemory(const std::string& tenant_id, const std::string& agent_id,
+                      const std::string& id) override;
+  Result<Paged<Memory>> ListMemories(const std::string& tenant_id, const std::string& agent_id,
+                                     const std::string& tag, const Page& page) override;
+  Result<std::vector<MemoryHit>> SearchMemories(const std::string& tenant_id,
+                                                const std::string& agent_id,
+                                                const MemorySearch& search) override;
+  Result<WorkingMemory> GetWorkingMemory(const std::string& tenant_id,
+                                         const std::string& agent_id) override;
+  Status PutWorkingMemory(const WorkingMemory& w) override;
+
  private:
+  // Gives memories imported without their search scope (ImportRow leaves it empty) their scope.
+  Status ScopeImportedMemories();
+
   Db& db_;
   std::string origin_;
   std::vector<Event> appended_;
