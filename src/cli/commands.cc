@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -1416,6 +1417,12 @@ std::optional<std::string> AtTime(const std::string& at) {
 std::string ScheduleWhen(const Json& s) {
   return Str(s, "kind") == "once" ? "at " + Str(s, "at")
                                   : Str(s, "cron") + " (" + Str(s, "timezone") + ")";
+// ---- memory
+
+namespace {
+
+std::string MemoriesPath(const std::string& agent_id) {
+  return "/v1/agents/" + Escape(agent_id) + "/memories";
 }
 
 }  // namespace
@@ -1462,6 +1469,64 @@ int ScheduleList(Context& ctx, const std::string& agent) {
     path += "?agent_id=" + Escape(agent_id);
   }
   Reply list = ListAll(ctx, path);
+int MemorySearch(Context& ctx, const MemorySearchArgs& args) {
+  std::string agent_id;
+  if (int code = ResolveAgent(ctx, args.agent, &agent_id); code != kExitOk) return code;
+  std::string target = MemoriesPath(agent_id) + "?q=" + Escape(args.query) +
+                       "&limit=" + std::to_string(args.limit);
+  if (!args.tag.empty()) target += "&tag=" + Escape(args.tag);
+  Reply found = Request(ctx, "GET", target);
+  if (!found.ok()) return found.exit_code;
+  if (ctx.json) {
+    PrintJson(found.body);
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const Json& m : Items(found.body)) {
+    char score[32];
+    const Json& s = Field(m, "score");
+    std::snprintf(score, sizeof(score), "%.4f", s.is_number() ? s.get<double>() : 0.0);
+    rows.push_back({score, Str(m, "id"), OneLine(Join(Field(m, "tags"), ","), 30),
+                    OneLine(Str(m, "text"), 80)});
+  }
+  if (rows.empty()) {
+    std::cout << "no memory matches\n";
+    return kExitOk;
+  }
+  PrintTable({"SCORE", "ID", "TAGS", "TEXT"}, rows);
+  return kExitOk;
+}
+
+int MemoryAdd(Context& ctx, const MemoryAddArgs& args) {
+  std::string agent_id;
+  if (int code = ResolveAgent(ctx, args.agent, &agent_id); code != kExitOk) return code;
+  Json body = {{"text", args.text}, {"tags", args.tags}};
+  if (!args.source.empty()) body["source"] = args.source;
+  if (!args.id.empty()) body["id"] = args.id;
+  Reply written = Request(ctx, "POST", MemoriesPath(agent_id), body);
+  if (!written.ok()) return written.exit_code;
+  if (ctx.json) {
+    PrintJson(written.body);
+    return kExitOk;
+  }
+  std::cout << (written.status == 201 ? "added" : "replaced") << " memory "
+            << Str(written.body, "id") << "\n";
+  return kExitOk;
+}
+
+int MemoryRemove(Context& ctx, const std::string& agent, const std::string& id) {
+  std::string agent_id;
+  if (int code = ResolveAgent(ctx, agent, &agent_id); code != kExitOk) return code;
+  Reply gone = Request(ctx, "DELETE", MemoriesPath(agent_id) + "/" + Escape(id));
+  if (!gone.ok()) return gone.exit_code;
+  if (!ctx.json) std::cout << "deleted memory " << id << "\n";
+  return kExitOk;
+}
+
+int MemoryList(Context& ctx, const std::string& agent, const std::string& tag) {
+  std::string agent_id;
+  if (int code = ResolveAgent(ctx, agent, &agent_id); code != kExitOk) return code;
+  Reply list = ListAll(ctx, MemoriesPath(agent_id) + (tag.empty() ? "" : "?tag=" + Escape(tag)));
   if (!list.ok()) return list.exit_code;
   if (ctx.json) {
     PrintJson(list.body);
@@ -1528,6 +1593,11 @@ int ScheduleSetEnabled(Context& ctx, const std::string& id, bool enabled) {
   std::string next = Str(s.body, "next_fire_at");
   std::cout << "schedule " << id << " is " << Str(s.body, "status")
             << (enabled && !next.empty() ? "; next at " + next : "") << "\n";
+  for (const Json& m : Items(list.body)) {
+    rows.push_back({Str(m, "id"), Str(m, "updated_at"), Str(m, "source"),
+                    OneLine(Join(Field(m, "tags"), ","), 30), OneLine(Str(m, "text"), 80)});
+  }
+  PrintTable({"ID", "UPDATED", "SOURCE", "TAGS", "TEXT"}, rows);
   return kExitOk;
 }
 

@@ -168,6 +168,25 @@ int ScheduleList(Context& ctx, const std::string& agent);
 int ScheduleShow(Context& ctx, const std::string& id);
 int ScheduleRemove(Context& ctx, const std::string& id);
 int ScheduleSetEnabled(Context& ctx, const std::string& id, bool enabled);
+// Memories: `agent` is an id or name.
+struct MemorySearchArgs {
+  std::string agent;
+  std::string query;
+  std::string tag;  // empty: any
+  int limit = 10;
+};
+struct MemoryAddArgs {
+  std::string agent;
+  std::string text;
+  std::vector<std::string> tags;
+  std::string source;  // empty: the server's default (api)
+  std::string id;      // empty: a new memory; otherwise the one to replace
+};
+int MemorySearch(Context& ctx, const MemorySearchArgs& args);
+int MemoryAdd(Context& ctx, const MemoryAddArgs& args);
+int MemoryRemove(Context& ctx, const std::string& agent, const std::string& id);
+// `tag` empty: every memory.
+int MemoryList(Context& ctx, const std::string& agent, const std::string& tag);
 
 int TenantsCreate(Context& ctx, const std::string& name);
 

@@ -340,6 +340,36 @@ int Main(int argc, char** argv) {
       "resume", "Resume a schedule (its next slot from now, by its missed policy)");
   sched_resume->add_option("id", schedule_ref, "Schedule id")->required();
   on_parse(sched_resume, [&](Context& c) { return ScheduleSetEnabled(c, schedule_ref, true); });
+  // keel memory ...
+  CLI::App* memory = app.add_subcommand("memory", "Search, add, list and remove an agent's memories");
+  memory->require_subcommand(1);
+  MemorySearchArgs memory_search;
+  MemoryAddArgs memory_add;
+  std::string memory_agent, memory_id, memory_tag;
+  CLI::App* memory_search_cmd = memory->add_subcommand(
+      "search", "Search an agent's memories: words, \"a phrase\", a OR b, -word, prefix*");
+  memory_search_cmd->add_option("agent", memory_search.agent, "Agent id or name")->required();
+  memory_search_cmd->add_option("query", memory_search.query, "What to look for")->required();
+  memory_search_cmd->add_option("--tag", memory_search.tag, "Only memories with this tag");
+  memory_search_cmd->add_option("--limit", memory_search.limit, "At most this many (1 to 100)")
+      ->check(CLI::Range(1, 100));
+  on_parse(memory_search_cmd, [&](Context& c) { return MemorySearch(c, memory_search); });
+  CLI::App* memory_add_cmd = memory->add_subcommand(
+      "add", "Add a memory to an agent (or replace one with --id) (owners and users)");
+  memory_add_cmd->add_option("agent", memory_add.agent, "Agent id or name")->required();
+  memory_add_cmd->add_option("text", memory_add.text, "What to remember")->required();
+  memory_add_cmd->add_option("--tag", memory_add.tags, "A tag (repeat for more)");
+  memory_add_cmd->add_option("--source", memory_add.source, "Who wrote it (default: api)");
+  memory_add_cmd->add_option("--id", memory_add.id, "The id of the memory to replace");
+  on_parse(memory_add_cmd, [&](Context& c) { return MemoryAdd(c, memory_add); });
+  CLI::App* memory_rm = memory->add_subcommand("rm", "Delete one of an agent's memories");
+  memory_rm->add_option("agent", memory_agent, "Agent id or name")->required();
+  memory_rm->add_option("id", memory_id, "Memory id")->required();
+  on_parse(memory_rm, [&](Context& c) { return MemoryRemove(c, memory_agent, memory_id); });
+  CLI::App* memory_list = memory->add_subcommand("list", "List an agent's memories, newest first");
+  memory_list->add_option("agent", memory_agent, "Agent id or name")->required();
+  memory_list->add_option("--tag", memory_tag, "Only memories with this tag");
+  on_parse(memory_list, [&](Context& c) { return MemoryList(c, memory_agent, memory_tag); });
 
   // keel tenants create
   CLI::App* tenants = app.add_subcommand("tenants", "Manage tenants (platform admin only)");

@@ -188,6 +188,7 @@ int ServeMain(const ServeFlags& flags) {
       !st.ok()) {
     return Fail(st);
   }
+  if (Status st = tools::RegisterMemoryTools(tool_registry, *store); !st.ok()) return Fail(st);
   tools::GatewayOptions gateway_options;
   gateway_options.approval_ttl_ms = config.approval_timeout_ms;
   gateway_options.large_result_bytes = static_cast<size_t>(config.large_result_bytes);

@@ -185,6 +185,7 @@ void RegisterAllRoutes(http::Router& router, ApiContext& ctx) {
   RegisterPluginRoutes(router, ctx);
   RegisterScheduleRoutes(router, ctx);
   RegisterUsageRoutes(router, ctx);
+  RegisterMemoryRoutes(router, ctx);
 }
 
 }  // namespace keel::api

@@ -68,6 +68,7 @@ void RegisterMcpServerRoutes(http::Router& router, ApiContext& ctx); // /v1/mcp:
 void RegisterPluginRoutes(http::Router& router, ApiContext& ctx);    // plugins, deliveries
 void RegisterScheduleRoutes(http::Router& router, ApiContext& ctx);  // schedules
 void RegisterUsageRoutes(http::Router& router, ApiContext& ctx);     // usage, budgets
+void RegisterMemoryRoutes(http::Router& router, ApiContext& ctx);    // memories, working memory
 
 // The OpenAPI 3.1 document served at /v1/openapi.json.
 const std::string& OpenApiDocument();

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "keel/common/ids.h"
+#include "keel/memory/memory.h"
 #include "keel/metrics.h"
 #include "keel/model/provider.h"
 #include "keel/plugins/bus.h"
@@ -235,6 +236,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
   std::vector<store::Step> steps;
   std::vector<store::ToolCall> calls;
   std::vector<store::Plugin> enabled;
+  std::string working_memory;  // the system message showing it, or ""
   Status loaded = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
     if (known) {
       agent = known->agent;
@@ -251,6 +253,8 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
       KEEL_ASSIGN_OR_RETURN(calls, tx.runs().ListToolCalls(run.tenant_id, run.id));
     }
     KEEL_ASSIGN_OR_RETURN(enabled, tx.plugins().PluginsForAgent(run.tenant_id, run.agent_id));
+    KEEL_ASSIGN_OR_RETURN(working_memory,
+                          memory::WorkingMemoryPrompt(tx, run.tenant_id, run.agent_id));
     return Status::Ok();
   });
   if (!loaded.ok()) {
@@ -299,6 +303,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
     request.model = model_name;
     request.agent_config = agent.config;
     if (!agent.instructions.empty()) request.messages.push_back({"system", agent.instructions, {}, "", ""});
+    if (!working_memory.empty()) request.messages.push_back({"system", working_memory, {}, "", ""});
     for (const auto& m : history) {
       if (m.role == "user" || m.role == "assistant") request.messages.push_back({m.role, m.content, {}, "", ""});
     }

@@ -222,6 +222,22 @@ const std::vector<ExportTableSpec>& ExportTables() {
         {"message_id", T::kText},
         {"error", T::kText}},
        "schedule_id, slot"},
+      {"memories",
+       {{"id", T::kText},
+        {"tenant_id", T::kText},
+        {"agent_id", T::kText},
+        {"text", T::kText},
+        {"tags", T::kText},
+        {"source", T::kText},
+        {"created_at", T::kInt},
+        {"updated_at", T::kInt}},
+       "tenant_id, agent_id, updated_at, id"},
+      {"working_memories",
+       {{"tenant_id", T::kText},
+        {"agent_id", T::kText},
+        {"text", T::kText},
+        {"updated_at", T::kInt}},
+       "tenant_id, agent_id"},
       // plugin_deliveries is not exported: it is the webhook plugins' outbound queue and its
       // history, not the tenant's configuration. An imported copy would deliver its pending
       // events a second time from the new store, to receivers outside Keel that may already

@@ -23,6 +23,7 @@ namespace keel::store {
 
 class ScheduleStore;  // schedule_store.h
 class UsageStore;  // usage_store.h
+class MemoryStore;  // memory_store.h
 
 class TenantStore {
  public:
@@ -330,6 +331,7 @@ class Tx {
   virtual PluginStore& plugins() = 0;
   virtual ScheduleStore& schedules() = 0;
   virtual UsageStore& usage() = 0;
+  virtual MemoryStore& memory() = 0;
   virtual AgentStore& agents() = 0;
   virtual SessionStore& sessions() = 0;
   virtual MessageStore& messages() = 0;

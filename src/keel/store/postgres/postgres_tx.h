@@ -26,6 +26,7 @@
 
 #include "keel/store/postgres/pg_conn.h"
 #include "keel/store/schedule_store.h"
+#include "keel/store/memory_store.h"
 #include "keel/store/store.h"
 #include "keel/store/usage_store.h"
 
@@ -41,6 +42,7 @@ class PostgresTx final : public Tx,
                          public PluginStore,
                          public ScheduleStore,
                          public UsageStore,
+                         public MemoryStore,
                          public AgentStore,
                          public SessionStore,
                          public MessageStore,
@@ -67,6 +69,7 @@ class PostgresTx final : public Tx,
   PluginStore& plugins() override { return *this; }
   ScheduleStore& schedules() override { return *this; }
   UsageStore& usage() override { return *this; }
+  MemoryStore& memory() override { return *this; }
   AgentStore& agents() override { return *this; }
   SessionStore& sessions() override { return *this; }
   MessageStore& messages() override { return *this; }
@@ -238,6 +241,20 @@ class PostgresTx final : public Tx,
                                                   Millis not_before) override;
   Status PutCacheEntry(const CacheEntry& e) override;
   Result<int64_t> PruneCache(Millis before, int64_t max_entries) override;
+  // MemoryStore (postgres_memory.cc)
+  Status UpsertMemory(const Memory& m) override;
+  Result<Memory> GetMemory(const std::string& tenant_id, const std::string& agent_id,
+                           const std::string& id) override;
+  Status DeleteMemory(const std::string& tenant_id, const std::string& agent_id,
+                      const std::string& id) override;
+  Result<Paged<Memory>> ListMemories(const std::string& tenant_id, const std::string& agent_id,
+                                     const std::string& tag, const Page& page) override;
+  Result<std::vector<MemoryHit>> SearchMemories(const std::string& tenant_id,
+                                                const std::string& agent_id,
+                                                const MemorySearch& search) override;
+  Result<WorkingMemory> GetWorkingMemory(const std::string& tenant_id,
+                                         const std::string& agent_id) override;
+  Status PutWorkingMemory(const WorkingMemory& w) override;
 
  private:
   // Binds the transaction to `tenant_id` (row-level security) unless it already is.

@@ -992,7 +992,8 @@ Status SqliteTx::ImportRow(const std::string& table, const Json& row) {
 }
 
 // Positions come from AUTOINCREMENT and origin_seqs from max(origin_seq): nothing to move.
-Status SqliteTx::FinishImport() { return Status::Ok(); }
+// Imported memories get their search scope (not part of the archive).
+Status SqliteTx::FinishImport() { return ScopeImportedMemories(); }
 
 Result<bool> SqliteTx::IsEmpty() {
   for (const auto& t : ExportTables()) {
@@ -1125,7 +1126,7 @@ CREATE TABLE plugin_deliveries(
 CREATE INDEX plugin_deliveries_due ON plugin_deliveries(status, next_attempt_at);
 CREATE INDEX plugin_deliveries_plugin ON plugin_deliveries(tenant_id, plugin_id, created_at, id);
 )sql",
-      // Schedules (cron or one-shot) and the slots they fired: (schedule_id, slot) is unique,
+      // 6: schedules (cron or one-shot) and the slots they fired: (schedule_id, slot) is unique,
       // so a slot is recorded once. schedules_due serves the runtime-wide due list and the
       // earliest next_fire_at.
       R"sql(
@@ -1143,7 +1144,7 @@ CREATE TABLE schedule_fires(
   run_id TEXT NOT NULL, message_id TEXT NOT NULL, error TEXT NOT NULL,
   PRIMARY KEY(schedule_id, slot));
 )sql",
-      // The model router: each model call's usage, running totals per tenant (agent_id '') and
+      // 7: the model router: each model call's usage, running totals per tenant (agent_id '') and
       // agent for each UTC day and month, budgets, and the response cache.
       R"sql(
 CREATE TABLE model_usage(
@@ -1168,6 +1169,34 @@ CREATE TABLE model_cache(
   output_tokens INTEGER NOT NULL, created_at INTEGER NOT NULL,
   PRIMARY KEY(tenant_id, cache_group, key));
 CREATE INDEX model_cache_created ON model_cache(created_at);
+)sql",
+      // 8: agents' memories with their full-text index (FTS5 over the text and a scope of
+      // agent and tag tokens, kept in step by triggers; see sqlite_memory.cc), and each
+      // agent's working memory.
+      R"sql(
+CREATE TABLE memories(
+  seq INTEGER PRIMARY KEY, id TEXT NOT NULL, tenant_id TEXT NOT NULL REFERENCES tenants(id),
+  agent_id TEXT NOT NULL REFERENCES agents(id), text TEXT NOT NULL, tags TEXT NOT NULL,
+  source TEXT NOT NULL, created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL,
+  scope TEXT NOT NULL DEFAULT '', UNIQUE(tenant_id, agent_id, id));
+CREATE INDEX memories_recent ON memories(tenant_id, agent_id, updated_at, id);
+CREATE VIRTUAL TABLE memories_fts USING fts5(text, scope, content='memories',
+  content_rowid='seq', tokenize='unicode61 remove_diacritics 0');
+CREATE TRIGGER memories_fts_insert AFTER INSERT ON memories BEGIN
+  INSERT INTO memories_fts(rowid, text, scope) VALUES(new.seq, new.text, new.scope);
+END;
+CREATE TRIGGER memories_fts_delete AFTER DELETE ON memories BEGIN
+  INSERT INTO memories_fts(memories_fts, rowid, text, scope)
+    VALUES('delete', old.seq, old.text, old.scope);
+END;
+CREATE TRIGGER memories_fts_update AFTER UPDATE ON memories BEGIN
+  INSERT INTO memories_fts(memories_fts, rowid, text, scope)
+    VALUES('delete', old.seq, old.text, old.scope);
+  INSERT INTO memories_fts(rowid, text, scope) VALUES(new.seq, new.text, new.scope);
+END;
+CREATE TABLE working_memories(
+  tenant_id TEXT NOT NULL REFERENCES tenants(id), agent_id TEXT NOT NULL REFERENCES agents(id),
+  text TEXT NOT NULL, updated_at INTEGER NOT NULL, PRIMARY KEY(tenant_id, agent_id));
 )sql",
   };
   return kMigrations;

@@ -8,6 +8,7 @@
 
 #include "keel/store/sqlite/sqlite_db.h"
 #include "keel/store/schedule_store.h"
+#include "keel/store/memory_store.h"
 #include "keel/store/store.h"
 #include "keel/store/usage_store.h"
 
@@ -23,6 +24,7 @@ class SqliteTx final : public Tx,
                        public PluginStore,
                        public ScheduleStore,
                        public UsageStore,
+                       public MemoryStore,
                        public AgentStore,
                        public SessionStore,
                        public MessageStore,
@@ -45,6 +47,7 @@ class SqliteTx final : public Tx,
   PluginStore& plugins() override { return *this; }
   ScheduleStore& schedules() override { return *this; }
   UsageStore& usage() override { return *this; }
+  MemoryStore& memory() override { return *this; }
   AgentStore& agents() override { return *this; }
   SessionStore& sessions() override { return *this; }
   MessageStore& messages() override { return *this; }
@@ -216,8 +219,25 @@ class SqliteTx final : public Tx,
                                                   Millis not_before) override;
   Status PutCacheEntry(const CacheEntry& e) override;
   Result<int64_t> PruneCache(Millis before, int64_t max_entries) override;
+  // MemoryStore (sqlite_memory.cc)
+  Status UpsertMemory(const Memory& m) override;
+  Result<Memory> GetMemory(const std::string& tenant_id, const std::string& agent_id,
+                           const std::string& id) override;
+  Status DeleteMemory(const std::string& tenant_id, const std::string& agent_id,
+                      const std::string& id) override;
+  Result<Paged<Memory>> ListMemories(const std::string& tenant_id, const std::string& agent_id,
+                                     const std::string& tag, const Page& page) override;
+  Result<std::vector<MemoryHit>> SearchMemories(const std::string& tenant_id,
+                                                const std::string& agent_id,
+                                                const MemorySearch& search) override;
+  Result<WorkingMemory> GetWorkingMemory(const std::string& tenant_id,
+                                         const std::string& agent_id) override;
+  Status PutWorkingMemory(const WorkingMemory& w) override;
 
  private:
+  // Gives memories imported without their search scope (ImportRow leaves it empty) their scope.
+  Status ScopeImportedMemories();
+
   Db& db_;
   std::string origin_;
   std::vector<Event> appended_;

@@ -1,0 +1,208 @@
+// MemoryStore on SQLite. Memories live in `memories`; `memories_fts` is an FTS5 index over them
+// (external content, kept in step by triggers, unicode61 without diacritic folding) with two
+// columns: the text, and a `scope` of tokens only Keel writes: "a" + hex(agent id), and
+// "t" + hex(tag) for each tag. A search matches the agent's token and, with a tag filter, the
+// tag's token inside the index, so the recency bound (kMemorySearchCandidates, the matches with
+// the highest seq, which is renewed by every write) counts only the agent's own matching
+// memories. seq is the FTS rowid; keel_rank scores only the text column.
+
+#include <sqlite3.h>
+
+#include <algorithm>
+
+#include "keel/store/rows.h"
+#include "keel/store/sqlite/sqlite_memory.h"
+#include "keel/store/sqlite/sqlite_tx.h"
+
+namespace keel::store::sqlite {
+
+namespace {
+
+using namespace rows;  // NOLINT: the shared record readers
+
+// The scope column's value, an SQL expression over the agent id and the tags (JSON text).
+std::string ScopeSql(const std::string& agent, const std::string& tags) {
+  return "'a' || hex(" + agent + ") || coalesce((SELECT group_concat(' t' || hex(value), '') " +
+         "FROM json_each(" + tags + ")), '')";
+}
+
+// BM25's constants, and the length a memory is taken to have on average (a constant rather than
+// the index's own average, which other tenants' memories would move).
+constexpr double kK1 = 1.2;
+constexpr double kB = 0.75;
+constexpr double kAverageWords = 32.0;
+
+void KeelRank(const Fts5ExtensionApi* api, Fts5Context* fts, sqlite3_context* ctx, int,
+              sqlite3_value**) {
+  int words = 0;
+  if (api->xColumnSize(fts, 0, &words) != SQLITE_OK) words = 0;
+  const double norm = kK1 * (1 - kB + kB * words / kAverageWords);
+  double score = 0;
+  const int phrases = api->xPhraseCount(fts);
+  for (int p = 0; p < phrases; ++p) {
+    Fts5PhraseIter it;
+    int column = -1;
+    int offset = 0;
+    int tf = 0;
+    if (api->xPhraseFirst(fts, p, &it, &column, &offset) != SQLITE_OK) continue;
+    for (; column >= 0; api->xPhraseNext(fts, &it, &column, &offset)) {
+      if (column == 0) ++tf;  // the text; the scope's tokens do not count
+    }
+    if (tf > 0) score += tf * (kK1 + 1) / (tf + norm);
+  }
+  sqlite3_result_double(ctx, score);
+}
+
+std::string Hex(const std::string& s) {
+  static constexpr char kDigits[] = "0123456789ABCDEF";
+  std::string out;
+  out.reserve(s.size() * 2);
+  for (unsigned char c : s) {
+    out += kDigits[c >> 4];
+    out += kDigits[c & 0xF];
+  }
+  return out;
+}
+
+template <typename T, typename ReadFn>
+Result<std::vector<T>> Collect(Stmt& s, ReadFn read) {
+  std::vector<T> out;
+  while (true) {
+    KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    out.push_back(read(s));
+  }
+  return out;
+}
+
+}  // namespace
+
+Status RegisterMemoryRank(sqlite3* db) {
+  fts5_api* api = nullptr;
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db, "SELECT fts5(?1)", -1, &stmt, nullptr) == SQLITE_OK) {
+    sqlite3_bind_pointer(stmt, 1, static_cast<void*>(&api), "fts5_api_ptr", nullptr);
+    sqlite3_step(stmt);
+  }
+  sqlite3_finalize(stmt);
+  if (api == nullptr || api->iVersion < 2) {
+    return Unavailable("this SQLite has no FTS5 (memory search needs it)");
+  }
+  if (api->xCreateFunction(api, "keel_rank", nullptr, KeelRank, nullptr) != SQLITE_OK) {
+    return Internal("could not register keel_rank with FTS5");
+  }
+  return Status::Ok();
+}
+
+// A write renews seq (the newest memory has the highest), which the recency bound follows.
+Status SqliteTx::UpsertMemory(const Memory& m) {
+  static const std::string kSql =
+      "INSERT INTO memories(" + std::string(kMemoryCols) +
+      ", scope) VALUES(?1,?2,?3,?4,?5,?6,?7,?8," + ScopeSql("?3", "?5") + ") "
+      "ON CONFLICT(tenant_id, agent_id, id) DO UPDATE SET text=excluded.text, "
+      "tags=excluded.tags, source=excluded.source, updated_at=excluded.updated_at, "
+      "scope=excluded.scope, seq=(SELECT max(seq) + 1 FROM memories)";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  return s.BindAll(m.id, m.tenant_id, m.agent_id, m.text, DumpJson(m.tags), m.source,
+                   m.created_at, m.updated_at)
+      .Run();
+}
+
+Result<Memory> SqliteTx::GetMemory(const std::string& tenant_id, const std::string& agent_id,
+                                   const std::string& id) {
+  static const std::string kSql = "SELECT " + std::string(kMemoryCols) +
+                                  " FROM memories WHERE tenant_id=? AND agent_id=? AND id=?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id, agent_id, id);
+  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return NotFound("memory not found: " + id);
+  return ReadMemory(s);
+}
+
+Status SqliteTx::DeleteMemory(const std::string& tenant_id, const std::string& agent_id,
+                              const std::string& id) {
+  static const std::string kSql =
+      "DELETE FROM memories WHERE tenant_id=? AND agent_id=? AND id=? RETURNING id";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id, agent_id, id);
+  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return NotFound("memory not found: " + id);
+  return Status::Ok();
+}
+
+Result<Paged<Memory>> SqliteTx::ListMemories(const std::string& tenant_id,
+                                             const std::string& agent_id, const std::string& tag,
+                                             const Page& page) {
+  const int limit = std::clamp(page.limit, 1, 500);
+  KEEL_ASSIGN_OR_RETURN(auto start, DeliveryCursorStart(page.cursor));
+  static const std::string kSql =
+      "SELECT " + std::string(kMemoryCols) +
+      " FROM memories WHERE tenant_id=?1 AND agent_id=?2 AND (updated_at, id) < (?3, ?4) AND "
+      "(?5 = '' OR EXISTS (SELECT 1 FROM json_each(memories.tags) WHERE value = ?5)) "
+      "ORDER BY updated_at DESC, id DESC LIMIT ?6";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id, agent_id, start.first, start.second, tag, limit + 1);
+  KEEL_ASSIGN_OR_RETURN(auto items, Collect<Memory>(s, ReadMemory<Stmt>));
+  Paged<Memory> out;
+  if (static_cast<int>(items.size()) > limit) {
+    items.resize(limit);
+    out.next_cursor = EncodeCursor(MemoryCursorKey(items.back()));
+  }
+  out.items = std::move(items);
+  return out;
+}
+
+// The candidates are the newest matches in the index (ORDER BY rowid DESC LIMIT, which FTS5
+// walks from the end and stops), so keel_rank scores at most kMemorySearchCandidates rows.
+Result<std::vector<MemoryHit>> SqliteTx::SearchMemories(const std::string& tenant_id,
+                                                        const std::string& agent_id,
+                                                        const MemorySearch& search) {
+  static const std::string kSql =
+      "SELECT m.id, m.tenant_id, m.agent_id, m.text, m.tags, m.source, m.created_at, "
+      "m.updated_at, c.score FROM (SELECT rowid AS seq, keel_rank(memories_fts) AS score "
+      "FROM memories_fts WHERE memories_fts MATCH ?1 ORDER BY rowid DESC LIMIT ?2) AS c "
+      "JOIN memories AS m ON m.seq = c.seq WHERE m.tenant_id = ?3 AND m.agent_id = ?4 "
+      "ORDER BY c.score DESC, m.updated_at DESC, m.id LIMIT ?5";
+  std::string match = "scope : \"a" + Hex(agent_id) + "\"";
+  if (!search.tag.empty()) match += " AND scope : \"t" + Hex(search.tag) + "\"";
+  match += " AND text : (" + search.query.fts5 + ")";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(match, kMemorySearchCandidates, tenant_id, agent_id,
+            std::clamp(search.limit, 1, 100));
+  return Collect<MemoryHit>(s, [](const Stmt& r) { return MemoryHit{ReadMemory(r), r.Double(8)}; });
+}
+
+Result<WorkingMemory> SqliteTx::GetWorkingMemory(const std::string& tenant_id,
+                                                 const std::string& agent_id) {
+  static const std::string kSql =
+      "SELECT text, updated_at FROM working_memories WHERE tenant_id=? AND agent_id=?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id, agent_id);
+  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  WorkingMemory w{tenant_id, agent_id, "", 0};
+  if (row) {
+    w.text = s.Text(0);
+    w.updated_at = s.Int(1);
+  }
+  return w;
+}
+
+Status SqliteTx::PutWorkingMemory(const WorkingMemory& w) {
+  static const std::string kSql =
+      "INSERT INTO working_memories(tenant_id, agent_id, text, updated_at) VALUES(?,?,?,?) "
+      "ON CONFLICT(tenant_id, agent_id) DO UPDATE SET text=excluded.text, "
+      "updated_at=excluded.updated_at";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  return s.BindAll(w.tenant_id, w.agent_id, w.text, w.updated_at).Run();
+}
+
+// The update trigger indexes each row again under its scope.
+Status SqliteTx::ScopeImportedMemories() {
+  static const std::string kSql =
+      "UPDATE memories SET scope = " + ScopeSql("agent_id", "memories.tags") +
+      " WHERE scope = ''";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  return s.Run();
+}
+
+}  // namespace keel::store::sqlite
