@@ -152,6 +152,14 @@ int PluginsDelete(Context& ctx, const std::string& id);
 int PluginsDeliveries(Context& ctx, const std::string& id, const std::string& status);
 int PluginsReplay(Context& ctx, const std::string& id, const std::string& delivery_id);
 
+// Skills: DIR holds SKILL.md and the skill's other files.
+int SkillsRegister(Context& ctx, const std::string& dir);
+int SkillsList(Context& ctx);
+int SkillsShow(Context& ctx, const std::string& name);
+int SkillsRemove(Context& ctx, const std::string& name);
+// `agent`: id or name; `assign` false unassigns.
+int SkillsAssign(Context& ctx, const std::string& agent, const std::string& name, bool assign);
+
 int TenantsCreate(Context& ctx, const std::string& name);
 
 int Events(Context& ctx, const EventsArgs& args);

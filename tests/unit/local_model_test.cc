@@ -69,5 +69,23 @@ TEST(LocalModelTest, InvalidRuleRegexIsAnError) {
   EXPECT_EQ(LocalModel::Decide(req).status().code(), Code::kInvalidArgument);
 }
 
+TEST(LocalModelTest, EchoRulesAnswerWithWhatTheModelWasSent) {
+  ModelRequest req;
+  req.messages = {{"system", "Be brief.", {}, "", ""},
+                  {"user", "earlier", {}, "", ""},
+                  {"assistant", "ok", {}, "", ""},
+                  {"user", "show system", {}, "", ""}};
+  req.agent_config = {{"local_rules",
+                       {{{"match", "^show system"}, {"echo", "system"}},
+                        {{"match", "^show all"}, {"echo", "context"}}}}};
+  auto r = LocalModel::Decide(req);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->text, "Be brief.");
+  req.messages.back().content = "show all";
+  r = LocalModel::Decide(req);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->text, "system: Be brief.\nuser: earlier\nassistant: ok\nuser: show all");
+}
+
 }  // namespace
 }  // namespace keel::model

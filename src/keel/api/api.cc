@@ -183,6 +183,7 @@ void RegisterAllRoutes(http::Router& router, ApiContext& ctx) {
   RegisterMcpRoutes(router, ctx);
   RegisterMcpServerRoutes(router, ctx);
   RegisterPluginRoutes(router, ctx);
+  RegisterSkillRoutes(router, ctx);
 }
 
 }  // namespace keel::api

@@ -66,6 +66,7 @@ void RegisterApprovalRoutes(http::Router& router, ApiContext& ctx);  // approval
 void RegisterMcpRoutes(http::Router& router, ApiContext& ctx);       // MCP servers
 void RegisterMcpServerRoutes(http::Router& router, ApiContext& ctx); // /v1/mcp: Keel as one
 void RegisterPluginRoutes(http::Router& router, ApiContext& ctx);    // plugins, deliveries
+void RegisterSkillRoutes(http::Router& router, ApiContext& ctx);     // skills, assignments
 
 // The OpenAPI 3.1 document served at /v1/openapi.json.
 const std::string& OpenApiDocument();

@@ -59,6 +59,18 @@ bool ParseCalls(const std::string& text, int first_id, std::vector<ToolCallReque
   return true;
 }
 
+// What the model was sent, for tests that look at the context: the system messages, or every
+// message as "ROLE: CONTENT", one after another.
+std::string Echo(const std::vector<ChatMessage>& messages, bool system_only) {
+  std::string out;
+  for (const auto& m : messages) {
+    if (system_only && m.role != "system") continue;
+    if (!out.empty()) out += "\n";
+    out += system_only ? m.content : m.role + ": " + m.content;
+  }
+  return out;
+}
+
 }  // namespace
 
 Result<ModelResponse> LocalModel::Decide(const ModelRequest& request) {
@@ -117,6 +129,9 @@ Result<ModelResponse> LocalModel::Decide(const ModelRequest& request) {
           }
           if (rule.contains("reply") && rule["reply"].is_string()) {
             out.text = rule["reply"].get<std::string>();
+          } else if (rule.contains("echo") &&
+                     (rule["echo"] == "system" || rule["echo"] == "context")) {
+            out.text = Echo(request.messages, rule["echo"] == "system");
           } else if (rule.contains("call") && rule["call"].is_object() &&
                      rule["call"].contains("tool") && rule["call"]["tool"].is_string()) {
             Json args = rule["call"].value("arguments", Json::object());

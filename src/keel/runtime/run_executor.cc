@@ -226,10 +226,9 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
                   model::Usage{});
   };
 
-  // Load what the context needs: the agent, earlier messages, this run's steps so far.
+  // Load what the run needs: the agent, its prompt, this run's steps so far.
   store::Agent agent;
   store::Message prompt;
-  std::vector<store::Message> history;
   std::vector<store::Step> steps;
   std::vector<store::ToolCall> calls;
   std::vector<store::Plugin> enabled;
@@ -241,9 +240,6 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
       KEEL_ASSIGN_OR_RETURN(agent, tx.agents().GetAgent(run.tenant_id, run.agent_id));
       KEEL_ASSIGN_OR_RETURN(prompt, tx.messages().GetMessage(run.tenant_id, run.message_id));
     }
-    KEEL_ASSIGN_OR_RETURN(history, tx.messages().RecentMessages(run.tenant_id, run.session_id,
-                                                                run.message_id,
-                                                                options_.history_limit));
     if (run.attempt > 1) {  // a first attempt has recorded nothing yet
       KEEL_ASSIGN_OR_RETURN(steps, tx.runs().ListSteps(run.tenant_id, run.id));
       KEEL_ASSIGN_OR_RETURN(calls, tx.runs().ListToolCalls(run.tenant_id, run.id));
@@ -298,11 +294,11 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
     provider = *resolved;
     request.model = model_name;
     request.agent_config = agent.config;
-    if (!agent.instructions.empty()) request.messages.push_back({"system", agent.instructions, {}, "", ""});
-    for (const auto& m : history) {
-      if (m.role == "user" || m.role == "assistant") request.messages.push_back({m.role, m.content, {}, "", ""});
+    if (Status assembled = co_await AssembleContext(run, agent, prompt, request); !assembled.ok()) {
+      std::string code = "internal";
+      (void)co_await fail(code, assembled.message());
+      co_return;
     }
-    request.messages.push_back({"user", prompt.content, {}, "", ""});
     if (plugins->Wants("prompt.assemble")) {
       Json payload = ids;
       payload["messages"] = MessagesJson(request.messages);

@@ -22,12 +22,14 @@
 
 #include "keel/common/json_util.h"
 #include "keel/common/status.h"
+#include "keel/store/skill_store.h"
 #include "keel/store/store.h"
 
 namespace keel {
 struct Metrics;
 namespace model {
 class ProviderRegistry;
+struct ModelRequest;
 }
 namespace tools {
 class Gateway;
@@ -138,6 +140,17 @@ class Runtime {
   void Launch(store::Run run, std::optional<Known> known);
   // Puts a run that found its approval still pending back to waiting_for_approval.
   boost::asio::awaitable<Status> ParkAgain(const store::Run& run, const std::string& call_id);
+  // Context assembly (context.cc): fills request.messages for a model turn of `run` (the system
+  // prompt with the agent's instructions and the index of its skills, the session's earlier
+  // messages, the prompt), bringing the agent's skills in its workspace up to date first.
+  // Fails only when the store does.
+  boost::asio::awaitable<Status> AssembleContext(const store::Run& run, const store::Agent& agent,
+                                                 const store::Message& prompt,
+                                                 model::ModelRequest& request);
+  // Makes the agent's workspace hold copies of exactly `skills` (its assigned ones, read
+  // without files), reading the files of those whose copy is not current.
+  boost::asio::awaitable<Status> SyncSkills(const store::Run& run,
+                                            std::vector<store::Skill> skills);
   // The reason of an emergency stop in force for the run's agent, if any.
   boost::asio::awaitable<std::optional<std::string>> StopFor(const store::Run& run);
   // Expires pending approvals past their time (on the leader), every second.

@@ -191,6 +191,23 @@ const std::vector<ExportTableSpec>& ExportTables() {
         {"agent_id", T::kText},
         {"created_at", T::kInt}},
        "tenant_id, plugin_id, agent_id"},
+      {"skills",
+       {{"tenant_id", T::kText},
+        {"name", T::kText},
+        {"description", T::kText},
+        {"hash", T::kText},
+        {"bytes", T::kInt},
+        {"manifest", T::kText},
+        {"created_at", T::kInt},
+        {"updated_at", T::kInt},
+        {"files", T::kText}},
+       "tenant_id, name"},
+      {"agent_skills",
+       {{"tenant_id", T::kText},
+        {"agent_id", T::kText},
+        {"skill", T::kText},
+        {"created_at", T::kInt}},
+       "tenant_id, agent_id, skill"},
       // plugin_deliveries is not exported: it is the webhook plugins' outbound queue and its
       // history, not the tenant's configuration. An imported copy would deliver its pending
       // events a second time from the new store, to receivers outside Keel that may already

@@ -21,6 +21,8 @@
 
 namespace keel::store {
 
+class SkillStore;  // skill_store.h
+
 class TenantStore {
  public:
   virtual ~TenantStore() = default;
@@ -325,6 +327,7 @@ class Tx {
   virtual ApprovalStore& approvals() = 0;
   virtual McpServerStore& mcp_servers() = 0;
   virtual PluginStore& plugins() = 0;
+  virtual SkillStore& skills() = 0;
   virtual AgentStore& agents() = 0;
   virtual SessionStore& sessions() = 0;
   virtual MessageStore& messages() = 0;

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "keel/store/skill_store.h"
 #include "keel/store/sqlite/sqlite_db.h"
 #include "keel/store/store.h"
 
@@ -19,6 +20,7 @@ class SqliteTx final : public Tx,
                        public ApprovalStore,
                        public McpServerStore,
                        public PluginStore,
+                       public SkillStore,
                        public AgentStore,
                        public SessionStore,
                        public MessageStore,
@@ -39,6 +41,7 @@ class SqliteTx final : public Tx,
   ApprovalStore& approvals() override { return *this; }
   McpServerStore& mcp_servers() override { return *this; }
   PluginStore& plugins() override { return *this; }
+  SkillStore& skills() override { return *this; }
   AgentStore& agents() override { return *this; }
   SessionStore& sessions() override { return *this; }
   MessageStore& messages() override { return *this; }
@@ -177,6 +180,20 @@ class SqliteTx final : public Tx,
                                                 const std::string& status,
                                                 const Page& page) override;
   Result<std::vector<PluginDelivery>> DueDeliveries(Millis now, int limit) override;
+
+  // SkillStore (sqlite_skills.cc)
+  Status UpsertSkill(const Skill& s) override;
+  Result<Skill> GetSkill(const std::string& tenant_id, const std::string& name,
+                         bool with_files) override;
+  Result<std::vector<Skill>> ListSkills(const std::string& tenant_id) override;
+  Status DeleteSkill(const std::string& tenant_id, const std::string& name) override;
+  Status AssignSkill(const SkillAssignment& a) override;
+  Status UnassignSkill(const std::string& tenant_id, const std::string& agent_id,
+                       const std::string& name) override;
+  Result<std::vector<SkillAssignment>> ListSkillAssignments(const std::string& tenant_id,
+                                                            const std::string& name) override;
+  Result<std::vector<Skill>> SkillsForAgent(const std::string& tenant_id,
+                                            const std::string& agent_id, bool with_files) override;
 
  private:
   Db& db_;
