@@ -184,6 +184,7 @@ void RegisterAllRoutes(http::Router& router, ApiContext& ctx) {
   RegisterMcpServerRoutes(router, ctx);
   RegisterPluginRoutes(router, ctx);
   RegisterSkillRoutes(router, ctx);
+  RegisterContextRoutes(router, ctx);
 }
 
 }  // namespace keel::api

@@ -3,6 +3,7 @@
 #include <set>
 
 #include "keel/api/api.h"
+#include "keel/runtime/context.h"
 #include "keel/runtime/runtime.h"
 #include "keel/api/render.h"
 #include "keel/common/ids.h"
@@ -33,6 +34,8 @@ Status ValidateName(const std::string& name) {
 
 Status ValidateConfig(const Json& config) {
   if (!config.is_object()) return InvalidArgument("config must be a JSON object");
+  // context_tokens and introspection
+  KEEL_RETURN_IF_ERROR(runtime::ContextSettingsOf(config).status());
   if (config.contains("busy")) {
     const auto& b = config["busy"];
     if (!b.is_string() || (b != "queue" && b != "reject")) {

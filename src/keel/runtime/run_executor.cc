@@ -294,8 +294,10 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
     provider = *resolved;
     request.model = model_name;
     request.agent_config = agent.config;
-    if (Status assembled = co_await AssembleContext(run, agent, prompt, request); !assembled.ok()) {
-      std::string code = "internal";
+    std::string code;
+    Status assembled =
+        co_await AssembleContext(run, agent, prompt, *provider, *plugins, request, steps, code);
+    if (!assembled.ok()) {
       (void)co_await fail(code, assembled.message());
       co_return;
     }

@@ -208,6 +208,18 @@ const std::vector<ExportTableSpec>& ExportTables() {
         {"skill", T::kText},
         {"created_at", T::kInt}},
        "tenant_id, agent_id, skill"},
+      {"compactions",
+       {{"id", T::kText},
+        {"tenant_id", T::kText},
+        {"session_id", T::kText},
+        {"run_id", T::kText},
+        {"last_message_id", T::kText},
+        {"summary", T::kText},
+        {"messages", T::kInt},
+        {"tokens_before", T::kInt},
+        {"tokens_after", T::kInt},
+        {"created_at", T::kInt}},
+       "id"},
       // plugin_deliveries is not exported: it is the webhook plugins' outbound queue and its
       // history, not the tenant's configuration. An imported copy would deliver its pending
       // events a second time from the new store, to receivers outside Keel that may already

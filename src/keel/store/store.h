@@ -21,7 +21,8 @@
 
 namespace keel::store {
 
-class SkillStore;  // skill_store.h
+class SkillStore;       // skill_store.h
+class CompactionStore;  // compaction_store.h
 
 class TenantStore {
  public:
@@ -328,6 +329,7 @@ class Tx {
   virtual McpServerStore& mcp_servers() = 0;
   virtual PluginStore& plugins() = 0;
   virtual SkillStore& skills() = 0;
+  virtual CompactionStore& compactions() = 0;
   virtual AgentStore& agents() = 0;
   virtual SessionStore& sessions() = 0;
   virtual MessageStore& messages() = 0;

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "keel/store/compaction_store.h"
 #include "keel/store/postgres/pg_conn.h"
 #include "keel/store/skill_store.h"
 #include "keel/store/store.h"
@@ -39,6 +40,7 @@ class PostgresTx final : public Tx,
                          public McpServerStore,
                          public PluginStore,
                          public SkillStore,
+                         public CompactionStore,
                          public AgentStore,
                          public SessionStore,
                          public MessageStore,
@@ -64,6 +66,7 @@ class PostgresTx final : public Tx,
   McpServerStore& mcp_servers() override { return *this; }
   PluginStore& plugins() override { return *this; }
   SkillStore& skills() override { return *this; }
+  CompactionStore& compactions() override { return *this; }
   AgentStore& agents() override { return *this; }
   SessionStore& sessions() override { return *this; }
   MessageStore& messages() override { return *this; }
@@ -216,6 +219,19 @@ class PostgresTx final : public Tx,
                                                             const std::string& name) override;
   Result<std::vector<Skill>> SkillsForAgent(const std::string& tenant_id,
                                             const std::string& agent_id, bool with_files) override;
+
+  // CompactionStore (postgres_compactions.cc)
+  Status InsertCompaction(const Compaction& c) override;
+  Result<std::optional<Compaction>> LatestCompaction(const std::string& tenant_id,
+                                                     const std::string& session_id) override;
+  Result<Paged<Compaction>> ListCompactions(const std::string& tenant_id,
+                                            const std::string& session_id,
+                                            const Page& page) override;
+  Result<std::vector<Message>> ConversationSince(const std::string& tenant_id,
+                                                 const std::string& session_id,
+                                                 const std::string& after_id,
+                                                 const std::string& before_id,
+                                                 int limit) override;
 
  private:
   // Binds the transaction to `tenant_id` (row-level security) unless it already is.

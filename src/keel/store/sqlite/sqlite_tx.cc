@@ -1138,6 +1138,15 @@ CREATE TABLE agent_skills(
   FOREIGN KEY(tenant_id, skill) REFERENCES skills(tenant_id, name) ON DELETE CASCADE);
 CREATE INDEX agent_skills_skill ON agent_skills(tenant_id, skill);
 )sql",
+      // Compaction: summaries that stand for a session's older messages in later contexts.
+      R"sql(
+CREATE TABLE compactions(
+  id TEXT PRIMARY KEY, tenant_id TEXT NOT NULL REFERENCES tenants(id),
+  session_id TEXT NOT NULL REFERENCES sessions(id), run_id TEXT NOT NULL,
+  last_message_id TEXT NOT NULL, summary TEXT NOT NULL, messages INTEGER NOT NULL,
+  tokens_before INTEGER NOT NULL, tokens_after INTEGER NOT NULL, created_at INTEGER NOT NULL);
+CREATE INDEX compactions_session ON compactions(tenant_id, session_id, id);
+)sql",
   };
   return kMigrations;
 }
