@@ -187,6 +187,13 @@ int MemoryAdd(Context& ctx, const MemoryAddArgs& args);
 int MemoryRemove(Context& ctx, const std::string& agent, const std::string& id);
 // `tag` empty: every memory.
 int MemoryList(Context& ctx, const std::string& agent, const std::string& tag);
+// Skills: DIR holds SKILL.md and the skill's other files.
+int SkillsRegister(Context& ctx, const std::string& dir);
+int SkillsList(Context& ctx);
+int SkillsShow(Context& ctx, const std::string& name);
+int SkillsRemove(Context& ctx, const std::string& name);
+// `agent`: id or name; `assign` false unassigns.
+int SkillsAssign(Context& ctx, const std::string& agent, const std::string& name, bool assign);
 
 int TenantsCreate(Context& ctx, const std::string& name);
 

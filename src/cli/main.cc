@@ -370,6 +370,34 @@ int Main(int argc, char** argv) {
   memory_list->add_option("agent", memory_agent, "Agent id or name")->required();
   memory_list->add_option("--tag", memory_tag, "Only memories with this tag");
   on_parse(memory_list, [&](Context& c) { return MemoryList(c, memory_agent, memory_tag); });
+  // keel skills ...
+  CLI::App* skills = app.add_subcommand("skills", "Register, list, show, delete and assign skills");
+  skills->require_subcommand(1);
+  std::string skill_dir, skill_name, skill_agent;
+  CLI::App* skills_register = skills->add_subcommand(
+      "register", "Register a skill from DIR (SKILL.md and its other files), or replace the one "
+                  "of its name (owners)");
+  skills_register->add_option("dir", skill_dir, "The skill's directory")->required();
+  on_parse(skills_register, [&](Context& c) { return SkillsRegister(c, skill_dir); });
+  on_parse(skills->add_subcommand("list", "List the tenant's skills"),
+           [](Context& c) { return SkillsList(c); });
+  CLI::App* skills_show = skills->add_subcommand("show", "Show a skill, its files and SKILL.md");
+  skills_show->add_option("name", skill_name, "Skill name")->required();
+  on_parse(skills_show, [&](Context& c) { return SkillsShow(c, skill_name); });
+  CLI::App* skills_rm = skills->add_subcommand("rm", "Delete a skill and its assignments (owners)");
+  skills_rm->add_option("name", skill_name, "Skill name")->required();
+  on_parse(skills_rm, [&](Context& c) { return SkillsRemove(c, skill_name); });
+  for (bool assign : {true, false}) {
+    CLI::App* cmd = skills->add_subcommand(
+        assign ? "assign" : "unassign",
+        std::string(assign ? "Assign a skill to" : "Unassign a skill from") +
+            " an agent; the agent sees the change at its next turn (owners)");
+    cmd->add_option("agent", skill_agent, "Agent id or name")->required();
+    cmd->add_option("name", skill_name, "Skill name")->required();
+    on_parse(cmd, [&, assign](Context& c) {
+      return SkillsAssign(c, skill_agent, skill_name, assign);
+    });
+  }
 
   // keel tenants create
   CLI::App* tenants = app.add_subcommand("tenants", "Manage tenants (platform admin only)");

@@ -34,6 +34,7 @@
 #include "keel/runtime/runtime.h"
 #include "keel/schedule/schedule_tools.h"
 #include "keel/secrets/vault.h"
+#include "keel/skills/skills.h"
 #include "keel/store/store.h"
 #include "keel/tenants/tenants.h"
 #include "keel/tools/gateway.h"
@@ -189,6 +190,7 @@ int ServeMain(const ServeFlags& flags) {
     return Fail(st);
   }
   if (Status st = tools::RegisterMemoryTools(tool_registry, *store); !st.ok()) return Fail(st);
+  if (Status st = skills::RegisterSkillTools(tool_registry, *store); !st.ok()) return Fail(st);
   tools::GatewayOptions gateway_options;
   gateway_options.approval_ttl_ms = config.approval_timeout_ms;
   gateway_options.large_result_bytes = static_cast<size_t>(config.large_result_bytes);

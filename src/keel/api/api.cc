@@ -186,6 +186,8 @@ void RegisterAllRoutes(http::Router& router, ApiContext& ctx) {
   RegisterScheduleRoutes(router, ctx);
   RegisterUsageRoutes(router, ctx);
   RegisterMemoryRoutes(router, ctx);
+  RegisterSkillRoutes(router, ctx);
+  RegisterContextRoutes(router, ctx);
 }
 
 }  // namespace keel::api

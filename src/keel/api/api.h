@@ -69,6 +69,8 @@ void RegisterPluginRoutes(http::Router& router, ApiContext& ctx);    // plugins,
 void RegisterScheduleRoutes(http::Router& router, ApiContext& ctx);  // schedules
 void RegisterUsageRoutes(http::Router& router, ApiContext& ctx);     // usage, budgets
 void RegisterMemoryRoutes(http::Router& router, ApiContext& ctx);    // memories, working memory
+void RegisterSkillRoutes(http::Router& router, ApiContext& ctx);     // skills, assignments
+void RegisterContextRoutes(http::Router& router, ApiContext& ctx);   // compactions
 
 // The OpenAPI 3.1 document served at /v1/openapi.json.
 const std::string& OpenApiDocument();

@@ -3,11 +3,13 @@
 #include <set>
 
 #include "keel/api/api.h"
+#include "keel/runtime/context.h"
 #include "keel/runtime/runtime.h"
 #include "keel/api/render.h"
 #include "keel/common/ids.h"
 #include "keel/model/provider.h"
 #include "keel/store/async.h"
+#include "keel/store/skill_store.h"
 
 namespace keel::api {
 
@@ -32,6 +34,8 @@ Status ValidateName(const std::string& name) {
 
 Status ValidateConfig(const Json& config) {
   if (!config.is_object()) return InvalidArgument("config must be a JSON object");
+  // context_tokens and introspection
+  KEEL_RETURN_IF_ERROR(runtime::ContextSettingsOf(config).status());
   if (config.contains("busy")) {
     const auto& b = config["busy"];
     if (!b.is_string() || (b != "queue" && b != "reject")) {
@@ -66,9 +70,11 @@ Status ValidateConfig(const Json& config) {
       bool reply = r.contains("reply") && r["reply"].is_string();
       bool call = r.contains("call") && r["call"].is_object() && r["call"].contains("tool") &&
                   r["call"]["tool"].is_string();
-      if (!reply && !call) {
-        return InvalidArgument("each config.local_rules entry needs 'reply' (text) or 'call' "
-                               "({\"tool\", \"arguments\"})");
+      bool echo = r.contains("echo") && (r["echo"] == "system" || r["echo"] == "context");
+      if (!reply && !call && !echo) {
+        return InvalidArgument("each config.local_rules entry needs 'reply' (text), 'call' "
+                               "({\"tool\", \"arguments\"}) or 'echo' (\"system\" or "
+                               "\"context\")");
       }
     }
   }
@@ -226,6 +232,11 @@ void RegisterAgentRoutes(http::Router& router, ApiContext& ctx) {
         for (const auto& e : enabled) {
           if (e.agent_id == id) KEEL_RETURN_IF_ERROR(tx.plugins().DisablePlugin(tenant, p.id, id));
         }
+      }
+      // Its skills are no longer assigned.
+      KEEL_ASSIGN_OR_RETURN(auto skills, tx.skills().SkillsForAgent(tenant, id, false));
+      for (const auto& s : skills) {
+        KEEL_RETURN_IF_ERROR(tx.skills().UnassignSkill(tenant, id, s.name));
       }
       return tx.events().Append({tenant, "agent.deleted@v1", id, "", "", {}});
     });

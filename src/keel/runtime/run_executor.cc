@@ -229,10 +229,9 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
                   model::Usage{});
   };
 
-  // Load what the context needs: the agent, earlier messages, this run's steps so far.
+  // Load what the run needs: the agent, its prompt, this run's steps so far.
   store::Agent agent;
   store::Message prompt;
-  std::vector<store::Message> history;
   std::vector<store::Step> steps;
   std::vector<store::ToolCall> calls;
   std::vector<store::Plugin> enabled;
@@ -245,9 +244,6 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
       KEEL_ASSIGN_OR_RETURN(agent, tx.agents().GetAgent(run.tenant_id, run.agent_id));
       KEEL_ASSIGN_OR_RETURN(prompt, tx.messages().GetMessage(run.tenant_id, run.message_id));
     }
-    KEEL_ASSIGN_OR_RETURN(history, tx.messages().RecentMessages(run.tenant_id, run.session_id,
-                                                                run.message_id,
-                                                                options_.history_limit));
     if (run.attempt > 1) {  // a first attempt has recorded nothing yet
       KEEL_ASSIGN_OR_RETURN(steps, tx.runs().ListSteps(run.tenant_id, run.id));
       KEEL_ASSIGN_OR_RETURN(calls, tx.runs().ListToolCalls(run.tenant_id, run.id));
@@ -283,6 +279,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
   std::vector<model::ToolCallRequest> pending;  // proposed by the last model step, not yet run
   std::string direct_answer;                    // a direct call's answer, once it has one
   model::ModelRequest request;
+  model::Provider* provider = nullptr;  // the agent's model, for compaction's summaries
   if (direct) {
     auto call = ParseJson(prompt.content);
     if (!call.ok() || !call->is_object()) {
@@ -300,14 +297,21 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
       (void)co_await fail(code, resolved.status().message());
       co_return;
     }
+    provider = *resolved;
     request.model = model_name;
     request.agent_config = agent.config;
-    if (!agent.instructions.empty()) request.messages.push_back({"system", agent.instructions, {}, "", ""});
-    if (!working_memory.empty()) request.messages.push_back({"system", working_memory, {}, "", ""});
-    for (const auto& m : history) {
-      if (m.role == "user" || m.role == "assistant") request.messages.push_back({m.role, m.content, {}, "", ""});
+    std::string code;
+    Status assembled =
+        co_await AssembleContext(run, agent, prompt, *provider, *plugins, request, steps, code);
+    if (!assembled.ok()) {
+      (void)co_await fail(code, assembled.message());
+      co_return;
     }
-    request.messages.push_back({"user", prompt.content, {}, "", ""});
+    if (!working_memory.empty()) {  // right after the system prompt
+      auto at = request.messages.begin();
+      if (at != request.messages.end() && at->role == "system") ++at;
+      request.messages.insert(at, model::ChatMessage{"system", working_memory, {}, "", ""});
+    }
     if (plugins->Wants("prompt.assemble")) {
       Json payload = ids;
       payload["messages"] = MessagesJson(request.messages);

@@ -26,12 +26,14 @@
 #include "keel/common/time.h"
 #include "keel/store/schedule_store.h"
 #include "keel/config/config.h"
+#include "keel/store/skill_store.h"
 #include "keel/store/store.h"
 #include "keel/store/usage_store.h"
 
 namespace keel {
 struct Metrics;
 namespace model {
+class Provider;
 class ProviderRegistry;
 struct ModelRequest;
 }
@@ -183,6 +185,25 @@ class Runtime {
   void Launch(store::Run run, std::optional<Known> known);
   // Puts a run that found its approval still pending back to waiting_for_approval.
   boost::asio::awaitable<Status> ParkAgain(const store::Run& run, const std::string& call_id);
+  // Context assembly (context.cc): fills request.messages for a model turn of `run`: the
+  // system prompt (the agent's instructions, the index of its skills, the summary of the
+  // session's compacted turns), the messages since that summary, the prompt. When they would
+  // exceed the agent's budget (config.context_tokens) or history_limit, the oldest are first
+  // summarized with `provider` into a compaction record, each recorded as a step of the run
+  // (appended to `steps`) with session.compacted@v1. Brings the agent's skills in its workspace
+  // up to date first. On failure, `error_code` is the run's error code (internal,
+  // compaction_failed, plugin_failed).
+  boost::asio::awaitable<Status> AssembleContext(const store::Run& run, const store::Agent& agent,
+                                                 const store::Message& prompt,
+                                                 model::Provider& provider,
+                                                 const plugins::AgentPlugins& plugins,
+                                                 model::ModelRequest& request,
+                                                 std::vector<store::Step>& steps,
+                                                 std::string& error_code);
+  // Makes the agent's workspace hold copies of exactly `skills` (its assigned ones, read
+  // without files), reading the files of those whose copy is not current.
+  boost::asio::awaitable<Status> SyncSkills(const store::Run& run,
+                                            std::vector<store::Skill> skills);
   // The reason of an emergency stop in force for the run's agent, if any.
   boost::asio::awaitable<std::optional<std::string>> StopFor(const store::Run& run);
   // One model call: cache, budgets, the agent's model and its fallback, metering

@@ -24,6 +24,8 @@ namespace keel::store {
 class ScheduleStore;  // schedule_store.h
 class UsageStore;  // usage_store.h
 class MemoryStore;  // memory_store.h
+class SkillStore;       // skill_store.h
+class CompactionStore;  // compaction_store.h
 
 class TenantStore {
  public:
@@ -332,6 +334,8 @@ class Tx {
   virtual ScheduleStore& schedules() = 0;
   virtual UsageStore& usage() = 0;
   virtual MemoryStore& memory() = 0;
+  virtual SkillStore& skills() = 0;
+  virtual CompactionStore& compactions() = 0;
   virtual AgentStore& agents() = 0;
   virtual SessionStore& sessions() = 0;
   virtual MessageStore& messages() = 0;

@@ -24,9 +24,11 @@
 #include <string>
 #include <vector>
 
+#include "keel/store/compaction_store.h"
 #include "keel/store/postgres/pg_conn.h"
 #include "keel/store/schedule_store.h"
 #include "keel/store/memory_store.h"
+#include "keel/store/skill_store.h"
 #include "keel/store/store.h"
 #include "keel/store/usage_store.h"
 
@@ -43,6 +45,8 @@ class PostgresTx final : public Tx,
                          public ScheduleStore,
                          public UsageStore,
                          public MemoryStore,
+                         public SkillStore,
+                         public CompactionStore,
                          public AgentStore,
                          public SessionStore,
                          public MessageStore,
@@ -70,6 +74,8 @@ class PostgresTx final : public Tx,
   ScheduleStore& schedules() override { return *this; }
   UsageStore& usage() override { return *this; }
   MemoryStore& memory() override { return *this; }
+  SkillStore& skills() override { return *this; }
+  CompactionStore& compactions() override { return *this; }
   AgentStore& agents() override { return *this; }
   SessionStore& sessions() override { return *this; }
   MessageStore& messages() override { return *this; }
@@ -255,6 +261,32 @@ class PostgresTx final : public Tx,
   Result<WorkingMemory> GetWorkingMemory(const std::string& tenant_id,
                                          const std::string& agent_id) override;
   Status PutWorkingMemory(const WorkingMemory& w) override;
+  // SkillStore (postgres_skills.cc)
+  Status UpsertSkill(const Skill& s) override;
+  Result<Skill> GetSkill(const std::string& tenant_id, const std::string& name,
+                         bool with_files) override;
+  Result<std::vector<Skill>> ListSkills(const std::string& tenant_id) override;
+  Status DeleteSkill(const std::string& tenant_id, const std::string& name) override;
+  Status AssignSkill(const SkillAssignment& a) override;
+  Status UnassignSkill(const std::string& tenant_id, const std::string& agent_id,
+                       const std::string& name) override;
+  Result<std::vector<SkillAssignment>> ListSkillAssignments(const std::string& tenant_id,
+                                                            const std::string& name) override;
+  Result<std::vector<Skill>> SkillsForAgent(const std::string& tenant_id,
+                                            const std::string& agent_id, bool with_files) override;
+
+  // CompactionStore (postgres_compactions.cc)
+  Status InsertCompaction(const Compaction& c) override;
+  Result<std::optional<Compaction>> LatestCompaction(const std::string& tenant_id,
+                                                     const std::string& session_id) override;
+  Result<Paged<Compaction>> ListCompactions(const std::string& tenant_id,
+                                            const std::string& session_id,
+                                            const Page& page) override;
+  Result<std::vector<Message>> ConversationSince(const std::string& tenant_id,
+                                                 const std::string& session_id,
+                                                 const std::string& after_id,
+                                                 const std::string& before_id,
+                                                 int limit) override;
 
  private:
   // Binds the transaction to `tenant_id` (row-level security) unless it already is.

@@ -1198,6 +1198,28 @@ CREATE TABLE working_memories(
   tenant_id TEXT NOT NULL REFERENCES tenants(id), agent_id TEXT NOT NULL REFERENCES agents(id),
   text TEXT NOT NULL, updated_at INTEGER NOT NULL, PRIMARY KEY(tenant_id, agent_id));
 )sql",
+      // 9: skills registered per tenant (their files as one JSON object), and the agents they are
+      // assigned to; assignments go with their skill.
+      R"sql(
+CREATE TABLE skills(
+  tenant_id TEXT NOT NULL REFERENCES tenants(id), name TEXT NOT NULL, description TEXT NOT NULL,
+  hash TEXT NOT NULL, bytes INTEGER NOT NULL, manifest TEXT NOT NULL, created_at INTEGER NOT NULL,
+  updated_at INTEGER NOT NULL, files TEXT NOT NULL, PRIMARY KEY(tenant_id, name));
+CREATE TABLE agent_skills(
+  tenant_id TEXT NOT NULL, agent_id TEXT NOT NULL, skill TEXT NOT NULL,
+  created_at INTEGER NOT NULL, PRIMARY KEY(tenant_id, agent_id, skill),
+  FOREIGN KEY(tenant_id, skill) REFERENCES skills(tenant_id, name) ON DELETE CASCADE);
+CREATE INDEX agent_skills_skill ON agent_skills(tenant_id, skill);
+)sql",
+      // 10: compaction: summaries that stand for a session's older messages in later contexts.
+      R"sql(
+CREATE TABLE compactions(
+  id TEXT PRIMARY KEY, tenant_id TEXT NOT NULL REFERENCES tenants(id),
+  session_id TEXT NOT NULL REFERENCES sessions(id), run_id TEXT NOT NULL,
+  last_message_id TEXT NOT NULL, summary TEXT NOT NULL, messages INTEGER NOT NULL,
+  tokens_before INTEGER NOT NULL, tokens_after INTEGER NOT NULL, created_at INTEGER NOT NULL);
+CREATE INDEX compactions_session ON compactions(tenant_id, session_id, id);
+)sql",
   };
   return kMigrations;
 }

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "keel/store/compaction_store.h"
+#include "keel/store/skill_store.h"
 #include "keel/store/sqlite/sqlite_db.h"
 #include "keel/store/schedule_store.h"
 #include "keel/store/memory_store.h"
@@ -25,6 +27,8 @@ class SqliteTx final : public Tx,
                        public ScheduleStore,
                        public UsageStore,
                        public MemoryStore,
+                       public SkillStore,
+                       public CompactionStore,
                        public AgentStore,
                        public SessionStore,
                        public MessageStore,
@@ -48,6 +52,8 @@ class SqliteTx final : public Tx,
   ScheduleStore& schedules() override { return *this; }
   UsageStore& usage() override { return *this; }
   MemoryStore& memory() override { return *this; }
+  SkillStore& skills() override { return *this; }
+  CompactionStore& compactions() override { return *this; }
   AgentStore& agents() override { return *this; }
   SessionStore& sessions() override { return *this; }
   MessageStore& messages() override { return *this; }
@@ -233,6 +239,32 @@ class SqliteTx final : public Tx,
   Result<WorkingMemory> GetWorkingMemory(const std::string& tenant_id,
                                          const std::string& agent_id) override;
   Status PutWorkingMemory(const WorkingMemory& w) override;
+  // SkillStore (sqlite_skills.cc)
+  Status UpsertSkill(const Skill& s) override;
+  Result<Skill> GetSkill(const std::string& tenant_id, const std::string& name,
+                         bool with_files) override;
+  Result<std::vector<Skill>> ListSkills(const std::string& tenant_id) override;
+  Status DeleteSkill(const std::string& tenant_id, const std::string& name) override;
+  Status AssignSkill(const SkillAssignment& a) override;
+  Status UnassignSkill(const std::string& tenant_id, const std::string& agent_id,
+                       const std::string& name) override;
+  Result<std::vector<SkillAssignment>> ListSkillAssignments(const std::string& tenant_id,
+                                                            const std::string& name) override;
+  Result<std::vector<Skill>> SkillsForAgent(const std::string& tenant_id,
+                                            const std::string& agent_id, bool with_files) override;
+
+  // CompactionStore (sqlite_compactions.cc)
+  Status InsertCompaction(const Compaction& c) override;
+  Result<std::optional<Compaction>> LatestCompaction(const std::string& tenant_id,
+                                                     const std::string& session_id) override;
+  Result<Paged<Compaction>> ListCompactions(const std::string& tenant_id,
+                                            const std::string& session_id,
+                                            const Page& page) override;
+  Result<std::vector<Message>> ConversationSince(const std::string& tenant_id,
+                                                 const std::string& session_id,
+                                                 const std::string& after_id,
+                                                 const std::string& before_id,
+                                                 int limit) override;
 
  private:
   // Gives memories imported without their search scope (ImportRow leaves it empty) their scope.
