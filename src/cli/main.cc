@@ -306,7 +306,8 @@ int Main(int argc, char** argv) {
            [&](Context& c) { return PluginsReplay(c, plugin_id, plugin_delivery); });
 
   // keel memory ...
-  CLI::App* memory = app.add_subcommand("memory", "Search, add, list and remove an agent's memories");
+  CLI::App* memory =
+      app.add_subcommand("memory", "Search, add, list and remove an agent's memories");
   memory->require_subcommand(1);
   MemorySearchArgs memory_search;
   MemoryAddArgs memory_add;
