@@ -341,7 +341,8 @@ int Main(int argc, char** argv) {
   sched_resume->add_option("id", schedule_ref, "Schedule id")->required();
   on_parse(sched_resume, [&](Context& c) { return ScheduleSetEnabled(c, schedule_ref, true); });
   // keel memory ...
-  CLI::App* memory = app.add_subcommand("memory", "Search, add, list and remove an agent's memories");
+  CLI::App* memory =
+      app.add_subcommand("memory", "Search, add, list and remove an agent's memories");
   memory->require_subcommand(1);
   MemorySearchArgs memory_search;
   MemoryAddArgs memory_add;

@@ -179,6 +179,9 @@ class MemoryTest(KeelTestCase):
                          "permission_denied")
         self.assertError(t.request("DELETE", path + "/wifi", token=guest), 403,
                          "permission_denied")
+        self.assertError(t.request("DELETE", "/v1/memories/wifi", token=guest), 403,
+                         "permission_denied")
+        self.assertEqual(t.ok("GET", "/v1/memories/wifi", expect=200, token=guest)["id"], "wifi")
         self.assertError(t.request("PUT", "/v1/agents/%s/working-memory" % a["id"],
                                    {"text": "x"}, token=guest), 403, "permission_denied")
         # A user may write.
@@ -210,17 +213,30 @@ class MemoryTest(KeelTestCase):
         a, b = t.agent(), t.agent()
         foreign = other.agent()
         t.add(a["id"], "alpha secret plan", id="plan")
-        t.add(b["id"], "beta secret plan", id="plan")
-        other.add(foreign["id"], "gamma secret plan", id="plan")
+        # Ids are unique in a tenant: another agent cannot take (or overwrite) this one.
+        err = self.assertError(t.request("POST", t.memories(b["id"]),
+                                         {"text": "beta overwrites", "id": "plan"}), 409, "conflict")
+        self.assertEqual(err["message"], "memory plan belongs to another agent")
+        t.add(b["id"], "beta secret plan", id="plan-b")
+        other.add(foreign["id"], "gamma secret plan", id="plan")  # another tenant may
         self.assertEqual([m["text"] for m in t.search(a["id"], "secret plan")],
                          ["alpha secret plan"])
         self.assertEqual([m["text"] for m in t.search(b["id"], "secret plan")],
                          ["beta secret plan"])
-        self.assertEqual(t.ok("GET", t.memories(b["id"]) + "/plan", expect=200)["text"],
-                         "beta secret plan")
-        # Deleting one agent's memory leaves the other's with the same id.
-        t.ok("DELETE", t.memories(a["id"]) + "/plan", expect=204)
-        self.assertEqual(t.search_ids(b["id"], "plan"), ["plan"])
+        self.assertEqual(t.ok("GET", t.memories(a["id"]) + "/plan", expect=200)["text"],
+                         "alpha secret plan")
+        # Under the wrong agent it is not found; by id alone it is, with its agent.
+        self.assertError(t.request("GET", t.memories(b["id"]) + "/plan"), 404, "not_found")
+        self.assertError(t.request("DELETE", t.memories(b["id"]) + "/plan"), 404, "not_found")
+        by_id = t.ok("GET", "/v1/memories/plan", expect=200)
+        self.assertEqual((by_id["agent_id"], by_id["text"]), (a["id"], "alpha secret plan"))
+        self.assertEqual(other.ok("GET", "/v1/memories/plan", expect=200)["text"],
+                         "gamma secret plan")
+        t.ok("DELETE", "/v1/memories/plan", expect=204)
+        self.assertError(t.request("GET", "/v1/memories/plan"), 404, "not_found")
+        self.assertError(t.request("DELETE", "/v1/memories/plan"), 404, "not_found")
+        self.assertEqual(t.search_ids(b["id"], "plan"), ["plan-b"])
+        self.assertEqual(t.search_ids(a["id"], "plan"), [])
         # Another tenant's agent does not exist for this tenant.
         self.assertError(t.request("GET", t.memories(foreign["id"]) + "?q=plan"), 404, "not_found")
         self.assertError(t.request("GET", t.memories(foreign["id"]) + "/plan"), 404, "not_found")

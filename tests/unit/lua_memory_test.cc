@@ -32,8 +32,10 @@ MemoryReader FakeReader(int* calls, std::chrono::milliseconds delay = {}) {
     ++*calls;
     if (delay.count()) std::this_thread::sleep_for(delay);
     if (query == "bad OR") return InvalidArgument("OR at position 5 has no term after it");
-    return Json::array({{{"id", "m1"}, {"text", query + "|" + tag + "|" + std::to_string(limit)},
-                         {"tags", Json::array({"a"})}, {"score", 1.5}}});
+    return Json::array({{{"id", "m1"},
+                         {"text", query + "|" + tag + "|" + std::to_string(limit)},
+                         {"tags", Json::array({"a"})},
+                         {"score", 1.5}}});
   };
   r.get = [calls](const std::string& id) -> Result<Json> {
     ++*calls;
@@ -53,12 +55,18 @@ TEST(LuaMemory, SearchAndGetReturnPlainTables) {
               got = ctx.memory.get("m1").text, missing = ctx.memory.get("zz") == nil,
               default = ctx.memory.search("x")[1].text}
     end)
-  )", FakeReader(&calls));
+  )",
+                FakeReader(&calls));
   ASSERT_TRUE(p.ok()) << p.status().message();
   auto r = (*p)->Call((*p)->hooks()[0].ref, {{"q", "kafka"}});
   ASSERT_TRUE(r.ok()) << r.status().message();
-  EXPECT_EQ(*r, (Json{{"n", 1}, {"text", "kafka|ops|5"}, {"tag", "a"}, {"score", 1.5},
-                      {"got", "one"}, {"missing", true}, {"default", "x||10"}}));
+  EXPECT_EQ(*r, (Json{{"n", 1},
+                      {"text", "kafka|ops|5"},
+                      {"tag", "a"},
+                      {"score", 1.5},
+                      {"got", "one"},
+                      {"missing", true},
+                      {"default", "x||10"}}));
   EXPECT_EQ(calls, 4);
 }
 
@@ -71,13 +79,15 @@ TEST(LuaMemory, ErrorsAreLuaErrorsThePluginMayCatch) {
       local ok3, err3 = pcall(ctx.memory.search, "x", {tag = 5})
       return {ok = ok, err = err, ok2 = ok2, err2 = err2, ok3 = ok3, err3 = err3}
     end)
-  )", FakeReader(&calls));
+  )",
+                FakeReader(&calls));
   ASSERT_TRUE(p.ok()) << p.status().message();
   auto r = (*p)->Call((*p)->hooks()[0].ref, {{"q", "bad OR"}});
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ((*r)["ok"], false);
   EXPECT_NE((*r)["err"].get<std::string>().find("ctx.memory.search: OR at position 5"),
-            std::string::npos) << *r;
+            std::string::npos)
+      << *r;
   EXPECT_EQ((*r)["ok2"], false);
   EXPECT_NE((*r)["err2"].get<std::string>().find("limit must be between 1 and 100"),
             std::string::npos);
@@ -90,8 +100,7 @@ TEST(LuaMemory, NotWhileLoadingNorWithoutAReader) {
   int calls = 0;
   auto loading = Load("ctx.memory.search('x')", FakeReader(&calls));
   ASSERT_FALSE(loading.ok());
-  EXPECT_NE(loading.status().message().find("works only in handlers and tools"),
-            std::string::npos)
+  EXPECT_NE(loading.status().message().find("works only in handlers and tools"), std::string::npos)
       << loading.status().message();
   EXPECT_EQ(calls, 0);
   // A registration check loads the script without a reader: a handler then gets an error.
@@ -111,7 +120,8 @@ TEST(LuaMemory, CallsCountAgainstTheInstructionBudgetAndTheWallClock) {
     ctx.bus.on("tool.after@v1", function()
       while true do pcall(ctx.memory.search, "x") end
     end)
-  )", FakeReader(&calls), limits);
+  )",
+                FakeReader(&calls), limits);
   ASSERT_TRUE(p.ok()) << p.status().message();
   auto r = (*p)->Call((*p)->hooks()[0].ref, Json::object());
   ASSERT_FALSE(r.ok());
@@ -126,7 +136,8 @@ TEST(LuaMemory, CallsCountAgainstTheInstructionBudgetAndTheWallClock) {
     ctx.bus.on("tool.after@v1", function()
       for i = 1, 100 do pcall(ctx.memory.search, "x") end
     end)
-  )", FakeReader(&calls, std::chrono::milliseconds(30)), limits);
+  )",
+                   FakeReader(&calls, std::chrono::milliseconds(30)), limits);
   ASSERT_TRUE(slow.ok());
   auto start = std::chrono::steady_clock::now();
   r = (*slow)->Call((*slow)->hooks()[0].ref, Json::object());
@@ -149,27 +160,28 @@ TEST(LuaMemory, AnAgentsPluginSeesOnlyThatAgentsMemories) {
   const std::string tenant = NewId();
   const std::string a = NewId(), b = NewId();
   ASSERT_TRUE(st.WriteSync([&](store::Tx& tx) -> Status {
-    KEEL_RETURN_IF_ERROR(tx.tenants().InsertTenant({tenant, "t", 1}));
-    for (const auto& [id, name] : {std::pair{a, "a"}, std::pair{b, "b"}}) {
-      store::Agent agent;
-      agent.id = id;
-      agent.tenant_id = tenant;
-      agent.name = name;
-      agent.model = "local";
-      agent.tools = Json::array();
-      agent.config = Json::object();
-      agent.status = "idle";
-      KEEL_RETURN_IF_ERROR(tx.agents().InsertAgent(agent));
-      for (const char* mid : {"shared-id", "own"}) {
-        auto m = memory::MemoryFrom({{"text", std::string("secret plan of agent ") + name},
-                                     {"id", std::string(mid) + (mid[0] == 'o' ? name : "")}},
-                                    tenant, id, "api");
-        KEEL_RETURN_IF_ERROR(m.status());
-        KEEL_RETURN_IF_ERROR(memory::Upsert(tx, *m).status());
-      }
-    }
-    return Status::Ok();
-  }).ok());
+                  KEEL_RETURN_IF_ERROR(tx.tenants().InsertTenant({tenant, "t", 1}));
+                  for (const auto& [id, name] : {std::pair{a, "a"}, std::pair{b, "b"}}) {
+                    store::Agent agent;
+                    agent.id = id;
+                    agent.tenant_id = tenant;
+                    agent.name = name;
+                    agent.model = "local";
+                    agent.tools = Json::array();
+                    agent.config = Json::object();
+                    agent.status = "idle";
+                    KEEL_RETURN_IF_ERROR(tx.agents().InsertAgent(agent));
+                    for (const char* mid : {"first-", "own"}) {
+                      auto m =
+                          memory::MemoryFrom({{"text", std::string("secret plan of agent ") + name},
+                                              {"id", std::string(mid) + name}},
+                                             tenant, id, "api");
+                      KEEL_RETURN_IF_ERROR(m.status());
+                      KEEL_RETURN_IF_ERROR(memory::Upsert(tx, *m).status());
+                    }
+                  }
+                  return Status::Ok();
+                }).ok());
 
   MemoryReaders readers = [&st](const std::string& t, const std::string& agent) {
     MemoryReader r;
@@ -184,29 +196,33 @@ TEST(LuaMemory, AnAgentsPluginSeesOnlyThatAgentsMemories) {
   plugin.tenant_id = tenant;
   plugin.id = "mem";
   plugin.kind = "lua";
-  plugin.manifest = {{"id", "mem"}, {"name", "mem"}, {"version", "1"}, {"kind", "lua"},
+  plugin.manifest = {{"id", "mem"},
+                     {"name", "mem"},
+                     {"version", "1"},
+                     {"kind", "lua"},
                      {"events", {"tool.after@v1"}}};
   plugin.source = R"(
     ctx.tools.add{name = "probe", handler = function(args)
       local texts = {}
       for _, m in ipairs(ctx.memory.search(args.q, {limit = 10})) do texts[#texts + 1] = m.text end
       local other = ctx.memory.get(args.other)
-      return {texts = texts, shared = ctx.memory.get("shared-id").text, other = other ~= nil}
+      return {texts = texts, mine = ctx.memory.get(args.mine).text, other = other ~= nil}
     end}
   )";
   for (const auto& [agent, mine, theirs] :
-       {std::tuple{a, "agent a", "ownb"}, std::tuple{b, "agent b", "owna"}}) {
+       {std::tuple{a, "a", "ownb"}, std::tuple{b, "b", "owna"}}) {
     auto loaded = host.For(tenant, agent, {plugin});
     ASSERT_TRUE(loaded.errors.empty()) << loaded.errors[0].message;
     auto tool = loaded.plugins->tools.at("plugin__mem__probe");
     tools::ToolContext ctx;
     ctx.tenant_id = tenant;
     ctx.agent_id = agent;
-    auto r = tool->Execute(ctx, {{"q", "secret plan"}, {"other", theirs}});
+    auto r = tool->Execute(
+        ctx, {{"q", "secret plan"}, {"mine", std::string("own") + mine}, {"other", theirs}});
     ASSERT_TRUE(r.ok()) << r.status().message();
-    const std::string expected = std::string("secret plan of ") + mine;
+    const std::string expected = std::string("secret plan of agent ") + mine;
     EXPECT_EQ((*r)["texts"], Json::array({expected, expected})) << *r;
-    EXPECT_EQ((*r)["shared"], expected);
+    EXPECT_EQ((*r)["mine"], expected);
     EXPECT_EQ((*r)["other"], false);  // the other agent's memory, by its id: not there
   }
   opened->reset();

@@ -34,40 +34,40 @@ std::string ErrorOf(const std::string& text) {
 
 TEST(MemoryQueryTest, BareWordsAreAllRequired) {
   Rendered r = Render("  disk   full ");
-  EXPECT_EQ(r.fts5, "\"disk\" AND \"full\"");
+  EXPECT_EQ(r.fts5, "\"$ disk\" AND \"$ full\"");
   EXPECT_EQ(r.tsquery, "'disk' & 'full'");
 }
 
 TEST(MemoryQueryTest, QuotedPhrasesKeepTheirWordsTogether) {
   Rendered r = Render("\"disk is full\" alert");
-  EXPECT_EQ(r.fts5, "\"disk is full\" AND \"alert\"");
+  EXPECT_EQ(r.fts5, "\"$ disk is full\" AND \"$ alert\"");
   EXPECT_EQ(r.tsquery, "('disk' <-> 'is' <-> 'full') & 'alert'");
 }
 
 TEST(MemoryQueryTest, OrJoinsTheTermsOnEachSide) {
   Rendered r = Render("db postgres OR sqlite OR \"my sql\"");
-  EXPECT_EQ(r.fts5, "\"db\" AND (\"postgres\" OR \"sqlite\" OR \"my sql\")");
+  EXPECT_EQ(r.fts5, "\"$ db\" AND (\"$ postgres\" OR \"$ sqlite\" OR \"$ my sql\")");
   EXPECT_EQ(r.tsquery, "'db' & ('postgres' | 'sqlite' | ('my' <-> 'sql'))");
   EXPECT_EQ(r.tsquery_rank, "'db' | 'postgres' | 'sqlite' | 'my' | 'sql'");
 }
 
 TEST(MemoryQueryTest, LowerCaseOrIsAWord) {
-  EXPECT_EQ(Render("this or that").fts5, "\"this\" AND \"or\" AND \"that\"");
+  EXPECT_EQ(Render("this or that").fts5, "\"$ this\" AND \"$ or\" AND \"$ that\"");
 }
 
 TEST(MemoryQueryTest, ALeadingMinusExcludes) {
   Rendered r = Render("kafka -outage -\"consumer lag\"");
-  EXPECT_EQ(r.fts5, "(\"kafka\") NOT \"outage\" NOT \"consumer lag\"");
+  EXPECT_EQ(r.fts5, "(\"$ kafka\") NOT \"$ outage\" NOT \"$ consumer lag\"");
   EXPECT_EQ(r.tsquery, "'kafka' & !'outage' & !('consumer' <-> 'lag')");
   EXPECT_EQ(r.tsquery_rank, "'kafka'");  // ranked by what it looks for only
   Rendered two = Render("a b -c");
-  EXPECT_EQ(two.fts5, "(\"a\" AND \"b\") NOT \"c\"");
+  EXPECT_EQ(two.fts5, "(\"$ a\" AND \"$ b\") NOT \"$ c\"");
   EXPECT_EQ(two.tsquery, "('a' & 'b') & !'c'");
 }
 
 TEST(MemoryQueryTest, ATrailingStarMakesAPrefix) {
   Rendered r = Render("migrat* \"schema chan\"*");
-  EXPECT_EQ(r.fts5, "\"migrat\" * AND \"schema chan\" *");
+  EXPECT_EQ(r.fts5, "\"$ migrat\" * AND \"$ schema chan\" *");
   EXPECT_EQ(r.tsquery, "'migrat':* & ('schema' <-> 'chan':*)");
   EXPECT_EQ(r.tsquery_rank, "'migrat':* | 'schema' | 'chan':*");
 }
@@ -76,16 +76,16 @@ TEST(MemoryQueryTest, PunctuationSeparatesWordsAndNeverReachesTheBackend) {
   // Operators and quotes of either backend's own syntax are only separators here.
   Rendered r = Render("e-mail C++ (a&b)|c! x:y NEAR/2 'q' a\\b");
   EXPECT_EQ(r.fts5,
-            "\"e mail\" AND \"C\" AND \"a b c\" AND \"x y\" AND \"NEAR 2\" AND \"q\" AND "
-            "\"a b\"");
+            "\"$ e mail\" AND \"$ C\" AND \"$ a b c\" AND \"$ x y\" AND \"$ NEAR 2\" AND "
+            "\"$ q\" AND \"$ a b\"");
   EXPECT_EQ(r.tsquery,
             "('e' <-> 'mail') & 'C' & ('a' <-> 'b' <-> 'c') & ('x' <-> 'y') & ('NEAR' <-> '2') & "
             "'q' & ('a' <-> 'b')");
   // A term of punctuation alone is left out.
-  EXPECT_EQ(Render("cats & dogs ?").fts5, "\"cats\" AND \"dogs\"");
+  EXPECT_EQ(Render("cats & dogs ?").fts5, "\"$ cats\" AND \"$ dogs\"");
   // Typographic punctuation separates words too; letters beyond ASCII are kept.
   EXPECT_EQ(Render("caf\xC3\xA9\xE2\x80\x94na\xC3\xAFve \xE2\x80\xA6").fts5,
-            "\"caf\xC3\xA9 na\xC3\xAFve\"");
+            "\"$ caf\xC3\xA9 na\xC3\xAFve\"");
 }
 
 TEST(MemoryQueryTest, SyntaxErrorsNameTheProblemAndItsPosition) {

@@ -9,6 +9,8 @@
 // they hold them as often and the better one is shorter. Every other memory shares no word with
 // any query.
 
+#include "keel/store/memory_store.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -18,7 +20,6 @@
 #include "keel/common/ids.h"
 #include "keel/memory/query.h"
 #include "keel/store/archive.h"
-#include "keel/store/memory_store.h"
 #include "keel/store/store.h"
 #include "pg_test_database.h"
 
@@ -129,7 +130,8 @@ const std::vector<CorpusEntry>& Corpus() {
       {"k1", "kafka kafka kafka broker", {}},
       {"k2", "kafka kafka consumer lag", {"ops"}},
       {"k3", "kafka topic retention was raised to seven days", {}},
-      {"k4", "the kafka cluster upgrade is planned for the spring release of the platform team",
+      {"k4",
+       "the kafka cluster upgrade is planned for the spring release of the platform team",
        {"ops"}},
       {"k5", "kafka kafka kafka outage", {}},
       // disk full: both words, near each other, more often first.
@@ -162,13 +164,14 @@ const std::vector<CorpusEntry>& Corpus() {
 
 // Memories that share no word with any query.
 std::vector<std::string> Filler() {
-  static const char* kWords[] = {"orange", "violet", "lemon",  "cherry", "walnut", "pebble",
-                                 "harbor", "meadow", "lantern", "quartz", "ember",  "willow",
+  static const char* kWords[] = {"orange", "violet",  "lemon",   "cherry", "walnut", "pebble",
+                                 "harbor", "meadow",  "lantern", "quartz", "ember",  "willow",
                                  "copper", "saffron", "thistle", "marble"};
   std::vector<std::string> out;
   for (int i = 0; i < 24; ++i) {
     std::string text;
-    for (int k = 0; k < 4 + i % 5; ++k) text += std::string(k ? " " : "") + kWords[(i * 7 + k * 3) % 16];
+    for (int k = 0; k < 4 + i % 5; ++k)
+      text += std::string(k ? " " : "") + kWords[(i * 7 + k * 3) % 16];
     out.push_back(text);
   }
   return out;
@@ -183,8 +186,8 @@ Status LoadCorpus(Store& store) {
       for (const auto& t : e.tags) tags.push_back(t);
       Millis when = ++at;
       if (std::string(e.id) == "t2" || std::string(e.id) == "t3") when = 5000;  // t2, t3 tie
-      KEEL_RETURN_IF_ERROR(tx.memory().UpsertMemory(MakeMemory(kTenant, kAgent, e.id, e.text,
-                                                               when, tags)));
+      KEEL_RETURN_IF_ERROR(
+          tx.memory().UpsertMemory(MakeMemory(kTenant, kAgent, e.id, e.text, when, tags)));
     }
     int i = 0;
     for (const auto& text : Filler()) {
@@ -193,7 +196,7 @@ Status LoadCorpus(Store& store) {
     }
     // Another agent of the tenant with the best kafka memory of all: never in kAgent's results.
     return tx.memory().UpsertMemory(
-        MakeMemory(kTenant, kOther, "k1", "kafka kafka kafka kafka kafka", ++at));
+        MakeMemory(kTenant, kOther, "other-k1", "kafka kafka kafka kafka kafka", ++at));
   });
 }
 
@@ -280,13 +283,17 @@ INSTANTIATE_TEST_SUITE_P(Conformance, MemoryStoreTest,
 
 TEST_P(MemoryStoreTest, UpsertReplacesInPlaceKeepingTheCreationTime) {
   ASSERT_TRUE(AddTenantAndAgents(store(), kTenant, {kAgent}).ok());
-  ASSERT_TRUE(store().WriteSync([&](Tx& tx) {
-    return tx.memory().UpsertMemory(MakeMemory(kTenant, kAgent, "m1", "first text", 100, {"a"}));
-  }).ok());
+  ASSERT_TRUE(store()
+                  .WriteSync([&](Tx& tx) {
+                    return tx.memory().UpsertMemory(
+                        MakeMemory(kTenant, kAgent, "m1", "first text", 100, {"a"}));
+                  })
+                  .ok());
   Memory replaced = MakeMemory(kTenant, kAgent, "m1", "second text", 200, {"b", "c"});
   replaced.source = "tool";
   ASSERT_TRUE(store().WriteSync([&](Tx& tx) { return tx.memory().UpsertMemory(replaced); }).ok());
-  Memory got = ReadValue<Memory>([&](Tx& tx) { return tx.memory().GetMemory(kTenant, kAgent, "m1"); });
+  Memory got =
+      ReadValue<Memory>([&](Tx& tx) { return tx.memory().GetMemory(kTenant, kAgent, "m1"); });
   EXPECT_EQ(got.text, "second text");
   EXPECT_EQ(got.tags, Json({"b", "c"}));
   EXPECT_EQ(got.source, "tool");
@@ -301,49 +308,59 @@ TEST_P(MemoryStoreTest, UpsertReplacesInPlaceKeepingTheCreationTime) {
 
 TEST_P(MemoryStoreTest, DeleteRemovesTheMemoryAndItsIndexEntries) {
   ASSERT_TRUE(AddTenantAndAgents(store(), kTenant, {kAgent}).ok());
-  ASSERT_TRUE(store().WriteSync([&](Tx& tx) {
-    return tx.memory().UpsertMemory(MakeMemory(kTenant, kAgent, "m1", "gone soon", 100));
-  }).ok());
-  ASSERT_TRUE(store().WriteSync([&](Tx& tx) {
-    return tx.memory().DeleteMemory(kTenant, kAgent, "m1");
-  }).ok());
-  Status again = store().WriteSync([&](Tx& tx) {
-    return tx.memory().DeleteMemory(kTenant, kAgent, "m1");
-  });
+  ASSERT_TRUE(store()
+                  .WriteSync([&](Tx& tx) {
+                    return tx.memory().UpsertMemory(
+                        MakeMemory(kTenant, kAgent, "m1", "gone soon", 100));
+                  })
+                  .ok());
+  ASSERT_TRUE(
+      store()
+          .WriteSync([&](Tx& tx) { return tx.memory().DeleteMemory(kTenant, kAgent, "m1"); })
+          .ok());
+  Status again =
+      store().WriteSync([&](Tx& tx) { return tx.memory().DeleteMemory(kTenant, kAgent, "m1"); });
   EXPECT_EQ(again.code(), Code::kNotFound);
   EXPECT_EQ(again.message(), "memory not found: m1");
-  Status read = store().Read([&](Tx& tx) { return tx.memory().GetMemory(kTenant, kAgent, "m1").status(); });
+  Status read =
+      store().Read([&](Tx& tx) { return tx.memory().GetMemory(kTenant, kAgent, "m1").status(); });
   EXPECT_EQ(read.code(), Code::kNotFound);
   EXPECT_TRUE(Search(store(), kAgent, "gone", "")->empty());
 }
 
 TEST_P(MemoryStoreTest, ListIsNewestFirstPagedAndFilteredByTag) {
   ASSERT_TRUE(AddTenantAndAgents(store(), kTenant, {kAgent, kOther}).ok());
-  ASSERT_TRUE(store().WriteSync([&](Tx& tx) -> Status {
-    for (int i = 0; i < 7; ++i) {
-      Json tags = i % 2 ? Json{"odd"} : Json{"even", "x y"};
-      // Two share an updated_at: the larger id comes first.
-      KEEL_RETURN_IF_ERROR(tx.memory().UpsertMemory(MakeMemory(
-          kTenant, kAgent, "m" + std::to_string(i), "text", i == 6 ? 500 : 100 * i, tags)));
-    }
-    return tx.memory().UpsertMemory(MakeMemory(kTenant, kOther, "other", "text", 900));
-  }).ok());
+  ASSERT_TRUE(
+      store()
+          .WriteSync([&](Tx& tx) -> Status {
+            for (int i = 0; i < 7; ++i) {
+              Json tags = i % 2 ? Json{"odd"} : Json{"even", "x y"};
+              // Two share an updated_at: the larger id comes first.
+              KEEL_RETURN_IF_ERROR(tx.memory().UpsertMemory(MakeMemory(
+                  kTenant, kAgent, "m" + std::to_string(i), "text", i == 6 ? 500 : 100 * i, tags)));
+            }
+            return tx.memory().UpsertMemory(MakeMemory(kTenant, kOther, "other", "text", 900));
+          })
+          .ok());
   std::vector<std::string> seen;
   std::string cursor;
   do {
-    auto page = ReadValue<Paged<Memory>>(
-        [&](Tx& tx) { return tx.memory().ListMemories(kTenant, kAgent, "", {cursor, 3}); });
+    auto page = ReadValue<Paged<Memory>>([&](Tx& tx) {
+      return tx.memory().ListMemories(kTenant, kAgent, "", {cursor, 3});
+    });
     for (const auto& m : page.items) seen.push_back(m.id);
     cursor = page.next_cursor;
   } while (!cursor.empty());
   EXPECT_EQ(seen, (std::vector<std::string>{"m6", "m5", "m4", "m3", "m2", "m1", "m0"}));
-  auto odd = ReadValue<Paged<Memory>>(
-      [&](Tx& tx) { return tx.memory().ListMemories(kTenant, kAgent, "odd", {"", 50}); });
+  auto odd = ReadValue<Paged<Memory>>([&](Tx& tx) {
+    return tx.memory().ListMemories(kTenant, kAgent, "odd", {"", 50});
+  });
   std::vector<std::string> odd_ids;
   for (const auto& m : odd.items) odd_ids.push_back(m.id);
   EXPECT_EQ(odd_ids, (std::vector<std::string>{"m5", "m3", "m1"}));
-  auto spaced = ReadValue<Paged<Memory>>(
-      [&](Tx& tx) { return tx.memory().ListMemories(kTenant, kAgent, "x y", {"", 50}); });
+  auto spaced = ReadValue<Paged<Memory>>([&](Tx& tx) {
+    return tx.memory().ListMemories(kTenant, kAgent, "x y", {"", 50});
+  });
   EXPECT_EQ(spaced.items.size(), 4u);
   Status bad = store().Read([&](Tx& tx) {
     return tx.memory().ListMemories(kTenant, kAgent, "", {EncodeCursor("nonsense"), 5}).status();
@@ -356,26 +373,51 @@ TEST_P(MemoryStoreTest, AgentsAndTenantsDoNotSeeEachOthersMemories) {
   const std::string foreign_agent = "0190b000-0000-7000-8000-0000000000fa";
   ASSERT_TRUE(AddTenantAndAgents(store(), kTenant, {kAgent, kOther}).ok());
   ASSERT_TRUE(AddTenantAndAgents(store(), other_tenant, {foreign_agent}).ok());
-  ASSERT_TRUE(store().WriteSync([&](Tx& tx) -> Status {
-    // The same memory id in three agents.
-    KEEL_RETURN_IF_ERROR(tx.memory().UpsertMemory(MakeMemory(kTenant, kAgent, "m", "secret plan alpha", 1)));
-    KEEL_RETURN_IF_ERROR(tx.memory().UpsertMemory(MakeMemory(kTenant, kOther, "m", "secret plan beta", 2)));
-    Memory foreign = MakeMemory(other_tenant, foreign_agent, "m", "secret plan gamma", 3);
-    return tx.memory().UpsertMemory(foreign);
-  }).ok());
+  ASSERT_TRUE(
+      store()
+          .WriteSync([&](Tx& tx) -> Status {
+            // Ids are unique per tenant: another tenant may use the same one.
+            KEEL_RETURN_IF_ERROR(
+                tx.memory().UpsertMemory(MakeMemory(kTenant, kAgent, "m", "secret plan alpha", 1)));
+            KEEL_RETURN_IF_ERROR(
+                tx.memory().UpsertMemory(MakeMemory(kTenant, kOther, "m2", "secret plan beta", 2)));
+            Memory foreign = MakeMemory(other_tenant, foreign_agent, "m", "secret plan gamma", 3);
+            return tx.memory().UpsertMemory(foreign);
+          })
+          .ok());
   auto hits = Search(store(), kAgent, "secret plan", "");
   ASSERT_TRUE(hits.ok());
   ASSERT_EQ(hits->size(), 1u);
   EXPECT_EQ((*hits)[0].memory.text, "secret plan alpha");
   EXPECT_TRUE(Search(store(), kAgent, "beta OR gamma", "")->empty());
-  Memory got = ReadValue<Memory>([&](Tx& tx) { return tx.memory().GetMemory(kTenant, kOther, "m"); });
+  Memory got =
+      ReadValue<Memory>([&](Tx& tx) { return tx.memory().GetMemory(kTenant, kOther, "m2"); });
   EXPECT_EQ(got.text, "secret plan beta");
+  // By id alone, within the tenant: whichever agent's it is.
+  Memory found = ReadValue<Memory>([&](Tx& tx) { return tx.memory().FindMemory(kTenant, "m2"); });
+  EXPECT_EQ(found.agent_id, kOther);
+  found = ReadValue<Memory>([&](Tx& tx) { return tx.memory().FindMemory(other_tenant, "m"); });
+  EXPECT_EQ(found.text, "secret plan gamma");
+  Status other_agents =
+      store().Read([&](Tx& tx) { return tx.memory().GetMemory(kTenant, kAgent, "m2").status(); });
+  EXPECT_EQ(other_agents.code(), Code::kNotFound);
+  // A write under another agent's id changes nothing (the caller is to refuse it first).
+  ASSERT_TRUE(store()
+                  .WriteSync([&](Tx& tx) {
+                    return tx.memory().UpsertMemory(
+                        MakeMemory(kTenant, kAgent, "m2", "hijacked", 9));
+                  })
+                  .ok());
+  got = ReadValue<Memory>([&](Tx& tx) { return tx.memory().FindMemory(kTenant, "m2"); });
+  EXPECT_EQ(got.text, "secret plan beta");
+  EXPECT_EQ(got.agent_id, kOther);
+  EXPECT_TRUE(Search(store(), kAgent, "hijacked", "")->empty());
   // Another tenant's agent is not found through this tenant, even by its own id.
-  Status read = store().Read([&](Tx& tx) {
-    return tx.memory().GetMemory(kTenant, foreign_agent, "m").status();
-  });
+  Status read = store().Read(
+      [&](Tx& tx) { return tx.memory().GetMemory(kTenant, foreign_agent, "m").status(); });
   EXPECT_EQ(read.code(), Code::kNotFound);
-  Status gone = store().WriteSync([&](Tx& tx) { return tx.memory().DeleteMemory(kTenant, foreign_agent, "m"); });
+  Status gone = store().WriteSync(
+      [&](Tx& tx) { return tx.memory().DeleteMemory(kTenant, foreign_agent, "m"); });
   EXPECT_EQ(gone.code(), Code::kNotFound);
 }
 
@@ -386,10 +428,13 @@ TEST_P(MemoryStoreTest, WorkingMemoryIsEmptyUntilPutAndReplacedWhole) {
   EXPECT_EQ(none.text, "");
   EXPECT_EQ(none.updated_at, 0);
   EXPECT_EQ(none.agent_id, kAgent);
-  for (const auto& [text, at] : std::vector<std::pair<std::string, Millis>>{{"one", 10}, {"two", 20}}) {
-    ASSERT_TRUE(store().WriteSync([&](Tx& tx) {
-      return tx.memory().PutWorkingMemory({kTenant, kAgent, text, at});
-    }).ok());
+  for (const auto& [text, at] :
+       std::vector<std::pair<std::string, Millis>>{{"one", 10}, {"two", 20}}) {
+    ASSERT_TRUE(store()
+                    .WriteSync([&](Tx& tx) {
+                      return tx.memory().PutWorkingMemory({kTenant, kAgent, text, at});
+                    })
+                    .ok());
   }
   WorkingMemory got = ReadValue<WorkingMemory>(
       [&](Tx& tx) { return tx.memory().GetWorkingMemory(kTenant, kAgent); });
@@ -417,24 +462,30 @@ TEST_P(MemoryStoreTest, CorpusQueriesGiveTheExpectedTopResults) {
 TEST_P(MemoryStoreTest, SearchRanksTheNewestMatchesWhenThereAreTooManyToRank) {
   ASSERT_TRUE(AddTenantAndAgents(store(), kTenant, {kAgent}).ok());
   const int old_ones = 50;
-  ASSERT_TRUE(store().WriteSync([&](Tx& tx) -> Status {
-    for (int i = 0; i < old_ones + kMemorySearchCandidates; ++i) {
-      std::string text = i < old_ones ? "common common common thing" : "common thing two more";
-      KEEL_RETURN_IF_ERROR(tx.memory().UpsertMemory(
-          MakeMemory(kTenant, kAgent, "m" + std::to_string(100000 + i), text, 1000 + i)));
-    }
-    return Status::Ok();
-  }).ok());
+  ASSERT_TRUE(store()
+                  .WriteSync([&](Tx& tx) -> Status {
+                    for (int i = 0; i < old_ones + kMemorySearchCandidates; ++i) {
+                      std::string text =
+                          i < old_ones ? "common common common thing" : "common thing two more";
+                      KEEL_RETURN_IF_ERROR(tx.memory().UpsertMemory(MakeMemory(
+                          kTenant, kAgent, "m" + std::to_string(100000 + i), text, 1000 + i)));
+                    }
+                    return Status::Ok();
+                  })
+                  .ok());
   auto hits = Search(store(), kAgent, "common", "", 3);
   ASSERT_TRUE(hits.ok());
   ASSERT_EQ(hits->size(), 3u);
   EXPECT_EQ((*hits)[0].memory.text, "common thing two more");
-  EXPECT_EQ((*hits)[0].memory.id, "m" + std::to_string(100000 + old_ones + kMemorySearchCandidates - 1));
+  EXPECT_EQ((*hits)[0].memory.id,
+            "m" + std::to_string(100000 + old_ones + kMemorySearchCandidates - 1));
   // Writing an old one again makes it new: now it is ranked, and first.
-  ASSERT_TRUE(store().WriteSync([&](Tx& tx) {
-    return tx.memory().UpsertMemory(
-        MakeMemory(kTenant, kAgent, "m100000", "common common common thing", 1));
-  }).ok());
+  ASSERT_TRUE(store()
+                  .WriteSync([&](Tx& tx) {
+                    return tx.memory().UpsertMemory(
+                        MakeMemory(kTenant, kAgent, "m100000", "common common common thing", 1));
+                  })
+                  .ok());
   hits = Search(store(), kAgent, "common", "", 3);
   ASSERT_TRUE(hits.ok());
   EXPECT_EQ((*hits)[0].memory.id, "m100000");
@@ -444,9 +495,11 @@ TEST_P(MemoryStoreTest, SearchRanksTheNewestMatchesWhenThereAreTooManyToRank) {
 
 TEST_P(MemoryStoreTest, AnExportedMemoryIsSearchableAfterImport) {
   ASSERT_TRUE(LoadCorpus(store()).ok());
-  ASSERT_TRUE(store().WriteSync([&](Tx& tx) {
-    return tx.memory().PutWorkingMemory({kTenant, kAgent, "remember the milk", 42});
-  }).ok());
+  ASSERT_TRUE(store()
+                  .WriteSync([&](Tx& tx) {
+                    return tx.memory().PutWorkingMemory({kTenant, kAgent, "remember the milk", 42});
+                  })
+                  .ok());
   std::filesystem::path dir = std::filesystem::temp_directory_path() / ("keel-memarc-" + NewId());
   std::filesystem::create_directories(dir);
   const std::string archive = (dir / "a.tar.zst").string();
@@ -466,10 +519,12 @@ TEST_P(MemoryStoreTest, AnExportedMemoryIsSearchableAfterImport) {
     EXPECT_EQ(top, q.top) << "after import, query: " << q.query;
   }
   WorkingMemory w;
-  ASSERT_TRUE(target.store->Read([&](Tx& tx) -> Status {
-    KEEL_ASSIGN_OR_RETURN(w, tx.memory().GetWorkingMemory(kTenant, kAgent));
-    return Status::Ok();
-  }).ok());
+  ASSERT_TRUE(target.store
+                  ->Read([&](Tx& tx) -> Status {
+                    KEEL_ASSIGN_OR_RETURN(w, tx.memory().GetWorkingMemory(kTenant, kAgent));
+                    return Status::Ok();
+                  })
+                  .ok());
   EXPECT_EQ(w.text, "remember the milk");
 }
 

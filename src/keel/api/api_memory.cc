@@ -1,8 +1,9 @@
 // An agent's memories: search (GET with q) or list (GET without), write (POST: add, or replace
-// by id), show and delete one; its working memory (GET, PUT). Any token of the tenant may read;
-// writing needs an owner or user token (a guest gets 403), as the memory tools need the right
-// `write`. Each write and its event are one unit of work; an upsert then emits memory.upsert@v1
-// to the agent's plugins (docs/MEMORY.md).
+// by id), show and delete one (under the agent, or by id alone: ids are unique in a tenant); its
+// working memory (GET, PUT). Any token of the tenant may read; writing needs an owner or user
+// token (a guest gets 403), as the memory tools need the right `write`. Each write and its event
+// are one unit of work; an upsert then emits memory.upsert@v1 to the agent's plugins
+// (docs/MEMORY.md).
 
 #include "keel/api/api.h"
 #include "keel/api/render.h"
@@ -126,6 +127,32 @@ void RegisterMemoryRoutes(http::Router& router, ApiContext& ctx) {
     auto committed = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_RETURN_IF_ERROR(tx.agents().GetAgent(tenant, agent).status());
       return memory::Delete(tx, tenant, agent, id);
+    });
+    if (!committed.ok()) co_return Response::Error(committed.status());
+    co_return Response::NoContent();
+  });
+
+  // A memory by its id alone (ids are unique in a tenant), whichever agent's it is.
+  router.Add("GET", "/v1/memories/{memory}", [&ctx](Request& req) -> asio::awaitable<Response> {
+    std::string tenant = req.principal.tenant_id;
+    std::string id = req.Param("memory");
+    Json out;
+    Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(auto m, tx.memory().FindMemory(tenant, id));
+      out = memory::MemoryJson(m);
+      return Status::Ok();
+    });
+    if (!st.ok()) co_return Response::Error(st);
+    co_return Response::Json(200, out);
+  });
+
+  router.Add("DELETE", "/v1/memories/{memory}", [&ctx](Request& req) -> asio::awaitable<Response> {
+    if (auto st = RequireMember(req, "delete memories"); !st.ok()) co_return Response::Error(st);
+    std::string tenant = req.principal.tenant_id;
+    std::string id = req.Param("memory");
+    auto committed = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(auto m, tx.memory().FindMemory(tenant, id));
+      return memory::Delete(tx, tenant, m.agent_id, id);
     });
     if (!committed.ok()) co_return Response::Error(committed.status());
     co_return Response::NoContent();

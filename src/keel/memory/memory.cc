@@ -81,15 +81,18 @@ Result<store::Memory> MemoryFrom(const Json& fields, const std::string& tenant_i
   if (m.id.empty()) {
     if (fields.contains("id")) return InvalidArgument("id must not be empty");
     m.id = NewId();
-  } else if (m.id.size() > 128 || !AllOf(m.id, IdChar) || !std::isalnum(static_cast<unsigned char>(m.id[0]))) {
-    return InvalidArgument("id must be 1 to 128 of A-Z, a-z, 0-9, '.', '_', ':' and '-', "
-                           "starting with a letter or digit");
+  } else if (m.id.size() > 128 || !AllOf(m.id, IdChar) ||
+             !std::isalnum(static_cast<unsigned char>(m.id[0]))) {
+    return InvalidArgument(
+        "id must be 1 to 128 of A-Z, a-z, 0-9, '.', '_', ':' and '-', "
+        "starting with a letter or digit");
   }
   KEEL_ASSIGN_OR_RETURN(m.source, OptString(fields, "source", default_source));
   if (m.source.empty() || m.source.size() > 32 || !AllOf(m.source, SourceChar) ||
       !(m.source[0] >= 'a' && m.source[0] <= 'z')) {
-    return InvalidArgument("source must be 1 to 32 of a-z, 0-9, '.', '_' and '-', starting with "
-                           "a letter (api, tool, introspection, ...)");
+    return InvalidArgument(
+        "source must be 1 to 32 of a-z, 0-9, '.', '_' and '-', starting with "
+        "a letter (api, tool, introspection, ...)");
   }
   m.created_at = m.updated_at = NowMillis();
   return m;
@@ -98,17 +101,21 @@ Result<store::Memory> MemoryFrom(const Json& fields, const std::string& tenant_i
 Result<Upserted> Upsert(store::Tx& tx, store::Memory m, const std::string& session_id,
                         const std::string& run_id) {
   Upserted out;
-  auto before = tx.memory().GetMemory(m.tenant_id, m.agent_id, m.id);
+  auto before = tx.memory().FindMemory(m.tenant_id, m.id);
   if (!before.ok() && before.status().code() != Code::kNotFound) return before.status();
   out.replaced = before.ok();
+  if (out.replaced && before->agent_id != m.agent_id) {
+    return Conflict("memory " + m.id + " belongs to another agent");
+  }
   if (out.replaced) m.created_at = before->created_at;
   KEEL_RETURN_IF_ERROR(tx.memory().UpsertMemory(m));
-  KEEL_RETURN_IF_ERROR(tx.events().Append({m.tenant_id, "memory.upserted@v1", m.agent_id,
-                                           session_id, run_id,
-                                           {{"memory_id", m.id},
-                                            {"source", m.source},
-                                            {"tags", m.tags},
-                                            {"replaced", out.replaced}}}));
+  KEEL_RETURN_IF_ERROR(tx.events().Append(
+      {m.tenant_id,
+       "memory.upserted@v1",
+       m.agent_id,
+       session_id,
+       run_id,
+       {{"memory_id", m.id}, {"source", m.source}, {"tags", m.tags}, {"replaced", out.replaced}}}));
   out.memory = std::move(m);
   return out;
 }
@@ -121,9 +128,8 @@ Status Delete(store::Tx& tx, const std::string& tenant_id, const std::string& ag
 }
 
 Result<std::vector<store::MemoryHit>> Search(store::Tx& tx, const std::string& tenant_id,
-                                             const std::string& agent_id,
-                                             const std::string& query, const std::string& tag,
-                                             int limit) {
+                                             const std::string& agent_id, const std::string& query,
+                                             const std::string& tag, int limit) {
   KEEL_RETURN_IF_ERROR(CheckSearchLimit(limit));
   if (!tag.empty()) KEEL_RETURN_IF_ERROR(CheckTag(tag));
   KEEL_ASSIGN_OR_RETURN(store::MemoryQuery parsed, ParseQuery(query));
@@ -139,8 +145,8 @@ Result<store::WorkingMemory> PutWorkingMemory(store::Tx& tx, const std::string& 
   }
   store::WorkingMemory w{tenant_id, agent_id, std::move(text), NowMillis()};
   KEEL_RETURN_IF_ERROR(tx.memory().PutWorkingMemory(w));
-  KEEL_RETURN_IF_ERROR(tx.events().Append({tenant_id, "working_memory.updated@v1", agent_id, "",
-                                           "", {{"bytes", w.text.size()}}}));
+  KEEL_RETURN_IF_ERROR(tx.events().Append(
+      {tenant_id, "working_memory.updated@v1", agent_id, "", "", {{"bytes", w.text.size()}}}));
   return w;
 }
 
@@ -192,8 +198,8 @@ Result<Json> SearchJson(store::Store& store, const std::string& tenant_id,
   return out;
 }
 
-Result<Json> GetJson(store::Store& store, const std::string& tenant_id,
-                     const std::string& agent_id, const std::string& id) {
+Result<Json> GetJson(store::Store& store, const std::string& tenant_id, const std::string& agent_id,
+                     const std::string& id) {
   Json out;
   Status st = store.Read([&](store::Tx& tx) -> Status {
     auto m = tx.memory().GetMemory(tenant_id, agent_id, id);

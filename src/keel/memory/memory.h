@@ -46,6 +46,7 @@ struct Upserted {
 };
 // Writes `m` (a new one, or a replacement of the agent's memory with its id) and appends
 // memory.upserted@v1, scoped to the agent and, for a tool's write, to its session and run.
+// kConflict "memory ID belongs to another agent" when another agent of the tenant has that id.
 // REQUIRES: `m` comes from MemoryFrom.
 Result<Upserted> Upsert(store::Tx& tx, store::Memory m, const std::string& session_id = "",
                         const std::string& run_id = "");
@@ -56,9 +57,8 @@ Status Delete(store::Tx& tx, const std::string& tenant_id, const std::string& ag
 // Searches the agent's memories with a query of the memory language (query.h): kInvalidArgument
 // for a bad query, tag or limit.
 Result<std::vector<store::MemoryHit>> Search(store::Tx& tx, const std::string& tenant_id,
-                                             const std::string& agent_id,
-                                             const std::string& query, const std::string& tag,
-                                             int limit);
+                                             const std::string& agent_id, const std::string& query,
+                                             const std::string& tag, int limit);
 // Replaces the agent's working memory ("" clears it) and appends working_memory.updated@v1.
 // kInvalidArgument beyond kMaxWorkingMemoryBytes.
 Result<store::WorkingMemory> PutWorkingMemory(store::Tx& tx, const std::string& tenant_id,
@@ -81,7 +81,7 @@ Result<std::string> WorkingMemoryPrompt(store::Tx& tx, const std::string& tenant
 Result<Json> SearchJson(store::Store& store, const std::string& tenant_id,
                         const std::string& agent_id, const std::string& query,
                         const std::string& tag, int limit);
-Result<Json> GetJson(store::Store& store, const std::string& tenant_id,
-                     const std::string& agent_id, const std::string& id);
+Result<Json> GetJson(store::Store& store, const std::string& tenant_id, const std::string& agent_id,
+                     const std::string& id);
 
 }  // namespace keel::memory

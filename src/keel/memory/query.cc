@@ -19,7 +19,11 @@ struct Term {
 // forms, surrogates and values past U+10FFFF included). *cp gets its code point.
 size_t DecodeUtf8(std::string_view s, char32_t* cp) {
   const auto c = static_cast<unsigned char>(s[0]);
-  const size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+  const size_t len = c < 0x80           ? 1
+                     : (c >> 5) == 0x6  ? 2
+                     : (c >> 4) == 0xE  ? 3
+                     : (c >> 3) == 0x1E ? 4
+                                        : 0;
   if (len == 0 || len > s.size()) return 0;
   char32_t v = len == 1 ? c : len == 2 ? (c & 0x1F) : len == 3 ? (c & 0x0F) : (c & 0x07);
   for (size_t k = 1; k < len; ++k) {
@@ -44,7 +48,7 @@ bool IsWordChar(char32_t c) {
   if (c < 0x80) return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
   if (c < 0xA0) return false;                    // control characters
   if (c >= 0x2000 && c <= 0x206F) return false;  // General Punctuation: dashes, quotes, ...
-  if (c >= 0xA0 && c <= 0xBF) {                   // Latin-1 signs, but its letters and digits
+  if (c >= 0xA0 && c <= 0xBF) {                  // Latin-1 signs, but its letters and digits
     return c == 0xAA || c == 0xB2 || c == 0xB3 || c == 0xB5 || c == 0xB9 || c == 0xBA ||
            (c >= 0xBC && c <= 0xBE);
   }
@@ -76,8 +80,8 @@ std::vector<std::string> Words(std::string_view s) {
 }
 
 std::string Fts5Term(const Term& t) {
-  std::string out = "\"";
-  for (size_t i = 0; i < t.words.size(); ++i) out += (i ? " " : "") + t.words[i];
+  std::string out = "\"$";
+  for (const auto& w : t.words) out += " " + w;
   out += "\"";
   if (t.prefix) out += " *";
   return out;
@@ -218,8 +222,8 @@ Result<store::MemoryQuery> ParseQuery(std::string_view text) {
     for (const auto& term : group) {
       for (size_t w = 0; w < term.words.size(); ++w) {
         const bool prefix = term.prefix && w + 1 == term.words.size();
-        out.tsquery_rank += (out.tsquery_rank.empty() ? "'" : " | '") + term.words[w] + "'" +
-                            (prefix ? ":*" : "");
+        out.tsquery_rank +=
+            (out.tsquery_rank.empty() ? "'" : " | '") + term.words[w] + "'" + (prefix ? ":*" : "");
       }
     }
   }

@@ -363,7 +363,9 @@ int SessionFn(lua_State* L) {
 // instructions or time have run out.
 void StartMemoryCall(lua_State* L, const char* fn) {
   Sandbox* sb = SandboxOf(L);
-  if (sb->loading) luaL_error(L, "%s works only in handlers and tools, not while the plugin loads", fn);
+  if (sb->loading) {
+    luaL_error(L, "%s works only in handlers and tools, not while the plugin loads", fn);
+  }
   sb->remaining -= kMemoryCallInstructions;
   if (sb->remaining <= 0) sb->killed = "exceeded its instruction budget";
   if (sb->killed.empty() && Clock::now() > sb->deadline) sb->killed = "exceeded its time limit";
@@ -383,12 +385,16 @@ int MemorySearchFn(lua_State* L) {
     luaL_checktype(L, 2, LUA_TTABLE);
     lua_getfield(L, 2, "limit");
     if (!lua_isnil(L, -1)) {
-      if (!lua_isinteger(L, -1)) return luaL_error(L, "ctx.memory.search: limit must be an integer");
+      if (!lua_isinteger(L, -1)) {
+        return luaL_error(L, "ctx.memory.search: limit must be an integer");
+      }
       limit = lua_tointeger(L, -1);
     }
     lua_getfield(L, 2, "tag");
     if (!lua_isnil(L, -1)) {
-      if (lua_type(L, -1) != LUA_TSTRING) return luaL_error(L, "ctx.memory.search: tag must be a string");
+      if (lua_type(L, -1) != LUA_TSTRING) {
+        return luaL_error(L, "ctx.memory.search: tag must be a string");
+      }
       const char* t = lua_tolstring(L, -1, &n);
       tag.assign(t, n);
     }

@@ -1,7 +1,7 @@
 #pragma once
 // MemoryStore: an agent's long-term memories (texts with tags, searchable by full text) and its
 // working memory (one text the model sees in every prompt). Memories belong to one agent of one
-// tenant; a memory id is unique within its agent.
+// tenant; a memory id is unique within its tenant.
 //
 // Full-text search, on both backends: the text is split into words (runs of letters and
 // digits, lowercased, accents kept, no stemming), a query is a MemoryQuery rendered by
@@ -26,7 +26,7 @@
 namespace keel::store {
 
 struct Memory {
-  std::string id;  // unique within the agent
+  std::string id;  // unique within the tenant
   std::string tenant_id;
   std::string agent_id;
   std::string text;
@@ -51,7 +51,9 @@ struct WorkingMemory {
 
 // A parsed search query in each backend's language (memory::ParseQuery builds it).
 struct MemoryQuery {
-  std::string fts5;     // an FTS5 MATCH expression over the memory's words
+  // An FTS5 MATCH expression over the memory's words. Each phrase string begins with the marker
+  // "$ " (the place of a backend's own prefix: SQLite's per-agent key), then its words.
+  std::string fts5;
   std::string tsquery;  // text for to_tsquery('simple', ...): which memories match
   // The words the query looks for (not those it excludes) joined by OR, for to_tsquery: what
   // PostgreSQL ranks the matches by, so that ts_rank weighs how often each word occurs, as
@@ -71,11 +73,15 @@ class MemoryStore {
  public:
   virtual ~MemoryStore() = default;
   // Inserts the memory, or replaces the text, tags, source and updated_at of the agent's
-  // memory with its id (created_at stays). REQUIRES: tags is an array of strings.
+  // memory with its id (created_at stays). REQUIRES: tags is an array of strings, and no other
+  // agent of the tenant has a memory with this id (see FindMemory; such a write changes
+  // nothing).
   virtual Status UpsertMemory(const Memory& m) = 0;
-  // kNotFound "memory not found: ID".
+  // The agent's memory. kNotFound "memory not found: ID".
   virtual Result<Memory> GetMemory(const std::string& tenant_id, const std::string& agent_id,
                                    const std::string& id) = 0;
+  // The tenant's memory with this id, whichever agent's it is. kNotFound "memory not found: ID".
+  virtual Result<Memory> FindMemory(const std::string& tenant_id, const std::string& id) = 0;
   // kNotFound "memory not found: ID".
   virtual Status DeleteMemory(const std::string& tenant_id, const std::string& agent_id,
                               const std::string& id) = 0;

@@ -57,8 +57,8 @@ class MemorySearch final : public Tool {
       if (!args["limit"].is_number_integer()) return InvalidArgument("limit must be an integer");
       limit = args["limit"].get<int>();
     }
-    KEEL_ASSIGN_OR_RETURN(Json hits,
-                          memory::SearchJson(store_, ctx.tenant_id, ctx.agent_id, query, tag, limit));
+    KEEL_ASSIGN_OR_RETURN(
+        Json hits, memory::SearchJson(store_, ctx.tenant_id, ctx.agent_id, query, tag, limit));
     return Json{{"results", std::move(hits)}};
   }
 

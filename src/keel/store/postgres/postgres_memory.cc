@@ -40,9 +40,10 @@ double Score(const std::string& text) {
 Status PostgresTx::UpsertMemory(const Memory& m) {
   static const std::string kSql =
       "INSERT INTO memories(" + std::string(kMemoryCols) +
-      ") VALUES($1,$2,$3,$4,$5,$6,$7,$8) ON CONFLICT(tenant_id, agent_id, id) DO UPDATE SET "
+      ") VALUES($1,$2,$3,$4,$5,$6,$7,$8) ON CONFLICT(tenant_id, id) DO UPDATE SET "
       "text=EXCLUDED.text, tags=EXCLUDED.tags, source=EXCLUDED.source, "
-      "updated_at=EXCLUDED.updated_at, seq=nextval('memories_seq')";
+      "updated_at=EXCLUDED.updated_at, seq=nextval('memories_seq') "
+      "WHERE memories.agent_id = EXCLUDED.agent_id";
   KEEL_RETURN_IF_ERROR(BindTenant(m.tenant_id));
   return conn_.Send(kSql, P(m.id, m.tenant_id, m.agent_id, m.text, DumpJson(m.tags), m.source,
                             m.created_at, m.updated_at));
@@ -58,6 +59,15 @@ Result<Memory> PostgresTx::GetMemory(const std::string& tenant_id, const std::st
   return ReadMemory(Row(rows, 0));
 }
 
+Result<Memory> PostgresTx::FindMemory(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kMemoryCols) + " FROM memories WHERE tenant_id=$1 AND id=$2";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, id)));
+  if (rows.empty()) return NotFound("memory not found: " + id);
+  return ReadMemory(Row(rows, 0));
+}
+
 Status PostgresTx::DeleteMemory(const std::string& tenant_id, const std::string& agent_id,
                                 const std::string& id) {
   static const std::string kSql =
@@ -69,8 +79,8 @@ Status PostgresTx::DeleteMemory(const std::string& tenant_id, const std::string&
 }
 
 Result<Paged<Memory>> PostgresTx::ListMemories(const std::string& tenant_id,
-                                               const std::string& agent_id,
-                                               const std::string& tag, const Page& page) {
+                                               const std::string& agent_id, const std::string& tag,
+                                               const Page& page) {
   const int limit = std::clamp(page.limit, 1, 500);
   KEEL_ASSIGN_OR_RETURN(auto start, DeliveryCursorStart(page.cursor));
   static const std::string kSql =
@@ -78,9 +88,8 @@ Result<Paged<Memory>> PostgresTx::ListMemories(const std::string& tenant_id,
       " FROM memories WHERE tenant_id=$1 AND agent_id=$2 AND (updated_at, id) < ($3, $4) AND "
       "($5 = '' OR tags::jsonb ? $5) ORDER BY updated_at DESC, id DESC LIMIT $6";
   KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
-  KEEL_ASSIGN_OR_RETURN(
-      auto rows, conn_.Query(kSql, P(tenant_id, agent_id, start.first, start.second, tag,
-                                     limit + 1)));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, agent_id, start.first,
+                                                       start.second, tag, limit + 1)));
   std::vector<Memory> items = Collect<Memory>(rows, ReadMemory<Row>);
   Paged<Memory> out;
   if (static_cast<int>(items.size()) > limit) {
@@ -105,8 +114,9 @@ Result<std::vector<MemoryHit>> PostgresTx::SearchMemories(const std::string& ten
       auto rows,
       conn_.Query(kSql, P(tenant_id, agent_id, search.query.tsquery, search.query.tsquery_rank,
                           search.tag, kMemorySearchCandidates, std::clamp(search.limit, 1, 100))));
-  return Collect<MemoryHit>(
-      rows, [](const Row& r) { return MemoryHit{ReadMemory(r), Score(r.Text(8))}; });
+  return Collect<MemoryHit>(rows, [](const Row& r) {
+    return MemoryHit{ReadMemory(r), Score(r.Text(8))};
+  });
 }
 
 Result<WorkingMemory> PostgresTx::GetWorkingMemory(const std::string& tenant_id,

@@ -1437,7 +1437,7 @@ CREATE TABLE memories(
     (to_tsvector('simple', regexp_replace(text,
       '[^0-9A-Za-z\u00AA\u00B2\u00B3\u00B5\u00B9\u00BA\u00BC-\u00BE\u00C0-\u00D6\u00D8-\u00F6'
       '\u00F8-\u1FFF\u2070-\U0010FFFF]+', ' ', 'g'))) STORED,
-  PRIMARY KEY(tenant_id, agent_id, id));
+  PRIMARY KEY(tenant_id, id));
 ALTER SEQUENCE memories_seq OWNED BY memories.seq;
 CREATE INDEX memories_recent ON memories(tenant_id, agent_id, updated_at, id);
 CREATE INDEX memories_seq_order ON memories(tenant_id, agent_id, seq);

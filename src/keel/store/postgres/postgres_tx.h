@@ -251,6 +251,7 @@ class PostgresTx final : public Tx,
   Status UpsertMemory(const Memory& m) override;
   Result<Memory> GetMemory(const std::string& tenant_id, const std::string& agent_id,
                            const std::string& id) override;
+  Result<Memory> FindMemory(const std::string& tenant_id, const std::string& id) override;
   Status DeleteMemory(const std::string& tenant_id, const std::string& agent_id,
                       const std::string& id) override;
   Result<Paged<Memory>> ListMemories(const std::string& tenant_id, const std::string& agent_id,

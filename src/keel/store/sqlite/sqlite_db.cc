@@ -94,7 +94,7 @@ Result<std::unique_ptr<Db>> Db::Open(const std::string& path, bool read_only, bo
   KEEL_RETURN_IF_ERROR(db->Exec(sync_full ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL"));
   KEEL_RETURN_IF_ERROR(db->Exec("PRAGMA foreign_keys=ON"));
   KEEL_RETURN_IF_ERROR(db->Exec("PRAGMA cache_size=-16000"));
-  KEEL_RETURN_IF_ERROR(RegisterMemoryRank(raw));
+  KEEL_RETURN_IF_ERROR(RegisterMemoryFunctions(raw));
   return db;
 }
 

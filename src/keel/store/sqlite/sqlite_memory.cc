@@ -1,17 +1,23 @@
 // MemoryStore on SQLite. Memories live in `memories`; `memories_fts` is an FTS5 index over them
-// (external content, kept in step by triggers, unicode61 without diacritic folding) with two
-// columns: the text, and a `scope` of tokens only Keel writes: "a" + hex(agent id), and
-// "t" + hex(tag) for each tag. A search matches the agent's token and, with a tag filter, the
-// tag's token inside the index, so the recency bound (kMemorySearchCandidates, the matches with
-// the highest seq, which is renewed by every write) counts only the agent's own matching
-// memories. seq is the FTS rowid; keel_rank scores only the text column.
+// (external content, kept in step by triggers) with two columns: `body`, the text, and `scope`,
+// a token for each tag. Both are tokenized by `keel_agent`: unicode61 without diacritic folding,
+// except that the first token of each text is a key naming the agent ("k" + hex(agent id)),
+// which is not indexed but prefixed to every other token ("k...:word"). Each agent thus has
+// words of its own in the index: a search for one agent reads that agent's postings only,
+// however many memories other agents have, and needs no filter that would walk every memory of
+// a big agent. (`body` is a generated column, key + text; `scope` is written with the row.)
+//
+// seq is the FTS rowid and falls with every write (the newest memory has the smallest), so the
+// recency bound (kMemorySearchCandidates) is FTS5's ascending walk cut short by LIMIT, its fast
+// direction. keel_rank scores only `body`.
+
+#include "keel/store/sqlite/sqlite_memory.h"
 
 #include <sqlite3.h>
 
 #include <algorithm>
 
 #include "keel/store/rows.h"
-#include "keel/store/sqlite/sqlite_memory.h"
 #include "keel/store/sqlite/sqlite_tx.h"
 
 namespace keel::store::sqlite {
@@ -20,10 +26,64 @@ namespace {
 
 using namespace rows;  // NOLINT: the shared record readers
 
-// The scope column's value, an SQL expression over the agent id and the tags (JSON text).
+// The scope column's value, an SQL expression over the agent id and the tags (JSON text): the
+// agent's key and a token for each tag, "t" + hex(tag) (one token whatever the tag holds).
 std::string ScopeSql(const std::string& agent, const std::string& tags) {
-  return "'a' || hex(" + agent + ") || coalesce((SELECT group_concat(' t' || hex(value), '') " +
+  return "'k' || hex(" + agent + ") || coalesce((SELECT group_concat(' t' || hex(value), '') " +
          "FROM json_each(" + tags + ")), '')";
+}
+
+// keel_agent: unicode61 (remove_diacritics 0), with each text's first token taken as the key
+// that prefixes the others (see the top of this file).
+struct AgentTokenizer {
+  fts5_tokenizer inner_fns;
+  Fts5Tokenizer* inner = nullptr;
+};
+
+struct AgentTokenizeCall {
+  void* ctx;
+  int (*emit)(void*, int, const char*, int, int, int);
+  std::string key;  // empty until the first token
+  std::string token;
+};
+
+int AgentToken(void* call_ptr, int flags, const char* token, int n, int start, int end) {
+  auto* call = static_cast<AgentTokenizeCall*>(call_ptr);
+  if (call->key.empty()) {
+    call->key.assign(token, n);
+    call->key += ':';
+    return SQLITE_OK;
+  }
+  call->token = call->key;
+  call->token.append(token, n);
+  return call->emit(call->ctx, flags, call->token.data(), static_cast<int>(call->token.size()),
+                    start, end);
+}
+
+int AgentTokenizerCreate(void* api_ptr, const char**, int, Fts5Tokenizer** out) {
+  auto* api = static_cast<fts5_api*>(api_ptr);
+  auto t = std::make_unique<AgentTokenizer>();
+  void* inner_ctx = nullptr;
+  int rc = api->xFindTokenizer(api, "unicode61", &inner_ctx, &t->inner_fns);
+  if (rc != SQLITE_OK) return rc;
+  const char* args[] = {"remove_diacritics", "0"};
+  rc = t->inner_fns.xCreate(inner_ctx, args, 2, &t->inner);
+  if (rc != SQLITE_OK) return rc;
+  *out = reinterpret_cast<Fts5Tokenizer*>(t.release());
+  return SQLITE_OK;
+}
+
+void AgentTokenizerDelete(Fts5Tokenizer* tokenizer) {
+  auto* t = reinterpret_cast<AgentTokenizer*>(tokenizer);
+  if (t->inner) t->inner_fns.xDelete(t->inner);
+  delete t;
+}
+
+int AgentTokenize(Fts5Tokenizer* tokenizer, void* ctx, int flags, const char* text, int n,
+                  int (*emit)(void*, int, const char*, int, int, int)) {
+  auto* t = reinterpret_cast<AgentTokenizer*>(tokenizer);
+  AgentTokenizeCall call{ctx, emit, {}, {}};
+  return t->inner_fns.xTokenize(t->inner, &call, flags, text, n, AgentToken);
 }
 
 // BM25's constants, and the length a memory is taken to have on average (a constant rather than
@@ -77,7 +137,7 @@ Result<std::vector<T>> Collect(Stmt& s, ReadFn read) {
 
 }  // namespace
 
-Status RegisterMemoryRank(sqlite3* db) {
+Status RegisterMemoryFunctions(sqlite3* db) {
   fts5_api* api = nullptr;
   sqlite3_stmt* stmt = nullptr;
   if (sqlite3_prepare_v2(db, "SELECT fts5(?1)", -1, &stmt, nullptr) == SQLITE_OK) {
@@ -91,20 +151,27 @@ Status RegisterMemoryRank(sqlite3* db) {
   if (api->xCreateFunction(api, "keel_rank", nullptr, KeelRank, nullptr) != SQLITE_OK) {
     return Internal("could not register keel_rank with FTS5");
   }
+  fts5_tokenizer tokenizer{AgentTokenizerCreate, AgentTokenizerDelete, AgentTokenize};
+  if (api->xCreateTokenizer(api, "keel_agent", api, &tokenizer, nullptr) != SQLITE_OK) {
+    return Internal("could not register the keel_agent tokenizer with FTS5");
+  }
   return Status::Ok();
 }
 
-// A write renews seq (the newest memory has the highest), which the recency bound follows.
+// A write renews seq (the newest memory has the smallest), which the recency bound follows.
 Status SqliteTx::UpsertMemory(const Memory& m) {
   static const std::string kSql =
-      "INSERT INTO memories(" + std::string(kMemoryCols) +
-      ", scope) VALUES(?1,?2,?3,?4,?5,?6,?7,?8," + ScopeSql("?3", "?5") + ") "
-      "ON CONFLICT(tenant_id, agent_id, id) DO UPDATE SET text=excluded.text, "
-      "tags=excluded.tags, source=excluded.source, updated_at=excluded.updated_at, "
-      "scope=excluded.scope, seq=(SELECT max(seq) + 1 FROM memories)";
+      "INSERT INTO memories(seq, " + std::string(kMemoryCols) +
+      ", scope) VALUES((SELECT coalesce(min(seq), 0) - 1 FROM memories),?1,?2,?3,?4,?5,?6,?7,?8," +
+      ScopeSql("?3", "?5") +
+      ") "
+      "ON CONFLICT(tenant_id, id) DO UPDATE SET text=excluded.text, tags=excluded.tags, "
+      "source=excluded.source, updated_at=excluded.updated_at, scope=excluded.scope, "
+      "seq=excluded.seq WHERE memories.agent_id = excluded.agent_id";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
-  return s.BindAll(m.id, m.tenant_id, m.agent_id, m.text, DumpJson(m.tags), m.source,
-                   m.created_at, m.updated_at)
+  return s
+      .BindAll(m.id, m.tenant_id, m.agent_id, m.text, DumpJson(m.tags), m.source, m.created_at,
+               m.updated_at)
       .Run();
 }
 
@@ -114,6 +181,16 @@ Result<Memory> SqliteTx::GetMemory(const std::string& tenant_id, const std::stri
                                   " FROM memories WHERE tenant_id=? AND agent_id=? AND id=?";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, agent_id, id);
+  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return NotFound("memory not found: " + id);
+  return ReadMemory(s);
+}
+
+Result<Memory> SqliteTx::FindMemory(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kMemoryCols) + " FROM memories WHERE tenant_id=? AND id=?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id, id);
   KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
   if (!row) return NotFound("memory not found: " + id);
   return ReadMemory(s);
@@ -152,23 +229,33 @@ Result<Paged<Memory>> SqliteTx::ListMemories(const std::string& tenant_id,
   return out;
 }
 
-// The candidates are the newest matches in the index (ORDER BY rowid DESC LIMIT, which FTS5
-// walks from the end and stops), so keel_rank scores at most kMemorySearchCandidates rows.
+// The candidates are the agent's newest matches (ORDER BY rowid LIMIT: FTS5 stops after them),
+// so keel_rank scores at most kMemorySearchCandidates rows.
 Result<std::vector<MemoryHit>> SqliteTx::SearchMemories(const std::string& tenant_id,
                                                         const std::string& agent_id,
                                                         const MemorySearch& search) {
   static const std::string kSql =
       "SELECT m.id, m.tenant_id, m.agent_id, m.text, m.tags, m.source, m.created_at, "
       "m.updated_at, c.score FROM (SELECT rowid AS seq, keel_rank(memories_fts) AS score "
-      "FROM memories_fts WHERE memories_fts MATCH ?1 ORDER BY rowid DESC LIMIT ?2) AS c "
+      "FROM memories_fts WHERE memories_fts MATCH ?1 ORDER BY rowid LIMIT ?2) AS c "
       "JOIN memories AS m ON m.seq = c.seq WHERE m.tenant_id = ?3 AND m.agent_id = ?4 "
       "ORDER BY c.score DESC, m.updated_at DESC, m.id LIMIT ?5";
-  std::string match = "scope : \"a" + Hex(agent_id) + "\"";
-  if (!search.tag.empty()) match += " AND scope : \"t" + Hex(search.tag) + "\"";
-  match += " AND text : (" + search.query.fts5 + ")";
+  // Every phrase of the query starts with the marker "$ ": the agent's key goes there.
+  const std::string key = "\"k" + Hex(agent_id) + " ";
+  std::string match = "body : (";
+  const std::string& fts5 = search.query.fts5;
+  for (size_t i = 0; i < fts5.size(); ++i) {
+    if (fts5.compare(i, 3, "\"$ ") == 0) {
+      match += key;
+      i += 2;
+    } else {
+      match += fts5[i];
+    }
+  }
+  match += ")";
+  if (!search.tag.empty()) match += " AND scope : " + key + "t" + Hex(search.tag) + "\"";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
-  s.BindAll(match, kMemorySearchCandidates, tenant_id, agent_id,
-            std::clamp(search.limit, 1, 100));
+  s.BindAll(match, kMemorySearchCandidates, tenant_id, agent_id, std::clamp(search.limit, 1, 100));
   return Collect<MemoryHit>(s, [](const Stmt& r) { return MemoryHit{ReadMemory(r), r.Double(8)}; });
 }
 
@@ -196,11 +283,13 @@ Status SqliteTx::PutWorkingMemory(const WorkingMemory& w) {
   return s.BindAll(w.tenant_id, w.agent_id, w.text, w.updated_at).Run();
 }
 
-// The update trigger indexes each row again under its scope.
+// ImportRow leaves seq to SQLite (rising in import order: each agent's oldest first) and the
+// scope empty. Negating seq makes the newest the smallest, as writes do; the update trigger
+// indexes each row again.
 Status SqliteTx::ScopeImportedMemories() {
   static const std::string kSql =
-      "UPDATE memories SET scope = " + ScopeSql("agent_id", "memories.tags") +
-      " WHERE scope = ''";
+      "UPDATE memories SET seq = -seq, scope = " + ScopeSql("agent_id", "memories.tags") +
+      " WHERE seq > 0";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   return s.Run();
 }

@@ -1,6 +1,7 @@
 #pragma once
-// The SQLite side of memory search that lives outside SqliteTx: keel_rank, the FTS5 ranking
-// function of memories_fts, registered on every connection (Db::Open).
+// The SQLite side of memory search that lives outside SqliteTx, registered with FTS5 on every
+// connection (Db::Open): keel_rank, the ranking function of memories_fts, and keel_agent, its
+// tokenizer (sqlite_memory.cc).
 
 #include "keel/common/status.h"
 
@@ -13,6 +14,6 @@ namespace keel::store::sqlite {
 // b 0.75), summed; higher is better. No inverse document frequency: that would read every match
 // of every term (milliseconds per common term at a million memories) and would let other
 // tenants' memories sway a tenant's ranking. kUnavailable when this SQLite lacks FTS5.
-Status RegisterMemoryRank(sqlite3* db);
+Status RegisterMemoryFunctions(sqlite3* db);
 
 }  // namespace keel::store::sqlite

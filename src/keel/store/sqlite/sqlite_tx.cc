@@ -1170,29 +1170,31 @@ CREATE TABLE model_cache(
   PRIMARY KEY(tenant_id, cache_group, key));
 CREATE INDEX model_cache_created ON model_cache(created_at);
 )sql",
-      // 8: agents' memories with their full-text index (FTS5 over the text and a scope of
-      // agent and tag tokens, kept in step by triggers; see sqlite_memory.cc), and each
-      // agent's working memory.
+      // 8: agents' memories with their full-text index (FTS5 over the text and the tags, each
+      // agent with words of its own through the keel_agent tokenizer, kept in step by triggers;
+      // see sqlite_memory.cc), and each agent's working memory.
       R"sql(
 CREATE TABLE memories(
   seq INTEGER PRIMARY KEY, id TEXT NOT NULL, tenant_id TEXT NOT NULL REFERENCES tenants(id),
   agent_id TEXT NOT NULL REFERENCES agents(id), text TEXT NOT NULL, tags TEXT NOT NULL,
   source TEXT NOT NULL, created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL,
-  scope TEXT NOT NULL DEFAULT '', UNIQUE(tenant_id, agent_id, id));
+  scope TEXT NOT NULL DEFAULT '',
+  body TEXT GENERATED ALWAYS AS ('k' || hex(agent_id) || ' ' || text) VIRTUAL,
+  UNIQUE(tenant_id, id));
 CREATE INDEX memories_recent ON memories(tenant_id, agent_id, updated_at, id);
-CREATE VIRTUAL TABLE memories_fts USING fts5(text, scope, content='memories',
-  content_rowid='seq', tokenize='unicode61 remove_diacritics 0');
+CREATE VIRTUAL TABLE memories_fts USING fts5(body, scope, content='memories',
+  content_rowid='seq', tokenize='keel_agent');
 CREATE TRIGGER memories_fts_insert AFTER INSERT ON memories BEGIN
-  INSERT INTO memories_fts(rowid, text, scope) VALUES(new.seq, new.text, new.scope);
+  INSERT INTO memories_fts(rowid, body, scope) VALUES(new.seq, new.body, new.scope);
 END;
 CREATE TRIGGER memories_fts_delete AFTER DELETE ON memories BEGIN
-  INSERT INTO memories_fts(memories_fts, rowid, text, scope)
-    VALUES('delete', old.seq, old.text, old.scope);
+  INSERT INTO memories_fts(memories_fts, rowid, body, scope)
+    VALUES('delete', old.seq, old.body, old.scope);
 END;
 CREATE TRIGGER memories_fts_update AFTER UPDATE ON memories BEGIN
-  INSERT INTO memories_fts(memories_fts, rowid, text, scope)
-    VALUES('delete', old.seq, old.text, old.scope);
-  INSERT INTO memories_fts(rowid, text, scope) VALUES(new.seq, new.text, new.scope);
+  INSERT INTO memories_fts(memories_fts, rowid, body, scope)
+    VALUES('delete', old.seq, old.body, old.scope);
+  INSERT INTO memories_fts(rowid, body, scope) VALUES(new.seq, new.body, new.scope);
 END;
 CREATE TABLE working_memories(
   tenant_id TEXT NOT NULL REFERENCES tenants(id), agent_id TEXT NOT NULL REFERENCES agents(id),
