@@ -1547,34 +1547,6 @@ int Health(Context& ctx) {
   return kExitOk;
 }
 
-// ---- schedules
-
-namespace {
-
-// --at: an RFC 3339 time as it is, or "+N" with s, m, h or d from now (in UTC).
-std::optional<std::string> AtTime(const std::string& at) {
-  if (at.size() < 3 || at[0] != '+') {
-    return ParseRfc3339(at) ? std::optional<std::string>(at) : std::nullopt;
-  }
-  int64_t n = 0;
-  for (std::size_t i = 1; i + 1 < at.size(); ++i) {
-    if (!std::isdigit(static_cast<unsigned char>(at[i])) || n > 100'000'000) return std::nullopt;
-    n = n * 10 + (at[i] - '0');
-  }
-  int64_t unit = 0;
-  switch (at.back()) {
-    case 's': unit = 1000; break;
-    case 'm': unit = 60'000; break;
-    case 'h': unit = 3'600'000; break;
-    case 'd': unit = 86'400'000; break;
-    default: return std::nullopt;
-  }
-  return FormatRfc3339(NowMillis() + n * unit);
-}
-
-std::string ScheduleWhen(const Json& s) {
-  return Str(s, "kind") == "once" ? "at " + Str(s, "at")
-                                  : Str(s, "cron") + " (" + Str(s, "timezone") + ")";
 // ---- memory
 
 namespace {
@@ -1585,48 +1557,6 @@ std::string MemoriesPath(const std::string& agent_id) {
 
 }  // namespace
 
-int ScheduleAdd(Context& ctx, const ScheduleAddArgs& args) {
-  if (args.cron.empty() == args.at.empty()) {
-    std::cerr << "keel: schedule add takes --cron EXPR or --at TIME (one of them)\n";
-    return kExitUsage;
-  }
-  std::string agent_id;
-  if (int code = ResolveAgent(ctx, args.agent, &agent_id); code != kExitOk) return code;
-  Json body = {{"agent_id", agent_id}, {"prompt", args.prompt}};
-  if (!args.cron.empty()) body["cron"] = args.cron;
-  if (!args.at.empty()) {
-    std::optional<std::string> at = AtTime(args.at);
-    if (!at) {
-      std::cerr << "keel: --at takes an RFC 3339 time (2026-11-30T09:00:00Z) or +N with s, m, h "
-                   "or d (+90s, +2h), not " << args.at << "\n";
-      return kExitUsage;
-    }
-    body["at"] = *at;
-  }
-  if (!args.timezone.empty()) body["timezone"] = args.timezone;
-  if (!args.session_id.empty()) body["session_id"] = args.session_id;
-  if (!args.missed.empty()) body["missed"] = args.missed;
-  if (!args.name.empty()) body["name"] = args.name;
-  Reply created = Request(ctx, "POST", "/v1/schedules", body);
-  if (!created.ok()) return created.exit_code;
-  if (ctx.json) {
-    PrintJson(created.body);
-    return kExitOk;
-  }
-  std::cout << "created schedule " << Str(created.body, "id") << ": "
-            << ScheduleWhen(created.body) << "; next at " << Str(created.body, "next_fire_at")
-            << "\n";
-  return kExitOk;
-}
-
-int ScheduleList(Context& ctx, const std::string& agent) {
-  std::string path = "/v1/schedules";
-  if (!agent.empty()) {
-    std::string agent_id;
-    if (int code = ResolveAgent(ctx, agent, &agent_id); code != kExitOk) return code;
-    path += "?agent_id=" + Escape(agent_id);
-  }
-  Reply list = ListAll(ctx, path);
 int MemorySearch(Context& ctx, const MemorySearchArgs& args) {
   std::string agent_id;
   if (int code = ResolveAgent(ctx, args.agent, &agent_id); code != kExitOk) return code;
@@ -1685,6 +1615,94 @@ int MemoryList(Context& ctx, const std::string& agent, const std::string& tag) {
   std::string agent_id;
   if (int code = ResolveAgent(ctx, agent, &agent_id); code != kExitOk) return code;
   Reply list = ListAll(ctx, MemoriesPath(agent_id) + (tag.empty() ? "" : "?tag=" + Escape(tag)));
+  if (!list.ok()) return list.exit_code;
+  if (ctx.json) {
+    PrintJson(list.body);
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const Json& m : Items(list.body)) {
+    rows.push_back({Str(m, "id"), Str(m, "updated_at"), Str(m, "source"),
+                    OneLine(Join(Field(m, "tags"), ","), 30), OneLine(Str(m, "text"), 80)});
+  }
+  PrintTable({"ID", "UPDATED", "SOURCE", "TAGS", "TEXT"}, rows);
+  return kExitOk;
+}
+
+// ---- schedules
+
+namespace {
+
+// --at: an RFC 3339 time as it is, or "+N" with s, m, h or d from now (in UTC).
+std::optional<std::string> AtTime(const std::string& at) {
+  if (at.size() < 3 || at[0] != '+') {
+    return ParseRfc3339(at) ? std::optional<std::string>(at) : std::nullopt;
+  }
+  int64_t n = 0;
+  for (std::size_t i = 1; i + 1 < at.size(); ++i) {
+    if (!std::isdigit(static_cast<unsigned char>(at[i])) || n > 100'000'000) return std::nullopt;
+    n = n * 10 + (at[i] - '0');
+  }
+  int64_t unit = 0;
+  switch (at.back()) {
+    case 's': unit = 1000; break;
+    case 'm': unit = 60'000; break;
+    case 'h': unit = 3'600'000; break;
+    case 'd': unit = 86'400'000; break;
+    default: return std::nullopt;
+  }
+  return FormatRfc3339(NowMillis() + n * unit);
+}
+
+std::string ScheduleWhen(const Json& s) {
+  return Str(s, "kind") == "once" ? "at " + Str(s, "at")
+                                  : Str(s, "cron") + " (" + Str(s, "timezone") + ")";
+}
+
+}  // namespace
+
+int ScheduleAdd(Context& ctx, const ScheduleAddArgs& args) {
+  if (args.cron.empty() == args.at.empty()) {
+    std::cerr << "keel: schedule add takes --cron EXPR or --at TIME (one of them)\n";
+    return kExitUsage;
+  }
+  std::string agent_id;
+  if (int code = ResolveAgent(ctx, args.agent, &agent_id); code != kExitOk) return code;
+  Json body = {{"agent_id", agent_id}, {"prompt", args.prompt}};
+  if (!args.cron.empty()) body["cron"] = args.cron;
+  if (!args.at.empty()) {
+    std::optional<std::string> at = AtTime(args.at);
+    if (!at) {
+      std::cerr << "keel: --at takes an RFC 3339 time (2026-11-30T09:00:00Z) or +N with s, m, h "
+                   "or d (+90s, +2h), not " << args.at << "\n";
+      return kExitUsage;
+    }
+    body["at"] = *at;
+  }
+  if (!args.timezone.empty()) body["timezone"] = args.timezone;
+  if (!args.session_id.empty()) body["session_id"] = args.session_id;
+  if (!args.missed.empty()) body["missed"] = args.missed;
+  if (!args.name.empty()) body["name"] = args.name;
+  Reply created = Request(ctx, "POST", "/v1/schedules", body);
+  if (!created.ok()) return created.exit_code;
+  if (ctx.json) {
+    PrintJson(created.body);
+    return kExitOk;
+  }
+  std::cout << "created schedule " << Str(created.body, "id") << ": "
+            << ScheduleWhen(created.body) << "; next at " << Str(created.body, "next_fire_at")
+            << "\n";
+  return kExitOk;
+}
+
+int ScheduleList(Context& ctx, const std::string& agent) {
+  std::string path = "/v1/schedules";
+  if (!agent.empty()) {
+    std::string agent_id;
+    if (int code = ResolveAgent(ctx, agent, &agent_id); code != kExitOk) return code;
+    path += "?agent_id=" + Escape(agent_id);
+  }
+  Reply list = ListAll(ctx, path);
   if (!list.ok()) return list.exit_code;
   if (ctx.json) {
     PrintJson(list.body);
@@ -1751,11 +1769,6 @@ int ScheduleSetEnabled(Context& ctx, const std::string& id, bool enabled) {
   std::string next = Str(s.body, "next_fire_at");
   std::cout << "schedule " << id << " is " << Str(s.body, "status")
             << (enabled && !next.empty() ? "; next at " + next : "") << "\n";
-  for (const Json& m : Items(list.body)) {
-    rows.push_back({Str(m, "id"), Str(m, "updated_at"), Str(m, "source"),
-                    OneLine(Join(Field(m, "tags"), ","), 30), OneLine(Str(m, "text"), 80)});
-  }
-  PrintTable({"ID", "UPDATED", "SOURCE", "TAGS", "TEXT"}, rows);
   return kExitOk;
 }
 

@@ -152,22 +152,14 @@ int PluginsDelete(Context& ctx, const std::string& id);
 int PluginsDeliveries(Context& ctx, const std::string& id, const std::string& status);
 int PluginsReplay(Context& ctx, const std::string& id, const std::string& delivery_id);
 
-struct ScheduleAddArgs {
-  std::string agent;  // id or name
-  std::string cron;
-  std::string at;     // RFC 3339, or relative: +90s, +5m, +2h, +1d
-  std::string timezone;
-  std::string session_id;
-  std::string missed;
-  std::string name;
-  std::string prompt;
-};
-int ScheduleAdd(Context& ctx, const ScheduleAddArgs& args);
-// `agent` empty: every agent's.
-int ScheduleList(Context& ctx, const std::string& agent);
-int ScheduleShow(Context& ctx, const std::string& id);
-int ScheduleRemove(Context& ctx, const std::string& id);
-int ScheduleSetEnabled(Context& ctx, const std::string& id, bool enabled);
+// Skills: DIR holds SKILL.md and the skill's other files.
+int SkillsRegister(Context& ctx, const std::string& dir);
+int SkillsList(Context& ctx);
+int SkillsShow(Context& ctx, const std::string& name);
+int SkillsRemove(Context& ctx, const std::string& name);
+// `agent`: id or name; `assign` false unassigns.
+int SkillsAssign(Context& ctx, const std::string& agent, const std::string& name, bool assign);
+
 // Memories: `agent` is an id or name.
 struct MemorySearchArgs {
   std::string agent;
@@ -187,13 +179,23 @@ int MemoryAdd(Context& ctx, const MemoryAddArgs& args);
 int MemoryRemove(Context& ctx, const std::string& agent, const std::string& id);
 // `tag` empty: every memory.
 int MemoryList(Context& ctx, const std::string& agent, const std::string& tag);
-// Skills: DIR holds SKILL.md and the skill's other files.
-int SkillsRegister(Context& ctx, const std::string& dir);
-int SkillsList(Context& ctx);
-int SkillsShow(Context& ctx, const std::string& name);
-int SkillsRemove(Context& ctx, const std::string& name);
-// `agent`: id or name; `assign` false unassigns.
-int SkillsAssign(Context& ctx, const std::string& agent, const std::string& name, bool assign);
+
+struct ScheduleAddArgs {
+  std::string agent;  // id or name
+  std::string cron;
+  std::string at;     // RFC 3339, or relative: +90s, +5m, +2h, +1d
+  std::string timezone;
+  std::string session_id;
+  std::string missed;
+  std::string name;
+  std::string prompt;
+};
+int ScheduleAdd(Context& ctx, const ScheduleAddArgs& args);
+// `agent` empty: every agent's.
+int ScheduleList(Context& ctx, const std::string& agent);
+int ScheduleShow(Context& ctx, const std::string& id);
+int ScheduleRemove(Context& ctx, const std::string& id);
+int ScheduleSetEnabled(Context& ctx, const std::string& id, bool enabled);
 
 int TenantsCreate(Context& ctx, const std::string& name);
 

@@ -191,6 +191,10 @@ const std::vector<ExportTableSpec>& ExportTables() {
         {"agent_id", T::kText},
         {"created_at", T::kInt}},
        "tenant_id, plugin_id, agent_id"},
+      // plugin_deliveries is not exported: it is the webhook plugins' outbound queue and its
+      // history, not the tenant's configuration. An imported copy would deliver its pending
+      // events a second time from the new store, to receivers outside Keel that may already
+      // have them (or that a copy, such as a staging store, must not reach at all).
       {"schedules",
        {{"id", T::kText},
         {"tenant_id", T::kText},
@@ -267,10 +271,6 @@ const std::vector<ExportTableSpec>& ExportTables() {
         {"tokens_after", T::kInt},
         {"created_at", T::kInt}},
        "id"},
-      // plugin_deliveries is not exported: it is the webhook plugins' outbound queue and its
-      // history, not the tenant's configuration. An imported copy would deliver its pending
-      // events a second time from the new store, to receivers outside Keel that may already
-      // have them (or that a copy, such as a staging store, must not reach at all).
       {"budgets",
        {{"tenant_id", T::kText},
         {"scope", T::kText},
