@@ -224,6 +224,7 @@ int main(int argc, char** argv) {
                  "[--vocabulary N] [--batch N] [--seed N] [--skip-load]\n");
     return 2;
   }
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines show as they come, also into a file
   const bool postgres = o.store.rfind("postgres", 0) == 0;
   keel::store::StoreOptions options;
   options.origin = "memory-bench";

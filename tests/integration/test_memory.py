@@ -266,6 +266,10 @@ class MemoryTest(KeelTestCase):
         self.assertEqual((m["text"], m["tags"], m["source"]),
                          ("The user drinks green tea without sugar", ["prefs"], "tool"))
         self.assertIn(m["id"], run["output"])
+        written = t.tool_steps(run["id"])[0]["output"]  # the memory without the text it sent
+        self.assertEqual((written["id"], written["replaced"], written["source"]),
+                         (m["id"], False, "tool"))
+        self.assertNotIn("text", written)
         upserted = t.events_of("memory.upserted@v1", agent_id=a["id"])
         self.assertEqual(len(upserted), 1)
         self.assertEqual(upserted[0]["run_id"], run["id"])
@@ -358,7 +362,7 @@ ctx.tools.add{name = "heard", handler = function() return {heard = heard} end}
         t = self.tenant()
         a, b = t.agent(tools=["plugin__*"]), t.agent(tools=["plugin__*"])
         t.add(a["id"], "the launch code is 1234", id="code", tags=["secret"])
-        t.add(b["id"], "b's launch code is 9999", id="code")
+        t.add(b["id"], "b's launch code is 9999", id="code-b")
         t.register(lua_plugin("recall", ["tool.after@v1"], """
 ctx.tools.add{name = "recall", schema = {type = "object"}, handler = function(args)
   local ok, hits = pcall(ctx.memory.search, args.q, {limit = 3, tag = args.tag})
@@ -370,11 +374,16 @@ ctx.tools.add{name = "recall", schema = {type = "object"}, handler = function(ar
 end}
 """))
         t.enable("recall", "*")
-        for agent, mine in ((a, "the launch code is 1234"), (b, "b's launch code is 9999")):
+        for agent, mine, own_id in ((a, "the launch code is 1234", "code"),
+                                    (b, "b's launch code is 9999", "code-b")):
             s = t.session(agent["id"])
-            run = t.turn(s["id"], call("plugin__recall__recall", {"q": "launch code"}))
+            run = t.turn(s["id"], call("plugin__recall__recall", {"q": "launch code", "id": own_id}))
             out = t.tool_steps(run["id"])[0]["output"]
             self.assertEqual(out, {"texts": [mine], "one": mine})
+        # b's copy of the plugin asking for a's memory by its id: not there.
+        run = t.turn(t.session(b["id"])["id"], call("plugin__recall__recall", {"q": "x", "id": "code"}))
+        # (An empty Lua table reads as an object: PLUGINS.md, section 6.)
+        self.assertEqual(t.tool_steps(run["id"])[0]["output"], {"texts": {}, "one": "none"})
         s = t.session(a["id"])
         run = t.turn(s["id"], call("plugin__recall__recall", {"q": "launch", "tag": "secret",
                                                               "id": "nope"}))

@@ -143,15 +143,21 @@ void Runtime::HookGateway() {
                 {"decision", r.decision}};
   };
   // A memory.upsert call that succeeded is a memory.upsert@v1 as well, delivered the same way.
+  // The result has the memory without its text; the text is the call's.
   auto memory_upsert = [](const tools::CallRecord& r) -> std::optional<Json> {
     const Json& m = r.call->result;
-    if (r.call->tool != "memory.upsert" || r.call->status != "succeeded" || !m.is_object()) {
+    if (r.call->tool != "memory.upsert" || r.call->status != "succeeded" || !m.is_object() ||
+        !m.contains("id")) {
       return std::nullopt;
     }
-    return Json{{"agent_id", r.agent_id},          {"session_id", r.session_id},
-                {"run_id", r.run_id},              {"memory_id", m.value("id", "")},
-                {"text", m.value("text", "")},     {"tags", m.value("tags", Json::array())},
-                {"source", m.value("source", "")}, {"replaced", m.value("replaced", false)}};
+    return Json{{"agent_id", r.agent_id},
+                {"session_id", r.session_id},
+                {"run_id", r.run_id},
+                {"memory_id", m.value("id", "")},
+                {"text", r.call->arguments.value("text", "")},
+                {"tags", m.value("tags", Json::array())},
+                {"source", m.value("source", "")},
+                {"replaced", m.value("replaced", false)}};
   };
   gateway_.SetOutboxHook([this, tool_after, memory_upsert](const tools::CallRecord& r) {
     auto p = plugins_->Find(r.agent_id);

@@ -72,7 +72,7 @@ class MemoryUpsert final : public Tool {
   std::string name() const override { return "memory.upsert"; }
   std::string description() const override {
     return "Writes a long-term memory: a new one, or, given the id of one of yours, a "
-           "replacement of it.";
+           "replacement of it. Answers with its id.";
   }
   Json parameters() const override {
     return {{"type", "object"},
@@ -99,7 +99,10 @@ class MemoryUpsert final : public Tool {
       KEEL_ASSIGN_OR_RETURN(written, memory::Upsert(tx, m, ctx.session_id, ctx.run_id));
       return Status::Ok();
     }));
+    // The memory without its text, which the model has just sent (a long one would otherwise
+    // make a long result).
     Json out = memory::MemoryJson(written.memory);
+    out.erase("text");
     out["replaced"] = written.replaced;
     return out;
   }

@@ -100,6 +100,9 @@ Result<Paged<Memory>> PostgresTx::ListMemories(const std::string& tenant_id,
   return out;
 }
 
+// Planned for each query (not a prepared statement's generic plan): whether the agent's newest
+// rows, read backwards through memories_seq_order, or the GIN index find the candidates faster
+// depends on how common the query's words are, which the planner knows from the statistics.
 Result<std::vector<MemoryHit>> PostgresTx::SearchMemories(const std::string& tenant_id,
                                                           const std::string& agent_id,
                                                           const MemorySearch& search) {
@@ -112,7 +115,7 @@ Result<std::vector<MemoryHit>> PostgresTx::SearchMemories(const std::string& ten
   KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
   KEEL_ASSIGN_OR_RETURN(
       auto rows,
-      conn_.Query(kSql, P(tenant_id, agent_id, search.query.tsquery, search.query.tsquery_rank,
+      conn_.QueryOnce(kSql, P(tenant_id, agent_id, search.query.tsquery, search.query.tsquery_rank,
                           search.tag, kMemorySearchCandidates, std::clamp(search.limit, 1, 100))));
   return Collect<MemoryHit>(rows, [](const Row& r) {
     return MemoryHit{ReadMemory(r), Score(r.Text(8))};

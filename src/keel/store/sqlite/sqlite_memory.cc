@@ -7,9 +7,10 @@
 // however many memories other agents have, and needs no filter that would walk every memory of
 // a big agent. (`body` is a generated column, key + text; `scope` is written with the row.)
 //
-// seq is the FTS rowid and falls with every write (the newest memory has the smallest), so the
-// recency bound (kMemorySearchCandidates) is FTS5's ascending walk cut short by LIMIT, its fast
-// direction. keel_rank scores only `body`.
+// seq rises with every write (a replacement takes a new one), and the FTS rowid is -seq
+// (`fts_rowid`): the newest memory has the smallest, so the recency bound
+// (kMemorySearchCandidates) is FTS5's ascending walk cut short by LIMIT, its fast direction,
+// while the table itself grows at its end. keel_rank scores only `body`.
 
 #include "keel/store/sqlite/sqlite_memory.h"
 
@@ -158,16 +159,14 @@ Status RegisterMemoryFunctions(sqlite3* db) {
   return Status::Ok();
 }
 
-// A write renews seq (the newest memory has the smallest), which the recency bound follows.
+// A write renews seq (the newest memory has the highest), which the recency bound follows.
 Status SqliteTx::UpsertMemory(const Memory& m) {
   static const std::string kSql =
-      "INSERT INTO memories(seq, " + std::string(kMemoryCols) +
-      ", scope) VALUES((SELECT coalesce(min(seq), 0) - 1 FROM memories),?1,?2,?3,?4,?5,?6,?7,?8," +
-      ScopeSql("?3", "?5") +
-      ") "
-      "ON CONFLICT(tenant_id, id) DO UPDATE SET text=excluded.text, tags=excluded.tags, "
+      "INSERT INTO memories(" + std::string(kMemoryCols) +
+      ", scope) VALUES(?1,?2,?3,?4,?5,?6,?7,?8," + ScopeSql("?3", "?5") +
+      ") ON CONFLICT(tenant_id, id) DO UPDATE SET text=excluded.text, tags=excluded.tags, "
       "source=excluded.source, updated_at=excluded.updated_at, scope=excluded.scope, "
-      "seq=excluded.seq WHERE memories.agent_id = excluded.agent_id";
+      "seq=(SELECT max(seq) + 1 FROM memories) WHERE memories.agent_id = excluded.agent_id";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   return s
       .BindAll(m.id, m.tenant_id, m.agent_id, m.text, DumpJson(m.tags), m.source, m.created_at,
@@ -236,9 +235,9 @@ Result<std::vector<MemoryHit>> SqliteTx::SearchMemories(const std::string& tenan
                                                         const MemorySearch& search) {
   static const std::string kSql =
       "SELECT m.id, m.tenant_id, m.agent_id, m.text, m.tags, m.source, m.created_at, "
-      "m.updated_at, c.score FROM (SELECT rowid AS seq, keel_rank(memories_fts) AS score "
+      "m.updated_at, c.score FROM (SELECT rowid AS fts_rowid, keel_rank(memories_fts) AS score "
       "FROM memories_fts WHERE memories_fts MATCH ?1 ORDER BY rowid LIMIT ?2) AS c "
-      "JOIN memories AS m ON m.seq = c.seq WHERE m.tenant_id = ?3 AND m.agent_id = ?4 "
+      "JOIN memories AS m ON m.seq = -c.fts_rowid WHERE m.tenant_id = ?3 AND m.agent_id = ?4 "
       "ORDER BY c.score DESC, m.updated_at DESC, m.id LIMIT ?5";
   // Every phrase of the query starts with the marker "$ ": the agent's key goes there.
   const std::string key = "\"k" + Hex(agent_id) + " ";
@@ -283,13 +282,11 @@ Status SqliteTx::PutWorkingMemory(const WorkingMemory& w) {
   return s.BindAll(w.tenant_id, w.agent_id, w.text, w.updated_at).Run();
 }
 
-// ImportRow leaves seq to SQLite (rising in import order: each agent's oldest first) and the
-// scope empty. Negating seq makes the newest the smallest, as writes do; the update trigger
-// indexes each row again.
+// ImportRow leaves the scope empty (and seq to SQLite, rising in import order: each agent's
+// oldest first, as writes would have left them); the update trigger indexes each row again.
 Status SqliteTx::ScopeImportedMemories() {
   static const std::string kSql =
-      "UPDATE memories SET seq = -seq, scope = " + ScopeSql("agent_id", "memories.tags") +
-      " WHERE seq > 0";
+      "UPDATE memories SET scope = " + ScopeSql("agent_id", "memories.tags") + " WHERE scope = ''";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   return s.Run();
 }

@@ -1180,21 +1180,22 @@ CREATE TABLE memories(
   source TEXT NOT NULL, created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL,
   scope TEXT NOT NULL DEFAULT '',
   body TEXT GENERATED ALWAYS AS ('k' || hex(agent_id) || ' ' || text) VIRTUAL,
+  fts_rowid INTEGER GENERATED ALWAYS AS (-seq) VIRTUAL,
   UNIQUE(tenant_id, id));
 CREATE INDEX memories_recent ON memories(tenant_id, agent_id, updated_at, id);
 CREATE VIRTUAL TABLE memories_fts USING fts5(body, scope, content='memories',
-  content_rowid='seq', tokenize='keel_agent');
+  content_rowid='fts_rowid', tokenize='keel_agent');
 CREATE TRIGGER memories_fts_insert AFTER INSERT ON memories BEGIN
-  INSERT INTO memories_fts(rowid, body, scope) VALUES(new.seq, new.body, new.scope);
+  INSERT INTO memories_fts(rowid, body, scope) VALUES(new.fts_rowid, new.body, new.scope);
 END;
 CREATE TRIGGER memories_fts_delete AFTER DELETE ON memories BEGIN
   INSERT INTO memories_fts(memories_fts, rowid, body, scope)
-    VALUES('delete', old.seq, old.body, old.scope);
+    VALUES('delete', old.fts_rowid, old.body, old.scope);
 END;
 CREATE TRIGGER memories_fts_update AFTER UPDATE ON memories BEGIN
   INSERT INTO memories_fts(memories_fts, rowid, body, scope)
-    VALUES('delete', old.seq, old.body, old.scope);
-  INSERT INTO memories_fts(rowid, body, scope) VALUES(new.seq, new.body, new.scope);
+    VALUES('delete', old.fts_rowid, old.body, old.scope);
+  INSERT INTO memories_fts(rowid, body, scope) VALUES(new.fts_rowid, new.body, new.scope);
 END;
 CREATE TABLE working_memories(
   tenant_id TEXT NOT NULL REFERENCES tenants(id), agent_id TEXT NOT NULL REFERENCES agents(id),
