@@ -18,6 +18,7 @@
 //          cpu_p50_ms=X cpu_p99_ms=X
 
 #include <libpq-fe.h>
+#include <sqlite3.h>
 #include <time.h>
 
 #include <algorithm>
@@ -30,8 +31,6 @@
 #include <string>
 #include <unordered_set>
 #include <vector>
-
-#include <sqlite3.h>
 
 #include "keel/memory/memory.h"
 #include "keel/store/sqlite/sqlite_memory.h"
