@@ -9,7 +9,8 @@
 // Loading uses the store's own upserts in units of --batch memories (one transaction each).
 // On PostgreSQL the table is then vacuumed and analyzed (what autovacuum would do by itself
 // after such a load), so that the planner knows the words' frequencies. --skip-load searches a
-// store loaded before with the same --memories and --seed.
+// store loaded before with the same --memories and --seed; --optimize (SQLite) first merges the
+// full-text index into one segment, to compare with the index as the writes left it.
 //
 // The last line is machine-readable (wall-clock latencies, and the searching thread's CPU time,
 // which on SQLite is all of a search's work and does not count waiting for a busy CPU):
@@ -17,6 +18,7 @@
 //          cpu_p50_ms=X cpu_p99_ms=X
 
 #include <libpq-fe.h>
+#include <sqlite3.h>
 #include <time.h>
 
 #include <algorithm>
@@ -31,6 +33,7 @@
 #include <vector>
 
 #include "keel/memory/memory.h"
+#include "keel/store/sqlite/sqlite_memory.h"
 #include "keel/store/store.h"
 
 namespace {
@@ -48,6 +51,7 @@ struct Options {
   int batch = 5000;
   uint32_t seed = 7;
   bool skip_load = false;
+  bool optimize = false;
 };
 
 // Pronounceable words from syllables, all distinct; word i has Zipf weight 1/(i+1).
@@ -104,22 +108,25 @@ bool ParseArgs(int argc, char** argv, Options* o) {
       }
       return argv[++i];
     };
-    if (a == "--store")
+    if (a == "--store") {
       o->store = value("--store");
-    else if (a == "--memories")
+    } else if (a == "--memories") {
       o->memories = std::atoll(value("--memories"));
-    else if (a == "--queries")
+    } else if (a == "--queries") {
       o->queries = std::atoi(value("--queries"));
-    else if (a == "--vocabulary")
+    } else if (a == "--vocabulary") {
       o->vocabulary = std::atoi(value("--vocabulary"));
-    else if (a == "--batch")
+    } else if (a == "--batch") {
       o->batch = std::atoi(value("--batch"));
-    else if (a == "--seed")
+    } else if (a == "--seed") {
       o->seed = static_cast<uint32_t>(std::atoi(value("--seed")));
-    else if (a == "--skip-load")
+    } else if (a == "--skip-load") {
       o->skip_load = true;
-    else
+    } else if (a == "--optimize") {
+      o->optimize = true;
+    } else {
       return false;
+    }
   }
   return !o->store.empty() && o->memories > 0 && o->queries > 0 && o->vocabulary >= 1000 &&
          o->batch > 0;
@@ -165,6 +172,26 @@ keel::Status Load(keel::store::Store& store, const Options& o, const Vocabulary&
     }
   }
   return keel::Status::Ok();
+}
+
+// SQLite: merges the full-text index's segments into one (FTS5 'optimize'), for comparison with
+// the index as the writes left it.
+keel::Status Optimize(const std::string& url) {
+  const std::string path = url.substr(std::string("sqlite://").size());
+  sqlite3* db = nullptr;
+  if (sqlite3_open(path.c_str(), &db) != SQLITE_OK) {
+    sqlite3_close(db);
+    return keel::Unavailable("cannot open " + path);
+  }
+  keel::Status st = keel::store::sqlite::RegisterMemoryFunctions(db);
+  char* err = nullptr;
+  if (st.ok() && sqlite3_exec(db, "INSERT INTO memories_fts(memories_fts) VALUES('optimize')",
+                              nullptr, nullptr, &err) != SQLITE_OK) {
+    st = keel::Internal(std::string("optimize: ") + (err ? err : "?"));
+  }
+  sqlite3_free(err);
+  sqlite3_close(db);
+  return st;
 }
 
 // What autovacuum would do after a bulk load: the GIN index's pending entries merged and the
@@ -221,7 +248,7 @@ int main(int argc, char** argv) {
   if (!ParseArgs(argc, argv, &o)) {
     std::fprintf(stderr,
                  "usage: keel_memory_search --store URL [--memories N] [--queries N] "
-                 "[--vocabulary N] [--batch N] [--seed N] [--skip-load]\n");
+                 "[--vocabulary N] [--batch N] [--seed N] [--skip-load] [--optimize]\n");
     return 2;
   }
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines show as they come, also into a file
@@ -250,6 +277,15 @@ int main(int argc, char** argv) {
                 static_cast<long long>(o.memories), load_s, o.memories / load_s);
   }
 
+  if (o.optimize && !postgres) {
+    const auto start = Clock::now();
+    if (keel::Status st = Optimize(o.store); !st.ok()) {
+      std::fprintf(stderr, "%s\n", st.message().c_str());
+      return 1;
+    }
+    std::printf("optimized the index in %.1f s\n",
+                std::chrono::duration<double>(Clock::now() - start).count());
+  }
   const std::vector<std::string> queries = Queries(o, vocabulary);
   auto search = [&](const std::string& q, size_t* hits) {
     return store.Read([&](keel::store::Tx& tx) -> keel::Status {

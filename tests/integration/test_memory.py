@@ -190,8 +190,8 @@ class MemoryTest(KeelTestCase):
 
         # Through the tools: a run a guest started may search, but not write or delete.
         s = t.session(a["id"])
-        status, body, _ = self.server.post_message(s["id"], call("memory.search", {"query": "wifi"}),
-                                                   wait=20, token=guest)
+        search = call("memory.search", {"query": "wifi"})
+        status, body, _ = self.server.post_message(s["id"], search, wait=20, token=guest)
         self.assertIn(status, (200, 202), body)
         run = self.server.wait_run(body["run"]["id"], token=t.token)
         self.assertEqual(run["status"], "done", run)
@@ -214,8 +214,8 @@ class MemoryTest(KeelTestCase):
         foreign = other.agent()
         t.add(a["id"], "alpha secret plan", id="plan")
         # Ids are unique in a tenant: another agent cannot take (or overwrite) this one.
-        err = self.assertError(t.request("POST", t.memories(b["id"]),
-                                         {"text": "beta overwrites", "id": "plan"}), 409, "conflict")
+        taken = t.request("POST", t.memories(b["id"]), {"text": "beta overwrites", "id": "plan"})
+        err = self.assertError(taken, 409, "conflict")
         self.assertEqual(err["message"], "memory plan belongs to another agent")
         t.add(b["id"], "beta secret plan", id="plan-b")
         other.add(foreign["id"], "gamma secret plan", id="plan")  # another tenant may
@@ -316,8 +316,8 @@ end)
 ctx.tools.add{name = "heard", handler = function() return {heard = heard} end}
 """))
         t.enable("heard", a["id"])
-        t.register(webhook_plugin("hook", self.receiver.url("/memory-" + t.id), ["memory.upsert@v1"],
-                                  "hook-key"))
+        t.register(webhook_plugin("hook", self.receiver.url("/memory-" + t.id),
+                                  ["memory.upsert@v1"], "hook-key"))
         t.enable("hook", a["id"])
         s = t.session(a["id"])
         t.turn(s["id"], "hello")  # builds the agent's plugins on this node
@@ -339,8 +339,8 @@ ctx.tools.add{name = "heard", handler = function() return {heard = heard} end}
              "run": "none"}])
 
         path = "/memory-" + t.id
-        got = wait_for(lambda: len(self.receiver.distinct(path)) >= 3 and self.receiver.distinct(path),
-                       15, what="3 webhook deliveries")
+        got = wait_for(lambda: len(self.receiver.distinct(path)) >= 3
+                       and self.receiver.distinct(path), 15, what="3 webhook deliveries")
         for r in got:
             ts = r["headers"]["keel-timestamp"].encode()
             mac = hmac.new(b"s3cret", ts + b"." + r["body"], hashlib.sha256).hexdigest()
@@ -377,11 +377,13 @@ end}
         for agent, mine, own_id in ((a, "the launch code is 1234", "code"),
                                     (b, "b's launch code is 9999", "code-b")):
             s = t.session(agent["id"])
-            run = t.turn(s["id"], call("plugin__recall__recall", {"q": "launch code", "id": own_id}))
+            args = {"q": "launch code", "id": own_id}
+            run = t.turn(s["id"], call("plugin__recall__recall", args))
             out = t.tool_steps(run["id"])[0]["output"]
             self.assertEqual(out, {"texts": [mine], "one": mine})
         # b's copy of the plugin asking for a's memory by its id: not there.
-        run = t.turn(t.session(b["id"])["id"], call("plugin__recall__recall", {"q": "x", "id": "code"}))
+        run = t.turn(t.session(b["id"])["id"],
+                     call("plugin__recall__recall", {"q": "x", "id": "code"}))
         # (An empty Lua table reads as an object: PLUGINS.md, section 6.)
         self.assertEqual(t.tool_steps(run["id"])[0]["output"], {"texts": {}, "one": "none"})
         s = t.session(a["id"])
@@ -443,7 +445,8 @@ end}
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertRegex(out.stdout, r"^added memory \S+\n$")
         mid = out.stdout.split()[-1]
-        self.assertEqual(self.keel(t, "memory", "add", a["id"], "Backups run at 02:00").returncode, 0)
+        out = self.keel(t, "memory", "add", a["id"], "Backups run at 02:00")
+        self.assertEqual(out.returncode, 0, out.stderr)
 
         out = self.keel(t, "memory", "search", name, "staging database", "--tag", "ops")
         self.assertEqual(out.returncode, 0, out.stderr)

@@ -115,8 +115,9 @@ Result<std::vector<MemoryHit>> PostgresTx::SearchMemories(const std::string& ten
   KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
   KEEL_ASSIGN_OR_RETURN(
       auto rows,
-      conn_.QueryOnce(kSql, P(tenant_id, agent_id, search.query.tsquery, search.query.tsquery_rank,
-                          search.tag, kMemorySearchCandidates, std::clamp(search.limit, 1, 100))));
+      conn_.QueryOnce(
+          kSql, P(tenant_id, agent_id, search.query.tsquery, search.query.tsquery_rank, search.tag,
+                  kMemorySearchCandidates, std::clamp(search.limit, 1, 100))));
   return Collect<MemoryHit>(rows, [](const Row& r) {
     return MemoryHit{ReadMemory(r), Score(r.Text(8))};
   });

@@ -1172,7 +1172,8 @@ CREATE INDEX model_cache_created ON model_cache(created_at);
 )sql",
       // 8: agents' memories with their full-text index (FTS5 over the text and the tags, each
       // agent with words of its own through the keel_agent tokenizer, kept in step by triggers;
-      // see sqlite_memory.cc), and each agent's working memory.
+      // see sqlite_memory.cc), and each agent's working memory. automerge 2 (FTS5's default is
+      // 4) keeps fewer index segments for a search to walk, at no measurable cost to writes.
       R"sql(
 CREATE TABLE memories(
   seq INTEGER PRIMARY KEY, id TEXT NOT NULL, tenant_id TEXT NOT NULL REFERENCES tenants(id),
@@ -1185,6 +1186,7 @@ CREATE TABLE memories(
 CREATE INDEX memories_recent ON memories(tenant_id, agent_id, updated_at, id);
 CREATE VIRTUAL TABLE memories_fts USING fts5(body, scope, content='memories',
   content_rowid='fts_rowid', tokenize='keel_agent');
+INSERT INTO memories_fts(memories_fts, rank) VALUES('automerge', 2);
 CREATE TRIGGER memories_fts_insert AFTER INSERT ON memories BEGIN
   INSERT INTO memories_fts(rowid, body, scope) VALUES(new.fts_rowid, new.body, new.scope);
 END;
