@@ -129,6 +129,23 @@ bool StartsWith(const std::string& s, std::string_view prefix) {
   return s.compare(0, prefix.size(), prefix) == 0;
 }
 
+// An introspection run's first step, deterministically: a description from the first thing the
+// user said in the context, and a working memory of the last three.
+std::vector<ToolCallRequest> Introspect(const std::vector<ChatMessage>& messages, int last_user) {
+  std::vector<std::string> said;
+  for (int i = 0; i < last_user; ++i) {
+    if (messages[i].role == "user") said.push_back(Condense(Trim(messages[i].content), 120));
+  }
+  std::string description =
+      said.empty() ? "A session with nothing said yet." : "About: " + Condense(said.front(), 80);
+  std::string memory = "Recent requests:";
+  for (size_t i = said.size() > 3 ? said.size() - 3 : 0; i < said.size(); ++i) {
+    memory += "\n- " + said[i];
+  }
+  return {{"call_1", "introspection.set_description", Json{{"description", description}}},
+          {"call_2", "introspection.set_working_memory", Json{{"content", memory}}}};
+}
+
 }  // namespace
 
 Result<ModelResponse> LocalModel::Decide(const ModelRequest& request) {
@@ -172,6 +189,9 @@ Result<ModelResponse> LocalModel::Decide(const ModelRequest& request) {
       text += "The tool " + r->tool_name + " returned: " + r->content + ".";
     }
     out.text = text;
+  } else if (calls_so_far == 0 && request.messages[0].role == "system" &&
+             StartsWith(request.messages[0].content, kIntrospectRequest)) {
+    out.tool_calls = Introspect(request.messages, last_user);
   } else if (calls_so_far == 0) {
     std::string error;
     if (!ParseCalls(prompt, 1, &out.tool_calls, &error)) {

@@ -50,6 +50,7 @@ Status Runtime::Start() {
   asio::co_spawn(executor_, LeaseLoop(), ReportExceptions{"lease keeper"});
   asio::co_spawn(executor_, ApprovalExpiryLoop(), ReportExceptions{"approval expiry"});
   asio::co_spawn(executor_, DeliveryLoop(), ReportExceptions{"webhook deliveries"});
+  asio::co_spawn(executor_, IntrospectionLoop(), ReportExceptions{"idle introspection"});
   return Status::Ok();
 }
 

@@ -64,7 +64,8 @@ const std::vector<ExportTableSpec>& ExportTables() {
         {"status", T::kText},
         {"title", T::kText},
         {"created_at", T::kInt},
-        {"updated_at", T::kInt}},
+        {"updated_at", T::kInt},
+        {"description", T::kText}},
        "id"},
       {"messages",
        {{"id", T::kText},
@@ -220,6 +221,14 @@ const std::vector<ExportTableSpec>& ExportTables() {
         {"tokens_after", T::kInt},
         {"created_at", T::kInt}},
        "id"},
+      {"working_memory",
+       {{"tenant_id", T::kText},
+        {"agent_id", T::kText},
+        {"content", T::kText},
+        {"updated_at", T::kInt}},
+       "tenant_id, agent_id"},
+      // introspection_due is not exported: it is the runtime's pending triggers, not the
+      // tenant's data, and a copy would run introspections the source store already ran.
       // plugin_deliveries is not exported: it is the webhook plugins' outbound queue and its
       // history, not the tenant's configuration. An imported copy would deliver its pending
       // events a second time from the new store, to receivers outside Keel that may already

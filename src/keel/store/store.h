@@ -22,7 +22,8 @@
 namespace keel::store {
 
 class SkillStore;       // skill_store.h
-class CompactionStore;  // compaction_store.h
+class CompactionStore;     // compaction_store.h
+class IntrospectionStore;  // introspection_store.h
 
 class TenantStore {
  public:
@@ -330,6 +331,7 @@ class Tx {
   virtual PluginStore& plugins() = 0;
   virtual SkillStore& skills() = 0;
   virtual CompactionStore& compactions() = 0;
+  virtual IntrospectionStore& introspection() = 0;
   virtual AgentStore& agents() = 0;
   virtual SessionStore& sessions() = 0;
   virtual MessageStore& messages() = 0;

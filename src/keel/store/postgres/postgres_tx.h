@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "keel/store/compaction_store.h"
+#include "keel/store/introspection_store.h"
 #include "keel/store/postgres/pg_conn.h"
 #include "keel/store/skill_store.h"
 #include "keel/store/store.h"
@@ -41,6 +42,7 @@ class PostgresTx final : public Tx,
                          public PluginStore,
                          public SkillStore,
                          public CompactionStore,
+                         public IntrospectionStore,
                          public AgentStore,
                          public SessionStore,
                          public MessageStore,
@@ -67,6 +69,7 @@ class PostgresTx final : public Tx,
   PluginStore& plugins() override { return *this; }
   SkillStore& skills() override { return *this; }
   CompactionStore& compactions() override { return *this; }
+  IntrospectionStore& introspection() override { return *this; }
   AgentStore& agents() override { return *this; }
   SessionStore& sessions() override { return *this; }
   MessageStore& messages() override { return *this; }
@@ -232,6 +235,19 @@ class PostgresTx final : public Tx,
                                                  const std::string& after_id,
                                                  const std::string& before_id,
                                                  int limit) override;
+
+  // IntrospectionStore (postgres_introspection.cc)
+  Result<std::optional<WorkingMemory>> GetWorkingMemory(const std::string& tenant_id,
+                                                        const std::string& agent_id) override;
+  Status PutWorkingMemory(const WorkingMemory& m) override;
+  Status SetSessionDescription(const std::string& tenant_id, const std::string& session_id,
+                               const std::string& description, Millis at) override;
+  Result<int64_t> TurnsSinceIntrospection(const std::string& tenant_id,
+                                          const std::string& session_id) override;
+  Status PutIntrospectionDue(const IntrospectionDue& d) override;
+  Status ClearIntrospectionDue(const std::string& tenant_id, const std::string& session_id,
+                               Millis due_at) override;
+  Result<std::vector<IntrospectionDue>> DueIntrospections(Millis now, int limit) override;
 
  private:
   // Binds the transaction to `tenant_id` (row-level security) unless it already is.
