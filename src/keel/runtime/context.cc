@@ -251,7 +251,8 @@ asio::awaitable<Status> Runtime::AssembleContext(
         ++keep;
       }
     }
-    std::vector<store::Message> fold(window.begin(), window.end() - static_cast<long>(keep));
+    std::vector<store::Message> fold(window.begin(),
+                                     window.end() - static_cast<std::ptrdiff_t>(keep));
     int64_t request_tokens = MessageTokens(previous) + 200;
     size_t n = 0;
     while (n < fold.size()) {

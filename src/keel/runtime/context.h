@@ -38,6 +38,12 @@ inline bool IsIntrospectionTool(std::string_view name) {
   return name.starts_with("introspection.");
 }
 
+// Whether the agent's config turns introspection on (either trigger).
+inline bool HasIntrospection(const Json& agent_config) {
+  auto s = ContextSettingsOf(agent_config);
+  return s.ok() && (s->idle_seconds > 0 || s->every_turns > 0);
+}
+
 // About four characters per token, rounded up.
 inline int64_t EstimateTokens(std::string_view text) {
   return static_cast<int64_t>((text.size() + 3) / 4);

@@ -161,6 +161,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
 
   bool direct = false;  // a direct call (see below); set once the prompt is known
   std::string introspection;  // an introspection run's trigger (context.h); "" for other runs
+  bool introspects = false;   // the agent has introspection triggers (context.h)
   // Ends the run in one unit of work: the final answer (or the failure) and the session's state.
   // Parameters by value: the coroutine outlives the caller's temporaries (see `fail`).
   auto finish = [&](std::string status, std::string output, Json error,
@@ -217,7 +218,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
           .Append({cur.tenant_id, type, cur.agent_id, cur.session_id, cur.id, payload});
     });
     if (done.ok()) {
-      if (status == "done" && !direct && introspection.empty()) TurnEnded(run);
+      if (status == "done" && !direct && introspection.empty() && introspects) TurnEnded(run);
       if (status == "done") ++metrics_.runs_done;
       else if (status == "cancelled") ++metrics_.runs_cancelled;
       else ++metrics_.runs_failed;
@@ -277,6 +278,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
   // the gateway and ends with the call's answer; the model is never asked.
   direct = prompt.role == "call";
   if (prompt.role == "introspection") introspection = IntrospectionTrigger(prompt.content);
+  introspects = HasIntrospection(agent.config);
   std::vector<model::ToolCallRequest> pending;  // proposed by the last model step, not yet run
   std::string direct_answer;                    // a direct call's answer, once it has one
   model::ModelRequest request;

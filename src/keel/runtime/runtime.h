@@ -161,8 +161,9 @@ class Runtime {
                                                  std::vector<store::Step>& steps,
                                                  std::string& error_code);
   // Introspection's triggers (introspection.cc). After a run of the session ended `done` (not
-  // a direct call or an introspection): posts an introspection run when the agent's
-  // every_turns is reached, and moves the session's idle introspection to idle_seconds from now.
+  // a direct call or an introspection) and its agent has triggers: posts an introspection run
+  // when the agent's every_turns is reached, and moves the session's idle introspection to
+  // idle_seconds from now.
   void TurnEnded(const store::Run& run);
   boost::asio::awaitable<void> AfterTurn(store::Run run);
   // Posts an introspection run in the session through the normal intake (queued behind its
