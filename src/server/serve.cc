@@ -38,6 +38,7 @@
 #include "keel/store/store.h"
 #include "keel/tenants/tenants.h"
 #include "keel/tools/gateway.h"
+#include "keel/tools/introspection_tools.h"
 #include "keel/tools/tool.h"
 
 namespace keel::server {
@@ -191,6 +192,9 @@ int ServeMain(const ServeFlags& flags) {
   }
   if (Status st = tools::RegisterMemoryTools(tool_registry, *store); !st.ok()) return Fail(st);
   if (Status st = skills::RegisterSkillTools(tool_registry, *store); !st.ok()) return Fail(st);
+  if (Status st = tools::RegisterIntrospectionTools(tool_registry, *store); !st.ok()) {
+    return Fail(st);
+  }
   tools::GatewayOptions gateway_options;
   gateway_options.approval_ttl_ms = config.approval_timeout_ms;
   gateway_options.large_result_bytes = static_cast<size_t>(config.large_result_bytes);

@@ -8,6 +8,7 @@ The local model's rule {"echo": "context"} answers with every message it was sen
 "ROLE: CONTENT" lines, so a test sees exactly what a turn's context held.
 """
 
+import time
 import unittest
 
 import keel_harness
@@ -139,6 +140,127 @@ class CompactionTest(KeelTestCase):
                 self.assertIn(says, err["message"])
         self.assertError(self.t.request("GET", "/v1/sessions/%s/compactions"
                                         % keel_harness.unique_name("s")), 404, "not_found")
+
+
+def wait_for(predicate, timeout, what):
+    """Polls predicate() until it returns a true value (returned) or `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(0.05)
+    raise AssertionError("%s not met within %ss (last: %r)" % (what, timeout, last))
+
+
+class IntrospectionTest(KeelTestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.server = KeelServer()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def setUp(self):
+        self.t = Tenant(self.server)
+
+    def agent_session(self, config):
+        agent = self.server.create_agent(config=config, token=self.t.token)
+        session = self.server.create_session(agent["id"], token=self.t.token)
+        return agent, session["id"]
+
+    def completed(self, sid, count):
+        return wait_for(lambda: (lambda got: got if len(got) >= count else None)(
+            self.t.events_of("introspection.completed@v1", session_id=sid)), 20,
+            "%d introspection(s) of session %s" % (count, sid))
+
+    def introspection_runs(self, sid):
+        messages = self.server.list_all("/v1/sessions/%s/messages" % sid, token=self.t.token)
+        return [m for m in messages if m["role"] == "introspection"]
+
+    def memories(self, agent_id):
+        return self.t.ok("GET", "/v1/agents/%s/memories" % agent_id, expect=200)["items"]
+
+    def test_every_n_turns_an_introspection_run_keeps_description_and_memory(self):
+        agent, sid = self.agent_session({"introspection": {"every_turns": 2},
+                                         "local_rules": [{"match": "^system", "echo": "system"}]})
+        self.t.turn(sid, "I am planning a trip to Lisbon in May.")
+        self.t.turn(sid, "Find me a hotel near the river.")
+        events = self.completed(sid, 1)
+        self.assertEqual(events[0]["payload"]["trigger"], "every_turns")
+        self.assertEqual(events[0]["payload"]["description"],
+                         "About: I am planning a trip to Lisbon in May.")
+        session = self.t.ok("GET", "/v1/sessions/" + sid, expect=200)
+        self.assertEqual(session["description"], "About: I am planning a trip to Lisbon in May.")
+
+        # It is a run of the session, with its own message, steps and events, and no answer.
+        messages = self.server.list_all("/v1/sessions/%s/messages" % sid, token=self.t.token)
+        self.assertEqual([m["role"] for m in messages],
+                         ["user", "assistant", "user", "assistant", "introspection"])
+        run = self.server.get_run(messages[-1]["run_id"], token=self.t.token)
+        self.assertEqual(run["status"], "done")
+        steps = self.server.steps(run["id"], token=self.t.token)
+        tools = [(s["input"]["tool"], s["status"]) for s in steps if s["kind"] == "tool"]
+        self.assertEqual(tools, [("introspection.set_description", "succeeded"),
+                                 ("introspection.set_working_memory", "succeeded"),
+                                 ("memory.upsert", "succeeded")])
+        self.assertEqual(len(self.t.events_of("session.described@v1", session_id=sid)), 1)
+        self.assertEqual(len(self.t.events_of("working_memory.updated@v1", session_id=sid)), 1)
+        self.assertEqual(len(self.t.events_of("memory.upserted@v1", session_id=sid)), 1)
+
+        # The working memory is the agent's one (the memory API's), in its next turns in any
+        # session; the long-term memory is one of the agent's memories, found by search.
+        wm = self.t.ok("GET", "/v1/agents/%s/working-memory" % agent["id"], expect=200)
+        self.assertEqual(wm["text"], "Recent requests:\n- I am planning a trip to Lisbon in May."
+                                     "\n- Find me a hotel near the river.")
+        other = self.server.create_session(agent["id"], token=self.t.token)["id"]
+        system = self.t.turn(other, "system")["output"]
+        self.assertIn("Working memory", system)
+        self.assertIn("- Find me a hotel near the river.", system)
+        memories = self.memories(agent["id"])
+        self.assertEqual([(m["text"], m["tags"], m["source"]) for m in memories],
+                         [("The user said: Find me a hotel near the river.", ["introspection"],
+                           "introspection")])
+        hits = self.t.ok("GET", "/v1/agents/%s/memories?q=hotel" % agent["id"],
+                         expect=200)
+        self.assertEqual([h["id"] for h in hits["items"]], [memories[0]["id"]])
+
+        # One turn later: not yet; two: again.
+        self.t.turn(sid, "Something with a view.")
+        self.assertEqual(len(self.introspection_runs(sid)), 1)
+        self.t.turn(sid, "Under 200 euros a night.")
+        self.completed(sid, 2)
+        self.assertEqual(len(self.introspection_runs(sid)), 2)
+        self.assertEqual(sorted(m["text"] for m in self.memories(agent["id"])),
+                         ["The user said: Find me a hotel near the river.",
+                          "The user said: Under 200 euros a night."])
+
+    def test_an_idle_session_is_looked_back_on_once_per_quiet_spell(self):
+        agent, sid = self.agent_session({"introspection": {"idle_seconds": 1}})
+        self.t.turn(sid, "Our team standup moves to 9:30 on Mondays.")
+        events = self.completed(sid, 1)
+        self.assertEqual(events[0]["payload"]["trigger"], "idle")
+        self.assertEqual(self.t.ok("GET", "/v1/sessions/" + sid, expect=200)["description"],
+                         "About: Our team standup moves to 9:30 on Mondays.")
+        self.t.turn(sid, "And the retro is on Fridays.")
+        events = self.completed(sid, 2)
+        self.assertEqual([e["payload"]["trigger"] for e in events], ["idle", "idle"])
+        self.assertEqual(len(self.introspection_runs(sid)), 2,
+                         "a quiet session with nothing new is not looked at again")
+
+    def test_introspection_is_off_by_default_and_its_tools_stay_its_own(self):
+        agent, sid = self.agent_session({"local_rules": [
+            {"match": "^describe", "call": {"tool": "introspection.set_description",
+                                            "arguments": {"description": "hijacked"}}}]})
+        for i in range(3):
+            self.t.turn(sid, "message %d" % i)
+        run = self.t.turn(sid, "describe")
+        self.assertIn("works only in an introspection run", run["output"])
+        self.assertEqual(self.t.ok("GET", "/v1/sessions/" + sid, expect=200)["description"], "")
+        self.assertEqual(self.introspection_runs(sid), [])
+        self.assertEqual(self.t.events_of("introspection.completed@v1", session_id=sid), [])
 
 
 if __name__ == "__main__":

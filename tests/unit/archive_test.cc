@@ -340,9 +340,10 @@ TEST_F(ArchiveTest, RoundTripAcrossBackendsIsByteIdentical) {
   }).ok());
 }
 
-// Version 2 archives were written before the plugin tables: they import, with no plugins.
+// Version 2 archives were written before the plugin tables (and before sessions had a
+// description): they import, with no plugins and sessions described "".
 TEST_F(ArchiveTest, ImportsAVersion2ArchiveWithoutThePluginTables) {
-  ASSERT_EQ(kArchiveVersion, 4);
+  ASSERT_EQ(kArchiveVersion, 5);
   // The tables archives gained in versions 3 (plugins) and 4 (schedules, memory, skills,
   // compactions, usage).
   const std::set<std::string> later = {
@@ -358,6 +359,20 @@ TEST_F(ArchiveTest, ImportsAVersion2ArchiveWithoutThePluginTables) {
   Json manifest = Json::parse(v2[0].second);
   manifest["version"] = 2;
   for (const auto& name : later) manifest["tables"].erase(name);
+  for (auto& e : v2) {
+    if (e.first != "sessions.jsonl") continue;
+    std::istringstream lines(e.second);
+    std::string line, stripped;
+    while (std::getline(lines, line)) {
+      Json row = Json::parse(line);
+      ASSERT_EQ(row["description"], "");
+      row.erase("description");
+      stripped += row.dump() + "\n";
+    }
+    ASSERT_FALSE(stripped.empty());
+    e.second = stripped;
+    manifest["tables"]["sessions"]["sha256"] = Sha256Hex(stripped);
+  }
   v2[0].second = manifest.dump(2) + "\n";
   std::string path = Path("v2.tar.zst");
   WriteArchive(path, v2);

@@ -133,5 +133,29 @@ TEST(LocalModelTest, SummariesKeepTheUsersStatementsFirstAndLastWithinTheLimit) 
   EXPECT_EQ(LocalModel::Decide(SummaryRequest("(none)", many, 80))->text, tight->text);
 }
 
+TEST(LocalModelTest, AnIntrospectionRunSetsDescriptionAndWorkingMemoryThenEnds) {
+  ModelRequest req;
+  req.messages = {{"system", std::string(kIntrospectRequest) + "\n...", {}, "", ""},
+                  {"user", "I plan a trip to Lisbon.", {}, "", ""},
+                  {"assistant", "ok", {}, "", ""},
+                  {"user", "Find a hotel.", {}, "", ""},
+                  {"user", "Look back over the conversation above ...", {}, "", ""}};
+  auto r = LocalModel::Decide(req);
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->tool_calls.size(), 2u);
+  EXPECT_EQ(r->tool_calls[0].name, "introspection.set_description");
+  EXPECT_EQ(r->tool_calls[0].arguments, (Json{{"description", "About: I plan a trip to Lisbon."}}));
+  EXPECT_EQ(r->tool_calls[1].name, "introspection.set_working_memory");
+  EXPECT_EQ(r->tool_calls[1].arguments,
+            (Json{{"content", "Recent requests:\n- I plan a trip to Lisbon.\n- Find a hotel."}}));
+  // With the tools' results, it ends.
+  req.messages.push_back({"assistant", "", r->tool_calls, "", ""});
+  req.messages.push_back({"tool", "{}", {}, "call_1", "introspection.set_description"});
+  req.messages.push_back({"tool", "{}", {}, "call_2", "introspection.set_working_memory"});
+  r = LocalModel::Decide(req);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->tool_calls.empty());
+}
+
 }  // namespace
 }  // namespace keel::model

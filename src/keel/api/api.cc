@@ -36,6 +36,7 @@ Json SessionJson(const store::Session& s) {
           {"agent_id", s.agent_id},
           {"status", s.status},
           {"title", s.title},
+          {"description", s.description},
           {"created_at", FormatRfc3339(s.created_at)},
           {"updated_at", FormatRfc3339(s.updated_at)}};
 }

@@ -137,7 +137,9 @@ Result<std::vector<store::MemoryHit>> Search(store::Tx& tx, const std::string& t
 }
 
 Result<store::WorkingMemory> PutWorkingMemory(store::Tx& tx, const std::string& tenant_id,
-                                              const std::string& agent_id, std::string text) {
+                                              const std::string& agent_id, std::string text,
+                                              const std::string& session_id,
+                                              const std::string& run_id) {
   if (text.size() > kMaxWorkingMemoryBytes) {
     return InvalidArgument("the working memory is longer than " +
                            std::to_string(kMaxWorkingMemoryBytes) + " bytes (" +
@@ -146,7 +148,8 @@ Result<store::WorkingMemory> PutWorkingMemory(store::Tx& tx, const std::string& 
   store::WorkingMemory w{tenant_id, agent_id, std::move(text), NowMillis()};
   KEEL_RETURN_IF_ERROR(tx.memory().PutWorkingMemory(w));
   KEEL_RETURN_IF_ERROR(tx.events().Append(
-      {tenant_id, "working_memory.updated@v1", agent_id, "", "", {{"bytes", w.text.size()}}}));
+      {tenant_id, "working_memory.updated@v1", agent_id, session_id, run_id,
+       {{"bytes", w.text.size()}}}));
   return w;
 }
 

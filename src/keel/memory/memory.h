@@ -59,10 +59,13 @@ Status Delete(store::Tx& tx, const std::string& tenant_id, const std::string& ag
 Result<std::vector<store::MemoryHit>> Search(store::Tx& tx, const std::string& tenant_id,
                                              const std::string& agent_id, const std::string& query,
                                              const std::string& tag, int limit);
-// Replaces the agent's working memory ("" clears it) and appends working_memory.updated@v1.
-// kInvalidArgument beyond kMaxWorkingMemoryBytes.
+// Replaces the agent's working memory ("" clears it) and appends working_memory.updated@v1,
+// scoped to the session and run of an introspection's write. kInvalidArgument beyond
+// kMaxWorkingMemoryBytes.
 Result<store::WorkingMemory> PutWorkingMemory(store::Tx& tx, const std::string& tenant_id,
-                                              const std::string& agent_id, std::string text);
+                                              const std::string& agent_id, std::string text,
+                                              const std::string& session_id = "",
+                                              const std::string& run_id = "");
 
 // {"id", "agent_id", "text", "tags", "source", "created_at", "updated_at"}, plus "score" for a hit.
 Json MemoryJson(const store::Memory& m);

@@ -13,6 +13,8 @@
 //   ...
 // and the answer is the new summary, which replaces the previous one. The system message ends
 // with "Keep the summary under N characters." (kSummaryLimit).
+//
+// Introspection (a run of its own, not a single request): see kIntrospectRequest.
 
 #include <string_view>
 
@@ -23,5 +25,10 @@ inline constexpr std::string_view kSummarizeRequest =
 inline constexpr std::string_view kSummarySoFar = "Summary so far:";
 inline constexpr std::string_view kConversationToAdd = "Conversation to add:";
 inline constexpr std::string_view kSummaryLimit = "Keep the summary under";
+
+// Introspection: the system message of an introspection run starts with this line; the run
+// offers the introspection tools, and the context's last user message asks to use them.
+inline constexpr std::string_view kIntrospectRequest =
+    "Keel introspection: look back over this session and tend your memory.";
 
 }  // namespace keel::model

@@ -10,6 +10,7 @@
 #include <regex>
 #include <sstream>
 
+#include "keel/common/crypto.h"
 #include "keel/model/context_requests.h"
 
 namespace keel::model {
@@ -129,6 +130,37 @@ bool StartsWith(const std::string& s, std::string_view prefix) {
   return s.compare(0, prefix.size(), prefix) == 0;
 }
 
+// An introspection run's first step, deterministically: a description from the first thing the
+// user said in the context, a working memory of the last three, and (when the run offers
+// memory.upsert) a long-term memory of the last one, its id a hash of its text so that a later
+// introspection over the same words replaces it rather than adding a copy.
+std::vector<ToolCallRequest> Introspect(const ModelRequest& request, int last_user) {
+  const auto& messages = request.messages;
+  std::vector<std::string> said;
+  for (int i = 0; i < last_user; ++i) {
+    if (messages[i].role == "user") said.push_back(Condense(Trim(messages[i].content), 120));
+  }
+  std::string description =
+      said.empty() ? "A session with nothing said yet." : "About: " + Condense(said.front(), 80);
+  std::string memory = "Recent requests:";
+  for (size_t i = said.size() > 3 ? said.size() - 3 : 0; i < said.size(); ++i) {
+    memory += "\n- " + said[i];
+  }
+  std::vector<ToolCallRequest> calls = {
+      {"call_1", "introspection.set_description", Json{{"description", description}}},
+      {"call_2", "introspection.set_working_memory", Json{{"content", memory}}}};
+  bool can_upsert = std::any_of(request.tools.begin(), request.tools.end(),
+                                [](const ToolSpec& t) { return t.name == "memory.upsert"; });
+  if (can_upsert && !said.empty()) {
+    std::string fact = "The user said: " + said.back();
+    calls.push_back({"call_3", "memory.upsert",
+                     Json{{"id", "introspection-" + Sha256Hex(fact).substr(0, 16)},
+                          {"text", fact},
+                          {"tags", Json::array({"introspection"})}}});
+  }
+  return calls;
+}
+
 }  // namespace
 
 Result<ModelResponse> LocalModel::Decide(const ModelRequest& request) {
@@ -172,6 +204,9 @@ Result<ModelResponse> LocalModel::Decide(const ModelRequest& request) {
       text += "The tool " + r->tool_name + " returned: " + r->content + ".";
     }
     out.text = text;
+  } else if (calls_so_far == 0 && request.messages[0].role == "system" &&
+             StartsWith(request.messages[0].content, kIntrospectRequest)) {
+    out.tool_calls = Introspect(request, last_user);
   } else if (calls_so_far == 0) {
     std::string error;
     if (!ParseCalls(prompt, 1, &out.tool_calls, &error)) {

@@ -5,6 +5,8 @@
 //   - after tool results arrive, it answers with a sentence that includes each result;
 //   - a rule {"match", "echo": "system" | "context"} answers with what it was sent: the system
 //     prompt, or every message as "ROLE: CONTENT" (for tests of context assembly);
+//   - Keel's own requests (context_requests.h) are answered deterministically: a summary for
+//     compaction, and the introspection tools' calls in an introspection run;
 //   - anything else is answered with a short reply quoting the message.
 // Token usage is counted as whitespace-separated words (input: every message; output: reply).
 

@@ -60,6 +60,24 @@ std::string SummarySection(const std::string& summary) {
          summary;
 }
 
+// The system prompt of an introspection run: what it is for, and what it tends.
+// (The working memory, if any, follows it as every turn's does: run_executor.cc.)
+std::string IntrospectionPrompt(const std::string& instructions, const std::string& description) {
+  std::string out =
+      std::string(model::kIntrospectRequest) +
+      "\nYou are looking back over one of your sessions between turns. Nobody reads your "
+      "answer: act with your tools.\n"
+      "- Call introspection.set_description with one line on what this session is about.\n"
+      "- Call introspection.set_working_memory with the notes you want in the prompt of all "
+      "your sessions from now on: the current ones, updated with what you learned here. Keep "
+      "them short.\n"
+      "- Call memory.upsert with a fact worth finding later (memory.search first, to update "
+      "rather than repeat one).";
+  if (!instructions.empty()) out += "\n\n## Your instructions\n" + instructions;
+  out += "\n\n## The session's description now\n" + (description.empty() ? "(none)" : description);
+  return out;
+}
+
 std::string OneLine(std::string s) {
   std::replace(s.begin(), s.end(), '\n', ' ');
   std::replace(s.begin(), s.end(), '\r', ' ');
@@ -82,6 +100,13 @@ std::vector<model::ChatMessage> SummaryRequest(const std::string& previous,
                          std::string(model::kConversationToAdd) + "\n";
   for (const auto& m : fold) material += m.role + ": " + OneLine(m.content) + "\n";
   return {{"system", instructions, {}, "", ""}, {"user", material, {}, "", ""}};
+}
+
+// The last user message of an introspection run.
+std::string IntrospectionAsk(const std::string& content) {
+  return "Look back over the conversation above (introspection, trigger: " +
+         IntrospectionTrigger(content) +
+         ") and update the session's description and your working memory with your tools.";
 }
 
 Json MessagesJson(const std::vector<model::ChatMessage>& messages) {
@@ -164,6 +189,7 @@ asio::awaitable<Status> Runtime::AssembleContext(
   std::optional<store::Compaction> summary;  // the newest compaction
   std::vector<store::Message> window;        // the conversation since it, oldest first
   std::vector<store::Skill> skills;
+  store::Session session;  // an introspection run's, for its description
   auto read_window = [&](store::Tx& tx) -> Status {
     KEEL_ASSIGN_OR_RETURN(summary,
                           tx.compactions().LatestCompaction(run.tenant_id, run.session_id));
@@ -176,6 +202,9 @@ asio::awaitable<Status> Runtime::AssembleContext(
   Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
     KEEL_RETURN_IF_ERROR(read_window(tx));
     KEEL_ASSIGN_OR_RETURN(skills, tx.skills().SkillsForAgent(run.tenant_id, run.agent_id, false));
+    if (prompt.role == "introspection") {
+      KEEL_ASSIGN_OR_RETURN(session, tx.sessions().GetSession(run.tenant_id, run.session_id));
+    }
     return Status::Ok();
   });
   if (!read.ok()) co_return read;
@@ -185,7 +214,11 @@ asio::awaitable<Status> Runtime::AssembleContext(
     LogError("agent " + run.agent_id +
              ": cannot copy its skills into its workspace: " + synced.message());
   }
-  const std::string fixed = SystemPrompt(agent.instructions, {skills::SkillIndex(skills)});
+  // An introspection run gets its own instructions instead of the agent's turn prompt.
+  const bool introspection = prompt.role == "introspection";
+  const std::string fixed =
+      introspection ? IntrospectionPrompt(agent.instructions, session.description)
+                    : SystemPrompt(agent.instructions, {skills::SkillIndex(skills)});
   auto system_with = [&](const std::string& s) { return SystemPrompt(fixed, {SummarySection(s)}); };
 
   // Compaction: while the conversation since the last summary is more than history_limit
@@ -209,7 +242,8 @@ asio::awaitable<Status> Runtime::AssembleContext(
         ++keep;
       }
     }
-    std::vector<store::Message> fold(window.begin(), window.end() - static_cast<long>(keep));
+    std::vector<store::Message> fold(window.begin(),
+                                     window.end() - static_cast<std::ptrdiff_t>(keep));
     int64_t request_tokens = MessageTokens(previous) + 200;
     size_t n = 0;
     while (n < fold.size()) {
@@ -346,7 +380,8 @@ asio::awaitable<Status> Runtime::AssembleContext(
       request.messages.push_back({m.role, m.content, {}, "", ""});
     }
   }
-  request.messages.push_back({"user", prompt.content, {}, "", ""});
+  request.messages.push_back(
+      {"user", introspection ? IntrospectionAsk(prompt.content) : prompt.content, {}, "", ""});
   co_return Status::Ok();
 }
 

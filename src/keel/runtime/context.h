@@ -4,6 +4,7 @@
 // Pure functions; the assembly itself is Runtime::AssembleContext (context.cc).
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "keel/common/json_util.h"
@@ -25,6 +26,24 @@ struct ContextSettings {
 // ({"idle_seconds": 1 .. 2,592,000, "every_turns": 1 .. 10,000}, both optional). kInvalidArgument
 // naming the field.
 Result<ContextSettings> ContextSettingsOf(const Json& agent_config);
+
+// Introspection runs (introspection.cc). Their message has the role "introspection" and, as
+// its content, {"trigger": "every_turns" | "idle"}; the trigger ("introspection" when the
+// content says none).
+std::string IntrospectionTrigger(const std::string& content);
+// The tools a run may call: an introspection run only its own (introspection.*) and the
+// long-term memory's memory.search and memory.upsert, any other run what the agent's `tools`
+// list allows.
+Json RunTools(const Json& agent_tools, bool introspection);
+inline bool IsIntrospectionTool(std::string_view name) {
+  return name.starts_with("introspection.");
+}
+
+// Whether the agent's config turns introspection on (either trigger).
+inline bool HasIntrospection(const Json& agent_config) {
+  auto s = ContextSettingsOf(agent_config);
+  return s.ok() && (s->idle_seconds > 0 || s->every_turns > 0);
+}
 
 // About four characters per token, rounded up.
 inline int64_t EstimateTokens(std::string_view text) {

@@ -54,7 +54,7 @@ asio::awaitable<Result<IntakeResult>> Runtime::PostMessage(const IntakeRequest& 
   }
   // session.message.received@v1: the agent's plugins may rewrite the message before it is
   // stored (a direct call is not a message and is not shown to them).
-  if (req.call.is_null()) {
+  if (req.call.is_null() && !req.introspection) {
     auto plugins = UsePlugins(req.tenant_id, agent.id, enabled);
     if (plugins->Wants("session.message.received")) {
       auto out = Emit(*plugins, "session.message.received",
@@ -94,7 +94,7 @@ Runtime::IntakeUnit Runtime::PrepareIntake(const IntakeRequest& req, const store
   out.message.tenant_id = out.run.tenant_id = req.tenant_id;
   out.message.session_id = out.run.session_id = req.session_id;
   out.message.run_id = out.run.id;
-  out.message.role = req.call.is_null() ? "user" : "call";
+  out.message.role = req.introspection ? "introspection" : req.call.is_null() ? "user" : "call";
   out.message.content = std::move(content);
   out.message.idempotency_key = req.idempotency_key;
   out.message.created_at = out.run.created_at = u.now;

@@ -13,6 +13,7 @@
 #include "keel/plugins/bus.h"
 #include "keel/plugins/host.h"
 #include "keel/policy/stored.h"
+#include "keel/runtime/context.h"
 #include "keel/runtime/event_hub.h"
 #include "keel/runtime/model_calls.h"
 #include "keel/runtime/runtime.h"
@@ -161,6 +162,8 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
   ++metrics_.runs_started;
 
   bool direct = false;  // a direct call (see below); set once the prompt is known
+  std::string introspection;  // an introspection run's trigger (context.h); "" for other runs
+  bool introspects = false;   // the agent has introspection triggers (context.h)
   // Ends the run in one unit of work: the final answer (or the failure) and the session's state.
   // Parameters by value: the coroutine outlives the caller's temporaries (see `fail`).
   auto finish = [&](std::string status, std::string output, Json error,
@@ -189,7 +192,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
       KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(cur));
       KEEL_RETURN_IF_ERROR(tx.sessions().UpdateSessionStatus(cur.tenant_id, cur.session_id,
                                                              "idle", at));
-      if (status == "done" && !direct) {
+      if (status == "done" && !direct && introspection.empty()) {
         store::Message reply;
         reply.id = NewId();
         reply.tenant_id = cur.tenant_id;
@@ -204,6 +207,9 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
                                           cur.session_id, cur.id,
                                           {{"message_id", reply.id}, {"role", "assistant"}}}));
       }
+      if (status == "done" && !introspection.empty()) {
+        KEEL_RETURN_IF_ERROR(IntrospectionCompleted(tx, cur, introspection));
+      }
       Json payload = {{"status", status}};
       if (!error.is_null()) payload["error"] = error;
       KEEL_ASSIGN_OR_RETURN(auto totals, tx.usage().RunUsage(cur.tenant_id, cur.id));
@@ -215,6 +221,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
           .Append({cur.tenant_id, type, cur.agent_id, cur.session_id, cur.id, payload});
     });
     if (done.ok()) {
+      if (status == "done" && !direct && introspection.empty() && introspects) TurnEnded(run);
       if (status == "done") ++metrics_.runs_done;
       else if (status == "cancelled") ++metrics_.runs_cancelled;
       else ++metrics_.runs_failed;
@@ -276,6 +283,8 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
   // A direct call (role "call", posted through Keel's MCP server) runs its one tool call through
   // the gateway and ends with the call's answer; the model is never asked.
   direct = prompt.role == "call";
+  if (prompt.role == "introspection") introspection = IntrospectionTrigger(prompt.content);
+  introspects = HasIntrospection(agent.config);
   std::vector<model::ToolCallRequest> pending;  // proposed by the last model step, not yet run
   std::string direct_answer;                    // a direct call's answer, once it has one
   model::ModelRequest request;
@@ -322,7 +331,9 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
       }
       if (auto assembled = MessagesFrom(out.payload)) request.messages = std::move(*assembled);
     }
-    for (const auto& t : co_await gateway_.Offered(run.tenant_id, run.agent_id, agent.tools)) {
+    Json allowed = RunTools(agent.tools, !introspection.empty());
+    for (const auto& t : co_await gateway_.Offered(run.tenant_id, run.agent_id, allowed)) {
+      if (introspection.empty() && IsIntrospectionTool(t->name())) continue;
       request.tools.push_back({t->name(), t->description(), t->parameters()});
     }
   }
@@ -405,7 +416,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
         creq.call_id = call.id;
         creq.tool = call.name;
         creq.arguments = call.arguments;
-        creq.allowed_tools = agent.tools;
+        creq.allowed_tools = RunTools(agent.tools, !introspection.empty());
         creq.agent_config = agent.config;
         creq.caller_role = run.caller_role;
         creq.requested_by = run.requested_by;

@@ -75,6 +75,7 @@ Status Runtime::Start() {
   asio::co_spawn(executor_, DeliveryLoop(), ReportExceptions{"webhook deliveries"});
   asio::co_spawn(executor_, ScheduleLoop(), ReportExceptions{"schedules"});
   asio::co_spawn(executor_, CachePruneLoop(), ReportExceptions{"response cache pruning"});
+  asio::co_spawn(executor_, IntrospectionLoop(), ReportExceptions{"idle introspection"});
   return Status::Ok();
 }
 

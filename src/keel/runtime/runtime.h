@@ -84,6 +84,10 @@ struct IntakeRequest {
   std::string idempotency_key;  // empty: none
   std::string requested_by;     // the caller's token id
   std::string caller_role = "owner";  // owner | user | guest: bounds the run's tool calls
+  // An introspection run (docs/CONTEXT.md) instead of a user's message: the message is recorded
+  // with role "introspection", is shown to no plugin, and its run tends the session's
+  // description and the agent's working memory with the introspection tools.
+  bool introspection = false;
   // A direct tool call instead of a message for the model (Keel as an MCP server):
   // {"name", "arguments"}. The run passes that one call through the gateway, with its policy
   // and approvals, and ends with the call's answer; the model is never asked. The message is
@@ -200,6 +204,21 @@ class Runtime {
                                                  model::ModelRequest& request,
                                                  std::vector<store::Step>& steps,
                                                  std::string& error_code);
+  // Introspection's triggers (introspection.cc). After a run of the session ended `done` (not
+  // a direct call or an introspection) and its agent has triggers: posts an introspection run
+  // when the agent's every_turns is reached, and moves the session's idle introspection to
+  // idle_seconds from now.
+  void TurnEnded(const store::Run& run);
+  boost::asio::awaitable<void> AfterTurn(store::Run run);
+  // Posts an introspection run in the session through the normal intake (queued behind its
+  // runs); `key` makes it idempotent.
+  boost::asio::awaitable<void> Introspect(std::string tenant_id, std::string session_id,
+                                          std::string trigger, std::string key);
+  // Posts the idle introspections that are due (on the leader), every second.
+  boost::asio::awaitable<void> IntrospectionLoop();
+  // In the unit that ends an introspection run `done`: introspection.completed@v1.
+  static Status IntrospectionCompleted(store::Tx& tx, const store::Run& run,
+                                       const std::string& trigger);
   // Makes the agent's workspace hold copies of exactly `skills` (its assigned ones, read
   // without files), reading the files of those whose copy is not current.
   boost::asio::awaitable<Status> SyncSkills(const store::Run& run,

@@ -42,6 +42,25 @@ int FirstVersionOf(const ExportTableSpec& t) {
   return it == kAdded.end() ? kOldestArchiveVersion : it->second;
 }
 
+// Columns that tables gained after their own first version: the rows of an older archive lack
+// them and import with `value`.
+struct AddedColumn {
+  const char* table;
+  const char* column;
+  int version;  // the archive version that first carried it
+  const char* value;
+};
+constexpr AddedColumn kAddedColumns[] = {{"sessions", "description", 5, ""}};
+
+void FillAddedColumns(const ExportTableSpec& t, int version, Json& row) {
+  for (const auto& c : kAddedColumns) {
+    if (version < c.version && t.name == std::string_view(c.table) && row.is_object() &&
+        !row.contains(c.column)) {
+      row[c.column] = c.value;
+    }
+  }
+}
+
 Status WriteEntry(struct archive* a, const std::string& name, const std::string& data,
                   Millis mtime) {
   std::unique_ptr<archive_entry, decltype(&archive_entry_free)> e(archive_entry_new(),
@@ -240,6 +259,7 @@ Status ImportArchive(Store& store, const std::string& path) {
     table_rows.reserve(lines.size());
     for (size_t i = 0; i < lines.size(); ++i) {
       Json row = Json::parse(lines[i], nullptr, /*allow_exceptions=*/false);
+      FillAddedColumns(spec, version, row);
       Status st = row.is_discarded() ? InvalidArgument("not JSON") : CheckExportRow(spec, row);
       if (!st.ok()) {
         return InvalidArgument(path + ": " + entry + " line " + std::to_string(i + 1) + ": " +

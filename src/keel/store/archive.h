@@ -25,8 +25,9 @@
 namespace keel::store {
 
 inline constexpr const char* kArchiveFormat = "keel-export";
-// 2: tenant_keys and secrets; 3: plugins and agent_plugins.
-inline constexpr int kArchiveVersion = 4;
+// 2: tenant_keys and secrets; 3: plugins and agent_plugins; 4: schedules, memories, skills,
+// compactions and usage; 5: sessions.description.
+inline constexpr int kArchiveVersion = 5;
 // The oldest version ImportArchive reads.
 inline constexpr int kOldestArchiveVersion = 2;
 

@@ -196,7 +196,7 @@ Agent ReadAgent(const Row& s) {
 }
 
 inline constexpr const char* kSessionCols =
-    "id, tenant_id, agent_id, status, title, created_at, updated_at";
+    "id, tenant_id, agent_id, status, title, created_at, updated_at, description";
 template <typename Row>
 Session ReadSession(const Row& s) {
   Session x;
@@ -207,6 +207,7 @@ Session ReadSession(const Row& s) {
   x.title = s.Text(4);
   x.created_at = s.Int(5);
   x.updated_at = s.Int(6);
+  x.description = s.Text(7);
   return x;
 }
 

@@ -64,7 +64,8 @@ const std::vector<ExportTableSpec>& ExportTables() {
         {"status", T::kText},
         {"title", T::kText},
         {"created_at", T::kInt},
-        {"updated_at", T::kInt}},
+        {"updated_at", T::kInt},
+        {"description", T::kText}},
        "id"},
       {"messages",
        {{"id", T::kText},
@@ -308,6 +309,8 @@ const std::vector<ExportTableSpec>& ExportTables() {
        "tenant_id, period, period_start, agent_id"},
       // model_cache is not exported: it is a cache of model answers, which refills on its own,
       // and an archive should not carry (possibly large) copies of them.
+      // introspection_due is not exported: it is the runtime's pending triggers, not the
+      // tenant's data, and a copy would run introspections the source store already ran.
       {"events",
        {{"position", T::kInt},
         {"id", T::kText},

@@ -25,7 +25,8 @@ class ScheduleStore;  // schedule_store.h
 class UsageStore;  // usage_store.h
 class MemoryStore;  // memory_store.h
 class SkillStore;       // skill_store.h
-class CompactionStore;  // compaction_store.h
+class CompactionStore;     // compaction_store.h
+class IntrospectionStore;  // introspection_store.h
 
 class TenantStore {
  public:
@@ -336,6 +337,7 @@ class Tx {
   virtual MemoryStore& memory() = 0;
   virtual SkillStore& skills() = 0;
   virtual CompactionStore& compactions() = 0;
+  virtual IntrospectionStore& introspection() = 0;
   virtual AgentStore& agents() = 0;
   virtual SessionStore& sessions() = 0;
   virtual MessageStore& messages() = 0;

@@ -171,6 +171,7 @@ struct Session {
   std::string title;
   Millis created_at = 0;
   Millis updated_at = 0;
+  std::string description;  // what the session is about, kept by introspection ("" until then)
 };
 
 struct Message {

@@ -96,6 +96,13 @@ class MemoryUpsert final : public Tool {
                           memory::MemoryFrom(fields, ctx.tenant_id, ctx.agent_id, "tool"));
     memory::Upserted written;
     KEEL_RETURN_IF_ERROR(store_.WriteSync([&](store::Tx& tx) -> Status {
+      // An introspection run's memories say so (docs/CONTEXT.md).
+      if (!ctx.run_id.empty()) {
+        KEEL_ASSIGN_OR_RETURN(auto run, tx.runs().GetRun(ctx.tenant_id, ctx.run_id));
+        KEEL_ASSIGN_OR_RETURN(auto prompt,
+                              tx.messages().GetMessage(ctx.tenant_id, run.message_id));
+        if (prompt.role == "introspection") m.source = "introspection";
+      }
       KEEL_ASSIGN_OR_RETURN(written, memory::Upsert(tx, m, ctx.session_id, ctx.run_id));
       return Status::Ok();
     }));

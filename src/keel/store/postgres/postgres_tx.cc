@@ -675,10 +675,10 @@ Status PostgresTx::DeleteAgent(const std::string& tenant_id, const std::string& 
 // ---- SessionStore
 
 Status PostgresTx::InsertSession(const Session& x) {
-  static const std::string kSql = InsertSql("sessions", kSessionCols, 7);
+  static const std::string kSql = InsertSql("sessions", kSessionCols, 8);
   KEEL_RETURN_IF_ERROR(BindTenant(x.tenant_id));
   return Inserted(conn_.Query(kSql, P(x.id, x.tenant_id, x.agent_id, x.status, x.title,
-                                      x.created_at, x.updated_at)),
+                                      x.created_at, x.updated_at, x.description)),
                   "session already exists: " + x.id);
 }
 
@@ -1493,6 +1493,20 @@ CREATE INDEX compactions_session ON compactions(tenant_id, session_id, id);
 ALTER TABLE compactions ENABLE ROW LEVEL SECURITY;
 ALTER TABLE compactions FORCE ROW LEVEL SECURITY;
 CREATE POLICY tenant_isolation ON compactions
+  USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
+  WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
+)sql",
+      // Introspection: a session's description, and the sessions whose idle introspection is
+      // due.
+      R"sql(
+ALTER TABLE sessions ADD COLUMN description TEXT COLLATE "C" NOT NULL DEFAULT '';
+CREATE TABLE introspection_due(
+  tenant_id TEXT COLLATE "C" NOT NULL, session_id TEXT COLLATE "C" NOT NULL REFERENCES sessions(id),
+  agent_id TEXT COLLATE "C" NOT NULL, due_at BIGINT NOT NULL, PRIMARY KEY(tenant_id, session_id));
+CREATE INDEX introspection_due_at ON introspection_due(due_at);
+ALTER TABLE introspection_due ENABLE ROW LEVEL SECURITY;
+ALTER TABLE introspection_due FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON introspection_due
   USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
   WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
 )sql",

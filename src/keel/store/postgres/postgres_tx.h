@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "keel/store/compaction_store.h"
+#include "keel/store/introspection_store.h"
 #include "keel/store/postgres/pg_conn.h"
 #include "keel/store/schedule_store.h"
 #include "keel/store/memory_store.h"
@@ -47,6 +48,7 @@ class PostgresTx final : public Tx,
                          public MemoryStore,
                          public SkillStore,
                          public CompactionStore,
+                         public IntrospectionStore,
                          public AgentStore,
                          public SessionStore,
                          public MessageStore,
@@ -76,6 +78,7 @@ class PostgresTx final : public Tx,
   MemoryStore& memory() override { return *this; }
   SkillStore& skills() override { return *this; }
   CompactionStore& compactions() override { return *this; }
+  IntrospectionStore& introspection() override { return *this; }
   AgentStore& agents() override { return *this; }
   SessionStore& sessions() override { return *this; }
   MessageStore& messages() override { return *this; }
@@ -288,6 +291,16 @@ class PostgresTx final : public Tx,
                                                  const std::string& after_id,
                                                  const std::string& before_id,
                                                  int limit) override;
+
+  // IntrospectionStore (postgres_introspection.cc)
+  Status SetSessionDescription(const std::string& tenant_id, const std::string& session_id,
+                               const std::string& description, Millis at) override;
+  Result<int64_t> TurnsSinceIntrospection(const std::string& tenant_id,
+                                          const std::string& session_id) override;
+  Status PutIntrospectionDue(const IntrospectionDue& d) override;
+  Status ClearIntrospectionDue(const std::string& tenant_id, const std::string& session_id,
+                               Millis due_at) override;
+  Result<std::vector<IntrospectionDue>> DueIntrospections(Millis now, int limit) override;
 
  private:
   // Binds the transaction to `tenant_id` (row-level security) unless it already is.

@@ -610,9 +610,10 @@ Status SqliteTx::DeleteAgent(const std::string& tenant_id, const std::string& id
 
 Status SqliteTx::InsertSession(const Session& x) {
   static const std::string kSql = "INSERT INTO sessions(" + std::string(kSessionCols) +
-                                            ") VALUES(?,?,?,?,?,?,?)";
+                                            ") VALUES(?,?,?,?,?,?,?,?)";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
-  return s.BindAll(x.id, x.tenant_id, x.agent_id, x.status, x.title, x.created_at, x.updated_at)
+  return s.BindAll(x.id, x.tenant_id, x.agent_id, x.status, x.title, x.created_at, x.updated_at,
+                   x.description)
       .Run();
 }
 
@@ -1224,6 +1225,15 @@ CREATE TABLE compactions(
   last_message_id TEXT NOT NULL, summary TEXT NOT NULL, messages INTEGER NOT NULL,
   tokens_before INTEGER NOT NULL, tokens_after INTEGER NOT NULL, created_at INTEGER NOT NULL);
 CREATE INDEX compactions_session ON compactions(tenant_id, session_id, id);
+)sql",
+      // Introspection: a session's description, and the sessions whose idle introspection is
+      // due.
+      R"sql(
+ALTER TABLE sessions ADD COLUMN description TEXT NOT NULL DEFAULT '';
+CREATE TABLE introspection_due(
+  tenant_id TEXT NOT NULL, session_id TEXT NOT NULL REFERENCES sessions(id),
+  agent_id TEXT NOT NULL, due_at INTEGER NOT NULL, PRIMARY KEY(tenant_id, session_id));
+CREATE INDEX introspection_due_at ON introspection_due(due_at);
 )sql",
   };
   return kMigrations;

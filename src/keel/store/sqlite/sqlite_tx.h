@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "keel/store/compaction_store.h"
+#include "keel/store/introspection_store.h"
 #include "keel/store/skill_store.h"
 #include "keel/store/sqlite/sqlite_db.h"
 #include "keel/store/schedule_store.h"
@@ -29,6 +30,7 @@ class SqliteTx final : public Tx,
                        public MemoryStore,
                        public SkillStore,
                        public CompactionStore,
+                       public IntrospectionStore,
                        public AgentStore,
                        public SessionStore,
                        public MessageStore,
@@ -54,6 +56,7 @@ class SqliteTx final : public Tx,
   MemoryStore& memory() override { return *this; }
   SkillStore& skills() override { return *this; }
   CompactionStore& compactions() override { return *this; }
+  IntrospectionStore& introspection() override { return *this; }
   AgentStore& agents() override { return *this; }
   SessionStore& sessions() override { return *this; }
   MessageStore& messages() override { return *this; }
@@ -266,6 +269,16 @@ class SqliteTx final : public Tx,
                                                  const std::string& after_id,
                                                  const std::string& before_id,
                                                  int limit) override;
+
+  // IntrospectionStore (sqlite_introspection.cc)
+  Status SetSessionDescription(const std::string& tenant_id, const std::string& session_id,
+                               const std::string& description, Millis at) override;
+  Result<int64_t> TurnsSinceIntrospection(const std::string& tenant_id,
+                                          const std::string& session_id) override;
+  Status PutIntrospectionDue(const IntrospectionDue& d) override;
+  Status ClearIntrospectionDue(const std::string& tenant_id, const std::string& session_id,
+                               Millis due_at) override;
+  Result<std::vector<IntrospectionDue>> DueIntrospections(Millis now, int limit) override;
 
  private:
   // Gives memories imported without their search scope (ImportRow leaves it empty) their scope.
