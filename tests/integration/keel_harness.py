@@ -30,6 +30,8 @@ Environment:
 """
 
 import atexit
+import base64
+import hashlib
 import http.client
 import json
 import os
@@ -641,6 +643,161 @@ class SseClient:
             pass
         try:
             self._conn.close()
+        except OSError:
+            pass
+        self._thread.join(timeout=5)
+
+
+class WebSocketClient(SseClient):
+    """The live stream over a WebSocket (RFC 6455, written here on a plain socket): the same
+    route as SseClient, upgraded, with the same interface and event dicts. Each text message is
+    one JSON object: a stored event (its "position" becomes "id", its "type" "event") or a token
+    delta ("type": "message.delta", no id). `last_event_id` is sent as ?after=. It answers pings
+    and close frames as a client must, masking what it sends; `pings` counts the pings seen."""
+
+    GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+
+    def __init__(self, url, token, last_event_id=None, timeout=60, headers=None):
+        parts = urllib.parse.urlsplit(url)
+        query = urllib.parse.parse_qsl(parts.query)
+        if last_event_id is not None:
+            query.append(("after", str(last_event_id)))
+        self.host, self.port = parts.hostname, parts.port
+        self.path = parts.path + ("?" + urllib.parse.urlencode(query) if query else "")
+        self.token = token
+        self.extra_headers = headers or {}
+        self.timeout = timeout
+        self.events = queue.Queue()
+        self.status = None
+        self.headers = None
+        self.body = b""
+        self.pings = 0
+        self.closed = threading.Event()
+        self._connected = threading.Event()
+        self._sock = None
+        self._conn = None
+        self._error = None
+        self._send_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        if not self._connected.wait(timeout=30):
+            raise AssertionError("WebSocket %s: no handshake answer within 30s" % url)
+        if self._error is not None and self.status is None:
+            raise AssertionError("WebSocket %s failed: %r" % (url, self._error))
+
+    def _read_exact(self, n):
+        out = b""
+        while len(out) < n:
+            chunk = self._sock.recv(n - len(out))
+            if not chunk:
+                raise EOFError("connection closed")
+            out += chunk
+        return out
+
+    def send_frame(self, opcode, payload=b""):
+        """One final frame, masked as a client's must be."""
+        mask = os.urandom(4)
+        n = len(payload)
+        head = bytes([0x80 | opcode])
+        if n < 126:
+            head += bytes([0x80 | n])
+        elif n < 65536:
+            head += bytes([0x80 | 126]) + n.to_bytes(2, "big")
+        else:
+            head += bytes([0x80 | 127]) + n.to_bytes(8, "big")
+        body = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+        with self._send_lock:
+            self._sock.sendall(head + mask + body)
+
+    def _read_frame(self):
+        b0, b1 = self._read_exact(2)
+        if b1 & 0x80:
+            raise AssertionError("the server masked a frame (RFC 6455 5.1 forbids it)")
+        n = b1 & 0x7F
+        if n == 126:
+            n = int.from_bytes(self._read_exact(2), "big")
+        elif n == 127:
+            n = int.from_bytes(self._read_exact(8), "big")
+        return bool(b0 & 0x80), b0 & 0x0F, self._read_exact(n)
+
+    def _run(self):
+        try:
+            self._sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
+            key = base64.b64encode(os.urandom(16)).decode()
+            lines = ["GET %s HTTP/1.1" % self.path, "Host: %s:%s" % (self.host, self.port),
+                     "Upgrade: websocket", "Connection: Upgrade", "Sec-WebSocket-Key: " + key,
+                     "Sec-WebSocket-Version: 13"]
+            if self.token:
+                lines.append("Authorization: Bearer " + self.token)
+            lines += ["%s: %s" % kv for kv in self.extra_headers.items()]
+            self._sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = self._sock.recv(1)
+                if not chunk:
+                    raise EOFError("closed during the handshake")
+                head += chunk
+            status_line, *header_lines = head.decode("latin-1").split("\r\n")
+            self.status = int(status_line.split()[1])
+            self.headers = {}
+            for line in header_lines:
+                if ":" in line:
+                    k, v = line.split(":", 1)
+                    self.headers[k.strip().lower()] = v.strip()
+            if self.status != 101:
+                length = int(self.headers.get("content-length", "0"))
+                self.body = self._read_exact(length) if length else b""
+                self._connected.set()
+                self.events.put({"closed": True, "error": "status %s: %s" % (self.status,
+                                                                            self.body[:200])})
+                return
+            accept = base64.b64encode(hashlib.sha1((key + self.GUID).encode()).digest()).decode()
+            if self.headers.get("sec-websocket-accept") != accept:
+                raise AssertionError("bad Sec-WebSocket-Accept: %r" % self.headers)
+            self._sock.settimeout(None)
+            self._connected.set()
+            message, message_op = b"", None
+            while not self.closed.is_set():
+                fin, op, payload = self._read_frame()
+                if op == 0x9:  # ping
+                    self.pings += 1
+                    self.send_frame(0xA, payload)
+                    continue
+                if op == 0xA:
+                    continue
+                if op == 0x8:  # close: answer it, and stop
+                    self.send_frame(0x8, payload[:2])
+                    break
+                if op != 0x0:
+                    message, message_op = b"", op
+                message += payload
+                if not fin:
+                    continue
+                if message_op != 0x1:
+                    raise AssertionError("a non-text message (opcode %d)" % message_op)
+                raw = message.decode("utf-8")
+                data = json.loads(raw)
+                self.events.put({"id": str(data["position"]) if "position" in data else None,
+                                 "event": data.get("type"), "data": data, "raw_data": raw})
+            self.events.put({"closed": True, "error": None})
+        except Exception as e:  # noqa: BLE001 - reported through the queue
+            self._error = e
+            self._connected.set()
+            if not self.closed.is_set():
+                self.events.put({"closed": True, "error": repr(e)})
+
+    def close(self):
+        """Closes as a client should (a close frame), then the socket."""
+        if self._sock is not None and self.status == 101 and not self.closed.is_set():
+            try:
+                self.send_frame(0x8, (1000).to_bytes(2, "big"))
+            except OSError:
+                pass
+        self.closed.set()
+        try:
+            if self._sock is not None:
+                self._sock.shutdown(socket.SHUT_RDWR)
+                self._sock.close()
         except OSError:
             pass
         self._thread.join(timeout=5)

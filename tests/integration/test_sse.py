@@ -1,11 +1,13 @@
 """GET /v1/stream: Server-Sent Events with filters, token deltas, and Last-Event-ID resume that
-delivers every later matching event exactly once, in order."""
+delivers every later matching event exactly once, in order; and the same stream over a WebSocket
+(the route upgraded; every test of the SSE class runs again over it, plus the WebSocket's own)."""
 
+import json
 import random
 import time
 import unittest
 
-from keel_harness import KeelServer, KeelTestCase, SseClient, sse_url
+from keel_harness import KeelServer, KeelTestCase, SseClient, WebSocketClient, sse_url
 
 DELTA = "message.delta"
 
@@ -23,6 +25,9 @@ def completes(run_id):
 
 
 class SseTest(KeelTestCase):
+    client = SseClient  # the transport under test
+    open_status = 200
+
     @classmethod
     def setUpClass(cls):
         cls.server = KeelServer()
@@ -32,11 +37,12 @@ class SseTest(KeelTestCase):
         cls.server.stop()
 
     def open(self, last_event_id=None, **filters):
-        sse = SseClient(sse_url(self.server, **filters), self.server.token,
-                        last_event_id=last_event_id)
+        sse = self.client(sse_url(self.server, **filters), self.server.token,
+                          last_event_id=last_event_id)
         self.addCleanup(sse.close)
-        self.assertEqual(sse.status, 200, "stream status")
-        self.assertIn("text/event-stream", sse.headers.get("content-type", ""))
+        self.assertEqual(sse.status, self.open_status, "stream status")
+        if self.client is SseClient:
+            self.assertIn("text/event-stream", sse.headers.get("content-type", ""))
         return sse
 
     def log(self, **match):
@@ -198,9 +204,9 @@ class SseTest(KeelTestCase):
         finished = False
         deadline = time.monotonic() + 120
         while not finished and time.monotonic() < deadline:
-            sse = SseClient(sse_url(s, session_id=sess["id"]), s.token, last_event_id=last)
+            sse = self.client(sse_url(s, session_id=sess["id"]), s.token, last_event_id=last)
             try:
-                self.assertEqual(sse.status, 200)
+                self.assertEqual(sse.status, self.open_status)
                 want = rng.randint(1, 15)
                 for _ in range(want):
                     ev = sse.next(timeout=10)
@@ -244,11 +250,73 @@ class SseTest(KeelTestCase):
         s = self.server
         st, body, _ = s.request("GET", "/v1/stream", token=None)
         self.assertEqual(st, 401, body)
-        sse = SseClient(sse_url(s), "bad-token")
+        sse = self.client(sse_url(s), "bad-token")
         try:
             self.assertEqual(sse.status, 401)
         finally:
             sse.close()
+
+
+class WebSocketStreamTest(SseTest):
+    """Every test above over a WebSocket, and what is the WebSocket's own."""
+    client = WebSocketClient
+    open_status = 101
+
+    def test_each_message_is_one_event_and_the_handshake_is_checked(self):
+        s = self.server
+        agent = s.create_agent()
+        sess = s.create_session(agent["id"])
+        ws = self.open(session_id=sess["id"])
+        run = s.send(sess["id"], "/call time.now {}")["run"]
+        got = ws.collect_until(completes(run["id"]))
+        self.check_frames(got)
+        for ev in got:  # one JSON object per message, nothing else
+            self.assertEqual(json.loads(ev["raw_data"]), ev["data"])
+        # A handshake without its key is refused (400), and an upgrade of a route that does not
+        # stream gets that route's plain answer.
+        st, body, _ = s.request("GET", "/v1/stream",
+                                headers={"Upgrade": "websocket", "Connection": "Upgrade"})
+        self.assertEqual(st, 400, body)
+        other = WebSocketClient(s.base_url + "/v1/agents", s.token)
+        self.addCleanup(other.close)
+        self.assertEqual(other.status, 200, "a plain route answers plainly, without upgrading")
+
+
+class WebSocketCloseTest(KeelTestCase):
+    """A server of its own: no other stream may come or go while the gauge is read."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = KeelServer()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def clients(self):
+        _, body, _ = self.server.request("GET", "/metrics")
+        for line in body.splitlines():
+            if line.startswith("keel_sse_clients "):
+                return int(float(line.split()[1]))
+        raise AssertionError("keel_sse_clients not in /metrics")
+
+    def wait_clients(self, n):
+        deadline = time.monotonic() + 20
+        while self.clients() != n and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(self.clients(), n)
+
+    def test_a_client_that_closes_is_let_go(self):
+        s = self.server
+        ws = WebSocketClient(sse_url(s), s.token)
+        self.addCleanup(ws.close)
+        self.assertEqual(ws.status, 101)
+        self.wait_clients(1)
+        ws.close()
+        # The server reads the close frame; the stream ends at its next write (or ping).
+        agent = s.create_agent()
+        s.send(s.create_session(agent["id"])["id"], "wake the stream")
+        self.wait_clients(0)
 
 
 class SseAcrossRestartTest(KeelTestCase):

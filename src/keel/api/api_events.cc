@@ -1,4 +1,5 @@
-// The event log over HTTP: paged reads and the live Server-Sent Events stream.
+// The event log over HTTP: paged reads and the live stream, as Server-Sent Events or, for a
+// WebSocket upgrade of the same route, as WebSocket text messages (one JSON object each).
 
 #include "keel/api/api.h"
 #include "keel/api/render.h"
@@ -29,9 +30,22 @@ store::EventFilter FilterOf(const Request& req) {
   return {req.Query("agent_id"), req.Query("session_id"), req.Query("run_id")};
 }
 
-std::string SseFrame(const store::Event& e) {
-  return "id: " + std::to_string(e.position) + "\nevent: " + e.type + "\ndata: " +
-         DumpJson(EventJson(e)) + "\n\n";
+// One stored event or token delta as the stream sends it: an SSE frame, or a WebSocket
+// message (the same JSON; a delta's carries "type": "message.delta").
+std::string EventFrame(const store::Event& e, bool websocket) {
+  std::string json = DumpJson(EventJson(e));
+  if (websocket) return json;
+  return "id: " + std::to_string(e.position) + "\nevent: " + e.type + "\ndata: " + json + "\n\n";
+}
+
+std::string DeltaFrame(const runtime::Delta& d, bool websocket) {
+  Json data = {{"run_id", d.run_id}, {"session_id", d.session_id}, {"agent_id", d.agent_id},
+               {"text", d.text}};
+  if (websocket) {
+    data["type"] = "message.delta";
+    return DumpJson(data);
+  }
+  return "event: message.delta\ndata: " + DumpJson(data) + "\n\n";
 }
 
 }  // namespace
@@ -85,10 +99,12 @@ void RegisterEventRoutes(http::Router& router, ApiContext& ctx) {
     // Subscribe before the headers go out, so a client that waits for them before acting
     // misses no delta.
     auto sub = ctx.hub.Subscribe({tenant, filter.agent_id, filter.session_id, filter.run_id});
+    const bool websocket = req.IsWebSocketUpgrade();
     Response r;
     r.content_type = "text/event-stream";
     r.headers["X-Accel-Buffering"] = "no";
-    r.stream = [&ctx, tenant, filter, cursor, sub](http::StreamWriter& w) mutable -> asio::awaitable<void> {
+    r.stream = [&ctx, tenant, filter, cursor, sub,
+                websocket](http::StreamWriter& w) mutable -> asio::awaitable<void> {
       ++ctx.metrics.sse_clients;
       struct Leave {
         ApiContext& ctx;
@@ -98,7 +114,7 @@ void RegisterEventRoutes(http::Router& router, ApiContext& ctx) {
           --ctx.metrics.sse_clients;
         }
       } leave{ctx, sub};
-      if (!co_await w.Write("retry: 2000\n: connected\n\n")) co_return;
+      if (!websocket && !co_await w.Write("retry: 2000\n: connected\n\n")) co_return;
       while (true) {
         ctx.hub.TakeDirty(sub);
         std::vector<store::Event> events;
@@ -107,28 +123,31 @@ void RegisterEventRoutes(http::Router& router, ApiContext& ctx) {
           return Status::Ok();
         });
         if (!st.ok()) co_return;
-        std::string out;
+        std::vector<std::string> frames;
         size_t next = 0;
         for (const auto& d : ctx.hub.TakeDeltas(sub)) {
           // Deltas go between the events committed before and after they were published.
           for (; next < events.size() && events[next].position <= d.after_position; ++next) {
-            out += SseFrame(events[next]);
+            frames.push_back(EventFrame(events[next], websocket));
           }
-          out += "event: message.delta\ndata: " +
-                 DumpJson({{"run_id", d.run_id},
-                           {"session_id", d.session_id},
-                           {"agent_id", d.agent_id},
-                           {"text", d.text}}) +
-                 "\n\n";
+          frames.push_back(DeltaFrame(d, websocket));
         }
-        for (; next < events.size(); ++next) out += SseFrame(events[next]);
+        for (; next < events.size(); ++next) frames.push_back(EventFrame(events[next], websocket));
         if (!events.empty()) cursor = events.back().position;
-        if (!out.empty() && !co_await w.Write(std::move(out))) co_return;
+        if (websocket) {  // one message each
+          for (auto& f : frames) {
+            if (!co_await w.Write(std::move(f))) co_return;
+          }
+        } else if (!frames.empty()) {  // one write
+          std::string out;
+          for (const auto& f : frames) out += f;
+          if (!co_await w.Write(std::move(out))) co_return;
+        }
         if (events.size() == 500) continue;
         auto before = std::chrono::steady_clock::now();
         co_await ctx.hub.Wait(sub, std::chrono::seconds(15));
         if (std::chrono::steady_clock::now() - before >= std::chrono::seconds(15)) {
-          if (!co_await w.Write(": keepalive\n\n")) co_return;
+          if (!co_await w.Ping()) co_return;
         }
       }
     };

@@ -2,6 +2,8 @@
 
 #include <boost/asio/use_awaitable.hpp>
 
+#include <cctype>
+
 namespace keel::http {
 
 namespace {
@@ -26,6 +28,27 @@ std::string Request::Header(const std::string& lower_name) const {
   auto it = headers.find(lower_name);
   return it == headers.end() ? "" : it->second;
 }
+bool Request::IsWebSocketUpgrade() const {
+  auto lower = [](std::string s) {
+    for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return s;
+  };
+  // Connection is a comma-separated list of tokens ("keep-alive, Upgrade").
+  std::string connection = lower(Header("connection"));
+  bool upgrade = false;
+  size_t i = 0;
+  while (i <= connection.size()) {
+    size_t j = connection.find(',', i);
+    if (j == std::string::npos) j = connection.size();
+    std::string token = connection.substr(i, j - i);
+    token.erase(0, token.find_first_not_of(" \t"));
+    token.erase(token.find_last_not_of(" \t") + 1);
+    if (token == "upgrade") upgrade = true;
+    i = j + 1;
+  }
+  return method == "GET" && upgrade && lower(Header("upgrade")) == "websocket";
+}
+
 std::string Request::Param(const std::string& name) const {
   auto it = params.find(name);
   return it == params.end() ? "" : it->second;

@@ -13,6 +13,7 @@
 
 #include "keel/common/log.h"
 #include "keel/http/router.h"
+#include "keel/http/websocket.h"
 #include "keel/metrics.h"
 
 namespace keel::http {
@@ -37,6 +38,7 @@ class BeastStreamWriter final : public StreamWriter {
     stream_.expires_never();
     co_return !ec;
   }
+  asio::awaitable<bool> Ping() override { co_return co_await Write(": keepalive\n\n"); }
 
  private:
   beast::tcp_stream& stream_;
@@ -159,6 +161,11 @@ struct Server::Impl {
       stream.expires_never();
       Response resp = co_await router.Dispatch(r);
 
+      if (resp.stream && r.IsWebSocketUpgrade()) {
+        CountStatus(101);
+        co_await ServeWebSocket(std::move(stream), std::move(req), std::move(resp));
+        co_return;  // the WebSocket closed the connection
+      }
       if (resp.stream) {
         bhttp::response<bhttp::empty_body> res{static_cast<bhttp::status>(resp.status),
                                                req.version()};

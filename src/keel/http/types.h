@@ -33,17 +33,23 @@ struct Request {
   Principal principal;
 
   std::string Header(const std::string& lower_name) const;
+  // A GET asking to become a WebSocket (RFC 6455: Connection: Upgrade, Upgrade: websocket).
+  bool IsWebSocketUpgrade() const;
   std::string Param(const std::string& name) const;
   // The query parameter, or `fallback` when absent.
   std::string Query(const std::string& name, const std::string& fallback = "") const;
 };
 
-// Writes a long-lived streamed body (Server-Sent Events). Write returns false once the client
-// has gone away.
+// Writes a long-lived stream: the body of a Server-Sent Events response, or the text messages
+// of a WebSocket (one Write, one message). Write and Ping return false once the client has gone
+// away.
 class StreamWriter {
  public:
   virtual ~StreamWriter() = default;
   virtual boost::asio::awaitable<bool> Write(std::string data) = 0;
+  // Shows the client the stream is alive while nothing happens: an SSE comment line, a
+  // WebSocket ping.
+  virtual boost::asio::awaitable<bool> Ping() = 0;
 };
 
 struct Response {
@@ -52,7 +58,9 @@ struct Response {
   std::string body;
   std::map<std::string, std::string> headers;
   // When set, the server sends the headers, then hands the connection to `stream`, and closes
-  // it when `stream` returns.
+  // it when `stream` returns. For a WebSocket upgrade request (IsWebSocketUpgrade), the server
+  // completes the handshake instead of sending headers; a route that streams over a WebSocket
+  // checks the request itself.
   std::function<boost::asio::awaitable<void>(StreamWriter&)> stream;
 
   static Response Json(int status, const keel::Json& body);
