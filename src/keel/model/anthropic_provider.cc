@@ -4,95 +4,36 @@
 #include <utility>
 #include <vector>
 
-#include "keel/http/client.h"
 #include "keel/model/anthropic_wire.h"
+#include "keel/model/provider_stream.h"
 
 namespace keel::model {
 namespace {
 
 using std::chrono::milliseconds;
 
-constexpr size_t kMaxErrorBody = 1 << 20;
-constexpr size_t kMaxMessageBody = 32 << 20;
-
 std::string MessagesUrl(std::string base) {
   while (!base.empty() && base.back() == '/') base.pop_back();
   return base + "/v1/messages";
 }
 
-// Reads an event stream to its end (message_stop), passing text deltas on as they arrive.
-boost::asio::awaitable<Attempt> ReadEventStream(http::ResponseStream& stream,
-                                                const anthropic::ToolNameMap& names,
-                                                const DeltaSink& on_delta) {
-  anthropic::SseParser sse;
-  anthropic::MessageStreamAccumulator message(names);
-  std::vector<anthropic::SseEvent> events;
-  std::string delta;
-  bool ended = false;
-  while (!message.done() && !ended) {
-    auto piece = co_await stream.Next();
-    if (!piece.ok()) {
-      if (stream.body_bytes() == 0) co_return FailedAttempt(piece.status(), true);
-      co_return FailedAttempt(
-          Unavailable("the response stream broke off: " + piece.status().message()), false);
-    }
-    if (piece->has_value()) {
-      Status fed = sse.Feed(**piece, events);
-      if (!fed.ok()) co_return FailedAttempt(fed, false);
-    } else {
-      ended = true;
-      if (auto last = sse.Finish()) events.push_back(std::move(*last));
-    }
-    for (const auto& event : events) {
-      Status added = message.Add(event, delta);
-      if (!added.ok()) co_return FailedAttempt(added, false);
-      if (!delta.empty() && on_delta) on_delta(delta);
-      if (message.done()) break;
-    }
-    events.clear();
+// The Messages API's streamed events (provider_stream.h).
+struct AnthropicWire {
+  using Names = anthropic::ToolNameMap;
+  using Accumulator = anthropic::MessageStreamAccumulator;
+  static Status Add(Accumulator& a, const anthropic::SseEvent& e, std::string& delta) {
+    return a.Add(e, delta);
   }
-  if (!message.done()) {
-    co_return FailedAttempt(
-        Unavailable("the response stream ended before message_stop (the message is incomplete)"),
-        stream.body_bytes() == 0);
+  static bool Complete(const Accumulator& a) { return a.done(); }
+  static std::string ErrorMessage(std::string_view body) {
+    return anthropic::ErrorMessageFromBody(body);
   }
-  Attempt a;
-  a.result = message.Finish();
-  co_return a;
-}
-
-boost::asio::awaitable<Attempt> AttemptOnce(http::Client& client, const http::ClientRequest& req,
-                                            const anthropic::ToolNameMap& names,
-                                            const DeltaSink& on_delta) {
-  auto opened = co_await client.Open(req);
-  if (!opened.ok()) {
-    co_return FailedAttempt(opened.status(), opened.status().code() == Code::kUnavailable);
+  static Result<ModelResponse> ParseWhole(std::string_view body, const Names& names) {
+    return anthropic::ParseMessage(body, names);
   }
-  http::ResponseStream& stream = **opened;
-  const int status = stream.status();
-  if (status < 200 || status > 299) {
-    auto body = co_await stream.ReadAll(kMaxErrorBody);
-    std::string what =
-        "HTTP " + std::to_string(status) + " from " + req.url + ": " +
-        (body.ok() ? anthropic::ErrorMessageFromBody(*body) : body.status().message());
-    if (RetryableHttpStatus(status)) {
-      Attempt a = FailedAttempt(Unavailable(std::move(what)), true);
-      a.retry_after = ParseRetryAfter(stream.Header("retry-after"));
-      co_return a;
-    }
-    co_return FailedAttempt(StatusForHttp(status, std::move(what)), false);
-  }
-  if (LowerAscii(stream.Header("content-type")).find("text/event-stream") != std::string::npos) {
-    co_return co_await ReadEventStream(stream, names, on_delta);
-  }
-  // A server that ignored "stream" answers with the whole message.
-  auto body = co_await stream.ReadAll(kMaxMessageBody);
-  if (!body.ok()) co_return FailedAttempt(body.status(), stream.body_bytes() == 0);
-  Attempt a;
-  a.result = anthropic::ParseMessage(*body, names);
-  if (a.result.ok() && !a.result->text.empty() && on_delta) on_delta(a.result->text);
-  co_return a;
-}
+  static constexpr const char* kIncomplete =
+      "the response stream ended before message_stop (the message is incomplete)";
+};
 
 }  // namespace
 
@@ -125,7 +66,7 @@ boost::asio::awaitable<Result<ModelResponse>> AnthropicProvider::Complete(
   req.timeout = milliseconds(config_.timeout_ms > 0 ? config_.timeout_ms : 60000);
 
   std::function<boost::asio::awaitable<Attempt>()> attempt = [&]() {
-    return AttemptOnce(*client_, req, names, on_delta);
+    return AttemptOnce<AnthropicWire>(*client_, req, names, on_delta);
   };
   std::string prefix = "anthropic";
   co_return co_await CallWithRetries(prefix, config_.max_retries, backoff_, attempt);

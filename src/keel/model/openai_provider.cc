@@ -4,17 +4,13 @@
 #include <optional>
 #include <utility>
 
-#include "keel/http/client.h"
 #include "keel/model/openai_wire.h"
-#include "keel/model/provider_http.h"
+#include "keel/model/provider_stream.h"
 
 namespace keel::model {
 namespace {
 
 using std::chrono::milliseconds;
-
-constexpr size_t kMaxErrorBody = 1 << 20;
-constexpr size_t kMaxCompletionBody = 32 << 20;
 
 std::string CompletionsUrl(std::string base) {
   while (!base.empty() && base.back() == '/') base.pop_back();
@@ -31,78 +27,24 @@ bool IsOpenAiHost(const std::string& base_url) {
   return host == "api.openai.com";
 }
 
-// Reads an event stream to its end, passing text deltas on as they arrive.
-boost::asio::awaitable<Attempt> ReadEventStream(http::ResponseStream& stream,
-                                                const openai::ToolNameMap& names,
-                                                const DeltaSink& on_delta) {
-  openai::SseParser sse;
-  openai::ChatStreamAccumulator chunks(names);
-  std::vector<openai::SseEvent> events;
-  std::string delta;
-  bool ended = false;
-  while (!chunks.done() && !ended) {
-    auto piece = co_await stream.Next();
-    if (!piece.ok()) {
-      if (stream.body_bytes() == 0) co_return FailedAttempt(piece.status(), true);
-      co_return FailedAttempt(
-          Unavailable("the response stream broke off: " + piece.status().message()), false);
-    }
-    if (piece->has_value()) {
-      Status fed = sse.Feed(**piece, events);
-      if (!fed.ok()) co_return FailedAttempt(fed, false);
-    } else {
-      ended = true;
-      if (auto last = sse.Finish()) events.push_back(std::move(*last));
-    }
-    for (const auto& event : events) {
-      Status added = chunks.Add(event.data, delta);
-      if (!added.ok()) co_return FailedAttempt(added, false);
-      if (!delta.empty() && on_delta) on_delta(delta);
-      if (chunks.done()) break;
-    }
-    events.clear();
+// Chat Completions' streamed chunks (provider_stream.h).
+struct OpenAiWire {
+  using Names = openai::ToolNameMap;
+  using Accumulator = openai::ChatStreamAccumulator;
+  static Status Add(Accumulator& a, const openai::SseEvent& e, std::string& delta) {
+    return a.Add(e.data, delta);
   }
-  if (!chunks.done() && chunks.finish_reason().empty()) {
-    co_return FailedAttempt(
-        Unavailable("the response stream ended before the response was complete"),
-        stream.body_bytes() == 0);
+  // Some servers end the stream after the finish_reason chunk without "[DONE]".
+  static bool Complete(const Accumulator& a) { return a.done() || !a.finish_reason().empty(); }
+  static std::string ErrorMessage(std::string_view body) {
+    return openai::ErrorMessageFromBody(body);
   }
-  Attempt a;
-  a.result = chunks.Finish();
-  co_return a;
-}
-
-boost::asio::awaitable<Attempt> AttemptOnce(http::Client& client, const http::ClientRequest& req,
-                                            const openai::ToolNameMap& names,
-                                            const DeltaSink& on_delta) {
-  auto opened = co_await client.Open(req);
-  if (!opened.ok()) {
-    co_return FailedAttempt(opened.status(), opened.status().code() == Code::kUnavailable);
+  static Result<ModelResponse> ParseWhole(std::string_view body, const Names& names) {
+    return openai::ParseChatCompletion(body, names);
   }
-  http::ResponseStream& stream = **opened;
-  const int status = stream.status();
-  if (status < 200 || status > 299) {
-    auto body = co_await stream.ReadAll(kMaxErrorBody);
-    std::string what = "HTTP " + std::to_string(status) + " from " + req.url + ": " +
-                       (body.ok() ? openai::ErrorMessageFromBody(*body) : body.status().message());
-    if (RetryableHttpStatus(status)) {
-      Attempt a = FailedAttempt(Unavailable(std::move(what)), true);
-      a.retry_after = ParseRetryAfter(stream.Header("retry-after"));
-      co_return a;
-    }
-    co_return FailedAttempt(StatusForHttp(status, std::move(what)), false);
-  }
-  if (LowerAscii(stream.Header("content-type")).find("text/event-stream") != std::string::npos) {
-    co_return co_await ReadEventStream(stream, names, on_delta);
-  }
-  // A server that ignored "stream" answers with one JSON completion.
-  auto body = co_await stream.ReadAll(kMaxCompletionBody);
-  if (!body.ok()) co_return FailedAttempt(body.status(), stream.body_bytes() == 0);
-  Attempt a;
-  a.result = openai::ParseChatCompletion(*body, names);
-  if (a.result.ok() && !a.result->text.empty() && on_delta) on_delta(a.result->text);
-  co_return a;
-}
+  static constexpr const char* kIncomplete =
+      "the response stream ended before the response was complete";
+};
 
 }  // namespace
 
@@ -137,7 +79,7 @@ boost::asio::awaitable<Result<ModelResponse>> OpenAiProvider::Complete(const Mod
   req.timeout = milliseconds(config_.timeout_ms > 0 ? config_.timeout_ms : 60000);
 
   std::function<boost::asio::awaitable<Attempt>()> attempt = [&]() {
-    return AttemptOnce(*client_, req, names, on_delta);
+    return AttemptOnce<OpenAiWire>(*client_, req, names, on_delta);
   };
   std::string prefix = "openai";
   co_return co_await CallWithRetries(prefix, config_.max_retries, backoff_, attempt);
