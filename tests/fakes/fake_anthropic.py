@@ -22,21 +22,13 @@ so events, lines and JSON arrive split at arbitrary byte boundaries.
 
 import json
 import re
-import socket
-import sys
-import threading
 import time
-import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-API_KEY = "test-key"
+from fake_http import FakeHandler, count_request, serve
+
 VERSION = "2023-06-01"
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 TOOL_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
-
-_lock = threading.Lock()
-_counts = {}  # (model, user text) -> requests seen
-_user_counts = {}  # user text -> requests seen
 
 
 def blocks_of(message):
@@ -186,78 +178,20 @@ def tool_events(body):
             message_end("tool_use", 17))
 
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, fmt, *args):
-        pass
-
-    def send_json(self, status, obj, extra_headers=()):
-        data = json.dumps(obj).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        for name, value in extra_headers:
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(data)
-
+class Handler(FakeHandler):
     def send_error_json(self, status, error_type, message, extra_headers=()):
         self.send_json(status, {"type": "error", "error": {"type": error_type, "message": message}},
                        extra_headers)
 
-    def start_stream(self):
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        self.wfile.flush()
-
-    def write_piece(self, data):
-        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-        self.wfile.flush()
-
-    def stream(self, events, end=True):
-        """Sends events cut at odd byte boundaries, pausing between pieces."""
-        self.start_stream()
-        data = "".join(events).encode()
-        sizes = [1, 7, 3, 64, 13, 2, 29]
-        pos = 0
-        i = 0
-        while pos < len(data):
-            n = sizes[i % len(sizes)]
-            self.write_piece(data[pos:pos + n])
-            pos += n
-            i += 1
-            time.sleep(0.001)
-        if end:
-            self.wfile.write(b"0\r\n\r\n")
-            self.wfile.flush()
-
-    def drop(self):
-        """Closes the connection abruptly, whatever was sent so far."""
-        self.close_connection = True
-        try:
-            self.connection.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
-    def do_GET(self):
-        url = urllib.parse.urlparse(self.path)
-        if url.path != "/_count":
-            return self.send_error_json(404, "not_found_error", "no such path: " + url.path)
-        user = urllib.parse.parse_qs(url.query).get("user", [""])[0]
-        with _lock:
-            n = _user_counts.get(user, 0)
-        self.send_json(200, {"count": n})
+    def not_found(self, message):
+        self.send_error_json(404, "not_found_error", message)
 
     def do_POST(self):
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length)
         if self.path != "/v1/messages":
             return self.send_error_json(404, "not_found_error", "no such path: " + self.path)
-        if self.headers.get("x-api-key") != API_KEY:
+        if self.headers.get("x-api-key") != self.api_key:
             return self.send_error_json(401, "authentication_error", "invalid x-api-key")
         if self.headers.get("anthropic-version") != VERSION:
             return self.send_error_json(400, "invalid_request_error",
@@ -275,9 +209,7 @@ class Handler(BaseHTTPRequestHandler):
 
         model = body["model"]
         user = last_user_text(body)
-        with _lock:
-            n = _counts[(model, user)] = _counts.get((model, user), 0) + 1
-            _user_counts[user] = _user_counts.get(user, 0) + 1
+        n = count_request(model, user)
         handler = SCENARIOS.get(model)
         if handler is None:
             return self.send_error_json(404, "not_found_error", "model: " + model)
@@ -391,28 +323,8 @@ SCENARIOS = {
 }
 
 
-class Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request, client_address):
-        # Clients hang up once they have what they need; only real faults are worth a trace.
-        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
-            super().handle_error(request, client_address)
-
-
 def main():
-    global API_KEY
-    args = sys.argv[1:]
-    if len(args) == 2 and args[0] == "--key":
-        API_KEY = args[1]
-    server = Server(("127.0.0.1", 0), Handler)
-    print(server.server_address[1], flush=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        sys.stdin.read()  # returns at EOF: the test that started us is gone
-    except KeyboardInterrupt:
-        pass
-    server.shutdown()
+    serve(Handler)
 
 
 if __name__ == "__main__":
