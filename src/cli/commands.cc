@@ -648,6 +648,7 @@ int SessionsShow(Context& ctx, const std::string& session_id) {
                {"agent", Str(s, "agent_id")},
                {"status", Str(s, "status")},
                {"title", Str(s, "title")},
+               {"description", Str(s, "description")},
                {"created", Str(s, "created_at")},
                {"updated", Str(s, "updated_at")}});
   for (const Json& m : Items(messages.body)) {
