@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <string_view>
@@ -1770,6 +1772,138 @@ int ScheduleSetEnabled(Context& ctx, const std::string& id, bool enabled) {
   std::string next = Str(s.body, "next_fire_at");
   std::cout << "schedule " << id << " is " << Str(s.body, "status")
             << (enabled && !next.empty() ? "; next at " + next : "") << "\n";
+  return kExitOk;
+}
+
+}  // namespace keel::cli
+
+// ---- usage and budgets
+
+namespace keel::cli {
+namespace {
+
+// A JSON number of USD as text, to the micro-dollar, without trailing zeros ("5", "0.000546").
+std::string Usd(const Json& usd) {
+  if (!usd.is_number()) return "-";
+  const double value = usd.get<double>();
+  const int64_t micros = std::llround((value < 0 ? -value : value) * 1e6);
+  std::string fraction = std::to_string(1000000 + micros % 1000000).substr(1);
+  while (!fraction.empty() && fraction.back() == '0') fraction.pop_back();
+  return std::string(value < 0 ? "-" : "") + std::to_string(micros / 1000000) +
+         (fraction.empty() ? "" : "." + fraction);
+}
+
+// --scope as the API takes it: "tenant", or "agent:ID|NAME" as the agent's id. Reports and
+// returns the exit code when it is neither.
+int BudgetScope(Context& ctx, const std::string& scope, std::string* out) {
+  if (scope == "tenant") {
+    *out = scope;
+    return kExitOk;
+  }
+  if (scope.rfind("agent:", 0) != 0 || scope.size() == 6) {
+    std::cerr << "keel: --scope takes tenant or agent:ID (an agent's id or name), not '" << scope
+              << "'\n";
+    return kExitUsage;
+  }
+  return ResolveAgent(ctx, scope.substr(6), out);
+}
+
+// A budget's scope as --scope takes it.
+std::string ScopeText(const std::string& scope) {
+  return scope == "tenant" ? scope : "agent:" + scope;
+}
+
+std::vector<std::string> UsageRow(const std::string& who, const std::string& name,
+                                  const Json& u) {
+  return {who,
+          name,
+          Str(u, "model_calls"),
+          Str(u, "cached_calls"),
+          Str(u, "input_tokens"),
+          Str(u, "output_tokens"),
+          Usd(Field(u, "cost_usd")),
+          Usd(Field(u, "cache_savings_usd"))};
+}
+
+}  // namespace
+
+int Usage(Context& ctx, const UsageArgs& args) {
+  std::string path = "/v1/usage?period=" + Escape(args.period);
+  if (!args.agent.empty()) {
+    std::string agent_id;
+    if (int code = ResolveAgent(ctx, args.agent, &agent_id); code != kExitOk) return code;
+    path += "&agent_id=" + Escape(agent_id);
+  }
+  Reply usage = Request(ctx, "GET", path);
+  if (!usage.ok()) return usage.exit_code;
+  if (ctx.json) {
+    PrintJson(usage.body);
+    return kExitOk;
+  }
+  // The agents' names, to show beside their ids (an agent deleted since has none).
+  std::map<std::string, std::string> names;
+  const Json& agents = Field(usage.body, "agents");
+  if (agents.is_array() && !agents.empty()) {
+    Reply list = ListAll(ctx, "/v1/agents");
+    if (!list.ok()) return list.exit_code;
+    for (const Json& a : Items(list.body)) names[Str(a, "id")] = Str(a, "name");
+  }
+  std::cout << "period: " << Str(usage.body, "period") << " (since "
+            << Str(usage.body, "period_start") << ", UTC)\n\n";
+  std::vector<std::vector<std::string>> rows;
+  if (agents.is_array()) {
+    for (const Json& a : agents) {
+      std::string id = Str(a, "agent_id");
+      rows.push_back(UsageRow(id, names.count(id) ? names[id] : "-", a));
+    }
+  }
+  if (args.agent.empty()) rows.push_back(UsageRow("tenant", "(all agents)", Field(usage.body, "tenant")));
+  PrintTable({"AGENT", "NAME", "CALLS", "CACHED", "INPUT_TOKENS", "OUTPUT_TOKENS", "COST_USD",
+              "CACHE_SAVINGS_USD"},
+             rows);
+  return kExitOk;
+}
+
+int BudgetSet(Context& ctx, const BudgetSetArgs& args) {
+  std::string scope;
+  if (int code = BudgetScope(ctx, args.scope, &scope); code != kExitOk) return code;
+  Json body = {{"scope", scope}, {"period", args.period}, {"limit_usd", args.limit_usd}};
+  Reply set = Request(ctx, "PUT", "/v1/budgets", body);
+  if (!set.ok()) return set.exit_code;
+  if (ctx.json) {
+    PrintJson(set.body);
+    return kExitOk;
+  }
+  std::cout << "budget " << ScopeText(Str(set.body, "scope")) << " per "
+            << Str(set.body, "period") << ": " << Usd(Field(set.body, "limit_usd"))
+            << " USD; spent " << Usd(Field(set.body, "spent_usd")) << " USD since "
+            << Str(set.body, "period_start") << "\n";
+  return kExitOk;
+}
+
+int BudgetList(Context& ctx) {
+  Reply list = ListAll(ctx, "/v1/budgets");
+  if (!list.ok()) return list.exit_code;
+  if (ctx.json) {
+    PrintJson(list.body);
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const Json& b : Items(list.body)) {
+    rows.push_back({ScopeText(Str(b, "scope")), Str(b, "period"), Usd(Field(b, "limit_usd")),
+                    Usd(Field(b, "spent_usd")), Str(b, "period_start"), Str(b, "updated_at")});
+  }
+  PrintTable({"SCOPE", "PERIOD", "LIMIT_USD", "SPENT_USD", "PERIOD_START", "UPDATED"}, rows);
+  return kExitOk;
+}
+
+int BudgetRemove(Context& ctx, const std::string& scope_arg, const std::string& period) {
+  std::string scope;
+  if (int code = BudgetScope(ctx, scope_arg, &scope); code != kExitOk) return code;
+  Reply gone = Request(ctx, "DELETE",
+                       "/v1/budgets?scope=" + Escape(scope) + "&period=" + Escape(period));
+  if (!gone.ok()) return gone.exit_code;
+  if (!ctx.json) std::cout << "deleted budget " << ScopeText(scope) << " per " << period << "\n";
   return kExitOk;
 }
 

@@ -197,6 +197,22 @@ int ScheduleShow(Context& ctx, const std::string& id);
 int ScheduleRemove(Context& ctx, const std::string& id);
 int ScheduleSetEnabled(Context& ctx, const std::string& id, bool enabled);
 
+// Usage and budgets (GET /v1/usage, PUT/GET/DELETE /v1/budgets). A budget's scope on the
+// command line is "tenant" or "agent:ID|NAME".
+struct UsageArgs {
+  std::string agent;  // id or name; empty: the tenant and every agent
+  std::string period = "day";
+};
+int Usage(Context& ctx, const UsageArgs& args);
+struct BudgetSetArgs {
+  std::string scope;
+  std::string period;
+  double limit_usd = 0;
+};
+int BudgetSet(Context& ctx, const BudgetSetArgs& args);
+int BudgetList(Context& ctx);
+int BudgetRemove(Context& ctx, const std::string& scope, const std::string& period);
+
 int TenantsCreate(Context& ctx, const std::string& name);
 
 int Events(Context& ctx, const EventsArgs& args);

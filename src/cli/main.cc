@@ -402,6 +402,41 @@ int Main(int argc, char** argv) {
   sched_resume->add_option("id", schedule_ref, "Schedule id")->required();
   on_parse(sched_resume, [&](Context& c) { return ScheduleSetEnabled(c, schedule_ref, true); });
 
+  // keel usage, keel budget ...
+  UsageArgs usage_args;
+  CLI::App* usage = app.add_subcommand(
+      "usage", "Show the tenant's model usage and cost in the current UTC day or month");
+  usage->add_option("--agent", usage_args.agent, "Only this agent (id or name)");
+  usage->add_option("--period", usage_args.period, "day (default) or month")
+      ->check(CLI::IsMember({"day", "month"}));
+  on_parse(usage, [&](Context& c) { return Usage(c, usage_args); });
+  CLI::App* budget =
+      app.add_subcommand("budget", "Set, list and remove spending budgets (owner only)");
+  budget->require_subcommand(1);
+  BudgetSetArgs budget_set;
+  CLI::App* budget_set_cmd = budget->add_subcommand(
+      "set", "Set (or replace) a budget: runs stop before a model call that would cross it");
+  budget_set_cmd
+      ->add_option("--scope", budget_set.scope, "tenant, or agent:ID (an agent's id or name)")
+      ->required();
+  budget_set_cmd->add_option("--period", budget_set.period, "day or month (UTC)")
+      ->required()
+      ->check(CLI::IsMember({"day", "month"}));
+  budget_set_cmd->add_option("--limit-usd", budget_set.limit_usd, "The limit in USD (0 or more)")
+      ->required()
+      ->check(CLI::NonNegativeNumber);
+  on_parse(budget_set_cmd, [&](Context& c) { return BudgetSet(c, budget_set); });
+  on_parse(budget->add_subcommand("list", "List the budgets with what each has spent"),
+           [](Context& c) { return BudgetList(c); });
+  std::string budget_scope, budget_period;
+  CLI::App* budget_rm = budget->add_subcommand("rm", "Remove a budget");
+  budget_rm->add_option("--scope", budget_scope, "tenant, or agent:ID (an agent's id or name)")
+      ->required();
+  budget_rm->add_option("--period", budget_period, "day or month")
+      ->required()
+      ->check(CLI::IsMember({"day", "month"}));
+  on_parse(budget_rm, [&](Context& c) { return BudgetRemove(c, budget_scope, budget_period); });
+
   // keel tenants create
   CLI::App* tenants = app.add_subcommand("tenants", "Manage tenants (platform admin only)");
   tenants->require_subcommand(1);

@@ -31,6 +31,10 @@ def write_config(text):
     return path
 
 
+# One long user message: 120 words, about 200 estimated tokens; with its echoed answer the
+# conversation outgrows a context budget of 256 tokens, so the next turn compacts.
+LONG = " ".join("word%d" % i for i in range(120))
+
 PRICED = ('[prices.local]\ninput_per_mtok = 1000000\noutput_per_mtok = 1000000\n')
 
 
@@ -56,6 +60,12 @@ class RouterTenant(Tenant):
     def put_budget(self, scope, period, limit_usd, expect=200):
         return self.ok("PUT", "/v1/budgets", {"scope": scope, "period": period,
                                               "limit_usd": limit_usd}, expect=expect)
+
+    def say(self, session_id, content):
+        """A turn in an existing session; the run, once it ended."""
+        body = self.ok("POST", "/v1/sessions/%s/messages?wait=%d" % (session_id, WAIT),
+                       {"content": content}, expect=(200, 202))
+        return self.server.wait_run(body["run"]["id"], timeout=WAIT, token=self.token)
 
     def events(self, run_id):
         return self.ok("GET", "/v1/events?run_id=%s&limit=500" % run_id)["items"]
@@ -237,6 +247,95 @@ class RouterTest(KeelTestCase):
                                    ("DELETE", "/v1/budgets?scope=tenant&period=day", None)):
             status, answer, _ = t.request(method, path, body, token=user)
             self.assertEqual(status, 403, (method, answer))
+
+    # ------------------------------------------------------------------ compaction
+
+    def compacting_session(self, t, agent):
+        """A session whose second turn compacts: the first turn alone outgrows the agent's
+        context budget of 256 tokens. Returns the session's id and the first turn's run."""
+        session = t.ok("POST", "/v1/agents/%s/sessions" % agent["id"], {"title": "c"},
+                       expect=201)
+        first = t.say(session["id"], LONG)
+        self.assertEqual(first["status"], "done", first)
+        return session["id"], first
+
+    def test_a_compactions_summary_call_is_metered(self):
+        t = RouterTenant(self.server)
+        agent = t.agent(cache=False, context_tokens=256)
+        sid, first = self.compacting_session(t, agent)
+        run = t.say(sid, "and now?")
+        self.assertEqual(run["status"], "done", run)
+        steps = t.steps(run["id"])
+        kinds = [(s["kind"], s["status"]) for s in steps]
+        compactions = len(steps) - 1
+        self.assertGreaterEqual(compactions, 1, kinds)
+        self.assertEqual(kinds, [("compaction", "succeeded")] * compactions + [("model", "succeeded")])
+        for step in steps[:-1]:
+            summary = step["output"]
+            summary_tokens = summary["usage"]["input_tokens"] + summary["usage"]["output_tokens"]
+            self.assertGreater(summary_tokens, 0)
+            self.assertEqual(summary["model"], "local")
+            self.assertEqual(summary["cached"], False)
+            self.assertAlmostEqual(summary["cost_usd"], summary_tokens * USD_PER_TOKEN)
+
+        # The run's usage counts every call, and so do the agent's and the tenant's totals.
+        usage = run["usage"]
+        self.assertEqual(usage["model_calls"], compactions + 1, usage)
+        tokens = sum(s["output"]["usage"]["input_tokens"] + s["output"]["usage"]["output_tokens"]
+                     for s in steps)
+        self.assertEqual(usage["input_tokens"] + usage["output_tokens"], tokens)
+        self.assertAlmostEqual(usage["cost_usd"], tokens * USD_PER_TOKEN)
+        done = [e for e in t.events(run["id"]) if e["type"] == "run.completed@v1"]
+        self.assertEqual(done[0]["payload"]["usage"], usage)
+        day = t.usage("day", agent_id=agent["id"])
+        self.assertEqual(day["agents"][0]["model_calls"], compactions + 2)
+        self.assertAlmostEqual(day["agents"][0]["cost_usd"],
+                               first["usage"]["cost_usd"] + usage["cost_usd"])
+        self.assertEqual(day["tenant"]["model_calls"], compactions + 2)
+
+    def test_a_budget_stops_a_compacting_run_before_its_summary_call(self):
+        t = RouterTenant(self.server)
+        agent = t.agent(cache=False, context_tokens=256)
+        sid, first = self.compacting_session(t, agent)
+        t.put_budget(agent["id"], "day", first["usage"]["cost_usd"] + 1)
+        stops = self.metric("keel_budget_stops_total")
+        run = t.say(sid, "and now?")
+        self.assertEqual(run["status"], "failed", run)
+        self.assertEqual(run["error"]["code"], "budget_exceeded", run)
+        self.assertIn("agent %s's day budget" % agent["id"], run["error"]["message"])
+        self.assertEqual(run["usage"]["model_calls"], 0, "no call was made")
+        self.assertEqual(self.metric("keel_budget_stops_total"), stops + 1)
+        steps = t.steps(run["id"])
+        self.assertEqual([(s["kind"], s["status"]) for s in steps], [("compaction", "failed")])
+        self.assertEqual(steps[0]["output"]["budget"]["scope"], agent["id"])
+        exceeded = [e for e in t.events(run["id"]) if e["type"] == "budget.exceeded@v1"]
+        self.assertEqual(len(exceeded), 1)
+        self.assertEqual(exceeded[0]["payload"]["step_seq"], steps[0]["seq"])
+        self.assertEqual(t.ok("GET", "/v1/sessions/%s/compactions" % sid)["items"], [])
+        self.assertEqual(t.usage("day", agent_id=agent["id"])["agents"][0]["model_calls"], 1)
+
+    def test_a_compactions_summary_call_uses_the_cache(self):
+        t = RouterTenant(self.server)
+        agent = t.agent(context_tokens=256)
+        stores = self.metric("keel_model_cache_stores_total")
+        sid, _ = self.compacting_session(t, agent)
+        first = t.say(sid, "and now?")
+        self.assertEqual(first["usage"]["cached_calls"], 0, first)
+        calls = first["usage"]["model_calls"]
+        self.assertGreaterEqual(calls, 2, "a summary and the turn")
+        # The answers of both turns (summaries included) are written to the cache a moment later.
+        wait_metric(self.server, "keel_model_cache_stores_total", stores + 1 + calls)
+        # The same conversation in another session: the same summary requests, from the cache.
+        sid2, _ = self.compacting_session(t, agent)
+        second = t.say(sid2, "and now?")
+        steps = t.steps(second["id"])
+        self.assertEqual([s["kind"] for s in steps], [s["kind"] for s in t.steps(first["id"])])
+        self.assertEqual(steps[0]["kind"], "compaction")
+        self.assertTrue(all(s["output"]["cached"] for s in steps), steps)
+        self.assertEqual(steps[0]["output"]["summary"],
+                         t.steps(first["id"])[0]["output"]["summary"])
+        self.assertEqual(second["usage"]["cached_calls"], calls, second)
+        self.assertEqual(second["usage"]["cost_usd"], 0)
 
     # ------------------------------------------------------------------ cache
 

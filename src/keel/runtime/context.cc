@@ -17,6 +17,7 @@
 #include "keel/model/provider.h"
 #include "keel/plugins/bus.h"
 #include "keel/plugins/host.h"
+#include "keel/runtime/model_calls.h"
 #include "keel/runtime/runtime.h"
 #include "keel/skills/skills.h"
 #include "keel/store/async.h"
@@ -176,8 +177,9 @@ asio::awaitable<Status> Runtime::SyncSkills(const store::Run& run,
 
 asio::awaitable<Status> Runtime::AssembleContext(
     const store::Run& run, const store::Agent& agent, const store::Message& prompt,
-    model::Provider& provider, const plugins::AgentPlugins& plugins, model::ModelRequest& request,
-    std::vector<store::Step>& steps, std::string& error_code) {
+    const plugins::AgentPlugins& plugins, model::ModelRequest& request,
+    std::vector<store::Step>& steps, std::string& error_code,
+    std::optional<FailedSummary>& failed) {
   error_code = "internal";
   auto settings = ContextSettingsOf(agent.config);
   if (!settings.ok()) co_return settings.status();  // written before it was checked
@@ -291,17 +293,45 @@ asio::awaitable<Status> Runtime::AssembleContext(
     step.kind = "compaction";
     step.started_at = NowMillis();
     ++metrics_.model_calls;
-    model::DeltaSink no_deltas;  // a summary is not part of the conversation: not streamed
-    auto answer = co_await provider.Complete(ask, no_deltas);
-    if (!answer.ok() || answer->text.empty()) {
-      ++metrics_.model_errors;
-      error_code = "compaction_failed";
-      co_return Unavailable(
-          "summarizing the session's earlier messages failed: " +
-          (answer.ok() ? std::string("the model answered nothing") : answer.status().message()));
+    // Through the router, as any model call: the cache, the budgets, the agent's fallback,
+    // metering. A summary is not part of the conversation: not streamed.
+    std::function<void(const std::string&)> no_deltas;
+    ModelCall call = co_await CallModel(run, agent, ask, no_deltas);
+    if (call.store_failed) {  // the store failed: the run resumes after its lease
+      error_code.clear();
+      co_return call.response.status();
     }
-    metrics_.input_tokens += answer->usage.input_tokens;
-    metrics_.output_tokens += answer->usage.output_tokens;
+    step.input = {{"model", agent.model},
+                  {"messages", static_cast<int64_t>(fold.size())},
+                  {"tokens_before", before},
+                  {"budget", budget}};
+    const bool answered = call.response.ok() && !call.response->text.empty();
+    if (!answered) {
+      const bool stopped = !call.budget_exceeded.is_null();  // no call was made
+      if (!stopped) ++metrics_.model_errors;
+      if (call.response.ok()) {  // the model answered, with nothing: its tokens were spent
+        metrics_.input_tokens += call.response->usage.input_tokens;
+        metrics_.output_tokens += call.response->usage.output_tokens;
+      }
+      error_code = stopped ? "budget_exceeded" : "compaction_failed";
+      std::string why = stopped ? call.BudgetMessage()
+                        : call.response.ok() ? std::string("the model answered nothing")
+                                             : call.response.status().message();
+      step.status = "failed";
+      step.finished_at = NowMillis();
+      step.output = {{"error", why}};
+      if (call.response.ok()) {
+        step.output["usage"] = {{"input_tokens", call.response->usage.input_tokens},
+                                {"output_tokens", call.response->usage.output_tokens}};
+      }
+      call.Describe(step.output);
+      failed = FailedSummary{step, std::move(call)};
+      co_return stopped ? PermissionDenied(why)
+                        : Unavailable("summarizing the session's earlier messages failed: " + why);
+    }
+    const model::Usage usage = call.response->usage;
+    metrics_.input_tokens += usage.input_tokens;
+    metrics_.output_tokens += usage.output_tokens;
 
     store::Compaction c;
     c.id = NewId();
@@ -309,25 +339,21 @@ asio::awaitable<Status> Runtime::AssembleContext(
     c.session_id = run.session_id;
     c.run_id = run.id;
     c.last_message_id = fold.back().id;
-    c.summary = answer->text;
+    c.summary = call.response->text;
     c.messages = static_cast<int64_t>(fold.size());
     c.tokens_before = before;
     c.tokens_after = ContextTokens(system_with(c.summary), window, fold.size(), prompt.content);
     c.created_at = NowMillis();
     step.status = "succeeded";
     step.finished_at = c.created_at;
-    step.input = {{"model", agent.model},
-                  {"messages", c.messages},
-                  {"tokens_before", before},
-                  {"budget", budget}};
     step.output = {{"compaction_id", c.id},
                    {"last_message_id", c.last_message_id},
                    {"summary", c.summary},
                    {"tokens_after", c.tokens_after},
                    {"usage",
-                    {{"input_tokens", answer->usage.input_tokens},
-                     {"output_tokens", answer->usage.output_tokens}}}};
-    const model::Usage usage = answer->usage;
+                    {{"input_tokens", usage.input_tokens},
+                     {"output_tokens", usage.output_tokens}}}};
+    call.Describe(step.output);
     auto recorded = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
       KEEL_ASSIGN_OR_RETURN(auto cur, tx.runs().GetRun(run.tenant_id, run.id));
       if (cur.status != "running" || cur.lease_owner != run.lease_owner ||
@@ -336,6 +362,7 @@ asio::awaitable<Status> Runtime::AssembleContext(
       }
       KEEL_RETURN_IF_ERROR(tx.compactions().InsertCompaction(c));
       KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(step));
+      KEEL_RETURN_IF_ERROR(call.Record(tx, cur, step));  // its usage record, model.fallback@v1
       cur.input_tokens += usage.input_tokens;
       cur.output_tokens += usage.output_tokens;
       KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(cur));

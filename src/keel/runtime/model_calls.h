@@ -55,6 +55,13 @@ struct ModelCall {
   Status Record(store::Tx& tx, const store::Run& run, const store::Step& step) const;
 };
 
+// A compaction whose summary call failed or was stopped by a budget (context.cc): its failed
+// step and the call, recorded with the run's end (the step, then ModelCall::Record).
+struct FailedSummary {
+  store::Step step;
+  ModelCall call;
+};
+
 // The run's usage as the API shows it: its tokens, and the cost, cached calls and cache savings
 // of its model calls.
 Json RunUsageJson(const store::Run& run, const store::UsageTotals& totals);

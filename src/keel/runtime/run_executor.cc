@@ -288,7 +288,6 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
   std::vector<model::ToolCallRequest> pending;  // proposed by the last model step, not yet run
   std::string direct_answer;                    // a direct call's answer, once it has one
   model::ModelRequest request;
-  model::Provider* provider = nullptr;  // the agent's model, for compaction's summaries
   if (direct) {
     auto call = ParseJson(prompt.content);
     if (!call.ok() || !call->is_object()) {
@@ -306,14 +305,26 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
       (void)co_await fail(code, resolved.status().message());
       co_return;
     }
-    provider = *resolved;
     request.model = model_name;
     request.agent_config = agent.config;
     std::string code;
+    std::optional<FailedSummary> summary_failed;  // a compaction's summary call failed
     Status assembled =
-        co_await AssembleContext(run, agent, prompt, *provider, *plugins, request, steps, code);
+        co_await AssembleContext(run, agent, prompt, *plugins, request, steps, code, summary_failed);
     if (!assembled.ok()) {
-      (void)co_await fail(code, assembled.message());
+      if (code.empty()) co_return;  // the store failed; the run resumes after its lease
+      if (!summary_failed) {
+        (void)co_await fail(code, assembled.message());
+        co_return;
+      }
+      Json error = Json::object();
+      error["code"] = code;
+      error["message"] = assembled.message();
+      std::string failed = "failed";
+      std::optional<store::Step> step = summary_failed->step;
+      const auto& answer = summary_failed->call.response;  // tokens an empty answer spent
+      model::Usage spent = answer.ok() ? answer->usage : model::Usage{};
+      (void)co_await finish(failed, std::string(), error, step, spent, &summary_failed->call);
       co_return;
     }
     if (!working_memory.empty()) {  // right after the system prompt

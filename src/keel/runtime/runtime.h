@@ -57,7 +57,8 @@ struct PluginError;
 namespace keel::runtime {
 
 class EventHub;
-struct ModelCall;  // model_calls.h
+struct ModelCall;      // model_calls.h
+struct FailedSummary;  // model_calls.h
 
 // Wall-clock time in milliseconds. The runtime's schedules read it through RuntimeOptions, so a
 // test can run them on a clock it moves; the server uses NowMillis.
@@ -193,17 +194,19 @@ class Runtime {
   // system prompt (the agent's instructions, the index of its skills, the summary of the
   // session's compacted turns), the messages since that summary, the prompt. When they would
   // exceed the agent's budget (config.context_tokens) or history_limit, the oldest are first
-  // summarized with `provider` into a compaction record, each recorded as a step of the run
-  // (appended to `steps`) with session.compacted@v1. Brings the agent's skills in its workspace
-  // up to date first. On failure, `error_code` is the run's error code (internal,
-  // compaction_failed, plugin_failed).
+  // summarized by the agent's model, through CallModel (cache, budgets, fallback, metering),
+  // into a compaction record, each recorded as a step of the run (appended to `steps`) with
+  // its usage and session.compacted@v1. Brings the agent's skills in its workspace up to date
+  // first. On failure, `error_code` is the run's error code (internal, compaction_failed,
+  // budget_exceeded, plugin_failed; empty when the store failed and the run is left to resume
+  // after its lease), and `failed` the failed compaction step when a summary call failed.
   boost::asio::awaitable<Status> AssembleContext(const store::Run& run, const store::Agent& agent,
                                                  const store::Message& prompt,
-                                                 model::Provider& provider,
                                                  const plugins::AgentPlugins& plugins,
                                                  model::ModelRequest& request,
                                                  std::vector<store::Step>& steps,
-                                                 std::string& error_code);
+                                                 std::string& error_code,
+                                                 std::optional<FailedSummary>& failed);
   // Introspection's triggers (introspection.cc). After a run of the session ended `done` (not
   // a direct call or an introspection) and its agent has triggers: posts an introspection run
   // when the agent's every_turns is reached, and moves the session's idle introspection to
