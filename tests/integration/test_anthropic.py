@@ -189,6 +189,43 @@ class AnthropicProviderTest(KeelTestCase):
         self.assertTrue(fell[0]["payload"]["answered"])
         self.assertEqual(self.metric("keel_model_fallbacks_total"), before + 1)
 
+    def test_a_compactions_summary_call_falls_back_too(self):
+        # A budget of 256 tokens: the second turn summarizes the first before its model step.
+        agent = self.agent("anthropic/overloaded", fallback_model="local", cache=False,
+                           context_tokens=256)
+        session = self.server.create_session(agent["id"])
+        words = " ".join("word%d" % i for i in range(120))
+        first = self.server.send(session["id"], words, wait=30)["run"]
+        self.assertEqual(first["status"], "done", first)
+        run = self.server.send(session["id"], "and now?", wait=30)["run"]
+        self.assertEqual(run["status"], "done", run)
+        steps = self.server.steps(run["id"])
+        self.assertEqual(steps[0]["kind"], "compaction", steps)
+        self.assertEqual(steps[0]["status"], "succeeded")
+        self.assertEqual(steps[0]["output"]["model"], "local")
+        self.assertTrue(steps[0]["output"]["fallback"])
+        self.assertIn("529", steps[0]["output"]["primary_error"])
+        fell = [e for e in self.run_events(run["id"]) if e["type"] == "model.fallback@v1"]
+        self.assertEqual([e["payload"]["step_seq"] for e in fell], [x["seq"] for x in steps])
+        self.assertEqual(self.server.get_run(run["id"])["usage"]["model_calls"], len(steps))
+
+    def test_a_summary_call_that_fails_fails_the_run_with_its_step(self):
+        agent = self.agent("local", cache=False, context_tokens=256)
+        session = self.server.create_session(agent["id"])
+        words = " ".join("word%d" % i for i in range(120))
+        self.assertEqual(self.server.send(session["id"], words, wait=30)["run"]["status"], "done")
+        self.server.ok("PATCH", "/v1/agents/" + agent["id"], {"model": "anthropic/bad-request"},
+                       expect=200)
+        run = self.server.send(session["id"], "and now?", wait=30)["run"]
+        self.assertEqual(run["status"], "failed", run)
+        self.assertEqual(run["error"]["code"], "compaction_failed", run)
+        self.assertIn("summarizing the session's earlier messages failed", run["error"]["message"])
+        steps = self.server.steps(run["id"])
+        self.assertEqual([(x["kind"], x["status"]) for x in steps], [("compaction", "failed")])
+        self.assertEqual(steps[0]["output"]["model"], "anthropic/bad-request")
+        self.assertIn("error", steps[0]["output"])
+        self.assertEqual(self.server.get_run(run["id"])["usage"]["model_calls"], 0)
+
     def test_a_request_the_provider_refuses_does_not_fall_back(self):
         agent = self.agent("anthropic/bad-request", fallback_model="local", cache=False)
         run = self.turn(agent, "too long, really")

@@ -199,6 +199,31 @@ class SchedulesTest(KeelTestCase):
                   and e["run_id"] == fire["run_id"]]
         self.assertEqual(queued[0]["payload"]["trigger"]["schedule_id"], created["id"])
 
+    def test_a_runs_trigger_names_its_schedule_and_slot(self):
+        s = self.server
+        a = self.agent()
+        session = s.create_session(a["id"])
+        created = self.c.create(agent_id=a["id"], at=in_seconds(0.5), prompt="triggered",
+                                session_id=session["id"])
+        done = self.c.wait(created["id"], lambda x: x["status"] == "done", what="the one-shot")
+        run_id = done["recent_fires"][0]["run_id"]
+        s.wait_run(run_id)
+        run = s.get_run(run_id)
+        self.assertEqual(run["trigger"], {"schedule_id": created["id"], "slot": created["at"]})
+        queued = [e for e in s.all_events() if e["type"] == "run.queued@v1"
+                  and e["run_id"] == run_id]
+        self.assertEqual(run["trigger"], queued[0]["payload"]["trigger"], "as in run.queued")
+        # A run posted by hand in the same session has none; nor does another tenant see the run.
+        by_hand = s.send(session["id"], "by hand", wait=10)["run"]
+        self.assertIn("trigger", s.get_run(by_hand["id"]))
+        self.assertIsNone(s.get_run(by_hand["id"])["trigger"])
+        other = Tenant(s)
+        status, _, _ = other.request("GET", "/v1/runs/" + run_id)
+        self.assertEqual(status, 404)
+        # The fires go with a deleted schedule, and so does the run's trigger.
+        s.ok("DELETE", "/v1/schedules/" + created["id"], expect=204)
+        self.assertIsNone(s.get_run(run_id)["trigger"])
+
     def test_without_a_session_each_firing_gets_a_new_one(self):
         a = self.agent()
         created = self.c.create(agent_id=a["id"], at=in_seconds(0.5), prompt="fresh start",

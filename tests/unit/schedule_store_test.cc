@@ -193,11 +193,23 @@ TEST_P(ScheduleStoreTest, ASlotIsRecordedOnceAndTheUnitGoesOn) {
               return x.RecentFires(tenant_, s.id, 1);
             }).size(),
             1u);
+  // A run's fire, by the run's id: only in its own tenant; none for another run or no run.
+  using MaybeFire = std::optional<ScheduleFire>;
+  auto of_run = Read<MaybeFire>([&](ScheduleStore& x) { return x.FireOfRun(tenant_, "run"); });
+  ASSERT_TRUE(of_run.has_value());
+  EXPECT_EQ(of_run->schedule_id, s.id);
+  EXPECT_EQ(of_run->slot, 5000);
+  EXPECT_EQ(of_run->message_id, "msg");
+  EXPECT_FALSE(Read<MaybeFire>([&](ScheduleStore& x) { return x.FireOfRun(tenant_, "other"); }));
+  EXPECT_FALSE(Read<MaybeFire>([&](ScheduleStore& x) { return x.FireOfRun(tenant_, ""); }));
+  std::string t2 = MakeTenant();
+  EXPECT_FALSE(Read<MaybeFire>([&](ScheduleStore& x) { return x.FireOfRun(t2, "run"); }));
   // The fires go with their schedule.
   ASSERT_TRUE(Write([&](ScheduleStore& x) { return x.DeleteSchedule(tenant_, s.id); }).ok());
   EXPECT_TRUE(Read<std::vector<ScheduleFire>>([&](ScheduleStore& x) {
                 return x.RecentFires(tenant_, s.id, 10);
               }).empty());
+  EXPECT_FALSE(Read<MaybeFire>([&](ScheduleStore& x) { return x.FireOfRun(tenant_, "run"); }));
 }
 
 TEST_P(ScheduleStoreTest, DueSchedulesAndTheEarliestNextSlotAreRuntimeWide) {

@@ -4,7 +4,9 @@
 #include "keel/api/render.h"
 #include "keel/runtime/model_calls.h"
 #include "keel/runtime/runtime.h"
+#include "keel/common/time.h"
 #include "keel/store/async.h"
+#include "keel/store/schedule_store.h"
 #include "keel/store/store.h"
 
 namespace keel::api {
@@ -17,14 +19,20 @@ void RegisterRunRoutes(http::Router& router, ApiContext& ctx) {
   router.Add("GET", "/v1/runs/{id}", [&ctx](Request& req) -> asio::awaitable<Response> {
     store::Run run;
     store::UsageTotals usage;
+    std::optional<store::ScheduleFire> fire;  // the schedule's fire that posted its message
     Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_ASSIGN_OR_RETURN(run, tx.runs().GetRun(req.principal.tenant_id, req.Param("id")));
       KEEL_ASSIGN_OR_RETURN(usage, tx.usage().RunUsage(run.tenant_id, run.id));
+      KEEL_ASSIGN_OR_RETURN(fire, tx.schedules().FireOfRun(run.tenant_id, run.id));
       return Status::Ok();
     });
     if (!st.ok()) co_return Response::Error(st);
     Json out = RunJson(run);
     out["usage"] = runtime::RunUsageJson(run, usage);  // with cost and cache savings
+    // As in run.queued@v1: what started the run, when a schedule did.
+    out["trigger"] = fire ? Json{{"schedule_id", fire->schedule_id},
+                                 {"slot", FormatRfc3339(fire->slot)}}
+                          : Json();
     co_return Response::Json(200, out);
   });
 

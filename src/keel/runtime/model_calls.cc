@@ -330,10 +330,12 @@ asio::awaitable<ModelCall> Runtime::CallModel(const store::Run& run, const store
   if (!call.response.ok()) co_return call;
 
   // 4. Metering, and the cache (only the agent's own model's answers: a fallback's answer is
-  // not what the request asked for).
+  // not what the request asked for; nor an empty one, which a compaction fails on and should
+  // ask again for).
   call.cost_micros =
       model::CostMicros(model::PriceOf(options_.prices, call.model), call.response->usage);
-  if (use_cache && !call.fell_back) {
+  const bool empty = call.response->text.empty() && call.response->tool_calls.empty();
+  if (use_cache && !call.fell_back && !empty) {
     store::CacheEntry entry;
     entry.tenant_id = run.tenant_id;
     entry.cache_group = group;

@@ -70,6 +70,10 @@ class ScheduleStore {
   virtual Result<std::vector<ScheduleFire>> RecentFires(const std::string& tenant_id,
                                                         const std::string& schedule_id,
                                                         int limit) = 0;
+  // The fire that posted run `run_id`'s message; nullopt when no schedule's did (or the schedule
+  // has been deleted since, its fires with it).
+  virtual Result<std::optional<ScheduleFire>> FireOfRun(const std::string& tenant_id,
+                                                        const std::string& run_id) = 0;
   // Runtime-wide: active schedules whose next_fire_at is at or before `now`, the longest due
   // first (next_fire_at, then id). At most `limit`.
   virtual Result<std::vector<Schedule>> DueSchedules(Millis now, int limit) = 0;

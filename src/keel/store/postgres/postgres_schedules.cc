@@ -122,6 +122,18 @@ Result<std::vector<ScheduleFire>> PostgresTx::RecentFires(const std::string& ten
   return Collect<ScheduleFire>(rows, ReadFire<Row>);
 }
 
+Result<std::optional<ScheduleFire>> PostgresTx::FireOfRun(const std::string& tenant_id,
+                                                          const std::string& run_id) {
+  static const std::string kSql = "SELECT " + std::string(kFireCols) +
+                                  " FROM schedule_fires WHERE tenant_id=$1 AND run_id=$2 LIMIT 1";
+  if (run_id.empty()) return std::optional<ScheduleFire>();  // refused fires have no run
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, run_id)));
+  std::vector<ScheduleFire> found = Collect<ScheduleFire>(rows, ReadFire<Row>);
+  if (found.empty()) return std::optional<ScheduleFire>();
+  return std::optional<ScheduleFire>(std::move(found.front()));
+}
+
 // The two runtime-wide reads switch app.system on for themselves only (see postgres_tx.h).
 Result<std::vector<Schedule>> PostgresTx::DueSchedules(Millis now, int limit) {
   static const std::string kSql = "SELECT " + std::string(kScheduleCols) +

@@ -1510,6 +1510,10 @@ CREATE POLICY tenant_isolation ON introspection_due
   USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
   WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
 )sql",
+      // A run's trigger: the schedule fire that posted its message, found by the run's id.
+      R"sql(
+CREATE INDEX schedule_fires_run ON schedule_fires(tenant_id, run_id);
+)sql",
   };
   return kMigrations;
 }

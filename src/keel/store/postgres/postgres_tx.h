@@ -230,6 +230,8 @@ class PostgresTx final : public Tx,
   Result<std::vector<ScheduleFire>> RecentFires(const std::string& tenant_id,
                                                 const std::string& schedule_id,
                                                 int limit) override;
+  Result<std::optional<ScheduleFire>> FireOfRun(const std::string& tenant_id,
+                                                const std::string& run_id) override;
   Result<std::vector<Schedule>> DueSchedules(Millis now, int limit) override;
   Result<std::optional<Millis>> NextFireAt() override;
   // UsageStore (postgres_usage.cc)

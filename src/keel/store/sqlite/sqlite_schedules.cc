@@ -116,6 +116,18 @@ Result<std::vector<ScheduleFire>> SqliteTx::RecentFires(const std::string& tenan
   return Collect<ScheduleFire>(s, ReadFire<Stmt>);
 }
 
+Result<std::optional<ScheduleFire>> SqliteTx::FireOfRun(const std::string& tenant_id,
+                                                        const std::string& run_id) {
+  static const std::string kSql = "SELECT " + std::string(kFireCols) +
+                                  " FROM schedule_fires WHERE tenant_id=? AND run_id=? LIMIT 1";
+  if (run_id.empty()) return std::optional<ScheduleFire>();  // refused fires have no run
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id, run_id);
+  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return std::optional<ScheduleFire>();
+  return std::optional<ScheduleFire>(ReadFire<Stmt>(s));
+}
+
 Result<std::vector<Schedule>> SqliteTx::DueSchedules(Millis now, int limit) {
   static const std::string kSql = "SELECT " + std::string(kScheduleCols) +
                                   " FROM schedules WHERE status='active' AND next_fire_at<=? "

@@ -1235,6 +1235,10 @@ CREATE TABLE introspection_due(
   agent_id TEXT NOT NULL, due_at INTEGER NOT NULL, PRIMARY KEY(tenant_id, session_id));
 CREATE INDEX introspection_due_at ON introspection_due(due_at);
 )sql",
+      // A run's trigger: the schedule fire that posted its message, found by the run's id.
+      R"sql(
+CREATE INDEX schedule_fires_run ON schedule_fires(tenant_id, run_id);
+)sql",
   };
   return kMigrations;
 }
