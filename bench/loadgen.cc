@@ -9,6 +9,10 @@
 //
 //   keel_loadgen --url http://127.0.0.1:7878 --token TOKEN [--token-file FILE]
 //                --concurrency 64 [--duration 10 | --turns N] [--warmup 2]
+//                [--agent-config JSON] [--unique-messages]
+//
+// --agent-config sets the agent's config (e.g. '{"cache":false}'); --unique-messages numbers
+// each message ("hello 17") so that no two turns send the same request (response cache misses).
 //
 // --url may be given several times (several nodes on one database): setup goes through the
 // first, client i uses url i % count, and the store counters are summed over all of them.
@@ -71,13 +75,16 @@ struct Options {
   int64_t turns = 0;  // > 0: stop after this many measured turns instead of after duration_s
   double warmup_s = 0;
   int server_pid = 0;  // > 0: report the server's CPU per turn from /proc/PID/task/*/stat
+  Json agent_config = Json::object();
+  bool unique_messages = false;
 };
 
 [[noreturn]] void Usage(const char* msg) {
   std::fprintf(stderr,
                "keel_loadgen: %s\nusage: keel_loadgen --url http://HOST:PORT (--token T | "
                "--token-file F) [--concurrency C] [--duration SECONDS | --turns N] "
-               "[--warmup SECONDS] [--server-pid PID]\n",
+               "[--warmup SECONDS] [--server-pid PID] [--agent-config JSON] "
+               "[--unique-messages]\n",
                msg);
   std::exit(2);
 }
@@ -112,6 +119,11 @@ Options ParseArgs(int argc, char** argv) {
       o.warmup_s = std::stod(next());
     } else if (a == "--server-pid") {
       o.server_pid = std::stoi(next());
+    } else if (a == "--agent-config") {
+      o.agent_config = Json::parse(next(), nullptr, /*allow_exceptions=*/false);
+      if (!o.agent_config.is_object()) Usage("--agent-config must be a JSON object");
+    } else if (a == "--unique-messages") {
+      o.unique_messages = true;
     } else {
       Usage(("unknown argument " + a).c_str());
     }
@@ -233,6 +245,7 @@ struct Shared {
   int64_t errors = 0;
   std::string first_error;
   Clock::time_point last_done;
+  int64_t messages_sent = 0;  // numbers the messages of --unique-messages
 };
 
 asio::awaitable<void> Client(Conn& conn, Shared& sh, const std::string& session_id) {
@@ -245,7 +258,11 @@ asio::awaitable<void> Client(Conn& conn, Shared& sh, const std::string& session_
     auto t0 = Clock::now();
     std::string why;
     try {
-      auto res = co_await conn.Do(http::verb::post, target, R"({"content":"hello"})");
+      std::string body = R"({"content":"hello"})";
+      if (sh.opts->unique_messages) {
+        body = R"({"content":"hello )" + std::to_string(++sh.messages_sent) + R"("})";
+      }
+      auto res = co_await conn.Do(http::verb::post, target, body);
       auto t1 = Clock::now();
       if (res.result_int() != 200) {
         why = "HTTP " + std::to_string(res.result_int()) + " " + res.body().substr(0, 300);
@@ -310,7 +327,7 @@ asio::awaitable<int> Main(asio::io_context& io, const Options& o) {
   std::mt19937_64 rng(std::random_device{}());
   std::string agent_name = "loadgen-" + std::to_string(rng() % 1000000000);
   Json agent_body{{"name", agent_name}, {"model", "local"},
-                  {"instructions", "keel_loadgen benchmark agent"}};
+                  {"instructions", "keel_loadgen benchmark agent"}, {"config", o.agent_config}};
   auto agent = ParseOrThrow(
       co_await admin.Do(http::verb::post, "/v1/agents", agent_body.dump()), 201, "create agent");
   std::string agent_id = agent.at("id").get<std::string>();

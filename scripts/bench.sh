@@ -12,14 +12,20 @@
 #   4. the tool gateway, the exec sandbox and MCP through Keel (keel_bench);
 #   5. plugins: emitting events, Lua handlers, and turns with the built-in plugins enabled;
 #   6. schedules: 100,000 active one-shot schedules (bench/schedules_bench.py): the server's CPU
-#      while idle between slots, and the lateness of firing over a window of slots.
+#      while idle between slots, and the lateness of firing over a window of slots;
+#   7. the response cache: turns answered from the cache (hits) and turns that miss it, against
+#      turns of an agent with the cache off (same server, local model);
+#   8. memory.search: top-10 searches over 1,000,000 memories of one agent (keel_memory_search),
+#      on SQLite, and on PostgreSQL when KEEL_TEST_PG_ADMIN_URL names a server (scripts/with-pg.sh
+#      starts one: `bash scripts/with-pg.sh bash scripts/bench.sh`).
 #
 # Knobs (environment): BENCH_DURATION (seconds per measured load phase, default 10),
 # BENCH_WARMUP (default 2), BENCH_MIN_TIME (Google Benchmark min time, default 0.5),
 # BENCH_ROUNDS (rounds of the event benchmarks; the table shows medians, default 3),
-# BENCH_AGENTS / BENCH_SESSIONS (default 100000 / 1000000), BENCH_ONLY (e2e|events|memory|gateway|plugins|schedules),
-# BENCH_SCHEDULES / BENCH_SCHEDULE_WINDOW (schedules, and the seconds their slots spread over;
-# default 100000 / 200),
+# BENCH_AGENTS / BENCH_SESSIONS (default 100000 / 1000000),
+# BENCH_ONLY (e2e|events|memory|gateway|plugins|schedules|cache|memory_search),
+# BENCH_SCHEDULES / BENCH_SCHEDULE_WINDOW (section 6, and the seconds their slots spread over;
+# default 100000 / 200), BENCH_MEMORIES / BENCH_MEMORY_QUERIES (section 8, default 1000000 / 2000),
 # BENCH_SERVER_CPUS / BENCH_LOADGEN_CPUS (taskset CPU lists; default: loadgen on the last CPU,
 # the server on the others, when there are at least 2 CPUs and taskset exists; "" disables).
 # BENCH_STRICT=1 makes the exit status 1 when a target is missed.
@@ -383,6 +389,102 @@ if [[ -z $ONLY || $ONLY == schedules ]]; then
       "$(result_field "$R" idle_cpu_pct) % of a core" "" info
   echo "# 6. schedules" >>"$REPRO"
   echo "${SCHED_CMD[*]}" >>"$REPRO"
+fi
+
+# ---------------------------------------------------------------------------------------------
+if [[ -z $ONLY || $ONLY == cache ]]; then
+  section "7. the response cache: turns with the cache off, hits and misses (local model, one server)"
+  # history_limit = 0: every turn of "hello" sends the same request (system prompt + message),
+  # so with the cache on all turns but the first are hits; --unique-messages makes every turn
+  # a miss (a lookup, the model call, and a cache write). The cache-off runs before and after
+  # give the baseline (their mean: this machine drifts).
+  H6=$WORK/cache
+  mkdir -p "$H6"
+  printf 'history_limit = 0\n' >"$H6/keel.toml"
+  start_server "$H6"
+  cache_turns() {  # cache_turns CONCURRENCY AGENT_CONFIG [--unique-messages] -> "turns/s p50_ms"
+    local out r
+    out=$("${LOADGEN_PIN[@]}" "$LOADGEN" --url "http://$ADDR" --token-file "$H6/owner.token" \
+            --concurrency "$1" --warmup "$WARMUP" --duration "$DURATION" --agent-config "$2" \
+            ${3:-}) || { echo "$out" >&2; echo "bench: keel_loadgen failed" >&2; exit 1; }
+    r=$(grep '^RESULT' <<<"$out")
+    echo "$(result_field "$r" turns_per_s) $(result_field "$r" p50_ms)"
+  }
+  for c in 1 32; do
+    read -r OFF_TPS OFF_P50 <<<"$(cache_turns "$c" '{"cache":false}')"
+    read -r HIT_TPS HIT_P50 <<<"$(cache_turns "$c" '{}')"
+    read -r MISS_TPS MISS_P50 <<<"$(cache_turns "$c" '{}' --unique-messages)"
+    read -r OFF2_TPS OFF2_P50 <<<"$(cache_turns "$c" '{"cache":false}')"
+    BASE_TPS=$(awk -v a="$OFF_TPS" -v b="$OFF2_TPS" 'BEGIN { printf "%.0f", (a + b) / 2 }')
+    BASE_P50=$(awk -v a="$OFF_P50" -v b="$OFF2_P50" 'BEGIN { printf "%.3f", (a + b) / 2 }')
+    echo "concurrency $c: cache off $OFF_TPS / $OFF2_TPS turns/s (p50 $OFF_P50 / $OFF2_P50 ms)," \
+         "hits $HIT_TPS turns/s (p50 $HIT_P50 ms), misses $MISS_TPS turns/s (p50 $MISS_P50 ms)"
+    ratio() { awk -v x="$1" -v y="$2" 'BEGIN { printf "%.2f", x / y }'; }
+    row "turns/s, cache hits vs cache off, concurrency $c" \
+        "$HIT_TPS vs $BASE_TPS = $(ratio "$HIT_TPS" "$BASE_TPS")x" "" info
+    row "p50 latency, cache hits vs cache off, concurrency $c" \
+        "$HIT_P50 vs $BASE_P50 ms = $(ratio "$HIT_P50" "$BASE_P50")x" "" info
+    row "turns/s, cache misses vs cache off, concurrency $c" \
+        "$MISS_TPS vs $BASE_TPS = $(ratio "$MISS_TPS" "$BASE_TPS")x" "" info
+  done
+  stop_server
+  cat >>"$REPRO" <<REPRO_END
+# 7. the response cache (a home whose keel.toml says history_limit = 0)
+H=\$(mktemp -d); echo 'history_limit = 0' >\$H/keel.toml; $KEEL serve --home \$H --listen 127.0.0.1:0 & sleep 1
+$LOADGEN --url http://\$(cat \$H/listen.addr) --token-file \$H/owner.token --concurrency 1 --duration $DURATION --agent-config '{"cache":false}'
+$LOADGEN --url http://\$(cat \$H/listen.addr) --token-file \$H/owner.token --concurrency 1 --duration $DURATION --agent-config '{}'
+$LOADGEN --url http://\$(cat \$H/listen.addr) --token-file \$H/owner.token --concurrency 1 --duration $DURATION --agent-config '{}' --unique-messages
+kill %1
+REPRO_END
+fi
+
+# ---------------------------------------------------------------------------------------------
+if [[ -z $ONLY || $ONLY == memory_search ]]; then
+  MEMORIES=${BENCH_MEMORIES:-1000000}
+  MEMORY_QUERIES=${BENCH_MEMORY_QUERIES:-2000}
+  MEMSEARCH=$BUILD/bench/keel_memory_search
+  [[ -x $MEMSEARCH ]] || { echo "bench: $MEMSEARCH is missing; build first" >&2; exit 1; }
+  section "8. memory.search: top 10 over $MEMORIES memories of one agent, $MEMORY_QUERIES queries of 1-3 words (keel_memory_search)"
+  memsearch() {  # memsearch BACKEND URL
+    local out
+    out=$("${SERVER_PIN[@]}" "$MEMSEARCH" --store "$2" --memories "$MEMORIES" \
+            --queries "$MEMORY_QUERIES" 2>"$WORK/memsearch-$1.err") || {
+      cat "$WORK/memsearch-$1.err" >&2; echo "bench: keel_memory_search failed" >&2; exit 1; }
+    echo "$out"
+    local line p50 p99 cpu99 load
+    line=$(grep '^RESULT' <<<"$out")
+    p50=$(result_field "$line" p50_ms); p99=$(result_field "$line" p99_ms)
+    cpu99=$(result_field "$line" cpu_p99_ms); load=$(result_field "$line" load_s)
+    row "memory.search $1: load of $MEMORIES memories" "$load s" "" info
+    if [[ $1 == sqlite ]]; then
+      row "memory.search $1: p50 / p99 (CPU p99)" "$p50 / $p99 ms ($cpu99 ms)" "p99 < 20 ms" \
+          "$(judge "$p99" '<' 20)"
+    else
+      row "memory.search $1: p50 / p99" "$p50 / $p99 ms" "" info
+    fi
+  }
+  mkdir -p "$WORK/memory-sqlite"
+  memsearch sqlite "sqlite://$WORK/memory-sqlite/keel.db"
+  rm -rf "$WORK/memory-sqlite"
+  if [[ -n ${KEEL_TEST_PG_ADMIN_URL:-} ]]; then
+    MEMDB=keel_bench_memory_$$
+    psql "$KEEL_TEST_PG_ADMIN_URL" -qc "CREATE DATABASE $MEMDB OWNER keel" >&2
+    # As docs/MEMORY.md asks of an operator: lets the text index serve under row-level security
+    # (without it every search reads all of the agent's memories: about 0.6 s at a million).
+    psql "${KEEL_TEST_PG_ADMIN_URL%/*}/$MEMDB" -qc \
+      "ALTER FUNCTION ts_match_vq(tsvector, tsquery) LEAKPROOF" >&2
+    PGBASE=${KEEL_TEST_PG_URL:-${KEEL_TEST_PG_ADMIN_URL/postgres@/keel@}}
+    memsearch postgres "${PGBASE%/*}/$MEMDB"
+    psql "$KEEL_TEST_PG_ADMIN_URL" -qc "DROP DATABASE IF EXISTS $MEMDB WITH (FORCE)" >&2
+  else
+    echo "PostgreSQL: skipped (set KEEL_TEST_PG_ADMIN_URL, or run under scripts/with-pg.sh)"
+  fi
+  cat >>"$REPRO" <<REPRO_END
+# 8. memory.search (a fresh store each; PostgreSQL: a fresh database owned by the store's role)
+$MEMSEARCH --store sqlite:///tmp/memory-bench/keel.db --memories $MEMORIES --queries $MEMORY_QUERIES
+# (PostgreSQL: after ALTER FUNCTION ts_match_vq(tsvector, tsquery) LEAKPROOF in DB, as a superuser)
+$MEMSEARCH --store postgres://keel@HOST:PORT/DB --memories $MEMORIES --queries $MEMORY_QUERIES
+REPRO_END
 fi
 
 FSYNC_END=$(fsync_probe "$WORK")

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include <thread>
 #include <utility>
 
+#include "keel/common/crypto.h"
 #include "keel/common/ids.h"
 #include "keel/common/json_util.h"
 #include "keel/common/time.h"
@@ -1302,6 +1304,163 @@ int PluginsReplay(Context& ctx, const std::string& id, const std::string& delive
   return kExitOk;
 }
 
+// ---- skills
+
+namespace {
+
+// Text the API can carry as a JSON string: valid UTF-8 without NUL bytes.
+bool IsUtf8Text(const std::string& s) {
+  if (s.find('\0') != std::string::npos) return false;
+  try {
+    (void)Json(s).dump();  // throws on invalid UTF-8
+  } catch (const Json::type_error&) {
+    return false;
+  }
+  return true;
+}
+
+// Standard base64 with padding, as the API takes binary skill files.
+std::string Base64(std::string_view data) {
+  std::string out = Base64UrlEncode(data);
+  for (char& c : out) {
+    if (c == '-') c = '+';
+    else if (c == '_') c = '/';
+  }
+  while (out.size() % 4) out += '=';
+  return out;
+}
+
+// The files of a skill's directory as the API takes them: {"PATH": TEXT | {"base64": DATA}}.
+// Symbolic links are refused (a skill holds regular files only).
+Result<Json> SkillFiles(const std::string& dir) {
+  namespace fs = std::filesystem;
+  Json files = Json::object();
+  std::error_code ec;
+  fs::recursive_directory_iterator it(dir, ec), end;
+  if (ec) return InvalidArgument("cannot read " + dir + ": " + ec.message());
+  for (; it != end; it.increment(ec)) {
+    if (ec) return InvalidArgument("cannot read " + dir + ": " + ec.message());
+    const fs::path& path = it->path();
+    std::string rel = path.lexically_relative(dir).generic_string();
+    if (it->is_symlink(ec)) {
+      return InvalidArgument(rel + " is a symbolic link; a skill holds regular files only");
+    }
+    if (it->is_directory(ec)) continue;
+    if (!it->is_regular_file(ec)) return InvalidArgument(rel + " is not a regular file");
+    std::optional<std::string> data = ReadFile(path.string());
+    if (!data) return InvalidArgument("cannot read " + path.string());
+    files[rel] = IsUtf8Text(*data) ? Json(*data) : Json{{"base64", Base64(*data)}};
+  }
+  return files;
+}
+
+std::string AssignedTo(const Json& skill) {
+  std::string out = Join(Field(skill, "assigned_to"), ", ");
+  return out.empty() ? "no agent" : out;
+}
+
+}  // namespace
+
+int SkillsRegister(Context& ctx, const std::string& dir_arg) {
+  if (!IsDirectory(dir_arg)) {
+    std::cerr << "keel: " << dir_arg << " is not a directory (it should hold SKILL.md)\n";
+    return kExitUsage;
+  }
+  const std::string dir = dir_arg.ends_with('/') ? dir_arg.substr(0, dir_arg.size() - 1) : dir_arg;
+  if (!Exists(dir + "/SKILL.md")) {
+    std::cerr << "keel: " << dir << " has no SKILL.md\n";
+    return kExitUsage;
+  }
+  Result<Json> files = SkillFiles(dir);
+  if (!files.ok()) {
+    std::cerr << "keel: " << files.status().message() << "\n";
+    return kExitUsage;
+  }
+  Reply registered = Request(ctx, "POST", "/v1/skills", Json{{"files", *files}});
+  if (!registered.ok()) return registered.exit_code;
+  if (ctx.json) {
+    PrintJson(registered.body);
+    return kExitOk;
+  }
+  const Json& k = registered.body;
+  std::cout << (registered.status == 201 ? "registered" : "replaced") << " skill "
+            << Str(k, "name") << " (" << Field(k, "manifest").size() << " files, "
+            << Str(k, "bytes") << " bytes)\n";
+  if (Field(k, "assigned_to").empty()) {
+    std::cout << "assign it with `keel skills assign AGENT " << Str(k, "name") << "`\n";
+  } else {
+    std::cout << "assigned to " << AssignedTo(k) << "; agents take it up at their next turn\n";
+  }
+  return kExitOk;
+}
+
+int SkillsList(Context& ctx) {
+  Reply list = Request(ctx, "GET", "/v1/skills");
+  if (!list.ok()) return list.exit_code;
+  if (ctx.json) {
+    PrintJson(list.body);
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const Json& k : Items(list.body)) {
+    rows.push_back({Str(k, "name"), std::to_string(Field(k, "manifest").size()), Str(k, "bytes"),
+                    OneLine(AssignedTo(k), 40), OneLine(Str(k, "description"), 60),
+                    Str(k, "updated_at")});
+  }
+  PrintTable({"NAME", "FILES", "BYTES", "ASSIGNED TO", "DESCRIPTION", "UPDATED"}, rows);
+  return kExitOk;
+}
+
+int SkillsShow(Context& ctx, const std::string& name) {
+  Reply k = Request(ctx, "GET", "/v1/skills/" + Escape(name));
+  if (!k.ok()) return k.exit_code;
+  if (ctx.json) {
+    PrintJson(k.body);
+    return kExitOk;
+  }
+  const Json& b = k.body;
+  PrintFields({{"name", Str(b, "name")},
+               {"description", Str(b, "description")},
+               {"hash", Str(b, "hash")},
+               {"bytes", Str(b, "bytes")},
+               {"assigned to", AssignedTo(b)},
+               {"created", Str(b, "created_at")},
+               {"updated", Str(b, "updated_at")}});
+  std::cout << "\nfiles:\n";
+  for (const Json& f : Field(b, "manifest")) {
+    std::cout << "  " << Str(f, "path") << " (" << Str(f, "bytes") << " bytes"
+              << (Field(f, "binary") == true ? ", binary" : "") << ")\n";
+  }
+  std::string text = Str(Field(b, "files"), "SKILL.md");
+  if (!text.empty()) std::cout << "\nSKILL.md:\n" << text << (text.back() == '\n' ? "" : "\n");
+  return kExitOk;
+}
+
+int SkillsRemove(Context& ctx, const std::string& name) {
+  Reply gone = Request(ctx, "DELETE", "/v1/skills/" + Escape(name));
+  if (!gone.ok()) return gone.exit_code;
+  if (!ctx.json) std::cout << "deleted skill " << name << "\n";
+  return kExitOk;
+}
+
+int SkillsAssign(Context& ctx, const std::string& agent, const std::string& name, bool assign) {
+  std::string agent_id;
+  if (int code = ResolveAgent(ctx, agent, &agent_id); code != kExitOk) return code;
+  Reply changed = assign ? Request(ctx, "POST", "/v1/agents/" + Escape(agent_id) + "/skills",
+                                   Json{{"name", name}})
+                         : Request(ctx, "DELETE", "/v1/agents/" + Escape(agent_id) + "/skills/" +
+                                                      Escape(name));
+  if (!changed.ok()) return changed.exit_code;
+  if (ctx.json) {
+    PrintJson(changed.body);
+    return kExitOk;
+  }
+  std::cout << (assign ? "assigned skill " : "unassigned skill ") << name
+            << (assign ? " to agent " : " from agent ") << agent
+            << "; it takes effect at the agent's next turn\n";
+  return kExitOk;
+}
+
 int TenantsCreate(Context& ctx, const std::string& name) {
   Reply created = Request(ctx, "POST", "/v1/tenants", Json{{"name", name}});
   if (!created.ok()) return created.exit_code;
@@ -1385,6 +1544,88 @@ int Health(Context& ctx) {
               << "\n";
     return kExitServerError;
   }
+  return kExitOk;
+}
+
+// ---- memory
+
+namespace {
+
+std::string MemoriesPath(const std::string& agent_id) {
+  return "/v1/agents/" + Escape(agent_id) + "/memories";
+}
+
+}  // namespace
+
+int MemorySearch(Context& ctx, const MemorySearchArgs& args) {
+  std::string agent_id;
+  if (int code = ResolveAgent(ctx, args.agent, &agent_id); code != kExitOk) return code;
+  std::string target = MemoriesPath(agent_id) + "?q=" + Escape(args.query) +
+                       "&limit=" + std::to_string(args.limit);
+  if (!args.tag.empty()) target += "&tag=" + Escape(args.tag);
+  Reply found = Request(ctx, "GET", target);
+  if (!found.ok()) return found.exit_code;
+  if (ctx.json) {
+    PrintJson(found.body);
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const Json& m : Items(found.body)) {
+    char score[32];
+    const Json& s = Field(m, "score");
+    std::snprintf(score, sizeof(score), "%.4f", s.is_number() ? s.get<double>() : 0.0);
+    rows.push_back({score, Str(m, "id"), OneLine(Join(Field(m, "tags"), ","), 30),
+                    OneLine(Str(m, "text"), 80)});
+  }
+  if (rows.empty()) {
+    std::cout << "no memory matches\n";
+    return kExitOk;
+  }
+  PrintTable({"SCORE", "ID", "TAGS", "TEXT"}, rows);
+  return kExitOk;
+}
+
+int MemoryAdd(Context& ctx, const MemoryAddArgs& args) {
+  std::string agent_id;
+  if (int code = ResolveAgent(ctx, args.agent, &agent_id); code != kExitOk) return code;
+  Json body = {{"text", args.text}, {"tags", args.tags}};
+  if (!args.source.empty()) body["source"] = args.source;
+  if (!args.id.empty()) body["id"] = args.id;
+  Reply written = Request(ctx, "POST", MemoriesPath(agent_id), body);
+  if (!written.ok()) return written.exit_code;
+  if (ctx.json) {
+    PrintJson(written.body);
+    return kExitOk;
+  }
+  std::cout << (written.status == 201 ? "added" : "replaced") << " memory "
+            << Str(written.body, "id") << "\n";
+  return kExitOk;
+}
+
+int MemoryRemove(Context& ctx, const std::string& agent, const std::string& id) {
+  std::string agent_id;
+  if (int code = ResolveAgent(ctx, agent, &agent_id); code != kExitOk) return code;
+  Reply gone = Request(ctx, "DELETE", MemoriesPath(agent_id) + "/" + Escape(id));
+  if (!gone.ok()) return gone.exit_code;
+  if (!ctx.json) std::cout << "deleted memory " << id << "\n";
+  return kExitOk;
+}
+
+int MemoryList(Context& ctx, const std::string& agent, const std::string& tag) {
+  std::string agent_id;
+  if (int code = ResolveAgent(ctx, agent, &agent_id); code != kExitOk) return code;
+  Reply list = ListAll(ctx, MemoriesPath(agent_id) + (tag.empty() ? "" : "?tag=" + Escape(tag)));
+  if (!list.ok()) return list.exit_code;
+  if (ctx.json) {
+    PrintJson(list.body);
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const Json& m : Items(list.body)) {
+    rows.push_back({Str(m, "id"), Str(m, "updated_at"), Str(m, "source"),
+                    OneLine(Join(Field(m, "tags"), ","), 30), OneLine(Str(m, "text"), 80)});
+  }
+  PrintTable({"ID", "UPDATED", "SOURCE", "TAGS", "TEXT"}, rows);
   return kExitOk;
 }
 

@@ -152,6 +152,34 @@ int PluginsDelete(Context& ctx, const std::string& id);
 int PluginsDeliveries(Context& ctx, const std::string& id, const std::string& status);
 int PluginsReplay(Context& ctx, const std::string& id, const std::string& delivery_id);
 
+// Skills: DIR holds SKILL.md and the skill's other files.
+int SkillsRegister(Context& ctx, const std::string& dir);
+int SkillsList(Context& ctx);
+int SkillsShow(Context& ctx, const std::string& name);
+int SkillsRemove(Context& ctx, const std::string& name);
+// `agent`: id or name; `assign` false unassigns.
+int SkillsAssign(Context& ctx, const std::string& agent, const std::string& name, bool assign);
+
+// Memories: `agent` is an id or name.
+struct MemorySearchArgs {
+  std::string agent;
+  std::string query;
+  std::string tag;  // empty: any
+  int limit = 10;
+};
+struct MemoryAddArgs {
+  std::string agent;
+  std::string text;
+  std::vector<std::string> tags;
+  std::string source;  // empty: the server's default (api)
+  std::string id;      // empty: a new memory; otherwise the one to replace
+};
+int MemorySearch(Context& ctx, const MemorySearchArgs& args);
+int MemoryAdd(Context& ctx, const MemoryAddArgs& args);
+int MemoryRemove(Context& ctx, const std::string& agent, const std::string& id);
+// `tag` empty: every memory.
+int MemoryList(Context& ctx, const std::string& agent, const std::string& tag);
+
 struct ScheduleAddArgs {
   std::string agent;  // id or name
   std::string cron;

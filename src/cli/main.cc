@@ -305,6 +305,67 @@ int Main(int argc, char** argv) {
   on_parse(plugins_replay,
            [&](Context& c) { return PluginsReplay(c, plugin_id, plugin_delivery); });
 
+  // keel skills ...
+  CLI::App* skills = app.add_subcommand("skills", "Register, list, show, delete and assign skills");
+  skills->require_subcommand(1);
+  std::string skill_dir, skill_name, skill_agent;
+  CLI::App* skills_register = skills->add_subcommand(
+      "register", "Register a skill from DIR (SKILL.md and its other files), or replace the one "
+                  "of its name (owners)");
+  skills_register->add_option("dir", skill_dir, "The skill's directory")->required();
+  on_parse(skills_register, [&](Context& c) { return SkillsRegister(c, skill_dir); });
+  on_parse(skills->add_subcommand("list", "List the tenant's skills"),
+           [](Context& c) { return SkillsList(c); });
+  CLI::App* skills_show = skills->add_subcommand("show", "Show a skill, its files and SKILL.md");
+  skills_show->add_option("name", skill_name, "Skill name")->required();
+  on_parse(skills_show, [&](Context& c) { return SkillsShow(c, skill_name); });
+  CLI::App* skills_rm = skills->add_subcommand("rm", "Delete a skill and its assignments (owners)");
+  skills_rm->add_option("name", skill_name, "Skill name")->required();
+  on_parse(skills_rm, [&](Context& c) { return SkillsRemove(c, skill_name); });
+  for (bool assign : {true, false}) {
+    CLI::App* cmd = skills->add_subcommand(
+        assign ? "assign" : "unassign",
+        std::string(assign ? "Assign a skill to" : "Unassign a skill from") +
+            " an agent; the agent sees the change at its next turn (owners)");
+    cmd->add_option("agent", skill_agent, "Agent id or name")->required();
+    cmd->add_option("name", skill_name, "Skill name")->required();
+    on_parse(cmd, [&, assign](Context& c) {
+      return SkillsAssign(c, skill_agent, skill_name, assign);
+    });
+  }
+
+  // keel memory ...
+  CLI::App* memory =
+      app.add_subcommand("memory", "Search, add, list and remove an agent's memories");
+  memory->require_subcommand(1);
+  MemorySearchArgs memory_search;
+  MemoryAddArgs memory_add;
+  std::string memory_agent, memory_id, memory_tag;
+  CLI::App* memory_search_cmd = memory->add_subcommand(
+      "search", "Search an agent's memories: words, \"a phrase\", a OR b, -word, prefix*");
+  memory_search_cmd->add_option("agent", memory_search.agent, "Agent id or name")->required();
+  memory_search_cmd->add_option("query", memory_search.query, "What to look for")->required();
+  memory_search_cmd->add_option("--tag", memory_search.tag, "Only memories with this tag");
+  memory_search_cmd->add_option("--limit", memory_search.limit, "At most this many (1 to 100)")
+      ->check(CLI::Range(1, 100));
+  on_parse(memory_search_cmd, [&](Context& c) { return MemorySearch(c, memory_search); });
+  CLI::App* memory_add_cmd = memory->add_subcommand(
+      "add", "Add a memory to an agent (or replace one with --id) (owners and users)");
+  memory_add_cmd->add_option("agent", memory_add.agent, "Agent id or name")->required();
+  memory_add_cmd->add_option("text", memory_add.text, "What to remember")->required();
+  memory_add_cmd->add_option("--tag", memory_add.tags, "A tag (repeat for more)");
+  memory_add_cmd->add_option("--source", memory_add.source, "Who wrote it (default: api)");
+  memory_add_cmd->add_option("--id", memory_add.id, "The id of the memory to replace");
+  on_parse(memory_add_cmd, [&](Context& c) { return MemoryAdd(c, memory_add); });
+  CLI::App* memory_rm = memory->add_subcommand("rm", "Delete one of an agent's memories");
+  memory_rm->add_option("agent", memory_agent, "Agent id or name")->required();
+  memory_rm->add_option("id", memory_id, "Memory id")->required();
+  on_parse(memory_rm, [&](Context& c) { return MemoryRemove(c, memory_agent, memory_id); });
+  CLI::App* memory_list = memory->add_subcommand("list", "List an agent's memories, newest first");
+  memory_list->add_option("agent", memory_agent, "Agent id or name")->required();
+  memory_list->add_option("--tag", memory_tag, "Only memories with this tag");
+  on_parse(memory_list, [&](Context& c) { return MemoryList(c, memory_agent, memory_tag); });
+
   // keel schedule ...
   CLI::App* sched =
       app.add_subcommand("schedule", "Add, list, show, pause, resume and remove schedules");

@@ -33,6 +33,19 @@ std::string Metrics::Render(const std::string& extra) const {
   Line(out, "keel_tool_calls_total", "counter", "Tool calls through the gateway.", tool_calls);
   Line(out, "keel_input_tokens_total", "counter", "Model input tokens.", input_tokens);
   Line(out, "keel_output_tokens_total", "counter", "Model output tokens.", output_tokens);
+  Line(out, "keel_model_cache_hits_total", "counter",
+       "Model calls answered from the response cache.", model_cache_hits);
+  Line(out, "keel_model_cache_misses_total", "counter",
+       "Cacheable model calls the response cache could not answer.", model_cache_misses);
+  Line(out, "keel_model_cache_errors_total", "counter",
+       "Response cache reads or writes that failed (the call went to the provider).",
+       model_cache_errors);
+  Line(out, "keel_model_cache_stores_total", "counter",
+       "Answers written to the response cache.", model_cache_stores);
+  Line(out, "keel_model_fallbacks_total", "counter",
+       "Model calls that went to the agent's fallback model.", model_fallbacks);
+  Line(out, "keel_budget_stops_total", "counter",
+       "Runs stopped before a model call that would have crossed a budget.", budget_stops);
   Line(out, "keel_runs_executing", "gauge", "Runs executing on this node.", runs_executing);
   Line(out, "keel_sse_clients", "gauge", "Connected event stream clients.", sse_clients);
   out += extra;

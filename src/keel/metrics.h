@@ -23,6 +23,12 @@ struct Metrics {
   std::atomic<int64_t> tool_calls{0};
   std::atomic<int64_t> input_tokens{0};
   std::atomic<int64_t> output_tokens{0};
+  std::atomic<int64_t> model_cache_hits{0};
+  std::atomic<int64_t> model_cache_misses{0};
+  std::atomic<int64_t> model_cache_errors{0};
+  std::atomic<int64_t> model_cache_stores{0};
+  std::atomic<int64_t> model_fallbacks{0};
+  std::atomic<int64_t> budget_stops{0};
   std::atomic<int64_t> runs_executing{0};
   std::atomic<int64_t> sse_clients{0};
 

@@ -28,11 +28,13 @@
 #include "keel/metrics.h"
 #include "keel/model/local_model.h"
 #include "keel/mcp/manager.h"
+#include "keel/model/anthropic_provider.h"
 #include "keel/model/openai_provider.h"
 #include "keel/runtime/event_hub.h"
 #include "keel/runtime/runtime.h"
 #include "keel/schedule/schedule_tools.h"
 #include "keel/secrets/vault.h"
+#include "keel/skills/skills.h"
 #include "keel/store/store.h"
 #include "keel/tenants/tenants.h"
 #include "keel/tools/gateway.h"
@@ -172,6 +174,8 @@ int ServeMain(const ServeFlags& flags) {
   model::ProviderRegistry providers;
   (void)providers.Register("local", std::make_unique<model::LocalModel>());
   (void)providers.Register("openai", std::make_unique<model::OpenAiProvider>(config.openai));
+  (void)providers.Register("anthropic",
+                           std::make_unique<model::AnthropicProvider>(config.anthropic));
   tools::ToolRegistry tool_registry;
   if (Status st = tools::RegisterBuiltinTools(tool_registry); !st.ok()) return Fail(st);
   if (Status st = tools::RegisterWorkspaceTools(tool_registry); !st.ok()) return Fail(st);
@@ -185,6 +189,8 @@ int ServeMain(const ServeFlags& flags) {
       !st.ok()) {
     return Fail(st);
   }
+  if (Status st = tools::RegisterMemoryTools(tool_registry, *store); !st.ok()) return Fail(st);
+  if (Status st = skills::RegisterSkillTools(tool_registry, *store); !st.ok()) return Fail(st);
   tools::GatewayOptions gateway_options;
   gateway_options.approval_ttl_ms = config.approval_timeout_ms;
   gateway_options.large_result_bytes = static_cast<size_t>(config.large_result_bytes);
@@ -199,6 +205,8 @@ int ServeMain(const ServeFlags& flags) {
   runtime_options.history_limit = config.history_limit;
   runtime_options.tenant_run_cap = config.tenant_run_cap;
   runtime_options.audit_dir = config.home + "/audit";
+  runtime_options.prices = config.prices;
+  runtime_options.cache = config.cache;
   runtime::Runtime runtime(io.get_executor(), *store, hub, providers, gateway, metrics,
                            runtime_options, &vault);
   schedules_runtime = &runtime;

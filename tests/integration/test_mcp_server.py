@@ -769,7 +769,8 @@ class McpToolsTest(McpTestCase):
         self.assertEqual(run["agent_id"], agent["id"])
         self.assertEqual(run["message_id"], msg["id"])
         self.assertEqual(json.loads(run["output"]), {"appended": line})
-        self.assertEqual(run["usage"], {"input_tokens": 0, "output_tokens": 0}, "no model call")
+        self.assertEqual((run["usage"]["input_tokens"], run["usage"]["output_tokens"],
+                          run["usage"]["model_calls"]), (0, 0, 0), "no model call")
         steps = t.steps(run["id"])
         self.assertEqual([s["kind"] for s in steps], ["tool"], steps)
         step = steps[0]

@@ -342,17 +342,22 @@ TEST_F(ArchiveTest, RoundTripAcrossBackendsIsByteIdentical) {
 
 // Version 2 archives were written before the plugin tables: they import, with no plugins.
 TEST_F(ArchiveTest, ImportsAVersion2ArchiveWithoutThePluginTables) {
-  ASSERT_EQ(kArchiveVersion, 3);
+  ASSERT_EQ(kArchiveVersion, 4);
+  // The tables archives gained in versions 3 (plugins) and 4 (schedules, memory, skills,
+  // compactions, usage).
+  const std::set<std::string> later = {
+      "plugins",     "agent_plugins",    "schedules", "schedule_fires", "memories",
+      "working_memories", "skills",      "agent_skills", "compactions", "budgets",
+      "model_usage", "usage_totals"};
   Entries entries = ReadArchive(archive_);
   Entries v2;
   for (const auto& e : entries) {
-    if (e.first != "plugins.jsonl" && e.first != "agent_plugins.jsonl") v2.push_back(e);
+    if (!later.count(e.first.substr(0, e.first.size() - 6))) v2.push_back(e);
   }
-  ASSERT_EQ(v2.size(), entries.size() - 2);
+  ASSERT_EQ(v2.size(), entries.size() - later.size());
   Json manifest = Json::parse(v2[0].second);
   manifest["version"] = 2;
-  manifest["tables"].erase("plugins");
-  manifest["tables"].erase("agent_plugins");
+  for (const auto& name : later) manifest["tables"].erase(name);
   v2[0].second = manifest.dump(2) + "\n";
   std::string path = Path("v2.tar.zst");
   WriteArchive(path, v2);
@@ -369,7 +374,7 @@ TEST_F(ArchiveTest, ImportsAVersion2ArchiveWithoutThePluginTables) {
   EXPECT_EQ(Json::parse(out[0].second)["version"], kArchiveVersion);
   for (size_t i = 1; i < out.size(); ++i) {
     EXPECT_EQ(out[i].first, entries[i].first);
-    if (out[i].first == "plugins.jsonl" || out[i].first == "agent_plugins.jsonl") {
+    if (later.count(out[i].first.substr(0, out[i].first.size() - 6))) {
       EXPECT_EQ(out[i].second, "") << out[i].first;
     } else {
       EXPECT_EQ(out[i].second, entries[i].second) << out[i].first;

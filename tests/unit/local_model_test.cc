@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include "keel/model/context_requests.h"
 #include "keel/model/local_model.h"
 
 namespace keel::model {
@@ -67,6 +68,69 @@ TEST(LocalModelTest, InvalidRuleRegexIsAnError) {
   ModelRequest req = Req("x");
   req.agent_config = {{"local_rules", {{{"match", "(unclosed"}, {"reply", "y"}}}}};
   EXPECT_EQ(LocalModel::Decide(req).status().code(), Code::kInvalidArgument);
+}
+
+TEST(LocalModelTest, EchoRulesAnswerWithWhatTheModelWasSent) {
+  ModelRequest req;
+  req.messages = {{"system", "Be brief.", {}, "", ""},
+                  {"user", "earlier", {}, "", ""},
+                  {"assistant", "ok", {}, "", ""},
+                  {"user", "show system", {}, "", ""}};
+  req.agent_config = {{"local_rules",
+                       {{{"match", "^show system"}, {"echo", "system"}},
+                        {{"match", "^show all"}, {"echo", "context"}}}}};
+  auto r = LocalModel::Decide(req);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->text, "Be brief.");
+  req.messages.back().content = "show all";
+  r = LocalModel::Decide(req);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->text, "system: Be brief.\nuser: earlier\nassistant: ok\nuser: show all");
+}
+
+// Keel's summarization request, as context.cc builds it.
+ModelRequest SummaryRequest(const std::string& previous, const std::vector<std::string>& said,
+                            int limit) {
+  std::string material = std::string(kSummarySoFar) + "\n" + previous + "\n\n" +
+                         std::string(kConversationToAdd) + "\n";
+  for (const auto& s : said) material += "user: " + s + "\nassistant: ok\n";
+  ModelRequest req;
+  req.messages = {{"system", std::string(kSummarizeRequest) + "\n... " +
+                                 std::string(kSummaryLimit) + " " + std::to_string(limit) +
+                                 " characters.", {}, "", ""},
+                  {"user", material, {}, "", ""}};
+  return req;
+}
+
+TEST(LocalModelTest, SummariesKeepTheUsersStatementsFirstAndLastWithinTheLimit) {
+  auto r = LocalModel::Decide(SummaryRequest("(none)", {"my name is Ada", "I like tea"}, 4000));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->text, "Earlier in this session the user said:\n- my name is Ada\n- I like tea");
+  EXPECT_TRUE(r->tool_calls.empty());
+
+  // Folding the summary in again: the statements carry over, repeats once.
+  auto again = LocalModel::Decide(SummaryRequest(r->text, {"I like tea", "it is late"}, 4000));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->text,
+            "Earlier in this session the user said:\n- my name is Ada\n- I like tea\n- it is late");
+
+  // Many statements: the first 8 and the last 8.
+  std::vector<std::string> many;
+  for (int i = 0; i < 30; ++i) many.push_back("fact " + std::to_string(i));
+  auto kept = LocalModel::Decide(SummaryRequest("(none)", many, 4000));
+  ASSERT_TRUE(kept.ok());
+  EXPECT_NE(kept->text.find("- fact 0\n"), std::string::npos);
+  EXPECT_NE(kept->text.find("- fact 7\n"), std::string::npos);
+  EXPECT_EQ(kept->text.find("- fact 8\n"), std::string::npos);
+  EXPECT_NE(kept->text.find("- fact 29"), std::string::npos);
+
+  // A tight limit: the middle goes first; the first statement stays.
+  auto tight = LocalModel::Decide(SummaryRequest("(none)", many, 80));
+  ASSERT_TRUE(tight.ok());
+  EXPECT_LE(tight->text.size(), 80u) << tight->text;
+  EXPECT_NE(tight->text.find("- fact 0"), std::string::npos) << tight->text;
+  // And the same request gets the same answer.
+  EXPECT_EQ(LocalModel::Decide(SummaryRequest("(none)", many, 80))->text, tight->text);
 }
 
 }  // namespace

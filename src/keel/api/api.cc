@@ -184,6 +184,10 @@ void RegisterAllRoutes(http::Router& router, ApiContext& ctx) {
   RegisterMcpServerRoutes(router, ctx);
   RegisterPluginRoutes(router, ctx);
   RegisterScheduleRoutes(router, ctx);
+  RegisterUsageRoutes(router, ctx);
+  RegisterMemoryRoutes(router, ctx);
+  RegisterSkillRoutes(router, ctx);
+  RegisterContextRoutes(router, ctx);
 }
 
 }  // namespace keel::api

@@ -67,6 +67,10 @@ void RegisterMcpRoutes(http::Router& router, ApiContext& ctx);       // MCP serv
 void RegisterMcpServerRoutes(http::Router& router, ApiContext& ctx); // /v1/mcp: Keel as one
 void RegisterPluginRoutes(http::Router& router, ApiContext& ctx);    // plugins, deliveries
 void RegisterScheduleRoutes(http::Router& router, ApiContext& ctx);  // schedules
+void RegisterUsageRoutes(http::Router& router, ApiContext& ctx);     // usage, budgets
+void RegisterMemoryRoutes(http::Router& router, ApiContext& ctx);    // memories, working memory
+void RegisterSkillRoutes(http::Router& router, ApiContext& ctx);     // skills, assignments
+void RegisterContextRoutes(http::Router& router, ApiContext& ctx);   // compactions
 
 // The OpenAPI 3.1 document served at /v1/openapi.json.
 const std::string& OpenApiDocument();

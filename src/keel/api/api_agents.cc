@@ -3,11 +3,13 @@
 #include <set>
 
 #include "keel/api/api.h"
+#include "keel/runtime/context.h"
 #include "keel/runtime/runtime.h"
 #include "keel/api/render.h"
 #include "keel/common/ids.h"
 #include "keel/model/provider.h"
 #include "keel/store/async.h"
+#include "keel/store/skill_store.h"
 
 namespace keel::api {
 
@@ -32,6 +34,8 @@ Status ValidateName(const std::string& name) {
 
 Status ValidateConfig(const Json& config) {
   if (!config.is_object()) return InvalidArgument("config must be a JSON object");
+  // context_tokens and introspection
+  KEEL_RETURN_IF_ERROR(runtime::ContextSettingsOf(config).status());
   if (config.contains("busy")) {
     const auto& b = config["busy"];
     if (!b.is_string() || (b != "queue" && b != "reject")) {
@@ -66,10 +70,36 @@ Status ValidateConfig(const Json& config) {
       bool reply = r.contains("reply") && r["reply"].is_string();
       bool call = r.contains("call") && r["call"].is_object() && r["call"].contains("tool") &&
                   r["call"]["tool"].is_string();
-      if (!reply && !call) {
-        return InvalidArgument("each config.local_rules entry needs 'reply' (text) or 'call' "
-                               "({\"tool\", \"arguments\"})");
+      bool echo = r.contains("echo") && (r["echo"] == "system" || r["echo"] == "context");
+      if (!reply && !call && !echo) {
+        return InvalidArgument("each config.local_rules entry needs 'reply' (text), 'call' "
+                               "({\"tool\", \"arguments\"}) or 'echo' (\"system\" or "
+                               "\"context\")");
       }
+    }
+  }
+  return Status::Ok();
+}
+
+// The model router's fields (docs/API.md, models): fallback_model, cache, cache_group.
+Status ValidateRouterConfig(const Json& config, const model::ProviderRegistry& providers) {
+  if (config.contains("fallback_model")) {
+    const auto& f = config["fallback_model"];
+    if (!f.is_string() || f.get<std::string>().empty()) {
+      return InvalidArgument("config.fallback_model must be a model string such as \"local\" or "
+                             "\"openai/gpt-4o-mini\"");
+    }
+    std::string model_name;
+    Status known = providers.Resolve(f.get<std::string>(), &model_name).status();
+    if (!known.ok()) return InvalidArgument("config.fallback_model: " + known.message());
+  }
+  if (config.contains("cache") && !config["cache"].is_boolean()) {
+    return InvalidArgument("config.cache must be true or false");
+  }
+  if (config.contains("cache_group")) {
+    const auto& g = config["cache_group"];
+    if (!g.is_string() || g.get<std::string>().empty() || g.get<std::string>().size() > 200) {
+      return InvalidArgument("config.cache_group must be a string of 1 to 200 characters");
     }
   }
   return Status::Ok();
@@ -109,6 +139,7 @@ Status Apply(const Json& body, const model::ProviderRegistry& providers, store::
   }
   if (body.contains("config")) {
     KEEL_RETURN_IF_ERROR(ValidateConfig(body["config"]));
+    KEEL_RETURN_IF_ERROR(ValidateRouterConfig(body["config"], providers));
     agent.config = body["config"];
   }
   return Status::Ok();
@@ -201,6 +232,11 @@ void RegisterAgentRoutes(http::Router& router, ApiContext& ctx) {
         for (const auto& e : enabled) {
           if (e.agent_id == id) KEEL_RETURN_IF_ERROR(tx.plugins().DisablePlugin(tenant, p.id, id));
         }
+      }
+      // Its skills are no longer assigned.
+      KEEL_ASSIGN_OR_RETURN(auto skills, tx.skills().SkillsForAgent(tenant, id, false));
+      for (const auto& s : skills) {
+        KEEL_RETURN_IF_ERROR(tx.skills().UnassignSkill(tenant, id, s.name));
       }
       return tx.events().Append({tenant, "agent.deleted@v1", id, "", "", {}});
     });

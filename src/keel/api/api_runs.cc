@@ -2,6 +2,7 @@
 
 #include "keel/api/api.h"
 #include "keel/api/render.h"
+#include "keel/runtime/model_calls.h"
 #include "keel/runtime/runtime.h"
 #include "keel/store/async.h"
 #include "keel/store/store.h"
@@ -15,12 +16,16 @@ using http::Response;
 void RegisterRunRoutes(http::Router& router, ApiContext& ctx) {
   router.Add("GET", "/v1/runs/{id}", [&ctx](Request& req) -> asio::awaitable<Response> {
     store::Run run;
+    store::UsageTotals usage;
     Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_ASSIGN_OR_RETURN(run, tx.runs().GetRun(req.principal.tenant_id, req.Param("id")));
+      KEEL_ASSIGN_OR_RETURN(usage, tx.usage().RunUsage(run.tenant_id, run.id));
       return Status::Ok();
     });
     if (!st.ok()) co_return Response::Error(st);
-    co_return Response::Json(200, RunJson(run));
+    Json out = RunJson(run);
+    out["usage"] = runtime::RunUsageJson(run, usage);  // with cost and cache savings
+    co_return Response::Json(200, out);
   });
 
   auto list = [&ctx](Request& req) -> asio::awaitable<Response> {

@@ -2,6 +2,7 @@
 
 #include <toml++/toml.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <set>
@@ -38,6 +39,100 @@ Status SetInt(const std::string& text, const std::string& source, int64_t lo, in
   return Status::Ok();
 }
 
+// An integer setting of a section: "SECTION.KEY must be an integer from LO to HI".
+template <typename T>
+Status SectionInt(const std::string& path, const std::string& name, const toml::node& v,
+                  int64_t lo, int64_t hi, T* out) {
+  auto iv = v.value<int64_t>();
+  if (!v.is_integer() || !iv || *iv < lo || *iv > hi) {
+    return InvalidArgument(path + ": " + name + " must be an integer from " + std::to_string(lo) +
+                           " to " + std::to_string(hi));
+  }
+  *out = static_cast<T>(*iv);
+  return Status::Ok();
+}
+
+Status ApplyAnthropic(const std::string& path, const toml::table& t, AnthropicConfig& a) {
+  auto node = t["anthropic"];
+  if (!node) return Status::Ok();
+  if (!node.is_table()) return InvalidArgument(path + ": [anthropic] must be a table");
+  for (const auto& [k, v] : *node.as_table()) {
+    std::string key(k.str());
+    std::string name = "anthropic." + key;
+    if (key == "base_url" || key == "api_key") {
+      if (!v.is_string()) return InvalidArgument(path + ": " + name + " must be a string");
+      (key == "base_url" ? a.base_url : a.api_key) = *v.value<std::string>();
+    } else if (key == "timeout_ms") {
+      KEEL_RETURN_IF_ERROR(SectionInt(path, name, v, 1, 3600000, &a.timeout_ms));
+    } else if (key == "max_retries") {
+      KEEL_RETURN_IF_ERROR(SectionInt(path, name, v, 0, 100, &a.max_retries));
+    } else if (key == "max_tokens") {
+      KEEL_RETURN_IF_ERROR(SectionInt(path, name, v, 1, 1000000, &a.max_tokens));
+    } else {
+      return InvalidArgument(path + ": unknown setting '" + name + "'");
+    }
+  }
+  return Status::Ok();
+}
+
+// [prices."MODEL"] input_per_mtok = USD, output_per_mtok = USD (per million tokens).
+Status ApplyPrices(const std::string& path, const toml::table& t,
+                   std::map<std::string, ModelPrice>& prices) {
+  auto node = t["prices"];
+  if (!node) return Status::Ok();
+  if (!node.is_table()) return InvalidArgument(path + ": [prices] must be a table");
+  for (const auto& [model, entry] : *node.as_table()) {
+    std::string where = "prices.\"" + std::string(model.str()) + "\"";
+    if (!entry.is_table()) {
+      return InvalidArgument(path + ": " + where + " must be a table with input_per_mtok and "
+                             "output_per_mtok (USD per million tokens)");
+    }
+    ModelPrice price;
+    for (const auto& [k, v] : *entry.as_table()) {
+      std::string key(k.str());
+      if (key != "input_per_mtok" && key != "output_per_mtok") {
+        return InvalidArgument(path + ": unknown setting '" + where + "." + key + "'");
+      }
+      std::optional<double> usd;
+      if (v.is_integer()) usd = static_cast<double>(*v.value<int64_t>());
+      if (v.is_floating_point()) usd = *v.value<double>();
+      if (!usd || !(*usd >= 0) || *usd > 1e6) {
+        return InvalidArgument(path + ": " + where + "." + key +
+                               " must be a number of USD per million tokens from 0 to 1000000");
+      }
+      int64_t micros = std::llround(*usd * 1e6);
+      (key == "input_per_mtok" ? price.input_microusd_per_mtok
+                               : price.output_microusd_per_mtok) = micros;
+    }
+    prices[std::string(model.str())] = price;
+  }
+  return Status::Ok();
+}
+
+Status ApplyCache(const std::string& path, const toml::table& t, CacheConfig& cache) {
+  auto node = t["cache"];
+  if (!node) return Status::Ok();
+  if (!node.is_table()) return InvalidArgument(path + ": [cache] must be a table");
+  for (const auto& [k, v] : *node.as_table()) {
+    std::string key(k.str());
+    std::string name = "cache." + key;
+    if (key == "enabled") {
+      if (!v.is_boolean()) return InvalidArgument(path + ": " + name + " must be true or false");
+      cache.enabled = *v.value<bool>();
+    } else if (key == "ttl_ms") {
+      KEEL_RETURN_IF_ERROR(SectionInt(path, name, v, 1000, int64_t(365) * 86400000, &cache.ttl_ms));
+    } else if (key == "max_entries") {
+      KEEL_RETURN_IF_ERROR(SectionInt(path, name, v, 1, 100000000, &cache.max_entries));
+    } else if (key == "max_entry_bytes") {
+      KEEL_RETURN_IF_ERROR(
+          SectionInt(path, name, v, 1024, int64_t(64) << 20, &cache.max_entry_bytes));
+    } else {
+      return InvalidArgument(path + ": unknown setting '" + name + "'");
+    }
+  }
+  return Status::Ok();
+}
+
 Status ApplyToml(const std::string& path, Config& c) {
   toml::table t;
   try {
@@ -52,7 +147,7 @@ Status ApplyToml(const std::string& path, Config& c) {
                                              "max_concurrent_runs", "max_steps", "lease_ms",
                                              "approval_timeout_ms", "large_result_bytes",
                                              "history_limit", "log_level",
-                                             "openai"};
+                                             "openai", "anthropic", "prices", "cache"};
   for (const auto& [k, v] : t) {
     if (!kTop.count(std::string(k.str()))) {
       return InvalidArgument(path + ": unknown setting '" + std::string(k.str()) + "'");
@@ -93,6 +188,9 @@ Status ApplyToml(const std::string& path, Config& c) {
       num("approval_timeout_ms", 1000, int64_t(365) * 86400000, &c.approval_timeout_ms));
   KEEL_RETURN_IF_ERROR(num("large_result_bytes", 1024, int64_t(64) << 20, &c.large_result_bytes));
   KEEL_RETURN_IF_ERROR(num("history_limit", 0, 10000, &c.history_limit));
+  KEEL_RETURN_IF_ERROR(ApplyAnthropic(path, t, c.anthropic));
+  KEEL_RETURN_IF_ERROR(ApplyPrices(path, t, c.prices));
+  KEEL_RETURN_IF_ERROR(ApplyCache(path, t, c.cache));
   if (auto o = t["openai"]; o) {
     if (!o.is_table()) return InvalidArgument(path + ": [openai] must be a table");
     const toml::table& ot = *o.as_table();
@@ -143,6 +241,8 @@ Result<Config> Load(const Overrides& o) {
   // Provider settings honour the usual variables; KEEL_* ones follow.
   if (auto v = Env("OPENAI_API_KEY"); !v.empty()) c.openai.api_key = v;
   if (auto v = Env("OPENAI_BASE_URL"); !v.empty()) c.openai.base_url = v;
+  if (auto v = Env("ANTHROPIC_API_KEY"); !v.empty()) c.anthropic.api_key = v;
+  if (auto v = Env("ANTHROPIC_BASE_URL"); !v.empty()) c.anthropic.base_url = v;
   if (auto v = Env("KEEL_LISTEN"); !v.empty()) c.listen = v;
   if (auto v = Env("KEEL_STORE"); !v.empty()) c.store_url = v;
   if (auto v = Env("KEEL_WORKSPACES"); !v.empty()) c.workspaces = v;

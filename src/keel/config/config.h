@@ -3,6 +3,7 @@
 // KEEL_* environment variables, overridden by command-line flags.
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -15,6 +16,30 @@ struct OpenAiConfig {
   std::string api_key;  // empty: calls fail with a clear error naming OPENAI_API_KEY
   int timeout_ms = 60000;
   int max_retries = 3;
+};
+
+struct AnthropicConfig {
+  std::string base_url = "https://api.anthropic.com";
+  std::string api_key;  // empty: calls fail with a clear error naming ANTHROPIC_API_KEY
+  int timeout_ms = 60000;
+  int max_retries = 3;
+  int max_tokens = 4096;  // the Messages API requires max_tokens; an agent's config.max_tokens wins
+};
+
+// A model's price in micro-dollars per million tokens (keel.toml gives USD per million tokens:
+// input_per_mtok = 0.15 is 150000 here), so a call's cost in micro-dollars is
+// tokens * price / 1e6, in integers.
+struct ModelPrice {
+  int64_t input_microusd_per_mtok = 0;
+  int64_t output_microusd_per_mtok = 0;
+};
+
+// The response cache (docs/API.md, usage, budgets and the response cache).
+struct CacheConfig {
+  bool enabled = true;                 // false: no agent's calls are cached
+  int64_t ttl_ms = 86400000;           // an entry older than this is not used, and is pruned
+  int64_t max_entries = 100000;        // beyond this, the oldest entries are pruned
+  int64_t max_entry_bytes = 256 << 10; // larger responses are not cached
 };
 
 struct Config {
@@ -35,6 +60,11 @@ struct Config {
   // KEEL_SECRET_KEK (environment only): base64 of the 256-bit key-encryption key of secrets.
   std::string secret_kek;
   OpenAiConfig openai;
+  AnthropicConfig anthropic;
+  // Prices by model string as agents name it ("openai/gpt-4o-mini", "local"); a model without
+  // a price costs nothing.
+  std::map<std::string, ModelPrice> prices;
+  CacheConfig cache;
 };
 
 // Flags given on the command line; unset ones do not override.

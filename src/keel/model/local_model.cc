@@ -4,9 +4,13 @@
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <regex>
 #include <sstream>
+
+#include "keel/model/context_requests.h"
 
 namespace keel::model {
 namespace {
@@ -59,6 +63,72 @@ bool ParseCalls(const std::string& text, int first_id, std::vector<ToolCallReque
   return true;
 }
 
+// What the model was sent, for tests that look at the context: the system messages, or every
+// message as "ROLE: CONTENT", one after another.
+std::string Echo(const std::vector<ChatMessage>& messages, bool system_only) {
+  std::string out;
+  for (const auto& m : messages) {
+    if (system_only && m.role != "system") continue;
+    if (!out.empty()) out += "\n";
+    out += system_only ? m.content : m.role + ": " + m.content;
+  }
+  return out;
+}
+
+// Cuts `s` to at most `max` bytes on a UTF-8 boundary, marking the cut with "...".
+std::string Condense(std::string s, size_t max) {
+  if (s.size() <= max) return s;
+  s.resize(max - 3);
+  while (!s.empty() && (static_cast<unsigned char>(s.back()) & 0xC0) == 0x80) s.pop_back();
+  if (!s.empty() && (static_cast<unsigned char>(s.back()) & 0x80)) s.pop_back();
+  return s + "...";
+}
+
+// Keel's summarization request (context_requests.h), answered deterministically: the user's
+// statements of the previous summary and of the conversation to add, in order, each condensed
+// to 160 bytes, without repeats. Past 16 statements, or past the request's length limit, the
+// middle ones go first, so the earliest (and the latest) survive any number of compactions.
+std::string Summarize(const std::string& instructions, const std::string& material) {
+  size_t limit = 4000;
+  if (size_t at = instructions.find(kSummaryLimit); at != std::string::npos) {
+    limit = std::strtoul(instructions.c_str() + at + kSummaryLimit.size(), nullptr, 10);
+  }
+  std::vector<std::string> said;
+  bool in_summary = false;
+  std::istringstream in(material);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line == kSummarySoFar) in_summary = true;
+    if (line == kConversationToAdd) in_summary = false;
+    std::string statement;
+    if (in_summary && line.rfind("- ", 0) == 0) statement = line.substr(2);
+    if (!in_summary && line.rfind("user: ", 0) == 0) {
+      statement = Condense(Trim(line.substr(6)), 160);
+    }
+    if (!statement.empty() && std::find(said.begin(), said.end(), statement) == said.end()) {
+      said.push_back(statement);
+    }
+  }
+  const std::string head = "Earlier in this session the user said:";
+  auto render = [&] {
+    std::string out = head;
+    for (const auto& s : said) out += "\n- " + s;
+    return out;
+  };
+  if (said.size() > 16) said.erase(said.begin() + 8, said.end() - 8);
+  while (said.size() > 1 && render().size() > limit) said.erase(said.begin() + said.size() / 2);
+  if (said.empty()) return "Earlier in this session the user said nothing that needs keeping.";
+  if (render().size() > limit) {  // one statement, still too long: shorten it
+    const size_t room = limit > head.size() + 3 + 8 ? limit - head.size() - 3 : 8;
+    said[0] = Condense(said[0], room);
+  }
+  return render();
+}
+
+bool StartsWith(const std::string& s, std::string_view prefix) {
+  return s.compare(0, prefix.size(), prefix) == 0;
+}
+
 }  // namespace
 
 Result<ModelResponse> LocalModel::Decide(const ModelRequest& request) {
@@ -76,6 +146,12 @@ Result<ModelResponse> LocalModel::Decide(const ModelRequest& request) {
   }
   if (last_user < 0) return InvalidArgument("the local model needs a user message");
   const std::string& prompt = request.messages[last_user].content;
+  if (request.messages[0].role == "system" &&
+      StartsWith(request.messages[0].content, kSummarizeRequest)) {
+    out.text = Summarize(request.messages[0].content, prompt);
+    out.usage.output_tokens = CountWords(out.text);
+    return out;
+  }
 
   // Tool results after the last assistant turn: answer with them.
   int calls_so_far = 0;
@@ -117,6 +193,9 @@ Result<ModelResponse> LocalModel::Decide(const ModelRequest& request) {
           }
           if (rule.contains("reply") && rule["reply"].is_string()) {
             out.text = rule["reply"].get<std::string>();
+          } else if (rule.contains("echo") &&
+                     (rule["echo"] == "system" || rule["echo"] == "context")) {
+            out.text = Echo(request.messages, rule["echo"] == "system");
           } else if (rule.contains("call") && rule["call"].is_object() &&
                      rule["call"].contains("tool") && rule["call"]["tool"].is_string()) {
             Json args = rule["call"].value("arguments", Json::object());

@@ -22,6 +22,7 @@
 
 #include "keel/config/config.h"
 #include "keel/model/provider.h"
+#include "keel/model/provider_http.h"
 
 namespace keel::http {
 class Client;
@@ -32,11 +33,7 @@ namespace keel::model {
 class OpenAiProvider final : public Provider {
  public:
   // Retry pacing; tests shorten it.
-  struct Backoff {
-    std::chrono::milliseconds initial{500};  // doubles per retry; each wait drawn from [d/2, d]
-    std::chrono::milliseconds max{8000};
-    std::chrono::milliseconds max_retry_after{30000};  // cap on a server's Retry-After
-  };
+  using Backoff = RetryBackoff;
 
   explicit OpenAiProvider(config::OpenAiConfig config);
   OpenAiProvider(config::OpenAiConfig config, Backoff backoff);

@@ -92,7 +92,9 @@ std::shared_ptr<AgentPlugins> PluginHost::Build(const std::string& tenant_id,
       if (level == "error") LogError(where + text);
       else LogInfo(where + level + ": " + text);
     };
-    auto loaded = LuaPlugin::Load(m.id, p.source, p.config, m.events, m.priority, m.limits, log);
+    MemoryReader memory = memory_ ? memory_(tenant_id, agent_id) : MemoryReader{};
+    auto loaded = LuaPlugin::Load(m.id, p.source, p.config, m.events, m.priority, m.limits, log,
+                                  std::move(memory));
     if (!loaded.ok()) {
       fail(loaded.status().message());
       continue;

@@ -10,6 +10,7 @@
 //
 // Lives on the event loop; not thread-safe.
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -26,6 +27,10 @@ class Tool;
 namespace keel::plugins {
 
 class LuaPlugin;
+struct MemoryReader;
+// The read-only view of an agent's memories its Lua plugins get as ctx.memory.
+using MemoryReaders =
+    std::function<MemoryReader(const std::string& tenant_id, const std::string& agent_id)>;
 
 struct AgentPlugins {
   std::string tenant_id;
@@ -63,8 +68,10 @@ struct AgentPlugins {
 
 class PluginHost {
  public:
-  // Built-in audit-log writes under `audit_root`/{tenant_id}/{agent_id}.jsonl.
-  explicit PluginHost(std::string audit_root) : audit_root_(std::move(audit_root)) {}
+  // Built-in audit-log writes under `audit_root`/{tenant_id}/{agent_id}.jsonl; Lua plugins read
+  // their agent's memories through `memory` (none without it).
+  explicit PluginHost(std::string audit_root, MemoryReaders memory = nullptr)
+      : audit_root_(std::move(audit_root)), memory_(std::move(memory)) {}
 
   struct Loaded {
     std::shared_ptr<AgentPlugins> plugins;
@@ -88,6 +95,7 @@ class PluginHost {
                                       const std::vector<store::Plugin>& enabled,
                                       std::vector<PluginError>* errors) const;
   std::string audit_root_;
+  MemoryReaders memory_;
   std::map<std::string, std::shared_ptr<AgentPlugins>> agents_;
 };
 

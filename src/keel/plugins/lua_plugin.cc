@@ -23,6 +23,9 @@ constexpr int kHookEvery = 250;   // instructions between budget checks
 constexpr lua_Integer kMaxBulk = 100'000;  // elements one table library call may touch
 constexpr int kMaxDepth = 64;     // nesting of converted values
 constexpr size_t kMaxLogLine = 1024;
+// What a ctx.memory call costs of the instruction budget, beyond the time it takes (which the
+// wall clock counts): a handler that loops over searches runs out as a loop of work would.
+constexpr int64_t kMemoryCallInstructions = 10'000;
 
 }  // namespace
 
@@ -47,6 +50,7 @@ struct LuaPlugin::Sandbox {
   // Set when the call ran out of a limit: the error is re-raised through pcall.
   std::string killed;
   Json session;
+  MemoryReader memory;
 
   ~Sandbox() {
     if (L) lua_close(L);
@@ -355,6 +359,70 @@ int SessionFn(lua_State* L) {
   return 1;
 }
 
+// Charges a ctx.memory call to the budgets: refused while loading, or when the call's
+// instructions or time have run out.
+void StartMemoryCall(lua_State* L, const char* fn) {
+  Sandbox* sb = SandboxOf(L);
+  if (sb->loading) {
+    luaL_error(L, "%s works only in handlers and tools, not while the plugin loads", fn);
+  }
+  sb->remaining -= kMemoryCallInstructions;
+  if (sb->remaining <= 0) sb->killed = "exceeded its instruction budget";
+  if (sb->killed.empty() && Clock::now() > sb->deadline) sb->killed = "exceeded its time limit";
+  if (!sb->killed.empty()) luaL_error(L, "%s", sb->killed.c_str());
+}
+
+// ctx.memory.search(query [, {limit = N, tag = T}]) -> a sequence of memories, best first.
+int MemorySearchFn(lua_State* L) {
+  StartMemoryCall(L, "ctx.memory.search");
+  Sandbox* sb = SandboxOf(L);
+  size_t n = 0;
+  const char* text = luaL_checklstring(L, 1, &n);
+  std::string query(text, n);
+  std::string tag;
+  lua_Integer limit = 10;
+  if (!lua_isnoneornil(L, 2)) {
+    luaL_checktype(L, 2, LUA_TTABLE);
+    lua_getfield(L, 2, "limit");
+    if (!lua_isnil(L, -1)) {
+      if (!lua_isinteger(L, -1)) {
+        return luaL_error(L, "ctx.memory.search: limit must be an integer");
+      }
+      limit = lua_tointeger(L, -1);
+    }
+    lua_getfield(L, 2, "tag");
+    if (!lua_isnil(L, -1)) {
+      if (lua_type(L, -1) != LUA_TSTRING) {
+        return luaL_error(L, "ctx.memory.search: tag must be a string");
+      }
+      const char* t = lua_tolstring(L, -1, &n);
+      tag.assign(t, n);
+    }
+    lua_pop(L, 2);
+  }
+  if (limit < 1 || limit > 100) {
+    return luaL_error(L, "ctx.memory.search: limit must be between 1 and 100");
+  }
+  if (!sb->memory.search) return luaL_error(L, "ctx.memory is not available to this plugin");
+  Result<Json> hits = sb->memory.search(query, tag, static_cast<int>(limit));
+  if (!hits.ok()) return luaL_error(L, "ctx.memory.search: %s", hits.status().message().c_str());
+  Push(L, *hits);
+  return 1;
+}
+
+// ctx.memory.get(id) -> the memory, or nil.
+int MemoryGetFn(lua_State* L) {
+  StartMemoryCall(L, "ctx.memory.get");
+  Sandbox* sb = SandboxOf(L);
+  size_t n = 0;
+  const char* id = luaL_checklstring(L, 1, &n);
+  if (!sb->memory.get) return luaL_error(L, "ctx.memory is not available to this plugin");
+  Result<Json> memory = sb->memory.get(std::string(id, n));
+  if (!memory.ok()) return luaL_error(L, "ctx.memory.get: %s", memory.status().message().c_str());
+  Push(L, *memory);
+  return 1;
+}
+
 int BusOn(lua_State* L) {
   Sandbox* sb = SandboxOf(L);
   if (!sb->loading) return luaL_error(L, "ctx.bus.on works only while the plugin loads");
@@ -471,13 +539,14 @@ Result<std::unique_ptr<LuaPlugin>> LuaPlugin::Load(std::string plugin_id, const 
                                                    const Json& config,
                                                    std::vector<std::string> events,
                                                    int default_priority, LuaLimits limits,
-                                                   LogFn log) {
+                                                   LogFn log, MemoryReader memory) {
   std::unique_ptr<LuaPlugin> plugin(new LuaPlugin());
   plugin->sandbox_ = std::make_unique<Sandbox>();
   Sandbox* sb = plugin->sandbox_.get();
   sb->plugin_id = std::move(plugin_id);
   sb->limits = limits;
   sb->log = std::move(log);
+  sb->memory = std::move(memory);
   sb->events = std::move(events);
   sb->default_priority = default_priority;
   sb->L = lua_newstate(Alloc, sb);
@@ -506,6 +575,10 @@ Result<std::unique_ptr<LuaPlugin>> LuaPlugin::Load(std::string plugin_id, const 
   lua_setfield(L, -2, "log");
   lua_pushcfunction(L, SessionFn);
   lua_setfield(L, -2, "session");
+  static const luaL_Reg kMemory[] = {
+      {"search", MemorySearchFn}, {"get", MemoryGetFn}, {nullptr, nullptr}};
+  SetFunctions(L, kMemory);
+  lua_setfield(L, -2, "memory");
   lua_setglobal(L, "ctx");
 
   if (luaL_loadbufferx(L, source.data(), source.size(), ("=" + sb->plugin_id).c_str(), "t") !=

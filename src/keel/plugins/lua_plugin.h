@@ -20,7 +20,10 @@
 //                 "idempotent" | "once", handler = fn}   only while loading
 //   ctx.log.info(text), ctx.log.warn(text), ctx.log.error(text)
 //   ctx.session()         during a call: a copy of the session the event belongs to
-// It has no other way out: no files, no network, no store.
+//   ctx.memory.search(query, {limit = N, tag = T}), ctx.memory.get(id)
+//                         during a call: the plugin's own agent's memories, read only (through
+//                         the MemoryReader its host gave it)
+// It has no other way out: no files, no network, no store but that read-only view.
 //
 // Not thread-safe: one caller at a time (the event loop).
 
@@ -34,6 +37,16 @@
 #include "keel/common/status.h"
 
 namespace keel::plugins {
+
+// ctx.memory: the read-only view of one agent's memories a host gives the plugin it loads for
+// that agent. Both functions run on the thread of the plugin's call, inside its budgets.
+struct MemoryReader {
+  // A search's hits, best first (memory::HitJson objects), or the reason it failed (a bad
+  // query, tag or limit).
+  std::function<Result<Json>(const std::string& query, const std::string& tag, int limit)> search;
+  // One memory (memory::MemoryJson), or null when the agent has none with that id.
+  std::function<Result<Json>(const std::string& id)> get;
+};
 
 struct LuaLimits {
   int64_t instructions = 1'000'000;  // per call
@@ -65,7 +78,7 @@ class LuaPlugin {
                                                  const Json& config,
                                                  std::vector<std::string> events,
                                                  int default_priority, LuaLimits limits,
-                                                 LogFn log);
+                                                 LogFn log, MemoryReader memory = {});
   ~LuaPlugin();
   LuaPlugin(const LuaPlugin&) = delete;
   LuaPlugin& operator=(const LuaPlugin&) = delete;

@@ -142,16 +142,42 @@ void Runtime::HookGateway() {
                 {"effect_class", r.call->effect_class},
                 {"decision", r.decision}};
   };
-  gateway_.SetOutboxHook([this, tool_after](const tools::CallRecord& r) {
+  // A memory.upsert call that succeeded is a memory.upsert@v1 as well, delivered the same way.
+  // The result has the memory without its text; the text is the call's.
+  auto memory_upsert = [](const tools::CallRecord& r) -> std::optional<Json> {
+    const Json& m = r.call->result;
+    if (r.call->tool != "memory.upsert" || r.call->status != "succeeded" || !m.is_object() ||
+        !m.contains("id")) {
+      return std::nullopt;
+    }
+    return Json{{"agent_id", r.agent_id},
+                {"session_id", r.session_id},
+                {"run_id", r.run_id},
+                {"memory_id", m.value("id", "")},
+                {"text", r.call->arguments.value("text", "")},
+                {"tags", m.value("tags", Json::array())},
+                {"source", m.value("source", "")},
+                {"replaced", m.value("replaced", false)}};
+  };
+  gateway_.SetOutboxHook([this, tool_after, memory_upsert](const tools::CallRecord& r) {
     auto p = plugins_->Find(r.agent_id);
     if (!p || p->webhooks.empty()) return std::vector<store::PluginDelivery>();
-    return DeliveriesFor(*p, "tool.after", tool_after(r));
+    auto out = DeliveriesFor(*p, "tool.after", tool_after(r));
+    if (auto upsert = memory_upsert(r)) {
+      for (auto& d : DeliveriesFor(*p, "memory.upsert", *upsert)) out.push_back(std::move(d));
+    }
+    return out;
   });
-  gateway_.SetAfterHook([this, tool_after](const tools::CallRecord& r) {
+  gateway_.SetAfterHook([this, tool_after, memory_upsert](const tools::CallRecord& r) {
     auto p = plugins_->Find(r.agent_id);
-    if (!p || !p->Wants("tool.after")) return;
+    if (!p) return;
+    auto upsert = memory_upsert(r);
+    if (!p->Wants("tool.after") && !(upsert && p->Wants("memory.upsert"))) return;
     if (!p->webhooks.empty()) WakeDeliveries();
     if (p->bus.Has("tool.after")) Emit(*p, "tool.after", tool_after(r), /*queue_webhooks=*/false);
+    if (upsert && p->bus.Has("memory.upsert")) {
+      Emit(*p, "memory.upsert", std::move(*upsert), /*queue_webhooks=*/false);
+    }
   });
   gateway_.SetAgentTools([this](const std::string& agent_id) {
     std::vector<std::shared_ptr<tools::Tool>> out;

@@ -7,12 +7,14 @@
 #include <set>
 
 #include "keel/common/ids.h"
+#include "keel/memory/memory.h"
 #include "keel/metrics.h"
 #include "keel/model/provider.h"
 #include "keel/plugins/bus.h"
 #include "keel/plugins/host.h"
 #include "keel/policy/stored.h"
 #include "keel/runtime/event_hub.h"
+#include "keel/runtime/model_calls.h"
 #include "keel/runtime/runtime.h"
 #include "keel/store/async.h"
 #include "keel/tools/gateway.h"
@@ -162,8 +164,8 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
   // Ends the run in one unit of work: the final answer (or the failure) and the session's state.
   // Parameters by value: the coroutine outlives the caller's temporaries (see `fail`).
   auto finish = [&](std::string status, std::string output, Json error,
-                    std::optional<store::Step> final_step,
-                    model::Usage usage) -> asio::awaitable<Status> {
+                    std::optional<store::Step> final_step, model::Usage usage,
+                    const ModelCall* call = nullptr) -> asio::awaitable<Status> {
     auto done = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
       KEEL_ASSIGN_OR_RETURN(auto cur, OwnedRun(tx, run));
       Millis at = NowMillis();
@@ -175,6 +177,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
                                           {{"seq", final_step->seq},
                                            {"kind", final_step->kind},
                                            {"status", final_step->status}}}));
+        if (call) KEEL_RETURN_IF_ERROR(call->Record(tx, cur, *final_step));
       }
       cur.status = status;
       cur.output = output;
@@ -203,8 +206,8 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
       }
       Json payload = {{"status", status}};
       if (!error.is_null()) payload["error"] = error;
-      payload["usage"] = {{"input_tokens", cur.input_tokens},
-                          {"output_tokens", cur.output_tokens}};
+      KEEL_ASSIGN_OR_RETURN(auto totals, tx.usage().RunUsage(cur.tenant_id, cur.id));
+      payload["usage"] = RunUsageJson(cur, totals);
       std::string type = status == "done"        ? "run.completed@v1"
                          : status == "cancelled" ? "run.cancelled@v1"
                                                  : "run.failed@v1";
@@ -226,13 +229,13 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
                   model::Usage{});
   };
 
-  // Load what the context needs: the agent, earlier messages, this run's steps so far.
+  // Load what the run needs: the agent, its prompt, this run's steps so far.
   store::Agent agent;
   store::Message prompt;
-  std::vector<store::Message> history;
   std::vector<store::Step> steps;
   std::vector<store::ToolCall> calls;
   std::vector<store::Plugin> enabled;
+  std::string working_memory;  // the system message showing it, or ""
   Status loaded = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
     if (known) {
       agent = known->agent;
@@ -241,14 +244,13 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
       KEEL_ASSIGN_OR_RETURN(agent, tx.agents().GetAgent(run.tenant_id, run.agent_id));
       KEEL_ASSIGN_OR_RETURN(prompt, tx.messages().GetMessage(run.tenant_id, run.message_id));
     }
-    KEEL_ASSIGN_OR_RETURN(history, tx.messages().RecentMessages(run.tenant_id, run.session_id,
-                                                                run.message_id,
-                                                                options_.history_limit));
     if (run.attempt > 1) {  // a first attempt has recorded nothing yet
       KEEL_ASSIGN_OR_RETURN(steps, tx.runs().ListSteps(run.tenant_id, run.id));
       KEEL_ASSIGN_OR_RETURN(calls, tx.runs().ListToolCalls(run.tenant_id, run.id));
     }
     KEEL_ASSIGN_OR_RETURN(enabled, tx.plugins().PluginsForAgent(run.tenant_id, run.agent_id));
+    KEEL_ASSIGN_OR_RETURN(working_memory,
+                          memory::WorkingMemoryPrompt(tx, run.tenant_id, run.agent_id));
     return Status::Ok();
   });
   if (!loaded.ok()) {
@@ -277,7 +279,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
   std::vector<model::ToolCallRequest> pending;  // proposed by the last model step, not yet run
   std::string direct_answer;                    // a direct call's answer, once it has one
   model::ModelRequest request;
-  model::Provider* provider = nullptr;
+  model::Provider* provider = nullptr;  // the agent's model, for compaction's summaries
   if (direct) {
     auto call = ParseJson(prompt.content);
     if (!call.ok() || !call->is_object()) {
@@ -298,11 +300,18 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
     provider = *resolved;
     request.model = model_name;
     request.agent_config = agent.config;
-    if (!agent.instructions.empty()) request.messages.push_back({"system", agent.instructions, {}, "", ""});
-    for (const auto& m : history) {
-      if (m.role == "user" || m.role == "assistant") request.messages.push_back({m.role, m.content, {}, "", ""});
+    std::string code;
+    Status assembled =
+        co_await AssembleContext(run, agent, prompt, *provider, *plugins, request, steps, code);
+    if (!assembled.ok()) {
+      (void)co_await fail(code, assembled.message());
+      co_return;
     }
-    request.messages.push_back({"user", prompt.content, {}, "", ""});
+    if (!working_memory.empty()) {  // right after the system prompt
+      auto at = request.messages.begin();
+      if (at != request.messages.end() && at->role == "system") ++at;
+      request.messages.insert(at, model::ChatMessage{"system", working_memory, {}, "", ""});
+    }
     if (plugins->Wants("prompt.assemble")) {
       Json payload = ids;
       payload["messages"] = MessagesJson(request.messages);
@@ -469,7 +478,9 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
         sent = &rewritten;
       }
     }
-    auto response = co_await provider->Complete(*sent, delta);
+    ModelCall call = co_await CallModel(run, agent, *sent, delta);
+    if (call.store_failed) co_return;  // the store failed; the run resumes after its lease
+    auto& response = call.response;
     if (response.ok() && plugins->Wants("model.after")) {
       Json payload = ids;
       payload["text"] = response->text;
@@ -481,14 +492,16 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
     step.finished_at = NowMillis();
     ++model_steps;
     if (!response.ok()) {
-      ++metrics_.model_errors;
+      bool budget = !call.budget_exceeded.is_null();  // no call was made
+      if (!budget) ++metrics_.model_errors;
       step.status = "failed";
       step.output = {{"error", response.status().message()}};
+      call.Describe(step.output);
       Json error = Json::object();
-      error["code"] = "model_error";
+      error["code"] = budget ? "budget_exceeded" : "model_error";
       error["message"] = response.status().message();
       std::string failed = "failed";
-      (void)co_await finish(failed, std::string(), error, step, model::Usage{});
+      (void)co_await finish(failed, std::string(), error, step, model::Usage{}, &call);
       co_return;
     }
     // Tool call ids must be unique within the run: make them so if the model repeats one.
@@ -504,14 +517,16 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
                    {"usage",
                     {{"input_tokens", response->usage.input_tokens},
                      {"output_tokens", response->usage.output_tokens}}}};
+    call.Describe(step.output);
     if (response->tool_calls.empty()) {
       std::string done = "done";
-      (void)co_await finish(done, response->text, Json(), step, response->usage);
+      (void)co_await finish(done, response->text, Json(), step, response->usage, &call);
       co_return;
     }
     auto recorded = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
       KEEL_ASSIGN_OR_RETURN(auto cur, OwnedRun(tx, run));
       KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(step));
+      KEEL_RETURN_IF_ERROR(call.Record(tx, cur, step));
       cur.input_tokens += response->usage.input_tokens;
       cur.output_tokens += response->usage.output_tokens;
       KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(cur));

@@ -11,7 +11,9 @@
 #include "keel/common/log.h"
 #include "keel/common/time.h"
 #include "keel/http/client.h"
+#include "keel/memory/memory.h"
 #include "keel/metrics.h"
+#include "keel/plugins/lua_plugin.h"
 #include "keel/plugins/host.h"
 #include "keel/runtime/event_hub.h"
 #include "keel/store/async.h"
@@ -19,6 +21,26 @@
 namespace keel::runtime {
 
 namespace asio = boost::asio;
+
+namespace {
+
+// ctx.memory for an agent's Lua plugins: synchronous reads of that agent's memories (the plugin
+// runs on the event loop, in the turn).
+plugins::MemoryReaders MemoryReadersOn(store::Store& store) {
+  return [&store](const std::string& tenant_id, const std::string& agent_id) {
+    plugins::MemoryReader reader;
+    reader.search = [&store, tenant_id, agent_id](const std::string& query,
+                                                   const std::string& tag, int limit) {
+      return memory::SearchJson(store, tenant_id, agent_id, query, tag, limit);
+    };
+    reader.get = [&store, tenant_id, agent_id](const std::string& id) {
+      return memory::GetJson(store, tenant_id, agent_id, id);
+    };
+    return reader;
+  };
+}
+
+}  // namespace
 
 Runtime::Runtime(asio::any_io_executor executor, store::Store& store, EventHub& hub,
                  model::ProviderRegistry& providers, tools::Gateway& gateway, Metrics& metrics,
@@ -31,7 +53,7 @@ Runtime::Runtime(asio::any_io_executor executor, store::Store& store, EventHub& 
       metrics_(metrics),
       options_(options),
       wake_timer_(executor),
-      plugins_(std::make_unique<plugins::PluginHost>(options.audit_dir)),
+      plugins_(std::make_unique<plugins::PluginHost>(options.audit_dir, MemoryReadersOn(store))),
       vault_(vault),
       webhook_client_(std::make_unique<http::Client>()),
       delivery_timer_(executor),
@@ -52,6 +74,7 @@ Status Runtime::Start() {
   asio::co_spawn(executor_, ApprovalExpiryLoop(), ReportExceptions{"approval expiry"});
   asio::co_spawn(executor_, DeliveryLoop(), ReportExceptions{"webhook deliveries"});
   asio::co_spawn(executor_, ScheduleLoop(), ReportExceptions{"schedules"});
+  asio::co_spawn(executor_, CachePruneLoop(), ReportExceptions{"response cache pruning"});
   return Status::Ok();
 }
 

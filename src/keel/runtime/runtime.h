@@ -25,12 +25,17 @@
 #include "keel/common/status.h"
 #include "keel/common/time.h"
 #include "keel/store/schedule_store.h"
+#include "keel/config/config.h"
+#include "keel/store/skill_store.h"
 #include "keel/store/store.h"
+#include "keel/store/usage_store.h"
 
 namespace keel {
 struct Metrics;
 namespace model {
+class Provider;
 class ProviderRegistry;
+struct ModelRequest;
 }
 namespace tools {
 class Gateway;
@@ -52,6 +57,7 @@ struct PluginError;
 namespace keel::runtime {
 
 class EventHub;
+struct ModelCall;  // model_calls.h
 
 // Wall-clock time in milliseconds. The runtime's schedules read it through RuntimeOptions, so a
 // test can run them on a clock it moves; the server uses NowMillis.
@@ -65,6 +71,9 @@ struct RuntimeOptions {
   int tenant_run_cap = 1000;
   std::string audit_dir;  // where the built-in audit-log plugin writes ({tenant}/{agent}.jsonl)
   Clock clock;            // for schedules; empty: NowMillis
+  // The model router (model_calls.h): prices by model string, and the response cache.
+  std::map<std::string, config::ModelPrice> prices;
+  config::CacheConfig cache;
 };
 
 
@@ -176,8 +185,39 @@ class Runtime {
   void Launch(store::Run run, std::optional<Known> known);
   // Puts a run that found its approval still pending back to waiting_for_approval.
   boost::asio::awaitable<Status> ParkAgain(const store::Run& run, const std::string& call_id);
+  // Context assembly (context.cc): fills request.messages for a model turn of `run`: the
+  // system prompt (the agent's instructions, the index of its skills, the summary of the
+  // session's compacted turns), the messages since that summary, the prompt. When they would
+  // exceed the agent's budget (config.context_tokens) or history_limit, the oldest are first
+  // summarized with `provider` into a compaction record, each recorded as a step of the run
+  // (appended to `steps`) with session.compacted@v1. Brings the agent's skills in its workspace
+  // up to date first. On failure, `error_code` is the run's error code (internal,
+  // compaction_failed, plugin_failed).
+  boost::asio::awaitable<Status> AssembleContext(const store::Run& run, const store::Agent& agent,
+                                                 const store::Message& prompt,
+                                                 model::Provider& provider,
+                                                 const plugins::AgentPlugins& plugins,
+                                                 model::ModelRequest& request,
+                                                 std::vector<store::Step>& steps,
+                                                 std::string& error_code);
+  // Makes the agent's workspace hold copies of exactly `skills` (its assigned ones, read
+  // without files), reading the files of those whose copy is not current.
+  boost::asio::awaitable<Status> SyncSkills(const store::Run& run,
+                                            std::vector<store::Skill> skills);
   // The reason of an emergency stop in force for the run's agent, if any.
   boost::asio::awaitable<std::optional<std::string>> StopFor(const store::Run& run);
+  // One model call: cache, budgets, the agent's model and its fallback, metering
+  // (model_calls.cc).
+  boost::asio::awaitable<ModelCall> CallModel(const store::Run& run, const store::Agent& agent,
+                                              const model::ModelRequest& request,
+                                              std::function<void(const std::string&)> on_delta);
+  // Prunes the response cache (on the leader): expired entries, and the oldest beyond the bound.
+  boost::asio::awaitable<void> CachePruneLoop();
+  // Queues an answer for the response cache; queued answers are written together, in one unit
+  // of work a moment later, so that a miss does not cost a commit of its own.
+  void QueueCacheEntry(store::CacheEntry entry);
+  boost::asio::awaitable<void> FlushCacheEntries();  // after a moment, WriteCacheEntries
+  void WriteCacheEntries();                          // one unit, not awaited
   // Expires pending approvals past their time (on the leader), every second.
   boost::asio::awaitable<void> ApprovalExpiryLoop();
   // The agent's plugins for the enabled list just read from the store (see PluginsOf).
@@ -238,6 +278,8 @@ class Runtime {
   boost::asio::steady_timer schedule_timer_;
   bool schedule_wake_ = true;         // the first round does not wait
   std::set<std::string> firing_;      // schedules being fired by this node
+  std::vector<store::CacheEntry> cache_pending_;  // answers not written to the cache yet
+  bool cache_flush_scheduled_ = false;
 };
 
 }  // namespace keel::runtime

@@ -26,7 +26,7 @@ namespace keel::store {
 
 inline constexpr const char* kArchiveFormat = "keel-export";
 // 2: tenant_keys and secrets; 3: plugins and agent_plugins.
-inline constexpr int kArchiveVersion = 3;
+inline constexpr int kArchiveVersion = 4;
 // The oldest version ImportArchive reads.
 inline constexpr int kOldestArchiveVersion = 2;
 

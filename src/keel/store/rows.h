@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "keel/common/status.h"
+#include "keel/store/memory_store.h"
 #include "keel/store/store.h"
 #include "keel/store/types.h"
 
@@ -312,6 +313,29 @@ Event ReadEvent(const Row& s) {
   e.payload = ParseStored(s.Text(9));
   e.occurred_at = s.Int(10);
   return e;
+}
+
+inline constexpr const char* kMemoryCols =
+    "id, tenant_id, agent_id, text, tags, source, created_at, updated_at";
+template <typename Row>
+Memory ReadMemory(const Row& s) {
+  Memory m;
+  m.id = s.Text(0);
+  m.tenant_id = s.Text(1);
+  m.agent_id = s.Text(2);
+  m.text = s.Text(3);
+  m.tags = ParseStored(s.Text(4));
+  if (!m.tags.is_array()) m.tags = Json::array();
+  m.source = s.Text(5);
+  m.created_at = s.Int(6);
+  m.updated_at = s.Int(7);
+  return m;
+}
+
+// ListMemories pages newest first: its cursor is the last item's (updated_at, id), as
+// DeliveryCursorKey's is.
+inline std::string MemoryCursorKey(const Memory& m) {
+  return std::to_string(m.updated_at) + ":" + m.id;
 }
 
 }  // namespace keel::store::rows

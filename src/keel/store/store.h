@@ -22,6 +22,10 @@
 namespace keel::store {
 
 class ScheduleStore;  // schedule_store.h
+class UsageStore;  // usage_store.h
+class MemoryStore;  // memory_store.h
+class SkillStore;       // skill_store.h
+class CompactionStore;  // compaction_store.h
 
 class TenantStore {
  public:
@@ -328,6 +332,10 @@ class Tx {
   virtual McpServerStore& mcp_servers() = 0;
   virtual PluginStore& plugins() = 0;
   virtual ScheduleStore& schedules() = 0;
+  virtual UsageStore& usage() = 0;
+  virtual MemoryStore& memory() = 0;
+  virtual SkillStore& skills() = 0;
+  virtual CompactionStore& compactions() = 0;
   virtual AgentStore& agents() = 0;
   virtual SessionStore& sessions() = 0;
   virtual MessageStore& messages() = 0;

@@ -10,6 +10,10 @@
 #include "keel/common/json_util.h"
 #include "keel/common/status.h"
 
+namespace keel::store {
+class Store;
+}
+
 namespace keel::tools {
 
 enum class EffectClass { kPure, kIdempotent, kOnce };
@@ -57,5 +61,8 @@ class ToolRegistry {
 Status RegisterBuiltinTools(ToolRegistry& registry);
 // files.read, files.list (pure), files.write (idempotent), exec (once; sandboxed by default).
 Status RegisterWorkspaceTools(ToolRegistry& registry);
+// memory.search (pure, read), memory.upsert and memory.delete (idempotent, write): the calling
+// agent's own memories in `store` (memory_tools.cc).
+Status RegisterMemoryTools(ToolRegistry& registry, store::Store& store);
 
 }  // namespace keel::tools

@@ -84,7 +84,8 @@ class PostgresStore final : public Store {
   Result<std::unique_ptr<Session>> Connect(bool writer);
   Status Migrate(Conn& conn);
   Status MigrateLocked(Conn& conn);
-  // Logs an error when the role is exempt from row-level security (superuser or BYPASSRLS).
+  // Logs an error when the role is exempt from row-level security (superuser or BYPASSRLS);
+  // otherwise a hint when row-level security keeps memory search off its text index.
   Status WarnIfRowSecurityIsBypassed(Conn& conn);
   // Opens BEGIN on the writer session, reconnecting once when the connection was lost.
   Status BeginWrite();

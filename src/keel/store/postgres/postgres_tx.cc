@@ -1341,7 +1341,7 @@ CREATE POLICY tenant_isolation ON plugin_deliveries
   USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
   WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
 )sql",
-      // Schedules (cron or one-shot) and the slots they fired: (schedule_id, slot) is unique,
+      // 6: schedules (cron or one-shot) and the slots they fired: (schedule_id, slot) is unique,
       // so a slot is recorded once. schedules_due serves the runtime-wide due list and the
       // earliest next_fire_at.
       R"sql(
@@ -1369,6 +1369,130 @@ CREATE POLICY tenant_isolation ON schedules
 ALTER TABLE schedule_fires ENABLE ROW LEVEL SECURITY;
 ALTER TABLE schedule_fires FORCE ROW LEVEL SECURITY;
 CREATE POLICY tenant_isolation ON schedule_fires
+  USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
+  WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
+)sql",
+      // 7: the model router: each model call's usage, running totals per tenant (agent_id '') and
+      // agent for each UTC day and month, budgets, and the response cache.
+      R"sql(
+CREATE TABLE model_usage(
+  id TEXT COLLATE "C" PRIMARY KEY, tenant_id TEXT COLLATE "C" NOT NULL REFERENCES tenants(id),
+  agent_id TEXT COLLATE "C" NOT NULL, run_id TEXT COLLATE "C" NOT NULL,
+  step_id TEXT COLLATE "C" NOT NULL, model TEXT COLLATE "C" NOT NULL,
+  input_tokens BIGINT NOT NULL, output_tokens BIGINT NOT NULL, cost_micros BIGINT NOT NULL,
+  saved_micros BIGINT NOT NULL, cached BIGINT NOT NULL, fallback BIGINT NOT NULL,
+  created_at BIGINT NOT NULL);
+CREATE INDEX model_usage_run ON model_usage(tenant_id, run_id);
+CREATE TABLE usage_totals(
+  tenant_id TEXT COLLATE "C" NOT NULL REFERENCES tenants(id), agent_id TEXT COLLATE "C" NOT NULL,
+  period TEXT COLLATE "C" NOT NULL, period_start BIGINT NOT NULL, calls BIGINT NOT NULL,
+  cached_calls BIGINT NOT NULL, input_tokens BIGINT NOT NULL, output_tokens BIGINT NOT NULL,
+  cost_micros BIGINT NOT NULL, saved_micros BIGINT NOT NULL,
+  PRIMARY KEY(tenant_id, period, period_start, agent_id));
+CREATE TABLE budgets(
+  tenant_id TEXT COLLATE "C" NOT NULL REFERENCES tenants(id), scope TEXT COLLATE "C" NOT NULL,
+  period TEXT COLLATE "C" NOT NULL, limit_micros BIGINT NOT NULL, created_at BIGINT NOT NULL,
+  updated_at BIGINT NOT NULL, PRIMARY KEY(tenant_id, scope, period));
+CREATE TABLE model_cache(
+  tenant_id TEXT COLLATE "C" NOT NULL REFERENCES tenants(id),
+  cache_group TEXT COLLATE "C" NOT NULL, key TEXT COLLATE "C" NOT NULL,
+  model TEXT COLLATE "C" NOT NULL, response TEXT NOT NULL, input_tokens BIGINT NOT NULL,
+  output_tokens BIGINT NOT NULL, created_at BIGINT NOT NULL,
+  PRIMARY KEY(tenant_id, cache_group, key));
+CREATE INDEX model_cache_created ON model_cache(created_at);
+ALTER TABLE model_usage ENABLE ROW LEVEL SECURITY;
+ALTER TABLE model_usage FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON model_usage
+  USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
+  WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
+ALTER TABLE usage_totals ENABLE ROW LEVEL SECURITY;
+ALTER TABLE usage_totals FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON usage_totals
+  USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
+  WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
+ALTER TABLE budgets ENABLE ROW LEVEL SECURITY;
+ALTER TABLE budgets FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON budgets
+  USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
+  WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
+ALTER TABLE model_cache ENABLE ROW LEVEL SECURITY;
+ALTER TABLE model_cache FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON model_cache
+  USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
+  WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
+)sql",
+      // 8: agents' memories, searchable through a 'simple' tsvector of their words (GIN; see
+      // postgres_memory.cc), and each agent's working memory. seq orders writes (the search's
+      // recency bound): a new value on every insert and update. Words are split where
+      // memory::ParseQuery splits a query (query.cc, IsWordChar): at every character but ASCII
+      // letters and digits and the letters beyond ASCII, whatever the database's locale.
+      R"sql(
+CREATE SEQUENCE memories_seq;
+CREATE TABLE memories(
+  id TEXT COLLATE "C" NOT NULL, tenant_id TEXT COLLATE "C" NOT NULL REFERENCES tenants(id),
+  agent_id TEXT COLLATE "C" NOT NULL REFERENCES agents(id), text TEXT NOT NULL,
+  tags TEXT NOT NULL, source TEXT COLLATE "C" NOT NULL, created_at BIGINT NOT NULL,
+  updated_at BIGINT NOT NULL, seq BIGINT NOT NULL DEFAULT nextval('memories_seq'),
+  tsv tsvector GENERATED ALWAYS AS
+    (to_tsvector('simple', regexp_replace(text,
+      '[^0-9A-Za-z\u00AA\u00B2\u00B3\u00B5\u00B9\u00BA\u00BC-\u00BE\u00C0-\u00D6\u00D8-\u00F6'
+      '\u00F8-\u1FFF\u2070-\U0010FFFF]+', ' ', 'g'))) STORED,
+  PRIMARY KEY(tenant_id, id));
+ALTER SEQUENCE memories_seq OWNED BY memories.seq;
+CREATE INDEX memories_recent ON memories(tenant_id, agent_id, updated_at, id);
+CREATE INDEX memories_seq_order ON memories(tenant_id, agent_id, seq);
+CREATE INDEX memories_words ON memories USING GIN(tsv);
+CREATE TABLE working_memories(
+  tenant_id TEXT COLLATE "C" NOT NULL REFERENCES tenants(id),
+  agent_id TEXT COLLATE "C" NOT NULL REFERENCES agents(id), text TEXT NOT NULL,
+  updated_at BIGINT NOT NULL, PRIMARY KEY(tenant_id, agent_id));
+ALTER TABLE memories ENABLE ROW LEVEL SECURITY;
+ALTER TABLE memories FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON memories
+  USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
+  WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
+ALTER TABLE working_memories ENABLE ROW LEVEL SECURITY;
+ALTER TABLE working_memories FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON working_memories
+  USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
+  WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
+)sql",
+      // 9: skills registered per tenant (their files as one JSON object), and the agents they are
+      // assigned to; assignments go with their skill.
+      R"sql(
+CREATE TABLE skills(
+  tenant_id TEXT COLLATE "C" NOT NULL REFERENCES tenants(id), name TEXT COLLATE "C" NOT NULL,
+  description TEXT NOT NULL, hash TEXT COLLATE "C" NOT NULL, bytes BIGINT NOT NULL,
+  manifest TEXT NOT NULL, created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL,
+  files TEXT NOT NULL, PRIMARY KEY(tenant_id, name));
+CREATE TABLE agent_skills(
+  tenant_id TEXT COLLATE "C" NOT NULL, agent_id TEXT COLLATE "C" NOT NULL,
+  skill TEXT COLLATE "C" NOT NULL, created_at BIGINT NOT NULL,
+  PRIMARY KEY(tenant_id, agent_id, skill),
+  FOREIGN KEY(tenant_id, skill) REFERENCES skills(tenant_id, name) ON DELETE CASCADE);
+CREATE INDEX agent_skills_skill ON agent_skills(tenant_id, skill);
+ALTER TABLE skills ENABLE ROW LEVEL SECURITY;
+ALTER TABLE skills FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON skills
+  USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
+  WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
+ALTER TABLE agent_skills ENABLE ROW LEVEL SECURITY;
+ALTER TABLE agent_skills FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON agent_skills
+  USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
+  WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
+)sql",
+      // 10: compaction: summaries that stand for a session's older messages in later contexts.
+      R"sql(
+CREATE TABLE compactions(
+  id TEXT COLLATE "C" PRIMARY KEY, tenant_id TEXT COLLATE "C" NOT NULL REFERENCES tenants(id),
+  session_id TEXT COLLATE "C" NOT NULL REFERENCES sessions(id), run_id TEXT COLLATE "C" NOT NULL,
+  last_message_id TEXT COLLATE "C" NOT NULL, summary TEXT NOT NULL, messages BIGINT NOT NULL,
+  tokens_before BIGINT NOT NULL, tokens_after BIGINT NOT NULL, created_at BIGINT NOT NULL);
+CREATE INDEX compactions_session ON compactions(tenant_id, session_id, id);
+ALTER TABLE compactions ENABLE ROW LEVEL SECURITY;
+ALTER TABLE compactions FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON compactions
   USING (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on')
   WITH CHECK (tenant_id = current_setting('app.tenant_id', true) OR current_setting('app.system', true) = 'on');
 )sql",

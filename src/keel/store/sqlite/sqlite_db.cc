@@ -2,6 +2,8 @@
 
 #include <sqlite3.h>
 
+#include "keel/store/sqlite/sqlite_memory.h"
+
 namespace keel::store::sqlite {
 
 Status StatusFromSqlite(sqlite3* db, int rc, std::string_view what) {
@@ -63,6 +65,7 @@ std::string Stmt::Text(int col) const {
   return std::string(reinterpret_cast<const char*>(p), sqlite3_column_bytes(s_, col));
 }
 int64_t Stmt::Int(int col) const { return sqlite3_column_int64(s_, col); }
+double Stmt::Double(int col) const { return sqlite3_column_double(s_, col); }
 bool Stmt::IsNull(int col) const { return sqlite3_column_type(s_, col) == SQLITE_NULL; }
 std::optional<int64_t> Stmt::OptInt(int col) const {
   if (IsNull(col)) return std::nullopt;
@@ -91,6 +94,7 @@ Result<std::unique_ptr<Db>> Db::Open(const std::string& path, bool read_only, bo
   KEEL_RETURN_IF_ERROR(db->Exec(sync_full ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL"));
   KEEL_RETURN_IF_ERROR(db->Exec("PRAGMA foreign_keys=ON"));
   KEEL_RETURN_IF_ERROR(db->Exec("PRAGMA cache_size=-16000"));
+  KEEL_RETURN_IF_ERROR(RegisterMemoryFunctions(raw));
   return db;
 }
 

@@ -48,6 +48,7 @@ class Stmt {
 
   std::string Text(int col) const;
   int64_t Int(int col) const;
+  double Double(int col) const;
   bool IsNull(int col) const;
   std::optional<int64_t> OptInt(int col) const;
 

@@ -992,7 +992,8 @@ Status SqliteTx::ImportRow(const std::string& table, const Json& row) {
 }
 
 // Positions come from AUTOINCREMENT and origin_seqs from max(origin_seq): nothing to move.
-Status SqliteTx::FinishImport() { return Status::Ok(); }
+// Imported memories get their search scope (not part of the archive).
+Status SqliteTx::FinishImport() { return ScopeImportedMemories(); }
 
 Result<bool> SqliteTx::IsEmpty() {
   for (const auto& t : ExportTables()) {
@@ -1125,7 +1126,7 @@ CREATE TABLE plugin_deliveries(
 CREATE INDEX plugin_deliveries_due ON plugin_deliveries(status, next_attempt_at);
 CREATE INDEX plugin_deliveries_plugin ON plugin_deliveries(tenant_id, plugin_id, created_at, id);
 )sql",
-      // Schedules (cron or one-shot) and the slots they fired: (schedule_id, slot) is unique,
+      // 6: schedules (cron or one-shot) and the slots they fired: (schedule_id, slot) is unique,
       // so a slot is recorded once. schedules_due serves the runtime-wide due list and the
       // earliest next_fire_at.
       R"sql(
@@ -1142,6 +1143,87 @@ CREATE TABLE schedule_fires(
   fired_at INTEGER NOT NULL, outcome TEXT NOT NULL, session_id TEXT NOT NULL,
   run_id TEXT NOT NULL, message_id TEXT NOT NULL, error TEXT NOT NULL,
   PRIMARY KEY(schedule_id, slot));
+)sql",
+      // 7: the model router: each model call's usage, running totals per tenant (agent_id '') and
+      // agent for each UTC day and month, budgets, and the response cache.
+      R"sql(
+CREATE TABLE model_usage(
+  id TEXT PRIMARY KEY, tenant_id TEXT NOT NULL REFERENCES tenants(id), agent_id TEXT NOT NULL,
+  run_id TEXT NOT NULL, step_id TEXT NOT NULL, model TEXT NOT NULL,
+  input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL, cost_micros INTEGER NOT NULL,
+  saved_micros INTEGER NOT NULL, cached INTEGER NOT NULL, fallback INTEGER NOT NULL,
+  created_at INTEGER NOT NULL);
+CREATE INDEX model_usage_run ON model_usage(tenant_id, run_id);
+CREATE TABLE usage_totals(
+  tenant_id TEXT NOT NULL REFERENCES tenants(id), agent_id TEXT NOT NULL, period TEXT NOT NULL,
+  period_start INTEGER NOT NULL, calls INTEGER NOT NULL, cached_calls INTEGER NOT NULL,
+  input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL, cost_micros INTEGER NOT NULL,
+  saved_micros INTEGER NOT NULL, PRIMARY KEY(tenant_id, period, period_start, agent_id));
+CREATE TABLE budgets(
+  tenant_id TEXT NOT NULL REFERENCES tenants(id), scope TEXT NOT NULL, period TEXT NOT NULL,
+  limit_micros INTEGER NOT NULL, created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL,
+  PRIMARY KEY(tenant_id, scope, period));
+CREATE TABLE model_cache(
+  tenant_id TEXT NOT NULL REFERENCES tenants(id), cache_group TEXT NOT NULL, key TEXT NOT NULL,
+  model TEXT NOT NULL, response TEXT NOT NULL, input_tokens INTEGER NOT NULL,
+  output_tokens INTEGER NOT NULL, created_at INTEGER NOT NULL,
+  PRIMARY KEY(tenant_id, cache_group, key));
+CREATE INDEX model_cache_created ON model_cache(created_at);
+)sql",
+      // 8: agents' memories with their full-text index (FTS5 over the text and the tags, each
+      // agent with words of its own through the keel_agent tokenizer, kept in step by triggers;
+      // see sqlite_memory.cc), and each agent's working memory. automerge 2 (FTS5's default is
+      // 4) keeps fewer index segments for a search to walk, at no measurable cost to writes.
+      R"sql(
+CREATE TABLE memories(
+  seq INTEGER PRIMARY KEY, id TEXT NOT NULL, tenant_id TEXT NOT NULL REFERENCES tenants(id),
+  agent_id TEXT NOT NULL REFERENCES agents(id), text TEXT NOT NULL, tags TEXT NOT NULL,
+  source TEXT NOT NULL, created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL,
+  scope TEXT NOT NULL DEFAULT '',
+  body TEXT GENERATED ALWAYS AS ('k' || hex(agent_id) || ' ' || text) VIRTUAL,
+  fts_rowid INTEGER GENERATED ALWAYS AS (-seq) VIRTUAL,
+  UNIQUE(tenant_id, id));
+CREATE INDEX memories_recent ON memories(tenant_id, agent_id, updated_at, id);
+CREATE VIRTUAL TABLE memories_fts USING fts5(body, scope, content='memories',
+  content_rowid='fts_rowid', tokenize='keel_agent');
+INSERT INTO memories_fts(memories_fts, rank) VALUES('automerge', 2);
+CREATE TRIGGER memories_fts_insert AFTER INSERT ON memories BEGIN
+  INSERT INTO memories_fts(rowid, body, scope) VALUES(new.fts_rowid, new.body, new.scope);
+END;
+CREATE TRIGGER memories_fts_delete AFTER DELETE ON memories BEGIN
+  INSERT INTO memories_fts(memories_fts, rowid, body, scope)
+    VALUES('delete', old.fts_rowid, old.body, old.scope);
+END;
+CREATE TRIGGER memories_fts_update AFTER UPDATE ON memories BEGIN
+  INSERT INTO memories_fts(memories_fts, rowid, body, scope)
+    VALUES('delete', old.fts_rowid, old.body, old.scope);
+  INSERT INTO memories_fts(rowid, body, scope) VALUES(new.fts_rowid, new.body, new.scope);
+END;
+CREATE TABLE working_memories(
+  tenant_id TEXT NOT NULL REFERENCES tenants(id), agent_id TEXT NOT NULL REFERENCES agents(id),
+  text TEXT NOT NULL, updated_at INTEGER NOT NULL, PRIMARY KEY(tenant_id, agent_id));
+)sql",
+      // 9: skills registered per tenant (their files as one JSON object), and the agents they are
+      // assigned to; assignments go with their skill.
+      R"sql(
+CREATE TABLE skills(
+  tenant_id TEXT NOT NULL REFERENCES tenants(id), name TEXT NOT NULL, description TEXT NOT NULL,
+  hash TEXT NOT NULL, bytes INTEGER NOT NULL, manifest TEXT NOT NULL, created_at INTEGER NOT NULL,
+  updated_at INTEGER NOT NULL, files TEXT NOT NULL, PRIMARY KEY(tenant_id, name));
+CREATE TABLE agent_skills(
+  tenant_id TEXT NOT NULL, agent_id TEXT NOT NULL, skill TEXT NOT NULL,
+  created_at INTEGER NOT NULL, PRIMARY KEY(tenant_id, agent_id, skill),
+  FOREIGN KEY(tenant_id, skill) REFERENCES skills(tenant_id, name) ON DELETE CASCADE);
+CREATE INDEX agent_skills_skill ON agent_skills(tenant_id, skill);
+)sql",
+      // 10: compaction: summaries that stand for a session's older messages in later contexts.
+      R"sql(
+CREATE TABLE compactions(
+  id TEXT PRIMARY KEY, tenant_id TEXT NOT NULL REFERENCES tenants(id),
+  session_id TEXT NOT NULL REFERENCES sessions(id), run_id TEXT NOT NULL,
+  last_message_id TEXT NOT NULL, summary TEXT NOT NULL, messages INTEGER NOT NULL,
+  tokens_before INTEGER NOT NULL, tokens_after INTEGER NOT NULL, created_at INTEGER NOT NULL);
+CREATE INDEX compactions_session ON compactions(tenant_id, session_id, id);
 )sql",
   };
   return kMigrations;

@@ -6,9 +6,13 @@
 #include <string>
 #include <vector>
 
+#include "keel/store/compaction_store.h"
+#include "keel/store/skill_store.h"
 #include "keel/store/sqlite/sqlite_db.h"
 #include "keel/store/schedule_store.h"
+#include "keel/store/memory_store.h"
 #include "keel/store/store.h"
+#include "keel/store/usage_store.h"
 
 namespace keel::store::sqlite {
 
@@ -21,6 +25,10 @@ class SqliteTx final : public Tx,
                        public McpServerStore,
                        public PluginStore,
                        public ScheduleStore,
+                       public UsageStore,
+                       public MemoryStore,
+                       public SkillStore,
+                       public CompactionStore,
                        public AgentStore,
                        public SessionStore,
                        public MessageStore,
@@ -42,6 +50,10 @@ class SqliteTx final : public Tx,
   McpServerStore& mcp_servers() override { return *this; }
   PluginStore& plugins() override { return *this; }
   ScheduleStore& schedules() override { return *this; }
+  UsageStore& usage() override { return *this; }
+  MemoryStore& memory() override { return *this; }
+  SkillStore& skills() override { return *this; }
+  CompactionStore& compactions() override { return *this; }
   AgentStore& agents() override { return *this; }
   SessionStore& sessions() override { return *this; }
   MessageStore& messages() override { return *this; }
@@ -195,8 +207,70 @@ class SqliteTx final : public Tx,
                                                 int limit) override;
   Result<std::vector<Schedule>> DueSchedules(Millis now, int limit) override;
   Result<std::optional<Millis>> NextFireAt() override;
+  // UsageStore (sqlite_usage.cc)
+  Status InsertUsage(const UsageRecord& u) override;
+  Result<UsageTotals> RunUsage(const std::string& tenant_id, const std::string& run_id) override;
+  Result<UsageTotals> PeriodUsage(const std::string& tenant_id, const std::string& agent_id,
+                                  const std::string& period, Millis start) override;
+  Result<std::vector<AgentUsage>> PeriodUsageByAgent(const std::string& tenant_id,
+                                                     const std::string& period,
+                                                     Millis start) override;
+  Status PutBudget(const Budget& b) override;
+  Result<std::vector<Budget>> ListBudgets(const std::string& tenant_id) override;
+  Status DeleteBudget(const std::string& tenant_id, const std::string& scope,
+                      const std::string& period) override;
+  Result<std::optional<CacheEntry>> GetCacheEntry(const std::string& tenant_id,
+                                                  const std::string& cache_group,
+                                                  const std::string& key,
+                                                  Millis not_before) override;
+  Status PutCacheEntry(const CacheEntry& e) override;
+  Result<int64_t> PruneCache(Millis before, int64_t max_entries) override;
+  // MemoryStore (sqlite_memory.cc)
+  Status UpsertMemory(const Memory& m) override;
+  Result<Memory> GetMemory(const std::string& tenant_id, const std::string& agent_id,
+                           const std::string& id) override;
+  Result<Memory> FindMemory(const std::string& tenant_id, const std::string& id) override;
+  Status DeleteMemory(const std::string& tenant_id, const std::string& agent_id,
+                      const std::string& id) override;
+  Result<Paged<Memory>> ListMemories(const std::string& tenant_id, const std::string& agent_id,
+                                     const std::string& tag, const Page& page) override;
+  Result<std::vector<MemoryHit>> SearchMemories(const std::string& tenant_id,
+                                                const std::string& agent_id,
+                                                const MemorySearch& search) override;
+  Result<WorkingMemory> GetWorkingMemory(const std::string& tenant_id,
+                                         const std::string& agent_id) override;
+  Status PutWorkingMemory(const WorkingMemory& w) override;
+  // SkillStore (sqlite_skills.cc)
+  Status UpsertSkill(const Skill& s) override;
+  Result<Skill> GetSkill(const std::string& tenant_id, const std::string& name,
+                         bool with_files) override;
+  Result<std::vector<Skill>> ListSkills(const std::string& tenant_id) override;
+  Status DeleteSkill(const std::string& tenant_id, const std::string& name) override;
+  Status AssignSkill(const SkillAssignment& a) override;
+  Status UnassignSkill(const std::string& tenant_id, const std::string& agent_id,
+                       const std::string& name) override;
+  Result<std::vector<SkillAssignment>> ListSkillAssignments(const std::string& tenant_id,
+                                                            const std::string& name) override;
+  Result<std::vector<Skill>> SkillsForAgent(const std::string& tenant_id,
+                                            const std::string& agent_id, bool with_files) override;
+
+  // CompactionStore (sqlite_compactions.cc)
+  Status InsertCompaction(const Compaction& c) override;
+  Result<std::optional<Compaction>> LatestCompaction(const std::string& tenant_id,
+                                                     const std::string& session_id) override;
+  Result<Paged<Compaction>> ListCompactions(const std::string& tenant_id,
+                                            const std::string& session_id,
+                                            const Page& page) override;
+  Result<std::vector<Message>> ConversationSince(const std::string& tenant_id,
+                                                 const std::string& session_id,
+                                                 const std::string& after_id,
+                                                 const std::string& before_id,
+                                                 int limit) override;
 
  private:
+  // Gives memories imported without their search scope (ImportRow leaves it empty) their scope.
+  Status ScopeImportedMemories();
+
   Db& db_;
   std::string origin_;
   std::vector<Event> appended_;

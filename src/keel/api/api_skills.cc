@@ -1,0 +1,203 @@
+// Skills: register (POST, again to replace), list, show, delete; assign to and unassign from an
+// agent, and list an agent's skills. Owners change things; owners and users may look. A skill is
+// checked whole when registered (skills::SkillOf): a refused one writes nothing. Agents see a
+// change at their next turn.
+
+#include "keel/api/api.h"
+#include "keel/api/render.h"
+#include "keel/common/time.h"
+#include "keel/skills/skills.h"
+#include "keel/store/async.h"
+#include "keel/store/skill_store.h"
+#include "keel/store/store.h"
+
+namespace keel::api {
+
+namespace asio = boost::asio;
+using http::Request;
+using http::Response;
+
+namespace {
+
+// The skill as the API shows it; `files` (the contents) only when it was read with them.
+Json SkillJson(const store::Skill& s, const std::vector<store::SkillAssignment>& assigned) {
+  Json agents = Json::array();
+  for (const auto& a : assigned) agents.push_back(a.agent_id);
+  Json out = {{"name", s.name},
+              {"description", s.description},
+              {"hash", s.hash},
+              {"bytes", s.bytes},
+              {"manifest", s.manifest},
+              {"assigned_to", agents},
+              {"created_at", FormatRfc3339(s.created_at)},
+              {"updated_at", FormatRfc3339(s.updated_at)}};
+  if (!s.files.is_null()) out["files"] = s.files;
+  return out;
+}
+
+// The agent's skills, without their files.
+Json AgentSkillsJson(const std::vector<store::Skill>& skills) {
+  Json items = Json::array();
+  for (const auto& s : skills) {
+    items.push_back({{"name", s.name},
+                     {"description", s.description},
+                     {"hash", s.hash},
+                     {"bytes", s.bytes},
+                     {"updated_at", FormatRfc3339(s.updated_at)}});
+  }
+  return {{"items", items}, {"next_cursor", nullptr}};
+}
+
+}  // namespace
+
+void RegisterSkillRoutes(http::Router& router, ApiContext& ctx) {
+  // {"files": {"SKILL.md": TEXT, "PATH": TEXT | {"base64": DATA}, ...}}
+  router.Add("POST", "/v1/skills", [&ctx](Request& req) -> asio::awaitable<Response> {
+    if (auto st = RequireOwner(req); !st.ok()) co_return Response::Error(st);
+    auto body = ParseJsonObject(req.body);
+    if (!body.ok()) co_return Response::Error(body.status());
+    for (auto it = body->begin(); it != body->end(); ++it) {
+      if (it.key() != "files") {
+        co_return Response::Error(
+            InvalidArgument("unknown field '" + it.key() + "' (a registration has files)"));
+      }
+    }
+    if (!body->contains("files"))
+      co_return Response::Error(InvalidArgument("field 'files' is required"));
+    auto checked = skills::SkillOf((*body)["files"]);
+    if (!checked.ok()) co_return Response::Error(checked.status());
+    store::Skill skill = std::move(*checked);
+    skill.tenant_id = req.principal.tenant_id;
+    skill.created_at = skill.updated_at = NowMillis();
+    std::vector<store::SkillAssignment> assigned;
+    bool replaced = false;
+    auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
+      auto before = tx.skills().GetSkill(skill.tenant_id, skill.name, false);
+      replaced = before.ok();
+      if (replaced) skill.created_at = before->created_at;
+      KEEL_RETURN_IF_ERROR(tx.skills().UpsertSkill(skill));
+      KEEL_ASSIGN_OR_RETURN(assigned,
+                            tx.skills().ListSkillAssignments(skill.tenant_id, skill.name));
+      return tx.events().Append({skill.tenant_id,
+                                 "skill.registered@v1",
+                                 "",
+                                 "",
+                                 "",
+                                 {{"name", skill.name},
+                                  {"hash", skill.hash},
+                                  {"files", skill.manifest.size()},
+                                  {"bytes", skill.bytes},
+                                  {"replaced", replaced}}});
+    });
+    if (!written.ok()) co_return Response::Error(written.status());
+    skill.files = nullptr;  // the caller has them
+    co_return Response::Json(replaced ? 200 : 201, SkillJson(skill, assigned));
+  });
+
+  router.Add("GET", "/v1/skills", [&ctx](Request& req) -> asio::awaitable<Response> {
+    if (auto st = RequireMember(req, "see skills"); !st.ok()) co_return Response::Error(st);
+    std::string tenant = req.principal.tenant_id;
+    Json items = Json::array();
+    Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(auto found, tx.skills().ListSkills(tenant));
+      for (const auto& s : found) {
+        KEEL_ASSIGN_OR_RETURN(auto assigned, tx.skills().ListSkillAssignments(tenant, s.name));
+        items.push_back(SkillJson(s, assigned));
+      }
+      return Status::Ok();
+    });
+    if (!st.ok()) co_return Response::Error(st);
+    co_return Response::Json(200, {{"items", items}, {"next_cursor", nullptr}});
+  });
+
+  router.Add("GET", "/v1/skills/{name}", [&ctx](Request& req) -> asio::awaitable<Response> {
+    if (auto st = RequireMember(req, "see skills"); !st.ok()) co_return Response::Error(st);
+    std::string tenant = req.principal.tenant_id;
+    std::string name = req.Param("name");
+    Json out;
+    Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(auto s, tx.skills().GetSkill(tenant, name, true));
+      KEEL_ASSIGN_OR_RETURN(auto assigned, tx.skills().ListSkillAssignments(tenant, name));
+      out = SkillJson(s, assigned);
+      return Status::Ok();
+    });
+    if (!st.ok()) co_return Response::Error(st);
+    co_return Response::Json(200, out);
+  });
+
+  router.Add("DELETE", "/v1/skills/{name}", [&ctx](Request& req) -> asio::awaitable<Response> {
+    if (auto st = RequireOwner(req); !st.ok()) co_return Response::Error(st);
+    std::string tenant = req.principal.tenant_id;
+    std::string name = req.Param("name");
+    auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
+      KEEL_RETURN_IF_ERROR(tx.skills().DeleteSkill(tenant, name));
+      return tx.events().Append({tenant, "skill.deleted@v1", "", "", "", {{"name", name}}});
+    });
+    if (!written.ok()) co_return Response::Error(written.status());
+    co_return Response::NoContent();
+  });
+
+  router.Add("GET", "/v1/agents/{id}/skills", [&ctx](Request& req) -> asio::awaitable<Response> {
+    if (auto st = RequireMember(req, "see skills"); !st.ok()) co_return Response::Error(st);
+    std::string tenant = req.principal.tenant_id;
+    std::string agent_id = req.Param("id");
+    std::vector<store::Skill> skills;
+    Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
+      KEEL_RETURN_IF_ERROR(tx.agents().GetAgent(tenant, agent_id).status());
+      KEEL_ASSIGN_OR_RETURN(skills, tx.skills().SkillsForAgent(tenant, agent_id, false));
+      return Status::Ok();
+    });
+    if (!st.ok()) co_return Response::Error(st);
+    co_return Response::Json(200, AgentSkillsJson(skills));
+  });
+
+  // {"name": SKILL}
+  router.Add("POST", "/v1/agents/{id}/skills", [&ctx](Request& req) -> asio::awaitable<Response> {
+    if (auto st = RequireOwner(req); !st.ok()) co_return Response::Error(st);
+    auto body = ParseJsonObject(req.body);
+    if (!body.ok()) co_return Response::Error(body.status());
+    auto name = ReqString(*body, "name");
+    if (!name.ok()) co_return Response::Error(name.status());
+    std::string tenant = req.principal.tenant_id;
+    std::string agent_id = req.Param("id");
+    std::string skill = *name;
+    std::vector<store::Skill> skills;
+    auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
+      KEEL_RETURN_IF_ERROR(tx.agents().GetAgent(tenant, agent_id).status());
+      Status assigned = tx.skills().AssignSkill({tenant, agent_id, skill, NowMillis()});
+      if (assigned.code() == Code::kNotFound)
+        return InvalidArgument("no skill named '" + skill + "'");
+      KEEL_RETURN_IF_ERROR(assigned);
+      KEEL_ASSIGN_OR_RETURN(skills, tx.skills().SkillsForAgent(tenant, agent_id, false));
+      return tx.events().Append({tenant,
+                                 "skill.assigned@v1",
+                                 agent_id,
+                                 "",
+                                 "",
+                                 {{"name", skill}, {"agent_id", agent_id}}});
+    });
+    if (!written.ok()) co_return Response::Error(written.status());
+    co_return Response::Json(200, AgentSkillsJson(skills));
+  });
+
+  router.Add("DELETE", "/v1/agents/{id}/skills/{name}",
+             [&ctx](Request& req) -> asio::awaitable<Response> {
+               if (auto st = RequireOwner(req); !st.ok()) co_return Response::Error(st);
+               std::string tenant = req.principal.tenant_id;
+               std::string agent_id = req.Param("id");
+               std::string skill = req.Param("name");
+               auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
+                 KEEL_RETURN_IF_ERROR(tx.skills().UnassignSkill(tenant, agent_id, skill));
+                 return tx.events().Append({tenant,
+                                            "skill.unassigned@v1",
+                                            agent_id,
+                                            "",
+                                            "",
+                                            {{"name", skill}, {"agent_id", agent_id}}});
+               });
+               if (!written.ok()) co_return Response::Error(written.status());
+               co_return Response::NoContent();
+             });
+}
+
+}  // namespace keel::api

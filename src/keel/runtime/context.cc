@@ -1,0 +1,353 @@
+// Context assembly: what a model turn starts from. The system prompt (the agent's instructions,
+// the index of its skills and the summary of the session's compacted turns), the session's
+// messages since that summary, and the run's prompt. When that would exceed the agent's token
+// budget, the oldest turns are first summarized by the model into a compaction record
+// (docs/CONTEXT.md). The agent's skills are brought up to date in its workspace on the way
+// (docs/SKILLS.md).
+
+#include "keel/runtime/context.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "keel/common/ids.h"
+#include "keel/common/log.h"
+#include "keel/metrics.h"
+#include "keel/model/context_requests.h"
+#include "keel/model/provider.h"
+#include "keel/plugins/bus.h"
+#include "keel/plugins/host.h"
+#include "keel/runtime/runtime.h"
+#include "keel/skills/skills.h"
+#include "keel/store/async.h"
+#include "keel/store/compaction_store.h"
+#include "keel/tools/gateway.h"
+
+namespace keel::runtime {
+
+namespace asio = boost::asio;
+
+namespace {
+
+// At most this many summaries per turn: a session with a long history that was never compacted
+// (its agent's budget was raised, then lowered) catches up over several turns.
+constexpr int kMaxCompactionsPerTurn = 8;
+
+// A message costs its text and a little for its role.
+int64_t MessageTokens(const std::string& content) { return EstimateTokens(content) + 4; }
+
+int64_t ContextTokens(const std::string& system, const std::vector<store::Message>& messages,
+                      size_t from, const std::string& prompt) {
+  int64_t n = (system.empty() ? 0 : MessageTokens(system)) + MessageTokens(prompt);
+  for (size_t i = from; i < messages.size(); ++i) n += MessageTokens(messages[i].content);
+  return n;
+}
+
+// The agent's instructions, then each non-empty part, separated by blank lines.
+std::string SystemPrompt(const std::string& instructions, const std::vector<std::string>& parts) {
+  std::string out = instructions;
+  for (const auto& p : parts) {
+    if (p.empty()) continue;
+    if (!out.empty()) out += "\n\n";
+    out += p;
+  }
+  return out;
+}
+
+std::string SummarySection(const std::string& summary) {
+  if (summary.empty()) return "";
+  return "## Earlier in this session\nThe conversation before the messages below, summarized:\n" +
+         summary;
+}
+
+std::string OneLine(std::string s) {
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  std::replace(s.begin(), s.end(), '\r', ' ');
+  return s;
+}
+
+// Keel's summarization request (model/context_requests.h).
+std::vector<model::ChatMessage> SummaryRequest(const std::string& previous,
+                                               const std::vector<store::Message>& fold,
+                                               int64_t max_chars) {
+  std::string instructions =
+      std::string(model::kSummarizeRequest) +
+      "\nThe summary replaces the earlier turns in the context of later turns, so keep every "
+      "fact, name, number, preference, decision and open task a later turn may need, and drop "
+      "pleasantries. Fold the summary so far in. Answer with the summary only, as short plain "
+      "sentences or a list. " +
+      std::string(model::kSummaryLimit) + " " + std::to_string(max_chars) + " characters.";
+  std::string material = std::string(model::kSummarySoFar) + "\n" +
+                         (previous.empty() ? "(none)" : previous) + "\n\n" +
+                         std::string(model::kConversationToAdd) + "\n";
+  for (const auto& m : fold) material += m.role + ": " + OneLine(m.content) + "\n";
+  return {{"system", instructions, {}, "", ""}, {"user", material, {}, "", ""}};
+}
+
+Json MessagesJson(const std::vector<model::ChatMessage>& messages) {
+  Json out = Json::array();
+  for (const auto& m : messages) out.push_back({{"role", m.role}, {"content", m.content}});
+  return out;
+}
+
+}  // namespace
+
+Result<ContextSettings> ContextSettingsOf(const Json& config) {
+  ContextSettings out;
+  if (!config.is_object()) return out;
+  auto integer = [&](const Json& v, const std::string& field, int64_t lo,
+                     int64_t hi) -> Result<int64_t> {
+    if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
+      return InvalidArgument("config." + field + " must be an integer from " + std::to_string(lo) +
+                             " to " + std::to_string(hi));
+    }
+    return v.get<int64_t>();
+  };
+  if (config.contains("context_tokens")) {
+    KEEL_ASSIGN_OR_RETURN(out.context_tokens,
+                          integer(config["context_tokens"], "context_tokens", 256, 10000000));
+  }
+  if (config.contains("introspection")) {
+    const Json& in = config["introspection"];
+    if (!in.is_object()) {
+      return InvalidArgument(
+          "config.introspection must be an object {\"idle_seconds\", "
+          "\"every_turns\"}");
+    }
+    for (auto it = in.begin(); it != in.end(); ++it) {
+      if (it.key() == "idle_seconds") {
+        KEEL_ASSIGN_OR_RETURN(out.idle_seconds,
+                              integer(*it, "introspection.idle_seconds", 1, 30 * 24 * 3600));
+      } else if (it.key() == "every_turns") {
+        KEEL_ASSIGN_OR_RETURN(out.every_turns, integer(*it, "introspection.every_turns", 1, 10000));
+      } else {
+        return InvalidArgument("config.introspection has an unknown field '" + it.key() +
+                               "' (it takes idle_seconds and every_turns)");
+      }
+    }
+  }
+  return out;
+}
+
+asio::awaitable<Status> Runtime::SyncSkills(const store::Run& run,
+                                            std::vector<store::Skill> skills) {
+  const std::string workspace = gateway_.WorkspaceOf(run.agent_id);
+  std::error_code ec;
+  if (skills.empty() && !std::filesystem::exists(workspace + "/skills", ec)) co_return Status::Ok();
+  // Only the skills whose copy is not current are read with their files and written.
+  std::vector<std::string> stale = skills::StaleSkills(workspace, skills);
+  if (!stale.empty()) {
+    Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
+      for (auto& s : skills) {
+        if (std::find(stale.begin(), stale.end(), s.name) == stale.end()) continue;
+        KEEL_ASSIGN_OR_RETURN(s, tx.skills().GetSkill(run.tenant_id, s.name, true));
+      }
+      return Status::Ok();
+    });
+    if (!read.ok()) co_return read;
+  }
+  co_return skills::SyncWorkspace(workspace, skills);
+}
+
+asio::awaitable<Status> Runtime::AssembleContext(
+    const store::Run& run, const store::Agent& agent, const store::Message& prompt,
+    model::Provider& provider, const plugins::AgentPlugins& plugins, model::ModelRequest& request,
+    std::vector<store::Step>& steps, std::string& error_code) {
+  error_code = "internal";
+  auto settings = ContextSettingsOf(agent.config);
+  if (!settings.ok()) co_return settings.status();  // written before it was checked
+  const int64_t budget = settings->context_tokens;
+  const int history_limit = std::max(1, options_.history_limit);
+  // Enough to see whether the conversation since the last summary outgrew history_limit.
+  const int window_limit = 4 * history_limit;
+
+  std::optional<store::Compaction> summary;  // the newest compaction
+  std::vector<store::Message> window;        // the conversation since it, oldest first
+  std::vector<store::Skill> skills;
+  auto read_window = [&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(summary,
+                          tx.compactions().LatestCompaction(run.tenant_id, run.session_id));
+    KEEL_ASSIGN_OR_RETURN(window, tx.compactions().ConversationSince(
+                                      run.tenant_id, run.session_id,
+                                      summary ? summary->last_message_id : std::string(),
+                                      run.message_id, window_limit));
+    return Status::Ok();
+  };
+  Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(read_window(tx));
+    KEEL_ASSIGN_OR_RETURN(skills, tx.skills().SkillsForAgent(run.tenant_id, run.agent_id, false));
+    return Status::Ok();
+  });
+  if (!read.ok()) co_return read;
+  // Before the turn's tools run. A copy that fails does not stop the turn: skills.read still
+  // reads the skills from the store.
+  if (Status synced = co_await SyncSkills(run, skills); !synced.ok()) {
+    LogError("agent " + run.agent_id +
+             ": cannot copy its skills into its workspace: " + synced.message());
+  }
+  const std::string fixed = SystemPrompt(agent.instructions, {skills::SkillIndex(skills)});
+  auto system_with = [&](const std::string& s) { return SystemPrompt(fixed, {SummarySection(s)}); };
+
+  // Compaction: while the conversation since the last summary is more than history_limit
+  // messages or the context more than the budget, fold its oldest messages into a new summary.
+  for (int round = 0; round < kMaxCompactionsPerTurn; ++round) {
+    const std::string previous = summary ? summary->summary : std::string();
+    const bool more = static_cast<int>(window.size()) == window_limit;  // the window is cut
+    const int64_t before = ContextTokens(system_with(previous), window, 0, prompt.content);
+    if (!more && static_cast<int>(window.size()) <= history_limit && before <= budget) break;
+    // Keep the newest messages that fit in half the budget (at most half of history_limit);
+    // fold the rest, as much of it as one summarization request can take.
+    size_t keep = 0;
+    if (!more) {
+      int64_t room =
+          budget / 2 - MessageTokens(system_with(previous)) - MessageTokens(prompt.content);
+      const size_t most = static_cast<size_t>(std::max(1, history_limit / 2));
+      while (keep < window.size() && keep < most) {
+        int64_t t = MessageTokens(window[window.size() - 1 - keep].content);
+        if (t > room) break;
+        room -= t;
+        ++keep;
+      }
+    }
+    std::vector<store::Message> fold(window.begin(), window.end() - static_cast<long>(keep));
+    int64_t request_tokens = MessageTokens(previous) + 200;
+    size_t n = 0;
+    while (n < fold.size()) {
+      int64_t t = MessageTokens(fold[n].content);
+      if (n > 0 && request_tokens + t > budget) break;
+      request_tokens += t;
+      ++n;
+    }
+    fold.resize(n);
+    if (fold.empty()) break;  // only the system prompt and the prompt: nothing to fold
+
+    model::ModelRequest ask;
+    ask.model = request.model;
+    ask.agent_config = agent.config;
+    // A quarter of the budget for the summary (about four characters a token).
+    ask.messages = SummaryRequest(previous, fold, budget);
+    if (plugins.Wants("model.before")) {  // e.g. redaction applies to this call as to any
+      Json payload = {{"agent_id", run.agent_id},
+                      {"session_id", run.session_id},
+                      {"run_id", run.id},
+                      {"model", agent.model},
+                      {"messages", MessagesJson(ask.messages)},
+                      {"tools", Json::array()}};
+      auto out = Emit(plugins, "model.before", std::move(payload));
+      if (out.abort) {
+        error_code = "plugin_failed";
+        co_return InvalidArgument("plugin " + out.abort->plugin_id +
+                                  " failed on model.before: " + out.abort->message);
+      }
+      const Json& rewritten = out.payload.contains("messages") ? out.payload["messages"] : Json();
+      if (rewritten.is_array() && rewritten.size() == ask.messages.size()) {
+        for (size_t i = 0; i < rewritten.size(); ++i) {
+          if (rewritten[i].is_object() && rewritten[i].contains("content") &&
+              rewritten[i]["content"].is_string()) {
+            ask.messages[i].content = rewritten[i]["content"].get<std::string>();
+          }
+        }
+      }
+    }
+    store::Step step;
+    step.id = NewId();
+    step.tenant_id = run.tenant_id;
+    step.run_id = run.id;
+    step.seq = steps.empty() ? 1 : steps.back().seq + 1;
+    step.kind = "compaction";
+    step.started_at = NowMillis();
+    ++metrics_.model_calls;
+    model::DeltaSink no_deltas;  // a summary is not part of the conversation: not streamed
+    auto answer = co_await provider.Complete(ask, no_deltas);
+    if (!answer.ok() || answer->text.empty()) {
+      ++metrics_.model_errors;
+      error_code = "compaction_failed";
+      co_return Unavailable(
+          "summarizing the session's earlier messages failed: " +
+          (answer.ok() ? std::string("the model answered nothing") : answer.status().message()));
+    }
+    metrics_.input_tokens += answer->usage.input_tokens;
+    metrics_.output_tokens += answer->usage.output_tokens;
+
+    store::Compaction c;
+    c.id = NewId();
+    c.tenant_id = run.tenant_id;
+    c.session_id = run.session_id;
+    c.run_id = run.id;
+    c.last_message_id = fold.back().id;
+    c.summary = answer->text;
+    c.messages = static_cast<int64_t>(fold.size());
+    c.tokens_before = before;
+    c.tokens_after = ContextTokens(system_with(c.summary), window, fold.size(), prompt.content);
+    c.created_at = NowMillis();
+    step.status = "succeeded";
+    step.finished_at = c.created_at;
+    step.input = {{"model", agent.model},
+                  {"messages", c.messages},
+                  {"tokens_before", before},
+                  {"budget", budget}};
+    step.output = {{"compaction_id", c.id},
+                   {"last_message_id", c.last_message_id},
+                   {"summary", c.summary},
+                   {"tokens_after", c.tokens_after},
+                   {"usage",
+                    {{"input_tokens", answer->usage.input_tokens},
+                     {"output_tokens", answer->usage.output_tokens}}}};
+    const model::Usage usage = answer->usage;
+    auto recorded = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(auto cur, tx.runs().GetRun(run.tenant_id, run.id));
+      if (cur.status != "running" || cur.lease_owner != run.lease_owner ||
+          cur.attempt != run.attempt) {
+        return Conflict("run " + run.id + " is no longer held by this execution");
+      }
+      KEEL_RETURN_IF_ERROR(tx.compactions().InsertCompaction(c));
+      KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(step));
+      cur.input_tokens += usage.input_tokens;
+      cur.output_tokens += usage.output_tokens;
+      KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(cur));
+      return tx.events().Append({run.tenant_id,
+                                 "session.compacted@v1",
+                                 run.agent_id,
+                                 run.session_id,
+                                 run.id,
+                                 {{"compaction_id", c.id},
+                                  {"messages", c.messages},
+                                  {"last_message_id", c.last_message_id},
+                                  {"tokens_before", c.tokens_before},
+                                  {"tokens_after", c.tokens_after},
+                                  {"budget", budget}}});
+    });
+    if (!recorded.ok()) co_return recorded.status();
+    steps.push_back(step);  // the replay after this sees it, and numbers the next steps on
+    Status again = co_await store::AsyncRead(store_, read_window);
+    if (!again.ok()) co_return again;
+  }
+
+  // The context: the system prompt with the summary, the newest history_limit messages since
+  // it, the prompt. (Only a history too long to catch up in one turn leaves messages out.)
+  std::vector<store::Message> tail = window;
+  if (static_cast<int>(window.size()) == window_limit) {
+    Status recent = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(tail, tx.messages().RecentMessages(run.tenant_id, run.session_id,
+                                                               run.message_id, history_limit));
+      return Status::Ok();
+    });
+    if (!recent.ok()) co_return recent;
+    std::erase_if(
+        tail, [&](const store::Message& m) { return summary && m.id <= summary->last_message_id; });
+  }
+  if (static_cast<int>(tail.size()) > history_limit) {
+    tail.erase(tail.begin(), tail.end() - history_limit);
+  }
+  const std::string system = system_with(summary ? summary->summary : std::string());
+  if (!system.empty()) request.messages.push_back({"system", system, {}, "", ""});
+  for (const auto& m : tail) {
+    if (m.role == "user" || m.role == "assistant") {
+      request.messages.push_back({m.role, m.content, {}, "", ""});
+    }
+  }
+  request.messages.push_back({"user", prompt.content, {}, "", ""});
+  co_return Status::Ok();
+}
+
+}  // namespace keel::runtime

@@ -1,0 +1,412 @@
+// The model router's side of a run: one model call through the response cache, the budgets,
+// the agent's model and its fallback, and metering (see model_calls.h).
+
+#include "keel/runtime/model_calls.h"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <cmath>
+
+#include "keel/common/crypto.h"
+#include "keel/common/ids.h"
+#include "keel/common/log.h"
+#include "keel/metrics.h"
+#include "keel/model/metering.h"
+#include "keel/runtime/runtime.h"
+#include "keel/store/async.h"
+
+namespace keel::runtime {
+
+namespace asio = boost::asio;
+
+namespace {
+
+// How long answers wait to be written to the cache together, and how many may wait.
+constexpr int kCacheFlushDelayMs = 100;
+constexpr size_t kMaxPendingCacheEntries = 256;
+
+// Agent config fields that change what a model answers (the others, such as busy or
+// local_latency_ms, do not).
+constexpr const char* kAnswerFields[] = {"temperature", "top_p", "top_k",
+                                         "max_tokens",  "seed",  "local_rules"};
+
+std::string ConfigString(const Json& config, const char* field) {
+  if (!config.is_object()) return "";
+  auto it = config.find(field);
+  return it != config.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+// Whether the agent's calls may use the cache: config.cache is not false.
+bool CacheOn(const Json& config) {
+  if (!config.is_object()) return true;
+  auto it = config.find("cache");
+  return it == config.end() || !it->is_boolean() || it->get<bool>();
+}
+
+// Failures a fallback model may answer instead: the provider is unreachable, overloaded, rate
+// limited past its retries, or answered garbage or a broken stream. Configuration errors (no or
+// a wrong API key, a request the provider refuses) fail the run, so that they are seen.
+bool FallbackMayAnswer(const Status& status) {
+  return status.code() == Code::kUnavailable || status.code() == Code::kRateLimited ||
+         status.code() == Code::kInternal;
+}
+
+Json CachedResponseJson(const model::ModelResponse& r) {
+  Json calls = Json::array();
+  for (const auto& c : r.tool_calls) {
+    calls.push_back({{"id", c.id}, {"name", c.name}, {"arguments", c.arguments}});
+  }
+  return {{"text", r.text}, {"tool_calls", std::move(calls)}};
+}
+
+// The answer a cache entry holds; nullopt when the entry is malformed.
+std::optional<model::ModelResponse> ResponseOf(const store::CacheEntry& e) {
+  const Json& j = e.response;
+  if (!j.is_object() || !j.contains("text") || !j["text"].is_string() ||
+      !j.contains("tool_calls") || !j["tool_calls"].is_array()) {
+    return std::nullopt;
+  }
+  model::ModelResponse r;
+  r.text = j["text"].get<std::string>();
+  for (const auto& c : j["tool_calls"]) {
+    if (!c.is_object() || !c.contains("id") || !c["id"].is_string() || !c.contains("name") ||
+        !c["name"].is_string() || !c.contains("arguments") || !c["arguments"].is_object()) {
+      return std::nullopt;
+    }
+    r.tool_calls.push_back(
+        {c["id"].get<std::string>(), c["name"].get<std::string>(), c["arguments"]});
+  }
+  r.usage = {e.input_tokens, e.output_tokens};
+  return r;
+}
+
+// A budget in force for the run's agent, and what its period has spent so far.
+struct BudgetSpend {
+  store::Budget budget;
+  int64_t spent_micros = 0;
+};
+
+// The first budget this call would cross, as ModelCall::budget_exceeded; null when none. A
+// call estimated to cost nothing (an unpriced model) crosses none.
+Json CrossedBudget(const std::vector<BudgetSpend>& spends, int64_t estimate_micros) {
+  if (estimate_micros <= 0) return Json();
+  for (const auto& s : spends) {
+    if (s.spent_micros + estimate_micros > s.budget.limit_micros) {
+      return {{"scope", s.budget.scope},
+              {"period", s.budget.period},
+              {"limit_usd", model::MicrosToUsd(s.budget.limit_micros)},
+              {"spent_usd", model::MicrosToUsd(s.spent_micros)},
+              {"estimate_usd", model::MicrosToUsd(estimate_micros)}};
+    }
+  }
+  return Json();
+}
+
+// "5 USD", "0.0012 USD": a JSON number of USD, to the micro-dollar, without trailing zeros.
+std::string UsdText(const Json& usd) {
+  int64_t micros = usd.is_number() ? std::llround(usd.get<double>() * 1e6) : 0;
+  std::string fraction = std::to_string(1000000 + micros % 1000000).substr(1);
+  while (!fraction.empty() && fraction.back() == '0') fraction.pop_back();
+  return std::to_string(micros / 1000000) + (fraction.empty() ? "" : "." + fraction) + " USD";
+}
+
+}  // namespace
+
+std::string NormalizedRequest(const std::string& model, const model::ModelRequest& request) {
+  Json messages = Json::array();
+  for (const auto& m : request.messages) {
+    Json calls = Json::array();
+    for (const auto& c : m.tool_calls) {
+      calls.push_back({{"id", c.id}, {"name", c.name}, {"arguments", c.arguments}});
+    }
+    messages.push_back({{"role", m.role},
+                        {"content", m.content},
+                        {"tool_calls", std::move(calls)},
+                        {"tool_call_id", m.tool_call_id},
+                        {"tool_name", m.tool_name}});
+  }
+  Json tools = Json::array();
+  for (const auto& t : request.tools) {
+    tools.push_back(
+        {{"name", t.name}, {"description", t.description}, {"parameters", t.parameters}});
+  }
+  Json options = Json::object();
+  if (request.agent_config.is_object()) {
+    for (const char* field : kAnswerFields) {
+      auto it = request.agent_config.find(field);
+      if (it != request.agent_config.end()) options[field] = *it;
+    }
+  }
+  // nlohmann's objects keep their keys sorted, so equal requests dump to equal bytes.
+  Json normalized = {{"v", 1},
+                     {"model", model},
+                     {"messages", std::move(messages)},
+                     {"tools", std::move(tools)},
+                     {"options", std::move(options)}};
+  return DumpJson(normalized);
+}
+
+std::string ModelCall::BudgetMessage() const {
+  const Json& b = budget_exceeded;
+  std::string scope = b.value("scope", "");
+  std::string whose = scope == "tenant" ? "the tenant's" : "agent " + scope + "'s";
+  return "this model call would cross " + whose + " " + b.value("period", "") + " budget of " +
+         UsdText(b["limit_usd"]) + ": " + UsdText(b["spent_usd"]) +
+         " spent, this call is estimated at " + UsdText(b["estimate_usd"]);
+}
+
+void ModelCall::Describe(Json& out) const {
+  if (!budget_exceeded.is_null()) {
+    out["budget"] = budget_exceeded;
+    return;
+  }
+  out["model"] = model;
+  out["cached"] = cached;
+  out["fallback"] = fell_back;
+  if (fell_back) out["primary_error"] = primary_error;
+  if (response.ok()) {
+    out["cost_usd"] = model::MicrosToUsd(cost_micros);
+    if (cached) out["cache_savings_usd"] = model::MicrosToUsd(saved_micros);
+  }
+}
+
+Status ModelCall::Record(store::Tx& tx, const store::Run& run, const store::Step& step) const {
+  if (!budget_exceeded.is_null()) {
+    return tx.events().Append({run.tenant_id,
+                               "budget.exceeded@v1",
+                               run.agent_id,
+                               run.session_id,
+                               run.id,
+                               {{"step_seq", step.seq}, {"budget", budget_exceeded}}});
+  }
+  if (fell_back) {
+    KEEL_RETURN_IF_ERROR(tx.events().Append({run.tenant_id,
+                                             "model.fallback@v1",
+                                             run.agent_id,
+                                             run.session_id,
+                                             run.id,
+                                             {{"step_seq", step.seq},
+                                              {"to", model},
+                                              {"error", primary_error},
+                                              {"answered", response.ok()}}}));
+  }
+  if (!response.ok()) return Status::Ok();
+  store::UsageRecord u;
+  u.id = NewId();
+  u.tenant_id = run.tenant_id;
+  u.agent_id = run.agent_id;
+  u.run_id = run.id;
+  u.step_id = step.id;
+  u.model = model;
+  u.input_tokens = response->usage.input_tokens;
+  u.output_tokens = response->usage.output_tokens;
+  u.cost_micros = cost_micros;
+  u.saved_micros = saved_micros;
+  u.cached = cached;
+  u.fallback = fell_back;
+  u.created_at = step.finished_at.value_or(step.started_at);
+  return tx.usage().InsertUsage(u);
+}
+
+Json UsageTotalsJson(const store::UsageTotals& t) {
+  return {{"model_calls", t.calls},
+          {"cached_calls", t.cached_calls},
+          {"input_tokens", t.input_tokens},
+          {"output_tokens", t.output_tokens},
+          {"cost_usd", model::MicrosToUsd(t.cost_micros)},
+          {"cache_savings_usd", model::MicrosToUsd(t.saved_micros)}};
+}
+
+Json RunUsageJson(const store::Run& run, const store::UsageTotals& totals) {
+  Json j = UsageTotalsJson(totals);
+  // The run's own counters: they include calls of attempts whose steps were not recorded.
+  j["input_tokens"] = run.input_tokens;
+  j["output_tokens"] = run.output_tokens;
+  return j;
+}
+
+asio::awaitable<ModelCall> Runtime::CallModel(const store::Run& run, const store::Agent& agent,
+                                              const model::ModelRequest& request,
+                                              std::function<void(const std::string&)> on_delta) {
+  ModelCall call;
+  call.model = agent.model;
+  const std::string normalized = NormalizedRequest(agent.model, request);
+  const bool use_cache = options_.cache.enabled && CacheOn(agent.config);
+  std::string group = ConfigString(agent.config, "cache_group");
+  if (group.empty()) group = agent.id;
+  const std::string key = use_cache ? Sha256Hex(normalized) : std::string();
+  const Millis now = NowMillis();
+
+  // 1. The cache. A read that fails is a miss.
+  if (use_cache) {
+    std::optional<store::CacheEntry> entry;
+    Millis not_before = now - options_.cache.ttl_ms;
+    Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(entry, tx.usage().GetCacheEntry(run.tenant_id, group, key, not_before));
+      return Status::Ok();
+    });
+    std::optional<model::ModelResponse> cached;
+    if (!read.ok()) {
+      ++metrics_.model_cache_errors;
+      LogError("response cache read failed (the call goes to the provider): " + read.message());
+    } else if (entry) {
+      cached = ResponseOf(*entry);
+      if (!cached) ++metrics_.model_cache_errors;
+    }
+    if (cached) {
+      ++metrics_.model_cache_hits;
+      if (!cached->text.empty() && on_delta) on_delta(cached->text);
+      call.cached = true;
+      call.saved_micros =
+          model::CostMicros(model::PriceOf(options_.prices, agent.model), cached->usage);
+      call.response = std::move(*cached);
+      co_return call;
+    }
+    ++metrics_.model_cache_misses;
+  }
+
+  // 2. The budgets in force for this agent, and what each has spent in its current period.
+  std::vector<BudgetSpend> spends;
+  Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(auto budgets, tx.usage().ListBudgets(run.tenant_id));
+    for (auto& b : budgets) {
+      if (b.scope != "tenant" && b.scope != run.agent_id) continue;
+      std::string agent_id = b.scope == "tenant" ? std::string() : run.agent_id;
+      Millis start = model::PeriodStart(b.period, now);
+      KEEL_ASSIGN_OR_RETURN(auto totals,
+                            tx.usage().PeriodUsage(run.tenant_id, agent_id, b.period, start));
+      spends.push_back({std::move(b), totals.cost_micros});
+    }
+    return Status::Ok();
+  });
+  if (!read.ok()) {
+    call.store_failed = true;
+    call.response = read;
+    co_return call;
+  }
+  const int64_t estimated_input = model::EstimateInputTokens(normalized.size());
+  auto estimate = [&](const std::string& model) {
+    return model::CostMicros(model::PriceOf(options_.prices, model), {estimated_input, 0});
+  };
+  call.budget_exceeded = CrossedBudget(spends, estimate(agent.model));
+  if (!call.budget_exceeded.is_null()) {
+    ++metrics_.budget_stops;
+    call.response = PermissionDenied(call.BudgetMessage());
+    co_return call;
+  }
+
+  // 3. The agent's model, then its fallback when the model is unavailable.
+  std::string model_name;
+  auto provider = providers_.Resolve(agent.model, &model_name);
+  if (!provider.ok()) {
+    call.response = provider.status();
+    co_return call;
+  }
+  model::ModelRequest sent = request;
+  sent.model = model_name;
+  call.response = co_await (*provider)->Complete(sent, on_delta);
+  const std::string fallback = ConfigString(agent.config, "fallback_model");
+  if (!call.response.ok() && !fallback.empty() && FallbackMayAnswer(call.response.status())) {
+    call.primary_error = call.response.status().message();
+    call.fell_back = true;
+    call.model = fallback;
+    ++metrics_.model_fallbacks;
+    call.budget_exceeded = CrossedBudget(spends, estimate(fallback));
+    if (!call.budget_exceeded.is_null()) {
+      ++metrics_.budget_stops;
+      call.response = PermissionDenied(call.BudgetMessage());
+      co_return call;
+    }
+    auto second = providers_.Resolve(fallback, &model_name);
+    if (!second.ok()) {
+      call.response = second.status();
+      co_return call;
+    }
+    sent.model = model_name;
+    call.response = co_await (*second)->Complete(sent, on_delta);
+  }
+  if (!call.response.ok()) co_return call;
+
+  // 4. Metering, and the cache (only the agent's own model's answers: a fallback's answer is
+  // not what the request asked for).
+  call.cost_micros =
+      model::CostMicros(model::PriceOf(options_.prices, call.model), call.response->usage);
+  if (use_cache && !call.fell_back) {
+    store::CacheEntry entry;
+    entry.tenant_id = run.tenant_id;
+    entry.cache_group = group;
+    entry.key = key;
+    entry.model = agent.model;
+    entry.response = CachedResponseJson(*call.response);
+    entry.input_tokens = call.response->usage.input_tokens;
+    entry.output_tokens = call.response->usage.output_tokens;
+    entry.created_at = NowMillis();
+    if (DumpJson(entry.response).size() <= static_cast<size_t>(options_.cache.max_entry_bytes)) {
+      QueueCacheEntry(std::move(entry));
+    }
+  }
+  co_return call;
+}
+
+void Runtime::QueueCacheEntry(store::CacheEntry entry) {
+  cache_pending_.push_back(std::move(entry));
+  if (cache_pending_.size() >= kMaxPendingCacheEntries) {
+    WriteCacheEntries();
+  } else if (!cache_flush_scheduled_) {
+    cache_flush_scheduled_ = true;
+    asio::co_spawn(executor_, FlushCacheEntries(), ReportExceptions{"response cache writes"});
+  }
+}
+
+asio::awaitable<void> Runtime::FlushCacheEntries() {
+  // A short wait gathers the answers of many calls into one unit (one commit), off the runs'
+  // path; an answer repeated within it is a miss, which only costs its model call.
+  asio::steady_timer timer(executor_);
+  timer.expires_after(std::chrono::milliseconds(kCacheFlushDelayMs));
+  boost::system::error_code ec;
+  co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+  cache_flush_scheduled_ = false;
+  WriteCacheEntries();
+}
+
+void Runtime::WriteCacheEntries() {
+  if (cache_pending_.empty()) return;
+  std::vector<store::CacheEntry> entries = std::move(cache_pending_);
+  cache_pending_.clear();
+  const auto count = static_cast<int64_t>(entries.size());
+  Metrics* metrics = &metrics_;
+  store_.Write(
+      [entries = std::move(entries)](store::Tx& tx) -> Status {
+        for (const auto& e : entries) KEEL_RETURN_IF_ERROR(tx.usage().PutCacheEntry(e));
+        return Status::Ok();
+      },
+      [metrics, count](Status st, std::vector<store::Event>) {
+        if (st.ok()) {
+          metrics->model_cache_stores += count;
+        } else {
+          metrics->model_cache_errors += count;
+          LogError("response cache write failed: " + st.message());
+        }
+      });
+}
+
+asio::awaitable<void> Runtime::CachePruneLoop() {
+  asio::steady_timer timer(executor_);
+  while (!draining_) {
+    timer.expires_after(std::chrono::seconds(60));
+    boost::system::error_code ec;
+    co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    if (draining_ || !store_.leader()) continue;
+    Millis before = NowMillis() - options_.cache.ttl_ms;
+    int64_t max_entries = options_.cache.max_entries;
+    store::WriteFn prune = [before, max_entries](store::Tx& tx) -> Status {
+      return tx.usage().PruneCache(before, max_entries).status();
+    };
+    auto pruned = co_await store::AsyncWrite(store_, std::move(prune));
+    if (!pruned.ok()) LogError("response cache pruning failed: " + pruned.status().message());
+  }
+}
+
+}  // namespace keel::runtime

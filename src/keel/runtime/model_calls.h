@@ -1,0 +1,69 @@
+#pragma once
+// Internal to the runtime: the model router's side of a run (model_calls.cc). One model call
+// goes through Runtime::CallModel, in this order:
+//
+//   response cache  the agent's cache group (config.cache_group, default the agent's id) is
+//                   looked up by the sha256 of the normalized request; a hit is the answer
+//                   (its text reaches streaming clients as one delta), the provider is not asked
+//   budgets         the tenant's and the agent's day and month budgets: when what they have
+//                   spent plus this call's estimated cost (input tokens ~ request bytes / 4,
+//                   priced) would cross one, no call is made and the run stops (budget_exceeded)
+//   provider        the agent's model; when it is unavailable (after its own retries), the
+//                   agent's config.fallback_model gets the same request, after its own budget
+//                   check
+//   metering        the answer's cost from the price table; a primary's answer is queued for
+//                   the cache, and the queue is written in one unit of its own a moment later
+//                   (QueueCacheEntry), off the run's path
+//
+// The executor records the outcome with the model step (ModelCall::Record), in the step's unit
+// of work. A cache that fails (a read or a write) only costs the cache: the call goes to the
+// provider as if there were none, and keel_model_cache_errors_total counts it.
+
+#include <optional>
+#include <string>
+
+#include "keel/common/json_util.h"
+#include "keel/common/status.h"
+#include "keel/model/provider.h"
+#include "keel/store/store.h"
+#include "keel/store/usage_store.h"
+
+namespace keel::runtime {
+
+// What one model call came to.
+struct ModelCall {
+  Result<model::ModelResponse> response = Internal("no model call was made");
+  std::string model;    // the model string that answered: the agent's, or its fallback
+  bool cached = false;  // answered from the response cache
+  bool fell_back = false;
+  std::string primary_error;  // why the agent's model failed, when the fallback was asked
+  int64_t cost_micros = 0;
+  int64_t saved_micros = 0;  // a cache hit: what the call would have cost
+  // Non-null when no call was made because a budget would be crossed:
+  // {"scope", "period", "limit_usd", "spent_usd", "estimate_usd"}.
+  Json budget_exceeded;
+  bool store_failed = false;  // the budgets could not be read: no call was made
+
+  // The run error's message for a budget stop, naming the budget.
+  std::string BudgetMessage() const;
+  // Adds what the step shows of the call to a model step's output: "model", "cached",
+  // "fallback" (and "fallback_from", "primary_error"), "cost_usd", "budget".
+  void Describe(Json& step_output) const;
+  // In the unit of work that records `step` (the call's model step): the call's usage record
+  // (when a model or the cache answered) and its events, model.fallback@v1 or
+  // budget.exceeded@v1.
+  Status Record(store::Tx& tx, const store::Run& run, const store::Step& step) const;
+};
+
+// The run's usage as the API shows it: its tokens, and the cost, cached calls and cache savings
+// of its model calls.
+Json RunUsageJson(const store::Run& run, const store::UsageTotals& totals);
+// Usage totals as the API shows them (GET /v1/usage).
+Json UsageTotalsJson(const store::UsageTotals& totals);
+
+// The request as the cache key sees it, compact JSON with sorted keys: the agent's model string,
+// the messages, the tools, and the agent config fields that change an answer (temperature,
+// top_p, top_k, max_tokens, seed, local_rules). Exposed for tests.
+std::string NormalizedRequest(const std::string& model, const model::ModelRequest& request);
+
+}  // namespace keel::runtime

@@ -1,0 +1,149 @@
+// MemoryStore on PostgreSQL. `memories.tsv` is a stored tsvector of the text under the 'simple'
+// configuration (lowercased words, no stemming, no stop words) after every run of characters
+// other than letters and digits became a space, so that words split as SQLite's unicode61 splits
+// them; a GIN index serves `tsv @@ query`. A search takes the agent's newest matches (seq, renewed
+// by every write) up to kMemorySearchCandidates and orders them by ts_rank with normalization 1
+// (divided by 1 + the log of the memory's length) against the query's words OR-ed
+// (MemoryQuery::tsquery_rank), which weighs how often each occurs as SqliteTx's keel_rank does.
+
+#include <algorithm>
+
+#include "keel/store/postgres/postgres_tx.h"
+#include "keel/store/rows.h"
+
+namespace keel::store::postgres {
+
+namespace {
+
+using namespace rows;  // NOLINT: the shared record readers
+
+template <typename T, typename ReadFn>
+std::vector<T> Collect(const Rows& rows, ReadFn read) {
+  std::vector<T> out;
+  out.reserve(rows.size());
+  for (int i = 0; i < rows.size(); ++i) out.push_back(read(Row(rows, i)));
+  return out;
+}
+
+double Score(const std::string& text) {
+  try {
+    return std::stod(text);
+  } catch (...) {
+    return 0;
+  }
+}
+
+}  // namespace
+
+// Pipelined: nothing is read back, so the insert goes out with the unit's next round trip (a
+// failure fails the unit when it is collected).
+Status PostgresTx::UpsertMemory(const Memory& m) {
+  static const std::string kSql =
+      "INSERT INTO memories(" + std::string(kMemoryCols) +
+      ") VALUES($1,$2,$3,$4,$5,$6,$7,$8) ON CONFLICT(tenant_id, id) DO UPDATE SET "
+      "text=EXCLUDED.text, tags=EXCLUDED.tags, source=EXCLUDED.source, "
+      "updated_at=EXCLUDED.updated_at, seq=nextval('memories_seq') "
+      "WHERE memories.agent_id = EXCLUDED.agent_id";
+  KEEL_RETURN_IF_ERROR(BindTenant(m.tenant_id));
+  return conn_.Send(kSql, P(m.id, m.tenant_id, m.agent_id, m.text, DumpJson(m.tags), m.source,
+                            m.created_at, m.updated_at));
+}
+
+Result<Memory> PostgresTx::GetMemory(const std::string& tenant_id, const std::string& agent_id,
+                                     const std::string& id) {
+  static const std::string kSql = "SELECT " + std::string(kMemoryCols) +
+                                  " FROM memories WHERE tenant_id=$1 AND agent_id=$2 AND id=$3";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, agent_id, id)));
+  if (rows.empty()) return NotFound("memory not found: " + id);
+  return ReadMemory(Row(rows, 0));
+}
+
+Result<Memory> PostgresTx::FindMemory(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kMemoryCols) + " FROM memories WHERE tenant_id=$1 AND id=$2";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, id)));
+  if (rows.empty()) return NotFound("memory not found: " + id);
+  return ReadMemory(Row(rows, 0));
+}
+
+Status PostgresTx::DeleteMemory(const std::string& tenant_id, const std::string& agent_id,
+                                const std::string& id) {
+  static const std::string kSql =
+      "DELETE FROM memories WHERE tenant_id=$1 AND agent_id=$2 AND id=$3 RETURNING id";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, agent_id, id)));
+  if (rows.empty()) return NotFound("memory not found: " + id);
+  return Status::Ok();
+}
+
+Result<Paged<Memory>> PostgresTx::ListMemories(const std::string& tenant_id,
+                                               const std::string& agent_id, const std::string& tag,
+                                               const Page& page) {
+  const int limit = std::clamp(page.limit, 1, 500);
+  KEEL_ASSIGN_OR_RETURN(auto start, DeliveryCursorStart(page.cursor));
+  static const std::string kSql =
+      "SELECT " + std::string(kMemoryCols) +
+      " FROM memories WHERE tenant_id=$1 AND agent_id=$2 AND (updated_at, id) < ($3, $4) AND "
+      "($5 = '' OR tags::jsonb ? $5) ORDER BY updated_at DESC, id DESC LIMIT $6";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, agent_id, start.first,
+                                                       start.second, tag, limit + 1)));
+  std::vector<Memory> items = Collect<Memory>(rows, ReadMemory<Row>);
+  Paged<Memory> out;
+  if (static_cast<int>(items.size()) > limit) {
+    items.resize(limit);
+    out.next_cursor = EncodeCursor(MemoryCursorKey(items.back()));
+  }
+  out.items = std::move(items);
+  return out;
+}
+
+// Planned for each query (not a prepared statement's generic plan): whether the agent's newest
+// rows, read backwards through memories_seq_order, or the GIN index find the candidates faster
+// depends on how common the query's words are, which the planner knows from the statistics.
+Result<std::vector<MemoryHit>> PostgresTx::SearchMemories(const std::string& tenant_id,
+                                                          const std::string& agent_id,
+                                                          const MemorySearch& search) {
+  static const std::string kSql =
+      "SELECT " + std::string(kMemoryCols) +
+      ", ts_rank(tsv, to_tsquery('simple', $4), 1) AS score FROM (SELECT m.* FROM memories AS m, "
+      "to_tsquery('simple', $3) AS q WHERE m.tenant_id=$1 AND m.agent_id=$2 AND m.tsv @@ q AND "
+      "($5 = '' OR m.tags::jsonb ? $5) ORDER BY m.seq DESC LIMIT $6) AS c "
+      "ORDER BY score DESC, updated_at DESC, id LIMIT $7";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(
+      auto rows,
+      conn_.QueryOnce(
+          kSql, P(tenant_id, agent_id, search.query.tsquery, search.query.tsquery_rank, search.tag,
+                  kMemorySearchCandidates, std::clamp(search.limit, 1, 100))));
+  return Collect<MemoryHit>(rows, [](const Row& r) {
+    return MemoryHit{ReadMemory(r), Score(r.Text(8))};
+  });
+}
+
+Result<WorkingMemory> PostgresTx::GetWorkingMemory(const std::string& tenant_id,
+                                                   const std::string& agent_id) {
+  static const std::string kSql =
+      "SELECT text, updated_at FROM working_memories WHERE tenant_id=$1 AND agent_id=$2";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, agent_id)));
+  WorkingMemory w{tenant_id, agent_id, "", 0};
+  if (!rows.empty()) {
+    w.text = rows.Text(0, 0);
+    w.updated_at = rows.Int(0, 1);
+  }
+  return w;
+}
+
+Status PostgresTx::PutWorkingMemory(const WorkingMemory& w) {
+  static const std::string kSql =
+      "INSERT INTO working_memories(tenant_id, agent_id, text, updated_at) VALUES($1,$2,$3,$4) "
+      "ON CONFLICT(tenant_id, agent_id) DO UPDATE SET text=EXCLUDED.text, "
+      "updated_at=EXCLUDED.updated_at";
+  KEEL_RETURN_IF_ERROR(BindTenant(w.tenant_id));
+  return conn_.Query(kSql, P(w.tenant_id, w.agent_id, w.text, w.updated_at)).status();
+}
+
+}  // namespace keel::store::postgres

@@ -1,0 +1,80 @@
+// SqliteTx's CompactionStore: compaction records and the conversation since one
+// (compaction_store.h).
+
+#include <algorithm>
+
+#include "keel/store/compaction_rows.h"
+#include "keel/store/sqlite/sqlite_tx.h"
+
+namespace keel::store::sqlite {
+namespace {
+
+using namespace rows;  // NOLINT: the shared record readers
+
+template <typename T, typename ReadFn>
+Result<std::vector<T>> Collect(Stmt& s, ReadFn read) {
+  std::vector<T> out;
+  while (true) {
+    KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    out.push_back(read(s));
+  }
+  return out;
+}
+
+}  // namespace
+
+Status SqliteTx::InsertCompaction(const Compaction& c) {
+  static const std::string kSql =
+      "INSERT INTO compactions(" + std::string(kCompactionCols) + ") VALUES(?,?,?,?,?,?,?,?,?,?)";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  return s
+      .BindAll(c.id, c.tenant_id, c.session_id, c.run_id, c.last_message_id, c.summary, c.messages,
+               c.tokens_before, c.tokens_after, c.created_at)
+      .Run();
+}
+
+Result<std::optional<Compaction>> SqliteTx::LatestCompaction(const std::string& tenant_id,
+                                                             const std::string& session_id) {
+  static const std::string kSql = "SELECT " + std::string(kCompactionCols) +
+                                  " FROM compactions WHERE tenant_id=? AND session_id=? "
+                                  "ORDER BY id DESC LIMIT 1";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id, session_id);
+  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return std::optional<Compaction>();
+  return std::optional<Compaction>(ReadCompaction(s));
+}
+
+Result<Paged<Compaction>> SqliteTx::ListCompactions(const std::string& tenant_id,
+                                                    const std::string& session_id,
+                                                    const Page& page) {
+  const int limit = std::clamp(page.limit, 1, 500);
+  static const std::string kSql = "SELECT " + std::string(kCompactionCols) +
+                                  " FROM compactions WHERE tenant_id=? AND session_id=? AND id>? "
+                                  "ORDER BY id LIMIT ?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id, session_id, DecodeCursor(page.cursor), limit + 1);
+  KEEL_ASSIGN_OR_RETURN(auto items, Collect<Compaction>(s, ReadCompaction<Stmt>));
+  Paged<Compaction> out;
+  if (static_cast<int>(items.size()) > limit) {
+    items.resize(limit);
+    out.next_cursor = EncodeCursor(items.back().id);
+  }
+  out.items = std::move(items);
+  return out;
+}
+
+Result<std::vector<Message>> SqliteTx::ConversationSince(const std::string& tenant_id,
+                                                         const std::string& session_id,
+                                                         const std::string& after_id,
+                                                         const std::string& before_id, int limit) {
+  static const std::string kSql = "SELECT " + std::string(kMessageCols) +
+                                  " FROM messages WHERE tenant_id=? AND session_id=? AND id>? "
+                                  "AND id<? AND role IN ('user','assistant') ORDER BY id LIMIT ?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id, session_id, after_id, before_id, limit);
+  return Collect<Message>(s, ReadMessage<Stmt>);
+}
+
+}  // namespace keel::store::sqlite

@@ -1,0 +1,165 @@
+// Metering (model/metering.h), the router's settings in keel.toml (config.h), and the request
+// normalization the response cache keys on (runtime/model_calls.h).
+
+#include "keel/model/metering.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "keel/common/ids.h"
+#include "keel/config/config.h"
+#include "keel/runtime/model_calls.h"
+
+namespace keel {
+namespace {
+
+TEST(MeteringTest, CostsAreIntegerMicroDollarsRoundedToTheNearest) {
+  config::ModelPrice price{150000, 600000};  // $0.15 / $0.60 per million tokens
+  EXPECT_EQ(model::CostMicros(price, {1000000, 0}), 150000);
+  EXPECT_EQ(model::CostMicros(price, {1000, 1000}), 750);
+  EXPECT_EQ(model::CostMicros(price, {10, 0}), 2);  // 1.5 rounds up
+  EXPECT_EQ(model::CostMicros(price, {3, 0}), 0);   // 0.45 rounds down
+  EXPECT_EQ(model::CostMicros(config::ModelPrice{}, {1000000, 1000000}), 0);
+  // Large counts and prices do not overflow.
+  EXPECT_EQ(model::CostMicros({int64_t(1) << 40, 0}, {int64_t(1) << 30, 0}),
+            static_cast<int64_t>(((__int128(1) << 70) + 500000) / 1000000));
+
+  model::PriceTable prices = {{"openai/gpt-4o-mini", price}};
+  EXPECT_EQ(model::PriceOf(prices, "openai/gpt-4o-mini").output_microusd_per_mtok, 600000);
+  EXPECT_EQ(model::PriceOf(prices, "local").input_microusd_per_mtok, 0);  // unpriced: free
+}
+
+TEST(MeteringTest, EstimatesAndConversions) {
+  EXPECT_EQ(model::EstimateInputTokens(0), 0);
+  EXPECT_EQ(model::EstimateInputTokens(1), 1);
+  EXPECT_EQ(model::EstimateInputTokens(400), 100);
+  EXPECT_EQ(model::EstimateInputTokens(401), 101);
+  EXPECT_DOUBLE_EQ(model::MicrosToUsd(1500), 0.0015);
+  int64_t micros = 0;
+  ASSERT_TRUE(model::UsdToMicros(0.15, &micros));
+  EXPECT_EQ(micros, 150000);
+  ASSERT_TRUE(model::UsdToMicros(0, &micros));
+  EXPECT_EQ(micros, 0);
+  EXPECT_FALSE(model::UsdToMicros(-1, &micros));
+  EXPECT_FALSE(model::UsdToMicros(1e12, &micros));
+}
+
+TEST(MeteringTest, PeriodsAreUtcDaysAndMonths) {
+  const Millis at = 1774998000000 + 1234;  // 2026-03-31T23:00:01.234Z
+  EXPECT_EQ(FormatRfc3339(model::PeriodStart("day", at)), "2026-03-31T00:00:00.000Z");
+  EXPECT_EQ(FormatRfc3339(model::PeriodStart("month", at)), "2026-03-01T00:00:00.000Z");
+  const Millis new_year = 1798761600000;  // 2027-01-01T00:00:00Z
+  EXPECT_EQ(model::PeriodStart("day", new_year), new_year);
+  EXPECT_EQ(model::PeriodStart("month", new_year), new_year);
+  EXPECT_EQ(FormatRfc3339(model::PeriodStart("month", new_year - 1)), "2026-12-01T00:00:00.000Z");
+  EXPECT_TRUE(model::IsPeriod("day"));
+  EXPECT_FALSE(model::IsPeriod("week"));
+}
+
+model::ModelRequest Request() {
+  model::ModelRequest r;
+  r.model = "ignored";
+  r.messages = {{"system", "be brief", {}, "", ""},
+                {"user", "hello", {}, "", ""},
+                {"assistant", "", {{"call_1", "time.now", Json::object()}}, "", ""},
+                {"tool", "noon", {}, "call_1", "time.now"}};
+  r.tools = {{"time.now", "the time", {{"type", "object"}}}};
+  r.agent_config = {{"temperature", 0.2}, {"busy", "queue"}};
+  return r;
+}
+
+TEST(MeteringTest, TheCacheKeyCoversWhatChangesAnAnswerAndNothingElse) {
+  const std::string base = runtime::NormalizedRequest("openai/m", Request());
+  EXPECT_EQ(base, runtime::NormalizedRequest("openai/m", Request()));
+
+  model::ModelRequest busy = Request();
+  busy.agent_config["busy"] = "reject";
+  busy.agent_config["local_latency_ms"] = 5;
+  busy.model = "another provider name";
+  EXPECT_EQ(base, runtime::NormalizedRequest("openai/m", busy));
+
+  std::vector<model::ModelRequest> changed(6, Request());
+  changed[0].messages[1].content = "hello!";
+  changed[1].messages[2].tool_calls[0].arguments = {{"tz", "UTC"}};
+  changed[2].messages[3].content = "one o'clock";
+  changed[3].tools[0].description = "the time now";
+  changed[4].agent_config["temperature"] = 0.3;
+  changed[5].agent_config["local_rules"] = Json::array();
+  for (const auto& r : changed) EXPECT_NE(base, runtime::NormalizedRequest("openai/m", r));
+  EXPECT_NE(base, runtime::NormalizedRequest("openai/other", Request()));
+}
+
+class RouterConfigTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("keel-config-" + NewId());
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  Result<config::Config> Load(const std::string& toml) {
+    std::string path = (dir_ / "keel.toml").string();
+    std::ofstream(path) << toml;
+    config::Overrides o;
+    o.home = dir_.string();
+    o.config_file = path;
+    return config::Load(o);
+  }
+
+  std::filesystem::path dir_;
+};
+
+TEST_F(RouterConfigTest, ReadsPricesAnthropicAndCache) {
+  auto c = Load(R"(
+[prices."openai/gpt-4o-mini"]
+input_per_mtok = 0.15
+output_per_mtok = 0.60
+[prices.local]
+input_per_mtok = 1
+[anthropic]
+base_url = "http://127.0.0.1:9"
+timeout_ms = 5000
+max_retries = 1
+max_tokens = 1024
+[cache]
+enabled = false
+ttl_ms = 60000
+max_entries = 10
+)");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->prices.at("openai/gpt-4o-mini").input_microusd_per_mtok, 150000);
+  EXPECT_EQ(c->prices.at("openai/gpt-4o-mini").output_microusd_per_mtok, 600000);
+  EXPECT_EQ(c->prices.at("local").input_microusd_per_mtok, 1000000);
+  EXPECT_EQ(c->prices.at("local").output_microusd_per_mtok, 0);
+  EXPECT_EQ(c->anthropic.base_url, "http://127.0.0.1:9");
+  EXPECT_EQ(c->anthropic.max_retries, 1);
+  EXPECT_EQ(c->anthropic.max_tokens, 1024);
+  EXPECT_FALSE(c->cache.enabled);
+  EXPECT_EQ(c->cache.ttl_ms, 60000);
+  EXPECT_EQ(c->cache.max_entries, 10);
+}
+
+TEST_F(RouterConfigTest, RefusesBadRouterSettingsNamingThem) {
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"[prices.\"x/y\"]\ninput_per_mtok = -1\n", "prices.\"x/y\".input_per_mtok"},
+      {"[prices.\"x/y\"]\ninput_per_mtok = \"cheap\"\n", "input_per_mtok"},
+      {"[prices.\"x/y\"]\nper_call = 1\n", "prices.\"x/y\".per_call"},
+      {"[prices]\n\"x/y\" = 3\n", "prices.\"x/y\""},
+      {"[anthropic]\nmax_tokens = 0\n", "anthropic.max_tokens"},
+      {"[anthropic]\nkey = \"k\"\n", "anthropic.key"},
+      {"[cache]\nenabled = \"yes\"\n", "cache.enabled"},
+      {"[cache]\nttl_ms = 5\n", "cache.ttl_ms"},
+  };
+  for (const auto& [toml, names] : bad) {
+    auto c = Load(toml);
+    ASSERT_FALSE(c.ok()) << toml;
+    EXPECT_EQ(c.status().code(), Code::kInvalidArgument);
+    EXPECT_NE(c.status().message().find(names), std::string::npos)
+        << toml << " -> " << c.status().message();
+  }
+}
+
+}  // namespace
+}  // namespace keel

@@ -1,0 +1,245 @@
+// Conformance of the model router's storage port (store/usage_store.h): every case runs against
+// each backend (`Conformance/UsageStoreTest.<Case>/sqlite` and `.../postgres`). The PostgreSQL
+// cases need KEEL_TEST_PG_ADMIN_URL (see store_conformance_test.cc) and skip without it.
+
+#include "keel/store/usage_store.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "keel/common/ids.h"
+#include "keel/model/metering.h"
+#include "keel/store/store.h"
+#include "pg_test_database.h"
+
+namespace keel::store {
+namespace {
+
+enum class Backend { kSqlite, kPostgres };
+std::string BackendName(Backend b) { return b == Backend::kSqlite ? "sqlite" : "postgres"; }
+
+// 2026-03-31T23:00:00Z and the next day, in another month.
+constexpr Millis kMarch31 = 1774998000000;
+constexpr Millis kApril1 = kMarch31 + 3600 * 1000;
+
+class UsageStoreTest : public ::testing::TestWithParam<Backend> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Backend::kPostgres) {
+      if (!PgAdminUrl()) GTEST_SKIP() << kPgSkip;
+      Status st = pg_.Create();
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      url_ = pg_.url();
+    } else {
+      dir_ = std::filesystem::temp_directory_path() / ("keel-usage-" + NewId());
+      std::filesystem::create_directories(dir_);
+      url_ = "sqlite://" + (dir_ / "keel.db").string();
+    }
+    StoreOptions o;
+    o.origin = "node-a";
+    auto opened = OpenStore(url_, o);
+    ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+    store_ = std::move(opened).value();
+    tenant_ = MakeTenant();
+  }
+  void TearDown() override {
+    store_.reset();
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+
+  std::string MakeTenant() {
+    Tenant t{NewId(), "t", NowMillis()};
+    Status st = store_->WriteSync([&](Tx& tx) { return tx.tenants().InsertTenant(t); });
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return t.id;
+  }
+
+  UsageRecord Usage(const std::string& agent, const std::string& run, Millis at, int64_t cost,
+                    bool cached = false) {
+    UsageRecord u;
+    u.id = NewId();
+    u.tenant_id = tenant_;
+    u.agent_id = agent;
+    u.run_id = run;
+    u.step_id = NewId();
+    u.model = "openai/m";
+    u.input_tokens = 100;
+    u.output_tokens = 10;
+    u.cost_micros = cached ? 0 : cost;
+    u.saved_micros = cached ? cost : 0;
+    u.cached = cached;
+    u.created_at = at;
+    return u;
+  }
+
+  Status Write(const std::function<Status(Tx&)>& fn) { return store_->WriteSync(fn); }
+
+  template <typename T>
+  T Read(const std::function<Result<T>(Tx&)>& fn) {
+    T out{};
+    Status st = store_->Read([&](Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(out, fn(tx));
+      return Status::Ok();
+    });
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return out;
+  }
+
+  UsageTotals Period(const std::string& tenant, const std::string& agent, const char* period,
+                     Millis at) {
+    return Read<UsageTotals>([&](Tx& tx) {
+      return tx.usage().PeriodUsage(tenant, agent, period, model::PeriodStart(period, at));
+    });
+  }
+
+  std::filesystem::path dir_;
+  PgTestDatabase pg_;
+  std::string url_;
+  std::unique_ptr<Store> store_;
+  std::string tenant_;
+};
+
+INSTANTIATE_TEST_SUITE_P(Conformance, UsageStoreTest,
+                         ::testing::Values(Backend::kSqlite, Backend::kPostgres),
+                         [](const ::testing::TestParamInfo<Backend>& info) {
+                           return BackendName(info.param);
+                         });
+
+TEST_P(UsageStoreTest, UsageAddsUpPerRunAgentTenantDayAndMonth) {
+  std::vector<UsageRecord> records = {
+      Usage("agent-a", "run-1", kMarch31, 1000),
+      Usage("agent-a", "run-1", kMarch31 + 1, 500, /*cached=*/true),
+      Usage("agent-b", "run-2", kMarch31 + 2, 300),
+      Usage("agent-a", "run-3", kApril1, 7),
+  };
+  for (const auto& u : records) {
+    ASSERT_TRUE(Write([&](Tx& tx) { return tx.usage().InsertUsage(u); }).ok());
+  }
+  auto run1 = Read<UsageTotals>([&](Tx& tx) { return tx.usage().RunUsage(tenant_, "run-1"); });
+  EXPECT_EQ(run1.calls, 2);
+  EXPECT_EQ(run1.cached_calls, 1);
+  EXPECT_EQ(run1.input_tokens, 200);
+  EXPECT_EQ(run1.output_tokens, 20);
+  EXPECT_EQ(run1.cost_micros, 1000);
+  EXPECT_EQ(run1.saved_micros, 500);
+  auto none = Read<UsageTotals>([&](Tx& tx) { return tx.usage().RunUsage(tenant_, "run-9"); });
+  EXPECT_EQ(none.calls, 0);
+  EXPECT_EQ(none.cost_micros, 0);
+
+  // March 31 (UTC) and April 1 are different days and months.
+  auto a_day = Period(tenant_, "agent-a", "day", kMarch31);
+  EXPECT_EQ(a_day.calls, 2);
+  EXPECT_EQ(a_day.cost_micros, 1000);
+  EXPECT_EQ(a_day.saved_micros, 500);
+  EXPECT_EQ(Period(tenant_, "", "day", kMarch31).cost_micros, 1300);
+  EXPECT_EQ(Period(tenant_, "", "month", kMarch31).calls, 3);
+  EXPECT_EQ(Period(tenant_, "agent-a", "month", kApril1).cost_micros, 7);
+  EXPECT_EQ(Period(tenant_, "", "day", kApril1).calls, 1);
+
+  auto by_agent = Read<std::vector<AgentUsage>>([&](Tx& tx) {
+    return tx.usage().PeriodUsageByAgent(tenant_, "month", model::PeriodStart("month", kMarch31));
+  });
+  ASSERT_EQ(by_agent.size(), 2u);
+  EXPECT_EQ(by_agent[0].agent_id, "agent-a");
+  EXPECT_EQ(by_agent[0].totals.cost_micros, 1000);
+  EXPECT_EQ(by_agent[1].agent_id, "agent-b");
+  EXPECT_EQ(by_agent[1].totals.calls, 1);
+
+  // Another tenant sees none of it.
+  std::string other = MakeTenant();
+  EXPECT_EQ(Period(other, "", "day", kMarch31).calls, 0);
+  EXPECT_EQ(Read<UsageTotals>([&](Tx& tx) { return tx.usage().RunUsage(other, "run-1"); }).calls,
+            0);
+
+  // The same record twice is a conflict, and a failed unit adds nothing to the totals.
+  Status again = Write([&](Tx& tx) { return tx.usage().InsertUsage(records[0]); });
+  EXPECT_EQ(again.code(), Code::kConflict) << again.ToString();
+  EXPECT_EQ(Period(tenant_, "", "day", kMarch31).cost_micros, 1300);
+}
+
+TEST_P(UsageStoreTest, BudgetsArePutReplacedListedAndDeleted) {
+  Budget day{tenant_, "tenant", "day", 5000000, 100, 100};
+  Budget month{tenant_, "agent-a", "month", 1, 200, 200};
+  ASSERT_TRUE(Write([&](Tx& tx) { return tx.usage().PutBudget(day); }).ok());
+  ASSERT_TRUE(Write([&](Tx& tx) { return tx.usage().PutBudget(month); }).ok());
+  Budget raised = day;
+  raised.limit_micros = 9000000;
+  raised.created_at = raised.updated_at = 300;
+  ASSERT_TRUE(Write([&](Tx& tx) { return tx.usage().PutBudget(raised); }).ok());
+
+  auto list = Read<std::vector<Budget>>([&](Tx& tx) { return tx.usage().ListBudgets(tenant_); });
+  ASSERT_EQ(list.size(), 2u);
+  EXPECT_EQ(list[0].scope, "agent-a");  // by scope
+  EXPECT_EQ(list[1].scope, "tenant");
+  EXPECT_EQ(list[1].limit_micros, 9000000);
+  EXPECT_EQ(list[1].created_at, 100);  // kept on replace
+  EXPECT_EQ(list[1].updated_at, 300);
+
+  std::string other = MakeTenant();
+  EXPECT_TRUE(
+      Read<std::vector<Budget>>([&](Tx& tx) { return tx.usage().ListBudgets(other); }).empty());
+  Status foreign = Write([&](Tx& tx) { return tx.usage().DeleteBudget(other, "tenant", "day"); });
+  EXPECT_EQ(foreign.code(), Code::kNotFound);
+
+  ASSERT_TRUE(
+      Write([&](Tx& tx) { return tx.usage().DeleteBudget(tenant_, "tenant", "day"); }).ok());
+  Status gone = Write([&](Tx& tx) { return tx.usage().DeleteBudget(tenant_, "tenant", "day"); });
+  EXPECT_EQ(gone.code(), Code::kNotFound);
+  EXPECT_NE(gone.message().find("day budget"), std::string::npos) << gone.message();
+  EXPECT_EQ(
+      Read<std::vector<Budget>>([&](Tx& tx) { return tx.usage().ListBudgets(tenant_); }).size(),
+      1u);
+}
+
+TEST_P(UsageStoreTest, CacheEntriesAreScopedExpireAndArePruned) {
+  auto entry = [&](const std::string& group, const std::string& key, Millis at) {
+    CacheEntry e;
+    e.tenant_id = tenant_;
+    e.cache_group = group;
+    e.key = key;
+    e.model = "local";
+    e.response = {{"text", "answer " + key}, {"tool_calls", Json::array()}};
+    e.input_tokens = 3;
+    e.output_tokens = 2;
+    e.created_at = at;
+    return e;
+  };
+  auto get = [&](const std::string& tenant, const std::string& group, const std::string& key,
+                 Millis not_before) {
+    return Read<std::optional<CacheEntry>>(
+        [&](Tx& tx) { return tx.usage().GetCacheEntry(tenant, group, key, not_before); });
+  };
+  for (const auto& e :
+       {entry("g1", "k1", 1000), entry("g1", "k2", 2000), entry("g2", "k1", 3000)}) {
+    ASSERT_TRUE(Write([&](Tx& tx) { return tx.usage().PutCacheEntry(e); }).ok());
+  }
+  auto hit = get(tenant_, "g1", "k1", 0);
+  ASSERT_TRUE(hit.has_value());
+  EXPECT_EQ(hit->response["text"], "answer k1");
+  EXPECT_EQ(hit->input_tokens, 3);
+  EXPECT_EQ(hit->created_at, 1000);
+  EXPECT_FALSE(get(tenant_, "g1", "k1", 1001).has_value());    // too old
+  EXPECT_FALSE(get(tenant_, "g3", "k1", 0).has_value());       // another group
+  EXPECT_FALSE(get(MakeTenant(), "g1", "k1", 0).has_value());  // another tenant
+
+  // Putting the same key replaces the entry.
+  CacheEntry newer = entry("g1", "k1", 4000);
+  newer.response["text"] = "fresher";
+  ASSERT_TRUE(Write([&](Tx& tx) { return tx.usage().PutCacheEntry(newer); }).ok());
+  EXPECT_EQ(get(tenant_, "g1", "k1", 3500)->response["text"], "fresher");
+
+  // Prune: k2 (2000) is expired; of the other two, only the newest is kept.
+  int64_t deleted = -1;
+  ASSERT_TRUE(Write([&](Tx& tx) -> Status {
+                KEEL_ASSIGN_OR_RETURN(deleted, tx.usage().PruneCache(2500, 1));
+                return Status::Ok();
+              }).ok());
+  EXPECT_EQ(deleted, 2);
+  EXPECT_TRUE(get(tenant_, "g1", "k1", 0).has_value());
+  EXPECT_FALSE(get(tenant_, "g1", "k2", 0).has_value());
+  EXPECT_FALSE(get(tenant_, "g2", "k1", 0).has_value());
+}
+
+}  // namespace
+}  // namespace keel::store
