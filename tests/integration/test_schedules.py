@@ -236,6 +236,45 @@ class SchedulesTest(KeelTestCase):
         self.assertEqual([m["content"] for m in self.c.messages(sid) if m["role"] == "user"],
                          ["fresh start"])
 
+    def test_slots_due_together_fire_once_each_and_a_refused_one_holds_back_none(self):
+        # Slots due in the same round are posted together (one unit of work); intake refusing
+        # one of them (its session is closed) must neither stop nor duplicate the others.
+        s = self.server
+        a = self.agent()
+        at = in_seconds(2)
+        fresh = [self.c.create(agent_id=a["id"], at=at, prompt="fresh %d" % i, name="f%d" % i)
+                 for i in range(6)]
+        into = []
+        for i in range(5):
+            session = s.create_session(a["id"])
+            into.append((self.c.create(agent_id=a["id"], at=at, prompt="into %d" % i,
+                                       session_id=session["id"]), session))
+        closed = s.create_session(a["id"])
+        refused = self.c.create(agent_id=a["id"], at=at, prompt="to a closed session",
+                                session_id=closed["id"])
+        s.ok("PATCH", "/v1/sessions/" + closed["id"], {"status": "inactive"}, expect=200)
+        for created in fresh:
+            done = self.c.wait(created["id"], lambda x: x["status"] == "done")
+            self.assertEqual([f["outcome"] for f in done["recent_fires"]], ["posted"])
+            sid = done["recent_fires"][0]["session_id"]
+            self.assertEqual([m["content"] for m in self.c.messages(sid) if m["role"] == "user"],
+                             [created["prompt"]])
+        for created, session in into:
+            done = self.c.wait(created["id"], lambda x: x["status"] == "done")
+            self.assertEqual([f["outcome"] for f in done["recent_fires"]], ["posted"])
+            self.assertEqual([m["content"] for m in self.c.messages(session["id"])
+                              if m["role"] == "user"], [created["prompt"]])
+        done = self.c.wait(refused["id"], lambda x: x["status"] == "done")
+        self.assertEqual([f["outcome"] for f in done["recent_fires"]], ["refused"])
+        self.assertIn("inactive", done["recent_fires"][0]["error"])
+        self.assertEqual(self.c.messages(closed["id"]), [])
+        events = s.all_events()
+        self.assertEqual(len([e for e in events if e["type"] == "schedule.refused@v1"
+                              and e["payload"]["schedule_id"] == refused["id"]]), 1)
+        for created in fresh + [c for c, _ in into]:
+            self.assertEqual(len([e for e in events if e["type"] == "schedule.fired@v1"
+                                  and e["payload"]["schedule_id"] == created["id"]]), 1)
+
     def test_a_schedule_fired_transform_rewrites_the_prompt_or_refuses_the_slot(self):
         t = Tenant(self.server)
         a = t.ok("POST", "/v1/agents", {"name": unique_name("a"), "model": "local"}, expect=201)

@@ -118,17 +118,22 @@ Status Runtime::CheckIntake(store::Tx& tx, IntakeUnit& u) {
       return Status::Ok();
     }
   }
-  KEEL_ASSIGN_OR_RETURN(auto current, tx.sessions().GetSession(req.tenant_id, req.session_id));
-  if (current.agent_id != u.agent.id) {
-    return Conflict("session " + req.session_id + " is not a session of agent " + u.agent.id);
-  }
-  if (current.status == "inactive") {
-    return Conflict("session " + req.session_id + " is inactive and takes no new messages");
-  }
-  KEEL_ASSIGN_OR_RETURN(u.busy, tx.runs().SessionBusy(req.tenant_id, req.session_id));
-  if (u.busy && u.reject_when_busy) {
-    return Conflict("session " + req.session_id +
-                    " is busy with a run and its agent rejects messages while busy");
+  if (u.new_session) {
+    u.busy = false;  // created by this unit for this agent: active, no run yet
+  } else {
+    KEEL_ASSIGN_OR_RETURN(auto current,
+                          tx.sessions().GetSession(req.tenant_id, req.session_id));
+    if (current.agent_id != u.agent.id) {
+      return Conflict("session " + req.session_id + " is not a session of agent " + u.agent.id);
+    }
+    if (current.status == "inactive") {
+      return Conflict("session " + req.session_id + " is inactive and takes no new messages");
+    }
+    KEEL_ASSIGN_OR_RETURN(u.busy, tx.runs().SessionBusy(req.tenant_id, req.session_id));
+    if (u.busy && u.reject_when_busy) {
+      return Conflict("session " + req.session_id +
+                      " is busy with a run and its agent rejects messages while busy");
+    }
   }
   KEEL_ASSIGN_OR_RETURN(int64_t active, tx.runs().CountActiveRuns(req.tenant_id));
   const int cap = options_.tenant_run_cap;

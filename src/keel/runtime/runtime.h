@@ -169,6 +169,9 @@ class Runtime {
     std::string origin;
     Millis now = 0;
     Json trigger;        // what posted the message, for run.queued@v1 (a schedule); null: a client
+    // The unit created the session itself just before (a schedule's new session): it is the
+    // agent's, active and idle, so intake need not read it back.
+    bool new_session = false;
     IntakeResult out;    // the message and the run to write
     // Set by WriteIntake:
     bool busy = false;     // the session had an unfinished run
@@ -274,8 +277,18 @@ class Runtime {
   // Schedules (schedules.cc): on the leader, fires due slots, up to kMaxFiring at once, and
   // sleeps until the earliest next slot (at most a second). FireSchedule handles one due
   // schedule in one unit of work: the slot recorded, the schedule advanced, the prompt posted.
+  // FireGroup posts several due slots in one unit of work, each exactly as FireSchedule would,
+  // and hands a slot that needs more (a skip, a refusal, a plugin hook) to FireSchedule.
+  struct SlotPost;  // one slot's prompt, prepared before the unit (schedules.cc)
   boost::asio::awaitable<void> ScheduleLoop();
   boost::asio::awaitable<void> FireSchedule(store::Schedule schedule, Millis firing_since);
+  boost::asio::awaitable<void> FireGroup(std::vector<store::Schedule> group, Millis firing_since);
+  // Inside the unit: records the slot, advances the schedule and posts the prompt (nothing when
+  // the slot is stale: dealt with meanwhile). Once committed: starts or queues the run.
+  Status WriteSlotPost(store::Tx& tx, SlotPost& post);
+  void AfterSlotPost(SlotPost& post);
+  // Before the unit: the new session (when the schedule names none) and intake's ids.
+  void PrepareSlotPost(SlotPost& post, std::string prompt);
   Millis Now() const { return options_.clock ? options_.clock() : NowMillis(); }
 
   boost::asio::any_io_executor executor_;

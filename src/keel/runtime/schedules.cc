@@ -7,6 +7,19 @@
 // one created or resumed here wakes the loop at once (WakeSchedules). Idle, a round is one
 // indexed read per second.
 //
+// A round's due slots go out in groups of up to kGroup: FireGroup reads the group's agents and
+// their plugins once and posts all its slots in ONE unit of work, each slot written exactly as
+// FireSchedule's unit below writes it (so a node that fell behind catches up with a read, a
+// unit and a wake-up per group rather than per slot: on PostgreSQL each costs round trips).
+// A lone due slot, and any slot that needs more than a plain post (a skip, an unparsable
+// schedule, a deleted agent, a schedule.fired hook), is FireSchedule's. When intake refuses one
+// slot of a group, the group's unit rolls back whole and each of its slots is fired alone by
+// FireSchedule: a refused slot holds back no other, and the re-read and the unique slot make
+// the retry exact.
+//
+// Firing units are urgent (Store::WriteUrgent): they go ahead of the queued turns' units, so a
+// busy store delays the turns, not the posting of the slots (at most kMaxFiring are queued).
+//
 // FireSchedule decides with schedule::PlanFiring what a due schedule does, then writes it in
 // ONE unit of work that re-reads the schedule (still active with the same next slot: nobody
 // fired it meanwhile), records the slot (schedule_fires, unique per (schedule_id, slot): a
@@ -19,6 +32,7 @@
 // as refused, with schedule.refused@v1, and advances the schedule all the same.
 
 #include <algorithm>
+#include <map>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/redirect_error.hpp>
@@ -39,6 +53,7 @@ namespace asio = boost::asio;
 namespace {
 
 constexpr int kMaxFiring = 64;  // schedules fired at once by one node
+constexpr size_t kGroup = 16;   // due slots posted in one unit of work (FireGroup)
 constexpr Millis kMaxSleepMs = 1000;
 
 Json TimeOrNull(const std::optional<Millis>& t) {
@@ -69,6 +84,99 @@ void Advance(store::Schedule& s, const schedule::Firing& plan, Millis now, bool 
 }
 
 }  // namespace
+
+struct Runtime::SlotPost {
+  store::Schedule s;  // as read by the round
+  schedule::Firing plan;
+  Millis now = 0;
+  Millis slot = 0;
+  store::Agent agent;
+  store::Session session;  // the schedule's, or a new one (its id set before the unit)
+  bool new_session = false;
+  std::vector<store::PluginDelivery> deliveries;
+  IntakeUnit unit;
+  bool stale = false;  // another node, or an earlier process, dealt with this slot
+};
+
+void Runtime::PrepareSlotPost(SlotPost& post, std::string prompt) {
+  const store::Schedule& s = post.s;
+  post.new_session = s.session_id.empty();
+  if (post.new_session) {
+    post.session.tenant_id = s.tenant_id;
+    post.session.agent_id = post.agent.id;
+    post.session.title = s.name;
+    post.session.created_at = post.session.updated_at = post.now;
+  }
+  IntakeRequest request;
+  request.tenant_id = s.tenant_id;
+  request.session_id = post.session.id;
+  request.content = prompt;
+  request.requested_by = s.created_by;
+  request.caller_role = s.caller_role;
+  post.unit = PrepareIntake(request, post.agent, std::move(prompt));
+  post.unit.trigger = {{"schedule_id", s.id}, {"slot", FormatRfc3339(post.slot)}};
+  post.unit.new_session = post.new_session;
+}
+
+Status Runtime::WriteSlotPost(store::Tx& tx, SlotPost& post) {
+  const store::Schedule& s = post.s;
+  const store::Agent& agent = post.agent;
+  const store::Session& session = post.session;
+  IntakeUnit& unit = post.unit;
+  post.stale = false;
+  KEEL_ASSIGN_OR_RETURN(auto current, StillDue(tx, s));
+  if (!current) {
+    post.stale = true;
+    return Status::Ok();
+  }
+  store::ScheduleFire record{
+      s.tenant_id, s.id, post.slot, post.now, "posted", session.id, unit.out.run.id,
+      unit.out.message.id, ""};
+  Status recorded = tx.schedules().InsertFire(record);
+  if (recorded.code() == Code::kConflict) {
+    post.stale = true;
+    return Status::Ok();
+  }
+  KEEL_RETURN_IF_ERROR(recorded);
+  Advance(*current, post.plan, post.now, false);
+  KEEL_RETURN_IF_ERROR(tx.schedules().UpdateSchedule(*current));
+  if (post.new_session) {
+    KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(session));
+    KEEL_RETURN_IF_ERROR(tx.events().Append({s.tenant_id,
+                                             "session.created@v1",
+                                             agent.id,
+                                             session.id,
+                                             "",
+                                             {{"title", session.title}}}));
+  }
+  KEEL_RETURN_IF_ERROR(WriteIntake(tx, unit));
+  for (const auto& d : post.deliveries) KEEL_RETURN_IF_ERROR(tx.plugins().InsertDelivery(d));
+  return tx.events().Append({s.tenant_id,
+                             "schedule.fired@v1",
+                             agent.id,
+                             session.id,
+                             unit.out.run.id,
+                             {{"schedule_id", s.id},
+                              {"slot", FormatRfc3339(post.slot)},
+                              {"missed", post.plan.missed},
+                              {"message_id", unit.out.message.id},
+                              {"next_fire_at", TimeOrNull(current->next_fire_at)}}});
+}
+
+void Runtime::AfterSlotPost(SlotPost& post) {
+  if (post.stale) return;
+  AfterIntake(post.unit);
+  if (!post.deliveries.empty()) WakeDeliveries();
+  if (post.new_session) {
+    const store::Session& session = post.session;
+    asio::co_spawn(executor_,
+                   EmitFor(post.s.tenant_id, post.agent.id, "session.opened",
+                           {{"agent_id", post.agent.id},
+                            {"session_id", session.id},
+                            {"title", session.title}}),
+                   asio::detached);
+  }
+}
 
 void Runtime::WakeSchedules() {
   schedule_wake_ = true;
@@ -108,11 +216,23 @@ asio::awaitable<void> Runtime::ScheduleLoop() {
     if (!read.ok()) continue;
     // A due slot already being fired wakes the loop when it is done; sleep until then.
     if (earliest && *earliest > now) next_at = earliest;
+    std::vector<store::Schedule> picked;
     for (auto& s : due) {
       if (room <= 0) break;
       if (!firing_.insert(s.id).second) continue;
       --room;
-      asio::co_spawn(executor_, FireSchedule(std::move(s), *firing_since),
+      picked.push_back(std::move(s));
+    }
+    for (size_t i = 0; i < picked.size(); i += kGroup) {
+      const size_t n = std::min(kGroup, picked.size() - i);
+      if (n == 1) {
+        asio::co_spawn(executor_, FireSchedule(std::move(picked[i]), *firing_since),
+                       ReportExceptions{"schedule firing"});
+        continue;
+      }
+      std::vector<store::Schedule> group(std::make_move_iterator(picked.begin() + i),
+                                         std::make_move_iterator(picked.begin() + i + n));
+      asio::co_spawn(executor_, FireGroup(std::move(group), *firing_since),
                      ReportExceptions{"schedule firing"});
     }
   }
@@ -157,7 +277,7 @@ asio::awaitable<void> Runtime::FireSchedule(store::Schedule s, Millis firing_sin
                                   {"missed_from", TimeOrNull(s.next_fire_at)},
                                   {"next_fire_at", TimeOrNull(current->next_fire_at)}}});
     };
-    auto written = co_await store::AsyncWrite(store_, std::move(skip));
+    auto written = co_await store::AsyncWrite(store_, std::move(skip), /*urgent=*/true);
     if (!written.ok()) {
       LogError("schedule " + s.id + ": " + written.status().message());
     } else {
@@ -213,79 +333,24 @@ asio::awaitable<void> Runtime::FireSchedule(store::Schedule s, Millis firing_sin
     }
   }
 
-  const bool new_session = s.session_id.empty();
-  IntakeRequest request;
-  request.tenant_id = s.tenant_id;
-  request.session_id = session.id;
-  request.content = prompt;
-  request.requested_by = s.created_by;
-  request.caller_role = s.caller_role;
-  IntakeUnit unit = PrepareIntake(request, agent, prompt);
-  unit.trigger = {{"schedule_id", s.id}, {"slot", FormatRfc3339(slot)}};
-  bool stale = false;  // another node, or an earlier process, dealt with this slot
+  SlotPost post;
+  post.s = s;
+  post.plan = plan;
+  post.now = now;
+  post.slot = slot;
+  post.agent = agent;
+  post.session = session;
+  post.deliveries = std::move(deliveries);
   if (refusal.empty()) {
-    if (new_session) {
-      session.tenant_id = s.tenant_id;
-      session.agent_id = agent.id;
-      session.title = s.name;
-      session.created_at = session.updated_at = now;
-    }
-    store::WriteFn fire = [&](store::Tx& tx) -> Status {
-      stale = false;
-      KEEL_ASSIGN_OR_RETURN(auto current, StillDue(tx, s));
-      if (!current) {
-        stale = true;
-        return Status::Ok();
-      }
-      store::ScheduleFire record{
-          s.tenant_id,         s.id, slot, now, "posted", session.id, unit.out.run.id,
-          unit.out.message.id, ""};
-      Status recorded = tx.schedules().InsertFire(record);
-      if (recorded.code() == Code::kConflict) {
-        stale = true;
-        return Status::Ok();
-      }
-      KEEL_RETURN_IF_ERROR(recorded);
-      Advance(*current, plan, now, false);
-      KEEL_RETURN_IF_ERROR(tx.schedules().UpdateSchedule(*current));
-      if (new_session) {
-        KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(session));
-        KEEL_RETURN_IF_ERROR(tx.events().Append({s.tenant_id,
-                                                 "session.created@v1",
-                                                 agent.id,
-                                                 session.id,
-                                                 "",
-                                                 {{"title", session.title}}}));
-      }
-      KEEL_RETURN_IF_ERROR(WriteIntake(tx, unit));
-      for (const auto& d : deliveries) KEEL_RETURN_IF_ERROR(tx.plugins().InsertDelivery(d));
-      return tx.events().Append({s.tenant_id,
-                                 "schedule.fired@v1",
-                                 agent.id,
-                                 session.id,
-                                 unit.out.run.id,
-                                 {{"schedule_id", s.id},
-                                  {"slot", FormatRfc3339(slot)},
-                                  {"missed", plan.missed},
-                                  {"message_id", unit.out.message.id},
-                                  {"next_fire_at", TimeOrNull(current->next_fire_at)}}});
-    };
-    auto written = co_await store::AsyncWrite(store_, std::move(fire));
+    PrepareSlotPost(post, prompt);
+    store::WriteFn fire = [&](store::Tx& tx) -> Status { return WriteSlotPost(tx, post); };
+    auto written = co_await store::AsyncWrite(store_, std::move(fire), /*urgent=*/true);
     if (written.ok()) {
       done.wake = true;
-      if (stale) co_return;
-      AfterIntake(unit);
-      if (!deliveries.empty()) WakeDeliveries();
-      if (new_session) {
-        asio::co_spawn(
-            executor_,
-            EmitFor(s.tenant_id, agent.id, "session.opened",
-                    {{"agent_id", agent.id}, {"session_id", session.id}, {"title", session.title}}),
-            asio::detached);
-      }
+      AfterSlotPost(post);
       co_return;
     }
-    if (!unit.refused) {
+    if (!post.unit.refused) {
       LogError("schedule " + s.id + ": " + written.status().message());
       co_return;
     }
@@ -313,12 +378,115 @@ asio::awaitable<void> Runtime::FireSchedule(store::Schedule s, Millis firing_sin
                                 {"reason", record.error},
                                 {"next_fire_at", TimeOrNull(current->next_fire_at)}}});
   };
-  auto written = co_await store::AsyncWrite(store_, std::move(refuse));
+  auto written = co_await store::AsyncWrite(store_, std::move(refuse), /*urgent=*/true);
   if (!written.ok()) {
     LogError("schedule " + s.id + ": " + written.status().message());
     co_return;
   }
   done.wake = true;
+}
+
+asio::awaitable<void> Runtime::FireGroup(std::vector<store::Schedule> group, Millis firing_since) {
+  // The group's schedules stay in firing_ until it is done with them; one handed to
+  // FireSchedule is FireSchedule's from then on.
+  struct Done {
+    Runtime* rt;
+    std::vector<std::string> ids;
+    bool wake = false;
+    ~Done() {
+      for (const auto& id : ids) rt->firing_.erase(id);
+      if (wake) rt->WakeSchedules();
+    }
+  } done{this, {}};
+  for (const auto& s : group) done.ids.push_back(s.id);
+  auto hand_off = [this, &done, firing_since](store::Schedule s) {
+    done.ids.erase(std::remove(done.ids.begin(), done.ids.end(), s.id), done.ids.end());
+    asio::co_spawn(executor_, FireSchedule(std::move(s), firing_since),
+                   ReportExceptions{"schedule firing"});
+  };
+
+  // Only plain posts stay here: a skip, a slot that cannot fire, a deleted agent or a
+  // schedule.fired hook (which runs once, in FireSchedule) go to FireSchedule.
+  const Millis now = Now();
+  std::vector<SlotPost> posts;
+  for (auto& s : group) {
+    auto planned = schedule::PlanFiring(s, now, firing_since);
+    if (!planned.ok() || !planned->slot) {
+      hand_off(std::move(s));
+      continue;
+    }
+    SlotPost& post = posts.emplace_back();
+    post.s = std::move(s);
+    post.plan = *planned;
+    post.now = now;
+    post.slot = *planned->slot;
+  }
+  // One read for the group: each agent and its plugins once.
+  struct AgentInfo {
+    std::optional<store::Agent> agent;  // nullopt: deleted
+    std::vector<store::Plugin> enabled;
+    bool hook = false;  // a plugin wants schedule.fired
+  };
+  std::map<std::pair<std::string, std::string>, AgentInfo> agents;
+  for (const auto& post : posts) agents[{post.s.tenant_id, post.s.agent_id}];
+  std::function<Status(store::Tx&)> read_fn = [&agents](store::Tx& tx) -> Status {
+    for (auto& [key, info] : agents) {
+      auto a = tx.agents().GetAgent(key.first, key.second);
+      if (!a.ok() && a.status().code() != Code::kNotFound) return a.status();
+      if (!a.ok()) continue;
+      info.agent = *a;
+      KEEL_ASSIGN_OR_RETURN(info.enabled, tx.plugins().PluginsForAgent(key.first, key.second));
+    }
+    return Status::Ok();
+  };
+  if (!agents.empty()) {
+    Status read = co_await store::AsyncRead(store_, std::move(read_fn));
+    if (!read.ok()) {
+      LogError("schedules: " + read.message());
+      co_return;
+    }
+  }
+  for (auto& [key, info] : agents) {
+    if (info.agent) info.hook = UsePlugins(key.first, key.second, info.enabled)->Wants("schedule.fired");
+  }
+  std::vector<SlotPost> ready;
+  int claim_room = options_.max_concurrent_runs - static_cast<int>(executing_.size());
+  for (auto& post : posts) {
+    const AgentInfo& info = agents[{post.s.tenant_id, post.s.agent_id}];
+    if (!info.agent || info.hook) {
+      hand_off(std::move(post.s));
+      continue;
+    }
+    post.agent = *info.agent;
+    post.session.id = post.s.session_id.empty() ? NewId() : post.s.session_id;
+    PrepareSlotPost(post, post.s.prompt);
+    // The group's runs together stay within this node's room, as separate firings could not.
+    if (claim_room <= 0) post.unit.may_claim = false;
+    if (post.unit.may_claim) --claim_room;
+    ready.push_back(std::move(post));
+  }
+  if (ready.empty()) co_return;
+
+  // One unit of work posts every slot, each exactly as FireSchedule's unit would.
+  store::WriteFn fire = [this, &ready](store::Tx& tx) -> Status {
+    for (auto& post : ready) KEEL_RETURN_IF_ERROR(WriteSlotPost(tx, post));
+    return Status::Ok();
+  };
+  auto written = co_await store::AsyncWrite(store_, std::move(fire), /*urgent=*/true);
+  if (written.ok()) {
+    done.wake = true;
+    for (auto& post : ready) AfterSlotPost(post);
+    co_return;
+  }
+  // Intake refused one slot and the unit rolled back with it: each slot fires alone, so the
+  // refused one is recorded as such without holding back the others.
+  const bool refused = std::any_of(ready.begin(), ready.end(),
+                                   [](const SlotPost& p) { return p.unit.refused; });
+  if (!refused) {
+    LogError("schedules: " + written.status().message());
+    co_return;
+  }
+  for (auto& post : ready) hand_off(std::move(post.s));
 }
 
 }  // namespace keel::runtime

@@ -16,18 +16,24 @@
 
 namespace keel::store {
 
-// Returns the events the unit appended, or the unit's failure.
-inline boost::asio::awaitable<Result<std::vector<Event>>> AsyncWrite(Store& store, WriteFn fn) {
+// Returns the events the unit appended, or the unit's failure. `urgent`: Store::WriteUrgent.
+inline boost::asio::awaitable<Result<std::vector<Event>>> AsyncWrite(Store& store, WriteFn fn,
+                                                                    bool urgent = false) {
   auto [status, events] = co_await boost::asio::async_initiate<
       const boost::asio::use_awaitable_t<>, void(Status, std::vector<Event>)>(
-      [&store, &fn](auto handler) {
+      [&store, &fn, urgent](auto handler) {
         auto ex = boost::asio::get_associated_executor(handler);
         auto h = std::make_shared<decltype(handler)>(std::move(handler));
-        store.Write(std::move(fn), [h, ex](Status s, std::vector<Event> ev) {
+        WriteDone done = [h, ex](Status s, std::vector<Event> ev) {
           boost::asio::post(ex, [h, s = std::move(s), ev = std::move(ev)]() mutable {
             (*h)(std::move(s), std::move(ev));
           });
-        });
+        };
+        if (urgent) {
+          store.WriteUrgent(std::move(fn), std::move(done));
+        } else {
+          store.Write(std::move(fn), std::move(done));
+        }
       },
       boost::asio::use_awaitable);
   if (!status.ok()) co_return status;

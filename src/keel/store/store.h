@@ -372,6 +372,10 @@ class Store {
   // Queues `fn` for the writer; `done` runs once it is durable or failed. When `fn` returns a
   // non-ok status, its changes are rolled back and the others in the same batch still commit.
   virtual void Write(WriteFn fn, WriteDone done) = 0;
+  // Write for a unit whose latency is the point (a schedule's firing): it goes ahead of the
+  // queued units that are not urgent, behind the urgent ones, and commits as any other. Its
+  // callers bound how many they queue, so that other units are delayed, never starved.
+  virtual void WriteUrgent(WriteFn fn, WriteDone done) { Write(std::move(fn), std::move(done)); }
   // Convenience for start-up and tools: Write and wait.
   Status WriteSync(WriteFn fn, std::vector<Event>* events = nullptr);
   // `listener` sees every committed unit's events, in commit order, on the writer thread,

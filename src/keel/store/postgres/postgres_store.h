@@ -3,8 +3,8 @@
 // Store interface as SqliteStore and with identical answers (DESIGN.md invariant 9).
 //
 // Owner: whoever opened it (the server). Threads: Read and Write may be called from any thread.
-// One writer thread owns one connection and commits queued units of work in batches exactly as
-// SqliteStore does: BEGIN; a SAVEPOINT per unit when the batch holds more than one, so a unit's
+// One writer thread owns one connection and commits queued units of work (urgent ones first:
+// WriteUrgent) in batches exactly as SqliteStore does: BEGIN; a SAVEPOINT per unit when the batch holds more than one, so a unit's
 // failure rolls back only itself; COMMIT; then the commit listener with the batch's events in
 // order, then each unit's done callback. A batch holds at most 64 units (PostgreSQL's cache of
 // subtransactions per transaction). Reads run on the calling thread in a REPEATABLE READ
@@ -63,6 +63,7 @@ class PostgresStore final : public Store {
   // On one of kReadThreads threads, so that no caller's event loop waits on the network.
   void ReadAsync(std::function<Status(Tx&)> fn, std::function<void(Status)> done) override;
   void Write(WriteFn fn, WriteDone done) override;
+  void WriteUrgent(WriteFn fn, WriteDone done) override;
   void SetCommitListener(std::function<void(const std::vector<Event>&)> listener) override {
     listener_ = std::move(listener);
   }
@@ -112,6 +113,7 @@ class PostgresStore final : public Store {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Unit> queue_;  // GUARDED_BY(mu_)
+  size_t urgent_ = 0;       // GUARDED_BY(mu_): the urgent units at the front of queue_
   bool closing_ = false;    // GUARDED_BY(mu_)
   StoreStats stats_;        // GUARDED_BY(mu_)
 

@@ -101,6 +101,20 @@ void SqliteStore::Write(WriteFn fn, WriteDone done) {
   done(Unavailable("store is closed"), {});
 }
 
+void SqliteStore::WriteUrgent(WriteFn fn, WriteDone done) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!closing_) {
+      queue_.insert(queue_.begin() + static_cast<std::ptrdiff_t>(urgent_),
+                    Unit{std::move(fn), std::move(done)});
+      ++urgent_;
+      cv_.notify_one();
+      return;
+    }
+  }
+  done(Unavailable("store is closed"), {});
+}
+
 StoreStats SqliteStore::stats() const {
   std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(mu_));
   return stats_;
@@ -129,6 +143,7 @@ void SqliteStore::WriterLoop() {
       while (!queue_.empty() && static_cast<int>(batch.size()) < options_.max_batch) {
         batch.push_back(std::move(queue_.front()));
         queue_.pop_front();
+        if (urgent_ > 0) --urgent_;
       }
     }
     CommitBatch(batch);

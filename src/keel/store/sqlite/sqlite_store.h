@@ -1,8 +1,8 @@
 #pragma once
 // SqliteStore: the embedded store. One database file in WAL mode; one writer thread owns the
-// only write connection and commits queued units of work in batches (group commit: one fsync
-// for many units, each unit isolated by a savepoint); readers use their own connections from a
-// small pool and never block the writer.
+// only write connection and commits queued units of work (urgent ones first: WriteUrgent) in
+// batches (group commit: one fsync for many units, each unit isolated by a savepoint); readers
+// use their own connections from a small pool and never block the writer.
 //
 // Thread safety: Read and Write may be called from any thread.
 
@@ -29,6 +29,7 @@ class SqliteStore final : public Store {
 
   Status Read(const std::function<Status(Tx&)>& fn) override;
   void Write(WriteFn fn, WriteDone done) override;
+  void WriteUrgent(WriteFn fn, WriteDone done) override;
   void SetCommitListener(std::function<void(const std::vector<Event>&)> listener) override {
     listener_ = std::move(listener);
   }
@@ -57,6 +58,7 @@ class SqliteStore final : public Store {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Unit> queue_;  // GUARDED_BY(mu_)
+  size_t urgent_ = 0;       // GUARDED_BY(mu_): the urgent units at the front of queue_
   bool closing_ = false;    // GUARDED_BY(mu_)
   StoreStats stats_;        // GUARDED_BY(mu_)
 
