@@ -6,82 +6,15 @@
 
 #include <gtest/gtest.h>
 
-#include <filesystem>
-
 #include "keel/common/ids.h"
-#include "keel/store/store.h"
-#include "pg_test_database.h"
+#include "session_store_fixture.h"
 
 namespace keel::store {
 namespace {
 
-enum class Backend { kSqlite, kPostgres };
-std::string BackendName(Backend b) { return b == Backend::kSqlite ? "sqlite" : "postgres"; }
+class IntrospectionStoreTest : public test::SessionStoreTest {};
 
-class IntrospectionStoreTest : public ::testing::TestWithParam<Backend> {
- protected:
-  void SetUp() override {
-    if (GetParam() == Backend::kPostgres && !PgAdminUrl()) GTEST_SKIP() << kPgSkip;
-    std::string url;
-    if (GetParam() == Backend::kPostgres) {
-      Status st = pg_.Create();
-      ASSERT_TRUE(st.ok()) << st.ToString();
-      url = pg_.url();
-    } else {
-      dir_ = std::filesystem::temp_directory_path() / ("keel-introspection-" + NewId());
-      std::filesystem::create_directories(dir_);
-      url = "sqlite://" + (dir_ / "keel.db").string();
-    }
-    StoreOptions o;
-    o.origin = "node-a";
-    auto opened = OpenStore(url, o);
-    ASSERT_TRUE(opened.ok()) << opened.status().ToString();
-    store_ = std::move(opened).value();
-    tenant_ = NewId();
-    agent_ = NewId();
-    session_ = NewId();
-    Status st = store_->WriteSync([&](Tx& tx) -> Status {
-      KEEL_RETURN_IF_ERROR(tx.tenants().InsertTenant({tenant_, "t", NowMillis()}));
-      Agent a;
-      a.id = agent_;
-      a.tenant_id = tenant_;
-      a.name = "a";
-      a.model = "local";
-      KEEL_RETURN_IF_ERROR(tx.agents().InsertAgent(a));
-      return tx.sessions().InsertSession(
-          Session{session_, tenant_, agent_, "idle", "s", NowMillis(), NowMillis()});
-    });
-    ASSERT_TRUE(st.ok()) << st.ToString();
-  }
-  void TearDown() override {
-    store_.reset();
-    if (!dir_.empty()) std::filesystem::remove_all(dir_);
-  }
-
-  std::string AddMessage(const std::string& role, const std::string& content) {
-    Message m;
-    m.id = NewId();
-    m.tenant_id = tenant_;
-    m.session_id = session_;
-    m.role = role;
-    m.content = content;
-    m.created_at = NowMillis();
-    Status st = store_->WriteSync([&](Tx& tx) { return tx.messages().InsertMessage(m); });
-    EXPECT_TRUE(st.ok()) << st.ToString();
-    return m.id;
-  }
-
-  std::filesystem::path dir_;
-  PgTestDatabase pg_;
-  std::unique_ptr<Store> store_;
-  std::string tenant_, agent_, session_;
-};
-
-INSTANTIATE_TEST_SUITE_P(IntrospectionStore, IntrospectionStoreTest,
-                         ::testing::Values(Backend::kSqlite, Backend::kPostgres),
-                         [](const ::testing::TestParamInfo<Backend>& info) {
-                           return BackendName(info.param);
-                         });
+KEEL_BACKENDS(IntrospectionStore, IntrospectionStoreTest);
 
 TEST_P(IntrospectionStoreTest, TheDescriptionIsPartOfTheSession) {
   ASSERT_TRUE(store_
@@ -129,7 +62,7 @@ TEST_P(IntrospectionStoreTest, DueIntrospectionsAreMovedClearedAndFoundAcrossTen
   ASSERT_TRUE(store_
                   ->WriteSync([&](Tx& tx) -> Status {
                     return tx.sessions().InsertSession(
-                        Session{other_session, tenant_, agent_, "idle", "s", 1, 1});
+                        Session{other_session, tenant_, agent_, "idle", "s", 1, 1, ""});
                   })
                   .ok());
   auto put = [&](const std::string& session, Millis at) {
