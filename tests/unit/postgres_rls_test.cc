@@ -104,7 +104,7 @@ class PostgresRlsTest : public ::testing::Test {
           ag.created_at = ag.updated_at = NowMillis();
           KEEL_RETURN_IF_ERROR(tx.agents().InsertAgent(ag));
           KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(
-              Session{NewId(), t.id, ag.id, "idle", "s", NowMillis(), NowMillis()}));
+              Session{NewId(), t.id, ag.id, "idle", "s", NowMillis(), NowMillis(), ""}));
           KEEL_RETURN_IF_ERROR(tx.events().Append({t.id, "agent.created@v1", ag.id, "", "", {}}));
         }
       }

@@ -98,7 +98,7 @@ Agent MakeAgent(Store& store, const Tenant& t, const std::string& name) {
 }
 
 Session NewSession(const Tenant& t, const Agent& a, std::string id = NewId()) {
-  return Session{std::move(id), t.id, a.id, "idle", "s", NowMillis(), NowMillis()};
+  return Session{std::move(id), t.id, a.id, "idle", "s", NowMillis(), NowMillis(), ""};
 }
 
 store::Run NewRun(const Tenant& t, const Session& s, std::string id = NewId()) {
@@ -1533,8 +1533,8 @@ TEST_P(StoreTest, EventPositionsFollowCommitOrderAndOriginSeqHasNoGaps) {
 TEST_P(StoreTest, ClaimableRunsAreSerialPerSession) {
   Tenant t = MakeTenant();
   Agent agent = MakeAgent(t, "a");
-  Session s1{NewId(), t.id, agent.id, "idle", "", 0, 0};
-  Session s2{NewId(), t.id, agent.id, "idle", "", 0, 0};
+  Session s1{NewId(), t.id, agent.id, "idle", "", 0, 0, ""};
+  Session s2{NewId(), t.id, agent.id, "idle", "", 0, 0, ""};
   std::vector<store::Run> runs;
   ASSERT_TRUE(store_->WriteSync([&](Tx& tx) -> Status {
     KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(s1));
