@@ -167,4 +167,20 @@ class Conn {
   std::vector<ResultFn> pending_;  // queued statements awaiting their results, in order
 };
 
+// Every row of a result, each read by `read(Row)`.
+template <typename T, typename ReadFn>
+std::vector<T> Collect(const Rows& rows, ReadFn read) {
+  std::vector<T> out;
+  out.reserve(rows.size());
+  for (int i = 0; i < rows.size(); ++i) out.push_back(read(Row(rows, i)));
+  return out;
+}
+
+// The result's first row, or kNotFound `what`.
+template <typename T, typename ReadFn>
+Result<T> One(const Rows& rows, ReadFn read, const std::string& what) {
+  if (rows.empty()) return NotFound(what);
+  return read(Row(rows, 0));
+}
+
 }  // namespace keel::store::postgres

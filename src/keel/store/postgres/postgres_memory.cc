@@ -17,14 +17,6 @@ namespace {
 
 using namespace rows;  // NOLINT: the shared record readers
 
-template <typename T, typename ReadFn>
-std::vector<T> Collect(const Rows& rows, ReadFn read) {
-  std::vector<T> out;
-  out.reserve(rows.size());
-  for (int i = 0; i < rows.size(); ++i) out.push_back(read(Row(rows, i)));
-  return out;
-}
-
 double Score(const std::string& text) {
   try {
     return std::stod(text);

@@ -16,14 +16,6 @@ std::string Placeholders(int n) {
   return out;
 }
 
-template <typename T, typename ReadFn>
-std::vector<T> Collect(const Rows& rows, ReadFn read) {
-  std::vector<T> out;
-  out.reserve(rows.size());
-  for (int i = 0; i < rows.size(); ++i) out.push_back(read(Row(rows, i)));
-  return out;
-}
-
 // The statement returned a row (RETURNING), or kNotFound with `what`.
 Status Found(const Result<Rows>& rows, const std::string& what) {
   if (!rows.ok()) return rows.status();

@@ -41,20 +41,6 @@ Paged<T> MakePage(std::vector<T> rows, int limit, KeyFn key) {
   return page;
 }
 
-template <typename T, typename ReadFn>
-std::vector<T> Collect(const Rows& rows, ReadFn read) {
-  std::vector<T> out;
-  out.reserve(rows.size());
-  for (int i = 0; i < rows.size(); ++i) out.push_back(read(Row(rows, i)));
-  return out;
-}
-
-template <typename T, typename ReadFn>
-Result<T> One(const Rows& rows, ReadFn read, const std::string& what) {
-  if (rows.empty()) return NotFound(what);
-  return read(Row(rows, 0));
-}
-
 // A text[] literal for a parameter: {"a","b"} with quotes and backslashes escaped.
 std::string TextArray(const std::vector<std::string>& items) {
   std::string out = "{";

@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 #include "keel/common/status.h"
 
@@ -76,5 +77,25 @@ class Db {
 
 // Maps a SQLite result code to a Status (constraint violations are kConflict).
 Status StatusFromSqlite(sqlite3* db, int rc, std::string_view what);
+
+// The rows of a statement, each read by `read(stmt)`.
+template <typename T, typename ReadFn>
+Result<std::vector<T>> Collect(Stmt& s, ReadFn read) {
+  std::vector<T> out;
+  while (true) {
+    KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    out.push_back(read(s));
+  }
+  return out;
+}
+
+// The statement's one row, or kNotFound `what`.
+template <typename T, typename ReadFn>
+Result<T> One(Stmt& s, ReadFn read, const std::string& what) {
+  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return NotFound(what);
+  return read(s);
+}
 
 }  // namespace keel::store::sqlite

@@ -125,17 +125,6 @@ std::string Hex(const std::string& s) {
   return out;
 }
 
-template <typename T, typename ReadFn>
-Result<std::vector<T>> Collect(Stmt& s, ReadFn read) {
-  std::vector<T> out;
-  while (true) {
-    KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) break;
-    out.push_back(read(s));
-  }
-  return out;
-}
-
 }  // namespace
 
 Status RegisterMemoryFunctions(sqlite3* db) {

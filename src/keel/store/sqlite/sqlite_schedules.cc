@@ -10,17 +10,6 @@ namespace {
 
 using namespace rows;  // NOLINT: the shared record readers
 
-template <typename T, typename ReadFn>
-Result<std::vector<T>> Collect(Stmt& s, ReadFn read) {
-  std::vector<T> out;
-  while (true) {
-    KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) break;
-    out.push_back(read(s));
-  }
-  return out;
-}
-
 // The statement returned a row (RETURNING), or kNotFound with `what`.
 Status Found(Stmt& s, const std::string& what) {
   KEEL_ASSIGN_OR_RETURN(bool row, s.Step());

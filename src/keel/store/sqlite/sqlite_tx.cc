@@ -36,24 +36,6 @@ Paged<T> MakePage(std::vector<T> rows, int limit, KeyFn key) {
 
 
 
-template <typename T, typename ReadFn>
-Result<std::vector<T>> Collect(Stmt& s, ReadFn read) {
-  std::vector<T> out;
-  while (true) {
-    KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) break;
-    out.push_back(read(s));
-  }
-  return out;
-}
-
-template <typename T, typename ReadFn>
-Result<T> One(Stmt& s, ReadFn read, const std::string& what) {
-  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
-  if (!row) return NotFound(what);
-  return read(s);
-}
-
 }  // namespace
 
 // ---- TenantStore
@@ -79,9 +61,6 @@ Result<std::vector<Tenant>> SqliteTx::ListTenants() {
 }
 
 // ---- TokenStore
-
-namespace {
-}  // namespace
 
 Status SqliteTx::InsertToken(const Token& t) {
   static const std::string kSql = "INSERT INTO api_tokens(" + std::string(kTokenCols) +
