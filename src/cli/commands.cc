@@ -112,8 +112,45 @@ std::string Join(const Json& array, std::string_view separator) {
   return out;
 }
 
-void PrintJson(const Json& j) {
-  std::cout << j.dump(2, ' ', false, Json::error_handler_t::replace) << "\n";
+void PrintJson(const Context& ctx, const Json& j) {
+  if (ctx.field.empty()) {
+    std::cout << j.dump(2, ' ', false, Json::error_handler_t::replace) << "\n";
+    return;
+  }
+  // --field PATH: the value at a dotted path ("id", "items.0.id", "items.-1.id" for the last
+  // item); a string prints bare, so
+  // that shell scripts can capture it with $(...).
+  const Json* at = &j;
+  std::string_view rest = ctx.field;
+  while (at != nullptr && !rest.empty()) {
+    auto dot = rest.find('.');
+    std::string key(rest.substr(0, dot));
+    rest = dot == std::string_view::npos ? std::string_view() : rest.substr(dot + 1);
+    if (at->is_object()) {
+      auto it = at->find(key);
+      at = it == at->end() ? nullptr : &*it;
+    } else if (at->is_array() && !key.empty() && key.size() < 10 &&
+               key.find_first_not_of("0123456789", key[0] == '-' ? 1 : 0) == std::string::npos &&
+               key != "-") {
+      // An index counts from the end when negative: items.-1 is the last item.
+      long index = std::stol(key);
+      long size = static_cast<long>(at->size());
+      if (index < 0) index += size;
+      at = index >= 0 && index < size ? &(*at)[static_cast<size_t>(index)] : nullptr;
+    } else {
+      at = nullptr;
+    }
+  }
+  if (at == nullptr) {
+    std::cerr << "keel: the answer has no field '" << ctx.field << "'\n";
+    ctx.field_missing = true;
+    return;
+  }
+  if (at->is_string()) {
+    std::cout << at->get<std::string>() << "\n";
+  } else {
+    std::cout << at->dump(-1, ' ', false, Json::error_handler_t::replace) << "\n";
+  }
 }
 
 // Prints rows under a header, columns padded to their widest cell.
@@ -344,7 +381,7 @@ int StreamTurn(Context& ctx, const std::string& session_id, const std::string& t
     if (!data.ok() || !data->is_object()) continue;
     std::string event_run = Str(*data, "run_id");
     if (!event_run.empty() && event_run != run_id) continue;
-    if (ctx.json) std::cout << DumpJson(*data) << "\n" << std::flush;
+    if (ctx.json && ctx.field.empty()) std::cout << DumpJson(*data) << "\n" << std::flush;
     std::string type = event.event.empty() ? Str(*data, "type") : event.event;
     if (type == "message.delta") {
       std::string delta = Str(*data, "text");
@@ -363,7 +400,7 @@ int StreamTurn(Context& ctx, const std::string& session_id, const std::string& t
   Reply run = Request(ctx, "GET", "/v1/runs/" + Escape(run_id));
   if (!run.ok()) return run.exit_code;
   if (ctx.json) {
-    std::cout << DumpJson(run.body) << "\n";
+    PrintJson(ctx, run.body);
   } else {
     // A model that does not stream leaves the whole answer in the run's output.
     std::string output = printed ? "" : Str(run.body, "output");
@@ -384,7 +421,7 @@ int WaitTurn(Context& ctx, const std::string& session_id, const std::string& tex
   if (!posted.ok()) return posted.exit_code;
   const Json& run = Field(posted.body, "run");
   if (ctx.json) {
-    PrintJson(posted.body);
+    PrintJson(ctx, posted.body);
   } else {
     std::string output = Str(run, "output");
     if (!output.empty()) std::cout << output << "\n";
@@ -436,7 +473,7 @@ Result<Context> MakeContext(const GlobalOptions& options) {
   if (token.empty()) token = ReadSmallFile(home + "/owner.token");
 
   KEEL_ASSIGN_OR_RETURN(HttpClient client, HttpClient::Create(url, std::move(token)));
-  return Context{std::move(client), options.json};
+  return Context{std::move(client), options.json || !options.field.empty(), options.field};
 }
 
 int AgentCreate(Context& ctx, const AgentCreateArgs& args) {
@@ -454,7 +491,7 @@ int AgentCreate(Context& ctx, const AgentCreateArgs& args) {
   Reply agent = Request(ctx, "POST", "/v1/agents", body);
   if (!agent.ok()) return agent.exit_code;
   if (ctx.json) {
-    PrintJson(agent.body);
+    PrintJson(ctx, agent.body);
   } else {
     std::cout << "created agent " << Str(agent.body, "name") << " (" << Str(agent.body, "id")
               << ")\n";
@@ -466,7 +503,7 @@ int AgentList(Context& ctx) {
   Reply agents = ListAll(ctx, "/v1/agents");
   if (!agents.ok()) return agents.exit_code;
   if (ctx.json) {
-    PrintJson(agents.body);
+    PrintJson(ctx, agents.body);
     return kExitOk;
   }
   std::vector<std::vector<std::string>> rows;
@@ -484,7 +521,7 @@ int AgentShow(Context& ctx, const std::string& agent) {
   Reply a = Request(ctx, "GET", "/v1/agents/" + Escape(id));
   if (!a.ok()) return a.exit_code;
   if (ctx.json) {
-    PrintJson(a.body);
+    PrintJson(ctx, a.body);
     return kExitOk;
   }
   const Json& config = Field(a.body, "config");
@@ -507,7 +544,7 @@ int AgentDelete(Context& ctx, const std::string& agent) {
   Reply deleted = Request(ctx, "DELETE", "/v1/agents/" + Escape(id));
   if (!deleted.ok()) return deleted.exit_code;
   if (ctx.json) {
-    PrintJson(deleted.body);
+    PrintJson(ctx, deleted.body);
   } else {
     std::cout << "deleted agent " << agent << (agent == id ? "" : " (" + id + ")") << "\n";
   }
@@ -554,7 +591,7 @@ int RunsList(Context& ctx, const RunsListArgs& args) {
   Reply runs = Request(ctx, "GET", target + "?limit=" + std::to_string(args.limit));
   if (!runs.ok()) return runs.exit_code;
   if (ctx.json) {
-    PrintJson(runs.body);
+    PrintJson(ctx, runs.body);
     return kExitOk;
   }
   std::vector<std::vector<std::string>> rows;
@@ -572,7 +609,7 @@ int RunsShow(Context& ctx, const std::string& run_id) {
   Reply steps = ListAll(ctx, "/v1/runs/" + Escape(run_id) + "/steps");
   if (!steps.ok()) return steps.exit_code;
   if (ctx.json) {
-    PrintJson(Json{{"run", run.body}, {"steps", Items(steps.body)}});
+    PrintJson(ctx, Json{{"run", run.body}, {"steps", Items(steps.body)}});
     return kExitOk;
   }
   const Json& r = run.body;
@@ -610,7 +647,7 @@ int RunsCancel(Context& ctx, const std::string& run_id) {
   Reply run = Request(ctx, "POST", "/v1/runs/" + Escape(run_id) + "/cancel");
   if (!run.ok()) return run.exit_code;
   if (ctx.json) {
-    PrintJson(run.body);
+    PrintJson(ctx, run.body);
   } else {
     std::string status = Str(run.body, "status");
     std::cout << "run " << run_id << ": " << (status.empty() ? "cancel requested" : status) << "\n";
@@ -624,7 +661,7 @@ int SessionsList(Context& ctx, const std::string& agent) {
   Reply sessions = ListAll(ctx, "/v1/agents/" + Escape(agent_id) + "/sessions");
   if (!sessions.ok()) return sessions.exit_code;
   if (ctx.json) {
-    PrintJson(sessions.body);
+    PrintJson(ctx, sessions.body);
     return kExitOk;
   }
   std::vector<std::vector<std::string>> rows;
@@ -642,7 +679,7 @@ int SessionsShow(Context& ctx, const std::string& session_id) {
   Reply messages = ListAll(ctx, "/v1/sessions/" + Escape(session_id) + "/messages");
   if (!messages.ok()) return messages.exit_code;
   if (ctx.json) {
-    PrintJson(Json{{"session", session.body}, {"messages", Items(messages.body)}});
+    PrintJson(ctx, Json{{"session", session.body}, {"messages", Items(messages.body)}});
     return kExitOk;
   }
   const Json& s = session.body;
@@ -665,7 +702,7 @@ int TokensCreate(Context& ctx, const std::string& name, const std::string& role)
   Reply token = Request(ctx, "POST", "/v1/tokens", Json{{"name", name}, {"role", role}});
   if (!token.ok()) return token.exit_code;
   if (ctx.json) {
-    PrintJson(token.body);
+    PrintJson(ctx, token.body);
     return kExitOk;
   }
   // The secret alone goes to stdout, so `TOKEN=$(keel tokens create ci)` works.
@@ -679,7 +716,7 @@ int TokensList(Context& ctx) {
   Reply tokens = ListAll(ctx, "/v1/tokens");
   if (!tokens.ok()) return tokens.exit_code;
   if (ctx.json) {
-    PrintJson(tokens.body);
+    PrintJson(ctx, tokens.body);
     return kExitOk;
   }
   std::vector<std::vector<std::string>> rows;
@@ -695,7 +732,7 @@ int TokensRevoke(Context& ctx, const std::string& token_id) {
   Reply revoked = Request(ctx, "DELETE", "/v1/tokens/" + Escape(token_id));
   if (!revoked.ok()) return revoked.exit_code;
   if (ctx.json) {
-    PrintJson(revoked.body);
+    PrintJson(ctx, revoked.body);
   } else {
     std::cout << "revoked token " << token_id << "\n";
   }
@@ -724,7 +761,7 @@ int SecretsList(Context& ctx) {
   Reply list = Request(ctx, "GET", "/v1/secrets");
   if (!list.ok()) return list.exit_code;
   if (ctx.json) {
-    PrintJson(list.body);
+    PrintJson(ctx, list.body);
     return kExitOk;
   }
   std::vector<std::vector<std::string>> rows;
@@ -746,7 +783,7 @@ int ApprovalsList(Context& ctx, const std::string& status) {
   Reply list = ListAll(ctx, "/v1/approvals" + (status.empty() ? "" : "?status=" + Escape(status)));
   if (!list.ok()) return list.exit_code;
   if (ctx.json) {
-    PrintJson(list.body);
+    PrintJson(ctx, list.body);
     return kExitOk;
   }
   std::vector<std::vector<std::string>> rows;
@@ -763,7 +800,7 @@ int ApprovalsShow(Context& ctx, const std::string& id) {
   Reply a = Request(ctx, "GET", "/v1/approvals/" + Escape(id));
   if (!a.ok()) return a.exit_code;
   if (ctx.json) {
-    PrintJson(a.body);
+    PrintJson(ctx, a.body);
     return kExitOk;
   }
   const Json& b = a.body;
@@ -824,7 +861,7 @@ int ApprovalsDecide(Context& ctx, const ApprovalDecisionArgs& args, bool approve
                           body);
   if (!decided.ok()) return decided.exit_code;
   if (ctx.json) {
-    PrintJson(decided.body);
+    PrintJson(ctx, decided.body);
   } else {
     std::cout << Str(decided.body, "status") << " " << Str(decided.body, "tool") << " call of run "
               << Str(decided.body, "run_id") << "; the run goes on\n";
@@ -864,7 +901,7 @@ int PolicyShow(Context& ctx, const std::string& agent) {
   if (int code = PolicyPath(ctx, agent, &path); code != kExitOk) return code;
   Reply doc = Request(ctx, "GET", path);
   if (!doc.ok()) return doc.exit_code;
-  PrintJson(doc.body);  // the document is its own best display
+  PrintJson(ctx, doc.body);  // the document is its own best display
   return kExitOk;
 }
 
@@ -895,7 +932,7 @@ int PolicySet(Context& ctx, const std::string& agent, const std::string& file) {
   Reply stored = Request(ctx, "PUT", path, *doc);
   if (!stored.ok()) return stored.exit_code;
   if (ctx.json) {
-    PrintJson(stored.body);
+    PrintJson(ctx, stored.body);
   } else {
     std::cout << "set the " << (agent.empty() ? "tenant policy" : "policy of agent " + agent)
               << " (" << stored.body.value("rules", Json::array()).size() << " rules)\n";
@@ -921,7 +958,7 @@ int StopEngage(Context& ctx, const std::string& agent, const std::string& reason
   Reply stop = Request(ctx, "PUT", path, Json{{"reason", reason}});
   if (!stop.ok()) return stop.exit_code;
   if (ctx.json) {
-    PrintJson(stop.body);
+    PrintJson(ctx, stop.body);
   } else {
     std::cout << "emergency stop in force for " << (agent.empty() ? "the tenant" : agent)
               << ": runs halt at their next step and every tool call is refused until "
@@ -946,7 +983,7 @@ int StopList(Context& ctx) {
   Reply list = Request(ctx, "GET", "/v1/emergency-stops");
   if (!list.ok()) return list.exit_code;
   if (ctx.json) {
-    PrintJson(list.body);
+    PrintJson(ctx, list.body);
     return kExitOk;
   }
   std::vector<std::vector<std::string>> rows;
@@ -1007,7 +1044,7 @@ int McpAdd(Context& ctx, const McpAddArgs& args) {
   Reply added = Request(ctx, "POST", "/v1/mcp-servers", body, seconds(120));
   if (!added.ok()) return added.exit_code;
   if (ctx.json) {
-    PrintJson(added.body);
+    PrintJson(ctx, added.body);
     return kExitOk;
   }
   const Json& b = added.body;
@@ -1029,7 +1066,7 @@ int McpList(Context& ctx) {
   Reply list = Request(ctx, "GET", "/v1/mcp-servers");
   if (!list.ok()) return list.exit_code;
   if (ctx.json) {
-    PrintJson(list.body);
+    PrintJson(ctx, list.body);
     return kExitOk;
   }
   std::vector<std::vector<std::string>> rows;
@@ -1129,7 +1166,7 @@ int PluginsList(Context& ctx) {
   Reply list = ListAll(ctx, "/v1/plugins");
   if (!list.ok()) return list.exit_code;
   if (ctx.json) {
-    PrintJson(list.body);
+    PrintJson(ctx, list.body);
     return kExitOk;
   }
   std::vector<std::vector<std::string>> rows;
@@ -1147,7 +1184,7 @@ int PluginsShow(Context& ctx, const std::string& id) {
   Reply p = Request(ctx, "GET", "/v1/plugins/" + Escape(id));
   if (!p.ok()) return p.exit_code;
   if (ctx.json) {
-    PrintJson(p.body);
+    PrintJson(ctx, p.body);
     return kExitOk;
   }
   const Json& b = p.body;
@@ -1215,7 +1252,7 @@ int PluginsRegister(Context& ctx, const PluginRegisterArgs& args) {
   Reply registered = Request(ctx, "POST", "/v1/plugins", body);
   if (!registered.ok()) return registered.exit_code;
   if (ctx.json) {
-    PrintJson(registered.body);
+    PrintJson(ctx, registered.body);
     return kExitOk;
   }
   const Json& p = registered.body;
@@ -1249,7 +1286,7 @@ int PluginsEnable(Context& ctx, const std::string& id, const std::string& agent,
                           Json{{"agent_id", agent_id}});
   if (!changed.ok()) return changed.exit_code;
   if (ctx.json) {
-    PrintJson(changed.body);
+    PrintJson(ctx, changed.body);
     return kExitOk;
   }
   std::cout << verb << "d plugin " << id << " for "
@@ -1274,7 +1311,7 @@ int PluginsDeliveries(Context& ctx, const std::string& id, const std::string& st
                                 (status.empty() ? "" : "?status=" + Escape(status)));
   if (!list.ok()) return list.exit_code;
   if (ctx.json) {
-    PrintJson(list.body);
+    PrintJson(ctx, list.body);
     return kExitOk;
   }
   std::vector<std::vector<std::string>> rows;
@@ -1299,7 +1336,7 @@ int PluginsReplay(Context& ctx, const std::string& id, const std::string& delive
                                      Escape(delivery_id) + "/replay");
   if (!d.ok()) return d.exit_code;
   if (ctx.json) {
-    PrintJson(d.body);
+    PrintJson(ctx, d.body);
   } else {
     std::cout << "delivery " << delivery_id << " of plugin " << id << " (" << Str(d.body, "event")
               << ") is pending again and due now\n";
@@ -1382,7 +1419,7 @@ int SkillsRegister(Context& ctx, const std::string& dir_arg) {
   Reply registered = Request(ctx, "POST", "/v1/skills", Json{{"files", *files}});
   if (!registered.ok()) return registered.exit_code;
   if (ctx.json) {
-    PrintJson(registered.body);
+    PrintJson(ctx, registered.body);
     return kExitOk;
   }
   const Json& k = registered.body;
@@ -1401,7 +1438,7 @@ int SkillsList(Context& ctx) {
   Reply list = Request(ctx, "GET", "/v1/skills");
   if (!list.ok()) return list.exit_code;
   if (ctx.json) {
-    PrintJson(list.body);
+    PrintJson(ctx, list.body);
     return kExitOk;
   }
   std::vector<std::vector<std::string>> rows;
@@ -1418,7 +1455,7 @@ int SkillsShow(Context& ctx, const std::string& name) {
   Reply k = Request(ctx, "GET", "/v1/skills/" + Escape(name));
   if (!k.ok()) return k.exit_code;
   if (ctx.json) {
-    PrintJson(k.body);
+    PrintJson(ctx, k.body);
     return kExitOk;
   }
   const Json& b = k.body;
@@ -1455,7 +1492,7 @@ int SkillsAssign(Context& ctx, const std::string& agent, const std::string& name
                                                       Escape(name));
   if (!changed.ok()) return changed.exit_code;
   if (ctx.json) {
-    PrintJson(changed.body);
+    PrintJson(ctx, changed.body);
     return kExitOk;
   }
   std::cout << (assign ? "assigned skill " : "unassigned skill ") << name
@@ -1468,13 +1505,28 @@ int TenantsCreate(Context& ctx, const std::string& name) {
   Reply created = Request(ctx, "POST", "/v1/tenants", Json{{"name", name}});
   if (!created.ok()) return created.exit_code;
   if (ctx.json) {
-    PrintJson(created.body);
+    PrintJson(ctx, created.body);
     return kExitOk;
   }
   const Json& tenant = Field(created.body, "tenant");
   std::cerr << "created tenant " << Str(tenant, "name") << " (" << Str(tenant, "id")
             << "); its owner token is shown only this once:\n";
   std::cout << Str(created.body, "owner_token") << "\n";
+  return kExitOk;
+}
+
+int TenantsList(Context& ctx) {
+  Reply tenants = Request(ctx, "GET", "/v1/tenants");
+  if (!tenants.ok()) return tenants.exit_code;
+  if (ctx.json) {
+    PrintJson(ctx, tenants.body);
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const Json& t : Items(tenants.body)) {
+    rows.push_back({Str(t, "id"), Str(t, "name"), Str(t, "created_at")});
+  }
+  PrintTable({"ID", "NAME", "CREATED"}, rows);
   return kExitOk;
 }
 
@@ -1524,7 +1576,7 @@ int Events(Context& ctx, const EventsArgs& args) {
       "/v1/events?after=" + std::to_string(args.after) + "&limit=" + std::to_string(args.limit));
   if (!events.ok()) return events.exit_code;
   if (ctx.json) {
-    PrintJson(events.body);
+    PrintJson(ctx, events.body);
     return kExitOk;
   }
   for (const Json& e : Items(events.body)) PrintEventLine(e);
@@ -1537,7 +1589,7 @@ int Health(Context& ctx) {
   bool ready = answer->status == 200;
   if (ctx.json) {
     Result<Json> body = ParseJson(answer->body);
-    PrintJson(body.ok() ? *body : Json{{"status", answer->status}, {"body", answer->body}});
+    PrintJson(ctx, body.ok() ? *body : Json{{"status", answer->status}, {"body", answer->body}});
   } else if (ready) {
     std::cout << "ready: " << ctx.client.url() << "\n";
   }
@@ -1569,7 +1621,7 @@ int MemorySearch(Context& ctx, const MemorySearchArgs& args) {
   Reply found = Request(ctx, "GET", target);
   if (!found.ok()) return found.exit_code;
   if (ctx.json) {
-    PrintJson(found.body);
+    PrintJson(ctx, found.body);
     return kExitOk;
   }
   std::vector<std::vector<std::string>> rows;
@@ -1597,7 +1649,7 @@ int MemoryAdd(Context& ctx, const MemoryAddArgs& args) {
   Reply written = Request(ctx, "POST", MemoriesPath(agent_id), body);
   if (!written.ok()) return written.exit_code;
   if (ctx.json) {
-    PrintJson(written.body);
+    PrintJson(ctx, written.body);
     return kExitOk;
   }
   std::cout << (written.status == 201 ? "added" : "replaced") << " memory "
@@ -1620,7 +1672,7 @@ int MemoryList(Context& ctx, const std::string& agent, const std::string& tag) {
   Reply list = ListAll(ctx, MemoriesPath(agent_id) + (tag.empty() ? "" : "?tag=" + Escape(tag)));
   if (!list.ok()) return list.exit_code;
   if (ctx.json) {
-    PrintJson(list.body);
+    PrintJson(ctx, list.body);
     return kExitOk;
   }
   std::vector<std::vector<std::string>> rows;
@@ -1689,7 +1741,7 @@ int ScheduleAdd(Context& ctx, const ScheduleAddArgs& args) {
   Reply created = Request(ctx, "POST", "/v1/schedules", body);
   if (!created.ok()) return created.exit_code;
   if (ctx.json) {
-    PrintJson(created.body);
+    PrintJson(ctx, created.body);
     return kExitOk;
   }
   std::cout << "created schedule " << Str(created.body, "id") << ": "
@@ -1708,7 +1760,7 @@ int ScheduleList(Context& ctx, const std::string& agent) {
   Reply list = ListAll(ctx, path);
   if (!list.ok()) return list.exit_code;
   if (ctx.json) {
-    PrintJson(list.body);
+    PrintJson(ctx, list.body);
     return kExitOk;
   }
   std::vector<std::vector<std::string>> rows;
@@ -1727,7 +1779,7 @@ int ScheduleShow(Context& ctx, const std::string& id) {
   Reply s = Request(ctx, "GET", "/v1/schedules/" + Escape(id));
   if (!s.ok()) return s.exit_code;
   if (ctx.json) {
-    PrintJson(s.body);
+    PrintJson(ctx, s.body);
     return kExitOk;
   }
   const Json& b = s.body;
@@ -1766,7 +1818,7 @@ int ScheduleSetEnabled(Context& ctx, const std::string& id, bool enabled) {
   Reply s = Request(ctx, "POST", "/v1/schedules/" + Escape(id) + (enabled ? "/resume" : "/pause"));
   if (!s.ok()) return s.exit_code;
   if (ctx.json) {
-    PrintJson(s.body);
+    PrintJson(ctx, s.body);
     return kExitOk;
   }
   std::string next = Str(s.body, "next_fire_at");
@@ -1837,7 +1889,7 @@ int Usage(Context& ctx, const UsageArgs& args) {
   Reply usage = Request(ctx, "GET", path);
   if (!usage.ok()) return usage.exit_code;
   if (ctx.json) {
-    PrintJson(usage.body);
+    PrintJson(ctx, usage.body);
     return kExitOk;
   }
   // The agents' names, to show beside their ids (an agent deleted since has none).
@@ -1871,7 +1923,7 @@ int BudgetSet(Context& ctx, const BudgetSetArgs& args) {
   Reply set = Request(ctx, "PUT", "/v1/budgets", body);
   if (!set.ok()) return set.exit_code;
   if (ctx.json) {
-    PrintJson(set.body);
+    PrintJson(ctx, set.body);
     return kExitOk;
   }
   std::cout << "budget " << ScopeText(Str(set.body, "scope")) << " per "
@@ -1885,7 +1937,7 @@ int BudgetList(Context& ctx) {
   Reply list = ListAll(ctx, "/v1/budgets");
   if (!list.ok()) return list.exit_code;
   if (ctx.json) {
-    PrintJson(list.body);
+    PrintJson(ctx, list.body);
     return kExitOk;
   }
   std::vector<std::vector<std::string>> rows;

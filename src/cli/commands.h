@@ -33,12 +33,15 @@ struct GlobalOptions {
   std::string token;
   std::string home;
   bool json = false;
+  std::string field;  // --field: print only this dotted path of the JSON answer
 };
 
 // What every command runs with: the client for the resolved URL and token, and the output mode.
 struct Context {
   HttpClient client;
   bool json = false;
+  std::string field;                  // non-empty: PrintJson prints only this path
+  mutable bool field_missing = false;  // set when the answer lacked it (the exit code says so)
 };
 
 // Resolves the defaults: --home from KEEL_HOME, else ~/.local/share/keel; --url from KEEL_URL,
@@ -214,6 +217,7 @@ int BudgetList(Context& ctx);
 int BudgetRemove(Context& ctx, const std::string& scope, const std::string& period);
 
 int TenantsCreate(Context& ctx, const std::string& name);
+int TenantsList(Context& ctx);
 
 int Events(Context& ctx, const EventsArgs& args);
 

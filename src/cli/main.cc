@@ -34,6 +34,9 @@ int Main(int argc, char** argv) {
   app.add_option("--home", global.home,
                  "Data directory (default: $KEEL_HOME, else ~/.local/share/keel)");
   app.add_flag("--json", global.json, "Print the raw JSON instead of human output");
+  app.add_option("--field", global.field,
+                 "Print only this field of the JSON answer: a dotted path such as id, items.0.id "
+                 "or items.-1.id (the last item); strings print bare, for $(...) in scripts");
 
   // The chosen client command, set by its subcommand's callback once parsing succeeded.
   std::function<int(Context&)> action;
@@ -437,7 +440,7 @@ int Main(int argc, char** argv) {
       ->check(CLI::IsMember({"day", "month"}));
   on_parse(budget_rm, [&](Context& c) { return BudgetRemove(c, budget_scope, budget_period); });
 
-  // keel tenants create
+  // keel tenants create|list
   CLI::App* tenants = app.add_subcommand("tenants", "Manage tenants (platform admin only)");
   tenants->require_subcommand(1);
   std::string tenant_name;
@@ -445,6 +448,8 @@ int Main(int argc, char** argv) {
       tenants->add_subcommand("create", "Create a tenant; prints its owner token");
   tenants_create->add_option("name", tenant_name, "Tenant name")->required();
   on_parse(tenants_create, [&](Context& c) { return TenantsCreate(c, tenant_name); });
+  on_parse(tenants->add_subcommand("list", "List the tenants"),
+           [](Context& c) { return TenantsList(c); });
 
   // keel events
   EventsArgs events_args;
@@ -506,7 +511,9 @@ int Main(int argc, char** argv) {
     std::cerr << "keel: " << ctx.status().message() << "\n";
     return kExitUsage;
   }
-  return action(*ctx);
+  int code = action(*ctx);
+  if (code == 0 && ctx->field_missing) return 1;
+  return code;
 }
 
 }  // namespace

@@ -269,6 +269,31 @@ def slow(h, body, n):
     h.drop()
 
 
+def hang(h, body, n):
+    """Starts an answer and never finishes it (the client is expected to die meanwhile)."""
+    h.start_stream()
+    h.write_piece(chunk({"role": "assistant", "content": "Thinking"}).encode())
+    time.sleep(300)
+    h.drop()
+
+
+def hang_twice_per_step(h, body, n):
+    """Hangs on the first two tries of each of two steps: a tool call, then a text answer."""
+    if n in (1, 2, 4, 5):
+        return hang(h, body, n)
+    if n == 3:
+        first, _ = tool_names(body)
+        return h.stream([
+            chunk({"role": "assistant", "content": ""}),
+            chunk({"tool_calls": [{"index": 0, "id": "call_p", "type": "function",
+                                   "function": {"name": first, "arguments": "{}"}}]}),
+            chunk({}, finish_reason="tool_calls"),
+            chunk(usage=usage(5, 2), choices=False),
+            "data: [DONE]\n\n",
+        ])
+    h.stream(text_events())
+
+
 def garbage(h, body, n):
     data = b"<html><body>502 Bad Gateway</body></html>"
     h.send_response(200)
@@ -319,6 +344,8 @@ SCENARIOS = {
     "drop-before-body-once": drop_before_body_once,
     "drop": drop,
     "slow": slow,
+    "hang": hang,
+    "hang-twice-per-step": hang_twice_per_step,
     "garbage": garbage,
     "garbage-stream": garbage_stream,
     "bad-args": bad_args,

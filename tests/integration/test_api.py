@@ -6,7 +6,8 @@ import os
 import re
 import unittest
 
-from keel_harness import (EVENT_TYPE, KeelServer, KeelTestCase, parse_time, unique_name)
+from keel_harness import (EVENT_TYPE, KeelServer, KeelTestCase, Tenant, parse_time,
+                          unique_name)
 
 AGENT_FIELDS = {"id", "name", "model", "instructions", "tools", "config", "status", "created_at",
                 "updated_at"}
@@ -433,6 +434,19 @@ class ApiTest(KeelTestCase):
         for ln in samples:
             self.assertRegex(ln, metric_line, "not Prometheus text format")
         self.assertTrue(any(ln.startswith("# TYPE") for ln in body.splitlines()))
+
+    def test_metrics_only_for_the_platform_admin(self):
+        s = self.server
+        st, body, _ = s.request("GET", "/metrics", token=None)
+        self.assertEqual(st, 401, body)
+        for role in ("user", "guest"):
+            token = s.ok("POST", "/v1/tokens", {"name": unique_name(role), "role": role})["token"]
+            st, body, _ = s.request("GET", "/metrics", token=token)
+            self.assertEqual(st, 403, "%s token: %s %r" % (role, st, body))
+        other = Tenant(s)
+        st, body, _ = s.request("GET", "/metrics", token=other.token)
+        self.assertEqual(st, 403, "another tenant's owner: %s %r" % (st, body))
+        self.assertNotIn("keel_", json.dumps(body))
 
     def test_openapi(self):
         s = self.server

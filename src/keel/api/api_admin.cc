@@ -24,7 +24,12 @@ void RegisterHealthRoutes(http::Router& router, ApiContext& ctx) {
     if (!st.ok()) co_return Response::Error(Unavailable("store not ready: " + st.message()));
     co_return Response::Json(200, {{"status", "ready"}});
   }, /*requires_auth=*/false);
-  router.Add("GET", "/metrics", [&ctx](Request&) -> asio::awaitable<Response> {
+  // Node-wide counters reveal every tenant's activity: only the platform admin reads them.
+  router.Add("GET", "/metrics", [&ctx](Request& req) -> asio::awaitable<Response> {
+    if (!req.principal.platform_admin) {
+      co_return Response::Error(
+          PermissionDenied("/metrics shows node-wide counters: it needs the platform admin's token"));
+    }
     auto s = ctx.store.stats();
     std::string extra;
     extra += "# HELP keel_store_commits_total Durable store commits (fsyncs).\n"

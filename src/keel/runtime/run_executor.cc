@@ -120,6 +120,35 @@ asio::awaitable<std::optional<std::string>> Runtime::StopFor(const store::Run& r
   co_return policy::StopReason(stops, run.agent_id);
 }
 
+namespace {
+
+// A run is poison when the process died (or stalled past its lease) during the same point of
+// it kPoisonTries times in a row: each claim appends run.started, each step or wait appends
+// events of its own, so that many run.started events with nothing after them mean that many
+// tries ended without progress. A run stopped by outside kills at random moments progresses
+// between them and is resumed as before.
+constexpr int kPoisonTries = 4;
+
+// Empty, or why `run` is not resumed again. REQUIRES: `run` is locked in `tx`, to be resumed.
+Result<std::string> PoisonCheck(store::Tx& tx, const store::Run& run) {
+  store::EventFilter filter;
+  filter.run_id = run.id;
+  int tries = 0;
+  int64_t after = 0;
+  while (true) {
+    KEEL_ASSIGN_OR_RETURN(auto events, tx.events().ReadEvents(run.tenant_id, after, filter, 500));
+    for (const auto& e : events) tries = e.type == "run.started@v1" ? tries + 1 : 0;
+    if (events.size() < 500) break;
+    after = events.back().position;
+  }
+  if (tries < kPoisonTries) return std::string();
+  return "the run stopped the server (or held it past its lease) " + std::to_string(tries) +
+         " times in a row at the same point, after its last recorded step; it is not tried "
+         "again";
+}
+
+}  // namespace
+
 asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known) {
   ++metrics_.runs_executing;
   struct Release {
@@ -136,10 +165,14 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
   // Claim: queued, or running with an expired lease (its process died).
   const std::string origin = store_.origin();
   Millis now = NowMillis();
+  std::string poison;  // set when the run stopped its process too often at one point (below)
   auto claim = [&](store::Tx& tx) -> Status {
     KEEL_ASSIGN_OR_RETURN(auto cur, tx.runs().LockRun(run.tenant_id, run.id));
     bool resumable = cur.status == "running" && cur.lease_expires_at < now;
     if (cur.status != "queued" && !resumable) return Conflict("run is not claimable");
+    if (resumable) {
+      KEEL_ASSIGN_OR_RETURN(poison, PoisonCheck(tx, cur));
+    }
     cur.status = "running";
     cur.attempt += 1;
     cur.lease_owner = origin;
@@ -235,6 +268,11 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
     return finish(std::string("failed"), std::string(), std::move(error), std::nullopt,
                   model::Usage{});
   };
+  if (!poison.empty()) {
+    std::string code = "poison_run";
+    (void)co_await fail(code, poison);
+    co_return;
+  }
 
   // Load what the run needs: the agent, its prompt, this run's steps so far.
   store::Agent agent;
