@@ -1,4 +1,4 @@
-// The cron fuzzer's seed corpus (tests/fuzz/cron_corpus) as an ordinary test, and a
+// The cron fuzzer's seed corpus (tests/fuzz/corpus/cron) as an ordinary test, and a
 // deterministic mutation loop over it: random and mutated strings never crash the parser, a
 // rejection is always a kInvalidArgument Status, and whatever parses fires at slots that match
 // it (the property in tests/fuzz/cron_fuzz_check.h).
@@ -18,7 +18,7 @@ namespace {
 std::vector<std::string> Corpus() {
   std::vector<std::string> out;
   for (const auto& entry :
-       std::filesystem::directory_iterator(std::string(KEEL_TEST_FUZZ_DIR) + "/cron_corpus")) {
+       std::filesystem::directory_iterator(std::string(KEEL_TEST_FUZZ_DIR) + "/corpus/cron")) {
     std::ifstream in(entry.path(), std::ios::binary);
     std::stringstream text;
     text << in.rdbuf();
