@@ -55,6 +55,9 @@ int Main(int argc, char** argv) {
                     "Address to bind, HOST:PORT (default 127.0.0.1:7878)");
   serve->add_option("--store", serve_store, "Store URL: sqlite:///path/keel.db or postgres://...");
   serve->add_flag("--demo", serve_demo, "Create a demo agent");
+  bool serve_print_routes = false;
+  serve->add_flag("--print-routes", serve_print_routes,
+                  "Print the HTTP routes (METHOD PATTERN auth|public) and exit");
   serve->callback([&serving] { serving = true; });
 
   // keel agent ...
@@ -496,6 +499,7 @@ int Main(int argc, char** argv) {
     flags.listen = NonEmpty(serve_listen);
     flags.store_url = NonEmpty(serve_store);
     flags.demo = serve_demo;
+    flags.print_routes = serve_print_routes;
     return server::ServeMain(flags);
   }
   if (store_action) {

@@ -219,6 +219,14 @@ int ServeMain(const ServeFlags& flags) {
                               providers, vault, gateway, mcp_servers, *admin_tenant};
   http::Router router(api::MakeAuthenticator(api_context));
   api::RegisterAllRoutes(router, api_context);
+  if (flags.print_routes) {
+    for (const auto& route : router.Routes()) {
+      std::printf("%s %s %s\n", route.method.c_str(), route.pattern.c_str(),
+                  route.requires_auth ? "auth" : "public");
+    }
+    store->Close();
+    return 0;
+  }
   http::Server server(io, router, metrics, config.max_body_bytes);
   auto bound = server.Listen(config.listen);
   if (!bound.ok()) return Fail(bound.status());

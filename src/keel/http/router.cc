@@ -132,4 +132,15 @@ boost::asio::awaitable<Response> Router::Dispatch(Request& request) const {
   co_return Response::Error(NotFound("no route for " + request.method + " " + request.path));
 }
 
+std::vector<Router::RouteInfo> Router::Routes() const {
+  std::vector<RouteInfo> out;
+  out.reserve(routes_.size());
+  for (const auto& r : routes_) {
+    std::string pattern;
+    for (const auto& segment : r.segments) pattern += "/" + segment;
+    out.push_back({r.method, pattern.empty() ? "/" : pattern, r.requires_auth});
+  }
+  return out;
+}
+
 }  // namespace keel::http

@@ -30,6 +30,14 @@ class Router {
   // path with another method, 401 without a valid token. Handler exceptions become 500.
   boost::asio::awaitable<Response> Dispatch(Request& request) const;
 
+  struct RouteInfo {
+    std::string method;
+    std::string pattern;  // as given to Add
+    bool requires_auth;
+  };
+  // Every route, in the order added (the hostile-tenant matrix test walks them all).
+  std::vector<RouteInfo> Routes() const;
+
  private:
   struct Route {
     std::string method;
