@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-.PHONY: all deps build run test test-sanitize bench clean mcp-servers
+.PHONY: all deps build run test test-sanitize test-tsan bench clean mcp-servers
 
 all: build
 
@@ -39,8 +39,20 @@ test-sanitize: deps mcp-servers
 	  KEEL_CRASH_TURNS=120 KEEL_CRASH_KILLS=20 KEEL_CHAOS_TURNS=300 \
 	  bash scripts/with-pg.sh ctest --test-dir build-asan --output-on-failure -j $(JOBS) --timeout 1200
 
+# The unit tests, and the integration tests that exercise threads most (the store's writer and
+# readers, the tool pool, streams, several nodes), under ThreadSanitizer.
+TSAN_INTEGRATION ?= ^integration\.test_(runtime|sse|approvals|mcp|schedules)$$|^integration_pg\.test_nodes$$
+TSAN_ENV = TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
+	KEEL_TEST_MCP_DIR=$(MCP_DIR)
+test-tsan: deps mcp-servers
+	cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKEEL_TSAN=ON -DKEEL_BENCH=OFF
+	cmake --build build-tsan -j $(JOBS)
+	$(TSAN_ENV) bash scripts/with-pg.sh build-tsan/tests/keel_unit_tests --gtest_brief=1
+	$(TSAN_ENV) bash scripts/with-pg.sh ctest --test-dir build-tsan --output-on-failure -j $(JOBS) \
+	  --timeout 1200 -R '$(TSAN_INTEGRATION)'
+
 bench: build
 	@bash scripts/bench.sh $(BUILD)
 
 clean:
-	rm -rf $(BUILD) build-asan
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz

@@ -82,6 +82,8 @@ asio::awaitable<Response> List(ApiContext& ctx, Request& req, std::string agent_
   std::string tenant = req.principal.tenant_id;
   store::Paged<store::Schedule> found;
   Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
+    // An agent of another tenant (or none) is 404, not an empty list.
+    if (!agent_id.empty()) KEEL_RETURN_IF_ERROR(tx.agents().GetAgent(tenant, agent_id).status());
     KEEL_ASSIGN_OR_RETURN(found, tx.schedules().ListSchedules(tenant, agent_id, *page));
     return Status::Ok();
   });
