@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "keel/api/api.h"
@@ -235,8 +236,10 @@ int ServeMain(const ServeFlags& flags) {
   gateway_options.approval_ttl_ms = config.approval_timeout_ms;
   gateway_options.large_result_bytes = static_cast<size_t>(config.large_result_bytes);
   mcp::McpManager mcp_servers;
-  tools::Gateway gateway(*store, tool_registry, config.workspaces, gateway_options, &mcp_servers,
-                         &vault);
+  // Optional only to end it first at the stop (below).
+  std::optional<tools::Gateway> gateway_holder;
+  tools::Gateway& gateway = gateway_holder.emplace(*store, tool_registry, config.workspaces,
+                                                   gateway_options, &mcp_servers, &vault);
 
   runtime::RuntimeOptions runtime_options;
   runtime_options.max_concurrent_runs = config.max_concurrent_runs;
@@ -300,8 +303,10 @@ int ServeMain(const ServeFlags& flags) {
     }, asio::detached);
   });
   io.run();
-  // The store's threads finish first: what they post to `io` is then pending, and destroyed
-  // with the rest by Shutdown().
+  // The threads that post to `io` finish first, the tool pool (its blocking tools may still use
+  // the store) and then the store's: what they posted is then pending, and Shutdown() destroys
+  // it with the rest while the runtime and the hub it refers to are alive.
+  gateway_holder.reset();
   store->Close();
   io.Shutdown();
   Log("stopped");
