@@ -4,6 +4,7 @@
 #include "server/serve.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,9 +14,12 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "keel/api/api.h"
@@ -23,6 +27,7 @@
 #include "keel/common/ids.h"
 #include "keel/common/log.h"
 #include "keel/config/config.h"
+#include "keel/config/http_config.h"
 #include "keel/http/router.h"
 #include "keel/http/server.h"
 #include "keel/metrics.h"
@@ -126,6 +131,35 @@ std::string RedactUrl(const std::string& url) {
   return url.substr(0, colon + 1) + "***" + url.substr(at);
 }
 
+// The server's io_context. Stopping it leaves the handlers still pending, and the coroutine
+// frames they own, to its destructor, after the objects those frames use (the event hub, the
+// runtime, the server's connection table) are gone. Shutdown() destroys them earlier, while
+// everything is alive.
+class IoContext : public asio::io_context {
+ public:
+  using asio::io_context::io_context;
+  void Shutdown() { shutdown(); }
+};
+
+// Every connection holds a descriptor: raises the soft limit toward the hard one so that
+// max_connections can be reached, and says so when it cannot.
+void RaiseDescriptorLimit(int max_connections) {
+  constexpr rlim_t kOtherDescriptors = 256;  // the store, logs, tools, MCP servers
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
+  rlim_t wanted = static_cast<rlim_t>(max_connections) + kOtherDescriptors;
+  if (lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < wanted) {
+    rlimit raised = lim;
+    raised.rlim_cur = lim.rlim_max == RLIM_INFINITY ? wanted : std::min(wanted, lim.rlim_max);
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) lim = raised;
+  }
+  if (lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < wanted) {
+    Log("the descriptor limit (" + std::to_string(lim.rlim_cur) + ") is below max_connections (" +
+        std::to_string(max_connections) + ") plus " + std::to_string(kOtherDescriptors) +
+        ": connections beyond it wait until others close");
+  }
+}
+
 int Fail(const Status& st) {
   std::fprintf(stderr, "keel serve: %s\n", st.message().c_str());
   return st.code() == Code::kInvalidArgument ? 2 : 1;
@@ -140,6 +174,9 @@ int ServeMain(const ServeFlags& flags) {
   auto cfg = config::Load(overrides);
   if (!cfg.ok()) return Fail(cfg.status());
   const config::Config& config = *cfg;
+  auto http_cfg = config::LoadHttp(overrides);
+  if (!http_cfg.ok()) return Fail(http_cfg.status());
+  const config::HttpConfig& http_config = *http_cfg;
 
   std::error_code ec;
   fs::create_directories(config.home, ec);
@@ -164,7 +201,7 @@ int ServeMain(const ServeFlags& flags) {
     if (Status st = EnsureDemoAgent(*store, *admin_tenant); !st.ok()) return Fail(st);
   }
 
-  asio::io_context io(1);
+  IoContext io(1);
   Metrics metrics;
   runtime::EventHub hub(io.get_executor());
   store->SetCommitListener([&hub](const std::vector<store::Event>& events) { hub.OnCommit(events); });
@@ -199,8 +236,10 @@ int ServeMain(const ServeFlags& flags) {
   gateway_options.approval_ttl_ms = config.approval_timeout_ms;
   gateway_options.large_result_bytes = static_cast<size_t>(config.large_result_bytes);
   mcp::McpManager mcp_servers;
-  tools::Gateway gateway(*store, tool_registry, config.workspaces, gateway_options, &mcp_servers,
-                         &vault);
+  // Optional only to end it first at the stop (below).
+  std::optional<tools::Gateway> gateway_holder;
+  tools::Gateway& gateway = gateway_holder.emplace(*store, tool_registry, config.workspaces,
+                                                   gateway_options, &mcp_servers, &vault);
 
   runtime::RuntimeOptions runtime_options;
   runtime_options.max_concurrent_runs = config.max_concurrent_runs;
@@ -227,7 +266,15 @@ int ServeMain(const ServeFlags& flags) {
     store->Close();
     return 0;
   }
-  http::Server server(io, router, metrics, config.max_body_bytes);
+  http::ServerOptions server_options;
+  server_options.max_body_bytes = config.max_body_bytes;
+  server_options.max_connections = http_config.max_connections;
+  server_options.max_connections_per_address = http_config.max_connections_per_address;
+  server_options.header_timeout = std::chrono::milliseconds(http_config.header_timeout_ms);
+  server_options.body_timeout = std::chrono::milliseconds(http_config.body_timeout_ms);
+  server_options.idle_timeout = std::chrono::milliseconds(http_config.idle_timeout_ms);
+  RaiseDescriptorLimit(http_config.max_connections);
+  http::Server server(io, router, metrics, server_options);
   auto bound = server.Listen(config.listen);
   if (!bound.ok()) return Fail(bound.status());
   if (Status st = WriteFileAtomic(config.home + "/listen.addr", *bound + "\n", 0600); !st.ok()) {
@@ -264,7 +311,12 @@ int ServeMain(const ServeFlags& flags) {
     }, asio::detached);
   });
   io.run();
+  // The threads that post to `io` finish first, the tool pool (its blocking tools may still use
+  // the store) and then the store's: what they posted is then pending, and Shutdown() destroys
+  // it with the rest while the runtime and the hub it refers to are alive.
+  gateway_holder.reset();
   store->Close();
+  io.Shutdown();
   Log("stopped");
   return 0;
 }

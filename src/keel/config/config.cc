@@ -1,4 +1,5 @@
 #include "keel/config/config.h"
+#include "keel/config/http_config.h"
 
 #include <toml++/toml.h>
 
@@ -10,6 +11,9 @@
 namespace keel::config {
 
 namespace {
+
+constexpr int64_t kMaxConnections = 1000000;
+constexpr int64_t kMaxHttpTimeoutMs = 3600000;
 
 std::string Env(const char* name) {
   const char* v = std::getenv(name);
@@ -133,7 +137,7 @@ Status ApplyCache(const std::string& path, const toml::table& t, CacheConfig& ca
   return Status::Ok();
 }
 
-Status ApplyToml(const std::string& path, Config& c) {
+Status ApplyToml(const std::string& path, Config& c, HttpConfig& http) {
   toml::table t;
   try {
     t = toml::parse_file(path);
@@ -143,7 +147,10 @@ Status ApplyToml(const std::string& path, Config& c) {
                            std::string(err.description()));
   }
   static const std::set<std::string> kTop = {"listen", "store", "workspaces", "durable",
-                                             "max_body_bytes", "tenant_run_cap",
+                                             "max_body_bytes", "max_connections",
+                                             "max_connections_per_address", "header_timeout_ms",
+                                             "body_timeout_ms", "idle_timeout_ms",
+                                             "tenant_run_cap",
                                              "max_concurrent_runs", "max_steps", "lease_ms",
                                              "approval_timeout_ms", "large_result_bytes",
                                              "history_limit", "log_level",
@@ -180,6 +187,13 @@ Status ApplyToml(const std::string& path, Config& c) {
     c.durable = n.value<bool>().value();
   }
   KEEL_RETURN_IF_ERROR(num("max_body_bytes", 1024, int64_t(1) << 30, &c.max_body_bytes));
+  KEEL_RETURN_IF_ERROR(num("max_connections", 1, kMaxConnections, &http.max_connections));
+  KEEL_RETURN_IF_ERROR(num("max_connections_per_address", 1, kMaxConnections,
+                           &http.max_connections_per_address));
+  KEEL_RETURN_IF_ERROR(
+      num("header_timeout_ms", 100, kMaxHttpTimeoutMs, &http.header_timeout_ms));
+  KEEL_RETURN_IF_ERROR(num("body_timeout_ms", 100, kMaxHttpTimeoutMs, &http.body_timeout_ms));
+  KEEL_RETURN_IF_ERROR(num("idle_timeout_ms", 100, kMaxHttpTimeoutMs, &http.idle_timeout_ms));
   KEEL_RETURN_IF_ERROR(num("tenant_run_cap", 1, 1000000, &c.tenant_run_cap));
   KEEL_RETURN_IF_ERROR(num("max_concurrent_runs", 1, 100000, &c.max_concurrent_runs));
   KEEL_RETURN_IF_ERROR(num("max_steps", 1, 1000, &c.max_steps));
@@ -223,8 +237,10 @@ std::string DefaultHome() {
   return user_home + "/.local/share/keel";
 }
 
-Result<Config> Load(const Overrides& o) {
-  Config c;
+namespace {
+
+// Both settings groups, from one reading of the file and the environment.
+Status LoadInto(const Overrides& o, Config& c, HttpConfig& http) {
   c.home = o.home ? *o.home : DefaultHome();
   if (c.home.empty()) return InvalidArgument("KEEL_HOME must not be empty");
 
@@ -233,7 +249,7 @@ Result<Config> Load(const Overrides& o) {
   if (config_file.empty()) config_file = c.home + "/keel.toml";
   std::error_code ec;
   if (std::filesystem::exists(config_file, ec)) {
-    KEEL_RETURN_IF_ERROR(ApplyToml(config_file, c));
+    KEEL_RETURN_IF_ERROR(ApplyToml(config_file, c, http));
   } else if (explicit_file) {
     return InvalidArgument("config file not found: " + config_file);
   }
@@ -276,12 +292,48 @@ Result<Config> Load(const Overrides& o) {
   if (auto v = Env("KEEL_MAX_BODY_BYTES"); !v.empty()) {
     KEEL_RETURN_IF_ERROR(SetInt(v, "KEEL_MAX_BODY_BYTES", 1024, int64_t(1) << 30, &c.max_body_bytes));
   }
+  if (auto v = Env("KEEL_MAX_CONNECTIONS"); !v.empty()) {
+    KEEL_RETURN_IF_ERROR(
+        SetInt(v, "KEEL_MAX_CONNECTIONS", 1, kMaxConnections, &http.max_connections));
+  }
+  if (auto v = Env("KEEL_MAX_CONNECTIONS_PER_ADDRESS"); !v.empty()) {
+    KEEL_RETURN_IF_ERROR(SetInt(v, "KEEL_MAX_CONNECTIONS_PER_ADDRESS", 1, kMaxConnections,
+                                &http.max_connections_per_address));
+  }
+  if (auto v = Env("KEEL_HEADER_TIMEOUT_MS"); !v.empty()) {
+    KEEL_RETURN_IF_ERROR(
+        SetInt(v, "KEEL_HEADER_TIMEOUT_MS", 100, kMaxHttpTimeoutMs, &http.header_timeout_ms));
+  }
+  if (auto v = Env("KEEL_BODY_TIMEOUT_MS"); !v.empty()) {
+    KEEL_RETURN_IF_ERROR(
+        SetInt(v, "KEEL_BODY_TIMEOUT_MS", 100, kMaxHttpTimeoutMs, &http.body_timeout_ms));
+  }
+  if (auto v = Env("KEEL_IDLE_TIMEOUT_MS"); !v.empty()) {
+    KEEL_RETURN_IF_ERROR(
+        SetInt(v, "KEEL_IDLE_TIMEOUT_MS", 100, kMaxHttpTimeoutMs, &http.idle_timeout_ms));
+  }
   if (o.listen) c.listen = *o.listen;
   if (o.store_url) c.store_url = *o.store_url;
 
   if (c.store_url.empty()) c.store_url = "sqlite://" + c.home + "/keel.db";
   if (c.workspaces.empty()) c.workspaces = c.home + "/workspaces";
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<Config> Load(const Overrides& o) {
+  Config c;
+  HttpConfig http;
+  KEEL_RETURN_IF_ERROR(LoadInto(o, c, http));
   return c;
+}
+
+Result<HttpConfig> LoadHttp(const Overrides& o) {
+  Config c;
+  HttpConfig http;
+  KEEL_RETURN_IF_ERROR(LoadInto(o, c, http));
+  return http;
 }
 
 }  // namespace keel::config

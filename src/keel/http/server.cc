@@ -4,12 +4,18 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/url/parse.hpp>
 
+#include <sys/socket.h>
+
 #include <chrono>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
 
 #include "keel/common/log.h"
 #include "keel/http/router.h"
@@ -25,7 +31,15 @@ using tcp = asio::ip::tcp;
 
 namespace {
 
-constexpr auto kIdleTimeout = std::chrono::seconds(120);
+// A refused request's answer is written, then the rest of the request drained, within this.
+constexpr auto kLingerTime = std::chrono::milliseconds(5000);
+constexpr size_t kLingerBytes = 8 << 20;
+// Connections over a limit: at most this many 503 answers at once, each within this time.
+constexpr int kMaxRefusing = 32;
+constexpr auto kRefusalTime = std::chrono::milliseconds(1000);
+constexpr size_t kRefusalLingerBytes = 64 << 10;
+constexpr auto kAcceptBackoff = std::chrono::milliseconds(100);
+constexpr auto kWriteTimeout = std::chrono::seconds(30);
 
 class BeastStreamWriter final : public StreamWriter {
  public:
@@ -61,19 +75,129 @@ void ParseTarget(std::string_view target, Request& out) {
 }  // namespace
 
 struct Server::Impl {
-  Impl(asio::io_context& io, const Router& router, Metrics& metrics, int64_t max_body)
-      : io(io), router(router), metrics(metrics), max_body(max_body), acceptor(io) {}
+  Impl(asio::io_context& io, const Router& router, Metrics& metrics, ServerOptions options)
+      : io(io), router(router), metrics(metrics), options(options), acceptor(io) {}
+
+  // An open connection's place in the limits, held by its coroutine until it ends.
+  class Slot {
+   public:
+    Slot(Impl& impl, int fd, std::string address)
+        : impl_(&impl), fd_(fd), address_(std::move(address)) {
+      impl_->open_fds.insert(fd_);
+      ++impl_->per_address[address_];
+    }
+    Slot(Slot&& other) noexcept
+        : impl_(std::exchange(other.impl_, nullptr)), fd_(other.fd_),
+          address_(std::move(other.address_)) {}
+    Slot(const Slot&) = delete;
+    Slot& operator=(const Slot&) = delete;
+    Slot& operator=(Slot&&) = delete;
+    ~Slot() {
+      if (!impl_) return;
+      impl_->open_fds.erase(fd_);
+      auto it = impl_->per_address.find(address_);
+      if (it != impl_->per_address.end() && --it->second == 0) impl_->per_address.erase(it);
+    }
+
+   private:
+    Impl* impl_;
+    int fd_;
+    std::string address_;
+  };
 
   asio::awaitable<void> AcceptLoop() {
+    asio::steady_timer backoff(io);
+    bool failing = false;  // accepting fails (e.g. out of descriptors); logged once
     while (acceptor.is_open()) {
       boost::system::error_code ec;
       tcp::socket socket = co_await acceptor.async_accept(asio::redirect_error(asio::use_awaitable, ec));
       if (ec) {
         if (ec == asio::error::operation_aborted || !acceptor.is_open()) break;
+        if (ec == asio::error::connection_aborted) continue;  // that client gave up
+        // Out of descriptors (EMFILE, ENFILE) or memory: the pending connection stays queued
+        // and the acceptor stays readable, so retrying at once would spin. Wait for
+        // connections to close.
+        if (!failing) {
+          LogError("http: cannot accept connections (" + ec.message() +
+                   "); retrying every 100 ms");
+          failing = true;
+        }
+        backoff.expires_after(kAcceptBackoff);
+        co_await backoff.async_wait(asio::redirect_error(asio::use_awaitable, ec));
         continue;
       }
-      socket.set_option(tcp::no_delay(true), ec);
-      asio::co_spawn(io, Serve(std::move(socket)), ReportExceptions{"http connection"});
+      if (failing) {
+        LogInfo("http: accepting connections again");
+        failing = false;
+      }
+      Admit(std::move(socket));
+    }
+  }
+
+  // Serves the connection, or answers 503 and closes it when it is over a limit.
+  void Admit(tcp::socket socket) {
+    boost::system::error_code ec;
+    auto remote = socket.remote_endpoint(ec);
+    if (ec) return;  // already gone
+    auto ip = remote.address();
+    if (ip.is_v6() && ip.to_v6().is_v4_mapped()) {
+      ip = asio::ip::make_address_v4(asio::ip::v4_mapped, ip.to_v6());
+    }
+    std::string address = ip.to_string();
+    std::string refusal;
+    if (static_cast<int64_t>(open_fds.size()) >= options.max_connections) {
+      refusal = "the server has its maximum of " + std::to_string(options.max_connections) +
+                " open connections; retry later";
+    } else if (auto it = per_address.find(address);
+               it != per_address.end() && it->second >= options.max_connections_per_address) {
+      refusal = "this address has its maximum of " +
+                std::to_string(options.max_connections_per_address) +
+                " open connections; close some or retry later";
+    }
+    if (!refusal.empty()) {
+      // Answering costs a descriptor for a moment: only a few at once, the rest are closed.
+      if (refusing >= kMaxRefusing) return;
+      ++refusing;  // here, not in Refuse: co_spawn starts it later
+      asio::co_spawn(io, Refuse(std::move(socket), std::move(refusal)),
+                     ReportExceptions{"http refusal"});
+      return;
+    }
+    socket.set_option(tcp::no_delay(true), ec);
+    Slot slot(*this, socket.native_handle(), std::move(address));
+    asio::co_spawn(io, Serve(std::move(socket), std::move(slot)),
+                   ReportExceptions{"http connection"});
+  }
+
+  asio::awaitable<void> Refuse(tcp::socket socket, std::string message) {
+    beast::tcp_stream stream(std::move(socket));
+    Response resp = Response::Error(Unavailable(message));
+    resp.headers["Retry-After"] = "1";
+    boost::system::error_code ec;
+    stream.expires_after(kRefusalTime);
+    co_await WriteSimple(stream, 11, false, resp, ec);
+    beast::flat_buffer buffer;
+    if (!ec) co_await LingeringClose(stream, buffer, kRefusalTime, kRefusalLingerBytes);
+    --refusing;
+  }
+
+  // After answering a request that is refused before its body was read: stops sending, then
+  // reads and drops what the client still sends (up to `max_bytes`, for at most `max_time`).
+  // Closing with unread data would reset the connection, and a client still sending its body
+  // would see a broken pipe instead of the answer.
+  static asio::awaitable<void> LingeringClose(beast::tcp_stream& stream,
+                                              beast::flat_buffer& buffer,
+                                              std::chrono::milliseconds max_time,
+                                              size_t max_bytes) {
+    boost::system::error_code ec;
+    stream.socket().shutdown(tcp::socket::shutdown_send, ec);
+    stream.expires_after(max_time);
+    size_t read = buffer.size();
+    buffer.clear();
+    while (!ec && read < max_bytes) {
+      size_t n = co_await stream.async_read_some(buffer.prepare(64 * 1024),
+                                                 asio::redirect_error(asio::use_awaitable, ec));
+      read += n;
+      buffer.clear();
     }
   }
 
@@ -97,24 +221,37 @@ struct Server::Impl {
     else ++metrics.http_5xx;
   }
 
-  asio::awaitable<void> Serve(tcp::socket socket) {
+  Response TooLarge() const {
+    return Response::Error(Status(Code::kPayloadTooLarge,
+                                  "request body exceeds the limit of " +
+                                      std::to_string(options.max_body_bytes) + " bytes"));
+  }
+
+  // `slot` is held until the connection ends.
+  asio::awaitable<void> Serve(tcp::socket socket, [[maybe_unused]] Slot slot) {
     beast::tcp_stream stream(std::move(socket));
     beast::flat_buffer buffer;
     boost::system::error_code ec;
-    while (true) {
+    for (bool first = true;; first = false) {
       bhttp::request_parser<bhttp::string_body> parser;
       parser.header_limit(64 * 1024);
-      parser.body_limit(static_cast<uint64_t>(max_body));
-      stream.expires_after(kIdleTimeout);
+      parser.body_limit(static_cast<uint64_t>(options.max_body_bytes));
+      if (!first && buffer.size() == 0) {
+        // Kept alive between requests: wait (bounded) for the next request's first byte.
+        stream.expires_after(options.idle_timeout);
+        size_t n = co_await stream.async_read_some(buffer.prepare(16 * 1024),
+                                                   asio::redirect_error(asio::use_awaitable, ec));
+        if (ec) break;
+        buffer.commit(n);
+      }
+      stream.expires_after(options.header_timeout);
       co_await bhttp::async_read_header(stream, buffer, parser,
                                         asio::redirect_error(asio::use_awaitable, ec));
       if (ec == bhttp::error::end_of_stream || ec == asio::error::eof) break;
       Response error_resp;
       bool fatal = false;
       if (ec == bhttp::error::body_limit) {
-        error_resp = Response::Error(Status(Code::kPayloadTooLarge,
-                                            "request body exceeds the limit of " +
-                                                std::to_string(max_body) + " bytes"));
+        error_resp = TooLarge();
         fatal = true;
       } else if (ec) {
         if (ec == beast::error::timeout || ec == asio::error::connection_reset ||
@@ -125,6 +262,7 @@ struct Server::Impl {
         fatal = true;
       }
       if (!fatal) {
+        stream.expires_after(options.body_timeout);
         auto& hdr = parser.get();
         if (beast::iequals(hdr[bhttp::field::expect], "100-continue")) {
           bhttp::response<bhttp::empty_body> cont{bhttp::status::continue_, hdr.version()};
@@ -134,9 +272,7 @@ struct Server::Impl {
         co_await bhttp::async_read(stream, buffer, parser,
                                    asio::redirect_error(asio::use_awaitable, ec));
         if (ec == bhttp::error::body_limit) {
-          error_resp = Response::Error(Status(Code::kPayloadTooLarge,
-                                              "request body exceeds the limit of " +
-                                                  std::to_string(max_body) + " bytes"));
+          error_resp = TooLarge();
           fatal = true;
         } else if (ec) {
           break;
@@ -144,8 +280,10 @@ struct Server::Impl {
       }
       if (fatal) {
         ec = {};
+        stream.expires_after(kLingerTime);
         co_await WriteSimple(stream, 11, false, error_resp, ec);
-        break;
+        if (!ec) co_await LingeringClose(stream, buffer, kLingerTime, kLingerBytes);
+        co_return;
       }
 
       auto req = parser.release();
@@ -182,23 +320,37 @@ struct Server::Impl {
         co_await resp.stream(writer);
         break;
       }
-      bool keep_alive = req.keep_alive();
+      bool keep_alive = req.keep_alive() && !stopping;
+      stream.expires_after(kWriteTimeout);
       co_await WriteSimple(stream, req.version(), keep_alive, resp, ec);
       if (ec || !keep_alive) break;
     }
     stream.socket().shutdown(tcp::socket::shutdown_send, ec);
   }
 
+  void Stop() {
+    stopping = true;
+    boost::system::error_code ec;
+    acceptor.close(ec);
+    // No more requests: a connection waiting for one reads end-of-file and closes; one with a
+    // request in flight still writes its answer.
+    for (int fd : open_fds) ::shutdown(fd, SHUT_RD);
+  }
+
   asio::io_context& io;
   const Router& router;
   Metrics& metrics;
-  int64_t max_body;
+  const ServerOptions options;
   tcp::acceptor acceptor;
+  std::unordered_set<int> open_fds;                    // descriptors of connections served
+  std::unordered_map<std::string, int> per_address;    // open connections by client address
+  int refusing = 0;                                    // 503 answers being written
+  bool stopping = false;
 };
 
 Server::Server(asio::io_context& io, const Router& router, Metrics& metrics,
-               int64_t max_body_bytes)
-    : impl_(std::make_unique<Impl>(io, router, metrics, max_body_bytes)) {}
+               ServerOptions options)
+    : impl_(std::make_unique<Impl>(io, router, metrics, options)) {}
 Server::~Server() = default;
 
 Result<std::string> Server::Listen(const std::string& address) {
@@ -235,9 +387,6 @@ Result<std::string> Server::Listen(const std::string& address) {
 
 void Server::Start() { asio::co_spawn(impl_->io, impl_->AcceptLoop(), ReportExceptions{"http accept loop"}); }
 
-void Server::Stop() {
-  boost::system::error_code ec;
-  impl_->acceptor.close(ec);
-}
+void Server::Stop() { impl_->Stop(); }
 
 }  // namespace keel::http
