@@ -84,7 +84,10 @@ class FakeMcpHttp:
                     result = {"tools": [{"name": "echo", "description": "echoes",
                                          "inputSchema": {"type": "object"}}]}
                 elif method == "tools/call":
-                    text = str((msg["params"].get("arguments") or {}).get("text", ""))
+                    args = msg["params"].get("arguments") or {}
+                    # {"header": NAME} echoes a request header (a secret sent by reference).
+                    text = (str(self.headers.get(args["header"], "")) if "header" in args
+                            else str(args.get("text", "")))
                     result = {"content": [{"type": "text", "text": text}]}
                 else:
                     result = {}
@@ -368,6 +371,26 @@ class OutboundTest(KeelTestCase):
         for label, data in seen:
             for form in forms:
                 self.assertNotIn(form, data, "%s shows the secret (%r)" % (label, form))
+
+    def test_a_secret_header_echoed_by_an_http_server_is_named(self):
+        s = self.allowed
+        value = "header-value-" + unique_name("x")
+        s.ok("PUT", "/v1/secrets/hdr_key", {"value": value})
+        srv = s.ok("POST", "/v1/mcp-servers", {
+            "name": unique_name("hdr"), "transport": "http",
+            "url": "http://127.0.0.1:%d/mcp" % self.fake.port,
+            "headers": {"X-Api-Key": {"secret": "hdr_key"}}}, expect=201)
+        self.assertEqual(srv["status"], "ready", srv)
+        agent = s.create_agent(tools=["mcp__%s__*" % srv["name"]])
+        run, steps, session = self.turn(
+            s, agent, '/call mcp__%s__echo {"header": "X-Api-Key"}' % srv["name"])
+        self.assertEqual(run["status"], "done", run)
+        self.assertIn("[secret:hdr_key]", run["output"])
+        shown = json.dumps([run, steps, s.ok("GET", "/v1/sessions/%s/messages" % session["id"]),
+                            s.all_events()])
+        self.assertNotIn(value, shown)
+        for label, data in s.store_contents():
+            self.assertNotIn(value.encode(), data, label)
 
     def test_a_secret_too_short_to_hide_is_not_given_to_a_server(self):
         t = keel_harness.Tenant(self.server)
