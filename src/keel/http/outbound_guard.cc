@@ -96,7 +96,9 @@ Result<Cidr> Cidr::Parse(const std::string& text) {
   c.v6 = a.is_v6();
   const int max = c.v6 ? 128 : 32;
   c.prefix = prefix.value_or(max);
-  if (c.prefix > max) return InvalidArgument("'" + text + "': the prefix is longer than the address");
+  if (c.prefix > max) {
+    return InvalidArgument("'" + text + "': the prefix is longer than the address");
+  }
   if (c.v6) {
     const auto b = a.to_v6().to_bytes();
     std::copy(b.begin(), b.end(), c.bytes.begin());
