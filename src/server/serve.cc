@@ -28,6 +28,7 @@
 #include "keel/common/log.h"
 #include "keel/config/config.h"
 #include "keel/config/http_config.h"
+#include "keel/http/outbound_guard.h"
 #include "keel/http/router.h"
 #include "keel/http/server.h"
 #include "keel/metrics.h"
@@ -235,7 +236,11 @@ int ServeMain(const ServeFlags& flags) {
   tools::GatewayOptions gateway_options;
   gateway_options.approval_ttl_ms = config.approval_timeout_ms;
   gateway_options.large_result_bytes = static_cast<size_t>(config.large_result_bytes);
-  mcp::McpManager mcp_servers;
+  // MCP servers over HTTP and webhook receivers are at URLs tenants chose: reached only at
+  // public addresses and those the platform admin allows (model providers are the operator's).
+  auto outbound = http::OutboundGuard::FromAllowList(config.outbound_allow);
+  if (!outbound.ok()) return Fail(outbound.status());
+  mcp::McpManager mcp_servers(*outbound);
   // Optional only to end it first at the stop (below).
   std::optional<tools::Gateway> gateway_holder;
   tools::Gateway& gateway = gateway_holder.emplace(*store, tool_registry, config.workspaces,
@@ -250,6 +255,7 @@ int ServeMain(const ServeFlags& flags) {
   runtime_options.audit_dir = config.home + "/audit";
   runtime_options.prices = config.prices;
   runtime_options.cache = config.cache;
+  runtime_options.outbound = *outbound;
   runtime::Runtime runtime(io.get_executor(), *store, hub, providers, gateway, metrics,
                            runtime_options, &vault);
   schedules_runtime = &runtime;

@@ -36,8 +36,12 @@ Tools (tools/list pages them two at a time):
   stderr {text}        -> writes text to stderr, answers "ok"
   close_stdout         -> closes its stdout (so never answers) and lives on
   close_stdin          -> closes its stdin, answers, and lives on
+  env_var {name, how}  -> the value of one environment variable: how "text" (default) as the
+                          result, "error" as a result with isError, "base64" base64-encoded,
+                          "exit" written to stderr before exiting with status 9 unanswered
 """
 
+import base64
 import json
 import os
 import signal
@@ -48,7 +52,7 @@ import time
 TOOLS = [
     "echo", "crash", "answer_then_exit", "slow", "cancellations", "change", "ping_client",
     "rpc_error", "tool_error", "garbage", "huge", "deep", "env", "cwd", "grandchild_pid", "pid",
-    "stderr", "close_stdout", "close_stdin",
+    "stderr", "close_stdout", "close_stdin", "env_var",
 ]
 PAGE = 2
 
@@ -151,6 +155,15 @@ def call_tool(name, args, request_id):
         return None
     if name == "env":
         return text_result(json.dumps(dict(os.environ)))
+    if name == "env_var":
+        value = os.environ.get(str(args.get("name", "")), "")
+        how = args.get("how", "text")
+        if how == "exit":
+            log("fake_mcp_stdio: giving up, the variable is " + value)
+            os._exit(9)
+        if how == "base64":
+            return text_result(base64.b64encode(value.encode()).decode())
+        return text_result(value, is_error=how == "error")
     if name == "cwd":
         return text_result(os.getcwd())
     if name == "grandchild_pid":

@@ -18,6 +18,8 @@ from keel_harness import KeelServer, KeelTestCase
 HERE = os.path.dirname(os.path.abspath(__file__))
 FAKE = os.path.normpath(os.path.join(HERE, "..", "fakes", "fake_mcp_stdio.py"))
 KEK = base64.b64encode(bytes(range(32))).decode()
+# The HTTP servers listen on loopback, which only the admin's outbound_allow opens.
+LOOPBACK = "127.0.0.1/32,::1/128"
 MCP_DIR = os.environ.get("KEEL_TEST_MCP_DIR", "")
 EVERYTHING = os.path.join(MCP_DIR, "node_modules", "@modelcontextprotocol", "server-everything",
                           "dist", "index.js")
@@ -26,7 +28,7 @@ EVERYTHING = os.path.join(MCP_DIR, "node_modules", "@modelcontextprotocol", "ser
 class McpTest(KeelTestCase):
     @classmethod
     def setUpClass(cls):
-        cls.server = KeelServer(env={"KEEL_SECRET_KEK": KEK})
+        cls.server = KeelServer(env={"KEEL_SECRET_KEK": KEK, "KEEL_OUTBOUND_ALLOW": LOOPBACK})
 
     @classmethod
     def tearDownClass(cls):
@@ -61,9 +63,11 @@ class McpTest(KeelTestCase):
         self.assertIn("hello over mcp", run["output"])
         tool = [x for x in steps if x["kind"] == "tool"][0]
         self.assertEqual(tool["status"], "succeeded")
-        # The secret reached the server's environment, by reference.
+        # The secret reached the server's environment, by reference; what the server sends back
+        # names it instead of showing it.
         run, _ = self.turn(agent, "/call mcp__fake__env {}")
-        self.assertIn("tok-from-the-vault", run["output"])
+        self.assertIn('"FAKE_TOKEN": "[secret:fake_token]"', run["output"])
+        self.assertNotIn("tok-from-the-vault", run["output"])
         self.assertIn('"MODE": "test"', run["output"])
         self.assertNotIn("KEEL_SECRET_KEK", run["output"])
         # An agent whose list does not name the server cannot call it.
@@ -180,7 +184,7 @@ class McpTest(KeelTestCase):
                 break
             except OSError:
                 time.sleep(0.1)
-        s.ok("PUT", "/v1/secrets/web_key", {"value": "key-123"})
+        s.ok("PUT", "/v1/secrets/web_key", {"value": "key-12345678"})
         srv = self.register({"name": "web", "transport": "http",
                              "url": "http://127.0.0.1:%d/mcp" % port,
                              "headers": {"X-Api-Key": {"secret": "web_key"}}})

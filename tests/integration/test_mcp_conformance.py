@@ -26,6 +26,8 @@ import urllib.request
 from keel_harness import KeelServer, KeelTestCase
 
 MCP_DIR = os.environ.get("KEEL_TEST_MCP_DIR", "")
+# The scenario servers listen on localhost, which only the admin's outbound_allow opens.
+LOOPBACK = "127.0.0.1/32,::1/128"
 SUITE = os.path.join(MCP_DIR, "node_modules", "@modelcontextprotocol", "conformance", "dist",
                      "index.js")
 CLIENT_SCENARIOS = {"initialize": None, "tools_call": ("add_numbers", {"a": 2, "b": 3})}
@@ -82,7 +84,7 @@ def auth_proxy(upstream_port, token):
 class McpConformanceTest(KeelTestCase):
     @classmethod
     def setUpClass(cls):
-        cls.server = KeelServer()
+        cls.server = KeelServer(env={"KEEL_OUTBOUND_ALLOW": LOOPBACK})
         cls.proxy = auth_proxy(int(cls.server.addr.rsplit(":", 1)[1]), cls.server.token)
 
     @classmethod

@@ -19,7 +19,7 @@ import unittest
 import urllib.parse
 
 from keel_harness import KeelServer, KeelTestCase, keel_bin
-from test_plugins import KEK, Receiver, Tenant, call, lua_plugin, wait_for, webhook_plugin
+from test_plugins import KEK, LOOPBACK, Receiver, Tenant, call, lua_plugin, wait_for, webhook_plugin
 
 
 class MemoryTenant(Tenant):
@@ -46,7 +46,7 @@ class MemoryTenant(Tenant):
 class MemoryTest(KeelTestCase):
     @classmethod
     def setUpClass(cls):
-        cls.server = KeelServer(env={"KEEL_SECRET_KEK": KEK})
+        cls.server = KeelServer(env={"KEEL_SECRET_KEK": KEK, "KEEL_OUTBOUND_ALLOW": LOOPBACK})
         cls.receiver = Receiver()
 
     @classmethod

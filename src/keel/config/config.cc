@@ -3,10 +3,13 @@
 
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <set>
+
+#include "keel/http/outbound_guard.h"
 
 namespace keel::config {
 
@@ -53,6 +56,15 @@ Status SectionInt(const std::string& path, const std::string& name, const toml::
                            " to " + std::to_string(hi));
   }
   *out = static_cast<T>(*iv);
+  return Status::Ok();
+}
+
+Status CheckOutboundAllow(const std::string& source, const std::vector<std::string>& cidrs) {
+  for (const auto& cidr : cidrs) {
+    if (auto parsed = http::Cidr::Parse(cidr); !parsed.ok()) {
+      return InvalidArgument(source + ": " + parsed.status().message());
+    }
+  }
   return Status::Ok();
 }
 
@@ -153,7 +165,7 @@ Status ApplyToml(const std::string& path, Config& c, HttpConfig& http) {
                                              "tenant_run_cap",
                                              "max_concurrent_runs", "max_steps", "lease_ms",
                                              "approval_timeout_ms", "large_result_bytes",
-                                             "history_limit", "log_level",
+                                             "history_limit", "log_level", "outbound_allow",
                                              "openai", "anthropic", "prices", "cache"};
   for (const auto& [k, v] : t) {
     if (!kTop.count(std::string(k.str()))) {
@@ -202,6 +214,17 @@ Status ApplyToml(const std::string& path, Config& c, HttpConfig& http) {
       num("approval_timeout_ms", 1000, int64_t(365) * 86400000, &c.approval_timeout_ms));
   KEEL_RETURN_IF_ERROR(num("large_result_bytes", 1024, int64_t(64) << 20, &c.large_result_bytes));
   KEEL_RETURN_IF_ERROR(num("history_limit", 0, 10000, &c.history_limit));
+  if (auto n = t["outbound_allow"]; n) {
+    if (!n.is_array()) return InvalidArgument(path + ": outbound_allow must be an array of CIDRs");
+    c.outbound_allow.clear();
+    for (const auto& item : *n.as_array()) {
+      if (!item.is_string()) {
+        return InvalidArgument(path + ": outbound_allow must be an array of CIDRs");
+      }
+      c.outbound_allow.push_back(*item.value<std::string>());
+    }
+    KEEL_RETURN_IF_ERROR(CheckOutboundAllow(path + ": outbound_allow", c.outbound_allow));
+  }
   KEEL_RETURN_IF_ERROR(ApplyAnthropic(path, t, c.anthropic));
   KEEL_RETURN_IF_ERROR(ApplyPrices(path, t, c.prices));
   KEEL_RETURN_IF_ERROR(ApplyCache(path, t, c.cache));
@@ -311,6 +334,18 @@ Status LoadInto(const Overrides& o, Config& c, HttpConfig& http) {
   if (auto v = Env("KEEL_IDLE_TIMEOUT_MS"); !v.empty()) {
     KEEL_RETURN_IF_ERROR(
         SetInt(v, "KEEL_IDLE_TIMEOUT_MS", 100, kMaxHttpTimeoutMs, &http.idle_timeout_ms));
+  if (auto v = Env("KEEL_OUTBOUND_ALLOW"); !v.empty()) {
+    c.outbound_allow.clear();
+    size_t pos = 0;
+    while (pos <= v.size()) {
+      size_t comma = std::min(v.find(',', pos), v.size());
+      std::string item = v.substr(pos, comma - pos);
+      item.erase(0, item.find_first_not_of(" \t"));
+      item.erase(item.find_last_not_of(" \t") + 1);
+      if (!item.empty()) c.outbound_allow.push_back(item);
+      pos = comma + 1;
+    }
+    KEEL_RETURN_IF_ERROR(CheckOutboundAllow("KEEL_OUTBOUND_ALLOW", c.outbound_allow));
   }
   if (o.listen) c.listen = *o.listen;
   if (o.store_url) c.store_url = *o.store_url;

@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "keel/common/status.h"
 
@@ -57,6 +58,11 @@ struct Config {
   int64_t large_result_bytes = 16384;      // larger tool results go to the workspace
   int history_limit = 50;        // earlier messages a turn's context carries
   std::string log_level = "info";
+  // Address ranges (CIDRs, or single addresses) that MCP servers over HTTP and webhook
+  // receivers may reach although they are loopback, private, link-local or otherwise internal
+  // (http/outbound_guard.h). keel.toml: outbound_allow = ["127.0.0.1/32"]; KEEL_OUTBOUND_ALLOW:
+  // comma-separated, replacing the file's list. Empty: only public addresses.
+  std::vector<std::string> outbound_allow;
   // KEEL_SECRET_KEK (environment only): base64 of the 256-bit key-encryption key of secrets.
   std::string secret_kek;
   OpenAiConfig openai;

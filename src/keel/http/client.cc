@@ -16,6 +16,7 @@
 #include <boost/url/parse.hpp>
 #include <cctype>
 #include <exception>
+#include <vector>
 
 namespace keel::http {
 namespace {
@@ -138,6 +139,25 @@ struct ResponseStream::Impl {
                             std::to_string(timeout.count()) + " ms");
     }
     if (ec) co_return Fail("resolving '" + endpoint.host + "'", ec);
+    // The guard judges the addresses actually connected to, so neither a name that resolves to
+    // an internal address nor one that re-resolves differently (DNS rebinding) gets past it.
+    std::vector<tcp::endpoint> allowed;
+    Status refused;
+    for (const auto& entry : results) {
+      tcp::endpoint ep = entry.endpoint();
+      Status ok = options.outbound ? options.outbound->Check(ep.address()) : Status::Ok();
+      if (ok.ok()) {
+        allowed.push_back(ep);
+      } else if (refused.ok()) {
+        refused = ok;
+      }
+    }
+    if (allowed.empty()) {
+      if (!refused.ok()) {
+        co_return PermissionDenied(what + ": refused: " + refused.message());
+      }
+      co_return Unavailable(what + ": resolving '" + endpoint.host + "': no address");
+    }
 
     if (endpoint.tls) {
       if (!tls_ctx) co_return Internal(what + ": TLS is unavailable: " + tls_error);
@@ -159,7 +179,7 @@ struct ResponseStream::Impl {
     }
 
     Lowest().expires_after(timeout);
-    co_await Lowest().async_connect(results, asio::redirect_error(asio::use_awaitable, ec));
+    co_await Lowest().async_connect(allowed, asio::redirect_error(asio::use_awaitable, ec));
     if (ec) co_return Fail("connecting to " + endpoint.host_header, ec);
 
     if (tls) {

@@ -4,8 +4,9 @@
 // trust store), applies a timeout to every network wait, and can hand a response over while its
 // body is still arriving, which Server-Sent Events need. Chunked transfer encoding is decoded.
 //
-// Each request opens its own connection and closes it when done: there is no pool. Callers see
-// plain values and keel Statuses; Beast and OpenSSL stay inside client.cc.
+// Each request opens its own connection and closes it when done: there is no pool. Redirects
+// are not followed (a 3xx is an answer like any other). Callers see plain values and keel
+// Statuses; Beast and OpenSSL stay inside client.cc.
 
 #include <boost/asio/awaitable.hpp>
 #include <chrono>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "keel/common/status.h"
+#include "keel/http/outbound_guard.h"
 
 namespace keel::http {
 
@@ -82,6 +84,11 @@ class Client {
     bool verify_peer = true;  // false only for tests against self-signed servers
     std::string ca_file;      // extra trust anchors (PEM), besides the system's defaults
     std::string user_agent = "keel/0.1";
+    // Checked on every address a connection is about to use, after resolving: a request whose
+    // host has no allowed address fails with kPermissionDenied and sends nothing. Unset: any
+    // address, for upstreams the operator configured (model providers) only; whatever calls a
+    // URL a tenant chose sets it.
+    std::optional<OutboundGuard> outbound;
   };
 
   Client();
@@ -91,7 +98,8 @@ class Client {
   Client& operator=(const Client&) = delete;
 
   // Sends the request and returns once the response head has arrived; the body is left for the
-  // caller to read. kInvalidArgument for a malformed URL; kUnavailable when the server cannot be
+  // caller to read. kInvalidArgument for a malformed URL; kPermissionDenied when the outbound
+  // guard refuses every address of the host; kUnavailable when the server cannot be
   // reached, the TLS handshake fails, the connection drops or a wait times out. Any HTTP status
   // is a successful result.
   boost::asio::awaitable<Result<std::unique_ptr<ResponseStream>>> Open(

@@ -17,10 +17,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int kMaxToolPages = 100;
 
-std::string Clip(const std::string& s, size_t n = 300) {
-  return s.size() <= n ? s : s.substr(0, n) + "...";
-}
-
 // Splits complete SSE events off the front of `buffer`; returns the data of each.
 std::vector<std::string> TakeSseEvents(std::string& buffer) {
   std::vector<std::string> out;
@@ -55,19 +51,27 @@ std::vector<std::string> TakeSseEvents(std::string& buffer) {
 
 }  // namespace
 
-McpHttpClient::McpHttpClient(HttpServerSpec spec, ClientOptions options)
-    : spec_(std::move(spec)), options_(options), http_(std::make_unique<http::Client>()) {}
+McpHttpClient::McpHttpClient(HttpServerSpec spec, ClientOptions options,
+                             const http::OutboundGuard& outbound)
+    : spec_(std::move(spec)),
+      options_(options),
+      http_(std::make_unique<http::Client>([&] {
+        http::Client::Options o;
+        o.outbound = outbound;
+        return o;
+      }())) {}
 
 std::string McpHttpClient::Label() const {
   return "MCP server " + (spec_.name.empty() ? spec_.url : spec_.name);
 }
 
 Result<std::unique_ptr<McpHttpClient>> McpHttpClient::Connect(const HttpServerSpec& spec,
-                                                              const ClientOptions& options) {
+                                                              const ClientOptions& options,
+                                                              const http::OutboundGuard& outbound) {
   if (spec.url.rfind("http://", 0) != 0 && spec.url.rfind("https://", 0) != 0) {
     return InvalidArgument("an MCP server URL must start with http:// or https://");
   }
-  std::unique_ptr<McpHttpClient> c(new McpHttpClient(spec, options));
+  std::unique_ptr<McpHttpClient> c(new McpHttpClient(spec, options, outbound));
   Json params = {{"protocolVersion", std::string(kProtocolVersion)},
                  {"capabilities", Json::object()},
                  {"clientInfo", {{"name", "keel"}, {"version", "0.1"}}}};
@@ -136,7 +140,9 @@ Result<Json> McpHttpClient::Post(const Json& message, int64_t timeout_ms, const 
   asio::co_spawn(io, [&]() -> asio::awaitable<void> {
     auto opened = co_await http_->Open(req);
     if (!opened.ok()) {
-      out = Unavailable(Label() + ": " + opened.status().message());
+      Code code = opened.status().code() == Code::kPermissionDenied ? Code::kPermissionDenied
+                                                                     : Code::kUnavailable;
+      out = Status(code, Label() + ": " + opened.status().message());
       co_return;
     }
     auto& stream = *opened;
@@ -155,9 +161,10 @@ Result<Json> McpHttpClient::Post(const Json& message, int64_t timeout_ms, const 
       co_return;
     }
     if (status < 200 || status >= 300) {
-      auto body = co_await stream->ReadAll(64 * 1024);
-      out = Unavailable(Label() + " answered HTTP " + std::to_string(status) +
-                        (body.ok() ? ": " + Clip(*body) : ""));
+      // The status alone: the body is the server's to say anything in, and errors reach the
+      // model, the tenant's clients and the store (a server inside a network would otherwise
+      // make Keel a reader of it).
+      out = Unavailable(Label() + " answered HTTP " + std::to_string(status));
       co_return;
     }
     std::string type = stream->Header("content-type");
@@ -178,7 +185,8 @@ Result<Json> McpHttpClient::Post(const Json& message, int64_t timeout_ms, const 
         }
         if (m.is_object()) Observe(m);
       }
-      out = Unavailable(Label() + " sent no response to the request: " + Clip(*body));
+      out = Unavailable(Label() + " sent no response to the request (" +
+                        std::to_string(body->size()) + " bytes of something else)");
       co_return;
     }
     std::string buffer;

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "keel/http/outbound_guard.h"
 #include "keel/mcp/mcp_client.h"
 
 namespace keel::http {
@@ -31,11 +32,14 @@ struct HttpServerSpec {
 
 class McpHttpClient final : public McpSession {
  public:
-  // Initializes a session within options.init_timeout_ms. kUnavailable when the server cannot
-  // be reached, answers with an HTTP error or a JSON-RPC error, or speaks an unsupported
-  // protocol version; kInvalidArgument for a malformed URL.
+  // Initializes a session within options.init_timeout_ms. Every request's connection is checked
+  // by `outbound` (the tenant chose the URL). kUnavailable when the server cannot be reached,
+  // answers with an HTTP error or a JSON-RPC error, or speaks an unsupported protocol version;
+  // kPermissionDenied when the guard refuses its address; kInvalidArgument for a malformed URL.
+  // An HTTP error is reported by its status alone: the server's body never reaches a message.
   static Result<std::unique_ptr<McpHttpClient>> Connect(const HttpServerSpec& spec,
-                                                        const ClientOptions& options);
+                                                        const ClientOptions& options,
+                                                        const http::OutboundGuard& outbound);
   ~McpHttpClient() override;
 
   Result<std::vector<McpTool>> ListTools() override;
@@ -46,7 +50,7 @@ class McpHttpClient final : public McpSession {
   bool tools_changed() override { return changed_.exchange(false); }
 
  private:
-  McpHttpClient(HttpServerSpec spec, ClientOptions options);
+  McpHttpClient(HttpServerSpec spec, ClientOptions options, const http::OutboundGuard& outbound);
   // Sends a request and waits for its response; the result member, or the error.
   Result<Json> Request(const std::string& method, Json params, int64_t timeout_ms);
   Status Notify(const std::string& method, Json params);

@@ -24,7 +24,7 @@ Result<std::shared_ptr<McpSession>> McpManager::Connect(Entry& e, const ServerLa
   e.have_tools = false;
   Result<std::shared_ptr<McpSession>> started = Internal("unknown transport " + launch.transport);
   if (launch.transport == "http") {
-    auto c = McpHttpClient::Connect(launch.http, launch.options);
+    auto c = McpHttpClient::Connect(launch.http, launch.options, outbound_);
     started = c.ok() ? Result<std::shared_ptr<McpSession>>(std::shared_ptr<McpSession>(std::move(c).value()))
                      : Result<std::shared_ptr<McpSession>>(c.status());
   } else {
@@ -33,8 +33,9 @@ Result<std::shared_ptr<McpSession>> McpManager::Connect(Entry& e, const ServerLa
                      : Result<std::shared_ptr<McpSession>>(c.status());
   }
   if (!started.ok()) {
-    e.last_error = started.status().message();
-    return started.status();
+    Status failed = launch.redactor.Error(started.status());
+    e.last_error = failed.message();
+    return failed;
   }
   e.client = std::move(started).value();
   e.fingerprint = launch.fingerprint;
@@ -49,10 +50,18 @@ Result<std::vector<McpTool>> McpManager::Tools(const ServerLaunch& launch) {
   if (entry->have_tools && !client->tools_changed()) return entry->tools;
   auto listed = client->ListTools();
   if (!listed.ok()) {
-    entry->last_error = listed.status().message();
-    return listed.status();
+    Status failed = launch.redactor.Error(listed.status());
+    entry->last_error = failed.message();
+    return failed;
   }
   entry->tools = std::move(listed).value();
+  for (McpTool& t : entry->tools) {
+    t.name = launch.redactor.Text(std::move(t.name));
+    t.description = launch.redactor.Text(std::move(t.description));
+    t.title = launch.redactor.Text(std::move(t.title));
+    t.input_schema = launch.redactor.Value(std::move(t.input_schema));
+    t.annotations = launch.redactor.Value(std::move(t.annotations));
+  }
   entry->have_tools = true;
   return entry->tools;
 }
@@ -66,7 +75,9 @@ Result<Json> McpManager::Call(const ServerLaunch& launch, const std::string& too
     KEEL_ASSIGN_OR_RETURN(client, Connect(*entry, launch));
   }
   // The call itself runs without the entry's lock: calls to one server proceed concurrently.
-  return client->CallTool(tool, arguments, timeout_ms);
+  auto result = client->CallTool(tool, arguments, timeout_ms);
+  if (!result.ok()) return launch.redactor.Error(result.status());
+  return launch.redactor.Value(std::move(result).value());
 }
 
 void McpManager::Forget(const std::string& server_id) {

@@ -5,6 +5,11 @@
 //
 // Threads: blocking and thread-safe; call from worker threads (the gateway's tool pool), never
 // from the event loop. Calls to one server run concurrently on its one connection.
+//
+// Everything a server sends reaches the rest of Keel through here (tool lists, results, errors
+// with its stderr, the status), so this is where the secrets it was given are taken back out
+// of it (ServerLaunch::redactor). Servers over HTTP are reached only at addresses `outbound`
+// allows.
 
 #include <map>
 #include <memory>
@@ -12,8 +17,10 @@
 #include <string>
 #include <vector>
 
+#include "keel/http/outbound_guard.h"
 #include "keel/mcp/http_client.h"
 #include "keel/mcp/mcp_client.h"
+#include "keel/secrets/redactor.h"
 
 namespace keel::mcp {
 
@@ -26,6 +33,8 @@ struct ServerLaunch {
   StdioServerSpec spec;             // stdio
   HttpServerSpec http;              // http
   ClientOptions options;
+  // The secret values given to the server (env or headers), taken back out of all it sends.
+  secrets::Redactor redactor;
   // Changes when the registration changed (a different command or environment): a running
   // connection started from another fingerprint is replaced.
   std::string fingerprint;
@@ -33,7 +42,7 @@ struct ServerLaunch {
 
 class McpManager {
  public:
-  McpManager() = default;
+  explicit McpManager(http::OutboundGuard outbound = {}) : outbound_(std::move(outbound)) {}
   ~McpManager();
 
   // The server's tools (connecting first when needed).
@@ -64,6 +73,7 @@ class McpManager {
   // Returns a live client for the launch, starting one when there is none or it died.
   Result<std::shared_ptr<McpSession>> Connect(Entry& e, const ServerLaunch& launch);
 
+  const http::OutboundGuard outbound_;
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<Entry>> entries_;  // GUARDED_BY(mu_)
   std::map<std::string, std::string> tenant_of_;          // server id -> tenant; GUARDED_BY(mu_)

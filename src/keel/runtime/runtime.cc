@@ -55,7 +55,11 @@ Runtime::Runtime(asio::any_io_executor executor, store::Store& store, EventHub& 
       wake_timer_(executor),
       plugins_(std::make_unique<plugins::PluginHost>(options.audit_dir, MemoryReadersOn(store))),
       vault_(vault),
-      webhook_client_(std::make_unique<http::Client>()),
+      webhook_client_(std::make_unique<http::Client>([&] {
+        http::Client::Options o;
+        o.outbound = options.outbound;
+        return o;
+      }())),
       delivery_timer_(executor),
       schedule_timer_(executor) {
   HookGateway();

@@ -26,6 +26,7 @@
 #include "keel/common/time.h"
 #include "keel/store/schedule_store.h"
 #include "keel/config/config.h"
+#include "keel/http/outbound_guard.h"
 #include "keel/store/skill_store.h"
 #include "keel/store/store.h"
 #include "keel/store/usage_store.h"
@@ -75,6 +76,8 @@ struct RuntimeOptions {
   // The model router (model_calls.h): prices by model string, and the response cache.
   std::map<std::string, config::ModelPrice> prices;
   config::CacheConfig cache;
+  // Where webhook plugins' receivers may be (the tenant chose the URL).
+  http::OutboundGuard outbound;
 };
 
 

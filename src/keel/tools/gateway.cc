@@ -150,6 +150,10 @@ Result<mcp::ServerLaunch> LaunchOf(store::Tx& tx, const secrets::Vault* vault,
       return Status(value.status().code(), "MCP server " + s.name + " needs secret " + secret +
                                                ": " + value.status().message());
     }
+    // The manager takes the value back out of everything the server sends.
+    if (Status st = l.redactor.Add(secret, *value); !st.ok()) {
+      return Status(st.code(), "MCP server " + s.name + ": " + st.message());
+    }
     return std::move(value).value();
   };
   std::string resolved_headers;
