@@ -1,7 +1,5 @@
 // Agents: create, list, show, update (partial), delete.
 
-#include <set>
-
 #include "keel/api/api.h"
 #include "keel/runtime/context.h"
 #include "keel/runtime/runtime.h"

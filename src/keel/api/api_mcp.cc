@@ -5,8 +5,6 @@
 // and approvals as every other tool. Secrets are referenced by name ({"secret": NAME}) and
 // opened only when the server is started.
 
-#include <set>
-
 #include "keel/api/api.h"
 #include "keel/api/render.h"
 #include "keel/common/ids.h"
