@@ -1116,17 +1116,12 @@ std::optional<std::string> ReadFile(const std::string& path) {
 Result<Json> ReadJsonObjectFile(const std::string& path) {
   std::optional<std::string> text = ReadFile(path);
   if (!text) return InvalidArgument("cannot read " + path);
-  Json j;
-  try {
-    j = Json::parse(*text);
-  } catch (const Json::parse_error& e) {
-    std::string why = e.what();
-    // "[json.exception.parse_error.101] parse error at line 1, ..." -> "parse error at line 1, ..."
-    if (size_t at = why.find("] "); why.rfind("[json.exception.", 0) == 0 && at != std::string::npos) {
-      why = why.substr(at + 2);
-    }
-    return InvalidArgument(path + " is not valid JSON: " + why);
+  auto parsed = ParseJson(*text);
+  if (!parsed.ok()) {
+    const std::string& why = parsed.status().message();  // "not valid JSON: parse error at ..."
+    return InvalidArgument(path + (why.rfind("not valid JSON", 0) == 0 ? " is " : ": ") + why);
   }
+  Json j = std::move(*parsed);
   if (!j.is_object()) return InvalidArgument(path + " must hold a JSON object");
   return j;
 }

@@ -3,10 +3,11 @@
 import json
 import select
 import socket
+import threading
 import time
 import unittest
 
-from keel_harness import KeelServer, KeelTestCase, unique_name
+from keel_harness import KeelServer, KeelTestCase, Tenant, unique_name
 
 
 def raw_post(addr, path, token, body_len, content_type="application/json", chunk=64 * 1024,
@@ -278,6 +279,332 @@ class BadInputTest(KeelTestCase):
         st, body, _ = s.request("POST", "/v1/agents", raw_body="name=x&model=local",
                                 headers={"Content-Type": "application/x-www-form-urlencoded"})
         self.assertIn(st, (400, 415), body)
+
+
+# ---------------------------------------------------------------------- hostile input
+#
+# Each attack is sent, then the server must answer /healthz, another tenant must be served, and
+# nothing may have been written (the tenant's event log is unchanged).
+
+DEEP = 200000  # levels of nesting in an attack (400 KB of brackets, under the 1 MiB body limit)
+
+
+def deep_array(levels=DEEP):
+    return "[" * levels + "]" * levels
+
+
+def deep_object(levels=150000):  # 6 bytes a level: 150,000 levels stay under 1 MiB
+    return '{"a":' * levels + "1" + "}" * levels
+
+
+class HostileInputTest(KeelTestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.server = s = KeelServer()
+        cls.agent = s.create_agent()
+        cls.session = s.create_session(cls.agent["id"])
+        cls.other = Tenant(s)
+        other_agent = cls.other.ok("POST", "/v1/agents", {"name": unique_name(), "model": "local"},
+                                   expect=201)
+        cls.other_session = cls.other.ok("POST", "/v1/agents/%s/sessions" % other_agent["id"],
+                                         {"title": "other"}, expect=201)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def tearDown(self):
+        self.assertHealthy()
+        # another tenant is served as before
+        run = self.other.ok("POST", "/v1/sessions/%s/messages?wait=10" % self.other_session["id"],
+                            {"content": "still there?"}, expect=200)["run"]
+        self.assertEqual(run["status"], "done", run)
+
+    def event_count(self):
+        return len(self.server.all_events())
+
+    def assertRefused(self, resp, what, why):
+        err = self.assertError(resp, 400, "invalid_argument", what)
+        self.assertIn(why, err["message"], what)
+        return err
+
+    def assertDeepRefused(self, resp, what):
+        return self.assertRefused(resp, what, "64 levels")
+
+    def test_deep_json_in_an_mcp_body(self):
+        s = self.server
+        n = self.event_count()
+        for deep in (deep_array(), deep_object()):
+            raw = '{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": %s}' % deep
+            st, body, _ = s.request("POST", "/v1/mcp", raw_body=raw,
+                                    headers={"Accept": "application/json, text/event-stream"})
+            self.assertEqual(st, 400, "a deep /v1/mcp body: %s %r" % (st, str(body)[:300]))
+            self.assertIn("64 levels", body["error"]["message"])
+            self.assertHealthy()
+        self.assertEqual(self.event_count(), n)
+
+    def test_deep_json_in_message_content(self):
+        s = self.server
+        path = "/v1/sessions/%s/messages" % self.session["id"]
+        before = len(s.list_all(path))
+        n = self.event_count()
+        for deep in (deep_array(), deep_object()):
+            self.assertDeepRefused(s.request("POST", path, raw_body='{"content": %s}' % deep),
+                                   "deep message content")
+            self.assertHealthy()
+        self.assertEqual(len(s.list_all(path)), before, "a refused message was written")
+        self.assertEqual(self.event_count(), n)
+
+    def test_deep_json_in_agent_config(self):
+        s = self.server
+        n = self.event_count()
+        agents = len(s.list_all("/v1/agents"))
+        for deep in (deep_array(), deep_object()):
+            raw = '{"name": "%s", "model": "local", "config": {"x": %s}}' % (unique_name(), deep)
+            self.assertDeepRefused(s.request("POST", "/v1/agents", raw_body=raw), "deep config")
+            self.assertHealthy()
+            raw = '{"config": {"x": %s}}' % deep
+            self.assertDeepRefused(s.request("PATCH", "/v1/agents/%s" % self.agent["id"],
+                                             raw_body=raw), "deep config in a PATCH")
+            self.assertHealthy()
+        # 65 levels is refused, 64 is not
+        ok = s.request("POST", "/v1/agents", {"name": unique_name(), "model": "local",
+                                              "config": {"x": json.loads(deep_array(61))}})
+        self.assertEqual(ok[0], 201, ok)
+        self.assertDeepRefused(s.request("POST", "/v1/agents", {
+            "name": unique_name(), "model": "local", "config": {"x": json.loads(deep_array(63))}}),
+            "65 levels")
+        self.assertEqual(len(s.list_all("/v1/agents")), agents + 1)
+        self.assertEqual(s.ok("GET", "/v1/agents/%s" % self.agent["id"])["config"],
+                         self.agent["config"], "a refused PATCH changed the agent")
+        self.assertEqual(self.event_count(), n + 1)
+
+    def test_deep_tool_arguments_from_the_model(self):
+        # The local model reads `/call TOOL {json}`: model output is untrusted input too.
+        s = self.server
+        # (a message's JSON string escapes each quote: 100,000 object levels stay under 1 MiB)
+        for deep in (deep_array(), deep_object(100000)):
+            run = s.send(self.session["id"], '/call time.now {"a": %s}' % deep)["run"]
+            self.assertIn(run["status"], ("done", "failed"), run)
+            self.assertIn("64 levels", json.dumps(run), "the run does not say why: %s"
+                          % json.dumps(run)[:500])
+            self.assertHealthy()
+
+    def test_deep_json_in_a_policy_document(self):
+        s = self.server
+        n = self.event_count()
+        before = s.request("GET", "/v1/policy")
+        for deep in (deep_array(), deep_object()):
+            self.assertDeepRefused(s.request("PUT", "/v1/policy",
+                                             raw_body='{"rules": [%s]}' % deep), "deep policy")
+            self.assertHealthy()
+        after = s.request("GET", "/v1/policy")
+        self.assertEqual((after[0], after[1]), (before[0], before[1]), "a refused policy was kept")
+        self.assertEqual(self.event_count(), n)
+
+    def test_deep_json_in_a_plugin_config(self):
+        s = self.server
+        n = self.event_count()
+        manifest = {"id": "deep-config", "name": "deep", "version": "1.0.0", "kind": "lua",
+                    "events": ["tool.after@v1"]}
+        for deep in (deep_array(), deep_object()):
+            raw = '{"manifest": %s, "source": "local x = 1", "config": {"x": %s}}' % (
+                json.dumps(manifest), deep)
+            self.assertDeepRefused(s.request("POST", "/v1/plugins", raw_body=raw),
+                                   "deep plugin config")
+            self.assertHealthy()
+        self.assertEqual(s.ok("GET", "/v1/plugins")["items"], [])
+        self.assertEqual(self.event_count(), n)
+
+    def test_a_lua_plugin_returning_a_table_inside_itself(self):
+        # A Lua value is a graph: a table holding itself (or one table shared 2^40 ways) must be
+        # refused when it is turned into JSON, not walked forever.
+        s = self.server
+        source = ('ctx.bus.on("prompt.assemble@v1", function(p)\n'
+                  '  if string.find(p.messages[#p.messages].content, "self") then\n'
+                  '    local t = {} t.me = t p.messages[1].extra = t\n'
+                  '  else\n'
+                  '    local t = {} for i = 1, 40 do t = {t, t} end p.messages[1].extra = t\n'
+                  '  end\n'
+                  '  return p\n'
+                  'end)\n')
+        manifest = {"id": "graph-" + unique_name().lower().replace("_", "-")[:20], "name": "g",
+                    "version": "1.0.0", "kind": "lua", "events": ["prompt.assemble@v1"]}
+        s.ok("POST", "/v1/plugins", {"manifest": manifest, "source": source}, expect=201)
+        agent = s.create_agent()
+        s.ok("POST", "/v1/plugins/%s/enable" % manifest["id"], {"agent_id": agent["id"]},
+             expect=200)
+        session = s.create_session(agent["id"])
+        try:
+            for content in ("self", "shared"):
+                run = s.send(session["id"], content)["run"]
+                self.assertIn(run["status"], ("done", "failed"), run)
+                self.assertHealthy()
+        finally:
+            s.ok("DELETE", "/v1/plugins/%s" % manifest["id"], expect=(200, 204))
+
+    def test_hostile_local_rules_patterns(self):
+        s = self.server
+        # Backtracking patterns are accepted and run in linear time (RE2): the run answers and,
+        # meanwhile, another tenant's request is answered too.
+        agent = s.create_agent(config={"local_rules": [
+            {"match": "^(a+)+$", "reply": "nested"},
+            {"match": "(a|b)*c", "reply": "alternation"}]})
+        session = s.create_session(agent["id"])
+        results = {}
+
+        def hostile():
+            results["nested"] = s.send(session["id"], "a" * 40 + "!", wait=60)["run"]
+            results["alternation"] = s.send(session["id"], "ab" * 100000, wait=60)["run"]
+
+        t = threading.Thread(target=hostile)
+        t.start()
+        other = self.other.request("GET", "/v1/agents", timeout=60)
+        t.join(120)
+        self.assertEqual(other[0], 200, "another tenant was not served while the pattern ran")
+        self.assertFalse(t.is_alive(), "the hostile runs did not answer")
+        for name in ("nested", "alternation"):
+            run = results.get(name)
+            self.assertIsNotNone(run, name)
+            self.assertEqual(run["status"], "done", run)
+            self.assertTrue(run["output"].startswith("You said"), run["output"][:200])
+        # What RE2 cannot run, or a pattern over 1 KiB, is refused when the agent is written.
+        n = self.event_count()
+        agents = len(s.list_all("/v1/agents"))
+        for pattern, why in (("(a)\\1", "invalid pattern"), ("(?=a)", "invalid pattern"),
+                             ("([", "invalid pattern"), ("a" * 1025, "1024 bytes")):
+            body = {"name": unique_name(), "model": "local",
+                    "config": {"local_rules": [{"match": pattern, "reply": "x"}]}}
+            self.assertRefused(s.request("POST", "/v1/agents", body), "pattern %r" % pattern[:20],
+                               why)
+            self.assertRefused(s.request("PATCH", "/v1/agents/%s" % agent["id"],
+                                         {"config": body["config"]}),
+                               "PATCH pattern %r" % pattern[:20], why)
+        self.assertEqual(len(s.list_all("/v1/agents")), agents)
+        self.assertEqual(self.event_count(), n)
+
+    def test_duplicate_keys(self):
+        s = self.server
+        n = self.event_count()
+        agents = len(s.list_all("/v1/agents"))
+        path = "/v1/sessions/%s/messages" % self.session["id"]
+        messages = len(s.list_all(path))
+        cases = [
+            ("POST", "/v1/agents", '{"name": "%s", "name": "%s", "model": "local"}'
+             % (unique_name(), unique_name())),
+            ("POST", "/v1/agents", '{"name": "%s", "model": "local", "config": '
+             '{"busy": "queue", "busy": "reject"}}' % unique_name()),
+            ("POST", path, '{"content": "one", "content": "two"}'),
+            ("PATCH", "/v1/agents/%s" % self.agent["id"], '{"instructions": "a", "instructions": "b"}'),
+            ("PUT", "/v1/policy", '{"deny": ["a"], "deny": ["b"]}'),
+        ]
+        for method, p, raw in cases:
+            self.assertRefused(s.request(method, p, raw_body=raw), "%s %s %s" % (method, p, raw),
+                               "appears twice")
+        st, body, _ = s.request("POST", "/v1/mcp", raw_body='{"jsonrpc": "2.0", "id": 1, '
+                                '"method": "ping", "method": "tools/list"}')
+        self.assertEqual(st, 400, body)
+        self.assertIn("appears twice", body["error"]["message"])
+        self.assertEqual(len(s.list_all("/v1/agents")), agents)
+        self.assertEqual(len(s.list_all(path)), messages)
+        self.assertEqual(self.event_count(), n)
+
+    def test_unknown_top_level_fields(self):
+        s = self.server
+        aid = self.agent["id"]
+        sid = self.session["id"]
+        missing = "01900000-0000-7000-8000-000000000000"
+        cases = [
+            ("POST", "/v1/tenants", {"name": unique_name()}),
+            ("POST", "/v1/tokens", {"name": unique_name(), "role": "user"}),
+            ("POST", "/v1/agents", {"name": unique_name(), "model": "local"}),
+            ("PATCH", "/v1/agents/%s" % aid, {"instructions": "x"}),
+            ("POST", "/v1/agents/%s/sessions" % aid, {"title": "t"}),
+            ("PATCH", "/v1/sessions/%s" % sid, {"status": "idle"}),
+            ("POST", "/v1/sessions/%s/messages" % sid, {"content": "hello"}),
+            ("POST", "/v1/mcp-servers", {"name": "m", "command": ["true"]}),
+            ("POST", "/v1/agents/%s/memories" % aid, {"text": "a fact"}),
+            ("PUT", "/v1/agents/%s/working-memory" % aid, {"text": "notes"}),
+            ("POST", "/v1/plugins", {"manifest": {
+                "id": "unknown-field", "name": "u", "version": "1.0.0", "kind": "lua",
+                "events": ["tool.after@v1"]}, "source": "local x = 1"}),
+            ("POST", "/v1/plugins/none/enable", {"agent_id": aid}),
+            ("PUT", "/v1/policy", {"deny": ["x"]}),
+            ("PUT", "/v1/emergency-stop", {"reason": "r"}),
+            ("POST", "/v1/schedules", {"agent_id": aid, "cron": "@daily", "prompt": "p"}),
+            ("POST", "/v1/agents/%s/schedules" % aid, {"cron": "@daily", "prompt": "p"}),
+            ("PATCH", "/v1/schedules/%s" % missing, {"enabled": False}),
+            ("POST", "/v1/schedules/%s/pause" % missing, {}),
+            ("POST", "/v1/schedules/%s/resume" % missing, {}),
+            ("PUT", "/v1/secrets/unknown_field", {"value": "v"}),
+            ("POST", "/v1/skills", {"files": {"SKILL.md": "---\nname: x\ndescription: y\n---\n"}}),
+            ("POST", "/v1/agents/%s/skills" % aid, {"name": "x"}),
+            ("PUT", "/v1/budgets", {"scope": "tenant", "period": "month", "limit_usd": 5}),
+            ("POST", "/v1/runs/%s/cancel" % missing, {}),
+            ("POST", "/v1/approvals/%s/approve" % missing, {"reason": "r"}),
+            ("POST", "/v1/approvals/%s/reject" % missing, {"reason": "r"}),
+            ("POST", "/v1/plugins/none/deliveries/%s/replay" % missing, {}),
+        ]
+        n = self.event_count()
+        for method, path, body in cases:
+            body = dict(body, bogus=1)
+            err = self.assertError(s.request(method, path, body), 400, "invalid_argument",
+                                   "%s %s with an unknown field" % (method, path))
+            self.assertIn("bogus", err["message"], "%s %s" % (method, path))
+        self.assertEqual(self.event_count(), n, "a refused body wrote something")
+        # open objects are not closed: an agent's config takes any key
+        created = s.ok("POST", "/v1/agents", {"name": unique_name(), "model": "local",
+                                              "config": {"my_own_setting": {"bogus": 1}}},
+                       expect=201)
+        self.assertEqual(created["config"]["my_own_setting"], {"bogus": 1})
+
+    def test_nul_and_invalid_utf8(self):
+        s = self.server
+        n = self.event_count()
+        path = "/v1/sessions/%s/messages" % self.session["id"]
+        messages = len(s.list_all(path))
+        cases = [
+            ("POST", "/v1/agents", '{"name": "a\\u0000b", "model": "local"}'),
+            ("POST", "/v1/agents", '{"name": "%s", "model": "local", "instructions": "x\\u0000"}'
+             % unique_name()),
+            ("POST", "/v1/agents", '{"name": "%s", "model": "local", "config": {"k\\u0000": 1}}'
+             % unique_name()),
+            ("POST", path, '{"content": "hello\\u0000world"}'),
+            ("POST", "/v1/agents/%s/sessions" % self.agent["id"], '{"title": "\\u0000"}'),
+        ]
+        for method, p, raw in cases:
+            self.assertRefused(s.request(method, p, raw_body=raw), raw, "NUL")
+        for raw in (b'{"content": "\xff\xfe"}', b'{"content": "\xc0\xaf"}',
+                    b'{"content": "\xed\xa0\x80"}', b'{"content": "a\x00b"}',
+                    b'{"content": "\\ud800"}'):
+            self.assertError(s.request("POST", path, raw_body=raw), 400, "invalid_argument",
+                             "message %r" % raw)
+        self.assertEqual(len(s.list_all(path)), messages)
+        self.assertEqual(self.event_count(), n)
+
+    def test_over_long_strings_and_numbers_out_of_range(self):
+        s = self.server
+        n = self.event_count()
+        bad = [
+            {"name": "n" * 10000, "model": "local"},
+            {"name": unique_name(), "model": "local", "instructions": "i" * (300 * 1024)},
+            {"name": unique_name(), "model": "local", "config": {"max_steps": 18446744073709551615}},
+            {"name": unique_name(), "model": "local", "config": {"max_steps": -9223372036854775808}},
+            {"name": unique_name(), "model": "local", "config": {"local_latency_ms": 1e300}},
+            {"name": unique_name(), "model": "local", "config": {"cache_group": "g" * 300}},
+        ]
+        for body in bad:
+            self.assertError(s.request("POST", "/v1/agents", body), 400, "invalid_argument",
+                             "agent %s" % json.dumps(body)[:120])
+        for raw in ('{"name": "x", "model": "local", "config": {"max_steps": 1e400}}',
+                    '{"name": "x", "model": "local", "config": {"max_steps": -1e400}}'):
+            self.assertError(s.request("POST", "/v1/agents", raw_body=raw), 400,
+                             "invalid_argument", raw)
+        self.assertError(s.request("POST", "/v1/agents/%s/sessions" % self.agent["id"],
+                                   {"title": "t" * 5000}), 400, "invalid_argument", "long title")
+        self.assertError(s.request("POST", "/v1/tokens", {"name": "t" * 5000, "role": "user"}),
+                         400, "invalid_argument", "long token name")
+        self.assertEqual(self.event_count(), n)
 
 
 if __name__ == "__main__":

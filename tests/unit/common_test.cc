@@ -52,5 +52,71 @@ TEST(JsonTest, UntrustedBodiesFailCleanly) {
   EXPECT_EQ(ErrorBody(NotFound("x")), R"({"error":{"code":"not_found","message":"x"}})");
 }
 
+std::string Nested(char open, char close, int levels) {
+  return std::string(levels, open) + std::string(levels, close);
+}
+
+TEST(JsonTest, RefusesNestingDeeperThan64Levels) {
+  EXPECT_TRUE(ParseJson(Nested('[', ']', 64)).ok());
+  auto deep = ParseJson(Nested('[', ']', 65));
+  ASSERT_FALSE(deep.ok());
+  EXPECT_EQ(deep.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(deep.status().message().find("64 levels"), std::string::npos) << deep.status().message();
+  // 200,000 levels (the attack): refused in one pass, no stack overflow
+  for (char open : {'[', '{'}) {
+    std::string text;
+    if (open == '[') {
+      text = Nested('[', ']', 200000);
+    } else {
+      for (int i = 0; i < 200000; ++i) text += "{\"a\":";
+      text += "1" + std::string(200000, '}');
+    }
+    EXPECT_EQ(ParseJson(text).status().code(), Code::kInvalidArgument);
+    EXPECT_EQ(ParseJsonObject("{\"params\":" + text + "}").status().code(), Code::kInvalidArgument);
+  }
+  // brackets inside strings do not count
+  EXPECT_TRUE(ParseJson("[\"" + std::string(1000, '[') + "\"]").ok());
+  // an unclosed deep text is refused too
+  EXPECT_FALSE(ParseJson(std::string(100000, '[')).ok());
+}
+
+TEST(JsonTest, RefusesDuplicateKeys) {
+  auto dup = ParseJsonObject(R"({"name": "a", "name": "b"})");
+  ASSERT_FALSE(dup.ok());
+  EXPECT_EQ(dup.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(dup.status().message().find("'name' appears twice"), std::string::npos);
+  EXPECT_FALSE(ParseJson(R"({"a": {"x": 1, "x": 1}})").ok());
+  EXPECT_FALSE(ParseJson(R"([{"k": 1, "j": 2, "k": 3}])").ok());
+  // the same key in sibling or nested objects is fine
+  EXPECT_TRUE(ParseJson(R"({"a": {"a": 1}, "b": {"a": 2}, "c": [{"a": 1}, {"a": 2}]})").ok());
+}
+
+TEST(JsonTest, RequestBodiesRefuseNulAndInvalidUtf8) {
+  EXPECT_FALSE(ParseJsonObject(R"({"name": "a\u0000b"})").ok());
+  EXPECT_FALSE(ParseJsonObject(R"({"na\u0000me": "x"})").ok());
+  EXPECT_FALSE(ParseJsonObject(std::string("{\"name\": \"a\0b\"}", 15)).ok());
+  EXPECT_FALSE(ParseJsonObject("{\"name\": \"\xff\xfe\"}").ok());
+  EXPECT_FALSE(ParseJsonObject("{\"name\": \"\xc0\xaf\"}").ok());  // an overlong '/'
+  EXPECT_FALSE(ParseJsonObject(R"({"name": "\ud800"})").ok());     // a lone surrogate
+  // a value from inside the process read back (a stored tool output) may hold a NUL
+  auto stored = ParseJson(R"({"output": "a\u0000b"})");
+  ASSERT_TRUE(stored.ok());
+  EXPECT_EQ((*stored)["output"].get<std::string>(), std::string("a\0b", 3));
+}
+
+TEST(JsonTest, NumbersOutOfRangeAndTrailingTextAreRefused) {
+  EXPECT_FALSE(ParseJson("1e400").ok());
+  EXPECT_FALSE(ParseJson("-1e400").ok());
+  EXPECT_FALSE(ParseJson("{} {}").ok());
+  EXPECT_FALSE(ParseJson("").ok());
+  auto big = ParseJson("123456789012345678901234567890");  // read as a double, not wrapped
+  ASSERT_TRUE(big.ok());
+  EXPECT_TRUE(big->is_number_float());
+  auto syntax = ParseJsonObject("{\"a\": }");
+  ASSERT_FALSE(syntax.ok());
+  EXPECT_EQ(syntax.status().message().rfind("request body is not valid JSON: parse error at line 1", 0), 0u)
+      << syntax.status().message();
+}
+
 }  // namespace
 }  // namespace keel

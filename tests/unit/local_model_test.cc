@@ -70,6 +70,51 @@ TEST(LocalModelTest, InvalidRuleRegexIsAnError) {
   EXPECT_EQ(LocalModel::Decide(req).status().code(), Code::kInvalidArgument);
 }
 
+TEST(LocalModelTest, BacktrackingPatternsRunInLinearTime) {
+  // Under a backtracking engine the first takes 2^40 steps and the second overflows the stack.
+  Json rules = {{{"match", "^(a+)+$"}, {"reply", "nested"}},
+                {{"match", "(a|b)*c"}, {"reply", "alternation"}}};
+  ASSERT_TRUE(LocalModel::CheckRules(rules).ok());
+  ModelRequest req = Req(std::string(40, 'a') + "!");
+  req.agent_config = {{"local_rules", rules}};
+  auto r = LocalModel::Decide(req);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->text.rfind("You said", 0), 0u);
+  std::string ab;
+  for (int i = 0; i < 100000; ++i) ab += "ab";
+  req.messages[0].content = ab;
+  r = LocalModel::Decide(req);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->text.rfind("You said", 0), 0u);
+  req.messages[0].content = ab + "c";
+  r = LocalModel::Decide(req);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->text, "alternation");
+}
+
+TEST(LocalModelTest, RulesAreCheckedWhenWritten) {
+  auto rule = [](std::string match) { return Json::array({{{"match", match}, {"reply", "x"}}}); };
+  EXPECT_TRUE(LocalModel::CheckRules(rule("^ping\\b")).ok());
+  EXPECT_TRUE(LocalModel::CheckRules(rule(std::string(1024, 'a'))).ok());
+  auto long_one = LocalModel::CheckRules(rule(std::string(1025, 'a')));
+  ASSERT_FALSE(long_one.ok());
+  EXPECT_NE(long_one.message().find("1024 bytes"), std::string::npos) << long_one.message();
+  for (const char* bad : {"(unclosed", "(a)\\1", "(?=a)", "a{1001}{1001}"}) {
+    auto st = LocalModel::CheckRules(rule(bad));
+    EXPECT_EQ(st.code(), Code::kInvalidArgument) << bad;
+  }
+  EXPECT_FALSE(LocalModel::CheckRules(Json::array({{{"match", "x"}}})).ok());  // no action
+  EXPECT_FALSE(LocalModel::CheckRules(Json::object()).ok());
+}
+
+TEST(LocalModelTest, DeepCallArgumentsAreRefusedNotWalked) {
+  std::string deep = "{\"a\": " + std::string(200000, '[') + std::string(200000, ']') + "}";
+  auto r = LocalModel::Decide(Req("/call time.now " + deep));
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->tool_calls.empty());
+  EXPECT_NE(r->text.find("64 levels"), std::string::npos) << r->text.substr(0, 300);
+}
+
 TEST(LocalModelTest, EchoRulesAnswerWithWhatTheModelWasSent) {
   ModelRequest req;
   req.messages = {{"system", "Be brief.", {}, "", ""},

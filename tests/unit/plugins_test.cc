@@ -368,6 +368,59 @@ TEST(Lua, LongLibraryCallsAreBoundedOrLinear) {
   EXPECT_EQ((*bytes)["s"], "ok\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xC3\xA9");
 }
 
+TEST(Lua, SelfReferencingSharedAndDeepTablesAreRefusedCleanly) {
+  LuaLimits limits;
+  limits.wall_ms = 5'000;
+  auto p = Load(R"(
+    ctx.bus.on("tool.after@v1", function(a)
+      if a.what == "self" then local t = {x = 1} t.me = t return t end
+      if a.what == "ring" then local a1, b1 = {}, {} a1[1] = b1 b1[1] = a1 return a1 end
+      if a.what == "shared" then local t = {} for i = 1, 40 do t = {t, t} end return t end
+      if a.what == "deep" then local t = {} for i = 1, 1000 do t = {t} end return t end
+      if a.what == "fine" then local leaf = {1} return {leaf, leaf, {leaf}} end
+    end)
+  )", nullptr, limits);
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  int ref = (*p)->hooks()[0].ref;
+  const std::pair<const char*, const char*> refused[] = {
+      {"self", "contains itself"}, {"ring", "contains itself"},
+      {"shared", "values, the limit"}, {"deep", "deeper than 64"}};
+  for (const auto& [what, why] : refused) {
+    auto r = (*p)->Call(ref, {{"what", what}});
+    ASSERT_FALSE(r.ok()) << what;
+    EXPECT_NE(r.status().message().find(why), std::string::npos) << what << ": " << r.status().message();
+  }
+  // a table used twice (not inside itself) is converted twice
+  auto fine = (*p)->Call(ref, {{"what", "fine"}});
+  ASSERT_TRUE(fine.ok()) << fine.status().message();
+  EXPECT_EQ(*fine, (Json{Json{1}, Json{1}, Json{Json{1}}}));
+  // JSON into Lua deeper than the limit is refused, not a crash
+  Json deep = Json::array();
+  for (int i = 0; i < 100; ++i) deep = Json::array({deep});
+  auto in = (*p)->Call(ref, {{"what", "none"}, {"deep", deep}});
+  EXPECT_FALSE(in.ok());
+}
+
+TEST(Lua, PatternFunctionsAreGoneEvenAsStringMethods) {
+  // string.match/gmatch/gsub backtrack without bound in one C call; string.find is plain.
+  for (const char* expr : {"string.gmatch", "('aaaa').match", "('aaaa').gmatch", "('aaaa').gsub"}) {
+    auto p = Load(std::string("assert(") + expr + " == nil, \"" + expr + " is reachable\")");
+    EXPECT_TRUE(p.ok()) << expr << ": " << p.status().message();
+  }
+  LuaLimits limits;
+  limits.wall_ms = 2'000;
+  auto p = Load(R"(
+    ctx.bus.on("tool.after@v1", function()
+      local s = string.rep("a", 100000)
+      return {at = string.find(s, "(a*)*b") or 0, rep = #string.rep("", 1e15)}
+    end)
+  )", nullptr, limits);
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  auto r = (*p)->Call((*p)->hooks()[0].ref, Json::object());
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(*r, (Json{{"at", 0}, {"rep", 0}}));
+}
+
 TEST(Lua, TheWholeStateIsCappedAcrossCalls) {
   LuaLimits limits;
   limits.memory_bytes = 8u << 20;

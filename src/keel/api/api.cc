@@ -1,5 +1,7 @@
 #include "keel/api/api.h"
 
+#include <algorithm>
+
 #include "keel/api/render.h"
 #include "keel/common/crypto.h"
 #include "keel/store/async.h"
@@ -134,6 +136,19 @@ Result<int> LimitOf(const http::Request& req) {
     out = v;
   }
   return out;
+}
+
+Status CheckFields(const Json& body, std::initializer_list<std::string_view> fields) {
+  if (!body.is_object()) return Status::Ok();
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    if (std::find(fields.begin(), fields.end(), it.key()) != fields.end()) continue;
+    std::string known;
+    for (std::string_view f : fields) known += (known.empty() ? "" : ", ") + std::string(f);
+    std::string key = it.key().size() <= 64 ? it.key() : it.key().substr(0, 64) + "...";
+    return InvalidArgument("unknown field '" + key + "' (this body takes " +
+                           (known.empty() ? std::string("no fields") : known) + ")");
+  }
+  return Status::Ok();
 }
 
 Status RequireMember(const http::Request& req, const std::string& what) {

@@ -81,6 +81,7 @@ void RegisterAdminRoutes(http::Router& router, ApiContext& ctx) {
     }
     auto body = ParseJsonObject(req.body);
     if (!body.ok()) co_return Response::Error(body.status());
+    if (auto st = CheckFields(*body, {"name"}); !st.ok()) co_return Response::Error(st);
     auto name = NameOf(*body);
     if (!name.ok()) co_return Response::Error(name.status());
     tenants::NewTenant created = tenants::MakeTenant(*name);
@@ -110,6 +111,7 @@ void RegisterAdminRoutes(http::Router& router, ApiContext& ctx) {
     if (auto st = RequireOwner(req); !st.ok()) co_return Response::Error(st);
     auto body = ParseJsonObject(req.body);
     if (!body.ok()) co_return Response::Error(body.status());
+    if (auto st = CheckFields(*body, {"name", "role"}); !st.ok()) co_return Response::Error(st);
     auto name = NameOf(*body);
     if (!name.ok()) co_return Response::Error(name.status());
     auto role = RoleOf(*body);

@@ -1,12 +1,11 @@
 // Agents: create, list, show, update (partial), delete.
 
-#include <set>
-
 #include "keel/api/api.h"
 #include "keel/runtime/context.h"
 #include "keel/runtime/runtime.h"
 #include "keel/api/render.h"
 #include "keel/common/ids.h"
+#include "keel/model/local_model.h"
 #include "keel/model/provider.h"
 #include "keel/store/async.h"
 #include "keel/store/skill_store.h"
@@ -61,22 +60,7 @@ Status ValidateConfig(const Json& config) {
     }
   }
   if (config.contains("local_rules")) {
-    const auto& rules = config["local_rules"];
-    if (!rules.is_array()) return InvalidArgument("config.local_rules must be an array");
-    for (const auto& r : rules) {
-      if (!r.is_object() || !r.contains("match") || !r["match"].is_string()) {
-        return InvalidArgument("each config.local_rules entry needs a string 'match'");
-      }
-      bool reply = r.contains("reply") && r["reply"].is_string();
-      bool call = r.contains("call") && r["call"].is_object() && r["call"].contains("tool") &&
-                  r["call"]["tool"].is_string();
-      bool echo = r.contains("echo") && (r["echo"] == "system" || r["echo"] == "context");
-      if (!reply && !call && !echo) {
-        return InvalidArgument("each config.local_rules entry needs 'reply' (text), 'call' "
-                               "({\"tool\", \"arguments\"}) or 'echo' (\"system\" or "
-                               "\"context\")");
-      }
-    }
+    KEEL_RETURN_IF_ERROR(model::LocalModel::CheckRules(config["local_rules"]));
   }
   return Status::Ok();
 }
@@ -108,10 +92,7 @@ Status ValidateRouterConfig(const Json& config, const model::ProviderRegistry& p
 // Applies the fields present in `body` to `agent`; `creating` requires a name.
 Status Apply(const Json& body, const model::ProviderRegistry& providers, store::Agent& agent,
              bool creating) {
-  static const std::set<std::string> kFields = {"name", "model", "instructions", "tools", "config"};
-  for (auto it = body.begin(); it != body.end(); ++it) {
-    if (!kFields.count(it.key())) return InvalidArgument("unknown field '" + it.key() + "'");
-  }
+  KEEL_RETURN_IF_ERROR(CheckFields(body, {"name", "model", "instructions", "tools", "config"}));
   if (creating || body.contains("name")) {
     KEEL_ASSIGN_OR_RETURN(agent.name, ReqString(body, "name"));
     KEEL_RETURN_IF_ERROR(ValidateName(agent.name));

@@ -40,11 +40,8 @@ Result<approvals::DecisionRequest> ParseDecision(const Request& req, bool approv
   d.approval_id = req.Param("id");
   d.verdict = approve ? approvals::Verdict::kApprove : approvals::Verdict::kReject;
   d.decided_by = req.principal.token_id;
-  for (auto it = body->begin(); it != body->end(); ++it) {
-    const std::string& k = it.key();
-    bool known = k == "reason" || (approve && (k == "arguments" || k == "standing"));
-    if (!known) return InvalidArgument("unknown field '" + k + "'");
-  }
+  KEEL_RETURN_IF_ERROR(approve ? CheckFields(*body, {"reason", "arguments", "standing"})
+                               : CheckFields(*body, {"reason"}));
   KEEL_ASSIGN_OR_RETURN(d.reason, OptString(*body, "reason"));
   if (d.reason.size() > 1000) return InvalidArgument("reason is longer than 1000 characters");
   if (body->contains("arguments")) {

@@ -5,8 +5,6 @@
 // and approvals as every other tool. Secrets are referenced by name ({"secret": NAME}) and
 // opened only when the server is started.
 
-#include <set>
-
 #include "keel/api/api.h"
 #include "keel/api/render.h"
 #include "keel/common/ids.h"
@@ -27,11 +25,8 @@ namespace {
 
 // Validates a registration and returns the stored config (command, env, timeout_ms).
 Result<Json> ConfigOf(const Json& body, std::string* name, std::string* transport) {
-  static const std::set<std::string> kFields = {"name", "transport", "command", "env",
-                                                "timeout_ms", "url", "headers"};
-  for (auto it = body.begin(); it != body.end(); ++it) {
-    if (!kFields.count(it.key())) return InvalidArgument("unknown field '" + it.key() + "'");
-  }
+  KEEL_RETURN_IF_ERROR(
+      CheckFields(body, {"name", "transport", "command", "env", "timeout_ms", "url", "headers"}));
   KEEL_ASSIGN_OR_RETURN(*name, ReqString(body, "name"));
   if (name->size() > 32 || name->find("__") != std::string::npos) {
     return InvalidArgument("name must be 1 to 32 characters without '__' (tools are named "

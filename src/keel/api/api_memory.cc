@@ -183,12 +183,7 @@ void RegisterMemoryRoutes(http::Router& router, ApiContext& ctx) {
     }
     auto body = ParseJsonObject(req.body);
     if (!body.ok()) co_return Response::Error(body.status());
-    for (auto it = body->begin(); it != body->end(); ++it) {
-      if (it.key() != "text") {
-        co_return Response::Error(
-            InvalidArgument("unknown field '" + it.key() + "' (the working memory has text)"));
-      }
-    }
+    if (auto st = CheckFields(*body, {"text"}); !st.ok()) co_return Response::Error(st);
     if (!body->contains("text") || !(*body)["text"].is_string()) {
       co_return Response::Error(InvalidArgument("field 'text' (a string) is required"));
     }

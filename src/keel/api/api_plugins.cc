@@ -61,12 +61,7 @@ Json DeliveryJson(const store::PluginDelivery& d) {
 
 // Checks a registration and returns the plugin to store.
 Result<store::Plugin> PluginOf(const Json& body, const std::string& tenant_id) {
-  for (auto it = body.begin(); it != body.end(); ++it) {
-    if (it.key() != "manifest" && it.key() != "source" && it.key() != "config") {
-      return InvalidArgument("unknown field '" + it.key() + "' (a registration has manifest, "
-                             "source and config)");
-    }
-  }
+  KEEL_RETURN_IF_ERROR(CheckFields(body, {"manifest", "source", "config"}));
   if (!body.contains("manifest")) return InvalidArgument("field 'manifest' is required");
   KEEL_ASSIGN_OR_RETURN(auto m, plugins::ParseManifest(body["manifest"]));
   Json config = body.value("config", Json::object());
@@ -194,6 +189,7 @@ void RegisterPluginRoutes(http::Router& router, ApiContext& ctx) {
       if (auto st = RequireOwner(req); !st.ok()) co_return Response::Error(st);
       auto body = ParseJsonObject(req.body);
       if (!body.ok()) co_return Response::Error(body.status());
+      if (auto st = CheckFields(*body, {"agent_id"}); !st.ok()) co_return Response::Error(st);
       auto agent = ReqString(*body, "agent_id");
       if (!agent.ok()) co_return Response::Error(agent.status());
       std::string tenant = req.principal.tenant_id;
@@ -252,6 +248,10 @@ void RegisterPluginRoutes(http::Router& router, ApiContext& ctx) {
   router.Add("POST", "/v1/plugins/{id}/deliveries/{delivery}/replay",
              [&ctx](Request& req) -> asio::awaitable<Response> {
     if (auto st = RequireOwner(req); !st.ok()) co_return Response::Error(st);
+    // No body is taken; one with fields is refused rather than ignored.
+    auto body = ParseJsonObject(req.body);
+    if (!body.ok()) co_return Response::Error(body.status());
+    if (auto st = CheckFields(*body, {}); !st.ok()) co_return Response::Error(st);
     std::string tenant = req.principal.tenant_id;
     std::string id = req.Param("id");
     std::string delivery_id = req.Param("delivery");

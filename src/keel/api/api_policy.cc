@@ -94,11 +94,7 @@ void AddStopRoutes(http::Router& router, ApiContext& ctx, const std::string& pat
     if (auto st = RequireOwner(req); !st.ok()) co_return Response::Error(st);
     auto body = ParseJsonObject(req.body.empty() ? std::string("{}") : req.body);
     if (!body.ok()) co_return Response::Error(body.status());
-    for (auto it = body->begin(); it != body->end(); ++it) {
-      if (it.key() != "reason") {
-        co_return Response::Error(InvalidArgument("unknown field '" + it.key() + "'"));
-      }
-    }
+    if (auto st = CheckFields(*body, {"reason"}); !st.ok()) co_return Response::Error(st);
     auto reason = OptString(*body, "reason");
     if (!reason.ok()) co_return Response::Error(reason.status());
     if (reason->size() > 1000) {

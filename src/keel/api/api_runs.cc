@@ -78,6 +78,10 @@ void RegisterRunRoutes(http::Router& router, ApiContext& ctx) {
   });
 
   router.Add("POST", "/v1/runs/{id}/cancel", [&ctx](Request& req) -> asio::awaitable<Response> {
+    // No body is taken; one with fields is refused rather than ignored.
+    auto body = ParseJsonObject(req.body);
+    if (!body.ok()) co_return Response::Error(body.status());
+    if (auto st = CheckFields(*body, {}); !st.ok()) co_return Response::Error(st);
     auto run = co_await ctx.runtime.Cancel(req.principal.tenant_id, req.Param("id"));
     if (!run.ok()) co_return Response::Error(run.status());
     co_return Response::Json(200, RunJson(*run));

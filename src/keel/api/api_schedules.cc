@@ -22,17 +22,12 @@ constexpr int kRecentFires = 20;
 
 // The request in a body; `agent_id` is the path's when it is not empty (then the body has none).
 Result<schedule::ScheduleRequest> RequestOf(const Json& body, const std::string& agent_id) {
-  static const char* const kFields[] = {"agent_id", "name",   "cron",       "at",
-                                        "timezone", "prompt", "session_id", "missed"};
-  for (auto it = body.begin(); it != body.end(); ++it) {
-    bool known = false;
-    for (const char* f : kFields) known = known || it.key() == f;
-    if (!known || (it.key() == "agent_id" && !agent_id.empty())) {
-      return InvalidArgument("unknown field '" + it.key() +
-                             "' (a schedule has agent_id, name, cron or at, timezone, prompt, "
-                             "session_id and missed)");
-    }
-  }
+  // Under /v1/agents/{id}/schedules the agent is the path's.
+  KEEL_RETURN_IF_ERROR(
+      agent_id.empty()
+          ? CheckFields(body, {"agent_id", "name", "cron", "at", "timezone", "prompt", "session_id",
+                               "missed"})
+          : CheckFields(body, {"name", "cron", "at", "timezone", "prompt", "session_id", "missed"}));
   schedule::ScheduleRequest r;
   if (agent_id.empty()) {
     KEEL_ASSIGN_OR_RETURN(r.agent_id, ReqString(body, "agent_id"));
@@ -175,23 +170,21 @@ void RegisterScheduleRoutes(http::Router& router, ApiContext& ctx) {
     co_return Response::NoContent();
   });
 
-  router.Add("POST", "/v1/schedules/{id}/pause", [&ctx](Request& req) -> asio::awaitable<Response> {
-    co_return co_await SetEnabled(ctx, req, false);
-  });
-  router.Add("POST", "/v1/schedules/{id}/resume",
-             [&ctx](Request& req) -> asio::awaitable<Response> {
-               co_return co_await SetEnabled(ctx, req, true);
-             });
+  for (bool enable : {false, true}) {
+    router.Add("POST", enable ? "/v1/schedules/{id}/resume" : "/v1/schedules/{id}/pause",
+               [&ctx, enable](Request& req) -> asio::awaitable<Response> {
+      // No body is taken; one with fields is refused rather than ignored.
+      auto body = ParseJsonObject(req.body);
+      if (!body.ok()) co_return Response::Error(body.status());
+      if (auto st = CheckFields(*body, {}); !st.ok()) co_return Response::Error(st);
+      co_return co_await SetEnabled(ctx, req, enable);
+    });
+  }
   // {"enabled": false} pauses, {"enabled": true} resumes (the core contract's form).
   router.Add("PATCH", "/v1/schedules/{id}", [&ctx](Request& req) -> asio::awaitable<Response> {
     auto body = ParseJsonObject(req.body);
     if (!body.ok()) co_return Response::Error(body.status());
-    for (auto it = body->begin(); it != body->end(); ++it) {
-      if (it.key() != "enabled") {
-        co_return Response::Error(InvalidArgument("unknown field '" + it.key() +
-                                                  "' (PATCH takes {\"enabled\": true|false})"));
-      }
-    }
+    if (auto st = CheckFields(*body, {"enabled"}); !st.ok()) co_return Response::Error(st);
     if (!body->contains("enabled") || !(*body)["enabled"].is_boolean()) {
       co_return Response::Error(InvalidArgument("field 'enabled' must be true or false"));
     }

@@ -31,11 +31,7 @@ void RegisterSecretRoutes(http::Router& router, ApiContext& ctx) {
     if (auto st = secrets::Vault::CheckName(name); !st.ok()) co_return Response::Error(st);
     auto body = ParseJsonObject(req.body);
     if (!body.ok()) co_return Response::Error(body.status());
-    for (auto it = body->begin(); it != body->end(); ++it) {
-      if (it.key() != "value") {
-        co_return Response::Error(InvalidArgument("unknown field '" + it.key() + "'"));
-      }
-    }
+    if (auto st = CheckFields(*body, {"value"}); !st.ok()) co_return Response::Error(st);
     if (!body->contains("value") || !(*body)["value"].is_string()) {
       co_return Response::Error(InvalidArgument("field 'value' must be a string"));
     }

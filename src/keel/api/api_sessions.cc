@@ -59,6 +59,7 @@ void RegisterSessionRoutes(http::Router& router, ApiContext& ctx) {
   router.Add("POST", "/v1/agents/{id}/sessions", [&ctx](Request& req) -> asio::awaitable<Response> {
     auto body = ParseJsonObject(req.body);
     if (!body.ok()) co_return Response::Error(body.status());
+    if (auto st = CheckFields(*body, {"title"}); !st.ok()) co_return Response::Error(st);
     auto title = OptString(*body, "title");
     if (!title.ok()) co_return Response::Error(title.status());
     if (title->size() > 1000) co_return Response::Error(InvalidArgument("title is longer than 1000 characters"));
@@ -111,6 +112,7 @@ void RegisterSessionRoutes(http::Router& router, ApiContext& ctx) {
   router.Add("PATCH", "/v1/sessions/{id}", [&ctx](Request& req) -> asio::awaitable<Response> {
     auto body = ParseJsonObject(req.body);
     if (!body.ok()) co_return Response::Error(body.status());
+    if (auto st = CheckFields(*body, {"status"}); !st.ok()) co_return Response::Error(st);
     auto status = ReqString(*body, "status");
     if (!status.ok()) co_return Response::Error(status.status());
     if (*status != "inactive" && *status != "idle") {
@@ -145,6 +147,7 @@ void RegisterSessionRoutes(http::Router& router, ApiContext& ctx) {
   router.Add("POST", "/v1/sessions/{id}/messages", [&ctx](Request& req) -> asio::awaitable<Response> {
     auto body = ParseJsonObject(req.body);
     if (!body.ok()) co_return Response::Error(body.status());
+    if (auto st = CheckFields(*body, {"content"}); !st.ok()) co_return Response::Error(st);
     auto content = ReqString(*body, "content");
     if (!content.ok()) co_return Response::Error(content.status());
     auto wait = WaitSeconds(req);

@@ -56,12 +56,7 @@ void RegisterSkillRoutes(http::Router& router, ApiContext& ctx) {
     if (auto st = RequireOwner(req); !st.ok()) co_return Response::Error(st);
     auto body = ParseJsonObject(req.body);
     if (!body.ok()) co_return Response::Error(body.status());
-    for (auto it = body->begin(); it != body->end(); ++it) {
-      if (it.key() != "files") {
-        co_return Response::Error(
-            InvalidArgument("unknown field '" + it.key() + "' (a registration has files)"));
-      }
-    }
+    if (auto st = CheckFields(*body, {"files"}); !st.ok()) co_return Response::Error(st);
     if (!body->contains("files"))
       co_return Response::Error(InvalidArgument("field 'files' is required"));
     auto checked = skills::SkillOf((*body)["files"]);
@@ -156,6 +151,7 @@ void RegisterSkillRoutes(http::Router& router, ApiContext& ctx) {
     if (auto st = RequireOwner(req); !st.ok()) co_return Response::Error(st);
     auto body = ParseJsonObject(req.body);
     if (!body.ok()) co_return Response::Error(body.status());
+    if (auto st = CheckFields(*body, {"name"}); !st.ok()) co_return Response::Error(st);
     auto name = ReqString(*body, "name");
     if (!name.ok()) co_return Response::Error(name.status());
     std::string tenant = req.principal.tenant_id;

@@ -116,11 +116,8 @@ void RegisterUsageRoutes(http::Router& router, ApiContext& ctx) {
     if (auto st = RequireOwner(req); !st.ok()) co_return Response::Error(st);
     auto body = ParseJsonObject(req.body);
     if (!body.ok()) co_return Response::Error(body.status());
-    for (auto it = body->begin(); it != body->end(); ++it) {
-      if (it.key() != "scope" && it.key() != "period" && it.key() != "limit_usd") {
-        co_return Response::Error(InvalidArgument("unknown field '" + it.key() +
-                                                  "' (a budget has scope, period and limit_usd)"));
-      }
+    if (auto st = CheckFields(*body, {"scope", "period", "limit_usd"}); !st.ok()) {
+      co_return Response::Error(st);
     }
     auto scope = ReqString(*body, "scope");
     if (!scope.ok()) co_return Response::Error(scope.status());

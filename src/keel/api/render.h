@@ -1,7 +1,9 @@
 #pragma once
 // Internal to the api module: JSON shapes of the records (docs/API.md) and request helpers.
 
+#include <initializer_list>
 #include <string>
+#include <string_view>
 
 #include "keel/common/json_util.h"
 #include "keel/http/types.h"
@@ -30,6 +32,11 @@ Json ListJson(const store::Paged<T>& page, Fn render) {
   return {{"items", std::move(items)},
           {"next_cursor", page.next_cursor.empty() ? Json(nullptr) : Json(page.next_cursor)}};
 }
+
+// Keel's own request bodies are closed: a top-level field outside `fields` is refused, naming it
+// and the fields the body takes. Open objects (an agent's config, a tool's arguments) are the
+// value of one named field and are not looked into.
+Status CheckFields(const Json& body, std::initializer_list<std::string_view> fields);
 
 // Owners may administer their tenant; users may only use it.
 Status RequireOwner(const http::Request& req);

@@ -1,16 +1,129 @@
 #include "keel/common/json_util.h"
 
+#include <set>
+#include <string>
+#include <vector>
+
 namespace keel {
 
-Result<Json> ParseJson(std::string_view text) {
-  Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return InvalidArgument("request body is not valid JSON");
+namespace {
+
+// nlohmann's parser itself is iterative, but every later walk of a value (dump, copy, compare,
+// destroy, schema checks, the Lua conversion) recurses once per level. A bound at the one entry
+// point keeps all of them bounded; no JSON document Keel reads needs more than a few levels.
+constexpr int kMaxDepth = 64;
+
+// Builds the value exactly as nlohmann's own DOM parser does (it is that parser, wrapped) and
+// stops at the first thing Keel refuses although JSON allows it: nesting deeper than kMaxDepth,
+// a key twice in one object (which copy wins differs between readers), and, for request bodies,
+// a NUL character in a key or string (C APIs and libpq end text at it). Returning false from a
+// callback ends the parse at once, so a refused text costs one linear scan at most.
+class StrictSax {
+ public:
+  StrictSax(Json& root, bool refuse_nul) : dom_(root, /*allow_exceptions=*/false), refuse_nul_(refuse_nul) {}
+
+  bool null() { return dom_.null(); }
+  bool boolean(bool v) { return dom_.boolean(v); }
+  bool number_integer(Json::number_integer_t v) { return dom_.number_integer(v); }
+  bool number_unsigned(Json::number_unsigned_t v) { return dom_.number_unsigned(v); }
+  bool number_float(Json::number_float_t v, const std::string& s) { return dom_.number_float(v, s); }
+  bool string(std::string& v) {
+    if (refuse_nul_ && v.find('\0') != std::string::npos) {
+      return Fail("a JSON string holds a NUL character (\\u0000), which is not accepted");
+    }
+    return dom_.string(v);
+  }
+  bool binary(Json::binary_t& v) { return dom_.binary(v); }
+  bool start_object(std::size_t n) {
+    if (!Enter()) return false;
+    keys_.emplace_back();
+    return dom_.start_object(n);
+  }
+  bool key(std::string& k) {
+    if (refuse_nul_ && k.find('\0') != std::string::npos) {
+      return Fail("a JSON key holds a NUL character (\\u0000), which is not accepted");
+    }
+    if (!keys_.back().insert(k).second) {
+      return Fail("the key '" + Printable(k) + "' appears twice in one JSON object");
+    }
+    return dom_.key(k);
+  }
+  bool end_object() {
+    --depth_;
+    keys_.pop_back();
+    return dom_.end_object();
+  }
+  bool start_array(std::size_t n) { return Enter() && dom_.start_array(n); }
+  bool end_array() {
+    --depth_;
+    return dom_.end_array();
+  }
+  bool parse_error(std::size_t /*position*/, const std::string& /*last_token*/,
+                   const nlohmann::detail::exception& ex) {
+    // "[json.exception.parse_error.101] parse error at line 1, ..." -> "parse error at line 1, ..."
+    std::string why = ex.what();
+    if (size_t at = why.find("] "); why.rfind("[json.exception.", 0) == 0 && at != std::string::npos) {
+      why = why.substr(at + 2);
+    }
+    if (why.size() > 300) why = why.substr(0, 300) + "...";  // the last token may be a long string
+    syntax_ = std::move(why);
+    return false;
+  }
+
+  // Set when the text broke one of Keel's rules; otherwise syntax() says what was wrong.
+  const std::string& refusal() const { return refusal_; }
+  const std::string& syntax() const { return syntax_; }
+
+ private:
+  bool Enter() {
+    if (++depth_ > kMaxDepth) {
+      return Fail("JSON is nested deeper than " + std::to_string(kMaxDepth) +
+                  " levels of arrays and objects, the limit");
+    }
+    return true;
+  }
+  bool Fail(std::string why) {
+    refusal_ = std::move(why);
+    return false;
+  }
+  // A key quoted in a message: bounded, and valid UTF-8 is already guaranteed by the lexer.
+  static std::string Printable(const std::string& k) {
+    return k.size() <= 64 ? k : k.substr(0, 64) + "...";
+  }
+
+  nlohmann::detail::json_sax_dom_parser<Json> dom_;
+  bool refuse_nul_;
+  int depth_ = 0;
+  std::vector<std::set<std::string>> keys_;  // the keys seen so far in each open object
+  std::string refusal_;
+  std::string syntax_;
+};
+
+// `what` names the text in a syntax error ("request body").
+Result<Json> Parse(std::string_view text, bool refuse_nul, std::string_view what) {
+  Json j;
+  StrictSax sax(j, refuse_nul);
+  if (!Json::sax_parse(text, &sax, Json::input_format_t::json, /*strict=*/true)) {
+    if (!sax.refusal().empty()) return InvalidArgument(sax.refusal());
+    std::string message = std::string(what) + (what.empty() ? "" : " is ") + "not valid JSON";
+    if (!sax.syntax().empty()) message += ": " + sax.syntax();
+    return InvalidArgument(std::move(message));
+  }
   return j;
 }
 
+}  // namespace
+
+// The one entry point for JSON text from outside the process (request bodies, model provider
+// answers and stream chunks, MCP messages, archive rows, plugin payloads, stored columns).
+Result<Json> ParseJson(std::string_view text) { return Parse(text, /*refuse_nul=*/false, ""); }
+
+// A request body: also refuses NUL characters, since every string of a body may become a column
+// (text a NUL would cut short on one backend and not on the other). Values produced inside the
+// process, such as a tool's output, may hold one and are read back through ParseJson.
 Result<Json> ParseJsonObject(std::string_view text) {
   if (text.empty()) return Json::object();
-  KEEL_ASSIGN_OR_RETURN(Json j, ParseJson(text));
+  KEEL_ASSIGN_OR_RETURN(Json j, Parse(text, /*refuse_nul=*/true, "request body"));
   if (!j.is_object()) return InvalidArgument("request body must be a JSON object");
   return j;
 }

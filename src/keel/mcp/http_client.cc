@@ -175,9 +175,13 @@ Result<Json> McpHttpClient::Post(const Json& message, int64_t timeout_ms, const 
         out = Unavailable(Label() + ": " + body.status().message());
         co_return;
       }
-      Json parsed = Json::parse(*body, nullptr, false);
-      std::vector<Json> messages = parsed.is_array() ? parsed.get<std::vector<Json>>()
-                                                     : std::vector<Json>{parsed};
+      auto parsed = ParseJson(*body);
+      if (!parsed.ok()) {
+        out = Unavailable(Label() + " sent a response that is refused: " + parsed.status().message());
+        co_return;
+      }
+      std::vector<Json> messages = parsed->is_array() ? parsed->get<std::vector<Json>>()
+                                                      : std::vector<Json>{*parsed};
       for (const Json& m : messages) {
         if (matches(m)) {
           out = m;
@@ -203,7 +207,9 @@ Result<Json> McpHttpClient::Post(const Json& message, int64_t timeout_ms, const 
         co_return;
       }
       for (const std::string& data : TakeSseEvents(buffer)) {
-        Json m = Json::parse(data, nullptr, false);
+        auto parsed = ParseJson(data);
+        if (!parsed.ok()) continue;  // an event that is not a message Keel reads is skipped
+        const Json& m = *parsed;
         if (matches(m)) {
           out = m;
           co_return;

@@ -47,8 +47,6 @@ constexpr auto kLostGrace = milliseconds(200);
 constexpr auto kNoPidfdTick = milliseconds(50);
 constexpr int kMaxToolPages = 1000;
 constexpr int64_t kMaxTimeoutMs = int64_t(7) * 24 * 3600 * 1000;  // keeps deadlines in range
-// Deeper JSON is refused: serializing it again (by whoever reads a tool result) recurses.
-constexpr int kMaxJsonDepth = 256;
 constexpr int kGarbageLinesLogged = 5;
 constexpr size_t kReadChunk = size_t(64) * 1024;
 constexpr int kJsonRpcMethodNotFound = -32601;
@@ -56,33 +54,6 @@ constexpr int kJsonRpcMethodNotFound = -32601;
 std::string Truncate(std::string_view s, size_t max) {
   if (s.size() <= max) return std::string(s);
   return std::string(s.substr(0, max)) + "...";
-}
-
-// Nesting depth of a JSON text, strings skipped; stops counting past `limit`.
-int JsonDepth(std::string_view text, int limit) {
-  int depth = 0, max_depth = 0;
-  bool in_string = false, escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      max_depth = std::max(max_depth, ++depth);
-      if (max_depth > limit) return max_depth;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return max_depth;
 }
 
 const Json* Field(const Json& obj, const char* key) {
@@ -637,12 +608,15 @@ class McpClient::Connection {
   void HandleLine(std::string_view line) {
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (line.find_first_not_of(" \t") == std::string_view::npos) return;
-    if (JsonDepth(line, kMaxJsonDepth) > kMaxJsonDepth) {
-      Break("sent a message nested more than " + std::to_string(kMaxJsonDepth) + " levels deep");
+    auto parsed = ParseJson(line);
+    if (!parsed.ok()) {
+      // A line that is not JSON is noise a server may print; JSON that breaks the parser's
+      // limits (nesting, duplicate keys) is a server answering what no client may read.
+      if (parsed.status().message().rfind("not valid JSON", 0) == 0) return Garbage(line);
+      Break("sent a message that is refused: " + parsed.status().message());
       return;
     }
-    Json message = Json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (message.is_discarded()) return Garbage(line);
+    Json message = std::move(*parsed);
     if (message.is_array() && !message.empty()) {  // a batch (allowed by 2025-03-26)
       for (const Json& m : message) HandleMessage(m, line);
       return;

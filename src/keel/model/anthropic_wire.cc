@@ -195,10 +195,13 @@ Status MessageStreamAccumulator::Add(const SseEvent& event, std::string& delta) 
   delta.clear();
   std::string_view text = Trim(event.data);
   if (done_ || text.empty()) return Status::Ok();
-  Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
-    return Unavailable("the server sent an event that is not a JSON object: " + Excerpt(text));
+  auto parsed = ParseJson(text);
+  if (!parsed.ok() || !parsed->is_object()) {
+    return Unavailable("the server sent an event that is not a JSON object" +
+                       (parsed.ok() ? std::string() : " (" + parsed.status().message() + ")") +
+                       ": " + Excerpt(text));
   }
+  Json j = std::move(*parsed);
   std::string type = StringField(j, "type");
   if (type.empty()) type = event.event;
 
@@ -307,12 +310,13 @@ Result<ModelResponse> MessageStreamAccumulator::Finish() const {
     if (json.empty()) {
       input = block.start_input.is_object() ? block.start_input : Json::object();
     } else {
-      input = Json::parse(json, nullptr, /*allow_exceptions=*/false);
-      if (input.is_discarded()) {
+      auto parsed = ParseJson(json);
+      if (!parsed.ok()) {
         std::string cut = stop_reason_ == "max_tokens" ? " (the output was cut at max_tokens)" : "";
-        return Unavailable("the model's input for tool '" + block.name + "' is not valid JSON" +
-                           cut + ": " + Excerpt(json));
+        return Unavailable("the model's input for tool '" + block.name + "' is refused: " +
+                           parsed.status().message() + cut + ": " + Excerpt(json));
       }
+      input = std::move(*parsed);
     }
     auto call = MakeToolCall(block.id, block.name, std::move(input), stop_reason_, names_);
     if (!call.ok()) return call.status();
@@ -322,10 +326,13 @@ Result<ModelResponse> MessageStreamAccumulator::Finish() const {
 }
 
 Result<ModelResponse> ParseMessage(std::string_view body, const ToolNameMap& names) {
-  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
-    return Unavailable("the server's response is not a JSON object: " + Excerpt(Trim(body)));
+  auto parsed = ParseJson(body);
+  if (!parsed.ok() || !parsed->is_object()) {
+    return Unavailable("the server's response is not a JSON object" +
+                       (parsed.ok() ? std::string() : " (" + parsed.status().message() + ")") +
+                       ": " + Excerpt(Trim(body)));
   }
+  Json j = std::move(*parsed);
   if (StringField(j, "type") == "error") {
     auto error = j.find("error");
     return ServerError(error == j.end() ? j : *error);
@@ -361,7 +368,8 @@ Result<ModelResponse> ParseMessage(std::string_view body, const ToolNameMap& nam
 std::string ErrorMessageFromBody(std::string_view body) {
   std::string_view trimmed = Trim(body);
   if (trimmed.empty()) return "(empty body)";
-  Json j = Json::parse(trimmed, nullptr, /*allow_exceptions=*/false);
+  auto parsed = ParseJson(trimmed);
+  Json j = parsed.ok() ? std::move(*parsed) : Json();
   if (j.is_object()) {
     auto error = j.find("error");
     if (error != j.end() && error->is_object()) {

@@ -3,11 +3,11 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <re2/re2.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
-#include <regex>
 #include <sstream>
 
 #include "keel/common/crypto.h"
@@ -34,6 +34,27 @@ std::string Trim(const std::string& s) {
   return s.substr(b, e - b + 1);
 }
 
+// An owner's pattern runs on the io thread against whole messages, so it is RE2 (time linear in
+// the text whatever the pattern, no recursion) with its size and compiled memory bounded.
+constexpr size_t kMaxPatternBytes = 1024;
+constexpr int64_t kPatternMaxMem = int64_t(1) << 20;
+
+Result<std::unique_ptr<RE2>> CompilePattern(const std::string& pattern) {
+  if (pattern.size() > kMaxPatternBytes) {
+    return InvalidArgument("config.local_rules: a 'match' pattern is longer than " +
+                           std::to_string(kMaxPatternBytes) + " bytes, the limit");
+  }
+  RE2::Options options;
+  options.set_log_errors(false);
+  options.set_max_mem(kPatternMaxMem);
+  auto re = std::make_unique<RE2>(pattern, options);
+  if (!re->ok()) {
+    return InvalidArgument("config.local_rules: invalid pattern '" + pattern +
+                           "' (RE2 syntax): " + re->error());
+  }
+  return re;
+}
+
 // Parses "/call TOOL {json}" lines. Returns false with *error set when a line is malformed.
 bool ParseCalls(const std::string& text, int first_id, std::vector<ToolCallRequest>* calls,
                 std::string* error) {
@@ -53,11 +74,13 @@ bool ParseCalls(const std::string& text, int first_id, std::vector<ToolCallReque
     }
     Json parsed = Json::object();
     if (!args.empty()) {
-      parsed = Json::parse(args, nullptr, false);
-      if (parsed.is_discarded() || !parsed.is_object()) {
-        *error = "the arguments of /call " + name + " are not a JSON object";
+      auto read = ParseJson(args);
+      if (!read.ok() || !read->is_object()) {
+        *error = "the arguments of /call " + name + " are not a JSON object" +
+                 (read.ok() ? std::string() : " (" + read.status().message() + ")");
         return false;
       }
+      parsed = std::move(*read);
     }
     calls->push_back({"call_" + std::to_string(next++), name, parsed});
   }
@@ -163,6 +186,26 @@ std::vector<ToolCallRequest> Introspect(const ModelRequest& request, int last_us
 
 }  // namespace
 
+Status LocalModel::CheckRules(const Json& rules) {
+  if (!rules.is_array()) return InvalidArgument("config.local_rules must be an array");
+  for (const auto& r : rules) {
+    if (!r.is_object() || !r.contains("match") || !r["match"].is_string()) {
+      return InvalidArgument("each config.local_rules entry needs a string 'match'");
+    }
+    bool reply = r.contains("reply") && r["reply"].is_string();
+    bool call = r.contains("call") && r["call"].is_object() && r["call"].contains("tool") &&
+                r["call"]["tool"].is_string();
+    bool echo = r.contains("echo") && (r["echo"] == "system" || r["echo"] == "context");
+    if (!reply && !call && !echo) {
+      return InvalidArgument("each config.local_rules entry needs 'reply' (text), 'call' "
+                             "({\"tool\", \"arguments\"}) or 'echo' (\"system\" or "
+                             "\"context\")");
+    }
+    KEEL_RETURN_IF_ERROR(CompilePattern(r["match"].get<std::string>()).status());
+  }
+  return Status::Ok();
+}
+
 Result<ModelResponse> LocalModel::Decide(const ModelRequest& request) {
   ModelResponse out;
   for (const auto& m : request.messages) {
@@ -219,13 +262,9 @@ Result<ModelResponse> LocalModel::Decide(const ModelRequest& request) {
       if (rules.is_array()) {
         for (const auto& rule : rules) {
           if (!rule.is_object() || !rule.contains("match") || !rule["match"].is_string()) continue;
-          try {
-            std::regex re(rule["match"].get<std::string>(), std::regex::ECMAScript);
-            if (!std::regex_search(prompt, re)) continue;
-          } catch (const std::regex_error& e) {
-            return InvalidArgument("local_rules: invalid regex '" +
-                                   rule["match"].get<std::string>() + "': " + e.what());
-          }
+          // An agent written before its patterns were checked may still hold a bad one.
+          KEEL_ASSIGN_OR_RETURN(auto re, CompilePattern(rule["match"].get<std::string>()));
+          if (!RE2::PartialMatch(prompt, *re)) continue;
           if (rule.contains("reply") && rule["reply"].is_string()) {
             out.text = rule["reply"].get<std::string>();
           } else if (rule.contains("echo") &&

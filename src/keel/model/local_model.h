@@ -19,6 +19,10 @@ class LocalModel final : public Provider {
   boost::asio::awaitable<Result<ModelResponse>> Complete(const ModelRequest& request,
                                                          DeltaSink on_delta) override;
 
+  // Checks config.local_rules when an agent is written: its shape, and that each 'match' is an
+  // RE2 pattern of at most 1 KiB.
+  static Status CheckRules(const Json& rules);
+
   // The decision without streaming; exposed for tests.
   static Result<ModelResponse> Decide(const ModelRequest& request);
 };

@@ -101,14 +101,14 @@ Result<ToolCallRequest> MakeToolCall(const std::string& id, const std::string& w
     call.arguments = Json::object();  // models send "" for tools without parameters
     return call;
   }
-  Json parsed = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (parsed.is_discarded() || !parsed.is_object()) {
-    std::string why = parsed.is_discarded() ? "are not valid JSON" : "are not a JSON object";
+  auto parsed = ParseJson(text);
+  if (!parsed.ok() || !parsed->is_object()) {
+    std::string why = !parsed.ok() ? "are refused: " + parsed.status().message() : "are not a JSON object";
     std::string cut = finish_reason == "length" ? " (the output was cut at the token limit)" : "";
     return Unavailable("the model's arguments for tool '" + call.name + "' " + why + cut + ": " +
                        Excerpt(text));
   }
-  call.arguments = std::move(parsed);
+  call.arguments = std::move(*parsed);
   return call;
 }
 
@@ -336,11 +336,13 @@ Status ChatStreamAccumulator::Add(std::string_view data, std::string& delta) {
     done_ = true;
     return Status::Ok();
   }
-  Json chunk = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (chunk.is_discarded() || !chunk.is_object()) {
-    return Unavailable("the server sent a stream chunk that is not a JSON object: " +
-                       Excerpt(text));
+  auto parsed = ParseJson(text);
+  if (!parsed.ok() || !parsed->is_object()) {
+    return Unavailable("the server sent a stream chunk that is not a JSON object" +
+                       (parsed.ok() ? std::string() : " (" + parsed.status().message() + ")") +
+                       ": " + Excerpt(text));
   }
+  Json chunk = std::move(*parsed);
   auto error = chunk.find("error");
   if (error != chunk.end() && !error->is_null()) return StreamedError(*error);
   ReadUsage(chunk, usage_);
@@ -432,10 +434,13 @@ Result<ModelResponse> ChatStreamAccumulator::Finish() const {
 }
 
 Result<ModelResponse> ParseChatCompletion(std::string_view body, const ToolNameMap& names) {
-  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
-    return Unavailable("the server's response is not a JSON object: " + Excerpt(Trim(body)));
+  auto parsed = ParseJson(body);
+  if (!parsed.ok() || !parsed->is_object()) {
+    return Unavailable("the server's response is not a JSON object" +
+                       (parsed.ok() ? std::string() : " (" + parsed.status().message() + ")") +
+                       ": " + Excerpt(Trim(body)));
   }
+  Json j = std::move(*parsed);
   auto error = j.find("error");
   if (error != j.end() && !error->is_null()) return StreamedError(*error);
   auto choices = j.find("choices");
@@ -488,7 +493,8 @@ Result<ModelResponse> ParseChatCompletion(std::string_view body, const ToolNameM
 std::string ErrorMessageFromBody(std::string_view body) {
   std::string_view trimmed = Trim(body);
   if (trimmed.empty()) return "(empty body)";
-  Json j = Json::parse(trimmed, nullptr, /*allow_exceptions=*/false);
+  auto parsed = ParseJson(trimmed);
+  Json j = parsed.ok() ? std::move(*parsed) : Json();
   if (j.is_object()) {
     auto error = j.find("error");
     if (error != j.end()) {

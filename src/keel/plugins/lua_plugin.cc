@@ -10,7 +10,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <regex>
 
 #include "keel/plugins/catalog.h"
 
@@ -22,6 +21,7 @@ using Clock = std::chrono::steady_clock;
 constexpr int kHookEvery = 250;   // instructions between budget checks
 constexpr lua_Integer kMaxBulk = 100'000;  // elements one table library call may touch
 constexpr int kMaxDepth = 64;     // nesting of converted values
+constexpr int64_t kMaxConvertedValues = 1'000'000;  // values in one Lua -> JSON conversion
 constexpr size_t kMaxLogLine = 1024;
 // What a ctx.memory call costs of the instruction budget, beyond the time it takes (which the
 // wall clock counts): a handler that loops over searches runs out as a loop of work would.
@@ -133,6 +133,24 @@ int PlainFind(lua_State* L) {
   lua_pushinteger(L, static_cast<lua_Integer>(init + at));
   lua_pushinteger(L, static_cast<lua_Integer>(init + at + m - 1));
   return 2;
+}
+
+// string.rep, without its one unbounded loop: the result's buffer is allocated first (so the
+// memory cap stops a large result before any copying), except that an empty string repeated
+// 1e15 times loops 1e15 times copying nothing. That case is answered here.
+int EmptySafeRep(lua_State* L) {
+  size_t l = 0, lsep = 0;
+  luaL_checklstring(L, 1, &l);
+  luaL_checkinteger(L, 2);
+  luaL_optlstring(L, 3, "", &lsep);
+  if (l == 0 && lsep == 0) {
+    lua_pushliteral(L, "");
+    return 1;
+  }
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_insert(L, 1);
+  lua_call(L, lua_gettop(L) - 1, 1);
+  return 1;
 }
 
 // The table library's bulk operations, bounded: a call that touches more than kMaxBulk elements
@@ -248,10 +266,30 @@ void Push(lua_State* L, const Json& j, int depth = 0) {
   }
 }
 
+// A Lua value is a graph, not a tree: a table may hold itself, or the same table many times, so
+// a walk bounded by depth alone may still visit 2^64 values (t = {t, t}) in one C call no
+// instruction budget interrupts. The walk refuses a table on its own path and counts values.
+struct ToJsonWalk {
+  int64_t values_left = kMaxConvertedValues;
+  std::vector<const void*> path;  // the tables being converted, outermost first
+};
+
+Result<Json> ToJsonAt(lua_State* L, int index, const Json* hint, int depth, ToJsonWalk& walk);
+Result<Json> TableToJson(lua_State* L, int index, const Json* hint, int depth, ToJsonWalk& walk);
+
 // Lua -> JSON. `hint` is the value this one replaces, if any: an empty table becomes an array
 // where the hint was one.
-Result<Json> ToJson(lua_State* L, int index, const Json* hint, int depth = 0) {
+Result<Json> ToJson(lua_State* L, int index, const Json* hint) {
+  ToJsonWalk walk;
+  return ToJsonAt(L, index, hint, 0, walk);
+}
+
+Result<Json> ToJsonAt(lua_State* L, int index, const Json* hint, int depth, ToJsonWalk& walk) {
   if (depth > kMaxDepth) return InvalidArgument("a value nests deeper than 64 levels");
+  if (--walk.values_left < 0) {
+    return InvalidArgument("a value holds more than " + std::to_string(kMaxConvertedValues) +
+                           " values, the limit");
+  }
   index = lua_absindex(L, index);
   switch (lua_type(L, index)) {
     case LUA_TNIL:
@@ -271,62 +309,74 @@ Result<Json> ToJson(lua_State* L, int index, const Json* hint, int depth = 0) {
     }
     case LUA_TTABLE: {
       if (!lua_checkstack(L, 4)) return InvalidArgument("a value nests too deep");
-      // An array when its keys are exactly 1..n.
-      lua_Integer n = static_cast<lua_Integer>(lua_rawlen(L, index));
-      size_t keys = 0;
-      bool only_strings_or_ints = true;
-      lua_pushnil(L);
-      while (lua_next(L, index) != 0) {
-        ++keys;
-        int kt = lua_type(L, -2);
-        if (kt != LUA_TSTRING && !(kt == LUA_TNUMBER && lua_isinteger(L, -2))) {
-          only_strings_or_ints = false;
-        }
-        lua_pop(L, 1);
+      const void* self = lua_topointer(L, index);
+      if (std::find(walk.path.begin(), walk.path.end(), self) != walk.path.end()) {
+        return InvalidArgument("a table contains itself, which JSON cannot hold");
       }
-      if (!only_strings_or_ints) return InvalidArgument("a table key is neither a string nor an integer");
-      if (keys == 0) {
-        return hint && hint->is_array() ? Json::array() : Json::object();
-      }
-      if (n > 0 && static_cast<size_t>(n) == keys) {
-        Json out = Json::array();
-        for (lua_Integer i = 1; i <= n; ++i) {
-          lua_rawgeti(L, index, i);
-          const Json* h = hint && hint->is_array() && static_cast<size_t>(i - 1) < hint->size()
-                              ? &(*hint)[i - 1] : nullptr;
-          auto v = ToJson(L, -1, h, depth + 1);
-          lua_pop(L, 1);
-          if (!v.ok()) return v.status();
-          out.push_back(std::move(*v));
-        }
-        return out;
-      }
-      Json out = Json::object();
-      lua_pushnil(L);
-      while (lua_next(L, index) != 0) {
-        std::string key;
-        if (lua_type(L, -2) == LUA_TSTRING) {
-          size_t kn = 0;
-          const char* k = lua_tolstring(L, -2, &kn);
-          key = ValidUtf8(k, kn);
-        } else {
-          key = std::to_string(lua_tointeger(L, -2));
-        }
-        const Json* h = hint && hint->is_object() && hint->contains(key) ? &(*hint)[key] : nullptr;
-        auto v = ToJson(L, -1, h, depth + 1);
-        lua_pop(L, 1);
-        if (!v.ok()) {
-          lua_pop(L, 1);
-          return v.status();
-        }
-        if (!v->is_null()) out[key] = std::move(*v);
-      }
+      walk.path.push_back(self);
+      auto out = TableToJson(L, index, hint, depth, walk);
+      walk.path.pop_back();
       return out;
     }
     default:
       return InvalidArgument(std::string("a ") + luaL_typename(L, index) +
                              " cannot be turned into JSON");
   }
+}
+
+// ToJsonAt for the table at `index` (absolute).
+Result<Json> TableToJson(lua_State* L, int index, const Json* hint, int depth, ToJsonWalk& walk) {
+  // An array when its keys are exactly 1..n.
+  lua_Integer n = static_cast<lua_Integer>(lua_rawlen(L, index));
+  size_t keys = 0;
+  bool only_strings_or_ints = true;
+  lua_pushnil(L);
+  while (lua_next(L, index) != 0) {
+    ++keys;
+    int kt = lua_type(L, -2);
+    if (kt != LUA_TSTRING && !(kt == LUA_TNUMBER && lua_isinteger(L, -2))) {
+      only_strings_or_ints = false;
+    }
+    lua_pop(L, 1);
+  }
+  if (!only_strings_or_ints) return InvalidArgument("a table key is neither a string nor an integer");
+  if (keys == 0) {
+    return hint && hint->is_array() ? Json::array() : Json::object();
+  }
+  if (n > 0 && static_cast<size_t>(n) == keys) {
+    Json out = Json::array();
+    for (lua_Integer i = 1; i <= n; ++i) {
+      lua_rawgeti(L, index, i);
+      const Json* h = hint && hint->is_array() && static_cast<size_t>(i - 1) < hint->size()
+                          ? &(*hint)[i - 1] : nullptr;
+      auto v = ToJsonAt(L, -1, h, depth + 1, walk);
+      lua_pop(L, 1);
+      if (!v.ok()) return v.status();
+      out.push_back(std::move(*v));
+    }
+    return out;
+  }
+  Json out = Json::object();
+  lua_pushnil(L);
+  while (lua_next(L, index) != 0) {
+    std::string key;
+    if (lua_type(L, -2) == LUA_TSTRING) {
+      size_t kn = 0;
+      const char* k = lua_tolstring(L, -2, &kn);
+      key = ValidUtf8(k, kn);
+    } else {
+      key = std::to_string(lua_tointeger(L, -2));
+    }
+    const Json* h = hint && hint->is_object() && hint->contains(key) ? &(*hint)[key] : nullptr;
+    auto v = ToJsonAt(L, -1, h, depth + 1, walk);
+    lua_pop(L, 1);
+    if (!v.ok()) {
+      lua_pop(L, 1);
+      return v.status();
+    }
+    if (!v->is_null()) out[key] = std::move(*v);
+  }
+  return out;
 }
 
 int LogAt(lua_State* L, const char* level) {
@@ -447,6 +497,17 @@ int BusOn(lua_State* L) {
   return 0;
 }
 
+// 1 to 64 of a-z, 0-9, '_' and '-', starting with a letter or digit.
+bool IsToolName(const std::string& s) {
+  if (s.empty() || s.size() > 64) return false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    char c = s[i];
+    bool alnum = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+    if (!alnum && (i == 0 || (c != '_' && c != '-'))) return false;
+  }
+  return true;
+}
+
 int ToolsAdd(lua_State* L) {
   Sandbox* sb = SandboxOf(L);
   if (!sb->loading) return luaL_error(L, "ctx.tools.add works only while the plugin loads");
@@ -456,8 +517,7 @@ int ToolsAdd(lua_State* L) {
   if (!lua_isstring(L, -1)) return luaL_error(L, "ctx.tools.add: name must be a string");
   def.name = lua_tostring(L, -1);
   lua_pop(L, 1);
-  static const std::regex kName("[a-z0-9][a-z0-9_-]{0,63}");
-  if (!std::regex_match(def.name, kName)) {
+  if (!IsToolName(def.name)) {
     return luaL_error(L, "ctx.tools.add: name must be 1 to 64 of a-z, 0-9, '_' and '-'");
   }
   lua_getfield(L, 1, "description");
@@ -519,6 +579,9 @@ void OpenSandbox(lua_State* L) {
   }
   lua_pushcfunction(L, PlainFind);
   lua_setfield(L, -2, "find");
+  lua_getfield(L, -1, "rep");  // the library's own function, as the wrapper's upvalue
+  lua_pushcclosure(L, EmptySafeRep, 1);
+  lua_setfield(L, -2, "rep");
   lua_pop(L, 1);
   lua_getglobal(L, LUA_TABLIBNAME);
   const std::pair<const char*, lua_CFunction> bounded[] = {

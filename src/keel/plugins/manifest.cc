@@ -1,6 +1,5 @@
 #include "keel/plugins/manifest.h"
 
-#include <regex>
 #include <set>
 
 #include "keel/plugins/catalog.h"
@@ -8,6 +7,17 @@
 namespace keel::plugins {
 
 namespace {
+
+// 1 to 64 of a-z and 0-9 and the characters of `extra`, starting with a letter or digit.
+bool IsSlug(const std::string& s, std::string_view extra) {
+  if (s.empty() || s.size() > 64) return false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    char c = s[i];
+    bool alnum = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+    if (!alnum && (i == 0 || extra.find(c) == std::string_view::npos)) return false;
+  }
+  return true;
+}
 
 Result<int64_t> Integer(const Json& j, const std::string& field, int64_t lo, int64_t hi) {
   if (!j.is_number_integer()) return InvalidArgument("manifest." + field + " must be an integer");
@@ -31,8 +41,7 @@ Result<Manifest> ParseManifest(const Json& j) {
   }
   Manifest m;
   KEEL_ASSIGN_OR_RETURN(m.id, ReqString(j, "id"));
-  static const std::regex kId("[a-z0-9][a-z0-9-]{0,63}");
-  if (!std::regex_match(m.id, kId)) {
+  if (!IsSlug(m.id, "-")) {
     return InvalidArgument("manifest.id must be 1 to 64 of a-z, 0-9 and '-', starting with a "
                            "letter or digit");
   }

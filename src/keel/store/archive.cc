@@ -258,9 +258,10 @@ Status ImportArchive(Store& store, const std::string& path) {
     auto& table_rows = rows.emplace_back(&spec, std::vector<Json>()).second;
     table_rows.reserve(lines.size());
     for (size_t i = 0; i < lines.size(); ++i) {
-      Json row = Json::parse(lines[i], nullptr, /*allow_exceptions=*/false);
-      FillAddedColumns(spec, version, row);
-      Status st = row.is_discarded() ? InvalidArgument("not JSON") : CheckExportRow(spec, row);
+      auto parsed = ParseJson(lines[i]);
+      Json row = parsed.ok() ? std::move(*parsed) : Json();
+      if (parsed.ok()) FillAddedColumns(spec, version, row);
+      Status st = parsed.ok() ? CheckExportRow(spec, row) : parsed.status();
       if (!st.ok()) {
         return InvalidArgument(path + ": " + entry + " line " + std::to_string(i + 1) + ": " +
                                st.message());

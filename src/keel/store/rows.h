@@ -19,8 +19,8 @@ namespace keel::store::rows {
 // A JSON column as stored (nlohmann dump); empty or unreadable text reads as null.
 inline Json ParseStored(const std::string& text) {
   if (text.empty()) return nullptr;
-  Json j = Json::parse(text, nullptr, false);
-  return j.is_discarded() ? Json(nullptr) : j;
+  auto j = ParseJson(text);
+  return j.ok() ? std::move(*j) : Json(nullptr);
 }
 
 inline constexpr const char* kTokenCols = "id, tenant_id, name, role, hash, created_at, revoked_at";

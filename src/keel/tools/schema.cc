@@ -1,5 +1,7 @@
 #include "keel/tools/schema.h"
 
+#include <cmath>
+
 namespace keel::tools {
 namespace {
 
@@ -22,7 +24,8 @@ const char* TypeOf(const Json& v) {
 bool IsType(const Json& v, const std::string& type) {
   if (type == "number") return v.is_number();
   if (type == "integer") {
-    return v.is_number_integer() || (v.is_number_float() && v.get<double>() == static_cast<double>(static_cast<int64_t>(v.get<double>())));
+    // std::trunc, not a cast to int64_t: a cast of 1e300 is undefined.
+    return v.is_number_integer() || (v.is_number_float() && std::trunc(v.get<double>()) == v.get<double>());
   }
   return type == TypeOf(v);
 }
