@@ -334,6 +334,7 @@ Status LoadInto(const Overrides& o, Config& c, HttpConfig& http) {
   if (auto v = Env("KEEL_IDLE_TIMEOUT_MS"); !v.empty()) {
     KEEL_RETURN_IF_ERROR(
         SetInt(v, "KEEL_IDLE_TIMEOUT_MS", 100, kMaxHttpTimeoutMs, &http.idle_timeout_ms));
+  }
   if (auto v = Env("KEEL_OUTBOUND_ALLOW"); !v.empty()) {
     c.outbound_allow.clear();
     size_t pos = 0;
