@@ -349,6 +349,26 @@ class RevokedAuthorityTest(KeelTestCase):
         got = t.ok("GET", "/v1/schedules/" + sched["id"])
         self.assertEqual((got["status"], got["created_by"]), ("active", t.token_id))
 
+    def test_a_revoked_owners_standing_approval_covers_no_more_calls(self):
+        s = self.server
+        t = Tenant(s, APPROVAL_FRAME)
+        second, second_id = t.new_token("owner")
+        agent = s.create_agent(token=t.token)
+        sid = s.create_session(agent["id"], token=t.token)["id"]
+        run = t.post(sid, call("notes.append", {"line": "same"}))
+        approval = t.pending(run["id"])[0]
+        t.ok("POST", "/v1/approvals/%s/approve" % approval["id"],
+             {"standing": {"expires_in": 600, "match": {"line": "same"}}}, token=second)
+        self.assertEqual(s.wait_run(run["id"], token=t.token)["status"], "done")
+        covered = t.post(sid, call("notes.append", {"line": "same"}))
+        self.assertEqual(covered["status"], "done", "the standing approval covers the call")
+        t.ok("DELETE", "/v1/tokens/" + second_id, expect=204)
+        [standing] = t.ok("GET", "/v1/standing-approvals")["items"]
+        self.assertIsNotNone(standing["revoked_at"])
+        again = t.post(sid, call("notes.append", {"line": "same"}))
+        self.assertEqual(again["status"], "waiting_for_approval",
+                         "a revoked owner's standing approval still let a call through")
+
     def test_a_queued_run_of_a_revoked_token_fails_when_claimed(self):
         s = self.server
         t = Tenant(s, APPROVAL_FRAME)
