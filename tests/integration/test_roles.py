@@ -230,6 +230,11 @@ class SessionAccessTest(KeelTestCase):
             ws.close()
         paged = self.server.all_events(token=g)
         self.assertGuestView(paged, mine, "GET /v1/events")
+        # Its run's steps show no tool-call arguments either; the owner's do.
+        tool_steps = [x for x in self.server.steps(run, token=g) if x["kind"] == "tool"]
+        self.assertTrue(tool_steps)
+        self.assertNotIn(GUEST_SECRET, json.dumps(tool_steps))
+        self.assertIn(GUEST_SECRET, json.dumps(self.server.steps(run, token=self.t.token)))
         # The owner (and a user) still see all of it, arguments included.
         owner_view = json.dumps(self.server.all_events(token=self.t.token))
         self.assertIn(OWNER_SECRET, owner_view)

@@ -87,6 +87,14 @@ Result<std::optional<store::Event>> SessionScope::Visible(store::Tx& tx, const s
   return std::optional<store::Event>(std::move(out));
 }
 
+store::Step VisibleStep(const http::Principal& p, store::Step step) {
+  if (IsGuest(p) && step.kind == "tool" && step.input.is_object()) {
+    step.input.erase("arguments");
+    step.input.erase("original_arguments");
+  }
+  return step;
+}
+
 Status WithdrawAuthority(store::Tx& tx, const std::string& tenant_id, const std::string& token_id,
                          Millis at) {
   store::Page page{"", 500};

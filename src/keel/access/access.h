@@ -9,7 +9,8 @@
 //  - owners and users reach every session of the tenant, with every field of every event;
 //  - a guest reaches only the sessions it opened (their messages, runs, steps, compactions and
 //    events), sees no tenant- or agent-level events, and never the arguments of a tool call or
-//    an approval; another session is "not found", as another tenant's would be;
+//    an approval (in events and tool steps); another session is "not found", as another
+//    tenant's would be;
 //  - an MCP session (Mcp-Session-Id) serves only the token that opened it, whatever its role;
 //  - a revoked token's schedules are suspended, its standing approvals revoked, and a run it
 //    asked for that had not started (or was parked) fails when a node claims it;
@@ -62,6 +63,10 @@ class SessionScope {
   http::Principal p_;
   std::map<std::string, bool> sessions_;
 };
+
+// A run step as the caller may see it: a guest's tool steps show no arguments (an owner may
+// have amended them when approving).
+store::Step VisibleStep(const http::Principal& p, store::Step step);
 
 // Inside the unit of work that revokes `token_id`: withdraws what the token lent to work that
 // acts later. Its active and paused schedules become `suspended` (schedule.suspended@v1) and

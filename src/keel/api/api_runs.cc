@@ -81,7 +81,7 @@ void RegisterRunRoutes(http::Router& router, ApiContext& ctx) {
       for (const auto& c : calls) {
         if (c.step_id == s.id) call = &c;
       }
-      items.push_back(StepJson(s, call));
+      items.push_back(StepJson(access::VisibleStep(req.principal, s), call));
     }
     co_return Response::Json(200, {{"items", items}, {"next_cursor", nullptr}});
   });
