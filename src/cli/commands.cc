@@ -1767,6 +1767,11 @@ int ScheduleList(Context& ctx, const std::string& agent) {
                     OneLine(Str(s, "prompt"), 40)});
   }
   PrintTable({"ID", "NAME", "WHEN", "STATUS", "NEXT", "SESSION", "PROMPT"}, rows);
+  for (const Json& s : Items(list.body)) {
+    if (Str(s, "status") == "suspended") {
+      std::cout << Str(s, "id") << " is suspended: " << Str(s, "suspended_reason") << "\n";
+    }
+  }
   return kExitOk;
 }
 
@@ -1786,6 +1791,7 @@ int ScheduleShow(Context& ctx, const std::string& id) {
                {"session", Str(b, "session_id").empty() ? "a new one each time"
                                                         : Str(b, "session_id")},
                {"status", Str(b, "status")},
+               {"suspended", Str(b, "suspended_reason").empty() ? "-" : Str(b, "suspended_reason")},
                {"next", Str(b, "next_fire_at")},
                {"last", Str(b, "last_fired_at")},
                {"prompt", Str(b, "prompt")}});
@@ -1819,6 +1825,19 @@ int ScheduleSetEnabled(Context& ctx, const std::string& id, bool enabled) {
   std::string next = Str(s.body, "next_fire_at");
   std::cout << "schedule " << id << " is " << Str(s.body, "status")
             << (enabled && !next.empty() ? "; next at " + next : "") << "\n";
+  return kExitOk;
+}
+
+int ScheduleReassign(Context& ctx, const std::string& id, const std::string& token_id) {
+  Reply s = Request(ctx, "PATCH", "/v1/schedules/" + Escape(id), Json{{"token_id", token_id}});
+  if (!s.ok()) return s.exit_code;
+  if (ctx.json) {
+    PrintJson(s.body);
+    return kExitOk;
+  }
+  std::string next = Str(s.body, "next_fire_at");
+  std::cout << "schedule " << id << " acts for token " << token_id << "; it is "
+            << Str(s.body, "status") << (next.empty() ? "" : "; next at " + next) << "\n";
   return kExitOk;
 }
 

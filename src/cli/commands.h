@@ -199,6 +199,8 @@ int ScheduleList(Context& ctx, const std::string& agent);
 int ScheduleShow(Context& ctx, const std::string& id);
 int ScheduleRemove(Context& ctx, const std::string& id);
 int ScheduleSetEnabled(Context& ctx, const std::string& id, bool enabled);
+// Hands a schedule (a suspended one: its token was revoked) to another token. Owners only.
+int ScheduleReassign(Context& ctx, const std::string& id, const std::string& token_id);
 
 // Usage and budgets (GET /v1/usage, PUT/GET/DELETE /v1/budgets). A budget's scope on the
 // command line is "tenant" or "agent:ID|NAME".

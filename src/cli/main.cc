@@ -407,6 +407,13 @@ int Main(int argc, char** argv) {
       "resume", "Resume a schedule (its next slot from now, by its missed policy)");
   sched_resume->add_option("id", schedule_ref, "Schedule id")->required();
   on_parse(sched_resume, [&](Context& c) { return ScheduleSetEnabled(c, schedule_ref, true); });
+  std::string reassign_token;
+  CLI::App* sched_reassign = sched->add_subcommand(
+      "reassign", "Hand a schedule to another token (a suspended one then fires again)");
+  sched_reassign->add_option("id", schedule_ref, "Schedule id")->required();
+  sched_reassign->add_option("token", reassign_token, "The token id it acts for from now on")
+      ->required();
+  on_parse(sched_reassign, [&](Context& c) { return ScheduleReassign(c, schedule_ref, reassign_token); });
 
   // keel usage, keel budget ...
   UsageArgs usage_args;

@@ -188,8 +188,9 @@ class MemoryTest(KeelTestCase):
         user, _ = t.new_token("user")
         t.ok("POST", path, {"text": "a user's note"}, expect=201, token=user)
 
-        # Through the tools: a run a guest started may search, but not write or delete.
-        s = t.session(a["id"])
+        # Through the tools: a run a guest started (in a session it opened) may search, but not
+        # write or delete.
+        s = self.server.create_session(a["id"], token=guest)
         search = call("memory.search", {"query": "wifi"})
         status, body, _ = self.server.post_message(s["id"], search, wait=20, token=guest)
         self.assertIn(status, (200, 202), body)

@@ -395,9 +395,11 @@ class SchedulesTest(KeelTestCase):
         # A guest's run may not schedule: create is a write tool (the policy refuses it), and
         # list refuses a guest's run itself.
         guest, _ = t.new_token("guest")
+        own = t.ok("POST", "/v1/agents/%s/sessions" % a["id"], {"title": "g"}, expect=201,
+                   token=guest)  # a guest reaches only the sessions it opened
         for call, status in (('/call schedule.create {"prompt": "x", "in_seconds": 5}', "denied"),
                              ("/call schedule.list {}", "failed")):
-            st, body, _ = s.request("POST", "/v1/sessions/%s/messages?wait=10" % session["id"],
+            st, body, _ = s.request("POST", "/v1/sessions/%s/messages?wait=10" % own["id"],
                                     {"content": call}, token=guest)
             self.assertEqual(st, 200, body)
             steps = s.ok("GET", "/v1/runs/%s/steps" % body["run"]["id"], token=t.token)["items"]

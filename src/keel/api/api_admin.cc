@@ -1,5 +1,6 @@
 // Tenants, tokens, and the unauthenticated health/readiness routes plus metrics and OpenAPI.
 
+#include "keel/access/access.h"
 #include "keel/api/api.h"
 #include "keel/api/render.h"
 #include "keel/common/crypto.h"
@@ -155,6 +156,7 @@ void RegisterAdminRoutes(http::Router& router, ApiContext& ctx) {
     std::string tenant = req.principal.tenant_id;
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_RETURN_IF_ERROR(tx.tokens().RevokeToken(tenant, id, NowMillis()));
+      KEEL_RETURN_IF_ERROR(access::WithdrawAuthority(tx, tenant, id, NowMillis()));
       return tx.events().Append({tenant, "token.revoked@v1", "", "", "", {{"token_id", id}}});
     });
     if (!written.ok()) co_return Response::Error(written.status());

@@ -1,6 +1,7 @@
 // A session's context (docs/CONTEXT.md): the compaction records that stand for its older turns.
 // Any role may read them, as it may read the session's messages.
 
+#include "keel/access/access.h"
 #include "keel/api/api.h"
 #include "keel/api/render.h"
 #include "keel/common/time.h"
@@ -39,7 +40,7 @@ void RegisterContextRoutes(http::Router& router, ApiContext& ctx) {
         std::string session_id = req.Param("id");
         store::Paged<store::Compaction> found;
         Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
-          KEEL_RETURN_IF_ERROR(tx.sessions().GetSession(tenant, session_id).status());
+          KEEL_RETURN_IF_ERROR(access::UsableSession(tx, req.principal, session_id).status());
           KEEL_ASSIGN_OR_RETURN(found, tx.compactions().ListCompactions(tenant, session_id, *page));
           return Status::Ok();
         });

@@ -1,6 +1,7 @@
 // The event log over HTTP: paged reads and the live stream, as Server-Sent Events or, for a
 // WebSocket upgrade of the same route, as WebSocket text messages (one JSON object each).
 
+#include "keel/access/access.h"
 #include "keel/api/api.h"
 #include "keel/api/render.h"
 #include "keel/metrics.h"
@@ -63,17 +64,24 @@ void RegisterEventRoutes(http::Router& router, ApiContext& ctx) {
     }
     auto limit = LimitOf(req);
     if (!limit.ok()) co_return Response::Error(limit.status());
+    // The page is cut from the log before the caller's view filters it: a guest's page may be
+    // short, and its cursor still moves past what it may not see.
     std::vector<store::Event> events;
+    Json items = Json::array();
+    access::SessionScope scope(req.principal);
+    bool more = false;
     Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_ASSIGN_OR_RETURN(events, tx.events().ReadEvents(req.principal.tenant_id, after,
                                                            FilterOf(req), *limit + 1));
+      more = static_cast<int>(events.size()) > *limit;
+      if (more) events.resize(*limit);
+      for (const auto& e : events) {
+        KEEL_ASSIGN_OR_RETURN(auto visible, scope.Visible(tx, e));
+        if (visible) items.push_back(EventJson(*visible));
+      }
       return Status::Ok();
     });
     if (!st.ok()) co_return Response::Error(st);
-    bool more = static_cast<int>(events.size()) > *limit;
-    if (more) events.resize(*limit);
-    Json items = Json::array();
-    for (const auto& e : events) items.push_back(EventJson(e));
     Json next = more ? Json(std::to_string(events.back().position)) : Json(nullptr);
     co_return Response::Json(200, {{"items", items}, {"next_cursor", next}});
   });
@@ -103,8 +111,9 @@ void RegisterEventRoutes(http::Router& router, ApiContext& ctx) {
     Response r;
     r.content_type = "text/event-stream";
     r.headers["X-Accel-Buffering"] = "no";
-    r.stream = [&ctx, tenant, filter, cursor, sub,
-                websocket](http::StreamWriter& w) mutable -> asio::awaitable<void> {
+    r.stream = [&ctx, tenant, filter, cursor, sub, websocket,
+                scope = access::SessionScope(req.principal)](
+                   http::StreamWriter& w) mutable -> asio::awaitable<void> {
       ++ctx.metrics.sse_clients;
       struct Leave {
         ApiContext& ctx;
@@ -117,22 +126,40 @@ void RegisterEventRoutes(http::Router& router, ApiContext& ctx) {
       if (!websocket && !co_await w.Write("retry: 2000\n: connected\n\n")) co_return;
       while (true) {
         ctx.hub.TakeDirty(sub);
-        std::vector<store::Event> events;
+        std::vector<store::Event> events;  // as read: the cursor moves past all of them
+        std::vector<store::Event> shown;   // what this caller may see of them
         Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
           KEEL_ASSIGN_OR_RETURN(events, tx.events().ReadEvents(tenant, cursor, filter, 500));
+          for (const auto& e : events) {
+            KEEL_ASSIGN_OR_RETURN(auto visible, scope.Visible(tx, e));
+            if (visible) shown.push_back(std::move(*visible));
+          }
           return Status::Ok();
         });
         if (!st.ok()) co_return;
+        std::deque<runtime::Delta> deltas = ctx.hub.TakeDeltas(sub);
+        // Token deltas are shown as their session's events are; a session not looked up yet
+        // (a delta can come before its run's events are read) is looked up now.
+        bool unknown = false;
+        for (const auto& d : deltas) unknown = unknown || !scope.Known(d.session_id);
+        if (unknown) {
+          st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
+            for (const auto& d : deltas) KEEL_RETURN_IF_ERROR(scope.Sees(tx, d.session_id).status());
+            return Status::Ok();
+          });
+          if (!st.ok()) co_return;
+        }
         std::vector<std::string> frames;
         size_t next = 0;
-        for (const auto& d : ctx.hub.TakeDeltas(sub)) {
+        for (const auto& d : deltas) {
+          if (!scope.Known(d.session_id).value_or(false)) continue;
           // Deltas go between the events committed before and after they were published.
-          for (; next < events.size() && events[next].position <= d.after_position; ++next) {
-            frames.push_back(EventFrame(events[next], websocket));
+          for (; next < shown.size() && shown[next].position <= d.after_position; ++next) {
+            frames.push_back(EventFrame(shown[next], websocket));
           }
           frames.push_back(DeltaFrame(d, websocket));
         }
-        for (; next < events.size(); ++next) frames.push_back(EventFrame(events[next], websocket));
+        for (; next < shown.size(); ++next) frames.push_back(EventFrame(shown[next], websocket));
         if (!events.empty()) cursor = events.back().position;
         if (websocket) {  // one message each
           for (auto& f : frames) {

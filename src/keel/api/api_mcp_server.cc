@@ -18,6 +18,7 @@
 #include <memory>
 #include <set>
 
+#include "keel/access/access.h"
 #include "keel/api/api.h"
 #include "keel/api/render.h"
 #include "keel/common/ids.h"
@@ -220,7 +221,7 @@ asio::awaitable<Result<std::optional<Json>>> AwaitCall(ApiContext& ctx, McpState
 }
 
 // The session named by Mcp-Session-Id: 400 without one, 404 (the client must initialize again)
-// for one that is unknown or closed.
+// for one that is unknown or closed, or that another token opened.
 asio::awaitable<Result<store::Session>> SessionOf(ApiContext& ctx, const Request& req) {
   std::string id = req.Header("mcp-session-id");
   if (id.empty()) {
@@ -232,6 +233,9 @@ asio::awaitable<Result<store::Session>> SessionOf(ApiContext& ctx, const Request
     return Status::Ok();
   });
   if (!st.ok()) co_return st;
+  if (!access::CanUseMcpSession(req.principal, session)) {
+    co_return NotFound("MCP session not found: " + id + " (a session serves the token that opened it)");
+  }
   if (session.status == "inactive") co_return NotFound("MCP session " + id + " was closed");
   co_return session;
 }
@@ -274,6 +278,7 @@ asio::awaitable<Response> Initialize(ApiContext& ctx, const Request& req, const 
   session.tenant_id = req.principal.tenant_id;
   session.agent_id = agent_id;
   session.title = ("MCP: " + client).substr(0, 200);
+  session.created_by = req.principal.token_id;
   session.created_at = session.updated_at = NowMillis();
   store::Agent agent;
   auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {

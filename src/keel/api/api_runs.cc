@@ -1,5 +1,6 @@
 // Runs: show, list, steps, cancel.
 
+#include "keel/access/access.h"
 #include "keel/api/api.h"
 #include "keel/api/render.h"
 #include "keel/runtime/model_calls.h"
@@ -21,7 +22,7 @@ void RegisterRunRoutes(http::Router& router, ApiContext& ctx) {
     store::UsageTotals usage;
     std::optional<store::ScheduleFire> fire;  // the schedule's fire that posted its message
     Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
-      KEEL_ASSIGN_OR_RETURN(run, tx.runs().GetRun(req.principal.tenant_id, req.Param("id")));
+      KEEL_ASSIGN_OR_RETURN(run, access::UsableRun(tx, req.principal, req.Param("id")));
       KEEL_ASSIGN_OR_RETURN(usage, tx.usage().RunUsage(run.tenant_id, run.id));
       KEEL_ASSIGN_OR_RETURN(fire, tx.schedules().FireOfRun(run.tenant_id, run.id));
       return Status::Ok();
@@ -44,9 +45,17 @@ void RegisterRunRoutes(http::Router& router, ApiContext& ctx) {
     store::Paged<store::Run> runs;
     Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
       if (!session_id.empty()) {
-        KEEL_RETURN_IF_ERROR(tx.sessions().GetSession(req.principal.tenant_id, session_id).status());
+        KEEL_RETURN_IF_ERROR(access::UsableSession(tx, req.principal, session_id).status());
       }
       KEEL_ASSIGN_OR_RETURN(runs, tx.runs().ListRuns(req.principal.tenant_id, session_id, *page));
+      // A guest's page holds only the runs of its own sessions (it may be short).
+      access::SessionScope scope(req.principal);
+      std::vector<store::Run> kept;
+      for (auto& r : runs.items) {
+        KEEL_ASSIGN_OR_RETURN(bool sees, scope.Sees(tx, r.session_id));
+        if (sees) kept.push_back(std::move(r));
+      }
+      runs.items = std::move(kept);
       return Status::Ok();
     });
     if (!st.ok()) co_return Response::Error(st);
@@ -60,7 +69,7 @@ void RegisterRunRoutes(http::Router& router, ApiContext& ctx) {
     std::vector<store::ToolCall> calls;
     Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
       const std::string& tenant = req.principal.tenant_id;
-      KEEL_RETURN_IF_ERROR(tx.runs().GetRun(tenant, req.Param("id")).status());
+      KEEL_RETURN_IF_ERROR(access::UsableRun(tx, req.principal, req.Param("id")).status());
       KEEL_ASSIGN_OR_RETURN(steps, tx.runs().ListSteps(tenant, req.Param("id")));
       KEEL_ASSIGN_OR_RETURN(calls, tx.runs().ListToolCalls(tenant, req.Param("id")));
       return Status::Ok();
@@ -72,7 +81,7 @@ void RegisterRunRoutes(http::Router& router, ApiContext& ctx) {
       for (const auto& c : calls) {
         if (c.step_id == s.id) call = &c;
       }
-      items.push_back(StepJson(s, call));
+      items.push_back(StepJson(access::VisibleStep(req.principal, s), call));
     }
     co_return Response::Json(200, {{"items", items}, {"next_cursor", nullptr}});
   });
@@ -82,6 +91,10 @@ void RegisterRunRoutes(http::Router& router, ApiContext& ctx) {
     auto body = ParseJsonObject(req.body);
     if (!body.ok()) co_return Response::Error(body.status());
     if (auto st = CheckFields(*body, {}); !st.ok()) co_return Response::Error(st);
+    Status usable = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
+      return access::UsableRun(tx, req.principal, req.Param("id")).status();
+    });
+    if (!usable.ok()) co_return Response::Error(usable);
     auto run = co_await ctx.runtime.Cancel(req.principal.tenant_id, req.Param("id"));
     if (!run.ok()) co_return Response::Error(run.status());
     co_return Response::Json(200, RunJson(*run));

@@ -1,8 +1,12 @@
 // Schedules: create (POST /v1/schedules, or under an agent), list, show with recent fires,
 // delete, pause and resume (also PATCH {"enabled"}). Owners and users; guests are refused.
+// A schedule acts on the authority of the token that created it; when that token is revoked
+// it is suspended (access::WithdrawAuthority) until an owner hands it to another token
+// (PATCH {"token_id"}).
 // A schedule is checked whole before anything is written (cron expression, time zone, agent,
 // session); the firing itself is the runtime's (runtime/schedules.cc).
 
+#include "keel/access/access.h"
 #include "keel/api/api.h"
 #include "keel/api/render.h"
 #include "keel/runtime/runtime.h"
@@ -96,6 +100,9 @@ asio::awaitable<Response> SetEnabled(ApiContext& ctx, Request& req, bool enabled
   store::WriteFn change = [&](store::Tx& tx) -> Status {
     KEEL_ASSIGN_OR_RETURN(s, tx.schedules().GetSchedule(tenant, id));
     if (s.status == "done") return Conflict("schedule " + id + " is done: it has no slot left");
+    if (s.status == "suspended") {
+      return Conflict("schedule " + id + " is suspended: " + access::SuspendedReason(s.created_by));
+    }
     if ((s.status == "active") == enabled) return Status::Ok();
     Millis now = NowMillis();
     if (enabled) {
@@ -117,6 +124,47 @@ asio::awaitable<Response> SetEnabled(ApiContext& ctx, Request& req, bool enabled
   auto written = co_await store::AsyncWrite(ctx.store, std::move(change));
   if (!written.ok()) co_return Response::Error(written.status());
   if (enabled) ctx.runtime.WakeSchedules();
+  co_return Response::Json(200, schedule::ScheduleJson(s));
+}
+
+// Hands the schedule to another active token of the tenant: its firings act for that token
+// (its id and role) from now on. A suspended schedule is resumed as `resume` resumes one (slots
+// that came due meanwhile follow its `missed` policy). Owners only.
+asio::awaitable<Response> Reassign(ApiContext& ctx, Request& req, std::string token_id) {
+  if (auto st = RequireOwner(req); !st.ok()) co_return Response::Error(st);
+  std::string tenant = req.principal.tenant_id;
+  std::string id = req.Param("id");
+  store::Schedule s;
+  store::WriteFn change = [&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(store::Token token, access::ActiveToken(tx, tenant, token_id));
+    if (token.role == "guest") {
+      return InvalidArgument("field 'token_id': a guest token may not hold schedules");
+    }
+    KEEL_ASSIGN_OR_RETURN(s, tx.schedules().GetSchedule(tenant, id));
+    Millis now = NowMillis();
+    if (s.status == "suspended") {
+      KEEL_ASSIGN_OR_RETURN(s.next_fire_at, schedule::ResumeAt(s, now));
+      s.status = s.next_fire_at ? "active" : "done";
+    }
+    s.created_by = token.id;
+    s.caller_role = token.role;
+    s.updated_at = now;
+    KEEL_RETURN_IF_ERROR(tx.schedules().UpdateSchedule(s));
+    return tx.events().Append({tenant,
+                               "schedule.reassigned@v1",
+                               s.agent_id,
+                               s.session_id,
+                               "",
+                               {{"schedule_id", id},
+                                {"token_id", token.id},
+                                {"status", s.status},
+                                {"next_fire_at", s.next_fire_at
+                                                     ? Json(FormatRfc3339(*s.next_fire_at))
+                                                     : Json(nullptr)}}});
+  };
+  auto written = co_await store::AsyncWrite(ctx.store, std::move(change));
+  if (!written.ok()) co_return Response::Error(written.status());
+  ctx.runtime.WakeSchedules();
   co_return Response::Json(200, schedule::ScheduleJson(s));
 }
 
@@ -180,11 +228,24 @@ void RegisterScheduleRoutes(http::Router& router, ApiContext& ctx) {
       co_return co_await SetEnabled(ctx, req, enable);
     });
   }
-  // {"enabled": false} pauses, {"enabled": true} resumes (the core contract's form).
+  // {"enabled": false} pauses, {"enabled": true} resumes (the core contract's form);
+  // {"token_id": ID} reassigns.
   router.Add("PATCH", "/v1/schedules/{id}", [&ctx](Request& req) -> asio::awaitable<Response> {
     auto body = ParseJsonObject(req.body);
     if (!body.ok()) co_return Response::Error(body.status());
-    if (auto st = CheckFields(*body, {"enabled"}); !st.ok()) co_return Response::Error(st);
+    if (auto st = CheckFields(*body, {"enabled", "token_id"}); !st.ok()) {
+      co_return Response::Error(st);
+    }
+    if (body->size() > 1) {
+      co_return Response::Error(
+          InvalidArgument("PATCH takes one of 'enabled' and 'token_id', not both"));
+    }
+    if (body->contains("token_id")) {
+      if (!(*body)["token_id"].is_string() || (*body)["token_id"].get<std::string>().empty()) {
+        co_return Response::Error(InvalidArgument("field 'token_id' must be a token's id"));
+      }
+      co_return co_await Reassign(ctx, req, (*body)["token_id"].get<std::string>());
+    }
     if (!body->contains("enabled") || !(*body)["enabled"].is_boolean()) {
       co_return Response::Error(InvalidArgument("field 'enabled' must be true or false"));
     }

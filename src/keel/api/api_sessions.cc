@@ -1,5 +1,6 @@
 // Sessions and their messages; posting a message is the runtime's intake.
 
+#include "keel/access/access.h"
 #include "keel/api/api.h"
 #include "keel/api/render.h"
 #include "keel/common/ids.h"
@@ -68,6 +69,7 @@ void RegisterSessionRoutes(http::Router& router, ApiContext& ctx) {
     session.tenant_id = req.principal.tenant_id;
     session.agent_id = req.Param("id");
     session.title = *title;
+    session.created_by = req.principal.token_id;
     session.created_at = session.updated_at = NowMillis();
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_RETURN_IF_ERROR(tx.agents().GetAgent(session.tenant_id, session.agent_id).status());
@@ -92,6 +94,10 @@ void RegisterSessionRoutes(http::Router& router, ApiContext& ctx) {
       KEEL_RETURN_IF_ERROR(tx.agents().GetAgent(req.principal.tenant_id, req.Param("id")).status());
       KEEL_ASSIGN_OR_RETURN(sessions, tx.sessions().ListSessions(req.principal.tenant_id,
                                                                  req.Param("id"), *page));
+      // A guest's page holds only its own sessions (it may be short; the cursor goes on).
+      std::erase_if(sessions.items, [&](const store::Session& s) {
+        return !access::CanUseSession(req.principal, s);
+      });
       return Status::Ok();
     });
     if (!st.ok()) co_return Response::Error(st);
@@ -101,7 +107,7 @@ void RegisterSessionRoutes(http::Router& router, ApiContext& ctx) {
   router.Add("GET", "/v1/sessions/{id}", [&ctx](Request& req) -> asio::awaitable<Response> {
     store::Session session;
     Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
-      KEEL_ASSIGN_OR_RETURN(session, tx.sessions().GetSession(req.principal.tenant_id, req.Param("id")));
+      KEEL_ASSIGN_OR_RETURN(session, access::UsableSession(tx, req.principal, req.Param("id")));
       return Status::Ok();
     });
     if (!st.ok()) co_return Response::Error(st);
@@ -122,7 +128,7 @@ void RegisterSessionRoutes(http::Router& router, ApiContext& ctx) {
     std::string id = req.Param("id");
     store::Session session;
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
-      KEEL_ASSIGN_OR_RETURN(session, tx.sessions().GetSession(tenant, id));
+      KEEL_ASSIGN_OR_RETURN(session, access::UsableSession(tx, req.principal, id));
       KEEL_ASSIGN_OR_RETURN(bool busy, tx.runs().SessionBusy(tenant, id));
       if (busy && *status == "inactive") {
         return Conflict("session " + id + " has a run in flight; cancel it or wait");
@@ -152,6 +158,10 @@ void RegisterSessionRoutes(http::Router& router, ApiContext& ctx) {
     if (!content.ok()) co_return Response::Error(content.status());
     auto wait = WaitSeconds(req);
     if (!wait.ok()) co_return Response::Error(wait.status());
+    Status usable = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
+      return access::UsableSession(tx, req.principal, req.Param("id")).status();
+    });
+    if (!usable.ok()) co_return Response::Error(usable);
     runtime::IntakeRequest intake;
     intake.tenant_id = req.principal.tenant_id;
     intake.session_id = req.Param("id");
@@ -183,7 +193,7 @@ void RegisterSessionRoutes(http::Router& router, ApiContext& ctx) {
     if (!page.ok()) co_return Response::Error(page.status());
     store::Paged<store::Message> messages;
     Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
-      KEEL_RETURN_IF_ERROR(tx.sessions().GetSession(req.principal.tenant_id, req.Param("id")).status());
+      KEEL_RETURN_IF_ERROR(access::UsableSession(tx, req.principal, req.Param("id")).status());
       KEEL_ASSIGN_OR_RETURN(messages, tx.messages().ListMessages(req.principal.tenant_id,
                                                                  req.Param("id"), *page));
       return Status::Ok();

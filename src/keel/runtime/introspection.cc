@@ -7,6 +7,7 @@
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include "keel/access/access.h"
 #include "keel/common/log.h"
 #include "keel/runtime/context.h"
 #include "keel/runtime/runtime.h"
@@ -77,13 +78,27 @@ asio::awaitable<void> Runtime::AfterTurn(store::Run run) {
 
 asio::awaitable<void> Runtime::Introspect(std::string tenant_id, std::string session_id,
                                           std::string trigger, std::string key) {
+  // Introspection acts on the session's content, so it has the rights of the least privileged
+  // author of that content. A guest may write no memory, so a session holding a guest's message
+  // is not introspected at all (rather than running a turn whose every write is refused).
+  std::string role;
+  Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(role, access::LeastPrivilegedAuthor(tx, tenant_id, session_id));
+    return Status::Ok();
+  });
+  if (!read.ok()) co_return;
+  if (role == "guest") {
+    LogInfo("introspection of session " + session_id + " (" + trigger +
+            ") not started: a guest wrote to it, and a guest's turns may not write memory");
+    co_return;
+  }
   IntakeRequest req;
   req.tenant_id = tenant_id;
   req.session_id = session_id;
   req.content = DumpJson(Json{{"trigger", trigger}});
   req.idempotency_key = key;
   req.requested_by = "system";
-  req.caller_role = "owner";
+  req.caller_role = role;
   req.introspection = true;
   auto posted = co_await PostMessage(req);
   if (!posted.ok()) {

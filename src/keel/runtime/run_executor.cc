@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 
+#include "keel/access/access.h"
 #include "keel/common/ids.h"
 #include "keel/memory/memory.h"
 #include "keel/metrics.h"
@@ -281,7 +282,11 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
   std::vector<store::ToolCall> calls;
   std::vector<store::Plugin> enabled;
   std::string working_memory;  // the system message showing it, or ""
+  bool revoked = false;        // the token the run acts for was revoked since it was posted
   Status loaded = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
+    if (!known) {  // a run claimed at intake was posted with an active token a moment ago
+      KEEL_ASSIGN_OR_RETURN(revoked, access::Revoked(tx, run.tenant_id, run.requested_by));
+    }
     if (known) {
       agent = known->agent;
       prompt = known->prompt;
@@ -301,6 +306,12 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
   if (!loaded.ok()) {
     std::string code = loaded.code() == Code::kNotFound ? "agent_deleted" : "internal";
     (void)co_await fail(code, loaded.message());
+    co_return;
+  }
+  if (revoked) {  // it never acts on an authority that was withdrawn
+    std::string code = "permission_denied";
+    (void)co_await fail(code, "the token this run acts for (" + run.requested_by +
+                                  ") was revoked before the run could go on");
     co_return;
   }
   // The agent's plugins as of this turn (built again when they changed since its last one).

@@ -105,6 +105,7 @@ void Runtime::PrepareSlotPost(SlotPost& post, std::string prompt) {
     post.session.tenant_id = s.tenant_id;
     post.session.agent_id = post.agent.id;
     post.session.title = s.name;
+    post.session.created_by = s.created_by;
     post.session.created_at = post.session.updated_at = post.now;
   }
   IntakeRequest request;

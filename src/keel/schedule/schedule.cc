@@ -1,5 +1,6 @@
 #include "keel/schedule/schedule.h"
 
+#include "keel/access/access.h"
 #include "keel/common/ids.h"
 #include "keel/schedule/cron.h"
 
@@ -176,6 +177,8 @@ Json ScheduleJson(const store::Schedule& s) {
           {"session_id", TextOrNull(s.session_id)},
           {"missed", s.missed},
           {"status", s.status},
+          {"suspended_reason",
+           s.status == "suspended" ? Json(access::SuspendedReason(s.created_by)) : Json(nullptr)},
           {"next_fire_at", TimeOrNull(s.next_fire_at)},
           {"last_fired_at", TimeOrNull(s.last_fired_at)},
           {"created_by", s.created_by},

@@ -50,7 +50,8 @@ struct AddedColumn {
   int version;  // the archive version that first carried it
   const char* value;
 };
-constexpr AddedColumn kAddedColumns[] = {{"sessions", "description", 5, ""}};
+constexpr AddedColumn kAddedColumns[] = {{"sessions", "description", 5, ""},
+                                         {"sessions", "created_by", 6, ""}};
 
 void FillAddedColumns(const ExportTableSpec& t, int version, Json& row) {
   for (const auto& c : kAddedColumns) {

@@ -196,7 +196,7 @@ Agent ReadAgent(const Row& s) {
 }
 
 inline constexpr const char* kSessionCols =
-    "id, tenant_id, agent_id, status, title, created_at, updated_at, description";
+    "id, tenant_id, agent_id, status, title, created_at, updated_at, description, created_by";
 template <typename Row>
 Session ReadSession(const Row& s) {
   Session x;
@@ -208,6 +208,7 @@ Session ReadSession(const Row& s) {
   x.created_at = s.Int(5);
   x.updated_at = s.Int(6);
   x.description = s.Text(7);
+  x.created_by = s.Text(8);
   return x;
 }
 

@@ -26,7 +26,9 @@ struct Schedule {
   std::string prompt;
   std::string session_id;               // "" = a new session for each firing
   std::string missed = "skip";          // skip | catch_up_one: slots missed while no node fired
-  std::string status = "active";        // active | paused | done
+  // active | paused | done | suspended (the token it acts for was revoked: it fires again once
+  // an owner reassigns it to an active token)
+  std::string status = "active";
   std::optional<Millis> next_fire_at;   // the next slot to fire; null once done
   std::optional<Millis> last_fired_at;  // the last slot that fired
   std::string created_by;               // token id of whoever created it
@@ -53,7 +55,8 @@ class ScheduleStore {
   virtual ~ScheduleStore() = default;
   // kConflict when the id exists.
   virtual Status InsertSchedule(const Schedule& s) = 0;
-  // By tenant and id: writes name, status, next_fire_at, last_fired_at and updated_at.
+  // By tenant and id: writes name, status, next_fire_at, last_fired_at, updated_at, created_by
+  // and caller_role (the last two change when an owner reassigns a suspended schedule).
   // kNotFound "schedule not found: ID".
   virtual Status UpdateSchedule(const Schedule& s) = 0;
   // kNotFound "schedule not found: ID".

@@ -172,6 +172,9 @@ struct Session {
   Millis created_at = 0;
   Millis updated_at = 0;
   std::string description;  // what the session is about, kept by introspection ("" until then)
+  // The token id of whoever opened it (a schedule's session: the schedule's token); "" for a
+  // session stored before this was recorded. Guests reach only the sessions they opened.
+  std::string created_by;
 };
 
 struct Message {

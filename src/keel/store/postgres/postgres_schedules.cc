@@ -42,10 +42,10 @@ Status PostgresTx::InsertSchedule(const Schedule& x) {
 Status PostgresTx::UpdateSchedule(const Schedule& x) {
   static const std::string kSql =
       "UPDATE schedules SET name=$1, status=$2, next_fire_at=$3, last_fired_at=$4, "
-      "updated_at=$5 WHERE tenant_id=$6 AND id=$7 RETURNING id";
+      "updated_at=$5, created_by=$6, caller_role=$7 WHERE tenant_id=$8 AND id=$9 RETURNING id";
   KEEL_RETURN_IF_ERROR(BindTenant(x.tenant_id));
   return Found(conn_.Query(kSql, P(x.name, x.status, x.next_fire_at, x.last_fired_at, x.updated_at,
-                                   x.tenant_id, x.id)),
+                                   x.created_by, x.caller_role, x.tenant_id, x.id)),
                "schedule not found: " + x.id);
 }
 

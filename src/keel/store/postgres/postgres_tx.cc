@@ -661,10 +661,10 @@ Status PostgresTx::DeleteAgent(const std::string& tenant_id, const std::string& 
 // ---- SessionStore
 
 Status PostgresTx::InsertSession(const Session& x) {
-  static const std::string kSql = InsertSql("sessions", kSessionCols, 8);
+  static const std::string kSql = InsertSql("sessions", kSessionCols, 9);
   KEEL_RETURN_IF_ERROR(BindTenant(x.tenant_id));
   return Inserted(conn_.Query(kSql, P(x.id, x.tenant_id, x.agent_id, x.status, x.title,
-                                      x.created_at, x.updated_at, x.description)),
+                                      x.created_at, x.updated_at, x.description, x.created_by)),
                   "session already exists: " + x.id);
 }
 
@@ -1499,6 +1499,10 @@ CREATE POLICY tenant_isolation ON introspection_due
       // A run's trigger: the schedule fire that posted its message, found by the run's id.
       R"sql(
 CREATE INDEX schedule_fires_run ON schedule_fires(tenant_id, run_id);
+)sql",
+      // Who opened a session: guests reach only their own.
+      R"sql(
+ALTER TABLE sessions ADD COLUMN created_by TEXT COLLATE "C" NOT NULL DEFAULT '';
 )sql",
   };
   return kMigrations;

@@ -32,10 +32,11 @@ Status SqliteTx::InsertSchedule(const Schedule& x) {
 
 Status SqliteTx::UpdateSchedule(const Schedule& x) {
   static const std::string kSql =
-      "UPDATE schedules SET name=?, status=?, next_fire_at=?, last_fired_at=?, updated_at=? "
-      "WHERE tenant_id=? AND id=? RETURNING id";
+      "UPDATE schedules SET name=?, status=?, next_fire_at=?, last_fired_at=?, updated_at=?, "
+      "created_by=?, caller_role=? WHERE tenant_id=? AND id=? RETURNING id";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
-  s.BindAll(x.name, x.status, x.next_fire_at, x.last_fired_at, x.updated_at, x.tenant_id, x.id);
+  s.BindAll(x.name, x.status, x.next_fire_at, x.last_fired_at, x.updated_at, x.created_by,
+            x.caller_role, x.tenant_id, x.id);
   return Found(s, "schedule not found: " + x.id);
 }
 

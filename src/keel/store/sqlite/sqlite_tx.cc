@@ -589,10 +589,10 @@ Status SqliteTx::DeleteAgent(const std::string& tenant_id, const std::string& id
 
 Status SqliteTx::InsertSession(const Session& x) {
   static const std::string kSql = "INSERT INTO sessions(" + std::string(kSessionCols) +
-                                            ") VALUES(?,?,?,?,?,?,?,?)";
+                                            ") VALUES(?,?,?,?,?,?,?,?,?)";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   return s.BindAll(x.id, x.tenant_id, x.agent_id, x.status, x.title, x.created_at, x.updated_at,
-                   x.description)
+                   x.description, x.created_by)
       .Run();
 }
 
@@ -1217,6 +1217,10 @@ CREATE INDEX introspection_due_at ON introspection_due(due_at);
       // A run's trigger: the schedule fire that posted its message, found by the run's id.
       R"sql(
 CREATE INDEX schedule_fires_run ON schedule_fires(tenant_id, run_id);
+)sql",
+      // Who opened a session: guests reach only their own.
+      R"sql(
+ALTER TABLE sessions ADD COLUMN created_by TEXT NOT NULL DEFAULT '';
 )sql",
   };
   return kMigrations;
