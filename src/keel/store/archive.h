@@ -26,8 +26,9 @@ namespace keel::store {
 
 inline constexpr const char* kArchiveFormat = "keel-export";
 // 2: tenant_keys and secrets; 3: plugins and agent_plugins; 4: schedules, memories, skills,
-// compactions and usage; 5: sessions.description.
-inline constexpr int kArchiveVersion = 5;
+// compactions and usage; 5: sessions.description; 6: tenants.allow_host_exec and
+// allow_stdio_mcp.
+inline constexpr int kArchiveVersion = 6;
 // The oldest version ImportArchive reads.
 inline constexpr int kOldestArchiveVersion = 2;
 
