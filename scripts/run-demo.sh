@@ -7,19 +7,27 @@ LISTEN=${KEEL_LISTEN:-127.0.0.1:7878}
 mkdir -p "$KEEL_HOME"
 chmod 700 "$KEEL_HOME"
 # Secrets need a key-encryption key. For this development server, one is generated once and kept
-# in KEEL_HOME; a production deployment sets KEEL_SECRET_KEK from its own secret manager.
-KEK_NOTE="  Secrets use KEEL_SECRET_KEK from the environment."
-if [ -z "${KEEL_SECRET_KEK:-}" ]; then
-  KEK_FILE=$KEEL_HOME/dev-secret-kek
+# outside KEEL_HOME (a copy of the data directory should not carry the key that opens it) and
+# passed by file, so that it never sits in an environment; a production deployment sets
+# KEEL_SECRET_KEK or KEEL_SECRET_KEK_FILE from its own secret manager.
+KEK_NOTE="  Secrets use the key-encryption key from the environment."
+if [ -z "${KEEL_SECRET_KEK:-}" ] && [ -z "${KEEL_SECRET_KEK_FILE:-}" ]; then
+  KEK_DIR=${XDG_CONFIG_HOME:-$HOME/.config}/keel
+  KEK_FILE=$KEK_DIR/dev-secret-kek
+  mkdir -p "$KEK_DIR"
+  chmod 700 "$KEK_DIR"
+  if [ ! -s "$KEK_FILE" ] && [ -s "$KEEL_HOME/dev-secret-kek" ]; then
+    # Kept in KEEL_HOME by earlier versions of this script: moved out.
+    mv "$KEEL_HOME/dev-secret-kek" "$KEK_FILE"
+  fi
   if [ ! -s "$KEK_FILE" ]; then
     (umask 077 && head -c 32 /dev/urandom | base64 > "$KEK_FILE")
     KEK_NOTE="  Generated a development key for secrets in $KEK_FILE (mode 0600); it is used
-  as KEEL_SECRET_KEK. Keep it with the data: secrets cannot be read without it."
+  as KEEL_SECRET_KEK_FILE. Keep it with the data: secrets cannot be read without it."
   else
-    KEK_NOTE="  Secrets use the development key in $KEK_FILE as KEEL_SECRET_KEK."
+    KEK_NOTE="  Secrets use the development key in $KEK_FILE (KEEL_SECRET_KEK_FILE)."
   fi
-  KEEL_SECRET_KEK=$(cat "$KEK_FILE")
-  export KEEL_SECRET_KEK
+  export KEEL_SECRET_KEK_FILE=$KEK_FILE
 fi
 cat <<MSG
 

@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -46,6 +47,7 @@
 #include "keel/tools/gateway.h"
 #include "keel/tools/introspection_tools.h"
 #include "keel/tools/tool.h"
+#include "keel/tools/workspace.h"
 
 namespace keel::server {
 
@@ -171,8 +173,12 @@ int Fail(const Status& st) {
 int ServeMain(const ServeFlags& flags) {
   // Files the server creates (the database, tokens, workspaces) are its own.
   ::umask(077);
+  // No core dumps, and no other user's process (a command it runs, even as another user) may
+  // read its memory or /proc/PID/environ.
+  ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   config::Overrides overrides{flags.home, flags.config_file, flags.listen, flags.store_url};
   auto cfg = config::Load(overrides);
+  config::ForgetSecretKekInEnvironment();  // it is in cfg now, and only there
   if (!cfg.ok()) return Fail(cfg.status());
   const config::Config& config = *cfg;
   auto http_cfg = config::LoadHttp(overrides);
@@ -217,7 +223,13 @@ int ServeMain(const ServeFlags& flags) {
                            std::make_unique<model::AnthropicProvider>(config.anthropic));
   tools::ToolRegistry tool_registry;
   if (Status st = tools::RegisterBuiltinTools(tool_registry); !st.ok()) return Fail(st);
-  if (Status st = tools::RegisterWorkspaceTools(tool_registry); !st.ok()) return Fail(st);
+  tools::ExecOptions exec_options;
+  exec_options.uid = config.exec_uid;
+  exec_options.gid = config.exec_gid;
+  exec_options.hidden = {config.home, config.workspaces};
+  if (Status st = tools::RegisterWorkspaceTools(tool_registry, exec_options); !st.ok()) {
+    return Fail(st);
+  }
   // The agents' schedule tools run on the tool pool; a new schedule wakes the runtime's
   // schedule loop on the io thread (the runtime is made below, before io.run()).
   runtime::Runtime* schedules_runtime = nullptr;
@@ -236,6 +248,7 @@ int ServeMain(const ServeFlags& flags) {
   tools::GatewayOptions gateway_options;
   gateway_options.approval_ttl_ms = config.approval_timeout_ms;
   gateway_options.large_result_bytes = static_cast<size_t>(config.large_result_bytes);
+  gateway_options.exec = exec_options;
   // MCP servers over HTTP and webhook receivers are at URLs tenants chose: reached only at
   // public addresses and those the platform admin allows (model providers are the operator's).
   auto outbound = http::OutboundGuard::FromAllowList(config.outbound_allow);

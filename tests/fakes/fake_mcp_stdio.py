@@ -33,6 +33,11 @@ Tools (tools/list pages them two at a time):
   cwd                  -> the server's working directory
   grandchild_pid       -> the pid of the --grandchild sleep
   pid                  -> the server's own pid
+  instance             -> a random id chosen when the server started (tells restarts apart where
+                          pids do not: in a sandbox's own pid namespace)
+  probe {paths, connect} -> what the server can reach: its uid, for each path its first bytes or
+                          the error, and whether a TCP connection to `connect` ("host:port")
+                          opens
   stderr {text}        -> writes text to stderr, answers "ok"
   close_stdout         -> closes its stdout (so never answers) and lives on
   close_stdin          -> closes its stdin, answers, and lives on
@@ -52,8 +57,9 @@ import time
 TOOLS = [
     "echo", "crash", "answer_then_exit", "slow", "cancellations", "change", "ping_client",
     "rpc_error", "tool_error", "garbage", "huge", "deep", "env", "cwd", "grandchild_pid", "pid",
-    "stderr", "close_stdout", "close_stdin", "env_var",
+    "stderr", "close_stdout", "close_stdin", "env_var", "instance", "probe",
 ]
+INSTANCE = os.urandom(8).hex()
 PAGE = 2
 
 flags = sys.argv[1:]
@@ -170,6 +176,26 @@ def call_tool(name, args, request_id):
         return text_result(str(grandchild.pid if grandchild else 0))
     if name == "pid":
         return text_result(str(os.getpid()))
+    if name == "instance":
+        return text_result(INSTANCE)
+    if name == "probe":
+        reads = {}
+        for path in args.get("paths", []):
+            try:
+                with open(path, "rb") as f:
+                    reads[path] = "read: " + f.read(64).decode("utf-8", "replace")
+            except OSError as e:
+                reads[path] = "error: " + e.strerror
+        net = None
+        if args.get("connect"):
+            import socket
+            host, port = args["connect"].rsplit(":", 1)
+            try:
+                socket.create_connection((host, int(port)), 2).close()
+                net = "connected"
+            except OSError as e:
+                net = "error: " + str(e)
+        return text_result(json.dumps({"uid": os.getuid(), "reads": reads, "net": net}))
     if name == "stderr":
         log(str(args.get("text", "")))
         return text_result("ok")

@@ -210,7 +210,7 @@ class ApiTest(KeelTestCase):
 
     def test_local_call_time_now(self):
         s = self.server
-        _, sess = self.new_session()
+        _, sess = self.new_session(tools=["time.now"])
         run = s.send(sess["id"], "/call time.now {}")["run"]
         self.assertEqual(run["status"], "done", run)
         steps = s.steps(run["id"])
@@ -237,7 +237,7 @@ class ApiTest(KeelTestCase):
 
     def test_local_two_calls_one_step(self):
         s = self.server
-        _, sess = self.new_session()
+        _, sess = self.new_session(tools=["time.now"])
         run = s.send(sess["id"], "/call time.now {}\n/call time.now {}")["run"]
         self.assertEqual(run["status"], "done", run)
         steps = s.steps(run["id"])
@@ -249,7 +249,7 @@ class ApiTest(KeelTestCase):
 
     def test_local_rules_reply(self):
         s = self.server
-        _, sess = self.new_session(config={"local_rules": [
+        _, sess = self.new_session(tools=["time.now"], config={"local_rules": [
             {"match": "^ping", "reply": "pong!"},
             {"match": "clock", "call": {"tool": "time.now", "arguments": {}}}]})
         run = s.send(sess["id"], "ping please")["run"]
@@ -266,7 +266,7 @@ class ApiTest(KeelTestCase):
 
     def test_notes_append_writes_workspace(self):
         s = self.server
-        agent, sess = self.new_session()
+        agent, sess = self.new_session(tools=["notes.append"])
         run = s.send(sess["id"], '/call notes.append {"line": "first note"}')["run"]
         self.assertEqual(run["status"], "done", run)
         run = s.send(sess["id"], '/call notes.append {"line": "second note"}')["run"]
@@ -302,7 +302,7 @@ class ApiTest(KeelTestCase):
 
     def test_steps_shape(self):
         s = self.server
-        _, sess = self.new_session()
+        _, sess = self.new_session(tools=["notes.append"])
         run = s.send(sess["id"], '/call notes.append {"line": "x"}')["run"]
         steps = s.steps(run["id"])
         self.assertGreaterEqual(len(steps), 3)
@@ -364,7 +364,7 @@ class ApiTest(KeelTestCase):
 
     def test_events_shape_and_order(self):
         s = self.server
-        _, sess = self.new_session()
+        _, sess = self.new_session(tools=["time.now"])
         s.send(sess["id"], "/call time.now {}")
         doomed = s.create_agent()  # so that agent.updated and agent.deleted events are covered
         s.ok("PATCH", "/v1/agents/%s" % doomed["id"], {"instructions": "soon gone"})
@@ -400,7 +400,7 @@ class ApiTest(KeelTestCase):
     def test_events_origin_seq_gapless(self):
         # This server has one tenant, so its event log shows everything of its origin.
         s = self.server
-        _, sess = self.new_session()
+        _, sess = self.new_session(tools=["time.now"])
         s.send(sess["id"], "/call time.now {}")
         by_origin = {}
         for e in s.all_events():

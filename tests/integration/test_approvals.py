@@ -49,7 +49,8 @@ class Tenant(keel_harness.Tenant):
     # ------------------------------------------------------------------ resources
 
     def agent(self, config=None):
-        return self.server.create_agent(config=config, token=self.token)
+        return self.server.create_agent(tools=["time.now", "notes.append"], config=config,
+                                        token=self.token)
 
     def session(self, agent_id, token=None):
         return self.server.create_session(agent_id, token=token or self.token)

@@ -148,7 +148,7 @@ class TenantIsolationTest(KeelTestCase):
     def setUpClass(cls):
         cls.server = s = KeelServer()
         # tenant A (the default tenant, platform admin) has an agent, a session, a finished run
-        cls.a_agent = s.create_agent(name="shared-name")
+        cls.a_agent = s.create_agent(name="shared-name", tools=["time.now"])
         cls.a_session = s.create_session(cls.a_agent["id"])
         cls.a_run = s.send(cls.a_session["id"], "/call time.now {}")["run"]
         st, body, _ = s.request("POST", "/v1/tenants", {"name": "tenant-b"})

@@ -77,7 +77,7 @@ class BadInputTest(KeelTestCase):
     @classmethod
     def setUpClass(cls):
         cls.server = s = KeelServer()
-        cls.agent = s.create_agent()
+        cls.agent = s.create_agent(tools=["notes.append"])
         cls.session = s.create_session(cls.agent["id"])
 
     @classmethod

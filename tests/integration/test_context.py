@@ -56,8 +56,8 @@ class CompactionTest(KeelTestCase):
     def setUp(self):
         self.t = Tenant(self.server)
 
-    def agent_session(self, config):
-        agent = self.server.create_agent(config=config, token=self.t.token)
+    def agent_session(self, config, tools=None):
+        agent = self.server.create_agent(config=config, tools=tools, token=self.t.token)
         session = self.server.create_session(agent["id"], token=self.t.token)
         return agent, session["id"]
 
@@ -166,8 +166,8 @@ class IntrospectionTest(KeelTestCase):
     def setUp(self):
         self.t = Tenant(self.server)
 
-    def agent_session(self, config):
-        agent = self.server.create_agent(config=config, token=self.t.token)
+    def agent_session(self, config, tools=None):
+        agent = self.server.create_agent(config=config, tools=tools, token=self.t.token)
         session = self.server.create_session(agent["id"], token=self.t.token)
         return agent, session["id"]
 
@@ -251,9 +251,11 @@ class IntrospectionTest(KeelTestCase):
                          "a quiet session with nothing new is not looked at again")
 
     def test_introspection_is_off_by_default_and_its_tools_stay_its_own(self):
+        # Even on the agent's list, the tool refuses a run that is not an introspection run.
         agent, sid = self.agent_session({"local_rules": [
             {"match": "^describe", "call": {"tool": "introspection.set_description",
-                                            "arguments": {"description": "hijacked"}}}]})
+                                            "arguments": {"description": "hijacked"}}}]},
+            tools=["introspection.set_description"])
         for i in range(3):
             self.t.turn(sid, "message %d" % i)
         run = self.t.turn(sid, "describe")

@@ -85,7 +85,7 @@ class McpTest(KeelTestCase):
             {"tool": "*", "rights": ["read", "write", "send"]},
             {"tool": "mcp__gated__*", "rights": ["write", "send"], "approval": "always"}]},
             token=token)
-        agent = s.create_agent(token=token)
+        agent = s.create_agent(tools=["mcp__gated__*"], token=token)
         session = s.create_session(agent["id"], token=token)
         body = s.send(session["id"], '/call mcp__gated__echo {"text": "after approval"}', wait=10,
                       token=token)
@@ -101,16 +101,16 @@ class McpTest(KeelTestCase):
         s = self.server
         self.register({"name": "crashy", "command": [sys.executable, FAKE]})
         agent = s.create_agent(tools=["mcp__crashy__*"])
-        run, steps = self.turn(agent, '/call mcp__crashy__pid {}')
-        first_pid = run["output"]
+        run, steps = self.turn(agent, '/call mcp__crashy__instance {}')
+        first = run["output"]
         run, steps = self.turn(agent, '/call mcp__crashy__crash {"code": 7}')
         self.assertEqual(run["status"], "done", run)
         tool = [x for x in steps if x["kind"] == "tool"][0]
         self.assertEqual(tool["status"], "failed")
         self.assertIn("exit", tool["output"]["error"])
-        run, steps = self.turn(agent, '/call mcp__crashy__pid {}')
+        run, steps = self.turn(agent, '/call mcp__crashy__instance {}')
         self.assertEqual(run["status"], "done", run)
-        self.assertNotEqual(run["output"], first_pid, "the server was not started again")
+        self.assertNotEqual(run["output"], first, "the server was not started again")
 
     def test_bad_registrations(self):
         s = self.server

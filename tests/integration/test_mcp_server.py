@@ -721,9 +721,12 @@ class McpToolsTest(McpTestCase):
         self.assertEqual(by_name["time.now"]["annotations"],
                          {"readOnlyHint": True, "idempotentHint": True, "openWorldHint": False})
 
-        # an agent with no list is offered every built-in tool
+        # an agent with no list is offered nothing; one with "*" every built-in tool
+        c0 = t.client()
+        c0.initialize(t.agent(tools=[])["id"])
+        self.assertEqual(c0.result("tools/list")["tools"], [])
         c2 = t.client()
-        c2.initialize(t.agent(tools=[])["id"])
+        c2.initialize(t.agent(tools=["*"])["id"])
         by_name = {x["name"]: x for x in c2.result("tools/list")["tools"]}
         self.assertTrue(BUILTINS <= set(by_name), sorted(by_name))
         self.assertEqual(by_name["exec"]["annotations"]["idempotentHint"], False)

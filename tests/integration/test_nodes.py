@@ -47,7 +47,7 @@ class NodesTest(KeelTestCase):
 
     def test_sse_on_b_sees_commits_of_a_promptly_once_and_in_order(self):
         a, b = self.a, self.b
-        agent = a.create_agent()
+        agent = a.create_agent(tools=["time.now"])
         session = a.create_session(agent["id"])
         sse = self.open(b, session_id=session["id"])
         time.sleep(0.3)  # let B's stream settle into its wait
@@ -82,7 +82,7 @@ class NodesTest(KeelTestCase):
 
     def test_wait_on_b_returns_when_any_node_finishes(self):
         a, b = self.a, self.b
-        agent = a.create_agent()
+        agent = a.create_agent(tools=["time.now"])
         session = a.create_session(agent["id"])
         for turn in range(4):
             t0 = time.monotonic()
@@ -137,7 +137,7 @@ class NodesTest(KeelTestCase):
 
     def test_a_dead_nodes_runs_resume_on_a_survivor(self):
         a, b = self.a, self.b
-        agent = a.create_agent(config={"local_latency_ms": 1500})
+        agent = a.create_agent(tools=["notes.append"], config={"local_latency_ms": 1500})
         sessions = [a.create_session(agent["id"])["id"] for _ in range(3)]
         runs = []
         for sid in sessions:

@@ -122,8 +122,12 @@ class Tenant(keel_harness.Tenant):
 
     # agents and turns
 
+    # What these tests' turns call: built-in tools and the tools of the plugins they enable.
+    TOOLS = ["time.now", "notes.append", "plugin__*"]
+
     def agent(self, tools=None, config=None):
-        return self.server.create_agent(tools=tools, config=config, token=self.token)
+        return self.server.create_agent(tools=self.TOOLS if tools is None else tools,
+                                        config=config, token=self.token)
 
     def session(self, agent_id):
         return self.server.create_session(agent_id, token=self.token)

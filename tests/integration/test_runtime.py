@@ -55,6 +55,7 @@ class RuntimeTest(KeelTestCase):
         cls.server.stop()
 
     def new_session(self, **agent_kw):
+        agent_kw.setdefault("tools", ["time.now", "notes.append"])  # the tools these turns call
         agent = self.server.create_agent(**agent_kw)
         return agent, self.server.create_session(agent["id"])
 
@@ -356,7 +357,7 @@ class ResumeAfterKillTest(KeelTestCase):
         before the kill landed (a fast disk). Returns (agent, session, run, n)."""
         s = self.server
         for n in sizes:
-            agent = s.create_agent()
+            agent = s.create_agent(tools=["time.now", "notes.append"])
             sess = s.create_session(agent["id"])
             st, body, _ = s.post_message(sess["id"], make_message(n))
             self.assertEqual(st, 202, body)

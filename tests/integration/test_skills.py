@@ -221,8 +221,8 @@ class SkillsRuntimeTest(KeelTestCase):
                  {"match": "^read logo", "call": self.read_call("pdf-forms", "assets/logo.bin")},
                  {"match": "^read missing", "call": self.read_call("pdf-forms", "nope.txt")},
                  {"match": "^read csv", "call": self.read_call("csv")}]
-        agent = self.server.create_agent(instructions="Be brief.", config={"local_rules": rules},
-                                         token=t.token)
+        agent = self.server.create_agent(instructions="Be brief.", tools=["skills.read"],
+                                         config={"local_rules": rules}, token=t.token)
         session = self.server.create_session(agent["id"], token=t.token)
         sid = session["id"]
 

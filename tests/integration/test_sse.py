@@ -71,7 +71,7 @@ class SseTest(KeelTestCase):
 
     def test_session_filter_and_format(self):
         s = self.server
-        agent = s.create_agent()
+        agent = s.create_agent(tools=["time.now"])
         s1 = s.create_session(agent["id"])
         s2 = s.create_session(agent["id"])
         sse = self.open(session_id=s1["id"])
@@ -97,8 +97,8 @@ class SseTest(KeelTestCase):
 
     def test_agent_filter(self):
         s = self.server
-        a = s.create_agent()
-        b = s.create_agent()
+        a = s.create_agent(tools=["time.now"])
+        b = s.create_agent(tools=["time.now"])
         sa = s.create_session(a["id"])
         sb = s.create_session(b["id"])
         sse = self.open(agent_id=a["id"])
@@ -116,7 +116,7 @@ class SseTest(KeelTestCase):
 
     def test_run_filter_replay_from_zero(self):
         s = self.server
-        agent = s.create_agent()
+        agent = s.create_agent(tools=["time.now"])
         sess = s.create_session(agent["id"])
         s.send(sess["id"], "before")
         run = s.send(sess["id"], "/call time.now {}")["run"]
@@ -133,7 +133,7 @@ class SseTest(KeelTestCase):
 
     def test_message_delta(self):
         s = self.server
-        agent = s.create_agent()
+        agent = s.create_agent(tools=["time.now"])
         sess = s.create_session(agent["id"])
         other = s.create_session(agent["id"])
         sse = self.open(session_id=sess["id"])
@@ -168,7 +168,7 @@ class SseTest(KeelTestCase):
 
     def test_resume_after_quiet_disconnect(self):
         s = self.server
-        agent = s.create_agent()
+        agent = s.create_agent(tools=["time.now"])
         sess = s.create_session(agent["id"])
         sse = self.open(last_event_id=0, session_id=sess["id"])
         r1 = s.send(sess["id"], "/call time.now {}")["run"]
@@ -191,7 +191,7 @@ class SseTest(KeelTestCase):
         """Disconnect and reconnect several times while a run produces events: the union of
         what the client saw is the log of its session, with no gap and no duplicate."""
         s = self.server
-        agent = s.create_agent()
+        agent = s.create_agent(tools=["time.now"])
         sess = s.create_session(agent["id"])
         n = 120
         st, body, _ = s.post_message(sess["id"], "\n".join(["/call time.now {}"] * n))
@@ -234,7 +234,7 @@ class SseTest(KeelTestCase):
 
     def test_two_streams_same_view(self):
         s = self.server
-        agent = s.create_agent()
+        agent = s.create_agent(tools=["time.now"])
         sess = s.create_session(agent["id"])
         a = self.open(last_event_id=0, agent_id=agent["id"])
         b = self.open(last_event_id=0, session_id=sess["id"])
@@ -264,7 +264,7 @@ class WebSocketStreamTest(SseTest):
 
     def test_each_message_is_one_event_and_the_handshake_is_checked(self):
         s = self.server
-        agent = s.create_agent()
+        agent = s.create_agent(tools=["time.now"])
         sess = s.create_session(agent["id"])
         ws = self.open(session_id=sess["id"])
         run = s.send(sess["id"], "/call time.now {}")["run"]
@@ -314,7 +314,7 @@ class WebSocketCloseTest(KeelTestCase):
         self.wait_clients(1)
         ws.close()
         # The server reads the close frame; the stream ends at its next write (or ping).
-        agent = s.create_agent()
+        agent = s.create_agent(tools=["time.now"])
         s.send(s.create_session(agent["id"])["id"], "wake the stream")
         self.wait_clients(0)
 
@@ -333,7 +333,7 @@ class SseAcrossRestartTest(KeelTestCase):
 
     def test_resume_across_kill9(self):
         s = self.server
-        agent = s.create_agent()
+        agent = s.create_agent(tools=["time.now"])
         sess = s.create_session(agent["id"])
         sse = SseClient(sse_url(s, session_id=sess["id"]), s.token, last_event_id=0)
         seen = []

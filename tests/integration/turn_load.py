@@ -51,7 +51,8 @@ def plan_turns(server, count, agents, sessions_per_agent, agent_config=None, nam
     with exec_every=n, every n-th turn calls exec instead of notes.append.
     Returns (agents, sessions [(agent_id, session_id)], per_session {index: [Turn]}, all_turns).
     """
-    agent_list = [server.create_agent(name="%s-%d" % (name, a), config=agent_config)
+    agent_list = [server.create_agent(name="%s-%d" % (name, a), config=agent_config,
+                                      tools=["notes.append", "exec"])
                   for a in range(agents)]
     sessions = []
     for a in agent_list:

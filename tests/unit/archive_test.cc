@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <map>
+#include <set>
 #include <fstream>
 #include <sstream>
 
@@ -341,8 +343,9 @@ TEST_F(ArchiveTest, RoundTripAcrossBackendsIsByteIdentical) {
 }
 
 // Version 2 archives were written before the plugin tables (and before sessions had a
-// description or a creator): they import, with no plugins and sessions described "" and
-// opened by "".
+// description, a creator, and tenants their settings): they import, with no plugins, sessions
+// described "" and opened by "", and tenants allowed neither host execution nor unsandboxed
+// stdio MCP servers.
 TEST_F(ArchiveTest, ImportsAVersion2ArchiveWithoutThePluginTables) {
   ASSERT_EQ(kArchiveVersion, 6);
   // The tables archives gained in versions 3 (plugins) and 4 (schedules, memory, skills,
@@ -360,20 +363,25 @@ TEST_F(ArchiveTest, ImportsAVersion2ArchiveWithoutThePluginTables) {
   Json manifest = Json::parse(v2[0].second);
   manifest["version"] = 2;
   for (const auto& name : later) manifest["tables"].erase(name);
+  const std::map<std::string, std::map<std::string, Json>> added = {
+      {"sessions", {{"description", ""}, {"created_by", ""}}},
+      {"tenants", {{"allow_host_exec", 0}, {"allow_stdio_mcp", 0}}}};
   for (auto& e : v2) {
-    if (e.first != "sessions.jsonl") continue;
+    std::string table = e.first.substr(0, e.first.size() - 6);
+    if (!added.count(table)) continue;
     std::istringstream lines(e.second);
     std::string line, stripped;
     while (std::getline(lines, line)) {
       Json row = Json::parse(line);
-      ASSERT_EQ(row["description"], "");
-      row.erase("description");
-      row.erase("created_by");
+      for (const auto& [column, value] : added.at(table)) {
+        ASSERT_EQ(row[column], value);
+        row.erase(column);
+      }
       stripped += row.dump() + "\n";
     }
     ASSERT_FALSE(stripped.empty());
     e.second = stripped;
-    manifest["tables"]["sessions"]["sha256"] = Sha256Hex(stripped);
+    manifest["tables"][table]["sha256"] = Sha256Hex(stripped);
   }
   v2[0].second = manifest.dump(2) + "\n";
   std::string path = Path("v2.tar.zst");

@@ -125,6 +125,47 @@ TEST_F(GatewayTest, DeniesToolsOffTheAgentsList) {
   EXPECT_NE(unknown->ForModel().find("unknown tool"), std::string::npos);
 }
 
+// An agent has the tools it is given: an empty list (or none) is no tool, exec included.
+TEST_F(GatewayTest, AnEmptyToolListAllowsAndOffersNothing) {
+  EXPECT_FALSE(Gateway::Allowed(Json::array(), "exec"));
+  EXPECT_FALSE(Gateway::Allowed(Json(), "time.now"));
+  EXPECT_FALSE(Gateway::Allowed(Json::array(), "mcp__any__tool"));
+  EXPECT_TRUE(Gateway::Allowed(Json::array({"*"}), "exec"));
+  EXPECT_TRUE(gateway_->ToolsFor(Json::array()).empty());
+  EXPECT_TRUE(RunCoro(gateway_->Offered(tenant_, agent_, Json::array())).empty());
+  CallRequest req = Req("exec", {{"command", "id"}}, 2);
+  req.allowed_tools = Json::array();
+  auto out = RunCoro(gateway_->Call(req));
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->status, "denied");
+  EXPECT_NE(out->ForModel().find("may not call exec"), std::string::npos) << out->ForModel();
+}
+
+TEST_F(GatewayTest, AToolListNamingNothingIsRefused) {
+  auto check = [&](Json tools) { return RunCoro(gateway_->CheckToolList(tenant_, tools)); };
+  EXPECT_TRUE(check(Json::array()).ok());
+  EXPECT_TRUE(check(Json::array({"time.now", "files.*", "*", "plugin__p__t"})).ok());
+  Status typo = check(Json::array({"time.now", "time.nwo"}));
+  EXPECT_EQ(typo.code(), Code::kInvalidArgument);
+  EXPECT_NE(typo.message().find("'time.nwo'"), std::string::npos) << typo.message();
+  EXPECT_EQ(check(Json::array({"nosuch.*"})).code(), Code::kInvalidArgument);
+  // No MCP source is known to this gateway: no mcp__ name is.
+  EXPECT_EQ(check(Json::array({"mcp__gone__tool"})).code(), Code::kInvalidArgument);
+}
+
+// exec_backend "host" in an agent's config is not enough: the tenant needs the platform
+// admin's grant, which the gateway reads at each call.
+TEST_F(GatewayTest, HostExecutionNeedsTheTenantsGrant) {
+  CallRequest req = Req("exec", {{"command", "id -u"}}, 2);
+  req.allowed_tools = Json::array({"exec"});
+  req.agent_config = {{"exec_backend", "host"}, {kHostExecGranted, true}};  // forged
+  auto out = RunCoro(gateway_->Call(req));
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->status, "failed");
+  EXPECT_NE(out->ForModel().find("host execution is not allowed"), std::string::npos)
+      << out->ForModel();
+}
+
 TEST_F(GatewayTest, ToolErrorsAreOutcomesNotFailures) {
   auto out = RunCoro(gateway_->Call(Req("notes.append", {{"line", "two\nlines"}}, 2)));
   ASSERT_TRUE(out.ok());

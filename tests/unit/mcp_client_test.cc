@@ -312,7 +312,7 @@ TEST(McpFakeServer, ListsToolsAcrossPages) {
   EXPECT_EQ(client->server_name(), "fake-mcp-stdio");
   auto tools = client->ListTools();
   ASSERT_TRUE(tools.ok()) << tools.status().ToString();
-  ASSERT_EQ(tools->size(), 20u) << ToolNames(*tools);  // ten pages of two
+  ASSERT_EQ(tools->size(), 22u) << ToolNames(*tools);  // eleven pages of two
   EXPECT_EQ((*tools)[0].name, "echo");
   EXPECT_EQ((*tools)[18].name, "close_stdin");
   EXPECT_EQ((*tools)[0].description, "fake tool echo");

@@ -400,6 +400,31 @@ TEST_P(StoreTest, TenantsDoNotSeeEachOther) {
             Code::kConflict);
 }
 
+// What only the platform admin grants: off in a new tenant, set for one tenant only.
+TEST_P(StoreTest, TenantSettingsStartOffAndChangeForOneTenant) {
+  Tenant a = MakeTenant();
+  Tenant b = MakeTenant();
+  EXPECT_FALSE(a.allow_host_exec);
+  a.allow_host_exec = true;
+  ASSERT_TRUE(
+      store_->WriteSync([&](Tx& tx) { return tx.tenants().UpdateTenantSettings(a); }).ok());
+  Tenant gone{NewId(), "gone", 0};
+  EXPECT_EQ(store_->WriteSync([&](Tx& tx) { return tx.tenants().UpdateTenantSettings(gone); })
+                .code(),
+            Code::kNotFound);
+  ASSERT_TRUE(store_->Read([&](Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(Tenant got_a, tx.tenants().GetTenant(a.id));
+    KEEL_ASSIGN_OR_RETURN(Tenant got_b, tx.tenants().GetTenant(b.id));
+    EXPECT_TRUE(got_a.allow_host_exec);
+    EXPECT_FALSE(got_a.allow_stdio_mcp);
+    EXPECT_FALSE(got_b.allow_host_exec);
+    EXPECT_FALSE(got_b.allow_stdio_mcp);
+    KEEL_ASSIGN_OR_RETURN(auto all, tx.tenants().ListTenants());
+    for (const auto& t : all) EXPECT_EQ(t.allow_host_exec, t.id == a.id) << t.id;
+    return Status::Ok();
+  }).ok());
+}
+
 TEST_P(StoreTest, SecretsAreKeptPerTenantReplacedInPlaceAndDeleted) {
   Tenant a = MakeTenant();
   Tenant b = MakeTenant();

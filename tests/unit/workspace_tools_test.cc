@@ -122,18 +122,70 @@ TEST_F(WorkspaceToolsTest, ExecLimitsKillRunawayCommands) {
   EXPECT_EQ((*code)["stderr"], "oops\n");
 }
 
-TEST_F(WorkspaceToolsTest, HostBackendRunsInTheWorkspaceWithACleanEnvironment) {
+TEST_F(WorkspaceToolsTest, HostBackendNeedsTheGrant) {
   ctx_.agent_config = {{"exec_backend", "host"}};
+  auto r = Call("exec", {{"command", "id -u"}});
+  EXPECT_EQ(r.status().code(), Code::kPermissionDenied);
+  EXPECT_NE(r.status().message().find("platform admin"), std::string::npos)
+      << r.status().message();
+}
+
+// Granted, host commands run as the exec user (65534 by default), never as Keel's own user;
+// where Keel cannot switch users they are refused, not run as Keel.
+TEST_F(WorkspaceToolsTest, HostBackendRunsAsTheExecUserInTheWorkspaceWithACleanEnvironment) {
+  ctx_.agent_config = {{"exec_backend", "host"}, {kHostExecGranted, true}};
+  if (!CanRunAs(65534, 65534).ok()) {
+    auto refused = Call("exec", {{"command", "id -u"}});
+    EXPECT_EQ(refused.status().code(), Code::kUnavailable);
+    EXPECT_NE(refused.status().message().find("CAP_SETUID"), std::string::npos)
+        << refused.status().message();
+    return;
+  }
+  ASSERT_TRUE(Call("files.write", {{"path", "sub/from-keel.txt"}, {"content", "written"}}).ok());
   ::setenv("KEEL_SECRET_KEK", "must-not-leak", 1);
-  auto r = Call("exec", {{"command", "pwd; env; cat"}, {"stdin", "from stdin"}});
+  auto r = Call("exec", {{"command", "pwd; id -u; id -g; env; cat sub/from-keel.txt; echo; "
+                                     "cat " + (root_ / "outside" / "secret.txt").string() +
+                                     " 2>&1; touch made; cat"},
+                         {"stdin", "from stdin"}});
   ::unsetenv("KEEL_SECRET_KEK");
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   std::string out = (*r)["stdout"];
-  EXPECT_EQ(out.rfind(fs::canonical(root_ / "agent").string() + "\n", 0), 0u) << out;
+  EXPECT_EQ(out.rfind(fs::canonical(root_ / "agent").string() + "\n65534\n65534\n", 0), 0u)
+      << out;
   EXPECT_EQ(out.find("must-not-leak"), std::string::npos) << out;
+  EXPECT_NE(out.find("written"), std::string::npos) << out;
   EXPECT_NE(out.find("from stdin"), std::string::npos);
+  EXPECT_TRUE(fs::exists(root_ / "agent" / "made"));
   auto slow = Call("exec", {{"command", "sleep 30"}, {"timeout_s", 1}});
   EXPECT_EQ(slow.status().code(), Code::kUnavailable);
+}
+
+TEST(CanRunAsTest, NeverRootOrKeelsOwnUser) {
+  EXPECT_FALSE(CanRunAs(0, 0).ok());
+  EXPECT_FALSE(CanRunAs(static_cast<int>(::geteuid()), static_cast<int>(::getegid())).ok());
+  EXPECT_FALSE(CanRunAs(-1, -1).ok());
+}
+
+// What the sandbox binds does not expose what it must hide: a hidden directory inside a bound
+// one is an empty tmpfs there.
+TEST_F(WorkspaceToolsTest, TheSandboxHidesDirectoriesInsideWhatItBinds) {
+  if (!HaveBwrap()) GTEST_SKIP() << "bubblewrap is not installed";
+  fs::create_directories(root_ / "tree" / "home");
+  std::ofstream(root_ / "tree" / "home" / "owner.token") << "the-token";
+  std::ofstream(root_ / "tree" / "visible.txt") << "visible";
+  SandboxSpec spec;
+  spec.argv = {"/bin/sh", "-c", "cat " + (root_ / "tree" / "visible.txt").string() + "; ls -a " +
+                                    (root_ / "tree" / "home").string() + "; cat " +
+                                    (root_ / "tree" / "home" / "owner.token").string() + " 2>&1"};
+  spec.read_only = {(root_ / "tree").string()};
+  spec.hidden = {(root_ / "tree" / "home").string()};
+  auto argv = SandboxArgv(spec);
+  ASSERT_TRUE(argv.ok()) << argv.status().ToString();
+  auto r = RunProcess(*argv, {"PATH=/usr/bin:/bin"}, "", "", ProcessLimits{});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_NE(r->stdout_text.find("visible"), std::string::npos) << r->stdout_text << r->stderr_text;
+  EXPECT_EQ(r->stdout_text.find("the-token"), std::string::npos) << r->stdout_text;
+  EXPECT_NE(r->stdout_text.find("No such file"), std::string::npos) << r->stdout_text;
 }
 
 TEST(ProcessTest, ABackgroundChildDoesNotHoldTheCallPastItsEnd) {

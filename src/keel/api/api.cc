@@ -10,7 +10,11 @@
 namespace keel::api {
 
 Json TenantJson(const store::Tenant& t) {
-  return {{"id", t.id}, {"name", t.name}, {"created_at", FormatRfc3339(t.created_at)}};
+  return {{"id", t.id},
+          {"name", t.name},
+          {"created_at", FormatRfc3339(t.created_at)},
+          {"settings", {{"allow_host_exec", t.allow_host_exec},
+                        {"allow_stdio_mcp", t.allow_stdio_mcp}}}};
 }
 
 Json TokenJson(const store::Token& t) {

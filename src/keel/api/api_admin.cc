@@ -108,6 +108,44 @@ void RegisterAdminRoutes(http::Router& router, ApiContext& ctx) {
     co_return Response::Json(200, {{"items", items}, {"next_cursor", nullptr}});
   });
 
+  // Only the platform admin grants what reaches the host (DESIGN.md invariant 12): a tenant's
+  // owner cannot turn on host execution or unsandboxed stdio MCP servers, even for itself.
+  router.Add("PATCH", "/v1/tenants/{id}", [&ctx](Request& req) -> asio::awaitable<Response> {
+    if (!req.principal.platform_admin) {
+      co_return Response::Error(
+          PermissionDenied("only the platform admin can change a tenant's settings"));
+    }
+    auto body = ParseJsonObject(req.body);
+    if (!body.ok()) co_return Response::Error(body.status());
+    if (body->empty()) {
+      co_return Response::Error(
+          InvalidArgument("give allow_host_exec and/or allow_stdio_mcp (true or false)"));
+    }
+    for (auto it = body->begin(); it != body->end(); ++it) {
+      if (it.key() != "allow_host_exec" && it.key() != "allow_stdio_mcp") {
+        co_return Response::Error(InvalidArgument(
+            "unknown field '" + it.key() + "' (a tenant's settings are allow_host_exec and "
+            "allow_stdio_mcp)"));
+      }
+      if (!it.value().is_boolean()) {
+        co_return Response::Error(InvalidArgument(it.key() + " must be true or false"));
+      }
+    }
+    std::string id = req.Param("id");
+    store::Tenant tenant;
+    auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(tenant, tx.tenants().GetTenant(id));
+      tenant.allow_host_exec = body->value("allow_host_exec", tenant.allow_host_exec);
+      tenant.allow_stdio_mcp = body->value("allow_stdio_mcp", tenant.allow_stdio_mcp);
+      KEEL_RETURN_IF_ERROR(tx.tenants().UpdateTenantSettings(tenant));
+      return tx.events().Append({tenant.id, "tenant.settings_changed@v1", "", "", "",
+                                 {{"allow_host_exec", tenant.allow_host_exec},
+                                  {"allow_stdio_mcp", tenant.allow_stdio_mcp}}});
+    });
+    if (!written.ok()) co_return Response::Error(written.status());
+    co_return Response::Json(200, TenantJson(tenant));
+  });
+
   router.Add("POST", "/v1/tokens", [&ctx](Request& req) -> asio::awaitable<Response> {
     if (auto st = RequireOwner(req); !st.ok()) co_return Response::Error(st);
     auto body = ParseJsonObject(req.body);

@@ -9,6 +9,7 @@
 #include "keel/model/provider.h"
 #include "keel/store/async.h"
 #include "keel/store/skill_store.h"
+#include "keel/tools/gateway.h"
 
 namespace keel::api {
 
@@ -128,6 +129,32 @@ Status Apply(const Json& body, const model::ProviderRegistry& providers, store::
 
 }  // namespace
 
+// What Apply cannot check alone: the tools list names things that exist, and host execution
+// is the tenant's only when the platform admin granted it. (References: every caller awaits it
+// at once.)
+static asio::awaitable<Status> CheckGrants(ApiContext& ctx, const store::Agent& agent,
+                                           bool tools_given, bool config_given) {
+  if (tools_given) {
+    Status known = co_await ctx.gateway.CheckToolList(agent.tenant_id, agent.tools);
+    if (!known.ok()) co_return known;
+  }
+  if (config_given && agent.config.is_object() &&
+      agent.config.value("exec_backend", "") == "host") {
+    store::Tenant tenant;
+    Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(tenant, tx.tenants().GetTenant(agent.tenant_id));
+      return Status::Ok();
+    });
+    if (!st.ok()) co_return st;
+    if (!tenant.allow_host_exec) {
+      co_return PermissionDenied(
+          "config.exec_backend \"host\" runs commands on the host, which this tenant may not: "
+          "only the platform admin can allow it (PATCH /v1/tenants/{id} with allow_host_exec)");
+    }
+  }
+  co_return Status::Ok();
+}
+
 // Finds an agent of the caller's tenant by id. (References: every caller awaits it at once.)
 static asio::awaitable<Result<store::Agent>> LoadAgent(ApiContext& ctx, const Request& req) {
   store::Agent agent;
@@ -148,6 +175,8 @@ void RegisterAgentRoutes(http::Router& router, ApiContext& ctx) {
     if (auto st = Apply(*body, ctx.providers, agent, true); !st.ok()) co_return Response::Error(st);
     agent.id = NewId();
     agent.tenant_id = req.principal.tenant_id;
+    Status granted = co_await CheckGrants(ctx, agent, true, true);
+    if (!granted.ok()) co_return Response::Error(granted);
     agent.created_at = agent.updated_at = NowMillis();
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_RETURN_IF_ERROR(tx.agents().InsertAgent(agent));
@@ -187,6 +216,9 @@ void RegisterAgentRoutes(http::Router& router, ApiContext& ctx) {
     if (auto st = Apply(*body, ctx.providers, updated, false); !st.ok()) {
       co_return Response::Error(st);
     }
+    Status granted =
+        co_await CheckGrants(ctx, updated, body->contains("tools"), body->contains("config"));
+    if (!granted.ok()) co_return Response::Error(granted);
     updated.updated_at = NowMillis();
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_RETURN_IF_ERROR(tx.agents().UpdateAgent(updated));

@@ -2,11 +2,17 @@
 #include "keel/config/http_config.h"
 
 #include <toml++/toml.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstring>
+#include <string_view>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <set>
 
 #include "keel/http/outbound_guard.h"
@@ -166,6 +172,7 @@ Status ApplyToml(const std::string& path, Config& c, HttpConfig& http) {
                                              "max_concurrent_runs", "max_steps", "lease_ms",
                                              "approval_timeout_ms", "large_result_bytes",
                                              "history_limit", "log_level", "outbound_allow",
+                                             "exec_uid", "exec_gid",
                                              "openai", "anthropic", "prices", "cache"};
   for (const auto& [k, v] : t) {
     if (!kTop.count(std::string(k.str()))) {
@@ -225,6 +232,8 @@ Status ApplyToml(const std::string& path, Config& c, HttpConfig& http) {
     }
     KEEL_RETURN_IF_ERROR(CheckOutboundAllow(path + ": outbound_allow", c.outbound_allow));
   }
+  KEEL_RETURN_IF_ERROR(num("exec_uid", 1, 2147483647, &c.exec_uid));
+  KEEL_RETURN_IF_ERROR(num("exec_gid", 1, 2147483647, &c.exec_gid));
   KEEL_RETURN_IF_ERROR(ApplyAnthropic(path, t, c.anthropic));
   KEEL_RETURN_IF_ERROR(ApplyPrices(path, t, c.prices));
   KEEL_RETURN_IF_ERROR(ApplyCache(path, t, c.cache));
@@ -286,6 +295,28 @@ Status LoadInto(const Overrides& o, Config& c, HttpConfig& http) {
   if (auto v = Env("KEEL_STORE"); !v.empty()) c.store_url = v;
   if (auto v = Env("KEEL_WORKSPACES"); !v.empty()) c.workspaces = v;
   c.secret_kek = Env("KEEL_SECRET_KEK");
+  if (auto file = Env("KEEL_SECRET_KEK_FILE"); !file.empty()) {
+    if (!c.secret_kek.empty()) {
+      return InvalidArgument("set KEEL_SECRET_KEK or KEEL_SECRET_KEK_FILE, not both");
+    }
+    std::ifstream in(file);
+    std::stringstream text;
+    if (!in || !(text << in.rdbuf())) {
+      return InvalidArgument("KEEL_SECRET_KEK_FILE: cannot read " + file);
+    }
+    c.secret_kek = text.str();
+    // The key is base64 on one line; its trailing newline is not part of it.
+    while (!c.secret_kek.empty() && std::isspace(static_cast<unsigned char>(c.secret_kek.back()))) {
+      c.secret_kek.pop_back();
+    }
+    if (c.secret_kek.empty()) return InvalidArgument("KEEL_SECRET_KEK_FILE: " + file + " is empty");
+  }
+  if (auto v = Env("KEEL_EXEC_UID"); !v.empty()) {
+    KEEL_RETURN_IF_ERROR(SetInt(v, "KEEL_EXEC_UID", 1, 2147483647, &c.exec_uid));
+  }
+  if (auto v = Env("KEEL_EXEC_GID"); !v.empty()) {
+    KEEL_RETURN_IF_ERROR(SetInt(v, "KEEL_EXEC_GID", 1, 2147483647, &c.exec_gid));
+  }
   if (auto v = Env("KEEL_DURABLE"); !v.empty()) {
     if (v != "true" && v != "false" && v != "1" && v != "0") {
       return InvalidArgument("KEEL_DURABLE must be true or false, got '" + v + "'");
@@ -370,6 +401,20 @@ Result<HttpConfig> LoadHttp(const Overrides& o) {
   HttpConfig http;
   KEEL_RETURN_IF_ERROR(LoadInto(o, c, http));
   return http;
+}
+
+void ForgetSecretKekInEnvironment() {
+  static constexpr std::string_view kName = "KEEL_SECRET_KEK=";
+  for (char** e = environ; e && *e; ++e) {
+    if (std::string_view(*e).substr(0, kName.size()) != kName) continue;
+    char* entry = *e;
+    size_t length = std::strlen(entry);
+    ::unsetenv("KEEL_SECRET_KEK");  // drops the pointer from environ, not the bytes
+    // The bytes are the process's initial environment block, which /proc/PID/environ reads.
+    volatile char* bytes = entry;
+    for (size_t i = 0; i < length; ++i) bytes[i] = '\0';
+    return;
+  }
 }
 
 }  // namespace keel::config

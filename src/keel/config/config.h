@@ -63,8 +63,13 @@ struct Config {
   // (http/outbound_guard.h). keel.toml: outbound_allow = ["127.0.0.1/32"]; KEEL_OUTBOUND_ALLOW:
   // comma-separated, replacing the file's list. Empty: only public addresses.
   std::vector<std::string> outbound_allow;
-  // KEEL_SECRET_KEK (environment only): base64 of the 256-bit key-encryption key of secrets.
+  // KEEL_SECRET_KEK, or the content of the file KEEL_SECRET_KEK_FILE names (environment only):
+  // base64 of the 256-bit key-encryption key of secrets.
   std::string secret_kek;
+  // The unprivileged user and group that host commands and unsandboxed stdio MCP servers run
+  // as (exec_uid / exec_gid, KEEL_EXEC_UID / KEEL_EXEC_GID); never Keel's own user.
+  int exec_uid = 65534;
+  int exec_gid = 65534;
   OpenAiConfig openai;
   AnthropicConfig anthropic;
   // Prices by model string as agents name it ("openai/gpt-4o-mini", "local"); a model without
@@ -86,5 +91,10 @@ std::string DefaultHome();
 
 // Loads and validates the configuration. Errors name the setting and its source.
 Result<Config> Load(const Overrides& overrides);
+
+// Removes KEEL_SECRET_KEK from this process's environment and overwrites its bytes where the
+// kernel shows them (/proc/PID/environ), so that nothing reading the environment later finds
+// the key. REQUIRES: no other thread reads the environment meanwhile (call at start).
+void ForgetSecretKekInEnvironment();
 
 }  // namespace keel::config

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <grp.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,6 +22,7 @@ struct ExecFailure {
 };
 constexpr int kStageChdir = 1;
 constexpr int kStageExec = 2;
+constexpr int kStageUser = 3;
 
 void CloseFd(int& fd) {
   if (fd >= 0) ::close(fd);
@@ -56,7 +58,7 @@ std::string PathEntryOf(const std::vector<std::string>& env) {
 
 // In the child, between fork and exec: only async-signal-safe calls.
 [[noreturn]] void ExecChild(const char* path, char* const* argv, char* const* envp, const char* cwd,
-                            int in_fd, int out_fd, int err_fd, int status_fd) {
+                            int in_fd, int out_fd, int err_fd, int status_fd, int uid, int gid) {
   // Ignored signals and the mask survive exec; the server should start as if from a shell.
   sigset_t none;
   ::sigemptyset(&none);
@@ -82,6 +84,13 @@ std::string PathEntryOf(const std::vector<std::string>& env) {
   }
   if (cwd[0] != '\0' && ::chdir(cwd) != 0) {
     ExecFailure f{kStageChdir, errno};
+    (void)!::write(status_fd, &f, sizeof f);
+    ::_exit(127);
+  }
+  // Groups, then gid, then uid: after setuid neither could change. A failure refuses to run.
+  if (uid >= 0 && (::setgroups(0, nullptr) != 0 || ::setgid(static_cast<gid_t>(gid)) != 0 ||
+                   ::setuid(static_cast<uid_t>(uid)) != 0)) {
+    ExecFailure f{kStageUser, errno};
     (void)!::write(status_fd, &f, sizeof f);
     ::_exit(127);
   }
@@ -115,8 +124,10 @@ std::string FindExecutable(const std::string& name, const std::string& path_var)
 }
 
 Result<ChildProcess> SpawnChild(const std::vector<std::string>& argv,
-                                const std::vector<std::string>& env, const std::string& cwd) {
+                                const std::vector<std::string>& env, const std::string& cwd,
+                                int uid, int gid) {
   if (argv.empty() || argv[0].empty()) return InvalidArgument("no command to run");
+  if ((uid < 0) != (gid < 0)) return InvalidArgument("a child's uid and gid go together");
   std::string path_var = PathEntryOf(env);
   std::string path = FindExecutable(argv[0], path_var);
   if (path.empty()) {
@@ -150,7 +161,7 @@ Result<ChildProcess> SpawnChild(const std::vector<std::string>& argv,
   }
   if (pid == 0) {
     ExecChild(path.c_str(), c_argv.data(), c_env.data(), cwd.c_str(), in[0], out[1], err[1],
-              status[1]);
+              status[1], uid, gid);
   }
   CloseFd(in[0]);
   CloseFd(out[1]);
@@ -170,6 +181,10 @@ Result<ChildProcess> SpawnChild(const std::vector<std::string>& argv,
     if (failure.stage == kStageChdir) {
       return Unavailable("cannot start " + argv[0] + ": cannot change to directory '" + cwd +
                          "': " + std::strerror(failure.error));
+    }
+    if (failure.stage == kStageUser) {
+      return Unavailable("cannot start " + argv[0] + " as uid " + std::to_string(uid) + ": " +
+                         std::strerror(failure.error));
     }
     if (failure.error == ENOENT) return NotFound("command '" + path + "' not found");
     return Unavailable("cannot start " + path + ": " + std::strerror(failure.error));

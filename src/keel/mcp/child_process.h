@@ -31,11 +31,13 @@ struct ChildProcess {
 std::string FindExecutable(const std::string& name, const std::string& path_var);
 
 // Starts `argv` (argv[0] a command name, searched in the PATH entry of `env`, or a path) with
-// `env` ("NAME=value" entries, and nothing else) in `cwd` (inherited when empty).
+// `env` ("NAME=value" entries, and nothing else) in `cwd` (inherited when empty), as `uid` and
+// `gid` when they are not -1 (switched to after changing to `cwd`, with no supplementary groups).
 // kNotFound when the command does not exist; kUnavailable when it exists but cannot be started
 // (not executable, a bad cwd, out of processes), with the reason.
 Result<ChildProcess> SpawnChild(const std::vector<std::string>& argv,
-                                const std::vector<std::string>& env, const std::string& cwd);
+                                const std::vector<std::string>& env, const std::string& cwd,
+                                int uid = -1, int gid = -1);
 
 // "exited with status 3", "was killed by signal 9 (Killed)": for error messages.
 std::string DescribeWaitStatus(int wstatus);

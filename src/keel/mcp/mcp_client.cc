@@ -750,7 +750,8 @@ Result<std::unique_ptr<McpClient>> McpClient::StartStdio(const StdioServerSpec& 
   }
   std::string label = LabelOf(spec);
   KEEL_ASSIGN_OR_RETURN(std::vector<std::string> env, ServerEnvironment(spec.env));
-  Result<ChildProcess> child = SpawnChild(spec.command, env, spec.cwd);
+  Result<ChildProcess> child =
+      SpawnChild(spec.command, env, spec.cwd, spec.run_as_uid, spec.run_as_gid);
   if (!child.ok()) return Status(child.status().code(), label + ": " + child.status().message());
   auto client = std::unique_ptr<McpClient>(new McpClient());
   client->options_ = options;

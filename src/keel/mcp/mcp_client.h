@@ -47,6 +47,9 @@ struct StdioServerSpec {
   std::string cwd;
   // Names the server in error messages and logs; "" uses the command line.
   std::string name;
+  // The user and group the server runs as; -1: Keel's own.
+  int run_as_uid = -1;
+  int run_as_gid = -1;
 };
 
 struct ClientOptions {

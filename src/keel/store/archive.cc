@@ -48,16 +48,18 @@ struct AddedColumn {
   const char* table;
   const char* column;
   int version;  // the archive version that first carried it
-  const char* value;
+  const char* value;  // JSON text
 };
-constexpr AddedColumn kAddedColumns[] = {{"sessions", "description", 5, ""},
-                                         {"sessions", "created_by", 6, ""}};
+constexpr AddedColumn kAddedColumns[] = {{"sessions", "description", 5, "\"\""},
+                                         {"sessions", "created_by", 6, "\"\""},
+                                         {"tenants", "allow_host_exec", 6, "0"},
+                                         {"tenants", "allow_stdio_mcp", 6, "0"}};
 
 void FillAddedColumns(const ExportTableSpec& t, int version, Json& row) {
   for (const auto& c : kAddedColumns) {
     if (version < c.version && t.name == std::string_view(c.table) && row.is_object() &&
         !row.contains(c.column)) {
-      row[c.column] = c.value;
+      row[c.column] = Json::parse(c.value);
     }
   }
 }

@@ -26,7 +26,8 @@ namespace keel::store {
 
 inline constexpr const char* kArchiveFormat = "keel-export";
 // 2: tenant_keys and secrets; 3: plugins and agent_plugins; 4: schedules, memories, skills,
-// compactions and usage; 5: sessions.description; 6: sessions.created_by.
+// compactions and usage; 5: sessions.description; 6: sessions.created_by, and
+// tenants.allow_host_exec and allow_stdio_mcp.
 inline constexpr int kArchiveVersion = 6;
 // The oldest version ImportArchive reads.
 inline constexpr int kOldestArchiveVersion = 2;

@@ -22,7 +22,13 @@ Status Store::WriteSync(WriteFn fn, std::vector<Event>* events) {
 const std::vector<ExportTableSpec>& ExportTables() {
   using T = ColumnType;
   static const std::vector<ExportTableSpec> kTables = {
-      {"tenants", {{"id", T::kText}, {"name", T::kText}, {"created_at", T::kInt}}, "id"},
+      {"tenants",
+       {{"id", T::kText},
+        {"name", T::kText},
+        {"created_at", T::kInt},
+        {"allow_host_exec", T::kInt},
+        {"allow_stdio_mcp", T::kInt}},
+       "id"},
       {"api_tokens",
        {{"id", T::kText},
         {"tenant_id", T::kText},

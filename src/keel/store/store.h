@@ -34,6 +34,8 @@ class TenantStore {
   virtual Status InsertTenant(const Tenant& t) = 0;
   virtual Result<Tenant> GetTenant(const std::string& id) = 0;
   virtual Result<std::vector<Tenant>> ListTenants() = 0;
+  // Writes the tenant's settings (allow_host_exec, allow_stdio_mcp). kNotFound when unknown.
+  virtual Status UpdateTenantSettings(const Tenant& t) = 0;
 };
 
 class TokenStore {

@@ -16,6 +16,10 @@ struct Tenant {
   std::string id;
   std::string name;
   Millis created_at = 0;
+  // What only the platform admin may grant, because each reaches the host: agents whose
+  // exec_backend is "host", and stdio MCP servers run outside the sandbox.
+  bool allow_host_exec = false;
+  bool allow_stdio_mcp = false;
 };
 
 struct Token {

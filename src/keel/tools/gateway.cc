@@ -17,6 +17,7 @@
 #include "keel/common/crypto.h"
 #include "keel/common/ids.h"
 #include "keel/common/log.h"
+#include "keel/mcp/child_process.h"
 #include "keel/mcp/manager.h"
 #include "keel/secrets/vault.h"
 #include "keel/common/time.h"
@@ -127,9 +128,75 @@ class McpToolAdapter final : public Tool {
   mcp::McpTool tool_;
 };
 
+// The directories a sandboxed stdio server needs to see, read-only: its program's prefix (the
+// parent of a bin/ directory holding it, so an interpreter finds its libraries) and, for each
+// argument that is an existing absolute path, its directory, or the node_modules directory
+// holding it (a package needs its dependencies).
+std::vector<std::string> CommandDirectories(const std::string& program,
+                                            const std::vector<std::string>& args) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> out;
+  auto prefix_of = [&](const fs::path& exe) {
+    fs::path dir = exe.parent_path();
+    if (dir.filename() == "bin") dir = dir.parent_path();
+    out.push_back(dir.string());
+  };
+  std::error_code ec;
+  prefix_of(program);
+  fs::path real = fs::canonical(program, ec);
+  if (!ec && real != fs::path(program)) prefix_of(real);
+  for (const auto& arg : args) {
+    if (arg.empty() || arg[0] != '/') continue;
+    fs::path p = fs::weakly_canonical(arg, ec);
+    if (ec || !fs::exists(p, ec)) continue;
+    std::string text = p.string();
+    size_t nm = text.find("/node_modules/");
+    if (nm != std::string::npos) {
+      out.push_back(text.substr(0, nm + std::string("/node_modules").size()));
+    } else {
+      out.push_back(fs::is_directory(p, ec) ? text : p.parent_path().string());
+    }
+  }
+  return out;
+}
+
+// Where a stdio server runs: in the sandbox (no network, the system and its own directories
+// read-only, nothing of Keel's), or, where the platform admin allowed the tenant unsandboxed
+// servers, as the exec user. Never as Keel's own user.
+Status Confine(const ExecOptions& exec, bool unsandboxed, mcp::StdioServerSpec& spec) {
+  if (spec.command.empty() || spec.command[0].empty()) return InvalidArgument("no command");
+  // Keel's own HOME (mcp_client.h) is not the server's to see.
+  if (!spec.env.count("HOME")) spec.env["HOME"] = "/tmp";
+  if (unsandboxed) {
+    if (Status can = CanRunAs(exec.uid, exec.gid); !can.ok()) {
+      return Status(can.code(), "unsandboxed stdio MCP servers refused: " + can.message());
+    }
+    spec.run_as_uid = exec.uid;
+    spec.run_as_gid = exec.gid;
+    spec.cwd = "/";
+    return Status::Ok();
+  }
+  const char* keel_path = std::getenv("PATH");
+  std::string path_var = spec.env.count("PATH") ? spec.env["PATH"] : (keel_path ? keel_path : "");
+  std::string program = mcp::FindExecutable(spec.command[0], path_var);
+  if (program.empty() || ::access(program.c_str(), X_OK) != 0) {
+    return NotFound("command '" + spec.command[0] + "' not found in PATH (" + path_var + ")");
+  }
+  SandboxSpec sandbox;
+  sandbox.argv = spec.command;
+  sandbox.argv[0] = program;
+  sandbox.read_only = CommandDirectories(
+      program, std::vector<std::string>(spec.command.begin() + 1, spec.command.end()));
+  sandbox.hidden = exec.hidden;
+  // The environment (secrets included) reaches the server through bwrap's own, never its
+  // command line, which other users can read.
+  KEEL_ASSIGN_OR_RETURN(spec.command, SandboxArgv(sandbox));
+  return Status::Ok();
+}
+
 // The launch of a registered server, its secrets opened (inside a read).
 Result<mcp::ServerLaunch> LaunchOf(store::Tx& tx, const secrets::Vault* vault,
-                                   const store::McpServer& s) {
+                                   const ExecOptions& exec, const store::McpServer& s) {
   mcp::ServerLaunch l;
   l.server_id = s.id;
   l.tenant_id = s.tenant_id;
@@ -175,8 +242,20 @@ Result<mcp::ServerLaunch> LaunchOf(store::Tx& tx, const secrets::Vault* vault,
   if (c.contains("timeout_ms") && c["timeout_ms"].is_number_integer()) {
     l.options.request_timeout_ms = c["timeout_ms"].get<int64_t>();
   }
+  bool unsandboxed = false;
+  if (s.transport != "http") {
+    KEEL_ASSIGN_OR_RETURN(store::Tenant tenant, tx.tenants().GetTenant(s.tenant_id));
+    unsandboxed = tenant.allow_stdio_mcp;
+    Status confined = Confine(exec, unsandboxed, l.spec);
+    if (!confined.ok()) {
+      return Status(confined.code(),
+                    "MCP server " + s.name + " is not available: " + confined.message());
+    }
+  }
+  // A change of the tenant's setting restarts the server in its new confinement.
   l.fingerprint = Sha256Hex(s.transport + "\n" + DumpJson(c.value("command", Json::array())) +
-                            "\n" + l.http.url + "\n" + resolved + resolved_headers);
+                            "\n" + l.http.url + "\n" + resolved + resolved_headers +
+                            (unsandboxed ? "unsandboxed" : "sandboxed"));
   return l;
 }
 
@@ -207,7 +286,7 @@ asio::awaitable<Result<std::shared_ptr<Tool>>> Gateway::Resolve(std::string tena
       }
       return found.status();
     }
-    KEEL_ASSIGN_OR_RETURN(launch, LaunchOf(tx, vault_, *found));
+    KEEL_ASSIGN_OR_RETURN(launch, LaunchOf(tx, vault_, options_.exec, *found));
     return Status::Ok();
   });
   if (!read.ok()) co_return read;
@@ -233,7 +312,7 @@ asio::awaitable<Result<std::vector<std::shared_ptr<Tool>>>> Gateway::McpServerTo
   if (!mcp_) co_return Unavailable("MCP servers are not enabled");
   mcp::ServerLaunch launch;
   Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
-    KEEL_ASSIGN_OR_RETURN(launch, LaunchOf(tx, vault_, server));
+    KEEL_ASSIGN_OR_RETURN(launch, LaunchOf(tx, vault_, options_.exec, server));
     return Status::Ok();
   });
   if (!read.ok()) co_return read;
@@ -288,12 +367,13 @@ asio::awaitable<std::vector<std::shared_ptr<Tool>>> Gateway::Offered(std::string
   for (const auto& s : servers) {
     // Only servers the agent's list can reach at all are started.
     std::string prefix = std::string(kMcpPrefix) + s.name + "__";
-    bool any = !allowed_tools.is_array() || allowed_tools.empty();
+    bool any = false;
     for (const auto& a : allowed_tools) {
       if (!a.is_string()) continue;
       const std::string& p = a.get_ref<const std::string&>();
       if (p == "*" || p.compare(0, prefix.size(), prefix) == 0 ||
-          (p.back() == '*' && prefix.compare(0, p.size() - 1, p, 0, p.size() - 1) == 0)) {
+          (!p.empty() && p.back() == '*' &&
+           prefix.compare(0, p.size() - 1, p, 0, p.size() - 1) == 0)) {
         any = true;
       }
     }
@@ -322,7 +402,8 @@ std::string CallOutcome::ForModel() const {
 }
 
 bool Gateway::Allowed(const Json& allowed_tools, const std::string& tool) {
-  if (!allowed_tools.is_array() || allowed_tools.empty()) return true;
+  // An agent has the tools it was given: none unless listed (exec and MCP servers reach far).
+  if (!allowed_tools.is_array()) return false;
   for (const auto& t : allowed_tools) {
     if (!t.is_string()) continue;
     const std::string& pattern = t.get_ref<const std::string&>();
@@ -333,6 +414,47 @@ bool Gateway::Allowed(const Json& allowed_tools, const std::string& tool) {
     }
   }
   return false;
+}
+
+asio::awaitable<Status> Gateway::CheckToolList(std::string tenant_id, Json tools) {
+  if (!tools.is_array()) co_return InvalidArgument("tools must be an array of tool names");
+  std::vector<store::McpServer> servers;
+  if (mcp_) {
+    Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(servers, tx.mcp_servers().ListMcpServers(tenant_id));
+      return Status::Ok();
+    });
+    if (!read.ok()) co_return read;
+  }
+  auto starts_with = [](const std::string& s, std::string_view p) {
+    return s.compare(0, p.size(), p) == 0;
+  };
+  for (const auto& t : tools) {
+    if (!t.is_string()) co_return InvalidArgument("tools must be an array of non-empty strings");
+    const std::string& name = t.get_ref<const std::string&>();
+    bool glob = !name.empty() && name.back() == '*';
+    std::string stem = glob ? name.substr(0, name.size() - 1) : name;
+    bool known = false;
+    for (const Tool* r : registry_.All()) {
+      known = known || (glob ? starts_with(r->name(), stem) : r->name() == name);
+    }
+    // A plugin's tools appear when it is enabled for the agent, which may come later.
+    known = known || starts_with(name, kPluginPrefix) ||
+            (glob && std::string(kPluginPrefix).compare(0, stem.size(), stem) == 0);
+    for (const auto& s : servers) {
+      // Its tools are the server's to list (it may be down now): the server must exist.
+      std::string prefix = std::string(kMcpPrefix) + s.name + "__";
+      known = known || (starts_with(name, prefix) && name.size() > prefix.size()) ||
+              (glob && prefix.compare(0, stem.size(), stem) == 0);
+    }
+    if (!known) {
+      co_return InvalidArgument(
+          "tools: '" + name + "' names no tool: not a registered tool" +
+          (glob ? " pattern" : "") + ", nor mcp__{server}__{tool} of a registered MCP server, "
+          "nor plugin__{plugin}__{tool}");
+    }
+  }
+  co_return Status::Ok();
 }
 
 std::vector<const Tool*> Gateway::ToolsFor(const Json& allowed_tools) const {
@@ -680,6 +802,19 @@ asio::awaitable<Result<CallOutcome>> Gateway::ExecuteAndRecord(store::ToolCall c
                                                                std::string session_id,
                                                                Json agent_config) {
   auto resolved = co_await Resolve(call.tenant_id, agent_id, call.tool);
+  // Host execution is the platform admin's to grant, per tenant, and the grant is read now
+  // (a withdrawn one stops the next command); whatever the agent's config says is overwritten.
+  if (agent_config.is_object()) agent_config.erase(kHostExecGranted);
+  if (resolved.ok() && agent_config.is_object() &&
+      agent_config.value("exec_backend", "") == "host") {
+    store::Tenant tenant;
+    Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(tenant, tx.tenants().GetTenant(call.tenant_id));
+      return Status::Ok();
+    });
+    if (!read.ok()) co_return read;
+    agent_config[kHostExecGranted] = tenant.allow_host_exec;
+  }
   const auto started = std::chrono::steady_clock::now();
   Result<Json> result = resolved.ok() ? Result<Json>(Status::Ok()) : Result<Json>(resolved.status());
   if (resolved.ok()) {

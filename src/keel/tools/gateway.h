@@ -27,6 +27,7 @@
 #include "keel/common/json_util.h"
 #include "keel/store/store.h"
 #include "keel/tools/tool.h"
+#include "keel/tools/workspace.h"
 
 namespace boost::asio {
 class thread_pool;
@@ -49,7 +50,7 @@ struct CallRequest {
   std::string call_id;        // the model's id for the call
   std::string tool;
   Json arguments = Json::object();
-  Json allowed_tools = Json::array();  // the agent's `tools`; empty = every registered tool
+  Json allowed_tools = Json::array();  // the agent's `tools`; empty = no tool
   Json agent_config = Json::object();   // handed to the tool (ToolContext)
   std::string caller_role = "owner";    // of whoever posted the run's message
   std::string requested_by;             // that caller's token id
@@ -61,6 +62,8 @@ struct GatewayOptions {
   // A result larger than this (as JSON text) is kept whole in the agent's workspace, under
   // .keel/results/, and the model gets its head and tail with the file's name.
   size_t large_result_bytes = 16 * 1024;
+  // Who unsandboxed stdio MCP servers run as, and what every sandbox hides.
+  ExecOptions exec;
 };
 
 // A veto hook's refusal. With abort_turn the run must stop (a plugin whose failure mode is
@@ -170,8 +173,13 @@ class Gateway {
   std::string WorkspaceOf(const std::string& agent_id) const {
     return workspaces_root_ + "/" + agent_id;
   }
-  // Whether the agent's `tools` list lets it call `tool`.
+  // Whether the agent's `tools` list lets it call `tool` (an empty or missing list: none).
   static bool Allowed(const Json& allowed_tools, const std::string& tool);
+  // Ok when every entry of an agent's `tools` list names something that exists in the tenant:
+  // a registered tool, a glob matching one ("files.*", "*"), mcp__{server}__{tool} or
+  // mcp__{server}__* of a registered server, or plugin__...; kInvalidArgument naming the first
+  // that does not.
+  boost::asio::awaitable<Status> CheckToolList(std::string tenant_id, Json tools);
 
  private:
   boost::asio::awaitable<Result<CallOutcome>> ExecuteAndRecord(store::ToolCall call,

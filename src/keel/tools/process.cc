@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <grp.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -40,6 +41,15 @@ void CloseFd(int& fd) {
     if (fd != status_fd) ::close(fd);
   }
   if (cwd[0] != '\0' && ::chdir(cwd) != 0) {
+    int e = errno;
+    (void)!::write(status_fd, &e, sizeof e);
+    ::_exit(127);
+  }
+  // After chdir: the cwd may lie below directories only Keel's user can cross. Groups first,
+  // then the gid, then the uid (after which neither could change); any failure refuses to run.
+  if (limits.run_as_uid >= 0 &&
+      (::setgroups(0, nullptr) != 0 || ::setgid(static_cast<gid_t>(limits.run_as_gid)) != 0 ||
+       ::setuid(static_cast<uid_t>(limits.run_as_uid)) != 0)) {
     int e = errno;
     (void)!::write(status_fd, &e, sizeof e);
     ::_exit(127);

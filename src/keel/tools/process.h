@@ -18,6 +18,9 @@ struct ProcessLimits {
   int64_t file_bytes = int64_t(64) << 20;      // RLIMIT_FSIZE: largest file it may write
   size_t capture_bytes = 64 * 1024;            // kept of stdout and of stderr, each
   size_t flood_bytes = size_t(16) << 20;       // more output than this kills the command
+  // The user and group the child runs as (set after it changed to its cwd); -1: Keel's own.
+  int run_as_uid = -1;
+  int run_as_gid = -1;
 };
 
 struct ProcessResult {

@@ -1,5 +1,6 @@
 // Tools that work in the agent's workspace: files.read, files.write, files.list, and exec (a
-// command in a bubblewrap sandbox, or on the host for agents whose owner allows it). Every path
+// command in a bubblewrap sandbox, or on the host as the exec user for agents of a tenant the
+// platform admin allowed it). Every path
 // is resolved inside the workspace; one that escapes it (`..`, an absolute path, a symlink
 // pointing out) is refused.
 
@@ -8,10 +9,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string>
 
 #include "keel/common/ids.h"
 #include "keel/tools/process.h"
@@ -108,6 +111,24 @@ class FilesRead final : public Tool {
   }
 };
 
+// A workspace handed to the exec user (host execution) stays its: what files.write creates in
+// it (the file, through `fd`, and the directories from `dir` up) becomes that user's too, so
+// its commands can read them. Only root can, and needs to.
+void GiveToWorkspaceOwner(const std::string& workspace, int fd, fs::path dir) {
+  struct stat ws {};
+  if (::geteuid() != 0 || ::stat(workspace.c_str(), &ws) != 0 || ws.st_uid == 0) return;
+  (void)!::fchown(fd, ws.st_uid, ws.st_gid);
+  std::error_code ec;
+  const fs::path root = fs::weakly_canonical(workspace, ec);
+  for (; !ec && dir != root && dir.string().size() > root.string().size();
+       dir = dir.parent_path()) {
+    struct stat st {};
+    if (::lstat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == 0) {
+      (void)!::lchown(dir.c_str(), ws.st_uid, ws.st_gid);
+    }
+  }
+}
+
 class FilesWrite final : public Tool {
  public:
   std::string name() const override { return "files.write"; }
@@ -143,6 +164,7 @@ class FilesWrite final : public Tool {
     if (fd < 0) return Unavailable("cannot write '" + path + "': " + std::strerror(errno));
     ssize_t n = ::write(fd, content.data(), content.size());
     bool ok = n == static_cast<ssize_t>(content.size()) && ::fdatasync(fd) == 0;
+    GiveToWorkspaceOwner(ctx.workspace, fd, fs::path(full).parent_path());
     ::close(fd);
     if (!ok || ::rename(tmp.c_str(), full.c_str()) != 0) {
       ::unlink(tmp.c_str());
@@ -200,6 +222,7 @@ class FilesList final : public Tool {
 
 class Exec final : public Tool {
  public:
+  explicit Exec(ExecOptions options) : options_(std::move(options)) {}
   std::string name() const override { return "exec"; }
   std::string description() const override {
     return "Runs a shell command in the agent's workspace, in a sandbox without network: the "
@@ -234,11 +257,24 @@ class Exec final : public Tool {
     std::vector<std::string> env = {"PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8"};
     std::string cwd;
     if (backend == "host") {
+      // The host is the platform admin's to grant, and even then it is reached as the exec
+      // user, never as Keel's own (which could read Keel's memory, keys and tokens).
+      const Json& config = ctx.agent_config;
+      if (!config.is_object() || config.value(kHostExecGranted, false) != true) {
+        return PermissionDenied("host execution is not allowed in this tenant (only the platform "
+                                "admin can allow it: PATCH /v1/tenants/{id} allow_host_exec)");
+      }
+      if (Status can = CanRunAs(options_.uid, options_.gid); !can.ok()) {
+        return Status(can.code(), "host execution refused: " + can.message());
+      }
+      KEEL_RETURN_IF_ERROR(HandOver(ctx.workspace));
       argv = {"/bin/sh", "-c", command};
       env.push_back("HOME=" + ctx.workspace);
       cwd = ctx.workspace;
+      limits.run_as_uid = options_.uid;
+      limits.run_as_gid = options_.gid;
     } else {
-      KEEL_ASSIGN_OR_RETURN(argv, SandboxArgv(ctx.workspace, command));
+      KEEL_ASSIGN_OR_RETURN(argv, SandboxArgv(ctx.workspace, command, options_.hidden));
     }
     KEEL_ASSIGN_OR_RETURN(ProcessResult r, RunProcess(argv, env, cwd, input, limits));
     if (r.timed_out) {
@@ -255,12 +291,78 @@ class Exec final : public Tool {
     if (r.truncated) out["truncated"] = true;
     return out;
   }
+
+ private:
+  // The exec user works in the workspace (only there: its parents stay Keel's). The first
+  // time, what is in it becomes the exec user's too; files.write keeps it so.
+  Status HandOver(const std::string& workspace) const {
+    struct stat st {};
+    if (::stat(workspace.c_str(), &st) != 0) {
+      return Unavailable(std::string("cannot read the workspace: ") + std::strerror(errno));
+    }
+    if (st.st_uid == static_cast<uid_t>(options_.uid)) return Status::Ok();
+    std::error_code ec;
+    for (auto it = fs::recursive_directory_iterator(workspace, ec);
+         !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+      (void)!::lchown(it->path().c_str(), options_.uid, options_.gid);
+    }
+    if (::chown(workspace.c_str(), options_.uid, options_.gid) != 0) {
+      return Unavailable(std::string("cannot hand the workspace to the exec user: ") +
+                         std::strerror(errno));
+    }
+    return Status::Ok();
+  }
+
+  const ExecOptions options_;
 };
+
+// Whether `path` is `dir` or lies below it (both canonical).
+bool Within(const std::string& path, const std::string& dir) {
+  if (dir == "/") return true;
+  return path == dir || (path.size() > dir.size() && path.compare(0, dir.size(), dir) == 0 &&
+                         path[dir.size()] == '/');
+}
+
+std::string Canonical(const std::string& path) {
+  std::error_code ec;
+  fs::path p = fs::weakly_canonical(path, ec);
+  return ec ? path : p.string();
+}
+
+// The effective capabilities of this process (CapEff of /proc/self/status); 0 when unreadable.
+uint64_t EffectiveCapabilities() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("CapEff:", 0) == 0) {
+      try {
+        return std::stoull(line.substr(7), nullptr, 16);
+      } catch (...) {
+        return 0;
+      }
+    }
+  }
+  return 0;
+}
 
 }  // namespace
 
-Result<std::vector<std::string>> SandboxArgv(const std::string& workspace,
-                                             const std::string& command) {
+Status CanRunAs(int uid, int gid) {
+  if (uid < 0 || gid < 0) return Unavailable("no exec user is configured (exec_uid, exec_gid)");
+  if (static_cast<uid_t>(uid) == ::geteuid() || uid == 0) {
+    return Unavailable("the exec user (uid " + std::to_string(uid) + ") must not be root or "
+                       "Keel's own user; set exec_uid to an unprivileged user");
+  }
+  constexpr uint64_t kSetGid = uint64_t(1) << 6, kSetUid = uint64_t(1) << 7;
+  if (::geteuid() != 0 && (EffectiveCapabilities() & (kSetGid | kSetUid)) != (kSetGid | kSetUid)) {
+    return Unavailable("Keel runs as uid " + std::to_string(::geteuid()) + " without "
+                       "CAP_SETUID/CAP_SETGID, so it cannot start commands as the exec user (uid " +
+                       std::to_string(uid) + "); it does not run them as its own user instead");
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<std::string>> SandboxArgv(const SandboxSpec& spec) {
   static const char* kBwrapPaths[] = {"/usr/bin/bwrap", "/bin/bwrap", "/usr/local/bin/bwrap"};
   std::string bwrap;
   for (const char* p : kBwrapPaths) {
@@ -270,14 +372,16 @@ Result<std::vector<std::string>> SandboxArgv(const std::string& workspace,
     }
   }
   if (bwrap.empty()) {
-    return Unavailable("the exec sandbox needs bubblewrap (bwrap), which is not installed "
+    return Unavailable("the sandbox needs bubblewrap (bwrap), which is not installed "
                        "(apt-get install bubblewrap); commands do not run without it");
   }
+  if (spec.argv.empty()) return InvalidArgument("no command to run in the sandbox");
   std::vector<std::string> a = {bwrap,          "--die-with-parent", "--new-session",
                                 "--unshare-all", "--cap-drop",        "ALL",
                                 "--uid",         "65534",             "--gid",
                                 "65534",         "--hostname",        "keel-sandbox",
                                 "--ro-bind",     "/usr",              "/usr"};
+  std::vector<std::string> bound = {"/usr"};
   // Merged-/usr systems have /bin, /lib... as symlinks into /usr; others get them bound.
   for (const char* dir : {"/bin", "/sbin", "/lib", "/lib64", "/lib32"}) {
     std::error_code ec;
@@ -285,30 +389,72 @@ Result<std::vector<std::string>> SandboxArgv(const std::string& workspace,
       a.insert(a.end(), {"--symlink", fs::read_symlink(dir, ec).string(), dir});
     } else if (fs::is_directory(dir, ec)) {
       a.insert(a.end(), {"--ro-bind", dir, dir});
+      bound.push_back(dir);
     }
   }
   a.insert(a.end(), {"--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache",
                      "--ro-bind-try", "/etc/alternatives", "/etc/alternatives",
                      "--proc",        "/proc",
                      "--dev",         "/dev",
-                     "--tmpfs",       "/tmp",
-                     "--bind",        workspace,           "/workspace",
-                     "--chdir",       "/workspace",
-                     "--clearenv",
-                     "--setenv",      "PATH",              "/usr/local/bin:/usr/bin:/bin",
-                     "--setenv",      "HOME",              "/workspace",
-                     "--setenv",      "LANG",              "C.UTF-8",
-                     "--",            "/bin/sh",           "-c",
-                     command});
+                     "--tmpfs",       "/tmp"});
+  bound.push_back("/etc/alternatives");
+  std::vector<std::string> hidden;
+  for (const auto& h : spec.hidden) hidden.push_back(Canonical(h));
+  for (const auto& path : spec.read_only) {
+    std::string p = Canonical(path);
+    bool inside_hidden = false;
+    for (const auto& h : hidden) inside_hidden = inside_hidden || Within(p, h);
+    // "/" would bind everything; a hidden directory stays hidden.
+    if (p == "/" || inside_hidden) continue;
+    a.insert(a.end(), {"--ro-bind-try", p, p});
+    bound.push_back(p);
+  }
+  // KEEL_HOME (owner.token, the database, keys) and the other agents' workspaces: covered
+  // wherever a bound directory holds them.
+  for (const auto& h : hidden) {
+    bool exposed = false;
+    for (const auto& b : bound) exposed = exposed || Within(h, b);
+    if (exposed) a.insert(a.end(), {"--tmpfs", h});
+  }
+  if (!spec.workspace.empty()) {
+    a.insert(a.end(), {"--bind", spec.workspace, "/workspace", "--chdir", "/workspace"});
+  } else {
+    a.insert(a.end(), {"--chdir", "/tmp"});
+  }
+  if (!spec.env.empty()) {
+    a.push_back("--clearenv");
+    for (const auto& e : spec.env) {
+      size_t eq = e.find('=');
+      if (eq == std::string::npos || eq == 0) return InvalidArgument("bad environment entry");
+      a.insert(a.end(), {"--setenv", e.substr(0, eq), e.substr(eq + 1)});
+    }
+  }
+  a.push_back("--");
+  a.insert(a.end(), spec.argv.begin(), spec.argv.end());
   return a;
 }
 
-Status RegisterWorkspaceTools(ToolRegistry& registry) {
+Result<std::vector<std::string>> SandboxArgv(const std::string& workspace,
+                                             const std::string& command,
+                                             const std::vector<std::string>& hidden) {
+  SandboxSpec spec;
+  spec.argv = {"/bin/sh", "-c", command};
+  spec.workspace = workspace;
+  spec.hidden = hidden;
+  spec.env = {"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/workspace", "LANG=C.UTF-8"};
+  return SandboxArgv(spec);
+}
+
+Status RegisterWorkspaceTools(ToolRegistry& registry, const ExecOptions& options) {
   KEEL_RETURN_IF_ERROR(registry.Register(std::make_unique<FilesRead>()));
   KEEL_RETURN_IF_ERROR(registry.Register(std::make_unique<FilesWrite>()));
   KEEL_RETURN_IF_ERROR(registry.Register(std::make_unique<FilesList>()));
-  KEEL_RETURN_IF_ERROR(registry.Register(std::make_unique<Exec>()));
+  KEEL_RETURN_IF_ERROR(registry.Register(std::make_unique<Exec>(options)));
   return Status::Ok();
+}
+
+Status RegisterWorkspaceTools(ToolRegistry& registry) {
+  return RegisterWorkspaceTools(registry, ExecOptions{});
 }
 
 }  // namespace keel::tools

@@ -56,7 +56,13 @@ std::string TextArray(const std::vector<std::string>& items) {
   return out + "}";
 }
 
-Tenant ReadTenant(const Row& r) { return Tenant{r.Text(0), r.Text(1), r.Int(2)}; }
+constexpr const char* kTenantCols = "id, name, created_at, allow_host_exec, allow_stdio_mcp";
+Tenant ReadTenant(const Row& r) {
+  Tenant t{r.Text(0), r.Text(1), r.Int(2)};
+  t.allow_host_exec = r.Int(3) != 0;
+  t.allow_stdio_mcp = r.Int(4) != 0;
+  return t;
+}
 
 
 
@@ -132,17 +138,28 @@ Status PostgresTx::InsertTenant(const Tenant& t) {
 }
 
 Result<Tenant> PostgresTx::GetTenant(const std::string& id) {
-  static const std::string kSql = "SELECT id, name, created_at FROM tenants WHERE id=$1";
+  static const std::string kSql =
+      "SELECT " + std::string(kTenantCols) + " FROM tenants WHERE id=$1";
   KEEL_RETURN_IF_ERROR(BindTenant(id));
   KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(id)));
   return One<Tenant>(rows, ReadTenant, "tenant not found: " + id);
 }
 
 Result<std::vector<Tenant>> PostgresTx::ListTenants() {
-  static const std::string kSql = "SELECT id, name, created_at FROM tenants ORDER BY id";
+  static const std::string kSql =
+      "SELECT " + std::string(kTenantCols) + " FROM tenants ORDER BY id";
   return AsSystem([&]() -> Result<std::vector<Tenant>> {
     KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, Params()));
     return Collect<Tenant>(rows, ReadTenant);
+  });
+}
+
+Status PostgresTx::UpdateTenantSettings(const Tenant& t) {
+  static const std::string kSql =
+      "UPDATE tenants SET allow_host_exec=$1, allow_stdio_mcp=$2 WHERE id=$3 RETURNING id";
+  return AsSystem([&] {
+    return Updated(conn_.Query(kSql, P(t.allow_host_exec, t.allow_stdio_mcp, t.id)),
+                   "tenant not found: " + t.id);
   });
 }
 
@@ -1503,6 +1520,11 @@ CREATE INDEX schedule_fires_run ON schedule_fires(tenant_id, run_id);
       // Who opened a session: guests reach only their own.
       R"sql(
 ALTER TABLE sessions ADD COLUMN created_by TEXT COLLATE "C" NOT NULL DEFAULT '';
+)sql",
+      // What only the platform admin grants a tenant: host execution, unsandboxed stdio MCP.
+      R"sql(
+ALTER TABLE tenants ADD COLUMN allow_host_exec BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE tenants ADD COLUMN allow_stdio_mcp BIGINT NOT NULL DEFAULT 0;
 )sql",
   };
   return kMigrations;

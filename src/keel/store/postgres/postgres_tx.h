@@ -91,6 +91,7 @@ class PostgresTx final : public Tx,
   Status InsertTenant(const Tenant& t) override;
   Result<Tenant> GetTenant(const std::string& id) override;
   Result<std::vector<Tenant>> ListTenants() override;
+  Status UpdateTenantSettings(const Tenant& t) override;
   // TokenStore
   Status InsertToken(const Token& t) override;
   Result<Token> FindActiveTokenByHash(const std::string& hash) override;

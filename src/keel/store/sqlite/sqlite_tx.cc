@@ -40,6 +40,16 @@ Paged<T> MakePage(std::vector<T> rows, int limit, KeyFn key) {
 
 // ---- TenantStore
 
+namespace {
+constexpr const char* kTenantCols = "id, name, created_at, allow_host_exec, allow_stdio_mcp";
+Tenant ReadTenant(const Stmt& r) {
+  Tenant t{r.Text(0), r.Text(1), r.Int(2)};
+  t.allow_host_exec = r.Int(3) != 0;
+  t.allow_stdio_mcp = r.Int(4) != 0;
+  return t;
+}
+}  // namespace
+
 Status SqliteTx::InsertTenant(const Tenant& t) {
   static const std::string kSql = "INSERT INTO tenants(id, name, created_at) VALUES(?,?,?)";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
@@ -47,17 +57,28 @@ Status SqliteTx::InsertTenant(const Tenant& t) {
 }
 
 Result<Tenant> SqliteTx::GetTenant(const std::string& id) {
-  static const std::string kSql = "SELECT id, name, created_at FROM tenants WHERE id=?";
+  static const std::string kSql =
+      "SELECT " + std::string(kTenantCols) + " FROM tenants WHERE id=?";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(id);
-  return One<Tenant>(s, [](const Stmt& r) { return Tenant{r.Text(0), r.Text(1), r.Int(2)}; },
-                     "tenant not found: " + id);
+  return One<Tenant>(s, ReadTenant, "tenant not found: " + id);
 }
 
 Result<std::vector<Tenant>> SqliteTx::ListTenants() {
-  static const std::string kSql = "SELECT id, name, created_at FROM tenants ORDER BY id";
+  static const std::string kSql =
+      "SELECT " + std::string(kTenantCols) + " FROM tenants ORDER BY id";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
-  return Collect<Tenant>(s, [](const Stmt& r) { return Tenant{r.Text(0), r.Text(1), r.Int(2)}; });
+  return Collect<Tenant>(s, ReadTenant);
+}
+
+Status SqliteTx::UpdateTenantSettings(const Tenant& t) {
+  static const std::string kSql =
+      "UPDATE tenants SET allow_host_exec=?, allow_stdio_mcp=? WHERE id=? RETURNING id";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(int64_t(t.allow_host_exec), int64_t(t.allow_stdio_mcp), t.id);
+  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return NotFound("tenant not found: " + t.id);
+  return Status::Ok();
 }
 
 // ---- TokenStore
@@ -1221,6 +1242,11 @@ CREATE INDEX schedule_fires_run ON schedule_fires(tenant_id, run_id);
       // Who opened a session: guests reach only their own.
       R"sql(
 ALTER TABLE sessions ADD COLUMN created_by TEXT NOT NULL DEFAULT '';
+)sql",
+      // What only the platform admin grants a tenant: host execution, unsandboxed stdio MCP.
+      R"sql(
+ALTER TABLE tenants ADD COLUMN allow_host_exec INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE tenants ADD COLUMN allow_stdio_mcp INTEGER NOT NULL DEFAULT 0;
 )sql",
   };
   return kMigrations;
