@@ -11,7 +11,7 @@ namespace {
 // nlohmann's parser itself is iterative, but every later walk of a value (dump, copy, compare,
 // destroy, schema checks, the Lua conversion) recurses once per level. A bound at the one entry
 // point keeps all of them bounded; no JSON document Keel reads needs more than a few levels.
-constexpr int kMaxDepth = 64;
+constexpr int kMaxDepth = kMaxJsonDepth;
 
 // Builds the value exactly as nlohmann's own DOM parser does (it is that parser, wrapped) and
 // stops at the first thing Keel refuses although JSON allows it: nesting deeper than kMaxDepth,

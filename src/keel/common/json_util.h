@@ -1,6 +1,7 @@
 #pragma once
-// The one JSON library of the codebase is nlohmann::json; this header adds the helpers for
-// reading untrusted request bodies without exceptions leaking out.
+// The one JSON library of the codebase is nlohmann::json; this header adds the one entry point
+// for JSON text from outside the process (request bodies, model and MCP answers, archive rows,
+// stored columns) and helpers for reading untrusted values without exceptions leaking out.
 
 #include <nlohmann/json.hpp>
 
@@ -13,10 +14,17 @@ namespace keel {
 
 using Json = nlohmann::json;
 
-// Parses `text` as a JSON object; a clear kInvalidArgument otherwise.
-Result<Json> ParseJsonObject(std::string_view text);
-// Parses any JSON value, or nullopt-like failure as kInvalidArgument.
+// The deepest nesting of arrays and objects ParseJson accepts. Every recursive walk of a parsed
+// value (copy, dump, compare, schema check, Lua conversion) is bounded by it.
+inline constexpr int kMaxJsonDepth = 64;
+
+// Parses any JSON value: kInvalidArgument for text that is not JSON (naming where it breaks),
+// nesting deeper than kMaxJsonDepth, a key twice in one object, ill-formed UTF-8 or a number
+// out of range.
 Result<Json> ParseJson(std::string_view text);
+// Parses a request body: as ParseJson, and it must be an object holding no NUL character in any
+// key or string.
+Result<Json> ParseJsonObject(std::string_view text);
 
 // Reads an optional string field: absent -> `fallback`; wrong type -> kInvalidArgument naming it.
 Result<std::string> OptString(const Json& obj, const char* field, std::string fallback = "");
