@@ -123,7 +123,7 @@ class PgCluster:
     def store_url(self, db, user="keel"):
         return "postgres://%s@127.0.0.1:%d/%s" % (user, self.port, db)
 
-    def create_database(self, owner="keel"):
+    def create_database(self, owner="keel_owner"):
         name = "keel_outage_" + unique_name("db").split("-", 1)[1]
         proc = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", self.admin_url, "-c",
                                'CREATE DATABASE %s OWNER "%s"' % (name, owner)],

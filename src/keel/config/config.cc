@@ -142,7 +142,8 @@ Status ApplyToml(const std::string& path, Config& c) {
                            std::to_string(err.source().begin.line) + ": " +
                            std::string(err.description()));
   }
-  static const std::set<std::string> kTop = {"listen", "store", "workspaces", "durable",
+  static const std::set<std::string> kTop = {"listen", "store", "store_owner", "workspaces",
+                                             "durable",
                                              "max_body_bytes", "tenant_run_cap",
                                              "max_concurrent_runs", "max_steps", "lease_ms",
                                              "approval_timeout_ms", "large_result_bytes",
@@ -173,6 +174,7 @@ Status ApplyToml(const std::string& path, Config& c) {
   };
   KEEL_RETURN_IF_ERROR(str("listen", &c.listen));
   KEEL_RETURN_IF_ERROR(str("store", &c.store_url));
+  KEEL_RETURN_IF_ERROR(str("store_owner", &c.store_owner_url));
   KEEL_RETURN_IF_ERROR(str("workspaces", &c.workspaces));
   KEEL_RETURN_IF_ERROR(str("log_level", &c.log_level));
   if (auto n = t["durable"]; n) {
@@ -245,6 +247,7 @@ Result<Config> Load(const Overrides& o) {
   if (auto v = Env("ANTHROPIC_BASE_URL"); !v.empty()) c.anthropic.base_url = v;
   if (auto v = Env("KEEL_LISTEN"); !v.empty()) c.listen = v;
   if (auto v = Env("KEEL_STORE"); !v.empty()) c.store_url = v;
+  if (auto v = Env("KEEL_STORE_OWNER"); !v.empty()) c.store_owner_url = v;
   if (auto v = Env("KEEL_WORKSPACES"); !v.empty()) c.workspaces = v;
   c.secret_kek = Env("KEEL_SECRET_KEK");
   if (auto v = Env("KEEL_DURABLE"); !v.empty()) {
