@@ -134,9 +134,15 @@ Status PostgresStore::MigrateLocked(Conn& conn, const std::string& runtime_role)
                        "with CREATEROLE or a superuser: REASSIGN OWNED BY " + First(others) +
                        " TO " + owner + "; then start again (see " + kRolesDoc + ")");
   }
-  KEEL_RETURN_IF_ERROR(
+  Status created =
       conn.Exec("CREATE TABLE IF NOT EXISTS schema_migrations(version BIGINT PRIMARY KEY, "
-                "applied_at BIGINT NOT NULL)"));
+                "applied_at BIGINT NOT NULL)");
+  if (!created.ok()) {
+    return Status(created.code(), created.message() + " (the owner role '" + others.Text(0, 1) +
+                                      "' must own the database or its schema: ALTER DATABASE "
+                                      "... OWNER TO " + others.Text(0, 1) + "; see " + kRolesDoc +
+                                      ")");
+  }
   KEEL_ASSIGN_OR_RETURN(
       auto rows,
       conn.QueryOnce("SELECT coalesce(max(version), 0) FROM schema_migrations", Params()));
@@ -184,7 +190,9 @@ Status PostgresStore::CheckRuntimeRole(Conn& conn) {
       auto rows,
       conn.QueryOnce(
           "SELECT current_user, current_database(), r.rolsuper OR r.rolbypassrls, "
-          "(SELECT string_agg(c.relname::text, ', ' ORDER BY c.relname) FROM pg_class c "
+          "(SELECT array_to_string((array_agg(c.relname::text ORDER BY c.relname))[1:3], ', ') "
+          " || CASE WHEN count(*) > 3 THEN ' and ' || (count(*) - 3) || ' more' ELSE '' END "
+          " FROM pg_class c "
           " WHERE c.relnamespace = current_schema()::regnamespace AND "
           " c.relkind IN ('r', 'p', 'S', 'v', 'm') AND "
           " pg_has_role(current_user, c.relowner, 'MEMBER')), "
