@@ -35,10 +35,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# new_db NAME: creates a database owned by the store's role; prints its URL.
+# new_db NAME: creates a database owned and migrated by the owner role keel_owner, for the
+# store's runtime role (docs/decisions/0008); prints its URL.
 new_db() {
-  psql "$KEEL_TEST_PG_ADMIN_URL" -qc "CREATE DATABASE $1 OWNER keel" >&2
+  psql "$KEEL_TEST_PG_ADMIN_URL" -qc "CREATE DATABASE $1 OWNER keel_owner" >&2
   DBS+=("$1")
+  local owner=${KEEL_TEST_PG_OWNER_URL:-${KEEL_TEST_PG_ADMIN_URL/postgres@/keel_owner@}}
+  "$BUILD/keel" store migrate --store "${KEEL_TEST_PG_URL%/*}/$1" --owner-url "${owner%/*}/$1" >&2
   echo "${KEEL_TEST_PG_URL%/*}/$1"
 }
 

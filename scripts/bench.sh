@@ -468,12 +468,15 @@ if [[ -z $ONLY || $ONLY == memory_search ]]; then
   rm -rf "$WORK/memory-sqlite"
   if [[ -n ${KEEL_TEST_PG_ADMIN_URL:-} ]]; then
     MEMDB=keel_bench_memory_$$
-    psql "$KEEL_TEST_PG_ADMIN_URL" -qc "CREATE DATABASE $MEMDB OWNER keel" >&2
+    psql "$KEEL_TEST_PG_ADMIN_URL" -qc "CREATE DATABASE $MEMDB OWNER keel_owner" >&2
     # As docs/MEMORY.md asks of an operator: lets the text index serve under row-level security
     # (without it every search reads all of the agent's memories: about 0.6 s at a million).
     psql "${KEEL_TEST_PG_ADMIN_URL%/*}/$MEMDB" -qc \
       "ALTER FUNCTION ts_match_vq(tsvector, tsquery) LEAKPROOF" >&2
     PGBASE=${KEEL_TEST_PG_URL:-${KEEL_TEST_PG_ADMIN_URL/postgres@/keel@}}
+    PGOWNER=${KEEL_TEST_PG_OWNER_URL:-${KEEL_TEST_PG_ADMIN_URL/postgres@/keel_owner@}}
+    # The owner role migrates; the benchmark runs as the runtime role (docs/decisions/0008).
+    "$KEEL" store migrate --store "${PGBASE%/*}/$MEMDB" --owner-url "${PGOWNER%/*}/$MEMDB" >&2
     memsearch postgres "${PGBASE%/*}/$MEMDB"
     psql "$KEEL_TEST_PG_ADMIN_URL" -qc "DROP DATABASE IF EXISTS $MEMDB WITH (FORCE)" >&2
   else

@@ -4,14 +4,18 @@
 #   scripts/pg-test-cluster.sh start DIR      creates and starts a cluster; idempotent
 #   scripts/pg-test-cluster.sh stop DIR       stops it (-m fast), removes DIR; idempotent
 #   scripts/pg-test-cluster.sh url DIR        prints postgres://keel@127.0.0.1:PORT/keel
+#   scripts/pg-test-cluster.sh owner-url DIR  prints postgres://keel_owner@127.0.0.1:PORT/keel
 #   scripts/pg-test-cluster.sh admin-url DIR  prints postgres://postgres@127.0.0.1:PORT/postgres
 #   scripts/pg-test-cluster.sh pause DIR      stops the server at once (-m immediate: a crash),
 #                                             keeping its data; for outage tests
 #   scripts/pg-test-cluster.sh resume DIR     starts a paused cluster again on the same port
 #
 # The cluster trusts every local connection (--auth=trust) and listens on 127.0.0.1 only, on a
-# free port. It has a role `keel` (LOGIN NOSUPERUSER NOBYPASSRLS CREATEDB) owning a database
-# `keel`; the superuser is `postgres`. DIR keeps `url`, `admin-url`, `port` and `rundir`.
+# free port. It has two roles, as Keel runs (docs/decisions/0008-postgres-owner-and-runtime-roles.md):
+# `keel_owner` (LOGIN NOSUPERUSER NOBYPASSRLS CREATEDB) owns a database `keel` and the schema
+# Keel migrates; `keel` (LOGIN NOSUPERUSER NOBYPASSRLS CREATEDB), the runtime role, owns nothing
+# in it. The superuser is `postgres`. DIR keeps `url`, `owner-url`, `admin-url`, `port` and
+# `rundir`.
 #
 # The data directory, the log and the Unix socket live in a private directory under /tmp (its
 # path is in DIR/rundir): owned by `postgres` with mode 0700 when run as root (root cannot run
@@ -29,7 +33,7 @@ die() {
 say() { echo "$ME: $*" >&2; }
 
 usage() {
-  echo "usage: $0 start|stop|url|admin-url|pause|resume DIR" >&2
+  echo "usage: $0 start|stop|url|owner-url|admin-url|pause|resume DIR" >&2
   exit 2
 }
 
@@ -86,7 +90,7 @@ stop_cluster() {
     rm -rf "$run"
   fi
   # Only what start wrote: a DIR given by mistake (say, a build tree) keeps everything else.
-  rm -f "$dir/rundir" "$dir/port" "$dir/url" "$dir/admin-url"
+  rm -f "$dir/rundir" "$dir/port" "$dir/url" "$dir/owner-url" "$dir/admin-url"
   rmdir "$dir" 2>/dev/null || say "left $dir in place: it holds files this script did not write"
 }
 
@@ -131,10 +135,12 @@ start_cluster() {
   [ "$started" -eq 1 ] || { tail -n 30 "$run/log" >&2 || true; die "could not start PostgreSQL"; }
   psql_admin "$port" \
     -c "CREATE ROLE keel LOGIN NOSUPERUSER NOBYPASSRLS CREATEDB" \
-    -c "CREATE DATABASE keel OWNER keel" >/dev/null \
-    || die "could not create role and database keel (log: $run/log)"
+    -c "CREATE ROLE keel_owner LOGIN NOSUPERUSER NOBYPASSRLS CREATEDB" \
+    -c "CREATE DATABASE keel OWNER keel_owner" >/dev/null \
+    || die "could not create the roles keel, keel_owner and the database keel (log: $run/log)"
   echo "$port" >"$dir/port"
   echo "postgres://keel@127.0.0.1:$port/keel" >"$dir/url"
+  echo "postgres://keel_owner@127.0.0.1:$port/keel" >"$dir/owner-url"
   echo "postgres://postgres@127.0.0.1:$port/postgres" >"$dir/admin-url"
   say "started PostgreSQL $("$PG_BIN/postgres" -V | awk '{print $3}') on 127.0.0.1:$port (data $run/data, log $run/log)"
 }
@@ -164,7 +170,7 @@ case "$cmd" in
     fi
     say "resumed: $(cat "$dir/url")"
     ;;
-  url | admin-url)
+  url | owner-url | admin-url)
     running || die "no cluster running in $dir (start it: $0 start $dir)"
     cat "$dir/$cmd"
     ;;

@@ -3,11 +3,14 @@
 #
 #   scripts/with-pg.sh CMD...
 #
-# Starts a cluster (scripts/pg-test-cluster.sh), exports KEEL_TEST_PG_URL (role keel) and
-# KEEL_TEST_PG_ADMIN_URL (superuser), runs CMD, and stops and removes the cluster afterwards —
-# also when CMD fails or the run is interrupted. When KEEL_TEST_PG_ADMIN_URL is already set, it
-# uses that server and starts nothing; unless KEEL_TEST_PG_URL names another role, it makes sure
-# the role `keel` exists there (the admin role needs CREATEDB and CREATEROLE, or superuser).
+# Starts a cluster (scripts/pg-test-cluster.sh), exports KEEL_TEST_PG_URL (the runtime role
+# keel), KEEL_TEST_PG_OWNER_URL (the owner role keel_owner, which owns the schema; see
+# docs/decisions/0008-postgres-owner-and-runtime-roles.md) and KEEL_TEST_PG_ADMIN_URL
+# (superuser), runs CMD, and stops and removes the cluster afterwards — also when CMD fails or
+# the run is interrupted. When KEEL_TEST_PG_ADMIN_URL is already set, it uses that server and
+# starts nothing; unless KEEL_TEST_PG_URL / KEEL_TEST_PG_OWNER_URL name other roles, it makes
+# sure the roles `keel` and `keel_owner` exist there (the admin role needs CREATEDB and
+# CREATEROLE, or superuser).
 set -uo pipefail
 
 [ $# -ge 1 ] || { echo "usage: $0 CMD..." >&2; exit 2; }
@@ -15,19 +18,22 @@ here=$(cd "$(dirname "$0")" && pwd)
 
 if [ -n "${KEEL_TEST_PG_ADMIN_URL:-}" ]; then
   echo "with-pg: using the existing server of KEEL_TEST_PG_ADMIN_URL (starting none)" >&2
-  if [ -z "${KEEL_TEST_PG_URL:-}" ]; then
-    # The tests connect as the role keel: create it when missing, and let a non-superuser admin
-    # (CREATEDB, CREATEROLE) create and drop databases owned by it.
+  # The tests connect as the roles keel and keel_owner: create them when missing, and let a
+  # non-superuser admin (CREATEDB, CREATEROLE) create and drop databases owned by them.
+  roles=()
+  [ -n "${KEEL_TEST_PG_URL:-}" ] || roles+=(keel)
+  [ -n "${KEEL_TEST_PG_OWNER_URL:-}" ] || roles+=(keel_owner)
+  for role in "${roles[@]}"; do
     psql -X -q -v ON_ERROR_STOP=1 "$KEEL_TEST_PG_ADMIN_URL" -c "DO \$\$ BEGIN
-        IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'keel') THEN
-          CREATE ROLE keel LOGIN NOSUPERUSER NOBYPASSRLS CREATEDB;
+        IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$role') THEN
+          CREATE ROLE $role LOGIN NOSUPERUSER NOBYPASSRLS CREATEDB;
         END IF;
         IF NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
-           AND NOT pg_has_role(current_user, 'keel', 'MEMBER') THEN
-          EXECUTE format('GRANT keel TO %I', current_user);
+           AND NOT pg_has_role(current_user, '$role', 'MEMBER') THEN
+          EXECUTE format('GRANT $role TO %I', current_user);
         END IF;
-      END \$\$" >&2 || { echo "with-pg: could not prepare the role keel" >&2; exit 1; }
-  fi
+      END \$\$" >&2 || { echo "with-pg: could not prepare the role $role" >&2; exit 1; }
+  done
   exec "$@"
 fi
 
@@ -43,8 +49,9 @@ trap cleanup EXIT
 t0=$SECONDS
 bash "$here/pg-test-cluster.sh" start "$dir" || exit 1
 KEEL_TEST_PG_URL=$(cat "$dir/url")
+KEEL_TEST_PG_OWNER_URL=$(cat "$dir/owner-url")
 KEEL_TEST_PG_ADMIN_URL=$(cat "$dir/admin-url")
-export KEEL_TEST_PG_URL KEEL_TEST_PG_ADMIN_URL
+export KEEL_TEST_PG_URL KEEL_TEST_PG_OWNER_URL KEEL_TEST_PG_ADMIN_URL
 echo "with-pg: KEEL_TEST_PG_ADMIN_URL=$KEEL_TEST_PG_ADMIN_URL (started in $((SECONDS - t0))s)" >&2
 
 # CMD runs in the background so that a SIGINT or SIGTERM to this script is handled at once (bash

@@ -488,6 +488,17 @@ int Main(int argc, char** argv) {
   }
   export_cmd->callback([&] { store_action = [&] { return Export(store_args); }; });
   import_cmd->callback([&] { store_action = [&] { return Import(store_args); }; });
+  // keel store migrate: the PostgreSQL schema, applied as its owner role.
+  CLI::App* store_cmd = app.add_subcommand("store", "Manage the store itself");
+  store_cmd->require_subcommand(1);
+  CLI::App* migrate_cmd = store_cmd->add_subcommand(
+      "migrate", "Apply the PostgreSQL schema as its owner role and grant the store's role");
+  migrate_cmd->add_option("--config", store_args.config_file, "Configuration file (keel.toml)");
+  migrate_cmd->add_option("--store", store_args.store_url,
+                          "Store URL (the runtime role): postgres://...");
+  migrate_cmd->add_option("--owner-url", store_args.owner_url,
+                          "The owner role's URL (default: store_owner, KEEL_STORE_OWNER)");
+  migrate_cmd->callback([&] { store_action = [&] { return Migrate(store_args); }; });
 
   // keel health
   on_parse(app.add_subcommand("health", "Check that the server is ready"),

@@ -1,7 +1,9 @@
 #pragma once
 // The CLI commands that open the store directly instead of talking to a server:
-// `keel export [--tenant T] FILE` and `keel import FILE` (store/archive.h). The store comes from
-// the configuration as for `keel serve` (--store, KEEL_STORE, keel.toml, --home).
+// `keel export [--tenant T] FILE` and `keel import FILE` (store/archive.h), and
+// `keel store migrate [--owner-url URL]` (store/migrate.h). The store comes from the configuration
+// as for `keel serve` (--store, KEEL_STORE, keel.toml, --home); a configured store_owner
+// (KEEL_STORE_OWNER) migrates a PostgreSQL store first.
 //
 // Export may run while a server uses the store: it reads one consistent snapshot (a SQLite WAL
 // reader, a PostgreSQL transaction). Import refuses a store that holds any data, so run it on a
@@ -15,6 +17,7 @@ struct StoreCommandArgs {
   std::string home;         // empty: $KEEL_HOME, else the default
   std::string config_file;  // empty: $home/keel.toml
   std::string store_url;    // empty: the configured store
+  std::string owner_url;    // migrate only; empty: the configured store_owner
   std::string tenant;       // export only; empty: every tenant
   std::string file;
 };
@@ -22,5 +25,6 @@ struct StoreCommandArgs {
 // Both return an ExitCode (cli/commands.h) and report errors on stderr.
 int Export(const StoreCommandArgs& args);
 int Import(const StoreCommandArgs& args);
+int Migrate(const StoreCommandArgs& args);
 
 }  // namespace keel::cli

@@ -42,6 +42,7 @@
 #include "keel/schedule/schedule_tools.h"
 #include "keel/secrets/vault.h"
 #include "keel/skills/skills.h"
+#include "keel/store/migrate.h"
 #include "keel/store/store.h"
 #include "keel/tenants/tenants.h"
 #include "keel/tools/gateway.h"
@@ -197,6 +198,11 @@ int ServeMain(const ServeFlags& flags) {
   store::StoreOptions store_options;
   store_options.origin = *origin;
   store_options.sync_full = config.durable;
+  if (!config.store_owner_url.empty()) {
+    if (Status st = store::MigrateStore(config.store_url, config.store_owner_url); !st.ok()) {
+      return Fail(st);
+    }
+  }
   auto opened = store::OpenStore(config.store_url, store_options);
   if (!opened.ok()) return Fail(opened.status());
   std::unique_ptr<store::Store> store = std::move(opened).value();

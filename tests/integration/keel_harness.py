@@ -18,14 +18,17 @@ Environment:
     KEEL_BIN         the keel binary (default: ../../build/keel relative to this file)
     KEEL_TEST_STORE  unset: the default SQLite store in KEEL_HOME. The word `postgres`: each
                      KeelServer creates its own fresh database on the server of
-                     KEEL_TEST_PG_ADMIN_URL (owned by the role `keel`, or by the user of
-                     KEEL_TEST_PG_URL), runs keel with `--store postgres://keel@HOST:PORT/DB`, and
-                     drops the database in stop(); without KEEL_TEST_PG_ADMIN_URL the test module
-                     exits with status 77 (ctest: skipped). Any other value is passed to the
-                     server as `--store URL`.
+                     KEEL_TEST_PG_ADMIN_URL (owned by the owner role `keel_owner`, or by the user
+                     of KEEL_TEST_PG_OWNER_URL), runs keel with `--store postgres://keel@HOST:PORT/DB`
+                     (the runtime role, which owns nothing) and KEEL_STORE_OWNER set to the owner
+                     role's URL (it migrates), and drops the database in stop(); without
+                     KEEL_TEST_PG_ADMIN_URL the test module exits with status 77 (ctest:
+                     skipped). Any other value is passed to the server as `--store URL`.
     KEEL_TEST_PG_ADMIN_URL  a PostgreSQL role that may create databases (make test sets it)
-    KEEL_TEST_PG_URL        optional: the store's role and server (default: user `keel` on the
-                            admin URL's server)
+    KEEL_TEST_PG_URL        optional: the store's runtime role and server (default: user `keel`
+                            on the admin URL's server)
+    KEEL_TEST_PG_OWNER_URL  optional: the role that owns the schema (default: user `keel_owner`
+                            on the admin URL's server)
     KEEL_TEST_KEEP   when set to 1, temporary homes are kept for inspection
 """
 
@@ -118,15 +121,23 @@ def _psql_admin(sql):
 
 
 def create_pg_database():
-    """Creates a fresh database for one server; returns (name, store URL as the keel role)."""
+    """Creates a fresh database for one server, owned by the owner role; returns (name, store URL
+    as the runtime role `keel`)."""
     admin = os.environ["KEEL_TEST_PG_ADMIN_URL"]
     base = os.environ.get("KEEL_TEST_PG_URL") or _pg_url_with(admin, user="keel")
-    owner = urllib.parse.urlsplit(base).username or "keel"
+    owner = urllib.parse.urlsplit(pg_owner_url(admin)).username
     name = "keel_it_" + "".join(random.choice(string.ascii_lowercase + string.digits)
                                 for _ in range(12))
     _psql_admin('CREATE DATABASE %s OWNER "%s"' % (name, owner))
     _PG_DATABASES.add(name)
     return name, _pg_url_with(base, db=name)
+
+
+def pg_owner_url(url):
+    """`url` (a store URL) as the owner role: KEEL_STORE_OWNER of a server on that store."""
+    owner = os.environ.get("KEEL_TEST_PG_OWNER_URL")
+    userinfo = urllib.parse.urlsplit(owner).netloc.rpartition("@")[0] if owner else ""
+    return _pg_url_with(url, user=userinfo or "keel_owner")
 
 
 def drop_pg_database(name):
@@ -205,6 +216,9 @@ class KeelServer:
         env["KEEL_HOME"] = self.home
         if self.store_url:
             env["KEEL_STORE"] = self.store_url
+            if self.store_url.startswith(("postgres://", "postgresql://")) and \
+                    os.environ.get("KEEL_TEST_PG_ADMIN_URL"):
+                env["KEEL_STORE_OWNER"] = pg_owner_url(self.store_url)
         env.update(self.extra_env)
         return env
 

@@ -80,7 +80,8 @@ def free_port():
 
 
 class PgCluster:
-    """A private PostgreSQL cluster (scripts/pg-test-cluster.sh) with role `keel`."""
+    """A private PostgreSQL cluster (scripts/pg-test-cluster.sh) with the runtime role `keel`
+    and the owner role `keel_owner`."""
 
     def __init__(self):
         self.dir = tempfile.mkdtemp(prefix="keel-pgoutage.")
@@ -123,7 +124,7 @@ class PgCluster:
     def store_url(self, db, user="keel"):
         return "postgres://%s@127.0.0.1:%d/%s" % (user, self.port, db)
 
-    def create_database(self, owner="keel"):
+    def create_database(self, owner="keel_owner"):
         name = "keel_outage_" + unique_name("db").split("-", 1)[1]
         proc = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", self.admin_url, "-c",
                                'CREATE DATABASE %s OWNER "%s"' % (name, owner)],
@@ -194,6 +195,26 @@ class StartWithUnusableStoreTest(unittest.TestCase):
         self.assertIn("cannot connect to PostgreSQL", err, what)
         self.assertIn("127.0.0.1:%d" % self.cluster.port, err, what)
         self.assertIn('database "%s" does not exist' % db, err, what)
+
+    def test_owner_role_is_refused_as_the_store_role(self):
+        # The schema's owner could switch row-level security off: keel does not run as it.
+        db = self.cluster.create_database()
+        owner_url = self.cluster.store_url(db, user="keel_owner")
+        proc = subprocess.run([keel_bin(), "store", "migrate", "--store",
+                               self.cluster.store_url(db), "--owner-url", owner_url],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, timeout=60,
+                              env=hermetic_env(tempfile.mkdtemp(prefix="keel-it-")))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        _, err, _, what = self.serve(owner_url)
+        self.assertIn("PostgreSQL role 'keel_owner' owns", err, what)
+        self.assertIn("row-level security", err, what)
+
+    def test_unmigrated_database_is_refused_without_the_owner(self):
+        db = self.cluster.create_database()
+        _, err, _, what = self.serve(self.cluster.store_url(db))
+        self.assertIn("has no keel schema yet", err, what)
+        self.assertIn("KEEL_STORE_OWNER", err, what)
 
     def test_role_does_not_exist(self):
         role = "nobody_" + unique_name("r").split("-", 1)[1]

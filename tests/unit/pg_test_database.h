@@ -1,9 +1,11 @@
 #pragma once
 // Fresh PostgreSQL databases for tests: KEEL_TEST_PG_ADMIN_URL names a role that may create
 // databases (`make test` starts a throwaway cluster and sets it; see scripts/with-pg.sh). Each
-// PgTestDatabase is a new database `keel_t_<random>` owned by the role `keel` (or the user of
-// KEEL_TEST_PG_URL), dropped on destruction. Without the variable Create() fails with kPgSkip.
-// Shared by the store conformance suite and the archive tests.
+// PgTestDatabase is a new database `keel_t_<random>` owned by the owner role `keel_owner` (or the
+// user of KEEL_TEST_PG_OWNER_URL), migrated by it, and used through url() as the runtime role
+// `keel` (or the user of KEEL_TEST_PG_URL), which owns nothing; dropped on destruction. Without
+// the variable Create() fails with kPgSkip. Shared by the store conformance suite and the
+// archive tests.
 
 #include <gtest/gtest.h>
 #include <libpq-fe.h>
@@ -15,6 +17,7 @@
 
 #include "keel/common/status.h"
 #include "keel/common/time.h"
+#include "keel/store/migrate.h"
 
 namespace keel::store {
 namespace {
@@ -109,30 +112,44 @@ class PgTestDatabase {
     const char* admin = PgAdminUrl();
     if (!admin) return InvalidArgument(kPgSkip);
     admin_ = admin;
-    // The store connects as the unprivileged role: KEEL_TEST_PG_URL's user, else `keel` on the
-    // admin URL's server.
+    // The store connects as the runtime role: KEEL_TEST_PG_URL's user, else `keel` on the admin
+    // URL's server; the schema belongs to KEEL_TEST_PG_OWNER_URL's user, else `keel_owner`.
     PgUrl store = PgUrl::Parse(admin_);
     store.userinfo = "keel";
     if (const char* u = std::getenv("KEEL_TEST_PG_URL"); u && *u) store = PgUrl::Parse(u);
+    PgUrl owner = PgUrl::Parse(admin_);
+    owner.userinfo = "keel_owner";
+    if (const char* u = std::getenv("KEEL_TEST_PG_OWNER_URL"); u && *u) owner = PgUrl::Parse(u);
     name_ = RandomDbName();
     store.db = name_;
+    owner.db = name_;
     url_ = store.str();
-    Status st = PgExec(admin_, "CREATE DATABASE " + name_ + " OWNER \"" + store.user() + "\"");
-    if (!st.ok()) name_.clear();
-    return st;
+    owner_url_ = owner.str();
+    Status st = PgExec(admin_, "CREATE DATABASE " + name_ + " OWNER \"" + owner.user() + "\"");
+    if (!st.ok()) {
+      name_.clear();
+      return st;
+    }
+    return Migrate();
   }
+  // Migrates (again) as the owner role; Create() did it once.
+  Status Migrate() { return MigrateStore(url_, owner_url_); }
   void Drop() {
     if (name_.empty()) return;
     Status st = PgExec(admin_, "DROP DATABASE IF EXISTS " + name_ + " WITH (FORCE)");
     EXPECT_TRUE(st.ok()) << st.ToString();
     name_.clear();
   }
-  const std::string& url() const { return url_; }  // as the unprivileged role
+  const std::string& url() const { return url_; }              // as the runtime role
+  const std::string& owner_url() const { return owner_url_; }  // as the owner role
+  const std::string& admin_url() const { return admin_; }
+  const std::string& name() const { return name_; }
 
  private:
   std::string admin_;
   std::string name_;
   std::string url_;
+  std::string owner_url_;
 };
 
 }  // namespace

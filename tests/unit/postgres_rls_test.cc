@@ -1,6 +1,8 @@
 // Row-level security of the PostgreSQL store, seen from a raw libpq connection as the store's
-// role (`keel`): the store writes rows of two tenants into a fresh, migrated database, and plain
-// SQL then sees only the rows of the tenant named by the transaction-local `app.tenant_id`.
+// runtime role (`keel`), which owns nothing (the schema belongs to `keel_owner`, see
+// docs/decisions/0008-postgres-owner-and-runtime-roles.md): the store writes rows of two tenants
+// into a fresh, migrated database, and plain SQL then sees only the rows of the tenant named by
+// the transaction-local `app.tenant_id`, whatever else it sets or tries.
 //
 // Needs KEEL_TEST_PG_ADMIN_URL (a role that may create databases; `make test` sets it), like the
 // PostgreSQL cases of store_conformance_test.cc; skipped without it.
@@ -147,23 +149,199 @@ TEST_F(PostgresRlsTest, TheStoreRoleIsNotSuperuserAndCannotBypassRls) {
               "t")
         << table;
   }
-  // ... and forced, with a policy, on every table of the schema but the two that hold no
-  // tenant's data.
+  // ... with a policy, on every table of the schema but the two that hold no tenant's data;
+  // none of them is the runtime role's (an owner could switch the policies off).
   auto tables = conn_->Exec(
-      "SELECT c.relname, c.relrowsecurity, c.relforcerowsecurity, "
+      "SELECT c.relname, c.relrowsecurity, pg_has_role(current_user, c.relowner, 'MEMBER'), "
       "(SELECT count(*) FROM pg_policy p WHERE p.polrelid = c.oid) "
       "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
       "WHERE n.nspname = 'public' AND c.relkind = 'r' ORDER BY c.relname");
   ASSERT_EQ(tables.error, "");
   int tenant_tables = 0;
   for (const auto& row : tables.rows) {
+    EXPECT_EQ(row[2], "f") << row[0] << " belongs to the runtime role " << role_;
     if (row[0] == "event_origins" || row[0] == "schema_migrations") continue;
     ++tenant_tables;
     EXPECT_EQ(row[1], "t") << row[0] << " has no row-level security";
-    EXPECT_EQ(row[2], "t") << row[0] << " does not force row-level security";
     EXPECT_EQ(row[3], "1") << row[0] << " has no policy";
   }
   EXPECT_GE(tenant_tables, 19);  // 16 in migrations 1-4, the plugins' 3 in migration 5
+}
+
+// The tables with a tenant policy, each with the column that names the tenant.
+std::vector<std::pair<std::string, std::string>> TenantTables(PgConn& c) {
+  auto r = c.Exec("SELECT tablename FROM pg_policies WHERE schemaname = 'public' "
+                  "ORDER BY tablename");
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& row : r.rows) out.emplace_back(row[0], row[0] == "tenants" ? "id" : "tenant_id");
+  return out;
+}
+
+// Any role may set any custom setting: a setting that opened every tenant's rows (as app.system
+// once did) would be a bypass for whoever can run SQL as the runtime role. None does.
+TEST_F(PostgresRlsTest, NoSettingShowsAnotherTenantsRows) {
+  const auto tables = TenantTables(*conn_);
+  ASSERT_GE(tables.size(), 19u);
+  for (const char* setting : {"app.system", "app.tenant_id_all", "row_security"}) {
+    (void)conn_->Exec("SELECT set_config($1, 'on', false)", {setting});
+  }
+  for (const auto& [table, col] : tables) {
+    EXPECT_EQ(Count(table), "0") << table << " shows rows without app.tenant_id";
+  }
+  ASSERT_NO_FATAL_FAILURE(Begin(a_.id));
+  EXPECT_EQ(Count("tenants"), "1");
+  EXPECT_EQ(Count("agents"), "3");
+  for (const auto& [table, col] : tables) {
+    EXPECT_EQ(Count(table, col + " <> '" + a_.id + "'"), "0") << table << " shows another tenant";
+  }
+  ASSERT_EQ(conn_->Exec("ROLLBACK").error, "");
+  // The policies check app.tenant_id and nothing else.
+  auto policies = conn_->Exec(
+      "SELECT tablename, qual, coalesce(with_check, '') FROM pg_policies "
+      "WHERE schemaname = 'public'");
+  ASSERT_EQ(policies.error, "");
+  for (const auto& row : policies.rows) {
+    EXPECT_EQ(row[1].find("app.system"), std::string::npos) << row[0] << ": " << row[1];
+    EXPECT_EQ(row[1].find(" OR "), std::string::npos) << row[0] << ": " << row[1];
+    EXPECT_EQ(row[2].find(" OR "), std::string::npos) << row[0] << ": " << row[2];
+  }
+}
+
+// The runtime role cannot switch row-level security off, replace the policies or the functions,
+// take the tables, become the owner, or drop or empty a table.
+TEST_F(PostgresRlsTest, TheRuntimeRoleCannotSwitchRowSecurityOff) {
+  const std::string owner = PgUrl::Parse(db_.owner_url()).user();
+  ASSERT_NE(owner, role_);
+  const std::vector<std::string> attacks = {
+      "ALTER TABLE agents NO FORCE ROW LEVEL SECURITY",
+      "ALTER TABLE agents DISABLE ROW LEVEL SECURITY",
+      "DROP POLICY tenant_isolation ON agents",
+      "ALTER POLICY tenant_isolation ON agents USING (true)",
+      "CREATE POLICY open ON agents USING (true)",
+      "ALTER TABLE agents OWNER TO \"" + role_ + "\"",
+      "DROP TABLE messages",
+      "TRUNCATE messages",
+      "SET ROLE \"" + owner + "\"",
+      "ALTER FUNCTION keel_tenants() SECURITY INVOKER",
+      "CREATE OR REPLACE FUNCTION keel_last_position() RETURNS bigint LANGUAGE sql AS 'SELECT 1'",
+      "CREATE TABLE mine(x int)",
+      "GRANT \"" + owner + "\" TO \"" + role_ + "\"",
+      "UPDATE schema_migrations SET version = version",
+  };
+  for (const auto& sql : attacks) {
+    auto r = conn_->Exec(sql);
+    EXPECT_NE(r.error, "") << "the runtime role ran: " << sql;
+    EXPECT_EQ(r.sqlstate, "42501") << sql << ": " << r.error;  // insufficient_privilege
+  }
+  // Everything is as it was: B's rows are still hidden from A.
+  ASSERT_NO_FATAL_FAILURE(Begin(a_.id));
+  EXPECT_EQ(Count("agents"), "3");
+  EXPECT_EQ(Count("messages", "tenant_id = '" + b_.id + "'"), "0");
+  ASSERT_EQ(conn_->Exec("ROLLBACK").error, "");
+}
+
+// The runtime-wide functions run as the owner and see every tenant, so each returns only what
+// its caller needs: keys (tenant_id, id), counts or times, and a token only for its hash. None
+// is callable by PUBLIC, and they are all there is.
+TEST_F(PostgresRlsTest, RuntimeWideFunctionsReturnOnlyKeys) {
+  auto defs = conn_->Exec(
+      "SELECT p.proname, pg_get_function_result(p.oid) FROM pg_proc p "
+      "WHERE p.pronamespace = 'public'::regnamespace AND p.prosecdef ORDER BY p.proname");
+  ASSERT_EQ(defs.error, "");
+  const std::vector<std::pair<std::string, std::string>> expected = {
+      {"keel_active_token", "SETOF api_tokens"},
+      {"keel_claimable_runs", "TABLE(tenant_id text, id text)"},
+      {"keel_due_deliveries", "TABLE(tenant_id text, id text)"},
+      {"keel_due_introspections",
+       "TABLE(tenant_id text, session_id text, agent_id text, due_at bigint)"},
+      {"keel_due_schedules", "TABLE(tenant_id text, id text)"},
+      {"keel_expire_leases", "void"},
+      {"keel_expired_approvals", "TABLE(tenant_id text, id text)"},
+      {"keel_finish_import", "void"},
+      {"keel_last_position", "bigint"},
+      {"keel_next_fire_at", "bigint"},
+      {"keel_prune_cache", "bigint"},
+      {"keel_renew_leases", "void"},
+      {"keel_table_is_empty", "boolean"},
+      {"keel_tenants", "SETOF tenants"},
+  };
+  std::vector<std::pair<std::string, std::string>> got;
+  for (const auto& row : defs.rows) got.emplace_back(row[0], row[1]);
+  EXPECT_EQ(got, expected);
+  EXPECT_EQ(conn_->Value("SELECT count(*) FROM pg_proc p, aclexplode(p.proacl) a "
+                         "WHERE p.pronamespace = 'public'::regnamespace AND a.grantee = 0"),
+            "0")
+      << "a function is executable by PUBLIC";
+  // Their search_path is fixed.
+  EXPECT_EQ(conn_->Value("SELECT count(*) FROM pg_proc p WHERE p.pronamespace = "
+                         "'public'::regnamespace AND p.prosecdef AND NOT coalesce("
+                         "'search_path=public, pg_temp' = ANY(p.proconfig), false)"),
+            "0");
+
+  // A queued run of each tenant: the claim function names them, nothing of their contents.
+  ASSERT_NO_FATAL_FAILURE(Begin(b_.id));
+  auto sess = conn_->Exec("SELECT id, agent_id FROM sessions ORDER BY id LIMIT 1");
+  ASSERT_EQ(sess.error, "");
+  ASSERT_EQ(sess.rows.size(), 1u);
+  const std::string msg = NewId(), run = NewId();
+  ASSERT_EQ(conn_->Exec("INSERT INTO messages(id, tenant_id, session_id, run_id, role, content, "
+                        "idempotency_key, created_at) VALUES($1, $2, $3, $4, 'user', "
+                        "'secret of B', '', 1)",
+                        {msg, b_.id, sess.rows[0][0], run})
+                .error,
+            "");
+  ASSERT_EQ(conn_->Exec("INSERT INTO runs(id, tenant_id, session_id, agent_id, message_id, status, "
+                        "attempt, output, error, input_tokens, output_tokens, lease_owner, "
+                        "lease_expires_at, cancel_requested, created_at) VALUES($1, $2, $3, $4, "
+                        "$5, 'queued', 0, 'output of B', '', 0, 0, '', 0, 0, 1)",
+                        {run, b_.id, sess.rows[0][0], sess.rows[0][1], msg})
+                .error,
+            "");
+  ASSERT_EQ(conn_->Exec("COMMIT").error, "");
+  ASSERT_NO_FATAL_FAILURE(Begin(a_.id));
+  auto claim = conn_->Exec("SELECT * FROM keel_claimable_runs(0, NULL)");
+  ASSERT_EQ(claim.error, "");
+  ASSERT_EQ(claim.rows.size(), 1u);
+  EXPECT_EQ(claim.rows[0], (std::vector<std::string>{b_.id, run}));
+  // ... and the run's row itself stays out of A's reach.
+  EXPECT_EQ(Count("runs", "id = '" + run + "'"), "0");
+  EXPECT_EQ(Count("messages", "content LIKE '%secret%'"), "0");
+  ASSERT_EQ(conn_->Exec("ROLLBACK").error, "");
+  // A token only for its hash; tenants' names, not their data.
+  EXPECT_EQ(conn_->Value("SELECT count(*) FROM keel_active_token('')"), "0");
+  EXPECT_EQ(conn_->Value("SELECT count(*) FROM keel_active_token('%')"), "0");
+  EXPECT_EQ(conn_->Value("SELECT count(*) FROM keel_tenants()"), "2");
+  // The emptiness check answers for this schema's tables only.
+  EXPECT_NE(conn_->Exec("SELECT keel_table_is_empty('pg_authid')").error, "");
+  EXPECT_NE(conn_->Exec("SELECT keel_table_is_empty('agents; DROP TABLE runs')").error, "");
+  EXPECT_EQ(conn_->Value("SELECT keel_table_is_empty('agents')"), "f");
+}
+
+// The store refuses to run as a role that could switch the policies off, and on a schema that
+// its owner has not migrated.
+TEST_F(PostgresRlsTest, TheStoreRefusesTheOwnerRoleAndAnUnmigratedSchema) {
+  StoreOptions o;
+  o.origin = "node-owner";
+  auto as_owner = OpenStore(db_.owner_url(), o);
+  ASSERT_FALSE(as_owner.ok()) << "the store ran as the owner role";
+  EXPECT_EQ(as_owner.status().code(), Code::kPermissionDenied) << as_owner.status().ToString();
+  EXPECT_NE(as_owner.status().message().find("owns"), std::string::npos)
+      << as_owner.status().ToString();
+  Status same = MigrateStore(db_.owner_url(), db_.owner_url());
+  EXPECT_EQ(same.code(), Code::kInvalidArgument) << same.ToString();
+  EXPECT_TRUE(db_.Migrate().ok());  // again: nothing to apply, the grants once more
+
+  PgUrl fresh = PgUrl::Parse(db_.url());
+  fresh.db = db_.name() + "_e";
+  ASSERT_TRUE(PgExec(db_.admin_url(), "CREATE DATABASE " + fresh.db + " OWNER \"" +
+                                          PgUrl::Parse(db_.owner_url()).user() + "\"")
+                  .ok());
+  auto unmigrated = OpenStore(fresh.str(), o);
+  EXPECT_FALSE(unmigrated.ok());
+  EXPECT_EQ(unmigrated.status().code(), Code::kUnavailable) << unmigrated.status().ToString();
+  EXPECT_NE(unmigrated.status().message().find("store_owner"), std::string::npos)
+      << unmigrated.status().ToString();
+  EXPECT_TRUE(PgExec(db_.admin_url(), "DROP DATABASE " + fresh.db + " WITH (FORCE)").ok());
 }
 
 TEST_F(PostgresRlsTest, WithoutATenantNoRowIsVisible) {

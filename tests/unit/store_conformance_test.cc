@@ -4,9 +4,10 @@
 //
 // PostgreSQL cases need a server: KEEL_TEST_PG_ADMIN_URL names a role that may create databases
 // (`make test` starts a throwaway cluster and sets it; see scripts/with-pg.sh). Each case gets a
-// fresh database `keel_t_<random>` owned by the role `keel` (or the user of KEEL_TEST_PG_URL),
-// opens the store as that role, and drops the database afterwards. Without the variable the
-// PostgreSQL cases are skipped.
+// fresh database `keel_t_<random>` owned and migrated by the owner role `keel_owner` (or the user
+// of KEEL_TEST_PG_OWNER_URL), opens the store as the runtime role `keel` (or the user of
+// KEEL_TEST_PG_URL), and drops the database afterwards (pg_test_database.h). Without the variable
+// the PostgreSQL cases are skipped.
 
 #include <gtest/gtest.h>
 #include <libpq-fe.h>

@@ -164,7 +164,8 @@ Status ApplyToml(const std::string& path, Config& c, HttpConfig& http) {
                            std::to_string(err.source().begin.line) + ": " +
                            std::string(err.description()));
   }
-  static const std::set<std::string> kTop = {"listen", "store", "workspaces", "durable",
+  static const std::set<std::string> kTop = {"listen", "store", "store_owner", "workspaces",
+                                             "durable",
                                              "max_body_bytes", "max_connections",
                                              "max_connections_per_address", "header_timeout_ms",
                                              "body_timeout_ms", "idle_timeout_ms",
@@ -199,6 +200,7 @@ Status ApplyToml(const std::string& path, Config& c, HttpConfig& http) {
   };
   KEEL_RETURN_IF_ERROR(str("listen", &c.listen));
   KEEL_RETURN_IF_ERROR(str("store", &c.store_url));
+  KEEL_RETURN_IF_ERROR(str("store_owner", &c.store_owner_url));
   KEEL_RETURN_IF_ERROR(str("workspaces", &c.workspaces));
   KEEL_RETURN_IF_ERROR(str("log_level", &c.log_level));
   if (auto n = t["durable"]; n) {
@@ -293,6 +295,7 @@ Status LoadInto(const Overrides& o, Config& c, HttpConfig& http) {
   if (auto v = Env("ANTHROPIC_BASE_URL"); !v.empty()) c.anthropic.base_url = v;
   if (auto v = Env("KEEL_LISTEN"); !v.empty()) c.listen = v;
   if (auto v = Env("KEEL_STORE"); !v.empty()) c.store_url = v;
+  if (auto v = Env("KEEL_STORE_OWNER"); !v.empty()) c.store_owner_url = v;
   if (auto v = Env("KEEL_WORKSPACES"); !v.empty()) c.workspaces = v;
   c.secret_kek = Env("KEEL_SECRET_KEK");
   if (auto file = Env("KEEL_SECRET_KEK_FILE"); !file.empty()) {

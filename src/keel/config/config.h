@@ -47,6 +47,9 @@ struct Config {
   std::string home;        // data directory, mode 0700
   std::string listen = "127.0.0.1:7878";
   std::string store_url;   // default sqlite://$home/keel.db
+  // PostgreSQL only: the URL of the role that owns the schema; when set, the server migrates
+  // (and grants the store URL's role its rights) as that role before it opens the store.
+  std::string store_owner_url;
   std::string workspaces;  // default $home/workspaces
   bool durable = true;     // false: synchronous=NORMAL, not durable on power loss
   int64_t max_body_bytes = 1 << 20;

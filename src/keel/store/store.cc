@@ -3,6 +3,7 @@
 #include <future>
 
 #include "keel/common/crypto.h"
+#include "keel/store/migrate.h"
 #include "keel/store/postgres/postgres_store.h"
 #include "keel/store/sqlite/sqlite_store.h"
 
@@ -388,6 +389,16 @@ Result<std::unique_ptr<Store>> OpenStore(const std::string& url, const StoreOpti
   }
   if (path.empty()) return InvalidArgument("store URL has no path: " + url);
   return sqlite::SqliteStore::Open(path, options);
+}
+
+Status MigrateStore(const std::string& url, const std::string& owner_url) {
+  if (url.rfind("postgres://", 0) != 0 && url.rfind("postgresql://", 0) != 0) {
+    return InvalidArgument("store_owner applies to a PostgreSQL store only");
+  }
+  if (owner_url.rfind("postgres://", 0) != 0 && owner_url.rfind("postgresql://", 0) != 0) {
+    return InvalidArgument("store_owner must be a postgres:// URL");
+  }
+  return postgres::PostgresStore::MigrateStore(url, owner_url);
 }
 
 std::string EncodeCursor(const std::string& last_key) {

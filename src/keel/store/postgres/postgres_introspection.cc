@@ -45,16 +45,12 @@ Status PostgresTx::ClearIntrospectionDue(const std::string& tenant_id,
   return conn_.Query(kSql, P(tenant_id, session_id, due_at)).status();
 }
 
-// Runtime-wide: app.system for this call only.
+// Runtime-wide: the owner's function returns exactly these four columns.
 Result<std::vector<IntrospectionDue>> PostgresTx::DueIntrospections(Millis now, int limit) {
   static const std::string kSql =
-      "SELECT tenant_id, session_id, agent_id, due_at FROM introspection_due WHERE due_at<=$1 "
-      "ORDER BY due_at, session_id LIMIT $2";
-  KEEL_RETURN_IF_ERROR(SetSystem(true));
+      "SELECT tenant_id, session_id, agent_id, due_at FROM keel_due_introspections($1, $2)";
   auto rows = conn_.Query(kSql, P(now, static_cast<int64_t>(limit)));
-  Status off = SetSystem(false);
   if (!rows.ok()) return rows.status();
-  KEEL_RETURN_IF_ERROR(off);
   std::vector<IntrospectionDue> out;
   for (int i = 0; i < rows->size(); ++i) {
     out.push_back({rows->Text(i, 0), rows->Text(i, 1), rows->Text(i, 2), rows->Int(i, 3)});

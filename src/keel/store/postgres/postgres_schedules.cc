@@ -126,28 +126,23 @@ Result<std::optional<ScheduleFire>> PostgresTx::FireOfRun(const std::string& ten
   return std::optional<ScheduleFire>(std::move(found.front()));
 }
 
-// The two runtime-wide reads switch app.system on for themselves only (see postgres_tx.h).
+// The two runtime-wide reads: the owner's functions give the due schedules' keys (read here
+// bound to their tenants) and the earliest time.
 Result<std::vector<Schedule>> PostgresTx::DueSchedules(Millis now, int limit) {
+  static const std::string kKeys = "SELECT tenant_id, id FROM keel_due_schedules($1, $2)";
   static const std::string kSql = "SELECT " + std::string(kScheduleCols) +
-                                  " FROM schedules WHERE status='active' AND next_fire_at<=$1 "
-                                  "ORDER BY next_fire_at, id LIMIT $2";
-  KEEL_RETURN_IF_ERROR(SetSystem(true));
-  auto rows = conn_.Query(kSql, P(now, std::max(limit, 0)));
-  Status off = SetSystem(false);
-  if (!rows.ok()) return rows.status();
-  KEEL_RETURN_IF_ERROR(off);
-  return Collect<Schedule>(*rows, ReadSchedule<Row>);
+                                  " FROM schedules WHERE tenant_id=$1 AND id = ANY($2::text[])";
+  KEEL_ASSIGN_OR_RETURN(auto keys, conn_.Query(kKeys, P(now, static_cast<int64_t>(
+                                                                 std::max(limit, 0)))));
+  KEEL_ASSIGN_OR_RETURN(auto found, RowsOfKeys(keys, kSql));
+  return InKeyOrder<Schedule>(keys, found, ReadSchedule<Row>);
 }
 
 Result<std::optional<Millis>> PostgresTx::NextFireAt() {
-  static const std::string kSql = "SELECT min(next_fire_at) FROM schedules WHERE status='active'";
-  KEEL_RETURN_IF_ERROR(SetSystem(true));
-  auto rows = conn_.Query(kSql, Params());
-  Status off = SetSystem(false);
-  if (!rows.ok()) return rows.status();
-  KEEL_RETURN_IF_ERROR(off);
-  if (rows->empty()) return std::optional<Millis>();
-  return rows->OptInt(0, 0);
+  static const std::string kSql = "SELECT keel_next_fire_at()";
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, Params()));
+  if (rows.empty()) return std::optional<Millis>();
+  return rows.OptInt(0, 0);
 }
 
 }  // namespace keel::store::postgres

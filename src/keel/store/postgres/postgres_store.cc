@@ -55,8 +55,7 @@ Result<std::unique_ptr<Store>> PostgresStore::Open(const std::string& url,
   if (options.origin.empty()) return InvalidArgument("store origin must not be empty");
   std::unique_ptr<PostgresStore> store(new PostgresStore(url, options));
   KEEL_ASSIGN_OR_RETURN(store->writer_, store->Connect(/*writer=*/true));
-  KEEL_RETURN_IF_ERROR(store->Migrate(*store->writer_->conn));
-  KEEL_RETURN_IF_ERROR(store->WarnIfRowSecurityIsBypassed(*store->writer_->conn));
+  KEEL_RETURN_IF_ERROR(CheckRuntimeRole(*store->writer_->conn));
   store->writer_thread_ = std::thread([s = store.get()] { s->WriterLoop(); });
   store->listener_thread_ = std::thread([s = store.get()] { s->ListenerLoop(); });
   for (int i = 0; i < kReadThreads; ++i) {
@@ -86,17 +85,64 @@ Result<std::unique_ptr<PostgresStore::Session>> PostgresStore::Connect(bool writ
   return session;
 }
 
-Status PostgresStore::Migrate(Conn& conn) {
-  KEEL_RETURN_IF_ERROR(conn.Exec(kLockMigrations));
-  Status st = MigrateLocked(conn);
-  Status unlock = conn.Exec(kUnlockMigrations);
+namespace {
+
+constexpr const char* kRolesDoc = "docs/decisions/0008-postgres-owner-and-runtime-roles.md";
+
+// The first row's first column, or "" for none.
+std::string First(const Rows& rows) { return rows.empty() ? std::string() : rows.Text(0, 0); }
+
+}  // namespace
+
+Status PostgresStore::MigrateStore(const std::string& url, const std::string& owner_url) {
+  static const std::string kWho = "SELECT current_user, current_database()";
+  KEEL_ASSIGN_OR_RETURN(auto runtime, Conn::Open(url));
+  KEEL_ASSIGN_OR_RETURN(auto runtime_who, runtime->QueryOnce(kWho, Params()));
+  runtime.reset();
+  KEEL_ASSIGN_OR_RETURN(auto owner, Conn::Open(owner_url));
+  KEEL_ASSIGN_OR_RETURN(auto owner_who, owner->QueryOnce(kWho, Params()));
+  const std::string runtime_role = runtime_who.Text(0, 0);
+  if (owner_who.Text(0, 0) == runtime_role) {
+    return InvalidArgument("the store URL and store_owner name the same PostgreSQL role '" +
+                           runtime_role + "': keel runs as a role that owns nothing, so give "
+                           "the store URL a second role (see " + kRolesDoc + ")");
+  }
+  if (owner_who.Text(0, 1) != runtime_who.Text(0, 1)) {
+    return InvalidArgument("the store URL and store_owner name different databases ('" +
+                           runtime_who.Text(0, 1) + "', '" + owner_who.Text(0, 1) + "')");
+  }
+  KEEL_RETURN_IF_ERROR(owner->Exec(kLockMigrations));
+  Status st = MigrateLocked(*owner, runtime_role);
+  Status unlock = owner->Exec(kUnlockMigrations);
   return st.ok() ? unlock : st;
 }
 
-Status PostgresStore::MigrateLocked(Conn& conn) {
-  KEEL_RETURN_IF_ERROR(
+Status PostgresStore::MigrateLocked(Conn& conn, const std::string& runtime_role) {
+  // Tables of another role (a deployment from before the two roles, whose runtime role owns
+  // them) are not taken silently: moving them is an administrator's one-time step.
+  KEEL_ASSIGN_OR_RETURN(
+      auto others,
+      conn.QueryOnce("SELECT string_agg(DISTINCT pg_get_userbyid(c.relowner)::text, ', '), "
+                     "current_user FROM pg_class c WHERE c.relnamespace = "
+                     "current_schema()::regnamespace AND c.relkind IN ('r', 'p', 'S') AND "
+                     "c.relowner <> (SELECT oid FROM pg_roles WHERE rolname = current_user)",
+                     Params()));
+  if (!First(others).empty()) {
+    const std::string owner = others.Text(0, 1);
+    return Unavailable("the tables of this database belong to role(s) " + First(others) +
+                       ", not to the owner role '" + owner + "': move them once, as a role "
+                       "with CREATEROLE or a superuser: REASSIGN OWNED BY " + First(others) +
+                       " TO " + owner + "; then start again (see " + kRolesDoc + ")");
+  }
+  Status created =
       conn.Exec("CREATE TABLE IF NOT EXISTS schema_migrations(version BIGINT PRIMARY KEY, "
-                "applied_at BIGINT NOT NULL)"));
+                "applied_at BIGINT NOT NULL)");
+  if (!created.ok()) {
+    return Status(created.code(), created.message() + " (the owner role '" + others.Text(0, 1) +
+                                      "' must own the database or its schema: ALTER DATABASE "
+                                      "... OWNER TO " + others.Text(0, 1) + "; see " + kRolesDoc +
+                                      ")");
+  }
   KEEL_ASSIGN_OR_RETURN(
       auto rows,
       conn.QueryOnce("SELECT coalesce(max(version), 0) FROM schema_migrations", Params()));
@@ -121,18 +167,93 @@ Status PostgresStore::MigrateLocked(Conn& conn) {
       return Status(st.code(), "migration " + std::to_string(v) + " failed: " + st.message());
     }
   }
+  // The runtime role's rights, granted on every start with the owner so that new tables get
+  // them: rows, never TRUNCATE, REFERENCES or TRIGGER; schema_migrations read-only.
+  KEEL_ASSIGN_OR_RETURN(
+      auto grants,
+      conn.QueryOnce(
+          "SELECT format('GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA %1$I TO "
+          "%2$I; REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON schema_migrations FROM %2$I; "
+          "GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA %1$I TO %2$I; "
+          "GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA %1$I TO %2$I', current_schema(), $1::text)",
+          P(runtime_role)));
+  Status granted = conn.Exec(First(grants).c_str());
+  if (!granted.ok()) {
+    return Status(granted.code(), "granting the runtime role '" + runtime_role +
+                                      "' its rights failed: " + granted.message());
+  }
   return Status::Ok();
 }
 
-Status PostgresStore::WarnIfRowSecurityIsBypassed(Conn& conn) {
-  KEEL_ASSIGN_OR_RETURN(auto rows, conn.QueryOnce("SELECT current_user, rolsuper OR rolbypassrls "
-                                                  "FROM pg_roles WHERE rolname = current_user",
-                                                  Params()));
-  if (!rows.empty() && rows.Text(0, 1) == "t") {
-    LogError("PostgreSQL role '" + rows.Text(0, 0) +
-             "' is a superuser or has BYPASSRLS: row-level security does not apply to it, so "
-             "tenant isolation rests on Keel's queries alone; run keel as an ordinary role");
-    return Status::Ok();
+Status PostgresStore::CheckRuntimeRole(Conn& conn) {
+  KEEL_ASSIGN_OR_RETURN(
+      auto rows,
+      conn.QueryOnce(
+          "SELECT current_user, current_database(), r.rolsuper OR r.rolbypassrls, "
+          "(SELECT array_to_string((array_agg(c.relname::text ORDER BY c.relname))[1:3], ', ') "
+          " || CASE WHEN count(*) > 3 THEN ' and ' || (count(*) - 3) || ' more' ELSE '' END "
+          " FROM pg_class c "
+          " WHERE c.relnamespace = current_schema()::regnamespace AND "
+          " c.relkind IN ('r', 'p', 'S', 'v', 'm') AND "
+          " pg_has_role(current_user, c.relowner, 'MEMBER')), "
+          "(SELECT pg_has_role(current_user, n.nspowner, 'MEMBER') FROM pg_namespace n "
+          " WHERE n.nspname = current_schema()), "
+          "has_schema_privilege(current_schema(), 'CREATE'), "
+          "to_regclass('schema_migrations') IS NOT NULL, "
+          "(SELECT string_agg(tablename::text, ', ') FROM pg_policies "
+          " WHERE schemaname = current_schema() AND (qual LIKE '%app.system%' OR "
+          " coalesce(with_check, '') LIKE '%app.system%')), "
+          "current_schema() "
+          "FROM pg_roles r WHERE r.rolname = current_user",
+          Params()));
+  if (rows.empty()) return Internal("cannot read the store role's attributes");
+  const std::string role = rows.Text(0, 0);
+  const std::string db = rows.Text(0, 1);
+  const std::string schema = rows.Text(0, 8);
+  const std::string why = " (see " + std::string(kRolesDoc) + ")";
+  if (rows.Text(0, 2) == "t") {
+    return PermissionDenied("PostgreSQL role '" + role + "' is a superuser or has BYPASSRLS: "
+                            "row-level security would not apply to it; run keel as a role "
+                            "that owns nothing" + why);
+  }
+  if (!rows.Text(0, 3).empty() || rows.Text(0, 4) == "t") {
+    return PermissionDenied(
+        "PostgreSQL role '" + role + "' owns (or may act as the owner of) " +
+        (rows.Text(0, 3).empty() ? "schema " + schema : rows.Text(0, 3)) + " in database " + db +
+        ": an owner can switch row-level security off, so keel refuses to run as it. Create an "
+        "owner role (e.g. keel_owner), move the objects to it once, as a role with CREATEROLE "
+        "or a superuser (REASSIGN OWNED BY " + role + " TO keel_owner; or ALTER SCHEMA/DATABASE "
+        "... OWNER TO keel_owner), and give its URL as store_owner (KEEL_STORE_OWNER)" + why);
+  }
+  if (rows.Text(0, 5) == "t") {
+    return PermissionDenied("PostgreSQL role '" + role + "' may create objects in schema " +
+                            schema + ": revoke it (REVOKE CREATE ON SCHEMA " + schema +
+                            " FROM PUBLIC, " + role + ")" + why);
+  }
+  if (rows.Text(0, 6) != "t") {
+    return Unavailable("database " + db + " has no keel schema yet: give the owner role's URL "
+                       "as store_owner (KEEL_STORE_OWNER), or run `keel store migrate "
+                       "--owner-url URL`" + why);
+  }
+  if (!rows.Text(0, 7).empty()) {
+    return PermissionDenied("row-level security policies of " + rows.Text(0, 7) +
+                            " accept app.system, which any role can set: they must check "
+                            "app.tenant_id only" + why);
+  }
+  KEEL_ASSIGN_OR_RETURN(
+      auto version,
+      conn.QueryOnce("SELECT coalesce(max(version), 0) FROM schema_migrations", Params()));
+  const int64_t current = version.empty() ? 0 : version.Int(0, 0);
+  const int64_t wanted = static_cast<int64_t>(Migrations().size());
+  if (current > wanted) {
+    return Unavailable("database schema version " + std::to_string(current) +
+                       " is newer than this keel (" + std::to_string(wanted) + "); upgrade keel");
+  }
+  if (current < wanted) {
+    return Unavailable("database schema version " + std::to_string(current) +
+                       " is older than this keel (" + std::to_string(wanted) +
+                       "): give the owner role's URL as store_owner (KEEL_STORE_OWNER), or run "
+                       "`keel store migrate --owner-url URL`" + why);
   }
   // Under row-level security PostgreSQL lets an index serve only conditions whose functions are
   // LEAKPROOF, and full-text matching is not by default: memory searches then read all of their

@@ -17,13 +17,16 @@
 //      lock, become visible in position order: no lower position can commit after a higher one
 //      was read (DESIGN.md section 7). Reads take no lock.
 //   2. Tenant isolation is enforced twice (DESIGN.md invariant 6): every query filters by
-//      tenant_id, and every tenant-scoped table has FORCE'd row-level security on
-//      `app.tenant_id` (set transaction-locally per call; see PostgresTx). A connection that
-//      set nothing sees no rows. Runtime-wide calls set `app.system` for that call only. FORCE
-//      matters because Keel's role owns the tables it migrates; a superuser or BYPASSRLS role
-//      skips the policies, so run Keel as an ordinary role.
-//   3. Migrations are versioned in schema_migrations and applied under a session advisory lock,
-//      so nodes starting together do not race; a schema newer than the binary is refused.
+//      tenant_id, and every tenant-scoped table has row-level security on `app.tenant_id` (set
+//      transaction-locally per call; see PostgresTx). A connection that set nothing sees no
+//      rows. Two roles (docs/decisions/0008-postgres-owner-and-runtime-roles.md): the store's
+//      URL names the runtime role, which owns nothing and so cannot switch the policies off;
+//      the owner role (MigrateStore's URL) owns the schema. Open refuses a runtime role that
+//      owns (or may act as the owner of) the schema or a table, a superuser, a BYPASSRLS role,
+//      and a schema that is missing or not at this binary's version.
+//   3. Migrations are versioned in schema_migrations and applied by MigrateStore, as the owner,
+//      under a session advisory lock, so nodes starting together do not race; a schema newer
+//      than the binary is refused.
 //   4. A lost connection fails the current units with kUnavailable; the writer reconnects for
 //      the next batch and a reader drops the connection instead of pooling it.
 //
@@ -57,6 +60,12 @@ class PostgresStore final : public Store {
  public:
   // `url`: postgres://user[:password]@host[:port]/db[?param=value...] (libpq syntax).
   static Result<std::unique_ptr<Store>> Open(const std::string& url, const StoreOptions& options);
+  // As the owner role of `owner_url`: applies the pending migrations, then grants the runtime
+  // role of `url` what it needs (SELECT, INSERT, UPDATE, DELETE on the tables; SELECT only on
+  // schema_migrations; the sequences; EXECUTE on the runtime-wide functions). Refuses when the
+  // two URLs name one role, or when the tables belong to another role (an existing deployment
+  // whose runtime role owns them: docs/decisions/0008 says how to move them once).
+  static Status MigrateStore(const std::string& url, const std::string& owner_url);
   ~PostgresStore() override;
 
   Status Read(const std::function<Status(Tx&)>& fn) override;
@@ -83,11 +92,10 @@ class PostgresStore final : public Store {
 
   PostgresStore(std::string url, StoreOptions options);
   Result<std::unique_ptr<Session>> Connect(bool writer);
-  Status Migrate(Conn& conn);
-  Status MigrateLocked(Conn& conn);
-  // Logs an error when the role is exempt from row-level security (superuser or BYPASSRLS);
-  // otherwise a hint when row-level security keeps memory search off its text index.
-  Status WarnIfRowSecurityIsBypassed(Conn& conn);
+  static Status MigrateLocked(Conn& owner, const std::string& runtime_role);
+  // The checks of invariant 2 on the runtime connection; then a hint when row-level security
+  // keeps memory search off its text index.
+  static Status CheckRuntimeRole(Conn& conn);
   // Opens BEGIN on the writer session, reconnecting once when the connection was lost.
   Status BeginWrite();
   void WriterLoop();

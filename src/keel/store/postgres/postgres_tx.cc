@@ -112,29 +112,32 @@ Status PostgresTx::BindTenant(const std::string& tenant_id) {
   return Status::Ok();
 }
 
-Status PostgresTx::SetSystem(bool on) {
-  static const std::string kOn = "SELECT set_config('app.system', 'on', true)";
-  static const std::string kOff = "SELECT set_config('app.system', 'off', true)";
-  return conn_.Send(on ? kOn : kOff, Params());
-}
-
-template <typename Fn>
-auto PostgresTx::AsSystem(Fn&& fn) -> decltype(fn()) {
-  KEEL_RETURN_IF_ERROR(SetSystem(true));
-  auto result = fn();
-  Status off = SetSystem(false);
-  if (result.ok() && !off.ok()) return off;
-  return result;
+Result<std::vector<std::pair<std::string, Rows>>> PostgresTx::RowsOfKeys(const Rows& keys,
+                                                                          const std::string& sql) {
+  std::vector<std::pair<std::string, std::vector<std::string>>> by_tenant;
+  for (int i = 0; i < keys.size(); ++i) {
+    const std::string tenant = keys.Text(i, 0);
+    auto it = std::find_if(by_tenant.begin(), by_tenant.end(),
+                           [&](const auto& t) { return t.first == tenant; });
+    if (it == by_tenant.end()) it = by_tenant.insert(by_tenant.end(), {tenant, {}});
+    it->second.push_back(keys.Text(i, 1));
+  }
+  std::vector<std::pair<std::string, Rows>> out;
+  for (const auto& [tenant, ids] : by_tenant) {
+    KEEL_RETURN_IF_ERROR(BindTenant(tenant));
+    KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(sql, P(tenant, TextArray(ids))));
+    out.emplace_back(tenant, std::move(rows));
+  }
+  return out;
 }
 
 // ---- TenantStore
 
 Status PostgresTx::InsertTenant(const Tenant& t) {
   static const std::string kSql = InsertSql("tenants", "id, name, created_at", 3);
-  return AsSystem([&] {
-    return Inserted(conn_.Query(kSql, P(t.id, t.name, t.created_at)),
-                    "tenant already exists: " + t.id);
-  });
+  KEEL_RETURN_IF_ERROR(BindTenant(t.id));  // a tenant's row is its own (the policy's check)
+  return Inserted(conn_.Query(kSql, P(t.id, t.name, t.created_at)),
+                  "tenant already exists: " + t.id);
 }
 
 Result<Tenant> PostgresTx::GetTenant(const std::string& id) {
@@ -147,20 +150,17 @@ Result<Tenant> PostgresTx::GetTenant(const std::string& id) {
 
 Result<std::vector<Tenant>> PostgresTx::ListTenants() {
   static const std::string kSql =
-      "SELECT " + std::string(kTenantCols) + " FROM tenants ORDER BY id";
-  return AsSystem([&]() -> Result<std::vector<Tenant>> {
-    KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, Params()));
-    return Collect<Tenant>(rows, ReadTenant);
-  });
+      "SELECT " + std::string(kTenantCols) + " FROM keel_tenants() ORDER BY id COLLATE \"C\"";
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, Params()));
+  return Collect<Tenant>(rows, ReadTenant);
 }
 
 Status PostgresTx::UpdateTenantSettings(const Tenant& t) {
   static const std::string kSql =
       "UPDATE tenants SET allow_host_exec=$1, allow_stdio_mcp=$2 WHERE id=$3 RETURNING id";
-  return AsSystem([&] {
-    return Updated(conn_.Query(kSql, P(t.allow_host_exec, t.allow_stdio_mcp, t.id)),
-                   "tenant not found: " + t.id);
-  });
+  KEEL_RETURN_IF_ERROR(BindTenant(t.id));  // a tenant's row is its own (the policy's check)
+  return Updated(conn_.Query(kSql, P(t.allow_host_exec, t.allow_stdio_mcp, t.id)),
+                 "tenant not found: " + t.id);
 }
 
 // ---- TokenStore
@@ -175,11 +175,9 @@ Status PostgresTx::InsertToken(const Token& t) {
 
 Result<Token> PostgresTx::FindActiveTokenByHash(const std::string& hash) {
   static const std::string kSql =
-      "SELECT " + std::string(kTokenCols) + " FROM api_tokens WHERE hash=$1 AND revoked_at IS NULL";
-  return AsSystem([&]() -> Result<Token> {
-    KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(hash)));
-    return One<Token>(rows, ReadToken<Row>, "token not found");
-  });
+      "SELECT " + std::string(kTokenCols) + " FROM keel_active_token($1)";
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(hash)));
+  return One<Token>(rows, ReadToken<Row>, "token not found");
 }
 
 Result<std::vector<Token>> PostgresTx::ListTokens(const std::string& tenant_id) {
@@ -365,13 +363,12 @@ Result<std::optional<Approval>> PostgresTx::FindApprovalForCall(const std::strin
 }
 
 Result<std::vector<Approval>> PostgresTx::ExpiredApprovals(Millis now, int limit) {
+  static const std::string kKeys = "SELECT tenant_id, id FROM keel_expired_approvals($1, $2)";
   static const std::string kSql = "SELECT " + std::string(kApprovalCols) +
-                                  " FROM approvals WHERE status='pending' AND expires_at<$1 "
-                                  "ORDER BY expires_at, id LIMIT $2";
-  return AsSystem([&]() -> Result<std::vector<Approval>> {
-    KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(now, LimitParam(limit))));
-    return Collect<Approval>(rows, ReadApproval<Row>);
-  });
+                                  " FROM approvals WHERE tenant_id=$1 AND id = ANY($2::text[])";
+  KEEL_ASSIGN_OR_RETURN(auto keys, conn_.Query(kKeys, P(now, LimitParam(limit))));
+  KEEL_ASSIGN_OR_RETURN(auto found, RowsOfKeys(keys, kSql));
+  return InKeyOrder<Approval>(keys, found, ReadApproval<Row>);
 }
 
 Status PostgresTx::InsertStanding(const StandingApproval& x) {
@@ -591,13 +588,13 @@ Result<Paged<PluginDelivery>> PostgresTx::ListDeliveries(const std::string& tena
 }
 
 Result<std::vector<PluginDelivery>> PostgresTx::DueDeliveries(Millis now, int limit) {
-  static const std::string kSql = "SELECT " + std::string(kDeliveryCols) +
-                                  " FROM plugin_deliveries WHERE status='pending' AND "
-                                  "next_attempt_at<=$1 ORDER BY next_attempt_at, id LIMIT $2";
-  return AsSystem([&]() -> Result<std::vector<PluginDelivery>> {
-    KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(now, LimitParam(limit))));
-    return Collect<PluginDelivery>(rows, ReadDelivery<Row>);
-  });
+  static const std::string kKeys = "SELECT tenant_id, id FROM keel_due_deliveries($1, $2)";
+  static const std::string kSql =
+      "SELECT " + std::string(kDeliveryCols) +
+      " FROM plugin_deliveries WHERE tenant_id=$1 AND id = ANY($2::text[])";
+  KEEL_ASSIGN_OR_RETURN(auto keys, conn_.Query(kKeys, P(now, LimitParam(limit))));
+  KEEL_ASSIGN_OR_RETURN(auto found, RowsOfKeys(keys, kSql));
+  return InKeyOrder<PluginDelivery>(keys, found, ReadDelivery<Row>);
 }
 
 // ---- AgentStore
@@ -857,36 +854,24 @@ Result<bool> PostgresTx::SessionBusy(const std::string& tenant_id, const std::st
 }
 
 Result<std::vector<Run>> PostgresTx::ClaimableRuns(Millis now, int limit) {
-  // Two index range scans on (status, id); an OR would scan the whole table.
+  static const std::string kKeys = "SELECT tenant_id, id FROM keel_claimable_runs($1, $2)";
   static const std::string kSql =
-      "SELECT * FROM (SELECT " + std::string(kRunCols) +
-      " FROM runs r WHERE r.status='queued' "
-      "AND NOT EXISTS (SELECT 1 FROM runs p WHERE p.session_id=r.session_id "
-      "AND p.status IN ('queued','running','waiting_for_approval') AND p.id<r.id) "
-      "UNION ALL SELECT " +
-      std::string(kRunCols) +
-      " FROM runs WHERE status='running' AND "
-      "lease_expires_at<$1) claimable ORDER BY id LIMIT $2";
-  return AsSystem([&]() -> Result<std::vector<Run>> {
-    KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(now, LimitParam(limit))));
-    return Collect<Run>(rows, ReadRun<Row>);
-  });
+      "SELECT " + std::string(kRunCols) + " FROM runs WHERE tenant_id=$1 AND id = ANY($2::text[])";
+  KEEL_ASSIGN_OR_RETURN(auto keys, conn_.Query(kKeys, P(now, LimitParam(limit))));
+  KEEL_ASSIGN_OR_RETURN(auto found, RowsOfKeys(keys, kSql));
+  return InKeyOrder<Run>(keys, found, ReadRun<Row>);
 }
 
 Status PostgresTx::ExpireLeasesOf(const std::string& owner) {
-  static const std::string kSql =
-      "UPDATE runs SET lease_expires_at=0 WHERE status='running' AND lease_owner=$1";
-  return AsSystem([&] { return conn_.Query(kSql, P(owner)).status(); });
+  static const std::string kSql = "SELECT keel_expire_leases($1)";
+  return conn_.Query(kSql, P(owner)).status();
 }
 
 Status PostgresTx::RenewLeases(const std::string& owner, const std::vector<std::string>& run_ids,
                                Millis expires_at) {
-  static const std::string kSql =
-      "UPDATE runs SET lease_expires_at=$1 WHERE id = ANY($2::text[]) AND lease_owner=$3 AND "
-      "status='running'";
+  static const std::string kSql = "SELECT keel_renew_leases($1, $2::text[], $3)";
   if (run_ids.empty()) return Status::Ok();
-  return AsSystem(
-      [&] { return conn_.Query(kSql, P(expires_at, TextArray(run_ids), owner)).status(); });
+  return conn_.Query(kSql, P(owner, TextArray(run_ids), expires_at)).status();
 }
 
 Status PostgresTx::InsertStep(const Step& x) {
@@ -1000,11 +985,9 @@ Result<std::vector<Event>> PostgresTx::ReadEvents(const std::string& tenant_id, 
 }
 
 Result<int64_t> PostgresTx::LastPosition() {
-  static const std::string kSql = "SELECT coalesce(max(position), 0) FROM events";
-  return AsSystem([&]() -> Result<int64_t> {
-    KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, Params()));
-    return rows.empty() ? 0 : rows.Int(0, 0);
-  });
+  static const std::string kSql = "SELECT keel_last_position()";
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, Params()));
+  return rows.empty() ? 0 : rows.Int(0, 0);
 }
 
 // ---- ExportStore
@@ -1025,36 +1008,69 @@ Result<const ExportTableSpec*> ExportTableOf(const std::string& table) {
 
 }  // namespace
 
-// One tenant's rows are read bound to it; all tenants' rows as the system.
+// Each tenant's rows are read bound to it. All tenants' rows (`tenant_id` empty) are every
+// tenant's in turn, merged into the table's order: the runtime role has no wider view.
 Status PostgresTx::ExportTable(const std::string& tenant_id, const std::string& table,
                                const std::function<Status(const Json& row)>& emit) {
   KEEL_ASSIGN_OR_RETURN(const ExportTableSpec* spec, ExportTableOf(table));
   const std::string tenant_col = table == "tenants" ? "id" : "tenant_id";
-  const std::string sql = "SELECT " + ColumnList(*spec) + " FROM " + spec->name +
-                          " WHERE ($1='' OR " + tenant_col + "=$1) ORDER BY " + spec->order_by;
-  auto query = [&]() -> Result<Rows> { return conn_.Query(sql, P(tenant_id)); };
-  if (!tenant_id.empty()) KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
-  Result<Rows> rows = tenant_id.empty() ? AsSystem(query) : query();
-  if (!rows.ok()) return rows.status();
-  for (int r = 0; r < rows->size(); ++r) {
-    Json out = Json::object();
-    for (int i = 0; i < static_cast<int>(spec->columns.size()); ++i) {
-      const ExportColumn& c = spec->columns[i];
-      if (c.type == ColumnType::kText) {
-        out[c.name] = rows->Text(r, i);
-      } else if (rows->IsNull(r, i)) {
-        out[c.name] = nullptr;
-      } else {
-        out[c.name] = rows->Int(r, i);
-      }
-    }
-    KEEL_RETURN_IF_ERROR(emit(out));
+  const std::string sql = "SELECT " + ColumnList(*spec) + " FROM " + spec->name + " WHERE " +
+                          tenant_col + "=$1 ORDER BY " + spec->order_by;
+  std::vector<std::string> tenants;
+  if (tenant_id.empty()) {
+    KEEL_ASSIGN_OR_RETURN(auto all, ListTenants());
+    for (auto& t : all) tenants.push_back(std::move(t.id));
+  } else {
+    tenants.push_back(tenant_id);
   }
+  std::vector<Json> out;
+  for (const auto& tenant : tenants) {
+    KEEL_RETURN_IF_ERROR(BindTenant(tenant));
+    KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(sql, P(tenant)));
+    for (int r = 0; r < rows.size(); ++r) {
+      Json row = Json::object();
+      for (int i = 0; i < static_cast<int>(spec->columns.size()); ++i) {
+        const ExportColumn& c = spec->columns[i];
+        if (c.type == ColumnType::kText) {
+          row[c.name] = rows.Text(r, i);
+        } else if (rows.IsNull(r, i)) {
+          row[c.name] = nullptr;
+        } else {
+          row[c.name] = rows.Int(r, i);
+        }
+      }
+      out.push_back(std::move(row));
+    }
+  }
+  if (tenants.size() > 1) {
+    // order_by names key columns ("tenant_id, id", "position"): never null; text in byte order
+    // as COLLATE "C" sorts it.
+    std::vector<std::string> keys;
+    std::string rest = spec->order_by;
+    for (size_t at = 0; at != std::string::npos;) {
+      size_t comma = rest.find(',', at);
+      std::string key = rest.substr(at, comma == std::string::npos ? comma : comma - at);
+      key.erase(0, key.find_first_not_of(' '));
+      key.erase(key.find_last_not_of(' ') + 1);
+      keys.push_back(key);
+      at = comma == std::string::npos ? comma : comma + 1;
+    }
+    std::stable_sort(out.begin(), out.end(), [&](const Json& a, const Json& b) {
+      for (const auto& k : keys) {
+        const Json& x = a.at(k);
+        const Json& y = b.at(k);
+        if (x == y) continue;
+        return x < y;
+      }
+      return false;
+    });
+  }
+  for (const auto& row : out) KEEL_RETURN_IF_ERROR(emit(row));
   return Status::Ok();
 }
 
-// Tenants are inserted as the system (as InsertTenant does), the other rows bound to their
-// tenant; events keep their position (OVERRIDING SYSTEM VALUE; FinishImport moves the identity).
+// Every row, tenants' too, is inserted bound to its tenant; events keep their position
+// (OVERRIDING SYSTEM VALUE; FinishImport moves the identity).
 Status PostgresTx::ImportRow(const std::string& table, const Json& row) {
   KEEL_ASSIGN_OR_RETURN(const ExportTableSpec* spec, ExportTableOf(table));
   KEEL_RETURN_IF_ERROR(CheckExportRow(*spec, row));
@@ -1072,36 +1088,22 @@ Status PostgresTx::ImportRow(const std::string& table, const Json& row) {
       params.Add(v.get<int64_t>());
     }
   }
-  if (table == "tenants") {
-    return AsSystem([&] { return conn_.Query(sql, params).status(); });
-  }
-  KEEL_RETURN_IF_ERROR(BindTenant(row.at("tenant_id").get<std::string>()));
+  KEEL_RETURN_IF_ERROR(
+      BindTenant(row.at(table == "tenants" ? "id" : "tenant_id").get<std::string>()));
   return conn_.Query(sql, params).status();
 }
 
 Status PostgresTx::FinishImport() {
-  static const std::string kPositions =
-      "SELECT setval(pg_get_serial_sequence('events', 'position'), max(position)) FROM events "
-      "HAVING count(*) > 0";
-  static const std::string kOrigins =
-      "INSERT INTO event_origins(origin, last_seq) SELECT origin, max(origin_seq) FROM events "
-      "GROUP BY origin ON CONFLICT (origin) DO UPDATE SET "
-      "last_seq = GREATEST(event_origins.last_seq, EXCLUDED.last_seq)";
-  return AsSystem([&]() -> Status {
-    KEEL_RETURN_IF_ERROR(conn_.Query(kPositions, Params()).status());
-    return conn_.Query(kOrigins, Params()).status();
-  });
+  return conn_.Query("SELECT keel_finish_import()", Params()).status();
 }
 
 Result<bool> PostgresTx::IsEmpty() {
-  return AsSystem([&]() -> Result<bool> {
-    for (const auto& t : ExportTables()) {
-      KEEL_ASSIGN_OR_RETURN(
-          auto rows, conn_.Query("SELECT 1 FROM " + std::string(t.name) + " LIMIT 1", Params()));
-      if (!rows.empty()) return false;
-    }
-    return true;
-  });
+  static const std::string kSql = "SELECT keel_table_is_empty($1)";
+  for (const auto& t : ExportTables()) {
+    KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(std::string(t.name))));
+    if (rows.empty() || rows.Text(0, 0) != "t") return false;
+  }
+  return true;
 }
 
 // Every text column is COLLATE "C" so comparisons and ORDER BY follow byte order, as SQLite's
@@ -1525,6 +1527,131 @@ ALTER TABLE sessions ADD COLUMN created_by TEXT COLLATE "C" NOT NULL DEFAULT '';
       R"sql(
 ALTER TABLE tenants ADD COLUMN allow_host_exec BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE tenants ADD COLUMN allow_stdio_mcp BIGINT NOT NULL DEFAULT 0;
+)sql",
+      // Two roles (docs/decisions/0008-postgres-owner-and-runtime-roles.md): the role that
+      // migrates owns the schema; the runtime role owns nothing, so row-level security applies
+      // to it without FORCE, while the owner's own statements and the functions below see every
+      // row. The policies check app.tenant_id only: no setting opens every tenant's rows. The
+      // runtime-wide calls go through these SECURITY DEFINER functions, each returning only what
+      // its caller needs (keys, counts, times), never a tenant's contents; EXECUTE is granted to
+      // the runtime role alone (MigrateStore). Their search_path is fixed (pg_catalog first, this
+      // schema, pg_temp last), so no object another role creates can stand in for one of ours.
+      R"sql(
+DO $$
+DECLARE p record;
+BEGIN
+  FOR p IN SELECT tablename FROM pg_policies
+           WHERE schemaname = current_schema() AND policyname = 'tenant_isolation' LOOP
+    EXECUTE format('DROP POLICY tenant_isolation ON %I', p.tablename);
+    EXECUTE format('CREATE POLICY tenant_isolation ON %1$I '
+                   'USING (%2$I = current_setting(''app.tenant_id'', true)) '
+                   'WITH CHECK (%2$I = current_setting(''app.tenant_id'', true))',
+                   p.tablename, CASE WHEN p.tablename = 'tenants' THEN 'id' ELSE 'tenant_id' END);
+    EXECUTE format('ALTER TABLE %I NO FORCE ROW LEVEL SECURITY', p.tablename);
+  END LOOP;
+  -- pg_catalog, not listed, is searched first; new objects go to the first listed schema.
+  EXECUTE format('SET LOCAL search_path = %I, pg_temp', current_schema());
+END $$;
+
+CREATE FUNCTION keel_tenants() RETURNS SETOF tenants
+  LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT
+  AS 'SELECT * FROM tenants';
+-- Only with the token's hash: no listing of tokens.
+CREATE FUNCTION keel_active_token(token_hash text) RETURNS SETOF api_tokens
+  LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT
+  AS 'SELECT * FROM api_tokens WHERE hash = $1 AND revoked_at IS NULL';
+-- Two index range scans on (status, id); an OR would scan the whole table.
+CREATE FUNCTION keel_claimable_runs(now_ms bigint, max_rows bigint)
+  RETURNS TABLE(tenant_id text, id text)
+  LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT
+  AS 'SELECT tenant_id, id FROM (
+        SELECT r.tenant_id, r.id FROM runs r WHERE r.status = ''queued''
+          AND NOT EXISTS (SELECT 1 FROM runs p WHERE p.session_id = r.session_id
+            AND p.status IN (''queued'', ''running'', ''waiting_for_approval'') AND p.id < r.id)
+        UNION ALL
+        SELECT tenant_id, id FROM runs WHERE status = ''running'' AND lease_expires_at < $1
+      ) claimable ORDER BY id LIMIT $2';
+CREATE FUNCTION keel_expire_leases(lease_owner text) RETURNS void
+  LANGUAGE sql SECURITY DEFINER SET search_path FROM CURRENT
+  AS 'UPDATE runs SET lease_expires_at = 0 WHERE status = ''running'' AND lease_owner = $1';
+CREATE FUNCTION keel_renew_leases(lease_owner text, run_ids text[], expires_at bigint)
+  RETURNS void
+  LANGUAGE sql SECURITY DEFINER SET search_path FROM CURRENT
+  AS 'UPDATE runs SET lease_expires_at = $3
+        WHERE id = ANY($2) AND lease_owner = $1 AND status = ''running''';
+CREATE FUNCTION keel_last_position() RETURNS bigint
+  LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT
+  AS 'SELECT coalesce(max(position), 0) FROM events';
+CREATE FUNCTION keel_expired_approvals(now_ms bigint, max_rows bigint)
+  RETURNS TABLE(tenant_id text, id text)
+  LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT
+  AS 'SELECT tenant_id, id FROM approvals WHERE status = ''pending'' AND expires_at < $1
+        ORDER BY expires_at, id LIMIT $2';
+CREATE FUNCTION keel_due_deliveries(now_ms bigint, max_rows bigint)
+  RETURNS TABLE(tenant_id text, id text)
+  LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT
+  AS 'SELECT tenant_id, id FROM plugin_deliveries WHERE status = ''pending''
+        AND next_attempt_at <= $1 ORDER BY next_attempt_at, id LIMIT $2';
+CREATE FUNCTION keel_due_schedules(now_ms bigint, max_rows bigint)
+  RETURNS TABLE(tenant_id text, id text)
+  LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT
+  AS 'SELECT tenant_id, id FROM schedules WHERE status = ''active'' AND next_fire_at <= $1
+        ORDER BY next_fire_at, id LIMIT $2';
+CREATE FUNCTION keel_next_fire_at() RETURNS bigint
+  LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT
+  AS 'SELECT min(next_fire_at) FROM schedules WHERE status = ''active''';
+CREATE FUNCTION keel_due_introspections(now_ms bigint, max_rows bigint)
+  RETURNS TABLE(tenant_id text, session_id text, agent_id text, due_at bigint)
+  LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT
+  AS 'SELECT tenant_id, session_id, agent_id, due_at FROM introspection_due WHERE due_at <= $1
+        ORDER BY due_at, session_id LIMIT $2';
+-- The number of cache entries removed: older than `before`, then all but the newest max_entries.
+CREATE FUNCTION keel_prune_cache(before bigint, max_entries bigint) RETURNS bigint
+  LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT
+  AS $f$
+DECLARE expired bigint; oldest bigint;
+BEGIN
+  WITH d AS (DELETE FROM model_cache WHERE created_at < before RETURNING 1)
+    SELECT count(*) INTO expired FROM d;
+  WITH d AS (DELETE FROM model_cache WHERE ctid IN (SELECT ctid FROM model_cache
+             ORDER BY created_at DESC OFFSET max_entries) RETURNING 1)
+    SELECT count(*) INTO oldest FROM d;
+  RETURN expired + oldest;
+END $f$;
+-- Whether a table of this schema holds no row (an import refuses a store with data).
+CREATE FUNCTION keel_table_is_empty(table_name text) RETURNS boolean
+  LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path FROM CURRENT
+  AS $f$
+DECLARE empty boolean;
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = current_schema()
+                 AND tablename = table_name) THEN
+    RAISE EXCEPTION 'no table %', table_name;
+  END IF;
+  EXECUTE format('SELECT NOT EXISTS (SELECT 1 FROM %I)', table_name) INTO empty;
+  RETURN empty;
+END $f$;
+-- After an import: event positions and each origin's counter continue after the imported
+-- events. Under the write lock, so that no other transaction holds a position meanwhile.
+CREATE FUNCTION keel_finish_import() RETURNS void
+  LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT
+  AS $f$
+BEGIN
+  PERFORM pg_advisory_xact_lock(7021802329620481);
+  PERFORM setval(pg_get_serial_sequence('events', 'position'), max(position)) FROM events
+    HAVING count(*) > 0;
+  INSERT INTO event_origins(origin, last_seq) SELECT origin, max(origin_seq) FROM events
+    GROUP BY origin ON CONFLICT (origin) DO UPDATE SET
+    last_seq = GREATEST(event_origins.last_seq, EXCLUDED.last_seq);
+END $f$;
+DO $$
+DECLARE f record;
+BEGIN
+  FOR f IN SELECT p.oid::regprocedure AS sig FROM pg_proc p
+           WHERE p.pronamespace = current_schema()::regnamespace AND p.proname LIKE 'keel\_%' LOOP
+    EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f.sig);
+  END LOOP;
+END $$;
 )sql",
   };
   return kMigrations;

@@ -7,21 +7,26 @@
 // Tenant binding (DESIGN.md invariant 6): the tenant-scoped tables enforce row-level security
 // on `app.tenant_id`. Before a tenant-scoped call, the Tx sets it transaction-locally with
 // set_config when the call names a tenant other than the one already bound in this transaction
-// (so a unit that stays within one tenant pays for one set_config). The runtime-wide calls
-// (FindActiveTokenByHash, ListTenants, InsertTenant, ClaimableRuns, ExpireLeasesOf, RenewLeases,
-// LastPosition, ExpiredApprovals, DueDeliveries, DueSchedules, NextFireAt) switch `app.system`
-// on for that call only and off again after it. Every query still filters by tenant_id itself; the policies are the
-// second line of defence.
+// (so a unit that stays within one tenant pays for one set_config). The connection's role is the
+// runtime role, which owns nothing (docs/decisions/0008-postgres-owner-and-runtime-roles.md): no
+// setting shows it more than one tenant. The runtime-wide calls (FindActiveTokenByHash,
+// ListTenants, ClaimableRuns, ExpireLeasesOf, RenewLeases, LastPosition, ExpiredApprovals,
+// DueDeliveries, DueSchedules, NextFireAt, DueIntrospections, PruneCache, IsEmpty, FinishImport)
+// call SECURITY DEFINER functions of the owner role that return keys, counts or times; the
+// records behind the keys are then read bound to their tenant (RowsOfKeys). Every query still
+// filters by tenant_id itself; the policies are the second line of defence.
 //
 // Invariants:
 //   1. bound_tenant_ is the value of app.tenant_id in the open transaction, or nullopt when it
 //      is not known (a new transaction, or a savepoint rolled back that may have changed it).
-//   2. app.system is 'on' only inside one runtime-wide call.
+//   2. A tenant's record is only ever read or written with app.tenant_id set to its tenant.
 //   3. Inserts use ON CONFLICT DO NOTHING and report kConflict when nothing was inserted, so a
 //      duplicate does not abort the transaction (a unit may go on, as it may with SQLite).
 
+#include <algorithm>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "keel/store/compaction_store.h"
@@ -308,16 +313,37 @@ class PostgresTx final : public Tx,
  private:
   // Binds the transaction to `tenant_id` (row-level security) unless it already is.
   Status BindTenant(const std::string& tenant_id);
-  Status SetSystem(bool on);
-  // Runs `fn` with app.system on, and turns it off again whatever `fn` returned.
-  template <typename Fn>
-  auto AsSystem(Fn&& fn) -> decltype(fn());
+  // For the (tenant_id, id) rows `keys` that a runtime-wide function returned: runs `sql`
+  // ($1 a tenant, $2 its ids as text[]) once per tenant, bound to that tenant, so that the
+  // records themselves are read under row-level security.
+  Result<std::vector<std::pair<std::string, Rows>>> RowsOfKeys(const Rows& keys,
+                                                               const std::string& sql);
 
   Conn& conn_;
   std::string origin_;
   std::vector<Event> appended_;
   std::optional<std::string> bound_tenant_;
 };
+
+// The records of `found` (RowsOfKeys) in the order of `keys` ((tenant_id, id) rows); a key
+// whose row is gone is skipped.
+template <typename T, typename ReadFn>
+std::vector<T> InKeyOrder(const Rows& keys, const std::vector<std::pair<std::string, Rows>>& found,
+                          ReadFn read) {
+  std::vector<T> records;
+  for (const auto& [tenant, rows] : found) {
+    for (int i = 0; i < rows.size(); ++i) records.push_back(read(Row(rows, i)));
+  }
+  std::vector<T> out;
+  out.reserve(records.size());
+  for (int k = 0; k < keys.size(); ++k) {
+    auto it = std::find_if(records.begin(), records.end(), [&](const T& r) {
+      return r.id == keys.Text(k, 1) && r.tenant_id == keys.Text(k, 0);
+    });
+    if (it != records.end()) out.push_back(std::move(*it));
+  }
+  return out;
+}
 
 // The schema, one entry per version; each applied in one transaction.
 const std::vector<const char*>& Migrations();

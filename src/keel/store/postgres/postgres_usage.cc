@@ -142,21 +142,11 @@ Status PostgresTx::PutCacheEntry(const CacheEntry& e) {
       .status();
 }
 
+// Runtime-wide: the owner's function deletes across tenants and returns only the count.
 Result<int64_t> PostgresTx::PruneCache(Millis before, int64_t max_entries) {
-  static const std::string kExpired =
-      "WITH d AS (DELETE FROM model_cache WHERE created_at<$1 RETURNING 1) "
-      "SELECT count(*) FROM d";
-  static const std::string kOldest =
-      "WITH d AS (DELETE FROM model_cache WHERE ctid IN (SELECT ctid FROM model_cache "
-      "ORDER BY created_at DESC OFFSET $1) RETURNING 1) SELECT count(*) FROM d";
-  KEEL_RETURN_IF_ERROR(SetSystem(true));
-  auto expired = conn_.Query(kExpired, P(before));
-  auto oldest =
-      expired.ok() ? conn_.Query(kOldest, P(max_entries)) : Result<Rows>(expired.status());
-  Status off = SetSystem(false);
-  if (!oldest.ok()) return oldest.status();
-  KEEL_RETURN_IF_ERROR(off);
-  return expired->Int(0, 0) + oldest->Int(0, 0);
+  static const std::string kSql = "SELECT keel_prune_cache($1, $2)";
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(before, max_entries)));
+  return rows.empty() ? 0 : rows.Int(0, 0);
 }
 
 }  // namespace keel::store::postgres
