@@ -1832,7 +1832,7 @@ int ScheduleReassign(Context& ctx, const std::string& id, const std::string& tok
   Reply s = Request(ctx, "PATCH", "/v1/schedules/" + Escape(id), Json{{"token_id", token_id}});
   if (!s.ok()) return s.exit_code;
   if (ctx.json) {
-    PrintJson(s.body);
+    PrintJson(ctx, s.body);
     return kExitOk;
   }
   std::string next = Str(s.body, "next_fire_at");
