@@ -23,6 +23,9 @@ from keel_harness import (KeelServer, KeelTestCase, SseClient, WebSocketClient, 
 
 WAIT = 15
 
+# The tools the tests' agents call (an agent has only the tools it is given).
+TOOLS = ["time.now", "notes.append", "files.read", "memory.*", "introspection.*"]
+
 # notes.append always waits for a human; files.read too, so a guest's own run parks as well.
 APPROVAL_FRAME = {"rules": [
     {"tool": "*", "rights": ["read", "write"], "approval": "never"},
@@ -118,7 +121,7 @@ class SessionAccessTest(KeelTestCase):
         self.other = Tenant(s)
         self.revoked, revoked_id = self.t.new_token("user")
         self.t.ok("DELETE", "/v1/tokens/" + revoked_id, expect=204)
-        self.agent = s.create_agent(token=self.t.token)
+        self.agent = s.create_agent(tools=TOOLS, token=self.t.token)
         # The owner's session: one run parked on an approval whose arguments hold a secret,
         # and an idle session.
         self.owner_session = s.create_session(self.agent["id"], token=self.t.token)["id"]
@@ -276,8 +279,8 @@ class RevokedAuthorityTest(KeelTestCase):
     def test_a_revoked_users_one_shot_is_suspended_and_fires_after_reassignment(self):
         s = self.server
         t = Tenant(s, OPEN_FRAME)
-        agent = s.create_agent(token=t.token)
-        control = s.create_agent(token=t.token)
+        agent = s.create_agent(tools=TOOLS, token=t.token)
+        control = s.create_agent(tools=TOOLS, token=t.token)
         at = in_seconds(2)
         line = "from the user's schedule"
         sched = t.ok("POST", "/v1/schedules",
@@ -332,7 +335,7 @@ class RevokedAuthorityTest(KeelTestCase):
     def test_the_cli_shows_a_suspended_schedule_and_reassigns_it(self):
         s = self.server
         t = Tenant(s, OPEN_FRAME)
-        agent = s.create_agent(token=t.token)
+        agent = s.create_agent(tools=TOOLS, token=t.token)
         sched = t.ok("POST", "/v1/schedules", {"agent_id": agent["id"], "cron": "0 9 * * *",
                                                "prompt": "good morning"}, expect=201, token=t.user)
         t.ok("DELETE", "/v1/tokens/" + t.user_id, expect=204)
@@ -358,7 +361,7 @@ class RevokedAuthorityTest(KeelTestCase):
         s = self.server
         t = Tenant(s, APPROVAL_FRAME)
         second, second_id = t.new_token("owner")
-        agent = s.create_agent(token=t.token)
+        agent = s.create_agent(tools=TOOLS, token=t.token)
         sid = s.create_session(agent["id"], token=t.token)["id"]
         run = t.post(sid, call("notes.append", {"line": "same"}))
         approval = t.pending(run["id"])[0]
@@ -377,7 +380,7 @@ class RevokedAuthorityTest(KeelTestCase):
     def test_a_queued_run_of_a_revoked_token_fails_when_claimed(self):
         s = self.server
         t = Tenant(s, APPROVAL_FRAME)
-        agent = s.create_agent(token=t.token)
+        agent = s.create_agent(tools=TOOLS, token=t.token)
         sid = s.create_session(agent["id"], token=t.token)["id"]
         parked = t.post(sid, call("notes.append", {"line": "owner"}))
         self.assertEqual(parked["status"], "waiting_for_approval")
