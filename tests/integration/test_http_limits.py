@@ -231,6 +231,11 @@ class ConnectionLimitTest(KeelTestCase):
                 s.close()
 
 
+# UndefinedBehaviorSanitizer's vptr check probes memory through a pipe, so with every descriptor
+# taken it reports valid objects as broken ("object has invalid vptr") and stops the server:
+# under the sanitizers this test cannot exhaust descriptors.
+@unittest.skipIf(os.environ.get("UBSAN_OPTIONS") is not None,
+                 "the sanitizers need free descriptors of their own")
 class OutOfDescriptorsTest(KeelTestCase):
     @classmethod
     def setUpClass(cls):
