@@ -1,19 +1,30 @@
 #include "fuzz_checks.h"
 
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/beast/_experimental/test/stream.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/string_body.hpp>
+#include <boost/beast/websocket.hpp>
 
+#include <cstdio>
 #include <exception>
+#include <fstream>
+#include <memory>
 
 #include "cron_fuzz_check.h"
 #include "keel/common/json_util.h"
+#include "keel/http/websocket.h"
+#include "keel/mcp/messages.h"
 #include "keel/memory/query.h"
 #include "keel/model/anthropic_wire.h"
 #include "keel/model/openai_wire.h"
 #include "keel/plugins/manifest.h"
 #include "keel/policy/policy.h"
 #include "keel/skills/skills.h"
+#include "keel/store/archive.h"
 
 namespace keel::fuzz {
 namespace {
@@ -171,6 +182,93 @@ std::string CheckHttpRequest(std::string_view input) {
 
 std::string CheckCron(std::string_view input) { return schedule::CheckCronInput(input); }
 
+// MCP in both directions: `input` as a message a client posts to Keel's endpoint, and (when it
+// is JSON) as what a server answers Keel's client: a tools/list page and a tools/call result.
+std::string CheckMcpMessage(std::string_view input) {
+  mcp::PostedMessage posted = mcp::ParsePostedMessage(input);
+  if (posted.error_code != 0 && posted.error.empty()) return "a posted message refused without a message";
+  if (posted.error_code == 0 && posted.has_id && !posted.id.is_string() &&
+      !posted.id.is_number_integer()) {
+    return "a posted message accepted with an id that is neither a string nor an integer";
+  }
+  auto parsed = ParseJson(input);
+  if (!parsed.ok()) return "";
+  std::vector<mcp::McpTool> tools;
+  std::string cursor;
+  Status page = mcp::ReadToolsPage(*parsed, tools, cursor);
+  if (!page.ok()) return Rejected(page, "ReadToolsPage");
+  for (const auto& t : tools) {
+    if (t.name.empty()) return "a listed tool without a name was accepted";
+    if (!t.input_schema.is_object()) return "a listed tool's input schema is not an object";
+  }
+  return Rejected(mcp::CheckCallResult(*parsed), "CheckCallResult");
+}
+
+// The frames a WebSocket client sends after a valid upgrade, read with the server's limits
+// (http/websocket.cc) until the client's bytes end.
+std::string CheckWebSocketFrames(std::string_view input) {
+  namespace beast = boost::beast;
+  namespace websocket = beast::websocket;
+  boost::asio::io_context ioc;
+  beast::test::stream client(ioc), server(ioc);
+  client.connect(server);
+  websocket::stream<beast::test::stream&> ws(server);
+  ws.read_message_max(http::kMaxWebSocketClientMessage);
+  beast::http::request<beast::http::string_body> upgrade{beast::http::verb::get, "/v1/stream", 11};
+  upgrade.set(beast::http::field::host, "127.0.0.1");
+  upgrade.set(beast::http::field::upgrade, "websocket");
+  upgrade.set(beast::http::field::connection, "upgrade");
+  upgrade.set(beast::http::field::sec_websocket_key, "dGhlIHNhbXBsZSBub25jZQ==");
+  upgrade.set(beast::http::field::sec_websocket_version, "13");
+  boost::system::error_code ec;
+  ws.accept(upgrade, ec);
+  if (ec) return "a valid upgrade was refused: " + ec.message();
+  server.append({input.data(), input.size()});
+  client.close();  // the client's bytes end here
+  beast::flat_buffer buffer;
+  for (int messages = 0; messages < 100000 && !ec; ++messages) {
+    ws.read(buffer, ec);
+    if (!ec && buffer.size() > http::kMaxWebSocketClientMessage) {
+      return "a message over the server's limit was read";
+    }
+    buffer.consume(buffer.size());
+  }
+  return "";
+}
+
+// An export archive given to `keel import`: refused with a message, or imported into an
+// empty SQLite store.
+std::string CheckArchive(std::string_view input) {
+  static std::string dir = [] {
+    char tmpl[] = "/tmp/keel-fuzz-archive-XXXXXX";
+    const char* made = mkdtemp(tmpl);
+    return std::string(made ? made : "/tmp");
+  }();
+  static int fresh = 0;
+  static std::unique_ptr<store::Store> target;
+  if (!target) {
+    std::string db = dir + "/keel-" + std::to_string(fresh++) + ".db";
+    auto opened = store::OpenStore("sqlite://" + db, store::StoreOptions{"fuzz-origin"});
+    if (!opened.ok()) return "cannot open a store for the archive target: " + opened.status().message();
+    target = std::move(*opened);
+  }
+  std::string path = dir + "/input.keel";
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(input.data(), static_cast<std::streamsize>(input.size()));
+  }
+  Status st = store::ImportArchive(*target, path);
+  if (st.ok()) {  // the store now holds data: the next input gets a fresh one
+    target->Close();
+    target.reset();
+    return "";
+  }
+  if (st.code() != Code::kInvalidArgument) {
+    return "an archive refused with " + st.ToString() + " (not invalid_argument)";
+  }
+  return Rejected(st, "ImportArchive");
+}
+
 const std::vector<Target> kTargets = {
     {"json", CheckJson},
     {"policy", CheckPolicy},
@@ -183,6 +281,9 @@ const std::vector<Target> kTargets = {
     {"anthropic_body", CheckAnthropicBody},
     {"http_request", CheckHttpRequest},
     {"cron", CheckCron},
+    {"mcp_message", CheckMcpMessage},
+    {"websocket_frames", CheckWebSocketFrames},
+    {"archive", CheckArchive},
 };
 
 }  // namespace

@@ -1,11 +1,11 @@
 """The hostile-tenant matrix: every route the router knows, with every kind of caller.
 
 The routes come from the server itself (`keel serve --print-routes`), so a route is covered the
-day it is added: a route that the role table below does not name fails the test until it is
-given a row. The callers: the tenant's owner, a user, a guest, a revoked token, no token, and
-the owner of another tenant. For each route and caller the test checks the status the role
-table says (docs/API.md, "Authentication"), and that a refused request wrote nothing: no event
-appears in either tenant's log.
+day it is added, and the role each needs comes from docs/API.md (the role in its heading, read
+by `role_table`): a route the document gives no heading fails the test until it has one. The
+callers: the tenant's owner, a user, a guest, a revoked token, no token, and the owner of
+another tenant. For each route and caller the test checks the status the role table says, and
+that a refused request wrote nothing: no event appears in either tenant's log.
 
 Objects named in paths are real objects of the first tenant (an agent, the owner's session and
 run, a pending approval, a schedule, a memory, a skill, a plugin, a token); a guest did not
@@ -14,6 +14,7 @@ an allowed caller would change the fixtures; the other test files cover what wri
 """
 
 import os
+import re
 import subprocess
 import tempfile
 import unittest
@@ -25,103 +26,34 @@ KEK = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="
 PUBLIC, ANY, MEMBER, OWNER, ADMIN = "public", "any", "member", "owner", "admin"
 RANK = {ANY: 0, MEMBER: 1, OWNER: 2, ADMIN: 3}
 
-# The role table: who may call each route. ANY = owner, user and guest (a guest only on what it
-# started, see `GUEST_OWN`), MEMBER = owner and user, OWNER = the tenant's owners, ADMIN = the
-# platform admin (an owner of the first tenant).
-ROLE_TABLE = {
-    ("GET", "/healthz"): PUBLIC,
-    ("GET", "/readyz"): PUBLIC,
-    ("GET", "/v1/openapi.json"): PUBLIC,
-    ("GET", "/metrics"): ADMIN,
-    ("POST", "/v1/tenants"): ADMIN,
-    ("GET", "/v1/tenants"): ADMIN,
-    ("PATCH", "/v1/tenants/{id}"): ADMIN,
-    ("POST", "/v1/tokens"): OWNER,
-    ("GET", "/v1/tokens"): OWNER,
-    ("DELETE", "/v1/tokens/{id}"): OWNER,
-    ("GET", "/v1/agents"): ANY,
-    ("POST", "/v1/agents"): OWNER,
-    ("GET", "/v1/agents/{id}"): ANY,
-    ("PATCH", "/v1/agents/{id}"): OWNER,
-    ("DELETE", "/v1/agents/{id}"): OWNER,
-    ("GET", "/v1/agents/{id}/sessions"): ANY,
-    ("POST", "/v1/agents/{id}/sessions"): ANY,
-    ("GET", "/v1/sessions/{id}"): ANY,
-    ("PATCH", "/v1/sessions/{id}"): ANY,
-    ("GET", "/v1/sessions/{id}/messages"): ANY,
-    ("POST", "/v1/sessions/{id}/messages"): ANY,
-    ("GET", "/v1/sessions/{id}/runs"): ANY,
-    ("GET", "/v1/sessions/{id}/compactions"): ANY,
-    ("GET", "/v1/runs"): ANY,
-    ("GET", "/v1/runs/{id}"): ANY,
-    ("GET", "/v1/runs/{id}/steps"): ANY,
-    ("POST", "/v1/runs/{id}/cancel"): ANY,
-    ("GET", "/v1/events"): ANY,
-    ("GET", "/v1/stream"): ANY,
-    ("GET", "/v1/secrets"): OWNER,
-    ("PUT", "/v1/secrets/{name}"): OWNER,
-    ("DELETE", "/v1/secrets/{name}"): OWNER,
-    ("GET", "/v1/policy"): MEMBER,
-    ("PUT", "/v1/policy"): OWNER,
-    ("DELETE", "/v1/policy"): OWNER,
-    ("GET", "/v1/agents/{id}/policy"): MEMBER,
-    ("PUT", "/v1/agents/{id}/policy"): OWNER,
-    ("DELETE", "/v1/agents/{id}/policy"): OWNER,
-    ("GET", "/v1/emergency-stops"): MEMBER,
-    ("PUT", "/v1/emergency-stop"): OWNER,
-    ("DELETE", "/v1/emergency-stop"): OWNER,
-    ("PUT", "/v1/agents/{id}/emergency-stop"): OWNER,
-    ("DELETE", "/v1/agents/{id}/emergency-stop"): OWNER,
-    ("GET", "/v1/approvals"): MEMBER,
-    ("GET", "/v1/approvals/{id}"): MEMBER,
-    ("POST", "/v1/approvals/{id}/approve"): OWNER,
-    ("POST", "/v1/approvals/{id}/reject"): OWNER,
-    ("GET", "/v1/standing-approvals"): MEMBER,
-    ("DELETE", "/v1/standing-approvals/{id}"): OWNER,
-    ("GET", "/v1/mcp-servers"): MEMBER,
-    ("POST", "/v1/mcp-servers"): OWNER,
-    ("GET", "/v1/mcp-servers/{id}"): MEMBER,
-    ("DELETE", "/v1/mcp-servers/{id}"): OWNER,
-    ("POST", "/v1/mcp"): ANY,
-    ("DELETE", "/v1/mcp"): ANY,
-    ("GET", "/v1/mcp"): ANY,
-    ("GET", "/v1/plugins"): MEMBER,
-    ("POST", "/v1/plugins"): OWNER,
-    ("GET", "/v1/plugins/{id}"): MEMBER,
-    ("DELETE", "/v1/plugins/{id}"): OWNER,
-    ("POST", "/v1/plugins/{id}/enable"): OWNER,
-    ("POST", "/v1/plugins/{id}/disable"): OWNER,
-    ("GET", "/v1/plugins/{id}/deliveries"): MEMBER,
-    ("POST", "/v1/plugins/{id}/deliveries/{delivery}/replay"): OWNER,
-    ("GET", "/v1/skills"): MEMBER,
-    ("POST", "/v1/skills"): OWNER,
-    ("GET", "/v1/skills/{name}"): MEMBER,
-    ("DELETE", "/v1/skills/{name}"): OWNER,
-    ("GET", "/v1/agents/{id}/skills"): MEMBER,
-    ("POST", "/v1/agents/{id}/skills"): OWNER,
-    ("DELETE", "/v1/agents/{id}/skills/{name}"): OWNER,
-    ("GET", "/v1/agents/{id}/memories"): ANY,
-    ("POST", "/v1/agents/{id}/memories"): MEMBER,
-    ("GET", "/v1/agents/{id}/memories/{memory}"): ANY,
-    ("DELETE", "/v1/agents/{id}/memories/{memory}"): MEMBER,
-    ("GET", "/v1/memories/{memory}"): ANY,
-    ("DELETE", "/v1/memories/{memory}"): MEMBER,
-    ("GET", "/v1/agents/{id}/working-memory"): ANY,
-    ("PUT", "/v1/agents/{id}/working-memory"): MEMBER,
-    ("GET", "/v1/schedules"): MEMBER,
-    ("POST", "/v1/schedules"): MEMBER,
-    ("GET", "/v1/schedules/{id}"): MEMBER,
-    ("PATCH", "/v1/schedules/{id}"): MEMBER,
-    ("DELETE", "/v1/schedules/{id}"): MEMBER,
-    ("POST", "/v1/schedules/{id}/pause"): MEMBER,
-    ("POST", "/v1/schedules/{id}/resume"): MEMBER,
-    ("GET", "/v1/agents/{id}/schedules"): MEMBER,
-    ("POST", "/v1/agents/{id}/schedules"): MEMBER,
-    ("GET", "/v1/usage"): MEMBER,
-    ("GET", "/v1/budgets"): OWNER,
-    ("PUT", "/v1/budgets"): OWNER,
-    ("DELETE", "/v1/budgets"): OWNER,
-}
+API_MD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "API.md")
+ROLE_OF_HEADING = {"": ANY, "no auth": PUBLIC, "owner or user": MEMBER, "owner": OWNER,
+                   "platform admin": ADMIN, "the platform admin's token": ADMIN}
+
+
+def role_table(path=API_MD):
+    """Who may call each route, as docs/API.md says it: every route has a `### ` heading that
+    names it in backquotes (`METHOD /path`, several per heading allowed) and ends with the role
+    after an em dash (`— owner`, `— owner or user`, `— platform admin`, `— no auth`); a heading
+    without one is open to every role: owner, user and guest (a guest only on what it started,
+    see `GUEST_OWN`). The first heading that names a route is its row (a later one, such as
+    "Reassigning", narrows one body of the route and is covered by its own test)."""
+    table = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.startswith("### "):
+                continue
+            routes = re.findall(r"`(GET|POST|PUT|PATCH|DELETE) (/[^` ?]*)[^`]*`", line)
+            suffix = re.search(r" — (.*)$", line.rstrip("\n"))
+            role = suffix.group(1) if suffix else ""
+            if routes and role not in ROLE_OF_HEADING:
+                raise ValueError("docs/API.md: unknown role in heading %r" % line.strip())
+            for route in routes:
+                table.setdefault(route, ROLE_OF_HEADING.get(role))
+    return table
+
+
+ROLE_TABLE = role_table()
 
 # Routes on a session or run of someone else: a guest gets them only for what it started.
 GUEST_OWN = {"/v1/sessions/{id}", "/v1/sessions/{id}/messages", "/v1/sessions/{id}/runs",
@@ -251,7 +183,7 @@ class HostileTenantMatrixTest(KeelTestCase):
 
     def test_every_route_is_in_the_role_table(self):
         missing = [(m, p) for m, p, _ in self.routes if (m, p) not in ROLE_TABLE]
-        self.assertEqual(missing, [], "routes without a row in the role table")
+        self.assertEqual(missing, [], "routes without a heading in docs/API.md")
         self.assertGreater(len(self.routes), 60)
 
     def test_no_token_and_revoked_tokens_get_401(self):

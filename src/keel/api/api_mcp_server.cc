@@ -24,6 +24,7 @@
 #include "keel/common/ids.h"
 #include "keel/common/time.h"
 #include "keel/config/config.h"
+#include "keel/mcp/messages.h"
 #include "keel/runtime/event_hub.h"
 #include "keel/runtime/runtime.h"
 #include "keel/store/async.h"
@@ -49,8 +50,7 @@ bool Supported(const std::string& version) {
 }
 
 // JSON-RPC error codes.
-constexpr int kParseError = -32700;
-constexpr int kInvalidRequest = -32600;
+constexpr int kInvalidRequest = mcp::kJsonRpcInvalidRequest;
 constexpr int kMethodNotFound = -32601;
 constexpr int kInvalidParams = -32602;
 constexpr int kServerError = -32000;
@@ -371,24 +371,12 @@ void RegisterMcpServerRoutes(http::Router& router, ApiContext& ctx) {
     if (Status st = CheckHostAndOrigin(req, ctx.config.listen); !st.ok()) {
       co_return TransportError(st);
     }
-    auto parsed = ParseJson(req.body);
-    if (!parsed.ok()) co_return RpcResponse(400, RpcError(nullptr, kParseError, parsed.status().message()));
-    const Json& msg = *parsed;
-    if (msg.is_array()) {
-      co_return RpcResponse(400, RpcError(nullptr, kInvalidRequest,
-                                          "JSON-RPC batches are not part of this protocol version"));
-    }
-    if (!msg.is_object() || msg.value("jsonrpc", "") != "2.0") {
-      co_return RpcResponse(400, RpcError(nullptr, kInvalidRequest, "not a JSON-RPC 2.0 message"));
-    }
-    const bool has_id = msg.contains("id");
-    const Json id = has_id ? msg["id"] : Json(nullptr);
-    if (has_id && !id.is_string() && !id.is_number_integer()) {
-      co_return RpcResponse(400, RpcError(nullptr, kInvalidRequest, "id must be a string or an integer"));
-    }
-    const std::string method = msg.contains("method") && msg["method"].is_string()
-                                   ? msg["method"].get<std::string>() : "";
-    const Json params = msg.value("params", Json::object());
+    mcp::PostedMessage msg = mcp::ParsePostedMessage(req.body);
+    if (msg.error_code != 0) co_return RpcResponse(400, RpcError(nullptr, msg.error_code, msg.error));
+    const bool has_id = msg.has_id;
+    const Json& id = msg.id;
+    const std::string& method = msg.method;
+    const Json& params = msg.params;
     if (method == "initialize") {
       if (!has_id) co_return RpcResponse(400, RpcError(nullptr, kInvalidRequest, "initialize needs an id"));
       co_return co_await Initialize(ctx, req, id, params);

@@ -21,9 +21,6 @@ namespace {
 
 using Socket = websocket::stream<beast::tcp_stream>;
 
-// The most a client may send in one message: it has nothing to say but control frames.
-constexpr size_t kMaxClientMessage = 64 * 1024;
-
 class WebSocketWriter final : public StreamWriter {
  public:
   WebSocketWriter(Socket& ws, const bool& closed) : ws_(ws), closed_(closed) {}
@@ -73,7 +70,7 @@ asio::awaitable<void> ServeWebSocket(beast::tcp_stream stream,
   ws->set_option(websocket::stream_base::decorator([](websocket::response_type& res) {
     res.set(beast::http::field::server, "keel");
   }));
-  ws->read_message_max(kMaxClientMessage);
+  ws->read_message_max(kMaxWebSocketClientMessage);
   boost::system::error_code ec;
   co_await ws->async_accept(request, asio::redirect_error(asio::use_awaitable, ec));
   if (ec) co_return;  // Beast answered a malformed handshake with 400

@@ -16,6 +16,9 @@ namespace keel::http {
 
 struct Response;
 
+// The most a client may send in one message: it has nothing to say but control frames.
+inline constexpr size_t kMaxWebSocketClientMessage = 64 * 1024;
+
 boost::asio::awaitable<void> ServeWebSocket(
     boost::beast::tcp_stream stream,
     boost::beast::http::request<boost::beast::http::string_body> request, Response response);

@@ -5,9 +5,9 @@
 #include <boost/asio/io_context.hpp>
 
 #include <chrono>
-#include <set>
 
 #include "keel/http/client.h"
+#include "keel/mcp/messages.h"
 
 namespace keel::mcp {
 namespace {
@@ -247,36 +247,10 @@ Status McpHttpClient::Notify(const std::string& method, Json params) {
 }
 
 Result<std::vector<McpTool>> McpHttpClient::ListTools() {
-  std::vector<McpTool> tools;
-  if (!has_tools_) return tools;
-  std::set<std::string> seen;
-  std::string cursor;
-  for (int page = 0; page < kMaxToolPages; ++page) {
-    Json params = Json::object();
-    if (!cursor.empty()) params["cursor"] = cursor;
-    KEEL_ASSIGN_OR_RETURN(Json result, Request("tools/list", params, options_.request_timeout_ms));
-    if (!result.contains("tools") || !result["tools"].is_array()) {
-      return Unavailable(Label() + " sent a malformed tools/list result");
-    }
-    for (const Json& t : result["tools"]) {
-      if (!t.is_object() || !t.contains("name") || !t["name"].is_string()) continue;
-      McpTool tool;
-      tool.name = t["name"].get<std::string>();
-      tool.description = t.value("description", "");
-      tool.title = t.value("title", "");
-      tool.input_schema = t.contains("inputSchema") && t["inputSchema"].is_object()
-                              ? t["inputSchema"]
-                              : Json{{"type", "object"}};
-      tool.annotations = t.contains("annotations") && t["annotations"].is_object()
-                             ? t["annotations"]
-                             : Json::object();
-      tools.push_back(std::move(tool));
-    }
-    if (!result.contains("nextCursor") || !result["nextCursor"].is_string()) return tools;
-    cursor = result["nextCursor"].get<std::string>();
-    if (cursor.empty() || !seen.insert(cursor).second) return tools;
-  }
-  return tools;
+  if (!has_tools_) return std::vector<McpTool>();
+  return ListAllTools(Label(), kMaxToolPages, [this](Json params) {
+    return Request("tools/list", std::move(params), options_.request_timeout_ms);
+  });
 }
 
 Result<Json> McpHttpClient::CallTool(const std::string& name, const Json& arguments,
@@ -285,7 +259,13 @@ Result<Json> McpHttpClient::CallTool(const std::string& name, const Json& argume
     return InvalidArgument("tool arguments must be a JSON object");
   }
   Json params = {{"name", name}, {"arguments", arguments.is_null() ? Json::object() : arguments}};
-  return Request("tools/call", params, timeout_ms > 0 ? timeout_ms : options_.request_timeout_ms);
+  KEEL_ASSIGN_OR_RETURN(Json result, Request("tools/call", params,
+                                              timeout_ms > 0 ? timeout_ms : options_.request_timeout_ms));
+  if (Status st = CheckCallResult(result); !st.ok()) {
+    return Unavailable(Label() + " sent a malformed tools/call result for '" + name + "': " +
+                       st.message());
+  }
+  return result;
 }
 
 }  // namespace keel::mcp

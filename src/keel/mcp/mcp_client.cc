@@ -25,6 +25,7 @@
 
 #include "keel/common/log.h"
 #include "keel/mcp/child_process.h"
+#include "keel/mcp/messages.h"
 
 namespace keel::mcp {
 namespace {
@@ -806,43 +807,9 @@ Result<std::vector<McpTool>> McpClient::ListTools() {
     }
     return tools;
   }
-  std::set<std::string> cursors_seen;
-  std::string cursor;
-  for (int page = 0; page < kMaxToolPages; ++page) {
-    Json params = Json::object();
-    if (!cursor.empty()) params["cursor"] = cursor;
-    KEEL_ASSIGN_OR_RETURN(Json result, conn_->Request("tools/list", std::move(params),
-                                                      options_.request_timeout_ms, true));
-    auto malformed = [&](const std::string& why) {
-      return Unavailable(conn_->Label() + " sent a malformed tools/list result: " + why);
-    };
-    const Json* list = Field(result, "tools");
-    if (!list || !list->is_array()) return malformed("no tools array");
-    for (const Json& t : *list) {
-      McpTool tool;
-      tool.name = StringField(t, "name");
-      if (tool.name.empty()) {
-        return malformed("a tool without a name: " + Truncate(DumpJson(t), 200));
-      }
-      tool.description = StringField(t, "description");
-      tool.title = StringField(t, "title");
-      const Json* schema = Field(t, "inputSchema");
-      tool.input_schema = schema && schema->is_object() ? *schema : Json{{"type", "object"}};
-      const Json* annotations = Field(t, "annotations");
-      tool.annotations = annotations && annotations->is_object() ? *annotations : Json::object();
-      tools.push_back(std::move(tool));
-    }
-    const Json* next = Field(result, "nextCursor");
-    if (!next || next->is_null()) return tools;
-    if (!next->is_string()) return malformed("nextCursor is not a string");
-    cursor = next->get<std::string>();
-    if (cursor.empty()) return tools;
-    if (!cursors_seen.insert(cursor).second) {
-      return malformed("nextCursor repeats '" + Truncate(cursor, 100) + "'");
-    }
-  }
-  return Unavailable(conn_->Label() + " lists tools over more than " +
-                     std::to_string(kMaxToolPages) + " pages");
+  return ListAllTools(conn_->Label(), kMaxToolPages, [this](Json params) {
+    return conn_->Request("tools/list", std::move(params), options_.request_timeout_ms, true);
+  });
 }
 
 Result<Json> McpClient::CallTool(const std::string& name, const Json& arguments,
@@ -857,12 +824,9 @@ Result<Json> McpClient::CallTool(const std::string& name, const Json& arguments,
   if (!result.ok()) {
     return Status(result.status().code(), "tool '" + name + "': " + result.status().message());
   }
-  const Json* content = Field(*result, "content");
-  const Json* is_error = Field(*result, "isError");
-  if (!result->is_object() || (content && !content->is_array()) ||
-      (is_error && !is_error->is_boolean()) || (!content && !Field(*result, "structuredContent"))) {
+  if (Status st = CheckCallResult(*result); !st.ok()) {
     return Unavailable(conn_->Label() + " sent a malformed tools/call result for '" + name +
-                       "': " + Truncate(DumpJson(*result), 300));
+                       "': " + st.message() + ": " + Truncate(DumpJson(*result), 300));
   }
   return result;
 }

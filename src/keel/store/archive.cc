@@ -110,6 +110,7 @@ Result<std::vector<std::pair<std::string, std::string>>> ReadEntries(const std::
     return ArchiveError(a.get(), "cannot open " + path);
   }
   std::vector<std::pair<std::string, std::string>> entries;
+  size_t total = 0;
   while (true) {
     archive_entry* e = nullptr;
     int rc = archive_read_next_header(a.get(), &e);
@@ -125,6 +126,11 @@ Result<std::vector<std::pair<std::string, std::string>>> ReadEntries(const std::
       la_ssize_t n = archive_read_data(a.get(), buf, sizeof buf);
       if (n < 0) return ArchiveError(a.get(), path + ": bad or truncated entry " + name);
       if (n == 0) break;
+      total += static_cast<size_t>(n);
+      if (total > kMaxArchiveBytes) {  // a small archive may inflate to anything
+        return InvalidArgument(path + ": the archive holds more than " +
+                               std::to_string(kMaxArchiveBytes >> 20) + " MiB uncompressed");
+      }
       data.append(buf, static_cast<size_t>(n));
     }
     entries.emplace_back(std::move(name), std::move(data));

@@ -31,6 +31,8 @@ inline constexpr const char* kArchiveFormat = "keel-export";
 inline constexpr int kArchiveVersion = 6;
 // The oldest version ImportArchive reads.
 inline constexpr int kOldestArchiveVersion = 2;
+// The most an archive may hold uncompressed (ImportArchive reads it into memory whole).
+inline constexpr size_t kMaxArchiveBytes = size_t(1) << 30;
 
 // Writes the archive of `tenant_id`'s rows (every tenant's when empty) to `path`, replacing it.
 // One Store::Read: a consistent snapshot even while a server writes to the store.
