@@ -2,6 +2,9 @@
 
 #include <unistd.h>
 
+#include <boost/url/encode.hpp>
+#include <boost/url/rfc/unreserved_chars.hpp>
+
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -186,20 +189,7 @@ void PrintFields(const std::vector<std::pair<std::string, std::string>>& fields)
 }
 
 // Percent-encodes a path segment or query value.
-std::string Escape(std::string_view s) {
-  static constexpr char kHex[] = "0123456789ABCDEF";
-  std::string out;
-  for (unsigned char c : s) {
-    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
-      out += static_cast<char>(c);
-    } else {
-      out += '%';
-      out += kHex[c >> 4];
-      out += kHex[c & 0xF];
-    }
-  }
-  return out;
-}
+std::string Escape(std::string_view s) { return boost::urls::encode(s, boost::urls::unreserved_chars); }
 
 int ReportTransportError(const Status& status) {
   std::cerr << "keel: " << status.message() << "\n";

@@ -1,29 +1,13 @@
 #include "keel/secrets/redactor.h"
 
+#include <boost/url/encode.hpp>
+#include <boost/url/rfc/unreserved_chars.hpp>
+
 #include <algorithm>
-#include <cctype>
 
 #include "keel/common/crypto.h"
 
 namespace keel::secrets {
-namespace {
-
-std::string PercentEncoded(const std::string& s) {
-  static const char kHex[] = "0123456789ABCDEF";
-  std::string out;
-  for (unsigned char c : s) {
-    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
-      out += static_cast<char>(c);
-    } else {
-      out += '%';
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    }
-  }
-  return out;
-}
-
-}  // namespace
 
 Status Redactor::Add(const std::string& name, const std::string& value) {
   if (value.size() < kMinBytes) {
@@ -36,7 +20,7 @@ Status Redactor::Add(const std::string& name, const std::string& value) {
   std::string standard = url_safe;
   std::replace(standard.begin(), standard.end(), '-', '+');
   std::replace(standard.begin(), standard.end(), '_', '/');
-  for (std::string form : {value, json.substr(1, json.size() - 2), PercentEncoded(value),
+  for (std::string form : {value, json.substr(1, json.size() - 2), boost::urls::encode(value, boost::urls::unreserved_chars),
                            url_safe, standard}) {
     bool known = std::any_of(forms_.begin(), forms_.end(),
                              [&](const auto& f) { return f.first == form; });
