@@ -29,6 +29,7 @@
 #include "keel/common/log.h"
 #include "keel/config/config.h"
 #include "keel/config/http_config.h"
+#include "keel/config/share_config.h"
 #include "keel/http/outbound_guard.h"
 #include "keel/http/router.h"
 #include "keel/http/server.h"
@@ -185,6 +186,9 @@ int ServeMain(const ServeFlags& flags) {
   auto http_cfg = config::LoadHttp(overrides);
   if (!http_cfg.ok()) return Fail(http_cfg.status());
   const config::HttpConfig& http_config = *http_cfg;
+  auto share_cfg = config::LoadShares(overrides);
+  if (!share_cfg.ok()) return Fail(share_cfg.status());
+  const config::ShareConfig& shares = *share_cfg;
 
   std::error_code ec;
   fs::create_directories(config.home, ec);
@@ -255,6 +259,8 @@ int ServeMain(const ServeFlags& flags) {
   gateway_options.approval_ttl_ms = config.approval_timeout_ms;
   gateway_options.large_result_bytes = static_cast<size_t>(config.large_result_bytes);
   gateway_options.exec = exec_options;
+  gateway_options.tool_threads = shares.tool_threads;
+  gateway_options.tenant_tool_threads = shares.tenant_tool_threads;
   // MCP servers over HTTP and webhook receivers are at URLs tenants chose: reached only at
   // public addresses and those the platform admin allows (model providers are the operator's).
   auto outbound = http::OutboundGuard::FromAllowList(config.outbound_allow);
@@ -267,6 +273,7 @@ int ServeMain(const ServeFlags& flags) {
 
   runtime::RuntimeOptions runtime_options;
   runtime_options.max_concurrent_runs = config.max_concurrent_runs;
+  runtime_options.tenant_max_running = shares.tenant_max_running;
   runtime_options.lease_ms = config.lease_ms;
   runtime_options.default_max_steps = config.max_steps;
   runtime_options.history_limit = config.history_limit;

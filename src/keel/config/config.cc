@@ -1,5 +1,6 @@
 #include "keel/config/config.h"
 #include "keel/config/http_config.h"
+#include "keel/config/share_config.h"
 
 #include <toml++/toml.h>
 #include <unistd.h>
@@ -23,6 +24,7 @@ namespace {
 
 constexpr int64_t kMaxConnections = 1000000;
 constexpr int64_t kMaxHttpTimeoutMs = 3600000;
+constexpr int64_t kMaxToolThreads = 1024;
 
 std::string Env(const char* name) {
   const char* v = std::getenv(name);
@@ -155,7 +157,7 @@ Status ApplyCache(const std::string& path, const toml::table& t, CacheConfig& ca
   return Status::Ok();
 }
 
-Status ApplyToml(const std::string& path, Config& c, HttpConfig& http) {
+Status ApplyToml(const std::string& path, Config& c, HttpConfig& http, ShareConfig& shares) {
   toml::table t;
   try {
     t = toml::parse_file(path);
@@ -170,7 +172,9 @@ Status ApplyToml(const std::string& path, Config& c, HttpConfig& http) {
                                              "max_connections_per_address", "header_timeout_ms",
                                              "body_timeout_ms", "idle_timeout_ms",
                                              "tenant_run_cap",
-                                             "max_concurrent_runs", "max_steps", "lease_ms",
+                                             "max_concurrent_runs", "tenant_max_running",
+                                             "tool_threads", "tenant_tool_threads",
+                                             "max_steps", "lease_ms",
                                              "approval_timeout_ms", "large_result_bytes",
                                              "history_limit", "log_level", "outbound_allow",
                                              "exec_uid", "exec_gid",
@@ -217,6 +221,10 @@ Status ApplyToml(const std::string& path, Config& c, HttpConfig& http) {
   KEEL_RETURN_IF_ERROR(num("idle_timeout_ms", 100, kMaxHttpTimeoutMs, &http.idle_timeout_ms));
   KEEL_RETURN_IF_ERROR(num("tenant_run_cap", 1, 1000000, &c.tenant_run_cap));
   KEEL_RETURN_IF_ERROR(num("max_concurrent_runs", 1, 100000, &c.max_concurrent_runs));
+  KEEL_RETURN_IF_ERROR(num("tenant_max_running", 1, 100000, &shares.tenant_max_running));
+  KEEL_RETURN_IF_ERROR(num("tool_threads", 1, kMaxToolThreads, &shares.tool_threads));
+  KEEL_RETURN_IF_ERROR(
+      num("tenant_tool_threads", 1, kMaxToolThreads, &shares.tenant_tool_threads));
   KEEL_RETURN_IF_ERROR(num("max_steps", 1, 1000, &c.max_steps));
   KEEL_RETURN_IF_ERROR(num("lease_ms", 1000, 3600000, &c.lease_ms));
   KEEL_RETURN_IF_ERROR(
@@ -273,8 +281,21 @@ std::string DefaultHome() {
 
 namespace {
 
-// Both settings groups, from one reading of the file and the environment.
-Status LoadInto(const Overrides& o, Config& c, HttpConfig& http) {
+// A share not set (0 while loading) is a quarter of its whole; a share may not exceed it.
+Status ResolveShare(const char* share, const char* whole, int whole_value, int* value) {
+  if (*value == 0) *value = std::max(1, whole_value / 4);
+  if (*value > whole_value) {
+    return InvalidArgument(std::string(share) + " (" + std::to_string(*value) +
+                           ") must not exceed " + whole + " (" + std::to_string(whole_value) +
+                           ")");
+  }
+  return Status::Ok();
+}
+
+// Every settings group, from one reading of the file and the environment.
+Status LoadInto(const Overrides& o, Config& c, HttpConfig& http, ShareConfig& shares) {
+  shares.tenant_max_running = 0;   // unset until the file or the environment sets it
+  shares.tenant_tool_threads = 0;
   c.home = o.home ? *o.home : DefaultHome();
   if (c.home.empty()) return InvalidArgument("KEEL_HOME must not be empty");
 
@@ -283,7 +304,7 @@ Status LoadInto(const Overrides& o, Config& c, HttpConfig& http) {
   if (config_file.empty()) config_file = c.home + "/keel.toml";
   std::error_code ec;
   if (std::filesystem::exists(config_file, ec)) {
-    KEEL_RETURN_IF_ERROR(ApplyToml(config_file, c, http));
+    KEEL_RETURN_IF_ERROR(ApplyToml(config_file, c, http, shares));
   } else if (explicit_file) {
     return InvalidArgument("config file not found: " + config_file);
   }
@@ -331,6 +352,17 @@ Status LoadInto(const Overrides& o, Config& c, HttpConfig& http) {
   }
   if (auto v = Env("KEEL_MAX_CONCURRENT_RUNS"); !v.empty()) {
     KEEL_RETURN_IF_ERROR(SetInt(v, "KEEL_MAX_CONCURRENT_RUNS", 1, 100000, &c.max_concurrent_runs));
+  }
+  if (auto v = Env("KEEL_TENANT_MAX_RUNNING"); !v.empty()) {
+    KEEL_RETURN_IF_ERROR(
+        SetInt(v, "KEEL_TENANT_MAX_RUNNING", 1, 100000, &shares.tenant_max_running));
+  }
+  if (auto v = Env("KEEL_TOOL_THREADS"); !v.empty()) {
+    KEEL_RETURN_IF_ERROR(SetInt(v, "KEEL_TOOL_THREADS", 1, kMaxToolThreads, &shares.tool_threads));
+  }
+  if (auto v = Env("KEEL_TENANT_TOOL_THREADS"); !v.empty()) {
+    KEEL_RETURN_IF_ERROR(SetInt(v, "KEEL_TENANT_TOOL_THREADS", 1, kMaxToolThreads,
+                                &shares.tenant_tool_threads));
   }
   if (auto v = Env("KEEL_MAX_STEPS"); !v.empty()) {
     KEEL_RETURN_IF_ERROR(SetInt(v, "KEEL_MAX_STEPS", 1, 1000, &c.max_steps));
@@ -387,6 +419,10 @@ Status LoadInto(const Overrides& o, Config& c, HttpConfig& http) {
 
   if (c.store_url.empty()) c.store_url = "sqlite://" + c.home + "/keel.db";
   if (c.workspaces.empty()) c.workspaces = c.home + "/workspaces";
+  KEEL_RETURN_IF_ERROR(ResolveShare("tenant_max_running", "max_concurrent_runs",
+                                    c.max_concurrent_runs, &shares.tenant_max_running));
+  KEEL_RETURN_IF_ERROR(ResolveShare("tenant_tool_threads", "tool_threads", shares.tool_threads,
+                                    &shares.tenant_tool_threads));
   return Status::Ok();
 }
 
@@ -395,15 +431,25 @@ Status LoadInto(const Overrides& o, Config& c, HttpConfig& http) {
 Result<Config> Load(const Overrides& o) {
   Config c;
   HttpConfig http;
-  KEEL_RETURN_IF_ERROR(LoadInto(o, c, http));
+  ShareConfig shares;
+  KEEL_RETURN_IF_ERROR(LoadInto(o, c, http, shares));
   return c;
 }
 
 Result<HttpConfig> LoadHttp(const Overrides& o) {
   Config c;
   HttpConfig http;
-  KEEL_RETURN_IF_ERROR(LoadInto(o, c, http));
+  ShareConfig shares;
+  KEEL_RETURN_IF_ERROR(LoadInto(o, c, http, shares));
   return http;
+}
+
+Result<ShareConfig> LoadShares(const Overrides& o) {
+  Config c;
+  HttpConfig http;
+  ShareConfig shares;
+  KEEL_RETURN_IF_ERROR(LoadInto(o, c, http, shares));
+  return shares;
 }
 
 void ForgetSecretKekInEnvironment() {

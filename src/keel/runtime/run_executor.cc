@@ -150,18 +150,21 @@ Result<std::string> PoisonCheck(store::Tx& tx, const store::Run& run) {
 
 }  // namespace
 
-asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known) {
+asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known,
+                                      RunSlots::Hold slot) {
   ++metrics_.runs_executing;
   struct Release {
     Runtime* rt;
     std::string id;
+    RunSlots::Hold slot;
     ~Release() {
       rt->executing_.erase(id);
       rt->cancel_requested_.erase(id);
       --rt->metrics_.runs_executing;
+      slot.Release();  // before the dispatcher looks for runs
       rt->Wake();
     }
-  } release{this, run.id};
+  } release{this, run.id, std::move(slot)};
 
   // Claim: queued, or running with an expired lease (its process died).
   const std::string origin = store_.origin();
