@@ -17,6 +17,7 @@
 #include "keel/approvals/approvals.h"
 #include "keel/common/crypto.h"
 #include "keel/common/ids.h"
+#include "keel/common/io_work.h"
 #include "keel/common/log.h"
 #include "keel/mcp/child_process.h"
 #include "keel/mcp/manager.h"
@@ -843,6 +844,9 @@ asio::awaitable<Result<CallOutcome>> Gateway::ExecuteAndRecord(store::ToolCall c
       std::function<Result<Json>()> on_pool = run;
       result = co_await OnPool(call.tenant_id, std::move(on_pool));
     } else {
+      // On the io thread: the watchdog names this call if it holds it.
+      IoWork work(call.tenant_id, call.run_id,
+                  "tool " + call.tool + " at step " + std::to_string(step.seq));
       result = run();
     }
   }
