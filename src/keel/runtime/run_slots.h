@@ -62,10 +62,6 @@ class RunSlots {
     return Hold(this, tenant);
   }
   int free() const { return total_ - used_; }
-  int HeldBy(const std::string& tenant) const {
-    auto it = by_tenant_.find(tenant);
-    return it == by_tenant_.end() ? 0 : it->second;
-  }
 
  private:
   void Give(const std::string& tenant) {
