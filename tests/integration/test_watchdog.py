@@ -14,7 +14,11 @@ import unittest
 
 from keel_harness import KeelServer, KeelTestCase, Tenant
 
-SPIN = 'ctx.bus.on("model.before@v1", function(p) while true do end end)\n'
+# Each iteration is a few instructions and a long C call, so the wall-time budget (2 s), not the
+# instruction budget, ends the handler.
+SPIN = ('ctx.bus.on("model.before@v1", function(p)\n'
+        '  while true do local s = string.rep("x", 1000000) end\n'
+        'end)\n')
 
 
 def spinning_plugin(plugin_id):
@@ -52,7 +56,7 @@ class WatchdogTest(KeelTestCase):
                                       "KEEL_IO_STALL_LIMIT_MS": "1000"})
         s = self.server
         tenant = Tenant(s)
-        frozen = self.spinning_agent(tenant, 4)  # up to 8 s of hooks in a row
+        frozen = self.spinning_agent(tenant, 4)  # 8 s of hooks in a row
         session = s.create_session(frozen["id"], token=tenant.token)
         status, body, _ = s.post_message(session["id"], "hello", token=tenant.token)
         self.assertEqual(status, 202, body)
