@@ -17,13 +17,15 @@
 #      turns of an agent with the cache off (same server, local model);
 #   8. memory.search: top-10 searches over 1,000,000 memories of one agent (keel_memory_search),
 #      on SQLite, and on PostgreSQL when KEEL_TEST_PG_ADMIN_URL names a server (scripts/with-pg.sh
-#      starts one: `bash scripts/with-pg.sh bash scripts/bench.sh`).
+#      starts one: `bash scripts/with-pg.sh bash scripts/bench.sh`);
+#   9. noisy neighbours: one tenant's turns while another fills run slots, tool threads and
+#      connections (bench/fair_bench.py), against the same turns on an idle server.
 #
 # Knobs (environment): BENCH_DURATION (seconds per measured load phase, default 10),
 # BENCH_WARMUP (default 2), BENCH_MIN_TIME (Google Benchmark min time, default 0.5),
 # BENCH_ROUNDS (rounds of the event benchmarks; the table shows medians, default 3),
 # BENCH_AGENTS / BENCH_SESSIONS (default 100000 / 1000000),
-# BENCH_ONLY (e2e|events|memory|gateway|plugins|schedules|cache|memory_search),
+# BENCH_ONLY (e2e|events|memory|gateway|plugins|schedules|cache|memory_search|fair),
 # BENCH_SCHEDULES / BENCH_SCHEDULE_WINDOW (section 6, and the seconds their slots spread over;
 # default 100000 / 200), BENCH_MEMORIES / BENCH_MEMORY_QUERIES (section 8, default 1000000 / 2000),
 # BENCH_SERVER_CPUS / BENCH_LOADGEN_CPUS (taskset CPU lists; default: loadgen on the last CPU,
@@ -37,7 +39,9 @@ KEEL=$BUILD/keel
 BENCH=$BUILD/bench/keel_bench
 LOADGEN=$BUILD/bench/keel_loadgen
 POPULATE=$BUILD/bench/keel_populate
-for bin in "$KEEL" "$BENCH" "$LOADGEN" "$POPULATE"; do
+NEEDED=("$KEEL" "$BENCH" "$LOADGEN" "$POPULATE")
+[[ ${BENCH_ONLY:-} == fair ]] && NEEDED=("$KEEL")  # section 9 needs only the server
+for bin in "${NEEDED[@]}"; do
   if [[ ! -x $bin ]]; then
     echo "bench: $bin is missing; build first: cmake --build $BUILD" >&2
     exit 1
@@ -488,6 +492,26 @@ $MEMSEARCH --store sqlite:///tmp/memory-bench/keel.db --memories $MEMORIES --que
 # (PostgreSQL: after ALTER FUNCTION ts_match_vq(tsvector, tsquery) LEAKPROOF in DB, as a superuser)
 $MEMSEARCH --store postgres://keel@HOST:PORT/DB --memories $MEMORIES --queries $MEMORY_QUERIES
 REPRO_END
+fi
+
+# ---------------------------------------------------------------------------------------------
+if [[ -z $ONLY || $ONLY == fair ]]; then
+  section "9. noisy neighbours: tenant B's turns while tenant A fills run slots, tools, connections"
+  FAIR_CMD=(env KEEL_BIN="$(cd "$(dirname "$KEEL")" && pwd)/$(basename "$KEEL")"
+            python3 bench/fair_bench.py)
+  if ! OUT=$(TMPDIR=$WORK "${FAIR_CMD[@]}" 2>&1); then
+    echo "$OUT" | tail -40; echo "bench: fair_bench.py failed" >&2; exit 1
+  fi
+  fair() { awk -v k="$1" '$1 == k { print $2 }' <<<"$OUT"; }
+  echo "$OUT" | grep '^fair_'
+  row "noisy neighbours: B's turn p99 under A's load / idle" \
+      "$(fair fair_p99_ratio)x ($(fair fair_loaded_p99_ms) / $(fair fair_idle_p99_ms) ms)" "< 3x" \
+      "$(judge "$(fair fair_p99_ratio)" '<' 3)"
+  row "noisy neighbours: A's runs executing / its sleeps running / its connections" \
+      "$(fair fair_runs_executing) / $(fair fair_noisy_sleeps_running) / $(fair fair_noisy_connections)" \
+      "" info
+  echo "# 9. noisy neighbours" >>"$REPRO"
+  echo "${FAIR_CMD[*]}" >>"$REPRO"
 fi
 
 FSYNC_END=$(fsync_probe "$WORK")

@@ -29,6 +29,7 @@
 #include "keel/common/log.h"
 #include "keel/config/config.h"
 #include "keel/config/http_config.h"
+#include "keel/config/limits_config.h"
 #include "keel/http/outbound_guard.h"
 #include "keel/http/router.h"
 #include "keel/http/server.h"
@@ -38,6 +39,7 @@
 #include "keel/model/anthropic_provider.h"
 #include "keel/model/openai_provider.h"
 #include "keel/runtime/event_hub.h"
+#include "keel/runtime/watchdog.h"
 #include "keel/runtime/runtime.h"
 #include "keel/schedule/schedule_tools.h"
 #include "keel/secrets/vault.h"
@@ -185,6 +187,9 @@ int ServeMain(const ServeFlags& flags) {
   auto http_cfg = config::LoadHttp(overrides);
   if (!http_cfg.ok()) return Fail(http_cfg.status());
   const config::HttpConfig& http_config = *http_cfg;
+  auto limits_cfg = config::LoadLimits(overrides);
+  if (!limits_cfg.ok()) return Fail(limits_cfg.status());
+  const config::LimitsConfig& limits = *limits_cfg;
 
   std::error_code ec;
   fs::create_directories(config.home, ec);
@@ -255,6 +260,8 @@ int ServeMain(const ServeFlags& flags) {
   gateway_options.approval_ttl_ms = config.approval_timeout_ms;
   gateway_options.large_result_bytes = static_cast<size_t>(config.large_result_bytes);
   gateway_options.exec = exec_options;
+  gateway_options.tool_threads = limits.tool_threads;
+  gateway_options.tenant_tool_threads = limits.tenant_tool_threads;
   // MCP servers over HTTP and webhook receivers are at URLs tenants chose: reached only at
   // public addresses and those the platform admin allows (model providers are the operator's).
   auto outbound = http::OutboundGuard::FromAllowList(config.outbound_allow);
@@ -267,6 +274,7 @@ int ServeMain(const ServeFlags& flags) {
 
   runtime::RuntimeOptions runtime_options;
   runtime_options.max_concurrent_runs = config.max_concurrent_runs;
+  runtime_options.tenant_max_running = limits.tenant_max_running;
   runtime_options.lease_ms = config.lease_ms;
   runtime_options.default_max_steps = config.max_steps;
   runtime_options.history_limit = config.history_limit;
@@ -307,6 +315,11 @@ int ServeMain(const ServeFlags& flags) {
   }
   if (Status st = runtime.Start(); !st.ok()) return Fail(st);
   server.Start();
+  runtime::WatchdogOptions watchdog_options;
+  watchdog_options.warn = std::chrono::milliseconds(limits.io_stall_warn_ms);
+  watchdog_options.limit = std::chrono::milliseconds(limits.io_stall_limit_ms);
+  runtime::Watchdog watchdog(io.get_executor(), *store, watchdog_options);
+  watchdog.Start();
   // Another node committed (PostgreSQL LISTEN/NOTIFY): live readers re-read the log, and the
   // dispatcher looks for runs that node queued. Set last, after every early return above: the
   // store's listener thread posts to `io` until store->Close().
@@ -332,10 +345,12 @@ int ServeMain(const ServeFlags& flags) {
     server.Stop();
     asio::co_spawn(io, [&]() -> asio::awaitable<void> {
       co_await runtime.Drain(std::chrono::seconds(10));
+      watchdog.Stop();  // a stopped io thread is not a frozen one
       io.stop();
     }, asio::detached);
   });
   io.run();
+  watchdog.Stop();  // whatever ended io.run(): the stop below may take long and is no freeze
   // The threads that post to `io` finish first, the tool pool (its blocking tools may still use
   // the store) and then the store's: what they posted is then pending, and Shutdown() destroys
   // it with the rest while the runtime and the hub it refers to are alive.

@@ -1,7 +1,8 @@
-// The settings that keep Keel's keys and users apart: the key-encryption key from a file, its
-// removal from the environment, and the exec user.
+// The settings that keep Keel's keys, users and tenants apart: the key-encryption key from a
+// file, its removal from the environment, the exec user, and the tenants' fair shares.
 
 #include "keel/config/config.h"
+#include "keel/config/limits_config.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -24,7 +25,10 @@ class ConfigTest : public ::testing::Test {
     overrides_.home = dir_.string();
   }
   void TearDown() override {
-    for (const char* v : {"KEEL_SECRET_KEK", "KEEL_SECRET_KEK_FILE", "KEEL_EXEC_UID"}) {
+    for (const char* v : {"KEEL_SECRET_KEK", "KEEL_SECRET_KEK_FILE", "KEEL_EXEC_UID",
+                          "KEEL_MAX_CONCURRENT_RUNS", "KEEL_TENANT_MAX_RUNNING",
+                          "KEEL_TOOL_THREADS", "KEEL_TENANT_TOOL_THREADS",
+                          "KEEL_IO_STALL_WARN_MS", "KEEL_IO_STALL_LIMIT_MS"}) {
       ::unsetenv(v);
     }
     fs::remove_all(dir_);
@@ -69,6 +73,67 @@ TEST_F(ConfigTest, TheExecUserDefaultsToNobodyAndIsNeverRoot) {
   auto set = Load(overrides_);
   ASSERT_TRUE(set.ok());
   EXPECT_EQ(set->exec_uid, 1500);
+}
+
+TEST_F(ConfigTest, ATenantsSharesDefaultToAQuarterOfTheNode) {
+  auto shares = LoadLimits(overrides_);
+  ASSERT_TRUE(shares.ok()) << shares.status().ToString();
+  EXPECT_EQ(shares->tenant_max_running, 64);  // of 256 run slots
+  EXPECT_EQ(shares->tool_threads, 16);
+  EXPECT_EQ(shares->tenant_tool_threads, 4);
+  ::setenv("KEEL_MAX_CONCURRENT_RUNS", "2", 1);
+  ::setenv("KEEL_TOOL_THREADS", "40", 1);
+  shares = LoadLimits(overrides_);
+  ASSERT_TRUE(shares.ok()) << shares.status().ToString();
+  EXPECT_EQ(shares->tenant_max_running, 1);  // never none
+  EXPECT_EQ(shares->tenant_tool_threads, 10);
+  std::ofstream(dir_ / "keel.toml") << "tenant_max_running = 2\ntenant_tool_threads = 3\n";
+  shares = LoadLimits(overrides_);
+  ASSERT_TRUE(shares.ok()) << shares.status().ToString();
+  EXPECT_EQ(shares->tenant_max_running, 2);
+  EXPECT_EQ(shares->tenant_tool_threads, 3);
+  ::setenv("KEEL_TENANT_TOOL_THREADS", "5", 1);  // the environment wins over the file
+  shares = LoadLimits(overrides_);
+  ASSERT_TRUE(shares.ok()) << shares.status().ToString();
+  EXPECT_EQ(shares->tenant_tool_threads, 5);
+}
+
+TEST_F(ConfigTest, AShareLargerThanItsWholeIsRefused) {
+  ::setenv("KEEL_MAX_CONCURRENT_RUNS", "8", 1);
+  ::setenv("KEEL_TENANT_MAX_RUNNING", "9", 1);
+  for (auto status : {Load(overrides_).status(), LoadLimits(overrides_).status()}) {
+    EXPECT_EQ(status.code(), Code::kInvalidArgument);
+    EXPECT_NE(status.message().find("tenant_max_running (9) must not exceed max_concurrent_runs"),
+              std::string::npos)
+        << status.message();
+  }
+  ::unsetenv("KEEL_TENANT_MAX_RUNNING");
+  ::setenv("KEEL_TOOL_THREADS", "2", 1);
+  ::setenv("KEEL_TENANT_TOOL_THREADS", "3", 1);
+  auto status = LoadLimits(overrides_).status();
+  EXPECT_NE(status.message().find("tenant_tool_threads (3) must not exceed tool_threads (2)"),
+            std::string::npos)
+      << status.message();
+  ::setenv("KEEL_TENANT_TOOL_THREADS", "0", 1);
+  EXPECT_EQ(LoadLimits(overrides_).status().code(), Code::kInvalidArgument);
+}
+
+TEST_F(ConfigTest, TheIoWatchdogWarnsBeforeItsLimit) {
+  auto limits = LoadLimits(overrides_);
+  ASSERT_TRUE(limits.ok());
+  EXPECT_EQ(limits->io_stall_warn_ms, 1000);
+  EXPECT_EQ(limits->io_stall_limit_ms, 30000);
+  ::setenv("KEEL_IO_STALL_LIMIT_MS", "1000", 1);
+  auto status = LoadLimits(overrides_).status();
+  EXPECT_NE(status.message().find("io_stall_warn_ms (1000) must be below io_stall_limit_ms (1000)"),
+            std::string::npos)
+      << status.message();
+  ::setenv("KEEL_IO_STALL_WARN_MS", "300", 1);
+  limits = LoadLimits(overrides_);
+  ASSERT_TRUE(limits.ok()) << limits.status().ToString();
+  EXPECT_EQ(limits->io_stall_warn_ms, 300);
+  ::setenv("KEEL_IO_STALL_LIMIT_MS", "999", 1);  // below the floor
+  EXPECT_EQ(LoadLimits(overrides_).status().code(), Code::kInvalidArgument);
 }
 
 }  // namespace

@@ -1586,7 +1586,7 @@ TEST_P(StoreTest, ClaimableRunsAreSerialPerSession) {
   EXPECT_EQ(claimable[1].id, runs[2].id);
 }
 
-TEST_P(StoreTest, ClaimableRunsFollowSessionOrderLeasesAndTenants) {
+TEST_P(StoreTest, ClaimableRunsFollowSessionOrderLeasesAndTenantsInTurn) {
   Tenant t = MakeTenant();
   Tenant u = MakeTenant();
   Agent agent = MakeAgent(t, "a");
@@ -1612,8 +1612,9 @@ TEST_P(StoreTest, ClaimableRunsFollowSessionOrderLeasesAndTenants) {
     ASSERT_TRUE(st.ok()) << st.ToString();
   };
   const Millis now = NowMillis();
-  EXPECT_EQ(claimable(now), (std::vector<std::string>{r[0].id, r[3].id, r[4].id}));
-  EXPECT_EQ(claimable(now, 2), (std::vector<std::string>{r[0].id, r[3].id}));
+  // Each tenant's oldest first, then t's second.
+  EXPECT_EQ(claimable(now), (std::vector<std::string>{r[0].id, r[4].id, r[3].id}));
+  EXPECT_EQ(claimable(now, 2), (std::vector<std::string>{r[0].id, r[4].id}));
   // r[0] runs under a live lease: nothing else of s1 is claimable.
   r[0].status = "running";
   r[0].lease_owner = "node-a";
@@ -1621,9 +1622,9 @@ TEST_P(StoreTest, ClaimableRunsFollowSessionOrderLeasesAndTenants) {
   update(r[0]);
   EXPECT_EQ(claimable(now), (std::vector<std::string>{r[3].id, r[4].id}));
   // Its lease expires: r[0] itself is claimable again (and still blocks r[1]).
-  EXPECT_EQ(claimable(now + 120000), (std::vector<std::string>{r[0].id, r[3].id, r[4].id}));
+  EXPECT_EQ(claimable(now + 120000), (std::vector<std::string>{r[0].id, r[4].id, r[3].id}));
   ASSERT_TRUE(store_->WriteSync([&](Tx& tx) { return tx.runs().ExpireLeasesOf("node-a"); }).ok());
-  EXPECT_EQ(claimable(now), (std::vector<std::string>{r[0].id, r[3].id, r[4].id}));
+  EXPECT_EQ(claimable(now), (std::vector<std::string>{r[0].id, r[4].id, r[3].id}));
   ASSERT_TRUE(store_->WriteSync([&](Tx& tx) {
     return tx.runs().RenewLeases("node-a", {r[0].id}, now + 60000);
   }).ok());
@@ -1632,17 +1633,48 @@ TEST_P(StoreTest, ClaimableRunsFollowSessionOrderLeasesAndTenants) {
   r[0].status = "waiting_for_approval";
   update(r[0]);
   EXPECT_EQ(claimable(now), (std::vector<std::string>{r[3].id, r[4].id}));
-  // Done: the next of s1 becomes claimable, in id order with the others.
+  // Done: the next of s1 becomes claimable, t's oldest again.
   r[0].status = "done";
   r[0].finished_at = now;
   update(r[0]);
-  EXPECT_EQ(claimable(now), (std::vector<std::string>{r[1].id, r[3].id, r[4].id}));
+  EXPECT_EQ(claimable(now), (std::vector<std::string>{r[1].id, r[4].id, r[3].id}));
   ASSERT_TRUE(store_->Read([&](Tx& tx) -> Status {
     EXPECT_EQ(*tx.runs().CountActiveRuns(t.id), 3);
     EXPECT_EQ(*tx.runs().CountActiveRuns(u.id), 1);
     EXPECT_TRUE(*tx.runs().SessionBusy(t.id, s1.id));
     return Status::Ok();
   }).ok());
+}
+
+// A tenant with a long queue does not fill the dispatcher's page: every other tenant's oldest
+// claimable run comes before its second.
+TEST_P(StoreTest, ATenantsLongQueueDoesNotHideAnotherTenantsRun) {
+  Tenant noisy = MakeTenant();
+  Tenant quiet = MakeTenant();
+  Agent a = MakeAgent(noisy, "a");
+  Agent b = MakeAgent(quiet, "b");
+  std::vector<Session> sessions;
+  std::vector<store::Run> queue;
+  for (int i = 0; i < 6; ++i) {
+    sessions.push_back(NewSession(noisy, a));
+    queue.push_back(NewRun(noisy, sessions.back()));
+  }
+  Session late = NewSession(quiet, b);
+  store::Run newest = NewRun(quiet, late);  // after every run of the noisy tenant
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) -> Status {
+    for (const auto& s : sessions) KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(s));
+    KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(late));
+    for (const auto& r : queue) KEEL_RETURN_IF_ERROR(tx.runs().InsertRun(r));
+    return tx.runs().InsertRun(newest);
+  }).ok());
+  auto page = Ids(ReadValue<std::vector<store::Run>>(
+      *store_, [&](Tx& tx) { return tx.runs().ClaimableRuns(NowMillis(), 2); }));
+  EXPECT_EQ(page, (std::vector<std::string>{queue[0].id, newest.id}));
+  auto all = Ids(ReadValue<std::vector<store::Run>>(
+      *store_, [&](Tx& tx) { return tx.runs().ClaimableRuns(NowMillis(), 100); }));
+  ASSERT_EQ(all.size(), 7u);
+  EXPECT_EQ(all[1], newest.id);
+  for (int i = 1; i < 6; ++i) EXPECT_EQ(all[i + 1], queue[i].id);
 }
 
 TEST_P(StoreTest, EventFiltersAndRecentMessages) {

@@ -1,5 +1,6 @@
 #include "keel/config/config.h"
 #include "keel/config/http_config.h"
+#include "keel/config/limits_config.h"
 
 #include <toml++/toml.h>
 #include <unistd.h>
@@ -23,6 +24,8 @@ namespace {
 
 constexpr int64_t kMaxConnections = 1000000;
 constexpr int64_t kMaxHttpTimeoutMs = 3600000;
+constexpr int64_t kMaxToolThreads = 1024;
+constexpr int64_t kMaxStallMs = 3600000;
 
 std::string Env(const char* name) {
   const char* v = std::getenv(name);
@@ -155,7 +158,7 @@ Status ApplyCache(const std::string& path, const toml::table& t, CacheConfig& ca
   return Status::Ok();
 }
 
-Status ApplyToml(const std::string& path, Config& c, HttpConfig& http) {
+Status ApplyToml(const std::string& path, Config& c, HttpConfig& http, LimitsConfig& limits) {
   toml::table t;
   try {
     t = toml::parse_file(path);
@@ -170,7 +173,10 @@ Status ApplyToml(const std::string& path, Config& c, HttpConfig& http) {
                                              "max_connections_per_address", "header_timeout_ms",
                                              "body_timeout_ms", "idle_timeout_ms",
                                              "tenant_run_cap",
-                                             "max_concurrent_runs", "max_steps", "lease_ms",
+                                             "max_concurrent_runs", "tenant_max_running",
+                                             "tool_threads", "tenant_tool_threads",
+                                             "io_stall_warn_ms", "io_stall_limit_ms",
+                                             "max_steps", "lease_ms",
                                              "approval_timeout_ms", "large_result_bytes",
                                              "history_limit", "log_level", "outbound_allow",
                                              "exec_uid", "exec_gid",
@@ -217,6 +223,12 @@ Status ApplyToml(const std::string& path, Config& c, HttpConfig& http) {
   KEEL_RETURN_IF_ERROR(num("idle_timeout_ms", 100, kMaxHttpTimeoutMs, &http.idle_timeout_ms));
   KEEL_RETURN_IF_ERROR(num("tenant_run_cap", 1, 1000000, &c.tenant_run_cap));
   KEEL_RETURN_IF_ERROR(num("max_concurrent_runs", 1, 100000, &c.max_concurrent_runs));
+  KEEL_RETURN_IF_ERROR(num("tenant_max_running", 1, 100000, &limits.tenant_max_running));
+  KEEL_RETURN_IF_ERROR(num("tool_threads", 1, kMaxToolThreads, &limits.tool_threads));
+  KEEL_RETURN_IF_ERROR(
+      num("tenant_tool_threads", 1, kMaxToolThreads, &limits.tenant_tool_threads));
+  KEEL_RETURN_IF_ERROR(num("io_stall_warn_ms", 100, kMaxStallMs, &limits.io_stall_warn_ms));
+  KEEL_RETURN_IF_ERROR(num("io_stall_limit_ms", 1000, kMaxStallMs, &limits.io_stall_limit_ms));
   KEEL_RETURN_IF_ERROR(num("max_steps", 1, 1000, &c.max_steps));
   KEEL_RETURN_IF_ERROR(num("lease_ms", 1000, 3600000, &c.lease_ms));
   KEEL_RETURN_IF_ERROR(
@@ -273,8 +285,21 @@ std::string DefaultHome() {
 
 namespace {
 
-// Both settings groups, from one reading of the file and the environment.
-Status LoadInto(const Overrides& o, Config& c, HttpConfig& http) {
+// A share not set (0 while loading) is a quarter of its whole; a share may not exceed it.
+Status ResolveShare(const char* share, const char* whole, int whole_value, int* value) {
+  if (*value == 0) *value = std::max(1, whole_value / 4);
+  if (*value > whole_value) {
+    return InvalidArgument(std::string(share) + " (" + std::to_string(*value) +
+                           ") must not exceed " + whole + " (" + std::to_string(whole_value) +
+                           ")");
+  }
+  return Status::Ok();
+}
+
+// Every settings group, from one reading of the file and the environment.
+Status LoadInto(const Overrides& o, Config& c, HttpConfig& http, LimitsConfig& limits) {
+  limits.tenant_max_running = 0;   // unset until the file or the environment sets it
+  limits.tenant_tool_threads = 0;
   c.home = o.home ? *o.home : DefaultHome();
   if (c.home.empty()) return InvalidArgument("KEEL_HOME must not be empty");
 
@@ -283,7 +308,7 @@ Status LoadInto(const Overrides& o, Config& c, HttpConfig& http) {
   if (config_file.empty()) config_file = c.home + "/keel.toml";
   std::error_code ec;
   if (std::filesystem::exists(config_file, ec)) {
-    KEEL_RETURN_IF_ERROR(ApplyToml(config_file, c, http));
+    KEEL_RETURN_IF_ERROR(ApplyToml(config_file, c, http, limits));
   } else if (explicit_file) {
     return InvalidArgument("config file not found: " + config_file);
   }
@@ -331,6 +356,25 @@ Status LoadInto(const Overrides& o, Config& c, HttpConfig& http) {
   }
   if (auto v = Env("KEEL_MAX_CONCURRENT_RUNS"); !v.empty()) {
     KEEL_RETURN_IF_ERROR(SetInt(v, "KEEL_MAX_CONCURRENT_RUNS", 1, 100000, &c.max_concurrent_runs));
+  }
+  if (auto v = Env("KEEL_TENANT_MAX_RUNNING"); !v.empty()) {
+    KEEL_RETURN_IF_ERROR(
+        SetInt(v, "KEEL_TENANT_MAX_RUNNING", 1, 100000, &limits.tenant_max_running));
+  }
+  if (auto v = Env("KEEL_TOOL_THREADS"); !v.empty()) {
+    KEEL_RETURN_IF_ERROR(SetInt(v, "KEEL_TOOL_THREADS", 1, kMaxToolThreads, &limits.tool_threads));
+  }
+  if (auto v = Env("KEEL_TENANT_TOOL_THREADS"); !v.empty()) {
+    KEEL_RETURN_IF_ERROR(SetInt(v, "KEEL_TENANT_TOOL_THREADS", 1, kMaxToolThreads,
+                                &limits.tenant_tool_threads));
+  }
+  if (auto v = Env("KEEL_IO_STALL_WARN_MS"); !v.empty()) {
+    KEEL_RETURN_IF_ERROR(
+        SetInt(v, "KEEL_IO_STALL_WARN_MS", 100, kMaxStallMs, &limits.io_stall_warn_ms));
+  }
+  if (auto v = Env("KEEL_IO_STALL_LIMIT_MS"); !v.empty()) {
+    KEEL_RETURN_IF_ERROR(
+        SetInt(v, "KEEL_IO_STALL_LIMIT_MS", 1000, kMaxStallMs, &limits.io_stall_limit_ms));
   }
   if (auto v = Env("KEEL_MAX_STEPS"); !v.empty()) {
     KEEL_RETURN_IF_ERROR(SetInt(v, "KEEL_MAX_STEPS", 1, 1000, &c.max_steps));
@@ -387,6 +431,15 @@ Status LoadInto(const Overrides& o, Config& c, HttpConfig& http) {
 
   if (c.store_url.empty()) c.store_url = "sqlite://" + c.home + "/keel.db";
   if (c.workspaces.empty()) c.workspaces = c.home + "/workspaces";
+  KEEL_RETURN_IF_ERROR(ResolveShare("tenant_max_running", "max_concurrent_runs",
+                                    c.max_concurrent_runs, &limits.tenant_max_running));
+  KEEL_RETURN_IF_ERROR(ResolveShare("tenant_tool_threads", "tool_threads", limits.tool_threads,
+                                    &limits.tenant_tool_threads));
+  if (limits.io_stall_warn_ms >= limits.io_stall_limit_ms) {
+    return InvalidArgument("io_stall_warn_ms (" + std::to_string(limits.io_stall_warn_ms) +
+                           ") must be below io_stall_limit_ms (" +
+                           std::to_string(limits.io_stall_limit_ms) + ")");
+  }
   return Status::Ok();
 }
 
@@ -395,15 +448,25 @@ Status LoadInto(const Overrides& o, Config& c, HttpConfig& http) {
 Result<Config> Load(const Overrides& o) {
   Config c;
   HttpConfig http;
-  KEEL_RETURN_IF_ERROR(LoadInto(o, c, http));
+  LimitsConfig limits;
+  KEEL_RETURN_IF_ERROR(LoadInto(o, c, http, limits));
   return c;
 }
 
 Result<HttpConfig> LoadHttp(const Overrides& o) {
   Config c;
   HttpConfig http;
-  KEEL_RETURN_IF_ERROR(LoadInto(o, c, http));
+  LimitsConfig limits;
+  KEEL_RETURN_IF_ERROR(LoadInto(o, c, http, limits));
   return http;
+}
+
+Result<LimitsConfig> LoadLimits(const Overrides& o) {
+  Config c;
+  HttpConfig http;
+  LimitsConfig limits;
+  KEEL_RETURN_IF_ERROR(LoadInto(o, c, http, limits));
+  return limits;
 }
 
 void ForgetSecretKekInEnvironment() {

@@ -83,9 +83,11 @@ Runtime::IntakeUnit Runtime::PrepareIntake(const IntakeRequest& req, const store
   u.request = req;
   u.agent = agent;
   u.reject_when_busy = agent.config.is_object() && agent.config.value("busy", "") == "reject";
-  // When the session is idle and this node has room, intake also claims the run, saving a
-  // commit and a trip through the dispatcher.
-  u.may_claim = !draining_ && static_cast<int>(executing_.size()) < options_.max_concurrent_runs;
+  // When the session is idle and this node has a slot for the tenant's run, intake also claims
+  // the run, saving a commit and a trip through the dispatcher. The slot is taken now, not
+  // when the unit commits, so that intakes in flight together cannot exceed the tenant's share.
+  if (!draining_) u.slot = slots_.Take(req.tenant_id);
+  u.may_claim = static_cast<bool>(u.slot);
   u.origin = store_.origin();
   u.now = NowMillis();
   IntakeResult& out = u.out;
@@ -185,6 +187,7 @@ Status Runtime::WriteIntake(store::Tx& tx, IntakeUnit& u) {
 
 void Runtime::AfterIntake(IntakeUnit& u) {
   if (!u.claimed) {
+    u.slot.Release();  // before the dispatcher looks for runs
     Wake();
     return;
   }
@@ -195,7 +198,7 @@ void Runtime::AfterIntake(IntakeUnit& u) {
   running.lease_expires_at = u.now + options_.lease_ms;
   running.started_at = u.now;
   u.out.run = running;  // the run as committed
-  Launch(running, Known{u.agent, u.out.message});
+  Launch(running, Known{u.agent, u.out.message}, std::move(u.slot));
 }
 
 asio::awaitable<Result<store::Run>> Runtime::Cancel(const std::string& tenant_id,

@@ -5,6 +5,7 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 
+#include "keel/common/io_work.h"
 #include "keel/common/log.h"
 #include "keel/plugins/bus.h"
 #include "keel/plugins/host.h"
@@ -57,7 +58,14 @@ plugins::Emitted Runtime::Emit(const plugins::AgentPlugins& plugins, const std::
     none.payload = std::move(payload);
     return none;
   }
-  auto out = plugins.bus.Emit(family, std::move(payload));
+  plugins::Emitted out;
+  {
+    // Lua handlers run here, on the io thread: the watchdog names them if they hold it.
+    const std::string run_id = payload.is_object() ? payload.value("run_id", "") : "";
+    IoWork work(plugins.tenant_id, run_id, "plugin hook " + family + " of agent " +
+                                                plugins.agent_id);
+    out = plugins.bus.Emit(family, std::move(payload));
+  }
   if (queue_webhooks) QueueDeliveries(plugins, family, out.payload);
   std::vector<plugins::PluginError> errors = out.errors;
   if (out.abort) errors.push_back(*out.abort);

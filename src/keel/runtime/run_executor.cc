@@ -127,7 +127,8 @@ namespace {
 // it kPoisonTries times in a row: each claim appends run.started, each step or wait appends
 // events of its own, so that many run.started events with nothing after them mean that many
 // tries ended without progress. A run stopped by outside kills at random moments progresses
-// between them and is resumed as before.
+// between them and is resumed as before. A run the io watchdog caught holding the io thread past
+// io_stall_limit_ms (runtime/watchdog.h) ends with run.stalled@v1: it is poison at once.
 constexpr int kPoisonTries = 4;
 
 // Empty, or why `run` is not resumed again. REQUIRES: `run` is locked in `tx`, to be resumed.
@@ -136,11 +137,22 @@ Result<std::string> PoisonCheck(store::Tx& tx, const store::Run& run) {
   filter.run_id = run.id;
   int tries = 0;
   int64_t after = 0;
+  std::optional<store::Event> stalled;  // the last event, when it is run.stalled@v1
   while (true) {
     KEEL_ASSIGN_OR_RETURN(auto events, tx.events().ReadEvents(run.tenant_id, after, filter, 500));
-    for (const auto& e : events) tries = e.type == "run.started@v1" ? tries + 1 : 0;
+    for (const auto& e : events) {
+      tries = e.type == "run.started@v1" ? tries + 1 : 0;
+      stalled.reset();
+      if (e.type == "run.stalled@v1") stalled = e;
+    }
     if (events.size() < 500) break;
     after = events.back().position;
+  }
+  if (stalled) {
+    const Json& p = stalled->payload;
+    return "the run held the server's io thread for " +
+           std::to_string(p.value("held_ms", int64_t(0))) + " ms (" + p.value("work", "") +
+           "), past io_stall_limit_ms, and the server was stopped; it is not tried again";
   }
   if (tries < kPoisonTries) return std::string();
   return "the run stopped the server (or held it past its lease) " + std::to_string(tries) +
@@ -150,18 +162,21 @@ Result<std::string> PoisonCheck(store::Tx& tx, const store::Run& run) {
 
 }  // namespace
 
-asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known) {
+asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known,
+                                      RunSlots::Hold slot) {
   ++metrics_.runs_executing;
   struct Release {
     Runtime* rt;
     std::string id;
+    RunSlots::Hold slot;
     ~Release() {
       rt->executing_.erase(id);
       rt->cancel_requested_.erase(id);
       --rt->metrics_.runs_executing;
+      slot.Release();  // before the dispatcher looks for runs
       rt->Wake();
     }
-  } release{this, run.id};
+  } release{this, run.id, std::move(slot)};
 
   // Claim: queued, or running with an expired lease (its process died).
   const std::string origin = store_.origin();

@@ -5,6 +5,7 @@
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include <algorithm>
 #include <vector>
 
 #include "keel/approvals/approvals.h"
@@ -53,6 +54,8 @@ Runtime::Runtime(asio::any_io_executor executor, store::Store& store, EventHub& 
       metrics_(metrics),
       options_(options),
       wake_timer_(executor),
+      slots_(options.max_concurrent_runs,
+             std::clamp(options.tenant_max_running, 1, options.max_concurrent_runs)),
       plugins_(std::make_unique<plugins::PluginHost>(options.audit_dir, MemoryReadersOn(store))),
       vault_(vault),
       webhook_client_(std::make_unique<http::Client>([&] {
@@ -98,28 +101,31 @@ asio::awaitable<void> Runtime::DispatchLoop() {
     }
     wake_pending_ = false;
     if (draining_) break;
-    int room = options_.max_concurrent_runs - static_cast<int>(executing_.size());
-    if (room <= 0) continue;
+    if (slots_.free() <= 0) continue;
     std::vector<store::Run> runs;
     Millis now = NowMillis();
-    int want = room + static_cast<int>(executing_.size());
+    // ClaimableRuns takes the tenants in turn (each one's oldest first, then each one's second,
+    // ...), so a tenant with a long queue does not crowd the others out of this page.
+    int want = options_.max_concurrent_runs;
     Status st = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
       KEEL_ASSIGN_OR_RETURN(runs, tx.runs().ClaimableRuns(now, want));
       return Status::Ok();
     });
     if (!st.ok()) continue;
     for (auto& run : runs) {
-      if (room <= 0) break;
+      if (slots_.free() <= 0) break;
       if (executing_.count(run.id)) continue;
-      --room;
-      Launch(std::move(run), std::nullopt);
+      // A tenant at its share: its run stays queued, and the next tenant's is looked at.
+      RunSlots::Hold slot = slots_.Take(run.tenant_id);
+      if (!slot) continue;
+      Launch(std::move(run), std::nullopt, std::move(slot));
     }
   }
 }
 
-void Runtime::Launch(store::Run run, std::optional<Known> known) {
+void Runtime::Launch(store::Run run, std::optional<Known> known, RunSlots::Hold slot) {
   executing_.insert(run.id);
-  asio::co_spawn(executor_, RunOne(std::move(run), std::move(known)),
+  asio::co_spawn(executor_, RunOne(std::move(run), std::move(known), std::move(slot)),
                  ReportExceptions{"run execution"});
 }
 

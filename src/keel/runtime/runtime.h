@@ -27,6 +27,7 @@
 #include "keel/store/schedule_store.h"
 #include "keel/config/config.h"
 #include "keel/http/outbound_guard.h"
+#include "keel/runtime/run_slots.h"
 #include "keel/store/skill_store.h"
 #include "keel/store/store.h"
 #include "keel/store/usage_store.h"
@@ -67,6 +68,9 @@ using Clock = std::function<Millis()>;
 
 struct RuntimeOptions {
   int max_concurrent_runs = 256;
+  // Of those, the most one tenant's runs take at once on this node (run_slots.h); its further
+  // runs stay queued while other tenants' are claimed. Clamped to [1, max_concurrent_runs].
+  int tenant_max_running = 64;
   int lease_ms = 30000;
   int default_max_steps = 16;
   int history_limit = 50;
@@ -169,6 +173,7 @@ class Runtime {
     store::Agent agent;
     bool reject_when_busy = false;
     bool may_claim = false;
+    RunSlots::Hold slot;  // held while may_claim: the slot the claimed run executes in
     std::string origin;
     Millis now = 0;
     Json trigger;        // what posted the message, for run.queued@v1 (a schedule); null: a client
@@ -190,10 +195,12 @@ class Runtime {
   Status WriteIntake(store::Tx& tx, IntakeUnit& unit);
   Status CheckIntake(store::Tx& tx, IntakeUnit& unit);
   void AfterIntake(IntakeUnit& unit);
-  // Executes a run; with `known`, intake already holds its lease, otherwise RunOne claims it.
-  boost::asio::awaitable<void> RunOne(store::Run run, std::optional<Known> known);
-  // Marks a run as held by this node and starts executing it.
-  void Launch(store::Run run, std::optional<Known> known);
+  // Executes a run in `slot`, which it gives back when it ends; with `known`, intake already
+  // holds its lease, otherwise RunOne claims it.
+  boost::asio::awaitable<void> RunOne(store::Run run, std::optional<Known> known,
+                                      RunSlots::Hold slot);
+  // Marks a run as held by this node and starts executing it in `slot`. REQUIRES: slot.
+  void Launch(store::Run run, std::optional<Known> known, RunSlots::Hold slot);
   // Puts a run that found its approval still pending back to waiting_for_approval.
   boost::asio::awaitable<Status> ParkAgain(const store::Run& run, const std::string& call_id);
   // Context assembly (context.cc): fills request.messages for a model turn of `run`: the
@@ -306,6 +313,7 @@ class Runtime {
   bool wake_pending_ = false;
   bool draining_ = false;
   std::set<std::string> executing_;         // run ids claimed or running on this node
+  RunSlots slots_;  // this node's run slots, in total and per tenant
   std::set<std::string> cancel_requested_;  // executing runs asked to stop
   std::unique_ptr<plugins::PluginHost> plugins_;
   const secrets::Vault* vault_;

@@ -451,7 +451,6 @@ asio::awaitable<void> Runtime::FireGroup(std::vector<store::Schedule> group, Mil
     if (info.agent) info.hook = UsePlugins(key.first, key.second, info.enabled)->Wants("schedule.fired");
   }
   std::vector<SlotPost> ready;
-  int claim_room = options_.max_concurrent_runs - static_cast<int>(executing_.size());
   for (auto& post : posts) {
     const AgentInfo& info = agents[{post.s.tenant_id, post.s.agent_id}];
     if (!info.agent || info.hook) {
@@ -460,10 +459,9 @@ asio::awaitable<void> Runtime::FireGroup(std::vector<store::Schedule> group, Mil
     }
     post.agent = *info.agent;
     post.session.id = post.s.session_id.empty() ? NewId() : post.s.session_id;
+    // Each slot's intake takes its run's slot now, so the group's runs together stay within
+    // this node's room and each tenant's share.
     PrepareSlotPost(post, post.s.prompt);
-    // The group's runs together stay within this node's room, as separate firings could not.
-    if (claim_room <= 0) post.unit.may_claim = false;
-    if (post.unit.may_claim) --claim_room;
     ready.push_back(std::move(post));
   }
   if (ready.empty()) co_return;

@@ -226,9 +226,9 @@ class RunStore {
   // Whether the session has a run that is not terminal.
   virtual Result<bool> SessionBusy(const std::string& tenant_id, const std::string& session_id) = 0;
 
-  // Runtime-wide (not tenant-scoped): runs ready to execute now, oldest first — queued runs
-  // whose session has no earlier unfinished run, and running runs whose lease expired before
-  // `now`. At most `limit`.
+  // Runtime-wide (not tenant-scoped): runs ready to execute now (queued runs whose session has
+  // no earlier unfinished run, running runs whose lease expired before `now`), tenants taking
+  // turns: every tenant's oldest, then every tenant's second, ... At most `limit`.
   virtual Result<std::vector<Run>> ClaimableRuns(Millis now, int limit) = 0;
   // Runtime-wide: expires every lease held by `owner` (used at start for a dead process's runs).
   virtual Status ExpireLeasesOf(const std::string& owner) = 0;

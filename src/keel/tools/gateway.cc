@@ -1,7 +1,8 @@
 #include "keel/tools/gateway.h"
 
-#include <boost/asio/co_spawn.hpp>
-#include <boost/asio/thread_pool.hpp>
+#include <boost/asio/async_result.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
 #include <fcntl.h>
@@ -16,6 +17,7 @@
 #include "keel/approvals/approvals.h"
 #include "keel/common/crypto.h"
 #include "keel/common/ids.h"
+#include "keel/common/io_work.h"
 #include "keel/common/log.h"
 #include "keel/mcp/child_process.h"
 #include "keel/mcp/manager.h"
@@ -25,14 +27,12 @@
 #include "keel/policy/stored.h"
 #include "keel/store/async.h"
 #include "keel/tools/schema.h"
+#include "keel/tools/tool_pool.h"
 #include "keel/tools/workspace.h"
 
 namespace keel::tools {
 
 namespace asio = boost::asio;
-
-// Threads for blocking tools (commands, remote servers): a few at once per node.
-constexpr int kToolThreads = 4;
 
 Gateway::Gateway(store::Store& store, ToolRegistry& registry, std::string workspaces_root,
                  GatewayOptions options, mcp::McpManager* mcp, const secrets::Vault* vault)
@@ -42,14 +42,24 @@ Gateway::Gateway(store::Store& store, ToolRegistry& registry, std::string worksp
       options_(options),
       mcp_(mcp),
       vault_(vault),
-      pool_(std::make_unique<asio::thread_pool>(kToolThreads)) {}
+      pool_(std::make_unique<ToolPool>(options.tool_threads, options.tenant_tool_threads)) {}
 
 template <typename T>
-asio::awaitable<T> Gateway::OnPool(std::function<T()> fn) {
-  // Named, not a temporary in the co_await expression (g++ 12 mis-destroys those).
-  auto on_pool = [fn = std::move(fn)]() -> asio::awaitable<T> { co_return fn(); };
-  co_return co_await asio::co_spawn(pool_->get_executor(), std::move(on_pool),
-                                    asio::use_awaitable);
+asio::awaitable<T> Gateway::OnPool(std::string tenant, std::function<T()> fn) {
+  auto executor = co_await asio::this_coro::executor;
+  ToolPool* pool = pool_.get();
+  // The coroutine waits as an asynchronous operation: the pool runs `fn` and posts its value
+  // back to the coroutine's executor. The handler is shared because std::function copies.
+  auto initiate = [pool, executor, tenant = std::move(tenant), fn = std::move(fn)](
+                      auto handler) mutable {
+    auto shared = std::make_shared<decltype(handler)>(std::move(handler));
+    pool->Post(tenant, [fn = std::move(fn), shared, executor]() mutable {
+      auto value = std::make_shared<T>(fn());
+      asio::post(executor, [shared, value]() mutable { (*shared)(std::move(*value)); });
+    });
+  };
+  co_return co_await asio::async_initiate<decltype(asio::use_awaitable), void(T)>(
+      std::move(initiate), asio::use_awaitable);
 }
 
 namespace {
@@ -295,7 +305,7 @@ asio::awaitable<Result<std::shared_ptr<Tool>>> Gateway::Resolve(std::string tena
   std::function<Result<std::vector<mcp::McpTool>>()> list = [manager, launch]() {
     return manager->Tools(launch);
   };
-  auto tools = co_await OnPool(std::move(list));
+  auto tools = co_await OnPool(tenant_id, std::move(list));
   if (!tools.ok()) {
     co_return Status(tools.status().code(),
                      "MCP server " + server + " is not available: " + tools.status().message());
@@ -321,7 +331,7 @@ asio::awaitable<Result<std::vector<std::shared_ptr<Tool>>>> Gateway::McpServerTo
   std::function<Result<std::vector<mcp::McpTool>>()> list = [manager, launch]() {
     return manager->Tools(launch);
   };
-  auto tools = co_await OnPool(std::move(list));
+  auto tools = co_await OnPool(server.tenant_id, std::move(list));
   if (!tools.ok()) co_return tools.status();
   std::vector<std::shared_ptr<Tool>> out;
   for (const auto& t : *tools) out.push_back(std::make_shared<McpToolAdapter>(*mcp_, launch, t));
@@ -335,7 +345,7 @@ asio::awaitable<void> Gateway::ForgetMcpServer(std::string server_id) {
     manager->Forget(server_id);
     return true;
   };
-  (void)co_await OnPool(std::move(forget));
+  (void)co_await OnPool(std::string(), std::move(forget));  // the runtime's own work
 }
 
 asio::awaitable<std::vector<std::shared_ptr<Tool>>> Gateway::Offered(std::string tenant_id,
@@ -391,7 +401,7 @@ asio::awaitable<std::vector<std::shared_ptr<Tool>>> Gateway::Offered(std::string
   co_return out;
 }
 
-Gateway::~Gateway() { pool_->join(); }
+Gateway::~Gateway() { pool_->Join(); }
 
 std::string CallOutcome::ForModel() const {
   if (result.is_string()) return result.get<std::string>();
@@ -829,12 +839,14 @@ asio::awaitable<Result<CallOutcome>> Gateway::ExecuteAndRecord(store::ToolCall c
       }
     };
     if (tool->blocking()) {
-      // Off the event loop; the coroutine resumes on its own executor when the tool returns.
-      // Named, not a temporary in the co_await expression (g++ 12 mis-destroys those).
-      auto on_pool = [run]() -> asio::awaitable<Result<Json>> { co_return run(); };
-      result = co_await asio::co_spawn(pool_->get_executor(), std::move(on_pool),
-                                       asio::use_awaitable);
+      // Off the event loop, in the tenant's share of the pool; the coroutine resumes on its
+      // own executor when the tool returns.
+      std::function<Result<Json>()> on_pool = run;
+      result = co_await OnPool(call.tenant_id, std::move(on_pool));
     } else {
+      // On the io thread: the watchdog names this call if it holds it.
+      IoWork work(call.tenant_id, call.run_id,
+                  "tool " + call.tool + " at step " + std::to_string(step.seq));
       result = run();
     }
   }

@@ -29,9 +29,6 @@
 #include "keel/tools/tool.h"
 #include "keel/tools/workspace.h"
 
-namespace boost::asio {
-class thread_pool;
-}
 namespace keel::mcp {
 class McpManager;
 }
@@ -40,6 +37,8 @@ class Vault;
 }
 
 namespace keel::tools {
+
+class ToolPool;
 
 struct CallRequest {
   std::string tenant_id;
@@ -64,6 +63,10 @@ struct GatewayOptions {
   size_t large_result_bytes = 16 * 1024;
   // Who unsandboxed stdio MCP servers run as, and what every sandbox hides.
   ExecOptions exec;
+  // The tool pool (tool_pool.h): threads for blocking tools, and the most of them one tenant's
+  // calls use at once.
+  int tool_threads = 16;
+  int tenant_tool_threads = 4;
 };
 
 // A veto hook's refusal. With abort_turn the run must stop (a plugin whose failure mode is
@@ -195,9 +198,9 @@ class Gateway {
   store::Store& store_;
   ToolRegistry& registry_;
   const std::string workspaces_root_;
-  // Runs `fn` on the tool pool and resumes the caller on its executor.
+  // Runs `fn` on the tool pool, in `tenant`'s share, and resumes the caller on its executor.
   template <typename T>
-  boost::asio::awaitable<T> OnPool(std::function<T()> fn);
+  boost::asio::awaitable<T> OnPool(std::string tenant, std::function<T()> fn);
 
   const GatewayOptions options_;
   std::vector<VetoHook> veto_hooks_;
@@ -206,7 +209,7 @@ class Gateway {
   AgentTools agent_tools_;
   mcp::McpManager* mcp_;
   const secrets::Vault* vault_;
-  std::unique_ptr<boost::asio::thread_pool> pool_;  // runs blocking tools off the event loop
+  std::unique_ptr<ToolPool> pool_;  // runs blocking tools off the event loop
 };
 
 }  // namespace keel::tools

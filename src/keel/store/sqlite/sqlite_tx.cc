@@ -779,13 +779,17 @@ Result<bool> SqliteTx::SessionBusy(const std::string& tenant_id, const std::stri
 }
 
 Result<std::vector<Run>> SqliteTx::ClaimableRuns(Millis now, int limit) {
-  // Two index range scans on (status, id); an OR would scan the whole table.
+  // Two index range scans on (status, id); an OR would scan the whole table. The tenants take
+  // turns (every tenant's oldest, then every tenant's second, ...), so that one tenant's long
+  // queue cannot fill the page and hide the others' runs from the dispatcher.
   static const std::string kSql =
-      "SELECT * FROM (SELECT " + std::string(kRunCols) + " FROM runs r WHERE r.status='queued' "
+      "SELECT " + std::string(kRunCols) + " FROM (SELECT *, row_number() OVER "
+      "(PARTITION BY tenant_id ORDER BY id) AS turn FROM (SELECT " + std::string(kRunCols) +
+      " FROM runs r WHERE r.status='queued' "
       "AND NOT EXISTS (SELECT 1 FROM runs p WHERE p.session_id=r.session_id "
       "  AND p.status IN ('queued','running','waiting_for_approval') AND p.id<r.id) "
       "UNION ALL SELECT " + std::string(kRunCols) + " FROM runs WHERE status='running' AND "
-      "lease_expires_at<?) ORDER BY id LIMIT ?";
+      "lease_expires_at<?)) ORDER BY turn, id LIMIT ?";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(now, limit);
   return Collect<Run>(s, ReadRun<Stmt>);
