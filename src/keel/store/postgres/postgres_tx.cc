@@ -1748,7 +1748,7 @@ DO $$ BEGIN EXECUTE format('SET LOCAL search_path = %I, pg_temp', current_schema
 ALTER TABLE events ADD COLUMN hash TEXT COLLATE "C" NOT NULL DEFAULT '';
 CREATE INDEX events_unhashed ON events(position) WHERE hash = '';
 CREATE TABLE audit_heads(
-  tenant_id TEXT COLLATE "C" NOT NULL REFERENCES tenants(id), origin TEXT COLLATE "C" NOT NULL,
+  tenant_id TEXT COLLATE "C" NOT NULL, origin TEXT COLLATE "C" NOT NULL,
   last_id TEXT COLLATE "C" NOT NULL, last_seq BIGINT NOT NULL, hash TEXT COLLATE "C" NOT NULL,
   anchor TEXT COLLATE "C" NOT NULL, mac TEXT COLLATE "C" NOT NULL,
   PRIMARY KEY(tenant_id, origin));

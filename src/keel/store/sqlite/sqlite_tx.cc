@@ -1336,7 +1336,7 @@ ALTER TABLE tenants ADD COLUMN allow_stdio_mcp INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE events ADD COLUMN hash TEXT NOT NULL DEFAULT '';
 CREATE INDEX events_unhashed ON events(position) WHERE hash = '';
 CREATE TABLE audit_heads(
-  tenant_id TEXT NOT NULL REFERENCES tenants(id), origin TEXT NOT NULL, last_id TEXT NOT NULL,
+  tenant_id TEXT NOT NULL, origin TEXT NOT NULL, last_id TEXT NOT NULL,
   last_seq INTEGER NOT NULL, hash TEXT NOT NULL, anchor TEXT NOT NULL, mac TEXT NOT NULL,
   PRIMARY KEY(tenant_id, origin));
 )sql",
