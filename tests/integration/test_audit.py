@@ -306,6 +306,46 @@ class AuditChainTest(KeelTestCase):
             self.assertIn("signature", forged.stderr)
 
 
+@unittest.skipUnless(os.environ.get("KEEL_TEST_STORE") == "postgres",
+                     "several nodes share a store on PostgreSQL only")
+class AuditTwoNodesTest(KeelTestCase):
+    """Two nodes append to one tenant under the cluster's write lock: a chain per origin, each
+    verified; one node's tampered event is named in its own chain."""
+
+    def servers(self):
+        return [s for s in (getattr(self, "a", None), getattr(self, "b", None)) if s]
+
+    def test_each_nodes_chain_verifies_and_names_its_tampered_event(self):
+        self.a = KeelServer(env={"KEEL_SECRET_KEK": KEK})
+        try:
+            self.b = KeelServer(env={"KEEL_SECRET_KEK": KEK}, store_url=self.a.store_url,
+                                token=self.a.token)
+            try:
+                t = Tenant(self.a)
+                agent = t.ok("POST", "/v1/agents", {"name": unique_name("agent")}, expect=201)
+                for server in (self.a, self.b, self.a, self.b):
+                    session = server.ok("POST", "/v1/agents/%s/sessions" % agent["id"], {},
+                                        token=t.token, expect=201)
+                    server.ok("POST", "/v1/sessions/%s/messages?wait=10" % session["id"],
+                              {"content": "hello"}, token=t.token, expect=(200, 201, 202))
+                report = t.ok("GET", "/v1/audit/verify")
+                self.assertEqual(report["status"], "verified", report)
+                self.assertEqual(len(report["chains"]), 2, report)
+                events = Database(self.a).events(t.id)
+                origin_b = [e for e in events if e["origin"] != events[0]["origin"]]
+                target = origin_b[1]
+                Database(self.a).set(target["position"], payload='{"x":1}')
+                report = self.b.ok("GET", "/v1/audit/verify", token=t.token)
+                self.assertEqual(report["problem"]["event_id"], target["id"], report)
+                self.assertEqual(report["problem"]["origin"], target["origin"])
+                self.assertEqual(sorted(c["status"] for c in report["chains"]),
+                                 ["tampered", "verified"])
+            finally:
+                self.b.stop()
+        finally:
+            self.a.stop()
+
+
 class AuditWithoutKekTest(KeelTestCase):
     def test_heads_are_unsigned_and_verify_says_so(self):
         server = KeelServer()
