@@ -222,7 +222,8 @@ void ChainVerifier::AddEvent(const Json& row) {
                   Text(row, "payload"),
                   Int(row, "occurred_at")};
   if (hash.empty()) {
-    broken("has no hash: it was written outside Keel");
+    broken("has no hash: it was written outside Keel (or by a node of a Keel from before the "
+           "audit chain, whose events the next start of this Keel hashes)");
     return;
   }
   if (hash != EventHash(f, w.hash)) {

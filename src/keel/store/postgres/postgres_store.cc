@@ -57,16 +57,22 @@ Result<std::unique_ptr<Store>> PostgresStore::Open(const std::string& url,
   std::unique_ptr<PostgresStore> store(new PostgresStore(url, options, audit_key));
   KEEL_ASSIGN_OR_RETURN(store->writer_, store->Connect(/*writer=*/true));
   KEEL_RETURN_IF_ERROR(CheckRuntimeRole(*store->writer_->conn));
+  // Events from before the audit chain (or from a node still running an older Keel) get their
+  // hashes through the writer, below; a store without such events is not written to here.
+  KEEL_ASSIGN_OR_RETURN(auto unhashed,
+                        store->writer_->conn->Query(
+                            "SELECT EXISTS (SELECT 1 FROM keel_unhashed_tenants())", Params()));
   store->writer_thread_ = std::thread([s = store.get()] { s->WriterLoop(); });
   store->listener_thread_ = std::thread([s = store.get()] { s->ListenerLoop(); });
   for (int i = 0; i < kReadThreads; ++i) {
     store->read_threads_.emplace_back([s = store.get()] { s->ReadLoop(); });
   }
-  // Events from before the audit chain get their hashes once, through the writer (under the
-  // write lock, so nodes starting at once hash each event once).
-  KEEL_RETURN_IF_ERROR(store->WriteSync([s = store.get()](Tx&) {
-    return s->writer_->tx->BackfillChains();
-  }));
+  // Under the write lock, so that nodes starting at once hash each event once.
+  if (!unhashed.empty() && unhashed.Text(0, 0) == "t") {
+    KEEL_RETURN_IF_ERROR(store->WriteSync([s = store.get()](Tx&) {
+      return s->writer_->tx->BackfillChains();
+    }));
+  }
   return std::unique_ptr<Store>(std::move(store));
 }
 

@@ -23,10 +23,20 @@ Result<std::unique_ptr<Store>> SqliteStore::Open(const std::string& path,
   KEEL_RETURN_IF_ERROR(store->writer_db_->Exec("PRAGMA temp_store=MEMORY"));
   store->writer_tx_ =
       std::make_unique<SqliteTx>(*store->writer_db_, options.origin, audit_key);
+  // Events from before the audit chain get their hashes once, through the writer. A store
+  // without such events (the usual case) is not written to here, so that `keel export` beside
+  // a running server stays a reader.
+  bool unhashed = false;
+  {
+    KEEL_ASSIGN_OR_RETURN(auto s, store->writer_db_->Prepare(
+                                      "SELECT 1 FROM events WHERE hash='' LIMIT 1"));
+    KEEL_ASSIGN_OR_RETURN(unhashed, s.Step());
+  }
   store->writer_ = std::thread([s = store.get()] { s->WriterLoop(); });
-  // Events from before the audit chain get their hashes once, through the writer.
-  KEEL_RETURN_IF_ERROR(
-      store->WriteSync([tx = store->writer_tx_.get()](Tx&) { return tx->BackfillChains(); }));
+  if (unhashed) {
+    KEEL_RETURN_IF_ERROR(
+        store->WriteSync([tx = store->writer_tx_.get()](Tx&) { return tx->BackfillChains(); }));
+  }
   return std::unique_ptr<Store>(std::move(store));
 }
 
