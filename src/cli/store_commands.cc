@@ -114,7 +114,7 @@ int AuditVerify(const StoreCommandArgs& args) {
     for (const auto& r : reports) {
       std::cout << "tenant " << r["tenant_id"].get<std::string>() << ": "
                 << r["status"].get<std::string>() << " (" << r["events"].get<int64_t>()
-                << " events, " << r["chains"].size() << " chains)\n";
+                << " events in " << r["chains"].size() << " chain(s))\n";
       for (const auto& c : r["chains"]) {
         std::string line = "  origin " + c["origin"].get<std::string>() + ": " +
                            c["status"].get<std::string>() + ", " +
