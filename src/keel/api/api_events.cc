@@ -4,8 +4,8 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
 
-#include <atomic>
 #include <memory>
+#include <set>
 
 #include "keel/access/access.h"
 #include "keel/api/api.h"
@@ -191,26 +191,27 @@ void RegisterEventRoutes(http::Router& router, ApiContext& ctx) {
 
   // The tenant's audit chains, checked in one snapshot (store/audit.h). Owners only. A
   // tenant's whole log is read and hashed, so it runs off the event loop, on a thread of its
-  // own, one verification at a time; a few more may wait, beyond that 429.
+  // own, one verification at a time; a few more may wait (one per tenant), beyond that 429.
+  // `tenants` is touched on the io thread only.
   struct Verifier {
     asio::thread_pool pool{1};
-    std::atomic<int> waiting{0};
+    std::set<std::string> tenants;  // those with a verification running or waiting
   };
-  constexpr int kMaxWaiting = 4;
+  constexpr size_t kMaxWaiting = 4;
   auto verifier = std::make_shared<Verifier>();  // shared by the copies of the handler
   router.Add("GET", "/v1/audit/verify", [&ctx, verifier](Request& req) -> asio::awaitable<Response> {
     if (auto st = RequireOwner(req); !st.ok()) co_return Response::Error(st);
-    if (verifier->waiting.fetch_add(1) >= kMaxWaiting) {
-      verifier->waiting.fetch_sub(1);
+    const std::string tenant = req.principal.tenant_id;
+    if (verifier->tenants.size() >= kMaxWaiting || verifier->tenants.count(tenant)) {
       Response r = Response::Error(Status(
           Code::kRateLimited, "audit verifications are already running; try again shortly"));
       r.headers["Retry-After"] = "1";
       co_return r;
     }
+    verifier->tenants.insert(tenant);
     // A KEK that does not parse signs nothing (the server says so at start): "unchecked".
     auto key = store::AuditKeyFromKek(ctx.config.secret_kek);
     const std::string audit_key = key.ok() ? *key : std::string();
-    const std::string tenant = req.principal.tenant_id;
     Result<std::vector<store::ChainReport>> reports;
     co_await asio::async_initiate<const asio::use_awaitable_t<>, void()>(
         [&](auto handler) {
@@ -226,7 +227,7 @@ void RegisterEventRoutes(http::Router& router, ApiContext& ctx) {
           });
         },
         asio::use_awaitable);
-    verifier->waiting.fetch_sub(1);
+    verifier->tenants.erase(tenant);
     if (!reports.ok()) co_return Response::Error(reports.status());
     co_return Response::Json(200, store::AuditReportJson(tenant, *reports));
   });
