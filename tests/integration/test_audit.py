@@ -12,6 +12,7 @@ naming the event. The route is the tenant owner's: a user or guest gets 403, a r
 import hashlib
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import tempfile
@@ -227,6 +228,7 @@ class AuditChainTest(KeelTestCase):
 
     def import_into_new_store(self, path):
         home = tempfile.mkdtemp(prefix="keel-it-import-")
+        self.addCleanup(shutil.rmtree, home, True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_")}
         env["KEEL_SECRET_KEK"] = KEK
         return subprocess.run([keel_bin(), "import", "--home", home, "--store",
@@ -248,6 +250,7 @@ class AuditChainTest(KeelTestCase):
         """Unpacks the archive, lets `edit` change its events, fixes the manifest's checksums
         (anyone can) and packs it again in the same order."""
         d = tempfile.mkdtemp(prefix="keel-it-archive-")
+        self.addCleanup(shutil.rmtree, d, True)
         names = subprocess.run(["tar", "--zstd", "-tf", path], check=True, capture_output=True,
                                text=True).stdout.split()
         subprocess.run(["tar", "--zstd", "-xf", path, "-C", d], check=True)
