@@ -488,6 +488,17 @@ int Main(int argc, char** argv) {
   }
   export_cmd->callback([&] { store_action = [&] { return Export(store_args); }; });
   import_cmd->callback([&] { store_action = [&] { return Import(store_args); }; });
+  // keel audit verify: the event log's audit chains, read from the store directly.
+  CLI::App* audit_cmd = app.add_subcommand("audit", "Check the event log's audit chains");
+  audit_cmd->require_subcommand(1);
+  CLI::App* verify_cmd = audit_cmd->add_subcommand(
+      "verify", "Check every chain (or one tenant's) and name the first event found changed, "
+                "removed or moved; needs KEEL_SECRET_KEK to check the signatures");
+  verify_cmd->add_option("--tenant", store_args.tenant, "Only this tenant (default: all)");
+  verify_cmd->add_option("--config", store_args.config_file, "Configuration file (keel.toml)");
+  verify_cmd->add_option("--store", store_args.store_url,
+                         "Store URL: sqlite:///path/keel.db or postgres://...");
+  verify_cmd->callback([&] { store_action = [&] { return AuditVerify(store_args); }; });
   // keel store migrate: the PostgreSQL schema, applied as its owner role.
   CLI::App* store_cmd = app.add_subcommand("store", "Manage the store itself");
   store_cmd->require_subcommand(1);
@@ -522,6 +533,7 @@ int Main(int argc, char** argv) {
   }
   if (store_action) {
     store_args.home = global.home;
+    store_args.json = global.json;
     return store_action();
   }
   if (!action) {

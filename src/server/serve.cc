@@ -44,6 +44,7 @@
 #include "keel/schedule/schedule_tools.h"
 #include "keel/secrets/vault.h"
 #include "keel/skills/skills.h"
+#include "keel/store/audit.h"
 #include "keel/store/migrate.h"
 #include "keel/store/store.h"
 #include "keel/tenants/tenants.h"
@@ -208,7 +209,17 @@ int ServeMain(const ServeFlags& flags) {
       return Fail(st);
     }
   }
-  auto opened = store::OpenStore(config.store_url, store_options);
+  // The audit chain's heads are signed with a key derived from the KEK; without one (or with
+  // one that does not parse, which also disables secrets) they are written unsigned, and
+  // `keel audit verify` reports them so.
+  auto audit_key = store::AuditKeyFromKek(config.secret_kek);
+  if (!audit_key.ok() || audit_key->empty()) {
+    Log("the event log's audit chain heads are unsigned: " +
+        (audit_key.ok() ? std::string("KEEL_SECRET_KEK is not set")
+                        : audit_key.status().message()));
+  }
+  auto opened = store::OpenStore(config.store_url, store_options,
+                                 audit_key.ok() ? *audit_key : std::string());
   if (!opened.ok()) return Fail(opened.status());
   std::unique_ptr<store::Store> store = std::move(opened).value();
   if (!config.durable) Log("durable = false: commits are not fsynced; a power loss may lose the last writes");

@@ -264,6 +264,7 @@ TEST_F(PostgresRlsTest, RuntimeWideFunctionsReturnOnlyKeys) {
       {"keel_renew_leases", "void"},
       {"keel_table_is_empty", "boolean"},
       {"keel_tenants", "SETOF tenants"},
+      {"keel_unhashed_tenants", "TABLE(tenant_id text)"},
   };
   std::vector<std::pair<std::string, std::string>> got;
   for (const auto& row : defs.rows) got.emplace_back(row[0], row[1]);

@@ -1,12 +1,20 @@
 // The event log over HTTP: paged reads and the live stream, as Server-Sent Events or, for a
 // WebSocket upgrade of the same route, as WebSocket text messages (one JSON object each).
 
+#include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
+
+#include <memory>
+#include <set>
+
 #include "keel/access/access.h"
 #include "keel/api/api.h"
 #include "keel/api/render.h"
+#include "keel/config/config.h"
 #include "keel/metrics.h"
 #include "keel/runtime/event_hub.h"
 #include "keel/store/async.h"
+#include "keel/store/audit.h"
 #include "keel/store/store.h"
 
 namespace keel::api {
@@ -179,6 +187,49 @@ void RegisterEventRoutes(http::Router& router, ApiContext& ctx) {
       }
     };
     co_return r;
+  });
+
+  // The tenant's audit chains, checked in one snapshot (store/audit.h). Owners only. A
+  // tenant's whole log is read and hashed, so it runs off the event loop, on a thread of its
+  // own, one verification at a time; a few more may wait (one per tenant), beyond that 429.
+  // `tenants` is touched on the io thread only.
+  struct Verifier {
+    asio::thread_pool pool{1};
+    std::set<std::string> tenants;  // those with a verification running or waiting
+  };
+  constexpr size_t kMaxWaiting = 4;
+  auto verifier = std::make_shared<Verifier>();  // shared by the copies of the handler
+  router.Add("GET", "/v1/audit/verify", [&ctx, verifier](Request& req) -> asio::awaitable<Response> {
+    if (auto st = RequireOwner(req); !st.ok()) co_return Response::Error(st);
+    const std::string tenant = req.principal.tenant_id;
+    if (verifier->tenants.size() >= kMaxWaiting || verifier->tenants.count(tenant)) {
+      Response r = Response::Error(Status(
+          Code::kRateLimited, "audit verifications are already running; try again shortly"));
+      r.headers["Retry-After"] = "1";
+      co_return r;
+    }
+    verifier->tenants.insert(tenant);
+    // A KEK that does not parse signs nothing (the server says so at start): "unchecked".
+    auto key = store::AuditKeyFromKek(ctx.config.secret_kek);
+    const std::string audit_key = key.ok() ? *key : std::string();
+    Result<std::vector<store::ChainReport>> reports;
+    co_await asio::async_initiate<const asio::use_awaitable_t<>, void()>(
+        [&](auto handler) {
+          auto ex = asio::get_associated_executor(handler);
+          auto h = std::make_shared<decltype(handler)>(std::move(handler));
+          asio::post(verifier->pool, [&, h, ex] {
+            Status st = ctx.store.Read([&](store::Tx& tx) -> Status {
+              reports = store::VerifyTenantChains(tx, audit_key, tenant);
+              return reports.status();
+            });
+            if (!st.ok() && reports.ok()) reports = st;
+            asio::post(ex, [h] { (*h)(); });
+          });
+        },
+        asio::use_awaitable);
+    verifier->tenants.erase(tenant);
+    if (!reports.ok()) co_return Response::Error(reports.status());
+    co_return Response::Json(200, store::AuditReportJson(tenant, *reports));
   });
 }
 

@@ -11,6 +11,7 @@
 #include "keel/common/crypto.h"
 #include "keel/common/json_util.h"
 #include "keel/common/time.h"
+#include "keel/store/audit.h"
 
 namespace keel::store {
 namespace {
@@ -37,7 +38,8 @@ int FirstVersionOf(const ExportTableSpec& t) {
   static const std::map<std::string, int> kAdded = {
       {"plugins", 3},         {"agent_plugins", 3},    {"schedules", 4},   {"schedule_fires", 4},
       {"memories", 4},        {"working_memories", 4}, {"skills", 4},      {"agent_skills", 4},
-      {"compactions", 4},     {"budgets", 4},          {"model_usage", 4}, {"usage_totals", 4}};
+      {"compactions", 4},     {"budgets", 4},          {"model_usage", 4}, {"usage_totals", 4},
+      {"audit_heads", 7}};
   auto it = kAdded.find(t.name);
   return it == kAdded.end() ? kOldestArchiveVersion : it->second;
 }
@@ -53,7 +55,8 @@ struct AddedColumn {
 constexpr AddedColumn kAddedColumns[] = {{"sessions", "description", 5, "\"\""},
                                          {"sessions", "created_by", 6, "\"\""},
                                          {"tenants", "allow_host_exec", 6, "0"},
-                                         {"tenants", "allow_stdio_mcp", 6, "0"}};
+                                         {"tenants", "allow_stdio_mcp", 6, "0"},
+                                         {"events", "hash", 7, "\"\""}};
 
 void FillAddedColumns(const ExportTableSpec& t, int version, Json& row) {
   for (const auto& c : kAddedColumns) {
@@ -202,7 +205,7 @@ Status ExportArchive(Store& store, const std::string& tenant_id, const std::stri
   return st;
 }
 
-Status ImportArchive(Store& store, const std::string& path) {
+Status ImportArchive(Store& store, const std::string& path, const std::string& audit_key) {
   KEEL_ASSIGN_OR_RETURN(auto entries, ReadEntries(path));
   if (entries.empty() || entries[0].first != kManifest) {
     return InvalidArgument(path + ": not a Keel export (its first entry is not manifest.json)");
@@ -276,6 +279,26 @@ Status ImportArchive(Store& store, const std::string& path) {
                                st.message());
       }
       table_rows.push_back(std::move(row));
+    }
+  }
+
+  // The audit chains (from version 7): every event's hash recomputed along its chain and each
+  // head's signature checked under this store's key, so an archive changed after its export
+  // (rows edited, removed or moved, its checksums recomputed) is refused. Older archives carry
+  // no chains: their events are hashed as they are imported.
+  if (version >= 7) {
+    ChainVerifier verifier(audit_key);
+    for (const auto& [spec, table_rows] : rows) {
+      if (spec->name == std::string_view("events")) {
+        for (const auto& row : table_rows) verifier.AddEvent(row);
+      } else if (spec->name == std::string_view("audit_heads")) {
+        for (const auto& row : table_rows) verifier.AddHead(row);
+      }
+    }
+    for (const auto& chain : verifier.Finish()) {
+      if (chain.status != "tampered") continue;
+      return InvalidArgument(path + ": the audit chain of tenant " + chain.tenant_id +
+                             ", origin " + chain.origin + " is broken: " + chain.problem);
     }
   }
 

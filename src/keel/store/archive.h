@@ -27,8 +27,8 @@ namespace keel::store {
 inline constexpr const char* kArchiveFormat = "keel-export";
 // 2: tenant_keys and secrets; 3: plugins and agent_plugins; 4: schedules, memories, skills,
 // compactions and usage; 5: sessions.description; 6: sessions.created_by, and
-// tenants.allow_host_exec and allow_stdio_mcp.
-inline constexpr int kArchiveVersion = 6;
+// tenants.allow_host_exec and allow_stdio_mcp; 7: the audit chain (events.hash, audit_heads).
+inline constexpr int kArchiveVersion = 7;
 // The oldest version ImportArchive reads.
 inline constexpr int kOldestArchiveVersion = 2;
 // The most an archive may hold uncompressed (ImportArchive reads it into memory whole).
@@ -40,10 +40,13 @@ inline constexpr size_t kMaxArchiveBytes = size_t(1) << 30;
 Status ExportArchive(Store& store, const std::string& tenant_id, const std::string& path);
 
 // Reads the archive at `path` into `store`. The whole archive is validated first (format,
-// version, exactly the expected entries, row counts, checksums, every row's fields and types),
-// then imported in one unit of work that also checks that the store is empty: on any error
-// nothing is written. Versions kOldestArchiveVersion to kArchiveVersion are read. kInvalidArgument
-// for a bad archive, kConflict for a store that already holds data.
-Status ImportArchive(Store& store, const std::string& path);
+// version, exactly the expected entries, row counts, checksums, every row's fields and types,
+// and its audit chains: every event's hash along its chain, each chain's head and, with
+// `audit_key`, the head's signature, store/audit.h), then imported in one unit of work that
+// also checks that the store is empty: on any error nothing is written. Versions
+// kOldestArchiveVersion to kArchiveVersion are read (before 7, without chains: their events are
+// hashed as imported). kInvalidArgument for a bad archive (a broken chain names its first wrong
+// event), kConflict for a store that already holds data.
+Status ImportArchive(Store& store, const std::string& path, const std::string& audit_key = "");
 
 }  // namespace keel::store

@@ -3,6 +3,7 @@
 #include <future>
 
 #include "keel/common/crypto.h"
+#include "keel/store/audit.h"
 #include "keel/store/migrate.h"
 #include "keel/store/postgres/postgres_store.h"
 #include "keel/store/sqlite/sqlite_store.h"
@@ -319,6 +320,17 @@ const std::vector<ExportTableSpec>& ExportTables() {
       // and an archive should not carry (possibly large) copies of them.
       // introspection_due is not exported: it is the runtime's pending triggers, not the
       // tenant's data, and a copy would run introspections the source store already ran.
+      // The audit chains' signed heads (store/audit.h), one per tenant and origin; before the
+      // events, which stay the last table.
+      {"audit_heads",
+       {{"tenant_id", T::kText},
+        {"origin", T::kText},
+        {"last_id", T::kText},
+        {"last_seq", T::kInt},
+        {"hash", T::kText},
+        {"anchor", T::kText},
+        {"mac", T::kText}},
+       "tenant_id, origin"},
       {"events",
        {{"position", T::kInt},
         {"id", T::kText},
@@ -330,7 +342,8 @@ const std::vector<ExportTableSpec>& ExportTables() {
         {"session_id", T::kText},
         {"run_id", T::kText},
         {"payload", T::kText},
-        {"occurred_at", T::kInt}},
+        {"occurred_at", T::kInt},
+        {"hash", T::kText}},
        "position"},
   };
   return kTables;
@@ -376,11 +389,16 @@ Status CheckExportRow(const ExportTableSpec& table, const Json& row) {
 }
 
 Result<std::unique_ptr<Store>> OpenStore(const std::string& url, const StoreOptions& options) {
+  return OpenStore(url, options, "");
+}
+
+Result<std::unique_ptr<Store>> OpenStore(const std::string& url, const StoreOptions& options,
+                                         const std::string& audit_key) {
   std::string path;
   if (url.rfind("sqlite://", 0) == 0) {
     path = url.substr(9);
   } else if (url.rfind("postgres://", 0) == 0 || url.rfind("postgresql://", 0) == 0) {
-    return postgres::PostgresStore::Open(url, options);
+    return postgres::PostgresStore::Open(url, options, audit_key);
   } else if (url.find("://") != std::string::npos) {
     return InvalidArgument("unknown store URL scheme: " + url +
                            " (expected sqlite:///path/keel.db or postgres://user@host:port/db)");
@@ -388,7 +406,7 @@ Result<std::unique_ptr<Store>> OpenStore(const std::string& url, const StoreOpti
     path = url;
   }
   if (path.empty()) return InvalidArgument("store URL has no path: " + url);
-  return sqlite::SqliteStore::Open(path, options);
+  return sqlite::SqliteStore::Open(path, options, audit_key);
 }
 
 Status MigrateStore(const std::string& url, const std::string& owner_url) {

@@ -47,19 +47,31 @@ constexpr int kListenerPollMs = 200;
 
 }  // namespace
 
-PostgresStore::PostgresStore(std::string url, StoreOptions options)
-    : url_(std::move(url)), options_(std::move(options)) {}
+PostgresStore::PostgresStore(std::string url, StoreOptions options, std::string audit_key)
+    : url_(std::move(url)), options_(std::move(options)), audit_key_(std::move(audit_key)) {}
 
 Result<std::unique_ptr<Store>> PostgresStore::Open(const std::string& url,
-                                                   const StoreOptions& options) {
+                                                   const StoreOptions& options,
+                                                   const std::string& audit_key) {
   if (options.origin.empty()) return InvalidArgument("store origin must not be empty");
-  std::unique_ptr<PostgresStore> store(new PostgresStore(url, options));
+  std::unique_ptr<PostgresStore> store(new PostgresStore(url, options, audit_key));
   KEEL_ASSIGN_OR_RETURN(store->writer_, store->Connect(/*writer=*/true));
   KEEL_RETURN_IF_ERROR(CheckRuntimeRole(*store->writer_->conn));
+  // Events from before the audit chain (or from a node still running an older Keel) get their
+  // hashes through the writer, below; a store without such events is not written to here.
+  KEEL_ASSIGN_OR_RETURN(auto unhashed,
+                        store->writer_->conn->Query(
+                            "SELECT EXISTS (SELECT 1 FROM keel_unhashed_tenants())", Params()));
   store->writer_thread_ = std::thread([s = store.get()] { s->WriterLoop(); });
   store->listener_thread_ = std::thread([s = store.get()] { s->ListenerLoop(); });
   for (int i = 0; i < kReadThreads; ++i) {
     store->read_threads_.emplace_back([s = store.get()] { s->ReadLoop(); });
+  }
+  // Under the write lock, so that nodes starting at once hash each event once.
+  if (!unhashed.empty() && unhashed.Text(0, 0) == "t") {
+    KEEL_RETURN_IF_ERROR(store->WriteSync([s = store.get()](Tx&) {
+      return s->writer_->tx->BackfillChains();
+    }));
   }
   return std::unique_ptr<Store>(std::move(store));
 }
@@ -81,7 +93,7 @@ Result<std::unique_ptr<PostgresStore::Session>> PostgresStore::Connect(bool writ
       KEEL_RETURN_IF_ERROR(session->conn->Exec("SET synchronous_commit = off"));
     }
   }
-  session->tx = std::make_unique<PostgresTx>(*session->conn, options_.origin);
+  session->tx = std::make_unique<PostgresTx>(*session->conn, options_.origin, audit_key_);
   return session;
 }
 
@@ -486,9 +498,13 @@ void PostgresStore::CommitBatch(std::vector<Unit>& batch) {
       // COMMIT would quietly roll back; say so instead.
       commit = Internal("write failed: the transaction was aborted");
     } else {
-      commit = conn.Exec(CommitSql(conn, events).c_str());
+      // The chain heads the units moved, once per transaction (store/audit.h), pipelined with
+      // the COMMIT, whose flush reports their failure.
+      commit = tx.WriteChainHeads();
+      if (commit.ok()) commit = conn.Exec(CommitSql(conn, events).c_str());
     }
     if (!commit.ok()) (void)conn.Exec("ROLLBACK");
+    tx.ChainTransactionDone(commit.ok() && committed_units > 0);
   } else {
     for (auto& r : results) r = begin;
   }

@@ -59,7 +59,9 @@ class PostgresTx;
 class PostgresStore final : public Store {
  public:
   // `url`: postgres://user[:password]@host[:port]/db[?param=value...] (libpq syntax).
-  static Result<std::unique_ptr<Store>> Open(const std::string& url, const StoreOptions& options);
+  // `audit_key` signs the audit chain heads (store/audit.h); "" leaves them unsigned.
+  static Result<std::unique_ptr<Store>> Open(const std::string& url, const StoreOptions& options,
+                                             const std::string& audit_key = "");
   // As the owner role of `owner_url`: applies the pending migrations, then grants the runtime
   // role of `url` what it needs (SELECT, INSERT, UPDATE, DELETE on the tables; SELECT only on
   // schema_migrations; the sequences; EXECUTE on the runtime-wide functions). Refuses when the
@@ -90,7 +92,7 @@ class PostgresStore final : public Store {
     std::unique_ptr<PostgresTx> tx;
   };
 
-  PostgresStore(std::string url, StoreOptions options);
+  PostgresStore(std::string url, StoreOptions options, std::string audit_key);
   Result<std::unique_ptr<Session>> Connect(bool writer);
   static Status MigrateLocked(Conn& owner, const std::string& runtime_role);
   // The checks of invariant 2 on the runtime connection; then a hint when row-level security
@@ -115,6 +117,7 @@ class PostgresStore final : public Store {
 
   const std::string url_;
   const StoreOptions options_;
+  const std::string audit_key_;  // signs the audit chain heads; "" unsigned
 
   std::unique_ptr<Session> writer_;  // owned by the writer thread once started
 

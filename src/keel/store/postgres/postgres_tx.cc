@@ -951,24 +951,107 @@ Status PostgresTx::Append(NewEvent n) {
       "ON CONFLICT (origin) DO UPDATE SET last_seq = event_origins.last_seq + 1 "
       "RETURNING last_seq) "
       "INSERT INTO events(id, tenant_id, type, origin, origin_seq, agent_id, session_id, run_id, "
-      "payload, occurred_at) VALUES($1,$2,$3,$4,(SELECT last_seq FROM seq),$5,$6,$7,$8,$9) "
-      "RETURNING position, origin_seq";
+      "payload, occurred_at, hash) VALUES($1,$2,$3,$4,(SELECT last_seq FROM seq),$5,$6,$7,$8,$9,"
+      "$10) RETURNING position, origin_seq";
   // Pipelined: the position and origin_seq arrive with the next round trip, at the latest when
   // the unit ends (PostgresStore flushes then); a failure there fails the unit.
+  const std::string payload = DumpJson(e.payload);
+  const ChainedFields chained = ChainedOf(e, payload);
   Status st = BindTenant(e.tenant_id);
+  Result<std::string> hash = st.ok() ? sealer_.Next(chained, head_loader_) : Result<std::string>(st);
+  st = hash.status();
   if (st.ok()) {
     const size_t index = appended_.size() - 1;
     st = conn_.Send(kSql,
                     P(e.id, e.tenant_id, e.type, e.origin, e.agent_id, e.session_id, e.run_id,
-                      DumpJson(e.payload), e.occurred_at),
+                      payload, e.occurred_at, *hash),
                     [this, index](Rows& rows) {
                       if (rows.empty() || index >= appended_.size()) return;
                       appended_[index].position = rows.Int(0, 0);
                       appended_[index].origin_seq = rows.Int(0, 1);
                     });
   }
+  if (st.ok()) sealer_.Appended(chained, *hash);
   if (!st.ok()) appended_.pop_back();
   return st;
+}
+
+// ---- The audit chain (store/audit.h)
+
+Result<std::optional<ChainHead>> PostgresTx::LoadChainHead(const std::string& tenant_id,
+                                                           const std::string& origin) {
+  static const std::string kHead =
+      "SELECT last_id, last_seq, hash, anchor, mac FROM audit_heads "
+      "WHERE tenant_id=$1 AND origin=$2";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto head, conn_.Query(kHead, P(tenant_id, origin)));
+  if (!head.empty()) {
+    return std::optional<ChainHead>(ChainHead{tenant_id, origin, head.Text(0, 0), head.Int(0, 1),
+                                              head.Text(0, 2), head.Text(0, 3), head.Text(0, 4)});
+  }
+  // No head: a chain without events, or one whose head was removed (its last hashed event
+  // carries it on, unsigned, so the sealer marks it).
+  static const std::string kLast =
+      "SELECT id, origin_seq, hash FROM events WHERE tenant_id=$1 AND origin=$2 AND hash<>'' "
+      "ORDER BY position DESC LIMIT 1";
+  KEEL_ASSIGN_OR_RETURN(auto last, conn_.Query(kLast, P(tenant_id, origin)));
+  if (last.empty()) return std::optional<ChainHead>();
+  return std::optional<ChainHead>(
+      ChainHead{tenant_id, origin, last.Text(0, 0), last.Int(0, 1), last.Text(0, 2), "", ""});
+}
+
+Status PostgresTx::WriteChainHeads() {
+  static const std::string kSql =
+      "INSERT INTO audit_heads(tenant_id, origin, last_id, last_seq, hash, anchor, mac) "
+      "VALUES($1,$2,$3,$4,$5,$6,$7) ON CONFLICT (tenant_id, origin) DO UPDATE SET "
+      "last_id=EXCLUDED.last_id, last_seq=EXCLUDED.last_seq, hash=EXCLUDED.hash, "
+      "anchor=EXCLUDED.anchor, mac=EXCLUDED.mac";
+  for (const ChainHead& h : sealer_.Heads()) {
+    KEEL_RETURN_IF_ERROR(BindTenant(h.tenant_id));
+    KEEL_RETURN_IF_ERROR(
+        conn_.Send(kSql, P(h.tenant_id, h.origin, h.last_id, h.last_seq, h.hash, h.anchor, h.mac)));
+  }
+  return Status::Ok();
+}
+
+Status PostgresTx::BackfillChains() {
+  static const std::string kTenants = "SELECT tenant_id FROM keel_unhashed_tenants()";
+  static const std::string kEvents =
+      "SELECT position, id, tenant_id, type, origin, origin_seq, agent_id, session_id, run_id, "
+      "payload, occurred_at FROM events WHERE tenant_id=$1 AND hash='' ORDER BY position";
+  static const std::string kSet =
+      "UPDATE events SET hash = v.hash FROM unnest($2::bigint[], $3::text[]) AS v(position, hash) "
+      "WHERE events.tenant_id = $1 AND events.position = v.position";
+  KEEL_ASSIGN_OR_RETURN(auto tenants, conn_.Query(kTenants, Params()));
+  for (int t = 0; t < tenants.size(); ++t) {
+    const std::string tenant = tenants.Text(t, 0);
+    KEEL_RETURN_IF_ERROR(BindTenant(tenant));
+    KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kEvents, P(tenant)));
+    std::string positions = "{";
+    std::string hashes = "{";
+    for (int r = 0; r < rows.size(); ++r) {
+      Event e;
+      e.position = rows.Int(r, 0);
+      e.id = rows.Text(r, 1);
+      e.tenant_id = rows.Text(r, 2);
+      e.type = rows.Text(r, 3);
+      e.origin = rows.Text(r, 4);
+      e.origin_seq = rows.Int(r, 5);
+      e.agent_id = rows.Text(r, 6);
+      e.session_id = rows.Text(r, 7);
+      e.run_id = rows.Text(r, 8);
+      e.occurred_at = rows.Int(r, 10);
+      const std::string payload = rows.Text(r, 9);
+      const ChainedFields chained = ChainedOf(e, payload);
+      KEEL_ASSIGN_OR_RETURN(std::string hash, sealer_.Next(chained, head_loader_));
+      sealer_.Appended(chained, hash, e.origin_seq);
+      positions += (r ? "," : "") + std::to_string(e.position);
+      hashes += (r ? "," : "") + hash;  // hex: no quoting needed in an array literal
+    }
+    KEEL_RETURN_IF_ERROR(BindTenant(tenant));
+    KEEL_RETURN_IF_ERROR(conn_.Query(kSet, P(tenant, positions + "}", hashes + "}")).status());
+  }
+  return Status::Ok();
 }
 
 Result<std::vector<Event>> PostgresTx::ReadEvents(const std::string& tenant_id, int64_t after,
@@ -1093,8 +1176,12 @@ Status PostgresTx::ImportRow(const std::string& table, const Json& row) {
   return conn_.Query(sql, params).status();
 }
 
+// Events of an archive from before the audit chain are hashed here, and the chains' heads
+// written at the unit's commit.
 Status PostgresTx::FinishImport() {
-  return conn_.Query("SELECT keel_finish_import()", Params()).status();
+  KEEL_RETURN_IF_ERROR(conn_.Query("SELECT keel_finish_import()", Params()).status());
+  sealer_.Forget();
+  return BackfillChains();
 }
 
 Result<bool> PostgresTx::IsEmpty() {
@@ -1674,6 +1761,27 @@ CREATE OR REPLACE FUNCTION keel_claimable_runs(now_ms bigint, max_rows bigint)
           SELECT tenant_id, id FROM runs WHERE status = ''running'' AND lease_expires_at < $1
         ) claimable
       ) turns ORDER BY turn, id LIMIT $2';
+)sql",
+      // The audit chain (store/audit.h): each event's hash, each chain's signed head (tenant
+      // data: row security as everywhere). Events from before it are hashed at the first start
+      // (BackfillChains), which needs the key; keel_unhashed_tenants names their tenants.
+      R"sql(
+DO $$ BEGIN EXECUTE format('SET LOCAL search_path = %I, pg_temp', current_schema()); END $$;
+ALTER TABLE events ADD COLUMN hash TEXT COLLATE "C" NOT NULL DEFAULT '';
+CREATE INDEX events_unhashed ON events(position) WHERE hash = '';
+CREATE TABLE audit_heads(
+  tenant_id TEXT COLLATE "C" NOT NULL, origin TEXT COLLATE "C" NOT NULL,
+  last_id TEXT COLLATE "C" NOT NULL, last_seq BIGINT NOT NULL, hash TEXT COLLATE "C" NOT NULL,
+  anchor TEXT COLLATE "C" NOT NULL, mac TEXT COLLATE "C" NOT NULL,
+  PRIMARY KEY(tenant_id, origin));
+ALTER TABLE audit_heads ENABLE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON audit_heads
+  USING (tenant_id = current_setting('app.tenant_id', true))
+  WITH CHECK (tenant_id = current_setting('app.tenant_id', true));
+CREATE FUNCTION keel_unhashed_tenants() RETURNS TABLE(tenant_id text)
+  LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT
+  AS 'SELECT DISTINCT tenant_id FROM events WHERE hash = ''''';
+REVOKE ALL ON FUNCTION keel_unhashed_tenants() FROM PUBLIC;
 )sql",
   };
   return kMigrations;

@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "keel/store/audit.h"
 #include "keel/store/compaction_store.h"
 #include "keel/store/introspection_store.h"
 #include "keel/store/postgres/pg_conn.h"
@@ -61,15 +62,38 @@ class PostgresTx final : public Tx,
                          public EventLog,
                          public ExportStore {
  public:
-  PostgresTx(Conn& conn, std::string origin) : conn_(conn), origin_(std::move(origin)) {}
+  // `audit_key`: signs the chain heads this Tx writes (store/audit.h); "" unsigned.
+  PostgresTx(Conn& conn, std::string origin, std::string audit_key)
+      : conn_(conn), origin_(std::move(origin)), sealer_(std::move(audit_key)) {
+    head_loader_ = [this](const std::string& tenant_id, const std::string& origin) {
+      return LoadChainHead(tenant_id, origin);
+    };
+  }
 
   // A transaction began: nothing from the previous one (settings, locks, events) carries over.
   void BeginTransaction();
-  // Starts a new unit of work: forgets the events appended by the previous one.
-  void ResetUnit() { appended_.clear(); }
+  // Starts a new unit of work: forgets the events appended by the previous one (and, when it
+  // failed, the chain heads it moved).
+  void ResetUnit() {
+    appended_.clear();
+    sealer_.UnitFailed();
+  }
   // The unit's savepoint was rolled back, undoing the settings and locks it took.
   void AfterRollbackToSavepoint();
-  std::vector<Event> TakeAppended() { return std::move(appended_); }
+  // The unit succeeded (its statements flushed): its events, whose chain heads join the
+  // transaction's.
+  std::vector<Event> TakeAppended() {
+    sealer_.UnitDone(appended_);
+    return std::move(appended_);
+  }
+  // Before COMMIT: queues the upserts of the heads the transaction's units moved (COMMIT
+  // flushes them, and fails with them).
+  Status WriteChainHeads();
+  // After the transaction committed or rolled back.
+  void ChainTransactionDone(bool committed) { sealer_.TransactionDone(committed); }
+  // Hashes the events stored without a hash (written before the audit chain existed), in
+  // position order, extending their chains; the heads are written with the unit's commit.
+  Status BackfillChains();
 
   TenantStore& tenants() override { return *this; }
   TokenStore& tokens() override { return *this; }
@@ -319,9 +343,14 @@ class PostgresTx final : public Tx,
   Result<std::vector<std::pair<std::string, Rows>>> RowsOfKeys(const Rows& keys,
                                                                const std::string& sql);
 
+  Result<std::optional<ChainHead>> LoadChainHead(const std::string& tenant_id,
+                                                 const std::string& origin);
+
   Conn& conn_;
   std::string origin_;
   std::vector<Event> appended_;
+  ChainSealer sealer_;
+  ChainSealer::HeadLoader head_loader_;
   std::optional<std::string> bound_tenant_;
 };
 

@@ -9,19 +9,34 @@
 
 namespace keel::store::sqlite {
 
-SqliteStore::SqliteStore(std::string path, StoreOptions options)
-    : path_(std::move(path)), options_(std::move(options)) {}
+SqliteStore::SqliteStore(std::string path, StoreOptions options, std::string audit_key)
+    : path_(std::move(path)), options_(std::move(options)), audit_key_(std::move(audit_key)) {}
 
 Result<std::unique_ptr<Store>> SqliteStore::Open(const std::string& path,
-                                                 const StoreOptions& options) {
+                                                 const StoreOptions& options,
+                                                 const std::string& audit_key) {
   if (options.origin.empty()) return InvalidArgument("store origin must not be empty");
-  std::unique_ptr<SqliteStore> store(new SqliteStore(path, options));
+  std::unique_ptr<SqliteStore> store(new SqliteStore(path, options, audit_key));
   KEEL_ASSIGN_OR_RETURN(store->writer_db_, Db::Open(path, /*read_only=*/false, options.sync_full));
   KEEL_RETURN_IF_ERROR(store->Migrate(*store->writer_db_));
   // Savepoint journals stay in memory rather than spilling to temporary files.
   KEEL_RETURN_IF_ERROR(store->writer_db_->Exec("PRAGMA temp_store=MEMORY"));
-  store->writer_tx_ = std::make_unique<SqliteTx>(*store->writer_db_, options.origin);
+  store->writer_tx_ =
+      std::make_unique<SqliteTx>(*store->writer_db_, options.origin, audit_key);
+  // Events from before the audit chain get their hashes once, through the writer. A store
+  // without such events (the usual case) is not written to here, so that `keel export` beside
+  // a running server stays a reader.
+  bool unhashed = false;
+  {
+    KEEL_ASSIGN_OR_RETURN(auto s, store->writer_db_->Prepare(
+                                      "SELECT 1 FROM events WHERE hash='' LIMIT 1"));
+    KEEL_ASSIGN_OR_RETURN(unhashed, s.Step());
+  }
   store->writer_ = std::thread([s = store.get()] { s->WriterLoop(); });
+  if (unhashed) {
+    KEEL_RETURN_IF_ERROR(
+        store->WriteSync([tx = store->writer_tx_.get()](Tx&) { return tx->BackfillChains(); }));
+  }
   return std::unique_ptr<Store>(std::move(store));
 }
 
@@ -73,7 +88,7 @@ Status SqliteStore::Read(const std::function<Status(Tx&)>& fn) {
     // without a copy: up to 2 GiB (SQLite's default ceiling), since a memory search at a million
     // memories walks far more of the file than the page cache holds (p99 CPU 36 -> 14 ms).
     KEEL_RETURN_IF_ERROR(reader->db->Exec("PRAGMA mmap_size=2147418112"));
-    reader->tx = std::make_unique<SqliteTx>(*reader->db, options_.origin);
+    reader->tx = std::make_unique<SqliteTx>(*reader->db, options_.origin, audit_key_);
   }
   Status st = reader->db->Exec("BEGIN");
   if (st.ok()) {
@@ -187,8 +202,11 @@ void SqliteStore::CommitBatch(std::vector<Unit>& batch) {
         ++committed_units;
       }
     }
-    commit = committed_units > 0 ? db.Exec("COMMIT") : db.Exec("ROLLBACK");
+    // The chain heads the units moved, once per transaction (store/audit.h).
+    if (committed_units > 0) commit = writer_tx_->WriteChainHeads();
+    if (commit.ok()) commit = committed_units > 0 ? db.Exec("COMMIT") : db.Exec("ROLLBACK");
     if (!commit.ok()) (void)db.Exec("ROLLBACK");
+    writer_tx_->ChainTransactionDone(commit.ok() && committed_units > 0);
   } else {
     for (auto& r : results) r = begin;
   }

@@ -24,7 +24,9 @@ class SqliteTx;
 
 class SqliteStore final : public Store {
  public:
-  static Result<std::unique_ptr<Store>> Open(const std::string& path, const StoreOptions& options);
+  // `audit_key` signs the audit chain heads (store/audit.h); "" leaves them unsigned.
+  static Result<std::unique_ptr<Store>> Open(const std::string& path, const StoreOptions& options,
+                                             const std::string& audit_key = "");
   ~SqliteStore() override;
 
   Status Read(const std::function<Status(Tx&)>& fn) override;
@@ -44,13 +46,14 @@ class SqliteStore final : public Store {
     std::unique_ptr<SqliteTx> tx;
   };
 
-  SqliteStore(std::string path, StoreOptions options);
+  SqliteStore(std::string path, StoreOptions options, std::string audit_key);
   Status Migrate(Db& db);
   void WriterLoop();
   void CommitBatch(std::vector<Unit>& batch);
 
   const std::string path_;
   const StoreOptions options_;
+  const std::string audit_key_;  // signs the audit chain heads; "" unsigned
 
   std::unique_ptr<Db> writer_db_;       // owned by the writer thread once started
   std::unique_ptr<SqliteTx> writer_tx_;

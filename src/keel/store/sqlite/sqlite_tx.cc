@@ -885,17 +885,20 @@ Status SqliteTx::Append(NewEvent n) {
   e.run_id = std::move(n.run_id);
   e.payload = n.payload.is_object() ? std::move(n.payload) : Json::object();
   e.occurred_at = NowMillis();
+  const std::string payload = DumpJson(e.payload);
+  const ChainedFields chained = ChainedOf(e, payload);
+  auto hash = sealer_.Next(chained, head_loader_);
   // origin_seq is computed inside the insert from the (origin, origin_seq) index, so a rolled
   // back unit never leaves a gap.
   static const std::string kSql =
       "INSERT INTO events(id, tenant_id, type, origin, origin_seq, agent_id, session_id, run_id, "
-      "payload, occurred_at) VALUES(?1,?2,?3,?4,(SELECT coalesce(max(origin_seq),0)+1 FROM events "
-      "WHERE origin=?4),?5,?6,?7,?8,?9) RETURNING position, origin_seq";
+      "payload, occurred_at, hash) VALUES(?1,?2,?3,?4,(SELECT coalesce(max(origin_seq),0)+1 "
+      "FROM events WHERE origin=?4),?5,?6,?7,?8,?9,?10) RETURNING position, origin_seq";
   auto s = db_.Prepare(kSql);
-  Status st = s.status();
+  Status st = hash.ok() ? s.status() : hash.status();
   if (st.ok()) {
-    s->BindAll(e.id, e.tenant_id, e.type, e.origin, e.agent_id, e.session_id, e.run_id,
-               DumpJson(e.payload), e.occurred_at);
+    s->BindAll(e.id, e.tenant_id, e.type, e.origin, e.agent_id, e.session_id, e.run_id, payload,
+               e.occurred_at, *hash);
     auto row = s->Step();
     if (!row.ok()) {
       st = row.status();
@@ -904,10 +907,83 @@ Status SqliteTx::Append(NewEvent n) {
     } else {
       e.position = s->Int(0);
       e.origin_seq = s->Int(1);
+      sealer_.Appended(chained, *hash, e.origin_seq);
     }
   }
   if (!st.ok()) appended_.pop_back();
   return st;
+}
+
+// ---- The audit chain (store/audit.h)
+
+Result<std::optional<ChainHead>> SqliteTx::LoadChainHead(const std::string& tenant_id,
+                                                         const std::string& origin) {
+  static const std::string kHead =
+      "SELECT last_id, last_seq, hash, anchor, mac FROM audit_heads WHERE tenant_id=? AND origin=?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kHead));
+  s.BindAll(tenant_id, origin);
+  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  if (row) {
+    return std::optional<ChainHead>(
+        ChainHead{tenant_id, origin, s.Text(0), s.Int(1), s.Text(2), s.Text(3), s.Text(4)});
+  }
+  // No head: a chain without events, or one whose head was removed (its last hashed event
+  // carries it on, unsigned, so the sealer marks it).
+  static const std::string kLast =
+      "SELECT id, origin_seq, hash FROM events WHERE tenant_id=? AND origin=? AND hash<>'' "
+      "ORDER BY position DESC LIMIT 1";
+  KEEL_ASSIGN_OR_RETURN(auto last, db_.Prepare(kLast));
+  last.BindAll(tenant_id, origin);
+  KEEL_ASSIGN_OR_RETURN(bool found, last.Step());
+  if (!found) return std::optional<ChainHead>();
+  return std::optional<ChainHead>(
+      ChainHead{tenant_id, origin, last.Text(0), last.Int(1), last.Text(2), "", ""});
+}
+
+Status SqliteTx::WriteChainHeads() {
+  static const std::string kSql =
+      "INSERT INTO audit_heads(tenant_id, origin, last_id, last_seq, hash, anchor, mac) "
+      "VALUES(?,?,?,?,?,?,?) ON CONFLICT(tenant_id, origin) DO UPDATE SET last_id=excluded.last_id, "
+      "last_seq=excluded.last_seq, hash=excluded.hash, anchor=excluded.anchor, mac=excluded.mac";
+  for (const ChainHead& h : sealer_.Heads()) {
+    KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+    KEEL_RETURN_IF_ERROR(
+        s.BindAll(h.tenant_id, h.origin, h.last_id, h.last_seq, h.hash, h.anchor, h.mac).Run());
+  }
+  return Status::Ok();
+}
+
+Status SqliteTx::BackfillChains() {
+  static const std::string kSql =
+      "SELECT position, id, tenant_id, type, origin, origin_seq, agent_id, session_id, run_id, "
+      "payload, occurred_at FROM events WHERE hash='' ORDER BY position";
+  static const std::string kSet = "UPDATE events SET hash=? WHERE position=?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  std::vector<std::pair<Event, std::string>> unhashed;  // with the payload's stored text
+  while (true) {
+    KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    Event e;
+    e.position = s.Int(0);
+    e.id = s.Text(1);
+    e.tenant_id = s.Text(2);
+    e.type = s.Text(3);
+    e.origin = s.Text(4);
+    e.origin_seq = s.Int(5);
+    e.agent_id = s.Text(6);
+    e.session_id = s.Text(7);
+    e.run_id = s.Text(8);
+    e.occurred_at = s.Int(10);
+    unhashed.emplace_back(std::move(e), s.Text(9));
+  }
+  for (const auto& [e, payload] : unhashed) {
+    const ChainedFields chained = ChainedOf(e, payload);
+    KEEL_ASSIGN_OR_RETURN(std::string hash, sealer_.Next(chained, head_loader_));
+    KEEL_ASSIGN_OR_RETURN(auto set, db_.Prepare(kSet));
+    KEEL_RETURN_IF_ERROR(set.BindAll(hash, e.position).Run());
+    sealer_.Appended(chained, hash, e.origin_seq);
+  }
+  return Status::Ok();
 }
 
 Result<std::vector<Event>> SqliteTx::ReadEvents(const std::string& tenant_id, int64_t after,
@@ -998,7 +1074,13 @@ Status SqliteTx::ImportRow(const std::string& table, const Json& row) {
 
 // Positions come from AUTOINCREMENT and origin_seqs from max(origin_seq): nothing to move.
 // Imported memories get their search scope (not part of the archive).
-Status SqliteTx::FinishImport() { return ScopeImportedMemories(); }
+// Events of an archive from before the audit chain are hashed here, and the chains' heads
+// written at the unit's commit.
+Status SqliteTx::FinishImport() {
+  sealer_.Forget();
+  KEEL_RETURN_IF_ERROR(BackfillChains());
+  return ScopeImportedMemories();
+}
 
 Result<bool> SqliteTx::IsEmpty() {
   for (const auto& t : ExportTables()) {
@@ -1251,6 +1333,16 @@ ALTER TABLE sessions ADD COLUMN created_by TEXT NOT NULL DEFAULT '';
       R"sql(
 ALTER TABLE tenants ADD COLUMN allow_host_exec INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE tenants ADD COLUMN allow_stdio_mcp INTEGER NOT NULL DEFAULT 0;
+)sql",
+      // The audit chain (store/audit.h): each event's hash, each chain's signed head. Events
+      // from before it are hashed at the first start (BackfillChains), which needs the key.
+      R"sql(
+ALTER TABLE events ADD COLUMN hash TEXT NOT NULL DEFAULT '';
+CREATE INDEX events_unhashed ON events(position) WHERE hash = '';
+CREATE TABLE audit_heads(
+  tenant_id TEXT NOT NULL, origin TEXT NOT NULL, last_id TEXT NOT NULL,
+  last_seq INTEGER NOT NULL, hash TEXT NOT NULL, anchor TEXT NOT NULL, mac TEXT NOT NULL,
+  PRIMARY KEY(tenant_id, origin));
 )sql",
   };
   return kMigrations;

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "keel/store/audit.h"
 #include "keel/store/compaction_store.h"
 #include "keel/store/introspection_store.h"
 #include "keel/store/skill_store.h"
@@ -38,11 +39,32 @@ class SqliteTx final : public Tx,
                        public EventLog,
                        public ExportStore {
  public:
-  SqliteTx(Db& db, std::string origin) : db_(db), origin_(std::move(origin)) {}
+  // `audit_key`: signs the chain heads this Tx writes (store/audit.h); "" unsigned.
+  SqliteTx(Db& db, std::string origin, std::string audit_key)
+      : db_(db), origin_(std::move(origin)), sealer_(std::move(audit_key)) {
+    head_loader_ = [this](const std::string& tenant_id, const std::string& origin) {
+      return LoadChainHead(tenant_id, origin);
+    };
+  }
 
-  // Starts a new unit of work: forgets the events appended by the previous one.
-  void ResetUnit() { appended_.clear(); }
-  std::vector<Event> TakeAppended() { return std::move(appended_); }
+  // Starts a new unit of work: forgets the events appended by the previous one (and, when it
+  // failed, the chain heads it moved).
+  void ResetUnit() {
+    appended_.clear();
+    sealer_.UnitFailed();
+  }
+  // The unit succeeded: its events, whose chain heads join the transaction's.
+  std::vector<Event> TakeAppended() {
+    sealer_.UnitDone(appended_);
+    return std::move(appended_);
+  }
+  // Before COMMIT: writes the heads of the chains the transaction's units extended.
+  Status WriteChainHeads();
+  // After the transaction committed or rolled back.
+  void ChainTransactionDone(bool committed) { sealer_.TransactionDone(committed); }
+  // Hashes the events stored without a hash (written before the audit chain existed), in
+  // position order, extending their chains; the heads are written with the unit's commit.
+  Status BackfillChains();
 
   TenantStore& tenants() override { return *this; }
   TokenStore& tokens() override { return *this; }
@@ -287,9 +309,14 @@ class SqliteTx final : public Tx,
   // Gives memories imported without their search scope (ImportRow leaves it empty) their scope.
   Status ScopeImportedMemories();
 
+  Result<std::optional<ChainHead>> LoadChainHead(const std::string& tenant_id,
+                                                 const std::string& origin);
+
   Db& db_;
   std::string origin_;
   std::vector<Event> appended_;
+  ChainSealer sealer_;
+  ChainSealer::HeadLoader head_loader_;
 };
 
 // The schema, one entry per version; applied in order inside one transaction each.
