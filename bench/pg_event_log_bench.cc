@@ -10,7 +10,7 @@
 //     N threads, each with its own connection; each runs "BEGIN; set the tenant", `rows_per_txn`
 //     times the very INSERT that PostgresTx::Append runs (prepared), then COMMIT. The
 //     transactions of the threads run concurrently (PostgreSQL's own group commit applies); they
-//     serialize only on the origin's counter row, as Keel's do.
+//     serialize only on the cluster write lock, which Keel's take too (its numbers need it).
 //
 // KEEL_BENCH_PG_URL names the database for the Keel runs and KEEL_BENCH_PG_RAW_URL the one for
 // the raw runs (both as the store's role; scripts/bench-pg.sh creates them). Without them the
@@ -34,12 +34,11 @@ namespace {
 
 // The statement of PostgresTx::Append (src/keel/store/postgres/postgres_tx.cc).
 constexpr const char* kInsertEvent =
-    "WITH seq AS (INSERT INTO event_origins(origin, last_seq) VALUES($4, 1) "
-    "ON CONFLICT (origin) DO UPDATE SET last_seq = event_origins.last_seq + 1 "
-    "RETURNING last_seq) "
-    "INSERT INTO events(id, tenant_id, type, origin, origin_seq, agent_id, session_id, run_id, "
-    "payload, occurred_at) VALUES($1,$2,$3,$4,(SELECT last_seq FROM seq),$5,$6,$7,$8,$9) "
-    "RETURNING position, origin_seq";
+    "INSERT INTO events(id, tenant_id, tenant_position, type, origin, origin_seq, agent_id, "
+    "session_id, run_id, payload, occurred_at) VALUES($1,$2,"
+    "(SELECT coalesce(max(tenant_position),0)+1 FROM events WHERE tenant_id=$2),$3,$4,"
+    "(SELECT coalesce(max(origin_seq),0)+1 FROM events WHERE tenant_id=$2 AND origin=$4),"
+    "$5,$6,$7,$8,$9) RETURNING tenant_position, origin_seq";
 
 const std::string kTenant = "0190a000-0000-7000-8000-000000000001";
 const std::string kAgent = "0190a000-0000-7000-8000-000000000002";
@@ -145,7 +144,8 @@ void BM_RawPgAppend(benchmark::State& state) {
   PGconn* c = nullptr;
   const std::string payload = keel::DumpJson(Payload());
   const std::string begin =
-      "BEGIN; SELECT set_config('app.tenant_id', '" + kTenant + "', true)";
+      "BEGIN; SELECT pg_advisory_xact_lock(7021802329620481); "
+      "SELECT set_config('app.tenant_id', '" + kTenant + "', true)";
   for (auto _ : state) {
     if (!g_raw_ok) {
       state.SkipWithError("set KEEL_BENCH_PG_RAW_URL (scripts/bench-pg.sh does)");

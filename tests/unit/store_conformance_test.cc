@@ -27,6 +27,9 @@
 #include <unistd.h>
 
 #include "keel/common/ids.h"
+#include "keel/store/postgres/postgres_tx.h"
+#include "keel/store/sqlite/sqlite_db.h"
+#include "keel/store/sqlite/sqlite_tx.h"
 #include "keel/store/store.h"
 #include "pg_test_database.h"
 
@@ -267,10 +270,178 @@ TEST_P(StoreTest, AppendAssignsGaplessOriginSeqAndIncreasingPositions) {
     EXPECT_EQ(events[i].origin_seq, static_cast<int64_t>(i + 1));
     EXPECT_EQ(events[i].type, "x.happened@v1");
     EXPECT_EQ(events[i].payload, Json({{"i", i}}));
-    if (i > 0) {
-      EXPECT_GT(events[i].position, events[i - 1].position);
+    EXPECT_EQ(events[i].position, static_cast<int64_t>(i + 1));  // the tenant's, gapless
+  }
+}
+
+// A tenant's positions and origin_seqs count its own events only: another tenant's activity in
+// between (in other units or in the same one) shows as no gap, and a cursor another tenant's
+// events would have had shows nothing of them. Another origin starts its own origin_seq.
+TEST_P(StoreTest, PositionsAndOriginSeqsShowNothingOfOtherTenants) {
+  Tenant a = MakeTenant();
+  Tenant b = MakeTenant();
+  auto append = [&](std::vector<std::pair<const Tenant*, int>> events) {
+    std::vector<Event> out;
+    Status st = store_->WriteSync([&](Tx& tx) -> Status {
+      for (const auto& [t, n] : events) {
+        for (int i = 0; i < n; ++i) {
+          KEEL_RETURN_IF_ERROR(tx.events().Append({t->id, "x.happened@v1", "", "", "", {}}));
+        }
+      }
+      return Status::Ok();
+    }, &out);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return out;
+  };
+  std::vector<Event> committed_a;
+  for (int round = 0; round < 3; ++round) {
+    for (auto& e : append({{&a, 1}})) committed_a.push_back(e);
+    append({{&b, 7}});
+    for (auto& e : append({{&b, 2}, {&a, 1}, {&b, 3}, {&a, 1}})) {
+      if (e.tenant_id == a.id) committed_a.push_back(e);
     }
   }
+  ASSERT_EQ(committed_a.size(), 9u);
+  auto read = [&](const Tenant& t, int64_t after) {
+    return ReadValue<std::vector<Event>>(
+        *store_, [&](Tx& tx) { return tx.events().ReadEvents(t.id, after, {}, 1000); });
+  };
+  auto events_a = read(a, 0);
+  ASSERT_EQ(events_a.size(), 9u);
+  for (size_t i = 0; i < events_a.size(); ++i) {
+    EXPECT_EQ(events_a[i].tenant_id, a.id);
+    EXPECT_EQ(events_a[i].position, static_cast<int64_t>(i + 1));
+    EXPECT_EQ(events_a[i].origin_seq, static_cast<int64_t>(i + 1));
+    // What the commit reported is what reads show.
+    EXPECT_EQ(committed_a[i].id, events_a[i].id);
+    EXPECT_EQ(committed_a[i].position, events_a[i].position);
+    EXPECT_EQ(committed_a[i].origin_seq, events_a[i].origin_seq);
+  }
+  auto events_b = read(b, 0);
+  ASSERT_EQ(events_b.size(), 36u);
+  for (size_t i = 0; i < events_b.size(); ++i) {
+    EXPECT_EQ(events_b[i].position, static_cast<int64_t>(i + 1));
+    EXPECT_EQ(events_b[i].origin_seq, static_cast<int64_t>(i + 1));
+  }
+  EXPECT_EQ(ReadValue<int64_t>(*store_, [&](Tx& tx) { return tx.events().LastPosition(a.id); }),
+            9);
+  EXPECT_EQ(ReadValue<int64_t>(*store_, [&](Tx& tx) { return tx.events().LastPosition(b.id); }),
+            36);
+  EXPECT_EQ(read(a, 9).size(), 0u);   // past A's last: B's 27 later positions show nothing
+  EXPECT_EQ(read(a, 30).size(), 0u);
+  auto rest = read(a, 4);
+  ASSERT_EQ(rest.size(), 5u);
+  EXPECT_EQ(rest.front().id, events_a[4].id);
+
+  // Another origin (a second node) numbers the tenant's events from 1; positions go on.
+  store_.reset();
+  auto other = db_->Open("node-b");
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  std::vector<Event> appended;
+  ASSERT_TRUE((*other)->WriteSync([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.events().Append({b.id, "x.happened@v1", "", "", "", {}}));
+    return tx.events().Append({a.id, "x.happened@v1", "", "", "", {}});
+  }, &appended).ok());
+  ASSERT_EQ(appended.size(), 2u);
+  EXPECT_EQ(appended[1].origin, "node-b");
+  EXPECT_EQ(appended[1].origin_seq, 1);
+  EXPECT_EQ(appended[1].position, 10);
+  EXPECT_EQ(appended[0].position, 37);
+}
+
+// The migration to per-tenant numbering renumbers the events already stored: each tenant's
+// positions 1, 2, 3, ... in the order they were written, origin_seq per (tenant, origin); new
+// events go on from there.
+TEST_P(StoreTest, MigrationNumbersExistingEventsPerTenant) {
+  // A database at the schema before the migration, with events as that schema numbered them:
+  // store-wide positions, origin_seq per origin.
+  store_.reset();
+  db_.reset();
+  std::filesystem::path dir;
+  PgTestDatabase pg;
+  std::string url;
+  const std::vector<const char*>& migrations =
+      GetParam() == Backend::kSqlite ? sqlite::Migrations() : postgres::Migrations();
+  std::string old_schema;
+  for (size_t v = 1; v < migrations.size(); ++v) {
+    old_schema += migrations[v - 1];
+    old_schema += ";\n";
+  }
+  const std::string insert_events =
+      "INSERT INTO events(position, id, tenant_id, type, origin, origin_seq, agent_id, "
+      "session_id, run_id, payload, occurred_at)";
+  const std::string old_events =
+      " VALUES"
+      "(1, 'e1', 'ta', 'x@v1', 'o1', 1, '', '', '', '{}', 1),"
+      "(2, 'e2', 'tb', 'x@v1', 'o1', 2, '', '', '', '{}', 2),"
+      "(3, 'e3', 'tb', 'x@v1', 'o1', 3, '', '', '', '{}', 3),"
+      "(4, 'e4', 'ta', 'x@v1', 'o2', 1, '', '', '', '{}', 4),"
+      "(5, 'e5', 'ta', 'x@v1', 'o1', 4, '', '', '', '{}', 5),"
+      "(6, 'e6', 'tb', 'x@v1', 'o2', 2, '', '', '', '{}', 6),"
+      "(7, 'e7', 'ta', 'x@v1', 'o1', 5, '', '', '', '{}', 7)";
+  std::string versions = "INSERT INTO schema_migrations VALUES";
+  for (size_t v = 1; v < migrations.size(); ++v) {
+    versions += (v > 1 ? ",(" : "(") + std::to_string(v) + ", 0)";
+  }
+  if (GetParam() == Backend::kSqlite) {
+    dir = std::filesystem::temp_directory_path() / ("keel-store-" + NewId());
+    std::filesystem::create_directories(dir);
+    std::string path = (dir / "keel.db").string();
+    auto db = sqlite::Db::Open(path, /*read_only=*/false, /*sync_full=*/false);  // closed below
+    ASSERT_TRUE(db.ok()) << db.status().ToString();
+    const std::string sql =
+        "CREATE TABLE schema_migrations(version INTEGER PRIMARY KEY, applied_at INTEGER NOT "
+        "NULL);\n" + old_schema + insert_events + old_events + ";\n" + versions + ";";
+    Status st = (*db)->Exec(sql.c_str());
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    db->reset();
+    url = "sqlite://" + path;
+  } else {
+    Status st = pg.Create(/*migrate=*/false);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    st = PgExec(pg.owner_url(),
+                "BEGIN; CREATE TABLE schema_migrations(version BIGINT PRIMARY KEY, applied_at "
+                "BIGINT NOT NULL);\n" + old_schema + insert_events +
+                " OVERRIDING SYSTEM VALUE" + old_events + ";\n" + versions +
+                    "; SELECT setval(pg_get_serial_sequence('events', 'position'), 7); COMMIT;");
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    st = pg.Migrate();
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    url = pg.url();
+  }
+  StoreOptions o;
+  o.origin = "o1";
+  auto opened = OpenStore(url, o);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  std::unique_ptr<Store> store = std::move(opened).value();
+  auto read = [&](const std::string& tenant) {
+    std::vector<std::string> out;
+    EXPECT_TRUE(store->Read([&](Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(auto events, tx.events().ReadEvents(tenant, 0, {}, 100));
+      for (const auto& e : events) {
+        out.push_back(std::to_string(e.position) + " " + e.id + " " + e.origin + "/" +
+                      std::to_string(e.origin_seq));
+      }
+      return Status::Ok();
+    }).ok());
+    return out;
+  };
+  EXPECT_EQ(read("ta"), (std::vector<std::string>{"1 e1 o1/1", "2 e4 o2/1", "3 e5 o1/2",
+                                                  "4 e7 o1/3"}));
+  EXPECT_EQ(read("tb"), (std::vector<std::string>{"1 e2 o1/1", "2 e3 o1/2", "3 e6 o2/1"}));
+  std::vector<Event> appended;
+  Status st = store->WriteSync([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.events().Append({"tb", "y@v1", "", "", "", {}}));
+    return tx.events().Append({"ta", "y@v1", "", "", "", {}});
+  }, &appended);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_EQ(appended.size(), 2u);
+  EXPECT_EQ(appended[0].position, 4);
+  EXPECT_EQ(appended[0].origin_seq, 3);
+  EXPECT_EQ(appended[1].position, 5);
+  EXPECT_EQ(appended[1].origin_seq, 4);
+  store.reset();
+  if (!dir.empty()) std::filesystem::remove_all(dir);
 }
 
 TEST_P(StoreTest, FailedUnitRollsBackOnlyItselfWithinABatch) {
@@ -1332,7 +1503,7 @@ TEST_P(StoreTest, ReopenKeepsDataAndContinuesTheSequence) {
   EXPECT_EQ(appended[0].origin_seq, 2);
   ASSERT_EQ(first.size(), 1u);
   EXPECT_GT(appended[0].position, first[0].position);
-  EXPECT_EQ(ReadValue<int64_t>(*store_, [](Tx& tx) { return tx.events().LastPosition(); }),
+  EXPECT_EQ(ReadValue<int64_t>(*store_, [&](Tx& tx) { return tx.events().LastPosition(t.id); }),
             appended[0].position);
 }
 
@@ -1546,7 +1717,7 @@ TEST_P(StoreTest, EventPositionsFollowCommitOrderAndOriginSeqHasNoGaps) {
     EXPECT_EQ(events[k].position, committed[k].position);
     EXPECT_EQ(events[k].origin_seq, committed[k].origin_seq);
   }
-  EXPECT_EQ(ReadValue<int64_t>(*store_, [](Tx& tx) { return tx.events().LastPosition(); }),
+  EXPECT_EQ(ReadValue<int64_t>(*store_, [&](Tx& tx) { return tx.events().LastPosition(t.id); }),
             committed.back().position);
   // Reading after a position resumes exactly there.
   int64_t middle = committed[committed.size() / 2].position;

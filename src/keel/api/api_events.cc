@@ -107,7 +107,7 @@ void RegisterEventRoutes(http::Router& router, ApiContext& ctx) {
     } else {
       // A new client tails from now.
       Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
-        KEEL_ASSIGN_OR_RETURN(cursor, tx.events().LastPosition());
+        KEEL_ASSIGN_OR_RETURN(cursor, tx.events().LastPosition(tenant));
         return Status::Ok();
       });
       if (!st.ok()) co_return Response::Error(st);

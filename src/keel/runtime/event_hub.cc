@@ -40,7 +40,10 @@ void EventHub::OnCommit(const std::vector<store::Event>& events) {
 }
 
 void EventHub::Dispatch(const std::vector<store::Event>& events) {
-  for (const auto& e : events) last_position_ = std::max(last_position_, e.position);
+  for (const auto& e : events) {
+    int64_t& last = last_position_[e.tenant_id];
+    last = std::max(last, e.position);
+  }
   for (auto& sub : subs_) {
     for (const auto& e : events) {
       if (sub->Matches(e.tenant_id, e.agent_id, e.session_id, e.run_id)) {
@@ -63,7 +66,8 @@ void EventHub::OnRemoteCommit() {
 
 void EventHub::PublishDelta(const Delta& delta) {
   Delta d = delta;
-  d.after_position = last_position_;
+  auto last = last_position_.find(d.tenant_id);
+  d.after_position = last == last_position_.end() ? 0 : last->second;
   for (auto& sub : subs_) {
     if (sub->filter.deltas && sub->Matches(d.tenant_id, d.agent_id, d.session_id, d.run_id)) {
       if (sub->deltas.size() < 10000) sub->deltas.push_back(d);

@@ -15,6 +15,7 @@
 #include <list>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "keel/common/json_util.h"
@@ -28,8 +29,8 @@ struct Delta {
   std::string session_id;
   std::string run_id;
   std::string text;
-  // The highest event position the hub had seen when the delta was published: a stream writes
-  // the delta after the events up to here and before later ones.
+  // The highest position of its tenant's events the hub had seen when the delta was published:
+  // a stream writes the delta after the events up to here and before later ones.
   int64_t after_position = 0;
 };
 
@@ -71,7 +72,8 @@ class EventHub {
   void Dispatch(const std::vector<store::Event>& events);
   boost::asio::any_io_executor executor_;
   std::list<SubscriptionPtr> subs_;
-  int64_t last_position_ = 0;
+  // Each tenant's highest event position seen (positions are per tenant).
+  std::unordered_map<std::string, int64_t> last_position_;
 };
 
 }  // namespace keel::runtime

@@ -67,6 +67,30 @@ void FillAddedColumns(const ExportTableSpec& t, int version, Json& row) {
   }
 }
 
+// Events of archives before version 7 carry the store-wide origin_seq and no tenant_position:
+// both are numbered per tenant here, in the order the events were written (rows come in
+// position order; each origin wrote its events in origin_seq order), as the store migration
+// numbers existing events. Rows that are not well-formed are left for CheckExportRow to refuse.
+class EventNumbering {
+ public:
+  void Fill(int version, Json& row) {
+    if (version >= 7 || !row.is_object() || row.contains("tenant_position")) return;
+    auto tenant = row.find("tenant_id");
+    auto origin = row.find("origin");
+    if (tenant == row.end() || !tenant->is_string() || origin == row.end() ||
+        !origin->is_string() || !row.contains("origin_seq")) {
+      return;
+    }
+    const std::string& t = tenant->get_ref<const std::string&>();
+    row["tenant_position"] = ++positions_[t];
+    row["origin_seq"] = ++seqs_[{t, origin->get_ref<const std::string&>()}];
+  }
+
+ private:
+  std::map<std::string, int64_t> positions_;
+  std::map<std::pair<std::string, std::string>, int64_t> seqs_;
+};
+
 Status WriteEntry(struct archive* a, const std::string& name, const std::string& data,
                   Millis mtime) {
   std::unique_ptr<archive_entry, decltype(&archive_entry_free)> e(archive_entry_new(),
@@ -269,10 +293,12 @@ Status ImportArchive(Store& store, const std::string& path, const std::string& a
     }
     auto& table_rows = rows.emplace_back(&spec, std::vector<Json>()).second;
     table_rows.reserve(lines.size());
+    EventNumbering numbering;
     for (size_t i = 0; i < lines.size(); ++i) {
       auto parsed = ParseJson(lines[i]);
       Json row = parsed.ok() ? std::move(*parsed) : Json();
       if (parsed.ok()) FillAddedColumns(spec, version, row);
+      if (parsed.ok() && spec.name == std::string_view("events")) numbering.Fill(version, row);
       Status st = parsed.ok() ? CheckExportRow(spec, row) : parsed.status();
       if (!st.ok()) {
         return InvalidArgument(path + ": " + entry + " line " + std::to_string(i + 1) + ": " +

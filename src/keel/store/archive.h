@@ -3,7 +3,7 @@
 // backend wrote them, so data moves between SQLite and PostgreSQL.
 //
 // The archive is a tar (pax) compressed with zstd. Its first entry is manifest.json:
-//   {"format": "keel-export", "version": 3, "created_at": MILLIS,
+//   {"format": "keel-export", "version": 7, "created_at": MILLIS,
 //    "tenant": {"id", "name", "created_at"} | null (null: every tenant),
 //    "tables": {"agents": {"rows": N, "sha256": HEX}, ...}}
 // then one TABLE.jsonl per table of ExportTables() (store.h), in that order: one JSON object per
@@ -27,7 +27,9 @@ namespace keel::store {
 inline constexpr const char* kArchiveFormat = "keel-export";
 // 2: tenant_keys and secrets; 3: plugins and agent_plugins; 4: schedules, memories, skills,
 // compactions and usage; 5: sessions.description; 6: sessions.created_by, and
-// tenants.allow_host_exec and allow_stdio_mcp; 7: the audit chain (events.hash, audit_heads).
+// tenants.allow_host_exec and allow_stdio_mcp; 7: the audit chain (events.hash, audit_heads),
+// events.tenant_position, and origin_seq per (tenant, origin) (older archives' events are
+// numbered so on import, as the migration does, and hashed).
 inline constexpr int kArchiveVersion = 7;
 // The oldest version ImportArchive reads.
 inline constexpr int kOldestArchiveVersion = 2;

@@ -297,9 +297,10 @@ ToolCall ReadToolCall(const Row& s) {
   return c;
 }
 
+// An Event's position is the tenant's (tenant_position); the store-wide key stays inside.
 inline constexpr const char* kEventCols =
-    "position, id, tenant_id, type, origin, origin_seq, agent_id, session_id, run_id, payload, "
-    "occurred_at";
+    "tenant_position, id, tenant_id, type, origin, origin_seq, agent_id, session_id, run_id, "
+    "payload, occurred_at";
 template <typename Row>
 Event ReadEvent(const Row& s) {
   Event e;

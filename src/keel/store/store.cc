@@ -335,6 +335,7 @@ const std::vector<ExportTableSpec>& ExportTables() {
        {{"position", T::kInt},
         {"id", T::kText},
         {"tenant_id", T::kText},
+        {"tenant_position", T::kInt},
         {"type", T::kText},
         {"origin", T::kText},
         {"origin_seq", T::kInt},

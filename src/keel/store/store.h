@@ -268,14 +268,16 @@ struct EventFilter {
 class EventLog {
  public:
   virtual ~EventLog() = default;
-  // Appends with the next origin_seq of this store's origin. The stored event (with its
-  // position and origin_seq) is in Tx::appended() and reaches the unit's WriteDone.
+  // Appends with the tenant's next position and the next origin_seq of (tenant, this store's
+  // origin): both count the tenant's events only, so neither shows another tenant's activity.
+  // The stored event (with its position and origin_seq) is in Tx::appended() and reaches the
+  // unit's WriteDone.
   virtual Status Append(NewEvent e) = 0;
   // Events of the tenant with position > after, in position order, at most limit.
   virtual Result<std::vector<Event>> ReadEvents(const std::string& tenant_id, int64_t after,
                                                 const EventFilter& filter, int limit) = 0;
-  // Runtime-wide: the highest committed position (0 when empty).
-  virtual Result<int64_t> LastPosition() = 0;
+  // The tenant's highest committed position (0 when it has no event).
+  virtual Result<int64_t> LastPosition(const std::string& tenant_id) = 0;
 };
 
 // A column of an exported table: how its value reads in an archive row.
@@ -313,11 +315,12 @@ class ExportStore {
   // the tenants table, the tenant itself). Stops at the first error `emit` returns.
   virtual Status ExportTable(const std::string& tenant_id, const std::string& table,
                              const std::function<Status(const Json& row)>& emit) = 0;
-  // Inserts one row as it is, keeping events' positions and origin_seqs.
+  // Inserts one row as it is, keeping events' positions (the store-wide key and the tenant's)
+  // and origin_seqs.
   // REQUIRES: CheckExportRow(table, row) is ok.
   virtual Status ImportRow(const std::string& table, const Json& row) = 0;
-  // After the last ImportRow of a unit: moves the backend's counters (event positions, each
-  // origin's last origin_seq) past the imported rows.
+  // After the last ImportRow of a unit: moves the backend's counters (the store-wide event
+  // key) past the imported rows.
   virtual Status FinishImport() = 0;
   // Whether no exported table has a row.
   virtual Result<bool> IsEmpty() = 0;

@@ -249,12 +249,12 @@ struct ToolCall {
 };
 
 struct Event {
-  int64_t position = 0;  // store-wide, assigned at commit, strictly increasing in commit order
+  int64_t position = 0;  // the tenant's: 1, 2, 3, ... in commit order (a stream cursor)
   std::string id;
   std::string tenant_id;
   std::string type;  // "run.started@v1"
   std::string origin;
-  int64_t origin_seq = 0;  // gapless per origin
+  int64_t origin_seq = 0;  // 1, 2, 3, ... per (tenant, origin)
   std::string agent_id;
   std::string session_id;
   std::string run_id;

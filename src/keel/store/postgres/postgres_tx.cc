@@ -943,16 +943,16 @@ Status PostgresTx::Append(NewEvent n) {
   e.run_id = std::move(n.run_id);
   e.payload = n.payload.is_object() ? std::move(n.payload) : Json::object();
   e.occurred_at = NowMillis();
-  // origin_seq comes from the origin's counter row, updated in the same statement: a rolled
-  // back unit rolls the counter back too, so there is never a gap. (A max(origin_seq) subquery
-  // as in SQLite would see only the bound tenant's events under row-level security.)
+  // The tenant's position and its origin_seq are computed inside the insert, as SqliteTx does,
+  // each one probe of its unique index: a rolled back unit takes its numbers with it, so there
+  // is never a gap, and since every write transaction of the cluster holds the write lock
+  // (PostgresStore), they follow commit order. `position` stays the store-wide key.
   static const std::string kSql =
-      "WITH seq AS (INSERT INTO event_origins(origin, last_seq) VALUES($4, 1) "
-      "ON CONFLICT (origin) DO UPDATE SET last_seq = event_origins.last_seq + 1 "
-      "RETURNING last_seq) "
-      "INSERT INTO events(id, tenant_id, type, origin, origin_seq, agent_id, session_id, run_id, "
-      "payload, occurred_at, hash) VALUES($1,$2,$3,$4,(SELECT last_seq FROM seq),$5,$6,$7,$8,$9,"
-      "$10) RETURNING position, origin_seq";
+      "INSERT INTO events(id, tenant_id, tenant_position, type, origin, origin_seq, agent_id, "
+      "session_id, run_id, payload, occurred_at, hash) VALUES($1,$2,"
+      "(SELECT coalesce(max(tenant_position),0)+1 FROM events WHERE tenant_id=$2),$3,$4,"
+      "(SELECT coalesce(max(origin_seq),0)+1 FROM events WHERE tenant_id=$2 AND origin=$4),"
+      "$5,$6,$7,$8,$9,$10) RETURNING tenant_position, origin_seq";
   // Pipelined: the position and origin_seq arrive with the next round trip, at the latest when
   // the unit ends (PostgresStore flushes then); a failure there fails the unit.
   const std::string payload = DumpJson(e.payload);
@@ -993,7 +993,7 @@ Result<std::optional<ChainHead>> PostgresTx::LoadChainHead(const std::string& te
   // carries it on, unsigned, so the sealer marks it).
   static const std::string kLast =
       "SELECT id, origin_seq, hash FROM events WHERE tenant_id=$1 AND origin=$2 AND hash<>'' "
-      "ORDER BY position DESC LIMIT 1";
+      "ORDER BY origin_seq DESC LIMIT 1";
   KEEL_ASSIGN_OR_RETURN(auto last, conn_.Query(kLast, P(tenant_id, origin)));
   if (last.empty()) return std::optional<ChainHead>();
   return std::optional<ChainHead>(
@@ -1058,18 +1058,20 @@ Result<std::vector<Event>> PostgresTx::ReadEvents(const std::string& tenant_id, 
                                                   const EventFilter& f, int limit) {
   static const std::string kSql =
       "SELECT " + std::string(kEventCols) +
-      " FROM events WHERE tenant_id=$1 AND position>$2 AND "
+      " FROM events WHERE tenant_id=$1 AND tenant_position>$2 AND "
       "($3='' OR agent_id=$3) AND ($4='' OR session_id=$4) AND ($5='' OR run_id=$5) "
-      "ORDER BY position LIMIT $6";
+      "ORDER BY tenant_position LIMIT $6";
   KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
   KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, after, f.agent_id, f.session_id,
                                                        f.run_id, std::clamp(limit, 1, 1000))));
   return Collect<Event>(rows, ReadEvent<Row>);
 }
 
-Result<int64_t> PostgresTx::LastPosition() {
-  static const std::string kSql = "SELECT keel_last_position()";
-  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, Params()));
+Result<int64_t> PostgresTx::LastPosition(const std::string& tenant_id) {
+  static const std::string kSql =
+      "SELECT coalesce(max(tenant_position), 0) FROM events WHERE tenant_id=$1";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id)));
   return rows.empty() ? 0 : rows.Int(0, 0);
 }
 
@@ -1152,8 +1154,8 @@ Status PostgresTx::ExportTable(const std::string& tenant_id, const std::string& 
   return Status::Ok();
 }
 
-// Every row, tenants' too, is inserted bound to its tenant; events keep their position
-// (OVERRIDING SYSTEM VALUE; FinishImport moves the identity).
+// Every row, tenants' too, is inserted bound to its tenant; events keep their store-wide
+// position (OVERRIDING SYSTEM VALUE; FinishImport moves the identity).
 Status PostgresTx::ImportRow(const std::string& table, const Json& row) {
   KEEL_ASSIGN_OR_RETURN(const ExportTableSpec* spec, ExportTableOf(table));
   KEEL_RETURN_IF_ERROR(CheckExportRow(*spec, row));
@@ -1761,6 +1763,37 @@ CREATE OR REPLACE FUNCTION keel_claimable_runs(now_ms bigint, max_rows bigint)
           SELECT tenant_id, id FROM runs WHERE status = ''running'' AND lease_expires_at < $1
         ) claimable
       ) turns ORDER BY turn, id LIMIT $2';
+)sql",
+      // Event positions and origin_seqs per tenant, so that a tenant's cursors show nothing of
+      // the others: tenant_position counts the tenant's events, origin_seq its events of each
+      // origin, both taken with max() under the write lock (PostgresTx::Append), so the
+      // per-origin counter rows and the runtime-wide last position go. `position` stays the
+      // store-wide key. Existing events are numbered in the order they were written.
+      R"sql(
+ALTER TABLE events DROP CONSTRAINT events_origin_origin_seq_key;
+ALTER TABLE events ADD COLUMN tenant_position BIGINT;
+UPDATE events e SET tenant_position = n.tenant_position, origin_seq = n.origin_seq
+  FROM (SELECT position,
+               row_number() OVER (PARTITION BY tenant_id ORDER BY position) AS tenant_position,
+               row_number() OVER (PARTITION BY tenant_id, origin ORDER BY origin_seq) AS origin_seq
+        FROM events) n
+  WHERE e.position = n.position;
+ALTER TABLE events ALTER COLUMN tenant_position SET NOT NULL;
+ALTER TABLE events ADD UNIQUE (tenant_id, tenant_position);
+ALTER TABLE events ADD UNIQUE (tenant_id, origin, origin_seq);
+DROP INDEX events_tenant;
+DROP FUNCTION keel_last_position();
+-- The functions' fixed search_path, as the two-roles migration set it.
+DO $$ BEGIN EXECUTE format('SET LOCAL search_path = %I, pg_temp', current_schema()); END $$;
+CREATE OR REPLACE FUNCTION keel_finish_import() RETURNS void
+  LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT
+  AS $f$
+BEGIN
+  PERFORM pg_advisory_xact_lock(7021802329620481);
+  PERFORM setval(pg_get_serial_sequence('events', 'position'), max(position)) FROM events
+    HAVING count(*) > 0;
+END $f$;
+DROP TABLE event_origins;
 )sql",
       // The audit chain (store/audit.h): each event's hash, each chain's signed head (tenant
       // data: row security as everywhere). Events from before it are hashed at the first start

@@ -10,7 +10,7 @@
 // (so a unit that stays within one tenant pays for one set_config). The connection's role is the
 // runtime role, which owns nothing (docs/decisions/0008-postgres-owner-and-runtime-roles.md): no
 // setting shows it more than one tenant. The runtime-wide calls (FindActiveTokenByHash,
-// ListTenants, ClaimableRuns, ExpireLeasesOf, RenewLeases, LastPosition, ExpiredApprovals,
+// ListTenants, ClaimableRuns, ExpireLeasesOf, RenewLeases, ExpiredApprovals,
 // DueDeliveries, DueSchedules, NextFireAt, DueIntrospections, PruneCache, IsEmpty, FinishImport)
 // call SECURITY DEFINER functions of the owner role that return keys, counts or times; the
 // records behind the keys are then read bound to their tenant (RowsOfKeys). Every query still
@@ -176,7 +176,7 @@ class PostgresTx final : public Tx,
   Status Append(NewEvent e) override;
   Result<std::vector<Event>> ReadEvents(const std::string& tenant_id, int64_t after,
                                         const EventFilter& filter, int limit) override;
-  Result<int64_t> LastPosition() override;
+  Result<int64_t> LastPosition(const std::string& tenant_id) override;
   // ExportStore
   Status ExportTable(const std::string& tenant_id, const std::string& table,
                      const std::function<Status(const Json& row)>& emit) override;

@@ -46,9 +46,15 @@ Status SqliteStore::Migrate(Db& db) {
   KEEL_RETURN_IF_ERROR(db.Exec(
       "CREATE TABLE IF NOT EXISTS schema_migrations(version INTEGER PRIMARY KEY, "
       "applied_at INTEGER NOT NULL)"));
-  KEEL_ASSIGN_OR_RETURN(auto s, db.Prepare("SELECT coalesce(max(version),0) FROM schema_migrations"));
-  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
-  int64_t current = row ? s.Int(0) : 0;
+  int64_t current = 0;
+  {
+    // Reset (at the end of its scope) before the migrations run: SQLite refuses DROP TABLE
+    // while a statement of the connection is still stepping.
+    KEEL_ASSIGN_OR_RETURN(auto s,
+                          db.Prepare("SELECT coalesce(max(version),0) FROM schema_migrations"));
+    KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+    current = row ? s.Int(0) : 0;
+  }
   const auto& migrations = Migrations();
   if (current > static_cast<int64_t>(migrations.size())) {
     return Unavailable("database schema version " + std::to_string(current) +

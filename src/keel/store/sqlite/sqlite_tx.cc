@@ -888,12 +888,15 @@ Status SqliteTx::Append(NewEvent n) {
   const std::string payload = DumpJson(e.payload);
   const ChainedFields chained = ChainedOf(e, payload);
   auto hash = sealer_.Next(chained, head_loader_);
-  // origin_seq is computed inside the insert from the (origin, origin_seq) index, so a rolled
-  // back unit never leaves a gap.
+  // The tenant's position and its origin_seq are computed inside the insert, each one probe of
+  // its unique index, so a rolled back unit never leaves a gap; the one writer makes them follow
+  // commit order. `position` stays the store-wide key, which no client sees.
   static const std::string kSql =
-      "INSERT INTO events(id, tenant_id, type, origin, origin_seq, agent_id, session_id, run_id, "
-      "payload, occurred_at, hash) VALUES(?1,?2,?3,?4,(SELECT coalesce(max(origin_seq),0)+1 "
-      "FROM events WHERE origin=?4),?5,?6,?7,?8,?9,?10) RETURNING position, origin_seq";
+      "INSERT INTO events(id, tenant_id, tenant_position, type, origin, origin_seq, agent_id, "
+      "session_id, run_id, payload, occurred_at, hash) VALUES(?1,?2,"
+      "(SELECT coalesce(max(tenant_position),0)+1 FROM events WHERE tenant_id=?2),?3,?4,"
+      "(SELECT coalesce(max(origin_seq),0)+1 FROM events WHERE tenant_id=?2 AND origin=?4),"
+      "?5,?6,?7,?8,?9,?10) RETURNING tenant_position, origin_seq";
   auto s = db_.Prepare(kSql);
   Status st = hash.ok() ? s.status() : hash.status();
   if (st.ok()) {
@@ -931,7 +934,7 @@ Result<std::optional<ChainHead>> SqliteTx::LoadChainHead(const std::string& tena
   // carries it on, unsigned, so the sealer marks it).
   static const std::string kLast =
       "SELECT id, origin_seq, hash FROM events WHERE tenant_id=? AND origin=? AND hash<>'' "
-      "ORDER BY position DESC LIMIT 1";
+      "ORDER BY origin_seq DESC LIMIT 1";
   KEEL_ASSIGN_OR_RETURN(auto last, db_.Prepare(kLast));
   last.BindAll(tenant_id, origin);
   KEEL_ASSIGN_OR_RETURN(bool found, last.Step());
@@ -989,18 +992,20 @@ Status SqliteTx::BackfillChains() {
 Result<std::vector<Event>> SqliteTx::ReadEvents(const std::string& tenant_id, int64_t after,
                                                 const EventFilter& f, int limit) {
   static const std::string kSql =
-      "SELECT " + std::string(kEventCols) + " FROM events WHERE tenant_id=? AND position>? AND "
-      "(?='' OR agent_id=?) AND (?='' OR session_id=?) AND (?='' OR run_id=?) "
-      "ORDER BY position LIMIT ?";
+      "SELECT " + std::string(kEventCols) + " FROM events WHERE tenant_id=? AND "
+      "tenant_position>? AND (?='' OR agent_id=?) AND (?='' OR session_id=?) AND "
+      "(?='' OR run_id=?) ORDER BY tenant_position LIMIT ?";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, after, f.agent_id, f.agent_id, f.session_id, f.session_id, f.run_id,
             f.run_id, std::clamp(limit, 1, 1000));
   return Collect<Event>(s, ReadEvent<Stmt>);
 }
 
-Result<int64_t> SqliteTx::LastPosition() {
-  static const std::string kSql = "SELECT coalesce(max(position),0) FROM events";
+Result<int64_t> SqliteTx::LastPosition(const std::string& tenant_id) {
+  static const std::string kSql =
+      "SELECT coalesce(max(tenant_position),0) FROM events WHERE tenant_id=?";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id);
   KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
   return row ? s.Int(0) : 0;
 }
@@ -1072,7 +1077,8 @@ Status SqliteTx::ImportRow(const std::string& table, const Json& row) {
   return s.Run();
 }
 
-// Positions come from AUTOINCREMENT and origin_seqs from max(origin_seq): nothing to move.
+// Store-wide positions come from AUTOINCREMENT, tenants' positions and origin_seqs from max():
+// nothing to move.
 // Imported memories get their search scope (not part of the archive).
 // Events of an archive from before the audit chain are hashed here, and the chains' heads
 // written at the unit's commit.
@@ -1333,6 +1339,26 @@ ALTER TABLE sessions ADD COLUMN created_by TEXT NOT NULL DEFAULT '';
       R"sql(
 ALTER TABLE tenants ADD COLUMN allow_host_exec INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE tenants ADD COLUMN allow_stdio_mcp INTEGER NOT NULL DEFAULT 0;
+)sql",
+      // Event positions and origin_seqs per tenant, so that a tenant's cursors show nothing of
+      // the others: tenant_position counts the tenant's events, origin_seq its events of each
+      // origin. `position` stays the store-wide key. SQLite cannot drop a table's UNIQUE, so
+      // the table is rebuilt; existing events are numbered in the order they were written.
+      R"sql(
+CREATE TABLE events_by_tenant(
+  position INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL, tenant_id TEXT NOT NULL,
+  tenant_position INTEGER NOT NULL, type TEXT NOT NULL, origin TEXT NOT NULL,
+  origin_seq INTEGER NOT NULL, agent_id TEXT NOT NULL, session_id TEXT NOT NULL,
+  run_id TEXT NOT NULL, payload TEXT NOT NULL, occurred_at INTEGER NOT NULL,
+  UNIQUE(tenant_id, tenant_position), UNIQUE(tenant_id, origin, origin_seq));
+INSERT INTO events_by_tenant(position, id, tenant_id, tenant_position, type, origin, origin_seq,
+                             agent_id, session_id, run_id, payload, occurred_at)
+  SELECT position, id, tenant_id, row_number() OVER (PARTITION BY tenant_id ORDER BY position),
+         type, origin, row_number() OVER (PARTITION BY tenant_id, origin ORDER BY origin_seq),
+         agent_id, session_id, run_id, payload, occurred_at
+  FROM events ORDER BY position;
+DROP TABLE events;
+ALTER TABLE events_by_tenant RENAME TO events;
 )sql",
       // The audit chain (store/audit.h): each event's hash, each chain's signed head. Events
       // from before it are hashed at the first start (BackfillChains), which needs the key.
