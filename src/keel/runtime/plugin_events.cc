@@ -61,7 +61,9 @@ plugins::Emitted Runtime::Emit(const plugins::AgentPlugins& plugins, const std::
   plugins::Emitted out;
   {
     // Lua handlers run here, on the io thread: the watchdog names them if they hold it.
-    const std::string run_id = payload.is_object() ? payload.value("run_id", "") : "";
+    // A payload is the event's: its run_id may be absent or null (memory, session events).
+    auto run = payload.is_object() ? payload.find("run_id") : payload.end();
+    const std::string run_id = run != payload.end() && run->is_string() ? run->get<std::string>() : "";
     IoWork work(plugins.tenant_id, run_id, "plugin hook " + family + " of agent " +
                                                 plugins.agent_id);
     out = plugins.bus.Emit(family, std::move(payload));
