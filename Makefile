@@ -41,7 +41,7 @@ test-sanitize: deps mcp-servers
 
 # The unit tests, and the integration tests that exercise threads most (the store's writer and
 # readers, the tool pool, streams, several nodes), under ThreadSanitizer.
-TSAN_INTEGRATION ?= ^integration\.test_(runtime|sse|approvals|mcp|schedules)$$|^integration_pg\.test_nodes$$
+TSAN_INTEGRATION ?= ^integration\.test_(runtime|sse|approvals|mcp|schedules|fair|watchdog)$$|^integration_pg\.test_nodes$$
 TSAN_ENV = TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
 	KEEL_TEST_MCP_DIR=$(MCP_DIR)
 test-tsan: deps mcp-servers

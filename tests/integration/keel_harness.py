@@ -316,7 +316,21 @@ class KeelServer:
                 self.proc.wait()
                 raise AssertionError("keel did not stop within %ss of SIGTERM\n%s"
                                      % (timeout, self.log_tail()))
+        self.check_sanitizer_reports()
         return self.proc.returncode if self.proc else None
+
+    def check_sanitizer_reports(self):
+        """Fails when ThreadSanitizer reported a race in the server's log (make test-tsan): a
+        race seen while the server stops would otherwise pass unnoticed."""
+        try:
+            with open(self.stderr_path, errors="replace") as f:
+                log = f.read()
+        except FileNotFoundError:
+            return
+        at = log.find("WARNING: ThreadSanitizer")
+        if at >= 0:
+            raise AssertionError("ThreadSanitizer reported in %s:\n%s"
+                                 % (self.stderr_path, log[at:at + 6000]))
 
     def restart(self, kill=False):
         """Stops (SIGTERM, or SIGKILL with kill=True) and starts again on the same home."""
@@ -334,11 +348,18 @@ class KeelServer:
                 self.terminate(timeout=15)
             except AssertionError:
                 pass
+        report = None
+        try:
+            self.check_sanitizer_reports()
+        except AssertionError as e:
+            report = e
         if self._own_home and not os.environ.get("KEEL_TEST_KEEP"):
             shutil.rmtree(self.home, ignore_errors=True)
         if self.pg_database and not os.environ.get("KEEL_TEST_KEEP"):
             drop_pg_database(self.pg_database)
             self.pg_database = None
+        if report:
+            raise report
 
     def store_contents(self):
         """What the store keeps at rest, as a list of (label, bytes), for checks such as "no token
