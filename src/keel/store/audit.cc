@@ -257,7 +257,9 @@ std::vector<ChainReport> ChainVerifier::Finish() const {
   for (const auto& [k, h] : heads_) {
     if (!out.count(k)) out[k] = ChainReport{k.first, k.second};
   }
-  for (auto& [k, r] : out) {
+  for (auto& entry : out) {  // not a structured binding: clang before 16 cannot capture one
+    const auto& k = entry.first;
+    ChainReport& r = entry.second;
     auto head = heads_.find(k);
     if (head != heads_.end()) r.anchor = head->second.anchor;
     if (r.status == "tampered") continue;
