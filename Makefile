@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-.PHONY: all deps build run test test-sanitize test-tsan bench clean mcp-servers
+.PHONY: all deps build run test test-sanitize test-tsan bench bench-quick clean mcp-servers
 
 all: build
 
@@ -53,6 +53,11 @@ test-tsan: deps mcp-servers
 
 bench: build
 	@bash scripts/bench.sh $(BUILD)
+
+# The guard (at most a minute): the end-to-end turn figures and the event-append ratio against
+# bench/baseline.json; run it before landing a change to the runtime, store, gateway or API.
+bench-quick: build
+	@python3 bench/quick.py $(BUILD)
 
 clean:
 	rm -rf $(BUILD) build-asan build-tsan build-fuzz

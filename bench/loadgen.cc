@@ -20,10 +20,12 @@
 // Prints a human summary and one machine-readable line:
 //   RESULT nodes=1 concurrency=64 turns=... seconds=... turns_per_s=... p50_ms=... p99_ms=... max_ms=...
 //          errors=... commits=... units=... units_per_commit=... cpu_main_us=... cpu_other_us=...
+//          early_ms=... late_ms=...
 // (commits/units are the deltas of keel_store_commits_total / keel_store_units_total from
 // /metrics over the measured phase; cpu_* the server's CPU per turn over the same phase, from
 // /proc/PID/task/*/stat, when --server-pid is given: the main thread runs the io_context, the
-// others are the store's writer). Exit status 1 when any turn failed.
+// others are the store's writer; early_ms/late_ms are the median latencies of the measured phase's
+// turns 6-15 and of its last ten). Exit status 1 when any turn failed.
 
 #include <unistd.h>
 
@@ -395,6 +397,12 @@ asio::awaitable<int> Main(asio::io_context& io, const Options& o) {
   double p99 = PercentileMs(sh.latencies_ns, 0.99);
   double commits = after.commits - before.commits;
   double units = after.units - before.units;
+  // With --concurrency 1 --warmup 0 the latencies are one session's turns in order: the median of
+  // its turns 6-15 and of its last ten (how a turn's cost grows with the session's history).
+  auto median_ms = [](std::vector<int64_t> v) { return PercentileMs(v, 0.5); };
+  const auto& lat = sh.latencies_ns;
+  double early_ms = lat.size() >= 15 ? median_ms({lat.begin() + 5, lat.begin() + 15}) : 0;
+  double late_ms = lat.size() >= 15 ? median_ms({lat.end() - 10, lat.end()}) : 0;
 
   if (o.targets.size() > 1) std::printf("nodes %zu: ", o.targets.size());
   std::printf("concurrency %d: %lld turns in %.2f s = %.0f turns/s; latency p50 %.3f ms, "
@@ -420,10 +428,11 @@ asio::awaitable<int> Main(asio::io_context& io, const Options& o) {
   if (sh.errors > 0) std::printf("  first error: %s\n", sh.first_error.c_str());
   std::printf("RESULT nodes=%zu concurrency=%d turns=%lld seconds=%.3f turns_per_s=%.1f p50_ms=%.3f "
               "p99_ms=%.3f max_ms=%.3f mean_ms=%.3f errors=%lld commits=%.0f units=%.0f "
-              "units_per_commit=%.2f cpu_main_us=%.0f cpu_other_us=%.0f\n",
+              "units_per_commit=%.2f cpu_main_us=%.0f cpu_other_us=%.0f early_ms=%.3f "
+              "late_ms=%.3f\n",
               o.targets.size(), o.concurrency, static_cast<long long>(turns), seconds, tps, p50, p99, max_ms, mean_ms,
               static_cast<long long>(sh.errors), commits, units,
-              commits > 0 ? units / commits : 0.0, cpu_main_us, cpu_other_us);
+              commits > 0 ? units / commits : 0.0, cpu_main_us, cpu_other_us, early_ms, late_ms);
   std::fflush(stdout);
   co_return sh.errors > 0 || turns == 0 ? 1 : 0;
 }

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "keel/common/ids.h"
 #include "keel/config/config.h"
@@ -71,24 +72,37 @@ model::ModelRequest Request() {
 }
 
 TEST(MeteringTest, TheCacheKeyCoversWhatChangesAnAnswerAndNothingElse) {
-  const std::string base = runtime::NormalizedRequest("openai/m", Request());
-  EXPECT_EQ(base, runtime::NormalizedRequest("openai/m", Request()));
+  auto key = [](const std::string& model, const model::ModelRequest& r) {
+    return runtime::CacheKeyOf(model, r).key;
+  };
+  const std::string base = key("openai/m", Request());
+  EXPECT_EQ(base, key("openai/m", Request()));
 
   model::ModelRequest busy = Request();
   busy.agent_config["busy"] = "reject";
   busy.agent_config["local_latency_ms"] = 5;
   busy.model = "another provider name";
-  EXPECT_EQ(base, runtime::NormalizedRequest("openai/m", busy));
+  EXPECT_EQ(base, key("openai/m", busy));
 
-  std::vector<model::ModelRequest> changed(6, Request());
+  std::vector<model::ModelRequest> changed(9, Request());
   changed[0].messages[1].content = "hello!";
   changed[1].messages[2].tool_calls[0].arguments = {{"tz", "UTC"}};
   changed[2].messages[3].content = "one o'clock";
   changed[3].tools[0].description = "the time now";
   changed[4].agent_config["temperature"] = 0.3;
   changed[5].agent_config["local_rules"] = Json::array();
-  for (const auto& r : changed) EXPECT_NE(base, runtime::NormalizedRequest("openai/m", r));
-  EXPECT_NE(base, runtime::NormalizedRequest("openai/other", Request()));
+  // Text moved from one field to the next, or from one message into two, is another request.
+  changed[6].messages[0].content = "be";
+  changed[6].messages[1].content = " briefhello";
+  changed[7].messages[1].role = "user";
+  changed[7].messages.insert(changed[7].messages.begin() + 2, {"user", "", {}, "", ""});
+  changed[8].messages[3].tool_call_id = "";
+  changed[8].messages[3].tool_name = "call_1time.now";
+  std::set<std::string> keys = {base};
+  for (const auto& r : changed) keys.insert(key("openai/m", r));
+  EXPECT_EQ(keys.size(), changed.size() + 1) << "each change gives a key of its own";
+  EXPECT_NE(base, key("openai/other", Request()));
+  EXPECT_EQ(base.size(), 64u);
 }
 
 class RouterConfigTest : public ::testing::Test {

@@ -6,6 +6,7 @@
 #include <openssl/rand.h>
 #include <openssl/sha.h>
 
+#include <charconv>
 #include <stdexcept>
 
 namespace keel {
@@ -23,10 +24,37 @@ std::string Hex(const unsigned char* p, size_t n) {
 }
 }  // namespace
 
+FieldDigest::FieldDigest() : ctx_(EVP_MD_CTX_new()) {
+  static EVP_MD* const kSha256 = EVP_MD_fetch(nullptr, "SHA256", nullptr);
+  if (!ctx_ || !kSha256 || EVP_DigestInit_ex(ctx_, kSha256, nullptr) != 1) {
+    EVP_MD_CTX_free(ctx_);
+    throw std::runtime_error("SHA-256 is not available");
+  }
+}
+
+FieldDigest::~FieldDigest() { EVP_MD_CTX_free(ctx_); }
+
+void FieldDigest::Raw(std::string_view v) { EVP_DigestUpdate(ctx_, v.data(), v.size()); }
+
+void FieldDigest::Add(std::string_view v) {
+  char len[24];
+  auto end = std::to_chars(len, len + sizeof len, v.size()).ptr;
+  *end++ = ':';
+  Raw(std::string_view(len, static_cast<size_t>(end - len)));
+  Raw(v);
+}
+
+std::string FieldDigest::HexDigest() {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  EVP_DigestFinal_ex(ctx_, md, &n);
+  return Hex(md, n);
+}
+
 std::string Sha256Hex(std::string_view data) {
-  unsigned char md[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(), md);
-  return Hex(md, sizeof md);
+  FieldDigest d;
+  d.Raw(data);
+  return d.HexDigest();
 }
 
 std::string HmacSha256Hex(std::string_view key, std::string_view data) {

@@ -4,7 +4,28 @@
 #include <string>
 #include <string_view>
 
+struct evp_md_ctx_st;  // OpenSSL's EVP_MD_CTX
+
 namespace keel {
+
+// SHA-256 fed piece by piece, on a digest fetched once (OpenSSL 3's one-shot SHA256() looks the
+// algorithm up on every call, which costs more than hashing a small input). Add() frames each
+// field as its length, ':' and its bytes, so that no two sequences of fields hash alike.
+class FieldDigest {
+ public:
+  FieldDigest();
+  ~FieldDigest();
+  FieldDigest(const FieldDigest&) = delete;
+  FieldDigest& operator=(const FieldDigest&) = delete;
+
+  void Raw(std::string_view v);
+  void Add(std::string_view v);
+  // Lowercase hex; the digest is finished.
+  std::string HexDigest();
+
+ private:
+  evp_md_ctx_st* ctx_;
+};
 
 // Lowercase hex SHA-256 of `data`.
 std::string Sha256Hex(std::string_view data);

@@ -116,6 +116,9 @@ Json MessagesJson(const std::vector<model::ChatMessage>& messages) {
   return out;
 }
 
+// Enough of the conversation since the last summary to see whether it outgrew history_limit.
+int WindowLimit(int history_limit) { return 4 * std::max(1, history_limit); }
+
 }  // namespace
 
 Result<ContextSettings> ContextSettingsOf(const Json& config) {
@@ -175,9 +178,24 @@ asio::awaitable<Status> Runtime::SyncSkills(const store::Run& run,
   co_return skills::SyncWorkspace(workspace, skills);
 }
 
+Status Runtime::ReadContext(store::Tx& tx, const store::Run& run, const store::Message& prompt,
+                            ContextRead& out) {
+  KEEL_ASSIGN_OR_RETURN(out.summary,
+                        tx.compactions().LatestCompaction(run.tenant_id, run.session_id));
+  KEEL_ASSIGN_OR_RETURN(out.window, tx.compactions().ConversationSince(
+                                        run.tenant_id, run.session_id,
+                                        out.summary ? out.summary->last_message_id : std::string(),
+                                        run.message_id, WindowLimit(options_.history_limit)));
+  KEEL_ASSIGN_OR_RETURN(out.skills, tx.skills().SkillsForAgent(run.tenant_id, run.agent_id, false));
+  if (prompt.role == "introspection") {
+    KEEL_ASSIGN_OR_RETURN(out.session, tx.sessions().GetSession(run.tenant_id, run.session_id));
+  }
+  return Status::Ok();
+}
+
 asio::awaitable<Status> Runtime::AssembleContext(
     const store::Run& run, const store::Agent& agent, const store::Message& prompt,
-    const plugins::AgentPlugins& plugins, model::ModelRequest& request,
+    const plugins::AgentPlugins& plugins, ContextRead read, model::ModelRequest& request,
     std::vector<store::Step>& steps, std::string& error_code,
     std::optional<FailedSummary>& failed) {
   error_code = "internal";
@@ -185,13 +203,12 @@ asio::awaitable<Status> Runtime::AssembleContext(
   if (!settings.ok()) co_return settings.status();  // written before it was checked
   const int64_t budget = settings->context_tokens;
   const int history_limit = std::max(1, options_.history_limit);
-  // Enough to see whether the conversation since the last summary outgrew history_limit.
-  const int window_limit = 4 * history_limit;
+  const int window_limit = WindowLimit(history_limit);
 
-  std::optional<store::Compaction> summary;  // the newest compaction
-  std::vector<store::Message> window;        // the conversation since it, oldest first
-  std::vector<store::Skill> skills;
-  store::Session session;  // an introspection run's, for its description
+  std::optional<store::Compaction>& summary = read.summary;
+  std::vector<store::Message>& window = read.window;
+  std::vector<store::Skill>& skills = read.skills;
+  const store::Session& session = read.session;
   auto read_window = [&](store::Tx& tx) -> Status {
     KEEL_ASSIGN_OR_RETURN(summary,
                           tx.compactions().LatestCompaction(run.tenant_id, run.session_id));
@@ -201,15 +218,6 @@ asio::awaitable<Status> Runtime::AssembleContext(
                                       run.message_id, window_limit));
     return Status::Ok();
   };
-  Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
-    KEEL_RETURN_IF_ERROR(read_window(tx));
-    KEEL_ASSIGN_OR_RETURN(skills, tx.skills().SkillsForAgent(run.tenant_id, run.agent_id, false));
-    if (prompt.role == "introspection") {
-      KEEL_ASSIGN_OR_RETURN(session, tx.sessions().GetSession(run.tenant_id, run.session_id));
-    }
-    return Status::Ok();
-  });
-  if (!read.ok()) co_return read;
   // Before the turn's tools run. A copy that fails does not stop the turn: skills.read still
   // reads the skills from the store.
   if (Status synced = co_await SyncSkills(run, skills); !synced.ok()) {

@@ -36,10 +36,15 @@ EventHub::EventHub(asio::any_io_executor executor) : executor_(std::move(executo
 EventHub::~EventHub() = default;
 
 void EventHub::OnCommit(const std::vector<store::Event>& events) {
-  asio::post(executor_, [this, events] { Dispatch(events); });
+  std::vector<Committed> committed;
+  committed.reserve(events.size());
+  for (const auto& e : events) {
+    committed.push_back({e.tenant_id, e.agent_id, e.session_id, e.run_id, e.position});
+  }
+  asio::post(executor_, [this, committed = std::move(committed)] { Dispatch(committed); });
 }
 
-void EventHub::Dispatch(const std::vector<store::Event>& events) {
+void EventHub::Dispatch(const std::vector<Committed>& events) {
   for (const auto& e : events) {
     int64_t& last = last_position_[e.tenant_id];
     last = std::max(last, e.position);

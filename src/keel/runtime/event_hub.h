@@ -50,7 +50,8 @@ class EventHub {
   explicit EventHub(boost::asio::any_io_executor executor);
   ~EventHub();
 
-  // Called with every committed batch of events (from the store's writer thread).
+  // Called with every committed unit's events (from the store's writer thread). Only what
+  // routing needs crosses to the io thread, not the payloads: streams read events from the store.
   void OnCommit(const std::vector<store::Event>& events);
   // Called (from any thread) when another node may have committed events: wakes every
   // subscription as if a matching event had committed; each re-reads the store.
@@ -69,7 +70,12 @@ class EventHub {
   size_t subscriber_count() const { return subs_.size(); }
 
  private:
-  void Dispatch(const std::vector<store::Event>& events);
+  // What Dispatch needs of a committed event.
+  struct Committed {
+    std::string tenant_id, agent_id, session_id, run_id;
+    int64_t position = 0;
+  };
+  void Dispatch(const std::vector<Committed>& events);
   boost::asio::any_io_executor executor_;
   std::list<SubscriptionPtr> subs_;
   // Each tenant's highest event position seen (positions are per tenant).

@@ -69,6 +69,7 @@ asio::awaitable<Result<IntakeResult>> Runtime::PostMessage(const IntakeRequest& 
     }
   }
   IntakeUnit unit = PrepareIntake(req, agent, std::move(content));
+  unit.enabled = std::move(enabled);
   store::WriteFn write = [&unit, this](store::Tx& tx) { return WriteIntake(tx, unit); };
   auto written = co_await store::AsyncWrite(store_, std::move(write));
   if (!written.ok()) co_return written.status();
@@ -198,7 +199,7 @@ void Runtime::AfterIntake(IntakeUnit& u) {
   running.lease_expires_at = u.now + options_.lease_ms;
   running.started_at = u.now;
   u.out.run = running;  // the run as committed
-  Launch(running, Known{u.agent, u.out.message}, std::move(u.slot));
+  Launch(running, Known{u.agent, u.out.message, std::move(u.enabled)}, std::move(u.slot));
 }
 
 asio::awaitable<Result<store::Run>> Runtime::Cancel(const std::string& tenant_id,

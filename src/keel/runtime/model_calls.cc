@@ -114,38 +114,46 @@ std::string UsdText(const Json& usd) {
 
 }  // namespace
 
-std::string NormalizedRequest(const std::string& model, const model::ModelRequest& request) {
-  Json messages = Json::array();
+RequestKey CacheKeyOf(const std::string& model, const model::ModelRequest& request) {
+  // Hashed as it is walked, each field framed (FieldDigest::Add): no copy of the conversation
+  // is built. Counts name how many fields follow, so that no two requests frame alike.
+  FieldDigest d;
+  RequestKey out;
+  auto add = [&](std::string_view v) {
+    d.Add(v);
+    out.bytes += v.size();
+  };
+  auto count = [&](size_t n) { d.Add(std::to_string(n)); };
+  d.Raw("keel-cache-v2\n");
+  add(model);
+  count(request.messages.size());
   for (const auto& m : request.messages) {
-    Json calls = Json::array();
+    add(m.role);
+    add(m.content);
+    count(m.tool_calls.size());
     for (const auto& c : m.tool_calls) {
-      calls.push_back({{"id", c.id}, {"name", c.name}, {"arguments", c.arguments}});
+      add(c.id);
+      add(c.name);
+      add(DumpJson(c.arguments));
     }
-    messages.push_back({{"role", m.role},
-                        {"content", m.content},
-                        {"tool_calls", std::move(calls)},
-                        {"tool_call_id", m.tool_call_id},
-                        {"tool_name", m.tool_name}});
+    add(m.tool_call_id);
+    add(m.tool_name);
   }
-  Json tools = Json::array();
+  count(request.tools.size());
   for (const auto& t : request.tools) {
-    tools.push_back(
-        {{"name", t.name}, {"description", t.description}, {"parameters", t.parameters}});
+    add(t.name);
+    add(t.description);
+    add(DumpJson(t.parameters));
   }
-  Json options = Json::object();
-  if (request.agent_config.is_object()) {
-    for (const char* field : kAnswerFields) {
-      auto it = request.agent_config.find(field);
-      if (it != request.agent_config.end()) options[field] = *it;
-    }
+  for (const char* field : kAnswerFields) {
+    auto it = request.agent_config.is_object() ? request.agent_config.find(field)
+                                               : request.agent_config.end();
+    // An absent field and a present one differ; nlohmann dumps objects with sorted keys.
+    add(it == request.agent_config.end() ? std::string_view("-") : std::string_view("+"));
+    if (it != request.agent_config.end()) add(DumpJson(*it));
   }
-  // nlohmann's objects keep their keys sorted, so equal requests dump to equal bytes.
-  Json normalized = {{"v", 1},
-                     {"model", model},
-                     {"messages", std::move(messages)},
-                     {"tools", std::move(tools)},
-                     {"options", std::move(options)}};
-  return DumpJson(normalized);
+  out.key = d.HexDigest();
+  return out;
 }
 
 std::string ModelCall::BudgetMessage() const {
@@ -232,11 +240,11 @@ asio::awaitable<ModelCall> Runtime::CallModel(const store::Run& run, const store
                                               std::function<void(const std::string&)> on_delta) {
   ModelCall call;
   call.model = agent.model;
-  const std::string normalized = NormalizedRequest(agent.model, request);
+  const RequestKey request_key = CacheKeyOf(agent.model, request);
   const bool use_cache = options_.cache.enabled && CacheOn(agent.config);
   std::string group = ConfigString(agent.config, "cache_group");
   if (group.empty()) group = agent.id;
-  const std::string key = use_cache ? Sha256Hex(normalized) : std::string();
+  const std::string& key = request_key.key;
   const Millis now = NowMillis();
 
   // 1. The cache. A read that fails is a miss.
@@ -286,7 +294,7 @@ asio::awaitable<ModelCall> Runtime::CallModel(const store::Run& run, const store
     call.response = read;
     co_return call;
   }
-  const int64_t estimated_input = model::EstimateInputTokens(normalized.size());
+  const int64_t estimated_input = model::EstimateInputTokens(request_key.bytes);
   auto estimate = [&](const std::string& model) {
     return model::CostMicros(model::PriceOf(options_.prices, model), {estimated_input, 0});
   };

@@ -68,9 +68,14 @@ Json RunUsageJson(const store::Run& run, const store::UsageTotals& totals);
 // Usage totals as the API shows them (GET /v1/usage).
 Json UsageTotalsJson(const store::UsageTotals& totals);
 
-// The request as the cache key sees it, compact JSON with sorted keys: the agent's model string,
-// the messages, the tools, and the agent config fields that change an answer (temperature,
-// top_p, top_k, max_tokens, seed, local_rules). Exposed for tests.
-std::string NormalizedRequest(const std::string& model, const model::ModelRequest& request);
+// The response cache's key of a request: SHA-256 over the agent's model string, the messages,
+// the tools, and the agent config fields that change an answer (temperature, top_p, top_k,
+// max_tokens, seed, local_rules), hashed as they are walked; and the bytes of text it covered,
+// from which a budget estimates the call's input tokens. Exposed for tests.
+struct RequestKey {
+  std::string key;
+  size_t bytes = 0;
+};
+RequestKey CacheKeyOf(const std::string& model, const model::ModelRequest& request);
 
 }  // namespace keel::runtime

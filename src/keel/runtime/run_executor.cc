@@ -111,14 +111,16 @@ asio::awaitable<Status> Runtime::ParkAgain(const store::Run& mine, const std::st
   co_return written.status();
 }
 
-asio::awaitable<std::optional<std::string>> Runtime::StopFor(const store::Run& run) {
-  std::vector<store::EmergencyStop> stops;
+asio::awaitable<std::optional<std::string>> Runtime::StopFor(
+    const store::Run& run, const std::vector<store::EmergencyStop>* stops) {
+  if (stops) co_return policy::StopReason(*stops, run.agent_id);
+  std::vector<store::EmergencyStop> read_stops;
   Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
-    KEEL_ASSIGN_OR_RETURN(stops, tx.policies().ListStops(run.tenant_id));
+    KEEL_ASSIGN_OR_RETURN(read_stops, tx.policies().ListStops(run.tenant_id));
     return Status::Ok();
   });
   if (!read.ok()) co_return std::nullopt;  // a failing store fails the next write instead
-  co_return policy::StopReason(stops, run.agent_id);
+  co_return policy::StopReason(read_stops, run.agent_id);
 }
 
 namespace {
@@ -290,7 +292,9 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
     co_return;
   }
 
-  // Load what the run needs: the agent, its prompt, this run's steps so far.
+  // Load what the run needs, in one snapshot: the agent, its prompt, this run's steps so far,
+  // the agent's plugins and working memory, what its first model turn's context is assembled
+  // from, and the emergency stops in force (the first step boundary's check).
   store::Agent agent;
   store::Message prompt;
   std::vector<store::Step> steps;
@@ -298,24 +302,30 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
   std::vector<store::Plugin> enabled;
   std::string working_memory;  // the system message showing it, or ""
   bool revoked = false;        // the token the run acts for was revoked since it was posted
+  ContextRead context;
+  std::optional<std::vector<store::EmergencyStop>> first_stops;
   Status loaded = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
-    if (!known) {  // a run claimed at intake was posted with an active token a moment ago
-      KEEL_ASSIGN_OR_RETURN(revoked, access::Revoked(tx, run.tenant_id, run.requested_by));
-    }
-    if (known) {
+    if (known) {  // a run claimed at intake was posted with an active token a moment ago
       agent = known->agent;
       prompt = known->prompt;
     } else {
+      KEEL_ASSIGN_OR_RETURN(revoked, access::Revoked(tx, run.tenant_id, run.requested_by));
       KEEL_ASSIGN_OR_RETURN(agent, tx.agents().GetAgent(run.tenant_id, run.agent_id));
       KEEL_ASSIGN_OR_RETURN(prompt, tx.messages().GetMessage(run.tenant_id, run.message_id));
+    }
+    if (known && known->enabled) {
+      enabled = *known->enabled;
+    } else {
+      KEEL_ASSIGN_OR_RETURN(enabled, tx.plugins().PluginsForAgent(run.tenant_id, run.agent_id));
     }
     if (run.attempt > 1) {  // a first attempt has recorded nothing yet
       KEEL_ASSIGN_OR_RETURN(steps, tx.runs().ListSteps(run.tenant_id, run.id));
       KEEL_ASSIGN_OR_RETURN(calls, tx.runs().ListToolCalls(run.tenant_id, run.id));
     }
-    KEEL_ASSIGN_OR_RETURN(enabled, tx.plugins().PluginsForAgent(run.tenant_id, run.agent_id));
     KEEL_ASSIGN_OR_RETURN(working_memory,
                           memory::WorkingMemoryPrompt(tx, run.tenant_id, run.agent_id));
+    if (prompt.role != "call") KEEL_RETURN_IF_ERROR(ReadContext(tx, run, prompt, context));
+    KEEL_ASSIGN_OR_RETURN(first_stops, tx.policies().ListStops(run.tenant_id));
     return Status::Ok();
   });
   if (!loaded.ok()) {
@@ -374,7 +384,8 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
     std::string code;
     std::optional<FailedSummary> summary_failed;  // a compaction's summary call failed
     Status assembled =
-        co_await AssembleContext(run, agent, prompt, *plugins, request, steps, code, summary_failed);
+        co_await AssembleContext(run, agent, prompt, *plugins, std::move(context), request, steps,
+                                 code, summary_failed);
     if (!assembled.ok()) {
       if (code.empty()) co_return;  // the store failed; the run resumes after its lease
       if (!summary_failed) {
@@ -469,7 +480,10 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
       (void)co_await finish(cancelled, std::string(), error, std::nullopt, model::Usage{});
       co_return;
     }
-    if (auto stop = co_await StopFor(run)) {
+    // The first boundary's stops came with the run's load; later ones are read again.
+    auto stop = co_await StopFor(run, first_stops ? &*first_stops : nullptr);
+    first_stops.reset();
+    if (stop) {
       // Halts at this step boundary; the stop survives restarts, so a resumed run halts too.
       Json error = Json::object();
       error["code"] = "emergency_stop";

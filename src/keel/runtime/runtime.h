@@ -24,6 +24,7 @@
 #include "keel/common/json_util.h"
 #include "keel/common/status.h"
 #include "keel/common/time.h"
+#include "keel/store/compaction_store.h"
 #include "keel/store/schedule_store.h"
 #include "keel/config/config.h"
 #include "keel/http/outbound_guard.h"
@@ -163,6 +164,16 @@ class Runtime {
   struct Known {
     store::Agent agent;
     store::Message prompt;
+    // The plugins enabled for the agent, when intake read them (a schedule's does not).
+    std::optional<std::vector<store::Plugin>> enabled;
+  };
+  // What a model turn's context is assembled from (ReadContext), read in the same snapshot as
+  // the rest of what the run loads.
+  struct ContextRead {
+    std::optional<store::Compaction> summary;  // the session's newest compaction
+    std::vector<store::Message> window;        // the conversation since it, oldest first
+    std::vector<store::Skill> skills;          // the agent's, without their files
+    store::Session session;                    // an introspection run's, for its description
   };
   // Intake's unit of work, in three parts so that another unit (a schedule's firing) can post
   // a message inside itself: PrepareIntake (before the unit: ids, times, whether this node may
@@ -181,6 +192,9 @@ class Runtime {
     // agent's, active and idle, so intake need not read it back.
     bool new_session = false;
     IntakeResult out;    // the message and the run to write
+    // The agent's enabled plugins when the caller read them (PostMessage does), handed to the
+    // run the unit claims; otherwise the run reads them.
+    std::optional<std::vector<store::Plugin>> enabled;
     // Set by WriteIntake:
     bool busy = false;     // the session had an unfinished run
     bool claimed = false;  // the run was written running, with this node's lease
@@ -213,9 +227,12 @@ class Runtime {
   // first. On failure, `error_code` is the run's error code (internal, compaction_failed,
   // budget_exceeded, plugin_failed; empty when the store failed and the run is left to resume
   // after its lease), and `failed` the failed compaction step when a summary call failed.
+  Status ReadContext(store::Tx& tx, const store::Run& run, const store::Message& prompt,
+                     ContextRead& out);
   boost::asio::awaitable<Status> AssembleContext(const store::Run& run, const store::Agent& agent,
                                                  const store::Message& prompt,
                                                  const plugins::AgentPlugins& plugins,
+                                                 ContextRead read,
                                                  model::ModelRequest& request,
                                                  std::vector<store::Step>& steps,
                                                  std::string& error_code,
@@ -239,8 +256,10 @@ class Runtime {
   // without files), reading the files of those whose copy is not current.
   boost::asio::awaitable<Status> SyncSkills(const store::Run& run,
                                             std::vector<store::Skill> skills);
-  // The reason of an emergency stop in force for the run's agent, if any.
-  boost::asio::awaitable<std::optional<std::string>> StopFor(const store::Run& run);
+  // The reason of an emergency stop in force for the run's agent, if any; from `stops` when
+  // the caller just read them, else read now.
+  boost::asio::awaitable<std::optional<std::string>> StopFor(
+      const store::Run& run, const std::vector<store::EmergencyStop>* stops = nullptr);
   // One model call: cache, budgets, the agent's model and its fallback, metering
   // (model_calls.cc).
   boost::asio::awaitable<ModelCall> CallModel(const store::Run& run, const store::Agent& agent,

@@ -1,10 +1,5 @@
 #include "keel/store/audit.h"
 
-#include <openssl/evp.h>
-
-#include <charconv>
-#include <stdexcept>
-
 #include "keel/common/crypto.h"
 #include "keel/secrets/secret_box.h"
 #include "keel/store/store.h"
@@ -49,46 +44,6 @@ Result<std::string> AuditKeyFromKek(std::string_view kek_base64) {
   std::string hex = HmacSha256Hex(kek.bytes(), "keel audit v1");
   return hex;
 }
-
-// SHA-256 fed field by field, on a digest fetched once: OpenSSL 3's one-shot SHA256() looks the
-// algorithm up on every call, which costs more than hashing a small event (this runs for every
-// event appended).
-class FieldDigest {
- public:
-  FieldDigest() : ctx_(EVP_MD_CTX_new()) {
-    static EVP_MD* const kSha256 = EVP_MD_fetch(nullptr, "SHA256", nullptr);
-    if (!ctx_ || !kSha256 || EVP_DigestInit_ex(ctx_, kSha256, nullptr) != 1) {
-      throw std::runtime_error("SHA-256 is not available");
-    }
-  }
-  ~FieldDigest() { EVP_MD_CTX_free(ctx_); }
-  FieldDigest(const FieldDigest&) = delete;
-  FieldDigest& operator=(const FieldDigest&) = delete;
-
-  void Raw(std::string_view v) { EVP_DigestUpdate(ctx_, v.data(), v.size()); }
-  void Add(std::string_view v) {
-    char len[24];
-    auto end = std::to_chars(len, len + sizeof len, v.size()).ptr;
-    *end++ = ':';
-    Raw(std::string_view(len, static_cast<size_t>(end - len)));
-    Raw(v);
-  }
-  std::string HexDigest() {
-    unsigned char md[EVP_MAX_MD_SIZE];
-    unsigned int n = 0;
-    EVP_DigestFinal_ex(ctx_, md, &n);
-    static constexpr char kHex[] = "0123456789abcdef";
-    std::string out(2 * n, '0');
-    for (unsigned int i = 0; i < n; ++i) {
-      out[2 * i] = kHex[md[i] >> 4];
-      out[2 * i + 1] = kHex[md[i] & 15];
-    }
-    return out;
-  }
-
- private:
-  EVP_MD_CTX* ctx_;
-};
 
 std::string EventHash(const ChainedFields& f, std::string_view prev_hash) {
   // Each field as in Field(): its length, ':' and its bytes.

@@ -38,9 +38,9 @@ inline void FinishBatch(std::vector<PendingUnit>& batch, std::vector<Status>& re
     stats.failed_units += static_cast<int64_t>(batch.size()) - committed_units;
   }
   if (listener && committed_units > 0) {
-    std::vector<Event> all;
-    for (auto& ev : events) all.insert(all.end(), ev.begin(), ev.end());
-    if (!all.empty()) listener(all);
+    for (const auto& ev : events) {
+      if (!ev.empty()) listener(ev);  // unit by unit: no copy of the batch's events
+    }
   }
   for (size_t i = 0; i < batch.size(); ++i) {
     if (batch[i].done) batch[i].done(std::move(results[i]), std::move(events[i]));

@@ -383,8 +383,8 @@ class Store {
   virtual void WriteUrgent(WriteFn fn, WriteDone done) { Write(std::move(fn), std::move(done)); }
   // Convenience for start-up and tools: Write and wait.
   Status WriteSync(WriteFn fn, std::vector<Event>* events = nullptr);
-  // `listener` sees every committed unit's events, in commit order, on the writer thread,
-  // before the units' `done` callbacks run. Set once, before the first Write.
+  // `listener` sees every committed unit's events, unit by unit in commit order, on the writer
+  // thread, before the units' `done` callbacks run. Set once, before the first Write.
   virtual void SetCommitListener(std::function<void(const std::vector<Event>&)> listener) = 0;
   // Shared stores (PostgreSQL): `listener` is called, from a store thread, after another node
   // committed events, and after (re)connecting to the notification channel (something may

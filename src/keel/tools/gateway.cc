@@ -77,6 +77,20 @@ bool SplitMcpName(const std::string& name, std::string* server, std::string* too
   return true;
 }
 
+// Whether an entry of an agent's tools list can name a tool of some MCP server: "*",
+// "mcp__..." or a pattern whose literal part is a prefix of "mcp__" ("m*").
+bool MayReachMcp(const Json& allowed_tools) {
+  for (const auto& a : allowed_tools) {
+    if (!a.is_string()) continue;
+    std::string_view p = a.get_ref<const std::string&>();
+    const bool pattern = !p.empty() && p.back() == '*';
+    if (pattern) p.remove_suffix(1);
+    if (p.substr(0, kMcpPrefix.size()) == kMcpPrefix) return true;
+    if (pattern && kMcpPrefix.substr(0, p.size()) == p) return true;
+  }
+  return false;
+}
+
 // An MCP server's tool as a Keel tool. What it may do is what its annotations say: read-only
 // tools need `read` and are pure (a read has no effect to repeat); others need `write`, plus
 // `send` unless they say they do not reach the outside world (openWorldHint false); effects
@@ -362,7 +376,8 @@ asio::awaitable<std::vector<std::shared_ptr<Tool>>> Gateway::Offered(std::string
       if (Allowed(allowed_tools, t->name())) out.push_back(t);
     }
   }
-  if (!mcp_) co_return out;
+  // An agent whose list reaches no MCP server's tool reads no servers (the common turn).
+  if (!mcp_ || !MayReachMcp(allowed_tools)) co_return out;
   std::vector<store::McpServer> servers;
   Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
     KEEL_ASSIGN_OR_RETURN(servers, tx.mcp_servers().ListMcpServers(tenant_id));

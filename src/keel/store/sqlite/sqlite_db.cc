@@ -115,6 +115,13 @@ Status Db::Exec(const char* sql) {
   return Status::Ok();
 }
 
+Status Db::Run(const std::string& sql) {
+  KEEL_ASSIGN_OR_RETURN(Stmt s, Prepare(sql));
+  Result<bool> row = s.Step();
+  if (row.ok()) return Status::Ok();
+  return Status(row.status().code(), std::string("sqlite: ") + sqlite3_errmsg(db_));
+}
+
 Result<Stmt> Db::Prepare(const std::string& sql) {
   auto it = cache_.find(sql);
   if (it != cache_.end()) return Stmt(db_, it->second);

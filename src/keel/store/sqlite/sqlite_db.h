@@ -64,7 +64,11 @@ class Db {
   static Result<std::unique_ptr<Db>> Open(const std::string& path, bool read_only, bool sync_full);
   ~Db();
 
+  // Runs `sql`, which may hold several statements (a migration), parsing it each time.
   Status Exec(const char* sql);
+  // Runs one statement without rows (BEGIN, COMMIT, SAVEPOINT...) through the statement cache:
+  // what every unit of work and read snapshot runs, parsed once per connection.
+  Status Run(const std::string& sql);
   // A cached prepared statement for `sql`. REQUIRES: the previous Stmt for the same SQL is gone.
   Result<Stmt> Prepare(const std::string& sql);
   sqlite3* raw() { return db_; }

@@ -62,17 +62,17 @@ Status SqliteStore::Migrate(Db& db) {
                        "); upgrade keel");
   }
   for (size_t v = current + 1; v <= migrations.size(); ++v) {
-    KEEL_RETURN_IF_ERROR(db.Exec("BEGIN IMMEDIATE"));
+    KEEL_RETURN_IF_ERROR(db.Run("BEGIN IMMEDIATE"));
     Status st = db.Exec(migrations[v - 1]);
     if (st.ok()) {
       KEEL_ASSIGN_OR_RETURN(auto ins, db.Prepare("INSERT INTO schema_migrations VALUES(?,?)"));
       st = ins.BindAll(static_cast<int64_t>(v), NowMillis()).Run();
     }
     if (!st.ok()) {
-      (void)db.Exec("ROLLBACK");
+      (void)db.Run("ROLLBACK");
       return Status(st.code(), "migration " + std::to_string(v) + " failed: " + st.message());
     }
-    KEEL_RETURN_IF_ERROR(db.Exec("COMMIT"));
+    KEEL_RETURN_IF_ERROR(db.Run("COMMIT"));
   }
   return Status::Ok();
 }
@@ -96,14 +96,14 @@ Status SqliteStore::Read(const std::function<Status(Tx&)>& fn) {
     KEEL_RETURN_IF_ERROR(reader->db->Exec("PRAGMA mmap_size=2147418112"));
     reader->tx = std::make_unique<SqliteTx>(*reader->db, options_.origin, audit_key_);
   }
-  Status st = reader->db->Exec("BEGIN");
+  Status st = reader->db->Run("BEGIN");
   if (st.ok()) {
     try {
       st = fn(*reader->tx);
     } catch (const std::exception& e) {
       st = Internal(std::string("read failed: ") + e.what());
     }
-    (void)reader->db->Exec("COMMIT");
+    (void)reader->db->Run("COMMIT");
   }
   std::lock_guard<std::mutex> lock(readers_mu_);
   idle_readers_.push_back(std::move(reader));
@@ -178,7 +178,7 @@ void SqliteStore::CommitBatch(std::vector<Unit>& batch) {
   Db& db = *writer_db_;
   std::vector<Status> results(batch.size());
   std::vector<std::vector<Event>> events(batch.size());
-  Status begin = db.Exec("BEGIN IMMEDIATE");
+  Status begin = db.Run("BEGIN IMMEDIATE");
   Status commit;
   int committed_units = 0;
   if (begin.ok()) {
@@ -186,7 +186,7 @@ void SqliteStore::CommitBatch(std::vector<Unit>& batch) {
     const bool savepoints = batch.size() > 1;
     for (size_t i = 0; i < batch.size(); ++i) {
       writer_tx_->ResetUnit();
-      Status st = savepoints ? db.Exec("SAVEPOINT unit") : Status::Ok();
+      Status st = savepoints ? db.Run("SAVEPOINT unit") : Status::Ok();
       if (st.ok()) {
         try {
           st = batch[i].fn(*writer_tx_);
@@ -196,10 +196,10 @@ void SqliteStore::CommitBatch(std::vector<Unit>& batch) {
         if (!savepoints) {
           // Nothing to release; a failure is rolled back below instead of committed.
         } else if (st.ok()) {
-          st = db.Exec("RELEASE unit");
+          st = db.Run("RELEASE unit");
         } else {
-          (void)db.Exec("ROLLBACK TO unit");
-          (void)db.Exec("RELEASE unit");
+          (void)db.Run("ROLLBACK TO unit");
+          (void)db.Run("RELEASE unit");
         }
       }
       results[i] = st;
@@ -210,8 +210,8 @@ void SqliteStore::CommitBatch(std::vector<Unit>& batch) {
     }
     // The chain heads the units moved, once per transaction (store/audit.h).
     if (committed_units > 0) commit = writer_tx_->WriteChainHeads();
-    if (commit.ok()) commit = committed_units > 0 ? db.Exec("COMMIT") : db.Exec("ROLLBACK");
-    if (!commit.ok()) (void)db.Exec("ROLLBACK");
+    if (commit.ok()) commit = committed_units > 0 ? db.Run("COMMIT") : db.Run("ROLLBACK");
+    if (!commit.ok()) (void)db.Run("ROLLBACK");
     writer_tx_->ChainTransactionDone(commit.ok() && committed_units > 0);
   } else {
     for (auto& r : results) r = begin;
