@@ -9,9 +9,10 @@
 //
 //   keel_loadgen --url http://127.0.0.1:7878 --token TOKEN [--token-file FILE]
 //                --concurrency 64 [--duration 10 | --turns N] [--warmup 2]
-//                [--agent-config JSON] [--unique-messages]
+//                [--model MODEL] [--agent-config JSON] [--unique-messages]
 //
-// --agent-config sets the agent's config (e.g. '{"cache":false}'); --unique-messages numbers
+// --model sets the agent's model (default "local"; e.g. "openai/bench" against
+// keel_fake_openai); --agent-config sets the agent's config (e.g. '{"cache":false}'); --unique-messages numbers
 // each message ("hello 17") so that no two turns send the same request (response cache misses).
 //
 // --url may be given several times (several nodes on one database): setup goes through the
@@ -79,13 +80,14 @@ struct Options {
   int server_pid = 0;  // > 0: report the server's CPU per turn from /proc/PID/task/*/stat
   Json agent_config = Json::object();
   bool unique_messages = false;
+  std::string model = "local";  // the benchmark agent's model
 };
 
 [[noreturn]] void Usage(const char* msg) {
   std::fprintf(stderr,
                "keel_loadgen: %s\nusage: keel_loadgen --url http://HOST:PORT (--token T | "
                "--token-file F) [--concurrency C] [--duration SECONDS | --turns N] "
-               "[--warmup SECONDS] [--server-pid PID] [--agent-config JSON] "
+               "[--warmup SECONDS] [--server-pid PID] [--model MODEL] [--agent-config JSON] "
                "[--unique-messages]\n",
                msg);
   std::exit(2);
@@ -126,6 +128,8 @@ Options ParseArgs(int argc, char** argv) {
       if (!o.agent_config.is_object()) Usage("--agent-config must be a JSON object");
     } else if (a == "--unique-messages") {
       o.unique_messages = true;
+    } else if (a == "--model") {
+      o.model = next();
     } else {
       Usage(("unknown argument " + a).c_str());
     }
@@ -328,7 +332,7 @@ asio::awaitable<int> Main(asio::io_context& io, const Options& o) {
   Conn& admin = *admins.front();
   std::mt19937_64 rng(std::random_device{}());
   std::string agent_name = "loadgen-" + std::to_string(rng() % 1000000000);
-  Json agent_body{{"name", agent_name}, {"model", "local"},
+  Json agent_body{{"name", agent_name}, {"model", o.model},
                   {"instructions", "keel_loadgen benchmark agent"}, {"config", o.agent_config}};
   auto agent = ParseOrThrow(
       co_await admin.Do(http::verb::post, "/v1/agents", agent_body.dump()), 201, "create agent");

@@ -11,8 +11,9 @@ Measures, in one run on this machine:
   - end-to-end turns over HTTP on the local model (keel_loadgen against `keel serve`, server and
     load generator pinned to different CPUs when there are two): concurrency 1 (p50), concurrency
     64 with the response cache on and distinct prompts (every call misses), with the cache off,
-    and with the built-in audit-log and redaction plugins on every agent; server CPU per turn
-    (user + system time of all its threads);
+    with the built-in audit-log and redaction plugins on every agent, and through the OpenAI
+    provider against keel_fake_openai (pinned with the load generator; it answers at once);
+    server CPU per turn (user + system time of all its threads);
   - one session's turn 1,000 against its turn 10, with history_limit raised so nothing is cut.
 
 Each figure is printed with its ratio to the raw SQLite yardstick of the same run, next to the
@@ -58,7 +59,7 @@ def pins():
 
 
 class Server:
-    def __init__(self, keel, home, pin, config=""):
+    def __init__(self, keel, home, pin, config="", env=None):
         os.makedirs(home, exist_ok=True)
         if config:
             with open(os.path.join(home, "keel.toml"), "w") as f:
@@ -66,7 +67,8 @@ class Server:
         self.home = home
         self.log = open(os.path.join(home, "serve.log"), "w")
         self.proc = subprocess.Popen(pin + [keel, "serve", "--home", home, "--listen", "127.0.0.1:0"],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
+                                     stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=dict(os.environ, **(env or {})))
         addr_file = os.path.join(home, "listen.addr")
         for _ in range(300):
             if os.path.exists(addr_file) and os.path.getsize(addr_file) > 0:
@@ -152,7 +154,8 @@ def main():
     a = ap.parse_args()
     build = a.build
     keel = a.keel or os.path.join(build, "keel")
-    for b in (keel, os.path.join(build, "bench", "keel_loadgen"), os.path.join(build, "bench", "keel_bench")):
+    for b in (keel, os.path.join(build, "bench", "keel_loadgen"),
+              os.path.join(build, "bench", "keel_bench"), os.path.join(build, "bench", "keel_fake_openai")):
         if not os.access(b, os.X_OK):
             sys.exit(f"bench-quick: {b} is missing; build first (make build)")
     server_pin, load_pin = pins()
@@ -168,7 +171,12 @@ def main():
               f"{raw_cpu:.1f} us CPU a row at 100 rows a commit; Keel/raw event appends at 64 "
               f"producers {ev['append_ratio_64']:.2f}", flush=True)
 
-        s = Server(keel, os.path.join(work, "e2e"), server_pin)
+        fake = subprocess.Popen(load_pin + [os.path.join(build, "bench", "keel_fake_openai")],
+                                stdout=subprocess.PIPE, text=True)
+        fake_port = int(fake.stdout.readline())
+        s = Server(keel, os.path.join(work, "e2e"), server_pin,
+                   env={"OPENAI_BASE_URL": f"http://127.0.0.1:{fake_port}/v1",
+                        "OPENAI_API_KEY": "bench"})
         try:
             c1 = loadgen(build, load_pin, s, "--concurrency", "1", "--warmup", "1", "--duration", secs,
                          "--unique-messages")
@@ -180,6 +188,10 @@ def main():
             off = loadgen(build, load_pin, s, "--concurrency", "64", "--warmup", "1", "--duration", secs,
                           "--agent-config", '{"cache":false}')
             print(f"  c=64, cache off: {off['turns_per_s']:,.0f} turns/s", flush=True)
+            oai = loadgen(build, load_pin, s, "--concurrency", "64", "--warmup", "1", "--duration", secs,
+                          "--unique-messages", "--model", "openai/bench")
+            print(f"  c=64, OpenAI provider against keel_fake_openai: {oai['turns_per_s']:,.0f} "
+                  f"turns/s, CPU {oai['cpu_main_us'] + oai['cpu_other_us']:.0f} us/turn", flush=True)
             for p in PLUGINS:
                 s.api("POST", "/v1/plugins", p)
                 s.api("POST", f"/v1/plugins/{p['manifest']['id']}/enable", {"agent_id": "*"})
@@ -189,6 +201,8 @@ def main():
                   flush=True)
         finally:
             s.stop()
+            fake.kill()
+            fake.wait()
         s = Server(keel, os.path.join(work, "long"), server_pin, "history_limit = 2100\n")
         try:
             long = loadgen(build, load_pin, s, "--concurrency", "1", "--warmup", "0", "--turns", "1000",
@@ -213,6 +227,9 @@ def main():
         "server CPU per turn c=64 / raw CPU per row":
             (f"{c64['cpu_main_us']:.0f} + {c64['cpu_other_us']:.0f} us",
              (c64["cpu_main_us"] + c64["cpu_other_us"]) / raw_cpu, "lower"),
+        "server CPU per turn c=64, OpenAI provider / raw CPU per row":
+            (f"{oai['cpu_main_us']:.0f} + {oai['cpu_other_us']:.0f} us",
+             (oai["cpu_main_us"] + oai["cpu_other_us"]) / raw_cpu, "lower"),
         "plugins on / off, turns/s c=64":
             (f"{plug['turns_per_s']:,.0f} vs {c64['turns_per_s']:,.0f}",
              plug["turns_per_s"] / c64["turns_per_s"], "higher"),
@@ -226,7 +243,7 @@ def main():
     if os.path.exists(BASELINE):
         base = json.load(open(BASELINE)).get("ratios", {})
     flagged = []
-    print(f"\n{'figure':46} {'this run':>22} {'ratio':>9} {'baseline':>9} {'change':>8}")
+    print(f"\n{'figure':62} {'this run':>22} {'ratio':>9} {'baseline':>9} {'change':>8}")
     for name, (shown, ratio, better) in rows.items():
         b = base.get(name)
         change, flag = "", ""
@@ -236,8 +253,8 @@ def main():
             if worse > TOLERANCE:
                 flag = "FLAG"
                 flagged.append(name)
-        print(f"{name:46} {shown:>22} {ratio:9.4g} {b if b else '-':>9.4g} {change:>8} {flag}"
-              if b else f"{name:46} {shown:>22} {ratio:9.4g} {'-':>9} {change:>8}")
+        print(f"{name:62} {shown:>22} {ratio:9.4g} {b if b else '-':>9.4g} {change:>8} {flag}"
+              if b else f"{name:62} {shown:>22} {ratio:9.4g} {'-':>9} {change:>8}")
     print(f"\nyardsticks: raw SQLite {raw_cps:,.0f} one-row commits/s ({commit_ms:.2f} ms each); "
           f"{raw_rps:,.0f} rows/s, {raw_cpu:.1f} us CPU a row at 100 rows a commit; "
           f"{time.time() - started:.0f} s in all")
