@@ -394,8 +394,9 @@ asio::awaitable<Status> Runtime::AssembleContext(
 
   // The context: the system prompt with the summary, the newest history_limit messages since
   // it, the prompt. (Only a history too long to catch up in one turn leaves messages out.)
-  std::vector<store::Message> tail = window;
-  if (static_cast<int>(window.size()) == window_limit) {
+  const bool cut = static_cast<int>(window.size()) == window_limit;
+  std::vector<store::Message> tail = cut ? std::vector<store::Message>() : std::move(window);
+  if (cut) {
     Status recent = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
       KEEL_ASSIGN_OR_RETURN(tail, tx.messages().RecentMessages(run.tenant_id, run.session_id,
                                                                run.message_id, history_limit));
@@ -409,10 +410,11 @@ asio::awaitable<Status> Runtime::AssembleContext(
     tail.erase(tail.begin(), tail.end() - history_limit);
   }
   const std::string system = system_with(summary ? summary->summary : std::string());
+  request.messages.reserve(request.messages.size() + tail.size() + 3);
   if (!system.empty()) request.messages.push_back({"system", system, {}, "", ""});
-  for (const auto& m : tail) {
+  for (auto& m : tail) {
     if (m.role == "user" || m.role == "assistant") {
-      request.messages.push_back({m.role, m.content, {}, "", ""});
+      request.messages.push_back({std::move(m.role), std::move(m.content), {}, "", ""});
     }
   }
   request.messages.push_back(

@@ -312,9 +312,15 @@ asio::awaitable<ModelCall> Runtime::CallModel(const store::Run& run, const store
     call.response = provider.status();
     co_return call;
   }
-  model::ModelRequest sent = request;
-  sent.model = model_name;
-  call.response = co_await (*provider)->Complete(sent, on_delta);
+  // The request names the provider's model already (the run resolved it); a copy only when not.
+  model::ModelRequest renamed;
+  auto named = [&](const std::string& name) -> const model::ModelRequest& {
+    if (request.model == name) return request;
+    renamed = request;
+    renamed.model = name;
+    return renamed;
+  };
+  call.response = co_await (*provider)->Complete(named(model_name), on_delta);
   const std::string fallback = ConfigString(agent.config, "fallback_model");
   if (!call.response.ok() && !fallback.empty() && FallbackMayAnswer(call.response.status())) {
     call.primary_error = call.response.status().message();
@@ -332,8 +338,7 @@ asio::awaitable<ModelCall> Runtime::CallModel(const store::Run& run, const store
       call.response = second.status();
       co_return call;
     }
-    sent.model = model_name;
-    call.response = co_await (*second)->Complete(sent, on_delta);
+    call.response = co_await (*second)->Complete(named(model_name), on_delta);
   }
   if (!call.response.ok()) co_return call;
 

@@ -42,7 +42,8 @@ class CompactionStore {
                                                     const std::string& session_id,
                                                     const Page& page) = 0;
   // The session's `user` and `assistant` messages with after_id < id < before_id (after_id ""
-  // from the first), oldest first, at most `limit`: the conversation since a compaction.
+  // from the first), oldest first, at most `limit`: the conversation since a compaction. Each
+  // holds its id, role and content only.
   virtual Result<std::vector<Message>> ConversationSince(const std::string& tenant_id,
                                                          const std::string& session_id,
                                                          const std::string& after_id,

@@ -62,14 +62,14 @@ Result<std::vector<Message>> PostgresTx::ConversationSince(const std::string& te
                                                            const std::string& after_id,
                                                            const std::string& before_id,
                                                            int limit) {
-  static const std::string kSql = "SELECT " + std::string(kMessageCols) +
+  static const std::string kSql = "SELECT " + std::string(kConversationCols) +
                                   " FROM messages WHERE tenant_id=$1 AND session_id=$2 AND "
                                   "id>$3 AND id<$4 AND role IN ('user','assistant') ORDER BY id "
                                   "LIMIT $5";
   KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
   KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, session_id, after_id, before_id,
                                                        static_cast<int64_t>(limit))));
-  return Collect<Message>(rows, ReadMessage<Row>);
+  return Collect<Message>(rows, ReadConversationMessage<Row>);
 }
 
 }  // namespace keel::store::postgres

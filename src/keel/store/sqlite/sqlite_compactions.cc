@@ -58,12 +58,12 @@ Result<std::vector<Message>> SqliteTx::ConversationSince(const std::string& tena
                                                          const std::string& session_id,
                                                          const std::string& after_id,
                                                          const std::string& before_id, int limit) {
-  static const std::string kSql = "SELECT " + std::string(kMessageCols) +
+  static const std::string kSql = "SELECT " + std::string(kConversationCols) +
                                   " FROM messages WHERE tenant_id=? AND session_id=? AND id>? "
                                   "AND id<? AND role IN ('user','assistant') ORDER BY id LIMIT ?";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, session_id, after_id, before_id, limit);
-  return Collect<Message>(s, ReadMessage<Stmt>);
+  return Collect<Message>(s, ReadConversationMessage<Stmt>);
 }
 
 }  // namespace keel::store::sqlite
