@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <boost/asio/execution/context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/ssl.hpp>
@@ -15,7 +16,11 @@
 #include <boost/beast/ssl.hpp>
 #include <boost/url/parse.hpp>
 #include <cctype>
+#include <deque>
 #include <exception>
+#include <atomic>
+#include <mutex>
+#include <optional>
 #include <vector>
 
 namespace keel::http {
@@ -76,6 +81,60 @@ Result<Endpoint> ParseUrl(const std::string& url) {
 
 bool HasLineBreak(std::string_view s) { return s.find_first_of("\r\n") != std::string_view::npos; }
 
+// How many idle connections a client keeps, and for how long.
+constexpr size_t kMaxIdleConnections = 32;
+constexpr auto kMaxIdleTime = std::chrono::seconds(30);
+
+// A connection whose last response was read to its end and may carry another request.
+struct IdleConnection {
+  std::string key;  // the client's number and the origin, "7 https://host:port"
+  std::shared_ptr<ssl::context> tls_context;
+  std::unique_ptr<beast::tcp_stream> plain;
+  std::unique_ptr<beast::ssl_stream<beast::tcp_stream>> tls;
+  std::chrono::steady_clock::time_point since;
+};
+
+// The idle keep-alive connections of an io_context, kept as one of its services: they are
+// sockets of that context, so they go when it shuts down, and a connection is only ever used
+// again on the context it belongs to. Keyed by client (each has its own outbound guard and TLS
+// settings) and origin.
+class ConnectionPool : public asio::execution_context::service {
+ public:
+  static inline asio::execution_context::id id;
+  explicit ConnectionPool(asio::execution_context& context) : service(context) {}
+
+  std::optional<IdleConnection> Take(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto now = std::chrono::steady_clock::now();
+    std::erase_if(idle_, [&](const IdleConnection& c) { return now - c.since > kMaxIdleTime; });
+    for (auto it = idle_.rbegin(); it != idle_.rend(); ++it) {  // the most recent first
+      if (it->key == key) {
+        IdleConnection c = std::move(*it);
+        idle_.erase(std::next(it).base());
+        return c;
+      }
+    }
+    return std::nullopt;
+  }
+  void Put(IdleConnection c) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (idle_.size() >= kMaxIdleConnections) idle_.pop_front();  // closes the oldest
+    c.since = std::chrono::steady_clock::now();
+    idle_.push_back(std::move(c));
+  }
+
+ private:
+  void shutdown() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    idle_.clear();
+  }
+  std::mutex mu_;
+  std::deque<IdleConnection> idle_;
+};
+
+// Numbers clients, for the pool's keys (an address may be reused by a later client).
+std::atomic<uint64_t> next_client{1};
+
 }  // namespace
 
 std::string ClientResponse::Header(const std::string& lower_name) const {
@@ -85,6 +144,7 @@ std::string ClientResponse::Header(const std::string& lower_name) const {
 
 struct Client::Impl {
   Options options;
+  uint64_t number = next_client++;  // keys its idle connections in each context's pool
   // Shared with every open ResponseStream: a stream may outlive the Client that opened it.
   std::shared_ptr<ssl::context> tls;
   std::string tls_error;  // why `tls` is null
@@ -97,9 +157,23 @@ struct ResponseStream::Impl {
 
   ~Impl() {
     if (!tls && !plain) return;
+    // A response read to its end on a connection both sides keep alive carries the next
+    // request to the same origin (no new connection, no new TLS handshake).
+    if (pool && parser && parser->is_done() && parser->get().keep_alive() && pending_error.ok() &&
+        buffer.size() == 0) {
+      pool->Put(IdleConnection{pool_key, tls_context, std::move(plain), std::move(tls), {}});
+      return;
+    }
+    Close();
+  }
+
+  void Close() {
+    if (!tls && !plain) return;
     error_code ignored;
     Lowest().socket().shutdown(tcp::socket::shutdown_both, ignored);
     Lowest().socket().close(ignored);
+    tls.reset();
+    plain.reset();
   }
 
   beast::tcp_stream& Lowest() { return tls ? beast::get_lowest_layer(*tls) : *plain; }
@@ -115,11 +189,36 @@ struct ResponseStream::Impl {
     return Unavailable(what + ": " + std::string(stage) + ": " + Describe(ec));
   }
 
-  // Connects, sends the request and reads the response head.
+  // Sends the request on an idle connection to its origin when the pool has one, else on a new
+  // one, and reads the response head. A reused connection the server closed meanwhile (no
+  // byte of an answer came) is dropped and the request sent once more on a new connection.
   asio::awaitable<Status> Start(const ClientRequest& request, const Endpoint& endpoint,
                                 const std::shared_ptr<ssl::context>& tls_ctx,
-                                const std::string& tls_error, const Client::Options& options) {
+                                const std::string& tls_error, const Client::Options& options,
+                                uint64_t client) {
     what = request.method + " " + request.url;
+    pool_key = std::to_string(client) + " " + (endpoint.tls ? "https://" : "http://") +
+               endpoint.host + ":" + endpoint.port;
+    pool = &asio::use_service<ConnectionPool>(asio::query(ex, asio::execution::context));
+    if (auto idle = pool->Take(pool_key)) {
+      tls_context = std::move(idle->tls_context);
+      plain = std::move(idle->plain);
+      tls = std::move(idle->tls);
+      bool answered = false;
+      Status sent = co_await Exchange(request, endpoint, options, &answered);
+      if (sent.ok() || answered) co_return sent;
+      Close();
+      buffer.clear();
+    }
+    Status connected = co_await Connect(endpoint, tls_ctx, tls_error, options);
+    if (!connected.ok()) co_return connected;
+    co_return co_await Exchange(request, endpoint, options, nullptr);
+  }
+
+  // Resolves, checks the addresses with the outbound guard, connects, and shakes hands (TLS).
+  asio::awaitable<Status> Connect(const Endpoint& endpoint,
+                                  const std::shared_ptr<ssl::context>& tls_ctx,
+                                  const std::string& tls_error, const Client::Options& options) {
     error_code ec;
 
     // The resolver has no deadline of its own; a timer cancels it. The timer's handler holds
@@ -188,7 +287,14 @@ struct ResponseStream::Impl {
                                     asio::redirect_error(asio::use_awaitable, ec));
       if (ec) co_return Fail("TLS handshake with " + endpoint.host, ec);
     }
+    co_return Status::Ok();
+  }
 
+  // Sends the request and reads the response head. `answered` (when given) says whether any
+  // byte of an answer arrived.
+  asio::awaitable<Status> Exchange(const ClientRequest& request, const Endpoint& endpoint,
+                                   const Client::Options& options, bool* answered) {
+    error_code ec;
     bhttp::request<bhttp::string_body> req;
     req.version(11);
     bhttp::verb verb = bhttp::string_to_verb(request.method);
@@ -215,21 +321,23 @@ struct ResponseStream::Impl {
     }
     if (ec) co_return Fail("sending the request", ec);
 
-    parser.header_limit(kHeaderLimit);
-    parser.body_limit(boost::none);  // callers bound what they keep (ReadAll)
-    if (verb == bhttp::verb::head) parser.skip(true);
+    parser.emplace();
+    parser->header_limit(kHeaderLimit);
+    parser->body_limit(boost::none);  // callers bound what they keep (ReadAll)
+    if (verb == bhttp::verb::head) parser->skip(true);
     Lowest().expires_after(timeout);
     if (tls) {
-      co_await bhttp::async_read_header(*tls, buffer, parser,
+      co_await bhttp::async_read_header(*tls, buffer, *parser,
                                         asio::redirect_error(asio::use_awaitable, ec));
     } else {
-      co_await bhttp::async_read_header(*plain, buffer, parser,
+      co_await bhttp::async_read_header(*plain, buffer, *parser,
                                         asio::redirect_error(asio::use_awaitable, ec));
     }
+    if (answered) *answered = parser->got_some() || buffer.size() > 0;
     if (ec) co_return Fail("reading the response head", ec);
 
-    status = parser.get().result_int();
-    for (const auto& field : parser.get()) {
+    status = parser->get().result_int();
+    for (const auto& field : parser->get()) {
       std::string name = Lower(field.name_string());
       std::string value(field.value());
       auto [it, inserted] = headers.emplace(name, value);
@@ -241,20 +349,20 @@ struct ResponseStream::Impl {
   asio::awaitable<Result<std::optional<std::string>>> Next() {
     using Piece = std::optional<std::string>;
     if (!pending_error.ok()) co_return pending_error;
-    while (!parser.is_done()) {
-      parser.get().body().data = read_buffer.data();
-      parser.get().body().size = read_buffer.size();
+    while (!parser->is_done()) {
+      parser->get().body().data = read_buffer.data();
+      parser->get().body().size = read_buffer.size();
       error_code ec;
       Lowest().expires_after(timeout);
       if (tls) {
-        co_await bhttp::async_read_some(*tls, buffer, parser,
+        co_await bhttp::async_read_some(*tls, buffer, *parser,
                                         asio::redirect_error(asio::use_awaitable, ec));
       } else {
-        co_await bhttp::async_read_some(*plain, buffer, parser,
+        co_await bhttp::async_read_some(*plain, buffer, *parser,
                                         asio::redirect_error(asio::use_awaitable, ec));
       }
       if (ec == bhttp::error::need_buffer) ec = {};
-      size_t n = read_buffer.size() - parser.get().body().size;
+      size_t n = read_buffer.size() - parser->get().body().size;
       if (ec) {
         pending_error = Fail("reading the response body after " +
                                  std::to_string(body_bytes + static_cast<int64_t>(n)) + " bytes",
@@ -278,7 +386,9 @@ struct ResponseStream::Impl {
   std::unique_ptr<beast::tcp_stream> plain;
   std::unique_ptr<beast::ssl_stream<beast::tcp_stream>> tls;
   beast::flat_buffer buffer;
-  bhttp::response_parser<bhttp::buffer_body> parser;
+  std::optional<bhttp::response_parser<bhttp::buffer_body>> parser;  // one per request sent
+  std::string pool_key;            // the client's number and the origin
+  ConnectionPool* pool = nullptr;  // the context's, where the connection goes when it is done
   std::array<char, kReadChunk> read_buffer{};
   int status = 0;
   std::map<std::string, std::string> headers;
@@ -367,7 +477,8 @@ boost::asio::awaitable<Result<std::unique_ptr<ResponseStream>>> Client::Open(
   Status started;
   try {
     started =
-        co_await impl->Start(request, *endpoint, impl_->tls, impl_->tls_error, impl_->options);
+        co_await impl->Start(request, *endpoint, impl_->tls, impl_->tls_error, impl_->options,
+                             impl_->number);
   } catch (const std::exception& e) {
     started = Internal(request.method + " " + request.url + ": " + e.what());
   }
