@@ -119,6 +119,17 @@ Json MessagesJson(const std::vector<model::ChatMessage>& messages) {
 // Enough of the conversation since the last summary to see whether it outgrew history_limit.
 int WindowLimit(int history_limit) { return 4 * std::max(1, history_limit); }
 
+// The session's newest compaction and the conversation since it (at most window_limit).
+Status ReadWindow(store::Tx& tx, const store::Run& run, int window_limit,
+                  std::optional<store::Compaction>& summary, std::vector<store::Message>& window) {
+  KEEL_ASSIGN_OR_RETURN(summary, tx.compactions().LatestCompaction(run.tenant_id, run.session_id));
+  KEEL_ASSIGN_OR_RETURN(window, tx.compactions().ConversationSince(
+                                    run.tenant_id, run.session_id,
+                                    summary ? summary->last_message_id : std::string(),
+                                    run.message_id, window_limit));
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<ContextSettings> ContextSettingsOf(const Json& config) {
@@ -180,12 +191,8 @@ asio::awaitable<Status> Runtime::SyncSkills(const store::Run& run,
 
 Status Runtime::ReadContext(store::Tx& tx, const store::Run& run, const store::Message& prompt,
                             ContextRead& out) {
-  KEEL_ASSIGN_OR_RETURN(out.summary,
-                        tx.compactions().LatestCompaction(run.tenant_id, run.session_id));
-  KEEL_ASSIGN_OR_RETURN(out.window, tx.compactions().ConversationSince(
-                                        run.tenant_id, run.session_id,
-                                        out.summary ? out.summary->last_message_id : std::string(),
-                                        run.message_id, WindowLimit(options_.history_limit)));
+  KEEL_RETURN_IF_ERROR(
+      ReadWindow(tx, run, WindowLimit(options_.history_limit), out.summary, out.window));
   KEEL_ASSIGN_OR_RETURN(out.skills, tx.skills().SkillsForAgent(run.tenant_id, run.agent_id, false));
   if (prompt.role == "introspection") {
     KEEL_ASSIGN_OR_RETURN(out.session, tx.sessions().GetSession(run.tenant_id, run.session_id));
@@ -209,14 +216,8 @@ asio::awaitable<Status> Runtime::AssembleContext(
   std::vector<store::Message>& window = read.window;
   std::vector<store::Skill>& skills = read.skills;
   const store::Session& session = read.session;
-  auto read_window = [&](store::Tx& tx) -> Status {
-    KEEL_ASSIGN_OR_RETURN(summary,
-                          tx.compactions().LatestCompaction(run.tenant_id, run.session_id));
-    KEEL_ASSIGN_OR_RETURN(window, tx.compactions().ConversationSince(
-                                      run.tenant_id, run.session_id,
-                                      summary ? summary->last_message_id : std::string(),
-                                      run.message_id, window_limit));
-    return Status::Ok();
+  auto read_window = [&](store::Tx& tx) {
+    return ReadWindow(tx, run, window_limit, summary, window);
   };
   // Before the turn's tools run. A copy that fails does not stop the turn: skills.read still
   // reads the skills from the store.
