@@ -21,7 +21,9 @@ using Clock = std::chrono::steady_clock;
 constexpr int kHookEvery = 250;   // instructions between budget checks
 constexpr lua_Integer kMaxBulk = 100'000;  // elements one table library call may touch
 constexpr int kMaxDepth = 64;     // nesting of converted values
-constexpr int64_t kMaxConvertedValues = 1'000'000;  // values in one Lua -> JSON conversion
+// Values in one Lua -> JSON conversion: a thousand-message prompt is some 5,000; the walk runs on
+// the io thread, so the bound is what keeps a hostile value (one table shared 2^40 ways) short.
+constexpr int64_t kMaxConvertedValues = 100'000;
 constexpr size_t kMaxLogLine = 1024;
 // What a ctx.memory call costs of the instruction budget, beyond the time it takes (which the
 // wall clock counts): a handler that loops over searches runs out as a loop of work would.

@@ -77,23 +77,29 @@ Status SqliteStore::Migrate(Db& db) {
   return Status::Ok();
 }
 
-Status SqliteStore::Read(const std::function<Status(Tx&)>& fn) {
+Status SqliteStore::Read(const std::function<Status(Tx&)>& fn) { return ReadOn(true, fn); }
+
+void SqliteStore::ReadAsync(std::function<Status(Tx&)> fn, std::function<void(Status)> done) {
+  done(ReadOn(false, fn));
+}
+
+Status SqliteStore::ReadOn(bool mapped, const std::function<Status(Tx&)>& fn) {
   std::unique_ptr<Reader> reader;
+  auto& idle = idle_readers_[mapped ? 1 : 0];
   {
     std::lock_guard<std::mutex> lock(readers_mu_);
-    if (!idle_readers_.empty()) {
-      reader = std::move(idle_readers_.back());
-      idle_readers_.pop_back();
+    if (!idle.empty()) {
+      reader = std::move(idle.back());
+      idle.pop_back();
     }
   }
   if (!reader) {
     reader = std::make_unique<Reader>();
     KEEL_ASSIGN_OR_RETURN(reader->db, Db::Open(path_, /*read_only=*/true, options_.sync_full));
     KEEL_RETURN_IF_ERROR(reader->db->Exec("PRAGMA query_only=ON"));
-    // Mapped pages survive the cache reset each new snapshot causes after a commit, and are read
-    // without a copy: up to 2 GiB (SQLite's default ceiling), since a memory search at a million
-    // memories walks far more of the file than the page cache holds (p99 CPU 36 -> 14 ms).
-    KEEL_RETURN_IF_ERROR(reader->db->Exec("PRAGMA mmap_size=2147418112"));
+    // Up to 2 GiB (SQLite's default ceiling): a memory search at a million memories walks far
+    // more of the file than the page cache holds.
+    if (mapped) KEEL_RETURN_IF_ERROR(reader->db->Exec("PRAGMA mmap_size=2147418112"));
     reader->tx = std::make_unique<SqliteTx>(*reader->db, options_.origin, audit_key_);
   }
   Status st = reader->db->Run("BEGIN");
@@ -106,7 +112,7 @@ Status SqliteStore::Read(const std::function<Status(Tx&)>& fn) {
     (void)reader->db->Run("COMMIT");
   }
   std::lock_guard<std::mutex> lock(readers_mu_);
-  idle_readers_.push_back(std::move(reader));
+  idle.push_back(std::move(reader));
   return st;
 }
 
