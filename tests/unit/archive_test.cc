@@ -8,6 +8,8 @@
 #include <archive_entry.h>
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include <filesystem>
 #include <map>
 #include <set>
@@ -348,9 +350,10 @@ TEST_F(ArchiveTest, RoundTripAcrossBackendsIsByteIdentical) {
 // described "" and opened by "", and tenants allowed neither host execution nor unsandboxed
 // stdio MCP servers. Nor did they carry the audit chain: their events are hashed as they are
 // imported, into the very chains the source store had. Their events carry the store-wide
-// origin_seq and no tenant_position: they are numbered per tenant.
+// origin_seq and no tenant_position: they are numbered per tenant. Their messages carry no seq:
+// numbered per session in id order.
 TEST_F(ArchiveTest, ImportsAVersion2ArchiveWithoutThePluginTables) {
-  ASSERT_EQ(kArchiveVersion, 7);
+  ASSERT_EQ(kArchiveVersion, 8);
   // The tables archives gained in versions 3 (plugins) and 4 (schedules, memory, skills,
   // compactions, usage).
   const std::set<std::string> later = {
@@ -375,7 +378,8 @@ TEST_F(ArchiveTest, ImportsAVersion2ArchiveWithoutThePluginTables) {
   const std::map<std::string, std::map<std::string, Json>> added = {
       {"sessions", {{"description", ""}, {"created_by", ""}}},
       {"tenants", {{"allow_host_exec", 0}, {"allow_stdio_mcp", 0}}},
-      {"events", {{"hash", nullptr}}}};
+      {"events", {{"hash", nullptr}}},
+      {"messages", {{"seq", nullptr}}}};
   int64_t store_wide_seq = 0;  // one origin wrote every event
   for (auto& e : v2) {
     std::string table = e.first.substr(0, e.first.size() - 6);
@@ -542,6 +546,38 @@ TEST_F(ArchiveTest, RefusesMissingExtraAndMalformedEntries) {
   miscounted[0].second = manifest.dump();
   WriteArchive(Path("miscounted.tar.zst"), miscounted);
   ExpectRefused(Path("miscounted.tar.zst"), Code::kInvalidArgument, "runs.jsonl has 2 rows");
+}
+
+// Two messages of one session with one seq (or a seq below 1) are refused before anything is
+// written, as any malformed row, not left to the store's unique index.
+TEST_F(ArchiveTest, RefusesMessagesThatShareASeq) {
+  Entries entries = ReadArchive(archive_);
+  const size_t at = EntryIndex(entries, "messages.jsonl");
+  auto rewrite = [&](const std::function<void(std::vector<Json>&)>& change,
+                     const std::string& name) {
+    Entries changed = entries;
+    std::istringstream lines(changed[at].second);
+    std::vector<Json> rows;
+    for (std::string line; std::getline(lines, line);) rows.push_back(Json::parse(line));
+    change(rows);
+    std::string text;
+    for (const auto& r : rows) text += r.dump() + "\n";
+    changed[at].second = text;
+    Json manifest = Json::parse(changed[0].second);
+    manifest["tables"]["messages"]["sha256"] = Sha256Hex(text);
+    changed[0].second = manifest.dump();
+    WriteArchive(Path(name), changed);
+    return Path(name);
+  };
+  std::string dup = rewrite([](std::vector<Json>& rows) {
+    for (size_t i = 1; i < rows.size(); ++i) {
+      if (rows[i]["session_id"] == rows[0]["session_id"]) rows[i]["seq"] = rows[0]["seq"];
+    }
+  }, "dup-seq.tar.zst");
+  ExpectRefused(dup, Code::kInvalidArgument, "have seq");
+  std::string zero = rewrite([](std::vector<Json>& rows) { rows[0]["seq"] = 0; },
+                             "zero-seq.tar.zst");
+  ExpectRefused(zero, Code::kInvalidArgument, "field 'seq' must be at least 1");
 }
 
 }  // namespace

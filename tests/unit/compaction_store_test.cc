@@ -80,32 +80,92 @@ TEST_P(CompactionStoreTest, TheLatestCompactionAndTheListInOrder) {
   EXPECT_TRUE(st.ok()) << st.ToString();
 }
 
-TEST_P(CompactionStoreTest, ConversationSinceIsTheUserAndAssistantMessagesBetween) {
+TEST_P(CompactionStoreTest, ConversationSinceIsTheUserAndAssistantMessagesAfterACompaction) {
   std::string a = AddMessage("user", "a");
   std::string b = AddMessage("assistant", "b");
   AddMessage("introspection", "{}");
   AddMessage("call", "{}");
   std::string c = AddMessage("user", "c");
   std::string d = AddMessage("assistant", "d");
-  std::string prompt = AddMessage("user", "prompt");
-  AddMessage("user", "after the prompt");
-  auto contents = [&](const std::string& after, const std::string& before, int limit) {
-    std::vector<std::string> out;
+  auto read = [&](const std::string& after, int64_t after_seq, int limit) {
+    Conversation out;
     Status st = store_->Read([&](Tx& tx) -> Status {
-      KEEL_ASSIGN_OR_RETURN(
-          auto got, tx.compactions().ConversationSince(tenant_, session_, after, before, limit));
-      for (const auto& m : got) out.push_back(m.content);
+      KEEL_ASSIGN_OR_RETURN(out, tx.compactions().ConversationSince(tenant_, session_, after,
+                                                                    after_seq, limit));
       return Status::Ok();
     });
     EXPECT_TRUE(st.ok()) << st.ToString();
     return out;
   };
+  auto contents = [](const Conversation& c) {
+    std::vector<std::string> out;
+    for (const auto& m : c.messages) out.push_back(m.content);
+    return out;
+  };
   using V = std::vector<std::string>;
-  EXPECT_EQ(contents("", prompt, 100), (V{"a", "b", "c", "d"}));
-  EXPECT_EQ(contents(b, prompt, 100), (V{"c", "d"}));
-  EXPECT_EQ(contents("", prompt, 3), (V{"a", "b", "c"}));
-  EXPECT_EQ(contents(d, prompt, 100), V{});
-  EXPECT_EQ(contents(a, c, 100), (V{"b"}));
+  Conversation all = read("", 0, 100);
+  EXPECT_EQ(contents(all), (V{"a", "b", "c", "d"}));
+  EXPECT_EQ(all.last_seq, 6);  // every role counts
+  std::vector<int64_t> seqs;
+  for (const auto& m : all.messages) seqs.push_back(m.seq);
+  EXPECT_EQ(seqs, (std::vector<int64_t>{1, 2, 5, 6}));
+  EXPECT_EQ(all.messages[0].id, a);
+  EXPECT_EQ(contents(read(b, 0, 100)), (V{"c", "d"}));
+  EXPECT_EQ(contents(read("", 0, 3)), (V{"a", "b", "c"}));
+  EXPECT_EQ(contents(read(d, 0, 100)), V{});
+  EXPECT_EQ(contents(read("", 2, 100)), (V{"c", "d"}));  // what came after seq 2
+  Conversation none = read("", 6, 100);
+  EXPECT_EQ(contents(none), V{});
+  EXPECT_EQ(none.last_seq, 6);
+  // Another tenant's reader sees nothing of the session.
+  Status st = store_->Read([&](Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(auto other, tx.compactions().ConversationSince(NewId(), session_, "",
+                                                                         0, 100));
+    EXPECT_TRUE(other.messages.empty());
+    EXPECT_EQ(other.last_seq, 0);
+    return Status::Ok();
+  });
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  (void)c;
+}
+
+// seq follows commit order, not ids: a message committed after others with an earlier id (a
+// node whose clock is behind) is still found by a reader that saw everything up to its seq.
+TEST_P(CompactionStoreTest, AMessageCommittedLateWithAnEarlierIdIsFoundBySeq) {
+  std::string early_id = NewId();  // made first, committed last
+  AddMessage("user", "one");
+  AddMessage("assistant", "two");
+  int64_t seen = 0;
+  Status st = store_->Read([&](Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(auto c, tx.compactions().ConversationSince(tenant_, session_, "", 0, 100));
+    seen = c.last_seq;
+    return Status::Ok();
+  });
+  ASSERT_TRUE(st.ok());
+  Message late;
+  late.id = early_id;
+  late.tenant_id = tenant_;
+  late.session_id = session_;
+  late.role = "user";
+  late.content = "late";
+  late.created_at = NowMillis();
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) { return tx.messages().InsertMessage(late); }).ok());
+  st = store_->Read([&](Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(auto c,
+                          tx.compactions().ConversationSince(tenant_, session_, "", seen, 100));
+    EXPECT_EQ(c.messages.size(), 1u);
+    if (!c.messages.empty()) {
+      EXPECT_EQ(c.messages[0].content, "late");
+      EXPECT_EQ(c.messages[0].seq, seen + 1);
+    }
+    EXPECT_EQ(c.last_seq, seen + 1);
+    // Read whole, it is first by id.
+    KEEL_ASSIGN_OR_RETURN(auto whole, tx.compactions().ConversationSince(tenant_, session_, "", 0, 100));
+    EXPECT_EQ(whole.messages.size(), 3u);
+    if (!whole.messages.empty()) EXPECT_EQ(whole.messages[0].content, "late");
+    return Status::Ok();
+  });
+  EXPECT_TRUE(st.ok()) << st.ToString();
 }
 
 }  // namespace

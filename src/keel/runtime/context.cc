@@ -37,7 +37,7 @@ constexpr int kMaxCompactionsPerTurn = 8;
 // A message costs its text and a little for its role.
 int64_t MessageTokens(const std::string& content) { return EstimateTokens(content) + 4; }
 
-int64_t ContextTokens(const std::string& system, const std::vector<store::Message>& messages,
+int64_t ContextTokens(const std::string& system, std::span<const store::Message> messages,
                       size_t from, const std::string& prompt) {
   int64_t n = (system.empty() ? 0 : MessageTokens(system)) + MessageTokens(prompt);
   for (size_t i = from; i < messages.size(); ++i) n += MessageTokens(messages[i].content);
@@ -119,16 +119,6 @@ Json MessagesJson(const std::vector<model::ChatMessage>& messages) {
 // Enough of the conversation since the last summary to see whether it outgrew history_limit.
 int WindowLimit(int history_limit) { return 4 * std::max(1, history_limit); }
 
-// The session's newest compaction and the conversation since it (at most window_limit).
-Status ReadWindow(store::Tx& tx, const store::Run& run, int window_limit,
-                  std::optional<store::Compaction>& summary, std::vector<store::Message>& window) {
-  KEEL_ASSIGN_OR_RETURN(summary, tx.compactions().LatestCompaction(run.tenant_id, run.session_id));
-  KEEL_ASSIGN_OR_RETURN(window, tx.compactions().ConversationSince(
-                                    run.tenant_id, run.session_id,
-                                    summary ? summary->last_message_id : std::string(),
-                                    run.message_id, window_limit));
-  return Status::Ok();
-}
 
 }  // namespace
 
@@ -191,13 +181,47 @@ asio::awaitable<Status> Runtime::SyncSkills(const store::Run& run,
 
 Status Runtime::ReadContext(store::Tx& tx, const store::Run& run, const store::Message& prompt,
                             ContextRead& out) {
-  KEEL_RETURN_IF_ERROR(
-      ReadWindow(tx, run, WindowLimit(options_.history_limit), out.summary, out.window));
+  KEEL_RETURN_IF_ERROR(ReadWindow(tx, run, WindowLimit(options_.history_limit), out));
   KEEL_ASSIGN_OR_RETURN(out.skills, tx.skills().SkillsForAgent(run.tenant_id, run.agent_id, false));
   if (prompt.role == "introspection") {
     KEEL_ASSIGN_OR_RETURN(out.session, tx.sessions().GetSession(run.tenant_id, run.session_id));
   }
   return Status::Ok();
+}
+
+// The session's newest compaction and what the conversation since it (at most window_limit)
+// has that `read.known` lacks; KeepWindow makes the window of it.
+Status Runtime::ReadWindow(store::Tx& tx, const store::Run& run, int window_limit,
+                           ContextRead& read) {
+  KEEL_ASSIGN_OR_RETURN(read.summary,
+                        tx.compactions().LatestCompaction(run.tenant_id, run.session_id));
+  const std::string after = read.summary ? read.summary->last_message_id : std::string();
+  read.fetched_from = FetchFrom(read.known.get(), after);
+  KEEL_ASSIGN_OR_RETURN(read.fetched,
+                        tx.compactions().ConversationSince(run.tenant_id, run.session_id, after,
+                                                           read.fetched_from, window_limit));
+  if (read.fetched_from > 0 && static_cast<int>(read.fetched.messages.size()) >= window_limit) {
+    // More came since than a window holds (the first by seq, not by id): read it whole.
+    read.fetched_from = 0;
+    KEEL_ASSIGN_OR_RETURN(read.fetched, tx.compactions().ConversationSince(
+                                            run.tenant_id, run.session_id, after, 0, window_limit));
+  }
+  return Status::Ok();
+}
+
+void Runtime::KeepWindow(const store::Run& run, ContextRead& read) {
+  const std::string after = read.summary ? read.summary->last_message_id : std::string();
+  auto entry = Merge(std::move(read.known), read.fetched_from, after, std::move(read.fetched),
+                     WindowLimit(options_.history_limit));
+  read.fetched = {};
+  // Up to the prompt: what was posted after it is not this turn's.
+  const auto& m = entry->messages;
+  auto end = std::lower_bound(m.begin(), m.end(), run.message_id,
+                              [](const store::Message& x, const std::string& id) {
+                                return x.id < id;
+                              });
+  read.window = std::span<const store::Message>(m.data(), static_cast<size_t>(end - m.begin()));
+  read.known = std::move(entry);
 }
 
 asio::awaitable<Status> Runtime::AssembleContext(
@@ -213,12 +237,10 @@ asio::awaitable<Status> Runtime::AssembleContext(
   const int window_limit = WindowLimit(history_limit);
 
   std::optional<store::Compaction>& summary = read.summary;
-  std::vector<store::Message>& window = read.window;
+  std::span<const store::Message>& window = read.window;
   std::vector<store::Skill>& skills = read.skills;
   const store::Session& session = read.session;
-  auto read_window = [&](store::Tx& tx) {
-    return ReadWindow(tx, run, window_limit, summary, window);
-  };
+  auto read_window = [&](store::Tx& tx) { return ReadWindow(tx, run, window_limit, read); };
   // Before the turn's tools run. A copy that fails does not stop the turn: skills.read still
   // reads the skills from the store.
   if (Status synced = co_await SyncSkills(run, skills); !synced.ok()) {
@@ -391,33 +413,37 @@ asio::awaitable<Status> Runtime::AssembleContext(
     steps.push_back(step);  // the replay after this sees it, and numbers the next steps on
     Status again = co_await store::AsyncRead(store_, read_window);
     if (!again.ok()) co_return again;
+    KeepWindow(run, read);
   }
 
   // The context: the system prompt with the summary, the newest history_limit messages since
   // it, the prompt. (Only a history too long to catch up in one turn leaves messages out.)
   const bool cut = static_cast<int>(window.size()) == window_limit;
-  std::vector<store::Message> tail = cut ? std::vector<store::Message>() : std::move(window);
+  std::vector<store::Message> recent;  // when the window is cut: the newest instead
+  std::span<const store::Message> tail = window;
   if (cut) {
-    Status recent = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
-      KEEL_ASSIGN_OR_RETURN(tail, tx.messages().RecentMessages(run.tenant_id, run.session_id,
-                                                               run.message_id, history_limit));
+    Status read_recent = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(recent, tx.messages().RecentMessages(run.tenant_id, run.session_id,
+                                                                 run.message_id, history_limit));
       return Status::Ok();
     });
-    if (!recent.ok()) co_return recent;
-    std::erase_if(
-        tail, [&](const store::Message& m) { return summary && m.id <= summary->last_message_id; });
+    if (!read_recent.ok()) co_return read_recent;
+    std::erase_if(recent, [&](const store::Message& m) {
+      return summary && m.id <= summary->last_message_id;
+    });
+    tail = recent;
   }
-  if (static_cast<int>(tail.size()) > history_limit) {
-    tail.erase(tail.begin(), tail.end() - history_limit);
-  }
+  if (tail.size() > static_cast<size_t>(history_limit)) tail = tail.last(history_limit);
   const std::string system = system_with(summary ? summary->summary : std::string());
   request.messages.reserve(request.messages.size() + tail.size() + 3);
   if (!system.empty()) request.messages.push_back({"system", system, {}, "", ""});
-  for (auto& m : tail) {
+  for (const auto& m : tail) {
     if (m.role == "user" || m.role == "assistant") {
-      request.messages.push_back({std::move(m.role), std::move(m.content), {}, "", ""});
+      request.messages.push_back({m.role, m.content, {}, "", ""});
     }
   }
+  // Kept for the next turn once nothing here points into it any more.
+  if (read.known) conversations_.Put(run.tenant_id, run.session_id, std::move(read.known));
   request.messages.push_back(
       {"user", introspection ? IntrospectionAsk(prompt.content) : prompt.content, {}, "", ""});
   co_return Status::Ok();

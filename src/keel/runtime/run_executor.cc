@@ -303,6 +303,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
   std::string working_memory;  // the system message showing it, or ""
   bool revoked = false;        // the token the run acts for was revoked since it was posted
   ContextRead context;
+  context.known = conversations_.Take(run.tenant_id, run.session_id);
   std::optional<std::vector<store::EmergencyStop>> first_stops;
   Status loaded = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
     if (known) {  // a run claimed at intake was posted with an active token a moment ago
@@ -328,6 +329,11 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
     KEEL_ASSIGN_OR_RETURN(first_stops, tx.policies().ListStops(run.tenant_id));
     return Status::Ok();
   });
+  if (loaded.ok() && prompt.role != "call") {
+    KeepWindow(run, context);
+  } else if (context.known) {
+    conversations_.Put(run.tenant_id, run.session_id, std::move(context.known));
+  }
   if (!loaded.ok()) {
     std::string code = loaded.code() == Code::kNotFound ? "agent_deleted" : "internal";
     (void)co_await fail(code, loaded.message());

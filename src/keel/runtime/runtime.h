@@ -19,6 +19,7 @@
 #include <optional>
 #include <memory>
 #include <set>
+#include <span>
 #include <string>
 
 #include "keel/common/json_util.h"
@@ -28,6 +29,7 @@
 #include "keel/store/schedule_store.h"
 #include "keel/config/config.h"
 #include "keel/http/outbound_guard.h"
+#include "keel/runtime/conversation_cache.h"
 #include "keel/runtime/run_slots.h"
 #include "keel/store/skill_store.h"
 #include "keel/store/store.h"
@@ -171,7 +173,13 @@ class Runtime {
   // the rest of what the run loads.
   struct ContextRead {
     std::optional<store::Compaction> summary;  // the session's newest compaction
-    std::vector<store::Message> window;        // the conversation since it, oldest first
+    // The conversation since it before the run's prompt, oldest first: a view into `known`.
+    std::span<const store::Message> window;
+    // The session's conversation as this node knew it (out of conversations_ for the read),
+    // and what the read added to it: KeepWindow merges them and points `window` into it.
+    std::unique_ptr<ConversationEntry> known;
+    int64_t fetched_from = 0;
+    store::Conversation fetched;
     std::vector<store::Skill> skills;          // the agent's, without their files
     store::Session session;                    // an introspection run's, for its description
   };
@@ -229,6 +237,12 @@ class Runtime {
   // after its lease), and `failed` the failed compaction step when a summary call failed.
   Status ReadContext(store::Tx& tx, const store::Run& run, const store::Message& prompt,
                      ContextRead& out);
+  // Inside ReadContext and after a compaction: the session's newest compaction and what the
+  // conversation since it (at most window_limit messages) has that `read.known` lacks.
+  Status ReadWindow(store::Tx& tx, const store::Run& run, int window_limit, ContextRead& read);
+  // Once the read is back on the io thread: the conversation merged and kept for the next
+  // turn, and the run's window (what precedes its prompt) taken from it.
+  void KeepWindow(const store::Run& run, ContextRead& read);
   boost::asio::awaitable<Status> AssembleContext(const store::Run& run, const store::Agent& agent,
                                                  const store::Message& prompt,
                                                  const plugins::AgentPlugins& plugins,
@@ -344,6 +358,7 @@ class Runtime {
   bool schedule_wake_ = true;         // the first round does not wait
   std::set<std::string> firing_;      // schedules being fired by this node
   std::vector<store::CacheEntry> cache_pending_;  // answers not written to the cache yet
+  ConversationCache conversations_{64u << 20};    // sessions' conversations, 64 MiB of text
   bool cache_flush_scheduled_ = false;
 };
 

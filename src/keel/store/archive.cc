@@ -91,6 +91,37 @@ class EventNumbering {
   std::map<std::pair<std::string, std::string>, int64_t> seqs_;
 };
 
+// Messages of archives before version 8 carry no seq: numbered per session in id order (rows
+// come in id order), as the store migration numbers existing messages. From version 8 a seq is
+// a positive integer, one message's in its session (the store's unique index would refuse it
+// only at the insert, as a conflict). Rows that are not well-formed otherwise are left for
+// CheckExportRow to refuse.
+class MessageNumbering {
+ public:
+  Status Fill(int version, Json& row) {
+    if (!row.is_object()) return Status::Ok();
+    auto session = row.find("session_id");
+    if (session == row.end() || !session->is_string()) return Status::Ok();
+    const std::string& s = session->get_ref<const std::string&>();
+    if (version < 8) {
+      if (!row.contains("seq")) row["seq"] = ++seqs_[s];
+      return Status::Ok();
+    }
+    auto seq = row.find("seq");
+    if (seq == row.end() || !seq->is_number_integer()) return Status::Ok();
+    const int64_t n = seq->get<int64_t>();
+    if (n < 1) return InvalidArgument("field 'seq' must be at least 1");
+    if (!seen_.insert({s, n}).second) {
+      return InvalidArgument("two messages of session " + s + " have seq " + std::to_string(n));
+    }
+    return Status::Ok();
+  }
+
+ private:
+  std::map<std::string, int64_t> seqs_;
+  std::set<std::pair<std::string, int64_t>> seen_;
+};
+
 Status WriteEntry(struct archive* a, const std::string& name, const std::string& data,
                   Millis mtime) {
   std::unique_ptr<archive_entry, decltype(&archive_entry_free)> e(archive_entry_new(),
@@ -294,12 +325,17 @@ Status ImportArchive(Store& store, const std::string& path, const std::string& a
     auto& table_rows = rows.emplace_back(&spec, std::vector<Json>()).second;
     table_rows.reserve(lines.size());
     EventNumbering numbering;
+    MessageNumbering message_numbering;
     for (size_t i = 0; i < lines.size(); ++i) {
       auto parsed = ParseJson(lines[i]);
       Json row = parsed.ok() ? std::move(*parsed) : Json();
       if (parsed.ok()) FillAddedColumns(spec, version, row);
       if (parsed.ok() && spec.name == std::string_view("events")) numbering.Fill(version, row);
-      Status st = parsed.ok() ? CheckExportRow(spec, row) : parsed.status();
+      Status st = parsed.status();
+      if (st.ok() && spec.name == std::string_view("messages")) {
+        st = message_numbering.Fill(version, row);
+      }
+      if (st.ok()) st = CheckExportRow(spec, row);
       if (!st.ok()) {
         return InvalidArgument(path + ": " + entry + " line " + std::to_string(i + 1) + ": " +
                                st.message());

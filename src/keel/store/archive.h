@@ -3,7 +3,7 @@
 // backend wrote them, so data moves between SQLite and PostgreSQL.
 //
 // The archive is a tar (pax) compressed with zstd. Its first entry is manifest.json:
-//   {"format": "keel-export", "version": 7, "created_at": MILLIS,
+//   {"format": "keel-export", "version": 8, "created_at": MILLIS,
 //    "tenant": {"id", "name", "created_at"} | null (null: every tenant),
 //    "tables": {"agents": {"rows": N, "sha256": HEX}, ...}}
 // then one TABLE.jsonl per table of ExportTables() (store.h), in that order: one JSON object per
@@ -29,8 +29,9 @@ inline constexpr const char* kArchiveFormat = "keel-export";
 // compactions and usage; 5: sessions.description; 6: sessions.created_by, and
 // tenants.allow_host_exec and allow_stdio_mcp; 7: the audit chain (events.hash, audit_heads),
 // events.tenant_position, and origin_seq per (tenant, origin) (older archives' events are
-// numbered so on import, as the migration does, and hashed).
-inline constexpr int kArchiveVersion = 7;
+// numbered so on import, as the migration does, and hashed); 8: messages.seq (older archives'
+// messages are numbered per session in id order on import, as the migration does).
+inline constexpr int kArchiveVersion = 8;
 // The oldest version ImportArchive reads.
 inline constexpr int kOldestArchiveVersion = 2;
 // The most an archive may hold uncompressed (ImportArchive reads it into memory whole).

@@ -29,6 +29,12 @@ struct Compaction {
   Millis created_at = 0;
 };
 
+// What ConversationSince read.
+struct Conversation {
+  std::vector<Message> messages;
+  int64_t last_seq = 0;  // the session's newest message's seq (0: it has none)
+};
+
 class CompactionStore {
  public:
   virtual ~CompactionStore() = default;
@@ -41,14 +47,16 @@ class CompactionStore {
   virtual Result<Paged<Compaction>> ListCompactions(const std::string& tenant_id,
                                                     const std::string& session_id,
                                                     const Page& page) = 0;
-  // The session's `user` and `assistant` messages with after_id < id < before_id (after_id ""
-  // from the first), oldest first, at most `limit`: the conversation since a compaction. Each
-  // holds its id, role and content only.
-  virtual Result<std::vector<Message>> ConversationSince(const std::string& tenant_id,
-                                                         const std::string& session_id,
-                                                         const std::string& after_id,
-                                                         const std::string& before_id,
-                                                         int limit) = 0;
+  // The conversation since a compaction: the session's `user` and `assistant` messages with
+  // id > after_id (after_id "" from the first), each with its id, role, content and seq only,
+  // lowest ids first; and the seq of the session's newest message of any role. With after_seq
+  // 0, the first `limit` of them by id; else those with seq > after_seq, the first `limit` by
+  // seq (so fewer than `limit` are all of them). A message's seq is its place in the session
+  // in commit order: a reader that saw every message up to seq N finds the others with N.
+  virtual Result<Conversation> ConversationSince(const std::string& tenant_id,
+                                                 const std::string& session_id,
+                                                 const std::string& after_id, int64_t after_seq,
+                                                 int limit) = 0;
 };
 
 }  // namespace keel::store

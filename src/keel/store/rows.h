@@ -216,13 +216,14 @@ inline constexpr const char* kMessageCols =
     "id, tenant_id, session_id, run_id, role, content, idempotency_key, created_at";
 // What a turn's context needs of a message (ConversationSince): each turn reads the session's
 // conversation, so the other columns are not copied out for it.
-inline constexpr const char* kConversationCols = "id, role, content";
+inline constexpr const char* kConversationCols = "id, role, content, seq";
 template <typename Row>
 Message ReadConversationMessage(const Row& s) {
   Message m;
   m.id = s.Text(0);
   m.role = s.Text(1);
   m.content = s.Text(2);
+  m.seq = s.Int(3);
   return m;
 }
 template <typename Row>

@@ -190,6 +190,9 @@ struct Message {
   std::string content;
   std::string idempotency_key;  // empty when none was given
   Millis created_at = 0;
+  // Its place in the session in commit order (1, 2, ...), given by the store when it is
+  // inserted; read back only with the conversation (CompactionStore::ConversationSince).
+  int64_t seq = 0;
 };
 
 struct Run {

@@ -714,7 +714,12 @@ Result<Paged<Session>> PostgresTx::ListSessions(const std::string& tenant_id,
 // ---- MessageStore
 
 Status PostgresTx::InsertMessage(const Message& m) {
-  static const std::string kSql = InsertSql("messages", kMessageCols, 8);
+  // seq: the session's next, one probe of its unique index; the write lock makes it follow
+  // commit order.
+  static const std::string kSql =
+      "INSERT INTO messages(" + std::string(kMessageCols) + ", seq) VALUES($1,$2,$3,$4,$5,$6,$7,$8,"
+      "(SELECT coalesce(max(seq),0)+1 FROM messages WHERE session_id=$3)) ON CONFLICT DO NOTHING "
+      "RETURNING id";
   KEEL_RETURN_IF_ERROR(BindTenant(m.tenant_id));
   return Inserted(conn_.Query(kSql, P(m.id, m.tenant_id, m.session_id, m.run_id, m.role, m.content,
                                       m.idempotency_key, m.created_at)),
@@ -1815,6 +1820,20 @@ CREATE FUNCTION keel_unhashed_tenants() RETURNS TABLE(tenant_id text)
   LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT
   AS 'SELECT DISTINCT tenant_id FROM events WHERE hash = ''''';
 REVOKE ALL ON FUNCTION keel_unhashed_tenants() FROM PUBLIC;
+)sql",
+      // A message's place in its session in commit order, so that a node that keeps a
+      // session's conversation between turns reads only the messages committed since (ids,
+      // made by clocks, do not follow commit order). Existing messages are numbered by id; the
+      // owner numbers every tenant's, so row security is lifted for the update.
+      R"sql(
+ALTER TABLE messages ADD COLUMN seq BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE messages NO FORCE ROW LEVEL SECURITY;
+UPDATE messages m SET seq = n.seq
+  FROM (SELECT id, row_number() OVER (PARTITION BY session_id ORDER BY id) AS seq
+        FROM messages) n
+  WHERE m.id = n.id;
+ALTER TABLE messages FORCE ROW LEVEL SECURITY;
+CREATE UNIQUE INDEX messages_seq ON messages(session_id, seq);
 )sql",
   };
   return kMigrations;

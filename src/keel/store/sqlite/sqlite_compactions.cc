@@ -54,16 +54,38 @@ Result<Paged<Compaction>> SqliteTx::ListCompactions(const std::string& tenant_id
   return out;
 }
 
-Result<std::vector<Message>> SqliteTx::ConversationSince(const std::string& tenant_id,
-                                                         const std::string& session_id,
-                                                         const std::string& after_id,
-                                                         const std::string& before_id, int limit) {
-  static const std::string kSql = "SELECT " + std::string(kConversationCols) +
+Result<Conversation> SqliteTx::ConversationSince(const std::string& tenant_id,
+                                                 const std::string& session_id,
+                                                 const std::string& after_id, int64_t after_seq,
+                                                 int limit) {
+  Conversation out;
+  static const std::string kLast =
+      "SELECT coalesce(max(seq), 0) FROM messages WHERE session_id=? AND tenant_id=?";
+  KEEL_ASSIGN_OR_RETURN(auto last, db_.Prepare(kLast));
+  last.BindAll(session_id, tenant_id);
+  KEEL_ASSIGN_OR_RETURN(bool row, last.Step());
+  out.last_seq = row ? last.Int(0) : 0;
+  if (out.last_seq <= after_seq) return out;
+  // The whole conversation (after_seq 0) by id; what came after a seq by seq, through the seq
+  // index (its few new rows), then sorted by id.
+  static const std::string kAll = "SELECT " + std::string(kConversationCols) +
                                   " FROM messages WHERE tenant_id=? AND session_id=? AND id>? "
-                                  "AND id<? AND role IN ('user','assistant') ORDER BY id LIMIT ?";
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
-  s.BindAll(tenant_id, session_id, after_id, before_id, limit);
-  return Collect<Message>(s, ReadConversationMessage<Stmt>);
+                                  "AND role IN ('user','assistant') ORDER BY id LIMIT ?";
+  static const std::string kNew = "SELECT " + std::string(kConversationCols) +
+                                  " FROM messages WHERE session_id=? AND seq>? AND tenant_id=? "
+                                  "AND id>? AND role IN ('user','assistant') ORDER BY seq LIMIT ?";
+  if (after_seq <= 0) {
+    KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kAll));
+    s.BindAll(tenant_id, session_id, after_id, limit);
+    KEEL_ASSIGN_OR_RETURN(out.messages, Collect<Message>(s, ReadConversationMessage<Stmt>));
+  } else {
+    KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kNew));
+    s.BindAll(session_id, after_seq, tenant_id, after_id, limit);
+    KEEL_ASSIGN_OR_RETURN(out.messages, Collect<Message>(s, ReadConversationMessage<Stmt>));
+    std::sort(out.messages.begin(), out.messages.end(),
+              [](const Message& a, const Message& b) { return a.id < b.id; });
+  }
+  return out;
 }
 
 }  // namespace keel::store::sqlite

@@ -651,8 +651,11 @@ Result<Paged<Session>> SqliteTx::ListSessions(const std::string& tenant_id,
 // ---- MessageStore
 
 Status SqliteTx::InsertMessage(const Message& m) {
-  static const std::string kSql = "INSERT INTO messages(" + std::string(kMessageCols) +
-                                            ") VALUES(?,?,?,?,?,?,?,?)";
+  // seq: the session's next, one probe of its unique index; the one writer makes it follow
+  // commit order.
+  static const std::string kSql =
+      "INSERT INTO messages(" + std::string(kMessageCols) + ", seq) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,"
+      "(SELECT coalesce(max(seq),0)+1 FROM messages WHERE session_id=?3))";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   return s.BindAll(m.id, m.tenant_id, m.session_id, m.run_id, m.role, m.content,
                    m.idempotency_key, m.created_at)
@@ -1369,6 +1372,17 @@ CREATE TABLE audit_heads(
   tenant_id TEXT NOT NULL, origin TEXT NOT NULL, last_id TEXT NOT NULL,
   last_seq INTEGER NOT NULL, hash TEXT NOT NULL, anchor TEXT NOT NULL, mac TEXT NOT NULL,
   PRIMARY KEY(tenant_id, origin));
+)sql",
+      // A message's place in its session in commit order, so that a node that keeps a
+      // session's conversation between turns reads only the messages committed since (ids,
+      // made by clocks, do not follow commit order). Existing messages are numbered by id.
+      R"sql(
+ALTER TABLE messages ADD COLUMN seq INTEGER NOT NULL DEFAULT 0;
+UPDATE messages SET seq = n.seq
+  FROM (SELECT id, row_number() OVER (PARTITION BY session_id ORDER BY id) AS seq
+        FROM messages) AS n
+  WHERE messages.id = n.id;
+CREATE UNIQUE INDEX messages_seq ON messages(session_id, seq);
 )sql",
   };
   return kMigrations;

@@ -289,11 +289,10 @@ class SqliteTx final : public Tx,
   Result<Paged<Compaction>> ListCompactions(const std::string& tenant_id,
                                             const std::string& session_id,
                                             const Page& page) override;
-  Result<std::vector<Message>> ConversationSince(const std::string& tenant_id,
-                                                 const std::string& session_id,
-                                                 const std::string& after_id,
-                                                 const std::string& before_id,
-                                                 int limit) override;
+  Result<Conversation> ConversationSince(const std::string& tenant_id,
+                                         const std::string& session_id,
+                                         const std::string& after_id, int64_t after_seq,
+                                         int limit) override;
 
   // IntrospectionStore (sqlite_introspection.cc)
   Status SetSessionDescription(const std::string& tenant_id, const std::string& session_id,
