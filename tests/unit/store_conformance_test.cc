@@ -451,6 +451,103 @@ TEST_P(StoreTest, MigrationNumbersExistingEventsPerTenant) {
   if (!dir.empty()) std::filesystem::remove_all(dir);
 }
 
+// Messages written before seq existed are numbered per session in id order by the migration,
+// and the next message of a session takes the next number.
+TEST_P(StoreTest, MigrationNumbersExistingMessagesPerSession) {
+  store_.reset();
+  db_.reset();
+  std::filesystem::path dir;
+  PgTestDatabase pg;
+  std::string url;
+  const std::vector<const char*>& migrations =
+      GetParam() == Backend::kSqlite ? sqlite::Migrations() : postgres::Migrations();
+  size_t before = 0;  // the migrations before the one that brought messages.seq
+  while (before < migrations.size() &&
+         std::string_view(migrations[before]).find("messages ADD COLUMN seq") ==
+             std::string_view::npos) {
+    ++before;
+  }
+  ASSERT_LT(before, migrations.size());
+  std::string old_schema;
+  for (size_t v = 1; v <= before; ++v) {
+    old_schema += migrations[v - 1];
+    old_schema += ";\n";
+  }
+  // Two sessions; each one's messages inserted out of id order.
+  const std::string rows =
+      "INSERT INTO tenants(id, name, created_at) VALUES('ta', 'a', 1);\n"
+      "INSERT INTO agents(id, tenant_id, name, model, instructions, tools, config, status, "
+      "created_at, updated_at) VALUES('ag', 'ta', 'n', 'local', '', '[]', '{}', 'active', 1, 1);\n"
+      "INSERT INTO sessions(id, tenant_id, agent_id, status, title, created_at, updated_at) "
+      "VALUES('s1', 'ta', 'ag', 'idle', '', 1, 1), ('s2', 'ta', 'ag', 'idle', '', 1, 1);\n"
+      "INSERT INTO messages(id, tenant_id, session_id, run_id, role, content, idempotency_key, "
+      "created_at) VALUES('m3', 'ta', 's1', 'r', 'user', 'c', '', 1), "
+      "('m1', 'ta', 's1', 'r', 'user', 'a', '', 1), ('m2', 'ta', 's2', 'r', 'user', 'x', '', 1), "
+      "('m4', 'ta', 's2', 'r', 'assistant', 'y', '', 1), "
+      "('m2a', 'ta', 's1', 'r', 'assistant', 'b', '', 1);\n";
+  std::string versions = "INSERT INTO schema_migrations VALUES";
+  for (size_t v = 1; v <= before; ++v) {
+    versions += (v > 1 ? ",(" : "(") + std::to_string(v) + ", 0)";
+  }
+  if (GetParam() == Backend::kSqlite) {
+    dir = std::filesystem::temp_directory_path() / ("keel-store-" + NewId());
+    std::filesystem::create_directories(dir);
+    std::string path = (dir / "keel.db").string();
+    auto db = sqlite::Db::Open(path, /*read_only=*/false, /*sync_full=*/false);
+    ASSERT_TRUE(db.ok()) << db.status().ToString();
+    const std::string sql =
+        "CREATE TABLE schema_migrations(version INTEGER PRIMARY KEY, applied_at INTEGER NOT "
+        "NULL);\n" + old_schema + rows + versions + ";";
+    Status st = (*db)->Exec(sql.c_str());
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    db->reset();
+    url = "sqlite://" + path;
+  } else {
+    Status st = pg.Create(/*migrate=*/false);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    // The owner writes the old rows as the old store's runtime role would have: under row
+    // security, bound to the tenant.
+    st = PgExec(pg.owner_url(),
+                "BEGIN; CREATE TABLE schema_migrations(version BIGINT PRIMARY KEY, applied_at "
+                "BIGINT NOT NULL);\n" + old_schema +
+                    "SELECT set_config('app.tenant_id', 'ta', true);\n" + rows + versions +
+                    "; COMMIT;");
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    st = pg.Migrate();
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    url = pg.url();
+  }
+  StoreOptions o;
+  o.origin = "o1";
+  auto opened = OpenStore(url, o);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  std::unique_ptr<Store> store = std::move(opened).value();
+  auto read = [&](const std::string& session) {
+    std::vector<std::string> out;
+    EXPECT_TRUE(store->Read([&](Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(auto c, tx.compactions().ConversationSince("ta", session, "", 0, 10));
+      for (const auto& m : c.messages) out.push_back(m.id + "/" + std::to_string(m.seq));
+      out.push_back("last " + std::to_string(c.last_seq));
+      return Status::Ok();
+    }).ok());
+    return out;
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(read("s1"), (V{"m1/1", "m2a/2", "m3/3", "last 3"}));
+  EXPECT_EQ(read("s2"), (V{"m2/1", "m4/2", "last 2"}));
+  Message next;
+  next.id = "m0";  // an earlier id than any: still the session's next seq
+  next.tenant_id = "ta";
+  next.session_id = "s2";
+  next.run_id = "r";
+  next.role = "user";
+  next.content = "z";
+  ASSERT_TRUE(store->WriteSync([&](Tx& tx) { return tx.messages().InsertMessage(next); }).ok());
+  EXPECT_EQ(read("s2"), (V{"m0/3", "m2/1", "m4/2", "last 3"}));
+  store.reset();
+  if (!dir.empty()) std::filesystem::remove_all(dir);
+}
+
 TEST_P(StoreTest, FailedUnitRollsBackOnlyItselfWithinABatch) {
   Tenant t = MakeTenant();
   constexpr int kUnits = 200;
