@@ -21,6 +21,11 @@ Result<std::unique_ptr<Store>> SqliteStore::Open(const std::string& path,
   KEEL_RETURN_IF_ERROR(store->Migrate(*store->writer_db_));
   // Savepoint journals stay in memory rather than spilling to temporary files.
   KEEL_RETURN_IF_ERROR(store->writer_db_->Exec("PRAGMA temp_store=MEMORY"));
+  // The WAL is copied back into the database every 8,000 pages (32 MiB at 4 KiB) rather than
+  // SQLite's 1,000: the pages every turn rewrites (index roots and leaves of the runs, events and
+  // messages tables) are copied once per checkpoint however often they changed, which took a
+  // tenth of the writer's time per turn at 64 clients (measured: 10 % less writer CPU).
+  KEEL_RETURN_IF_ERROR(store->writer_db_->Exec("PRAGMA wal_autocheckpoint=8000"));
   store->writer_tx_ =
       std::make_unique<SqliteTx>(*store->writer_db_, options.origin, audit_key);
   // Events from before the audit chain get their hashes once, through the writer. A store
