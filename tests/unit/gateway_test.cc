@@ -42,11 +42,15 @@ class GatewayTest : public ::testing::Test {
       a.model = "local";
       KEEL_RETURN_IF_ERROR(tx.agents().InsertAgent(a));
       KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession({session_ = NewId(), tenant_, a.id, "idle", "", 0, 0}));
+      // The run is executing on this node (origin "node"), attempt 1.
       store::Run r;
       r.id = run_id_;
       r.tenant_id = tenant_;
       r.session_id = session_;
       r.agent_id = a.id;
+      r.status = "running";
+      r.attempt = 1;
+      r.lease_owner = "node";
       return tx.runs().InsertRun(r);
     }).ok());
   }
@@ -75,6 +79,7 @@ class GatewayTest : public ::testing::Test {
     r.tool = tool;
     r.arguments = args;
     r.allowed_tools = Json::array({"time.now", "notes.append", "files.*"});
+    r.attempt = 1;
     return r;
   }
 
@@ -294,7 +299,7 @@ TEST_F(GatewayTest, ResumeOfAStartedOnceCallResolvesToUnknown) {
     KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(step));
     return tx.runs().InsertToolCall(call);
   }).ok());
-  auto out = RunCoro(gateway_->Resume(call, step, agent_, session_));
+  auto out = RunCoro(gateway_->Resume(call, step, agent_, session_, Json::object(), 1));
   ASSERT_TRUE(out.ok());
   EXPECT_EQ(out->status, "unknown");
   EXPECT_EQ(Notes(), "");  // not repeated
@@ -321,7 +326,7 @@ TEST_F(GatewayTest, ResumeOfAStartedPureCallRunsItAgain) {
     KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(step));
     return tx.runs().InsertToolCall(call);
   }).ok());
-  auto out = RunCoro(gateway_->Resume(call, step, agent_, session_));
+  auto out = RunCoro(gateway_->Resume(call, step, agent_, session_, Json::object(), 1));
   ASSERT_TRUE(out.ok());
   EXPECT_EQ(out->status, "succeeded");
   EXPECT_TRUE(out->result.is_string());
@@ -424,6 +429,81 @@ TEST_F(GatewayTest, FilesReadReadsLargeFilesInParts) {
   EXPECT_EQ(part->result["content"], "3456");
   EXPECT_EQ(part->result["truncated"], true);
   EXPECT_EQ(part->result["bytes"], 10);
+}
+
+// A node that lost the run (paused past its lease while another node took it at attempt 2)
+// neither records nor runs anything more for it: the journal, an approved call, a resumed call
+// and a refusal each check, in their unit, that this execution still holds the run.
+TEST_F(GatewayTest, AnExecutionThatLostTheRunWritesAndRunsNothing) {
+  auto taken = [&](const std::string& owner, int attempt) {
+    ASSERT_TRUE(store_->WriteSync([&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(auto run, tx.runs().GetRun(tenant_, run_id_));
+      run.status = "running";
+      run.attempt = attempt;
+      run.lease_owner = owner;
+      return tx.runs().UpdateRun(run);
+    }).ok());
+  };
+  taken("other-node", 2);
+  // A new call: not journaled, not run.
+  auto call = RunCoro(gateway_->Call(Req("notes.append", {{"line", "twice?"}}, 2)));
+  EXPECT_EQ(call.status().code(), Code::kConflict) << call.status().ToString();
+  // A refused call is not recorded either.
+  auto denied = RunCoro(gateway_->Call(Req("mcp__nowhere__x", Json::object(), 3)));
+  EXPECT_EQ(denied.status().code(), Code::kConflict);
+  EXPECT_TRUE(Calls().empty());
+  EXPECT_EQ(Notes(), "");
+
+  // A call a human approved, and a `once` call interrupted while it ran, both recorded by the
+  // first execution: the stale execution runs neither and changes neither.
+  store::ToolCall approved;
+  approved.id = NewId();
+  approved.tenant_id = tenant_;
+  approved.run_id = run_id_;
+  approved.call_id = "call_7";
+  approved.tool = "notes.append";
+  approved.arguments = {{"line", "approved once"}};
+  approved.effect_class = "once";
+  approved.effect_key = run_id_ + ":call_7";
+  approved.status = "approved";
+  store::Step step;
+  step.id = approved.step_id = NewId();
+  step.tenant_id = tenant_;
+  step.run_id = run_id_;
+  step.seq = 4;
+  step.kind = "tool";
+  step.status = "approved";
+  store::ToolCall started = approved;
+  started.id = NewId();
+  started.call_id = "call_8";
+  started.effect_key = run_id_ + ":call_8";
+  started.status = "started";
+  store::Step started_step = step;
+  started_step.id = started.step_id = NewId();
+  started_step.seq = 5;
+  started_step.status = "started";
+  ASSERT_TRUE(store_->WriteSync([&](store::Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(step));
+    KEEL_RETURN_IF_ERROR(tx.runs().InsertToolCall(approved));
+    KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(started_step));
+    return tx.runs().InsertToolCall(started);
+  }).ok());
+  auto ran = RunCoro(gateway_->ExecuteApproved(approved, step, agent_, session_, Json::object(), 1));
+  EXPECT_EQ(ran.status().code(), Code::kConflict);
+  auto resumed =
+      RunCoro(gateway_->Resume(started, started_step, agent_, session_, Json::object(), 1));
+  EXPECT_EQ(resumed.status().code(), Code::kConflict);
+  EXPECT_EQ(Notes(), "");
+  for (const auto& c : Calls()) {
+    EXPECT_EQ(c.status, c.call_id == "call_7" ? "approved" : "started") << c.call_id;
+  }
+
+  // The node that holds the run does run the approved call.
+  taken("node", 2);
+  auto owner = RunCoro(gateway_->ExecuteApproved(approved, step, agent_, session_, Json::object(), 2));
+  ASSERT_TRUE(owner.ok()) << owner.status().ToString();
+  EXPECT_EQ(owner->status, "succeeded");
+  EXPECT_EQ(Notes(), "approved once\n");
 }
 
 }  // namespace

@@ -458,12 +458,13 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
     tools::CallOutcome outcome{call.status, call.result};
     if (call.status == "started") {
       auto resumed =
-          co_await gateway_.Resume(call, step, run.agent_id, run.session_id, agent.config);
+          co_await gateway_.Resume(call, step, run.agent_id, run.session_id, agent.config,
+                                   run.attempt);
       if (!resumed.ok()) co_return;  // the store failed; the lease will expire and we retry
       outcome = *resumed;
     } else if (call.status == "approved") {
       auto executed = co_await gateway_.ExecuteApproved(call, step, run.agent_id, run.session_id,
-                                                        agent.config);
+                                                        agent.config, run.attempt);
       if (!executed.ok()) co_return;
       outcome = *executed;
     } else if (call.status == "awaiting_approval") {

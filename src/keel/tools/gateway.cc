@@ -500,13 +500,20 @@ struct Guards {
   std::vector<store::StandingApproval> standing;
 };
 
-// Re-reads the run inside the unit and checks this execution still owns it.
-Status CheckOwned(store::Tx& tx, const store::Run& cur, const std::string& origin, int attempt) {
+// Checks that this execution (this node's origin, the run's attempt) still owns `cur`, the run
+// as read inside the unit.
+Status CheckOwned(const store::Run& cur, const std::string& origin, int attempt) {
   if (cur.status != "running" || cur.lease_owner != origin || cur.attempt != attempt) {
     return Conflict("run " + cur.id + " is no longer held by this execution");
   }
-  (void)tx;
   return Status::Ok();
+}
+
+// Re-reads the run inside the unit and checks this execution still owns it.
+Status StillHeld(store::Tx& tx, const std::string& tenant_id, const std::string& run_id,
+                 const std::string& origin, int attempt) {
+  KEEL_ASSIGN_OR_RETURN(store::Run run, tx.runs().GetRun(tenant_id, run_id));
+  return CheckOwned(run, origin, attempt);
 }
 
 // Writes a large result whole into the workspace; returns what the model sees instead.
@@ -557,7 +564,9 @@ asio::awaitable<Result<CallOutcome>> Gateway::Deny(store::ToolCall call, store::
   step.input["decision"] = {{"outcome", "deny"}, {"reason", reason}};
   step.output = call.result;
   step.finished_at = now;
+  const std::string origin = store_.origin();
   auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(StillHeld(tx, req.tenant_id, req.run_id, origin, req.attempt));
     KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(step));
     KEEL_RETURN_IF_ERROR(tx.runs().InsertToolCall(call));
     return tx.events().Append({req.tenant_id, "tool.call.denied@v1", req.agent_id,
@@ -681,7 +690,7 @@ asio::awaitable<Result<CallOutcome>> Gateway::Call(const CallRequest& req) {
     const std::string origin = store_.origin();
     auto parked = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
       KEEL_ASSIGN_OR_RETURN(store::Run run, tx.runs().GetRun(req.tenant_id, req.run_id));
-      KEEL_RETURN_IF_ERROR(CheckOwned(tx, run, origin, req.attempt));
+      KEEL_RETURN_IF_ERROR(CheckOwned(run, origin, req.attempt));
       KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(step));
       KEEL_RETURN_IF_ERROR(tx.runs().InsertToolCall(call));
       KEEL_RETURN_IF_ERROR(tx.approvals().InsertApproval(approval));
@@ -711,7 +720,9 @@ asio::awaitable<Result<CallOutcome>> Gateway::Call(const CallRequest& req) {
   call.result = nullptr;
   step.status = "started";
   step.input["decision"] = {{"outcome", "allow"}, {"reason", allowed_by}};
+  const std::string journal_origin = store_.origin();
   auto journaled = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(StillHeld(tx, req.tenant_id, req.run_id, journal_origin, req.attempt));
     KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(step));
     KEEL_RETURN_IF_ERROR(tx.runs().InsertToolCall(call));
     return tx.events()
@@ -724,14 +735,16 @@ asio::awaitable<Result<CallOutcome>> Gateway::Call(const CallRequest& req) {
   });
   if (!journaled.ok()) co_return journaled.status();
   co_return co_await ExecuteAndRecord(std::move(call), std::move(step), req.agent_id,
-                                      req.session_id, req.agent_config);
+                                      req.session_id, req.agent_config, req.attempt);
 }
 
 asio::awaitable<Result<CallOutcome>> Gateway::ExecuteApproved(const store::ToolCall& approved,
                                                               const store::Step& approved_step,
                                                               const std::string& agent_id,
                                                               const std::string& session_id,
-                                                              const Json& agent_config) {
+                                                              const Json& agent_config,
+                                                              int attempt) {
+  const std::string origin = store_.origin();
   store::ToolCall call = approved;
   store::Step step = approved_step;
   std::vector<store::EmergencyStop> stops;
@@ -760,6 +773,7 @@ asio::awaitable<Result<CallOutcome>> Gateway::ExecuteApproved(const store::ToolC
     step.output = call.result;
     step.finished_at = now;
     auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
+      KEEL_RETURN_IF_ERROR(StillHeld(tx, call.tenant_id, call.run_id, origin, attempt));
       KEEL_RETURN_IF_ERROR(tx.runs().UpdateToolCall(call));
       KEEL_RETURN_IF_ERROR(tx.runs().UpdateStep(step));
       return tx.events().Append({call.tenant_id, "tool.call.denied@v1", agent_id, session_id,
@@ -774,6 +788,7 @@ asio::awaitable<Result<CallOutcome>> Gateway::ExecuteApproved(const store::ToolC
   call.updated_at = now;
   step.status = "started";
   auto journaled = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(StillHeld(tx, call.tenant_id, call.run_id, origin, attempt));
     KEEL_RETURN_IF_ERROR(tx.runs().UpdateToolCall(call));
     KEEL_RETURN_IF_ERROR(tx.runs().UpdateStep(step));
     return tx.events().Append({call.tenant_id, "tool.call.started@v1", agent_id, session_id,
@@ -787,17 +802,18 @@ asio::awaitable<Result<CallOutcome>> Gateway::ExecuteApproved(const store::ToolC
   });
   if (!journaled.ok()) co_return journaled.status();
   co_return co_await ExecuteAndRecord(std::move(call), std::move(step), agent_id, session_id,
-                                      agent_config);
+                                      agent_config, attempt);
 }
 
 asio::awaitable<Result<CallOutcome>> Gateway::Resume(const store::ToolCall& call,
                                                      const store::Step& step,
                                                      const std::string& agent_id,
                                                      const std::string& session_id,
-                                                     const Json& agent_config) {
+                                                     const Json& agent_config, int attempt) {
   if (call.effect_class == "pure" || call.effect_class == "idempotent") {
-    co_return co_await ExecuteAndRecord(call, step, agent_id, session_id, agent_config);
+    co_return co_await ExecuteAndRecord(call, step, agent_id, session_id, agent_config, attempt);
   }
+  const std::string origin = store_.origin();
   // A `once` call may have had its effect: never repeat it, surface it as unknown.
   store::ToolCall c = call;
   store::Step s = step;
@@ -811,6 +827,7 @@ asio::awaitable<Result<CallOutcome>> Gateway::Resume(const store::ToolCall& call
   s.output = c.result;
   s.finished_at = c.updated_at;
   auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(StillHeld(tx, c.tenant_id, c.run_id, origin, attempt));
     KEEL_RETURN_IF_ERROR(tx.runs().UpdateToolCall(c));
     KEEL_RETURN_IF_ERROR(tx.runs().UpdateStep(s));
     return tx.events()
@@ -825,7 +842,8 @@ asio::awaitable<Result<CallOutcome>> Gateway::ExecuteAndRecord(store::ToolCall c
                                                                store::Step step,
                                                                std::string agent_id,
                                                                std::string session_id,
-                                                               Json agent_config) {
+                                                               Json agent_config, int attempt) {
+  const std::string origin = store_.origin();
   auto resolved = co_await Resolve(call.tenant_id, agent_id, call.tool);
   // Host execution is the platform admin's to grant, per tenant, and the grant is read now
   // (a withdrawn one stops the next command); whatever the agent's config says is overwritten.
@@ -895,6 +913,7 @@ asio::awaitable<Result<CallOutcome>> Gateway::ExecuteAndRecord(store::ToolCall c
   std::vector<store::PluginDelivery> outbox;
   if (outbox_hook_) outbox = outbox_hook_(record);
   auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(StillHeld(tx, call.tenant_id, call.run_id, origin, attempt));
     KEEL_RETURN_IF_ERROR(tx.runs().UpdateToolCall(call));
     KEEL_RETURN_IF_ERROR(tx.runs().UpdateStep(step));
     for (const auto& d : outbox) {

@@ -160,7 +160,8 @@ class Gateway {
                                                               const store::Step& step,
                                                               const std::string& agent_id,
                                                               const std::string& session_id,
-                                                              const Json& agent_config);
+                                                              const Json& agent_config,
+                                                              int attempt);
 
   // Finishes a call whose journal entry says `started` but that has no result (a crash
   // happened while it ran). `step` is that call's recorded step.
@@ -168,7 +169,11 @@ class Gateway {
                                                      const store::Step& step,
                                                      const std::string& agent_id,
                                                      const std::string& session_id,
-                                                     const Json& agent_config = Json::object());
+                                                     const Json& agent_config, int attempt);
+  // Every write these make for a run (a refusal, the journal, a result, a park) first checks,
+  // inside its unit, that this node still holds the run at `attempt` (CallRequest::attempt):
+  // a node that lost the run (paused past its lease while another took it) gets kConflict and
+  // neither records nor runs anything more for it.
 
   // The registered tools the agent's `tools` list lets it call (what the model is offered).
   std::vector<const Tool*> ToolsFor(const Json& allowed_tools) const;
@@ -189,7 +194,7 @@ class Gateway {
                                                                store::Step step,
                                                                std::string agent_id,
                                                                std::string session_id,
-                                                               Json agent_config);
+                                                               Json agent_config, int attempt);
 
   // Records a refused call (status denied) with its reason.
   boost::asio::awaitable<Result<CallOutcome>> Deny(store::ToolCall call, store::Step step,
