@@ -1,5 +1,6 @@
 // Intake and cancellation: the two ways a client changes what the runtime will do.
 
+#include "keel/access/access.h"
 #include "keel/approvals/approvals.h"
 #include "keel/common/ids.h"
 #include "keel/plugins/bus.h"
@@ -33,6 +34,11 @@ asio::awaitable<Result<IntakeResult>> Runtime::PostMessage(const IntakeRequest& 
   std::vector<store::Plugin> enabled;
   Status st = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
     KEEL_ASSIGN_OR_RETURN(session, tx.sessions().GetSession(req.tenant_id, req.session_id));
+    // The caller may use it (a guest only the sessions it opened): refused as if it did not
+    // exist, so a guest learns nothing of the others.
+    if (!access::CanUseSession({req.tenant_id, req.requested_by, req.caller_role}, session)) {
+      return NotFound("session not found: " + req.session_id);
+    }
     auto a = tx.agents().GetAgent(req.tenant_id, session.agent_id);
     if (!a.ok()) return Conflict("the session's agent was deleted");
     agent = *a;

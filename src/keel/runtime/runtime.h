@@ -94,7 +94,9 @@ struct IntakeRequest {
   std::string content;
   std::string idempotency_key;  // empty: none
   std::string requested_by;     // the caller's token id
-  std::string caller_role = "owner";  // owner | user | guest: bounds the run's tool calls
+  // owner | user | guest: bounds the run's tool calls; a guest posts only to the sessions it
+  // opened (access::CanUseSession, checked by PostMessage), others get kNotFound.
+  std::string caller_role = "owner";
   // An introspection run (docs/CONTEXT.md) instead of a user's message: the message is recorded
   // with role "introspection", is shown to no plugin, and its run tends the session's
   // description and the agent's working memory with the introspection tools.
