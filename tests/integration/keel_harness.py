@@ -319,17 +319,23 @@ class KeelServer:
         self.check_sanitizer_reports()
         return self.proc.returncode if self.proc else None
 
+    # What the sanitizers print when they find something (make test-sanitize, make test-tsan);
+    # UndefinedBehaviorSanitizer's lines start with the source position.
+    SANITIZER_REPORTS = re.compile(r"WARNING: ThreadSanitizer|ERROR: AddressSanitizer|"
+                                   r"ERROR: LeakSanitizer|\.\w+:\d+:\d+: runtime error: ")
+
     def check_sanitizer_reports(self):
-        """Fails when ThreadSanitizer reported a race in the server's log (make test-tsan): a
-        race seen while the server stops would otherwise pass unnoticed."""
+        """Fails when a sanitizer reported in the server's log: a race, a leak found at exit or
+        undefined behaviour seen while the server stops would otherwise pass unnoticed."""
         try:
             with open(self.stderr_path, errors="replace") as f:
                 log = f.read()
         except FileNotFoundError:
             return
-        at = log.find("WARNING: ThreadSanitizer")
-        if at >= 0:
-            raise AssertionError("ThreadSanitizer reported in %s:\n%s"
+        found = self.SANITIZER_REPORTS.search(log)
+        if found:
+            at = found.start()
+            raise AssertionError("a sanitizer reported in %s:\n%s"
                                  % (self.stderr_path, log[at:at + 6000]))
 
     def restart(self, kill=False):
