@@ -60,11 +60,13 @@ class GatewayTest : public ::testing::Test {
     std::filesystem::remove_all(dir_);
   }
 
+  // On the fixture's io_context, which outlives the store: the store's writer thread may still
+  // be returning from posting a completion to it after run() returned.
   template <typename T>
   T RunCoro(asio::awaitable<T> aw) {
-    asio::io_context io;
-    auto fut = asio::co_spawn(io, std::move(aw), asio::use_future);
-    io.run();
+    io_.restart();
+    auto fut = asio::co_spawn(io_, std::move(aw), asio::use_future);
+    io_.run();
     return fut.get();
   }
 
@@ -100,6 +102,7 @@ class GatewayTest : public ::testing::Test {
   }
 
   std::filesystem::path dir_;
+  asio::io_context io_;  // declared before the store: destroyed after it
   std::unique_ptr<store::Store> store_;
   ToolRegistry registry_;
   std::unique_ptr<Gateway> gateway_;
