@@ -52,6 +52,8 @@ TEST(ConversationCacheTest, ANewerCompactionDropsTheFront) {
   e = Merge(std::move(e), 3, "b", {{M("d", 4)}, 4}, 10);
   EXPECT_EQ(Ids(*e), (V{"c", "d"}));
   EXPECT_EQ(e->after_id, "b");
+  // Its size follows what it holds: the entry and two messages of 9 characters.
+  EXPECT_EQ(e->bytes, 256u + 2 * (96 + 9));
   // An older compaction than the entry's (not something the store makes): read whole.
   EXPECT_EQ(FetchFrom(e.get(), "a"), 0);
 }

@@ -8,6 +8,9 @@ namespace {
 std::string KeyOf(const std::string& tenant_id, const std::string& session_id) {
   return tenant_id + "/" + session_id;
 }
+// What a message costs an entry: its text and a little for the rest, roughly.
+size_t CostOf(const store::Message& m) { return 96 + m.content.size(); }
+constexpr size_t kEntryCost = 256;  // an entry's own, besides its messages
 }  // namespace
 
 int64_t FetchFrom(const ConversationEntry* known, const std::string& after_id) {
@@ -25,16 +28,21 @@ std::unique_ptr<ConversationEntry> Merge(std::unique_ptr<ConversationEntry> know
   auto byId = [](const store::Message& a, const store::Message& b) { return a.id < b.id; };
   if (from <= 0 || !known) {
     known = std::make_unique<ConversationEntry>();
-    from = 0;
+    known->bytes = kEntryCost;
   }
   ConversationEntry& e = *known;
   std::vector<store::Message>& m = e.messages;
+  // Sizes are kept as messages come and go: a turn does not walk the whole conversation.
+  auto drop = [&](auto from_it, auto to_it) {
+    for (auto it = from_it; it != to_it; ++it) e.bytes -= CostOf(*it);
+    m.erase(from_it, to_it);
+  };
   if (e.after_id != after_id) {
     auto first = std::upper_bound(m.begin(), m.end(), after_id,
                                   [](const std::string& id, const store::Message& x) {
                                     return id < x.id;
                                   });
-    m.erase(m.begin(), first);
+    drop(m.begin(), first);
     e.after_id = after_id;
   }
   // The first `limit` of the union are each among the first `limit` of one side, so a cut on
@@ -42,19 +50,18 @@ std::unique_ptr<ConversationEntry> Merge(std::unique_ptr<ConversationEntry> know
   const bool fetched_cut = static_cast<int>(fetched.messages.size()) >= limit;
   const size_t mid = m.size();
   for (auto& x : fetched.messages) {
-    if (x.seq > from) m.push_back(std::move(x));
+    e.bytes += CostOf(x);
+    m.push_back(std::move(x));
   }
   if (mid > 0 && mid < m.size() && m[mid].id < m[mid - 1].id) {
     std::inplace_merge(m.begin(), m.begin() + static_cast<std::ptrdiff_t>(mid), m.end(), byId);
   }
   e.cut = e.cut || fetched_cut;
   if (static_cast<int>(m.size()) > limit) {
-    m.resize(static_cast<size_t>(limit));
+    drop(m.begin() + limit, m.end());
     e.cut = true;
   }
   e.last_seq = std::max(e.last_seq, fetched.last_seq);
-  e.bytes = 256;  // what an entry costs besides its messages' text, roughly
-  for (const auto& x : m) e.bytes += 96 + x.content.size();
   return known;
 }
 
@@ -72,12 +79,8 @@ std::unique_ptr<ConversationEntry> ConversationCache::Take(const std::string& te
 void ConversationCache::Put(const std::string& tenant_id, const std::string& session_id,
                             std::unique_ptr<ConversationEntry> entry) {
   if (!entry || entry->bytes > max_bytes_ / 4) return;  // one session may not take it all
+  (void)Take(tenant_id, session_id);  // another run put one meanwhile
   std::string key = KeyOf(tenant_id, session_id);
-  if (auto it = index_.find(key); it != index_.end()) {  // another run put one meanwhile
-    bytes_ -= it->second->entry->bytes;
-    lru_.erase(it->second);
-    index_.erase(it);
-  }
   bytes_ += entry->bytes;
   lru_.push_front(Slot{key, std::move(entry)});
   index_[std::move(key)] = lru_.begin();

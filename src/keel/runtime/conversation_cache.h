@@ -27,7 +27,7 @@ struct ConversationEntry {
   int64_t last_seq = 0;  // every message of the session with seq <= it is accounted for
   bool cut = false;      // messages after `messages` (by id) were left out at the limit
   std::vector<store::Message> messages;  // user and assistant, id > after_id, lowest ids first
-  size_t bytes = 0;                      // their contents' size
+  size_t bytes = 0;  // what it costs: its messages' text and a little more (Merge keeps it)
 };
 
 // The seq to read the conversation since the compaction that ends at `after_id` after, given
