@@ -222,6 +222,7 @@ class StoreTest : public ::testing::TestWithParam<Backend> {
   void TearDown() override {
     store_.reset();
     db_.reset();
+    if (!old_dir_.empty()) std::filesystem::remove_all(old_dir_);
   }
   void Open() {
     store_.reset();
@@ -234,8 +235,78 @@ class StoreTest : public ::testing::TestWithParam<Backend> {
     return store::MakeAgent(*store_, t, name);
   }
 
+  // A store opened (and so migrated) from a database at the schema just before the first
+  // migration whose text holds `marker`, holding `rows` as that schema had them (SQL run by the
+  // owner in the same transaction; `pg_rows` instead on PostgreSQL when it differs). The
+  // suite's own store is closed first; the database is removed in TearDown. Null on failure.
+  std::unique_ptr<Store> OpenFromSchemaBefore(std::string_view marker, const std::string& rows,
+                                              const std::string& pg_rows = "") {
+    store_.reset();
+    db_.reset();
+    const std::vector<const char*>& migrations =
+        GetParam() == Backend::kSqlite ? sqlite::Migrations() : postgres::Migrations();
+    size_t before = 0;
+    while (before < migrations.size() &&
+           std::string_view(migrations[before]).find(marker) == std::string_view::npos) {
+      ++before;
+    }
+    EXPECT_LT(before, migrations.size()) << "no migration holds " << marker;
+    std::string old_schema;
+    std::string versions = "INSERT INTO schema_migrations VALUES";
+    for (size_t v = 1; v <= before; ++v) {
+      old_schema += migrations[v - 1];
+      old_schema += ";\n";
+      versions += (v > 1 ? ",(" : "(") + std::to_string(v) + ", 0)";
+    }
+    std::string url;
+    if (GetParam() == Backend::kSqlite) {
+      old_dir_ = std::filesystem::temp_directory_path() / ("keel-store-" + NewId());
+      std::filesystem::create_directories(old_dir_);
+      std::string path = (old_dir_ / "keel.db").string();
+      auto db = sqlite::Db::Open(path, /*read_only=*/false, /*sync_full=*/false);
+      if (!db.ok()) {
+        ADD_FAILURE() << db.status().ToString();
+        return nullptr;
+      }
+      const std::string sql =
+          "CREATE TABLE schema_migrations(version INTEGER PRIMARY KEY, applied_at INTEGER NOT "
+          "NULL);\n" + old_schema + rows + ";\n" + versions + ";";
+      Status st = (*db)->Exec(sql.c_str());
+      if (!st.ok()) {
+        ADD_FAILURE() << st.ToString();
+        return nullptr;
+      }
+      db->reset();
+      url = "sqlite://" + path;
+    } else {
+      Status st = old_pg_.Create(/*migrate=*/false);
+      if (st.ok()) {
+        st = PgExec(old_pg_.owner_url(),
+                    "BEGIN; CREATE TABLE schema_migrations(version BIGINT PRIMARY KEY, "
+                    "applied_at BIGINT NOT NULL);\n" + old_schema +
+                        (pg_rows.empty() ? rows : pg_rows) + ";\n" + versions + "; COMMIT;");
+      }
+      if (st.ok()) st = old_pg_.Migrate();
+      if (!st.ok()) {
+        ADD_FAILURE() << st.ToString();
+        return nullptr;
+      }
+      url = old_pg_.url();
+    }
+    StoreOptions o;
+    o.origin = "o1";
+    auto opened = OpenStore(url, o);
+    if (!opened.ok()) {
+      ADD_FAILURE() << opened.status().ToString();
+      return nullptr;
+    }
+    return std::move(opened).value();
+  }
+
   std::unique_ptr<BackendDb> db_;
   std::unique_ptr<Store> store_;
+  std::filesystem::path old_dir_;  // OpenFromSchemaBefore's SQLite database
+  PgTestDatabase old_pg_;          // and PostgreSQL's
 };
 
 INSTANTIATE_TEST_SUITE_P(Conformance, StoreTest,
@@ -353,27 +424,9 @@ TEST_P(StoreTest, PositionsAndOriginSeqsShowNothingOfOtherTenants) {
 // positions 1, 2, 3, ... in the order they were written, origin_seq per (tenant, origin); new
 // events go on from there.
 TEST_P(StoreTest, MigrationNumbersExistingEventsPerTenant) {
-  // A database at the schema before the migration, with events as that schema numbered them:
-  // store-wide positions, origin_seq per origin.
-  store_.reset();
-  db_.reset();
-  std::filesystem::path dir;
-  PgTestDatabase pg;
-  std::string url;
-  const std::vector<const char*>& migrations =
-      GetParam() == Backend::kSqlite ? sqlite::Migrations() : postgres::Migrations();
-  // The schema before the migration that brought tenant_position (later ones follow it).
-  size_t renumbering = 0;
-  while (renumbering < migrations.size() &&
-         std::string_view(migrations[renumbering]).find("tenant_position") == std::string_view::npos) {
-    ++renumbering;
-  }
-  ASSERT_LT(renumbering, migrations.size());
-  std::string old_schema;
-  for (size_t v = 1; v <= renumbering; ++v) {
-    old_schema += migrations[v - 1];
-    old_schema += ";\n";
-  }
+  // A database at the schema before the migration that brought tenant_position (later ones
+  // follow it), with events as that schema numbered them: store-wide positions, origin_seq per
+  // origin.
   const std::string insert_events =
       "INSERT INTO events(position, id, tenant_id, type, origin, origin_seq, agent_id, "
       "session_id, run_id, payload, occurred_at)";
@@ -386,41 +439,11 @@ TEST_P(StoreTest, MigrationNumbersExistingEventsPerTenant) {
       "(5, 'e5', 'ta', 'x@v1', 'o1', 4, '', '', '', '{}', 5),"
       "(6, 'e6', 'tb', 'x@v1', 'o2', 2, '', '', '', '{}', 6),"
       "(7, 'e7', 'ta', 'x@v1', 'o1', 5, '', '', '', '{}', 7)";
-  std::string versions = "INSERT INTO schema_migrations VALUES";
-  for (size_t v = 1; v <= renumbering; ++v) {
-    versions += (v > 1 ? ",(" : "(") + std::to_string(v) + ", 0)";
-  }
-  if (GetParam() == Backend::kSqlite) {
-    dir = std::filesystem::temp_directory_path() / ("keel-store-" + NewId());
-    std::filesystem::create_directories(dir);
-    std::string path = (dir / "keel.db").string();
-    auto db = sqlite::Db::Open(path, /*read_only=*/false, /*sync_full=*/false);  // closed below
-    ASSERT_TRUE(db.ok()) << db.status().ToString();
-    const std::string sql =
-        "CREATE TABLE schema_migrations(version INTEGER PRIMARY KEY, applied_at INTEGER NOT "
-        "NULL);\n" + old_schema + insert_events + old_events + ";\n" + versions + ";";
-    Status st = (*db)->Exec(sql.c_str());
-    ASSERT_TRUE(st.ok()) << st.ToString();
-    db->reset();
-    url = "sqlite://" + path;
-  } else {
-    Status st = pg.Create(/*migrate=*/false);
-    ASSERT_TRUE(st.ok()) << st.ToString();
-    st = PgExec(pg.owner_url(),
-                "BEGIN; CREATE TABLE schema_migrations(version BIGINT PRIMARY KEY, applied_at "
-                "BIGINT NOT NULL);\n" + old_schema + insert_events +
-                " OVERRIDING SYSTEM VALUE" + old_events + ";\n" + versions +
-                    "; SELECT setval(pg_get_serial_sequence('events', 'position'), 7); COMMIT;");
-    ASSERT_TRUE(st.ok()) << st.ToString();
-    st = pg.Migrate();
-    ASSERT_TRUE(st.ok()) << st.ToString();
-    url = pg.url();
-  }
-  StoreOptions o;
-  o.origin = "o1";
-  auto opened = OpenStore(url, o);
-  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
-  std::unique_ptr<Store> store = std::move(opened).value();
+  std::unique_ptr<Store> store = OpenFromSchemaBefore(
+      "tenant_position", insert_events + old_events,
+      insert_events + " OVERRIDING SYSTEM VALUE" + old_events +
+          "; SELECT setval(pg_get_serial_sequence('events', 'position'), 7)");
+  ASSERT_TRUE(store);
   auto read = [&](const std::string& tenant) {
     std::vector<std::string> out;
     EXPECT_TRUE(store->Read([&](Tx& tx) -> Status {
@@ -447,32 +470,11 @@ TEST_P(StoreTest, MigrationNumbersExistingEventsPerTenant) {
   EXPECT_EQ(appended[0].origin_seq, 3);
   EXPECT_EQ(appended[1].position, 5);
   EXPECT_EQ(appended[1].origin_seq, 4);
-  store.reset();
-  if (!dir.empty()) std::filesystem::remove_all(dir);
 }
 
 // Messages written before seq existed are numbered per session in id order by the migration,
 // and the next message of a session takes the next number.
 TEST_P(StoreTest, MigrationNumbersExistingMessagesPerSession) {
-  store_.reset();
-  db_.reset();
-  std::filesystem::path dir;
-  PgTestDatabase pg;
-  std::string url;
-  const std::vector<const char*>& migrations =
-      GetParam() == Backend::kSqlite ? sqlite::Migrations() : postgres::Migrations();
-  size_t before = 0;  // the migrations before the one that brought messages.seq
-  while (before < migrations.size() &&
-         std::string_view(migrations[before]).find("messages ADD COLUMN seq") ==
-             std::string_view::npos) {
-    ++before;
-  }
-  ASSERT_LT(before, migrations.size());
-  std::string old_schema;
-  for (size_t v = 1; v <= before; ++v) {
-    old_schema += migrations[v - 1];
-    old_schema += ";\n";
-  }
   // Two sessions; each one's messages inserted out of id order.
   const std::string rows =
       "INSERT INTO tenants(id, name, created_at) VALUES('ta', 'a', 1);\n"
@@ -485,43 +487,11 @@ TEST_P(StoreTest, MigrationNumbersExistingMessagesPerSession) {
       "('m1', 'ta', 's1', 'r', 'user', 'a', '', 1), ('m2', 'ta', 's2', 'r', 'user', 'x', '', 1), "
       "('m4', 'ta', 's2', 'r', 'assistant', 'y', '', 1), "
       "('m2a', 'ta', 's1', 'r', 'assistant', 'b', '', 1);\n";
-  std::string versions = "INSERT INTO schema_migrations VALUES";
-  for (size_t v = 1; v <= before; ++v) {
-    versions += (v > 1 ? ",(" : "(") + std::to_string(v) + ", 0)";
-  }
-  if (GetParam() == Backend::kSqlite) {
-    dir = std::filesystem::temp_directory_path() / ("keel-store-" + NewId());
-    std::filesystem::create_directories(dir);
-    std::string path = (dir / "keel.db").string();
-    auto db = sqlite::Db::Open(path, /*read_only=*/false, /*sync_full=*/false);
-    ASSERT_TRUE(db.ok()) << db.status().ToString();
-    const std::string sql =
-        "CREATE TABLE schema_migrations(version INTEGER PRIMARY KEY, applied_at INTEGER NOT "
-        "NULL);\n" + old_schema + rows + versions + ";";
-    Status st = (*db)->Exec(sql.c_str());
-    ASSERT_TRUE(st.ok()) << st.ToString();
-    db->reset();
-    url = "sqlite://" + path;
-  } else {
-    Status st = pg.Create(/*migrate=*/false);
-    ASSERT_TRUE(st.ok()) << st.ToString();
-    // The owner writes the old rows as the old store's runtime role would have: under row
-    // security, bound to the tenant.
-    st = PgExec(pg.owner_url(),
-                "BEGIN; CREATE TABLE schema_migrations(version BIGINT PRIMARY KEY, applied_at "
-                "BIGINT NOT NULL);\n" + old_schema +
-                    "SELECT set_config('app.tenant_id', 'ta', true);\n" + rows + versions +
-                    "; COMMIT;");
-    ASSERT_TRUE(st.ok()) << st.ToString();
-    st = pg.Migrate();
-    ASSERT_TRUE(st.ok()) << st.ToString();
-    url = pg.url();
-  }
-  StoreOptions o;
-  o.origin = "o1";
-  auto opened = OpenStore(url, o);
-  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
-  std::unique_ptr<Store> store = std::move(opened).value();
+  // On PostgreSQL the owner writes them as the old store's runtime role would have: under row
+  // security, bound to the tenant.
+  std::unique_ptr<Store> store = OpenFromSchemaBefore(
+      "messages ADD COLUMN seq", rows, "SELECT set_config('app.tenant_id', 'ta', true);\n" + rows);
+  ASSERT_TRUE(store);
   auto read = [&](const std::string& session) {
     std::vector<std::string> out;
     EXPECT_TRUE(store->Read([&](Tx& tx) -> Status {
@@ -544,8 +514,6 @@ TEST_P(StoreTest, MigrationNumbersExistingMessagesPerSession) {
   next.content = "z";
   ASSERT_TRUE(store->WriteSync([&](Tx& tx) { return tx.messages().InsertMessage(next); }).ok());
   EXPECT_EQ(read("s2"), (V{"m0/3", "m2/1", "m4/2", "last 3"}));
-  store.reset();
-  if (!dir.empty()) std::filesystem::remove_all(dir);
 }
 
 TEST_P(StoreTest, FailedUnitRollsBackOnlyItselfWithinABatch) {
