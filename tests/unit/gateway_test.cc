@@ -92,6 +92,36 @@ class GatewayTest : public ::testing::Test {
     return ss.str();
   }
 
+  // A call and its step as the journal recorded them (status `started`, `approved`, ...).
+  struct Recorded {
+    store::ToolCall call;
+    store::Step step;
+  };
+  Recorded Record(const std::string& call_id, const std::string& tool, Json arguments,
+                  const std::string& effect_class, const std::string& status, int seq) {
+    Recorded r;
+    r.call.id = NewId();
+    r.call.tenant_id = tenant_;
+    r.call.run_id = run_id_;
+    r.call.call_id = call_id;
+    r.call.tool = tool;
+    r.call.arguments = std::move(arguments);
+    r.call.effect_class = effect_class;
+    r.call.effect_key = run_id_ + ":" + call_id;
+    r.call.status = status;
+    r.step.id = r.call.step_id = NewId();
+    r.step.tenant_id = tenant_;
+    r.step.run_id = run_id_;
+    r.step.seq = seq;
+    r.step.kind = "tool";
+    r.step.status = status;
+    EXPECT_TRUE(store_->WriteSync([&](store::Tx& tx) -> Status {
+      KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(r.step));
+      return tx.runs().InsertToolCall(r.call);
+    }).ok());
+    return r;
+  }
+
   std::vector<store::ToolCall> Calls() {
     std::vector<store::ToolCall> calls;
     EXPECT_TRUE(store_->Read([&](store::Tx& tx) -> Status {
@@ -281,27 +311,7 @@ TEST_F(GatewayTest, ACallThatNeedsApprovalParksTheRunAtomically) {
 
 // A call journaled as started whose process died: `once` is never repeated.
 TEST_F(GatewayTest, ResumeOfAStartedOnceCallResolvesToUnknown) {
-  store::ToolCall call;
-  call.id = NewId();
-  call.tenant_id = tenant_;
-  call.run_id = run_id_;
-  call.call_id = "call_9";
-  call.tool = "notes.append";
-  call.arguments = {{"line", "maybe"}};
-  call.effect_class = "once";
-  call.effect_key = run_id_ + ":call_9";
-  call.status = "started";
-  store::Step step;
-  step.id = call.step_id = NewId();
-  step.tenant_id = tenant_;
-  step.run_id = run_id_;
-  step.seq = 2;
-  step.kind = "tool";
-  step.status = "started";
-  ASSERT_TRUE(store_->WriteSync([&](store::Tx& tx) -> Status {
-    KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(step));
-    return tx.runs().InsertToolCall(call);
-  }).ok());
+  auto [call, step] = Record("call_9", "notes.append", {{"line", "maybe"}}, "once", "started", 2);
   auto out = RunCoro(gateway_->Resume(call, step, agent_, session_, Json::object(), 1));
   ASSERT_TRUE(out.ok());
   EXPECT_EQ(out->status, "unknown");
@@ -310,25 +320,7 @@ TEST_F(GatewayTest, ResumeOfAStartedOnceCallResolvesToUnknown) {
 }
 
 TEST_F(GatewayTest, ResumeOfAStartedPureCallRunsItAgain) {
-  store::ToolCall call;
-  call.id = NewId();
-  call.tenant_id = tenant_;
-  call.run_id = run_id_;
-  call.call_id = "call_3";
-  call.tool = "time.now";
-  call.effect_class = "pure";
-  call.status = "started";
-  store::Step step;
-  step.id = call.step_id = NewId();
-  step.tenant_id = tenant_;
-  step.run_id = run_id_;
-  step.seq = 2;
-  step.kind = "tool";
-  step.status = "started";
-  ASSERT_TRUE(store_->WriteSync([&](store::Tx& tx) -> Status {
-    KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(step));
-    return tx.runs().InsertToolCall(call);
-  }).ok());
+  auto [call, step] = Record("call_3", "time.now", Json::object(), "pure", "started", 2);
   auto out = RunCoro(gateway_->Resume(call, step, agent_, session_, Json::object(), 1));
   ASSERT_TRUE(out.ok());
   EXPECT_EQ(out->status, "succeeded");
@@ -459,38 +451,10 @@ TEST_F(GatewayTest, AnExecutionThatLostTheRunWritesAndRunsNothing) {
 
   // A call a human approved, and a `once` call interrupted while it ran, both recorded by the
   // first execution: the stale execution runs neither and changes neither.
-  store::ToolCall approved;
-  approved.id = NewId();
-  approved.tenant_id = tenant_;
-  approved.run_id = run_id_;
-  approved.call_id = "call_7";
-  approved.tool = "notes.append";
-  approved.arguments = {{"line", "approved once"}};
-  approved.effect_class = "once";
-  approved.effect_key = run_id_ + ":call_7";
-  approved.status = "approved";
-  store::Step step;
-  step.id = approved.step_id = NewId();
-  step.tenant_id = tenant_;
-  step.run_id = run_id_;
-  step.seq = 4;
-  step.kind = "tool";
-  step.status = "approved";
-  store::ToolCall started = approved;
-  started.id = NewId();
-  started.call_id = "call_8";
-  started.effect_key = run_id_ + ":call_8";
-  started.status = "started";
-  store::Step started_step = step;
-  started_step.id = started.step_id = NewId();
-  started_step.seq = 5;
-  started_step.status = "started";
-  ASSERT_TRUE(store_->WriteSync([&](store::Tx& tx) -> Status {
-    KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(step));
-    KEEL_RETURN_IF_ERROR(tx.runs().InsertToolCall(approved));
-    KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(started_step));
-    return tx.runs().InsertToolCall(started);
-  }).ok());
+  auto [approved, step] =
+      Record("call_7", "notes.append", {{"line", "approved once"}}, "once", "approved", 4);
+  auto [started, started_step] =
+      Record("call_8", "notes.append", {{"line", "approved once"}}, "once", "started", 5);
   auto ran = RunCoro(gateway_->ExecuteApproved(approved, step, agent_, session_, Json::object(), 1));
   EXPECT_EQ(ran.status().code(), Code::kConflict);
   auto resumed =
