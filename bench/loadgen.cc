@@ -13,7 +13,8 @@
 //
 // --model sets the agent's model (default "local"; e.g. "openai/bench" against
 // keel_fake_openai); --agent-config sets the agent's config (e.g. '{"cache":false}'); --unique-messages numbers
-// each message ("hello 17") so that no two turns send the same request (response cache misses).
+// each message ("hello 17") so that no two turns send the same request (response cache misses);
+// --latencies FILE writes each measured turn's latency in ms, one a line, in the order they ended.
 //
 // --url may be given several times (several nodes on one database): setup goes through the
 // first, client i uses url i % count, and the store counters are summed over all of them.
@@ -26,7 +27,7 @@
 // /metrics over the measured phase; cpu_* the server's CPU per turn over the same phase, from
 // /proc/PID/task/*/stat, when --server-pid is given: the main thread runs the io_context, the
 // others are the store's writer; early_ms/late_ms are the median latencies of the measured phase's
-// turns 6-15 and of its last ten). Exit status 1 when any turn failed.
+// turns 6-25 and of its last twenty). Exit status 1 when any turn failed.
 
 #include <unistd.h>
 
@@ -81,6 +82,7 @@ struct Options {
   Json agent_config = Json::object();
   bool unique_messages = false;
   std::string model = "local";  // the benchmark agent's model
+  std::string latencies_file;   // --latencies: each measured turn's latency in ms, one a line
 };
 
 [[noreturn]] void Usage(const char* msg) {
@@ -88,7 +90,7 @@ struct Options {
                "keel_loadgen: %s\nusage: keel_loadgen --url http://HOST:PORT (--token T | "
                "--token-file F) [--concurrency C] [--duration SECONDS | --turns N] "
                "[--warmup SECONDS] [--server-pid PID] [--model MODEL] [--agent-config JSON] "
-               "[--unique-messages]\n",
+               "[--unique-messages] [--latencies FILE]\n",
                msg);
   std::exit(2);
 }
@@ -130,6 +132,8 @@ Options ParseArgs(int argc, char** argv) {
       o.unique_messages = true;
     } else if (a == "--model") {
       o.model = next();
+    } else if (a == "--latencies") {
+      o.latencies_file = next();
     } else {
       Usage(("unknown argument " + a).c_str());
     }
@@ -397,16 +401,22 @@ asio::awaitable<int> Main(asio::io_context& io, const Options& o) {
   double mean_ms = 0;
   for (auto ns : sh.latencies_ns) mean_ms += static_cast<double>(ns) / 1e6;
   if (turns > 0) mean_ms /= static_cast<double>(turns);
-  double p50 = PercentileMs(sh.latencies_ns, 0.50);
-  double p99 = PercentileMs(sh.latencies_ns, 0.99);
   double commits = after.commits - before.commits;
   double units = after.units - before.units;
   // With --concurrency 1 --warmup 0 the latencies are one session's turns in order: the median of
-  // its turns 6-15 and of its last ten (how a turn's cost grows with the session's history).
+  // its turns 6-25 and of its last twenty (how a turn's cost grows with the session's history;
+  // twenty, as one turn in a hundred on a shared machine is slow for reasons of its own).
+  // Taken, and written out, before the percentiles below reorder the latencies.
   auto median_ms = [](std::vector<int64_t> v) { return PercentileMs(v, 0.5); };
   const auto& lat = sh.latencies_ns;
-  double early_ms = lat.size() >= 15 ? median_ms({lat.begin() + 5, lat.begin() + 15}) : 0;
-  double late_ms = lat.size() >= 15 ? median_ms({lat.end() - 10, lat.end()}) : 0;
+  double early_ms = lat.size() >= 45 ? median_ms({lat.begin() + 5, lat.begin() + 25}) : 0;
+  double late_ms = lat.size() >= 45 ? median_ms({lat.end() - 20, lat.end()}) : 0;
+  if (!o.latencies_file.empty()) {
+    std::ofstream out(o.latencies_file);
+    for (auto ns : lat) out << static_cast<double>(ns) / 1e6 << "\n";
+  }
+  double p50 = PercentileMs(sh.latencies_ns, 0.50);
+  double p99 = PercentileMs(sh.latencies_ns, 0.99);
 
   if (o.targets.size() > 1) std::printf("nodes %zu: ", o.targets.size());
   std::printf("concurrency %d: %lld turns in %.2f s = %.0f turns/s; latency p50 %.3f ms, "

@@ -14,7 +14,8 @@ Measures, in one run on this machine:
     with the built-in audit-log and redaction plugins on every agent, and through the OpenAI
     provider against keel_fake_openai (pinned with the load generator; it answers at once);
     server CPU per turn (user + system time of all its threads);
-  - one session's turn 1,000 against its turn 10, with history_limit raised so nothing is cut.
+  - one session's turn 1,000 against its turn 10 (medians of its last twenty turns and of its
+    turns 6-25), with history_limit raised so nothing is cut.
 
 Each figure is printed with its ratio to the raw SQLite yardstick of the same run, next to the
 ratio in bench/baseline.json, and flagged FLAG when it is more than 15 % worse; the exit status is

@@ -11,6 +11,7 @@
 
 #include "keel/common/ids.h"
 #include "keel/config/config.h"
+#include "keel/runtime/conversation_cache.h"
 #include "keel/runtime/model_calls.h"
 
 namespace keel {
@@ -103,6 +104,98 @@ TEST(MeteringTest, TheCacheKeyCoversWhatChangesAnAnswerAndNothingElse) {
   EXPECT_EQ(keys.size(), changed.size() + 1) << "each change gives a key of its own";
   EXPECT_NE(base, key("openai/other", Request()));
   EXPECT_EQ(base.size(), 64u);
+}
+
+store::Message Stored(const std::string& id, const std::string& role, const std::string& content) {
+  store::Message m;
+  m.id = id;
+  m.role = role;
+  m.content = content;
+  return m;
+}
+
+// A turn's request as context assembly builds it: the system prompt, the history, the prompt.
+model::ModelRequest TurnRequest(const std::vector<store::Message>& history) {
+  model::ModelRequest r;
+  r.messages.push_back({"system", "be brief", {}, "", ""});
+  for (const auto& m : history) {
+    if (runtime::InConversation(m)) r.messages.push_back({m.role, m.content, {}, "", ""});
+  }
+  r.messages.push_back({"user", "and now?", {}, "", ""});
+  return r;
+}
+
+TEST(MeteringTest, AKeptHistoryDigestGoesOnToTheDigestOfTheWholeHistory) {
+  std::vector<store::Message> h;
+  for (int i = 0; i < 40; ++i) {
+    h.push_back(Stored("m" + std::to_string(100 + i), i % 2 ? "assistant" : "user",
+                       "message " + std::to_string(i)));
+  }
+  h.insert(h.begin() + 7, Stored("m106z", "tool", "not sent"));  // another role: left out
+  runtime::HistoryHash kept;
+  std::span<const store::Message> all(h);
+  // Turn by turn, each turn's history one longer, against a digest taken from nothing.
+  for (size_t n = 1; n <= h.size(); ++n) {
+    auto grown = runtime::HashHistory(all.first(n), 1, &kept);
+    auto fresh = runtime::HashHistory(all.first(n), 1, nullptr);
+    ASSERT_EQ(grown.digest, fresh.digest) << n;
+    ASSERT_EQ(grown.count, fresh.count);
+    ASSERT_EQ(grown.bytes, fresh.bytes);
+    EXPECT_EQ(kept.count, n);
+  }
+  EXPECT_EQ(kept.sent, h.size() - 1);
+
+  // A message that committed late with an earlier id, or a front cut by a compaction, or a
+  // window that slid: the kept state does not cover the new history, which is hashed again.
+  auto late = h;
+  late.insert(late.begin() + 20, Stored("m118a", "user", "late"));
+  auto after_late = runtime::HashHistory(late, 1, &kept);
+  EXPECT_EQ(after_late.digest, runtime::HashHistory(late, 1, nullptr).digest);
+  std::span<const store::Message> rest(late);
+  auto cut = runtime::HashHistory(rest.subspan(10), 1, &kept);
+  EXPECT_EQ(cut.digest, runtime::HashHistory(rest.subspan(10), 1, nullptr).digest);
+  EXPECT_NE(cut.digest, after_late.digest);
+
+  // The same text under other ids hashes alike: the digest is of what the model is sent.
+  auto renamed = h;
+  for (auto& m : renamed) m.id = "x" + m.id;
+  EXPECT_EQ(runtime::HashHistory(renamed, 1, nullptr).digest,
+            runtime::HashHistory(h, 1, nullptr).digest);
+}
+
+TEST(MeteringTest, AMarkedHistoryKeysLikeItsTextAndCountsItsBytes) {
+  std::vector<store::Message> h = {Stored("a", "user", "hello"), Stored("b", "assistant", "hi"),
+                                   Stored("c", "user", "what time is it?")};
+  auto key = [](const std::vector<store::Message>& history, bool marked) {
+    runtime::HistoryMark mark;
+    if (marked) mark = runtime::HashHistory(history, 1, nullptr);
+    return runtime::CacheKeyOf("openai/m", TurnRequest(history), mark);
+  };
+  const auto base = key(h, true);
+  EXPECT_EQ(base.key, key(h, true).key);
+  // The mark stands for the same text: the bytes a budget estimates from are the same.
+  EXPECT_EQ(base.bytes, key(h, false).bytes);
+  std::set<std::string> keys = {base.key};
+  auto changed = h;
+  changed[1].content = "hi!";
+  keys.insert(key(changed, true).key);
+  changed = h;
+  changed[2].role = "assistant";
+  keys.insert(key(changed, true).key);
+  changed = h;
+  changed.pop_back();
+  keys.insert(key(changed, true).key);
+  changed = h;
+  changed[0].content = "hellohi";  // text moved from one message into the next
+  changed[1].content = "";
+  keys.insert(key(changed, true).key);
+  EXPECT_EQ(keys.size(), 5u) << "each change of the history gives a key of its own";
+
+  // A mark that no longer fits the request (messages dropped after it was taken) is not used.
+  auto mark = runtime::HashHistory(h, 1, nullptr);
+  model::ModelRequest shorter = TurnRequest({});
+  EXPECT_EQ(runtime::CacheKeyOf("openai/m", shorter, mark).key,
+            runtime::CacheKeyOf("openai/m", shorter).key);
 }
 
 class RouterConfigTest : public ::testing::Test {

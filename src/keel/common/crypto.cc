@@ -32,6 +32,13 @@ FieldDigest::FieldDigest() : ctx_(EVP_MD_CTX_new()) {
   }
 }
 
+FieldDigest::FieldDigest(const FieldDigest& other) : ctx_(EVP_MD_CTX_new()) {
+  if (!ctx_ || EVP_MD_CTX_copy_ex(ctx_, other.ctx_) != 1) {
+    EVP_MD_CTX_free(ctx_);
+    throw std::runtime_error("cannot copy a SHA-256 state");
+  }
+}
+
 FieldDigest::~FieldDigest() { EVP_MD_CTX_free(ctx_); }
 
 void FieldDigest::Raw(std::string_view v) { EVP_DigestUpdate(ctx_, v.data(), v.size()); }
@@ -50,6 +57,8 @@ std::string FieldDigest::HexDigest() {
   EVP_DigestFinal_ex(ctx_, md, &n);
   return Hex(md, n);
 }
+
+std::string FieldDigest::HexDigestSoFar() const { return FieldDigest(*this).HexDigest(); }
 
 std::string Sha256Hex(std::string_view data) {
   FieldDigest d;

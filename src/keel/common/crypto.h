@@ -15,13 +15,16 @@ class FieldDigest {
  public:
   FieldDigest();
   ~FieldDigest();
-  FieldDigest(const FieldDigest&) = delete;
+  // A copy goes on from where the original is (a kept midstate).
+  FieldDigest(const FieldDigest& other);
   FieldDigest& operator=(const FieldDigest&) = delete;
 
   void Raw(std::string_view v);
   void Add(std::string_view v);
   // Lowercase hex; the digest is finished.
   std::string HexDigest();
+  // Lowercase hex of what was fed so far; more may be fed after.
+  std::string HexDigestSoFar() const;
 
  private:
   evp_md_ctx_st* ctx_;

@@ -228,7 +228,7 @@ asio::awaitable<Status> Runtime::AssembleContext(
     const store::Run& run, const store::Agent& agent, const store::Message& prompt,
     const plugins::AgentPlugins& plugins, ContextRead read, model::ModelRequest& request,
     std::vector<store::Step>& steps, std::string& error_code,
-    std::optional<FailedSummary>& failed) {
+    std::optional<FailedSummary>& failed, HistoryMark& history) {
   error_code = "internal";
   auto settings = ContextSettingsOf(agent.config);
   if (!settings.ok()) co_return settings.status();  // written before it was checked
@@ -437,10 +437,11 @@ asio::awaitable<Status> Runtime::AssembleContext(
   const std::string system = system_with(summary ? summary->summary : std::string());
   request.messages.reserve(request.messages.size() + tail.size() + 3);
   if (!system.empty()) request.messages.push_back({"system", system, {}, "", ""});
+  // The history's digest goes on from the last turn's when the tail is the kept conversation's.
+  history = HashHistory(tail, request.messages.size(),
+                        !cut && read.known ? &read.known->history : nullptr);
   for (const auto& m : tail) {
-    if (m.role == "user" || m.role == "assistant") {
-      request.messages.push_back({m.role, m.content, {}, "", ""});
-    }
+    if (InConversation(m)) request.messages.push_back({m.role, m.content, {}, "", ""});
   }
   // Kept for the next turn once nothing here points into it any more.
   if (read.known) conversations_.Put(run.tenant_id, run.session_id, std::move(read.known));

@@ -17,10 +17,21 @@
 #include <unordered_map>
 #include <vector>
 
+#include "keel/common/crypto.h"
 #include "keel/store/compaction_store.h"
 #include "keel/store/types.h"
 
 namespace keel::runtime {
+
+// What a session's history hashed to when its last turn's cache key was taken (HashHistory):
+// the SHA-256 state after its first `count` messages, the first and the last of them named.
+struct HistoryHash {
+  std::string first_id, last_id;
+  size_t count = 0;  // messages hashed
+  size_t sent = 0;   // of them, those a request carries (InConversation)
+  size_t bytes = 0;  // their text
+  std::unique_ptr<FieldDigest> state;
+};
 
 struct ConversationEntry {
   std::string after_id;  // the compaction's last message ("" when the session has none)
@@ -28,6 +39,7 @@ struct ConversationEntry {
   bool cut = false;      // messages after `messages` (by id) were left out at the limit
   std::vector<store::Message> messages;  // user and assistant, id > after_id, lowest ids first
   size_t bytes = 0;  // what it costs: its messages' text and a little more (Merge keeps it)
+  HistoryHash history;  // of the messages the last turn was sent
 };
 
 // The seq to read the conversation since the compaction that ends at `after_id` after, given

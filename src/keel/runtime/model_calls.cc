@@ -14,6 +14,7 @@
 #include "keel/common/log.h"
 #include "keel/metrics.h"
 #include "keel/model/metering.h"
+#include "keel/runtime/conversation_cache.h"
 #include "keel/runtime/runtime.h"
 #include "keel/store/async.h"
 
@@ -114,9 +115,73 @@ std::string UsdText(const Json& usd) {
 
 }  // namespace
 
-RequestKey CacheKeyOf(const std::string& model, const model::ModelRequest& request) {
-  // Hashed as it is walked, each field framed (FieldDigest::Add): no copy of the conversation
-  // is built. Counts name how many fields follow, so that no two requests frame alike.
+namespace {
+
+// One message of a request, each field framed (FieldDigest::Add); the count of its tool calls
+// says how many fields follow, so that no two messages frame alike. Returns the bytes of text.
+size_t AddMessage(FieldDigest& d, std::string_view role, std::string_view content,
+                  const std::vector<model::ToolCallRequest>& calls, std::string_view tool_call_id,
+                  std::string_view tool_name) {
+  size_t bytes = role.size() + content.size() + tool_call_id.size() + tool_name.size();
+  d.Add(role);
+  d.Add(content);
+  d.Add(std::to_string(calls.size()));
+  for (const auto& c : calls) {
+    std::string arguments = DumpJson(c.arguments);
+    d.Add(c.id);
+    d.Add(c.name);
+    d.Add(arguments);
+    bytes += c.id.size() + c.name.size() + arguments.size();
+  }
+  d.Add(tool_call_id);
+  d.Add(tool_name);
+  return bytes;
+}
+
+const std::vector<model::ToolCallRequest> kNoCalls;
+
+}  // namespace
+
+bool InConversation(const store::Message& m) { return m.role == "user" || m.role == "assistant"; }
+
+HistoryMark HashHistory(std::span<const store::Message> history, size_t begin, HistoryHash* kept) {
+  HistoryHash fresh;
+  HistoryHash& h = kept ? *kept : fresh;
+  // The kept state covers history[0, count) when it began and ended on the same messages: a
+  // session's messages are only ever added, sorted by id, so nothing came between them.
+  const bool resumes = h.state && h.count > 0 && h.count <= history.size() &&
+                       history[0].id == h.first_id && history[h.count - 1].id == h.last_id;
+  if (!resumes) {
+    h.state = std::make_unique<FieldDigest>();
+    h.state->Raw("keel-history-v1\n");
+    h.count = 0;
+    h.sent = 0;
+    h.bytes = 0;
+  }
+  for (size_t i = h.count; i < history.size(); ++i) {
+    const store::Message& m = history[i];
+    if (!InConversation(m)) continue;
+    h.bytes += AddMessage(*h.state, m.role, m.content, kNoCalls, "", "");
+    ++h.sent;
+  }
+  h.count = history.size();
+  if (h.count > 0) {
+    h.first_id = history.front().id;
+    h.last_id = history.back().id;
+  }
+  HistoryMark mark;
+  mark.begin = begin;
+  mark.count = h.sent;
+  mark.bytes = h.bytes;
+  if (mark.count > 0) mark.digest = h.state->HexDigestSoFar();
+  return mark;
+}
+
+RequestKey CacheKeyOf(const std::string& model, const model::ModelRequest& request,
+                      const HistoryMark& history) {
+  // Hashed as it is walked: no copy of the conversation is built. Counts name how many fields
+  // follow, so that no two requests frame alike; the marked history is '#' (which begins no
+  // framed field), its count and its digest.
   FieldDigest d;
   RequestKey out;
   auto add = [&](std::string_view v) {
@@ -124,20 +189,21 @@ RequestKey CacheKeyOf(const std::string& model, const model::ModelRequest& reque
     out.bytes += v.size();
   };
   auto count = [&](size_t n) { d.Add(std::to_string(n)); };
-  d.Raw("keel-cache-v2\n");
+  d.Raw("keel-cache-v3\n");
   add(model);
   count(request.messages.size());
-  for (const auto& m : request.messages) {
-    add(m.role);
-    add(m.content);
-    count(m.tool_calls.size());
-    for (const auto& c : m.tool_calls) {
-      add(c.id);
-      add(c.name);
-      add(DumpJson(c.arguments));
+  const auto& messages = request.messages;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (history.count > 0 && i == history.begin && i + history.count <= messages.size()) {
+      d.Raw("#");
+      count(history.count);
+      d.Add(history.digest);
+      out.bytes += history.bytes;
+      i += history.count - 1;
+      continue;
     }
-    add(m.tool_call_id);
-    add(m.tool_name);
+    const auto& m = messages[i];
+    out.bytes += AddMessage(d, m.role, m.content, m.tool_calls, m.tool_call_id, m.tool_name);
   }
   count(request.tools.size());
   for (const auto& t : request.tools) {
@@ -237,10 +303,11 @@ Json RunUsageJson(const store::Run& run, const store::UsageTotals& totals) {
 
 asio::awaitable<ModelCall> Runtime::CallModel(const store::Run& run, const store::Agent& agent,
                                               const model::ModelRequest& request,
-                                              std::function<void(const std::string&)> on_delta) {
+                                              std::function<void(const std::string&)> on_delta,
+                                              const HistoryMark* history) {
   ModelCall call;
   call.model = agent.model;
-  const RequestKey request_key = CacheKeyOf(agent.model, request);
+  const RequestKey request_key = CacheKeyOf(agent.model, request, history ? *history : HistoryMark{});
   const bool use_cache = options_.cache.enabled && CacheOn(agent.config);
   std::string group = ConfigString(agent.config, "cache_group");
   if (group.empty()) group = agent.id;

@@ -20,6 +20,7 @@
 // provider as if there were none, and keel_model_cache_errors_total counts it.
 
 #include <optional>
+#include <span>
 #include <string>
 
 #include "keel/common/json_util.h"
@@ -68,14 +69,37 @@ Json RunUsageJson(const store::Run& run, const store::UsageTotals& totals);
 // Usage totals as the API shows them (GET /v1/usage).
 Json UsageTotalsJson(const store::UsageTotals& totals);
 
-// The response cache's key of a request: SHA-256 over the agent's model string, the messages,
-// the tools, and the agent config fields that change an answer (temperature, top_p, top_k,
-// max_tokens, seed, local_rules), hashed as they are walked; and the bytes of text it covered,
-// from which a budget estimates the call's input tokens. Exposed for tests.
+// A stretch of a request's messages, the session's history, stood for by a digest of it that
+// the session's conversation keeps from turn to turn (HashHistory): a turn's cache key hashes
+// only what the history gained since the last turn, not the whole conversation again. Whoever
+// changes those messages after it was taken moves `begin` (an insertion before them) or drops
+// the mark (any other change).
+struct HistoryMark {
+  size_t begin = 0;     // the stretch is request.messages[begin, begin + count)
+  size_t count = 0;     // 0: no mark
+  size_t bytes = 0;     // of text in it, as RequestKey::bytes counts them
+  std::string digest;   // of its messages, each framed as CacheKeyOf frames a message
+};
+
+// Whether a stored message is part of the conversation a model turn is sent (user and
+// assistant messages; a request carries them as {role, content}).
+bool InConversation(const store::Message& m);
+
+struct HistoryHash;  // conversation_cache.h
+// The mark of `history`'s conversation messages, to sit at request.messages[begin]. Goes on
+// from `kept` when it covers a first stretch of `history` (the same messages), else hashes them
+// all; then leaves in `kept` (when given) what covers them all.
+HistoryMark HashHistory(std::span<const store::Message> history, size_t begin, HistoryHash* kept);
+
+// The response cache's key of a request: SHA-256 over the agent's model string, the messages
+// (the marked stretch as its digest), the tools, and the agent config fields that change an
+// answer (temperature, top_p, top_k, max_tokens, seed, local_rules), hashed as they are walked;
+// and the bytes of text it covered, from which a budget estimates the call's input tokens.
 struct RequestKey {
   std::string key;
   size_t bytes = 0;
 };
-RequestKey CacheKeyOf(const std::string& model, const model::ModelRequest& request);
+RequestKey CacheKeyOf(const std::string& model, const model::ModelRequest& request,
+                      const HistoryMark& history = {});
 
 }  // namespace keel::runtime

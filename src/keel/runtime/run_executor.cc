@@ -368,6 +368,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
   std::vector<model::ToolCallRequest> pending;  // proposed by the last model step, not yet run
   std::string direct_answer;                    // a direct call's answer, once it has one
   model::ModelRequest request;
+  HistoryMark history;  // the session's messages in request.messages, for its cache key
   if (direct) {
     auto call = ParseJson(prompt.content);
     if (!call.ok() || !call->is_object()) {
@@ -391,7 +392,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
     std::optional<FailedSummary> summary_failed;  // a compaction's summary call failed
     Status assembled =
         co_await AssembleContext(run, agent, prompt, *plugins, std::move(context), request, steps,
-                                 code, summary_failed);
+                                 code, summary_failed, history);
     if (!assembled.ok()) {
       if (code.empty()) co_return;  // the store failed; the run resumes after its lease
       if (!summary_failed) {
@@ -411,6 +412,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
     if (!working_memory.empty()) {  // right after the system prompt
       auto at = request.messages.begin();
       if (at != request.messages.end() && at->role == "system") ++at;
+      if (static_cast<size_t>(at - request.messages.begin()) <= history.begin) ++history.begin;
       request.messages.insert(at, model::ChatMessage{"system", working_memory, {}, "", ""});
     }
     if (plugins->Wants("prompt.assemble")) {
@@ -421,7 +423,10 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
         (void)co_await plugin_failed(*out.abort);
         co_return;
       }
-      if (auto assembled = MessagesFrom(out.payload)) request.messages = std::move(*assembled);
+      if (auto assembled = MessagesFrom(out.payload)) {
+        request.messages = std::move(*assembled);
+        history = {};  // the plugin's messages: hashed as they are
+      }
     }
     Json allowed = RunTools(agent.tools, !introspection.empty());
     for (const auto& t : co_await gateway_.Offered(run.tenant_id, run.agent_id, allowed)) {
@@ -585,7 +590,8 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
         sent = &rewritten;
       }
     }
-    ModelCall call = co_await CallModel(run, agent, *sent, delta);
+    ModelCall call =
+        co_await CallModel(run, agent, *sent, delta, sent == &request ? &history : nullptr);
     if (call.store_failed) co_return;  // the store failed; the run resumes after its lease
     auto& response = call.response;
     if (response.ok() && plugins->Wants("model.after")) {

@@ -64,6 +64,7 @@ namespace keel::runtime {
 class EventHub;
 struct ModelCall;      // model_calls.h
 struct FailedSummary;  // model_calls.h
+struct HistoryMark;    // model_calls.h
 
 // Wall-clock time in milliseconds. The runtime's schedules read it through RuntimeOptions, so a
 // test can run them on a clock it moves; the server uses NowMillis.
@@ -237,6 +238,7 @@ class Runtime {
   // first. On failure, `error_code` is the run's error code (internal, compaction_failed,
   // budget_exceeded, plugin_failed; empty when the store failed and the run is left to resume
   // after its lease), and `failed` the failed compaction step when a summary call failed.
+  // `history` marks the session's messages in request.messages (model_calls.h).
   Status ReadContext(store::Tx& tx, const store::Run& run, const store::Message& prompt,
                      ContextRead& out);
   // Inside ReadContext and after a compaction: the session's newest compaction and what the
@@ -252,7 +254,8 @@ class Runtime {
                                                  model::ModelRequest& request,
                                                  std::vector<store::Step>& steps,
                                                  std::string& error_code,
-                                                 std::optional<FailedSummary>& failed);
+                                                 std::optional<FailedSummary>& failed,
+                                                 HistoryMark& history);
   // Introspection's triggers (introspection.cc). After a run of the session ended `done` (not
   // a direct call or an introspection) and its agent has triggers: posts an introspection run
   // when the agent's every_turns is reached, and moves the session's idle introspection to
@@ -277,10 +280,11 @@ class Runtime {
   boost::asio::awaitable<std::optional<std::string>> StopFor(
       const store::Run& run, const std::vector<store::EmergencyStop>* stops = nullptr);
   // One model call: cache, budgets, the agent's model and its fallback, metering
-  // (model_calls.cc).
+  // (model_calls.cc). `history`, when given, marks the request's history for its cache key.
   boost::asio::awaitable<ModelCall> CallModel(const store::Run& run, const store::Agent& agent,
                                               const model::ModelRequest& request,
-                                              std::function<void(const std::string&)> on_delta);
+                                              std::function<void(const std::string&)> on_delta,
+                                              const HistoryMark* history = nullptr);
   // Prunes the response cache (on the leader): expired entries, and the oldest beyond the bound.
   boost::asio::awaitable<void> CachePruneLoop();
   // Queues an answer for the response cache; queued answers are written together, in one unit
