@@ -4,6 +4,7 @@
 #include "server/serve.h"
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <sys/resource.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -167,6 +168,16 @@ void RaiseDescriptorLimit(int max_connections) {
   }
 }
 
+// glibc gives the top of its heap back to the kernel whenever more than 128 KiB of it is free,
+// and a turn frees and allocates about that much (SQLite drops a reader's page cache each time
+// the database changed): each turn then faulted a dozen pages in again. The heap keeps what it
+// had, up to a bound; blocks of 4 MiB and more still get a mapping of their own.
+void KeepFreedMemory() {
+  ::mallopt(M_TRIM_THRESHOLD, 32 << 20);
+  ::mallopt(M_TOP_PAD, 4 << 20);
+  ::mallopt(M_MMAP_THRESHOLD, 4 << 20);
+}
+
 int Fail(const Status& st) {
   std::fprintf(stderr, "keel serve: %s\n", st.message().c_str());
   return st.code() == Code::kInvalidArgument ? 2 : 1;
@@ -180,6 +191,7 @@ int ServeMain(const ServeFlags& flags) {
   // No core dumps, and no other user's process (a command it runs, even as another user) may
   // read its memory or /proc/PID/environ.
   ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  KeepFreedMemory();  // before any thread starts
   config::Overrides overrides{flags.home, flags.config_file, flags.listen, flags.store_url};
   auto cfg = config::Load(overrides);
   config::ForgetSecretKekInEnvironment();  // it is in cfg now, and only there
