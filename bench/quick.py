@@ -206,6 +206,10 @@ def main():
             fake.wait()
         s = Server(keel, os.path.join(work, "long"), server_pin, "history_limit = 2100\n")
         try:
+            # Another session's turns first, so that the measured session's early turns are not
+            # also the server's first (its caches and heap still cold).
+            loadgen(build, load_pin, s, "--concurrency", "1", "--warmup", "0", "--turns", "200",
+                    "--duration", "60", "--unique-messages")
             long = loadgen(build, load_pin, s, "--concurrency", "1", "--warmup", "0", "--turns", "1000",
                            "--duration", "120", "--unique-messages",
                            "--agent-config", '{"context_tokens":10000000}')

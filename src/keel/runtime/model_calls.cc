@@ -314,18 +314,40 @@ asio::awaitable<ModelCall> Runtime::CallModel(const store::Run& run, const store
   const std::string& key = request_key.key;
   const Millis now = NowMillis();
 
-  // 1. The cache. A read that fails is a miss.
+  // 1. The cache, and 2. the budgets in force for this agent with what each has spent in its
+  // current period, in one read. A cache read that fails is a miss; a budget read that fails
+  // leaves the run to resume after its lease.
+  std::optional<store::CacheEntry> entry;
+  Status cache_read = Status::Ok();
+  std::vector<BudgetSpend> spends;
+  Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(auto budgets, tx.usage().ListBudgets(run.tenant_id));
+    for (auto& b : budgets) {
+      if (b.scope != "tenant" && b.scope != run.agent_id) continue;
+      std::string agent_id = b.scope == "tenant" ? std::string() : run.agent_id;
+      Millis start = model::PeriodStart(b.period, now);
+      KEEL_ASSIGN_OR_RETURN(auto totals,
+                            tx.usage().PeriodUsage(run.tenant_id, agent_id, b.period, start));
+      spends.push_back({std::move(b), totals.cost_micros});
+    }
+    // Last: on PostgreSQL a failed statement ends the transaction.
+    if (use_cache) {
+      auto found = tx.usage().GetCacheEntry(run.tenant_id, group, key, now - options_.cache.ttl_ms);
+      if (found.ok()) {
+        entry = std::move(*found);
+      } else {
+        cache_read = found.status();
+      }
+    }
+    return Status::Ok();
+  });
+  if (!read.ok() && cache_read.ok()) cache_read = read;  // the cache was not read either
   if (use_cache) {
-    std::optional<store::CacheEntry> entry;
-    Millis not_before = now - options_.cache.ttl_ms;
-    Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
-      KEEL_ASSIGN_OR_RETURN(entry, tx.usage().GetCacheEntry(run.tenant_id, group, key, not_before));
-      return Status::Ok();
-    });
     std::optional<model::ModelResponse> cached;
-    if (!read.ok()) {
+    if (!cache_read.ok()) {
       ++metrics_.model_cache_errors;
-      LogError("response cache read failed (the call goes to the provider): " + read.message());
+      LogError("response cache read failed (the call goes to the provider): " +
+               cache_read.message());
     } else if (entry) {
       cached = ResponseOf(*entry);
       if (!cached) ++metrics_.model_cache_errors;
@@ -341,21 +363,6 @@ asio::awaitable<ModelCall> Runtime::CallModel(const store::Run& run, const store
     }
     ++metrics_.model_cache_misses;
   }
-
-  // 2. The budgets in force for this agent, and what each has spent in its current period.
-  std::vector<BudgetSpend> spends;
-  Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
-    KEEL_ASSIGN_OR_RETURN(auto budgets, tx.usage().ListBudgets(run.tenant_id));
-    for (auto& b : budgets) {
-      if (b.scope != "tenant" && b.scope != run.agent_id) continue;
-      std::string agent_id = b.scope == "tenant" ? std::string() : run.agent_id;
-      Millis start = model::PeriodStart(b.period, now);
-      KEEL_ASSIGN_OR_RETURN(auto totals,
-                            tx.usage().PeriodUsage(run.tenant_id, agent_id, b.period, start));
-      spends.push_back({std::move(b), totals.cost_micros});
-    }
-    return Status::Ok();
-  });
   if (!read.ok()) {
     call.store_failed = true;
     call.response = read;
