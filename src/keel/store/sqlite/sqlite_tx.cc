@@ -782,14 +782,17 @@ Result<bool> SqliteTx::SessionBusy(const std::string& tenant_id, const std::stri
 }
 
 Result<std::vector<Run>> SqliteTx::ClaimableRuns(Millis now, int limit) {
-  // Two index range scans on (status, id); an OR would scan the whole table. The tenants take
-  // turns (every tenant's oldest, then every tenant's second, ...), so that one tenant's long
-  // queue cannot fill the page and hide the others' runs from the dispatcher.
+  // Two index range scans on (status, lease_expires_at); an OR would scan the whole table. A
+  // queued run's earlier active runs are looked up by (session, status), so that a long
+  // session's finished runs are not walked. The tenants take turns (every tenant's oldest, then
+  // every tenant's second, ...), so that one tenant's long queue cannot fill the page and hide
+  // the others' runs from the dispatcher.
   static const std::string kSql =
       "SELECT " + std::string(kRunCols) + " FROM (SELECT *, row_number() OVER "
       "(PARTITION BY tenant_id ORDER BY id) AS turn FROM (SELECT " + std::string(kRunCols) +
       " FROM runs r WHERE r.status='queued' "
-      "AND NOT EXISTS (SELECT 1 FROM runs p WHERE p.session_id=r.session_id "
+      "AND NOT EXISTS (SELECT 1 FROM runs p INDEXED BY runs_session_status "
+      "  WHERE p.session_id=r.session_id "
       "  AND p.status IN ('queued','running','waiting_for_approval') AND p.id<r.id) "
       "UNION ALL SELECT " + std::string(kRunCols) + " FROM runs WHERE status='running' AND "
       "lease_expires_at<?)) ORDER BY turn, id LIMIT ?";
@@ -1391,6 +1394,12 @@ UPDATE messages SET seq = n.seq
         FROM messages) AS n
   WHERE messages.id = n.id;
 CREATE UNIQUE INDEX messages_seq ON messages(session_id, seq);
+)sql",
+      // The dispatcher's look for claimable runs: a running run whose lease ran out is one
+      // probe of this index, not a look at every running run's row.
+      R"sql(
+DROP INDEX runs_status;
+CREATE INDEX runs_claimable ON runs(status, lease_expires_at);
 )sql",
   };
   return kMigrations;
