@@ -16,22 +16,29 @@ using http::Response;
 
 namespace {
 
-// Suspends until the run is terminal or waiting for approval, or `seconds` pass.
+// Suspends until the run is terminal or waiting for approval, or `seconds` pass. A run that
+// intake just claimed for this node (not a replay; running, leased to its origin) is not read
+// first: it moves only by this node's commits (or, after its lease, another node's), and each
+// wakes the subscription, which is in place before the first of them is dispatched.
 asio::awaitable<Result<store::Run>> WaitForRun(ApiContext& ctx, const store::Run& run,
-                                               double seconds) {
+                                               double seconds, bool just_claimed) {
   auto sub = ctx.hub.Subscribe({run.tenant_id, "", "", run.id, /*deltas=*/false});
   auto deadline = std::chrono::steady_clock::now() +
                   std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
   store::Run current = run;
+  bool read = !(just_claimed && run.status == "running" && run.lease_owner == ctx.store.origin());
   while (true) {
-    Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
-      KEEL_ASSIGN_OR_RETURN(current, tx.runs().GetRun(run.tenant_id, run.id));
-      return Status::Ok();
-    });
-    if (!st.ok()) {
-      ctx.hub.Unsubscribe(sub);
-      co_return st;
+    if (read) {
+      Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
+        KEEL_ASSIGN_OR_RETURN(current, tx.runs().GetRun(run.tenant_id, run.id));
+        return Status::Ok();
+      });
+      if (!st.ok()) {
+        ctx.hub.Unsubscribe(sub);
+        co_return st;
+      }
     }
+    read = true;
     auto now = std::chrono::steady_clock::now();
     if (current.Terminal() || current.status == "waiting_for_approval" || now >= deadline) break;
     co_await ctx.hub.Wait(sub, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
@@ -175,7 +182,7 @@ void RegisterSessionRoutes(http::Router& router, ApiContext& ctx) {
     store::Run run = result->run;
     int status = 202;
     if (*wait > 0) {
-      auto waited = co_await WaitForRun(ctx, run, *wait);
+      auto waited = co_await WaitForRun(ctx, run, *wait, !result->replayed);
       if (!waited.ok()) co_return Response::Error(waited.status());
       run = *waited;
       status = 200;
