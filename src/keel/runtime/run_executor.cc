@@ -80,6 +80,31 @@ std::optional<std::vector<model::ChatMessage>> MessagesFrom(const Json& payload)
   return out;
 }
 
+// Whether a plugin's messages are the ones it was shown (most payloads pass through as they
+// came): then the request, and its history mark, stay as they are.
+bool SameMessages(const std::vector<model::ChatMessage>& a,
+                  const std::vector<model::ChatMessage>& b) {
+  auto same_calls = [](const std::vector<model::ToolCallRequest>& x,
+                       const std::vector<model::ToolCallRequest>& y) {
+    if (x.size() != y.size()) return false;
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (x[i].id != y[i].id || x[i].name != y[i].name || x[i].arguments != y[i].arguments) {
+        return false;
+      }
+    }
+    return true;
+  };
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].role != b[i].role || a[i].content != b[i].content ||
+        a[i].tool_call_id != b[i].tool_call_id || a[i].tool_name != b[i].tool_name ||
+        !same_calls(a[i].tool_calls, b[i].tool_calls)) {
+      return false;
+    }
+  }
+  return true;
+}
+
 // Re-reads the run inside a unit of work and checks this execution still owns it.
 Result<store::Run> OwnedRun(store::Tx& tx, const store::Run& mine) {
   KEEL_ASSIGN_OR_RETURN(auto cur, tx.runs().GetRun(mine.tenant_id, mine.id));
@@ -423,7 +448,8 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
         (void)co_await plugin_failed(*out.abort);
         co_return;
       }
-      if (auto assembled = MessagesFrom(out.payload)) {
+      auto assembled = MessagesFrom(out.payload);
+      if (assembled && !SameMessages(*assembled, request.messages)) {
         request.messages = std::move(*assembled);
         history = {};  // the plugin's messages: hashed as they are
       }
@@ -584,7 +610,8 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
         (void)co_await plugin_failed(*out.abort);
         co_return;
       }
-      if (auto messages = MessagesFrom(out.payload)) {
+      auto messages = MessagesFrom(out.payload);
+      if (messages && !SameMessages(*messages, request.messages)) {
         rewritten = request;
         rewritten.messages = std::move(*messages);
         sent = &rewritten;
