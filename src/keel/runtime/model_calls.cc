@@ -113,10 +113,6 @@ std::string UsdText(const Json& usd) {
   return std::to_string(micros / 1000000) + (fraction.empty() ? "" : "." + fraction) + " USD";
 }
 
-}  // namespace
-
-namespace {
-
 // One message of a request, each field framed (FieldDigest::Add); the count of its tool calls
 // says how many fields follow, so that no two messages frame alike. Returns the bytes of text.
 size_t AddMessage(FieldDigest& d, std::string_view role, std::string_view content,
@@ -307,7 +303,8 @@ asio::awaitable<ModelCall> Runtime::CallModel(const store::Run& run, const store
                                               const HistoryMark* history) {
   ModelCall call;
   call.model = agent.model;
-  const RequestKey request_key = CacheKeyOf(agent.model, request, history ? *history : HistoryMark{});
+  const RequestKey request_key =
+      CacheKeyOf(agent.model, request, history ? *history : HistoryMark{});
   const bool use_cache = options_.cache.enabled && CacheOn(agent.config);
   std::string group = ConfigString(agent.config, "cache_group");
   if (group.empty()) group = agent.id;
