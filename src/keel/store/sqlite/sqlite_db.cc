@@ -59,6 +59,11 @@ Status Stmt::Run() {
   return Status::Ok();
 }
 
+Result<bool> Stmt::RunChanged() {
+  KEEL_RETURN_IF_ERROR(Run());
+  return sqlite3_changes(db_) > 0;
+}
+
 std::string Stmt::Text(int col) const {
   auto p = sqlite3_column_text(s_, col);
   if (!p) return {};

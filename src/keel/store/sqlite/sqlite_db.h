@@ -46,6 +46,9 @@ class Stmt {
   Result<bool> Step();
   // Steps to completion, expecting no rows.
   Status Run();
+  // Runs an INSERT, UPDATE or DELETE; true when it changed a row. Cheaper than RETURNING,
+  // which gathers its rows in a temporary table first.
+  Result<bool> RunChanged();
 
   std::string Text(int col) const;
   int64_t Int(int col) const;

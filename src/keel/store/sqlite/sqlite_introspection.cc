@@ -8,10 +8,10 @@ namespace keel::store::sqlite {
 Status SqliteTx::SetSessionDescription(const std::string& tenant_id, const std::string& session_id,
                                        const std::string& description, Millis at) {
   static const std::string kSql =
-      "UPDATE sessions SET description=?, updated_at=? WHERE tenant_id=? AND id=? RETURNING id";
+      "UPDATE sessions SET description=?, updated_at=? WHERE tenant_id=? AND id=?";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(description, at, tenant_id, session_id);
-  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  KEEL_ASSIGN_OR_RETURN(bool row, s.RunChanged());
   if (!row) return NotFound("session not found: " + session_id);
   return Status::Ok();
 }

@@ -187,10 +187,10 @@ Result<Memory> SqliteTx::FindMemory(const std::string& tenant_id, const std::str
 Status SqliteTx::DeleteMemory(const std::string& tenant_id, const std::string& agent_id,
                               const std::string& id) {
   static const std::string kSql =
-      "DELETE FROM memories WHERE tenant_id=? AND agent_id=? AND id=? RETURNING id";
+      "DELETE FROM memories WHERE tenant_id=? AND agent_id=? AND id=?";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, agent_id, id);
-  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  KEEL_ASSIGN_OR_RETURN(bool row, s.RunChanged());
   if (!row) return NotFound("memory not found: " + id);
   return Status::Ok();
 }

@@ -48,10 +48,10 @@ Result<std::vector<Skill>> SqliteTx::ListSkills(const std::string& tenant_id) {
 
 // The skill's assignments go with it (ON DELETE CASCADE).
 Status SqliteTx::DeleteSkill(const std::string& tenant_id, const std::string& name) {
-  static const std::string kSql = "DELETE FROM skills WHERE tenant_id=? AND name=? RETURNING name";
+  static const std::string kSql = "DELETE FROM skills WHERE tenant_id=? AND name=?";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, name);
-  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  KEEL_ASSIGN_OR_RETURN(bool row, s.RunChanged());
   if (!row) return NotFound("skill not found: " + name);
   return Status::Ok();
 }
@@ -73,10 +73,10 @@ Status SqliteTx::AssignSkill(const SkillAssignment& a) {
 Status SqliteTx::UnassignSkill(const std::string& tenant_id, const std::string& agent_id,
                                const std::string& name) {
   static const std::string kSql =
-      "DELETE FROM agent_skills WHERE tenant_id=? AND agent_id=? AND skill=? RETURNING skill";
+      "DELETE FROM agent_skills WHERE tenant_id=? AND agent_id=? AND skill=?";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, agent_id, name);
-  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  KEEL_ASSIGN_OR_RETURN(bool row, s.RunChanged());
   if (!row) return NotFound("skill " + name + " is not assigned to agent " + agent_id);
   return Status::Ok();
 }

@@ -73,10 +73,10 @@ Result<std::vector<Tenant>> SqliteTx::ListTenants() {
 
 Status SqliteTx::UpdateTenantSettings(const Tenant& t) {
   static const std::string kSql =
-      "UPDATE tenants SET allow_host_exec=?, allow_stdio_mcp=? WHERE id=? RETURNING id";
+      "UPDATE tenants SET allow_host_exec=?, allow_stdio_mcp=? WHERE id=?";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(int64_t(t.allow_host_exec), int64_t(t.allow_stdio_mcp), t.id);
-  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  KEEL_ASSIGN_OR_RETURN(bool row, s.RunChanged());
   if (!row) return NotFound("tenant not found: " + t.id);
   return Status::Ok();
 }
@@ -108,10 +108,10 @@ Result<std::vector<Token>> SqliteTx::ListTokens(const std::string& tenant_id) {
 
 Status SqliteTx::RevokeToken(const std::string& tenant_id, const std::string& id, Millis at) {
   static const std::string kSql = "UPDATE api_tokens SET revoked_at=? WHERE tenant_id=? "
-                                            "AND id=? AND revoked_at IS NULL RETURNING id";
+                                            "AND id=? AND revoked_at IS NULL";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(at, tenant_id, id);
-  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  KEEL_ASSIGN_OR_RETURN(bool row, s.RunChanged());
   if (!row) return NotFound("token not found: " + id);
   return Status::Ok();
 }
@@ -162,10 +162,10 @@ Result<std::vector<Secret>> SqliteTx::ListSecrets(const std::string& tenant_id) 
 
 Status SqliteTx::DeleteSecret(const std::string& tenant_id, const std::string& name) {
   static const std::string kSql =
-      "DELETE FROM secrets WHERE tenant_id=? AND name=? RETURNING name";
+      "DELETE FROM secrets WHERE tenant_id=? AND name=?";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, name);
-  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  KEEL_ASSIGN_OR_RETURN(bool row, s.RunChanged());
   if (!row) return NotFound("secret not found: " + name);
   return Status::Ok();
 }
@@ -194,10 +194,10 @@ Status SqliteTx::PutPolicy(const PolicyDoc& p) {
 
 Status SqliteTx::DeletePolicy(const std::string& tenant_id, const std::string& scope) {
   static const std::string kSql =
-      "DELETE FROM policies WHERE tenant_id=? AND scope=? RETURNING scope";
+      "DELETE FROM policies WHERE tenant_id=? AND scope=?";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, scope);
-  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  KEEL_ASSIGN_OR_RETURN(bool row, s.RunChanged());
   if (!row) return NotFound(scope.empty() ? "no tenant policy is set" : "no agent policy is set");
   return Status::Ok();
 }
@@ -221,10 +221,10 @@ Status SqliteTx::PutStop(const EmergencyStop& x) {
 
 Status SqliteTx::DeleteStop(const std::string& tenant_id, const std::string& agent_id) {
   static const std::string kSql =
-      "DELETE FROM emergency_stops WHERE tenant_id=? AND agent_id=? RETURNING agent_id";
+      "DELETE FROM emergency_stops WHERE tenant_id=? AND agent_id=?";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, agent_id);
-  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  KEEL_ASSIGN_OR_RETURN(bool row, s.RunChanged());
   if (!row) return NotFound("no emergency stop is in force");
   return Status::Ok();
 }
@@ -245,11 +245,11 @@ Status SqliteTx::InsertApproval(const Approval& a) {
 Status SqliteTx::UpdateApproval(const Approval& a) {
   static const std::string kSql =
       "UPDATE approvals SET status=?, amended_arguments=?, decided_by=?, decision_reason=?, "
-      "decided_at=? WHERE tenant_id=? AND id=? RETURNING id";
+      "decided_at=? WHERE tenant_id=? AND id=?";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(a.status, StoredJson(a.amended_arguments), a.decided_by, a.decision_reason,
             a.decided_at, a.tenant_id, a.id);
-  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  KEEL_ASSIGN_OR_RETURN(bool row, s.RunChanged());
   if (!row) return NotFound("approval not found: " + a.id);
   return Status::Ok();
 }
@@ -331,10 +331,10 @@ Result<std::vector<StandingApproval>> SqliteTx::ListStanding(const std::string& 
 Status SqliteTx::RevokeStanding(const std::string& tenant_id, const std::string& id, Millis at) {
   static const std::string kSql =
       "UPDATE standing_approvals SET revoked_at=? WHERE tenant_id=? AND id=? AND "
-      "revoked_at IS NULL RETURNING id";
+      "revoked_at IS NULL";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(at, tenant_id, id);
-  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  KEEL_ASSIGN_OR_RETURN(bool row, s.RunChanged());
   if (!row) return NotFound("standing approval not found: " + id);
   return Status::Ok();
 }
@@ -378,10 +378,10 @@ Result<std::vector<McpServer>> SqliteTx::ListMcpServers(const std::string& tenan
 
 Status SqliteTx::DeleteMcpServer(const std::string& tenant_id, const std::string& id) {
   static const std::string kSql =
-      "DELETE FROM mcp_servers WHERE tenant_id=? AND id=? RETURNING id";
+      "DELETE FROM mcp_servers WHERE tenant_id=? AND id=?";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, id);
-  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  KEEL_ASSIGN_OR_RETURN(bool row, s.RunChanged());
   if (!row) return NotFound("MCP server not found: " + id);
   return Status::Ok();
 }
@@ -421,10 +421,10 @@ Result<std::vector<Plugin>> SqliteTx::ListPlugins(const std::string& tenant_id) 
 
 // The plugin's enablements and deliveries go with it (ON DELETE CASCADE).
 Status SqliteTx::DeletePlugin(const std::string& tenant_id, const std::string& id) {
-  static const std::string kSql = "DELETE FROM plugins WHERE tenant_id=? AND id=? RETURNING id";
+  static const std::string kSql = "DELETE FROM plugins WHERE tenant_id=? AND id=?";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, id);
-  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  KEEL_ASSIGN_OR_RETURN(bool row, s.RunChanged());
   if (!row) return NotFound("plugin not found: " + id);
   return Status::Ok();
 }
@@ -489,11 +489,11 @@ Status SqliteTx::InsertDelivery(const PluginDelivery& d) {
 Status SqliteTx::UpdateDelivery(const PluginDelivery& d) {
   static const std::string kSql =
       "UPDATE plugin_deliveries SET status=?, attempts=?, next_attempt_at=?, last_status=?, "
-      "last_error=?, delivered_at=? WHERE tenant_id=? AND id=? RETURNING id";
+      "last_error=?, delivered_at=? WHERE tenant_id=? AND id=?";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(d.status, d.attempts, d.next_attempt_at, d.last_status, d.last_error, d.delivered_at,
             d.tenant_id, d.id);
-  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  KEEL_ASSIGN_OR_RETURN(bool row, s.RunChanged());
   if (!row) return NotFound("plugin delivery not found: " + d.id);
   return Status::Ok();
 }
@@ -598,10 +598,10 @@ Result<Paged<Agent>> SqliteTx::ListAgents(const std::string& tenant_id, const Pa
 
 Status SqliteTx::DeleteAgent(const std::string& tenant_id, const std::string& id) {
   static const std::string kSql = "UPDATE agents SET status='deleted' WHERE tenant_id=? "
-                                            "AND id=? AND status != 'deleted' RETURNING id";
+                                            "AND id=? AND status != 'deleted'";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, id);
-  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  KEEL_ASSIGN_OR_RETURN(bool row, s.RunChanged());
   if (!row) return NotFound("agent not found: " + id);
   return Status::Ok();
 }
@@ -620,10 +620,10 @@ Status SqliteTx::InsertSession(const Session& x) {
 Status SqliteTx::UpdateSessionStatus(const std::string& tenant_id, const std::string& id,
                                      const std::string& status, Millis at) {
   static const std::string kSql = "UPDATE sessions SET status=?, updated_at=? WHERE "
-                                            "tenant_id=? AND id=? RETURNING id";
+                                            "tenant_id=? AND id=?";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(status, at, tenant_id, id);
-  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  KEEL_ASSIGN_OR_RETURN(bool row, s.RunChanged());
   if (!row) return NotFound("session not found: " + id);
   return Status::Ok();
 }
@@ -726,12 +726,12 @@ Status SqliteTx::UpdateRun(const Run& r) {
                                     "UPDATE runs SET status=?, attempt=?, output=?, error=?, "
                                     "input_tokens=?, output_tokens=?, lease_owner=?, "
                                     "lease_expires_at=?, cancel_requested=?, started_at=?, "
-                                    "finished_at=? WHERE tenant_id=? AND id=? RETURNING id";
+                                    "finished_at=? WHERE tenant_id=? AND id=?";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(r.status, r.attempt, r.output, StoredJson(r.error),
             r.input_tokens, r.output_tokens, r.lease_owner, r.lease_expires_at, r.cancel_requested,
             r.started_at, r.finished_at, r.tenant_id, r.id);
-  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  KEEL_ASSIGN_OR_RETURN(bool row, s.RunChanged());
   if (!row) return NotFound("run not found: " + r.id);
   return Status::Ok();
 }
@@ -838,10 +838,10 @@ Status SqliteTx::InsertStep(const Step& x) {
 
 Status SqliteTx::UpdateStep(const Step& x) {
   static const std::string kSql = "UPDATE run_steps SET status=?, input=?, output=?, "
-                                  "finished_at=? WHERE tenant_id=? AND id=? RETURNING id";
+                                  "finished_at=? WHERE tenant_id=? AND id=?";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(x.status, DumpJson(x.input), DumpJson(x.output), x.finished_at, x.tenant_id, x.id);
-  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  KEEL_ASSIGN_OR_RETURN(bool row, s.RunChanged());
   if (!row) return NotFound("step not found: " + x.id);
   return Status::Ok();
 }
@@ -868,10 +868,10 @@ Status SqliteTx::InsertToolCall(const ToolCall& c) {
 
 Status SqliteTx::UpdateToolCall(const ToolCall& c) {
   static const std::string kSql = "UPDATE tool_calls SET status=?, arguments=?, result=?, "
-                                  "updated_at=? WHERE tenant_id=? AND id=? RETURNING id";
+                                  "updated_at=? WHERE tenant_id=? AND id=?";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(c.status, DumpJson(c.arguments), DumpJson(c.result), c.updated_at, c.tenant_id, c.id);
-  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  KEEL_ASSIGN_OR_RETURN(bool row, s.RunChanged());
   if (!row) return NotFound("tool call not found: " + c.id);
   return Status::Ok();
 }
@@ -902,30 +902,41 @@ Status SqliteTx::Append(NewEvent n) {
   const std::string payload = DumpJson(e.payload);
   const ChainedFields chained = ChainedOf(e, payload);
   auto hash = sealer_.Next(chained, head_loader_);
-  // The tenant's position and its origin_seq are computed inside the insert, each one probe of
-  // its unique index, so a rolled back unit never leaves a gap; the one writer makes them follow
-  // commit order. `position` stays the store-wide key, which no client sees.
+  // The tenant's next position and origin_seq, each one probe of its unique index, read in
+  // the unit that inserts the event, so a rolled back unit never leaves a gap; the one writer
+  // makes them follow commit order. `position` stays the store-wide key, which no client sees.
+  // (Read first and bound, rather than computed in the insert with RETURNING: RETURNING
+  // gathers its row in a temporary table, which cost more than the two probes.)
+  static const std::string kNext =
+      "SELECT (SELECT coalesce(max(tenant_position),0)+1 FROM events WHERE tenant_id=?1), "
+      "(SELECT coalesce(max(origin_seq),0)+1 FROM events WHERE tenant_id=?1 AND origin=?2)";
   static const std::string kSql =
       "INSERT INTO events(id, tenant_id, tenant_position, type, origin, origin_seq, agent_id, "
-      "session_id, run_id, payload, occurred_at, hash) VALUES(?1,?2,"
-      "(SELECT coalesce(max(tenant_position),0)+1 FROM events WHERE tenant_id=?2),?3,?4,"
-      "(SELECT coalesce(max(origin_seq),0)+1 FROM events WHERE tenant_id=?2 AND origin=?4),"
-      "?5,?6,?7,?8,?9,?10) RETURNING tenant_position, origin_seq";
-  auto s = db_.Prepare(kSql);
-  Status st = hash.ok() ? s.status() : hash.status();
-  if (st.ok()) {
-    s->BindAll(e.id, e.tenant_id, e.type, e.origin, e.agent_id, e.session_id, e.run_id, payload,
-               e.occurred_at, *hash);
-    auto row = s->Step();
+      "session_id, run_id, payload, occurred_at, hash) VALUES(?,?,?,?,?,?,?,?,?,?,?,?)";
+  Status st = hash.status();
+  int64_t tenant_position = 0;
+  if (st.ok()) {  // the statement is reset at the end of the block, before the insert
+    auto next = db_.Prepare(kNext);
+    auto row = next.ok() ? next->BindAll(e.tenant_id, e.origin).Step() : Result<bool>(next.status());
     if (!row.ok()) {
       st = row.status();
     } else if (!*row) {
-      st = Internal("event insert returned no row");
+      st = Internal("the event's positions were not read");
     } else {
-      e.position = s->Int(0);
-      e.origin_seq = s->Int(1);
-      sealer_.Appended(chained, *hash, e.origin_seq);
+      tenant_position = next->Int(0);
+      e.origin_seq = next->Int(1);
     }
+  }
+  if (st.ok()) {
+    auto s = db_.Prepare(kSql);
+    st = s.ok() ? s->BindAll(e.id, e.tenant_id, tenant_position, e.type, e.origin, e.origin_seq,
+                             e.agent_id, e.session_id, e.run_id, payload, e.occurred_at, *hash)
+                      .Run()
+                : s.status();
+  }
+  if (st.ok()) {
+    e.position = tenant_position;
+    sealer_.Appended(chained, *hash, e.origin_seq);
   }
   if (!st.ok()) appended_.pop_back();
   return st;

@@ -115,10 +115,10 @@ Result<std::vector<Budget>> SqliteTx::ListBudgets(const std::string& tenant_id) 
 Status SqliteTx::DeleteBudget(const std::string& tenant_id, const std::string& scope,
                               const std::string& period) {
   static const std::string kSql =
-      "DELETE FROM budgets WHERE tenant_id=? AND scope=? AND period=? RETURNING scope";
+      "DELETE FROM budgets WHERE tenant_id=? AND scope=? AND period=?";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, scope, period);
-  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  KEEL_ASSIGN_OR_RETURN(bool row, s.RunChanged());
   if (!row) return NotFound("no " + period + " budget is set for " + scope);
   return Status::Ok();
 }
