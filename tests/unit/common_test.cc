@@ -21,6 +21,16 @@ TEST(IdsTest, NewIdsAreUuidV7AndStrictlyIncreasing) {
   }
 }
 
+TEST(IdsTest, AnIdCarriesItsMillisecondAndTheRfc9562Variant) {
+  Millis before = NowMillis();
+  std::string id = NewId();
+  Millis after = NowMillis();
+  Millis at = std::stoll(id.substr(0, 8) + id.substr(9, 4), nullptr, 16);
+  EXPECT_GE(at, before);
+  EXPECT_LE(at, after);
+  EXPECT_NE(std::string("89ab").find(id[19]), std::string::npos) << id;
+}
+
 TEST(TimeTest, Rfc3339RoundTrips) {
   Millis t = 1796040000123;  // 2026-11-30T...
   std::string s = FormatRfc3339(t);

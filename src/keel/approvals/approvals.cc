@@ -3,6 +3,7 @@
 #include "keel/common/ids.h"
 #include "keel/policy/policy.h"
 #include "keel/policy/stored.h"
+#include "keel/runs/run_state.h"
 
 namespace keel::approvals {
 namespace {
@@ -96,37 +97,9 @@ Result<store::Approval> Decide(store::Tx& tx, const DecisionRequest& d, Millis n
   KEEL_RETURN_IF_ERROR(tx.approvals().UpdateApproval(a));
 
   // The parked call: its journal entry and its step.
-  KEEL_ASSIGN_OR_RETURN(auto calls, tx.runs().ListToolCalls(d.tenant_id, a.run_id));
-  KEEL_ASSIGN_OR_RETURN(auto steps, tx.runs().ListSteps(d.tenant_id, a.run_id));
-  const store::ToolCall* parked = nullptr;
-  for (const auto& c : calls) {
-    if (c.call_id == a.call_id) parked = &c;
-  }
-  if (!parked || parked->status != "awaiting_approval") {
-    return Internal("approval " + a.id + " has no tool call awaiting it");
-  }
-  store::ToolCall call = *parked;
-  call.status = outcome.call_status;
-  call.updated_at = now;
-  if (outcome.error.empty()) {
-    if (a.amended_arguments.is_object()) call.arguments = a.amended_arguments;
-    call.result = nullptr;
-  } else {
-    call.result = {{"error", outcome.error}};
-  }
-  KEEL_RETURN_IF_ERROR(tx.runs().UpdateToolCall(call));
-  for (auto step : steps) {
-    if (step.id != call.step_id) continue;
-    step.status = call.status;
-    if (!outcome.error.empty()) {
-      step.output = call.result;
-      step.finished_at = now;
-    } else if (a.amended_arguments.is_object()) {
-      step.input["arguments"] = a.amended_arguments;
-      step.input["amended_from"] = a.arguments;
-    }
-    KEEL_RETURN_IF_ERROR(tx.runs().UpdateStep(step));
-  }
+  KEEL_RETURN_IF_ERROR(runs::SettleParkedCall(tx, d.tenant_id, a.run_id, a.call_id,
+                                              outcome.call_status, outcome.error,
+                                              a.amended_arguments, now));
 
   std::string standing_id;
   if (d.standing) {
@@ -152,17 +125,9 @@ Result<store::Approval> Decide(store::Tx& tx, const DecisionRequest& d, Millis n
   KEEL_RETURN_IF_ERROR(tx.events().Append({a.tenant_id, "approval.decided@v1", a.agent_id,
                                            a.session_id, a.run_id, decided}));
 
-  // The run goes back to the queue (a cancelled run has already ended).
-  KEEL_ASSIGN_OR_RETURN(store::Run run, tx.runs().GetRun(d.tenant_id, a.run_id));
-  if (run.status == "waiting_for_approval" && d.verdict != Verdict::kCancel) {
-    run.status = "queued";
-    KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(run));
-    KEEL_RETURN_IF_ERROR(
-        tx.sessions().UpdateSessionStatus(run.tenant_id, run.session_id, "idle", now));
-    KEEL_RETURN_IF_ERROR(tx.events().Append({run.tenant_id, "run.queued@v1", run.agent_id,
-                                             run.session_id, run.id,
-                                             {{"message_id", run.message_id},
-                                              {"after_approval", a.id}}}));
+  // The run goes back to the queue (a cancelled run ends in the caller's unit instead).
+  if (d.verdict != Verdict::kCancel) {
+    KEEL_RETURN_IF_ERROR(runs::Requeue(tx, d.tenant_id, a.run_id, a.id, now));
   }
   return a;
 }

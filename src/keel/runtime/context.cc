@@ -17,6 +17,7 @@
 #include "keel/model/provider.h"
 #include "keel/plugins/bus.h"
 #include "keel/plugins/host.h"
+#include "keel/runs/run_state.h"
 #include "keel/runtime/model_calls.h"
 #include "keel/runtime/runtime.h"
 #include "keel/skills/skills.h"
@@ -386,17 +387,11 @@ asio::awaitable<Status> Runtime::AssembleContext(
                      {"output_tokens", usage.output_tokens}}}};
     call.Describe(step.output);
     auto recorded = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
-      KEEL_ASSIGN_OR_RETURN(auto cur, tx.runs().GetRun(run.tenant_id, run.id));
-      if (cur.status != "running" || cur.lease_owner != run.lease_owner ||
-          cur.attempt != run.attempt) {
-        return Conflict("run " + run.id + " is no longer held by this execution");
-      }
+      KEEL_ASSIGN_OR_RETURN(auto cur, runs::Held(tx, run));
       KEEL_RETURN_IF_ERROR(tx.compactions().InsertCompaction(c));
       KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(step));
       KEEL_RETURN_IF_ERROR(call.Record(tx, cur, step));  // its usage record, model.fallback@v1
-      cur.input_tokens += usage.input_tokens;
-      cur.output_tokens += usage.output_tokens;
-      KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(cur));
+      KEEL_RETURN_IF_ERROR(runs::AddTokens(tx, cur, usage.input_tokens, usage.output_tokens));
       return tx.events().Append({run.tenant_id,
                                  "session.compacted@v1",
                                  run.agent_id,

@@ -5,6 +5,7 @@
 #include "keel/common/ids.h"
 #include "keel/plugins/bus.h"
 #include "keel/plugins/host.h"
+#include "keel/runs/run_state.h"
 #include "keel/runtime/runtime.h"
 #include "keel/store/async.h"
 
@@ -167,29 +168,17 @@ Status Runtime::WriteIntake(store::Tx& tx, IntakeUnit& u) {
   const IntakeRequest& req = u.request;
   const IntakeResult& out = u.out;
   KEEL_RETURN_IF_ERROR(tx.messages().InsertMessage(out.message));
-  u.claimed = u.may_claim && !u.busy;
-  store::Run stored = out.run;
-  if (u.claimed) {
-    stored.status = "running";
-    stored.attempt = 1;
-    stored.lease_owner = u.origin;
-    stored.lease_expires_at = u.now + options_.lease_ms;
-    stored.started_at = u.now;
-    KEEL_RETURN_IF_ERROR(
-        tx.sessions().UpdateSessionStatus(req.tenant_id, req.session_id, "running", u.now));
-  }
-  KEEL_RETURN_IF_ERROR(tx.runs().InsertRun(stored));
   KEEL_RETURN_IF_ERROR(tx.events().Append({req.tenant_id, "message.created@v1", u.agent.id,
                                            req.session_id, out.run.id,
                                            {{"message_id", out.message.id},
                                             {"role", out.message.role}}}));
+  u.claimed = u.may_claim && !u.busy;
+  std::optional<runs::Lease> claim;
+  if (u.claimed) claim = runs::Lease{u.origin, u.now + options_.lease_ms};
   Json queued = {{"message_id", out.message.id}};
   if (!u.trigger.is_null()) queued["trigger"] = u.trigger;
-  KEEL_RETURN_IF_ERROR(tx.events().Append(
-      {req.tenant_id, "run.queued@v1", u.agent.id, req.session_id, out.run.id, queued}));
-  if (!u.claimed) return Status::Ok();
-  return tx.events().Append({req.tenant_id, "run.started@v1", u.agent.id, req.session_id,
-                             out.run.id, {{"attempt", 1}, {"resumed", false}}});
+  KEEL_ASSIGN_OR_RETURN(u.written, runs::Create(tx, out.run, queued, u.now, claim));
+  return Status::Ok();
 }
 
 void Runtime::AfterIntake(IntakeUnit& u) {
@@ -198,34 +187,19 @@ void Runtime::AfterIntake(IntakeUnit& u) {
     Wake();
     return;
   }
-  store::Run running = u.out.run;
-  running.status = "running";
-  running.attempt = 1;
-  running.lease_owner = u.origin;
-  running.lease_expires_at = u.now + options_.lease_ms;
-  running.started_at = u.now;
-  u.out.run = running;  // the run as committed
+  u.out.run = u.written;  // the run as committed: running, leased to this node
+  const store::Run& running = u.written;
   Launch(running, Known{u.agent, u.out.message, std::move(u.enabled)}, std::move(u.slot));
 }
 
 asio::awaitable<Result<store::Run>> Runtime::Cancel(const std::string& tenant_id,
                                                     const std::string& run_id) {
   store::Run out;
-  auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
-    KEEL_ASSIGN_OR_RETURN(out, tx.runs().GetRun(tenant_id, run_id));
-    if (out.Terminal()) {
-      return Conflict("run " + run_id + " already ended (" + out.status + ")");
-    }
+  // What a run that ends at once leaves pending is withdrawn in the same unit: a waiting run's
+  // approval (through the one decision function), a requeued run's approved calls.
+  auto withdraw = [&](store::Tx& tx, const store::Run& run) -> Status {
     Millis now = NowMillis();
-    if (out.status == "running") {
-      if (out.cancel_requested) return Status::Ok();
-      out.cancel_requested = true;
-      KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(out));
-      return tx.events()
-          .Append({tenant_id, "run.cancel_requested@v1", out.agent_id, out.session_id, out.id, {}});
-    }
-    if (out.status == "waiting_for_approval") {
-      // The pending approval ends with the run, through the one decision function.
+    if (run.status == "waiting_for_approval") {
       KEEL_ASSIGN_OR_RETURN(auto calls, tx.runs().ListToolCalls(tenant_id, run_id));
       for (const auto& c : calls) {
         if (c.status != "awaiting_approval") continue;
@@ -240,37 +214,15 @@ asio::awaitable<Result<store::Run>> Runtime::Cancel(const std::string& tenant_id
         d.reason = "the run was cancelled";
         KEEL_RETURN_IF_ERROR(approvals::Decide(tx, d, now).status());
       }
-      KEEL_RETURN_IF_ERROR(
-          tx.sessions().UpdateSessionStatus(tenant_id, out.session_id, "idle", now));
-    } else if (out.attempt > 0) {
+    } else if (run.attempt > 0) {
       // A run queued again after an approval: its approved call will never run now.
-      KEEL_ASSIGN_OR_RETURN(auto calls, tx.runs().ListToolCalls(tenant_id, run_id));
-      KEEL_ASSIGN_OR_RETURN(auto steps, tx.runs().ListSteps(tenant_id, run_id));
-      for (auto c : calls) {
-        if (c.status != "approved") continue;
-        c.status = "rejected";
-        c.result = {{"error", "the run was cancelled before the approved call ran"}};
-        c.updated_at = now;
-        KEEL_RETURN_IF_ERROR(tx.runs().UpdateToolCall(c));
-        for (auto s : steps) {
-          if (s.id != c.step_id) continue;
-          s.status = c.status;
-          s.output = c.result;
-          s.finished_at = now;
-          KEEL_RETURN_IF_ERROR(tx.runs().UpdateStep(s));
-        }
-      }
+      KEEL_RETURN_IF_ERROR(runs::WithdrawApprovedCalls(tx, run, now));
     }
-    out.status = "cancelled";
-    out.finished_at = now;
-    out.error = {{"code", "cancelled"}, {"message", "cancelled by request"}};
-    KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(out));
-    Json payload = {{"status", out.status},
-                    {"error", out.error},
-                    {"usage", {{"input_tokens", out.input_tokens},
-                               {"output_tokens", out.output_tokens}}}};
-    return tx.events()
-        .Append({tenant_id, "run.cancelled@v1", out.agent_id, out.session_id, out.id, payload});
+    return Status::Ok();
+  };
+  auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(out, runs::Cancel(tx, tenant_id, run_id, NowMillis(), withdraw));
+    return Status::Ok();
   });
   if (!written.ok()) co_return written.status();
   if (out.status == "running") cancel_requested_.insert(run_id);

@@ -14,6 +14,7 @@
 #include "keel/plugins/bus.h"
 #include "keel/plugins/host.h"
 #include "keel/policy/stored.h"
+#include "keel/runs/run_state.h"
 #include "keel/runtime/context.h"
 #include "keel/runtime/event_hub.h"
 #include "keel/runtime/model_calls.h"
@@ -105,33 +106,14 @@ bool SameMessages(const std::vector<model::ChatMessage>& a,
   return true;
 }
 
-// Re-reads the run inside a unit of work and checks this execution still owns it.
-Result<store::Run> OwnedRun(store::Tx& tx, const store::Run& mine) {
-  KEEL_ASSIGN_OR_RETURN(auto cur, tx.runs().GetRun(mine.tenant_id, mine.id));
-  if (cur.status != "running" || cur.lease_owner != mine.lease_owner ||
-      cur.attempt != mine.attempt) {
-    return Conflict("run " + mine.id + " is no longer held by this execution");
-  }
-  return cur;
-}
-
 }  // namespace
 
 asio::awaitable<Status> Runtime::ParkAgain(const store::Run& mine, const std::string& call_id) {
   auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
-    KEEL_ASSIGN_OR_RETURN(auto cur, OwnedRun(tx, mine));
+    KEEL_ASSIGN_OR_RETURN(auto cur, runs::Held(tx, mine));
     KEEL_ASSIGN_OR_RETURN(auto approval,
                           tx.approvals().FindApprovalForCall(cur.tenant_id, cur.id, call_id));
-    Millis now = NowMillis();
-    cur.status = "waiting_for_approval";
-    cur.lease_owner.clear();
-    cur.lease_expires_at = 0;
-    KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(cur));
-    KEEL_RETURN_IF_ERROR(
-        tx.sessions().UpdateSessionStatus(cur.tenant_id, cur.session_id, "awaiting_approval", now));
-    return tx.events().Append({cur.tenant_id, "run.waiting_for_approval@v1", cur.agent_id,
-                               cur.session_id, cur.id,
-                               {{"approval_id", approval ? approval->id : std::string()}}});
+    return runs::Park(tx, cur, approval ? approval->id : std::string(), NowMillis());
   });
   co_return written.status();
 }
@@ -147,47 +129,6 @@ asio::awaitable<std::optional<std::string>> Runtime::StopFor(
   if (!read.ok()) co_return std::nullopt;  // a failing store fails the next write instead
   co_return policy::StopReason(read_stops, run.agent_id);
 }
-
-namespace {
-
-// A run is poison when the process died (or stalled past its lease) during the same point of
-// it kPoisonTries times in a row: each claim appends run.started, each step or wait appends
-// events of its own, so that many run.started events with nothing after them mean that many
-// tries ended without progress. A run stopped by outside kills at random moments progresses
-// between them and is resumed as before. A run the io watchdog caught holding the io thread past
-// io_stall_limit_ms (runtime/watchdog.h) ends with run.stalled@v1: it is poison at once.
-constexpr int kPoisonTries = 4;
-
-// Empty, or why `run` is not resumed again. REQUIRES: `run` is locked in `tx`, to be resumed.
-Result<std::string> PoisonCheck(store::Tx& tx, const store::Run& run) {
-  store::EventFilter filter;
-  filter.run_id = run.id;
-  int tries = 0;
-  int64_t after = 0;
-  std::optional<store::Event> stalled;  // the last event, when it is run.stalled@v1
-  while (true) {
-    KEEL_ASSIGN_OR_RETURN(auto events, tx.events().ReadEvents(run.tenant_id, after, filter, 500));
-    for (const auto& e : events) {
-      tries = e.type == "run.started@v1" ? tries + 1 : 0;
-      stalled.reset();
-      if (e.type == "run.stalled@v1") stalled = e;
-    }
-    if (events.size() < 500) break;
-    after = events.back().position;
-  }
-  if (stalled) {
-    const Json& p = stalled->payload;
-    return "the run held the server's io thread for " +
-           std::to_string(p.value("held_ms", int64_t(0))) + " ms (" + p.value("work", "") +
-           "), past io_stall_limit_ms, and the server was stopped; it is not tried again";
-  }
-  if (tries < kPoisonTries) return std::string();
-  return "the run stopped the server (or held it past its lease) " + std::to_string(tries) +
-         " times in a row at the same point, after its last recorded step; it is not tried "
-         "again";
-}
-
-}  // namespace
 
 asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known,
                                       RunSlots::Hold slot) {
@@ -210,25 +151,10 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
   Millis now = NowMillis();
   std::string poison;  // set when the run stopped its process too often at one point (below)
   auto claim = [&](store::Tx& tx) -> Status {
-    KEEL_ASSIGN_OR_RETURN(auto cur, tx.runs().LockRun(run.tenant_id, run.id));
-    bool resumable = cur.status == "running" && cur.lease_expires_at < now;
-    if (cur.status != "queued" && !resumable) return Conflict("run is not claimable");
-    if (resumable) {
-      KEEL_ASSIGN_OR_RETURN(poison, PoisonCheck(tx, cur));
-    }
-    cur.status = "running";
-    cur.attempt += 1;
-    cur.lease_owner = origin;
-    cur.lease_expires_at = now + options_.lease_ms;
-    if (!cur.started_at) cur.started_at = now;
-    KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(cur));
-    KEEL_RETURN_IF_ERROR(tx.sessions().UpdateSessionStatus(cur.tenant_id, cur.session_id,
-                                                           "running", now));
-    KEEL_RETURN_IF_ERROR(tx.events()
-                             .Append({cur.tenant_id, "run.started@v1", cur.agent_id,
-                                      cur.session_id, cur.id,
-                                      {{"attempt", cur.attempt}, {"resumed", resumable}}}));
-    run = cur;
+    KEEL_ASSIGN_OR_RETURN(auto claimed,
+                          runs::ClaimRun(tx, run.tenant_id, run.id, origin, now, options_.lease_ms));
+    poison = std::move(claimed.poison);
+    run = std::move(claimed.run);
     return Status::Ok();
   };
   if (!known) {
@@ -246,7 +172,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
                     std::optional<store::Step> final_step, model::Usage usage,
                     const ModelCall* call = nullptr) -> asio::awaitable<Status> {
     auto done = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
-      KEEL_ASSIGN_OR_RETURN(auto cur, OwnedRun(tx, run));
+      KEEL_ASSIGN_OR_RETURN(auto cur, runs::Held(tx, run));
       Millis at = NowMillis();
       if (final_step) {
         KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(*final_step));
@@ -258,16 +184,8 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
                                            {"status", final_step->status}}}));
         if (call) KEEL_RETURN_IF_ERROR(call->Record(tx, cur, *final_step));
       }
-      cur.status = status;
-      cur.output = output;
-      cur.error = error;
       cur.input_tokens += usage.input_tokens;
       cur.output_tokens += usage.output_tokens;
-      cur.finished_at = at;
-      cur.lease_expires_at = 0;
-      KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(cur));
-      KEEL_RETURN_IF_ERROR(tx.sessions().UpdateSessionStatus(cur.tenant_id, cur.session_id,
-                                                             "idle", at));
       if (status == "done" && !direct && introspection.empty()) {
         store::Message reply;
         reply.id = NewId();
@@ -286,15 +204,10 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
       if (status == "done" && !introspection.empty()) {
         KEEL_RETURN_IF_ERROR(IntrospectionCompleted(tx, cur, introspection));
       }
-      Json payload = {{"status", status}};
-      if (!error.is_null()) payload["error"] = error;
       KEEL_ASSIGN_OR_RETURN(auto totals, tx.usage().RunUsage(cur.tenant_id, cur.id));
-      payload["usage"] = RunUsageJson(cur, totals);
-      std::string type = status == "done"        ? "run.completed@v1"
-                         : status == "cancelled" ? "run.cancelled@v1"
-                                                 : "run.failed@v1";
-      return tx.events()
-          .Append({cur.tenant_id, type, cur.agent_id, cur.session_id, cur.id, payload});
+      // A run's reported usage includes the tokens this ending adds (RunUsageJson reads cur).
+      runs::Ending ending{status, output, error, RunUsageJson(cur, totals)};
+      return runs::Finish(tx, cur, ending, at);
     });
     if (done.ok()) {
       if (status == "done" && !direct && introspection.empty() && introspects) TurnEnded(run);
@@ -664,12 +577,11 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
       co_return;
     }
     auto recorded = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
-      KEEL_ASSIGN_OR_RETURN(auto cur, OwnedRun(tx, run));
+      KEEL_ASSIGN_OR_RETURN(auto cur, runs::Held(tx, run));
       KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(step));
       KEEL_RETURN_IF_ERROR(call.Record(tx, cur, step));
-      cur.input_tokens += response->usage.input_tokens;
-      cur.output_tokens += response->usage.output_tokens;
-      KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(cur));
+      KEEL_RETURN_IF_ERROR(
+          runs::AddTokens(tx, cur, response->usage.input_tokens, response->usage.output_tokens));
       run.cancel_requested = cur.cancel_requested;
       return tx.events()
           .Append({cur.tenant_id, "run.step@v1", cur.agent_id, cur.session_id, cur.id,

@@ -209,6 +209,7 @@ class Runtime {
     // Set by WriteIntake:
     bool busy = false;     // the session had an unfinished run
     bool claimed = false;  // the run was written running, with this node's lease
+    store::Run written;    // the run as the unit wrote it (queued, or running when claimed)
     bool refused = false;  // a check refused the message before anything was written
     std::optional<IntakeResult> replay;  // the idempotency key matched an earlier message
   };

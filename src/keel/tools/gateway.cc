@@ -25,6 +25,7 @@
 #include "keel/common/time.h"
 #include "keel/policy/policy.h"
 #include "keel/policy/stored.h"
+#include "keel/runs/run_state.h"
 #include "keel/store/async.h"
 #include "keel/tools/schema.h"
 #include "keel/tools/tool_pool.h"
@@ -500,22 +501,6 @@ struct Guards {
   std::vector<store::StandingApproval> standing;
 };
 
-// Checks that this execution (this node's origin, the run's attempt) still owns `cur`, the run
-// as read inside the unit.
-Status CheckOwned(const store::Run& cur, const std::string& origin, int attempt) {
-  if (cur.status != "running" || cur.lease_owner != origin || cur.attempt != attempt) {
-    return Conflict("run " + cur.id + " is no longer held by this execution");
-  }
-  return Status::Ok();
-}
-
-// Re-reads the run inside the unit and checks this execution still owns it.
-Status StillHeld(store::Tx& tx, const std::string& tenant_id, const std::string& run_id,
-                 const std::string& origin, int attempt) {
-  KEEL_ASSIGN_OR_RETURN(store::Run run, tx.runs().GetRun(tenant_id, run_id));
-  return CheckOwned(run, origin, attempt);
-}
-
 // Writes a large result whole into the workspace; returns what the model sees instead.
 Result<Json> KeepLargeResult(const std::string& workspace, const store::ToolCall& call,
                              const std::string& text, bool is_text, size_t limit) {
@@ -556,22 +541,10 @@ Result<Json> KeepLargeResult(const std::string& workspace, const store::ToolCall
 asio::awaitable<Result<CallOutcome>> Gateway::Deny(store::ToolCall call, store::Step step,
                                                    const CallRequest& req, std::string reason) {
   Tool* tool = registry_.Find(req.tool);
-  Millis now = NowMillis();
   call.effect_class = tool ? EffectClassName(tool->effect_class()) : "once";
-  call.status = "denied";
-  call.result = {{"error", reason}};
-  step.status = "denied";
-  step.input["decision"] = {{"outcome", "deny"}, {"reason", reason}};
-  step.output = call.result;
-  step.finished_at = now;
-  const std::string origin = store_.origin();
+  const runs::Holder holder{store_.origin(), req.attempt};
   auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
-    KEEL_RETURN_IF_ERROR(StillHeld(tx, req.tenant_id, req.run_id, origin, req.attempt));
-    KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(step));
-    KEEL_RETURN_IF_ERROR(tx.runs().InsertToolCall(call));
-    return tx.events().Append({req.tenant_id, "tool.call.denied@v1", req.agent_id,
-                               req.session_id, req.run_id,
-                               {{"call_id", call.call_id}, {"tool", call.tool}, {"reason", reason}}});
+    return runs::DenyCall(tx, holder, call, step, reason, /*recorded=*/false, NowMillis());
   });
   if (!written.ok()) co_return written.status();
   co_return CallOutcome{"denied", call.result};
@@ -683,55 +656,19 @@ asio::awaitable<Result<CallOutcome>> Gateway::Call(const CallRequest& req) {
     approval.requested_by = req.requested_by;
     approval.created_at = now;
     approval.expires_at = now + options_.approval_ttl_ms;
-    call.status = "awaiting_approval";
-    step.status = "awaiting_approval";
-    step.input["decision"] = {{"outcome", "approval"}, {"reason", decision.reason},
-                              {"approval_id", approval.id}};
-    const std::string origin = store_.origin();
+    const runs::Holder holder{store_.origin(), req.attempt};
     auto parked = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
-      KEEL_ASSIGN_OR_RETURN(store::Run run, tx.runs().GetRun(req.tenant_id, req.run_id));
-      KEEL_RETURN_IF_ERROR(CheckOwned(run, origin, req.attempt));
-      KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(step));
-      KEEL_RETURN_IF_ERROR(tx.runs().InsertToolCall(call));
-      KEEL_RETURN_IF_ERROR(tx.approvals().InsertApproval(approval));
-      run.status = "waiting_for_approval";
-      run.lease_owner.clear();
-      run.lease_expires_at = 0;
-      KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(run));
-      KEEL_RETURN_IF_ERROR(tx.sessions().UpdateSessionStatus(req.tenant_id, req.session_id,
-                                                             "awaiting_approval", now));
-      KEEL_RETURN_IF_ERROR(tx.events().Append(
-          {req.tenant_id, "approval.requested@v1", req.agent_id, req.session_id, req.run_id,
-           {{"approval_id", approval.id},
-            {"call_id", call.call_id},
-            {"tool", call.tool},
-            {"arguments", call.arguments},
-            {"reason", approval.reason},
-            {"expires_at", FormatRfc3339(approval.expires_at)}}}));
-      return tx.events().Append({req.tenant_id, "run.waiting_for_approval@v1", req.agent_id,
-                                 req.session_id, req.run_id, {{"approval_id", approval.id}}});
+      return runs::ParkCall(tx, holder, call, step, approval, now);
     });
     if (!parked.ok()) co_return parked.status();
     co_return CallOutcome{"awaiting_approval", {{"approval_id", approval.id}}};
   }
 
   // Journal: the call is durably `started` before it runs.
-  call.status = "started";
-  call.result = nullptr;
-  step.status = "started";
-  step.input["decision"] = {{"outcome", "allow"}, {"reason", allowed_by}};
-  const std::string journal_origin = store_.origin();
+  const runs::Holder holder{store_.origin(), req.attempt};
+  const Json allow = {{"outcome", "allow"}, {"reason", allowed_by}};
   auto journaled = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
-    KEEL_RETURN_IF_ERROR(StillHeld(tx, req.tenant_id, req.run_id, journal_origin, req.attempt));
-    KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(step));
-    KEEL_RETURN_IF_ERROR(tx.runs().InsertToolCall(call));
-    return tx.events()
-        .Append({req.tenant_id, "tool.call.started@v1", req.agent_id, req.session_id, req.run_id,
-                 {{"call_id", call.call_id},
-                  {"tool", call.tool},
-                  {"arguments", call.arguments},
-                  {"effect_class", call.effect_class},
-                  {"decision", {{"outcome", "allow"}, {"reason", allowed_by}}}}});
+    return runs::StartCall(tx, holder, call, step, allow, /*recorded=*/false, NowMillis());
   });
   if (!journaled.ok()) co_return journaled.status();
   co_return co_await ExecuteAndRecord(std::move(call), std::move(step), req.agent_id,
@@ -744,7 +681,7 @@ asio::awaitable<Result<CallOutcome>> Gateway::ExecuteApproved(const store::ToolC
                                                               const std::string& session_id,
                                                               const Json& agent_config,
                                                               int attempt) {
-  const std::string origin = store_.origin();
+  const runs::Holder holder{store_.origin(), attempt};
   store::ToolCall call = approved;
   store::Step step = approved_step;
   std::vector<store::EmergencyStop> stops;
@@ -764,41 +701,15 @@ asio::awaitable<Result<CallOutcome>> Gateway::ExecuteApproved(const store::ToolC
     refusal = "the approved arguments do not match " + call.tool + "'s schema: " + fits.message();
   }
   if (!refusal.empty()) {
-    std::string reason = refusal;
-    step.input["decision"] = {{"outcome", "deny"}, {"reason", reason}};
-    call.status = "denied";
-    call.result = {{"error", reason}};
-    call.updated_at = now;
-    step.status = "denied";
-    step.output = call.result;
-    step.finished_at = now;
     auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
-      KEEL_RETURN_IF_ERROR(StillHeld(tx, call.tenant_id, call.run_id, origin, attempt));
-      KEEL_RETURN_IF_ERROR(tx.runs().UpdateToolCall(call));
-      KEEL_RETURN_IF_ERROR(tx.runs().UpdateStep(step));
-      return tx.events().Append({call.tenant_id, "tool.call.denied@v1", agent_id, session_id,
-                                 call.run_id,
-                                 {{"call_id", call.call_id}, {"tool", call.tool},
-                                  {"reason", reason}}});
+      return runs::DenyCall(tx, holder, call, step, refusal, /*recorded=*/true, now);
     });
     if (!written.ok()) co_return written.status();
     co_return CallOutcome{"denied", call.result};
   }
-  call.status = "started";
-  call.updated_at = now;
-  step.status = "started";
+  const Json approved_by = {{"outcome", "approved"}, {"reason", "approved by a human"}};
   auto journaled = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
-    KEEL_RETURN_IF_ERROR(StillHeld(tx, call.tenant_id, call.run_id, origin, attempt));
-    KEEL_RETURN_IF_ERROR(tx.runs().UpdateToolCall(call));
-    KEEL_RETURN_IF_ERROR(tx.runs().UpdateStep(step));
-    return tx.events().Append({call.tenant_id, "tool.call.started@v1", agent_id, session_id,
-                               call.run_id,
-                               {{"call_id", call.call_id},
-                                {"tool", call.tool},
-                                {"arguments", call.arguments},
-                                {"effect_class", call.effect_class},
-                                {"decision", {{"outcome", "approved"},
-                                              {"reason", "approved by a human"}}}}});
+    return runs::StartCall(tx, holder, call, step, approved_by, /*recorded=*/true, now);
   });
   if (!journaled.ok()) co_return journaled.status();
   co_return co_await ExecuteAndRecord(std::move(call), std::move(step), agent_id, session_id,
@@ -813,26 +724,12 @@ asio::awaitable<Result<CallOutcome>> Gateway::Resume(const store::ToolCall& call
   if (call.effect_class == "pure" || call.effect_class == "idempotent") {
     co_return co_await ExecuteAndRecord(call, step, agent_id, session_id, agent_config, attempt);
   }
-  const std::string origin = store_.origin();
   // A `once` call may have had its effect: never repeat it, surface it as unknown.
+  const runs::Holder holder{store_.origin(), attempt};
   store::ToolCall c = call;
   store::Step s = step;
-  c.status = "unknown";
-  c.result = {{"error",
-               "the call to " + c.tool +
-                   " was interrupted by a crash and may or may not have taken effect; it was "
-                   "not repeated"}};
-  c.updated_at = NowMillis();
-  s.status = "unknown";
-  s.output = c.result;
-  s.finished_at = c.updated_at;
   auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
-    KEEL_RETURN_IF_ERROR(StillHeld(tx, c.tenant_id, c.run_id, origin, attempt));
-    KEEL_RETURN_IF_ERROR(tx.runs().UpdateToolCall(c));
-    KEEL_RETURN_IF_ERROR(tx.runs().UpdateStep(s));
-    return tx.events()
-        .Append({c.tenant_id, "tool.call.unknown@v1", agent_id, session_id, c.run_id,
-                 {{"call_id", c.call_id}, {"tool", c.tool}}});
+    return runs::CallUnknown(tx, holder, c, s, NowMillis());
   });
   if (!written.ok()) co_return written.status();
   co_return CallOutcome{"unknown", c.result};
@@ -843,7 +740,7 @@ asio::awaitable<Result<CallOutcome>> Gateway::ExecuteAndRecord(store::ToolCall c
                                                                std::string agent_id,
                                                                std::string session_id,
                                                                Json agent_config, int attempt) {
-  const std::string origin = store_.origin();
+  const runs::Holder holder{store_.origin(), attempt};
   auto resolved = co_await Resolve(call.tenant_id, agent_id, call.tool);
   // Host execution is the platform admin's to grant, per tenant, and the grant is read now
   // (a withdrawn one stops the next command); whatever the agent's config says is overwritten.
@@ -883,29 +780,27 @@ asio::awaitable<Result<CallOutcome>> Gateway::ExecuteAndRecord(store::ToolCall c
       result = run();
     }
   }
-  call.updated_at = NowMillis();
+  std::string status = "failed";
+  Json outcome;
   if (result.ok()) {
-    call.status = "succeeded";
-    call.result = *result;
+    status = "succeeded";
+    outcome = *result;
     std::string text = result->is_string() ? result->get<std::string>() : DumpJson(*result);
     if (text.size() > options_.large_result_bytes) {
       auto kept = KeepLargeResult(WorkspaceOf(agent_id), call, text, result->is_string(),
                                   options_.large_result_bytes);
       if (kept.ok()) {
-        call.result = *kept;
+        outcome = *kept;
       } else {
-        call.status = "failed";
-        call.result = {{"error", "the result (" + std::to_string(text.size()) +
-                                     " bytes) could not be kept: " + kept.status().message()}};
+        status = "failed";
+        outcome = {{"error", "the result (" + std::to_string(text.size()) +
+                                 " bytes) could not be kept: " + kept.status().message()}};
       }
     }
   } else {
-    call.status = "failed";
-    call.result = {{"error", result.status().message()}};
+    outcome = {{"error", result.status().message()}};
   }
-  step.status = call.status;
-  step.output = call.result;
-  step.finished_at = call.updated_at;
+  runs::Ended(call, step, status, std::move(outcome), NowMillis());
   auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
       std::chrono::steady_clock::now() - started);
   const CallRecord record{call.tenant_id, agent_id, session_id, call.run_id, &call,
@@ -913,17 +808,13 @@ asio::awaitable<Result<CallOutcome>> Gateway::ExecuteAndRecord(store::ToolCall c
   std::vector<store::PluginDelivery> outbox;
   if (outbox_hook_) outbox = outbox_hook_(record);
   auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
-    KEEL_RETURN_IF_ERROR(StillHeld(tx, call.tenant_id, call.run_id, origin, attempt));
-    KEEL_RETURN_IF_ERROR(tx.runs().UpdateToolCall(call));
-    KEEL_RETURN_IF_ERROR(tx.runs().UpdateStep(step));
+    KEEL_RETURN_IF_ERROR(runs::EndCall(tx, holder, call, step));
     for (const auto& d : outbox) {
       // A plugin deleted meanwhile takes nothing; the call's result must be recorded anyway.
       if (!tx.plugins().GetPlugin(d.tenant_id, d.plugin_id).ok()) continue;
       KEEL_RETURN_IF_ERROR(tx.plugins().InsertDelivery(d));
     }
-    return tx.events()
-        .Append({call.tenant_id, "tool.call.completed@v1", agent_id, session_id, call.run_id,
-                 {{"call_id", call.call_id}, {"tool", call.tool}, {"status", call.status}}});
+    return Status::Ok();
   });
   if (!written.ok()) co_return written.status();
   if (after_hook_) after_hook_(record);

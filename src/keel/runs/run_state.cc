@@ -1,0 +1,347 @@
+#include "keel/runs/run_state.h"
+
+#include "keel/store/store.h"
+
+namespace keel::runs {
+
+namespace {
+
+// A run is poison when the process died (or stalled past its lease) during the same point of
+// it kPoisonTries times in a row: each claim appends run.started, each step or wait appends
+// events of its own, so that many run.started events with nothing after them mean that many
+// tries ended without progress. A run stopped by outside kills at random moments progresses
+// between them and is resumed as before. A run the io watchdog caught holding the io thread past
+// io_stall_limit_ms (runtime/watchdog.h) ends with run.stalled@v1: it is poison at once.
+constexpr int kPoisonTries = 4;
+
+// Empty, or why `run` is not resumed again. REQUIRES: `run` is locked in `tx`, to be resumed.
+Result<std::string> PoisonCheck(store::Tx& tx, const store::Run& run) {
+  store::EventFilter filter;
+  filter.run_id = run.id;
+  int tries = 0;
+  int64_t after = 0;
+  std::optional<store::Event> stalled;  // the last event, when it is run.stalled@v1
+  while (true) {
+    KEEL_ASSIGN_OR_RETURN(auto events, tx.events().ReadEvents(run.tenant_id, after, filter, 500));
+    for (const auto& e : events) {
+      tries = e.type == "run.started@v1" ? tries + 1 : 0;
+      stalled.reset();
+      if (e.type == "run.stalled@v1") stalled = e;
+    }
+    if (events.size() < 500) break;
+    after = events.back().position;
+  }
+  if (stalled) {
+    const Json& p = stalled->payload;
+    return "the run held the server's io thread for " +
+           std::to_string(p.value("held_ms", int64_t(0))) + " ms (" + p.value("work", "") +
+           "), past io_stall_limit_ms, and the server was stopped; it is not tried again";
+  }
+  if (tries < kPoisonTries) return std::string();
+  return "the run stopped the server (or held it past its lease) " + std::to_string(tries) +
+         " times in a row at the same point, after its last recorded step; it is not tried "
+         "again";
+}
+
+Status Append(store::Tx& tx, const store::Run& run, std::string type, Json payload) {
+  return tx.events().Append(
+      {run.tenant_id, std::move(type), run.agent_id, run.session_id, run.id, std::move(payload)});
+}
+
+}  // namespace
+
+Result<store::Run> Held(store::Tx& tx, const std::string& tenant_id, const std::string& run_id,
+                        const Holder& holder) {
+  KEEL_ASSIGN_OR_RETURN(store::Run cur, tx.runs().GetRun(tenant_id, run_id));
+  if (cur.status != "running" || cur.lease_owner != holder.origin ||
+      cur.attempt != holder.attempt) {
+    return Conflict("run " + run_id + " is no longer held by this execution");
+  }
+  return cur;
+}
+
+Result<store::Run> Create(store::Tx& tx, store::Run run, const Json& queued_payload, Millis now,
+                          const std::optional<Lease>& claim) {
+  if (run.status != "queued") return Internal("a new run is queued, not " + run.status);
+  if (claim) {
+    run.status = "running";
+    run.attempt = 1;
+    run.lease_owner = claim->origin;
+    run.lease_expires_at = claim->until;
+    run.started_at = now;
+    KEEL_RETURN_IF_ERROR(
+        tx.sessions().UpdateSessionStatus(run.tenant_id, run.session_id, "running", now));
+  }
+  KEEL_RETURN_IF_ERROR(tx.runs().InsertRun(run));
+  KEEL_RETURN_IF_ERROR(Append(tx, run, "run.queued@v1", queued_payload));
+  if (claim) {
+    KEEL_RETURN_IF_ERROR(
+        Append(tx, run, "run.started@v1", {{"attempt", run.attempt}, {"resumed", false}}));
+  }
+  return run;
+}
+
+Result<Claim> ClaimRun(store::Tx& tx, const std::string& tenant_id, const std::string& run_id,
+                       const std::string& origin, Millis now, int64_t lease_ms) {
+  Claim out;
+  KEEL_ASSIGN_OR_RETURN(store::Run cur, tx.runs().LockRun(tenant_id, run_id));
+  out.resumed = cur.status == "running" && cur.lease_expires_at < now;
+  if (cur.status != "queued" && !out.resumed) return Conflict("run is not claimable");
+  if (out.resumed) {
+    KEEL_ASSIGN_OR_RETURN(out.poison, PoisonCheck(tx, cur));
+  }
+  cur.status = "running";
+  cur.attempt += 1;
+  cur.lease_owner = origin;
+  cur.lease_expires_at = now + lease_ms;
+  if (!cur.started_at) cur.started_at = now;
+  KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(cur));
+  KEEL_RETURN_IF_ERROR(
+      tx.sessions().UpdateSessionStatus(cur.tenant_id, cur.session_id, "running", now));
+  KEEL_RETURN_IF_ERROR(Append(tx, cur, "run.started@v1",
+                              {{"attempt", cur.attempt}, {"resumed", out.resumed}}));
+  out.run = std::move(cur);
+  return out;
+}
+
+Status AddTokens(store::Tx& tx, store::Run& cur, int64_t input_tokens, int64_t output_tokens) {
+  cur.input_tokens += input_tokens;
+  cur.output_tokens += output_tokens;
+  return tx.runs().UpdateRun(cur);
+}
+
+Status Park(store::Tx& tx, store::Run& cur, const std::string& approval_id, Millis now) {
+  if (cur.status != "running") return Conflict("only a running run waits for an approval");
+  cur.status = "waiting_for_approval";
+  cur.lease_owner.clear();
+  cur.lease_expires_at = 0;
+  KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(cur));
+  KEEL_RETURN_IF_ERROR(
+      tx.sessions().UpdateSessionStatus(cur.tenant_id, cur.session_id, "awaiting_approval", now));
+  return Append(tx, cur, "run.waiting_for_approval@v1", {{"approval_id", approval_id}});
+}
+
+Status Requeue(store::Tx& tx, const std::string& tenant_id, const std::string& run_id,
+               const std::string& approval_id, Millis now) {
+  KEEL_ASSIGN_OR_RETURN(store::Run run, tx.runs().GetRun(tenant_id, run_id));
+  if (run.status != "waiting_for_approval") return Status::Ok();
+  run.status = "queued";
+  KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(run));
+  KEEL_RETURN_IF_ERROR(tx.sessions().UpdateSessionStatus(run.tenant_id, run.session_id, "idle", now));
+  return Append(tx, run, "run.queued@v1",
+                {{"message_id", run.message_id}, {"after_approval", approval_id}});
+}
+
+Status Finish(store::Tx& tx, store::Run& cur, const Ending& ending, Millis now) {
+  if (cur.status != "running") return Conflict("run " + cur.id + " is not running");
+  const char* type = ending.status == "done"        ? "run.completed@v1"
+                     : ending.status == "cancelled" ? "run.cancelled@v1"
+                     : ending.status == "failed"    ? "run.failed@v1"
+                                                    : nullptr;
+  if (!type) return Internal("a run does not end " + ending.status);
+  cur.status = ending.status;
+  cur.output = ending.output;
+  cur.error = ending.error;
+  cur.finished_at = now;
+  cur.lease_expires_at = 0;
+  KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(cur));
+  KEEL_RETURN_IF_ERROR(tx.sessions().UpdateSessionStatus(cur.tenant_id, cur.session_id, "idle", now));
+  Json payload = {{"status", ending.status}};
+  if (!ending.error.is_null()) payload["error"] = ending.error;
+  payload["usage"] = ending.usage;
+  return Append(tx, cur, type, std::move(payload));
+}
+
+Result<store::Run> Cancel(store::Tx& tx, const std::string& tenant_id, const std::string& run_id,
+                          Millis now,
+                          const std::function<Status(store::Tx&, const store::Run&)>& before_end) {
+  KEEL_ASSIGN_OR_RETURN(store::Run out, tx.runs().GetRun(tenant_id, run_id));
+  if (out.Terminal()) return Conflict("run " + run_id + " already ended (" + out.status + ")");
+  if (out.status == "running") {
+    if (out.cancel_requested) return out;
+    out.cancel_requested = true;
+    KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(out));
+    KEEL_RETURN_IF_ERROR(Append(tx, out, "run.cancel_requested@v1", Json::object()));
+    return out;
+  }
+  if (before_end) KEEL_RETURN_IF_ERROR(before_end(tx, out));
+  if (out.status == "waiting_for_approval") {
+    KEEL_RETURN_IF_ERROR(
+        tx.sessions().UpdateSessionStatus(tenant_id, out.session_id, "idle", now));
+  }
+  out.status = "cancelled";
+  out.finished_at = now;
+  out.error = {{"code", "cancelled"}, {"message", "cancelled by request"}};
+  KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(out));
+  Json payload = {{"status", out.status},
+                  {"error", out.error},
+                  {"usage", {{"input_tokens", out.input_tokens},
+                             {"output_tokens", out.output_tokens}}}};
+  KEEL_RETURN_IF_ERROR(Append(tx, out, "run.cancelled@v1", std::move(payload)));
+  return out;
+}
+
+// ---- A tool call's transitions
+
+namespace {
+
+Status WriteCall(store::Tx& tx, const store::ToolCall& call, const store::Step& step,
+                 bool recorded) {
+  if (recorded) {
+    KEEL_RETURN_IF_ERROR(tx.runs().UpdateToolCall(call));
+    return tx.runs().UpdateStep(step);
+  }
+  KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(step));
+  return tx.runs().InsertToolCall(call);
+}
+
+}  // namespace
+
+Status DenyCall(store::Tx& tx, const Holder& holder, store::ToolCall& call, store::Step& step,
+                const std::string& reason, bool recorded, Millis now) {
+  KEEL_ASSIGN_OR_RETURN(store::Run run, Held(tx, call.tenant_id, call.run_id, holder));
+  call.status = "denied";
+  call.result = {{"error", reason}};
+  if (recorded) call.updated_at = now;
+  step.status = "denied";
+  step.input["decision"] = {{"outcome", "deny"}, {"reason", reason}};
+  step.output = call.result;
+  step.finished_at = now;
+  KEEL_RETURN_IF_ERROR(WriteCall(tx, call, step, recorded));
+  return Append(tx, run, "tool.call.denied@v1",
+                {{"call_id", call.call_id}, {"tool", call.tool}, {"reason", reason}});
+}
+
+Status ParkCall(store::Tx& tx, const Holder& holder, store::ToolCall& call, store::Step& step,
+                const store::Approval& approval, Millis now) {
+  KEEL_ASSIGN_OR_RETURN(store::Run run, Held(tx, call.tenant_id, call.run_id, holder));
+  call.status = "awaiting_approval";
+  step.status = "awaiting_approval";
+  step.input["decision"] = {
+      {"outcome", "approval"}, {"reason", approval.reason}, {"approval_id", approval.id}};
+  KEEL_RETURN_IF_ERROR(WriteCall(tx, call, step, /*recorded=*/false));
+  KEEL_RETURN_IF_ERROR(tx.approvals().InsertApproval(approval));
+  KEEL_RETURN_IF_ERROR(Append(tx, run, "approval.requested@v1",
+                              {{"approval_id", approval.id},
+                               {"call_id", call.call_id},
+                               {"tool", call.tool},
+                               {"arguments", call.arguments},
+                               {"reason", approval.reason},
+                               {"expires_at", FormatRfc3339(approval.expires_at)}}));
+  return Park(tx, run, approval.id, now);
+}
+
+Status StartCall(store::Tx& tx, const Holder& holder, store::ToolCall& call, store::Step& step,
+                 const Json& decision, bool recorded, Millis now) {
+  KEEL_ASSIGN_OR_RETURN(store::Run run, Held(tx, call.tenant_id, call.run_id, holder));
+  call.status = "started";
+  step.status = "started";
+  if (recorded) {
+    call.updated_at = now;  // the step keeps the decision that approved it
+  } else {
+    call.result = nullptr;
+    step.input["decision"] = decision;
+  }
+  KEEL_RETURN_IF_ERROR(WriteCall(tx, call, step, recorded));
+  return Append(tx, run, "tool.call.started@v1",
+                {{"call_id", call.call_id},
+                 {"tool", call.tool},
+                 {"arguments", call.arguments},
+                 {"effect_class", call.effect_class},
+                 {"decision", decision}});
+}
+
+void Ended(store::ToolCall& call, store::Step& step, const std::string& status, Json result,
+           Millis now) {
+  call.status = status;
+  call.result = std::move(result);
+  call.updated_at = now;
+  step.status = call.status;
+  step.output = call.result;
+  step.finished_at = now;
+}
+
+Status EndCall(store::Tx& tx, const Holder& holder, const store::ToolCall& call,
+               const store::Step& step) {
+  if (call.status != "succeeded" && call.status != "failed") {
+    return Internal("a started call ends succeeded or failed, not " + call.status);
+  }
+  KEEL_ASSIGN_OR_RETURN(store::Run run, Held(tx, call.tenant_id, call.run_id, holder));
+  KEEL_RETURN_IF_ERROR(WriteCall(tx, call, step, /*recorded=*/true));
+  return Append(tx, run, "tool.call.completed@v1",
+                {{"call_id", call.call_id}, {"tool", call.tool}, {"status", call.status}});
+}
+
+Status CallUnknown(store::Tx& tx, const Holder& holder, store::ToolCall& call, store::Step& step,
+                   Millis now) {
+  KEEL_ASSIGN_OR_RETURN(store::Run run, Held(tx, call.tenant_id, call.run_id, holder));
+  Ended(call, step, "unknown",
+        {{"error", "the call to " + call.tool +
+                       " was interrupted by a crash and may or may not have taken effect; it "
+                       "was not repeated"}},
+        now);
+  KEEL_RETURN_IF_ERROR(WriteCall(tx, call, step, /*recorded=*/true));
+  return Append(tx, run, "tool.call.unknown@v1", {{"call_id", call.call_id}, {"tool", call.tool}});
+}
+
+Status SettleParkedCall(store::Tx& tx, const std::string& tenant_id, const std::string& run_id,
+                        const std::string& call_id, const std::string& status,
+                        const std::string& error, const Json& amended, Millis now) {
+  if (status != "approved" && status != "rejected") {
+    return Internal("a parked call is approved or rejected, not " + status);
+  }
+  KEEL_ASSIGN_OR_RETURN(auto calls, tx.runs().ListToolCalls(tenant_id, run_id));
+  const store::ToolCall* parked = nullptr;
+  for (const auto& c : calls) {
+    if (c.call_id == call_id) parked = &c;
+  }
+  if (!parked || parked->status != "awaiting_approval") {
+    return Internal("tool call " + call_id + " of run " + run_id + " awaits no approval");
+  }
+  store::ToolCall call = *parked;
+  call.status = status;
+  call.updated_at = now;
+  if (error.empty()) {
+    if (amended.is_object()) call.arguments = amended;
+    call.result = nullptr;
+  } else {
+    call.result = {{"error", error}};
+  }
+  KEEL_RETURN_IF_ERROR(tx.runs().UpdateToolCall(call));
+  KEEL_ASSIGN_OR_RETURN(auto steps, tx.runs().ListSteps(tenant_id, run_id));
+  for (auto step : steps) {
+    if (step.id != call.step_id) continue;
+    step.status = call.status;
+    if (!error.empty()) {
+      step.output = call.result;
+      step.finished_at = now;
+    } else if (amended.is_object()) {
+      step.input["arguments"] = amended;
+      step.input["amended_from"] = parked->arguments;
+    }
+    KEEL_RETURN_IF_ERROR(tx.runs().UpdateStep(step));
+  }
+  return Status::Ok();
+}
+
+Status WithdrawApprovedCalls(store::Tx& tx, const store::Run& run, Millis now) {
+  KEEL_ASSIGN_OR_RETURN(auto calls, tx.runs().ListToolCalls(run.tenant_id, run.id));
+  KEEL_ASSIGN_OR_RETURN(auto steps, tx.runs().ListSteps(run.tenant_id, run.id));
+  for (auto c : calls) {
+    if (c.status != "approved") continue;
+    c.status = "rejected";
+    c.result = {{"error", "the run was cancelled before the approved call ran"}};
+    c.updated_at = now;
+    KEEL_RETURN_IF_ERROR(tx.runs().UpdateToolCall(c));
+    for (auto s : steps) {
+      if (s.id != c.step_id) continue;
+      s.status = c.status;
+      s.output = c.result;
+      s.finished_at = now;
+      KEEL_RETURN_IF_ERROR(tx.runs().UpdateStep(s));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace keel::runs

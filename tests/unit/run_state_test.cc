@@ -1,0 +1,346 @@
+// The run state machine (runs/run_state.h) on both backends: each transition leaves only from
+// the states it may, an execution that lost its run writes nothing, and each writes its event.
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "keel/common/ids.h"
+#include "keel/runs/run_state.h"
+#include "session_store_fixture.h"
+
+namespace keel::store::test {
+namespace {
+
+constexpr int64_t kLeaseMs = 30000;
+
+class RunStateTest : public SessionStoreTest {
+ protected:
+  // A new run of the session, written queued (or claimed by node-a at once).
+  store::Run NewRun(bool claim = false) {
+    store::Run r;
+    r.id = NewId();
+    r.tenant_id = tenant_;
+    r.session_id = session_;
+    r.agent_id = agent_;
+    r.message_id = NewId();
+    r.created_at = NowMillis();
+    store::Run written;
+    std::optional<runs::Lease> lease;
+    if (claim) lease = runs::Lease{"node-a", NowMillis() + kLeaseMs};
+    Status st = store_->WriteSync([&](Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(written, runs::Create(tx, r, {{"message_id", r.message_id}},
+                                                  NowMillis(), lease));
+      return Status::Ok();
+    });
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return written;
+  }
+
+  Result<runs::Claim> Claim(const std::string& origin, Millis now, const store::Run& run) {
+    runs::Claim out;
+    Status st = store_->WriteSync([&](Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(out, runs::ClaimRun(tx, tenant_, run.id, origin, now, kLeaseMs));
+      return Status::Ok();
+    });
+    if (!st.ok()) return st;
+    return out;
+  }
+
+  store::Run Stored(const std::string& run_id) {
+    store::Run r;
+    Status st = store_->Read([&](Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(r, tx.runs().GetRun(tenant_, run_id));
+      return Status::Ok();
+    });
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return r;
+  }
+
+  std::string SessionStatus() {
+    Session s;
+    Status st = store_->Read([&](Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(s, tx.sessions().GetSession(tenant_, session_));
+      return Status::Ok();
+    });
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return s.status;
+  }
+
+  // The types of the run's events, in order.
+  std::vector<std::string> EventTypes(const std::string& run_id) {
+    std::vector<std::string> types;
+    Status st = store_->Read([&](Tx& tx) -> Status {
+      EventFilter f;
+      f.run_id = run_id;
+      KEEL_ASSIGN_OR_RETURN(auto events, tx.events().ReadEvents(tenant_, 0, f, 1000));
+      for (const auto& e : events) types.push_back(e.type);
+      return Status::Ok();
+    });
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return types;
+  }
+
+  // A tool call proposed in `run`, with its step, not yet recorded.
+  std::pair<ToolCall, Step> Proposed(const store::Run& run, int seq) {
+    ToolCall c;
+    c.id = NewId();
+    c.tenant_id = tenant_;
+    c.run_id = run.id;
+    c.call_id = "call_" + std::to_string(seq);
+    c.tool = "notes.append";
+    c.arguments = {{"line", "x"}};
+    c.effect_class = "once";
+    c.effect_key = run.id + ":" + c.call_id;
+    c.created_at = c.updated_at = NowMillis();
+    Step s;
+    s.id = NewId();
+    s.tenant_id = tenant_;
+    s.run_id = run.id;
+    s.seq = seq;
+    s.kind = "tool";
+    s.started_at = c.created_at;
+    c.step_id = s.id;
+    return {c, s};
+  }
+};
+
+TEST_P(RunStateTest, ANewRunIsQueuedOrClaimedAtOnceWithItsEvents) {
+  store::Run queued = NewRun();
+  EXPECT_EQ(queued.status, "queued");
+  EXPECT_EQ(Stored(queued.id).attempt, 0);
+  EXPECT_EQ(SessionStatus(), "idle");
+  EXPECT_EQ(EventTypes(queued.id), std::vector<std::string>{"run.queued@v1"});
+
+  store::Run claimed = NewRun(/*claim=*/true);
+  store::Run stored = Stored(claimed.id);
+  EXPECT_EQ(stored.status, "running");
+  EXPECT_EQ(stored.attempt, 1);
+  EXPECT_EQ(stored.lease_owner, "node-a");
+  EXPECT_EQ(SessionStatus(), "running");
+  EXPECT_EQ(EventTypes(claimed.id),
+            (std::vector<std::string>{"run.queued@v1", "run.started@v1"}));
+
+  // Only a queued run is created: nothing is written for any other.
+  store::Run odd = queued;
+  odd.id = NewId();
+  odd.status = "done";
+  Status st = store_->WriteSync(
+      [&](Tx& tx) { return runs::Create(tx, odd, Json::object(), NowMillis(), {}).status(); });
+  EXPECT_EQ(st.code(), Code::kInternal);
+  EXPECT_TRUE(EventTypes(odd.id).empty());
+}
+
+TEST_P(RunStateTest, AClaimTakesAQueuedRunOrAnExpiredLeaseAndNothingElse) {
+  store::Run run = NewRun();
+  Millis now = NowMillis();
+  auto first = Claim("node-a", now, run);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_FALSE(first->resumed);
+  EXPECT_EQ(first->run.attempt, 1);
+  // Its lease is live: another node (or this one) cannot take it.
+  EXPECT_EQ(Claim("node-b", now + 1000, run).status().code(), Code::kConflict);
+  // Once the lease ran out, another node resumes it at the next attempt.
+  auto second = Claim("node-b", now + kLeaseMs + 1, run);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_TRUE(second->resumed);
+  EXPECT_EQ(second->run.attempt, 2);
+  EXPECT_EQ(second->run.lease_owner, "node-b");
+  EXPECT_TRUE(second->poison.empty());
+  // An ended run is never claimed.
+  Status st = store_->WriteSync([&](Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(store::Run cur, runs::Held(tx, second->run));
+    return runs::Finish(tx, cur, {"done", "ok", Json(), Json::object()}, NowMillis());
+  });
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(Claim("node-a", now + 10 * kLeaseMs, run).status().code(), Code::kConflict);
+}
+
+TEST_P(RunStateTest, ARunThatStoppedItsNodeFourTimesInARowIsPoison) {
+  store::Run run = NewRun();
+  Millis now = NowMillis();
+  for (int attempt = 1; attempt <= 4; ++attempt) {
+    auto c = Claim("node-a", now + attempt * (kLeaseMs + 1), run);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    EXPECT_TRUE(c->poison.empty()) << "attempt " << attempt;
+  }
+  auto fifth = Claim("node-a", now + 5 * (kLeaseMs + 1), run);
+  ASSERT_TRUE(fifth.ok()) << fifth.status().ToString();
+  EXPECT_NE(fifth->poison.find("4 times in a row"), std::string::npos) << fifth->poison;
+
+  // Progress between the tries (a recorded step) means it is not stuck at one point.
+  store::Run other = NewRun();
+  for (int attempt = 1; attempt <= 5; ++attempt) {
+    auto c = Claim("node-a", now + attempt * (kLeaseMs + 1), other);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    EXPECT_TRUE(c->poison.empty()) << "attempt " << attempt;
+    Status st = store_->WriteSync([&](Tx& tx) {
+      return tx.events().Append({tenant_, "run.step@v1", agent_, session_, other.id, {}});
+    });
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  }
+}
+
+TEST_P(RunStateTest, AnExecutionThatLostItsRunWritesNothingForIt) {
+  store::Run run = NewRun(/*claim=*/true);
+  const std::vector<std::string> before = EventTypes(run.id);
+  auto proposed = Proposed(run, 1);  // no structured binding: lambdas capture these
+  ToolCall call = proposed.first;
+  Step step = proposed.second;
+  for (const runs::Holder& stale : {runs::Holder{"node-b", 1}, runs::Holder{"node-a", 2}}) {
+    ToolCall c = call;
+    Step s = step;
+    Status denied = store_->WriteSync([&](Tx& tx) {
+      return runs::DenyCall(tx, stale, c, s, "no", /*recorded=*/false, NowMillis());
+    });
+    EXPECT_EQ(denied.code(), Code::kConflict) << stale.origin << " " << stale.attempt;
+    Status started = store_->WriteSync([&](Tx& tx) {
+      return runs::StartCall(tx, stale, c, s, {{"outcome", "allow"}}, false, NowMillis());
+    });
+    EXPECT_EQ(started.code(), Code::kConflict);
+    Status finished = store_->WriteSync([&](Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(store::Run cur, runs::Held(tx, tenant_, run.id, stale));
+      return runs::Finish(tx, cur, {"done", "", Json(), Json::object()}, NowMillis());
+    });
+    EXPECT_EQ(finished.code(), Code::kConflict);
+  }
+  Status read = store_->Read([&](Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(auto calls, tx.runs().ListToolCalls(tenant_, run.id));
+    EXPECT_TRUE(calls.empty());
+    KEEL_ASSIGN_OR_RETURN(auto steps, tx.runs().ListSteps(tenant_, run.id));
+    EXPECT_TRUE(steps.empty());
+    return Status::Ok();
+  });
+  ASSERT_TRUE(read.ok()) << read.ToString();
+  EXPECT_EQ(EventTypes(run.id), before);
+  EXPECT_EQ(Stored(run.id).status, "running");
+}
+
+TEST_P(RunStateTest, AParkedCallIsSettledOnceAndItsRunQueuedAgain) {
+  store::Run run = NewRun(/*claim=*/true);
+  auto proposed = Proposed(run, 1);  // no structured binding: lambdas capture these
+  ToolCall call = proposed.first;
+  Step step = proposed.second;
+  Approval a;
+  a.id = NewId();
+  a.tenant_id = tenant_;
+  a.run_id = run.id;
+  a.session_id = session_;
+  a.agent_id = agent_;
+  a.call_id = call.call_id;
+  a.tool = call.tool;
+  a.arguments = call.arguments;
+  a.reason = "a human decides";
+  a.created_at = NowMillis();
+  a.expires_at = a.created_at + 60000;
+  const runs::Holder holder = runs::HolderOf(run);
+  Status parked = store_->WriteSync(
+      [&](Tx& tx) { return runs::ParkCall(tx, holder, call, step, a, NowMillis()); });
+  ASSERT_TRUE(parked.ok()) << parked.ToString();
+  store::Run waiting = Stored(run.id);
+  EXPECT_EQ(waiting.status, "waiting_for_approval");
+  EXPECT_EQ(waiting.lease_owner, "");
+  EXPECT_EQ(SessionStatus(), "awaiting_approval");
+  // The parked run is held by nobody: its former holder can no longer write for it.
+  Status late = store_->WriteSync([&](Tx& tx) { return runs::Held(tx, run).status(); });
+  EXPECT_EQ(late.code(), Code::kConflict);
+
+  const Json amended = {{"line", "y"}};
+  auto settle = [&](const std::string& status) {
+    return store_->WriteSync([&](Tx& tx) {
+      return runs::SettleParkedCall(tx, tenant_, run.id, call.call_id, status, "", amended,
+                                    NowMillis());
+    });
+  };
+  ASSERT_TRUE(settle("approved").ok());
+  EXPECT_EQ(settle("rejected").code(), Code::kInternal);  // decided already
+  EXPECT_EQ(settle("started").code(), Code::kInternal);   // not a decision
+  Status read = store_->Read([&](Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(auto calls, tx.runs().ListToolCalls(tenant_, run.id));
+    EXPECT_EQ(calls.size(), 1u);
+    EXPECT_EQ(calls[0].status, "approved");
+    EXPECT_EQ(calls[0].arguments, amended);
+    KEEL_ASSIGN_OR_RETURN(auto steps, tx.runs().ListSteps(tenant_, run.id));
+    EXPECT_EQ(steps.size(), 1u);
+    EXPECT_EQ(steps[0].input["amended_from"], call.arguments);
+    return Status::Ok();
+  });
+  ASSERT_TRUE(read.ok()) << read.ToString();
+
+  auto requeue = [&] {
+    return store_->WriteSync(
+        [&](Tx& tx) { return runs::Requeue(tx, tenant_, run.id, a.id, NowMillis()); });
+  };
+  ASSERT_TRUE(requeue().ok());
+  EXPECT_EQ(Stored(run.id).status, "queued");
+  EXPECT_EQ(SessionStatus(), "idle");
+  const auto events = EventTypes(run.id);
+  ASSERT_TRUE(requeue().ok());  // queued already: nothing more
+  EXPECT_EQ(EventTypes(run.id), events);
+  EXPECT_EQ(events.back(), "run.queued@v1");
+}
+
+TEST_P(RunStateTest, AStartedCallEndsSucceededOrFailedOnly) {
+  store::Run run = NewRun(/*claim=*/true);
+  auto proposed = Proposed(run, 1);  // no structured binding: lambdas capture these
+  ToolCall call = proposed.first;
+  Step step = proposed.second;
+  const runs::Holder holder = runs::HolderOf(run);
+  Status started = store_->WriteSync([&](Tx& tx) {
+    return runs::StartCall(tx, holder, call, step, {{"outcome", "allow"}}, false, NowMillis());
+  });
+  ASSERT_TRUE(started.ok()) << started.ToString();
+  ToolCall odd = call;
+  Step odd_step = step;
+  runs::Ended(odd, odd_step, "approved", Json::object(), NowMillis());
+  Status refused =
+      store_->WriteSync([&](Tx& tx) { return runs::EndCall(tx, holder, odd, odd_step); });
+  EXPECT_EQ(refused.code(), Code::kInternal);
+  runs::Ended(call, step, "succeeded", {{"ok", true}}, NowMillis());
+  Status ended = store_->WriteSync([&](Tx& tx) { return runs::EndCall(tx, holder, call, step); });
+  ASSERT_TRUE(ended.ok()) << ended.ToString();
+  EXPECT_EQ(EventTypes(run.id),
+            (std::vector<std::string>{"run.queued@v1", "run.started@v1", "tool.call.started@v1",
+                                      "tool.call.completed@v1"}));
+}
+
+TEST_P(RunStateTest, ACancelStopsARunningRunAtItsBoundaryAndEndsAnyOtherAtOnce) {
+  auto cancel = [&](const store::Run& run, int* withdrawn) -> Result<store::Run> {
+    store::Run out;
+    Status st = store_->WriteSync([&](Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(out, runs::Cancel(tx, tenant_, run.id, NowMillis(),
+                                              [&](Tx&, const store::Run&) {
+                                                ++*withdrawn;
+                                                return Status::Ok();
+                                              }));
+      return Status::Ok();
+    });
+    if (!st.ok()) return st;
+    return out;
+  };
+  int withdrawn = 0;
+  store::Run running = NewRun(/*claim=*/true);
+  auto asked = cancel(running, &withdrawn);
+  ASSERT_TRUE(asked.ok()) << asked.status().ToString();
+  EXPECT_EQ(asked->status, "running");
+  EXPECT_TRUE(asked->cancel_requested);
+  const auto events = EventTypes(running.id);
+  EXPECT_EQ(events.back(), "run.cancel_requested@v1");
+  ASSERT_TRUE(cancel(running, &withdrawn).ok());  // asked already: nothing more
+  EXPECT_EQ(EventTypes(running.id), events);
+  EXPECT_EQ(withdrawn, 0);
+
+  store::Run queued = NewRun();
+  auto ended = cancel(queued, &withdrawn);
+  ASSERT_TRUE(ended.ok()) << ended.status().ToString();
+  EXPECT_EQ(ended->status, "cancelled");
+  EXPECT_EQ(Stored(queued.id).status, "cancelled");
+  EXPECT_EQ(withdrawn, 1);
+  EXPECT_EQ(EventTypes(queued.id).back(), "run.cancelled@v1");
+  EXPECT_EQ(cancel(queued, &withdrawn).status().code(), Code::kConflict);  // ended already
+}
+
+KEEL_BACKENDS(RunState, RunStateTest);
+
+}  // namespace
+}  // namespace keel::store::test
