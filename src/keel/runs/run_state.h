@@ -13,8 +13,11 @@
 // the transition leaves from, and a transition of a running run checks that the execution
 // asking still holds it (`Held`: this node's lease, at the attempt it claimed); it then writes
 // the run, its session's status and the transition's event. Nothing else writes `runs.status`,
-// a run's lease, a session's status on a run's behalf, or `tool_calls.status`: intake, the
-// executor, the gateway and the approval decision ask for a transition here.
+// a session's status on a run's behalf, or `tool_calls.status`: intake, the executor, context
+// assembly, the gateway and the approval decision ask for a transition here. A lease is taken
+// and released here too; between the two, only its holder extends it (the runtime's lease
+// keeper, `RunStore::RenewLeases`), and a node starting again ends its own dead leases
+// (`RunStore::ExpireLeasesOf`), which changes no status.
 //
 // Pure functions over the store's ports: no I/O of their own, no threads, no clock (the caller
 // passes `now`).
