@@ -38,8 +38,10 @@ struct DecisionRequest {
   std::optional<StandingGrant> standing;  // kApprove only
 };
 
-// Decides a pending approval inside `tx`: the approval, its tool call and step, and (when the
-// run still waits) the run, queued again, and its session; with the events of each. kConflict
+// Decides a pending approval inside `tx`: the approval, and through the run state machine
+// (runs/run_state.h) its tool call and step (runs::SettleParkedCall) and, when the run still
+// waits and the verdict is not a cancel, the run queued again (runs::Requeue); with the events
+// of each. kConflict
 // when the approval is not pending (decided twice) or has expired (for a human verdict);
 // kPermissionDenied when the policy asks for a separate approver and `decided_by` asked for the
 // run; kInvalidArgument for amended arguments that are not an object or a bad standing grant.
