@@ -128,7 +128,6 @@ TEST_P(RunStateTest, ANewRunIsQueuedOrClaimedAtOnceWithItsEvents) {
   Status st = store_->WriteSync(
       [&](Tx& tx) { return runs::Create(tx, odd, Json::object(), NowMillis(), {}).status(); });
   EXPECT_EQ(st.code(), Code::kInternal);
-  EXPECT_TRUE(EventTypes(odd.id).empty());
 }
 
 TEST_P(RunStateTest, AClaimTakesAQueuedRunOrAnExpiredLeaseAndNothingElse) {
@@ -204,16 +203,13 @@ TEST_P(RunStateTest, AnExecutionThatLostItsRunWritesNothingForIt) {
     });
     EXPECT_EQ(finished.code(), Code::kConflict);
   }
-  Status read = store_->Read([&](Tx& tx) -> Status {
-    KEEL_ASSIGN_OR_RETURN(auto calls, tx.runs().ListToolCalls(tenant_, run.id));
-    EXPECT_TRUE(calls.empty());
-    KEEL_ASSIGN_OR_RETURN(auto steps, tx.runs().ListSteps(tenant_, run.id));
-    EXPECT_TRUE(steps.empty());
-    return Status::Ok();
-  });
-  ASSERT_TRUE(read.ok()) << read.ToString();
   EXPECT_EQ(EventTypes(run.id), before);
-  EXPECT_EQ(Stored(run.id).status, "running");
+  // The holder itself is let through: the refusals above were for the stale holders only.
+  Status denied = store_->WriteSync([&](Tx& tx) {
+    return runs::DenyCall(tx, runs::HolderOf(run), call, step, "no", false, NowMillis());
+  });
+  ASSERT_TRUE(denied.ok()) << denied.ToString();
+  EXPECT_EQ(EventTypes(run.id).back(), "tool.call.denied@v1");
 }
 
 TEST_P(RunStateTest, AParkedCallIsSettledOnceAndItsRunQueuedAgain) {
@@ -257,11 +253,12 @@ TEST_P(RunStateTest, AParkedCallIsSettledOnceAndItsRunQueuedAgain) {
   EXPECT_EQ(settle("started").code(), Code::kInternal);   // not a decision
   Status read = store_->Read([&](Tx& tx) -> Status {
     KEEL_ASSIGN_OR_RETURN(auto calls, tx.runs().ListToolCalls(tenant_, run.id));
-    EXPECT_EQ(calls.size(), 1u);
+    KEEL_ASSIGN_OR_RETURN(auto steps, tx.runs().ListSteps(tenant_, run.id));
+    if (calls.size() != 1 || steps.size() != 1) return Internal("one call and one step expected");
     EXPECT_EQ(calls[0].status, "approved");
     EXPECT_EQ(calls[0].arguments, amended);
-    KEEL_ASSIGN_OR_RETURN(auto steps, tx.runs().ListSteps(tenant_, run.id));
-    EXPECT_EQ(steps.size(), 1u);
+    EXPECT_EQ(steps[0].status, "approved");
+    EXPECT_EQ(steps[0].input["arguments"], amended);
     EXPECT_EQ(steps[0].input["amended_from"], call.arguments);
     return Status::Ok();
   });
@@ -338,6 +335,76 @@ TEST_P(RunStateTest, ACancelStopsARunningRunAtItsBoundaryAndEndsAnyOtherAtOnce) 
   EXPECT_EQ(withdrawn, 1);
   EXPECT_EQ(EventTypes(queued.id).back(), "run.cancelled@v1");
   EXPECT_EQ(cancel(queued, &withdrawn).status().code(), Code::kConflict);  // ended already
+}
+
+TEST_P(RunStateTest, AFinishedRunIsIdleWithItsOutcomeInItsEvent) {
+  store::Run run = NewRun(/*claim=*/true);
+  const Json usage = {{"input_tokens", 7}, {"output_tokens", 3}};
+  const Json error = {{"code", "model_error"}, {"message", "down"}};
+  Millis at = NowMillis();
+  Status st = store_->WriteSync([&](Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(store::Run cur, runs::Held(tx, run));
+    return runs::Finish(tx, cur, {"failed", "", error, usage}, at);
+  });
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  store::Run done = Stored(run.id);
+  EXPECT_EQ(done.status, "failed");
+  EXPECT_EQ(done.error, error);
+  EXPECT_EQ(done.finished_at, at);
+  EXPECT_EQ(done.lease_expires_at, 0);
+  EXPECT_EQ(SessionStatus(), "idle");
+  Status read = store_->Read([&](Tx& tx) -> Status {
+    EventFilter f;
+    f.run_id = run.id;
+    KEEL_ASSIGN_OR_RETURN(auto events, tx.events().ReadEvents(tenant_, 0, f, 100));
+    if (events.empty()) return Internal("no event");
+    EXPECT_EQ(events.back().type, "run.failed@v1");
+    EXPECT_EQ(events.back().payload,
+              (Json{{"status", "failed"}, {"error", error}, {"usage", usage}}));
+    return Status::Ok();
+  });
+  ASSERT_TRUE(read.ok()) << read.ToString();
+  // A run ends once: a second ending finds it no longer held.
+  Status again = store_->WriteSync([&](Tx& tx) { return runs::Held(tx, run).status(); });
+  EXPECT_EQ(again.code(), Code::kConflict);
+  // And no transition invents an ending.
+  store::Run other = NewRun(/*claim=*/true);
+  Status odd = store_->WriteSync([&](Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(store::Run cur, runs::Held(tx, other));
+    return runs::Finish(tx, cur, {"paused", "", Json(), Json::object()}, NowMillis());
+  });
+  EXPECT_EQ(odd.code(), Code::kInternal);
+  EXPECT_EQ(Stored(other.id).status, "running");
+}
+
+TEST_P(RunStateTest, ACancelledWaitingRunWithdrawsFirstAndLeavesItsSessionIdle) {
+  store::Run run = NewRun(/*claim=*/true);
+  Status parked = store_->WriteSync([&](Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(store::Run cur, runs::Held(tx, run));
+    return runs::Park(tx, cur, "approval-1", NowMillis());
+  });
+  ASSERT_TRUE(parked.ok()) << parked.ToString();
+  EXPECT_EQ(SessionStatus(), "awaiting_approval");
+  std::string seen_status;
+  Status st = store_->WriteSync([&](Tx& tx) -> Status {
+    return runs::Cancel(tx, tenant_, run.id, NowMillis(), [&](Tx&, const store::Run& r) {
+             seen_status = r.status;  // what it withdraws from: the run as it waited
+             return Status::Ok();
+           }).status();
+  });
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(seen_status, "waiting_for_approval");
+  EXPECT_EQ(Stored(run.id).status, "cancelled");
+  EXPECT_EQ(SessionStatus(), "idle");
+  // A withdrawal that fails leaves the run as it was.
+  store::Run queued = NewRun();
+  Status failed = store_->WriteSync([&](Tx& tx) -> Status {
+    return runs::Cancel(tx, tenant_, queued.id, NowMillis(), [](Tx&, const store::Run&) {
+             return Unavailable("the store failed");
+           }).status();
+  });
+  EXPECT_EQ(failed.code(), Code::kUnavailable);
+  EXPECT_EQ(Stored(queued.id).status, "queued");
 }
 
 KEEL_BACKENDS(RunState, RunStateTest);

@@ -1726,6 +1726,11 @@ TEST_P(StoreTest, RecordsRoundTripThroughAReopen) {
     EXPECT_EQ(tx.tokens().FindActiveTokenByHash(token.hash).status().code(), Code::kNotFound);
     auto tokens = tx.tokens().ListTokens(t.id);
     EXPECT_TRUE(tokens.ok() && tokens->size() == 1 && (*tokens)[0].revoked_at.has_value());
+    // One token by id: revoked ones too, and only the tenant's own.
+    auto one = tx.tokens().GetToken(t.id, token.id);
+    EXPECT_TRUE(one.ok() && one->hash == token.hash && one->revoked_at.has_value());
+    EXPECT_EQ(tx.tokens().GetToken(NewId(), token.id).status().code(), Code::kNotFound);
+    EXPECT_EQ(tx.tokens().GetToken(t.id, NewId()).status().code(), Code::kNotFound);
     return Status::Ok();
   }).ok());
 }

@@ -134,22 +134,23 @@ Status WithdrawAuthority(store::Tx& tx, const std::string& tenant_id, const std:
 
 Result<bool> Revoked(store::Tx& tx, const std::string& tenant_id, const std::string& token_id) {
   if (token_id.empty()) return false;
-  KEEL_ASSIGN_OR_RETURN(auto tokens, tx.tokens().ListTokens(tenant_id));
-  for (const auto& t : tokens) {
-    if (t.id == token_id) return t.revoked_at.has_value();
+  auto token = tx.tokens().GetToken(tenant_id, token_id);
+  if (!token.ok()) {
+    if (token.status().code() == Code::kNotFound) return false;  // not a token of the tenant's
+    return token.status();
   }
-  return false;
+  return token->revoked_at.has_value();
 }
 
 Result<store::Token> ActiveToken(store::Tx& tx, const std::string& tenant_id,
                                  const std::string& token_id) {
-  KEEL_ASSIGN_OR_RETURN(auto tokens, tx.tokens().ListTokens(tenant_id));
-  for (const auto& t : tokens) {
-    if (t.id != token_id) continue;
-    if (t.revoked_at) return InvalidArgument("field 'token_id': token " + token_id + " is revoked");
-    return t;
+  auto t = tx.tokens().GetToken(tenant_id, token_id);
+  if (!t.ok()) {
+    if (t.status().code() != Code::kNotFound) return t.status();
+    return InvalidArgument("field 'token_id': no token " + token_id + " in this tenant");
   }
-  return InvalidArgument("field 'token_id': no token " + token_id + " in this tenant");
+  if (t->revoked_at) return InvalidArgument("field 'token_id': token " + token_id + " is revoked");
+  return *t;
 }
 
 Result<std::string> LeastPrivilegedAuthor(store::Tx& tx, const std::string& tenant_id,

@@ -109,7 +109,7 @@ struct Ending {
 };
 
 // running -> done | failed | cancelled, for the execution holding it: output, error, finish
-// time, lease cleared, the session idle, run.completed@v1 | run.failed@v1 | run.cancelled@v1.
+// time, the lease's expiry cleared (its owner stays, for the record), the session idle, run.completed@v1 | run.failed@v1 | run.cancelled@v1.
 // REQUIRES: `cur` came from Held in this unit.
 Status Finish(store::Tx& tx, store::Run& cur, const Ending& ending, Millis now);
 

@@ -197,8 +197,8 @@ asio::awaitable<Result<store::Run>> Runtime::Cancel(const std::string& tenant_id
   store::Run out;
   // What a run that ends at once leaves pending is withdrawn in the same unit: a waiting run's
   // approval (through the one decision function), a requeued run's approved calls.
+  Millis now = 0;  // one clock for the run, its approval and its calls; set in the unit
   auto withdraw = [&](store::Tx& tx, const store::Run& run) -> Status {
-    Millis now = NowMillis();
     if (run.status == "waiting_for_approval") {
       KEEL_ASSIGN_OR_RETURN(auto calls, tx.runs().ListToolCalls(tenant_id, run_id));
       for (const auto& c : calls) {
@@ -221,7 +221,8 @@ asio::awaitable<Result<store::Run>> Runtime::Cancel(const std::string& tenant_id
     return Status::Ok();
   };
   auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
-    KEEL_ASSIGN_OR_RETURN(out, runs::Cancel(tx, tenant_id, run_id, NowMillis(), withdraw));
+    now = NowMillis();
+    KEEL_ASSIGN_OR_RETURN(out, runs::Cancel(tx, tenant_id, run_id, now, withdraw));
     return Status::Ok();
   });
   if (!written.ok()) co_return written.status();

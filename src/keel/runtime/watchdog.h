@@ -6,7 +6,7 @@
 // watchdog's own checks the stamp. When the io thread has not turned over for `warn`, it logs
 // what holds it: the run and the work an IoWork marked (common/io_work.h). Held for `limit`,
 // it appends run.stalled@v1 to that run, so that the next start fails the run with poison_run
-// at once instead of after several tries (run_executor.cc, PoisonCheck), and aborts the
+// at once instead of after several tries (runs::ClaimRun's poison check, runs/run_state.cc), and aborts the
 // process: a frozen server must not stay frozen, and its supervisor starts it again.
 //
 // Owned by ServeMain. Start and Stop on the io thread; the heartbeat runs there, the check on

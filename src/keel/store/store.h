@@ -45,6 +45,8 @@ class TokenStore {
   // Not scoped to a tenant: the token identifies the tenant. kNotFound for unknown or revoked.
   virtual Result<Token> FindActiveTokenByHash(const std::string& hash) = 0;
   virtual Result<std::vector<Token>> ListTokens(const std::string& tenant_id) = 0;
+  // One token of the tenant, revoked or not; kNotFound when it is not the tenant's.
+  virtual Result<Token> GetToken(const std::string& tenant_id, const std::string& id) = 0;
   // kNotFound when the token is not the tenant's or already revoked.
   virtual Status RevokeToken(const std::string& tenant_id, const std::string& id, Millis at) = 0;
 };

@@ -188,6 +188,14 @@ Result<std::vector<Token>> PostgresTx::ListTokens(const std::string& tenant_id) 
   return Collect<Token>(rows, ReadToken<Row>);
 }
 
+Result<Token> PostgresTx::GetToken(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kTokenCols) + " FROM api_tokens WHERE tenant_id=$1 AND id=$2";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, id)));
+  return One<Token>(rows, ReadToken<Row>, "token not found: " + id);
+}
+
 Status PostgresTx::RevokeToken(const std::string& tenant_id, const std::string& id, Millis at) {
   static const std::string kSql =
       "UPDATE api_tokens SET revoked_at=$1 WHERE tenant_id=$2 AND id=$3 AND revoked_at IS NULL "
@@ -948,8 +956,8 @@ Status PostgresTx::Append(NewEvent n) {
   e.run_id = std::move(n.run_id);
   e.payload = n.payload.is_object() ? std::move(n.payload) : Json::object();
   e.occurred_at = NowMillis();
-  // The tenant's position and its origin_seq are computed inside the insert, as SqliteTx does,
-  // each one probe of its unique index: a rolled back unit takes its numbers with it, so there
+  // The tenant's position and its origin_seq are computed inside the insert (SqliteTx reads them
+  // first and binds them; the rule is the same), each one probe of its unique index: a rolled back unit takes its numbers with it, so there
   // is never a gap, and since every write transaction of the cluster holds the write lock
   // (PostgresStore), they follow commit order. `position` stays the store-wide key.
   static const std::string kSql =

@@ -125,6 +125,7 @@ class PostgresTx final : public Tx,
   Status InsertToken(const Token& t) override;
   Result<Token> FindActiveTokenByHash(const std::string& hash) override;
   Result<std::vector<Token>> ListTokens(const std::string& tenant_id) override;
+  Result<Token> GetToken(const std::string& tenant_id, const std::string& id) override;
   Status RevokeToken(const std::string& tenant_id, const std::string& id, Millis at) override;
   // AgentStore
   Status InsertAgent(const Agent& a) override;

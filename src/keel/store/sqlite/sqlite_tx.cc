@@ -106,6 +106,14 @@ Result<std::vector<Token>> SqliteTx::ListTokens(const std::string& tenant_id) {
   return Collect<Token>(s, ReadToken<Stmt>);
 }
 
+Result<Token> SqliteTx::GetToken(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kTokenCols) + " FROM api_tokens WHERE tenant_id=? AND id=?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id, id);
+  return One<Token>(s, ReadToken<Stmt>, "token not found: " + id);
+}
+
 Status SqliteTx::RevokeToken(const std::string& tenant_id, const std::string& id, Millis at) {
   static const std::string kSql = "UPDATE api_tokens SET revoked_at=? WHERE tenant_id=? "
                                             "AND id=? AND revoked_at IS NULL";
