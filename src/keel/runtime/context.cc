@@ -19,6 +19,7 @@
 #include "keel/plugins/host.h"
 #include "keel/runs/run_state.h"
 #include "keel/runtime/model_calls.h"
+#include "keel/runtime/plugin_bridge.h"
 #include "keel/runtime/runtime.h"
 #include "keel/skills/skills.h"
 #include "keel/store/async.h"
@@ -301,7 +302,7 @@ asio::awaitable<Status> Runtime::AssembleContext(
                       {"model", agent.model},
                       {"messages", MessagesJson(ask.messages)},
                       {"tools", Json::array()}};
-      auto out = Emit(plugins, "model.before", std::move(payload));
+      auto out = plugins_->Emit(plugins, "model.before", std::move(payload));
       if (out.abort) {
         error_code = "plugin_failed";
         co_return InvalidArgument("plugin " + out.abort->plugin_id +
@@ -328,7 +329,7 @@ asio::awaitable<Status> Runtime::AssembleContext(
     // Through the router, as any model call: the cache, the budgets, the agent's fallback,
     // metering. A summary is not part of the conversation: not streamed.
     std::function<void(const std::string&)> no_deltas;
-    ModelCall call = co_await CallModel(run, agent, ask, no_deltas);
+    ModelCall call = co_await models_->Call(run, agent, ask, no_deltas);
     if (call.store_failed) {  // the store failed: the run resumes after its lease
       error_code.clear();
       co_return call.response.status();

@@ -1,19 +1,30 @@
 // Intake and cancellation: the two ways a client changes what the runtime will do.
 
+#include "keel/runtime/intake.h"
+
 #include "keel/access/access.h"
 #include "keel/approvals/approvals.h"
 #include "keel/common/ids.h"
 #include "keel/plugins/bus.h"
 #include "keel/plugins/host.h"
 #include "keel/runs/run_state.h"
-#include "keel/runtime/runtime.h"
+#include "keel/runtime/dispatcher.h"
+#include "keel/runtime/plugin_bridge.h"
 #include "keel/store/async.h"
 
 namespace keel::runtime {
 
 namespace asio = boost::asio;
 
-asio::awaitable<Result<IntakeResult>> Runtime::PostMessage(const IntakeRequest& req) {
+Intake::Intake(store::Store& store, Dispatcher& dispatcher, PluginBridge& plugins, int lease_ms,
+               int tenant_run_cap)
+    : store_(store),
+      dispatcher_(dispatcher),
+      plugins_(plugins),
+      lease_ms_(lease_ms),
+      tenant_run_cap_(tenant_run_cap) {}
+
+asio::awaitable<Result<IntakeResult>> Intake::PostMessage(const IntakeRequest& req) {
   std::string content = req.content;
   if (!req.call.is_null()) {
     const Json& c = req.call;
@@ -62,9 +73,9 @@ asio::awaitable<Result<IntakeResult>> Runtime::PostMessage(const IntakeRequest& 
   // session.message.received@v1: the agent's plugins may rewrite the message before it is
   // stored (a direct call is not a message and is not shown to them).
   if (req.call.is_null() && !req.introspection) {
-    auto plugins = UsePlugins(req.tenant_id, agent.id, enabled);
+    auto plugins = plugins_.UsePlugins(req.tenant_id, agent.id, enabled);
     if (plugins->Wants("session.message.received")) {
-      auto out = Emit(*plugins, "session.message.received",
+      auto out = plugins_.Emit(*plugins, "session.message.received",
                       {{"agent_id", agent.id}, {"session_id", session.id}, {"role", "user"},
                        {"content", content}});
       if (out.abort) {
@@ -75,26 +86,26 @@ asio::awaitable<Result<IntakeResult>> Runtime::PostMessage(const IntakeRequest& 
       if (c.is_string() && !c.get_ref<const std::string&>().empty()) content = c.get<std::string>();
     }
   }
-  IntakeUnit unit = PrepareIntake(req, agent, std::move(content));
+  Unit unit = Prepare(req, agent, std::move(content));
   unit.enabled = std::move(enabled);
-  store::WriteFn write = [&unit, this](store::Tx& tx) { return WriteIntake(tx, unit); };
+  store::WriteFn write = [&unit, this](store::Tx& tx) { return Write(tx, unit); };
   auto written = co_await store::AsyncWrite(store_, std::move(write));
   if (!written.ok()) co_return written.status();
   if (unit.replay) co_return *unit.replay;
-  AfterIntake(unit);
+  After(unit);
   co_return unit.out;
 }
 
-Runtime::IntakeUnit Runtime::PrepareIntake(const IntakeRequest& req, const store::Agent& agent,
-                                           std::string content) {
-  IntakeUnit u;
+Intake::Unit Intake::Prepare(const IntakeRequest& req, const store::Agent& agent,
+                             std::string content) {
+  Unit u;
   u.request = req;
   u.agent = agent;
   u.reject_when_busy = agent.config.is_object() && agent.config.value("busy", "") == "reject";
   // When the session is idle and this node has a slot for the tenant's run, intake also claims
   // the run, saving a commit and a trip through the dispatcher. The slot is taken now, not
   // when the unit commits, so that intakes in flight together cannot exceed the tenant's share.
-  if (!draining_) u.slot = slots_.Take(req.tenant_id);
+  u.slot = dispatcher_.TakeSlot(req.tenant_id);
   u.may_claim = static_cast<bool>(u.slot);
   u.origin = store_.origin();
   u.now = NowMillis();
@@ -116,7 +127,7 @@ Runtime::IntakeUnit Runtime::PrepareIntake(const IntakeRequest& req, const store
   return u;
 }
 
-Status Runtime::CheckIntake(store::Tx& tx, IntakeUnit& u) {
+Status Intake::Check(store::Tx& tx, Unit& u) {
   const IntakeRequest& req = u.request;
   if (!req.idempotency_key.empty()) {
     // Re-checked inside the unit: two requests with one key may race past the read before it.
@@ -146,7 +157,7 @@ Status Runtime::CheckIntake(store::Tx& tx, IntakeUnit& u) {
     }
   }
   KEEL_ASSIGN_OR_RETURN(int64_t active, tx.runs().CountActiveRuns(req.tenant_id));
-  const int cap = options_.tenant_run_cap;
+  const int cap = tenant_run_cap_;
   if (active >= cap) {
     return Status(Code::kRateLimited, "the tenant has " + std::to_string(active) +
                                           " runs in flight (limit " + std::to_string(cap) +
@@ -155,11 +166,11 @@ Status Runtime::CheckIntake(store::Tx& tx, IntakeUnit& u) {
   return Status::Ok();
 }
 
-Status Runtime::WriteIntake(store::Tx& tx, IntakeUnit& u) {
+Status Intake::Write(store::Tx& tx, Unit& u) {
   u.refused = false;
   u.replay.reset();
   u.claimed = false;
-  if (Status checked = CheckIntake(tx, u); !checked.ok()) {
+  if (Status checked = Check(tx, u); !checked.ok()) {
     // Nothing is written yet: a caller may record the refusal instead (a schedule does).
     u.refused = checked.code() != Code::kUnavailable && checked.code() != Code::kInternal;
     return checked;
@@ -174,25 +185,26 @@ Status Runtime::WriteIntake(store::Tx& tx, IntakeUnit& u) {
                                             {"role", out.message.role}}}));
   u.claimed = u.may_claim && !u.busy;
   std::optional<runs::Lease> claim;
-  if (u.claimed) claim = runs::Lease{u.origin, u.now + options_.lease_ms};
+  if (u.claimed) claim = runs::Lease{u.origin, u.now + lease_ms_};
   Json queued = {{"message_id", out.message.id}};
   if (!u.trigger.is_null()) queued["trigger"] = u.trigger;
   KEEL_ASSIGN_OR_RETURN(u.written, runs::Create(tx, out.run, queued, u.now, claim));
   return Status::Ok();
 }
 
-void Runtime::AfterIntake(IntakeUnit& u) {
+void Intake::After(Unit& u) {
   if (!u.claimed) {
     u.slot.Release();  // before the dispatcher looks for runs
-    Wake();
+    dispatcher_.Wake();
     return;
   }
   u.out.run = u.written;  // the run as committed: running, leased to this node
   const store::Run& running = u.written;
-  Launch(running, Known{u.agent, u.out.message, std::move(u.enabled)}, std::move(u.slot));
+  dispatcher_.Launch(running, KnownRun{u.agent, u.out.message, std::move(u.enabled)},
+                      std::move(u.slot));
 }
 
-asio::awaitable<Result<store::Run>> Runtime::Cancel(const std::string& tenant_id,
+asio::awaitable<Result<store::Run>> Intake::Cancel(const std::string& tenant_id,
                                                     const std::string& run_id) {
   store::Run out;
   // What a run that ends at once leaves pending is withdrawn in the same unit: a waiting run's
@@ -226,8 +238,8 @@ asio::awaitable<Result<store::Run>> Runtime::Cancel(const std::string& tenant_id
     return Status::Ok();
   });
   if (!written.ok()) co_return written.status();
-  if (out.status == "running") cancel_requested_.insert(run_id);
-  if (out.status == "cancelled") Wake();  // the session's next run may start
+  if (out.status == "running") dispatcher_.RequestCancel(run_id);
+  if (out.status == "cancelled") dispatcher_.Wake();  // the session's next run may start
   co_return out;
 }
 

@@ -109,11 +109,11 @@ asio::awaitable<void> Runtime::Introspect(std::string tenant_id, std::string ses
 
 asio::awaitable<void> Runtime::IntrospectionLoop() {
   asio::steady_timer timer(executor_);
-  while (!draining_) {
+  while (!dispatcher_->draining()) {
     timer.expires_after(std::chrono::seconds(1));
     boost::system::error_code ec;
     co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-    if (draining_ || !store_.leader()) continue;  // one node fires them
+    if (dispatcher_->draining() || !store_.leader()) continue;  // one node fires them
     std::vector<store::IntrospectionDue> due;
     Millis now = NowMillis();
     Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {

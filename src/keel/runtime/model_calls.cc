@@ -15,7 +15,6 @@
 #include "keel/metrics.h"
 #include "keel/model/metering.h"
 #include "keel/runtime/conversation_cache.h"
-#include "keel/runtime/runtime.h"
 #include "keel/store/async.h"
 
 namespace keel::runtime {
@@ -297,15 +296,32 @@ Json RunUsageJson(const store::Run& run, const store::UsageTotals& totals) {
   return j;
 }
 
-asio::awaitable<ModelCall> Runtime::CallModel(const store::Run& run, const store::Agent& agent,
-                                              const model::ModelRequest& request,
-                                              std::function<void(const std::string&)> on_delta,
-                                              const HistoryMark* history) {
+ModelCaller::ModelCaller(asio::any_io_executor executor, store::Store& store,
+                         model::ProviderRegistry& providers, Metrics& metrics,
+                         std::map<std::string, config::ModelPrice> prices,
+                         config::CacheConfig cache)
+    : executor_(executor),
+      store_(store),
+      providers_(providers),
+      metrics_(metrics),
+      prices_(std::move(prices)),
+      cache_(std::move(cache)) {}
+
+void ModelCaller::Start() {
+  asio::co_spawn(executor_, CachePruneLoop(), ReportExceptions{"response cache pruning"});
+}
+
+void ModelCaller::Stop() { stopping_ = true; }
+
+asio::awaitable<ModelCall> ModelCaller::Call(const store::Run& run, const store::Agent& agent,
+                                             const model::ModelRequest& request,
+                                             std::function<void(const std::string&)> on_delta,
+                                             const HistoryMark* history) {
   ModelCall call;
   call.model = agent.model;
   const RequestKey request_key =
       CacheKeyOf(agent.model, request, history ? *history : HistoryMark{});
-  const bool use_cache = options_.cache.enabled && CacheOn(agent.config);
+  const bool use_cache = cache_.enabled && CacheOn(agent.config);
   std::string group = ConfigString(agent.config, "cache_group");
   if (group.empty()) group = agent.id;
   const std::string& key = request_key.key;
@@ -329,7 +345,7 @@ asio::awaitable<ModelCall> Runtime::CallModel(const store::Run& run, const store
     }
     // Last: on PostgreSQL a failed statement ends the transaction.
     if (use_cache) {
-      auto found = tx.usage().GetCacheEntry(run.tenant_id, group, key, now - options_.cache.ttl_ms);
+      auto found = tx.usage().GetCacheEntry(run.tenant_id, group, key, now - cache_.ttl_ms);
       if (found.ok()) {
         entry = std::move(*found);
       } else {
@@ -354,7 +370,7 @@ asio::awaitable<ModelCall> Runtime::CallModel(const store::Run& run, const store
       if (!cached->text.empty() && on_delta) on_delta(cached->text);
       call.cached = true;
       call.saved_micros =
-          model::CostMicros(model::PriceOf(options_.prices, agent.model), cached->usage);
+          model::CostMicros(model::PriceOf(prices_, agent.model), cached->usage);
       call.response = std::move(*cached);
       co_return call;
     }
@@ -367,7 +383,7 @@ asio::awaitable<ModelCall> Runtime::CallModel(const store::Run& run, const store
   }
   const int64_t estimated_input = model::EstimateInputTokens(request_key.bytes);
   auto estimate = [&](const std::string& model) {
-    return model::CostMicros(model::PriceOf(options_.prices, model), {estimated_input, 0});
+    return model::CostMicros(model::PriceOf(prices_, model), {estimated_input, 0});
   };
   call.budget_exceeded = CrossedBudget(spends, estimate(agent.model));
   if (!call.budget_exceeded.is_null()) {
@@ -417,7 +433,7 @@ asio::awaitable<ModelCall> Runtime::CallModel(const store::Run& run, const store
   // not what the request asked for; nor an empty one, which a compaction fails on and should
   // ask again for).
   call.cost_micros =
-      model::CostMicros(model::PriceOf(options_.prices, call.model), call.response->usage);
+      model::CostMicros(model::PriceOf(prices_, call.model), call.response->usage);
   const bool empty = call.response->text.empty() && call.response->tool_calls.empty();
   if (use_cache && !call.fell_back && !empty) {
     store::CacheEntry entry;
@@ -429,14 +445,14 @@ asio::awaitable<ModelCall> Runtime::CallModel(const store::Run& run, const store
     entry.input_tokens = call.response->usage.input_tokens;
     entry.output_tokens = call.response->usage.output_tokens;
     entry.created_at = NowMillis();
-    if (DumpJson(entry.response).size() <= static_cast<size_t>(options_.cache.max_entry_bytes)) {
+    if (DumpJson(entry.response).size() <= static_cast<size_t>(cache_.max_entry_bytes)) {
       QueueCacheEntry(std::move(entry));
     }
   }
   co_return call;
 }
 
-void Runtime::QueueCacheEntry(store::CacheEntry entry) {
+void ModelCaller::QueueCacheEntry(store::CacheEntry entry) {
   cache_pending_.push_back(std::move(entry));
   if (cache_pending_.size() >= kMaxPendingCacheEntries) {
     WriteCacheEntries();
@@ -446,7 +462,7 @@ void Runtime::QueueCacheEntry(store::CacheEntry entry) {
   }
 }
 
-asio::awaitable<void> Runtime::FlushCacheEntries() {
+asio::awaitable<void> ModelCaller::FlushCacheEntries() {
   // A short wait gathers the answers of many calls into one unit (one commit), off the runs'
   // path; an answer repeated within it is a miss, which only costs its model call.
   asio::steady_timer timer(executor_);
@@ -457,7 +473,7 @@ asio::awaitable<void> Runtime::FlushCacheEntries() {
   WriteCacheEntries();
 }
 
-void Runtime::WriteCacheEntries() {
+void ModelCaller::WriteCacheEntries() {
   if (cache_pending_.empty()) return;
   std::vector<store::CacheEntry> entries = std::move(cache_pending_);
   cache_pending_.clear();
@@ -478,15 +494,15 @@ void Runtime::WriteCacheEntries() {
       });
 }
 
-asio::awaitable<void> Runtime::CachePruneLoop() {
+asio::awaitable<void> ModelCaller::CachePruneLoop() {
   asio::steady_timer timer(executor_);
-  while (!draining_) {
+  while (!stopping_) {
     timer.expires_after(std::chrono::seconds(60));
     boost::system::error_code ec;
     co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-    if (draining_ || !store_.leader()) continue;
-    Millis before = NowMillis() - options_.cache.ttl_ms;
-    int64_t max_entries = options_.cache.max_entries;
+    if (stopping_ || !store_.leader()) continue;
+    Millis before = NowMillis() - cache_.ttl_ms;
+    int64_t max_entries = cache_.max_entries;
     store::WriteFn prune = [before, max_entries](store::Tx& tx) -> Status {
       return tx.usage().PruneCache(before, max_entries).status();
     };

@@ -1,6 +1,6 @@
 #pragma once
 // Internal to the runtime: the model router's side of a run (model_calls.cc). One model call
-// goes through Runtime::CallModel, in this order:
+// goes through ModelCaller::Call, in this order:
 //
 //   response cache  the agent's cache group (config.cache_group, default the agent's id) is
 //                   looked up by the sha256 of the normalized request; a hit is the answer
@@ -19,15 +19,26 @@
 // of work. A cache that fails (a read or a write) only costs the cache: the call goes to the
 // provider as if there were none, and keel_model_cache_errors_total counts it.
 
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+
+#include <functional>
+#include <map>
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "keel/common/json_util.h"
 #include "keel/common/status.h"
+#include "keel/config/config.h"
 #include "keel/model/provider.h"
 #include "keel/store/store.h"
 #include "keel/store/usage_store.h"
+
+namespace keel {
+struct Metrics;
+}
 
 namespace keel::runtime {
 
@@ -54,6 +65,50 @@ struct ModelCall {
   // (when a model or the cache answered) and its events, model.fallback@v1 or
   // budget.exceeded@v1.
   Status Record(store::Tx& tx, const store::Run& run, const store::Step& step) const;
+};
+
+struct HistoryMark;  // below
+
+// Makes the model calls of this node's runs, and keeps the response cache.
+// Runs on the server's io executor; no member needs a lock.
+class ModelCaller {
+ public:
+  // `prices`: by model string, for metering and budgets; `cache`: the response cache's
+  // settings (an agent turns it off for itself with config.cache).
+  ModelCaller(boost::asio::any_io_executor executor, store::Store& store,
+              model::ProviderRegistry& providers, Metrics& metrics,
+              std::map<std::string, config::ModelPrice> prices, config::CacheConfig cache);
+
+  // Starts pruning the response cache (on the leader): expired entries, and the oldest beyond
+  // the bound. REQUIRES: once, on the executor.
+  void Start();
+  // Stops pruning.
+  void Stop();
+
+  // One model call of `run` for `agent` (the order above). `on_delta` hears the answer's text
+  // as it streams; `history`, when given, marks the request's history for its cache key.
+  boost::asio::awaitable<ModelCall> Call(const store::Run& run, const store::Agent& agent,
+                                         const model::ModelRequest& request,
+                                         std::function<void(const std::string&)> on_delta,
+                                         const HistoryMark* history = nullptr);
+
+ private:
+  // Queues an answer for the response cache; queued answers are written together, in one
+  // unit of work a moment later, so that a miss does not cost a commit of its own.
+  void QueueCacheEntry(store::CacheEntry entry);
+  boost::asio::awaitable<void> FlushCacheEntries();  // after a moment, WriteCacheEntries
+  void WriteCacheEntries();                          // one unit, not awaited
+  boost::asio::awaitable<void> CachePruneLoop();
+
+  boost::asio::any_io_executor executor_;
+  store::Store& store_;
+  model::ProviderRegistry& providers_;
+  Metrics& metrics_;
+  const std::map<std::string, config::ModelPrice> prices_;
+  const config::CacheConfig cache_;
+  bool stopping_ = false;
+  std::vector<store::CacheEntry> cache_pending_;  // answers not written to the cache yet
+  bool cache_flush_scheduled_ = false;
 };
 
 // A compaction whose summary call failed or was stopped by a budget (context.cc): its failed

@@ -7,9 +7,12 @@
 
 #include "keel/common/io_work.h"
 #include "keel/common/log.h"
+#include "keel/http/client.h"
+#include "keel/memory/memory.h"
 #include "keel/plugins/bus.h"
 #include "keel/plugins/host.h"
-#include "keel/runtime/runtime.h"
+#include "keel/plugins/lua_plugin.h"
+#include "keel/runtime/plugin_bridge.h"
 #include "keel/store/async.h"
 #include "keel/tools/gateway.h"
 #include "keel/tools/tool.h"
@@ -18,7 +21,56 @@ namespace keel::runtime {
 
 namespace asio = boost::asio;
 
-asio::awaitable<Result<std::shared_ptr<plugins::AgentPlugins>>> Runtime::PluginsOf(
+namespace {
+
+// ctx.memory for an agent's Lua plugins: synchronous reads of that agent's memories (the plugin
+// runs on the event loop, in the turn).
+plugins::MemoryReaders MemoryReadersOn(store::Store& store) {
+  return [&store](const std::string& tenant_id, const std::string& agent_id) {
+    plugins::MemoryReader reader;
+    reader.search = [&store, tenant_id, agent_id](const std::string& query,
+                                                   const std::string& tag, int limit) {
+      return memory::SearchJson(store, tenant_id, agent_id, query, tag, limit);
+    };
+    reader.get = [&store, tenant_id, agent_id](const std::string& id) {
+      return memory::GetJson(store, tenant_id, agent_id, id);
+    };
+    return reader;
+  };
+}
+
+}  // namespace
+
+PluginBridge::PluginBridge(asio::any_io_executor executor, store::Store& store,
+                           tools::Gateway& gateway, std::string audit_dir,
+                           http::OutboundGuard outbound, const secrets::Vault* vault)
+    : executor_(executor),
+      store_(store),
+      gateway_(gateway),
+      vault_(vault),
+      host_(std::make_unique<plugins::PluginHost>(std::move(audit_dir), MemoryReadersOn(store))),
+      webhook_client_(std::make_unique<http::Client>([&] {
+        http::Client::Options o;
+        o.outbound = std::move(outbound);
+        return o;
+      }())),
+      delivery_timer_(executor) {
+  HookGateway();
+}
+
+PluginBridge::~PluginBridge() = default;
+
+void PluginBridge::Start() {
+  asio::co_spawn(executor_, DeliveryLoop(), ReportExceptions{"webhook deliveries"});
+}
+
+void PluginBridge::Stop() {
+  stopping_ = true;
+  delivery_timer_.cancel();
+  for (const auto& p : host_->All()) ForgetAgent(p->agent_id);
+}
+
+asio::awaitable<Result<std::shared_ptr<plugins::AgentPlugins>>> PluginBridge::PluginsOf(
     std::string tenant_id, std::string agent_id) {
   std::vector<store::Plugin> enabled;
   Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
@@ -29,27 +81,27 @@ asio::awaitable<Result<std::shared_ptr<plugins::AgentPlugins>>> Runtime::Plugins
   co_return UsePlugins(tenant_id, agent_id, enabled);
 }
 
-std::shared_ptr<plugins::AgentPlugins> Runtime::UsePlugins(
+std::shared_ptr<plugins::AgentPlugins> PluginBridge::UsePlugins(
     const std::string& tenant_id, const std::string& agent_id,
     const std::vector<store::Plugin>& enabled) {
-  auto loaded = plugins_->For(tenant_id, agent_id, enabled);
+  auto loaded = host_->For(tenant_id, agent_id, enabled);
   if (!loaded.errors.empty()) ReportPluginErrors(*loaded.plugins, loaded.errors);
   if (loaded.started) Emit(*loaded.plugins, "agent.started", {{"agent_id", agent_id}});
   return loaded.plugins;
 }
 
-asio::awaitable<void> Runtime::EmitFor(std::string tenant_id, std::string agent_id,
+asio::awaitable<void> PluginBridge::EmitFor(std::string tenant_id, std::string agent_id,
                                        std::string family, Json payload) {
   auto plugins = co_await PluginsOf(tenant_id, agent_id);
   if (!plugins.ok()) co_return;
   Emit(**plugins, family, std::move(payload));
 }
 
-void Runtime::ForgetAgent(const std::string& agent_id) {
-  if (auto gone = plugins_->Forget(agent_id)) Emit(*gone, "agent.stopped", {{"agent_id", agent_id}});
+void PluginBridge::ForgetAgent(const std::string& agent_id) {
+  if (auto gone = host_->Forget(agent_id)) Emit(*gone, "agent.stopped", {{"agent_id", agent_id}});
 }
 
-plugins::Emitted Runtime::Emit(const plugins::AgentPlugins& plugins, const std::string& family,
+plugins::Emitted PluginBridge::Emit(const plugins::AgentPlugins& plugins, const std::string& family,
                                Json payload, bool queue_webhooks) {
   queue_webhooks = queue_webhooks && !plugins.webhooks.empty();
   if (!plugins.bus.Has(family)) {
@@ -63,7 +115,8 @@ plugins::Emitted Runtime::Emit(const plugins::AgentPlugins& plugins, const std::
     // Lua handlers run here, on the io thread: the watchdog names them if they hold it.
     // A payload is the event's: its run_id may be absent or null (memory, session events).
     auto run = payload.is_object() ? payload.find("run_id") : payload.end();
-    const std::string run_id = run != payload.end() && run->is_string() ? run->get<std::string>() : "";
+    const std::string run_id =
+        run != payload.end() && run->is_string() ? run->get<std::string>() : "";
     IoWork work(plugins.tenant_id, run_id, "plugin hook " + family + " of agent " +
                                                 plugins.agent_id);
     out = plugins.bus.Emit(family, std::move(payload));
@@ -75,7 +128,7 @@ plugins::Emitted Runtime::Emit(const plugins::AgentPlugins& plugins, const std::
   return out;
 }
 
-void Runtime::ReportPluginErrors(const plugins::AgentPlugins& plugins,
+void PluginBridge::ReportPluginErrors(const plugins::AgentPlugins& plugins,
                                  const std::vector<plugins::PluginError>& errors) {
   Json recorded = Json::array();
   for (const auto& e : errors) {
@@ -103,7 +156,7 @@ void Runtime::ReportPluginErrors(const plugins::AgentPlugins& plugins,
                  asio::detached);
 }
 
-asio::awaitable<void> Runtime::RecordPluginErrors(std::string tenant_id, std::string agent_id,
+asio::awaitable<void> PluginBridge::RecordPluginErrors(std::string tenant_id, std::string agent_id,
                                                   Json errors) {
   auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
     for (const auto& e : errors) {
@@ -115,9 +168,9 @@ asio::awaitable<void> Runtime::RecordPluginErrors(std::string tenant_id, std::st
   if (!written.ok()) LogError("could not record plugin errors: " + written.status().message());
 }
 
-void Runtime::HookGateway() {
+void PluginBridge::HookGateway() {
   gateway_.AddVetoHook([this](const tools::CallRequest& c) -> std::optional<tools::Veto> {
-    auto p = plugins_->Find(c.agent_id);
+    auto p = host_->Find(c.agent_id);
     if (p && p->broken) {
       return tools::Veto{"plugin " + p->broken->plugin_id + " could not be loaded: " +
                              p->broken->message,
@@ -170,7 +223,7 @@ void Runtime::HookGateway() {
                 {"replaced", m.value("replaced", false)}};
   };
   gateway_.SetOutboxHook([this, tool_after, memory_upsert](const tools::CallRecord& r) {
-    auto p = plugins_->Find(r.agent_id);
+    auto p = host_->Find(r.agent_id);
     if (!p || p->webhooks.empty()) return std::vector<store::PluginDelivery>();
     auto out = DeliveriesFor(*p, "tool.after", tool_after(r));
     if (auto upsert = memory_upsert(r)) {
@@ -179,7 +232,7 @@ void Runtime::HookGateway() {
     return out;
   });
   gateway_.SetAfterHook([this, tool_after, memory_upsert](const tools::CallRecord& r) {
-    auto p = plugins_->Find(r.agent_id);
+    auto p = host_->Find(r.agent_id);
     if (!p) return;
     auto upsert = memory_upsert(r);
     if (!p->Wants("tool.after") && !(upsert && p->Wants("memory.upsert"))) return;
@@ -191,7 +244,7 @@ void Runtime::HookGateway() {
   });
   gateway_.SetAgentTools([this](const std::string& agent_id) {
     std::vector<std::shared_ptr<tools::Tool>> out;
-    if (auto p = plugins_->Find(agent_id)) {
+    if (auto p = host_->Find(agent_id)) {
       for (const auto& [name, tool] : p->tools) out.push_back(tool);
     }
     return out;

@@ -18,6 +18,7 @@
 #include "keel/runtime/context.h"
 #include "keel/runtime/event_hub.h"
 #include "keel/runtime/model_calls.h"
+#include "keel/runtime/plugin_bridge.h"
 #include "keel/runtime/runtime.h"
 #include "keel/store/async.h"
 #include "keel/tools/gateway.h"
@@ -130,7 +131,7 @@ asio::awaitable<std::optional<std::string>> Runtime::StopFor(
   co_return policy::StopReason(read_stops, run.agent_id);
 }
 
-asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known,
+asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> known,
                                       RunSlots::Hold slot) {
   ++metrics_.runs_executing;
   struct Release {
@@ -138,11 +139,9 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
     std::string id;
     RunSlots::Hold slot;
     ~Release() {
-      rt->executing_.erase(id);
-      rt->cancel_requested_.erase(id);
       --rt->metrics_.runs_executing;
       slot.Release();  // before the dispatcher looks for runs
-      rt->Wake();
+      rt->dispatcher_->Finished(id);
     }
   } release{this, run.id, std::move(slot)};
 
@@ -284,7 +283,8 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
     co_return;
   }
   // The agent's plugins as of this turn (built again when they changed since its last one).
-  std::shared_ptr<plugins::AgentPlugins> plugins = UsePlugins(run.tenant_id, run.agent_id, enabled);
+  std::shared_ptr<plugins::AgentPlugins> plugins =
+      plugins_->UsePlugins(run.tenant_id, run.agent_id, enabled);
   // A plugin whose failure mode is "fail" failed: the turn stops with its error.
   auto plugin_failed = [&](const plugins::PluginError& e) {
     std::string code = "plugin_failed";
@@ -356,7 +356,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
     if (plugins->Wants("prompt.assemble")) {
       Json payload = ids;
       payload["messages"] = MessagesJson(request.messages);
-      auto out = Emit(*plugins, "prompt.assemble", std::move(payload));
+      auto out = plugins_->Emit(*plugins, "prompt.assemble", std::move(payload));
       if (out.abort) {
         (void)co_await plugin_failed(*out.abort);
         co_return;
@@ -423,7 +423,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
 
   model::Usage usage_total;
   while (true) {
-    if (cancel_requested_.count(run.id) || run.cancel_requested) {
+    if (dispatcher_->CancelRequested(run.id) || run.cancel_requested) {
       Json error = Json::object();
       error["code"] = "cancelled";
       error["message"] = "cancelled by request";
@@ -445,7 +445,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
     }
     if (!pending.empty()) {
       for (const auto& call : pending) {
-        if (cancel_requested_.count(run.id)) break;  // stop at the next step boundary
+        if (dispatcher_->CancelRequested(run.id)) break;  // stop at the next step boundary
         ++metrics_.tool_calls;
         tools::CallRequest creq;
         creq.tenant_id = run.tenant_id;
@@ -518,7 +518,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
       Json names = Json::array();
       for (const auto& t : request.tools) names.push_back(t.name);
       payload["tools"] = names;
-      auto out = Emit(*plugins, "model.before", std::move(payload));
+      auto out = plugins_->Emit(*plugins, "model.before", std::move(payload));
       if (out.abort) {
         (void)co_await plugin_failed(*out.abort);
         co_return;
@@ -531,7 +531,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
       }
     }
     ModelCall call =
-        co_await CallModel(run, agent, *sent, delta, sent == &request ? &history : nullptr);
+        co_await models_->Call(run, agent, *sent, delta, sent == &request ? &history : nullptr);
     if (call.store_failed) co_return;  // the store failed; the run resumes after its lease
     auto& response = call.response;
     if (response.ok() && plugins->Wants("model.after")) {
@@ -540,7 +540,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<Known> known
       payload["tool_calls"] = ToolCallsJson(response->tool_calls);
       payload["usage"] = {{"input_tokens", response->usage.input_tokens},
                           {"output_tokens", response->usage.output_tokens}};
-      Emit(*plugins, "model.after", std::move(payload));
+      plugins_->Emit(*plugins, "model.after", std::move(payload));
     }
     step.finished_at = NowMillis();
     ++model_steps;

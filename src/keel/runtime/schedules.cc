@@ -25,7 +25,7 @@
 // fired it meanwhile), records the slot (schedule_fires, unique per (schedule_id, slot): a
 // second node or a restarted process doing the same slot writes nothing), advances
 // next_fire_at (a one-shot is done), and posts the prompt through intake's unit body
-// (WriteIntake: message, run, their events) with schedule.fired@v1. The slot is recorded before
+// (Intake::Write: message, run, their events) with schedule.fired@v1. The slot is recorded before
 // the prompt is posted and both commit together: a slot posts once, and a recorded slot always
 // has its prompt. When intake refuses (an inactive session, the tenant's run cap, a session
 // whose agent rejects while busy), that unit is rolled back and one of its own records the slot
@@ -42,6 +42,7 @@
 #include "keel/common/log.h"
 #include "keel/plugins/bus.h"
 #include "keel/plugins/host.h"
+#include "keel/runtime/plugin_bridge.h"
 #include "keel/runtime/runtime.h"
 #include "keel/schedule/schedule.h"
 #include "keel/store/async.h"
@@ -94,7 +95,7 @@ struct Runtime::SlotPost {
   store::Session session;  // the schedule's, or a new one (its id set before the unit)
   bool new_session = false;
   std::vector<store::PluginDelivery> deliveries;
-  IntakeUnit unit;
+  Intake::Unit unit;
   bool stale = false;  // another node, or an earlier process, dealt with this slot
 };
 
@@ -114,7 +115,7 @@ void Runtime::PrepareSlotPost(SlotPost& post, std::string prompt) {
   request.content = prompt;
   request.requested_by = s.created_by;
   request.caller_role = s.caller_role;
-  post.unit = PrepareIntake(request, post.agent, std::move(prompt));
+  post.unit = intake_->Prepare(request, post.agent, std::move(prompt));
   post.unit.trigger = {{"schedule_id", s.id}, {"slot", FormatRfc3339(post.slot)}};
   post.unit.new_session = post.new_session;
 }
@@ -123,7 +124,7 @@ Status Runtime::WriteSlotPost(store::Tx& tx, SlotPost& post) {
   const store::Schedule& s = post.s;
   const store::Agent& agent = post.agent;
   const store::Session& session = post.session;
-  IntakeUnit& unit = post.unit;
+  Intake::Unit& unit = post.unit;
   post.stale = false;
   KEEL_ASSIGN_OR_RETURN(auto current, StillDue(tx, s));
   if (!current) {
@@ -150,7 +151,7 @@ Status Runtime::WriteSlotPost(store::Tx& tx, SlotPost& post) {
                                              "",
                                              {{"title", session.title}}}));
   }
-  KEEL_RETURN_IF_ERROR(WriteIntake(tx, unit));
+  KEEL_RETURN_IF_ERROR(intake_->Write(tx, unit));
   for (const auto& d : post.deliveries) KEEL_RETURN_IF_ERROR(tx.plugins().InsertDelivery(d));
   return tx.events().Append({s.tenant_id,
                              "schedule.fired@v1",
@@ -166,12 +167,12 @@ Status Runtime::WriteSlotPost(store::Tx& tx, SlotPost& post) {
 
 void Runtime::AfterSlotPost(SlotPost& post) {
   if (post.stale) return;
-  AfterIntake(post.unit);
-  if (!post.deliveries.empty()) WakeDeliveries();
+  intake_->After(post.unit);
+  if (!post.deliveries.empty()) plugins_->WakeDeliveries();
   if (post.new_session) {
     const store::Session& session = post.session;
     asio::co_spawn(executor_,
-                   EmitFor(post.s.tenant_id, post.agent.id, "session.opened",
+                   plugins_->EmitFor(post.s.tenant_id, post.agent.id, "session.opened",
                            {{"agent_id", post.agent.id},
                             {"session_id", session.id},
                             {"title", session.title}}),
@@ -187,7 +188,7 @@ void Runtime::WakeSchedules() {
 asio::awaitable<void> Runtime::ScheduleLoop() {
   std::optional<Millis> firing_since;  // since when this node fires; nullopt while it does not
   std::optional<Millis> next_at;       // the earliest slot not being fired, when known
-  while (!draining_) {
+  while (!dispatcher_->draining()) {
     if (!schedule_wake_) {
       Millis wait = kMaxSleepMs;
       if (next_at) wait = std::clamp<Millis>(*next_at - Now(), 0, kMaxSleepMs);
@@ -197,7 +198,7 @@ asio::awaitable<void> Runtime::ScheduleLoop() {
     }
     schedule_wake_ = false;
     next_at.reset();
-    if (draining_) break;
+    if (dispatcher_->draining()) break;
     if (!store_.leader()) {
       firing_since.reset();
       continue;
@@ -314,13 +315,14 @@ asio::awaitable<void> Runtime::FireSchedule(store::Schedule s, Millis firing_sin
   std::string prompt = s.prompt;
   std::vector<store::PluginDelivery> deliveries;
   if (refusal.empty()) {
-    auto plugins = UsePlugins(s.tenant_id, agent.id, enabled);
+    auto plugins = plugins_->UsePlugins(s.tenant_id, agent.id, enabled);
     if (plugins->Wants("schedule.fired")) {
       Json payload = {
           {"agent_id", agent.id},     {"schedule_id", s.id},         {"name", s.name},
           {"session_id", session.id}, {"slot", FormatRfc3339(slot)}, {"missed", plan.missed},
           {"prompt", prompt}};
-      auto out = Emit(*plugins, "schedule.fired", std::move(payload), /*queue_webhooks=*/false);
+      auto out = plugins_->Emit(*plugins, "schedule.fired", std::move(payload),
+                                /*queue_webhooks=*/false);
       if (out.abort) {
         refusal = "plugin " + out.abort->plugin_id + " failed: " + out.abort->message;
       } else {
@@ -328,7 +330,7 @@ asio::awaitable<void> Runtime::FireSchedule(store::Schedule s, Millis firing_sin
         if (p.is_string() && !p.get_ref<const std::string&>().empty())
           prompt = p.get<std::string>();
         if (!plugins->webhooks.empty()) {
-          deliveries = DeliveriesFor(*plugins, "schedule.fired", out.payload);
+          deliveries = plugins_->DeliveriesFor(*plugins, "schedule.fired", out.payload);
         }
       }
     }
@@ -448,7 +450,10 @@ asio::awaitable<void> Runtime::FireGroup(std::vector<store::Schedule> group, Mil
     }
   }
   for (auto& [key, info] : agents) {
-    if (info.agent) info.hook = UsePlugins(key.first, key.second, info.enabled)->Wants("schedule.fired");
+    if (info.agent) {
+      info.hook = plugins_->UsePlugins(key.first, key.second, info.enabled)
+                      ->Wants("schedule.fired");
+    }
   }
   std::vector<SlotPost> ready;
   for (auto& post : posts) {

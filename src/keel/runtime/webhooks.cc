@@ -23,7 +23,7 @@
 #include "keel/plugins/catalog.h"
 #include "keel/plugins/host.h"
 #include "keel/plugins/manifest.h"
-#include "keel/runtime/runtime.h"
+#include "keel/runtime/plugin_bridge.h"
 #include "keel/secrets/vault.h"
 #include "keel/store/async.h"
 
@@ -41,7 +41,7 @@ constexpr Millis kClaimMs = 5 * 60 * 1000;
 
 }  // namespace
 
-void Runtime::QueueDeliveries(const plugins::AgentPlugins& plugins, const std::string& family,
+void PluginBridge::QueueDeliveries(const plugins::AgentPlugins& plugins, const std::string& family,
                               const Json& payload) {
   std::vector<store::PluginDelivery> queued = DeliveriesFor(plugins, family, payload);
   if (queued.empty()) return;
@@ -59,7 +59,7 @@ void Runtime::QueueDeliveries(const plugins::AgentPlugins& plugins, const std::s
   asio::co_spawn(executor_, std::move(insert), asio::detached);
 }
 
-std::vector<store::PluginDelivery> Runtime::DeliveriesFor(const plugins::AgentPlugins& plugins,
+std::vector<store::PluginDelivery> PluginBridge::DeliveriesFor(const plugins::AgentPlugins& plugins,
                                                           const std::string& family,
                                                           const Json& payload) const {
   const int newest = plugins::NewestVersion(family);
@@ -85,20 +85,20 @@ std::vector<store::PluginDelivery> Runtime::DeliveriesFor(const plugins::AgentPl
   return queued;
 }
 
-void Runtime::WakeDeliveries() {
+void PluginBridge::WakeDeliveries() {
   delivery_wake_ = true;
   delivery_timer_.cancel();
 }
 
-asio::awaitable<void> Runtime::DeliveryLoop() {
-  while (!draining_) {
+asio::awaitable<void> PluginBridge::DeliveryLoop() {
+  while (!stopping_) {
     if (!delivery_wake_) {
       delivery_timer_.expires_after(std::chrono::seconds(1));
       boost::system::error_code ec;
       co_await delivery_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
     }
     delivery_wake_ = false;
-    if (draining_ || !store_.leader() || delivering_.size() >= kMaxInFlight) continue;
+    if (stopping_ || !store_.leader() || delivering_.size() >= kMaxInFlight) continue;
     // Claim what is due in one unit: each is not due again until this attempt has had its
     // time (its answer, or this node's crash, then decides), so a list read while other
     // deliveries were in flight never sends one twice.
@@ -122,13 +122,13 @@ asio::awaitable<void> Runtime::DeliveryLoop() {
   }
 }
 
-asio::awaitable<void> Runtime::Deliver(store::PluginDelivery d) {
+asio::awaitable<void> PluginBridge::Deliver(store::PluginDelivery d) {
   struct Done {
-    Runtime* rt;
+    PluginBridge* bridge;
     std::string id;
     ~Done() {
-      rt->delivering_.erase(id);
-      rt->WakeDeliveries();  // room for the next one
+      bridge->delivering_.erase(id);
+      bridge->WakeDeliveries();  // room for the next one
     }
   } done{this, d.id};
 

@@ -1,0 +1,124 @@
+#pragma once
+// runtime::PluginBridge — the runtime's side of plugins (docs/PLUGINS.md).
+//
+// It loads each agent's plugins on this node when the store's list of them changed, emits the
+// catalog's events on the agent's bus, connects the gateway's hooks to the buses (tool.before
+// vetoes, tool.after, memory.upsert, the tools Lua plugins add), reports the handlers that
+// fail as plugin.error@v1, and sends webhook plugins' deliveries (plugin_events.cc,
+// webhooks.cc).
+//
+// Everything here runs on the server's io executor; no member needs a lock.
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "keel/common/json_util.h"
+#include "keel/common/status.h"
+#include "keel/http/outbound_guard.h"
+#include "keel/store/types.h"
+
+namespace keel {
+namespace store {
+class Store;
+}
+namespace tools {
+class Gateway;
+}
+namespace http {
+class Client;
+}
+namespace secrets {
+class Vault;
+}
+namespace plugins {
+class PluginHost;
+struct AgentPlugins;
+struct Emitted;
+struct PluginError;
+}  // namespace plugins
+}  // namespace keel
+
+namespace keel::runtime {
+
+class PluginBridge {
+ public:
+  // `audit_dir`: where the built-in audit-log plugin writes ({tenant}/{agent}.jsonl);
+  // `outbound`: where webhook plugins' receivers may be (the tenant chose the URL);
+  // `vault`: opens the secrets deliveries are signed with (null: deliveries are refused).
+  // Connects the gateway's hooks at once.
+  PluginBridge(boost::asio::any_io_executor executor, store::Store& store,
+               tools::Gateway& gateway, std::string audit_dir, http::OutboundGuard outbound,
+               const secrets::Vault* vault);
+  ~PluginBridge();
+  PluginBridge(const PluginBridge&) = delete;
+  PluginBridge& operator=(const PluginBridge&) = delete;
+
+  // Starts sending due webhook deliveries (on the leader). REQUIRES: once, on the executor.
+  void Start();
+  // Stops sending deliveries, then stops every agent's plugins (agent.stopped@v1).
+  void Stop();
+
+  // The agent's plugins as the store lists them now, built on this node when they changed
+  // (emitting agent.started@v1 the first time); failures to load are reported as
+  // plugin.error@v1. Fails only when the store does.
+  boost::asio::awaitable<Result<std::shared_ptr<plugins::AgentPlugins>>> PluginsOf(
+      std::string tenant_id, std::string agent_id);
+  // The same for an enabled list the caller just read from the store.
+  std::shared_ptr<plugins::AgentPlugins> UsePlugins(const std::string& tenant_id,
+                                                    const std::string& agent_id,
+                                                    const std::vector<store::Plugin>& enabled);
+  // Emits on a bus already loaded; reports failed handlers (plugin.error@v1, in the log and to
+  // the agent's plugin.error listeners), and queues the event's webhook deliveries in a unit
+  // of their own. With queue_webhooks false the caller wrote them itself (DeliveriesFor, in
+  // the unit of work the event is about).
+  plugins::Emitted Emit(const plugins::AgentPlugins& plugins, const std::string& family,
+                        Json payload, bool queue_webhooks = true);
+  // Emits `family` with the payload of its newest version on the agent's bus, loading the
+  // agent's plugins first (for the API's events: session.opened, session.closed); a store
+  // failure only costs the event.
+  boost::asio::awaitable<void> EmitFor(std::string tenant_id, std::string agent_id,
+                                       std::string family, Json payload);
+  // The agent was deleted: emits agent.stopped@v1 and drops its plugins on this node.
+  void ForgetAgent(const std::string& agent_id);
+
+  // The deliveries an event makes for the agent's webhook plugins (none written yet).
+  std::vector<store::PluginDelivery> DeliveriesFor(const plugins::AgentPlugins& plugins,
+                                                   const std::string& family,
+                                                   const Json& payload) const;
+  // Looks for webhook deliveries that are due now.
+  void WakeDeliveries();
+
+ private:
+  void ReportPluginErrors(const plugins::AgentPlugins& plugins,
+                          const std::vector<plugins::PluginError>& errors);
+  // Appends plugin.error@v1 events (off the caller's path).
+  boost::asio::awaitable<void> RecordPluginErrors(std::string tenant_id, std::string agent_id,
+                                                  Json errors);
+  void HookGateway();
+  // Writes an emitted event's deliveries in a unit of their own, then wakes the sender.
+  void QueueDeliveries(const plugins::AgentPlugins& plugins, const std::string& family,
+                       const Json& payload);
+  // On the leader: claims due deliveries and sends them, signed, retried with backoff, dead
+  // after the plugin's max_attempts.
+  boost::asio::awaitable<void> DeliveryLoop();
+  boost::asio::awaitable<void> Deliver(store::PluginDelivery delivery);
+
+  boost::asio::any_io_executor executor_;
+  store::Store& store_;
+  tools::Gateway& gateway_;
+  const secrets::Vault* vault_;
+  std::unique_ptr<plugins::PluginHost> host_;
+  std::unique_ptr<http::Client> webhook_client_;
+  boost::asio::steady_timer delivery_timer_;
+  bool stopping_ = false;
+  bool delivery_wake_ = false;
+  std::set<std::string> delivering_;  // deliveries being sent by this node
+};
+
+}  // namespace keel::runtime
