@@ -392,7 +392,9 @@ void RegisterMcpServerRoutes(http::Router& router, ApiContext& ctx) {
         auto key = std::make_pair(session->id, DumpJson(params["requestId"]));
         if (auto it = state->in_flight.find(key); it != state->in_flight.end()) {
           state->cancelled.insert(key);
-          (void)co_await ctx.runtime.Cancel(session->tenant_id, it->second);
+          // A copy: the entry may be erased while the cancel is written.
+          const std::string run_id = it->second;
+          (void)co_await ctx.runtime.Cancel(session->tenant_id, run_id);
         }
       }
       co_return Accepted();

@@ -61,8 +61,10 @@ class PluginBridge {
 
   // Starts sending due webhook deliveries (on the leader). REQUIRES: once, on the executor.
   void Start();
-  // Stops sending deliveries, then stops every agent's plugins (agent.stopped@v1).
-  void Stop();
+  // A drain: StopDeliveries when it begins (nothing more is claimed or sent), StopAgents once
+  // the runs stopped (every agent's plugins stop: agent.stopped@v1).
+  void StopDeliveries();
+  void StopAgents();
 
   // The agent's plugins as the store lists them now, built on this node when they changed
   // (emitting agent.started@v1 the first time); failures to load are reported as

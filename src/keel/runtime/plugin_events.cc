@@ -64,9 +64,12 @@ void PluginBridge::Start() {
   asio::co_spawn(executor_, DeliveryLoop(), ReportExceptions{"webhook deliveries"});
 }
 
-void PluginBridge::Stop() {
+void PluginBridge::StopDeliveries() {
   stopping_ = true;
   delivery_timer_.cancel();
+}
+
+void PluginBridge::StopAgents() {
   for (const auto& p : host_->All()) ForgetAgent(p->agent_id);
 }
 

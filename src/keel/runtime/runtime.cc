@@ -106,10 +106,13 @@ asio::awaitable<void> Runtime::ApprovalExpiryLoop() {
 }
 
 asio::awaitable<void> Runtime::Drain(std::chrono::milliseconds grace) {
+  // Each part stops taking new work at once; the executing runs then have their grace; the
+  // agents' plugins stop last.
   schedule_timer_.cancel();
   models_->Stop();
+  plugins_->StopDeliveries();
   co_await dispatcher_->Drain(grace);
-  plugins_->Stop();
+  plugins_->StopAgents();
 }
 
 asio::awaitable<Result<std::shared_ptr<plugins::AgentPlugins>>> Runtime::PluginsOf(
