@@ -510,6 +510,20 @@ int Main(int argc, char** argv) {
   migrate_cmd->add_option("--owner-url", store_args.owner_url,
                           "The owner role's URL (default: store_owner, KEEL_STORE_OWNER)");
   migrate_cmd->callback([&] { store_action = [&] { return Migrate(store_args); }; });
+  bool from_events = false;
+  CLI::App* rebuild_cmd = store_cmd->add_subcommand(
+      "rebuild", "Rebuild the store's tables from its event log into a new, empty store");
+  rebuild_cmd
+      ->add_flag("--from-events", from_events,
+                 "Replay the events' row images (the only source there is)")
+      ->required();
+  rebuild_cmd->add_option("--config", store_args.config_file, "Configuration file (keel.toml)");
+  rebuild_cmd->add_option("--store", store_args.store_url,
+                          "The store to read: sqlite:///path/keel.db or postgres://...");
+  rebuild_cmd
+      ->add_option("--into", store_args.into_url, "The new store's URL (it must hold no data)")
+      ->required();
+  rebuild_cmd->callback([&] { store_action = [&] { return Rebuild(store_args); }; });
 
   // keel health
   on_parse(app.add_subcommand("health", "Check that the server is ready"),

@@ -9,6 +9,7 @@
 #include "keel/store/archive.h"
 #include "keel/store/audit.h"
 #include "keel/store/migrate.h"
+#include "keel/store/rebuild.h"
 #include "keel/store/store.h"
 
 namespace keel::cli {
@@ -77,6 +78,35 @@ int Import(const StoreCommandArgs& args) {
   }
   Status st = store::ImportArchive(*s->store, args.file, s->audit_key);
   return Finish(s->store, st, "imported " + args.file);
+}
+
+int Rebuild(const StoreCommandArgs& args) {
+  auto s = OpenConfiguredStore(args);
+  if (!s.ok()) {
+    std::cerr << "keel: " << s.status().message() << "\n";
+    return kExitServerError;
+  }
+  store::StoreOptions options;
+  options.origin = "keel-cli";
+  auto into = store::OpenStore(args.into_url, options, s->audit_key);
+  if (!into.ok()) {
+    s->store->Close();
+    std::cerr << "keel: " << args.into_url << ": " << into.status().message() << "\n";
+    return kExitServerError;
+  }
+  auto report = store::RebuildFromEvents(*s->store, **into, s->audit_key);
+  (*into)->Close();
+  if (!report.ok()) return Finish(s->store, report.status(), "");
+  std::string done = "rebuilt from " + std::to_string(report->events) + " events (" +
+                     std::to_string(report->events_with_rows) + " with row images):";
+  for (const auto& [table, rows] : report->rows) {
+    done += "\n  " + table + ": " + std::to_string(rows) + " rows";
+  }
+  if (!report->not_rebuilt.empty()) {
+    done += "\nleft empty (their events carry no row images yet):";
+    for (const auto& table : report->not_rebuilt) done += " " + table;
+  }
+  return Finish(s->store, Status::Ok(), done);
 }
 
 int AuditVerify(const StoreCommandArgs& args) {

@@ -1,7 +1,8 @@
 #pragma once
 // The CLI commands that open the store directly instead of talking to a server:
 // `keel export [--tenant T] FILE` and `keel import FILE` (store/archive.h), and
-// `keel store migrate [--owner-url URL]` (store/migrate.h), and `keel audit verify`
+// `keel store migrate [--owner-url URL]` (store/migrate.h), `keel store rebuild --from-events
+// --into URL` (store/rebuild.h), and `keel audit verify`
 // (store/audit.h). The store comes from the configuration
 // as for `keel serve` (--store, KEEL_STORE, keel.toml, --home); a configured store_owner
 // (KEEL_STORE_OWNER) migrates a PostgreSQL store first.
@@ -21,6 +22,7 @@ struct StoreCommandArgs {
   std::string owner_url;    // migrate only; empty: the configured store_owner
   std::string tenant;       // export and audit verify; empty: every tenant
   std::string file;
+  std::string into_url;     // store rebuild: the new store's URL
   bool json = false;        // audit verify: the report as JSON
 };
 
@@ -28,6 +30,9 @@ struct StoreCommandArgs {
 int Export(const StoreCommandArgs& args);
 int Import(const StoreCommandArgs& args);
 int Migrate(const StoreCommandArgs& args);
+// `keel store rebuild --from-events --into URL`: the configured store's tables rebuilt from its
+// event log into the new, empty store at URL (store/rebuild.h); prints what it rebuilt.
+int Rebuild(const StoreCommandArgs& args);
 // `keel audit verify [--tenant T]`: every tenant's audit chains (store/audit.h), with the key
 // from KEEL_SECRET_KEK. Exit 0 when every chain is verified; 1 when one was tampered with, or
 // could not be fully checked (unsigned heads, no KEEL_SECRET_KEK), saying which.

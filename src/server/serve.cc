@@ -5,18 +5,17 @@
 
 #include <fcntl.h>
 #include <malloc.h>
-#include <sys/resource.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
-
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -34,19 +33,20 @@
 #include "keel/http/outbound_guard.h"
 #include "keel/http/router.h"
 #include "keel/http/server.h"
-#include "keel/metrics.h"
-#include "keel/model/local_model.h"
 #include "keel/mcp/manager.h"
+#include "keel/metrics.h"
 #include "keel/model/anthropic_provider.h"
+#include "keel/model/local_model.h"
 #include "keel/model/openai_provider.h"
 #include "keel/runtime/event_hub.h"
-#include "keel/runtime/watchdog.h"
 #include "keel/runtime/runtime.h"
+#include "keel/runtime/watchdog.h"
 #include "keel/schedule/schedule_tools.h"
 #include "keel/secrets/vault.h"
 #include "keel/skills/skills.h"
 #include "keel/store/audit.h"
 #include "keel/store/migrate.h"
+#include "keel/store/row_images.h"
 #include "keel/store/store.h"
 #include "keel/tenants/tenants.h"
 #include "keel/tools/gateway.h"
@@ -124,6 +124,7 @@ Status EnsureDemoAgent(store::Store& store, const std::string& tenant_id) {
     a.tools = Json::array({"time.now", "notes.append"});
     a.created_at = a.updated_at = NowMillis();
     KEEL_RETURN_IF_ERROR(tx.agents().InsertAgent(a));
+    tx.Carry("agents", store::RowImage(a));
     return tx.events()
         .Append({tenant_id, "agent.created@v1", a.id, "", "", {{"name", a.name}, {"model", a.model}}});
   });

@@ -66,6 +66,29 @@ std::string Nested(char open, char close, int levels) {
   return std::string(levels, open) + std::string(levels, close);
 }
 
+TEST(JsonTest, AppendJsonStringWritesWhatDumpJsonWrites) {
+  const std::string cases[] = {
+      "",
+      "plain",
+      "quote \" backslash \\ slash /",
+      std::string("controls \b\f\n\r\t \x01 \x1f \x7f and a NUL: ") + std::string(1, '\0'),
+      "two bytes \xc3\xa9, three \xe2\x82\xac, four \xf0\x9f\x98\x80",
+      "invalid: lone continuation \x80",
+      "invalid: truncated \xe2\x82",
+      "invalid: overlong \xc0\xaf and \xe0\x80\xaf",
+      "invalid: surrogate \xed\xa0\x80",
+      "invalid: past U+10FFFF \xf4\x90\x80\x80",
+      "invalid: 0xFF \xff",
+  };
+  for (const std::string& s : cases) {
+    std::string out = "prefix";
+    AppendJsonString(out, s);
+    EXPECT_EQ(out, "prefix" + DumpJson(Json(s))) << s;
+    auto parsed = ParseJson(out.substr(6));
+    ASSERT_TRUE(parsed.ok()) << s;
+  }
+}
+
 TEST(JsonTest, RefusesNestingDeeperThan64Levels) {
   EXPECT_TRUE(ParseJson(Nested('[', ']', 64)).ok());
   auto deep = ParseJson(Nested('[', ']', 65));

@@ -1,12 +1,14 @@
 // The run state machine (runs/run_state.h) on both backends: each transition leaves only from
 // the states it may, an execution that lost its run writes nothing, and each writes its event.
 
+#include "keel/runs/run_state.h"
+
 #include <gtest/gtest.h>
 
 #include <vector>
 
 #include "keel/common/ids.h"
-#include "keel/runs/run_state.h"
+#include "keel/store/row_images.h"
 #include "session_store_fixture.h"
 
 namespace keel::store::test {
@@ -242,12 +244,18 @@ TEST_P(RunStateTest, AParkedCallIsSettledOnceAndItsRunQueuedAgain) {
   EXPECT_EQ(late.code(), Code::kConflict);
 
   const Json amended = {{"line", "y"}};
-  auto settle = [&](const std::string& status) {
-    return store_->WriteSync([&](Tx& tx) {
-      return runs::SettleParkedCall(tx, tenant_, run.id, call.call_id, status, "", amended,
-                                    NowMillis());
+  // The images of what it writes ride the event its caller appends (approvals::Decide's
+  // approval.decided@v1); a unit that appends none fails.
+  auto settle = [&](const std::string& status, bool with_event = true) {
+    return store_->WriteSync([&](Tx& tx) -> Status {
+      KEEL_RETURN_IF_ERROR(runs::SettleParkedCall(tx, tenant_, run.id, call.call_id, status, "",
+                                                  amended, NowMillis()));
+      if (!with_event) return Status::Ok();
+      return tx.events().Append(
+          {tenant_, "approval.decided@v1", run.agent_id, run.session_id, run.id, Json::object()});
     });
   };
+  EXPECT_EQ(settle("approved", /*with_event=*/false).code(), Code::kInternal);
   ASSERT_TRUE(settle("approved").ok());
   EXPECT_EQ(settle("rejected").code(), Code::kInternal);  // decided already
   EXPECT_EQ(settle("started").code(), Code::kInternal);   // not a decision
@@ -359,8 +367,15 @@ TEST_P(RunStateTest, AFinishedRunIsIdleWithItsOutcomeInItsEvent) {
     KEEL_ASSIGN_OR_RETURN(auto events, tx.events().ReadEvents(tenant_, 0, f, 100));
     if (events.empty()) return Internal("no event");
     EXPECT_EQ(events.back().type, "run.failed@v1");
-    EXPECT_EQ(events.back().payload,
-              (Json{{"status", "failed"}, {"error", error}, {"usage", usage}}));
+    // The ending's outcome, and the state it wrote (store/row_images.h): the run as stored,
+    // the session idle.
+    Json payload = events.back().payload;
+    const Json rows = payload[store::kRowsField];
+    payload.erase(store::kRowsField);
+    EXPECT_EQ(payload, (Json{{"status", "failed"}, {"error", error}, {"usage", usage}}));
+    EXPECT_EQ(rows["runs"], Json::array({*ParseJson(store::RowImage(done))}));
+    EXPECT_EQ(rows["sessions"],
+              Json::array({*ParseJson(store::SessionStatusImage(done.session_id, "idle", at))}));
     return Status::Ok();
   });
   ASSERT_TRUE(read.ok()) << read.ToString();

@@ -77,8 +77,11 @@ class VaultTest : public ::testing::Test {
   }
   Status Put(const Vault& v, const store::Tenant& t, const std::string& name,
              const std::string& value) {
-    return store_->WriteSync(
-        [&](store::Tx& tx) { return v.Put(tx, t.id, name, value, NowMillis()).status(); });
+    // As PUT /v1/secrets does: the secret.set@v1 event carries the rows Put wrote.
+    return store_->WriteSync([&](store::Tx& tx) -> Status {
+      KEEL_RETURN_IF_ERROR(v.Put(tx, t.id, name, value, NowMillis()).status());
+      return tx.events().Append({t.id, "secret.set@v1", "", "", "", {{"name", name}}});
+    });
   }
   Result<std::string> Get(const Vault& v, const store::Tenant& t, const std::string& name) {
     Result<std::string> out = Internal("not read");

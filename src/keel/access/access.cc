@@ -1,5 +1,6 @@
 #include "keel/access/access.h"
 
+#include "keel/store/row_images.h"
 #include "keel/store/schedule_store.h"
 
 namespace keel::access {
@@ -105,6 +106,7 @@ Status WithdrawAuthority(store::Tx& tx, const std::string& tenant_id, const std:
       s.status = "suspended";
       s.updated_at = at;
       KEEL_RETURN_IF_ERROR(tx.schedules().UpdateSchedule(s));
+      tx.Carry("schedules", store::RowImage(s));
       KEEL_RETURN_IF_ERROR(tx.events().Append({tenant_id,
                                                "schedule.suspended@v1",
                                                s.agent_id,
@@ -121,6 +123,7 @@ Status WithdrawAuthority(store::Tx& tx, const std::string& tenant_id, const std:
   for (const auto& s : standing) {
     if (s.created_by != token_id || s.revoked_at || s.expires_at <= at) continue;
     KEEL_RETURN_IF_ERROR(tx.approvals().RevokeStanding(tenant_id, s.id, at));
+    tx.Carry("standing_approvals", store::ColumnsImage({{"id", s.id}, {"revoked_at", at}}));
     KEEL_RETURN_IF_ERROR(tx.events().Append({tenant_id,
                                              "standing_approval.revoked@v1",
                                              "",

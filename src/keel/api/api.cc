@@ -5,6 +5,7 @@
 #include "keel/api/render.h"
 #include "keel/common/crypto.h"
 #include "keel/store/async.h"
+#include "keel/store/row_images.h"
 #include "keel/store/store.h"
 
 namespace keel::api {
@@ -101,6 +102,13 @@ Json StepJson(const store::Step& s, const store::ToolCall* call) {
 
 Json EventJson(const store::Event& e) {
   auto opt = [](const std::string& s) { return s.empty() ? Json(nullptr) : Json(s); };
+  // The row images are the log's own record (store/row_images.h): no role sees them.
+  Json payload = Json::object();
+  if (e.payload.is_object()) {
+    for (const auto& [key, value] : e.payload.items()) {
+      if (key != store::kRowsField) payload[key] = value;
+    }
+  }
   return {{"position", e.position},
           {"id", e.id},
           {"type", e.type},
@@ -109,7 +117,7 @@ Json EventJson(const store::Event& e) {
           {"agent_id", opt(e.agent_id)},
           {"session_id", opt(e.session_id)},
           {"run_id", opt(e.run_id)},
-          {"payload", e.payload},
+          {"payload", std::move(payload)},
           {"occurred_at", FormatRfc3339(e.occurred_at)}};
 }
 

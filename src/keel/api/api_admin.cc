@@ -8,6 +8,7 @@
 #include "keel/metrics.h"
 #include "keel/runtime/event_hub.h"
 #include "keel/store/async.h"
+#include "keel/store/row_images.h"
 #include "keel/tenants/tenants.h"
 
 namespace keel::api {
@@ -139,6 +140,7 @@ void RegisterAdminRoutes(http::Router& router, ApiContext& ctx) {
       tenant.allow_host_exec = body->value("allow_host_exec", tenant.allow_host_exec);
       tenant.allow_stdio_mcp = body->value("allow_stdio_mcp", tenant.allow_stdio_mcp);
       KEEL_RETURN_IF_ERROR(tx.tenants().UpdateTenantSettings(tenant));
+      tx.Carry("tenants", store::RowImage(tenant));
       return tx.events().Append({tenant.id, "tenant.settings_changed@v1", "", "", "",
                                  {{"allow_host_exec", tenant.allow_host_exec},
                                   {"allow_stdio_mcp", tenant.allow_stdio_mcp}}});
@@ -166,6 +168,7 @@ void RegisterAdminRoutes(http::Router& router, ApiContext& ctx) {
     token.created_at = NowMillis();
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_RETURN_IF_ERROR(tx.tokens().InsertToken(token));
+      tx.Carry("api_tokens", store::RowImage(token));
       return tx.events()
           .Append({token.tenant_id, "token.created@v1", "", "", "",
                    {{"token_id", token.id}, {"name", token.name}, {"role", token.role}}});
@@ -194,8 +197,10 @@ void RegisterAdminRoutes(http::Router& router, ApiContext& ctx) {
     std::string id = req.Param("id");
     std::string tenant = req.principal.tenant_id;
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
-      KEEL_RETURN_IF_ERROR(tx.tokens().RevokeToken(tenant, id, NowMillis()));
-      KEEL_RETURN_IF_ERROR(access::WithdrawAuthority(tx, tenant, id, NowMillis()));
+      const Millis at = NowMillis();
+      KEEL_RETURN_IF_ERROR(tx.tokens().RevokeToken(tenant, id, at));
+      KEEL_RETURN_IF_ERROR(access::WithdrawAuthority(tx, tenant, id, at));
+      tx.Carry("api_tokens", store::ColumnsImage({{"id", id}, {"revoked_at", at}}));
       return tx.events().Append({tenant, "token.revoked@v1", "", "", "", {{"token_id", id}}});
     });
     if (!written.ok()) co_return Response::Error(written.status());

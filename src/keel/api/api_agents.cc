@@ -1,13 +1,14 @@
 // Agents: create, list, show, update (partial), delete.
 
 #include "keel/api/api.h"
-#include "keel/runtime/context.h"
-#include "keel/runtime/runtime.h"
 #include "keel/api/render.h"
 #include "keel/common/ids.h"
 #include "keel/model/local_model.h"
 #include "keel/model/provider.h"
+#include "keel/runtime/context.h"
+#include "keel/runtime/runtime.h"
 #include "keel/store/async.h"
+#include "keel/store/row_images.h"
 #include "keel/store/skill_store.h"
 #include "keel/tools/gateway.h"
 
@@ -180,6 +181,7 @@ void RegisterAgentRoutes(http::Router& router, ApiContext& ctx) {
     agent.created_at = agent.updated_at = NowMillis();
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_RETURN_IF_ERROR(tx.agents().InsertAgent(agent));
+      tx.Carry("agents", store::RowImage(agent));
       return tx.events()
           .Append({agent.tenant_id, "agent.created@v1", agent.id, "", "",
                    {{"name", agent.name}, {"model", agent.model}}});
@@ -222,6 +224,7 @@ void RegisterAgentRoutes(http::Router& router, ApiContext& ctx) {
     updated.updated_at = NowMillis();
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_RETURN_IF_ERROR(tx.agents().UpdateAgent(updated));
+      tx.Carry("agents", store::RowImage(updated));
       Json changed = Json::array();
       for (auto it = body->begin(); it != body->end(); ++it) changed.push_back(it.key());
       return tx.events()
@@ -243,14 +246,21 @@ void RegisterAgentRoutes(http::Router& router, ApiContext& ctx) {
       for (const auto& p : plugins) {
         KEEL_ASSIGN_OR_RETURN(auto enabled, tx.plugins().ListEnablements(tenant, p.id));
         for (const auto& e : enabled) {
-          if (e.agent_id == id) KEEL_RETURN_IF_ERROR(tx.plugins().DisablePlugin(tenant, p.id, id));
+          if (e.agent_id != id) continue;
+          KEEL_RETURN_IF_ERROR(tx.plugins().DisablePlugin(tenant, p.id, id));
+          tx.Carry(
+              "agent_plugins",
+              store::DeletedImage({{"tenant_id", tenant}, {"plugin_id", p.id}, {"agent_id", id}}));
         }
       }
       // Its skills are no longer assigned.
       KEEL_ASSIGN_OR_RETURN(auto skills, tx.skills().SkillsForAgent(tenant, id, false));
       for (const auto& s : skills) {
         KEEL_RETURN_IF_ERROR(tx.skills().UnassignSkill(tenant, id, s.name));
+        tx.Carry("agent_skills",
+                 store::DeletedImage({{"tenant_id", tenant}, {"agent_id", id}, {"skill", s.name}}));
       }
+      tx.Carry("agents", store::ColumnsImage({{"id", id}, {"status", "deleted"}}));
       return tx.events().Append({tenant, "agent.deleted@v1", id, "", "", {}});
     });
     if (!written.ok()) co_return Response::Error(written.status());

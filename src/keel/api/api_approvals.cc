@@ -7,6 +7,7 @@
 #include "keel/common/time.h"
 #include "keel/runtime/runtime.h"
 #include "keel/store/async.h"
+#include "keel/store/row_images.h"
 #include "keel/store/store.h"
 
 namespace keel::api {
@@ -166,7 +167,10 @@ void RegisterApprovalRoutes(http::Router& router, ApiContext& ctx) {
                std::string tenant = req.principal.tenant_id;
                std::string id = req.Param("id");
                auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
-                 KEEL_RETURN_IF_ERROR(tx.approvals().RevokeStanding(tenant, id, NowMillis()));
+                 const Millis at = NowMillis();
+                 KEEL_RETURN_IF_ERROR(tx.approvals().RevokeStanding(tenant, id, at));
+                 tx.Carry("standing_approvals",
+                          store::ColumnsImage({{"id", id}, {"revoked_at", at}}));
                  return tx.events().Append({tenant, "standing_approval.revoked@v1", "", "", "",
                                             {{"standing_approval_id", id}}});
                });

@@ -12,6 +12,7 @@
 #include "keel/mcp/manager.h"
 #include "keel/secrets/vault.h"
 #include "keel/store/async.h"
+#include "keel/store/row_images.h"
 #include "keel/store/store.h"
 #include "keel/tools/gateway.h"
 
@@ -182,6 +183,7 @@ void RegisterMcpRoutes(http::Router& router, ApiContext& ctx) {
     store::McpServer s{NewId(), req.principal.tenant_id, name, transport, *config, NowMillis()};
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_RETURN_IF_ERROR(tx.mcp_servers().InsertMcpServer(s));
+      tx.Carry("mcp_servers", store::RowImage(s));
       return tx.events().Append({s.tenant_id, "mcp_server.registered@v1", "", "", "",
                                  {{"server_id", s.id}, {"name", s.name},
                                   {"transport", s.transport}}});
@@ -225,6 +227,7 @@ void RegisterMcpRoutes(http::Router& router, ApiContext& ctx) {
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_ASSIGN_OR_RETURN(gone, tx.mcp_servers().GetMcpServer(tenant, id));
       KEEL_RETURN_IF_ERROR(tx.mcp_servers().DeleteMcpServer(tenant, id));
+      tx.Carry("mcp_servers", store::DeletedImage({{"id", id}}));
       return tx.events().Append({tenant, "mcp_server.deleted@v1", "", "", "",
                                  {{"server_id", id}, {"name", gone.name}}});
     });

@@ -11,7 +11,6 @@
 // DELETE /v1/mcp closes the session.
 
 #include <boost/asio/use_awaitable.hpp>
-
 #include <cctype>
 #include <chrono>
 #include <map>
@@ -28,6 +27,7 @@
 #include "keel/runtime/event_hub.h"
 #include "keel/runtime/runtime.h"
 #include "keel/store/async.h"
+#include "keel/store/row_images.h"
 #include "keel/store/store.h"
 #include "keel/tools/gateway.h"
 
@@ -284,6 +284,7 @@ asio::awaitable<Response> Initialize(ApiContext& ctx, const Request& req, const 
   auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
     KEEL_ASSIGN_OR_RETURN(agent, tx.agents().GetAgent(session.tenant_id, agent_id));
     KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(session));
+    tx.Carry("sessions", store::RowImage(session));
     return tx.events().Append({session.tenant_id, "session.created@v1", agent_id, session.id, "",
                                {{"title", session.title}, {"via", "mcp"}}});
   });
@@ -417,8 +418,10 @@ void RegisterMcpServerRoutes(http::Router& router, ApiContext& ctx) {
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_ASSIGN_OR_RETURN(bool busy, tx.runs().SessionBusy(session->tenant_id, session->id));
       if (busy) return Conflict("the MCP session has a call in flight; it stays open");
-      KEEL_RETURN_IF_ERROR(tx.sessions().UpdateSessionStatus(session->tenant_id, session->id,
-                                                             "inactive", NowMillis()));
+      const Millis at = NowMillis();
+      KEEL_RETURN_IF_ERROR(
+          tx.sessions().UpdateSessionStatus(session->tenant_id, session->id, "inactive", at));
+      tx.Carry("sessions", store::SessionStatusImage(session->id, "inactive", at));
       return tx.events().Append({session->tenant_id, "session.closed@v1", session->agent_id,
                                  session->id, "", {}});
     });

@@ -14,6 +14,7 @@
 #include "keel/runtime/runtime.h"
 #include "keel/secrets/vault.h"
 #include "keel/store/async.h"
+#include "keel/store/row_images.h"
 #include "keel/store/store.h"
 #include "keel/tools/schema.h"
 
@@ -129,6 +130,7 @@ void RegisterPluginRoutes(http::Router& router, ApiContext& ctx) {
       replaced = before.ok();
       if (replaced) p.created_at = before->created_at;
       KEEL_RETURN_IF_ERROR(tx.plugins().UpsertPlugin(p));
+      tx.Carry("plugins", store::RowImage(p));
       KEEL_ASSIGN_OR_RETURN(enabled, tx.plugins().ListEnablements(p.tenant_id, p.id));
       return tx.events().Append({p.tenant_id, "plugin.registered@v1", "", "", "",
                                  {{"plugin_id", p.id}, {"kind", p.kind},
@@ -175,6 +177,7 @@ void RegisterPluginRoutes(http::Router& router, ApiContext& ctx) {
     std::string id = req.Param("id");
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_RETURN_IF_ERROR(tx.plugins().DeletePlugin(tenant, id));
+      tx.Carry("plugins", store::DeletedImage({{"tenant_id", tenant}, {"id", id}}));
       return tx.events().Append({tenant, "plugin.deleted@v1", "", "", "", {{"plugin_id", id}}});
     });
     if (!written.ok()) co_return Response::Error(written.status());
@@ -207,9 +210,14 @@ void RegisterPluginRoutes(http::Router& router, ApiContext& ctx) {
           }
         }
         if (enable) {
-          KEEL_RETURN_IF_ERROR(tx.plugins().EnablePlugin({tenant, id, agent_id, NowMillis()}));
+          store::PluginEnablement e{tenant, id, agent_id, NowMillis()};
+          KEEL_RETURN_IF_ERROR(tx.plugins().EnablePlugin(e));
+          tx.Carry("agent_plugins", store::RowImage(e));
         } else {
           KEEL_RETURN_IF_ERROR(tx.plugins().DisablePlugin(tenant, id, agent_id));
+          tx.Carry("agent_plugins",
+                   store::DeletedImage(
+                       {{"tenant_id", tenant}, {"plugin_id", id}, {"agent_id", agent_id}}));
         }
         KEEL_ASSIGN_OR_RETURN(auto p, tx.plugins().GetPlugin(tenant, id));
         KEEL_ASSIGN_OR_RETURN(auto enabled, tx.plugins().ListEnablements(tenant, id));

@@ -8,6 +8,7 @@
 #include "keel/policy/stored.h"
 #include "keel/runtime/runtime.h"
 #include "keel/store/async.h"
+#include "keel/store/row_images.h"
 #include "keel/store/store.h"
 
 namespace keel::api {
@@ -65,6 +66,7 @@ void AddPolicyRoutes(http::Router& router, ApiContext& ctx, const std::string& p
         KEEL_RETURN_IF_ERROR(policy::CheckNarrowing(frame ? &*frame : nullptr, *parsed));
       }
       KEEL_RETURN_IF_ERROR(tx.policies().PutPolicy(doc));
+      tx.Carry("policies", store::RowImage(doc));
       return tx.events().Append({tenant, "policy.updated@v1", scope, "", "",
                                  {{"scope", agent_scope ? "agent" : "tenant"},
                                   {"rules", doc.body["rules"].size()}}});
@@ -79,6 +81,7 @@ void AddPolicyRoutes(http::Router& router, ApiContext& ctx, const std::string& p
     std::string scope = agent_scope ? req.Param("id") : "";
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_RETURN_IF_ERROR(tx.policies().DeletePolicy(tenant, scope));
+      tx.Carry("policies", store::DeletedImage({{"tenant_id", tenant}, {"scope", scope}}));
       return tx.events().Append({tenant, "policy.deleted@v1", scope, "", "",
                                  {{"scope", agent_scope ? "agent" : "tenant"}}});
     });
@@ -107,6 +110,7 @@ void AddStopRoutes(http::Router& router, ApiContext& ctx, const std::string& pat
         KEEL_RETURN_IF_ERROR(tx.agents().GetAgent(stop.tenant_id, stop.agent_id).status());
       }
       KEEL_RETURN_IF_ERROR(tx.policies().PutStop(stop));
+      tx.Carry("emergency_stops", store::RowImage(stop));
       return tx.events().Append({stop.tenant_id, "emergency_stop.engaged@v1", stop.agent_id, "",
                                  "", {{"reason", stop.reason}}});
     });
@@ -120,6 +124,8 @@ void AddStopRoutes(http::Router& router, ApiContext& ctx, const std::string& pat
     std::string agent = agent_scope ? req.Param("id") : "";
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_RETURN_IF_ERROR(tx.policies().DeleteStop(tenant, agent));
+      tx.Carry("emergency_stops",
+               store::DeletedImage({{"tenant_id", tenant}, {"agent_id", agent}}));
       return tx.events().Append({tenant, "emergency_stop.lifted@v1", agent, "", "", {}});
     });
     if (!written.ok()) co_return Response::Error(written.status());

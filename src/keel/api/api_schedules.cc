@@ -12,6 +12,7 @@
 #include "keel/runtime/runtime.h"
 #include "keel/schedule/schedule.h"
 #include "keel/store/async.h"
+#include "keel/store/row_images.h"
 #include "keel/store/schedule_store.h"
 
 namespace keel::api {
@@ -113,6 +114,7 @@ asio::awaitable<Response> SetEnabled(ApiContext& ctx, Request& req, bool enabled
     }
     s.updated_at = now;
     KEEL_RETURN_IF_ERROR(tx.schedules().UpdateSchedule(s));
+    tx.Carry("schedules", store::RowImage(s));
     Json payload = {{"schedule_id", id}, {"status", s.status}};
     if (enabled) {
       payload["next_fire_at"] =
@@ -150,6 +152,7 @@ asio::awaitable<Response> Reassign(ApiContext& ctx, Request& req, std::string to
     s.caller_role = token.role;
     s.updated_at = now;
     KEEL_RETURN_IF_ERROR(tx.schedules().UpdateSchedule(s));
+    tx.Carry("schedules", store::RowImage(s));
     return tx.events().Append({tenant,
                                "schedule.reassigned@v1",
                                s.agent_id,

@@ -6,6 +6,7 @@
 #include "keel/common/time.h"
 #include "keel/secrets/vault.h"
 #include "keel/store/async.h"
+#include "keel/store/row_images.h"
 #include "keel/store/store.h"
 
 namespace keel::api {
@@ -67,6 +68,7 @@ void RegisterSecretRoutes(http::Router& router, ApiContext& ctx) {
     std::string tenant = req.principal.tenant_id;
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_RETURN_IF_ERROR(tx.secrets().DeleteSecret(tenant, name));
+      tx.Carry("secrets", store::DeletedImage({{"tenant_id", tenant}, {"name", name}}));
       return tx.events().Append({tenant, "secret.deleted@v1", "", "", "", {{"name", name}}});
     });
     if (!written.ok()) co_return Response::Error(written.status());

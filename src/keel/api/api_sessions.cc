@@ -7,6 +7,7 @@
 #include "keel/runtime/event_hub.h"
 #include "keel/runtime/runtime.h"
 #include "keel/store/async.h"
+#include "keel/store/row_images.h"
 
 namespace keel::api {
 
@@ -81,6 +82,7 @@ void RegisterSessionRoutes(http::Router& router, ApiContext& ctx) {
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_RETURN_IF_ERROR(tx.agents().GetAgent(session.tenant_id, session.agent_id).status());
       KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(session));
+      tx.Carry("sessions", store::RowImage(session));
       return tx.events()
           .Append({session.tenant_id, "session.created@v1", session.agent_id, session.id, "",
                    {{"title", session.title}}});
@@ -146,6 +148,7 @@ void RegisterSessionRoutes(http::Router& router, ApiContext& ctx) {
       session.status = *status;
       session.updated_at = NowMillis();
       KEEL_RETURN_IF_ERROR(tx.sessions().UpdateSessionStatus(tenant, id, *status, session.updated_at));
+      tx.Carry("sessions", store::SessionStatusImage(id, *status, session.updated_at));
       return tx.events()
           .Append({tenant, *status == "inactive" ? "session.closed@v1" : "session.reopened@v1",
                    session.agent_id, id, "", {}});

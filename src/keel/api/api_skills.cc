@@ -8,6 +8,7 @@
 #include "keel/common/time.h"
 #include "keel/skills/skills.h"
 #include "keel/store/async.h"
+#include "keel/store/row_images.h"
 #include "keel/store/skill_store.h"
 #include "keel/store/store.h"
 
@@ -71,6 +72,7 @@ void RegisterSkillRoutes(http::Router& router, ApiContext& ctx) {
       replaced = before.ok();
       if (replaced) skill.created_at = before->created_at;
       KEEL_RETURN_IF_ERROR(tx.skills().UpsertSkill(skill));
+      tx.Carry("skills", store::RowImage(skill));
       KEEL_ASSIGN_OR_RETURN(assigned,
                             tx.skills().ListSkillAssignments(skill.tenant_id, skill.name));
       return tx.events().Append({skill.tenant_id,
@@ -126,6 +128,7 @@ void RegisterSkillRoutes(http::Router& router, ApiContext& ctx) {
     std::string name = req.Param("name");
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_RETURN_IF_ERROR(tx.skills().DeleteSkill(tenant, name));
+      tx.Carry("skills", store::DeletedImage({{"tenant_id", tenant}, {"name", name}}));
       return tx.events().Append({tenant, "skill.deleted@v1", "", "", "", {{"name", name}}});
     });
     if (!written.ok()) co_return Response::Error(written.status());
@@ -160,10 +163,12 @@ void RegisterSkillRoutes(http::Router& router, ApiContext& ctx) {
     std::vector<store::Skill> skills;
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_RETURN_IF_ERROR(tx.agents().GetAgent(tenant, agent_id).status());
-      Status assigned = tx.skills().AssignSkill({tenant, agent_id, skill, NowMillis()});
+      store::SkillAssignment assignment{tenant, agent_id, skill, NowMillis()};
+      Status assigned = tx.skills().AssignSkill(assignment);
       if (assigned.code() == Code::kNotFound)
         return InvalidArgument("no skill named '" + skill + "'");
       KEEL_RETURN_IF_ERROR(assigned);
+      tx.Carry("agent_skills", store::RowImage(assignment));
       KEEL_ASSIGN_OR_RETURN(skills, tx.skills().SkillsForAgent(tenant, agent_id, false));
       return tx.events().Append({tenant,
                                  "skill.assigned@v1",
@@ -184,6 +189,9 @@ void RegisterSkillRoutes(http::Router& router, ApiContext& ctx) {
                std::string skill = req.Param("name");
                auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
                  KEEL_RETURN_IF_ERROR(tx.skills().UnassignSkill(tenant, agent_id, skill));
+                 tx.Carry("agent_skills",
+                          store::DeletedImage(
+                              {{"tenant_id", tenant}, {"agent_id", agent_id}, {"skill", skill}}));
                  return tx.events().Append({tenant,
                                             "skill.unassigned@v1",
                                             agent_id,

@@ -9,6 +9,7 @@
 #include "keel/model/metering.h"
 #include "keel/runtime/model_calls.h"
 #include "keel/store/async.h"
+#include "keel/store/row_images.h"
 #include "keel/store/store.h"
 #include "keel/store/usage_store.h"
 
@@ -141,6 +142,7 @@ void RegisterUsageRoutes(http::Router& router, ApiContext& ctx) {
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_RETURN_IF_ERROR(CheckScope(tx, budget.tenant_id, budget.scope));
       KEEL_RETURN_IF_ERROR(tx.usage().PutBudget(budget));
+      tx.Carry("budgets", store::RowImage(budget));
       KEEL_ASSIGN_OR_RETURN(auto all, tx.usage().ListBudgets(budget.tenant_id));
       for (const auto& b : all) {
         if (b.scope != budget.scope || b.period != budget.period) continue;
@@ -170,6 +172,8 @@ void RegisterUsageRoutes(http::Router& router, ApiContext& ctx) {
     std::string tenant = req.principal.tenant_id;
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_RETURN_IF_ERROR(tx.usage().DeleteBudget(tenant, scope, *period));
+      tx.Carry("budgets",
+               store::DeletedImage({{"tenant_id", tenant}, {"scope", scope}, {"period", *period}}));
       std::string agent_id = scope == "tenant" ? std::string() : scope;
       return tx.events().Append(
           {tenant, "budget.deleted@v1", agent_id, "", "", {{"scope", scope}, {"period", *period}}});

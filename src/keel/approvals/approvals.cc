@@ -4,6 +4,7 @@
 #include "keel/policy/policy.h"
 #include "keel/policy/stored.h"
 #include "keel/runs/run_state.h"
+#include "keel/store/row_images.h"
 
 namespace keel::approvals {
 namespace {
@@ -95,6 +96,7 @@ Result<store::Approval> Decide(store::Tx& tx, const DecisionRequest& d, Millis n
   a.decision_reason = d.reason;
   a.decided_at = now;
   KEEL_RETURN_IF_ERROR(tx.approvals().UpdateApproval(a));
+  tx.Carry("approvals", store::RowImage(a));
 
   // The parked call: its journal entry and its step.
   KEEL_RETURN_IF_ERROR(runs::SettleParkedCall(tx, d.tenant_id, a.run_id, a.call_id,
@@ -107,6 +109,7 @@ Result<store::Approval> Decide(store::Tx& tx, const DecisionRequest& d, Millis n
                               d.standing->arguments_match, d.decided_by, a.id, now,
                               d.standing->expires_at, std::nullopt};
     KEEL_RETURN_IF_ERROR(tx.approvals().InsertStanding(s));
+    tx.Carry("standing_approvals", store::RowImage(s));
     standing_id = s.id;
   }
 

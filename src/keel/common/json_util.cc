@@ -150,6 +150,80 @@ std::string DumpJson(const Json& j) {
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
+namespace {
+
+// The length of the valid UTF-8 sequence at s[i] (1 to 4), or 0 when it is not one.
+size_t Utf8Length(std::string_view s, size_t i) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = b(i);
+  if (c < 0x80) return 1;
+  size_t n = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 ? 2 : 0;
+  if (n == 0 || c > 0xF4 || i + n > s.size()) return 0;
+  for (size_t k = 1; k < n; ++k) {
+    if ((b(i + k) & 0xC0) != 0x80) return 0;
+  }
+  // Overlong forms, surrogates and code points above U+10FFFF.
+  if (c == 0xE0 && b(i + 1) < 0xA0) return 0;
+  if (c == 0xED && b(i + 1) > 0x9F) return 0;
+  if (c == 0xF0 && b(i + 1) < 0x90) return 0;
+  if (c == 0xF4 && b(i + 1) > 0x8F) return 0;
+  return n;
+}
+
+}  // namespace
+
+void AppendJsonString(std::string& out, std::string_view s) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  const size_t start = out.size();
+  out.reserve(start + s.size() + 2);
+  out += '"';
+  for (size_t i = 0; i < s.size();) {
+    const char c = s[i];
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && c != '"' && c != '\\') {
+      const size_t n = u < 0x80 ? 1 : Utf8Length(s, i);
+      if (n == 0) {  // invalid UTF-8: as DumpJson replaces it
+        out.resize(start);
+        out += Json(std::string(s)).dump(-1, ' ', false, Json::error_handler_t::replace);
+        return;
+      }
+      out.append(s.data() + i, n);
+      i += n;
+      continue;
+    }
+    out += '\\';
+    switch (c) {
+      case '"':
+        out += '"';
+        break;
+      case '\\':
+        out += '\\';
+        break;
+      case '\b':
+        out += 'b';
+        break;
+      case '\f':
+        out += 'f';
+        break;
+      case '\n':
+        out += 'n';
+        break;
+      case '\r':
+        out += 'r';
+        break;
+      case '\t':
+        out += 't';
+        break;
+      default:
+        out += "u00";
+        out += kHex[u >> 4];
+        out += kHex[u & 0xF];
+    }
+    ++i;
+  }
+  out += '"';
+}
+
 std::string ErrorBody(const Status& status) {
   Json body = {{"error", {{"code", std::string(CodeName(status.code()))}, {"message", status.message()}}}};
   return DumpJson(body);

@@ -33,6 +33,9 @@ Result<std::string> ReqString(const Json& obj, const char* field);
 
 // Dumps with invalid UTF-8 replaced rather than throwing.
 std::string DumpJson(const Json& j);
+// Appends `s` as a JSON string, as DumpJson writes it (invalid UTF-8 replaced by U+FFFD), to
+// `out`: for writing JSON text without building a Json value first.
+void AppendJsonString(std::string& out, std::string_view s);
 
 // The API error body {"error":{"code","message"}} for a failed status.
 std::string ErrorBody(const Status& status);

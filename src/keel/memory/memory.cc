@@ -6,6 +6,7 @@
 #include "keel/common/ids.h"
 #include "keel/common/time.h"
 #include "keel/memory/query.h"
+#include "keel/store/row_images.h"
 
 namespace keel::memory {
 
@@ -109,6 +110,7 @@ Result<Upserted> Upsert(store::Tx& tx, store::Memory m, const std::string& sessi
   }
   if (out.replaced) m.created_at = before->created_at;
   KEEL_RETURN_IF_ERROR(tx.memory().UpsertMemory(m));
+  tx.Carry("memories", store::RowImage(m));
   KEEL_RETURN_IF_ERROR(tx.events().Append(
       {m.tenant_id,
        "memory.upserted@v1",
@@ -123,6 +125,7 @@ Result<Upserted> Upsert(store::Tx& tx, store::Memory m, const std::string& sessi
 Status Delete(store::Tx& tx, const std::string& tenant_id, const std::string& agent_id,
               const std::string& id, const std::string& session_id, const std::string& run_id) {
   KEEL_RETURN_IF_ERROR(tx.memory().DeleteMemory(tenant_id, agent_id, id));
+  tx.Carry("memories", store::DeletedImage({{"tenant_id", tenant_id}, {"id", id}}));
   return tx.events().Append(
       {tenant_id, "memory.deleted@v1", agent_id, session_id, run_id, {{"memory_id", id}}});
 }
@@ -147,6 +150,7 @@ Result<store::WorkingMemory> PutWorkingMemory(store::Tx& tx, const std::string& 
   }
   store::WorkingMemory w{tenant_id, agent_id, std::move(text), NowMillis()};
   KEEL_RETURN_IF_ERROR(tx.memory().PutWorkingMemory(w));
+  tx.Carry("working_memories", store::RowImage(w));
   KEEL_RETURN_IF_ERROR(tx.events().Append(
       {tenant_id, "working_memory.updated@v1", agent_id, session_id, run_id,
        {{"bytes", w.text.size()}}}));

@@ -1,5 +1,6 @@
 #include "keel/runs/run_state.h"
 
+#include "keel/store/row_images.h"
 #include "keel/store/store.h"
 
 namespace keel::runs {
@@ -43,6 +44,20 @@ Result<std::string> PoisonCheck(store::Tx& tx, const store::Run& run) {
          "again";
 }
 
+// A run's write and its session's status, carried to the unit's next event (row_images.h).
+Status WriteRun(store::Tx& tx, const store::Run& run) {
+  KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(run));
+  tx.Carry("runs", store::RowImage(run));
+  return Status::Ok();
+}
+
+Status SetSessionStatus(store::Tx& tx, const store::Run& run, const char* status, Millis now) {
+  KEEL_RETURN_IF_ERROR(
+      tx.sessions().UpdateSessionStatus(run.tenant_id, run.session_id, status, now));
+  tx.Carry("sessions", store::SessionStatusImage(run.session_id, status, now));
+  return Status::Ok();
+}
+
 Status Append(store::Tx& tx, const store::Run& run, std::string type, Json payload) {
   return tx.events().Append(
       {run.tenant_id, std::move(type), run.agent_id, run.session_id, run.id, std::move(payload)});
@@ -69,10 +84,10 @@ Result<store::Run> Create(store::Tx& tx, store::Run run, const Json& queued_payl
     run.lease_owner = claim->origin;
     run.lease_expires_at = claim->until;
     run.started_at = now;
-    KEEL_RETURN_IF_ERROR(
-        tx.sessions().UpdateSessionStatus(run.tenant_id, run.session_id, "running", now));
+    KEEL_RETURN_IF_ERROR(SetSessionStatus(tx, run, "running", now));
   }
   KEEL_RETURN_IF_ERROR(tx.runs().InsertRun(run));
+  tx.Carry("runs", store::RowImage(run));
   KEEL_RETURN_IF_ERROR(Append(tx, run, "run.queued@v1", queued_payload));
   if (claim) {
     KEEL_RETURN_IF_ERROR(
@@ -95,9 +110,8 @@ Result<Claim> ClaimRun(store::Tx& tx, const std::string& tenant_id, const std::s
   cur.lease_owner = origin;
   cur.lease_expires_at = now + lease_ms;
   if (!cur.started_at) cur.started_at = now;
-  KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(cur));
-  KEEL_RETURN_IF_ERROR(
-      tx.sessions().UpdateSessionStatus(cur.tenant_id, cur.session_id, "running", now));
+  KEEL_RETURN_IF_ERROR(WriteRun(tx, cur));
+  KEEL_RETURN_IF_ERROR(SetSessionStatus(tx, cur, "running", now));
   KEEL_RETURN_IF_ERROR(Append(tx, cur, "run.started@v1",
                               {{"attempt", cur.attempt}, {"resumed", out.resumed}}));
   out.run = std::move(cur);
@@ -107,7 +121,7 @@ Result<Claim> ClaimRun(store::Tx& tx, const std::string& tenant_id, const std::s
 Status AddTokens(store::Tx& tx, store::Run& cur, int64_t input_tokens, int64_t output_tokens) {
   cur.input_tokens += input_tokens;
   cur.output_tokens += output_tokens;
-  return tx.runs().UpdateRun(cur);
+  return WriteRun(tx, cur);
 }
 
 Status Park(store::Tx& tx, store::Run& cur, const std::string& approval_id, Millis now) {
@@ -115,9 +129,8 @@ Status Park(store::Tx& tx, store::Run& cur, const std::string& approval_id, Mill
   cur.status = "waiting_for_approval";
   cur.lease_owner.clear();
   cur.lease_expires_at = 0;
-  KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(cur));
-  KEEL_RETURN_IF_ERROR(
-      tx.sessions().UpdateSessionStatus(cur.tenant_id, cur.session_id, "awaiting_approval", now));
+  KEEL_RETURN_IF_ERROR(WriteRun(tx, cur));
+  KEEL_RETURN_IF_ERROR(SetSessionStatus(tx, cur, "awaiting_approval", now));
   return Append(tx, cur, "run.waiting_for_approval@v1", {{"approval_id", approval_id}});
 }
 
@@ -126,8 +139,8 @@ Status Requeue(store::Tx& tx, const std::string& tenant_id, const std::string& r
   KEEL_ASSIGN_OR_RETURN(store::Run run, tx.runs().GetRun(tenant_id, run_id));
   if (run.status != "waiting_for_approval") return Status::Ok();
   run.status = "queued";
-  KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(run));
-  KEEL_RETURN_IF_ERROR(tx.sessions().UpdateSessionStatus(run.tenant_id, run.session_id, "idle", now));
+  KEEL_RETURN_IF_ERROR(WriteRun(tx, run));
+  KEEL_RETURN_IF_ERROR(SetSessionStatus(tx, run, "idle", now));
   return Append(tx, run, "run.queued@v1",
                 {{"message_id", run.message_id}, {"after_approval", approval_id}});
 }
@@ -144,8 +157,8 @@ Status Finish(store::Tx& tx, store::Run& cur, const Ending& ending, Millis now) 
   cur.error = ending.error;
   cur.finished_at = now;
   cur.lease_expires_at = 0;
-  KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(cur));
-  KEEL_RETURN_IF_ERROR(tx.sessions().UpdateSessionStatus(cur.tenant_id, cur.session_id, "idle", now));
+  KEEL_RETURN_IF_ERROR(WriteRun(tx, cur));
+  KEEL_RETURN_IF_ERROR(SetSessionStatus(tx, cur, "idle", now));
   Json payload = {{"status", ending.status}};
   if (!ending.error.is_null()) payload["error"] = ending.error;
   payload["usage"] = ending.usage;
@@ -160,19 +173,18 @@ Result<store::Run> Cancel(store::Tx& tx, const std::string& tenant_id, const std
   if (out.status == "running") {
     if (out.cancel_requested) return out;
     out.cancel_requested = true;
-    KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(out));
+    KEEL_RETURN_IF_ERROR(WriteRun(tx, out));
     KEEL_RETURN_IF_ERROR(Append(tx, out, "run.cancel_requested@v1", Json::object()));
     return out;
   }
   if (before_end) KEEL_RETURN_IF_ERROR(before_end(tx, out));
   if (out.status == "waiting_for_approval") {
-    KEEL_RETURN_IF_ERROR(
-        tx.sessions().UpdateSessionStatus(tenant_id, out.session_id, "idle", now));
+    KEEL_RETURN_IF_ERROR(SetSessionStatus(tx, out, "idle", now));
   }
   out.status = "cancelled";
   out.finished_at = now;
   out.error = {{"code", "cancelled"}, {"message", "cancelled by request"}};
-  KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(out));
+  KEEL_RETURN_IF_ERROR(WriteRun(tx, out));
   Json payload = {{"status", out.status},
                   {"error", out.error},
                   {"usage", {{"input_tokens", out.input_tokens},
@@ -189,10 +201,14 @@ Status WriteCall(store::Tx& tx, const store::ToolCall& call, const store::Step& 
                  bool recorded) {
   if (recorded) {
     KEEL_RETURN_IF_ERROR(tx.runs().UpdateToolCall(call));
-    return tx.runs().UpdateStep(step);
+    KEEL_RETURN_IF_ERROR(tx.runs().UpdateStep(step));
+  } else {
+    KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(step));
+    KEEL_RETURN_IF_ERROR(tx.runs().InsertToolCall(call));
   }
-  KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(step));
-  return tx.runs().InsertToolCall(call);
+  tx.Carry("run_steps", store::RowImage(step));
+  tx.Carry("tool_calls", store::RowImage(call));
+  return Status::Ok();
 }
 
 }  // namespace
@@ -221,6 +237,7 @@ Status ParkCall(store::Tx& tx, const Holder& holder, store::ToolCall& call, stor
       {"outcome", "approval"}, {"reason", approval.reason}, {"approval_id", approval.id}};
   KEEL_RETURN_IF_ERROR(WriteCall(tx, call, step, /*recorded=*/false));
   KEEL_RETURN_IF_ERROR(tx.approvals().InsertApproval(approval));
+  tx.Carry("approvals", store::RowImage(approval));
   KEEL_RETURN_IF_ERROR(Append(tx, run, "approval.requested@v1",
                               {{"approval_id", approval.id},
                                {"call_id", call.call_id},
@@ -308,6 +325,7 @@ Status SettleParkedCall(store::Tx& tx, const std::string& tenant_id, const std::
     call.result = {{"error", error}};
   }
   KEEL_RETURN_IF_ERROR(tx.runs().UpdateToolCall(call));
+  tx.Carry("tool_calls", store::RowImage(call));
   KEEL_ASSIGN_OR_RETURN(auto steps, tx.runs().ListSteps(tenant_id, run_id));
   for (auto step : steps) {
     if (step.id != call.step_id) continue;
@@ -320,6 +338,7 @@ Status SettleParkedCall(store::Tx& tx, const std::string& tenant_id, const std::
       step.input["amended_from"] = parked->arguments;
     }
     KEEL_RETURN_IF_ERROR(tx.runs().UpdateStep(step));
+    tx.Carry("run_steps", store::RowImage(step));
   }
   return Status::Ok();
 }
@@ -333,12 +352,14 @@ Status WithdrawApprovedCalls(store::Tx& tx, const store::Run& run, Millis now) {
     c.result = {{"error", "the run was cancelled before the approved call ran"}};
     c.updated_at = now;
     KEEL_RETURN_IF_ERROR(tx.runs().UpdateToolCall(c));
+    tx.Carry("tool_calls", store::RowImage(c));
     for (auto s : steps) {
       if (s.id != c.step_id) continue;
       s.status = c.status;
       s.output = c.result;
       s.finished_at = now;
       KEEL_RETURN_IF_ERROR(tx.runs().UpdateStep(s));
+      tx.Carry("run_steps", store::RowImage(s));
     }
   }
   return Status::Ok();

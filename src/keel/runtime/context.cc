@@ -24,6 +24,7 @@
 #include "keel/skills/skills.h"
 #include "keel/store/async.h"
 #include "keel/store/compaction_store.h"
+#include "keel/store/row_images.h"
 #include "keel/tools/gateway.h"
 
 namespace keel::runtime {
@@ -390,7 +391,9 @@ asio::awaitable<Status> Runtime::AssembleContext(
     auto recorded = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
       KEEL_ASSIGN_OR_RETURN(auto cur, runs::Held(tx, run));
       KEEL_RETURN_IF_ERROR(tx.compactions().InsertCompaction(c));
+      tx.Carry("compactions", store::RowImage(c));
       KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(step));
+      tx.Carry("run_steps", store::RowImage(step));
       KEEL_RETURN_IF_ERROR(call.Record(tx, cur, step));  // its usage record, model.fallback@v1
       KEEL_RETURN_IF_ERROR(runs::AddTokens(tx, cur, usage.input_tokens, usage.output_tokens));
       return tx.events().Append({run.tenant_id,

@@ -11,6 +11,7 @@
 #include "keel/runtime/dispatcher.h"
 #include "keel/runtime/plugin_bridge.h"
 #include "keel/store/async.h"
+#include "keel/store/row_images.h"
 
 namespace keel::runtime {
 
@@ -179,6 +180,7 @@ Status Intake::Write(store::Tx& tx, Unit& u) {
   const IntakeRequest& req = u.request;
   const IntakeResult& out = u.out;
   KEEL_RETURN_IF_ERROR(tx.messages().InsertMessage(out.message));
+  tx.Carry("messages", store::RowImage(out.message));
   KEEL_RETURN_IF_ERROR(tx.events().Append({req.tenant_id, "message.created@v1", u.agent.id,
                                            req.session_id, out.run.id,
                                            {{"message_id", out.message.id},

@@ -16,6 +16,7 @@
 #include "keel/model/metering.h"
 #include "keel/runtime/conversation_cache.h"
 #include "keel/store/async.h"
+#include "keel/store/row_images.h"
 
 namespace keel::runtime {
 
@@ -276,7 +277,9 @@ Status ModelCall::Record(store::Tx& tx, const store::Run& run, const store::Step
   u.cached = cached;
   u.fallback = fell_back;
   u.created_at = step.finished_at.value_or(step.started_at);
-  return tx.usage().InsertUsage(u);
+  KEEL_RETURN_IF_ERROR(tx.usage().InsertUsage(u));
+  tx.Carry("model_usage", store::RowImage(u));
+  return Status::Ok();
 }
 
 Json UsageTotalsJson(const store::UsageTotals& t) {

@@ -2,7 +2,6 @@
 // model/tool loop to an end, recording every model response and tool result as it happens.
 
 #include <boost/asio/use_awaitable.hpp>
-
 #include <map>
 #include <set>
 
@@ -21,6 +20,7 @@
 #include "keel/runtime/plugin_bridge.h"
 #include "keel/runtime/runtime.h"
 #include "keel/store/async.h"
+#include "keel/store/row_images.h"
 #include "keel/tools/gateway.h"
 
 namespace keel::runtime {
@@ -175,6 +175,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
       Millis at = NowMillis();
       if (final_step) {
         KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(*final_step));
+        tx.Carry("run_steps", store::RowImage(*final_step));
         KEEL_RETURN_IF_ERROR(tx.events()
                                  .Append({cur.tenant_id, "run.step@v1", cur.agent_id,
                                           cur.session_id, cur.id,
@@ -195,6 +196,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
         reply.content = output;
         reply.created_at = at;
         KEEL_RETURN_IF_ERROR(tx.messages().InsertMessage(reply));
+        tx.Carry("messages", store::RowImage(reply));
         KEEL_RETURN_IF_ERROR(tx.events()
                                  .Append({cur.tenant_id, "message.created@v1", cur.agent_id,
                                           cur.session_id, cur.id,
@@ -579,6 +581,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
     auto recorded = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
       KEEL_ASSIGN_OR_RETURN(auto cur, runs::Held(tx, run));
       KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(step));
+      tx.Carry("run_steps", store::RowImage(step));
       KEEL_RETURN_IF_ERROR(call.Record(tx, cur, step));
       KEEL_RETURN_IF_ERROR(
           runs::AddTokens(tx, cur, response->usage.input_tokens, response->usage.output_tokens));

@@ -32,11 +32,11 @@
 // as refused, with schedule.refused@v1, and advances the schedule all the same.
 
 #include <algorithm>
-#include <map>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <map>
 
 #include "keel/common/ids.h"
 #include "keel/common/log.h"
@@ -46,6 +46,7 @@
 #include "keel/runtime/runtime.h"
 #include "keel/schedule/schedule.h"
 #include "keel/store/async.h"
+#include "keel/store/row_images.h"
 
 namespace keel::runtime {
 
@@ -142,8 +143,11 @@ Status Runtime::WriteSlotPost(store::Tx& tx, SlotPost& post) {
   KEEL_RETURN_IF_ERROR(recorded);
   Advance(*current, post.plan, post.now, false);
   KEEL_RETURN_IF_ERROR(tx.schedules().UpdateSchedule(*current));
+  tx.Carry("schedule_fires", store::RowImage(record));
+  tx.Carry("schedules", store::RowImage(*current));
   if (post.new_session) {
     KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(session));
+    tx.Carry("sessions", store::RowImage(session));
     KEEL_RETURN_IF_ERROR(tx.events().Append({s.tenant_id,
                                              "session.created@v1",
                                              agent.id,
@@ -270,6 +274,7 @@ asio::awaitable<void> Runtime::FireSchedule(store::Schedule s, Millis firing_sin
       if (!current) return Status::Ok();
       Advance(*current, plan, now, false);
       KEEL_RETURN_IF_ERROR(tx.schedules().UpdateSchedule(*current));
+      tx.Carry("schedules", store::RowImage(*current));
       return tx.events().Append({s.tenant_id,
                                  "schedule.skipped@v1",
                                  s.agent_id,
@@ -371,6 +376,8 @@ asio::awaitable<void> Runtime::FireSchedule(store::Schedule s, Millis firing_sin
     KEEL_RETURN_IF_ERROR(recorded);
     Advance(*current, plan, now, end);
     KEEL_RETURN_IF_ERROR(tx.schedules().UpdateSchedule(*current));
+    tx.Carry("schedule_fires", store::RowImage(record));
+    tx.Carry("schedules", store::RowImage(*current));
     return tx.events().Append({s.tenant_id,
                                "schedule.refused@v1",
                                s.agent_id,

@@ -3,6 +3,7 @@
 #include "keel/access/access.h"
 #include "keel/common/ids.h"
 #include "keel/schedule/cron.h"
+#include "keel/store/row_images.h"
 
 namespace keel::schedule {
 
@@ -139,6 +140,7 @@ Status InsertSchedule(store::Tx& tx, const store::Schedule& s) {
     }
   }
   KEEL_RETURN_IF_ERROR(tx.schedules().InsertSchedule(s));
+  tx.Carry("schedules", store::RowImage(s));
   return tx.events().Append({s.tenant_id,
                              "schedule.created@v1",
                              s.agent_id,
@@ -154,6 +156,7 @@ Status RemoveSchedule(store::Tx& tx, const std::string& tenant_id, const std::st
   KEEL_ASSIGN_OR_RETURN(store::Schedule s, tx.schedules().GetSchedule(tenant_id, id));
   if (!agent_id.empty() && s.agent_id != agent_id) return NotFound("schedule not found: " + id);
   KEEL_RETURN_IF_ERROR(tx.schedules().DeleteSchedule(tenant_id, id));
+  tx.Carry("schedules", store::DeletedImage({{"id", id}}));  // and its fires
   return tx.events().Append(
       {tenant_id, "schedule.deleted@v1", s.agent_id, s.session_id, "", {{"schedule_id", id}}});
 }

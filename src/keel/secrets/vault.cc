@@ -1,5 +1,6 @@
 #include "keel/secrets/vault.h"
 
+#include "keel/store/row_images.h"
 #include "keel/store/store.h"
 
 namespace keel::secrets {
@@ -61,9 +62,10 @@ Result<Key> Vault::DataKey(store::Tx& tx, const std::string& tenant_id,
   }
   if (!now) return NotFound("the tenant has no secrets");
   Key fresh = Key::Random();
-  KEEL_RETURN_IF_ERROR(tx.secrets().InsertTenantKey(
-      store::TenantKey{tenant_id, Seal(*kek_, fresh.bytes(), DataKeyAad(tenant_id)),
-                       kek_->Fingerprint(), *now}));
+  store::TenantKey key{tenant_id, Seal(*kek_, fresh.bytes(), DataKeyAad(tenant_id)),
+                       kek_->Fingerprint(), *now};
+  KEEL_RETURN_IF_ERROR(tx.secrets().InsertTenantKey(key));
+  tx.Carry("tenant_keys", store::RowImage(key));
   return fresh;
 }
 
@@ -80,6 +82,7 @@ Result<bool> Vault::Put(store::Tx& tx, const std::string& tenant_id, const std::
   store::Secret s{tenant_id, name, Seal(data_key, value, SecretAad(tenant_id, name)),
                   existing.ok() ? existing->created_at : now, now};
   KEEL_RETURN_IF_ERROR(tx.secrets().PutSecret(s));
+  tx.Carry("secrets", store::RowImage(s));
   return !existing.ok();
 }
 

@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "keel/common/status.h"
@@ -353,6 +354,24 @@ class Tx {
   virtual ExportStore& exports() = 0;
   // Events appended so far in this unit of work (published to live streams after commit).
   virtual const std::vector<Event>& appended() const = 0;
+
+  // A row image (store/row_images.h) for the next event this unit appends: EventLog::Append
+  // adds what is carried to its payload's "rows". For a write whose event comes later in the
+  // unit, or in a helper that appends none itself. A unit that ends with images carried and no
+  // event after them fails (CarriedAll), so no write's state is left out of the log.
+  // REQUIRES: `table` is a string literal.
+  void Carry(const char* table, std::string image);
+  // For the backends' EventLog::Append: adds the carried images to `payload`, the event's
+  // payload as stored (an object's JSON text).
+  void AppendCarried(std::string& payload);
+  // For the backends' writers, after a unit's callback succeeded: kInternal when images are
+  // still carried. Clears them either way.
+  Status CarriedAll();
+  // For the backends' writers, before each unit.
+  void ClearCarried() { carried_.clear(); }
+
+ private:
+  std::vector<std::pair<const char*, std::string>> carried_;  // (table, image) in write order
 };
 
 using WriteFn = std::function<Status(Tx&)>;

@@ -2,6 +2,7 @@
 
 #include "keel/common/crypto.h"
 #include "keel/common/ids.h"
+#include "keel/store/row_images.h"
 
 namespace keel::tenants {
 
@@ -20,11 +21,13 @@ NewTenant MakeTenant(const std::string& name) {
 
 Status InsertTenant(store::Tx& tx, const NewTenant& t) {
   KEEL_RETURN_IF_ERROR(tx.tenants().InsertTenant(t.tenant));
-  KEEL_RETURN_IF_ERROR(tx.tokens().InsertToken(t.owner));
+  tx.Carry("tenants", store::RowImage(t.tenant));
   KEEL_RETURN_IF_ERROR(
       tx.events()
           .Append({t.tenant.id, "tenant.created@v1", "", "", "",
                    {{"tenant_id", t.tenant.id}, {"name", t.tenant.name}}}));
+  KEEL_RETURN_IF_ERROR(tx.tokens().InsertToken(t.owner));
+  tx.Carry("api_tokens", store::RowImage(t.owner));
   return tx.events()
       .Append({t.tenant.id, "token.created@v1", "", "", "",
                {{"token_id", t.owner.id}, {"name", t.owner.name}, {"role", t.owner.role}}});

@@ -2,6 +2,7 @@
 
 #include "keel/memory/memory.h"
 #include "keel/store/introspection_store.h"
+#include "keel/store/row_images.h"
 #include "keel/store/store.h"
 #include "keel/tools/tool.h"
 
@@ -59,8 +60,12 @@ class SetDescription final : public Tool {
     }
     KEEL_RETURN_IF_ERROR(store_.WriteSync([&](store::Tx& tx) -> Status {
       KEEL_RETURN_IF_ERROR(RequireIntrospectionRun(tx, ctx, name()));
-      KEEL_RETURN_IF_ERROR(tx.introspection().SetSessionDescription(ctx.tenant_id, ctx.session_id,
-                                                                    text, NowMillis()));
+      const Millis at = NowMillis();
+      KEEL_RETURN_IF_ERROR(
+          tx.introspection().SetSessionDescription(ctx.tenant_id, ctx.session_id, text, at));
+      tx.Carry(
+          "sessions",
+          store::ColumnsImage({{"id", ctx.session_id}, {"description", text}, {"updated_at", at}}));
       return tx.events().Append({ctx.tenant_id,
                                  "session.described@v1",
                                  ctx.agent_id,

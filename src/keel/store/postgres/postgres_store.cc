@@ -457,11 +457,13 @@ void PostgresStore::CommitBatch(std::vector<Unit>& batch) {
     bool savepoint_open = false;  // the previous boundary already opened this unit's savepoint
     for (size_t i = 0; i < batch.size(); ++i) {
       tx.ResetUnit();
+      tx.ClearCarried();
       Status st = savepoints && !savepoint_open ? conn.Exec("SAVEPOINT unit") : Status::Ok();
       savepoint_open = false;
       if (st.ok()) {
         try {
           st = batch[i].fn(tx);
+          if (st.ok()) st = tx.CarriedAll();
         } catch (const std::exception& e) {
           st = Internal(std::string("write failed: ") + e.what());
         }

@@ -3,14 +3,11 @@
 #include <algorithm>
 
 #include "keel/common/ids.h"
+#include "keel/store/row_images.h"
 #include "keel/store/rows.h"
 
 namespace keel::store::postgres {
 namespace {
-
-// A JSON column as stored: empty text for null, else the compact dump.
-std::string StoredJson(const Json& j) { return j.is_null() ? std::string() : DumpJson(j); }
-
 
 using namespace rows;  // NOLINT: the shared record readers
 
@@ -968,7 +965,10 @@ Status PostgresTx::Append(NewEvent n) {
       "$5,$6,$7,$8,$9,$10) RETURNING tenant_position, origin_seq";
   // Pipelined: the position and origin_seq arrive with the next round trip, at the latest when
   // the unit ends (PostgresStore flushes then); a failure there fails the unit.
-  const std::string payload = DumpJson(e.payload);
+  // As stored: with the row images the unit carried (the Json payload handed to live streams
+  // leaves them out).
+  std::string payload = DumpJson(e.payload);
+  AppendCarried(payload);
   const ChainedFields chained = ChainedOf(e, payload);
   Status st = BindTenant(e.tenant_id);
   Result<std::string> hash = st.ok() ? sealer_.Next(chained, head_loader_) : Result<std::string>(st);

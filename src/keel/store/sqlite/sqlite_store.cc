@@ -197,10 +197,12 @@ void SqliteStore::CommitBatch(std::vector<Unit>& batch) {
     const bool savepoints = batch.size() > 1;
     for (size_t i = 0; i < batch.size(); ++i) {
       writer_tx_->ResetUnit();
+      writer_tx_->ClearCarried();
       Status st = savepoints ? db.Run("SAVEPOINT unit") : Status::Ok();
       if (st.ok()) {
         try {
           st = batch[i].fn(*writer_tx_);
+          if (st.ok()) st = writer_tx_->CarriedAll();
         } catch (const std::exception& e) {
           st = Internal(std::string("write failed: ") + e.what());
         }

@@ -3,14 +3,11 @@
 #include <algorithm>
 
 #include "keel/common/ids.h"
+#include "keel/store/row_images.h"
 #include "keel/store/rows.h"
 
 namespace keel::store::sqlite {
 namespace {
-
-// A JSON column as stored: empty text for null, else the compact dump.
-std::string StoredJson(const Json& j) { return j.is_null() ? std::string() : DumpJson(j); }
-
 
 using namespace rows;  // NOLINT: the shared record readers
 
@@ -907,7 +904,10 @@ Status SqliteTx::Append(NewEvent n) {
   e.run_id = std::move(n.run_id);
   e.payload = n.payload.is_object() ? std::move(n.payload) : Json::object();
   e.occurred_at = NowMillis();
-  const std::string payload = DumpJson(e.payload);
+  // As stored: with the row images the unit carried (the Json payload handed to live streams
+  // leaves them out).
+  std::string payload = DumpJson(e.payload);
+  AppendCarried(payload);
   const ChainedFields chained = ChainedOf(e, payload);
   auto hash = sealer_.Next(chained, head_loader_);
   // The tenant's next position and origin_seq, each one probe of its unique index, read in

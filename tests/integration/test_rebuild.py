@@ -1,0 +1,374 @@
+"""`keel store rebuild --from-events`: the tables rebuilt from the event log alone.
+
+A real server runs a mixed workload over two tenants (tokens made and revoked, tenant settings,
+agents created, changed and deleted, sessions closed and reopened, turns, tool calls, approvals
+approved, rejected, amended, cancelled and made standing, policies and emergency stops set and
+lifted). Once it stops, the store is rebuilt from its events into a new, empty store, and both
+are exported: every table the log rebuilds (RebuiltTables, store/row_images.h) must be the same,
+row for row, and so must the events and the audit chains' heads. A server on the rebuilt store
+then serves the same token, and a session's conversation goes on where it stopped.
+
+Attacks: the events' row images reach no client (the event list, for the owner and a guest); a
+rebuild into a store that holds data is refused; a log whose events were changed behind the
+server's back (an image added to a stored event) is refused by its audit chain, naming it, and
+nothing is written.
+"""
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import tempfile
+import time
+import unittest
+
+import keel_harness
+from keel_harness import (KeelServer, KeelTestCase, create_pg_database, drop_pg_database,
+                          keel_bin, pg_owner_url)
+
+WAIT = 15
+KEK = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="
+SKILL = "---\nname: %s\ndescription: %s\n---\n# %s\n"
+FRAME = {"rules": [
+    {"tool": "*", "rights": ["read", "write"], "approval": "never"},
+    {"tool": "notes.append", "rights": ["write"], "approval": "always"},
+]}
+# The tables the log rebuilds; the rest are left empty (and the command names them).
+REBUILT = ["tenants", "api_tokens", "tenant_keys", "secrets", "agents", "sessions", "messages",
+           "runs", "run_steps", "tool_calls", "policies", "emergency_stops", "approvals",
+           "standing_approvals", "mcp_servers", "plugins", "agent_plugins", "schedules",
+           "schedule_fires", "memories", "working_memories", "skills", "agent_skills",
+           "compactions", "budgets", "model_usage", "usage_totals"]
+
+
+def note_call(line):
+    return "/call notes.append " + json.dumps({"line": line})
+
+
+class Tenant(keel_harness.Tenant):
+    def post(self, session_id, content, wait=WAIT, token=None):
+        status, body, _ = self.server.post_message(session_id, content, wait=wait,
+                                                   token=token or self.token)
+        if status not in (200, 202):
+            raise AssertionError("POST message -> %s: %s" % (status, body))
+        return body["run"]
+
+    def pending(self, run_id):
+        found = [a for a in self.ok("GET", "/v1/approvals?status=pending")["items"]
+                 if a["run_id"] == run_id]
+        assert len(found) == 1, found
+        return found[0]
+
+    def park(self, session_id, line):
+        run = self.post(session_id, note_call(line))
+        assert run["status"] == "waiting_for_approval", run
+        return run, self.pending(run["id"])
+
+
+class Store:
+    """A store URL that the test owns: a SQLite file, or a fresh PostgreSQL database."""
+
+    def __init__(self, directory):
+        self.pg_database = None
+        if os.environ.get("KEEL_TEST_STORE") == "postgres":
+            self.pg_database, self.url = create_pg_database()
+            keel(["store", "migrate", "--store", self.url, "--owner-url", pg_owner_url(self.url)])
+        else:
+            self.url = "sqlite://" + os.path.join(directory, "rebuilt.db")
+
+    def drop(self):
+        if self.pg_database and not os.environ.get("KEEL_TEST_KEEP"):
+            drop_pg_database(self.pg_database)
+
+
+def wait_for(predicate, timeout=20):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting")
+        time.sleep(0.05)
+
+
+def keel(args, check=True):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_")}
+    env["KEEL_SECRET_KEK"] = KEK  # the server's: the chains' signatures are checked
+    proc = subprocess.run([keel_bin()] + args, capture_output=True, text=True, timeout=300,
+                          env=env)
+    if check and proc.returncode != 0:
+        raise AssertionError("keel %s -> %d\n%s%s" % (" ".join(args), proc.returncode,
+                                                     proc.stdout, proc.stderr))
+    return proc
+
+
+def source_url(server):
+    return server.store_url or "sqlite://" + os.path.join(server.home, "keel.db")
+
+
+def export_tables(url, directory):
+    """`keel export` of every tenant, unpacked: {table: [line, ...]}."""
+    os.makedirs(directory)
+    archive = os.path.join(directory, "export.tar.zst")
+    keel(["export", "--store", url, archive])
+    out = os.path.join(directory, "export")
+    os.makedirs(out)
+    subprocess.run(["tar", "--zstd", "-xf", archive, "-C", out], check=True, timeout=60)
+    tables = {}
+    for name in os.listdir(out):
+        if name.endswith(".jsonl"):
+            with open(os.path.join(out, name)) as f:
+                tables[name[:-6]] = f.read().splitlines()
+    return tables
+
+
+class RebuildTest(KeelTestCase):
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="keel-rebuild-")
+        self.server = KeelServer(env={"KEEL_SECRET_KEK": KEK})
+        self.targets = []
+
+    def tearDown(self):
+        for s in getattr(self, "others", []):
+            s.stop()
+        self.server.stop()
+        for t in self.targets:
+            t.drop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def target(self):
+        t = Store(self.dir)
+        self.targets.append(t)
+        return t
+
+    def workload(self):
+        s = self.server
+        t = Tenant(s)
+        other = Tenant(s)
+        user, _ = t.new_token("user")
+        guest, _ = t.new_token("guest")
+        _, revoked_id = t.new_token("user")
+        t.ok("DELETE", "/v1/tokens/%s" % revoked_id)
+        s.ok("PATCH", "/v1/tenants/%s" % other.id, {"allow_host_exec": True})
+        t.ok("PUT", "/v1/policy", FRAME)
+        t.ok("PUT", "/v1/emergency-stop", {"reason": "drill"})
+        t.ok("DELETE", "/v1/emergency-stop")
+
+        agent = s.create_agent(tools=["time.now", "notes.append"], token=t.token)
+        gone = s.create_agent(tools=["time.now"], token=t.token)
+        t.ok("PATCH", "/v1/agents/%s" % agent["id"], {"instructions": "Be brief."})
+        t.ok("PUT", "/v1/agents/%s/policy" % agent["id"], {"rules": [
+            {"tool": "time.now", "rights": ["read"], "approval": "never"},
+            {"tool": "notes.append", "rights": ["write"], "approval": "always"}]})
+        t.ok("PUT", "/v1/agents/%s/emergency-stop" % gone["id"], {"reason": "retired"})
+
+        sess = s.create_session(agent["id"], token=t.token)
+        for i in range(6):
+            self.assertEqual(t.post(sess["id"], "hello %d" % i)["status"], "done")
+        t.post(sess["id"], "/call time.now {}")
+        # Approvals: approved, approved with amended arguments and standing, rejected, and a
+        # waiting run cancelled.
+        run, a = t.park(sess["id"], "one")
+        t.ok("POST", "/v1/approvals/%s/approve" % a["id"], {})
+        t.server.wait_run(run["id"], token=t.token)
+        run, a = t.park(sess["id"], "two")
+        t.ok("POST", "/v1/approvals/%s/approve" % a["id"],
+             {"arguments": {"line": "two, amended"},
+              "standing": {"expires_in": 3600, "match": {"line": "two, amended"}}})
+        t.server.wait_run(run["id"], token=t.token)
+        run, a = t.park(sess["id"], "three")
+        t.ok("POST", "/v1/approvals/%s/reject" % a["id"], {"reason": "no"})
+        t.server.wait_run(run["id"], token=t.token)
+        run, _ = t.park(sess["id"], "four")
+        t.ok("POST", "/v1/runs/%s/cancel" % run["id"], {})
+        standing = t.ok("GET", "/v1/standing-approvals")["items"]
+        for st in standing:
+            t.ok("DELETE", "/v1/standing-approvals/%s" % st["id"])
+
+        # Another user's and a guest's sessions; a session closed and reopened.
+        for token in (user, guest):
+            other_sess = s.create_session(agent["id"], token=token)
+            t.post(other_sess["id"], "mine", token=token)
+        closed = s.create_session(agent["id"], token=t.token)
+        t.post(closed["id"], "before closing")
+        t.ok("PATCH", "/v1/sessions/%s" % closed["id"], {"status": "inactive"})
+        t.ok("PATCH", "/v1/sessions/%s" % closed["id"], {"status": "idle"})
+        t.ok("DELETE", "/v1/agents/%s/emergency-stop" % gone["id"])
+        t.ok("DELETE", "/v1/agents/%s/policy" % agent["id"])
+        t.ok("DELETE", "/v1/agents/%s" % gone["id"])
+
+        self.everything_else(t, agent)
+
+        other_agent = s.create_agent(token=other.token)
+        other_sess = s.create_session(other_agent["id"], token=other.token)
+        for i in range(3):
+            other.post(other_sess["id"], "other %d" % i)
+        other.ok("PUT", "/v1/emergency-stop", {"reason": "end of the day"})
+        return t, sess
+
+    def everything_else(self, t, agent):
+        """Secrets, MCP servers, plugins, memories, skills, schedules, budgets, compaction."""
+        s = self.server
+        aid = agent["id"]
+        t.ok("PUT", "/v1/secrets/api_key", {"value": "first"})
+        t.ok("PUT", "/v1/secrets/api_key", {"value": "second"})
+        t.ok("PUT", "/v1/secrets/gone", {"value": "x"})
+        t.ok("DELETE", "/v1/secrets/gone")
+        kept = s.ok("POST", "/v1/mcp-servers", {"name": "kept", "command": ["/no/such/server"]},
+                    expect=201)
+        gone = s.ok("POST", "/v1/mcp-servers", {"name": "gone", "command": ["/no/such/server"]},
+                    expect=201)
+        s.ok("DELETE", "/v1/mcp-servers/%s" % gone["id"])
+        self.assertTrue(kept["id"])
+
+        def plugin(pid):
+            return {"manifest": {"id": pid, "name": pid, "version": "1.0.0", "kind": "builtin",
+                                 "builtin": "audit-log", "events": ["tool.after@v1"]}}
+        t.ok("POST", "/v1/plugins", plugin("audit"), expect=201)
+        t.ok("POST", "/v1/plugins", plugin("audit"), expect=(200, 201))
+        t.ok("POST", "/v1/plugins/audit/enable", {"agent_id": aid})
+        t.ok("POST", "/v1/plugins/audit/enable", {"agent_id": "*"})
+        t.ok("POST", "/v1/plugins/audit/disable", {"agent_id": "*"})
+        t.ok("POST", "/v1/plugins", plugin("brief"), expect=201)
+        t.ok("POST", "/v1/plugins/brief/enable", {"agent_id": aid})
+        t.ok("DELETE", "/v1/plugins/brief")
+
+        t.ok("POST", "/v1/agents/%s/memories" % aid, {"text": "likes tea", "id": "tea"},
+             expect=201)
+        t.ok("POST", "/v1/agents/%s/memories" % aid,
+             {"text": "likes green tea", "id": "tea", "tags": ["drinks"]})
+        m = t.ok("POST", "/v1/agents/%s/memories" % aid, {"text": "to forget"}, expect=201)
+        t.ok("DELETE", "/v1/agents/%s/memories/%s" % (aid, m["id"]))
+        t.ok("PUT", "/v1/agents/%s/working-memory" % aid, {"text": "the user is testing"})
+
+        t.ok("POST", "/v1/skills", {"files": {"SKILL.md": SKILL % ("kept", "one", "One")}},
+             expect=201)
+        t.ok("POST", "/v1/skills", {"files": {"SKILL.md": SKILL % ("kept", "two", "Two")}},
+             expect=(200, 201))
+        t.ok("POST", "/v1/skills", {"files": {"SKILL.md": SKILL % ("gone", "x", "X")}},
+             expect=201)
+        t.ok("POST", "/v1/agents/%s/skills" % aid, {"name": "kept"})
+        t.ok("POST", "/v1/agents/%s/skills" % aid, {"name": "gone"})
+        t.ok("DELETE", "/v1/skills/gone")
+
+        nightly = t.ok("POST", "/v1/agents/%s/schedules" % aid,
+                       {"cron": "0 3 * * *", "prompt": "nightly"}, expect=201)
+        t.ok("POST", "/v1/schedules/%s/pause" % nightly["id"], {})
+        t.ok("POST", "/v1/schedules/%s/resume" % nightly["id"], {})
+        for name in ("once", "gone"):
+            once = t.ok("POST", "/v1/agents/%s/schedules" % aid,
+                        {"name": name, "at": "2026-01-01T00:00:00Z", "prompt": "once"},
+                        expect=201)
+            wait_for(lambda: t.ok("GET", "/v1/schedules/%s" % once["id"]).get("last_fired_at"))
+        t.ok("DELETE", "/v1/schedules/%s" % once["id"])
+
+        t.ok("PUT", "/v1/budgets", {"scope": "tenant", "period": "day", "limit_usd": 100})
+        t.ok("PUT", "/v1/budgets", {"scope": "tenant", "period": "day", "limit_usd": 200})
+        t.ok("PUT", "/v1/budgets", {"scope": aid, "period": "month", "limit_usd": 5})
+        t.ok("DELETE", "/v1/budgets?scope=%s&period=month" % aid)
+
+        small = s.create_agent(config={"context_tokens": 256}, token=t.token)
+        sess = s.create_session(small["id"], token=t.token)
+        for i in range(8):
+            t.post(sess["id"], ("turn %d: " % i) + "words " * 60)
+        # Every run ended (schedules' runs too) before the store is read.
+        for run in s.list_all("/v1/runs", token=t.token):
+            s.wait_run(run["id"], token=t.token)
+
+    def test_a_mixed_workload_rebuilds_every_table_it_wrote(self):
+        t, sess = self.workload()
+        history = [m["content"] for m in
+                   self.server.list_all("/v1/sessions/%s/messages" % sess["id"], token=t.token)]
+        self.server.terminate()
+        target = self.target()
+        out = keel(["store", "rebuild", "--from-events", "--store", source_url(self.server),
+                    "--into", target.url]).stdout
+        self.assertIn("rebuilt from", out)
+        self.assertNotIn("left empty", out)
+
+        before = export_tables(source_url(self.server), os.path.join(self.dir, "a"))
+        after = export_tables(target.url, os.path.join(self.dir, "b"))
+        for table in REBUILT + ["events", "audit_heads"]:
+            self.assertTrue(before[table], "the workload wrote no %s row" % table)
+            self.assertEqual(before[table], after[table], "table %s differs" % table)
+
+        # A server on the rebuilt store: the same token, the conversation where it stopped.
+        home = os.path.join(self.dir, "home")
+        rebuilt = KeelServer(home=home, store_url=target.url, token=self.server.token)
+        self.others = [rebuilt]
+        messages = rebuilt.list_all("/v1/sessions/%s/messages" % sess["id"], token=t.token)
+        self.assertEqual([m["content"] for m in messages], history)
+        status, body, _ = rebuilt.post_message(sess["id"], "after the rebuild", wait=WAIT,
+                                               token=t.token)
+        self.assertEqual(status, 200, body)
+        self.assertEqual(body["run"]["status"], "done", body)
+        messages = rebuilt.list_all("/v1/sessions/%s/messages" % sess["id"], token=t.token)
+        self.assertEqual([m["content"] for m in messages][:len(history) + 1],
+                         history + ["after the rebuild"])
+
+    def test_no_client_sees_the_row_images(self):
+        s = self.server
+        t = Tenant(s)
+        guest, _ = t.new_token("guest")
+        agent = s.create_agent(tools=["time.now"], token=t.token)
+        sess = s.create_session(agent["id"], token=guest)
+        t.post(sess["id"], "secret words", token=guest)
+        for token in (t.token, guest):
+            events = s.ok("GET", "/v1/events?limit=500", token=token)["items"]
+            self.assertTrue(events)
+            for e in events:
+                self.assertNotIn("rows", e["payload"], e)
+        if not s.pg_database:  # the stored payloads do carry them
+            db = sqlite3.connect(os.path.join(s.home, "keel.db"))
+            try:
+                payloads = [json.loads(p) for (p,) in db.execute(
+                    "SELECT payload FROM events WHERE type='message.created@v1'")]
+            finally:
+                db.close()
+            self.assertTrue(any(p.get("rows", {}).get("messages", [{}])[0].get("content") ==
+                                "secret words" for p in payloads), payloads)
+
+    def test_a_store_with_data_is_not_a_target(self):
+        Tenant(self.server)
+        self.server.terminate()
+        target = self.target()
+        keel(["store", "rebuild", "--from-events", "--store", source_url(self.server),
+              "--into", target.url])
+        again = keel(["store", "rebuild", "--from-events", "--store", source_url(self.server),
+                      "--into", target.url], check=False)
+        self.assertNotEqual(again.returncode, 0)
+        self.assertIn("not empty", again.stderr)
+
+    def test_a_changed_log_is_refused(self):
+        if self.server.pg_database:
+            self.skipTest("the event is changed through the SQLite file")
+        t = Tenant(self.server)
+        agent = self.server.create_agent(token=t.token)
+        self.server.terminate()
+        db = sqlite3.connect(os.path.join(self.server.home, "keel.db"))
+        try:
+            (position, payload), = db.execute(
+                "SELECT position, payload FROM events WHERE type='agent.created@v1' AND "
+                "agent_id=?", (agent["id"],)).fetchall()
+            forged = json.loads(payload)
+            forged["rows"]["agents"][0]["instructions"] = "forged"
+            db.execute("UPDATE events SET payload=? WHERE position=?",
+                       (json.dumps(forged), position))
+            db.commit()
+        finally:
+            db.close()
+        target = self.target()
+        out = keel(["store", "rebuild", "--from-events", "--store", source_url(self.server),
+                    "--into", target.url], check=False)
+        self.assertNotEqual(out.returncode, 0)
+        self.assertIn("audit chain", out.stderr)
+        # Nothing was written: the target takes a rebuild of an intact log afterwards.
+        empty = sqlite3.connect(target.url[len("sqlite://"):])
+        try:
+            self.assertEqual(empty.execute("SELECT count(*) FROM events").fetchone()[0], 0)
+        finally:
+            empty.close()
+
+
+if __name__ == "__main__":
+    unittest.main()
