@@ -373,7 +373,7 @@ TEST_P(RunStateTest, AFinishedRunIsIdleWithItsOutcomeInItsEvent) {
     const Json rows = payload[store::kRowsField];
     payload.erase(store::kRowsField);
     EXPECT_EQ(payload, (Json{{"status", "failed"}, {"error", error}, {"usage", usage}}));
-    EXPECT_EQ(rows["runs"], Json::array({*ParseJson(store::RowImage(done))}));
+    EXPECT_EQ(rows["runs"], Json::array({*ParseJson(store::RunUpdateImage(done))}));
     EXPECT_EQ(rows["sessions"],
               Json::array({*ParseJson(store::SessionStatusImage(done.session_id, "idle", at))}));
     return Status::Ok();

@@ -47,7 +47,7 @@ Result<std::string> PoisonCheck(store::Tx& tx, const store::Run& run) {
 // A run's write and its session's status, carried to the unit's next event (row_images.h).
 Status WriteRun(store::Tx& tx, const store::Run& run) {
   KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(run));
-  tx.Carry("runs", store::RowImage(run));
+  tx.Carry("runs", store::RunUpdateImage(run));
   return Status::Ok();
 }
 
@@ -202,10 +202,12 @@ Status WriteCall(store::Tx& tx, const store::ToolCall& call, const store::Step& 
   if (recorded) {
     KEEL_RETURN_IF_ERROR(tx.runs().UpdateToolCall(call));
     KEEL_RETURN_IF_ERROR(tx.runs().UpdateStep(step));
-  } else {
-    KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(step));
-    KEEL_RETURN_IF_ERROR(tx.runs().InsertToolCall(call));
+    tx.Carry("run_steps", store::StepUpdateImage(step));
+    tx.Carry("tool_calls", store::ToolCallUpdateImage(call));
+    return Status::Ok();
   }
+  KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(step));
+  KEEL_RETURN_IF_ERROR(tx.runs().InsertToolCall(call));
   tx.Carry("run_steps", store::RowImage(step));
   tx.Carry("tool_calls", store::RowImage(call));
   return Status::Ok();
@@ -325,7 +327,7 @@ Status SettleParkedCall(store::Tx& tx, const std::string& tenant_id, const std::
     call.result = {{"error", error}};
   }
   KEEL_RETURN_IF_ERROR(tx.runs().UpdateToolCall(call));
-  tx.Carry("tool_calls", store::RowImage(call));
+  tx.Carry("tool_calls", store::ToolCallUpdateImage(call));
   KEEL_ASSIGN_OR_RETURN(auto steps, tx.runs().ListSteps(tenant_id, run_id));
   for (auto step : steps) {
     if (step.id != call.step_id) continue;
@@ -338,7 +340,7 @@ Status SettleParkedCall(store::Tx& tx, const std::string& tenant_id, const std::
       step.input["amended_from"] = parked->arguments;
     }
     KEEL_RETURN_IF_ERROR(tx.runs().UpdateStep(step));
-    tx.Carry("run_steps", store::RowImage(step));
+    tx.Carry("run_steps", store::StepUpdateImage(step));
   }
   return Status::Ok();
 }
@@ -352,14 +354,14 @@ Status WithdrawApprovedCalls(store::Tx& tx, const store::Run& run, Millis now) {
     c.result = {{"error", "the run was cancelled before the approved call ran"}};
     c.updated_at = now;
     KEEL_RETURN_IF_ERROR(tx.runs().UpdateToolCall(c));
-    tx.Carry("tool_calls", store::RowImage(c));
+    tx.Carry("tool_calls", store::ToolCallUpdateImage(c));
     for (auto s : steps) {
       if (s.id != c.step_id) continue;
       s.status = c.status;
       s.output = c.result;
       s.finished_at = now;
       KEEL_RETURN_IF_ERROR(tx.runs().UpdateStep(s));
-      tx.Carry("run_steps", store::RowImage(s));
+      tx.Carry("run_steps", store::StepUpdateImage(s));
     }
   }
   return Status::Ok();

@@ -140,6 +140,43 @@ std::string RowImage(const Run& r) {
       .Done();
 }
 
+std::string RunUpdateImage(const Run& r) {
+  return Image()
+      .Col("id", r.id)
+      .Col("status", r.status)
+      .Col("attempt", r.attempt)
+      .Col("output", r.output)
+      .StoredText("error", r.error)
+      .Col("input_tokens", r.input_tokens)
+      .Col("output_tokens", r.output_tokens)
+      .Col("lease_owner", r.lease_owner)
+      .Col("lease_expires_at", r.lease_expires_at)
+      .Int("cancel_requested", r.cancel_requested ? 1 : 0)
+      .OptInt("started_at", r.started_at)
+      .OptInt("finished_at", r.finished_at)
+      .Done();
+}
+
+std::string StepUpdateImage(const Step& s) {
+  return Image()
+      .Col("id", s.id)
+      .Col("status", s.status)
+      .JsonText("input", s.input)
+      .JsonText("output", s.output)
+      .OptInt("finished_at", s.finished_at)
+      .Done();
+}
+
+std::string ToolCallUpdateImage(const ToolCall& c) {
+  return Image()
+      .Col("id", c.id)
+      .Col("status", c.status)
+      .JsonText("arguments", c.arguments)
+      .JsonText("result", c.result)
+      .Col("updated_at", c.updated_at)
+      .Done();
+}
+
 std::string RowImage(const Step& s) {
   return Image()
       .Col("id", s.id)

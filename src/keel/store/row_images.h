@@ -70,6 +70,11 @@ std::string ColumnsImage(const Json& columns);
 std::string DeletedImage(Json key);
 // The marker DeletedImage sets.
 inline constexpr const char* kDeletedMarker = "$deleted";
+// What RunStore::UpdateRun, UpdateStep and UpdateToolCall write: the key and the columns those
+// updates set (the others never change after the insert).
+std::string RunUpdateImage(const Run& r);
+std::string StepUpdateImage(const Step& s);
+std::string ToolCallUpdateImage(const ToolCall& c);
 // Only a session's status and updated_at, as UpdateSessionStatus writes them.
 std::string SessionStatusImage(const std::string& session_id, const std::string& status, Millis at);
 
