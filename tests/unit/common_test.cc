@@ -89,6 +89,18 @@ TEST(JsonTest, AppendJsonStringWritesWhatDumpJsonWrites) {
   }
 }
 
+TEST(JsonTest, TruncateUtf8CutsBetweenCharacters) {
+  EXPECT_EQ(TruncateUtf8("short", 10), "short");
+  EXPECT_EQ(TruncateUtf8("abcdef", 3), "abc");
+  const std::string euros = "\xe2\x82\xac\xe2\x82\xac";  // two 3-byte characters
+  EXPECT_EQ(TruncateUtf8(euros, 6), euros);
+  EXPECT_EQ(TruncateUtf8(euros, 5), "\xe2\x82\xac");
+  EXPECT_EQ(TruncateUtf8(euros, 4), "\xe2\x82\xac");
+  EXPECT_EQ(TruncateUtf8(euros, 3), "\xe2\x82\xac");
+  EXPECT_EQ(TruncateUtf8(euros, 2), "");
+  EXPECT_EQ(TruncateUtf8("a\xf0\x9f\x98\x80", 4), "a");
+}
+
 TEST(JsonTest, RefusesNestingDeeperThan64Levels) {
   EXPECT_TRUE(ParseJson(Nested('[', ']', 64)).ok());
   auto deep = ParseJson(Nested('[', ']', 65));

@@ -277,7 +277,7 @@ asio::awaitable<Response> Initialize(ApiContext& ctx, const Request& req, const 
   session.id = NewId();
   session.tenant_id = req.principal.tenant_id;
   session.agent_id = agent_id;
-  session.title = ("MCP: " + client).substr(0, 200);
+  session.title = TruncateUtf8("MCP: " + client, 200);
   session.created_by = req.principal.token_id;
   session.created_at = session.updated_at = NowMillis();
   store::Agent agent;

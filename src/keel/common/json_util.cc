@@ -224,6 +224,14 @@ void AppendJsonString(std::string& out, std::string_view s) {
   out += '"';
 }
 
+std::string TruncateUtf8(std::string_view s, size_t max_bytes) {
+  if (s.size() <= max_bytes) return std::string(s);
+  size_t end = max_bytes;
+  // Back off continuation bytes (10xxxxxx) to the start of the sequence cut in two.
+  while (end > 0 && (static_cast<unsigned char>(s[end]) & 0xC0) == 0x80) --end;
+  return std::string(s.substr(0, end));
+}
+
 std::string ErrorBody(const Status& status) {
   Json body = {{"error", {{"code", std::string(CodeName(status.code()))}, {"message", status.message()}}}};
   return DumpJson(body);

@@ -36,6 +36,8 @@ std::string DumpJson(const Json& j);
 // Appends `s` as a JSON string, as DumpJson writes it (invalid UTF-8 replaced by U+FFFD), to
 // `out`: for writing JSON text without building a Json value first.
 void AppendJsonString(std::string& out, std::string_view s);
+// At most `max_bytes` of `s`, cut before a UTF-8 sequence rather than inside one.
+std::string TruncateUtf8(std::string_view s, size_t max_bytes);
 
 // The API error body {"error":{"code","message"}} for a failed status.
 std::string ErrorBody(const Status& status);

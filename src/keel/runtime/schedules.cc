@@ -370,7 +370,7 @@ asio::awaitable<void> Runtime::FireSchedule(store::Schedule s, Millis firing_sin
     KEEL_ASSIGN_OR_RETURN(auto current, StillDue(tx, s));
     if (!current) return Status::Ok();
     store::ScheduleFire record{
-        s.tenant_id, s.id, slot, now, "refused", s.session_id, "", "", refusal.substr(0, 500)};
+        s.tenant_id, s.id, slot, now, "refused", s.session_id, "", "", TruncateUtf8(refusal, 500)};
     Status recorded = tx.schedules().InsertFire(record);
     if (recorded.code() == Code::kConflict) return Status::Ok();
     KEEL_RETURN_IF_ERROR(recorded);

@@ -1,5 +1,6 @@
 #include "keel/store/rebuild.h"
 
+#include <algorithm>
 #include <set>
 #include <unordered_map>
 #include <utility>
@@ -25,6 +26,21 @@ bool KeepsCreatedAt(std::string_view table) {
   return table == "secrets" || table == "skills" || table == "plugins" || table == "budgets" ||
          table == "memories";
 }
+// The columns of `spec.order_by`.
+std::vector<std::string> OrderColumns(const ExportTableSpec& spec) {
+  std::vector<std::string> out;
+  std::string_view cols = spec.order_by;
+  while (!cols.empty()) {
+    size_t comma = cols.find(',');
+    std::string_view col = cols.substr(0, comma);
+    while (!col.empty() && col.front() == ' ') col.remove_prefix(1);
+    out.emplace_back(col);
+    if (comma == std::string_view::npos) break;
+    cols.remove_prefix(comma + 1);
+  }
+  return out;
+}
+
 bool InsertsOnce(std::string_view table) {
   return table == "agent_plugins" || table == "agent_skills";
 }
@@ -39,8 +55,8 @@ class Fold {
     }
   }
 
-  // Merges the images of one event (its payload parsed) into the tables.
-  Status Apply(int64_t position, const Json& payload) {
+  // Merges the images of one event (of `type`, its payload parsed) into the tables.
+  Status Apply(int64_t position, const std::string& type, const Json& payload) {
     auto rows = payload.find(kRowsField);
     if (rows == payload.end()) return Status::Ok();
     ++with_rows_;
@@ -51,8 +67,33 @@ class Fold {
         return Bad(position, "images of a table not rebuilt from them: " + name);
       }
       if (!images.is_array()) return Bad(position, name + " images are not an array");
-      for (const auto& image : images) {
-        KEEL_RETURN_IF_ERROR(Merge(position, name, t->second, image));
+    }
+    // One event's tables parents first (the archive's order), whatever order its JSON object
+    // keeps them in; each table's images in the order the unit wrote them.
+    for (const auto& spec : ExportTables()) {
+      auto images = rows->find(spec.name);
+      if (images == rows->end()) continue;
+      if (std::string_view(spec.name) == "tenants" && type == "tenant.created@v1") {
+        for (const auto& image : *images) {
+          if (image.is_object()) tenants_.insert(image.value("id", ""));
+        }
+      }
+      for (const auto& image : *images) {
+        KEEL_RETURN_IF_ERROR(Merge(position, spec.name, tables_[spec.name], image));
+      }
+    }
+    return Status::Ok();
+  }
+
+  // Every tenant's whole history is in the log: its first event, tenant.created@v1, carried its
+  // row (a store whose tenants were created before events carried row images is refused
+  // rather than rebuilt without the rows only older events wrote).
+  Status Complete(const std::set<std::string>& event_tenants) const {
+    for (const auto& tenant : event_tenants) {
+      if (!tenants_.count(tenant)) {
+        return InvalidArgument("tenant " + tenant +
+                               " was created before events carried row images: its tables "
+                               "cannot be rebuilt from its events");
       }
     }
     return Status::Ok();
@@ -175,6 +216,7 @@ class Fold {
   }
 
   std::map<std::string, Table> tables_;
+  std::set<std::string> tenants_;  // tenants whose creation carried their row
   std::unordered_map<std::string, int64_t> message_seq_;
   int64_t with_rows_ = 0;
 };
@@ -188,6 +230,7 @@ Result<RebuildReport> RebuildFromEvents(Store& from, Store& into, const std::str
   Fold fold;
   std::vector<Json> events;
   std::vector<Json> heads;
+  std::set<std::string> event_tenants;
   KEEL_RETURN_IF_ERROR(from.Read([&](Tx& tx) -> Status {
     KEEL_RETURN_IF_ERROR(tx.exports().ExportTable("", "events", [&](const Json& row) -> Status {
       const Json& text = row.value("payload", Json());
@@ -198,7 +241,10 @@ Result<RebuildReport> RebuildFromEvents(Store& from, Store& into, const std::str
         return InvalidArgument("event at position " + std::to_string(position) +
                                ": unreadable payload: " + payload.status().message());
       }
-      if (payload->is_object()) KEEL_RETURN_IF_ERROR(fold.Apply(position, *payload));
+      if (payload->is_object()) {
+        KEEL_RETURN_IF_ERROR(fold.Apply(position, row.value("type", ""), *payload));
+      }
+      event_tenants.insert(row.value("tenant_id", ""));
       events.push_back(row);
       return Status::Ok();
     }));
@@ -217,6 +263,7 @@ Result<RebuildReport> RebuildFromEvents(Store& from, Store& into, const std::str
                            chain.origin + " is broken: " + chain.problem +
                            "; the log is not rebuilt from");
   }
+  KEEL_RETURN_IF_ERROR(fold.Complete(event_tenants));
   KEEL_RETURN_IF_ERROR(fold.Check());
 
   RebuildReport report;
@@ -245,10 +292,24 @@ Result<RebuildReport> RebuildFromEvents(Store& from, Store& into, const std::str
       }
       auto t = fold.tables().find(name);
       if (t == fold.tables().end()) continue;
-      for (const auto& [key, row] : t->second.rows) {
-        Status st = tx.exports().ImportRow(name, row);
+      // In the table's export order, as `keel import` writes an archive's rows: where the
+      // backends number rows as they are inserted (memories' recency), the numbers follow it.
+      std::vector<const std::pair<const std::string, Json>*> ordered;
+      for (const auto& entry : t->second.rows) ordered.push_back(&entry);
+      const std::vector<std::string> order = OrderColumns(spec);
+      std::stable_sort(ordered.begin(), ordered.end(), [&](const auto* a, const auto* b) {
+        for (const auto& col : order) {
+          const Json& x = a->second.value(col, Json());
+          const Json& y = b->second.value(col, Json());
+          if (x != y) return x < y;
+        }
+        return false;
+      });
+      for (const auto* entry : ordered) {
+        Status st = tx.exports().ImportRow(name, entry->second);
         if (!st.ok()) {
-          return Status(st.code(), "writing " + name + " row " + key + ": " + st.message());
+          return Status(st.code(),
+                        "writing " + name + " row " + entry->first + ": " + st.message());
         }
       }
     }

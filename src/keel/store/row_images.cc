@@ -457,11 +457,11 @@ void Tx::Carry(const char* table, std::string image) {
   carried_.emplace_back(table, std::move(image));
 }
 
-void Tx::AppendCarried(std::string& payload) {
-  if (carried_.empty()) return;
+Status Tx::AppendCarried(std::string& payload) {
+  if (carried_.empty()) return Status::Ok();
   if (payload.size() < 2 || payload.back() != '}') {
-    carried_.clear();  // not an object: EventLog::Append always writes one
-    return;
+    carried_.clear();
+    return Internal("an event's payload is not an object: it cannot carry row images");
   }
   // "rows":{"TABLE":[IMAGE,...],...}, tables in the order the unit first wrote them.
   std::string rows = std::string(",\"") + kRowsField + "\":{";
@@ -485,6 +485,7 @@ void Tx::AppendCarried(std::string& payload) {
   if (payload == "{") rows.erase(0, 1);  // no member before it
   payload += rows;
   carried_.clear();
+  return Status::Ok();
 }
 
 Status Tx::CarriedAll() {

@@ -363,7 +363,7 @@ class Tx {
   void Carry(const char* table, std::string image);
   // For the backends' EventLog::Append: adds the carried images to `payload`, the event's
   // payload as stored (an object's JSON text).
-  void AppendCarried(std::string& payload);
+  Status AppendCarried(std::string& payload);
   // For the backends' writers, after a unit's callback succeeded: kInternal when images are
   // still carried. Clears them either way.
   Status CarriedAll();

@@ -968,7 +968,10 @@ Status PostgresTx::Append(NewEvent n) {
   // As stored: with the row images the unit carried (the Json payload handed to live streams
   // leaves them out).
   std::string payload = DumpJson(e.payload);
-  AppendCarried(payload);
+  if (Status carried = AppendCarried(payload); !carried.ok()) {
+    appended_.pop_back();
+    return carried;
+  }
   const ChainedFields chained = ChainedOf(e, payload);
   Status st = BindTenant(e.tenant_id);
   Result<std::string> hash = st.ok() ? sealer_.Next(chained, head_loader_) : Result<std::string>(st);

@@ -907,7 +907,10 @@ Status SqliteTx::Append(NewEvent n) {
   // As stored: with the row images the unit carried (the Json payload handed to live streams
   // leaves them out).
   std::string payload = DumpJson(e.payload);
-  AppendCarried(payload);
+  if (Status carried = AppendCarried(payload); !carried.ok()) {
+    appended_.pop_back();
+    return carried;
+  }
   const ChainedFields chained = ChainedOf(e, payload);
   auto hash = sealer_.Next(chained, head_loader_);
   // The tenant's next position and origin_seq, each one probe of its unique index, read in
