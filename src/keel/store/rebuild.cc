@@ -16,7 +16,7 @@ namespace {
 // A table being rebuilt: its rows by key, in key order.
 struct Table {
   const ExportTableSpec* spec = nullptr;
-  std::vector<std::string> key;  // RebuildKey
+  std::vector<std::string> key;  // KeyColumns
   std::map<std::string, Json> rows;
 };
 
@@ -41,6 +41,13 @@ std::vector<std::string> OrderColumns(const ExportTableSpec& spec) {
   return out;
 }
 
+// A table's key columns: its primary key, which is its export order but for memories.
+std::vector<std::string> KeyColumns(const std::string& table) {
+  if (table == "memories") return {"tenant_id", "id"};
+  const ExportTableSpec* spec = FindExportTable(table);
+  return spec ? OrderColumns(*spec) : std::vector<std::string>();
+}
+
 bool InsertsOnce(std::string_view table) {
   return table == "agent_plugins" || table == "agent_skills";
 }
@@ -51,7 +58,7 @@ class Fold {
     for (const auto& name : RebuiltTables()) {
       Table& t = tables_[name];
       t.spec = FindExportTable(name);
-      t.key = RebuildKey(name);
+      t.key = KeyColumns(name);
     }
   }
 

@@ -513,21 +513,4 @@ const std::vector<std::string>& RebuiltTables() {
   return kTables;
 }
 
-std::vector<std::string> RebuildKey(const std::string& table) {
-  if (table == "memories") return {"tenant_id", "id"};
-  std::vector<std::string> key;
-  const ExportTableSpec* spec = FindExportTable(table);
-  if (!spec) return key;
-  std::string_view cols = spec->order_by;
-  while (!cols.empty()) {
-    size_t comma = cols.find(',');
-    std::string_view col = cols.substr(0, comma);
-    while (!col.empty() && col.front() == ' ') col.remove_prefix(1);
-    key.emplace_back(col);
-    if (comma == std::string_view::npos) break;
-    cols.remove_prefix(comma + 1);
-  }
-  return key;
-}
-
 }  // namespace keel::store

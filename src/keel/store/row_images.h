@@ -66,7 +66,7 @@ std::string RowImage(const UsageRecord& u);
 // An image of some columns: a row's key columns and those a write changed.
 std::string ColumnsImage(const Json& columns);
 // The key of a row the unit deleted: replay removes it (and what goes with it, rebuild.h).
-// `key` holds the table's key columns (RebuildKey).
+// `key` holds the table's key columns (its primary key).
 std::string DeletedImage(Json key);
 // The marker DeletedImage sets.
 inline constexpr const char* kDeletedMarker = "$deleted";
@@ -81,7 +81,6 @@ std::string SessionStatusImage(const std::string& session_id, const std::string&
 // The tables whose every write carries its image: every exported table (ExportTables) but the
 // log's own, events and audit_heads. usage_totals is rebuilt from model_usage.
 const std::vector<std::string>& RebuiltTables();
-// A table's key columns: its primary key (memories: tenant_id and id).
-std::vector<std::string> RebuildKey(const std::string& table);
+
 
 }  // namespace keel::store
