@@ -569,6 +569,24 @@ end)
         [step] = t.tool_steps(run["id"])
         self.assertEqual(step["status"], "succeeded", step)
 
+    def test_veto_reason_that_is_not_utf8(self):
+        # A Lua string is any bytes. A reason cut inside a UTF-8 character reaches the model as
+        # the tool's answer and becomes the run's output and the assistant's message: stored as
+        # valid UTF-8 (U+FFFD for the broken bytes), on PostgreSQL too, which refuses the rest.
+        t = self.tenant()
+        agent, sess = t.agent_session()
+        t.register(lua_plugin("bytes", ["tool.before@v1"],
+                              'ctx.bus.on("tool.before@v1", function(p) '
+                              'return {allow = false, reason = "caf\\xc3 \\xff!"} end)'))
+        t.enable("bytes", agent["id"])
+        reason = "vetoed: plugin bytes: caf\ufffd \ufffd!"
+        run = t.turn(sess["id"], call("time.now"))
+        self.assertEqual(run["status"], "done", run)
+        self.assertEqual(run["output"], "The tool time.now returned: error: %s." % reason)
+        [step] = t.tool_steps(run["id"])
+        self.assertEqual(step["output"], {"error": reason})
+        self.assertEqual(t.messages(sess["id"])[-1]["content"], run["output"])
+
     # ------------------------------------------------------------------ 4. failing handlers
 
     def test_a_throwing_handler_is_skipped_and_reported(self):

@@ -342,37 +342,6 @@ void PostgresStore::ReadLoop() {
   }
 }
 
-void PostgresStore::Write(WriteFn fn, WriteDone done) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!closing_) {
-      queue_.push_back(Unit{std::move(fn), std::move(done)});
-      cv_.notify_one();
-      return;
-    }
-  }
-  done(Unavailable("store is closed"), {});
-}
-
-void PostgresStore::WriteUrgent(WriteFn fn, WriteDone done) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!closing_) {
-      queue_.insert(queue_.begin() + static_cast<std::ptrdiff_t>(urgent_),
-                    Unit{std::move(fn), std::move(done)});
-      ++urgent_;
-      cv_.notify_one();
-      return;
-    }
-  }
-  done(Unavailable("store is closed"), {});
-}
-
-StoreStats PostgresStore::stats() const {
-  std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(mu_));
-  return stats_;
-}
-
 void PostgresStore::Close() {
   {
     std::lock_guard<std::mutex> lock(reads_mu_);
@@ -391,34 +360,16 @@ void PostgresStore::Close() {
   if (listener_thread_.joinable() && std::this_thread::get_id() != listener_thread_.get_id()) {
     listener_thread_.join();
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (closing_) {
-      if (writer_thread_.joinable() && std::this_thread::get_id() != writer_thread_.get_id()) {
-        writer_thread_.join();
-      }
-      return;
-    }
-    closing_ = true;
-    cv_.notify_one();
+  queue_.Close();
+  if (writer_thread_.joinable() && std::this_thread::get_id() != writer_thread_.get_id()) {
+    writer_thread_.join();
   }
-  if (writer_thread_.joinable()) writer_thread_.join();
 }
 
 void PostgresStore::WriterLoop() {
-  const int max_batch = std::min(options_.max_batch, kMaxUnitsPerTransaction);
+  const int max_batch = std::clamp(options_.max_batch, 1, kMaxUnitsPerTransaction);
   std::vector<Unit> batch;
-  while (true) {
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return closing_ || !queue_.empty(); });
-      if (queue_.empty() && closing_) break;
-      while (!queue_.empty() && static_cast<int>(batch.size()) < max_batch) {
-        batch.push_back(std::move(queue_.front()));
-        queue_.pop_front();
-        if (urgent_ > 0) --urgent_;
-      }
-    }
+  while (queue_.Take(static_cast<size_t>(max_batch), batch)) {
     CommitBatch(batch);
     batch.clear();
   }
@@ -510,7 +461,7 @@ void PostgresStore::CommitBatch(std::vector<Unit>& batch) {
   } else {
     for (auto& r : results) r = begin;
   }
-  FinishBatch(batch, results, events, commit, committed_units, mu_, stats_, listener_);
+  queue_.Finish(batch, results, events, commit, committed_units, listener_);
 }
 
 std::string PostgresStore::CommitSql(Conn& conn,

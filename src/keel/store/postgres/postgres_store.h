@@ -48,8 +48,8 @@
 #include <thread>
 #include <vector>
 
-#include "keel/store/batch.h"
 #include "keel/store/store.h"
+#include "keel/store/write_queue.h"
 
 namespace keel::store::postgres {
 
@@ -73,15 +73,17 @@ class PostgresStore final : public Store {
   Status Read(const std::function<Status(Tx&)>& fn) override;
   // On one of kReadThreads threads, so that no caller's event loop waits on the network.
   void ReadAsync(std::function<Status(Tx&)> fn, std::function<void(Status)> done) override;
-  void Write(WriteFn fn, WriteDone done) override;
-  void WriteUrgent(WriteFn fn, WriteDone done) override;
+  void Write(WriteFn fn, WriteDone done) override { queue_.Push(std::move(fn), std::move(done)); }
+  void WriteUrgent(WriteFn fn, WriteDone done) override {
+    queue_.Push(std::move(fn), std::move(done), /*urgent=*/true);
+  }
   void SetCommitListener(std::function<void(const std::vector<Event>&)> listener) override {
     listener_ = std::move(listener);
   }
   void SetRemoteCommitListener(std::function<void()> listener) override;
   std::string origin() const override { return options_.origin; }
   bool leader() const override { return leader_.load(); }
-  StoreStats stats() const override;
+  StoreStats stats() const override { return queue_.stats(); }
   void Close() override;
 
  private:
@@ -121,12 +123,7 @@ class PostgresStore final : public Store {
 
   std::unique_ptr<Session> writer_;  // owned by the writer thread once started
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Unit> queue_;  // GUARDED_BY(mu_)
-  size_t urgent_ = 0;       // GUARDED_BY(mu_): the urgent units at the front of queue_
-  bool closing_ = false;    // GUARDED_BY(mu_)
-  StoreStats stats_;        // GUARDED_BY(mu_)
+  WriteQueue queue_;
 
   std::mutex readers_mu_;
   std::vector<std::unique_ptr<Session>> idle_readers_;  // GUARDED_BY(readers_mu_)

@@ -374,7 +374,8 @@ std::vector<T> InKeyOrder(const Rows& keys, const std::vector<std::pair<std::str
   return out;
 }
 
-// The schema, one entry per version; each applied in one transaction.
+// The schema, one entry per version: src/keel/store/postgres/migrations/NNNN_*.sql in order,
+// embedded by the build (src/keel/store/migrations.cc.in). Each is applied in one transaction.
 const std::vector<const char*>& Migrations();
 
 }  // namespace keel::store::postgres

@@ -2,6 +2,7 @@
 
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <exception>
 
 #include "keel/store/sqlite/sqlite_db.h"
@@ -121,63 +122,14 @@ Status SqliteStore::ReadOn(bool mapped, const std::function<Status(Tx&)>& fn) {
   return st;
 }
 
-void SqliteStore::Write(WriteFn fn, WriteDone done) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!closing_) {
-      queue_.push_back(Unit{std::move(fn), std::move(done)});
-      cv_.notify_one();
-      return;
-    }
-  }
-  done(Unavailable("store is closed"), {});
-}
-
-void SqliteStore::WriteUrgent(WriteFn fn, WriteDone done) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!closing_) {
-      queue_.insert(queue_.begin() + static_cast<std::ptrdiff_t>(urgent_),
-                    Unit{std::move(fn), std::move(done)});
-      ++urgent_;
-      cv_.notify_one();
-      return;
-    }
-  }
-  done(Unavailable("store is closed"), {});
-}
-
-StoreStats SqliteStore::stats() const {
-  std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(mu_));
-  return stats_;
-}
-
 void SqliteStore::Close() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (closing_) {
-      if (writer_.joinable() && std::this_thread::get_id() != writer_.get_id()) writer_.join();
-      return;
-    }
-    closing_ = true;
-    cv_.notify_one();
-  }
-  if (writer_.joinable()) writer_.join();
+  queue_.Close();
+  if (writer_.joinable() && std::this_thread::get_id() != writer_.get_id()) writer_.join();
 }
 
 void SqliteStore::WriterLoop() {
   std::vector<Unit> batch;
-  while (true) {
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return closing_ || !queue_.empty(); });
-      if (queue_.empty() && closing_) break;
-      while (!queue_.empty() && static_cast<int>(batch.size()) < options_.max_batch) {
-        batch.push_back(std::move(queue_.front()));
-        queue_.pop_front();
-        if (urgent_ > 0) --urgent_;
-      }
-    }
+  while (queue_.Take(static_cast<size_t>(std::max(options_.max_batch, 1)), batch)) {
     CommitBatch(batch);
     batch.clear();
   }
@@ -229,7 +181,7 @@ void SqliteStore::CommitBatch(std::vector<Unit>& batch) {
   } else {
     for (auto& r : results) r = begin;
   }
-  FinishBatch(batch, results, events, commit, committed_units, mu_, stats_, listener_);
+  queue_.Finish(batch, results, events, commit, committed_units, listener_);
 }
 
 }  // namespace keel::store::sqlite

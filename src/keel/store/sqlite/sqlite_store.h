@@ -6,16 +6,14 @@
 //
 // Thread safety: Read and Write may be called from any thread.
 
-#include <condition_variable>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "keel/store/batch.h"
 #include "keel/store/store.h"
+#include "keel/store/write_queue.h"
 
 namespace keel::store::sqlite {
 
@@ -32,13 +30,15 @@ class SqliteStore final : public Store {
   Status Read(const std::function<Status(Tx&)>& fn) override;
   // The same snapshot, on a connection that does not map the file (see Reader::mapped).
   void ReadAsync(std::function<Status(Tx&)> fn, std::function<void(Status)> done) override;
-  void Write(WriteFn fn, WriteDone done) override;
-  void WriteUrgent(WriteFn fn, WriteDone done) override;
+  void Write(WriteFn fn, WriteDone done) override { queue_.Push(std::move(fn), std::move(done)); }
+  void WriteUrgent(WriteFn fn, WriteDone done) override {
+    queue_.Push(std::move(fn), std::move(done), /*urgent=*/true);
+  }
   void SetCommitListener(std::function<void(const std::vector<Event>&)> listener) override {
     listener_ = std::move(listener);
   }
   std::string origin() const override { return options_.origin; }
-  StoreStats stats() const override;
+  StoreStats stats() const override { return queue_.stats(); }
   void Close() override;
 
  private:
@@ -66,12 +66,7 @@ class SqliteStore final : public Store {
   std::unique_ptr<Db> writer_db_;       // owned by the writer thread once started
   std::unique_ptr<SqliteTx> writer_tx_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Unit> queue_;  // GUARDED_BY(mu_)
-  size_t urgent_ = 0;       // GUARDED_BY(mu_): the urgent units at the front of queue_
-  bool closing_ = false;    // GUARDED_BY(mu_)
-  StoreStats stats_;        // GUARDED_BY(mu_)
+  WriteQueue queue_;
 
   std::mutex readers_mu_;
   std::vector<std::unique_ptr<Reader>> idle_readers_[2];  // GUARDED_BY(readers_mu_), [mapped]

@@ -319,7 +319,8 @@ class SqliteTx final : public Tx,
   ChainSealer::HeadLoader head_loader_;
 };
 
-// The schema, one entry per version; applied in order inside one transaction each.
+// The schema, one entry per version: src/keel/store/sqlite/migrations/NNNN_*.sql in order, embedded
+// by the build (src/keel/store/migrations.cc.in). Each is applied in one transaction.
 const std::vector<const char*>& Migrations();
 
 }  // namespace keel::store::sqlite

@@ -1,0 +1,2 @@
+-- Who opened a session: guests reach only their own.
+ALTER TABLE sessions ADD COLUMN created_by TEXT COLLATE "C" NOT NULL DEFAULT '';

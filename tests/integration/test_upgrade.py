@@ -1,0 +1,188 @@
+"""Upgrades: a store written by an older release opens in this one, migrates, and goes on.
+
+tests/fixtures/upgrade holds what keel at an older commit left on disk (manifest.json names the
+commit; make_fixture.py made the files): a SQLite store and a PostgreSQL dump, each after a
+workload that left a run parked for approval. The test restores the one of the backend under
+test (KEEL_TEST_STORE) into a fresh store, starts this keel on it, and checks that:
+- every migration is applied (schema_migrations has one row per file in
+  src/keel/store/<backend>/migrations), and the schema is exactly what a fresh store gets, so a
+  migration that landed was not edited afterwards;
+- tokens work as before (the revoked one stays refused), the conversation reads back in order and
+  goes on with a new turn, and the parked run resumes on its approval and writes its line once;
+- memories, working memory, skills, plugins, schedules, secrets and budgets are where they were;
+- the event log goes on after its last position, and its audit chains verify, signatures
+  included, over the old events and the new.
+"""
+
+import gzip
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import tempfile
+import unittest
+
+import keel_harness
+from keel_harness import KeelServer, KeelTestCase, keel_bin
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+FIXTURE = os.path.join(ROOT, "tests", "fixtures", "upgrade")
+POSTGRES = os.environ.get("KEEL_TEST_STORE") == "postgres"
+BACKEND = "postgres" if POSTGRES else "sqlite"
+
+with open(os.path.join(FIXTURE, "manifest.json")) as _f:
+    MANIFEST = json.load(_f)
+OLD = MANIFEST[BACKEND]
+KEK = MANIFEST["kek"]
+
+
+def migration_files():
+    folder = os.path.join(ROOT, "src", "keel", "store", BACKEND, "migrations")
+    return sorted(f for f in os.listdir(folder) if f.endswith(".sql"))
+
+
+def psql(url, sql=None, stdin=None):
+    args = ["psql", "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "--dbname", url]
+    if sql is not None:
+        args += ["-c", sql]
+    proc = subprocess.run(args, input=stdin, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        raise AssertionError("psql failed (%d): %s" % (proc.returncode, proc.stderr[-2000:]))
+    return proc.stdout
+
+
+def admin_url(database):
+    return keel_harness._pg_url_with(os.environ["KEEL_TEST_PG_ADMIN_URL"], db=database)
+
+
+def pg_schema(database):
+    proc = subprocess.run(["pg_dump", "--schema-only", "--dbname", admin_url(database)],
+                          capture_output=True, text=True, timeout=120, check=True)
+    return [line for line in proc.stdout.splitlines()
+            if line and not line.startswith(("--", "\\restrict", "\\unrestrict"))]
+
+
+def sqlite_schema(path):
+    with sqlite3.connect(path) as conn:
+        return conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_master "
+                            "ORDER BY type, name").fetchall()
+
+
+class UpgradeTest(KeelTestCase):
+
+    def setUp(self):
+        self.home = tempfile.mkdtemp(prefix="keel-upgrade-")
+        self.database = None
+        env = {"KEEL_SECRET_KEK": KEK}
+        if POSTGRES:
+            # The dump is restored as the owner role: the role `keel store migrate` runs as.
+            self.database, url = keel_harness.create_pg_database()
+            with gzip.open(os.path.join(FIXTURE, "postgres.sql.gz"), "rt") as f:
+                psql(keel_harness.pg_owner_url(url), stdin=f.read())
+            self.server = KeelServer(home=self.home, env=env, store_url=url,
+                                     token=OLD["platform_token"])
+        else:
+            with gzip.open(os.path.join(FIXTURE, "sqlite.db.gz"), "rb") as f, \
+                    open(os.path.join(self.home, "keel.db"), "wb") as out:
+                shutil.copyfileobj(f, out)
+            with open(os.path.join(self.home, "origin"), "w") as f:
+                f.write(OLD["origin"] + "\n")
+            self.server = KeelServer(home=self.home, env=env, token=OLD["platform_token"])
+
+    def tearDown(self):
+        self.server.stop()
+        if self.database and not os.environ.get("KEEL_TEST_KEEP"):
+            keel_harness.drop_pg_database(self.database)
+        shutil.rmtree(self.home, ignore_errors=True)
+
+    def store_url(self):
+        return self.server.store_url or "sqlite://" + os.path.join(self.home, "keel.db")
+
+    def versions(self):
+        sql = "SELECT version FROM schema_migrations ORDER BY version"
+        if POSTGRES:
+            return [int(v) for v in psql(admin_url(self.database), sql).split()]
+        with sqlite3.connect(os.path.join(self.home, "keel.db")) as conn:
+            return [v for (v,) in conn.execute(sql)]
+
+    def test_the_schema_is_migrated_to_what_a_fresh_store_has(self):
+        self.assertEqual(self.versions(), list(range(1, len(migration_files()) + 1)))
+        fresh = KeelServer()
+        try:
+            if POSTGRES:
+                self.assertEqual(pg_schema(self.database), pg_schema(fresh.pg_database))
+            else:
+                self.assertEqual(sqlite_schema(os.path.join(self.home, "keel.db")),
+                                 sqlite_schema(os.path.join(fresh.home, "keel.db")))
+        finally:
+            fresh.stop()
+
+    def test_the_tenant_goes_on_where_it_stopped(self):
+        s = self.server
+        token = OLD["owner_token"]
+        aid, sid = OLD["agent_id"], OLD["session_id"]
+
+        # Tokens: as they were.
+        self.assertEqual(s.request("GET", "/v1/agents", token=OLD["revoked_token"])[0], 401)
+        self.assertEqual(s.request("GET", "/v1/agents", token=OLD["user_token"])[0], 200)
+        self.assertEqual(s.ok("GET", "/v1/agents/%s" % aid, token=token)["name"], "upgrade-agent")
+
+        # The conversation reads back in order and goes on: the new turn's messages come last.
+        def conversation():
+            return [[m["role"], m["content"]]
+                    for m in s.list_all("/v1/sessions/%s/messages" % sid, token=token)]
+        self.assertEqual(conversation(), OLD["conversation"])
+        status, body, _ = s.post_message(sid, "the first turn after the upgrade", wait=15,
+                                         token=token)
+        self.assertEqual(body["run"]["status"], "done", body)
+        after = conversation()
+        self.assertEqual(after[:len(OLD["conversation"])], OLD["conversation"])
+        self.assertEqual([r for r, _ in after[len(OLD["conversation"]):]], ["user", "assistant"])
+        self.assertEqual(after[-2][1], "the first turn after the upgrade")
+
+        # The run parked before the upgrade resumes on its approval, and writes its line once.
+        parked = OLD["parked"]
+        self.assertEqual(s.get_run(parked["run_id"], token=token)["status"],
+                         "waiting_for_approval")
+        s.ok("POST", "/v1/approvals/%s/approve" % parked["approval_id"], {}, token=token)
+        run = s.wait_run(parked["run_id"], token=token)
+        self.assertEqual(run["status"], "done", run)
+        with open(os.path.join(self.home, "workspaces", aid, "notes.txt")) as f:
+            self.assertEqual(f.read().splitlines(), ["after the upgrade"])
+
+        # What the tenant had: memories (searchable), working memory, skills, plugins,
+        # schedules, secrets, budgets.
+        found = s.ok("GET", "/v1/agents/%s/memories?q=tea" % aid, token=token)["items"]
+        self.assertEqual([(m["id"], m["text"]) for m in found],
+                         [("tea", "the user likes green tea")])
+        self.assertEqual(s.ok("GET", "/v1/agents/%s/working-memory" % aid, token=token)["text"],
+                         "the user is upgrading")
+        self.assertEqual([k["name"] for k in s.ok("GET", "/v1/agents/%s/skills" % aid,
+                                                   token=token)["items"]], ["greeter"])
+        [plugin] = s.ok("GET", "/v1/plugins", token=token)["items"]
+        self.assertEqual(plugin["id"], "audit")
+        schedule = s.ok("GET", "/v1/schedules/%s" % OLD["schedule_id"], token=token)
+        self.assertEqual((schedule["cron"], schedule["status"]), ("0 3 * * *", "active"))
+        self.assertTrue(schedule["next_fire_at"])
+        self.assertEqual([x["name"] for x in s.ok("GET", "/v1/secrets", token=token)["items"]],
+                         ["api_key"])
+        [budget] = s.ok("GET", "/v1/budgets", token=token)["items"]
+        self.assertEqual((budget["scope"], budget["period"]), ("tenant", "month"))
+
+        # The log goes on after its last position, with no gap, and every chain verifies.
+        events = s.list_all("/v1/events", token=token)
+        positions = [e["position"] for e in events]
+        self.assertEqual(positions, list(range(positions[0], positions[0] + len(positions))))
+        self.assertGreater(positions[-1], OLD["last_position"])
+        self.assertEqual(len([p for p in positions if p <= OLD["last_position"]]), OLD["events"])
+        s.stop()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_")}
+        env["KEEL_SECRET_KEK"] = KEK
+        proc = subprocess.run([keel_bin(), "audit", "verify", "--store", self.store_url()],
+                              capture_output=True, text=True, timeout=120, env=env)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
