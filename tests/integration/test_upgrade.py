@@ -118,6 +118,23 @@ class UpgradeTest(KeelTestCase):
         finally:
             fresh.stop()
 
+    def test_a_store_from_a_newer_release_is_refused(self):
+        # A release with one migration more wrote this store: this keel does not start on it,
+        # says why, and leaves it as it was.
+        self.server.stop()
+        newer = len(migration_files()) + 1
+        sql = "INSERT INTO schema_migrations(version, applied_at) VALUES(%d, 0)" % newer
+        if POSTGRES:
+            psql(admin_url(self.database), sql)
+        else:
+            with sqlite3.connect(os.path.join(self.home, "keel.db")) as conn:
+                conn.execute(sql)
+        with self.assertRaises(keel_harness.ServerDied) as refused:
+            self.server.start()
+        self.assertIn("database schema version %d is newer than this keel (%d); upgrade keel"
+                      % (newer, newer - 1), str(refused.exception))
+        self.assertEqual(self.versions(), list(range(1, newer + 1)))
+
     def test_the_tenant_goes_on_where_it_stopped(self):
         s = self.server
         token = OLD["owner_token"]
