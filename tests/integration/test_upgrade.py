@@ -135,6 +135,23 @@ class UpgradeTest(KeelTestCase):
                       % (newer, newer - 1), str(refused.exception))
         self.assertEqual(self.versions(), list(range(1, newer + 1)))
 
+    def test_a_rebuild_refuses_what_older_events_cannot_rebuild(self):
+        # The older release's events carry no row images: a rebuild from them would lose the
+        # tenants' older rows, so it is refused, naming a tenant, and writes nothing.
+        self.server.stop()
+        target = os.path.join(self.home, "rebuilt.db")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_")}
+        env["KEEL_SECRET_KEK"] = KEK
+        proc = subprocess.run([keel_bin(), "store", "rebuild", "--from-events", "--store",
+                               self.store_url(), "--into", "sqlite://" + target],
+                              capture_output=True, text=True, timeout=120, env=env)
+        self.assertNotEqual(proc.returncode, 0, proc.stdout)
+        self.assertRegex(proc.stderr, r"tenant [0-9a-f-]{36} was created before events carried "
+                                      r"row images: its tables cannot be rebuilt from its events")
+        if os.path.exists(target):
+            with sqlite3.connect(target) as conn:
+                self.assertEqual(conn.execute("SELECT count(*) FROM events").fetchone(), (0,))
+
     def test_the_tenant_goes_on_where_it_stopped(self):
         s = self.server
         token = OLD["owner_token"]
