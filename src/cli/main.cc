@@ -499,14 +499,18 @@ int Main(int argc, char** argv) {
   verify_cmd->add_option("--store", store_args.store_url,
                          "Store URL: sqlite:///path/keel.db or postgres://...");
   verify_cmd->callback([&] { store_action = [&] { return AuditVerify(store_args); }; });
-  // keel store migrate: the PostgreSQL schema, applied as its owner role.
+  // keel store migrate: the schema's pending migrations (PostgreSQL's as its owner role).
   CLI::App* store_cmd = app.add_subcommand("store", "Manage the store itself");
   store_cmd->require_subcommand(1);
   CLI::App* migrate_cmd = store_cmd->add_subcommand(
-      "migrate", "Apply the PostgreSQL schema as its owner role and grant the store's role");
+      "migrate",
+      "Apply the store's pending schema migrations and say which versions it went "
+      "between; a PostgreSQL store's as its owner role, granting the store's role its "
+      "rights");
   migrate_cmd->add_option("--config", store_args.config_file, "Configuration file (keel.toml)");
   migrate_cmd->add_option("--store", store_args.store_url,
-                          "Store URL (the runtime role): postgres://...");
+                          "Store URL: sqlite:///path/keel.db, or postgres://... (the runtime "
+                          "role)");
   migrate_cmd->add_option("--owner-url", store_args.owner_url,
                           "The owner role's URL (default: store_owner, KEEL_STORE_OWNER)");
   migrate_cmd->callback([&] { store_action = [&] { return Migrate(store_args); }; });

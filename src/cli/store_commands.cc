@@ -1,5 +1,6 @@
 #include "cli/store_commands.h"
 
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -169,17 +170,48 @@ int Migrate(const StoreCommandArgs& args) {
                               NonEmpty(args.store_url)};
   auto cfg = config::Load(overrides);
   Status st = cfg.status();
+  const bool postgres = st.ok() && (cfg->store_url.rfind("postgres://", 0) == 0 ||
+                                    cfg->store_url.rfind("postgresql://", 0) == 0);
   const std::string owner = args.owner_url.empty() && cfg.ok() ? cfg->store_owner_url
                                                                : args.owner_url;
-  if (st.ok() && owner.empty()) {
+  if (st.ok() && postgres && owner.empty()) {
     st = InvalidArgument("no owner role: give --owner-url, or set store_owner (KEEL_STORE_OWNER)");
   }
-  if (st.ok()) st = store::MigrateStore(cfg->store_url, owner);
-  if (!st.ok()) {
-    std::cerr << "keel: " << st.message() << "\n";
-    return st.code() == Code::kInvalidArgument ? kExitUsage : kExitServerError;
+  if (st.ok() && !postgres && !args.owner_url.empty()) {
+    st = InvalidArgument("--owner-url applies to a PostgreSQL store only");
   }
-  std::cout << "the store's schema is current, and its runtime role has its rights\n";
+  Result<int64_t> before =
+      st.ok() ? store::StoreSchemaVersion(cfg->store_url) : Result<int64_t>(st);
+  if (!before.ok()) st = before.status();
+  if (st.ok() && !postgres) {
+    // Migrating is for a store that exists: `keel serve` creates a new one.
+    const std::string& url = cfg->store_url;
+    const std::string path = url.rfind("sqlite://", 0) == 0 ? url.substr(9) : url;
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec)) st = InvalidArgument("no SQLite store at " + path);
+  }
+  if (st.ok() && postgres) {
+    st = store::MigrateStore(cfg->store_url, owner);
+  } else if (st.ok()) {
+    // A SQLite store migrates as it opens (and hashes events from before the audit chain,
+    // which needs KEEL_SECRET_KEK to sign their heads).
+    auto opened = OpenConfiguredStore(args);
+    if (opened.ok()) opened->store->Close();
+    st = opened.status();
+  }
+  Result<int64_t> after = st.ok() ? store::StoreSchemaVersion(cfg->store_url) : Result<int64_t>(st);
+  if (!after.ok()) {
+    std::cerr << "keel: " << after.status().message() << "\n";
+    return after.status().code() == Code::kInvalidArgument ? kExitUsage : kExitServerError;
+  }
+  if (*after == *before) {
+    std::cout << "schema version " << *after << ": current, nothing to apply\n";
+  } else {
+    const int64_t n = *after - *before;
+    std::cout << "schema version " << *before << " -> " << *after << ": " << n
+              << (n == 1 ? " migration" : " migrations") << " applied\n";
+  }
+  if (postgres) std::cout << "the store's runtime role has its rights\n";
   return kExitOk;
 }
 

@@ -217,6 +217,8 @@ int ServeMain(const ServeFlags& flags) {
   store::StoreOptions store_options;
   store_options.origin = *origin;
   store_options.sync_full = config.durable;
+  // The schema's version before this start, to say when it moved (an upgrade).
+  auto schema_before = store::StoreSchemaVersion(config.store_url);
   if (!config.store_owner_url.empty()) {
     if (Status st = store::MigrateStore(config.store_url, config.store_owner_url); !st.ok()) {
       return Fail(st);
@@ -235,6 +237,11 @@ int ServeMain(const ServeFlags& flags) {
                                  audit_key.ok() ? *audit_key : std::string());
   if (!opened.ok()) return Fail(opened.status());
   std::unique_ptr<store::Store> store = std::move(opened).value();
+  if (schema_before.ok() && *schema_before > 0 &&
+      *schema_before < store::SchemaVersionOf(config.store_url)) {
+    Log("the store's schema went from version " + std::to_string(*schema_before) + " to " +
+        std::to_string(store::SchemaVersionOf(config.store_url)));
+  }
   if (!config.durable) Log("durable = false: commits are not fsynced; a power loss may lose the last writes");
 
   auto admin_tenant = Bootstrap(*store, config.home);

@@ -72,32 +72,44 @@ def sqlite_schema(path):
 class UpgradeTest(KeelTestCase):
 
     def setUp(self):
+        # The older release's store, restored; the tests start this keel on it (start()).
         self.home = tempfile.mkdtemp(prefix="keel-upgrade-")
         self.database = None
-        env = {"KEEL_SECRET_KEK": KEK}
+        self.server = None
         if POSTGRES:
             # The dump is restored as the owner role: the role `keel store migrate` runs as.
-            self.database, url = keel_harness.create_pg_database()
+            self.database, self.url = keel_harness.create_pg_database()
             with gzip.open(os.path.join(FIXTURE, "postgres.sql.gz"), "rt") as f:
-                psql(keel_harness.pg_owner_url(url), stdin=f.read())
-            self.server = KeelServer(home=self.home, env=env, store_url=url,
-                                     token=OLD["platform_token"])
+                psql(keel_harness.pg_owner_url(self.url), stdin=f.read())
         else:
+            self.url = "sqlite://" + os.path.join(self.home, "keel.db")
             with gzip.open(os.path.join(FIXTURE, "sqlite.db.gz"), "rb") as f, \
                     open(os.path.join(self.home, "keel.db"), "wb") as out:
                 shutil.copyfileobj(f, out)
             with open(os.path.join(self.home, "origin"), "w") as f:
                 f.write(OLD["origin"] + "\n")
-            self.server = KeelServer(home=self.home, env=env, token=OLD["platform_token"])
+
+    def start(self):
+        self.server = KeelServer(home=self.home, env={"KEEL_SECRET_KEK": KEK},
+                                 store_url=self.url if POSTGRES else None,
+                                 token=OLD["platform_token"])
+        return self.server
+
+    def servers(self):
+        return [self.server] if self.server else []
 
     def tearDown(self):
-        self.server.stop()
+        if self.server:
+            self.server.stop()
         if self.database and not os.environ.get("KEEL_TEST_KEEP"):
             keel_harness.drop_pg_database(self.database)
         shutil.rmtree(self.home, ignore_errors=True)
 
-    def store_url(self):
-        return self.server.store_url or "sqlite://" + os.path.join(self.home, "keel.db")
+    def keel(self, *args):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_")}
+        env["KEEL_SECRET_KEK"] = KEK
+        return subprocess.run([keel_bin()] + list(args), capture_output=True, text=True,
+                              timeout=120, env=env)
 
     def versions(self):
         sql = "SELECT version FROM schema_migrations ORDER BY version"
@@ -107,7 +119,13 @@ class UpgradeTest(KeelTestCase):
             return [v for (v,) in conn.execute(sql)]
 
     def test_the_schema_is_migrated_to_what_a_fresh_store_has(self):
+        old = max(self.versions())
+        self.assertLess(old, len(migration_files()), "the fixture is older than this keel")
+        self.start()
         self.assertEqual(self.versions(), list(range(1, len(migration_files()) + 1)))
+        with open(self.server.stderr_path) as f:
+            self.assertIn("the store's schema went from version %d to %d"
+                          % (old, len(migration_files())), f.read())
         fresh = KeelServer()
         try:
             if POSTGRES:
@@ -118,10 +136,35 @@ class UpgradeTest(KeelTestCase):
         finally:
             fresh.stop()
 
+    def test_keel_store_migrate_says_what_it_applied(self):
+        old, new = max(self.versions()), len(migration_files())
+        owner = ["--owner-url", keel_harness.pg_owner_url(self.url)] if POSTGRES else []
+        proc = self.keel("store", "migrate", "--store", self.url, *owner)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertEqual(proc.stdout.splitlines()[0], "schema version %d -> %d: %d migration%s "
+                         "applied" % (old, new, new - old, "" if new - old == 1 else "s"))
+        self.assertEqual(self.versions(), list(range(1, new + 1)))
+        proc = self.keel("store", "migrate", "--store", self.url, *owner)
+        self.assertEqual(proc.stdout.splitlines()[0],
+                         "schema version %d: current, nothing to apply" % new)
+        with open(self.start().stderr_path) as f:
+            self.assertNotIn("schema went from", f.read(), "migrated already")
+        if not POSTGRES:
+            # The owner role is PostgreSQL's; a path without a store is not created.
+            proc = self.keel("store", "migrate", "--store", self.url, "--owner-url",
+                             "postgres://keel_owner@127.0.0.1:1/keel")
+            self.assertEqual((proc.returncode, proc.stderr.strip()),
+                             (2, "keel: --owner-url applies to a PostgreSQL store only"))
+            missing = os.path.join(self.home, "no", "keel.db")
+            proc = self.keel("store", "migrate", "--store", "sqlite://" + missing)
+            self.assertEqual((proc.returncode, proc.stderr.strip()),
+                             (2, "keel: no SQLite store at " + missing))
+            self.assertFalse(os.path.exists(missing))
+
     def test_a_store_from_a_newer_release_is_refused(self):
         # A release with one migration more wrote this store: this keel does not start on it,
         # says why, and leaves it as it was.
-        self.server.stop()
+        self.start().stop()
         newer = len(migration_files()) + 1
         sql = "INSERT INTO schema_migrations(version, applied_at) VALUES(%d, 0)" % newer
         if POSTGRES:
@@ -138,13 +181,10 @@ class UpgradeTest(KeelTestCase):
     def test_a_rebuild_refuses_what_older_events_cannot_rebuild(self):
         # The older release's events carry no row images: a rebuild from them would lose the
         # tenants' older rows, so it is refused, naming a tenant, and writes nothing.
-        self.server.stop()
+        self.start().stop()  # upgraded first
         target = os.path.join(self.home, "rebuilt.db")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_")}
-        env["KEEL_SECRET_KEK"] = KEK
-        proc = subprocess.run([keel_bin(), "store", "rebuild", "--from-events", "--store",
-                               self.store_url(), "--into", "sqlite://" + target],
-                              capture_output=True, text=True, timeout=120, env=env)
+        proc = self.keel("store", "rebuild", "--from-events", "--store", self.url,
+                         "--into", "sqlite://" + target)
         self.assertNotEqual(proc.returncode, 0, proc.stdout)
         self.assertRegex(proc.stderr, r"tenant [0-9a-f-]{36} was created before events carried "
                                       r"row images: its tables cannot be rebuilt from its events")
@@ -153,7 +193,7 @@ class UpgradeTest(KeelTestCase):
                 self.assertEqual(conn.execute("SELECT count(*) FROM events").fetchone(), (0,))
 
     def test_the_tenant_goes_on_where_it_stopped(self):
-        s = self.server
+        s = self.start()
         token = OLD["owner_token"]
         aid, sid = OLD["agent_id"], OLD["session_id"]
 
@@ -211,10 +251,7 @@ class UpgradeTest(KeelTestCase):
         self.assertGreater(positions[-1], OLD["last_position"])
         self.assertEqual(len([p for p in positions if p <= OLD["last_position"]]), OLD["events"])
         s.stop()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_")}
-        env["KEEL_SECRET_KEK"] = KEK
-        proc = subprocess.run([keel_bin(), "audit", "verify", "--store", self.store_url()],
-                              capture_output=True, text=True, timeout=120, env=env)
+        proc = self.keel("audit", "verify", "--store", self.url)
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
 
 

@@ -8,6 +8,7 @@
 // then refuses a PostgreSQL store whose schema is missing or behind. SQLite has no roles: its
 // store migrates itself when opened.
 
+#include <cstdint>
 #include <string>
 
 #include "keel/common/status.h"
@@ -17,5 +18,12 @@ namespace keel::store {
 // Applies the pending migrations of the PostgreSQL store `url` as the role of `owner_url` and
 // grants `url`'s role what it needs; kInvalidArgument for a SQLite URL.
 [[nodiscard]] Status MigrateStore(const std::string& url, const std::string& owner_url);
+
+// How many migrations the store at `url` has applied (0 for a store not created yet), read as
+// its URL's role without changing anything; and how many this keel brings for its backend. A
+// store opens only at this keel's version: SQLite migrates as it opens, PostgreSQL needs
+// MigrateStore first.
+[[nodiscard]] Result<int64_t> StoreSchemaVersion(const std::string& url);
+int64_t SchemaVersionOf(const std::string& url);
 
 }  // namespace keel::store

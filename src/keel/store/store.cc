@@ -6,7 +6,9 @@
 #include "keel/store/audit.h"
 #include "keel/store/migrate.h"
 #include "keel/store/postgres/postgres_store.h"
+#include "keel/store/postgres/postgres_tx.h"
 #include "keel/store/sqlite/sqlite_store.h"
+#include "keel/store/sqlite/sqlite_tx.h"
 
 namespace keel::store {
 
@@ -419,6 +421,25 @@ Status MigrateStore(const std::string& url, const std::string& owner_url) {
     return InvalidArgument("store_owner must be a postgres:// URL");
   }
   return postgres::PostgresStore::MigrateStore(url, owner_url);
+}
+
+namespace {
+bool IsPostgresUrl(const std::string& url) {
+  return url.rfind("postgres://", 0) == 0 || url.rfind("postgresql://", 0) == 0;
+}
+}  // namespace
+
+Result<int64_t> StoreSchemaVersion(const std::string& url) {
+  if (IsPostgresUrl(url)) return postgres::PostgresStore::SchemaVersion(url);
+  if (url.rfind("sqlite://", 0) == 0) return sqlite::SqliteStore::SchemaVersion(url.substr(9));
+  if (url.find("://") != std::string::npos)
+    return InvalidArgument("unknown store URL scheme: " + url);
+  return sqlite::SqliteStore::SchemaVersion(url);
+}
+
+int64_t SchemaVersionOf(const std::string& url) {
+  return static_cast<int64_t>(IsPostgresUrl(url) ? postgres::Migrations().size()
+                                                 : sqlite::Migrations().size());
 }
 
 std::string EncodeCursor(const std::string& last_key) {

@@ -129,6 +129,17 @@ Status PostgresStore::MigrateStore(const std::string& url, const std::string& ow
   return st.ok() ? unlock : st;
 }
 
+Result<int64_t> PostgresStore::SchemaVersion(const std::string& url) {
+  KEEL_ASSIGN_OR_RETURN(auto conn, Conn::Open(url));
+  KEEL_ASSIGN_OR_RETURN(
+      auto table, conn->QueryOnce("SELECT to_regclass('schema_migrations') IS NOT NULL", Params()));
+  if (table.empty() || table.Text(0, 0) != "t") return 0;
+  KEEL_ASSIGN_OR_RETURN(
+      auto rows,
+      conn->QueryOnce("SELECT coalesce(max(version), 0) FROM schema_migrations", Params()));
+  return rows.empty() ? 0 : rows.Int(0, 0);
+}
+
 Status PostgresStore::MigrateLocked(Conn& conn, const std::string& runtime_role) {
   // Tables of another role (a deployment from before the two roles, whose runtime role owns
   // them) are not taken silently: moving them is an administrator's one-time step.

@@ -68,6 +68,8 @@ class PostgresStore final : public Store {
   // two URLs name one role, or when the tables belong to another role (an existing deployment
   // whose runtime role owns them: docs/decisions/0008 says how to move them once).
   static Status MigrateStore(const std::string& url, const std::string& owner_url);
+  // The migrations the database at `url` has applied (0 before the first), read as its role.
+  static Result<int64_t> SchemaVersion(const std::string& url);
   ~PostgresStore() override;
 
   Status Read(const std::function<Status(Tx&)>& fn) override;

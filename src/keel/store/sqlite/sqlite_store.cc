@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <filesystem>
 
 #include "keel/store/sqlite/sqlite_db.h"
 #include "keel/store/sqlite/sqlite_tx.h"
@@ -47,6 +48,20 @@ Result<std::unique_ptr<Store>> SqliteStore::Open(const std::string& path,
 }
 
 SqliteStore::~SqliteStore() { Close(); }
+
+Result<int64_t> SqliteStore::SchemaVersion(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return 0;
+  KEEL_ASSIGN_OR_RETURN(auto db, Db::Open(path, /*read_only=*/true, /*sync_full=*/true));
+  KEEL_ASSIGN_OR_RETURN(auto table, db->Prepare("SELECT 1 FROM sqlite_master WHERE type='table' "
+                                                "AND name='schema_migrations'"));
+  KEEL_ASSIGN_OR_RETURN(bool exists, table.Step());
+  if (!exists) return 0;
+  KEEL_ASSIGN_OR_RETURN(auto s, db->Prepare("SELECT coalesce(max(version),0) FROM "
+                                            "schema_migrations"));
+  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  return row ? s.Int(0) : 0;
+}
 
 Status SqliteStore::Migrate(Db& db) {
   KEEL_RETURN_IF_ERROR(db.Exec(

@@ -26,6 +26,8 @@ class SqliteStore final : public Store {
   static Result<std::unique_ptr<Store>> Open(const std::string& path, const StoreOptions& options,
                                              const std::string& audit_key = "");
   ~SqliteStore() override;
+  // The migrations the database at `path` has applied; 0 when it does not exist yet.
+  static Result<int64_t> SchemaVersion(const std::string& path);
 
   Status Read(const std::function<Status(Tx&)>& fn) override;
   // The same snapshot, on a connection that does not map the file (see Reader::mapped).
