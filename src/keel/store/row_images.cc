@@ -116,45 +116,44 @@ std::string RowImage(const Message& m) {
       .Done();
 }
 
+namespace {
+
+// The columns of a run that its UPDATE writes (WriteRun on both backends): all of an update's
+// image, and the rest of the whole row's.
+std::string WithRunState(Image& image, const Run& r) {
+  return image.Col("status", r.status)
+      .Col("attempt", r.attempt)
+      .Col("output", r.output)
+      .StoredText("error", r.error)
+      .Col("input_tokens", r.input_tokens)
+      .Col("output_tokens", r.output_tokens)
+      .Col("lease_owner", r.lease_owner)
+      .Col("lease_expires_at", r.lease_expires_at)
+      .Int("cancel_requested", r.cancel_requested ? 1 : 0)
+      .OptInt("started_at", r.started_at)
+      .OptInt("finished_at", r.finished_at)
+      .Done();
+}
+
+}  // namespace
+
 std::string RowImage(const Run& r) {
-  return Image()
-      .Col("id", r.id)
+  Image image;
+  image.Col("id", r.id)
       .Col("tenant_id", r.tenant_id)
       .Col("session_id", r.session_id)
       .Col("agent_id", r.agent_id)
       .Col("message_id", r.message_id)
-      .Col("status", r.status)
-      .Col("attempt", r.attempt)
-      .Col("output", r.output)
-      .StoredText("error", r.error)
-      .Col("input_tokens", r.input_tokens)
-      .Col("output_tokens", r.output_tokens)
-      .Col("lease_owner", r.lease_owner)
-      .Col("lease_expires_at", r.lease_expires_at)
-      .Int("cancel_requested", r.cancel_requested ? 1 : 0)
       .Col("created_at", r.created_at)
-      .OptInt("started_at", r.started_at)
-      .OptInt("finished_at", r.finished_at)
       .Col("requested_by", r.requested_by)
-      .Col("caller_role", r.caller_role)
-      .Done();
+      .Col("caller_role", r.caller_role);
+  return WithRunState(image, r);
 }
 
 std::string RunUpdateImage(const Run& r) {
-  return Image()
-      .Col("id", r.id)
-      .Col("status", r.status)
-      .Col("attempt", r.attempt)
-      .Col("output", r.output)
-      .StoredText("error", r.error)
-      .Col("input_tokens", r.input_tokens)
-      .Col("output_tokens", r.output_tokens)
-      .Col("lease_owner", r.lease_owner)
-      .Col("lease_expires_at", r.lease_expires_at)
-      .Int("cancel_requested", r.cancel_requested ? 1 : 0)
-      .OptInt("started_at", r.started_at)
-      .OptInt("finished_at", r.finished_at)
-      .Done();
+  Image image;
+  image.Col("id", r.id);
+  return WithRunState(image, r);
 }
 
 std::string StepUpdateImage(const Step& s) {
