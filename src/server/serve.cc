@@ -172,11 +172,14 @@ void RaiseDescriptorLimit(int max_connections) {
 // glibc gives the top of its heap back to the kernel whenever more than 128 KiB of it is free,
 // and a turn frees and allocates about that much (SQLite drops a reader's page cache each time
 // the database changed): each turn then faulted a dozen pages in again. The heap keeps what it
-// had, up to a bound; blocks of 4 MiB and more still get a mapping of their own.
+// had, up to a bound; blocks of 4 MiB and more still get a mapping of their own. jemalloc (the
+// release build's allocator) keeps freed pages for seconds on its own.
 void KeepFreedMemory() {
+#ifndef KEEL_JEMALLOC
   ::mallopt(M_TRIM_THRESHOLD, 32 << 20);
   ::mallopt(M_TOP_PAD, 4 << 20);
   ::mallopt(M_MMAP_THRESHOLD, 4 << 20);
+#endif
 }
 
 int Fail(const Status& st) {
