@@ -25,7 +25,9 @@ struct OpenedStore {
   std::string audit_key;  // from KEEL_SECRET_KEK; "" without one
 };
 
-Result<OpenedStore> OpenConfiguredStore(const StoreCommandArgs& args) {
+// With `read_only`, the store must exist at this keel's schema version, so that opening it
+// migrates nothing (a command that only reads its store never changes it).
+Result<OpenedStore> OpenConfiguredStore(const StoreCommandArgs& args, bool read_only = false) {
   config::Overrides overrides{NonEmpty(args.home), NonEmpty(args.config_file), std::nullopt,
                               NonEmpty(args.store_url)};
   KEEL_ASSIGN_OR_RETURN(config::Config cfg, config::Load(overrides));
@@ -34,7 +36,17 @@ Result<OpenedStore> OpenConfiguredStore(const StoreCommandArgs& args) {
   // No command here appends events, so no node origin is needed.
   options.origin = "keel-cli";
   options.sync_full = cfg.durable;
-  if (!cfg.store_owner_url.empty()) {
+  if (read_only) {
+    KEEL_ASSIGN_OR_RETURN(int64_t version, store::StoreSchemaVersion(cfg.store_url));
+    const int64_t current = store::SchemaVersionOf(cfg.store_url);
+    if (version == 0) return InvalidArgument("no keel store at " + cfg.store_url);
+    if (version != current) {
+      return InvalidArgument("the store is at schema version " + std::to_string(version) +
+                             " and this keel's is " + std::to_string(current) +
+                             ": upgrade it with `keel store migrate` first (this command "
+                             "only reads it)");
+    }
+  } else if (!cfg.store_owner_url.empty()) {
     KEEL_RETURN_IF_ERROR(store::MigrateStore(cfg.store_url, cfg.store_owner_url));
   }
   OpenedStore opened;
@@ -82,10 +94,14 @@ int Import(const StoreCommandArgs& args) {
 }
 
 int Rebuild(const StoreCommandArgs& args) {
-  auto s = OpenConfiguredStore(args);
+  auto s = OpenConfiguredStore(args, /*read_only=*/true);
   if (!s.ok()) {
     std::cerr << "keel: " << s.status().message() << "\n";
-    return kExitServerError;
+    return s.status().code() == Code::kInvalidArgument ? kExitUsage : kExitServerError;
+  }
+  if (s->audit_key.empty()) {
+    std::cerr << "keel: KEEL_SECRET_KEK is not set: the log's audit chains are checked by their "
+                 "hashes only, not their signatures\n";
   }
   store::StoreOptions options;
   options.origin = "keel-cli";

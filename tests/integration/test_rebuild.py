@@ -14,6 +14,7 @@ server's back (an image added to a stored event) is refused by its audit chain, 
 nothing is written.
 """
 
+import hashlib
 import json
 import os
 import shutil
@@ -90,15 +91,53 @@ def wait_for(predicate, timeout=20):
         time.sleep(0.05)
 
 
-def keel(args, check=True):
+def keel(args, check=True, kek=KEK):
     env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_")}
-    env["KEEL_SECRET_KEK"] = KEK  # the server's: the chains' signatures are checked
+    if kek:
+        env["KEEL_SECRET_KEK"] = kek  # the server's: the chains' signatures are checked
     proc = subprocess.run([keel_bin()] + args, capture_output=True, text=True, timeout=300,
                           env=env)
     if check and proc.returncode != 0:
         raise AssertionError("keel %s -> %d\n%s%s" % (" ".join(args), proc.returncode,
                                                      proc.stdout, proc.stderr))
     return proc
+
+
+def rehash(path, *sql):
+    """Runs `sql` on the SQLite store at `path`, then hashes every chain again and writes its
+    head unsigned, as someone with the file but without the key can."""
+    db = sqlite3.connect(path)
+    try:
+        for statement in sql:
+            db.execute(statement)
+
+        def field(v):
+            b = (v if v is not None else "").encode() if not isinstance(v, bytes) else v
+            return str(len(b)).encode() + b":" + b
+        heads = {}
+        for (pos, id_, tenant, typ, origin, agent, session, run, payload, at, seq) in db.execute(
+                "SELECT position, id, tenant_id, type, origin, agent_id, session_id, run_id, "
+                "payload, occurred_at, origin_seq FROM events ORDER BY position").fetchall():
+            prev = heads.get((tenant, origin), (None, None, ""))[2]
+            digest = hashlib.sha256(b"keel-event-v1\n" + b"".join(
+                field(x) for x in (id_, tenant, typ, origin, agent, session, run, payload,
+                                   str(at), prev))).hexdigest()
+            db.execute("UPDATE events SET hash=? WHERE position=?", (digest, pos))
+            heads[(tenant, origin)] = (id_, seq, digest)
+        db.execute("DELETE FROM audit_heads")
+        for (tenant, origin), (last_id, last_seq, digest) in heads.items():
+            db.execute("INSERT INTO audit_heads(tenant_id, origin, last_id, last_seq, hash, "
+                       "anchor, mac) VALUES(?,?,?,?,?,'','')",
+                       (tenant, origin, last_id, last_seq, digest))
+        db.commit()
+    finally:
+        db.close()
+
+
+def dump(path):
+    """The database file's bytes, by their hash."""
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
 
 
 def source_url(server):
@@ -368,6 +407,109 @@ class RebuildTest(KeelTestCase):
             self.assertEqual(empty.execute("SELECT count(*) FROM events").fetchone()[0], 0)
         finally:
             empty.close()
+
+    def changed_log(self, *sql):
+        """The stopped server's SQLite store, changed by `sql` and hashed again without the
+        key; the target to rebuild it into."""
+        self.server.terminate()
+        path = os.path.join(self.server.home, "keel.db")
+        rehash(path, *sql)
+        return path, self.target()
+
+    def test_an_unsigned_log_is_refused_under_the_key(self):
+        if self.server.pg_database:
+            self.skipTest("the log is changed through the SQLite file")
+        t = Tenant(self.server)
+        agent = self.server.create_agent(token=t.token)
+        path, target = self.changed_log(
+            "UPDATE events SET payload=json_set(payload, '$.rows.agents[0].instructions', "
+            "'forged') WHERE type='agent.created@v1' AND agent_id='%s'" % agent["id"])
+        out = keel(["store", "rebuild", "--from-events", "--store", "sqlite://" + path,
+                    "--into", target.url], check=False)
+        self.assertEqual(out.returncode, 1, out.stdout + out.stderr)
+        self.assertIn("unsigned head", out.stderr)
+        rebuilt = target.url[len("sqlite://"):]
+        if os.path.exists(rebuilt):  # nothing was written into it
+            db = sqlite3.connect(rebuilt)
+            try:
+                self.assertEqual(db.execute("SELECT count(*) FROM events").fetchone()[0], 0)
+            finally:
+                db.close()
+        # Without the key, the operator asked for the hashes alone, and is told so.
+        out = keel(["store", "rebuild", "--from-events", "--store", "sqlite://" + path,
+                    "--into", target.url], kek=None)
+        self.assertIn("hashes only", out.stderr)
+
+    def test_one_tenants_log_does_not_write_anothers_rows(self):
+        if self.server.pg_database:
+            self.skipTest("the log is changed through the SQLite file")
+        victim, attacker = Tenant(self.server), Tenant(self.server)
+        agent = self.server.create_agent(token=victim.token)
+        sess = self.server.create_session(agent["id"], token=victim.token)
+        victim.post(sess["id"], "the victim's words")
+        mine = self.server.create_agent(token=attacker.token)
+        db = sqlite3.connect(os.path.join(self.server.home, "keel.db"))
+        try:
+            (message_id,), = db.execute(
+                "SELECT id FROM messages WHERE content='the victim''s words'").fetchall()
+        finally:
+            db.close()
+        for image in ({"id": message_id, "content": "forged"},
+                      {"id": message_id, "tenant_id": victim.id, "content": "forged"}):
+            with self.subTest(image=image):
+                path, target = self.changed_log(
+                    "UPDATE events SET payload=json_set(payload, '$.rows.messages', "
+                    "json('[%s]')) WHERE type='agent.created@v1' AND agent_id='%s'"
+                    % (json.dumps(image), mine["id"]))
+                out = keel(["store", "rebuild", "--from-events", "--store", "sqlite://" + path,
+                            "--into", target.url], check=False, kek=None)
+                self.assertEqual(out.returncode, 1, out.stdout + out.stderr)
+                self.assertIn("is not of the event's tenant", out.stderr)
+
+    def test_the_source_is_an_existing_store_it_only_reads(self):
+        if self.server.pg_database:
+            self.skipTest("SQLite paths")
+        self.server.terminate()
+        target = self.target()
+        missing = os.path.join(self.dir, "typo.db")
+        out = keel(["store", "rebuild", "--from-events", "--store", missing, "--into",
+                    target.url], check=False)
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertIn("no keel store", out.stderr)
+        self.assertFalse(os.path.exists(missing))
+        # Another program's database, and a store of an older schema: refused as they are.
+        foreign = os.path.join(self.dir, "foreign.db")
+        db = sqlite3.connect(foreign)
+        db.execute("CREATE TABLE customers(name TEXT)")
+        db.execute("INSERT INTO customers VALUES('ada')")
+        db.commit()
+        db.close()
+        older = os.path.join(self.dir, "older.db")
+        src, db = sqlite3.connect(os.path.join(self.server.home, "keel.db")), sqlite3.connect(older)
+        src.backup(db)
+        src.close()
+        db.execute("DELETE FROM schema_migrations WHERE version=(SELECT max(version) FROM "
+                   "schema_migrations)")
+        db.commit()
+        db.close()
+        for path, said in ((foreign, "not a keel store"), (older, "keel store migrate")):
+            before = dump(path)
+            out = keel(["store", "rebuild", "--from-events", "--store", path, "--into",
+                        target.url], check=False)
+            self.assertEqual(out.returncode, 2, out.stderr)
+            self.assertIn(said, out.stderr)
+            self.assertEqual(dump(path), before)
+        # Nor does migrate or serve take another program's database or a FIFO for a store.
+        before = dump(foreign)
+        out = keel(["store", "migrate", "--store", foreign], check=False)
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertIn("not a keel store", out.stderr)
+        self.assertEqual(dump(foreign), before)
+        fifo = os.path.join(self.dir, "fifo")
+        os.mkfifo(fifo)
+        out = keel(["store", "migrate", "--store", fifo], check=False)
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertIn("not a regular file", out.stderr)
 
 
 if __name__ == "__main__":

@@ -62,8 +62,10 @@ class Fold {
     }
   }
 
-  // Merges the images of one event (of `type`, its payload parsed) into the tables.
-  Status Apply(int64_t position, const std::string& type, const Json& payload) {
+  // Merges the images of one event (of `type`, in `tenant`'s log, its payload parsed) into the
+  // tables. An event rebuilds its own tenant's rows only.
+  Status Apply(int64_t position, const std::string& tenant, const std::string& type,
+               const Json& payload) {
     auto rows = payload.find(kRowsField);
     if (rows == payload.end()) return Status::Ok();
     ++with_rows_;
@@ -86,7 +88,7 @@ class Fold {
         }
       }
       for (const auto& image : *images) {
-        KEEL_RETURN_IF_ERROR(Merge(position, spec.name, tables_[spec.name], image));
+        KEEL_RETURN_IF_ERROR(Merge(position, tenant, spec.name, tables_[spec.name], image));
       }
     }
     return Status::Ok();
@@ -141,10 +143,19 @@ class Fold {
     return key;
   }
 
-  Status Merge(int64_t position, const std::string& name, Table& table, const Json& image) {
+  // Merges one image into its row. The image, and the row it changes, must be of `tenant`
+  // (the event's): one tenant's log never writes another's rows.
+  Status Merge(int64_t position, const std::string& tenant, const std::string& name,
+               Table& table, const Json& image) {
     if (!image.is_object()) return Bad(position, name + " image is not an object");
     const std::string key = KeyOf(table, image);
     if (key.empty()) return Bad(position, name + " image lacks its key");
+    const char* owner = name == "tenants" ? "id" : "tenant_id";
+    auto row = table.rows.find(key);
+    if ((image.contains(owner) && image[owner] != Json(tenant)) ||
+        (row != table.rows.end() && row->second.value(owner, Json()) != Json(tenant))) {
+      return Bad(position, name + " row " + key + " is not of the event's tenant " + tenant);
+    }
     if (image.value(kDeletedMarker, false)) {
       table.rows.erase(key);
       Cascade(name, image);
@@ -249,7 +260,8 @@ Result<RebuildReport> RebuildFromEvents(Store& from, Store& into, const std::str
                                ": unreadable payload: " + payload.status().message());
       }
       if (payload->is_object()) {
-        KEEL_RETURN_IF_ERROR(fold.Apply(position, row.value("type", ""), *payload));
+        KEEL_RETURN_IF_ERROR(
+            fold.Apply(position, row.value("tenant_id", ""), row.value("type", ""), *payload));
       }
       event_tenants.insert(row.value("tenant_id", ""));
       events.push_back(row);
@@ -265,6 +277,15 @@ Result<RebuildReport> RebuildFromEvents(Store& from, Store& into, const std::str
   for (const auto& row : events) verifier.AddEvent(row);
   for (const auto& row : heads) verifier.AddHead(row);
   for (const auto& chain : verifier.Finish()) {
+    // Under a key, a head must be signed: an unsigned one is a chain anyone with the file can
+    // rewrite and hash again.
+    if (chain.status == "unsigned" && !audit_key.empty()) {
+      return InvalidArgument("the audit chain of tenant " + chain.tenant_id + ", origin " +
+                             chain.origin + " has an unsigned head: its events are covered by "
+                             "their hashes only, which anyone with the file can recompute; the "
+                             "log is not rebuilt from (KEEL_SECRET_KEK unset rebuilds from the "
+                             "hashes alone)");
+    }
     if (chain.status != "tampered") continue;
     return InvalidArgument("the audit chain of tenant " + chain.tenant_id + ", origin " +
                            chain.origin + " is broken: " + chain.problem +

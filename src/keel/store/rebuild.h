@@ -32,7 +32,9 @@ struct RebuildReport {
 };
 
 // The source's audit chains are verified first (with `audit_key`, store/audit.h, their heads'
-// signatures too), as `keel import` verifies an archive's. kConflict when `into` holds data;
+// signatures too, and a head left unsigned is refused under a key: anyone with the file can
+// hash a changed log again), as `keel import` verifies an archive's; an event's images must be
+// of its own tenant, as must the rows they change. kConflict when `into` holds data;
 // kInvalidArgument when a chain is broken, the log does not hold a whole row, or an image is
 // malformed (nothing is written then).
 Result<RebuildReport> RebuildFromEvents(Store& from, Store& into, const std::string& audit_key);

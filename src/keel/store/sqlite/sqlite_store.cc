@@ -18,6 +18,14 @@ Result<std::unique_ptr<Store>> SqliteStore::Open(const std::string& path,
                                                  const StoreOptions& options,
                                                  const std::string& audit_key) {
   if (options.origin.empty()) return InvalidArgument("store origin must not be empty");
+  // Checked before the file is opened to write (which would set its journal mode): not a file,
+  // another program's database, or a newer keel's store is refused as it is.
+  KEEL_ASSIGN_OR_RETURN(int64_t version, SchemaVersion(path));
+  if (version > static_cast<int64_t>(Migrations().size())) {
+    return Unavailable("database schema version " + std::to_string(version) +
+                       " is newer than this keel (" + std::to_string(Migrations().size()) +
+                       "); upgrade keel");
+  }
   std::unique_ptr<SqliteStore> store(new SqliteStore(path, options, audit_key));
   KEEL_ASSIGN_OR_RETURN(store->writer_db_, Db::Open(path, /*read_only=*/false, options.sync_full));
   KEEL_RETURN_IF_ERROR(store->Migrate(*store->writer_db_));
@@ -51,12 +59,24 @@ SqliteStore::~SqliteStore() { Close(); }
 
 Result<int64_t> SqliteStore::SchemaVersion(const std::string& path) {
   std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return 0;
+  const auto status = std::filesystem::status(path, ec);
+  if (status.type() == std::filesystem::file_type::not_found) return 0;
+  // A FIFO would block the open, a directory or a device is no store.
+  if (status.type() != std::filesystem::file_type::regular) {
+    return InvalidArgument(path + " is not a regular file" +
+                           (ec ? " (" + ec.message() + ")" : std::string()));
+  }
+  if (std::filesystem::file_size(path, ec) == 0 && !ec) return 0;  // created, never written
   KEEL_ASSIGN_OR_RETURN(auto db, Db::Open(path, /*read_only=*/true, /*sync_full=*/true));
-  KEEL_ASSIGN_OR_RETURN(auto table, db->Prepare("SELECT 1 FROM sqlite_master WHERE type='table' "
-                                                "AND name='schema_migrations'"));
-  KEEL_ASSIGN_OR_RETURN(bool exists, table.Step());
-  if (!exists) return 0;
+  auto table = db->Prepare("SELECT count(*), coalesce(sum(name='schema_migrations'),0) FROM "
+                           "sqlite_master WHERE type='table'");
+  Result<bool> read = table.ok() ? table->Step() : Result<bool>(table.status());
+  if (!read.ok()) return Status(read.status().code(), path + ": " + read.status().message());
+  if (table->Int(1) == 0) {
+    if (table->Int(0) == 0) return 0;
+    return InvalidArgument(path + " is a SQLite database of another program (it has tables "
+                           "and no schema_migrations): not a keel store");
+  }
   KEEL_ASSIGN_OR_RETURN(auto s, db->Prepare("SELECT coalesce(max(version),0) FROM "
                                             "schema_migrations"));
   KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
