@@ -103,17 +103,35 @@ int Rebuild(const StoreCommandArgs& args) {
     std::cerr << "keel: KEEL_SECRET_KEK is not set: the log's audit chains are checked by their "
                  "hashes only, not their signatures\n";
   }
+  // A SQLite target this command creates is removed again when the rebuild fails.
+  std::string created;
+  if (args.into_url.find("://") == std::string::npos || args.into_url.rfind("sqlite://", 0) == 0) {
+    const std::string path =
+        args.into_url.rfind("sqlite://", 0) == 0 ? args.into_url.substr(9) : args.into_url;
+    std::error_code ec;
+    if (!path.empty() && !std::filesystem::exists(path, ec) && !ec) created = path;
+  }
+  auto remove_created = [&] {
+    std::error_code ec;
+    for (const char* suffix : {"", "-wal", "-shm"}) {
+      if (!created.empty()) std::filesystem::remove(created + suffix, ec);
+    }
+  };
   store::StoreOptions options;
   options.origin = "keel-cli";
   auto into = store::OpenStore(args.into_url, options, s->audit_key);
   if (!into.ok()) {
     s->store->Close();
+    remove_created();
     std::cerr << "keel: " << args.into_url << ": " << into.status().message() << "\n";
     return kExitServerError;
   }
   auto report = store::RebuildFromEvents(*s->store, **into, s->audit_key);
   (*into)->Close();
-  if (!report.ok()) return Finish(s->store, report.status(), "");
+  if (!report.ok()) {
+    remove_created();
+    return Finish(s->store, report.status(), "");
+  }
   std::string done = "rebuilt from " + std::to_string(report->events) + " events (" +
                      std::to_string(report->events_with_rows) + " with row images):";
   for (const auto& [table, rows] : report->rows) {

@@ -11,7 +11,12 @@ then serves the same token, and a session's conversation goes on where it stoppe
 Attacks: the events' row images reach no client (the event list, for the owner and a guest); a
 rebuild into a store that holds data is refused; a log whose events were changed behind the
 server's back (an image added to a stored event) is refused by its audit chain, naming it, and
-nothing is written.
+nothing is written (a target the command created is removed again); the same change hashed
+again by someone without the key is refused under the key, for its unsigned head; a forged image
+in one tenant's event does not rewrite another tenant's row; and the source must be an existing
+keel store of this version, which the command only reads: a missing path, another program's
+database and an older store are refused and left as they were (migrate refuses another
+program's database and a FIFO too).
 """
 
 import hashlib
@@ -401,12 +406,8 @@ class RebuildTest(KeelTestCase):
                     "--into", target.url], check=False)
         self.assertNotEqual(out.returncode, 0)
         self.assertIn("audit chain", out.stderr)
-        # Nothing was written: the target takes a rebuild of an intact log afterwards.
-        empty = sqlite3.connect(target.url[len("sqlite://"):])
-        try:
-            self.assertEqual(empty.execute("SELECT count(*) FROM events").fetchone()[0], 0)
-        finally:
-            empty.close()
+        # Nothing was written: the target it created is gone again.
+        self.assertFalse(os.path.exists(target.url[len("sqlite://"):]))
 
     def changed_log(self, *sql):
         """The stopped server's SQLite store, changed by `sql` and hashed again without the
@@ -428,13 +429,8 @@ class RebuildTest(KeelTestCase):
                     "--into", target.url], check=False)
         self.assertEqual(out.returncode, 1, out.stdout + out.stderr)
         self.assertIn("unsigned head", out.stderr)
-        rebuilt = target.url[len("sqlite://"):]
-        if os.path.exists(rebuilt):  # nothing was written into it
-            db = sqlite3.connect(rebuilt)
-            try:
-                self.assertEqual(db.execute("SELECT count(*) FROM events").fetchone()[0], 0)
-            finally:
-                db.close()
+        # The target it created is gone again.
+        self.assertEqual([f for f in os.listdir(self.dir) if f.startswith("rebuilt.db")], [])
         # Without the key, the operator asked for the hashes alone, and is told so.
         out = keel(["store", "rebuild", "--from-events", "--store", "sqlite://" + path,
                     "--into", target.url], kek=None)
