@@ -462,6 +462,22 @@ class RebuildTest(KeelTestCase):
                 self.assertEqual(out.returncode, 1, out.stdout + out.stderr)
                 self.assertIn("is not of the event's tenant", out.stderr)
 
+    def test_usage_that_does_not_add_up_is_refused(self):
+        if self.server.pg_database:
+            self.skipTest("the log is changed through the SQLite file")
+        t = Tenant(self.server)
+        agent = self.server.create_agent(token=t.token)
+        sess = self.server.create_session(agent["id"], token=t.token)
+        for i in range(2):
+            t.post(sess["id"], "turn %d" % i)
+        path, target = self.changed_log(
+            "UPDATE events SET payload=json_set(payload, '$.rows.model_usage[0].input_tokens', "
+            "9223372036854775807) WHERE json_type(payload, '$.rows.model_usage[0]') IS NOT NULL")
+        out = keel(["store", "rebuild", "--from-events", "--store", "sqlite://" + path,
+                    "--into", target.url], check=False, kek=None)
+        self.assertEqual(out.returncode, 1, out.stdout + out.stderr)
+        self.assertIn("does not add up", out.stderr)
+
     def test_the_source_is_an_existing_store_it_only_reads(self):
         if self.server.pg_database:
             self.skipTest("SQLite paths")

@@ -116,7 +116,8 @@ class Fold {
         if (!st.ok()) {
           return InvalidArgument("the event log does not hold the whole " + name + " row " + key +
                                  " (" + st.message() +
-                                 "): it was written before events carried row images");
+                                 "): it was written before events carried row images, or an "
+                                 "image is malformed");
         }
       }
     }
@@ -175,8 +176,9 @@ class Fold {
       // A session's messages are numbered in commit order, which is the log's order.
       const Json& session = image.value("session_id", Json());
       if (session.is_string()) it->second["seq"] = ++message_seq_[session.get<std::string>()];
-    } else if (name == "model_usage") {
-      AddToTotals(image);
+    } else if (name == "model_usage" && !AddToTotals(image)) {
+      return Bad(position, "model_usage row " + key +
+                               " does not add up (a time before 1970, or totals past 2^63)");
     }
     return Status::Ok();
   }
@@ -207,10 +209,13 @@ class Fold {
   }
 
   // usage_totals: each call's usage summed per tenant (agent_id "") and agent, per UTC day and
-  // month, as UsageStore::InsertUsage adds it.
-  void AddToTotals(const Json& u) {
+  // month, as UsageStore::InsertUsage adds it. False for a time before 1970 or a sum past 2^63
+  // (a forged image).
+  bool AddToTotals(const Json& u) {
+    bool fits = true;
     Table& totals = tables_["usage_totals"];
     const Millis at = u.value("created_at", int64_t(0));
+    if (at < 0) return false;
     const std::string agent = u.value("agent_id", "");
     for (const char* period : {model::kPeriodDay, model::kPeriodMonth}) {
       for (const std::string& agent_id : {agent, std::string()}) {
@@ -221,7 +226,11 @@ class Fold {
         auto [it, created] = totals.rows.try_emplace(KeyOf(totals, key), key);
         Json& row = it->second;
         auto add = [&](const char* column, int64_t v) {
-          row[column] = (created ? 0 : row.value(column, int64_t(0))) + v;
+          int64_t sum = 0;
+          if (__builtin_add_overflow(created ? 0 : row.value(column, int64_t(0)), v, &sum)) {
+            fits = false;
+          }
+          row[column] = sum;
         };
         add("calls", 1);
         add("cached_calls", u.value("cached", int64_t(0)) != 0 ? 1 : 0);
@@ -231,6 +240,7 @@ class Fold {
         add("saved_micros", u.value("saved_micros", int64_t(0)));
       }
     }
+    return fits;
   }
 
   std::map<std::string, Table> tables_;
