@@ -523,7 +523,8 @@ int Main(int argc, char** argv) {
       ->required();
   rebuild_cmd->add_option("--config", store_args.config_file, "Configuration file (keel.toml)");
   rebuild_cmd->add_option("--store", store_args.store_url,
-                          "The store to read: sqlite:///path/keel.db or postgres://...");
+                          "The store to read, at this keel's schema version (it is not "
+                          "changed): sqlite:///path/keel.db or postgres://...");
   rebuild_cmd
       ->add_option("--into", store_args.into_url, "The new store's URL (it must hold no data)")
       ->required();
