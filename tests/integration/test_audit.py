@@ -226,11 +226,12 @@ class AuditChainTest(KeelTestCase):
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
         self.assertEqual(proc.returncode, 0, proc.stderr)
 
-    def import_into_new_store(self, path):
+    def import_into_new_store(self, path, kek=KEK):
         home = tempfile.mkdtemp(prefix="keel-it-import-")
         self.addCleanup(shutil.rmtree, home, True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_")}
-        env["KEEL_SECRET_KEK"] = KEK
+        if kek:
+            env["KEEL_SECRET_KEK"] = kek
         return subprocess.run([keel_bin(), "import", "--home", home, "--store",
                                "sqlite://" + os.path.join(home, "keel.db"), path],
                               env=env, capture_output=True, text=True, timeout=120), home
@@ -307,6 +308,23 @@ class AuditChainTest(KeelTestCase):
             forged, _ = self.import_into_new_store(self.rewrite_archive(path, forge))
             self.assertEqual(forged.returncode, 1, forged.stdout)
             self.assertIn("signature", forged.stderr)
+
+            # The same forgery with the head's signature removed: refused under the key, for
+            # anyone can hash a chain again; without a key the hashes are all there is to check,
+            # and the command says so.
+            def forge_unsigned(rows, heads):
+                forge(rows, heads)
+                heads[0]["mac"] = ""
+                heads[0]["anchor"] = ""
+
+            unsigned = self.rewrite_archive(path, forge_unsigned)
+            refused, home = self.import_into_new_store(unsigned)
+            self.assertEqual(refused.returncode, 1, refused.stdout)
+            self.assertIn("unsigned head", refused.stderr)
+            self.assertEqual(self.count_events(home), 0, "nothing was imported")
+            keyless, _ = self.import_into_new_store(unsigned, kek=None)
+            self.assertEqual(keyless.returncode, 0, keyless.stderr)
+            self.assertIn("hashes only", keyless.stderr)
 
 
 class AuditCrashTest(KeelTestCase):
