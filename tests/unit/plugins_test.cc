@@ -285,6 +285,56 @@ TEST(Lua, WallClockLimitStopsASlowCall) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
 }
 
+// One VM instruction can be a library call over a large string, which no count hook interrupts:
+// the calls are charged by their bytes and the clock is checked at each, so a handler of long
+// calls stops within its limits (before, 150 searches of a 120 MB string held the thread for
+// 27 s under a 250 ms limit).
+TEST(Lua, LongLibraryCallsAreStoppedByTheClockAndTheBudget) {
+  LuaLimits limits;
+  limits.instructions = 100'000'000;  // the most a manifest may give
+  limits.wall_ms = 100;
+  limits.memory_bytes = 256u << 20;
+  limits.state_bytes = 256u << 20;
+  auto p = Load(R"(
+    local s = string.rep(string.rep("a", 1024), 32 * 1024)  -- 32 MiB
+    local needle = string.rep("a", 1000) .. "b"
+    ctx.bus.on("tool.after@v1", function()  -- a pcall does not swallow the stop either
+      for i = 1, 1000 do pcall(string.find, s, needle) end
+    end)
+    ctx.bus.on("prompt.assemble@v1", function()
+      for i = 1, 1000 do local n = utf8.len(s) end
+    end)
+    ctx.bus.on("tool.before@v1", function()  -- the VM's concatenation: charged as it allocates
+      for i = 1, 1000 do local t = s .. i end
+    end)
+  )",
+                nullptr, limits);
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  for (const auto& hook : (*p)->hooks()) {
+    auto start = std::chrono::steady_clock::now();
+    auto r = (*p)->Call(hook.ref, Json::object());
+    ASSERT_FALSE(r.ok()) << hook.event;
+    EXPECT_NE(r.status().message().find("time limit"), std::string::npos)
+        << hook.event << ": " << r.status().message();
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2)) << hook.event;
+  }
+  // Under the default budget, bytes are instructions: 1,000 searches of 32 MiB are 500 million.
+  limits.instructions = LuaLimits().instructions;
+  limits.wall_ms = 2'000;
+  auto q = Load(R"(
+    local s = string.rep(string.rep("a", 1024), 8 * 1024)  -- 8 MiB
+    ctx.bus.on("tool.after@v1", function()
+      for i = 1, 1000 do string.find(s, "b") end
+    end)
+  )",
+                nullptr, limits);
+  ASSERT_TRUE(q.ok()) << q.status().message();
+  auto r = (*q)->Call((*q)->hooks()[0].ref, Json::object());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("instruction budget"), std::string::npos)
+      << r.status().message();
+}
+
 TEST(Lua, AMemoryBombIsStoppedByItsCap) {
   LuaLimits limits;
   limits.memory_bytes = 4u << 20;

@@ -28,6 +28,14 @@ constexpr size_t kMaxLogLine = 1024;
 // What a ctx.memory call costs of the instruction budget, beyond the time it takes (which the
 // wall clock counts): a handler that loops over searches runs out as a loop of work would.
 constexpr int64_t kMemoryCallInstructions = 10'000;
+// One VM instruction can be a library call over a 256 MiB string (string.find, utf8.len, a
+// concatenation), which no count hook interrupts: such work is charged to the instruction
+// budget by the bytes it reads or writes, one instruction per kBytesPerInstruction, and the
+// budgets are checked before and after each library call and at each allocation of
+// kChargedAllocation bytes or more. One call can then overrun the wall clock by the time one
+// library call takes over the largest string the memory cap allows, not by hundreds of them.
+constexpr int64_t kBytesPerInstruction = 64;
+constexpr size_t kChargedAllocation = 64 * 1024;
 
 }  // namespace
 
@@ -47,7 +55,7 @@ struct LuaPlugin::Sandbox {
   size_t used = 0;
   size_t cap = std::numeric_limits<size_t>::max();
   // Budget of the current call.
-  int64_t remaining = 0;
+  int64_t remaining = std::numeric_limits<int64_t>::max();
   Clock::time_point deadline = Clock::time_point::max();
   // Set when the call ran out of a limit: the error is re-raised through pcall.
   std::string killed;
@@ -69,6 +77,20 @@ Sandbox* SandboxOf(lua_State* L) {
   return static_cast<Sandbox*>(ud);
 }
 
+// Takes `instructions` from the current call's budget and checks its limits; false (with
+// `killed` set) once one ran out. Outside a call the budgets are unbounded.
+bool Spend(Sandbox* sb, int64_t instructions) {
+  sb->remaining -= instructions;
+  if (sb->killed.empty()) {
+    if (sb->remaining <= 0) {
+      sb->killed = "exceeded its instruction budget";
+    } else if (Clock::now() > sb->deadline) {
+      sb->killed = "exceeded its time limit";
+    }
+  }
+  return sb->killed.empty();
+}
+
 void* Alloc(void* ud, void* ptr, size_t osize, size_t nsize) {
   auto* sb = static_cast<Sandbox*>(ud);
   const size_t old = ptr ? osize : 0;
@@ -82,22 +104,61 @@ void* Alloc(void* ud, void* ptr, size_t osize, size_t nsize) {
                       sb->used - old + nsize > sb->limits.state_bytes)) {
     return nullptr;
   }
+  // A large block is about to be filled: its bytes are work (a stop here is a memory error
+  // that SafePcall and the caller report as the limit `killed` names).
+  if (nsize >= old + kChargedAllocation &&
+      !Spend(sb, static_cast<int64_t>((nsize - old) / kBytesPerInstruction))) {
+    return nullptr;
+  }
   void* p = std::realloc(ptr, nsize);
   if (p) sb->used = sb->used - old + nsize;
   return p;
 }
 
 void CountHook(lua_State* L, lua_Debug*) {
-  Sandbox* sb = SandboxOf(L);
-  sb->remaining -= kHookEvery;
-  if (sb->killed.empty()) {
-    if (sb->remaining <= 0) {
-      sb->killed = "exceeded its instruction budget";
-    } else if (Clock::now() > sb->deadline) {
-      sb->killed = "exceeded its time limit";
-    }
+  if (!Spend(SandboxOf(L), kHookEvery)) luaL_error(L, "%s", SandboxOf(L)->killed.c_str());
+}
+
+// The bytes of the strings on the stack from `from` up.
+int64_t StringBytes(lua_State* L, int from) {
+  int64_t bytes = 0;
+  for (int i = from, n = lua_gettop(L); i <= n; ++i) {
+    if (lua_type(L, i) == LUA_TSTRING) bytes += static_cast<int64_t>(lua_rawlen(L, i));
   }
-  if (!sb->killed.empty()) luaL_error(L, "%s", sb->killed.c_str());
+  return bytes;
+}
+
+// A library function (its upvalue) metered: its string arguments charged before it runs,
+// its string results after (the memory cap bounded them).
+int Metered(lua_State* L) {
+  Sandbox* sb = SandboxOf(L);
+  if (!Spend(sb, StringBytes(L, 1) / kBytesPerInstruction)) {
+    return luaL_error(L, "%s", sb->killed.c_str());
+  }
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_insert(L, 1);
+  lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
+  if (!Spend(sb, StringBytes(L, 1) / kBytesPerInstruction)) {
+    return luaL_error(L, "%s", sb->killed.c_str());
+  }
+  return lua_gettop(L);
+}
+
+// Replaces each C function of the table on top of the stack by its Metered closure.
+void MeterFunctions(lua_State* L) {
+  std::vector<std::string> names;
+  lua_pushnil(L);
+  while (lua_next(L, -2) != 0) {
+    if (lua_type(L, -2) == LUA_TSTRING && lua_iscfunction(L, -1)) {
+      names.emplace_back(lua_tostring(L, -2));
+    }
+    lua_pop(L, 1);
+  }
+  for (const auto& name : names) {
+    lua_getfield(L, -1, name.c_str());
+    lua_pushcclosure(L, Metered, 1);
+    lua_setfield(L, -2, name.c_str());
+  }
 }
 
 // pcall that cannot swallow a stop: once a limit is hit, the error goes on up.
@@ -592,6 +653,18 @@ void OpenSandbox(lua_State* L) {
   for (const auto& [name, fn] : bounded) {
     lua_getfield(L, -1, name);       // the library's own function, as the wrapper's upvalue
     lua_pushcclosure(L, fn, 1);
+    lua_setfield(L, -2, name);
+  }
+  lua_pop(L, 1);
+  for (const char* lib : {LUA_STRLIBNAME, LUA_UTF8LIBNAME, LUA_TABLIBNAME}) {
+    lua_getglobal(L, lib);
+    MeterFunctions(L);
+    lua_pop(L, 1);
+  }
+  lua_pushglobaltable(L);
+  for (const char* name : {"tostring", "tonumber"}) {
+    lua_getfield(L, -1, name);
+    lua_pushcclosure(L, Metered, 1);
     lua_setfield(L, -2, name);
   }
   lua_pop(L, 1);

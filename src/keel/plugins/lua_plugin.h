@@ -10,6 +10,8 @@
 // and each handler or tool call) runs under an instruction budget and a wall-clock limit (both
 // checked every 250 instructions) and a cap on the memory it may add, within a cap on the
 // whole state; exceeding one stops the call with an error the script's pcall cannot swallow.
+// Library calls and large allocations are charged by their bytes and check the limits at once
+// (one instruction can be a search over a 256 MiB string).
 // Strings that come out are made valid UTF-8 (invalid bytes become U+FFFD).
 //
 // The script runs once at load with a global `ctx`:
