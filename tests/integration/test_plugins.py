@@ -1028,6 +1028,18 @@ end)
         self.assertIn("closed today", resp["error"]["message"])
         self.assertEqual(t.ok("GET", "/v1/sessions/%s/messages" % strict_sess["id"])["items"],
                          [])
+        # A rewrite does not grow a message past what a client may send (one that made 40 MB
+        # of two bytes stored it, and a reply as long, each turn): refused, nothing stored.
+        big, big_sess = t.agent_session()
+        t.register(lua_plugin("inflate", ["session.message.received@v1"],
+                              'ctx.bus.on("session.message.received@v1", function(p) '
+                              'p.content = string.rep("Z", 2 * 1024 * 1024) return p end)',
+                              limits={"memory_bytes": 64 * 1024 * 1024, "wall_ms": 2000}))
+        t.enable("inflate", big["id"])
+        status, resp, _ = self.server.post_message(big_sess["id"], "hi", wait=5, token=t.token)
+        self.assertEqual(status, 400, resp)
+        self.assertIn("at most 1048576 bytes", resp["error"]["message"])
+        self.assertEqual(t.ok("GET", "/v1/sessions/%s/messages" % big_sess["id"])["items"], [])
 
     # ------------------------------------------------------------------ 9. lifecycle
 

@@ -2,6 +2,9 @@
 
 #include "keel/runtime/intake.h"
 
+#include <algorithm>
+#include <string>
+
 #include "keel/access/access.h"
 #include "keel/approvals/approvals.h"
 #include "keel/common/ids.h"
@@ -14,6 +17,12 @@
 #include "keel/store/row_images.h"
 
 namespace keel::runtime {
+
+namespace {
+// The longest message a session.message.received@v1 rewrite may make of a shorter one: the
+// request body limit's default.
+constexpr size_t kMaxRewrittenMessage = 1 << 20;
+}  // namespace
 
 namespace asio = boost::asio;
 
@@ -84,7 +93,18 @@ asio::awaitable<Result<IntakeResult>> Intake::PostMessage(const IntakeRequest& r
                                   out.abort->message);
       }
       const Json& c = out.payload.contains("content") ? out.payload["content"] : Json();
-      if (c.is_string() && !c.get_ref<const std::string&>().empty()) content = c.get<std::string>();
+      if (c.is_string() && !c.get_ref<const std::string&>().empty()) {
+        // A rewrite may not grow a message past what a client may send (a plugin that
+        // returned 40 MB stored 40 MB, and a reply as long, per turn).
+        const size_t most = std::max(content.size(), kMaxRewrittenMessage);
+        if (c.get_ref<const std::string&>().size() > most) {
+          co_return InvalidArgument(
+              "the agent's plugins rewrote the message to " +
+              std::to_string(c.get_ref<const std::string&>().size()) +
+              " bytes; a rewritten message may have at most " + std::to_string(most) + " bytes");
+        }
+        content = c.get<std::string>();
+      }
     }
   }
   Unit unit = Prepare(req, agent, std::move(content));
