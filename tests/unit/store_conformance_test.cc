@@ -1974,6 +1974,39 @@ TEST_P(StoreTest, EventFiltersAndRecentMessages) {
   }).ok());
 }
 
+// A page of large messages ends at kMaxPageBytes, with a cursor for the rest: 12 messages of
+// 1 MiB come in pages of 4, 4 and 4 (the last without a cursor), in order, whatever the limit.
+TEST_P(StoreTest, APageOfLargeMessagesEndsAtItsByteBudget) {
+  Tenant t = MakeTenant();
+  Agent agent = MakeAgent(t, "a");
+  Session s = NewSession(t, agent);
+  std::vector<Message> msgs;
+  for (int i = 0; i < 12; ++i) {
+    msgs.push_back(NewMessage(t, s));
+    msgs.back().content = std::string(1u << 20, static_cast<char>('a' + i));
+  }
+  ASSERT_TRUE(store_
+                  ->WriteSync([&](Tx& tx) -> Status {
+                    KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(s));
+                    for (const auto& m : msgs) KEEL_RETURN_IF_ERROR(tx.messages().InsertMessage(m));
+                    return Status::Ok();
+                  })
+                  .ok());
+  std::vector<std::string> seen;
+  std::vector<size_t> sizes;
+  std::string cursor;
+  do {
+    auto page = ReadValue<Paged<Message>>(*store_, [&](Tx& tx) {
+      return tx.messages().ListMessages(t.id, s.id, {cursor, 500});
+    });
+    sizes.push_back(page.items.size());
+    for (const auto& m : page.items) seen.push_back(m.id);
+    cursor = page.next_cursor;
+  } while (!cursor.empty() && sizes.size() < 10);
+  EXPECT_EQ(seen, Ids(msgs));
+  EXPECT_EQ(sizes, (std::vector<size_t>{4, 4, 4}));
+}
+
 TEST_P(StoreTest, ListRunsWithAndWithoutASessionFilter) {
   Tenant t = MakeTenant();
   Agent agent = MakeAgent(t, "a");

@@ -11,9 +11,6 @@ namespace {
 
 using namespace rows;  // NOLINT: the shared record readers
 
-
-int ClampLimit(int limit) { return std::clamp(limit, 1, 500); }
-
 // SQLite reads a negative LIMIT as "no limit"; PostgreSQL's spelling of that is LIMIT NULL.
 std::optional<int64_t> LimitParam(int limit) {
   if (limit < 0) return std::nullopt;
@@ -24,18 +21,6 @@ std::string Placeholders(int n) {
   std::string out;
   for (int i = 1; i <= n; ++i) out += (i > 1 ? ",$" : "$") + std::to_string(i);
   return out;
-}
-
-// Builds a page from `limit + 1` fetched rows: the extra row only says there is more.
-template <typename T, typename KeyFn>
-Paged<T> MakePage(std::vector<T> rows, int limit, KeyFn key) {
-  Paged<T> page;
-  if (static_cast<int>(rows.size()) > limit) {
-    rows.resize(limit);
-    page.next_cursor = EncodeCursor(key(rows.back()));
-  }
-  page.items = std::move(rows);
-  return page;
 }
 
 // A text[] literal for a parameter: {"a","b"} with quotes and backslashes escaped.
@@ -763,8 +748,9 @@ Result<Paged<Message>> PostgresTx::ListMessages(const std::string& tenant_id,
   KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
   KEEL_ASSIGN_OR_RETURN(
       auto rows, conn_.Query(kSql, P(tenant_id, session_id, DecodeCursor(page.cursor), limit + 1)));
-  return MakePage(Collect<Message>(rows, ReadMessage<Row>), limit,
-                  [](const Message& m) { return m.id; });
+  return MakePage(
+      Collect<Message>(rows, ReadMessage<Row>), limit, [](const Message& m) { return m.id; },
+      +[](const Message& m) { return m.content.size(); });
 }
 
 Result<std::vector<Message>> PostgresTx::RecentMessages(const std::string& tenant_id,

@@ -11,28 +11,6 @@ namespace {
 
 using namespace rows;  // NOLINT: the shared record readers
 
-
-int ClampLimit(int limit) { return std::clamp(limit, 1, 500); }
-
-// Builds a page from `limit + 1` fetched rows: the extra row only says there is more.
-template <typename T, typename KeyFn>
-Paged<T> MakePage(std::vector<T> rows, int limit, KeyFn key) {
-  Paged<T> page;
-  if (static_cast<int>(rows.size()) > limit) {
-    rows.resize(limit);
-    page.next_cursor = EncodeCursor(key(rows.back()));
-  }
-  page.items = std::move(rows);
-  return page;
-}
-
-
-
-
-
-
-
-
 }  // namespace
 
 // ---- TenantStore
@@ -697,7 +675,9 @@ Result<Paged<Message>> SqliteTx::ListMessages(const std::string& tenant_id,
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, session_id, DecodeCursor(page.cursor), limit + 1);
   KEEL_ASSIGN_OR_RETURN(auto rows, Collect<Message>(s, ReadMessage<Stmt>));
-  return MakePage(std::move(rows), limit, [](const Message& m) { return m.id; });
+  return MakePage(
+      std::move(rows), limit, [](const Message& m) { return m.id; },
+      +[](const Message& m) { return m.content.size(); });
 }
 
 Result<std::vector<Message>> SqliteTx::RecentMessages(const std::string& tenant_id,
