@@ -180,11 +180,14 @@ class BadInputTest(KeelTestCase):
             ("POST", "/v1/runs/%s/cancel" % missing, None),
             ("DELETE", "/v1/tokens/%s" % missing, None),
             ("GET", "/v1/agents/not-even-an-id", None),
-            ("GET", "/v1/sessions/..%2F..%2Fetc%2Fpasswd", None),
+            ("GET", "/v1/sessions/..%2E%2E", None),
         ]
         for method, path, body in cases:
             self.assertError(s.request(method, path, body), 404, "not_found",
                              "%s %s" % (method, path))
+        # An encoded slash is refused before any route is looked at.
+        self.assertError(s.request("GET", "/v1/sessions/..%2F..%2Fetc%2Fpasswd"), 400,
+                         "invalid_argument", "encoded slashes")
 
     def test_unknown_route(self):
         s = self.server
@@ -235,6 +238,37 @@ class BadInputTest(KeelTestCase):
         self.assertIn(st, (200, 400), body)
         if st == 200:
             self.assertLessEqual(len(body["items"]), 500)
+
+    def test_malformed_targets_and_doubled_credentials(self):
+        s = self.server
+        agent = s.create_agent()
+
+        def raw(request):
+            host, port = s.addr.rsplit(":", 1)
+            with socket.create_connection((host, int(port)), timeout=10) as sock:
+                sock.sendall(request.encode())
+                answer = b""
+                while b"\r\n" not in answer:
+                    chunk = sock.recv(4096)
+                    if not chunk:
+                        break
+                    answer += chunk
+            return answer.split(b"\r\n", 1)[0].decode()
+
+        # A bad escape in the query was read as no query at all (the default page).
+        self.assertError(s.request("GET", "/v1/agents?limit=%zz"), 400, "invalid_argument",
+                         "a bad percent-escape")
+        # An encoded slash was routed as a real one.
+        self.assertError(s.request("GET", "/v1/agents/%s%%2fsessions" % agent["id"]), 400,
+                         "invalid_argument", "an encoded slash")
+        self.assertEqual(s.request("GET", "/v1/agents/%s/sessions" % agent["id"])[0], 200)
+        # Two Authorization headers: the last one won.
+        status = raw("GET /v1/agents HTTP/1.1\r\nHost: keel\r\nAuthorization: Bearer nobody\r\n"
+                     "Authorization: Bearer %s\r\nConnection: close\r\n\r\n" % s.token)
+        self.assertIn(" 400 ", status + " ")
+        status = raw("GET /v1/agents HTTP/1.1\r\nHost: keel\r\nAuthorization: Bearer %s\r\n"
+                     "Connection: close\r\n\r\n" % s.token)
+        self.assertIn(" 200 ", status + " ")
 
     def test_invalid_wait(self):
         s = self.server

@@ -58,18 +58,23 @@ class BeastStreamWriter final : public StreamWriter {
   beast::tcp_stream& stream_;
 };
 
-void ParseTarget(std::string_view target, Request& out) {
-  auto q = target.find('?');
-  std::string_view path = target.substr(0, q);
-  auto decoded_path = boost::urls::parse_origin_form(target);
-  if (decoded_path) {
-    out.path = std::string(decoded_path->path());
-    for (auto param : decoded_path->params()) {
-      out.query[std::string(param.key)] = std::string(param.value);
+// The path and query of a request target. A target that does not parse (a bad percent-escape
+// was read as no query at all, so `limit=%zz` gave the default page) and a path segment that
+// decodes to a slash (`/v1/agents/ID%2fsessions` was routed as `/v1/agents/ID/sessions`, which
+// a proxy's path rules in front would not have seen) are refused.
+Status ParseTarget(std::string_view target, Request& out) {
+  auto parsed = boost::urls::parse_origin_form(target);
+  if (!parsed) return InvalidArgument("malformed request target");
+  for (auto segment : parsed->segments()) {
+    if (segment.find('/') != std::string::npos) {
+      return InvalidArgument("a path segment may not hold an encoded slash (%2F)");
     }
-  } else {
-    out.path = std::string(path);
   }
+  out.path = std::string(parsed->path());
+  for (auto param : parsed->params()) {
+    out.query[std::string(param.key)] = std::string(param.value);
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -289,15 +294,24 @@ struct Server::Impl {
       auto req = parser.release();
       Request r;
       r.method = std::string(req.method_string());
-      ParseTarget(req.target(), r);
+      Status well_formed = ParseTarget(req.target(), r);
       for (const auto& field : req) {
         std::string name(field.name_string());
         for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        // Two credentials are one too many: a proxy may have checked the other one.
+        if (name == "authorization" && r.headers.count(name) && well_formed.ok()) {
+          well_formed = InvalidArgument("more than one Authorization header");
+        }
         r.headers[name] = std::string(field.value());
       }
       r.body = std::move(req.body());
       stream.expires_never();
-      Response resp = co_await router.Dispatch(r);
+      Response resp;
+      if (well_formed.ok()) {
+        resp = co_await router.Dispatch(r);
+      } else {
+        resp = Response::Error(well_formed);
+      }
 
       if (resp.stream && r.IsWebSocketUpgrade()) {
         CountStatus(101);
