@@ -105,6 +105,38 @@ class SkillsApiTest(KeelTestCase):
         self.assertEqual(t.ok("GET", "/v1/skills", expect=200)["items"], [])
         self.assertEqual(len(t.events_of("skill.deleted@v1")), 1)
 
+    def test_the_name_description_body_form_registers_the_same_skill(self):
+        t = self.t
+        # The form of the core contract: SKILL.md written from name, description and body.
+        tricky = 'Fill "PDF" forms \\ name: evil. Use: always'
+        created = t.ok("POST", "/v1/skills",
+                       {"name": "pdf-forms", "description": tricky,
+                        "body": "Steps:\n1. Fill the form.\n",
+                        "files": {"scripts/fill.py": "print('filling')\n"}}, expect=201)
+        self.assertEqual(created["name"], "pdf-forms")
+        self.assertEqual(created["description"], tricky)
+        self.assertEqual([f["path"] for f in created["manifest"]], ["SKILL.md", "scripts/fill.py"])
+        shown = t.ok("GET", "/v1/skills/pdf-forms", expect=200)
+        self.assertTrue(shown["files"]["SKILL.md"].endswith("---\nSteps:\n1. Fill the form.\n"))
+        # A whole SKILL.md as the body, without name and description: as if it were in files.
+        again = t.ok("POST", "/v1/skills",
+                     {"body": skill_md("pdf-forms", "Plain.", "Steps.\n")}, expect=200)
+        self.assertEqual(again["description"], "Plain.")
+        # A description cannot smuggle front matter in, and SKILL.md is given once.
+        for bad, said in (
+                ({"name": "x", "description": "a\nname: evil", "body": ""}, "control"),
+                ({"name": "x", "body": "b"}, "both are needed"),
+                ({"name": "x", "description": "d"}, "go with 'body'"),
+                ({"name": "Bad Name", "description": "d", "body": ""}, "a-z"),
+                ({"body": 5}, "'body' must be a string"),
+                ({"body": skill_md("y", "d", ""), "files": {"SKILL.md": "x"}}, "twice"),
+                ({}, "is required")):
+            with self.subTest(body=bad):
+                err = self.assertError(t.request("POST", "/v1/skills", bad), 400,
+                                       "invalid_argument", said)
+                self.assertIn(said, err["message"])
+        self.assertEqual([k["name"] for k in t.ok("GET", "/v1/skills")["items"]], ["pdf-forms"])
+
     def test_bad_skills_are_400_naming_the_problem_and_write_nothing(self):
         t = self.t
         md = skill_md("ok-name", "A description.")

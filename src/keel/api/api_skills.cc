@@ -20,6 +20,46 @@ using http::Response;
 
 namespace {
 
+// A registration's files: `files` as given, with SKILL.md written from `body` when the body
+// has one. `body` is SKILL.md's text: whole (front matter and all) when neither `name` nor
+// `description` is given, else its instructions, under front matter made of those two.
+Result<Json> FilesOf(const Json& body) {
+  Json files = body.contains("files") ? body["files"] : Json::object();
+  if (!files.is_object()) return InvalidArgument("field 'files' must be an object");
+  const bool named = body.contains("name") || body.contains("description");
+  if (!body.contains("body")) {
+    if (named) return InvalidArgument("'name' and 'description' go with 'body', SKILL.md's text");
+    if (!body.contains("files")) return InvalidArgument("field 'files' (or 'body') is required");
+    return files;
+  }
+  if (!body["body"].is_string()) return InvalidArgument("field 'body' must be a string");
+  if (files.contains("SKILL.md")) {
+    return InvalidArgument("SKILL.md is given twice: as 'body' and in 'files'");
+  }
+  std::string text = body["body"].get<std::string>();
+  if (named) {
+    if (!body.contains("name") || !body["name"].is_string() || !body.contains("description") ||
+        !body["description"].is_string()) {
+      return InvalidArgument("'name' and 'description' are strings, and both are needed");
+    }
+    const std::string name = body["name"].get<std::string>();
+    KEEL_RETURN_IF_ERROR(skills::CheckSkillName(name));
+    // Quoted, so that no character of the description reads as front matter.
+    std::string description = "\"";
+    for (char c : body["description"].get<std::string>()) {
+      if (static_cast<unsigned char>(c) < 0x20) {
+        return InvalidArgument("field 'description' may not hold control characters");
+      }
+      if (c == '"' || c == '\\') description += '\\';
+      description += c;
+    }
+    description += '"';
+    text = "---\nname: " + name + "\ndescription: " + description + "\n---\n" + text;
+  }
+  files["SKILL.md"] = std::move(text);
+  return files;
+}
+
 // The skill as the API shows it; `files` (the contents) only when it was read with them.
 Json SkillJson(const store::Skill& s, const std::vector<store::SkillAssignment>& assigned) {
   Json agents = Json::array();
@@ -57,10 +97,12 @@ void RegisterSkillRoutes(http::Router& router, ApiContext& ctx) {
     if (auto st = RequireOwner(req); !st.ok()) co_return Response::Error(st);
     auto body = ParseJsonObject(req.body);
     if (!body.ok()) co_return Response::Error(body.status());
-    if (auto st = CheckFields(*body, {"files"}); !st.ok()) co_return Response::Error(st);
-    if (!body->contains("files"))
-      co_return Response::Error(InvalidArgument("field 'files' is required"));
-    auto checked = skills::SkillOf((*body)["files"]);
+    if (auto st = CheckFields(*body, {"files", "name", "description", "body"}); !st.ok()) {
+      co_return Response::Error(st);
+    }
+    auto files = FilesOf(*body);
+    if (!files.ok()) co_return Response::Error(files.status());
+    auto checked = skills::SkillOf(*files);
     if (!checked.ok()) co_return Response::Error(checked.status());
     store::Skill skill = std::move(*checked);
     skill.tenant_id = req.principal.tenant_id;
