@@ -158,9 +158,10 @@ class SkillsApiTest(KeelTestCase):
              "at most 200 files"),
             ({"files": {"SKILL.md": md, "x.bin": {"base64": "not base64!"}}}, "base64"),
             ({"files": {"SKILL.md": md, "x": 7}}, "must be text"),
-            ({"files": ["SKILL.md"]}, "files must be an object"),
-            ({}, "'files' is required"),
-            ({"files": {"SKILL.md": md}, "name": "x"}, "unknown field 'name'"),
+            ({"files": ["SKILL.md"]}, "'files' must be an object"),
+            ({}, "'files' (or 'body') is required"),
+            ({"files": {"SKILL.md": md}, "name": "x"}, "go with 'body'"),
+            ({"files": {"SKILL.md": md}, "title": "x"}, "unknown field 'title'"),
         ]
         for body, says in cases:
             with self.subTest(says=says):
