@@ -57,6 +57,12 @@ Result<OpenedStore> OpenConfiguredStore(const StoreCommandArgs& args, bool read_
   return opened;
 }
 
+// The file of a SQLite store URL (sqlite:///path or a bare path); "" for another scheme.
+std::string SqlitePathOf(const std::string& url) {
+  if (url.rfind("sqlite://", 0) == 0) return url.substr(9);
+  return url.find("://") == std::string::npos ? url : std::string();
+}
+
 int Finish(std::unique_ptr<store::Store>& s, const Status& st, const std::string& done) {
   s->Close();
   if (!st.ok()) {
@@ -104,13 +110,9 @@ int Rebuild(const StoreCommandArgs& args) {
                  "hashes only, not their signatures\n";
   }
   // A SQLite target this command creates is removed again when the rebuild fails.
-  std::string created;
-  if (args.into_url.find("://") == std::string::npos || args.into_url.rfind("sqlite://", 0) == 0) {
-    const std::string path =
-        args.into_url.rfind("sqlite://", 0) == 0 ? args.into_url.substr(9) : args.into_url;
-    std::error_code ec;
-    if (!path.empty() && !std::filesystem::exists(path, ec) && !ec) created = path;
-  }
+  std::string created = SqlitePathOf(args.into_url);
+  std::error_code exists_ec;
+  if (created.empty() || std::filesystem::exists(created, exists_ec) || exists_ec) created.clear();
   auto remove_created = [&] {
     std::error_code ec;
     for (const char* suffix : {"", "-wal", "-shm"}) {
@@ -219,8 +221,7 @@ int Migrate(const StoreCommandArgs& args) {
   if (!before.ok()) st = before.status();
   if (st.ok() && !postgres) {
     // Migrating is for a store that exists: `keel serve` creates a new one.
-    const std::string& url = cfg->store_url;
-    const std::string path = url.rfind("sqlite://", 0) == 0 ? url.substr(9) : url;
+    const std::string path = SqlitePathOf(cfg->store_url);
     std::error_code ec;
     if (!std::filesystem::exists(path, ec)) st = InvalidArgument("no SQLite store at " + path);
   }

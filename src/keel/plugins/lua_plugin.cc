@@ -479,10 +479,7 @@ void StartMemoryCall(lua_State* L, const char* fn) {
   if (sb->loading) {
     luaL_error(L, "%s works only in handlers and tools, not while the plugin loads", fn);
   }
-  sb->remaining -= kMemoryCallInstructions;
-  if (sb->remaining <= 0) sb->killed = "exceeded its instruction budget";
-  if (sb->killed.empty() && Clock::now() > sb->deadline) sb->killed = "exceeded its time limit";
-  if (!sb->killed.empty()) luaL_error(L, "%s", sb->killed.c_str());
+  if (!Spend(sb, kMemoryCallInstructions)) luaL_error(L, "%s", sb->killed.c_str());
 }
 
 // ctx.memory.search(query [, {limit = N, tag = T}]) -> a sequence of memories, best first.
