@@ -357,19 +357,8 @@ Status ImportArchive(Store& store, const std::string& path, const std::string& a
         for (const auto& row : table_rows) verifier.AddHead(row);
       }
     }
-    for (const auto& chain : verifier.Finish()) {
-      // Under a key, a head must be signed, as for `keel store rebuild`: anyone can hash a
-      // changed archive's chains again and leave their heads unsigned.
-      if (chain.status == "unsigned" && !audit_key.empty()) {
-        return InvalidArgument(path + ": the audit chain of tenant " + chain.tenant_id +
-                               ", origin " + chain.origin +
-                               " has an unsigned head: its events are covered by their hashes "
-                               "only, which anyone can recompute (import it with "
-                               "KEEL_SECRET_KEK unset to trust the hashes alone)");
-      }
-      if (chain.status != "tampered") continue;
-      return InvalidArgument(path + ": the audit chain of tenant " + chain.tenant_id +
-                             ", origin " + chain.origin + " is broken: " + chain.problem);
+    if (Status trusted = verifier.Trusted(); !trusted.ok()) {
+      return InvalidArgument(path + ": " + trusted.message());
     }
   }
 

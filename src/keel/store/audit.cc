@@ -199,6 +199,21 @@ void ChainVerifier::AddHead(const Json& row) {
   heads_[k] = std::move(h);
 }
 
+Status ChainVerifier::Trusted() const {
+  for (const auto& chain : Finish()) {
+    const std::string which =
+        "the audit chain of tenant " + chain.tenant_id + ", origin " + chain.origin;
+    if (chain.status == "tampered") return InvalidArgument(which + " is broken: " + chain.problem);
+    if (chain.status == "unsigned" && !key_.empty()) {
+      return InvalidArgument(which +
+                             " has an unsigned head: its events are covered by their "
+                             "hashes only, which anyone can recompute (with KEEL_SECRET_KEK "
+                             "unset, the hashes alone are trusted)");
+    }
+  }
+  return Status::Ok();
+}
+
 std::vector<ChainReport> ChainVerifier::Finish() const {
   std::map<Key, ChainReport> out;
   for (const auto& [k, w] : walks_) {

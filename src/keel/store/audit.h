@@ -153,6 +153,11 @@ class ChainVerifier {
   void AddHead(const Json& row);
   // Every chain, by tenant then origin.
   std::vector<ChainReport> Finish() const;
+  // Whether a log may be taken in as it is (`keel import`, `keel store rebuild`): kInvalidArgument
+  // naming the first chain that is tampered, or, under a key, whose head is unsigned (anyone
+  // with the rows can hash a changed chain again and leave its head unsigned; without a key
+  // the hashes are all there is to check).
+  Status Trusted() const;
 
  private:
   struct Walk {

@@ -286,20 +286,8 @@ Result<RebuildReport> RebuildFromEvents(Store& from, Store& into, const std::str
   ChainVerifier verifier(audit_key);
   for (const auto& row : events) verifier.AddEvent(row);
   for (const auto& row : heads) verifier.AddHead(row);
-  for (const auto& chain : verifier.Finish()) {
-    // Under a key, a head must be signed: an unsigned one is a chain anyone with the file can
-    // rewrite and hash again.
-    if (chain.status == "unsigned" && !audit_key.empty()) {
-      return InvalidArgument("the audit chain of tenant " + chain.tenant_id + ", origin " +
-                             chain.origin + " has an unsigned head: its events are covered by "
-                             "their hashes only, which anyone with the file can recompute; the "
-                             "log is not rebuilt from (KEEL_SECRET_KEK unset rebuilds from the "
-                             "hashes alone)");
-    }
-    if (chain.status != "tampered") continue;
-    return InvalidArgument("the audit chain of tenant " + chain.tenant_id + ", origin " +
-                           chain.origin + " is broken: " + chain.problem +
-                           "; the log is not rebuilt from");
+  if (Status trusted = verifier.Trusted(); !trusted.ok()) {
+    return InvalidArgument(trusted.message() + "; the log is not rebuilt from");
   }
   KEEL_RETURN_IF_ERROR(fold.Complete(event_tenants));
   KEEL_RETURN_IF_ERROR(fold.Check());
