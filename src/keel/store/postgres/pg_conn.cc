@@ -69,6 +69,19 @@ std::optional<int64_t> Rows::OptInt(int row, int col) const {
   return Int(row, col);
 }
 
+int64_t Rows::affected() const {
+  const char* n = r_ ? PQcmdTuples(r_) : "";
+  return *n ? std::strtoll(n, nullptr, 10) : 0;
+}
+
+Status PgSql::BindTenant(const std::string& tenant_id) {
+  if (bound_tenant_ && *bound_tenant_ == tenant_id) return Status::Ok();
+  static const std::string kSql = "SELECT set_config('app.tenant_id', $1, true)";
+  KEEL_RETURN_IF_ERROR(conn_.Send(kSql, P(tenant_id)));
+  bound_tenant_ = tenant_id;
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<Conn>> Conn::Open(const std::string& url) {
   // Later keywords win: the URL (expanded from dbname) may override the defaults before it.
   // TCP keepalives and tcp_user_timeout bound how long a call waits on a server that stopped

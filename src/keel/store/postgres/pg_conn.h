@@ -80,6 +80,8 @@ class Rows {
   int64_t Int(int row, int col) const;
   bool IsNull(int row, int col) const;
   std::optional<int64_t> OptInt(int row, int col) const;
+  // The rows an INSERT, UPDATE or DELETE changed.
+  int64_t affected() const;
 
  private:
   PGresult* r_;
@@ -182,5 +184,57 @@ Result<T> One(const Rows& rows, ReadFn read, const std::string& what) {
   if (rows.empty()) return NotFound(what);
   return read(Row(rows, 0));
 }
+
+// A result read row by row as a SQLite statement steps (the Row of PgSql).
+class Cursor {
+ public:
+  explicit Cursor(Rows rows) : rows_(std::move(rows)) {}
+  Result<bool> Step() { return ++row_ < rows_.size(); }
+  std::string Text(int col) const { return rows_.Text(row_, col); }
+  int64_t Int(int col) const { return rows_.Int(row_, col); }
+  bool IsNull(int col) const { return rows_.IsNull(row_, col); }
+  std::optional<int64_t> OptInt(int col) const { return rows_.OptInt(row_, col); }
+
+ private:
+  Rows rows_;
+  int row_ = -1;
+};
+
+// The dialect store/sql_tx.h writes the shared ports in, on one Conn (see SqlTx for the
+// contract). It also binds the transaction to a tenant for row-level security.
+class PgSql {
+ public:
+  using Row = Cursor;
+  static constexpr const char* kLockSkipLocked = " FOR UPDATE SKIP LOCKED";
+  static constexpr const char* kLockKeyShare = " FOR KEY SHARE";
+
+  explicit PgSql(Conn& conn) : conn_(conn) {}
+
+  template <typename... Args>
+  Result<Cursor> Query(const std::string& sql, const Args&... args) {
+    KEEL_ASSIGN_OR_RETURN(Rows rows, conn_.Query(sql, P(args...)));
+    return Cursor(std::move(rows));
+  }
+  template <typename... Args>
+  Result<int64_t> Exec(const std::string& sql, const Args&... args) {
+    KEEL_ASSIGN_OR_RETURN(Rows rows, conn_.Query(sql, P(args...)));
+    return rows.affected();
+  }
+  // Sets app.tenant_id for the rest of the transaction unless it already holds `tenant_id`
+  // (pipelined: it goes out with the statement that needs it).
+  Status BindTenant(const std::string& tenant_id);
+  // What app.tenant_id holds is no longer known: a transaction began, or a savepoint was
+  // rolled back.
+  void ForgetTenant() { bound_tenant_.reset(); }
+  // A LIMIT parameter; a negative one is no limit (LIMIT NULL).
+  static std::optional<int64_t> Limit(int limit) {
+    if (limit < 0) return std::nullopt;
+    return limit;
+  }
+
+ private:
+  Conn& conn_;
+  std::optional<std::string> bound_tenant_;
+};
 
 }  // namespace keel::store::postgres

@@ -1,8 +1,9 @@
 #pragma once
-// PostgresTx: every storage port implemented on one PostgreSQL connection, with the same
-// answers and error codes as SqliteTx. One PostgresTx is bound to one Conn for its lifetime and
-// reused across transactions on that connection; it is used by the thread that owns the
-// connection only (the writer thread, or a reader holding it).
+// PostgresTx: every storage port on one PostgreSQL connection, most of them written once for
+// both backends in store/sql_tx.h, with the same answers and error codes as SqliteTx. One
+// PostgresTx is bound to one Conn for its lifetime and reused across transactions on that
+// connection; it is used by the thread that owns the connection only (the writer thread, or a
+// reader holding it).
 //
 // Tenant binding (DESIGN.md invariant 6): the tenant-scoped tables enforce row-level security
 // on `app.tenant_id`. Before a tenant-scoped call, the Tx sets it transaction-locally with
@@ -17,8 +18,9 @@
 // filters by tenant_id itself; the policies are the second line of defence.
 //
 // Invariants:
-//   1. bound_tenant_ is the value of app.tenant_id in the open transaction, or nullopt when it
-//      is not known (a new transaction, or a savepoint rolled back that may have changed it).
+//   1. PgSql's bound tenant is the value of app.tenant_id in the open transaction, or nullopt
+//      when it is not known (a new transaction, or a savepoint rolled back that may have
+//      changed it).
 //   2. A tenant's record is only ever read or written with app.tenant_id set to its tenant.
 //   3. Inserts use ON CONFLICT DO NOTHING and report kConflict when nothing was inserted, so a
 //      duplicate does not abort the transaction (a unit may go on, as it may with SQLite).
@@ -29,42 +31,16 @@
 #include <utility>
 #include <vector>
 
-#include "keel/store/audit.h"
-#include "keel/store/compaction_store.h"
-#include "keel/store/introspection_store.h"
 #include "keel/store/postgres/pg_conn.h"
-#include "keel/store/schedule_store.h"
-#include "keel/store/memory_store.h"
-#include "keel/store/skill_store.h"
-#include "keel/store/store.h"
-#include "keel/store/usage_store.h"
+#include "keel/store/sql_tx.h"
 
 namespace keel::store::postgres {
 
-class PostgresTx final : public Tx,
-                         public TenantStore,
-                         public TokenStore,
-                         public SecretStore,
-                         public PolicyStore,
-                         public ApprovalStore,
-                         public McpServerStore,
-                         public PluginStore,
-                         public ScheduleStore,
-                         public UsageStore,
-                         public MemoryStore,
-                         public SkillStore,
-                         public CompactionStore,
-                         public IntrospectionStore,
-                         public AgentStore,
-                         public SessionStore,
-                         public MessageStore,
-                         public RunStore,
-                         public EventLog,
-                         public ExportStore {
+class PostgresTx final : public SqlTx<PgSql> {
  public:
   // `audit_key`: signs the chain heads this Tx writes (store/audit.h); "" unsigned.
   PostgresTx(Conn& conn, std::string origin, std::string audit_key)
-      : conn_(conn), origin_(std::move(origin)), sealer_(std::move(audit_key)) {
+      : SqlTx(PgSql(conn), std::move(origin), std::move(audit_key)), conn_(conn) {
     head_loader_ = [this](const std::string& tenant_id, const std::string& origin) {
       return LoadChainHead(tenant_id, origin);
     };
@@ -72,107 +48,26 @@ class PostgresTx final : public Tx,
 
   // A transaction began: nothing from the previous one (settings, locks, events) carries over.
   void BeginTransaction();
-  // Starts a new unit of work: forgets the events appended by the previous one (and, when it
-  // failed, the chain heads it moved).
-  void ResetUnit() {
-    appended_.clear();
-    sealer_.UnitFailed();
-  }
   // The unit's savepoint was rolled back, undoing the settings and locks it took.
   void AfterRollbackToSavepoint();
-  // The unit succeeded (its statements flushed): its events, whose chain heads join the
-  // transaction's.
-  std::vector<Event> TakeAppended() {
-    sealer_.UnitDone(appended_);
-    return std::move(appended_);
-  }
   // Before COMMIT: queues the upserts of the heads the transaction's units moved (COMMIT
   // flushes them, and fails with them).
   Status WriteChainHeads();
-  // After the transaction committed or rolled back.
-  void ChainTransactionDone(bool committed) { sealer_.TransactionDone(committed); }
   // Hashes the events stored without a hash (written before the audit chain existed), in
   // position order, extending their chains; the heads are written with the unit's commit.
   Status BackfillChains();
 
-  TenantStore& tenants() override { return *this; }
-  TokenStore& tokens() override { return *this; }
-  SecretStore& secrets() override { return *this; }
-  PolicyStore& policies() override { return *this; }
-  ApprovalStore& approvals() override { return *this; }
-  McpServerStore& mcp_servers() override { return *this; }
-  PluginStore& plugins() override { return *this; }
-  ScheduleStore& schedules() override { return *this; }
-  UsageStore& usage() override { return *this; }
-  MemoryStore& memory() override { return *this; }
-  SkillStore& skills() override { return *this; }
-  CompactionStore& compactions() override { return *this; }
-  IntrospectionStore& introspection() override { return *this; }
-  AgentStore& agents() override { return *this; }
-  SessionStore& sessions() override { return *this; }
-  MessageStore& messages() override { return *this; }
-  RunStore& runs() override { return *this; }
-  EventLog& events() override { return *this; }
-  ExportStore& exports() override { return *this; }
-  const std::vector<Event>& appended() const override { return appended_; }
-
+  // The ports SqlTx leaves to the dialect.
   // TenantStore
-  Status InsertTenant(const Tenant& t) override;
-  Result<Tenant> GetTenant(const std::string& id) override;
   Result<std::vector<Tenant>> ListTenants() override;
-  Status UpdateTenantSettings(const Tenant& t) override;
   // TokenStore
-  Status InsertToken(const Token& t) override;
   Result<Token> FindActiveTokenByHash(const std::string& hash) override;
-  Result<std::vector<Token>> ListTokens(const std::string& tenant_id) override;
-  Result<Token> GetToken(const std::string& tenant_id, const std::string& id) override;
-  Status RevokeToken(const std::string& tenant_id, const std::string& id, Millis at) override;
-  // AgentStore
-  Status InsertAgent(const Agent& a) override;
-  Status UpdateAgent(const Agent& a) override;
-  Result<Agent> GetAgent(const std::string& tenant_id, const std::string& id) override;
-  Result<Agent> GetAgentByName(const std::string& tenant_id, const std::string& name) override;
-  Result<Paged<Agent>> ListAgents(const std::string& tenant_id, const Page& page) override;
-  Status DeleteAgent(const std::string& tenant_id, const std::string& id) override;
-  // SessionStore
-  Status InsertSession(const Session& s) override;
-  Status UpdateSessionStatus(const std::string& tenant_id, const std::string& id,
-                             const std::string& status, Millis at) override;
-  Result<Session> GetSession(const std::string& tenant_id, const std::string& id) override;
-  Result<Paged<Session>> ListSessions(const std::string& tenant_id, const std::string& agent_id,
-                                      const Page& page) override;
-  // MessageStore
-  Status InsertMessage(const Message& m) override;
-  Result<Message> GetMessage(const std::string& tenant_id, const std::string& id) override;
-  Result<std::optional<Message>> FindByIdempotencyKey(const std::string& tenant_id,
-                                                      const std::string& session_id,
-                                                      const std::string& key) override;
-  Result<Paged<Message>> ListMessages(const std::string& tenant_id, const std::string& session_id,
-                                      const Page& page) override;
-  Result<std::vector<Message>> RecentMessages(const std::string& tenant_id,
-                                              const std::string& session_id,
-                                              const std::string& before_id, int limit) override;
   // RunStore
-  Status InsertRun(const Run& r) override;
-  Status UpdateRun(const Run& r) override;
-  Result<Run> GetRun(const std::string& tenant_id, const std::string& id) override;
-  Result<Run> LockRun(const std::string& tenant_id, const std::string& id) override;
-  Result<Paged<Run>> ListRuns(const std::string& tenant_id, const std::string& session_id,
-                              const Page& page) override;
-  Result<int64_t> CountActiveRuns(const std::string& tenant_id) override;
   Result<bool> SessionBusy(const std::string& tenant_id, const std::string& session_id) override;
   Result<std::vector<Run>> ClaimableRuns(Millis now, int limit) override;
   Status ExpireLeasesOf(const std::string& owner) override;
   Status RenewLeases(const std::string& owner, const std::vector<std::string>& run_ids,
                      Millis expires_at) override;
-  Status InsertStep(const Step& s) override;
-  Status UpdateStep(const Step& s) override;
-  Result<std::vector<Step>> ListSteps(const std::string& tenant_id,
-                                      const std::string& run_id) override;
-  Status InsertToolCall(const ToolCall& c) override;
-  Status UpdateToolCall(const ToolCall& c) override;
-  Result<std::vector<ToolCall>> ListToolCalls(const std::string& tenant_id,
-                                              const std::string& run_id) override;
   // EventLog
   Status Append(NewEvent e) override;
   Result<std::vector<Event>> ReadEvents(const std::string& tenant_id, int64_t after,
@@ -185,70 +80,11 @@ class PostgresTx final : public Tx,
   Status FinishImport() override;
   Result<bool> IsEmpty() override;
 
-  // SecretStore
-  Result<std::optional<TenantKey>> GetTenantKey(const std::string& tenant_id) override;
-  Status InsertTenantKey(const TenantKey& k) override;
-  Status PutSecret(const Secret& s) override;
-  Result<Secret> GetSecret(const std::string& tenant_id, const std::string& name) override;
-  Result<std::vector<Secret>> ListSecrets(const std::string& tenant_id) override;
-  Status DeleteSecret(const std::string& tenant_id, const std::string& name) override;
-
-  // PolicyStore
-  Result<std::optional<PolicyDoc>> GetPolicy(const std::string& tenant_id,
-                                             const std::string& scope) override;
-  Status PutPolicy(const PolicyDoc& p) override;
-  Status DeletePolicy(const std::string& tenant_id, const std::string& scope) override;
-  Result<std::vector<EmergencyStop>> ListStops(const std::string& tenant_id) override;
-  Status PutStop(const EmergencyStop& s) override;
-  Status DeleteStop(const std::string& tenant_id, const std::string& agent_id) override;
-
   // ApprovalStore
-  Status InsertApproval(const Approval& a) override;
-  Status UpdateApproval(const Approval& a) override;
-  Result<Approval> GetApproval(const std::string& tenant_id, const std::string& id) override;
-  Result<Paged<Approval>> ListApprovals(const std::string& tenant_id, const std::string& status,
-                                        const Page& page) override;
-  Result<std::optional<Approval>> FindApprovalForCall(const std::string& tenant_id,
-                                                      const std::string& run_id,
-                                                      const std::string& call_id) override;
   Result<std::vector<Approval>> ExpiredApprovals(Millis now, int limit) override;
-  Status InsertStanding(const StandingApproval& s) override;
-  Result<std::vector<StandingApproval>> ActiveStanding(const std::string& tenant_id,
-                                                       const std::string& agent_id,
-                                                       const std::string& tool,
-                                                       Millis now) override;
-  Result<std::vector<StandingApproval>> ListStanding(const std::string& tenant_id) override;
-  Status RevokeStanding(const std::string& tenant_id, const std::string& id, Millis at) override;
-
-  // McpServerStore
-  Status InsertMcpServer(const McpServer& s) override;
-  Result<McpServer> GetMcpServer(const std::string& tenant_id, const std::string& id) override;
-  Result<McpServer> GetMcpServerByName(const std::string& tenant_id,
-                                       const std::string& name) override;
-  Result<std::vector<McpServer>> ListMcpServers(const std::string& tenant_id) override;
-  Status DeleteMcpServer(const std::string& tenant_id, const std::string& id) override;
 
   // PluginStore
-  Status UpsertPlugin(const Plugin& p) override;
-  Result<Plugin> GetPlugin(const std::string& tenant_id, const std::string& id) override;
-  Result<std::vector<Plugin>> ListPlugins(const std::string& tenant_id) override;
-  Status DeletePlugin(const std::string& tenant_id, const std::string& id) override;
-  Status EnablePlugin(const PluginEnablement& e) override;
-  Status DisablePlugin(const std::string& tenant_id, const std::string& plugin_id,
-                       const std::string& agent_id) override;
-  Result<std::vector<PluginEnablement>> ListEnablements(const std::string& tenant_id,
-                                                        const std::string& plugin_id) override;
-  Result<std::vector<Plugin>> PluginsForAgent(const std::string& tenant_id,
-                                              const std::string& agent_id) override;
-  Status InsertDelivery(const PluginDelivery& d) override;
-  Status UpdateDelivery(const PluginDelivery& d) override;
-  Result<PluginDelivery> GetDelivery(const std::string& tenant_id, const std::string& id) override;
-  Result<Paged<PluginDelivery>> ListDeliveries(const std::string& tenant_id,
-                                                const std::string& plugin_id,
-                                                const std::string& status,
-                                                const Page& page) override;
   Result<std::vector<PluginDelivery>> DueDeliveries(Millis now, int limit) override;
-
 
   // ScheduleStore (defined in postgres_schedules.cc)
   Status InsertSchedule(const Schedule& s) override;
@@ -336,7 +172,7 @@ class PostgresTx final : public Tx,
 
  private:
   // Binds the transaction to `tenant_id` (row-level security) unless it already is.
-  Status BindTenant(const std::string& tenant_id);
+  Status BindTenant(const std::string& tenant_id) { return sql_.BindTenant(tenant_id); }
   // For the (tenant_id, id) rows `keys` that a runtime-wide function returned: runs `sql`
   // ($1 a tenant, $2 its ids as text[]) once per tenant, bound to that tenant, so that the
   // records themselves are read under row-level security.
@@ -347,11 +183,6 @@ class PostgresTx final : public Tx,
                                                  const std::string& origin);
 
   Conn& conn_;
-  std::string origin_;
-  std::vector<Event> appended_;
-  ChainSealer sealer_;
-  ChainSealer::HeadLoader head_loader_;
-  std::optional<std::string> bound_tenant_;
 };
 
 // The records of `found` (RowsOfKeys) in the order of `keys` ((tenant_id, id) rows); a key

@@ -64,6 +64,11 @@ Result<bool> Stmt::RunChanged() {
   return sqlite3_changes(db_) > 0;
 }
 
+Result<int64_t> Stmt::RunCount() {
+  KEEL_RETURN_IF_ERROR(Run());
+  return sqlite3_changes64(db_);
+}
+
 std::string Stmt::Text(int col) const {
   auto p = sqlite3_column_text(s_, col);
   if (!p) return {};
@@ -127,11 +132,26 @@ Status Db::Run(const std::string& sql) {
   return Status(row.status().code(), std::string("sqlite: ") + sqlite3_errmsg(db_));
 }
 
+namespace {
+
+// `sql` with PostgreSQL's $N parameters written as SQLite's ?N (SQLite would read $1 as a
+// parameter named "$1", numbered by first use rather than by its digits).
+std::string SqliteParameters(const std::string& sql) {
+  std::string out = sql;
+  for (size_t i = 0; i + 1 < out.size(); ++i) {
+    if (out[i] == '$' && out[i + 1] >= '0' && out[i + 1] <= '9') out[i] = '?';
+  }
+  return out;
+}
+
+}  // namespace
+
 Result<Stmt> Db::Prepare(const std::string& sql) {
   auto it = cache_.find(sql);
   if (it != cache_.end()) return Stmt(db_, it->second);
   sqlite3_stmt* s = nullptr;
-  int rc = sqlite3_prepare_v3(db_, sql.c_str(), static_cast<int>(sql.size()),
+  const std::string text = SqliteParameters(sql);
+  int rc = sqlite3_prepare_v3(db_, text.c_str(), static_cast<int>(text.size()),
                               SQLITE_PREPARE_PERSISTENT, &s, nullptr);
   if (rc != SQLITE_OK) return StatusFromSqlite(db_, rc, "sqlite prepare");
   cache_.emplace(sql, s);

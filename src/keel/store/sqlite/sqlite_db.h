@@ -49,6 +49,8 @@ class Stmt {
   // Runs an INSERT, UPDATE or DELETE; true when it changed a row. Cheaper than RETURNING,
   // which gathers its rows in a temporary table first.
   Result<bool> RunChanged();
+  // The same, counting the rows it changed.
+  Result<int64_t> RunCount();
 
   std::string Text(int col) const;
   int64_t Int(int col) const;
@@ -72,7 +74,9 @@ class Db {
   // Runs one statement without rows (BEGIN, COMMIT, SAVEPOINT...) through the statement cache:
   // what every unit of work and read snapshot runs, parsed once per connection.
   Status Run(const std::string& sql);
-  // A cached prepared statement for `sql`. REQUIRES: the previous Stmt for the same SQL is gone.
+  // A cached prepared statement for `sql`, whose parameters may be written ?N or, as
+  // PostgreSQL writes them, $N (the same parameter: the SQL of store/sql_tx.h is shared).
+  // REQUIRES: the previous Stmt for the same SQL is gone.
   Result<Stmt> Prepare(const std::string& sql);
   sqlite3* raw() { return db_; }
 
@@ -104,5 +108,34 @@ Result<T> One(Stmt& s, ReadFn read, const std::string& what) {
   if (!row) return NotFound(what);
   return read(s);
 }
+
+// The dialect store/sql_tx.h writes the shared ports in, on one Db (see SqlTx for the contract).
+class SqliteSql {
+ public:
+  using Row = Stmt;
+  // One writer: a row read in the write transaction cannot be taken by another.
+  static constexpr const char* kLockSkipLocked = "";
+  static constexpr const char* kLockKeyShare = "";
+
+  explicit SqliteSql(Db& db) : db_(db) {}
+
+  template <typename... Args>
+  Result<Stmt> Query(const std::string& sql, const Args&... args) {
+    KEEL_ASSIGN_OR_RETURN(Stmt s, db_.Prepare(sql));
+    s.BindAll(args...);
+    return s;
+  }
+  template <typename... Args>
+  Result<int64_t> Exec(const std::string& sql, const Args&... args) {
+    KEEL_ASSIGN_OR_RETURN(Stmt s, db_.Prepare(sql));
+    return s.BindAll(args...).RunCount();
+  }
+  Status BindTenant(const std::string&) { return Status::Ok(); }
+  // A LIMIT parameter; a negative one is no limit.
+  static int64_t Limit(int limit) { return limit; }
+
+ private:
+  Db& db_;
+};
 
 }  // namespace keel::store::sqlite

@@ -1,149 +1,44 @@
 #pragma once
-// SqliteTx: every storage port implemented on one SQLite connection. One SqliteTx is bound to
-// one Db for its lifetime and reused across units of work on that connection; it is used by
-// the thread that owns the connection only (the writer thread, or a reader holding it).
+// SqliteTx: every storage port on one SQLite connection, most of them written once for both
+// backends in store/sql_tx.h. One SqliteTx is bound to one Db for its lifetime and reused across
+// units of work on that connection; it is used by the thread that owns the connection only (the
+// writer thread, or a reader holding it).
 
 #include <string>
 #include <vector>
 
-#include "keel/store/audit.h"
-#include "keel/store/compaction_store.h"
-#include "keel/store/introspection_store.h"
-#include "keel/store/skill_store.h"
+#include "keel/store/sql_tx.h"
 #include "keel/store/sqlite/sqlite_db.h"
-#include "keel/store/schedule_store.h"
-#include "keel/store/memory_store.h"
-#include "keel/store/store.h"
-#include "keel/store/usage_store.h"
 
 namespace keel::store::sqlite {
 
-class SqliteTx final : public Tx,
-                       public TenantStore,
-                       public TokenStore,
-                       public SecretStore,
-                       public PolicyStore,
-                       public ApprovalStore,
-                       public McpServerStore,
-                       public PluginStore,
-                       public ScheduleStore,
-                       public UsageStore,
-                       public MemoryStore,
-                       public SkillStore,
-                       public CompactionStore,
-                       public IntrospectionStore,
-                       public AgentStore,
-                       public SessionStore,
-                       public MessageStore,
-                       public RunStore,
-                       public EventLog,
-                       public ExportStore {
+class SqliteTx final : public SqlTx<SqliteSql> {
  public:
   // `audit_key`: signs the chain heads this Tx writes (store/audit.h); "" unsigned.
   SqliteTx(Db& db, std::string origin, std::string audit_key)
-      : db_(db), origin_(std::move(origin)), sealer_(std::move(audit_key)) {
+      : SqlTx(SqliteSql(db), std::move(origin), std::move(audit_key)), db_(db) {
     head_loader_ = [this](const std::string& tenant_id, const std::string& origin) {
       return LoadChainHead(tenant_id, origin);
     };
   }
 
-  // Starts a new unit of work: forgets the events appended by the previous one (and, when it
-  // failed, the chain heads it moved).
-  void ResetUnit() {
-    appended_.clear();
-    sealer_.UnitFailed();
-  }
-  // The unit succeeded: its events, whose chain heads join the transaction's.
-  std::vector<Event> TakeAppended() {
-    sealer_.UnitDone(appended_);
-    return std::move(appended_);
-  }
   // Before COMMIT: writes the heads of the chains the transaction's units extended.
   Status WriteChainHeads();
-  // After the transaction committed or rolled back.
-  void ChainTransactionDone(bool committed) { sealer_.TransactionDone(committed); }
   // Hashes the events stored without a hash (written before the audit chain existed), in
   // position order, extending their chains; the heads are written with the unit's commit.
   Status BackfillChains();
 
-  TenantStore& tenants() override { return *this; }
-  TokenStore& tokens() override { return *this; }
-  SecretStore& secrets() override { return *this; }
-  PolicyStore& policies() override { return *this; }
-  ApprovalStore& approvals() override { return *this; }
-  McpServerStore& mcp_servers() override { return *this; }
-  PluginStore& plugins() override { return *this; }
-  ScheduleStore& schedules() override { return *this; }
-  UsageStore& usage() override { return *this; }
-  MemoryStore& memory() override { return *this; }
-  SkillStore& skills() override { return *this; }
-  CompactionStore& compactions() override { return *this; }
-  IntrospectionStore& introspection() override { return *this; }
-  AgentStore& agents() override { return *this; }
-  SessionStore& sessions() override { return *this; }
-  MessageStore& messages() override { return *this; }
-  RunStore& runs() override { return *this; }
-  EventLog& events() override { return *this; }
-  ExportStore& exports() override { return *this; }
-  const std::vector<Event>& appended() const override { return appended_; }
-
+  // The ports SqlTx leaves to the dialect.
   // TenantStore
-  Status InsertTenant(const Tenant& t) override;
-  Result<Tenant> GetTenant(const std::string& id) override;
   Result<std::vector<Tenant>> ListTenants() override;
-  Status UpdateTenantSettings(const Tenant& t) override;
   // TokenStore
-  Status InsertToken(const Token& t) override;
   Result<Token> FindActiveTokenByHash(const std::string& hash) override;
-  Result<std::vector<Token>> ListTokens(const std::string& tenant_id) override;
-  Result<Token> GetToken(const std::string& tenant_id, const std::string& id) override;
-  Status RevokeToken(const std::string& tenant_id, const std::string& id, Millis at) override;
-  // AgentStore
-  Status InsertAgent(const Agent& a) override;
-  Status UpdateAgent(const Agent& a) override;
-  Result<Agent> GetAgent(const std::string& tenant_id, const std::string& id) override;
-  Result<Agent> GetAgentByName(const std::string& tenant_id, const std::string& name) override;
-  Result<Paged<Agent>> ListAgents(const std::string& tenant_id, const Page& page) override;
-  Status DeleteAgent(const std::string& tenant_id, const std::string& id) override;
-  // SessionStore
-  Status InsertSession(const Session& s) override;
-  Status UpdateSessionStatus(const std::string& tenant_id, const std::string& id,
-                             const std::string& status, Millis at) override;
-  Result<Session> GetSession(const std::string& tenant_id, const std::string& id) override;
-  Result<Paged<Session>> ListSessions(const std::string& tenant_id, const std::string& agent_id,
-                                      const Page& page) override;
-  // MessageStore
-  Status InsertMessage(const Message& m) override;
-  Result<Message> GetMessage(const std::string& tenant_id, const std::string& id) override;
-  Result<std::optional<Message>> FindByIdempotencyKey(const std::string& tenant_id,
-                                                     const std::string& session_id,
-                                                     const std::string& key) override;
-  Result<Paged<Message>> ListMessages(const std::string& tenant_id, const std::string& session_id,
-                                      const Page& page) override;
-  Result<std::vector<Message>> RecentMessages(const std::string& tenant_id,
-                                              const std::string& session_id,
-                                              const std::string& before_id, int limit) override;
   // RunStore
-  Status InsertRun(const Run& r) override;
-  Status UpdateRun(const Run& r) override;
-  Result<Run> GetRun(const std::string& tenant_id, const std::string& id) override;
-  Result<Run> LockRun(const std::string& tenant_id, const std::string& id) override;
-  Result<Paged<Run>> ListRuns(const std::string& tenant_id, const std::string& session_id,
-                              const Page& page) override;
-  Result<int64_t> CountActiveRuns(const std::string& tenant_id) override;
   Result<bool> SessionBusy(const std::string& tenant_id, const std::string& session_id) override;
   Result<std::vector<Run>> ClaimableRuns(Millis now, int limit) override;
   Status ExpireLeasesOf(const std::string& owner) override;
   Status RenewLeases(const std::string& owner, const std::vector<std::string>& run_ids,
                      Millis expires_at) override;
-  Status InsertStep(const Step& s) override;
-  Status UpdateStep(const Step& s) override;
-  Result<std::vector<Step>> ListSteps(const std::string& tenant_id,
-                                      const std::string& run_id) override;
-  Status InsertToolCall(const ToolCall& c) override;
-  Status UpdateToolCall(const ToolCall& c) override;
-  Result<std::vector<ToolCall>> ListToolCalls(const std::string& tenant_id,
-                                              const std::string& run_id) override;
   // EventLog
   Status Append(NewEvent e) override;
   Result<std::vector<Event>> ReadEvents(const std::string& tenant_id, int64_t after,
@@ -156,70 +51,11 @@ class SqliteTx final : public Tx,
   Status FinishImport() override;
   Result<bool> IsEmpty() override;
 
-  // SecretStore
-  Result<std::optional<TenantKey>> GetTenantKey(const std::string& tenant_id) override;
-  Status InsertTenantKey(const TenantKey& k) override;
-  Status PutSecret(const Secret& s) override;
-  Result<Secret> GetSecret(const std::string& tenant_id, const std::string& name) override;
-  Result<std::vector<Secret>> ListSecrets(const std::string& tenant_id) override;
-  Status DeleteSecret(const std::string& tenant_id, const std::string& name) override;
-
-  // PolicyStore
-  Result<std::optional<PolicyDoc>> GetPolicy(const std::string& tenant_id,
-                                             const std::string& scope) override;
-  Status PutPolicy(const PolicyDoc& p) override;
-  Status DeletePolicy(const std::string& tenant_id, const std::string& scope) override;
-  Result<std::vector<EmergencyStop>> ListStops(const std::string& tenant_id) override;
-  Status PutStop(const EmergencyStop& s) override;
-  Status DeleteStop(const std::string& tenant_id, const std::string& agent_id) override;
-
   // ApprovalStore
-  Status InsertApproval(const Approval& a) override;
-  Status UpdateApproval(const Approval& a) override;
-  Result<Approval> GetApproval(const std::string& tenant_id, const std::string& id) override;
-  Result<Paged<Approval>> ListApprovals(const std::string& tenant_id, const std::string& status,
-                                        const Page& page) override;
-  Result<std::optional<Approval>> FindApprovalForCall(const std::string& tenant_id,
-                                                      const std::string& run_id,
-                                                      const std::string& call_id) override;
   Result<std::vector<Approval>> ExpiredApprovals(Millis now, int limit) override;
-  Status InsertStanding(const StandingApproval& s) override;
-  Result<std::vector<StandingApproval>> ActiveStanding(const std::string& tenant_id,
-                                                       const std::string& agent_id,
-                                                       const std::string& tool,
-                                                       Millis now) override;
-  Result<std::vector<StandingApproval>> ListStanding(const std::string& tenant_id) override;
-  Status RevokeStanding(const std::string& tenant_id, const std::string& id, Millis at) override;
-
-  // McpServerStore
-  Status InsertMcpServer(const McpServer& s) override;
-  Result<McpServer> GetMcpServer(const std::string& tenant_id, const std::string& id) override;
-  Result<McpServer> GetMcpServerByName(const std::string& tenant_id,
-                                       const std::string& name) override;
-  Result<std::vector<McpServer>> ListMcpServers(const std::string& tenant_id) override;
-  Status DeleteMcpServer(const std::string& tenant_id, const std::string& id) override;
 
   // PluginStore
-  Status UpsertPlugin(const Plugin& p) override;
-  Result<Plugin> GetPlugin(const std::string& tenant_id, const std::string& id) override;
-  Result<std::vector<Plugin>> ListPlugins(const std::string& tenant_id) override;
-  Status DeletePlugin(const std::string& tenant_id, const std::string& id) override;
-  Status EnablePlugin(const PluginEnablement& e) override;
-  Status DisablePlugin(const std::string& tenant_id, const std::string& plugin_id,
-                       const std::string& agent_id) override;
-  Result<std::vector<PluginEnablement>> ListEnablements(const std::string& tenant_id,
-                                                        const std::string& plugin_id) override;
-  Result<std::vector<Plugin>> PluginsForAgent(const std::string& tenant_id,
-                                              const std::string& agent_id) override;
-  Status InsertDelivery(const PluginDelivery& d) override;
-  Status UpdateDelivery(const PluginDelivery& d) override;
-  Result<PluginDelivery> GetDelivery(const std::string& tenant_id, const std::string& id) override;
-  Result<Paged<PluginDelivery>> ListDeliveries(const std::string& tenant_id,
-                                                const std::string& plugin_id,
-                                                const std::string& status,
-                                                const Page& page) override;
   Result<std::vector<PluginDelivery>> DueDeliveries(Millis now, int limit) override;
-
 
   // ScheduleStore (defined in sqlite_schedules.cc)
   Status InsertSchedule(const Schedule& s) override;
@@ -313,10 +149,6 @@ class SqliteTx final : public Tx,
                                                  const std::string& origin);
 
   Db& db_;
-  std::string origin_;
-  std::vector<Event> appended_;
-  ChainSealer sealer_;
-  ChainSealer::HeadLoader head_loader_;
 };
 
 // The schema, one entry per version: src/keel/store/sqlite/migrations/NNNN_*.sql in order, embedded

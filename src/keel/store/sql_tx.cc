@@ -1,0 +1,905 @@
+#include "keel/store/sql_tx.h"
+
+#include <algorithm>
+
+#include "keel/store/postgres/pg_conn.h"
+#include "keel/store/row_images.h"
+#include "keel/store/rows.h"
+#include "keel/store/sqlite/sqlite_db.h"
+
+namespace keel::store {
+namespace {
+
+using namespace rows;  // NOLINT: the shared record readers
+
+// Every row of a query, each read by `read(row)`.
+template <typename T, typename Row, typename ReadFn>
+Result<std::vector<T>> Collect(Row& r, ReadFn read) {
+  std::vector<T> out;
+  while (true) {
+    KEEL_ASSIGN_OR_RETURN(bool more, r.Step());
+    if (!more) break;
+    out.push_back(read(r));
+  }
+  return out;
+}
+
+// The query's first row, or kNotFound `what`.
+template <typename T, typename Row, typename ReadFn>
+Result<T> One(Row& r, ReadFn read, const std::string& what) {
+  KEEL_ASSIGN_OR_RETURN(bool found, r.Step());
+  if (!found) return NotFound(what);
+  return read(r);
+}
+
+// The query's first row, if any.
+template <typename T, typename Row, typename ReadFn>
+Result<std::optional<T>> Maybe(Row& r, ReadFn read) {
+  KEEL_ASSIGN_OR_RETURN(bool found, r.Step());
+  if (!found) return std::optional<T>();
+  return std::optional<T>(read(r));
+}
+
+// A page read with `limit + 1` rows (MakePage).
+template <typename T, typename Row, typename ReadFn, typename KeyFn>
+Result<Paged<T>> PageOf(Row& r, ReadFn read, int limit, KeyFn key,
+                        size_t (*bytes)(const T&) = nullptr) {
+  KEEL_ASSIGN_OR_RETURN(auto items, Collect<T>(r, read));
+  return MakePage(std::move(items), limit, key, bytes);
+}
+
+// An insert that said ON CONFLICT DO NOTHING: no row inserted is the duplicate `message`.
+// Other integrity errors (a missing referenced row) are kConflict with the database's message.
+Status Inserted(const Result<int64_t>& changed, const std::string& message) {
+  if (!changed.ok()) return changed.status();
+  if (*changed == 0) return Conflict(message);
+  return Status::Ok();
+}
+
+// An update or delete: no row changed is kNotFound `message`.
+Status Updated(const Result<int64_t>& changed, const std::string& message) {
+  if (!changed.ok()) return changed.status();
+  if (*changed == 0) return NotFound(message);
+  return Status::Ok();
+}
+
+std::string Placeholders(int n) {
+  std::string out;
+  for (int i = 1; i <= n; ++i) out += (i > 1 ? ",$" : "$") + std::to_string(i);
+  return out;
+}
+
+// "INSERT INTO table(cols) VALUES($1..$n) ON CONFLICT DO NOTHING".
+std::string InsertSql(const char* table, const char* cols, int n) {
+  return std::string("INSERT INTO ") + table + "(" + cols + ") VALUES(" + Placeholders(n) +
+         ") ON CONFLICT DO NOTHING";
+}
+
+constexpr const char* kTenantCols = "id, name, created_at, allow_host_exec, allow_stdio_mcp";
+template <typename Row>
+Tenant ReadTenant(const Row& r) {
+  Tenant t{r.Text(0), r.Text(1), r.Int(2)};
+  t.allow_host_exec = r.Int(3) != 0;
+  t.allow_stdio_mcp = r.Int(4) != 0;
+  return t;
+}
+
+}  // namespace
+
+template <typename Sql>
+SqlTx<Sql>::SqlTx(Sql sql, std::string origin, std::string audit_key)
+    : sql_(std::move(sql)), origin_(std::move(origin)), sealer_(std::move(audit_key)) {}
+
+// ---- TenantStore
+
+template <typename Sql>
+Status SqlTx<Sql>::InsertTenant(const Tenant& t) {
+  static const std::string kSql = InsertSql("tenants", "id, name, created_at", 3);
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(t.id));  // a tenant's row is its own (the policy's check)
+  return Inserted(sql_.Exec(kSql, t.id, t.name, t.created_at), "tenant already exists: " + t.id);
+}
+
+template <typename Sql>
+Result<Tenant> SqlTx<Sql>::GetTenant(const std::string& id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kTenantCols) + " FROM tenants WHERE id=$1";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, id));
+  return One<Tenant>(r, ReadTenant<typename Sql::Row>, "tenant not found: " + id);
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::UpdateTenantSettings(const Tenant& t) {
+  static const std::string kSql =
+      "UPDATE tenants SET allow_host_exec=$1, allow_stdio_mcp=$2 WHERE id=$3";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(t.id));
+  return Updated(sql_.Exec(kSql, t.allow_host_exec, t.allow_stdio_mcp, t.id),
+                 "tenant not found: " + t.id);
+}
+
+// ---- TokenStore
+
+template <typename Sql>
+Status SqlTx<Sql>::InsertToken(const Token& t) {
+  static const std::string kSql = InsertSql("api_tokens", kTokenCols, 7);
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(t.tenant_id));
+  return Inserted(
+      sql_.Exec(kSql, t.id, t.tenant_id, t.name, t.role, t.hash, t.created_at, t.revoked_at),
+      "token already exists: " + t.id);
+}
+
+template <typename Sql>
+Result<std::vector<Token>> SqlTx<Sql>::ListTokens(const std::string& tenant_id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kTokenCols) + " FROM api_tokens WHERE tenant_id=$1 ORDER BY id";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id));
+  return Collect<Token>(r, ReadToken<typename Sql::Row>);
+}
+
+template <typename Sql>
+Result<Token> SqlTx<Sql>::GetToken(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kTokenCols) + " FROM api_tokens WHERE tenant_id=$1 AND id=$2";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, id));
+  return One<Token>(r, ReadToken<typename Sql::Row>, "token not found: " + id);
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::RevokeToken(const std::string& tenant_id, const std::string& id, Millis at) {
+  static const std::string kSql =
+      "UPDATE api_tokens SET revoked_at=$1 WHERE tenant_id=$2 AND id=$3 AND revoked_at IS NULL";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  return Updated(sql_.Exec(kSql, at, tenant_id, id), "token not found: " + id);
+}
+
+// ---- SecretStore
+
+template <typename Sql>
+Result<std::optional<TenantKey>> SqlTx<Sql>::GetTenantKey(const std::string& tenant_id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kTenantKeyCols) + " FROM tenant_keys WHERE tenant_id=$1";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id));
+  return Maybe<TenantKey>(r, ReadTenantKey<typename Sql::Row>);
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::InsertTenantKey(const TenantKey& k) {
+  static const std::string kSql = InsertSql("tenant_keys", kTenantKeyCols, 4);
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(k.tenant_id));
+  return Inserted(sql_.Exec(kSql, k.tenant_id, k.wrapped, k.kek_fingerprint, k.created_at),
+                  "tenant " + k.tenant_id + " already has a data key");
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::PutSecret(const Secret& x) {
+  static const std::string kSql =
+      "INSERT INTO secrets(" + std::string(kSecretCols) +
+      ") VALUES($1,$2,$3,$4,$5) ON CONFLICT(tenant_id, name) DO UPDATE SET "
+      "sealed=excluded.sealed, updated_at=excluded.updated_at";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(x.tenant_id));
+  return sql_.Exec(kSql, x.tenant_id, x.name, x.sealed, x.created_at, x.updated_at).status();
+}
+
+template <typename Sql>
+Result<Secret> SqlTx<Sql>::GetSecret(const std::string& tenant_id, const std::string& name) {
+  static const std::string kSql =
+      "SELECT " + std::string(kSecretCols) + " FROM secrets WHERE tenant_id=$1 AND name=$2";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, name));
+  return One<Secret>(r, ReadSecret<typename Sql::Row>, "secret not found: " + name);
+}
+
+template <typename Sql>
+Result<std::vector<Secret>> SqlTx<Sql>::ListSecrets(const std::string& tenant_id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kSecretCols) + " FROM secrets WHERE tenant_id=$1 ORDER BY name";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id));
+  return Collect<Secret>(r, ReadSecret<typename Sql::Row>);
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::DeleteSecret(const std::string& tenant_id, const std::string& name) {
+  static const std::string kSql = "DELETE FROM secrets WHERE tenant_id=$1 AND name=$2";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  return Updated(sql_.Exec(kSql, tenant_id, name), "secret not found: " + name);
+}
+
+// ---- PolicyStore
+
+template <typename Sql>
+Result<std::optional<PolicyDoc>> SqlTx<Sql>::GetPolicy(const std::string& tenant_id,
+                                                       const std::string& scope) {
+  static const std::string kSql =
+      "SELECT " + std::string(kPolicyCols) + " FROM policies WHERE tenant_id=$1 AND scope=$2";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, scope));
+  return Maybe<PolicyDoc>(r, ReadPolicy<typename Sql::Row>);
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::PutPolicy(const PolicyDoc& p) {
+  static const std::string kSql =
+      "INSERT INTO policies(" + std::string(kPolicyCols) +
+      ") VALUES($1,$2,$3,$4) ON CONFLICT(tenant_id, scope) DO UPDATE SET body=excluded.body, "
+      "updated_at=excluded.updated_at";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(p.tenant_id));
+  return sql_.Exec(kSql, p.tenant_id, p.scope, DumpJson(p.body), p.updated_at).status();
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::DeletePolicy(const std::string& tenant_id, const std::string& scope) {
+  static const std::string kSql = "DELETE FROM policies WHERE tenant_id=$1 AND scope=$2";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  return Updated(sql_.Exec(kSql, tenant_id, scope),
+                 scope.empty() ? "no tenant policy is set" : "no agent policy is set");
+}
+
+template <typename Sql>
+Result<std::vector<EmergencyStop>> SqlTx<Sql>::ListStops(const std::string& tenant_id) {
+  static const std::string kSql = "SELECT " + std::string(kStopCols) +
+                                  " FROM emergency_stops WHERE tenant_id=$1 ORDER BY agent_id";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id));
+  return Collect<EmergencyStop>(r, ReadStop<typename Sql::Row>);
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::PutStop(const EmergencyStop& x) {
+  static const std::string kSql =
+      "INSERT INTO emergency_stops(" + std::string(kStopCols) +
+      ") VALUES($1,$2,$3,$4,$5) ON CONFLICT(tenant_id, agent_id) DO UPDATE SET "
+      "reason=excluded.reason, created_by=excluded.created_by, created_at=excluded.created_at";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(x.tenant_id));
+  return sql_.Exec(kSql, x.tenant_id, x.agent_id, x.reason, x.created_by, x.created_at).status();
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::DeleteStop(const std::string& tenant_id, const std::string& agent_id) {
+  static const std::string kSql = "DELETE FROM emergency_stops WHERE tenant_id=$1 AND agent_id=$2";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  return Updated(sql_.Exec(kSql, tenant_id, agent_id), "no emergency stop is in force");
+}
+
+// ---- ApprovalStore
+
+template <typename Sql>
+Status SqlTx<Sql>::InsertApproval(const Approval& a) {
+  static const std::string kSql = InsertSql("approvals", kApprovalCols, 17);
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(a.tenant_id));
+  return Inserted(sql_.Exec(kSql, a.id, a.tenant_id, a.run_id, a.session_id, a.agent_id, a.call_id,
+                            a.tool, DumpJson(a.arguments), StoredJson(a.amended_arguments),
+                            a.reason, a.status, a.requested_by, a.decided_by, a.decision_reason,
+                            a.created_at, a.expires_at, a.decided_at),
+                  "approval already exists: " + a.id);
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::UpdateApproval(const Approval& a) {
+  static const std::string kSql =
+      "UPDATE approvals SET status=$1, amended_arguments=$2, decided_by=$3, decision_reason=$4, "
+      "decided_at=$5 WHERE tenant_id=$6 AND id=$7";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(a.tenant_id));
+  return Updated(sql_.Exec(kSql, a.status, StoredJson(a.amended_arguments), a.decided_by,
+                           a.decision_reason, a.decided_at, a.tenant_id, a.id),
+                 "approval not found: " + a.id);
+}
+
+template <typename Sql>
+Result<Approval> SqlTx<Sql>::GetApproval(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kApprovalCols) + " FROM approvals WHERE tenant_id=$1 AND id=$2";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, id));
+  return One<Approval>(r, ReadApproval<typename Sql::Row>, "approval not found: " + id);
+}
+
+template <typename Sql>
+Result<Paged<Approval>> SqlTx<Sql>::ListApprovals(const std::string& tenant_id,
+                                                  const std::string& status, const Page& page) {
+  const int limit = ClampLimit(page.limit);
+  // One statement per form, so that each keeps its index.
+  static const std::string kAll = "SELECT " + std::string(kApprovalCols) +
+                                  " FROM approvals WHERE tenant_id=$1 AND id>$2 ORDER BY id "
+                                  "LIMIT $3";
+  static const std::string kOfStatus =
+      "SELECT " + std::string(kApprovalCols) +
+      " FROM approvals WHERE tenant_id=$1 AND status=$2 AND id>$3 ORDER BY id LIMIT $4";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  const std::string cursor = DecodeCursor(page.cursor);
+  auto r = status.empty() ? sql_.Query(kAll, tenant_id, cursor, limit + 1)
+                          : sql_.Query(kOfStatus, tenant_id, status, cursor, limit + 1);
+  if (!r.ok()) return r.status();
+  return PageOf<Approval>(*r, ReadApproval<typename Sql::Row>, limit,
+                          [](const Approval& a) { return a.id; });
+}
+
+template <typename Sql>
+Result<std::optional<Approval>> SqlTx<Sql>::FindApprovalForCall(const std::string& tenant_id,
+                                                                const std::string& run_id,
+                                                                const std::string& call_id) {
+  static const std::string kSql = "SELECT " + std::string(kApprovalCols) +
+                                  " FROM approvals WHERE tenant_id=$1 AND run_id=$2 AND call_id=$3";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, run_id, call_id));
+  return Maybe<Approval>(r, ReadApproval<typename Sql::Row>);
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::InsertStanding(const StandingApproval& x) {
+  static const std::string kSql = InsertSql("standing_approvals", kStandingCols, 10);
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(x.tenant_id));
+  return Inserted(
+      sql_.Exec(kSql, x.id, x.tenant_id, x.agent_id, x.tool, StoredJson(x.arguments_match),
+                x.created_by, x.approval_id, x.created_at, x.expires_at, x.revoked_at),
+      "standing approval already exists: " + x.id);
+}
+
+template <typename Sql>
+Result<std::vector<StandingApproval>> SqlTx<Sql>::ActiveStanding(const std::string& tenant_id,
+                                                                 const std::string& agent_id,
+                                                                 const std::string& tool,
+                                                                 Millis now) {
+  static const std::string kSql =
+      "SELECT " + std::string(kStandingCols) +
+      " FROM standing_approvals WHERE tenant_id=$1 AND agent_id=$2 AND tool=$3 AND "
+      "revoked_at IS NULL AND expires_at>$4 ORDER BY id";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, agent_id, tool, now));
+  return Collect<StandingApproval>(r, ReadStanding<typename Sql::Row>);
+}
+
+template <typename Sql>
+Result<std::vector<StandingApproval>> SqlTx<Sql>::ListStanding(const std::string& tenant_id) {
+  static const std::string kSql = "SELECT " + std::string(kStandingCols) +
+                                  " FROM standing_approvals WHERE tenant_id=$1 ORDER BY id";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id));
+  return Collect<StandingApproval>(r, ReadStanding<typename Sql::Row>);
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::RevokeStanding(const std::string& tenant_id, const std::string& id, Millis at) {
+  static const std::string kSql =
+      "UPDATE standing_approvals SET revoked_at=$1 WHERE tenant_id=$2 AND id=$3 AND "
+      "revoked_at IS NULL";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  return Updated(sql_.Exec(kSql, at, tenant_id, id), "standing approval not found: " + id);
+}
+
+// ---- McpServerStore
+
+template <typename Sql>
+Status SqlTx<Sql>::InsertMcpServer(const McpServer& x) {
+  static const std::string kSql = InsertSql("mcp_servers", kMcpServerCols, 6);
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(x.tenant_id));
+  return Inserted(
+      sql_.Exec(kSql, x.id, x.tenant_id, x.name, x.transport, DumpJson(x.config), x.created_at),
+      "an MCP server named '" + x.name + "' exists");
+}
+
+template <typename Sql>
+Result<McpServer> SqlTx<Sql>::GetMcpServer(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kMcpServerCols) + " FROM mcp_servers WHERE tenant_id=$1 AND id=$2";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, id));
+  return One<McpServer>(r, ReadMcpServer<typename Sql::Row>, "MCP server not found: " + id);
+}
+
+template <typename Sql>
+Result<McpServer> SqlTx<Sql>::GetMcpServerByName(const std::string& tenant_id,
+                                                 const std::string& name) {
+  static const std::string kSql =
+      "SELECT " + std::string(kMcpServerCols) + " FROM mcp_servers WHERE tenant_id=$1 AND name=$2";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, name));
+  return One<McpServer>(r, ReadMcpServer<typename Sql::Row>, "MCP server not found: " + name);
+}
+
+template <typename Sql>
+Result<std::vector<McpServer>> SqlTx<Sql>::ListMcpServers(const std::string& tenant_id) {
+  static const std::string kSql = "SELECT " + std::string(kMcpServerCols) +
+                                  " FROM mcp_servers WHERE tenant_id=$1 ORDER BY name";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id));
+  return Collect<McpServer>(r, ReadMcpServer<typename Sql::Row>);
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::DeleteMcpServer(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql = "DELETE FROM mcp_servers WHERE tenant_id=$1 AND id=$2";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  return Updated(sql_.Exec(kSql, tenant_id, id), "MCP server not found: " + id);
+}
+
+// ---- PluginStore
+
+template <typename Sql>
+Status SqlTx<Sql>::UpsertPlugin(const Plugin& p) {
+  static const std::string kSql =
+      "INSERT INTO plugins(" + std::string(kPluginCols) + ") VALUES(" + Placeholders(10) +
+      ") ON CONFLICT(tenant_id, id) DO UPDATE SET name=excluded.name, "
+      "version=excluded.version, kind=excluded.kind, manifest=excluded.manifest, "
+      "source=excluded.source, config=excluded.config, updated_at=excluded.updated_at";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(p.tenant_id));
+  return sql_
+      .Exec(kSql, p.tenant_id, p.id, p.name, p.version, p.kind, DumpJson(p.manifest), p.source,
+            DumpJson(p.config), p.created_at, p.updated_at)
+      .status();
+}
+
+template <typename Sql>
+Result<Plugin> SqlTx<Sql>::GetPlugin(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kPluginCols) + " FROM plugins WHERE tenant_id=$1 AND id=$2";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, id));
+  return One<Plugin>(r, ReadPlugin<typename Sql::Row>, "plugin not found: " + id);
+}
+
+template <typename Sql>
+Result<std::vector<Plugin>> SqlTx<Sql>::ListPlugins(const std::string& tenant_id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kPluginCols) + " FROM plugins WHERE tenant_id=$1 ORDER BY id";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id));
+  return Collect<Plugin>(r, ReadPlugin<typename Sql::Row>);
+}
+
+// The plugin's enablements and deliveries go with it (ON DELETE CASCADE).
+template <typename Sql>
+Status SqlTx<Sql>::DeletePlugin(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql = "DELETE FROM plugins WHERE tenant_id=$1 AND id=$2";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  return Updated(sql_.Exec(kSql, tenant_id, id), "plugin not found: " + id);
+}
+
+// The plugin's row stays locked until the transaction ends, so that it cannot be deleted between
+// the check and the insert.
+template <typename Sql>
+Status SqlTx<Sql>::EnablePlugin(const PluginEnablement& e) {
+  static const std::string kExists =
+      "SELECT id FROM plugins WHERE tenant_id=$1 AND id=$2" + std::string(Sql::kLockKeyShare);
+  static const std::string kSql = "INSERT INTO agent_plugins(" + std::string(kEnablementCols) +
+                                  ") VALUES($1,$2,$3,$4) ON CONFLICT DO NOTHING";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(e.tenant_id));
+  {
+    KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kExists, e.tenant_id, e.plugin_id));
+    KEEL_ASSIGN_OR_RETURN(bool found, r.Step());
+    if (!found) return NotFound("plugin not found: " + e.plugin_id);
+  }
+  return sql_.Exec(kSql, e.tenant_id, e.plugin_id, e.agent_id, e.created_at).status();
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::DisablePlugin(const std::string& tenant_id, const std::string& plugin_id,
+                                 const std::string& agent_id) {
+  static const std::string kSql =
+      "DELETE FROM agent_plugins WHERE tenant_id=$1 AND plugin_id=$2 AND agent_id=$3";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  return Updated(sql_.Exec(kSql, tenant_id, plugin_id, agent_id),
+                 "plugin " + plugin_id + " is not enabled for agent " + agent_id);
+}
+
+template <typename Sql>
+Result<std::vector<PluginEnablement>> SqlTx<Sql>::ListEnablements(const std::string& tenant_id,
+                                                                  const std::string& plugin_id) {
+  static const std::string kSql = "SELECT " + std::string(kEnablementCols) +
+                                  " FROM agent_plugins WHERE tenant_id=$1 AND plugin_id=$2 "
+                                  "ORDER BY agent_id";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, plugin_id));
+  return Collect<PluginEnablement>(r, ReadEnablement<typename Sql::Row>);
+}
+
+template <typename Sql>
+Result<std::vector<Plugin>> SqlTx<Sql>::PluginsForAgent(const std::string& tenant_id,
+                                                        const std::string& agent_id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kPluginCols) +
+      " FROM plugins WHERE tenant_id=$1 AND id IN (SELECT plugin_id FROM agent_plugins "
+      "WHERE tenant_id=$1 AND agent_id IN ($2, '*')) ORDER BY id";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, agent_id));
+  return Collect<Plugin>(r, ReadPlugin<typename Sql::Row>);
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::InsertDelivery(const PluginDelivery& d) {
+  static const std::string kSql = InsertSql("plugin_deliveries", kDeliveryCols, 13);
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(d.tenant_id));
+  return Inserted(sql_.Exec(kSql, d.id, d.tenant_id, d.plugin_id, d.agent_id, d.event_type,
+                            DumpJson(d.payload), d.status, d.attempts, d.next_attempt_at,
+                            d.last_status, d.last_error, d.created_at, d.delivered_at),
+                  "plugin delivery already exists: " + d.id);
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::UpdateDelivery(const PluginDelivery& d) {
+  static const std::string kSql =
+      "UPDATE plugin_deliveries SET status=$1, attempts=$2, next_attempt_at=$3, last_status=$4, "
+      "last_error=$5, delivered_at=$6 WHERE tenant_id=$7 AND id=$8";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(d.tenant_id));
+  return Updated(sql_.Exec(kSql, d.status, d.attempts, d.next_attempt_at, d.last_status,
+                           d.last_error, d.delivered_at, d.tenant_id, d.id),
+                 "plugin delivery not found: " + d.id);
+}
+
+template <typename Sql>
+Result<PluginDelivery> SqlTx<Sql>::GetDelivery(const std::string& tenant_id,
+                                               const std::string& id) {
+  static const std::string kSql = "SELECT " + std::string(kDeliveryCols) +
+                                  " FROM plugin_deliveries WHERE tenant_id=$1 AND id=$2";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, id));
+  return One<PluginDelivery>(r, ReadDelivery<typename Sql::Row>,
+                             "plugin delivery not found: " + id);
+}
+
+template <typename Sql>
+Result<Paged<PluginDelivery>> SqlTx<Sql>::ListDeliveries(const std::string& tenant_id,
+                                                         const std::string& plugin_id,
+                                                         const std::string& status,
+                                                         const Page& page) {
+  const int limit = ClampLimit(page.limit);
+  KEEL_ASSIGN_OR_RETURN(auto start, DeliveryCursorStart(page.cursor));
+  static const std::string kAll =
+      "SELECT " + std::string(kDeliveryCols) +
+      " FROM plugin_deliveries WHERE tenant_id=$1 AND plugin_id=$2 AND (created_at, id) < "
+      "($3, $4) ORDER BY created_at DESC, id DESC LIMIT $5";
+  static const std::string kOfStatus =
+      "SELECT " + std::string(kDeliveryCols) +
+      " FROM plugin_deliveries WHERE tenant_id=$1 AND plugin_id=$2 AND status=$3 AND "
+      "(created_at, id) < ($4, $5) ORDER BY created_at DESC, id DESC LIMIT $6";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  auto r = status.empty()
+               ? sql_.Query(kAll, tenant_id, plugin_id, start.first, start.second, limit + 1)
+               : sql_.Query(kOfStatus, tenant_id, plugin_id, status, start.first, start.second,
+                            limit + 1);
+  if (!r.ok()) return r.status();
+  return PageOf<PluginDelivery>(*r, ReadDelivery<typename Sql::Row>, limit, DeliveryCursorKey);
+}
+
+// ---- AgentStore
+
+template <typename Sql>
+Status SqlTx<Sql>::InsertAgent(const Agent& a) {
+  static const std::string kSql = InsertSql("agents", kAgentCols, 10);
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(a.tenant_id));
+  Status st = Inserted(
+      sql_.Exec(kSql, a.id, a.tenant_id, a.name, a.model, a.instructions, DumpJson(a.tools),
+                DumpJson(a.config), a.status, a.created_at, a.updated_at),
+      "");
+  // Any integrity failure of the insert is reported as the name being taken.
+  if (st.code() == Code::kConflict) {
+    return Conflict("an agent named '" + a.name + "' already exists");
+  }
+  return st;
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::UpdateAgent(const Agent& a) {
+  // A rename onto a live agent's name updates nothing rather than failing the statement, so
+  // the transaction stays usable; the unique index still catches a concurrent rename.
+  static const std::string kSql =
+      "UPDATE agents SET name=$1, model=$2, instructions=$3, tools=$4, config=$5, status=$6, "
+      "updated_at=$7 WHERE tenant_id=$8 AND id=$9 AND ($6='deleted' OR NOT EXISTS ("
+      "SELECT 1 FROM agents o WHERE o.tenant_id=$8 AND o.name=$1 AND o.status != 'deleted' "
+      "AND o.id != $9))";
+  static const std::string kExists = "SELECT 1 FROM agents WHERE tenant_id=$1 AND id=$2";
+  const std::string taken = "an agent named '" + a.name + "' already exists";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(a.tenant_id));
+  auto changed = sql_.Exec(kSql, a.name, a.model, a.instructions, DumpJson(a.tools),
+                           DumpJson(a.config), a.status, a.updated_at, a.tenant_id, a.id);
+  if (!changed.ok()) {
+    if (changed.status().code() == Code::kConflict) return Conflict(taken);
+    return changed.status();
+  }
+  if (*changed > 0) return Status::Ok();
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kExists, a.tenant_id, a.id));
+  KEEL_ASSIGN_OR_RETURN(bool exists, r.Step());
+  if (!exists) return NotFound("agent not found: " + a.id);
+  return Conflict(taken);
+}
+
+template <typename Sql>
+Result<Agent> SqlTx<Sql>::GetAgent(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql = "SELECT " + std::string(kAgentCols) +
+                                  " FROM agents WHERE tenant_id=$1 AND id=$2 AND "
+                                  "status != 'deleted'";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, id));
+  return One<Agent>(r, ReadAgent<typename Sql::Row>, "agent not found: " + id);
+}
+
+template <typename Sql>
+Result<Agent> SqlTx<Sql>::GetAgentByName(const std::string& tenant_id, const std::string& name) {
+  static const std::string kSql = "SELECT " + std::string(kAgentCols) +
+                                  " FROM agents WHERE tenant_id=$1 AND name=$2 AND "
+                                  "status != 'deleted'";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, name));
+  return One<Agent>(r, ReadAgent<typename Sql::Row>, "agent not found: " + name);
+}
+
+template <typename Sql>
+Result<Paged<Agent>> SqlTx<Sql>::ListAgents(const std::string& tenant_id, const Page& page) {
+  const int limit = ClampLimit(page.limit);
+  static const std::string kSql = "SELECT " + std::string(kAgentCols) +
+                                  " FROM agents WHERE tenant_id=$1 AND id>$2 AND "
+                                  "status != 'deleted' ORDER BY id LIMIT $3";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, DecodeCursor(page.cursor), limit + 1));
+  return PageOf<Agent>(r, ReadAgent<typename Sql::Row>, limit, [](const Agent& a) { return a.id; });
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::DeleteAgent(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql =
+      "UPDATE agents SET status='deleted' WHERE tenant_id=$1 AND id=$2 AND status != 'deleted'";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  return Updated(sql_.Exec(kSql, tenant_id, id), "agent not found: " + id);
+}
+
+// ---- SessionStore
+
+template <typename Sql>
+Status SqlTx<Sql>::InsertSession(const Session& x) {
+  static const std::string kSql = InsertSql("sessions", kSessionCols, 9);
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(x.tenant_id));
+  return Inserted(sql_.Exec(kSql, x.id, x.tenant_id, x.agent_id, x.status, x.title, x.created_at,
+                            x.updated_at, x.description, x.created_by),
+                  "session already exists: " + x.id);
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::UpdateSessionStatus(const std::string& tenant_id, const std::string& id,
+                                       const std::string& status, Millis at) {
+  static const std::string kSql =
+      "UPDATE sessions SET status=$1, updated_at=$2 WHERE tenant_id=$3 AND id=$4";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  return Updated(sql_.Exec(kSql, status, at, tenant_id, id), "session not found: " + id);
+}
+
+template <typename Sql>
+Result<Session> SqlTx<Sql>::GetSession(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kSessionCols) + " FROM sessions WHERE tenant_id=$1 AND id=$2";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, id));
+  return One<Session>(r, ReadSession<typename Sql::Row>, "session not found: " + id);
+}
+
+template <typename Sql>
+Result<Paged<Session>> SqlTx<Sql>::ListSessions(const std::string& tenant_id,
+                                                const std::string& agent_id, const Page& page) {
+  const int limit = ClampLimit(page.limit);
+  static const std::string kSql = "SELECT " + std::string(kSessionCols) +
+                                  " FROM sessions WHERE tenant_id=$1 AND agent_id=$2 AND id>$3 "
+                                  "ORDER BY id LIMIT $4";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(
+      auto r, sql_.Query(kSql, tenant_id, agent_id, DecodeCursor(page.cursor), limit + 1));
+  return PageOf<Session>(r, ReadSession<typename Sql::Row>, limit,
+                         [](const Session& x) { return x.id; });
+}
+
+// ---- MessageStore
+
+template <typename Sql>
+Status SqlTx<Sql>::InsertMessage(const Message& m) {
+  // seq: the session's next, one probe of its unique index; the writer's serialization makes
+  // it follow commit order.
+  static const std::string kSql =
+      "INSERT INTO messages(" + std::string(kMessageCols) +
+      ", seq) VALUES($1,$2,$3,$4,$5,$6,$7,$8,"
+      "(SELECT coalesce(max(seq),0)+1 FROM messages WHERE session_id=$3)) ON CONFLICT DO NOTHING";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(m.tenant_id));
+  return Inserted(sql_.Exec(kSql, m.id, m.tenant_id, m.session_id, m.run_id, m.role, m.content,
+                            m.idempotency_key, m.created_at),
+                  m.idempotency_key.empty()
+                      ? "message already exists: " + m.id
+                      : "a message with idempotency key '" + m.idempotency_key +
+                            "' already exists in session " + m.session_id);
+}
+
+template <typename Sql>
+Result<Message> SqlTx<Sql>::GetMessage(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kMessageCols) + " FROM messages WHERE tenant_id=$1 AND id=$2";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, id));
+  return One<Message>(r, ReadMessage<typename Sql::Row>, "message not found: " + id);
+}
+
+template <typename Sql>
+Result<std::optional<Message>> SqlTx<Sql>::FindByIdempotencyKey(const std::string& tenant_id,
+                                                                const std::string& session_id,
+                                                                const std::string& key) {
+  static const std::string kSql = "SELECT " + std::string(kMessageCols) +
+                                  " FROM messages WHERE tenant_id=$1 AND session_id=$2 "
+                                  "AND idempotency_key=$3";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, session_id, key));
+  return Maybe<Message>(r, ReadMessage<typename Sql::Row>);
+}
+
+template <typename Sql>
+Result<Paged<Message>> SqlTx<Sql>::ListMessages(const std::string& tenant_id,
+                                                const std::string& session_id, const Page& page) {
+  const int limit = ClampLimit(page.limit);
+  static const std::string kSql = "SELECT " + std::string(kMessageCols) +
+                                  " FROM messages WHERE tenant_id=$1 AND session_id=$2 "
+                                  "AND id>$3 ORDER BY id LIMIT $4";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(
+      auto r, sql_.Query(kSql, tenant_id, session_id, DecodeCursor(page.cursor), limit + 1));
+  return PageOf<Message>(
+      r, ReadMessage<typename Sql::Row>, limit, [](const Message& m) { return m.id; },
+      +[](const Message& m) { return m.content.size(); });
+}
+
+template <typename Sql>
+Result<std::vector<Message>> SqlTx<Sql>::RecentMessages(const std::string& tenant_id,
+                                                        const std::string& session_id,
+                                                        const std::string& before_id, int limit) {
+  static const std::string kSql = "SELECT " + std::string(kMessageCols) +
+                                  " FROM messages WHERE tenant_id=$1 AND session_id=$2 "
+                                  "AND id<$3 ORDER BY id DESC LIMIT $4";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r,
+                        sql_.Query(kSql, tenant_id, session_id, before_id, Sql::Limit(limit)));
+  KEEL_ASSIGN_OR_RETURN(auto out, Collect<Message>(r, ReadMessage<typename Sql::Row>));
+  std::reverse(out.begin(), out.end());
+  return out;
+}
+
+// ---- RunStore
+
+template <typename Sql>
+Status SqlTx<Sql>::InsertRun(const Run& r) {
+  static const std::string kSql = InsertSql("runs", kRunCols, 19);
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(r.tenant_id));
+  return Inserted(
+      sql_.Exec(kSql, r.id, r.tenant_id, r.session_id, r.agent_id, r.message_id, r.status,
+                r.attempt, r.output, StoredJson(r.error), r.input_tokens, r.output_tokens,
+                r.lease_owner, r.lease_expires_at, r.cancel_requested, r.created_at, r.started_at,
+                r.finished_at, r.requested_by, r.caller_role),
+      "run already exists: " + r.id);
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::UpdateRun(const Run& r) {
+  static const std::string kSql =
+      "UPDATE runs SET status=$1, attempt=$2, output=$3, error=$4, input_tokens=$5, "
+      "output_tokens=$6, lease_owner=$7, lease_expires_at=$8, cancel_requested=$9, "
+      "started_at=$10, finished_at=$11 WHERE tenant_id=$12 AND id=$13";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(r.tenant_id));
+  return Updated(sql_.Exec(kSql, r.status, r.attempt, r.output, StoredJson(r.error), r.input_tokens,
+                           r.output_tokens, r.lease_owner, r.lease_expires_at, r.cancel_requested,
+                           r.started_at, r.finished_at, r.tenant_id, r.id),
+                 "run not found: " + r.id);
+}
+
+template <typename Sql>
+Result<Run> SqlTx<Sql>::GetRun(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kRunCols) + " FROM runs WHERE tenant_id=$1 AND id=$2";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, id));
+  return One<Run>(r, ReadRun<typename Sql::Row>, "run not found: " + id);
+}
+
+template <typename Sql>
+Result<Run> SqlTx<Sql>::LockRun(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql = "SELECT " + std::string(kRunCols) +
+                                  " FROM runs WHERE tenant_id=$1 AND id=$2" +
+                                  std::string(Sql::kLockSkipLocked);
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  {
+    KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, id));
+    KEEL_ASSIGN_OR_RETURN(bool found, r.Step());
+    if (found) return ReadRun(r);
+  }
+  // No row: absent, or locked by another transaction (which SKIP LOCKED passes over).
+  KEEL_RETURN_IF_ERROR(GetRun(tenant_id, id).status());
+  return Conflict("run " + id + " is locked by another transaction");
+}
+
+template <typename Sql>
+Result<Paged<Run>> SqlTx<Sql>::ListRuns(const std::string& tenant_id, const std::string& session_id,
+                                        const Page& page) {
+  const int limit = ClampLimit(page.limit);
+  // One statement per form, so that each keeps its index.
+  static const std::string kAll = "SELECT " + std::string(kRunCols) +
+                                  " FROM runs WHERE tenant_id=$1 AND id>$2 ORDER BY id LIMIT $3";
+  static const std::string kOfSession =
+      "SELECT " + std::string(kRunCols) +
+      " FROM runs WHERE tenant_id=$1 AND session_id=$2 AND id>$3 ORDER BY id LIMIT $4";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  const std::string cursor = DecodeCursor(page.cursor);
+  auto r = session_id.empty() ? sql_.Query(kAll, tenant_id, cursor, limit + 1)
+                              : sql_.Query(kOfSession, tenant_id, session_id, cursor, limit + 1);
+  if (!r.ok()) return r.status();
+  return PageOf<Run>(*r, ReadRun<typename Sql::Row>, limit, [](const Run& x) { return x.id; });
+}
+
+template <typename Sql>
+Result<int64_t> SqlTx<Sql>::CountActiveRuns(const std::string& tenant_id) {
+  static const std::string kSql =
+      "SELECT count(*) FROM runs WHERE tenant_id=$1 AND status IN ('queued','running')";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id));
+  KEEL_ASSIGN_OR_RETURN(bool found, r.Step());
+  return found ? r.Int(0) : 0;
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::InsertStep(const Step& x) {
+  static const std::string kSql = InsertSql("run_steps", kStepCols, 10);
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(x.tenant_id));
+  return Inserted(sql_.Exec(kSql, x.id, x.tenant_id, x.run_id, x.seq, x.kind, x.status,
+                            DumpJson(x.input), DumpJson(x.output), x.started_at, x.finished_at),
+                  "step " + std::to_string(x.seq) + " of run " + x.run_id + " already exists");
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::UpdateStep(const Step& x) {
+  static const std::string kSql =
+      "UPDATE run_steps SET status=$1, input=$2, output=$3, finished_at=$4 WHERE tenant_id=$5 "
+      "AND id=$6";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(x.tenant_id));
+  return Updated(sql_.Exec(kSql, x.status, DumpJson(x.input), DumpJson(x.output), x.finished_at,
+                           x.tenant_id, x.id),
+                 "step not found: " + x.id);
+}
+
+template <typename Sql>
+Result<std::vector<Step>> SqlTx<Sql>::ListSteps(const std::string& tenant_id,
+                                                const std::string& run_id) {
+  static const std::string kSql = "SELECT " + std::string(kStepCols) +
+                                  " FROM run_steps WHERE tenant_id=$1 AND run_id=$2 ORDER BY seq";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, run_id));
+  return Collect<Step>(r, ReadStep<typename Sql::Row>);
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::InsertToolCall(const ToolCall& c) {
+  static const std::string kSql = InsertSql("tool_calls", kToolCallCols, 13);
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(c.tenant_id));
+  return Inserted(sql_.Exec(kSql, c.id, c.tenant_id, c.run_id, c.step_id, c.call_id, c.tool,
+                            DumpJson(c.arguments), c.effect_class, c.effect_key, c.status,
+                            DumpJson(c.result), c.created_at, c.updated_at),
+                  "tool call " + c.call_id + " of run " + c.run_id + " already exists");
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::UpdateToolCall(const ToolCall& c) {
+  static const std::string kSql =
+      "UPDATE tool_calls SET status=$1, arguments=$2, result=$3, updated_at=$4 WHERE "
+      "tenant_id=$5 AND id=$6";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(c.tenant_id));
+  return Updated(sql_.Exec(kSql, c.status, DumpJson(c.arguments), DumpJson(c.result), c.updated_at,
+                           c.tenant_id, c.id),
+                 "tool call not found: " + c.id);
+}
+
+template <typename Sql>
+Result<std::vector<ToolCall>> SqlTx<Sql>::ListToolCalls(const std::string& tenant_id,
+                                                        const std::string& run_id) {
+  static const std::string kSql = "SELECT " + std::string(kToolCallCols) +
+                                  " FROM tool_calls WHERE tenant_id=$1 AND run_id=$2 ORDER BY id";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, run_id));
+  return Collect<ToolCall>(r, ReadToolCall<typename Sql::Row>);
+}
+
+template class SqlTx<sqlite::SqliteSql>;
+template class SqlTx<postgres::PgSql>;
+
+}  // namespace keel::store

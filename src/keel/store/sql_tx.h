@@ -1,0 +1,213 @@
+#pragma once
+// Internal to the store backends: SqlTx, the storage ports written once for both SQL backends.
+// SqliteTx and PostgresTx derive from it and implement what their dialects do differently (the
+// runtime-wide reads, the event log and its audit chain, export and import, full-text search).
+//
+// `Sql` is the backend's dialect adapter (sqlite::SqliteSql, postgres::PgSql), bound to the
+// Tx's connection:
+//   Row                          the row a reader of store/rows.h reads (Text, Int, OptInt)
+//   Query(sql, args...)          Result<Row> to Step() through, the statement run with `args`
+//   Exec(sql, args...)           Result<int64_t>, the rows an INSERT, UPDATE or DELETE changed
+//   BindTenant(tenant_id)        the tenant the next statements read and write (row-level
+//                                security on PostgreSQL, nothing on SQLite)
+//   Limit(n)                     a LIMIT parameter, negative n meaning no limit
+//   kLockSkipLocked              appended to a SELECT that locks its row for the transaction,
+//                                passing over a row another transaction holds
+//   kLockKeyShare                appended to a SELECT whose row must not be deleted until the
+//                                transaction ends
+// The SQL is written once, with PostgreSQL's $N parameters, which SQLite reads as ?N.
+// Inserts say ON CONFLICT DO NOTHING and report a duplicate as kConflict with a message that
+// names it, so that a duplicate leaves the transaction usable on both backends.
+
+#include <string>
+#include <vector>
+
+#include "keel/store/audit.h"
+#include "keel/store/compaction_store.h"
+#include "keel/store/introspection_store.h"
+#include "keel/store/memory_store.h"
+#include "keel/store/schedule_store.h"
+#include "keel/store/skill_store.h"
+#include "keel/store/store.h"
+#include "keel/store/usage_store.h"
+
+namespace keel::store {
+
+template <typename Sql>
+class SqlTx : public Tx,
+              public TenantStore,
+              public TokenStore,
+              public SecretStore,
+              public PolicyStore,
+              public ApprovalStore,
+              public McpServerStore,
+              public PluginStore,
+              public ScheduleStore,
+              public UsageStore,
+              public MemoryStore,
+              public SkillStore,
+              public CompactionStore,
+              public IntrospectionStore,
+              public AgentStore,
+              public SessionStore,
+              public MessageStore,
+              public RunStore,
+              public EventLog,
+              public ExportStore {
+ public:
+  TenantStore& tenants() override { return *this; }
+  TokenStore& tokens() override { return *this; }
+  SecretStore& secrets() override { return *this; }
+  PolicyStore& policies() override { return *this; }
+  ApprovalStore& approvals() override { return *this; }
+  McpServerStore& mcp_servers() override { return *this; }
+  PluginStore& plugins() override { return *this; }
+  ScheduleStore& schedules() override { return *this; }
+  UsageStore& usage() override { return *this; }
+  MemoryStore& memory() override { return *this; }
+  SkillStore& skills() override { return *this; }
+  CompactionStore& compactions() override { return *this; }
+  IntrospectionStore& introspection() override { return *this; }
+  AgentStore& agents() override { return *this; }
+  SessionStore& sessions() override { return *this; }
+  MessageStore& messages() override { return *this; }
+  RunStore& runs() override { return *this; }
+  EventLog& events() override { return *this; }
+  ExportStore& exports() override { return *this; }
+  const std::vector<Event>& appended() const override { return appended_; }
+
+  // Starts a new unit of work: forgets the events appended by the previous one (and, when it
+  // failed, the chain heads it moved).
+  void ResetUnit() {
+    appended_.clear();
+    sealer_.UnitFailed();
+  }
+  // The unit succeeded: its events, whose chain heads join the transaction's.
+  std::vector<Event> TakeAppended() {
+    sealer_.UnitDone(appended_);
+    return std::move(appended_);
+  }
+  // After the transaction committed or rolled back.
+  void ChainTransactionDone(bool committed) { sealer_.TransactionDone(committed); }
+
+  // TenantStore
+  Status InsertTenant(const Tenant& t) override;
+  Result<Tenant> GetTenant(const std::string& id) override;
+  Status UpdateTenantSettings(const Tenant& t) override;
+  // TokenStore
+  Status InsertToken(const Token& t) override;
+  Result<std::vector<Token>> ListTokens(const std::string& tenant_id) override;
+  Result<Token> GetToken(const std::string& tenant_id, const std::string& id) override;
+  Status RevokeToken(const std::string& tenant_id, const std::string& id, Millis at) override;
+  // SecretStore
+  Result<std::optional<TenantKey>> GetTenantKey(const std::string& tenant_id) override;
+  Status InsertTenantKey(const TenantKey& k) override;
+  Status PutSecret(const Secret& s) override;
+  Result<Secret> GetSecret(const std::string& tenant_id, const std::string& name) override;
+  Result<std::vector<Secret>> ListSecrets(const std::string& tenant_id) override;
+  Status DeleteSecret(const std::string& tenant_id, const std::string& name) override;
+  // PolicyStore
+  Result<std::optional<PolicyDoc>> GetPolicy(const std::string& tenant_id,
+                                             const std::string& scope) override;
+  Status PutPolicy(const PolicyDoc& p) override;
+  Status DeletePolicy(const std::string& tenant_id, const std::string& scope) override;
+  Result<std::vector<EmergencyStop>> ListStops(const std::string& tenant_id) override;
+  Status PutStop(const EmergencyStop& s) override;
+  Status DeleteStop(const std::string& tenant_id, const std::string& agent_id) override;
+  // ApprovalStore
+  Status InsertApproval(const Approval& a) override;
+  Status UpdateApproval(const Approval& a) override;
+  Result<Approval> GetApproval(const std::string& tenant_id, const std::string& id) override;
+  Result<Paged<Approval>> ListApprovals(const std::string& tenant_id, const std::string& status,
+                                        const Page& page) override;
+  Result<std::optional<Approval>> FindApprovalForCall(const std::string& tenant_id,
+                                                      const std::string& run_id,
+                                                      const std::string& call_id) override;
+  Status InsertStanding(const StandingApproval& s) override;
+  Result<std::vector<StandingApproval>> ActiveStanding(const std::string& tenant_id,
+                                                       const std::string& agent_id,
+                                                       const std::string& tool,
+                                                       Millis now) override;
+  Result<std::vector<StandingApproval>> ListStanding(const std::string& tenant_id) override;
+  Status RevokeStanding(const std::string& tenant_id, const std::string& id, Millis at) override;
+  // McpServerStore
+  Status InsertMcpServer(const McpServer& s) override;
+  Result<McpServer> GetMcpServer(const std::string& tenant_id, const std::string& id) override;
+  Result<McpServer> GetMcpServerByName(const std::string& tenant_id,
+                                       const std::string& name) override;
+  Result<std::vector<McpServer>> ListMcpServers(const std::string& tenant_id) override;
+  Status DeleteMcpServer(const std::string& tenant_id, const std::string& id) override;
+  // PluginStore
+  Status UpsertPlugin(const Plugin& p) override;
+  Result<Plugin> GetPlugin(const std::string& tenant_id, const std::string& id) override;
+  Result<std::vector<Plugin>> ListPlugins(const std::string& tenant_id) override;
+  Status DeletePlugin(const std::string& tenant_id, const std::string& id) override;
+  Status EnablePlugin(const PluginEnablement& e) override;
+  Status DisablePlugin(const std::string& tenant_id, const std::string& plugin_id,
+                       const std::string& agent_id) override;
+  Result<std::vector<PluginEnablement>> ListEnablements(const std::string& tenant_id,
+                                                        const std::string& plugin_id) override;
+  Result<std::vector<Plugin>> PluginsForAgent(const std::string& tenant_id,
+                                              const std::string& agent_id) override;
+  Status InsertDelivery(const PluginDelivery& d) override;
+  Status UpdateDelivery(const PluginDelivery& d) override;
+  Result<PluginDelivery> GetDelivery(const std::string& tenant_id, const std::string& id) override;
+  Result<Paged<PluginDelivery>> ListDeliveries(const std::string& tenant_id,
+                                               const std::string& plugin_id,
+                                               const std::string& status,
+                                               const Page& page) override;
+  // AgentStore
+  Status InsertAgent(const Agent& a) override;
+  Status UpdateAgent(const Agent& a) override;
+  Result<Agent> GetAgent(const std::string& tenant_id, const std::string& id) override;
+  Result<Agent> GetAgentByName(const std::string& tenant_id, const std::string& name) override;
+  Result<Paged<Agent>> ListAgents(const std::string& tenant_id, const Page& page) override;
+  Status DeleteAgent(const std::string& tenant_id, const std::string& id) override;
+  // SessionStore
+  Status InsertSession(const Session& s) override;
+  Status UpdateSessionStatus(const std::string& tenant_id, const std::string& id,
+                             const std::string& status, Millis at) override;
+  Result<Session> GetSession(const std::string& tenant_id, const std::string& id) override;
+  Result<Paged<Session>> ListSessions(const std::string& tenant_id, const std::string& agent_id,
+                                      const Page& page) override;
+  // MessageStore
+  Status InsertMessage(const Message& m) override;
+  Result<Message> GetMessage(const std::string& tenant_id, const std::string& id) override;
+  Result<std::optional<Message>> FindByIdempotencyKey(const std::string& tenant_id,
+                                                      const std::string& session_id,
+                                                      const std::string& key) override;
+  Result<Paged<Message>> ListMessages(const std::string& tenant_id, const std::string& session_id,
+                                      const Page& page) override;
+  Result<std::vector<Message>> RecentMessages(const std::string& tenant_id,
+                                              const std::string& session_id,
+                                              const std::string& before_id, int limit) override;
+  // RunStore
+  Status InsertRun(const Run& r) override;
+  Status UpdateRun(const Run& r) override;
+  Result<Run> GetRun(const std::string& tenant_id, const std::string& id) override;
+  Result<Run> LockRun(const std::string& tenant_id, const std::string& id) override;
+  Result<Paged<Run>> ListRuns(const std::string& tenant_id, const std::string& session_id,
+                              const Page& page) override;
+  Result<int64_t> CountActiveRuns(const std::string& tenant_id) override;
+  Status InsertStep(const Step& s) override;
+  Status UpdateStep(const Step& s) override;
+  Result<std::vector<Step>> ListSteps(const std::string& tenant_id,
+                                      const std::string& run_id) override;
+  Status InsertToolCall(const ToolCall& c) override;
+  Status UpdateToolCall(const ToolCall& c) override;
+  Result<std::vector<ToolCall>> ListToolCalls(const std::string& tenant_id,
+                                              const std::string& run_id) override;
+
+ protected:
+  // `audit_key`: signs the chain heads this Tx writes (store/audit.h); "" unsigned.
+  SqlTx(Sql sql, std::string origin, std::string audit_key);
+  ~SqlTx() override = default;
+
+  Sql sql_;
+  std::string origin_;
+  std::vector<Event> appended_;
+  ChainSealer sealer_;
+  ChainSealer::HeadLoader head_loader_;  // set by the backend, which loads the heads
+};
+
+}  // namespace keel::store
