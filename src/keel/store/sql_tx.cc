@@ -2,9 +2,12 @@
 
 #include <algorithm>
 
+#include "keel/store/compaction_rows.h"
 #include "keel/store/postgres/pg_conn.h"
 #include "keel/store/row_images.h"
 #include "keel/store/rows.h"
+#include "keel/store/schedule_rows.h"
+#include "keel/store/skill_rows.h"
 #include "keel/store/sqlite/sqlite_db.h"
 
 namespace keel::store {
@@ -897,6 +900,280 @@ Result<std::vector<ToolCall>> SqlTx<Sql>::ListToolCalls(const std::string& tenan
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
   KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, run_id));
   return Collect<ToolCall>(r, ReadToolCall<typename Sql::Row>);
+}
+
+// ---- ScheduleStore
+
+template <typename Sql>
+Status SqlTx<Sql>::InsertSchedule(const Schedule& x) {
+  static const std::string kSql = InsertSql("schedules", kScheduleCols, 18);
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(x.tenant_id));
+  return Inserted(
+      sql_.Exec(kSql, x.id, x.tenant_id, x.agent_id, x.name, x.kind, x.cron, x.at, x.timezone,
+                x.prompt, x.session_id, x.missed, x.status, x.next_fire_at, x.last_fired_at,
+                x.created_by, x.caller_role, x.created_at, x.updated_at),
+      "schedule already exists: " + x.id);
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::UpdateSchedule(const Schedule& x) {
+  static const std::string kSql =
+      "UPDATE schedules SET name=$1, status=$2, next_fire_at=$3, last_fired_at=$4, "
+      "updated_at=$5, created_by=$6, caller_role=$7 WHERE tenant_id=$8 AND id=$9";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(x.tenant_id));
+  return Updated(sql_.Exec(kSql, x.name, x.status, x.next_fire_at, x.last_fired_at, x.updated_at,
+                           x.created_by, x.caller_role, x.tenant_id, x.id),
+                 "schedule not found: " + x.id);
+}
+
+template <typename Sql>
+Result<Schedule> SqlTx<Sql>::GetSchedule(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kScheduleCols) + " FROM schedules WHERE tenant_id=$1 AND id=$2";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, id));
+  return One<Schedule>(r, ReadSchedule<typename Sql::Row>, "schedule not found: " + id);
+}
+
+template <typename Sql>
+Result<Paged<Schedule>> SqlTx<Sql>::ListSchedules(const std::string& tenant_id,
+                                                  const std::string& agent_id, const Page& page) {
+  static const std::string kSql =
+      "SELECT " + std::string(kScheduleCols) +
+      " FROM schedules WHERE tenant_id=$1 AND ($2='' OR agent_id=$2) AND id>$3 ORDER BY id "
+      "LIMIT $4";
+  const int limit = ClampLimit(page.limit);
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(
+      auto r, sql_.Query(kSql, tenant_id, agent_id, DecodeCursor(page.cursor), limit + 1));
+  return PageOf<Schedule>(r, ReadSchedule<typename Sql::Row>, limit,
+                          [](const Schedule& x) { return x.id; });
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::DeleteSchedule(const std::string& tenant_id, const std::string& id) {
+  static const std::string kFires =
+      "DELETE FROM schedule_fires WHERE tenant_id=$1 AND schedule_id=$2";
+  static const std::string kSql = "DELETE FROM schedules WHERE tenant_id=$1 AND id=$2";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_RETURN_IF_ERROR(sql_.Exec(kFires, tenant_id, id).status());
+  return Updated(sql_.Exec(kSql, tenant_id, id), "schedule not found: " + id);
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::InsertFire(const ScheduleFire& f) {
+  static const std::string kSql = "INSERT INTO schedule_fires(" + std::string(kFireCols) +
+                                  ") VALUES(" + Placeholders(9) + ") ON CONFLICT DO NOTHING";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(f.tenant_id));
+  return Inserted(
+      sql_.Exec(kSql, f.tenant_id, f.schedule_id, f.slot, f.fired_at, f.outcome, f.session_id,
+                f.run_id, f.message_id, f.error),
+      "slot " + FormatRfc3339(f.slot) + " of schedule " + f.schedule_id + " was fired already");
+}
+
+template <typename Sql>
+Result<std::vector<ScheduleFire>> SqlTx<Sql>::RecentFires(const std::string& tenant_id,
+                                                          const std::string& schedule_id,
+                                                          int limit) {
+  static const std::string kSql = "SELECT " + std::string(kFireCols) +
+                                  " FROM schedule_fires WHERE tenant_id=$1 AND schedule_id=$2 "
+                                  "ORDER BY slot DESC LIMIT $3";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, schedule_id, ClampLimit(limit)));
+  return Collect<ScheduleFire>(r, ReadFire<typename Sql::Row>);
+}
+
+template <typename Sql>
+Result<std::optional<ScheduleFire>> SqlTx<Sql>::FireOfRun(const std::string& tenant_id,
+                                                          const std::string& run_id) {
+  static const std::string kSql = "SELECT " + std::string(kFireCols) +
+                                  " FROM schedule_fires WHERE tenant_id=$1 AND run_id=$2 LIMIT 1";
+  if (run_id.empty()) return std::optional<ScheduleFire>();  // refused fires have no run
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, run_id));
+  return Maybe<ScheduleFire>(r, ReadFire<typename Sql::Row>);
+}
+
+// ---- SkillStore
+
+template <typename Sql>
+Status SqlTx<Sql>::UpsertSkill(const Skill& k) {
+  static const std::string kSql =
+      "INSERT INTO skills(" + std::string(kSkillFileCols) +
+      ") VALUES($1,$2,$3,$4,$5,$6,$7,$8,$9) ON CONFLICT(tenant_id, name) DO UPDATE SET "
+      "description=excluded.description, hash=excluded.hash, bytes=excluded.bytes, "
+      "manifest=excluded.manifest, updated_at=excluded.updated_at, files=excluded.files";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(k.tenant_id));
+  return sql_
+      .Exec(kSql, k.tenant_id, k.name, k.description, k.hash, k.bytes, DumpJson(k.manifest),
+            k.created_at, k.updated_at, DumpJson(k.files))
+      .status();
+}
+
+template <typename Sql>
+Result<Skill> SqlTx<Sql>::GetSkill(const std::string& tenant_id, const std::string& name,
+                                   bool with_files) {
+  static const std::string kMeta =
+      "SELECT " + std::string(kSkillCols) + " FROM skills WHERE tenant_id=$1 AND name=$2";
+  static const std::string kWhole =
+      "SELECT " + std::string(kSkillFileCols) + " FROM skills WHERE tenant_id=$1 AND name=$2";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(with_files ? kWhole : kMeta, tenant_id, name));
+  return One<Skill>(
+      r, with_files ? ReadSkillWithFiles<typename Sql::Row> : ReadSkill<typename Sql::Row>,
+      "skill not found: " + name);
+}
+
+template <typename Sql>
+Result<std::vector<Skill>> SqlTx<Sql>::ListSkills(const std::string& tenant_id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kSkillCols) + " FROM skills WHERE tenant_id=$1 ORDER BY name";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id));
+  return Collect<Skill>(r, ReadSkill<typename Sql::Row>);
+}
+
+// The skill's assignments go with it (ON DELETE CASCADE).
+template <typename Sql>
+Status SqlTx<Sql>::DeleteSkill(const std::string& tenant_id, const std::string& name) {
+  static const std::string kSql = "DELETE FROM skills WHERE tenant_id=$1 AND name=$2";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  return Updated(sql_.Exec(kSql, tenant_id, name), "skill not found: " + name);
+}
+
+// The skill's row stays locked until the transaction ends, so that it cannot be deleted between
+// the check and the insert.
+template <typename Sql>
+Status SqlTx<Sql>::AssignSkill(const SkillAssignment& a) {
+  static const std::string kExists =
+      "SELECT name FROM skills WHERE tenant_id=$1 AND name=$2" + std::string(Sql::kLockKeyShare);
+  static const std::string kSql = "INSERT INTO agent_skills(" + std::string(kSkillAssignmentCols) +
+                                  ") VALUES($1,$2,$3,$4) ON CONFLICT DO NOTHING";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(a.tenant_id));
+  {
+    KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kExists, a.tenant_id, a.skill));
+    KEEL_ASSIGN_OR_RETURN(bool found, r.Step());
+    if (!found) return NotFound("skill not found: " + a.skill);
+  }
+  return sql_.Exec(kSql, a.tenant_id, a.agent_id, a.skill, a.created_at).status();
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::UnassignSkill(const std::string& tenant_id, const std::string& agent_id,
+                                 const std::string& name) {
+  static const std::string kSql =
+      "DELETE FROM agent_skills WHERE tenant_id=$1 AND agent_id=$2 AND skill=$3";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  return Updated(sql_.Exec(kSql, tenant_id, agent_id, name),
+                 "skill " + name + " is not assigned to agent " + agent_id);
+}
+
+template <typename Sql>
+Result<std::vector<SkillAssignment>> SqlTx<Sql>::ListSkillAssignments(const std::string& tenant_id,
+                                                                      const std::string& name) {
+  static const std::string kSql = "SELECT " + std::string(kSkillAssignmentCols) +
+                                  " FROM agent_skills WHERE tenant_id=$1 AND skill=$2 "
+                                  "ORDER BY agent_id";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, name));
+  return Collect<SkillAssignment>(r, ReadSkillAssignment<typename Sql::Row>);
+}
+
+template <typename Sql>
+Result<std::vector<Skill>> SqlTx<Sql>::SkillsForAgent(const std::string& tenant_id,
+                                                      const std::string& agent_id,
+                                                      bool with_files) {
+  static const std::string kWhere =
+      " FROM skills WHERE tenant_id=$1 AND name IN (SELECT skill FROM agent_skills "
+      "WHERE tenant_id=$1 AND agent_id=$2) ORDER BY name";
+  static const std::string kMeta = "SELECT " + std::string(kSkillCols) + kWhere;
+  static const std::string kWhole = "SELECT " + std::string(kSkillFileCols) + kWhere;
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(with_files ? kWhole : kMeta, tenant_id, agent_id));
+  return Collect<Skill>(
+      r, with_files ? ReadSkillWithFiles<typename Sql::Row> : ReadSkill<typename Sql::Row>);
+}
+
+// ---- CompactionStore
+
+template <typename Sql>
+Status SqlTx<Sql>::InsertCompaction(const Compaction& c) {
+  static const std::string kSql = InsertSql("compactions", kCompactionCols, 10);
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(c.tenant_id));
+  return Inserted(sql_.Exec(kSql, c.id, c.tenant_id, c.session_id, c.run_id, c.last_message_id,
+                            c.summary, c.messages, c.tokens_before, c.tokens_after, c.created_at),
+                  "compaction already exists: " + c.id);
+}
+
+template <typename Sql>
+Result<std::optional<Compaction>> SqlTx<Sql>::LatestCompaction(const std::string& tenant_id,
+                                                               const std::string& session_id) {
+  static const std::string kSql = "SELECT " + std::string(kCompactionCols) +
+                                  " FROM compactions WHERE tenant_id=$1 AND session_id=$2 "
+                                  "ORDER BY id DESC LIMIT 1";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, session_id));
+  return Maybe<Compaction>(r, ReadCompaction<typename Sql::Row>);
+}
+
+template <typename Sql>
+Result<Paged<Compaction>> SqlTx<Sql>::ListCompactions(const std::string& tenant_id,
+                                                      const std::string& session_id,
+                                                      const Page& page) {
+  const int limit = ClampLimit(page.limit);
+  static const std::string kSql = "SELECT " + std::string(kCompactionCols) +
+                                  " FROM compactions WHERE tenant_id=$1 AND session_id=$2 AND "
+                                  "id>$3 ORDER BY id LIMIT $4";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(
+      auto r, sql_.Query(kSql, tenant_id, session_id, DecodeCursor(page.cursor), limit + 1));
+  return PageOf<Compaction>(r, ReadCompaction<typename Sql::Row>, limit,
+                            [](const Compaction& c) { return c.id; });
+}
+
+// ---- IntrospectionStore
+
+template <typename Sql>
+Status SqlTx<Sql>::SetSessionDescription(const std::string& tenant_id,
+                                         const std::string& session_id,
+                                         const std::string& description, Millis at) {
+  static const std::string kSql =
+      "UPDATE sessions SET description=$1, updated_at=$2 WHERE tenant_id=$3 AND id=$4";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  return Updated(sql_.Exec(kSql, description, at, tenant_id, session_id),
+                 "session not found: " + session_id);
+}
+
+template <typename Sql>
+Result<int64_t> SqlTx<Sql>::TurnsSinceIntrospection(const std::string& tenant_id,
+                                                    const std::string& session_id) {
+  static const std::string kSql =
+      "SELECT count(*) FROM messages WHERE tenant_id=$1 AND session_id=$2 AND role='user' AND "
+      "id > coalesce((SELECT max(id) FROM messages WHERE tenant_id=$1 AND session_id=$2 AND "
+      "role='introspection'), '')";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, session_id));
+  KEEL_ASSIGN_OR_RETURN(bool found, r.Step());
+  return found ? r.Int(0) : 0;
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::PutIntrospectionDue(const IntrospectionDue& d) {
+  static const std::string kSql =
+      "INSERT INTO introspection_due(tenant_id, session_id, agent_id, due_at) "
+      "VALUES($1,$2,$3,$4) ON CONFLICT(tenant_id, session_id) DO UPDATE SET "
+      "agent_id=excluded.agent_id, due_at=excluded.due_at";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(d.tenant_id));
+  return sql_.Exec(kSql, d.tenant_id, d.session_id, d.agent_id, d.due_at).status();
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::ClearIntrospectionDue(const std::string& tenant_id,
+                                         const std::string& session_id, Millis due_at) {
+  static const std::string kSql =
+      "DELETE FROM introspection_due WHERE tenant_id=$1 AND session_id=$2 AND due_at=$3";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  return sql_.Exec(kSql, tenant_id, session_id, due_at).status();
 }
 
 template class SqlTx<sqlite::SqliteSql>;

@@ -3,8 +3,10 @@
 #include <algorithm>
 
 #include "keel/common/ids.h"
+#include "keel/store/compaction_rows.h"
 #include "keel/store/row_images.h"
 #include "keel/store/rows.h"
+#include "keel/store/schedule_rows.h"
 
 namespace keel::store::postgres {
 namespace {
@@ -458,6 +460,73 @@ Result<bool> PostgresTx::IsEmpty() {
     if (rows.empty() || rows.Text(0, 0) != "t") return false;
   }
   return true;
+}
+
+// The two runtime-wide reads: the owner's functions give the due schedules' keys (read here
+// bound to their tenants) and the earliest time.
+Result<std::vector<Schedule>> PostgresTx::DueSchedules(Millis now, int limit) {
+  static const std::string kKeys = "SELECT tenant_id, id FROM keel_due_schedules($1, $2)";
+  static const std::string kSql = "SELECT " + std::string(kScheduleCols) +
+                                  " FROM schedules WHERE tenant_id=$1 AND id = ANY($2::text[])";
+  KEEL_ASSIGN_OR_RETURN(auto keys,
+                        conn_.Query(kKeys, P(now, static_cast<int64_t>(std::max(limit, 0)))));
+  KEEL_ASSIGN_OR_RETURN(auto found, RowsOfKeys(keys, kSql));
+  return InKeyOrder<Schedule>(keys, found, ReadSchedule<Row>);
+}
+
+Result<std::optional<Millis>> PostgresTx::NextFireAt() {
+  static const std::string kSql = "SELECT keel_next_fire_at()";
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, Params()));
+  if (rows.empty()) return std::optional<Millis>();
+  return rows.OptInt(0, 0);
+}
+
+// Runtime-wide: the owner's function returns exactly these four columns.
+Result<std::vector<IntrospectionDue>> PostgresTx::DueIntrospections(Millis now, int limit) {
+  static const std::string kSql =
+      "SELECT tenant_id, session_id, agent_id, due_at FROM keel_due_introspections($1, $2)";
+  auto rows = conn_.Query(kSql, P(now, static_cast<int64_t>(limit)));
+  if (!rows.ok()) return rows.status();
+  std::vector<IntrospectionDue> out;
+  for (int i = 0; i < rows->size(); ++i) {
+    out.push_back({rows->Text(i, 0), rows->Text(i, 1), rows->Text(i, 2), rows->Int(i, 3)});
+  }
+  return out;
+}
+
+Result<Conversation> PostgresTx::ConversationSince(const std::string& tenant_id,
+                                                   const std::string& session_id,
+                                                   const std::string& after_id, int64_t after_seq,
+                                                   int limit) {
+  // One statement: the newest seq in every row, and a row of NULLs when there is nothing new,
+  // so that the newest seq still comes back. The whole conversation (after_seq 0) by id; what
+  // came after a seq by seq, through the seq index (its few new rows).
+  auto sql = [](const char* order) {
+    return "WITH last AS (SELECT coalesce(max(seq), 0) AS seq FROM messages "
+           "WHERE session_id=$2 AND tenant_id=$1), "
+           "conv AS (SELECT " +
+           std::string(kConversationCols) +
+           " FROM messages "
+           "WHERE tenant_id=$1 AND session_id=$2 AND seq>$4 AND id>$3 AND "
+           "role IN ('user','assistant') ORDER BY " +
+           order +
+           " LIMIT $5) "
+           "SELECT conv.id, conv.role, conv.content, conv.seq, last.seq FROM last "
+           "LEFT JOIN conv ON true ORDER BY conv.id";
+  };
+  static const std::string kAll = sql("id");
+  static const std::string kNew = sql("seq");
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(after_seq > 0 ? kNew : kAll,
+                                               P(tenant_id, session_id, after_id, after_seq,
+                                                 static_cast<int64_t>(limit))));
+  Conversation out;
+  for (int i = 0; i < rows.size(); ++i) {
+    out.last_seq = rows.Int(i, 4);
+    if (rows.IsNull(i, 0)) continue;
+    out.messages.push_back(ReadConversationMessage<Row>(Row(rows, i)));
+  }
+  return out;
 }
 
 }  // namespace keel::store::postgres

@@ -3,8 +3,10 @@
 #include <algorithm>
 
 #include "keel/common/ids.h"
+#include "keel/store/compaction_rows.h"
 #include "keel/store/row_images.h"
 #include "keel/store/rows.h"
+#include "keel/store/schedule_rows.h"
 
 namespace keel::store::sqlite {
 namespace {
@@ -373,6 +375,72 @@ Result<bool> SqliteTx::IsEmpty() {
     if (row) return false;
   }
   return true;
+}
+
+Result<std::vector<Schedule>> SqliteTx::DueSchedules(Millis now, int limit) {
+  static const std::string kSql = "SELECT " + std::string(kScheduleCols) +
+                                  " FROM schedules WHERE status='active' AND next_fire_at<=? "
+                                  "ORDER BY next_fire_at, id LIMIT ?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(now, limit);
+  return Collect<Schedule>(s, ReadSchedule<Stmt>);
+}
+
+Result<std::optional<Millis>> SqliteTx::NextFireAt() {
+  static const std::string kSql = "SELECT min(next_fire_at) FROM schedules WHERE status='active'";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return std::optional<Millis>();
+  return s.OptInt(0);
+}
+
+Result<std::vector<IntrospectionDue>> SqliteTx::DueIntrospections(Millis now, int limit) {
+  static const std::string kSql =
+      "SELECT tenant_id, session_id, agent_id, due_at FROM introspection_due WHERE due_at<=? "
+      "ORDER BY due_at, session_id LIMIT ?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(now, limit);
+  std::vector<IntrospectionDue> out;
+  while (true) {
+    KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    out.push_back({s.Text(0), s.Text(1), s.Text(2), s.Int(3)});
+  }
+  return out;
+}
+
+Result<Conversation> SqliteTx::ConversationSince(const std::string& tenant_id,
+                                                 const std::string& session_id,
+                                                 const std::string& after_id, int64_t after_seq,
+                                                 int limit) {
+  Conversation out;
+  static const std::string kLast =
+      "SELECT coalesce(max(seq), 0) FROM messages WHERE session_id=? AND tenant_id=?";
+  KEEL_ASSIGN_OR_RETURN(auto last, db_.Prepare(kLast));
+  last.BindAll(session_id, tenant_id);
+  KEEL_ASSIGN_OR_RETURN(bool row, last.Step());
+  out.last_seq = row ? last.Int(0) : 0;
+  if (out.last_seq <= after_seq) return out;
+  // The whole conversation (after_seq 0) by id; what came after a seq by seq, through the seq
+  // index (its few new rows), then sorted by id.
+  static const std::string kAll = "SELECT " + std::string(kConversationCols) +
+                                  " FROM messages WHERE tenant_id=? AND session_id=? AND id>? "
+                                  "AND role IN ('user','assistant') ORDER BY id LIMIT ?";
+  static const std::string kNew = "SELECT " + std::string(kConversationCols) +
+                                  " FROM messages WHERE session_id=? AND seq>? AND tenant_id=? "
+                                  "AND id>? AND role IN ('user','assistant') ORDER BY seq LIMIT ?";
+  if (after_seq <= 0) {
+    KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kAll));
+    s.BindAll(tenant_id, session_id, after_id, limit);
+    KEEL_ASSIGN_OR_RETURN(out.messages, Collect<Message>(s, ReadConversationMessage<Stmt>));
+  } else {
+    KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kNew));
+    s.BindAll(session_id, after_seq, tenant_id, after_id, limit);
+    KEEL_ASSIGN_OR_RETURN(out.messages, Collect<Message>(s, ReadConversationMessage<Stmt>));
+    std::sort(out.messages.begin(), out.messages.end(),
+              [](const Message& a, const Message& b) { return a.id < b.id; });
+  }
+  return out;
 }
 
 }  // namespace keel::store::sqlite

@@ -57,19 +57,7 @@ class SqliteTx final : public SqlTx<SqliteSql> {
   // PluginStore
   Result<std::vector<PluginDelivery>> DueDeliveries(Millis now, int limit) override;
 
-  // ScheduleStore (defined in sqlite_schedules.cc)
-  Status InsertSchedule(const Schedule& s) override;
-  Status UpdateSchedule(const Schedule& s) override;
-  Result<Schedule> GetSchedule(const std::string& tenant_id, const std::string& id) override;
-  Result<Paged<Schedule>> ListSchedules(const std::string& tenant_id, const std::string& agent_id,
-                                        const Page& page) override;
-  Status DeleteSchedule(const std::string& tenant_id, const std::string& id) override;
-  Status InsertFire(const ScheduleFire& f) override;
-  Result<std::vector<ScheduleFire>> RecentFires(const std::string& tenant_id,
-                                                const std::string& schedule_id,
-                                                int limit) override;
-  Result<std::optional<ScheduleFire>> FireOfRun(const std::string& tenant_id,
-                                                const std::string& run_id) override;
+  // ScheduleStore
   Result<std::vector<Schedule>> DueSchedules(Millis now, int limit) override;
   Result<std::optional<Millis>> NextFireAt() override;
   // UsageStore (sqlite_usage.cc)
@@ -105,40 +93,14 @@ class SqliteTx final : public SqlTx<SqliteSql> {
   Result<WorkingMemory> GetWorkingMemory(const std::string& tenant_id,
                                          const std::string& agent_id) override;
   Status PutWorkingMemory(const WorkingMemory& w) override;
-  // SkillStore (sqlite_skills.cc)
-  Status UpsertSkill(const Skill& s) override;
-  Result<Skill> GetSkill(const std::string& tenant_id, const std::string& name,
-                         bool with_files) override;
-  Result<std::vector<Skill>> ListSkills(const std::string& tenant_id) override;
-  Status DeleteSkill(const std::string& tenant_id, const std::string& name) override;
-  Status AssignSkill(const SkillAssignment& a) override;
-  Status UnassignSkill(const std::string& tenant_id, const std::string& agent_id,
-                       const std::string& name) override;
-  Result<std::vector<SkillAssignment>> ListSkillAssignments(const std::string& tenant_id,
-                                                            const std::string& name) override;
-  Result<std::vector<Skill>> SkillsForAgent(const std::string& tenant_id,
-                                            const std::string& agent_id, bool with_files) override;
 
-  // CompactionStore (sqlite_compactions.cc)
-  Status InsertCompaction(const Compaction& c) override;
-  Result<std::optional<Compaction>> LatestCompaction(const std::string& tenant_id,
-                                                     const std::string& session_id) override;
-  Result<Paged<Compaction>> ListCompactions(const std::string& tenant_id,
-                                            const std::string& session_id,
-                                            const Page& page) override;
+  // CompactionStore
   Result<Conversation> ConversationSince(const std::string& tenant_id,
                                          const std::string& session_id,
                                          const std::string& after_id, int64_t after_seq,
                                          int limit) override;
 
-  // IntrospectionStore (sqlite_introspection.cc)
-  Status SetSessionDescription(const std::string& tenant_id, const std::string& session_id,
-                               const std::string& description, Millis at) override;
-  Result<int64_t> TurnsSinceIntrospection(const std::string& tenant_id,
-                                          const std::string& session_id) override;
-  Status PutIntrospectionDue(const IntrospectionDue& d) override;
-  Status ClearIntrospectionDue(const std::string& tenant_id, const std::string& session_id,
-                               Millis due_at) override;
+  // IntrospectionStore
   Result<std::vector<IntrospectionDue>> DueIntrospections(Millis now, int limit) override;
 
  private:
