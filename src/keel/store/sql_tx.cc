@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "keel/model/metering.h"
 #include "keel/store/compaction_rows.h"
 #include "keel/store/postgres/pg_conn.h"
 #include "keel/store/row_images.h"
@@ -9,6 +10,7 @@
 #include "keel/store/schedule_rows.h"
 #include "keel/store/skill_rows.h"
 #include "keel/store/sqlite/sqlite_db.h"
+#include "keel/store/usage_rows.h"
 
 namespace keel::store {
 namespace {
@@ -1174,6 +1176,192 @@ Status SqlTx<Sql>::ClearIntrospectionDue(const std::string& tenant_id,
       "DELETE FROM introspection_due WHERE tenant_id=$1 AND session_id=$2 AND due_at=$3";
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
   return sql_.Exec(kSql, tenant_id, session_id, due_at).status();
+}
+
+// ---- UsageStore
+
+template <typename Sql>
+Status SqlTx<Sql>::InsertUsage(const UsageRecord& u) {
+  static const std::string kSql = InsertSql("model_usage", kUsageCols, 13);
+  // Adds the call to a totals row, creating it at zero first.
+  static const std::string kAddToTotals =
+      "INSERT INTO usage_totals(tenant_id, agent_id, period, period_start, " +
+      std::string(kTotalsCols) +
+      ") VALUES($1,$2,$3,$4,1,$5,$6,$7,$8,$9) ON CONFLICT(tenant_id, period, period_start, "
+      "agent_id) DO UPDATE SET calls=usage_totals.calls+1, "
+      "cached_calls=usage_totals.cached_calls+excluded.cached_calls, "
+      "input_tokens=usage_totals.input_tokens+excluded.input_tokens, "
+      "output_tokens=usage_totals.output_tokens+excluded.output_tokens, "
+      "cost_micros=usage_totals.cost_micros+excluded.cost_micros, "
+      "saved_micros=usage_totals.saved_micros+excluded.saved_micros";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(u.tenant_id));
+  KEEL_RETURN_IF_ERROR(Inserted(
+      sql_.Exec(kSql, u.id, u.tenant_id, u.agent_id, u.run_id, u.step_id, u.model, u.input_tokens,
+                u.output_tokens, u.cost_micros, u.saved_micros, u.cached, u.fallback, u.created_at),
+      "usage record already exists: " + u.id));
+  for (const char* period : {model::kPeriodDay, model::kPeriodMonth}) {
+    const Millis start = model::PeriodStart(period, u.created_at);
+    for (const std::string& agent : {u.agent_id, std::string()}) {
+      KEEL_RETURN_IF_ERROR(sql_.Send(kAddToTotals, u.tenant_id, agent, period, start,
+                                     u.cached ? 1 : 0, u.input_tokens, u.output_tokens,
+                                     u.cost_micros, u.saved_micros));
+    }
+  }
+  return Status::Ok();
+}
+
+template <typename Sql>
+Result<UsageTotals> SqlTx<Sql>::RunUsage(const std::string& tenant_id, const std::string& run_id) {
+  static const std::string kSql =
+      "SELECT count(*), coalesce(sum(cached),0), coalesce(sum(input_tokens),0), "
+      "coalesce(sum(output_tokens),0), coalesce(sum(cost_micros),0), "
+      "coalesce(sum(saved_micros),0) FROM model_usage WHERE tenant_id=$1 AND run_id=$2";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, run_id));
+  KEEL_ASSIGN_OR_RETURN(bool found, r.Step());
+  if (!found) return UsageTotals{};
+  return ReadTotals(r, 0);
+}
+
+template <typename Sql>
+Result<UsageTotals> SqlTx<Sql>::PeriodUsage(const std::string& tenant_id,
+                                            const std::string& agent_id, const std::string& period,
+                                            Millis start) {
+  static const std::string kSql = "SELECT " + std::string(kTotalsCols) +
+                                  " FROM usage_totals WHERE tenant_id=$1 AND period=$2 AND "
+                                  "period_start=$3 AND agent_id=$4";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, period, start, agent_id));
+  KEEL_ASSIGN_OR_RETURN(bool found, r.Step());
+  if (!found) return UsageTotals{};
+  return ReadTotals(r, 0);
+}
+
+template <typename Sql>
+Result<std::vector<AgentUsage>> SqlTx<Sql>::PeriodUsageByAgent(const std::string& tenant_id,
+                                                               const std::string& period,
+                                                               Millis start) {
+  static const std::string kSql = "SELECT agent_id, " + std::string(kTotalsCols) +
+                                  " FROM usage_totals WHERE tenant_id=$1 AND period=$2 AND "
+                                  "period_start=$3 AND agent_id<>'' ORDER BY agent_id";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, period, start));
+  return Collect<AgentUsage>(r, [](const typename Sql::Row& row) {
+    return AgentUsage{row.Text(0), ReadTotals(row, 1)};
+  });
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::PutBudget(const Budget& b) {
+  static const std::string kSql =
+      "INSERT INTO budgets(" + std::string(kBudgetCols) +
+      ") VALUES($1,$2,$3,$4,$5,$6) ON CONFLICT(tenant_id, scope, period) DO UPDATE SET "
+      "limit_micros=excluded.limit_micros, updated_at=excluded.updated_at";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(b.tenant_id));
+  return sql_.Exec(kSql, b.tenant_id, b.scope, b.period, b.limit_micros, b.created_at, b.updated_at)
+      .status();
+}
+
+template <typename Sql>
+Result<std::vector<Budget>> SqlTx<Sql>::ListBudgets(const std::string& tenant_id) {
+  static const std::string kSql = "SELECT " + std::string(kBudgetCols) +
+                                  " FROM budgets WHERE tenant_id=$1 ORDER BY scope, period";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id));
+  return Collect<Budget>(r, ReadBudget<typename Sql::Row>);
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::DeleteBudget(const std::string& tenant_id, const std::string& scope,
+                                const std::string& period) {
+  static const std::string kSql =
+      "DELETE FROM budgets WHERE tenant_id=$1 AND scope=$2 AND period=$3";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  return Updated(sql_.Exec(kSql, tenant_id, scope, period),
+                 "no " + period + " budget is set for " + scope);
+}
+
+template <typename Sql>
+Result<std::optional<CacheEntry>> SqlTx<Sql>::GetCacheEntry(const std::string& tenant_id,
+                                                            const std::string& cache_group,
+                                                            const std::string& key,
+                                                            Millis not_before) {
+  static const std::string kSql = "SELECT " + std::string(kCacheCols) +
+                                  " FROM model_cache WHERE tenant_id=$1 AND cache_group=$2 AND "
+                                  "key=$3 AND created_at>=$4";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, cache_group, key, not_before));
+  return Maybe<CacheEntry>(r, ReadCacheEntry<typename Sql::Row>);
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::PutCacheEntry(const CacheEntry& e) {
+  static const std::string kSql =
+      "INSERT INTO model_cache(" + std::string(kCacheCols) +
+      ") VALUES($1,$2,$3,$4,$5,$6,$7,$8) ON CONFLICT(tenant_id, cache_group, key) DO UPDATE SET "
+      "model=excluded.model, response=excluded.response, input_tokens=excluded.input_tokens, "
+      "output_tokens=excluded.output_tokens, created_at=excluded.created_at";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(e.tenant_id));
+  return sql_
+      .Exec(kSql, e.tenant_id, e.cache_group, e.key, e.model, DumpJson(e.response), e.input_tokens,
+            e.output_tokens, e.created_at)
+      .status();
+}
+
+// ---- MemoryStore
+
+template <typename Sql>
+Result<Memory> SqlTx<Sql>::GetMemory(const std::string& tenant_id, const std::string& agent_id,
+                                     const std::string& id) {
+  static const std::string kSql = "SELECT " + std::string(kMemoryCols) +
+                                  " FROM memories WHERE tenant_id=$1 AND agent_id=$2 AND id=$3";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, agent_id, id));
+  return One<Memory>(r, ReadMemory<typename Sql::Row>, "memory not found: " + id);
+}
+
+template <typename Sql>
+Result<Memory> SqlTx<Sql>::FindMemory(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kMemoryCols) + " FROM memories WHERE tenant_id=$1 AND id=$2";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, id));
+  return One<Memory>(r, ReadMemory<typename Sql::Row>, "memory not found: " + id);
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::DeleteMemory(const std::string& tenant_id, const std::string& agent_id,
+                                const std::string& id) {
+  static const std::string kSql =
+      "DELETE FROM memories WHERE tenant_id=$1 AND agent_id=$2 AND id=$3";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  return Updated(sql_.Exec(kSql, tenant_id, agent_id, id), "memory not found: " + id);
+}
+
+template <typename Sql>
+Result<WorkingMemory> SqlTx<Sql>::GetWorkingMemory(const std::string& tenant_id,
+                                                   const std::string& agent_id) {
+  static const std::string kSql =
+      "SELECT text, updated_at FROM working_memories WHERE tenant_id=$1 AND agent_id=$2";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, agent_id));
+  KEEL_ASSIGN_OR_RETURN(bool found, r.Step());
+  WorkingMemory w{tenant_id, agent_id, "", 0};
+  if (found) {
+    w.text = r.Text(0);
+    w.updated_at = r.Int(1);
+  }
+  return w;
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::PutWorkingMemory(const WorkingMemory& w) {
+  static const std::string kSql =
+      "INSERT INTO working_memories(tenant_id, agent_id, text, updated_at) VALUES($1,$2,$3,$4) "
+      "ON CONFLICT(tenant_id, agent_id) DO UPDATE SET text=excluded.text, "
+      "updated_at=excluded.updated_at";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(w.tenant_id));
+  return sql_.Exec(kSql, w.tenant_id, w.agent_id, w.text, w.updated_at).status();
 }
 
 template class SqlTx<sqlite::SqliteSql>;

@@ -8,6 +8,8 @@
 //   Row                          the row a reader of store/rows.h reads (Text, Int, OptInt)
 //   Query(sql, args...)          Result<Row> to Step() through, the statement run with `args`
 //   Exec(sql, args...)           Result<int64_t>, the rows an INSERT, UPDATE or DELETE changed
+//   Send(sql, args...)           Status, a write whose result is not read (pipelined on
+//                                PostgreSQL: its failure fails the unit when collected)
 //   BindTenant(tenant_id)        the tenant the next statements read and write (row-level
 //                                security on PostgreSQL, nothing on SQLite)
 //   Limit(n)                     a LIMIT parameter, negative n meaning no limit
@@ -238,6 +240,32 @@ class SqlTx : public Tx,
   Status PutIntrospectionDue(const IntrospectionDue& d) override;
   Status ClearIntrospectionDue(const std::string& tenant_id, const std::string& session_id,
                                Millis due_at) override;
+  // UsageStore
+  Status InsertUsage(const UsageRecord& u) override;
+  Result<UsageTotals> RunUsage(const std::string& tenant_id, const std::string& run_id) override;
+  Result<UsageTotals> PeriodUsage(const std::string& tenant_id, const std::string& agent_id,
+                                  const std::string& period, Millis start) override;
+  Result<std::vector<AgentUsage>> PeriodUsageByAgent(const std::string& tenant_id,
+                                                     const std::string& period,
+                                                     Millis start) override;
+  Status PutBudget(const Budget& b) override;
+  Result<std::vector<Budget>> ListBudgets(const std::string& tenant_id) override;
+  Status DeleteBudget(const std::string& tenant_id, const std::string& scope,
+                      const std::string& period) override;
+  Result<std::optional<CacheEntry>> GetCacheEntry(const std::string& tenant_id,
+                                                  const std::string& cache_group,
+                                                  const std::string& key,
+                                                  Millis not_before) override;
+  Status PutCacheEntry(const CacheEntry& e) override;
+  // MemoryStore
+  Result<Memory> GetMemory(const std::string& tenant_id, const std::string& agent_id,
+                           const std::string& id) override;
+  Result<Memory> FindMemory(const std::string& tenant_id, const std::string& id) override;
+  Status DeleteMemory(const std::string& tenant_id, const std::string& agent_id,
+                      const std::string& id) override;
+  Result<WorkingMemory> GetWorkingMemory(const std::string& tenant_id,
+                                         const std::string& agent_id) override;
+  Status PutWorkingMemory(const WorkingMemory& w) override;
 
  protected:
   // `audit_key`: signs the chain heads this Tx writes (store/audit.h); "" unsigned.

@@ -220,6 +220,12 @@ class PgSql {
     KEEL_ASSIGN_OR_RETURN(Rows rows, conn_.Query(sql, P(args...)));
     return rows.affected();
   }
+  // A write whose result is not read: pipelined, it goes out with the next statement that needs
+  // an answer (or the commit), and a failure fails the unit when it is collected.
+  template <typename... Args>
+  Status Send(const std::string& sql, const Args&... args) {
+    return conn_.Send(sql, P(args...));
+  }
   // Sets app.tenant_id for the rest of the transaction unless it already holds `tenant_id`
   // (pipelined: it goes out with the statement that needs it).
   Status BindTenant(const std::string& tenant_id);

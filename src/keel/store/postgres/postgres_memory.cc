@@ -41,35 +41,6 @@ Status PostgresTx::UpsertMemory(const Memory& m) {
                             m.created_at, m.updated_at));
 }
 
-Result<Memory> PostgresTx::GetMemory(const std::string& tenant_id, const std::string& agent_id,
-                                     const std::string& id) {
-  static const std::string kSql = "SELECT " + std::string(kMemoryCols) +
-                                  " FROM memories WHERE tenant_id=$1 AND agent_id=$2 AND id=$3";
-  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
-  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, agent_id, id)));
-  if (rows.empty()) return NotFound("memory not found: " + id);
-  return ReadMemory(Row(rows, 0));
-}
-
-Result<Memory> PostgresTx::FindMemory(const std::string& tenant_id, const std::string& id) {
-  static const std::string kSql =
-      "SELECT " + std::string(kMemoryCols) + " FROM memories WHERE tenant_id=$1 AND id=$2";
-  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
-  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, id)));
-  if (rows.empty()) return NotFound("memory not found: " + id);
-  return ReadMemory(Row(rows, 0));
-}
-
-Status PostgresTx::DeleteMemory(const std::string& tenant_id, const std::string& agent_id,
-                                const std::string& id) {
-  static const std::string kSql =
-      "DELETE FROM memories WHERE tenant_id=$1 AND agent_id=$2 AND id=$3 RETURNING id";
-  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
-  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, agent_id, id)));
-  if (rows.empty()) return NotFound("memory not found: " + id);
-  return Status::Ok();
-}
-
 Result<Paged<Memory>> PostgresTx::ListMemories(const std::string& tenant_id,
                                                const std::string& agent_id, const std::string& tag,
                                                const Page& page) {
@@ -113,29 +84,6 @@ Result<std::vector<MemoryHit>> PostgresTx::SearchMemories(const std::string& ten
   return Collect<MemoryHit>(rows, [](const Row& r) {
     return MemoryHit{ReadMemory(r), Score(r.Text(8))};
   });
-}
-
-Result<WorkingMemory> PostgresTx::GetWorkingMemory(const std::string& tenant_id,
-                                                   const std::string& agent_id) {
-  static const std::string kSql =
-      "SELECT text, updated_at FROM working_memories WHERE tenant_id=$1 AND agent_id=$2";
-  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
-  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, agent_id)));
-  WorkingMemory w{tenant_id, agent_id, "", 0};
-  if (!rows.empty()) {
-    w.text = rows.Text(0, 0);
-    w.updated_at = rows.Int(0, 1);
-  }
-  return w;
-}
-
-Status PostgresTx::PutWorkingMemory(const WorkingMemory& w) {
-  static const std::string kSql =
-      "INSERT INTO working_memories(tenant_id, agent_id, text, updated_at) VALUES($1,$2,$3,$4) "
-      "ON CONFLICT(tenant_id, agent_id) DO UPDATE SET text=EXCLUDED.text, "
-      "updated_at=EXCLUDED.updated_at";
-  KEEL_RETURN_IF_ERROR(BindTenant(w.tenant_id));
-  return conn_.Query(kSql, P(w.tenant_id, w.agent_id, w.text, w.updated_at)).status();
 }
 
 }  // namespace keel::store::postgres

@@ -529,4 +529,11 @@ Result<Conversation> PostgresTx::ConversationSince(const std::string& tenant_id,
   return out;
 }
 
+// Runtime-wide: the owner's function deletes across tenants and returns only the count.
+Result<int64_t> PostgresTx::PruneCache(Millis before, int64_t max_entries) {
+  static const std::string kSql = "SELECT keel_prune_cache($1, $2)";
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(before, max_entries)));
+  return rows.empty() ? 0 : rows.Int(0, 0);
+}
+
 }  // namespace keel::store::postgres

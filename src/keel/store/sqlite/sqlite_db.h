@@ -130,6 +130,11 @@ class SqliteSql {
     KEEL_ASSIGN_OR_RETURN(Stmt s, db_.Prepare(sql));
     return s.BindAll(args...).RunCount();
   }
+  // A write whose result is not read: run at once here.
+  template <typename... Args>
+  Status Send(const std::string& sql, const Args&... args) {
+    return Exec(sql, args...).status();
+  }
   Status BindTenant(const std::string&) { return Status::Ok(); }
   // A LIMIT parameter; a negative one is no limit.
   static int64_t Limit(int limit) { return limit; }

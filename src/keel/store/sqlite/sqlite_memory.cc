@@ -163,38 +163,6 @@ Status SqliteTx::UpsertMemory(const Memory& m) {
       .Run();
 }
 
-Result<Memory> SqliteTx::GetMemory(const std::string& tenant_id, const std::string& agent_id,
-                                   const std::string& id) {
-  static const std::string kSql = "SELECT " + std::string(kMemoryCols) +
-                                  " FROM memories WHERE tenant_id=? AND agent_id=? AND id=?";
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
-  s.BindAll(tenant_id, agent_id, id);
-  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
-  if (!row) return NotFound("memory not found: " + id);
-  return ReadMemory(s);
-}
-
-Result<Memory> SqliteTx::FindMemory(const std::string& tenant_id, const std::string& id) {
-  static const std::string kSql =
-      "SELECT " + std::string(kMemoryCols) + " FROM memories WHERE tenant_id=? AND id=?";
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
-  s.BindAll(tenant_id, id);
-  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
-  if (!row) return NotFound("memory not found: " + id);
-  return ReadMemory(s);
-}
-
-Status SqliteTx::DeleteMemory(const std::string& tenant_id, const std::string& agent_id,
-                              const std::string& id) {
-  static const std::string kSql =
-      "DELETE FROM memories WHERE tenant_id=? AND agent_id=? AND id=?";
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
-  s.BindAll(tenant_id, agent_id, id);
-  KEEL_ASSIGN_OR_RETURN(bool row, s.RunChanged());
-  if (!row) return NotFound("memory not found: " + id);
-  return Status::Ok();
-}
-
 Result<Paged<Memory>> SqliteTx::ListMemories(const std::string& tenant_id,
                                              const std::string& agent_id, const std::string& tag,
                                              const Page& page) {
@@ -251,30 +219,6 @@ Result<std::vector<MemoryHit>> SqliteTx::SearchMemories(const std::string& tenan
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(match, kMemorySearchCandidates, tenant_id, agent_id, std::clamp(search.limit, 1, 100));
   return Collect<MemoryHit>(s, [](const Stmt& r) { return MemoryHit{ReadMemory(r), r.Double(8)}; });
-}
-
-Result<WorkingMemory> SqliteTx::GetWorkingMemory(const std::string& tenant_id,
-                                                 const std::string& agent_id) {
-  static const std::string kSql =
-      "SELECT text, updated_at FROM working_memories WHERE tenant_id=? AND agent_id=?";
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
-  s.BindAll(tenant_id, agent_id);
-  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
-  WorkingMemory w{tenant_id, agent_id, "", 0};
-  if (row) {
-    w.text = s.Text(0);
-    w.updated_at = s.Int(1);
-  }
-  return w;
-}
-
-Status SqliteTx::PutWorkingMemory(const WorkingMemory& w) {
-  static const std::string kSql =
-      "INSERT INTO working_memories(tenant_id, agent_id, text, updated_at) VALUES(?,?,?,?) "
-      "ON CONFLICT(tenant_id, agent_id) DO UPDATE SET text=excluded.text, "
-      "updated_at=excluded.updated_at";
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
-  return s.BindAll(w.tenant_id, w.agent_id, w.text, w.updated_at).Run();
 }
 
 // ImportRow leaves the scope empty (and seq to SQLite, rising in import order: each agent's

@@ -1,5 +1,7 @@
 #include "keel/store/sqlite/sqlite_tx.h"
 
+#include <sqlite3.h>
+
 #include <algorithm>
 
 #include "keel/common/ids.h"
@@ -441,6 +443,23 @@ Result<Conversation> SqliteTx::ConversationSince(const std::string& tenant_id,
               [](const Message& a, const Message& b) { return a.id < b.id; });
   }
   return out;
+}
+
+Result<int64_t> SqliteTx::PruneCache(Millis before, int64_t max_entries) {
+  static const std::string kExpired = "DELETE FROM model_cache WHERE created_at<?";
+  static const std::string kOldest =
+      "DELETE FROM model_cache WHERE rowid IN (SELECT rowid FROM model_cache "
+      "ORDER BY created_at DESC LIMIT -1 OFFSET ?)";
+  int64_t deleted = 0;
+  {
+    KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kExpired));
+    KEEL_RETURN_IF_ERROR(s.BindAll(before).Run());
+    deleted += sqlite3_changes(db_.raw());
+  }
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kOldest));
+  KEEL_RETURN_IF_ERROR(s.BindAll(max_entries).Run());
+  deleted += sqlite3_changes(db_.raw());
+  return deleted;
 }
 
 }  // namespace keel::store::sqlite

@@ -60,39 +60,15 @@ class SqliteTx final : public SqlTx<SqliteSql> {
   // ScheduleStore
   Result<std::vector<Schedule>> DueSchedules(Millis now, int limit) override;
   Result<std::optional<Millis>> NextFireAt() override;
-  // UsageStore (sqlite_usage.cc)
-  Status InsertUsage(const UsageRecord& u) override;
-  Result<UsageTotals> RunUsage(const std::string& tenant_id, const std::string& run_id) override;
-  Result<UsageTotals> PeriodUsage(const std::string& tenant_id, const std::string& agent_id,
-                                  const std::string& period, Millis start) override;
-  Result<std::vector<AgentUsage>> PeriodUsageByAgent(const std::string& tenant_id,
-                                                     const std::string& period,
-                                                     Millis start) override;
-  Status PutBudget(const Budget& b) override;
-  Result<std::vector<Budget>> ListBudgets(const std::string& tenant_id) override;
-  Status DeleteBudget(const std::string& tenant_id, const std::string& scope,
-                      const std::string& period) override;
-  Result<std::optional<CacheEntry>> GetCacheEntry(const std::string& tenant_id,
-                                                  const std::string& cache_group,
-                                                  const std::string& key,
-                                                  Millis not_before) override;
-  Status PutCacheEntry(const CacheEntry& e) override;
+  // UsageStore
   Result<int64_t> PruneCache(Millis before, int64_t max_entries) override;
   // MemoryStore (sqlite_memory.cc)
   Status UpsertMemory(const Memory& m) override;
-  Result<Memory> GetMemory(const std::string& tenant_id, const std::string& agent_id,
-                           const std::string& id) override;
-  Result<Memory> FindMemory(const std::string& tenant_id, const std::string& id) override;
-  Status DeleteMemory(const std::string& tenant_id, const std::string& agent_id,
-                      const std::string& id) override;
   Result<Paged<Memory>> ListMemories(const std::string& tenant_id, const std::string& agent_id,
                                      const std::string& tag, const Page& page) override;
   Result<std::vector<MemoryHit>> SearchMemories(const std::string& tenant_id,
                                                 const std::string& agent_id,
                                                 const MemorySearch& search) override;
-  Result<WorkingMemory> GetWorkingMemory(const std::string& tenant_id,
-                                         const std::string& agent_id) override;
-  Status PutWorkingMemory(const WorkingMemory& w) override;
 
   // CompactionStore
   Result<Conversation> ConversationSince(const std::string& tenant_id,
