@@ -355,6 +355,20 @@ inline std::string MemoryCursorKey(const Memory& m) {
   return std::to_string(m.updated_at) + ":" + m.id;
 }
 
+// The columns of an exported table, as a SELECT or INSERT lists them.
+inline std::string ColumnList(const ExportTableSpec& t) {
+  std::string out;
+  for (const auto& c : t.columns) out += (out.empty() ? "" : ", ") + std::string(c.name);
+  return out;
+}
+
+// The exported table named `table`, or kInvalidArgument.
+inline Result<const ExportTableSpec*> ExportTableOf(const std::string& table) {
+  const ExportTableSpec* spec = FindExportTable(table);
+  if (!spec) return InvalidArgument("not an exported table: " + table);
+  return spec;
+}
+
 // A list page's size: 1 to 500 items.
 inline int ClampLimit(int limit) { return std::clamp(limit, 1, 500); }
 

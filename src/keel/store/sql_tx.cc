@@ -1338,6 +1338,24 @@ Status SqlTx<Sql>::DeleteMemory(const std::string& tenant_id, const std::string&
   return Updated(sql_.Exec(kSql, tenant_id, agent_id, id), "memory not found: " + id);
 }
 
+// Newest first: the cursor is the last item's (updated_at, id).
+template <typename Sql>
+Result<Paged<Memory>> SqlTx<Sql>::ListMemories(const std::string& tenant_id,
+                                               const std::string& agent_id, const std::string& tag,
+                                               const Page& page) {
+  const int limit = ClampLimit(page.limit);
+  KEEL_ASSIGN_OR_RETURN(auto start, DeliveryCursorStart(page.cursor));
+  static const std::string kSql =
+      "SELECT " + std::string(kMemoryCols) +
+      " FROM memories WHERE tenant_id=$1 AND agent_id=$2 AND (updated_at, id) < ($3, $4) AND "
+      "($5 = '' OR " +
+      std::string(Sql::kMemoryHasTag) + ") ORDER BY updated_at DESC, id DESC LIMIT $6";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(
+      auto r, sql_.Query(kSql, tenant_id, agent_id, start.first, start.second, tag, limit + 1));
+  return PageOf<Memory>(r, ReadMemory<typename Sql::Row>, limit, MemoryCursorKey);
+}
+
 template <typename Sql>
 Result<WorkingMemory> SqlTx<Sql>::GetWorkingMemory(const std::string& tenant_id,
                                                    const std::string& agent_id) {

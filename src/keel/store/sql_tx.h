@@ -17,6 +17,7 @@
 //                                passing over a row another transaction holds
 //   kLockKeyShare                appended to a SELECT whose row must not be deleted until the
 //                                transaction ends
+//   kMemoryHasTag                whether a memories row's tags (a JSON array) hold the tag $5
 // The SQL is written once, with PostgreSQL's $N parameters, which SQLite reads as ?N.
 // Inserts say ON CONFLICT DO NOTHING and report a duplicate as kConflict with a message that
 // names it, so that a duplicate leaves the transaction usable on both backends.
@@ -263,6 +264,8 @@ class SqlTx : public Tx,
   Result<Memory> FindMemory(const std::string& tenant_id, const std::string& id) override;
   Status DeleteMemory(const std::string& tenant_id, const std::string& agent_id,
                       const std::string& id) override;
+  Result<Paged<Memory>> ListMemories(const std::string& tenant_id, const std::string& agent_id,
+                                     const std::string& tag, const Page& page) override;
   Result<WorkingMemory> GetWorkingMemory(const std::string& tenant_id,
                                          const std::string& agent_id) override;
   Status PutWorkingMemory(const WorkingMemory& w) override;

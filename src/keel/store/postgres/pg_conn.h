@@ -207,6 +207,7 @@ class PgSql {
   using Row = Cursor;
   static constexpr const char* kLockSkipLocked = " FOR UPDATE SKIP LOCKED";
   static constexpr const char* kLockKeyShare = " FOR KEY SHARE";
+  static constexpr const char* kMemoryHasTag = "tags::jsonb ? $5";
 
   explicit PgSql(Conn& conn) : conn_(conn) {}
 

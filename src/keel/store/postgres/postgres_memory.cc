@@ -41,28 +41,6 @@ Status PostgresTx::UpsertMemory(const Memory& m) {
                             m.created_at, m.updated_at));
 }
 
-Result<Paged<Memory>> PostgresTx::ListMemories(const std::string& tenant_id,
-                                               const std::string& agent_id, const std::string& tag,
-                                               const Page& page) {
-  const int limit = std::clamp(page.limit, 1, 500);
-  KEEL_ASSIGN_OR_RETURN(auto start, DeliveryCursorStart(page.cursor));
-  static const std::string kSql =
-      "SELECT " + std::string(kMemoryCols) +
-      " FROM memories WHERE tenant_id=$1 AND agent_id=$2 AND (updated_at, id) < ($3, $4) AND "
-      "($5 = '' OR tags::jsonb ? $5) ORDER BY updated_at DESC, id DESC LIMIT $6";
-  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
-  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, agent_id, start.first,
-                                                       start.second, tag, limit + 1)));
-  std::vector<Memory> items = Collect<Memory>(rows, ReadMemory<Row>);
-  Paged<Memory> out;
-  if (static_cast<int>(items.size()) > limit) {
-    items.resize(limit);
-    out.next_cursor = EncodeCursor(MemoryCursorKey(items.back()));
-  }
-  out.items = std::move(items);
-  return out;
-}
-
 // Planned for each query (not a prepared statement's generic plan): whether the agent's newest
 // rows, read backwards through memories_seq_order, or the GIN index find the candidates faster
 // depends on how common the query's words are, which the planner knows from the statistics.

@@ -344,22 +344,6 @@ Result<int64_t> PostgresTx::LastPosition(const std::string& tenant_id) {
 
 // ---- ExportStore
 
-namespace {
-
-std::string ColumnList(const ExportTableSpec& t) {
-  std::string out;
-  for (const auto& c : t.columns) out += (out.empty() ? "" : ", ") + std::string(c.name);
-  return out;
-}
-
-Result<const ExportTableSpec*> ExportTableOf(const std::string& table) {
-  const ExportTableSpec* spec = FindExportTable(table);
-  if (!spec) return InvalidArgument("not an exported table: " + table);
-  return spec;
-}
-
-}  // namespace
-
 // Each tenant's rows are read bound to it. All tenants' rows (`tenant_id` empty) are every
 // tenant's in turn, merged into the table's order: the runtime role has no wider view.
 Status PostgresTx::ExportTable(const std::string& tenant_id, const std::string& table,

@@ -93,8 +93,6 @@ class PostgresTx final : public SqlTx<PgSql> {
   Result<int64_t> PruneCache(Millis before, int64_t max_entries) override;
   // MemoryStore (postgres_memory.cc)
   Status UpsertMemory(const Memory& m) override;
-  Result<Paged<Memory>> ListMemories(const std::string& tenant_id, const std::string& agent_id,
-                                     const std::string& tag, const Page& page) override;
   Result<std::vector<MemoryHit>> SearchMemories(const std::string& tenant_id,
                                                 const std::string& agent_id,
                                                 const MemorySearch& search) override;

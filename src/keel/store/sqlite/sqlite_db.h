@@ -116,6 +116,9 @@ class SqliteSql {
   // One writer: a row read in the write transaction cannot be taken by another.
   static constexpr const char* kLockSkipLocked = "";
   static constexpr const char* kLockKeyShare = "";
+  // Whether the memories row's tags (a JSON array) hold the tag $5.
+  static constexpr const char* kMemoryHasTag =
+      "EXISTS (SELECT 1 FROM json_each(memories.tags) WHERE value = $5)";
 
   explicit SqliteSql(Db& db) : db_(db) {}
 

@@ -163,28 +163,6 @@ Status SqliteTx::UpsertMemory(const Memory& m) {
       .Run();
 }
 
-Result<Paged<Memory>> SqliteTx::ListMemories(const std::string& tenant_id,
-                                             const std::string& agent_id, const std::string& tag,
-                                             const Page& page) {
-  const int limit = std::clamp(page.limit, 1, 500);
-  KEEL_ASSIGN_OR_RETURN(auto start, DeliveryCursorStart(page.cursor));
-  static const std::string kSql =
-      "SELECT " + std::string(kMemoryCols) +
-      " FROM memories WHERE tenant_id=?1 AND agent_id=?2 AND (updated_at, id) < (?3, ?4) AND "
-      "(?5 = '' OR EXISTS (SELECT 1 FROM json_each(memories.tags) WHERE value = ?5)) "
-      "ORDER BY updated_at DESC, id DESC LIMIT ?6";
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
-  s.BindAll(tenant_id, agent_id, start.first, start.second, tag, limit + 1);
-  KEEL_ASSIGN_OR_RETURN(auto items, Collect<Memory>(s, ReadMemory<Stmt>));
-  Paged<Memory> out;
-  if (static_cast<int>(items.size()) > limit) {
-    items.resize(limit);
-    out.next_cursor = EncodeCursor(MemoryCursorKey(items.back()));
-  }
-  out.items = std::move(items);
-  return out;
-}
-
 // The candidates are the agent's newest matches (ORDER BY rowid LIMIT: FTS5 stops after them),
 // so keel_rank scores at most kMemorySearchCandidates rows.
 Result<std::vector<MemoryHit>> SqliteTx::SearchMemories(const std::string& tenant_id,

@@ -294,22 +294,6 @@ Result<int64_t> SqliteTx::LastPosition(const std::string& tenant_id) {
 
 // ---- ExportStore
 
-namespace {
-
-std::string ColumnList(const ExportTableSpec& t) {
-  std::string out;
-  for (const auto& c : t.columns) out += (out.empty() ? "" : ", ") + std::string(c.name);
-  return out;
-}
-
-Result<const ExportTableSpec*> ExportTableOf(const std::string& table) {
-  const ExportTableSpec* spec = FindExportTable(table);
-  if (!spec) return InvalidArgument("not an exported table: " + table);
-  return spec;
-}
-
-}  // namespace
-
 Status SqliteTx::ExportTable(const std::string& tenant_id, const std::string& table,
                              const std::function<Status(const Json& row)>& emit) {
   KEEL_ASSIGN_OR_RETURN(const ExportTableSpec* spec, ExportTableOf(table));

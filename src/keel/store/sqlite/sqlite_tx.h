@@ -64,8 +64,6 @@ class SqliteTx final : public SqlTx<SqliteSql> {
   Result<int64_t> PruneCache(Millis before, int64_t max_entries) override;
   // MemoryStore (sqlite_memory.cc)
   Status UpsertMemory(const Memory& m) override;
-  Result<Paged<Memory>> ListMemories(const std::string& tenant_id, const std::string& agent_id,
-                                     const std::string& tag, const Page& page) override;
   Result<std::vector<MemoryHit>> SearchMemories(const std::string& tenant_id,
                                                 const std::string& agent_id,
                                                 const MemorySearch& search) override;
