@@ -315,8 +315,9 @@ ToolCall ReadToolCall(const Row& s) {
 inline constexpr const char* kEventCols =
     "tenant_position, id, tenant_id, type, origin, origin_seq, agent_id, session_id, run_id, "
     "payload, occurred_at";
+// All but the payload (column 9), which the audit chain hashes as stored.
 template <typename Row>
-Event ReadEvent(const Row& s) {
+Event ReadEventHead(const Row& s) {
   Event e;
   e.position = s.Int(0);
   e.id = s.Text(1);
@@ -327,8 +328,13 @@ Event ReadEvent(const Row& s) {
   e.agent_id = s.Text(6);
   e.session_id = s.Text(7);
   e.run_id = s.Text(8);
-  e.payload = ParseStored(s.Text(9));
   e.occurred_at = s.Int(10);
+  return e;
+}
+template <typename Row>
+Event ReadEvent(const Row& s) {
+  Event e = ReadEventHead(s);
+  e.payload = ParseStored(s.Text(9));
   return e;
 }
 

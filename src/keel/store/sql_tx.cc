@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "keel/common/ids.h"
+#include "keel/common/time.h"
 #include "keel/model/metering.h"
 #include "keel/store/compaction_rows.h"
 #include "keel/store/postgres/pg_conn.h"
@@ -94,6 +96,21 @@ Tenant ReadTenant(const Row& r) {
 template <typename Sql>
 SqlTx<Sql>::SqlTx(Sql sql, std::string origin, std::string audit_key)
     : sql_(std::move(sql)), origin_(std::move(origin)), sealer_(std::move(audit_key)) {}
+
+template <typename Sql>
+Event& SqlTx<Sql>::NewAppended(NewEvent n) {
+  Event& e = appended_.emplace_back();
+  e.id = NewId();
+  e.tenant_id = std::move(n.tenant_id);
+  e.type = std::move(n.type);
+  e.origin = origin_;
+  e.agent_id = std::move(n.agent_id);
+  e.session_id = std::move(n.session_id);
+  e.run_id = std::move(n.run_id);
+  e.payload = n.payload.is_object() ? std::move(n.payload) : Json::object();
+  e.occurred_at = NowMillis();
+  return e;
+}
 
 // ---- TenantStore
 

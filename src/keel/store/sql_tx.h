@@ -275,6 +275,10 @@ class SqlTx : public Tx,
   SqlTx(Sql sql, std::string origin, std::string audit_key);
   ~SqlTx() override = default;
 
+  // `n` as the event this Tx appends (its id, origin and time), added to appended_; the backend
+  // numbers it, stores it, and takes it back out if that fails.
+  Event& NewAppended(NewEvent n);
+
   Sql sql_;
   std::string origin_;
   std::vector<Event> appended_;

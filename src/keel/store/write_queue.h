@@ -53,4 +53,23 @@ class WriteQueue {
   StoreStats stats_;               // GUARDED_BY(mu_)
 };
 
+// What both backends' stores do the same way: units go into a WriteQueue that the backend's
+// writer thread drains, and its commits are announced to one listener.
+class QueuedStore : public Store {
+ public:
+  void Write(WriteFn fn, WriteDone done) override { queue_.Push(std::move(fn), std::move(done)); }
+  void WriteUrgent(WriteFn fn, WriteDone done) override {
+    queue_.Push(std::move(fn), std::move(done), /*urgent=*/true);
+  }
+  // REQUIRES: before the writer starts.
+  void SetCommitListener(std::function<void(const std::vector<Event>&)> listener) override {
+    listener_ = std::move(listener);
+  }
+  StoreStats stats() const override { return queue_.stats(); }
+
+ protected:
+  WriteQueue queue_;
+  std::function<void(const std::vector<Event>&)> listener_;  // called on the writer thread
+};
+
 }  // namespace keel::store

@@ -56,7 +56,7 @@ namespace keel::store::postgres {
 class Conn;
 class PostgresTx;
 
-class PostgresStore final : public Store {
+class PostgresStore final : public QueuedStore {
  public:
   // `url`: postgres://user[:password]@host[:port]/db[?param=value...] (libpq syntax).
   // `audit_key` signs the audit chain heads (store/audit.h); "" leaves them unsigned.
@@ -75,17 +75,9 @@ class PostgresStore final : public Store {
   Status Read(const std::function<Status(Tx&)>& fn) override;
   // On one of kReadThreads threads, so that no caller's event loop waits on the network.
   void ReadAsync(std::function<Status(Tx&)> fn, std::function<void(Status)> done) override;
-  void Write(WriteFn fn, WriteDone done) override { queue_.Push(std::move(fn), std::move(done)); }
-  void WriteUrgent(WriteFn fn, WriteDone done) override {
-    queue_.Push(std::move(fn), std::move(done), /*urgent=*/true);
-  }
-  void SetCommitListener(std::function<void(const std::vector<Event>&)> listener) override {
-    listener_ = std::move(listener);
-  }
   void SetRemoteCommitListener(std::function<void()> listener) override;
   std::string origin() const override { return options_.origin; }
   bool leader() const override { return leader_.load(); }
-  StoreStats stats() const override { return queue_.stats(); }
   void Close() override;
 
  private:
@@ -125,8 +117,6 @@ class PostgresStore final : public Store {
 
   std::unique_ptr<Session> writer_;  // owned by the writer thread once started
 
-  WriteQueue queue_;
-
   std::mutex readers_mu_;
   std::vector<std::unique_ptr<Session>> idle_readers_;  // GUARDED_BY(readers_mu_)
 
@@ -140,7 +130,6 @@ class PostgresStore final : public Store {
   bool reads_closed_ = false;    // GUARDED_BY(reads_mu_)
   std::vector<std::thread> read_threads_;
 
-  std::function<void(const std::vector<Event>&)> listener_;
   std::thread writer_thread_;
 
   std::mutex listener_mu_;

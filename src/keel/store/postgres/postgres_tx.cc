@@ -194,16 +194,7 @@ Status PostgresTx::RenewLeases(const std::string& owner, const std::vector<std::
 // ---- EventLog
 
 Status PostgresTx::Append(NewEvent n) {
-  Event& e = appended_.emplace_back();
-  e.id = NewId();
-  e.tenant_id = std::move(n.tenant_id);
-  e.type = std::move(n.type);
-  e.origin = origin_;
-  e.agent_id = std::move(n.agent_id);
-  e.session_id = std::move(n.session_id);
-  e.run_id = std::move(n.run_id);
-  e.payload = n.payload.is_object() ? std::move(n.payload) : Json::object();
-  e.occurred_at = NowMillis();
+  Event& e = NewAppended(std::move(n));
   // The tenant's position and its origin_seq are computed inside the insert (SqliteTx reads them
   // first and binds them; the rule is the same), each one probe of its unique index: a rolled back unit takes its numbers with it, so there
   // is never a gap, and since every write transaction of the cluster holds the write lock
@@ -297,17 +288,7 @@ Status PostgresTx::BackfillChains() {
     std::string positions = "{";
     std::string hashes = "{";
     for (int r = 0; r < rows.size(); ++r) {
-      Event e;
-      e.position = rows.Int(r, 0);
-      e.id = rows.Text(r, 1);
-      e.tenant_id = rows.Text(r, 2);
-      e.type = rows.Text(r, 3);
-      e.origin = rows.Text(r, 4);
-      e.origin_seq = rows.Int(r, 5);
-      e.agent_id = rows.Text(r, 6);
-      e.session_id = rows.Text(r, 7);
-      e.run_id = rows.Text(r, 8);
-      e.occurred_at = rows.Int(r, 10);
+      const Event e = ReadEventHead(Row(rows, r));
       const std::string payload = rows.Text(r, 9);
       const ChainedFields chained = ChainedOf(e, payload);
       KEEL_ASSIGN_OR_RETURN(std::string hash, sealer_.Next(chained, head_loader_));

@@ -20,7 +20,7 @@ namespace keel::store::sqlite {
 class Db;
 class SqliteTx;
 
-class SqliteStore final : public Store {
+class SqliteStore final : public QueuedStore {
  public:
   // `audit_key` signs the audit chain heads (store/audit.h); "" leaves them unsigned.
   static Result<std::unique_ptr<Store>> Open(const std::string& path, const StoreOptions& options,
@@ -32,15 +32,7 @@ class SqliteStore final : public Store {
   Status Read(const std::function<Status(Tx&)>& fn) override;
   // The same snapshot, on a connection that does not map the file (see Reader::mapped).
   void ReadAsync(std::function<Status(Tx&)> fn, std::function<void(Status)> done) override;
-  void Write(WriteFn fn, WriteDone done) override { queue_.Push(std::move(fn), std::move(done)); }
-  void WriteUrgent(WriteFn fn, WriteDone done) override {
-    queue_.Push(std::move(fn), std::move(done), /*urgent=*/true);
-  }
-  void SetCommitListener(std::function<void(const std::vector<Event>&)> listener) override {
-    listener_ = std::move(listener);
-  }
   std::string origin() const override { return options_.origin; }
-  StoreStats stats() const override { return queue_.stats(); }
   void Close() override;
 
  private:
@@ -68,12 +60,9 @@ class SqliteStore final : public Store {
   std::unique_ptr<Db> writer_db_;       // owned by the writer thread once started
   std::unique_ptr<SqliteTx> writer_tx_;
 
-  WriteQueue queue_;
-
   std::mutex readers_mu_;
   std::vector<std::unique_ptr<Reader>> idle_readers_[2];  // GUARDED_BY(readers_mu_), [mapped]
 
-  std::function<void(const std::vector<Event>&)> listener_;
   std::thread writer_;
 };
 

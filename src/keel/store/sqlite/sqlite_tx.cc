@@ -140,16 +140,7 @@ Status SqliteTx::RenewLeases(const std::string& owner, const std::vector<std::st
 // ---- EventLog
 
 Status SqliteTx::Append(NewEvent n) {
-  Event& e = appended_.emplace_back();
-  e.id = NewId();
-  e.tenant_id = std::move(n.tenant_id);
-  e.type = std::move(n.type);
-  e.origin = origin_;
-  e.agent_id = std::move(n.agent_id);
-  e.session_id = std::move(n.session_id);
-  e.run_id = std::move(n.run_id);
-  e.payload = n.payload.is_object() ? std::move(n.payload) : Json::object();
-  e.occurred_at = NowMillis();
+  Event& e = NewAppended(std::move(n));
   // As stored: with the row images the unit carried (the Json payload handed to live streams
   // leaves them out).
   std::string payload = DumpJson(e.payload);
@@ -248,18 +239,7 @@ Status SqliteTx::BackfillChains() {
   while (true) {
     KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
     if (!row) break;
-    Event e;
-    e.position = s.Int(0);
-    e.id = s.Text(1);
-    e.tenant_id = s.Text(2);
-    e.type = s.Text(3);
-    e.origin = s.Text(4);
-    e.origin_seq = s.Int(5);
-    e.agent_id = s.Text(6);
-    e.session_id = s.Text(7);
-    e.run_id = s.Text(8);
-    e.occurred_at = s.Int(10);
-    unhashed.emplace_back(std::move(e), s.Text(9));
+    unhashed.emplace_back(ReadEventHead(s), s.Text(9));
   }
   for (const auto& [e, payload] : unhashed) {
     const ChainedFields chained = ChainedOf(e, payload);
