@@ -424,6 +424,9 @@ class PluginsTest(KeelTestCase):
                            config_schema=schema), "config_schema")
         refused(lua_plugin("cfg", ["tool.before@v1"], "return", config={},
                            config_schema=schema), "config_schema")
+        refused(lua_plugin("cfg", ["tool.before@v1"], "return",
+                           config_schema={"properties": {"word": {"maxLength": -1}}}),
+                "manifest.config_schema.properties.word.maxLength: must be a non-negative integer")
         refused(dict(good, config=[1]), "config must be an object")
         # Nothing refused was stored.
         self.assertEqual(t.ok("GET", "/v1/plugins")["items"], [])

@@ -233,6 +233,14 @@ TEST(Lua, BadScriptsAreRefusedWithClearErrors) {
   EXPECT_NE(unlisted.status().message().find("manifest"), std::string::npos);
   auto bytecode = Load(std::string("\x1bLua", 4));
   EXPECT_FALSE(bytecode.ok());
+  auto bad_schema = Load(R"(
+    ctx.tools.add{name = "t", schema = {properties = {s = {minLength = "5"}}},
+                  handler = function() end})");
+  ASSERT_FALSE(bad_schema.ok());
+  EXPECT_NE(bad_schema.status().message().find(
+                "ctx.tools.add: schema.properties.s.minLength: must be a non-negative integer"),
+            std::string::npos)
+      << bad_schema.status().message();
 }
 
 TEST(Lua, ForbiddenFunctionsAreAbsent) {

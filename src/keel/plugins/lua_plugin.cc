@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "keel/plugins/catalog.h"
+#include "keel/tools/schema.h"
 
 namespace keel::plugins {
 
@@ -595,6 +596,9 @@ int ToolsAdd(lua_State* L) {
     auto schema = ToJson(L, -1, &object);
     if (!schema.ok() || !schema->is_object()) {
       return luaL_error(L, "ctx.tools.add: schema must be a JSON Schema object");
+    }
+    if (Status valid = tools::CheckSchema(*schema, "schema"); !valid.ok()) {
+      return luaL_error(L, "ctx.tools.add: %s", valid.message().c_str());
     }
     def.schema = *schema;
   } else {

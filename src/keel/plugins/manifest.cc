@@ -3,6 +3,7 @@
 #include <set>
 
 #include "keel/plugins/catalog.h"
+#include "keel/tools/schema.h"
 
 namespace keel::plugins {
 
@@ -87,6 +88,7 @@ Result<Manifest> ParseManifest(const Json& j) {
     if (!j["config_schema"].is_object()) {
       return InvalidArgument("manifest.config_schema must be a JSON Schema object");
     }
+    KEEL_RETURN_IF_ERROR(tools::CheckSchema(j["config_schema"], "manifest.config_schema"));
     m.config_schema = j["config_schema"];
   }
   auto only = [&](const char* field, const char* kind) -> Status {

@@ -1,6 +1,8 @@
 #include "keel/tools/schema.h"
 
 #include <cmath>
+#include <cstdint>
+#include <optional>
 
 namespace keel::tools {
 namespace {
@@ -30,6 +32,61 @@ bool IsType(const Json& v, const std::string& type) {
   return type == TypeOf(v);
 }
 
+// The keywords whose value is a count, and those whose value is a number.
+constexpr const char* kCountKeywords[] = {"minLength", "maxLength", "minItems", "maxItems"};
+constexpr const char* kNumberKeywords[] = {"minimum", "maximum"};
+
+// A count keyword's value: a non-negative integer, which JSON may also spell 5.0. A count past
+// 2^64 is taken as 2^64 - 1, which no string or array reaches; casting 1e300 to an integer would
+// be undefined.
+std::optional<uint64_t> CountOf(const Json& v) {
+  if (v.is_number_unsigned()) return v.get<uint64_t>();
+  if (v.is_number_integer()) {
+    int64_t i = v.get<int64_t>();
+    if (i < 0) return std::nullopt;
+    return static_cast<uint64_t>(i);
+  }
+  if (!v.is_number_float()) return std::nullopt;
+  double d = v.get<double>();
+  if (!(d >= 0) || std::trunc(d) != d) return std::nullopt;  // NaN fails d >= 0
+  if (d >= 18446744073709551616.0) return UINT64_MAX;
+  return static_cast<uint64_t>(d);
+}
+
+// The count under `keyword`, or nullopt when the schema has none. REQUIRES: CheckSchema passed.
+std::optional<uint64_t> Count(const Json& schema, const char* keyword) {
+  auto m = schema.find(keyword);
+  return m == schema.end() ? std::nullopt : CountOf(*m);
+}
+
+// Walks what Check walks, so that Check never meets a keyword it would have to ignore.
+Status CheckSchemaAt(const Json& schema, const std::string& path, int depth) {
+  if (depth > kMaxDepth || !schema.is_object()) return Status::Ok();
+  for (const char* keyword : kCountKeywords) {
+    if (auto m = schema.find(keyword); m != schema.end() && !CountOf(*m)) {
+      return InvalidArgument(path + "." + keyword + ": must be a non-negative integer, got " +
+                             m->dump());
+    }
+  }
+  for (const char* keyword : kNumberKeywords) {
+    if (auto m = schema.find(keyword); m != schema.end() && !m->is_number()) {
+      return InvalidArgument(path + "." + keyword + ": must be a number, got " + m->dump());
+    }
+  }
+  if (auto p = schema.find("properties"); p != schema.end() && p->is_object()) {
+    for (auto it = p->begin(); it != p->end(); ++it) {
+      KEEL_RETURN_IF_ERROR(CheckSchemaAt(it.value(), path + ".properties." + it.key(), depth + 1));
+    }
+  }
+  if (auto extra = schema.find("additionalProperties"); extra != schema.end()) {
+    KEEL_RETURN_IF_ERROR(CheckSchemaAt(*extra, path + ".additionalProperties", depth + 1));
+  }
+  if (auto items = schema.find("items"); items != schema.end()) {
+    KEEL_RETURN_IF_ERROR(CheckSchemaAt(*items, path + ".items", depth + 1));
+  }
+  return Status::Ok();
+}
+
 Status Check(const Json& schema, const Json& v, const std::string& path, int depth) {
   if (depth > kMaxDepth) return InvalidArgument(path + ": nested too deeply");
   if (!schema.is_object()) return Status::Ok();
@@ -57,32 +114,29 @@ Status Check(const Json& schema, const Json& v, const std::string& path, int dep
   }
   if (v.is_number()) {
     double x = v.get<double>();
-    if (auto m = schema.find("minimum"); m != schema.end() && m->is_number() && x < m->get<double>()) {
+    if (auto m = schema.find("minimum"); m != schema.end() && x < m->get<double>()) {
       return InvalidArgument(path + ": must be at least " + m->dump());
     }
-    if (auto m = schema.find("maximum"); m != schema.end() && m->is_number() && x > m->get<double>()) {
+    if (auto m = schema.find("maximum"); m != schema.end() && x > m->get<double>()) {
       return InvalidArgument(path + ": must be at most " + m->dump());
     }
   }
   if (v.is_string()) {
-    size_t n = v.get_ref<const std::string&>().size();
-    if (auto m = schema.find("minLength"); m != schema.end() && m->is_number_unsigned() &&
-                                             n < m->get<size_t>()) {
-      return InvalidArgument(path + ": shorter than " + m->dump() + " characters");
+    uint64_t n = v.get_ref<const std::string&>().size();
+    if (auto m = Count(schema, "minLength"); m && n < *m) {
+      return InvalidArgument(path + ": shorter than " + std::to_string(*m) + " characters");
     }
-    if (auto m = schema.find("maxLength"); m != schema.end() && m->is_number_unsigned() &&
-                                             n > m->get<size_t>()) {
-      return InvalidArgument(path + ": longer than " + m->dump() + " characters");
+    if (auto m = Count(schema, "maxLength"); m && n > *m) {
+      return InvalidArgument(path + ": longer than " + std::to_string(*m) + " characters");
     }
   }
   if (v.is_array()) {
-    if (auto m = schema.find("minItems"); m != schema.end() && m->is_number_unsigned() &&
-                                            v.size() < m->get<size_t>()) {
-      return InvalidArgument(path + ": fewer than " + m->dump() + " items");
+    uint64_t n = v.size();
+    if (auto m = Count(schema, "minItems"); m && n < *m) {
+      return InvalidArgument(path + ": fewer than " + std::to_string(*m) + " items");
     }
-    if (auto m = schema.find("maxItems"); m != schema.end() && m->is_number_unsigned() &&
-                                            v.size() > m->get<size_t>()) {
-      return InvalidArgument(path + ": more than " + m->dump() + " items");
+    if (auto m = Count(schema, "maxItems"); m && n > *m) {
+      return InvalidArgument(path + ": more than " + std::to_string(*m) + " items");
     }
     if (auto items = schema.find("items"); items != schema.end() && items->is_object()) {
       for (size_t i = 0; i < v.size(); ++i) {
@@ -118,7 +172,12 @@ Status Check(const Json& schema, const Json& v, const std::string& path, int dep
 
 }  // namespace
 
+Status CheckSchema(const Json& schema, const std::string& name) {
+  return CheckSchemaAt(schema, name, 0);
+}
+
 Status CheckArguments(const Json& schema, const Json& arguments) {
+  KEEL_RETURN_IF_ERROR(CheckSchema(schema, "schema"));
   return Check(schema, arguments, "arguments", 0);
 }
 
