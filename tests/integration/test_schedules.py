@@ -131,6 +131,8 @@ class SchedulesTest(KeelTestCase):
             ({"cron": "* * * * *", "timezone": "Mars/Olympus"},
              "unknown time zone: \"Mars/Olympus\""),
             ({"at": "tomorrow"}, "field 'at' must be an RFC 3339 time"),
+            ({"at": "2030-01-01T00:00:00+25:00"}, "field 'at' must be an RFC 3339 time"),
+            ({"at": "2030-01-01T00:00:00-00:60"}, "field 'at' must be an RFC 3339 time"),
             ({"at": in_seconds(60), "cron": "@daily"}, "not both"),
             ({}, "one of 'cron' and 'at' is required"),
             ({"cron": "@daily", "missed": "always"}, "field 'missed'"),
@@ -366,6 +368,15 @@ class SchedulesTest(KeelTestCase):
         steps = s.ok("GET", "/v1/runs/%s/steps" % body["run"]["id"], token=t.token)["items"]
         tool_steps = [x for x in steps if x["kind"] == "tool"]
         self.assertEqual(tool_steps[0]["status"], "succeeded", tool_steps)
+        # An offset past 23:59 is a tool error the model reads, and schedules nothing.
+        st, body, _ = s.request("POST", "/v1/sessions/%s/messages?wait=10" % session["id"],
+                                {"content": '/call schedule.create {"prompt": "x", '
+                                            '"at": "2030-01-01T00:00:00+25:00"}'}, token=user)
+        self.assertEqual(st, 200, body)
+        steps = s.ok("GET", "/v1/runs/%s/steps" % body["run"]["id"], token=t.token)["items"]
+        tool_steps = [x for x in steps if x["kind"] == "tool"]
+        self.assertEqual(tool_steps[0]["status"], "failed", tool_steps)
+        self.assertIn("at must be an RFC 3339 time", tool_steps[0]["output"]["error"])
         mine = s.list_all("/v1/schedules?agent_id=" + a["id"], token=t.token)
         self.assertEqual(len(mine), 1)
         self.assertEqual(mine[0]["session_id"], session["id"])  # the calling session

@@ -41,6 +41,17 @@ TEST(TimeTest, Rfc3339RoundTrips) {
   EXPECT_FALSE(ParseRfc3339("yesterday"));
 }
 
+TEST(TimeTest, Rfc3339OffsetsStayWithinADay) {
+  EXPECT_EQ(ParseRfc3339("2026-11-30T12:00:00+23:59"), ParseRfc3339("2026-11-29T12:01:00Z"));
+  EXPECT_EQ(ParseRfc3339("2026-11-30T12:00:00-23:59"), ParseRfc3339("2026-12-01T11:59:00Z"));
+  for (const char* bad :
+       {"2026-11-30T12:00:00+25:00", "2026-11-30T12:00:00-24:00", "2026-11-30T12:00:00+01:60",
+        "2026-11-30T12:00:00+99:99", "2026-11-30T12:00:00+-1:00", "2026-11-30T12:00:00+ 1:00",
+        "2026-11-30T12:00:00+0100", "2026-11-30T12:00:00+01:0"}) {
+    EXPECT_FALSE(ParseRfc3339(bad)) << bad;
+  }
+}
+
 TEST(CryptoTest, Base64UrlRoundTripsAndTokensAreDistinct) {
   for (std::string s : {"", "a", "ab", "abc", "abcd", "\xff\x00\x10"}) {
     EXPECT_EQ(Base64UrlDecode(Base64UrlEncode(s)), s);

@@ -52,10 +52,15 @@ std::optional<Millis> ParseRfc3339(const std::string& s) {
   if (i < s.size() && (s[i] == 'Z' || s[i] == 'z')) {
     ++i;
   } else if (i < s.size() && (s[i] == '+' || s[i] == '-')) {
-    int oh, om;
-    if (i + 6 > s.size() || std::sscanf(s.c_str() + i + 1, "%2d:%2d", &oh, &om) != 2) {
+    // Exactly HH:MM of digits (sscanf's %2d would take "-5" or " 5"), within -23:59..+23:59.
+    auto digit = [&](size_t at) { return at < s.size() && s[at] >= '0' && s[at] <= '9'; };
+    if (!digit(i + 1) || !digit(i + 2) || i + 3 >= s.size() || s[i + 3] != ':' || !digit(i + 4) ||
+        !digit(i + 5)) {
       return std::nullopt;
     }
+    int oh = (s[i + 1] - '0') * 10 + (s[i + 2] - '0');
+    int om = (s[i + 4] - '0') * 10 + (s[i + 5] - '0');
+    if (oh > 23 || om > 59) return std::nullopt;
     offset_min = (oh * 60 + om) * (s[i] == '-' ? -1 : 1);
     i += 6;
   } else {
