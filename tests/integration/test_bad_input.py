@@ -232,6 +232,15 @@ class BadInputTest(KeelTestCase):
                          "GET /v1/events?after=abc")
         self.assertError(s.request("GET", "/v1/events?limit=xyz"), 400, "invalid_argument",
                          "GET /v1/events?limit=xyz")
+        # A bad position is named by the parameter it came in (a bad cursor was called `after`).
+        for path, headers, given in (("/v1/events?after=abc", None, "after"),
+                                     ("/v1/events?cursor=abc", None, "cursor"),
+                                     ("/v1/stream?after=-1", None, "after"),
+                                     ("/v1/stream", {"Last-Event-ID": "x"}, "Last-Event-ID")):
+            err = self.assertError(s.request("GET", path, headers=headers), 400,
+                                   "invalid_argument", path)
+            self.assertEqual(err["message"],
+                             given + " must be a non-negative integer event position", path)
         self.assertError(s.request("GET", "/v1/agents?cursor=!!not-a-cursor!!"), 400,
                          "invalid_argument", "a garbage cursor")
         st, body, _ = s.request("GET", "/v1/agents?limit=501")

@@ -63,10 +63,14 @@ void RegisterEventRoutes(http::Router& router, ApiContext& ctx) {
   router.Add("GET", "/v1/events", [&ctx](Request& req) -> asio::awaitable<Response> {
     // `after` is a position; `cursor` (the previous page's next_cursor) is one too.
     int64_t after = 0;
+    const char* given = "after";
     std::string a = req.Query("after");
-    if (a.empty()) a = req.Query("cursor");
+    if (a.empty()) {
+      given = "cursor";
+      a = req.Query("cursor");
+    }
     if (!a.empty()) {
-      auto p = PositionOf(a, "after");
+      auto p = PositionOf(a, given);
       if (!p.ok()) co_return Response::Error(p.status());
       after = *p;
     }
@@ -97,11 +101,15 @@ void RegisterEventRoutes(http::Router& router, ApiContext& ctx) {
   router.Add("GET", "/v1/stream", [&ctx](Request& req) -> asio::awaitable<Response> {
     const std::string tenant = req.principal.tenant_id;
     store::EventFilter filter = FilterOf(req);
+    const char* given = "Last-Event-ID";
     std::string resume = req.Header("last-event-id");
-    if (resume.empty()) resume = req.Query("after");
+    if (resume.empty()) {
+      given = "after";
+      resume = req.Query("after");
+    }
     int64_t cursor = 0;
     if (!resume.empty()) {
-      auto p = PositionOf(resume, "Last-Event-ID");
+      auto p = PositionOf(resume, given);
       if (!p.ok()) co_return Response::Error(p.status());
       cursor = *p;
     } else {
