@@ -58,6 +58,19 @@ TEST(CronParse, AcceptsListsRangesStepsNamesAndMacros) {
   }
 }
 
+// SUN is 0 and 7: ending a range it is 7, so MON-SUN was refused as running backwards.
+TEST(CronParse, SundayEndsAWeekdayRangeAsSeven) {
+  EXPECT_EQ(ParseError("* * * * MON-SUN"), "parsed");
+  // 2024-05-04 is a Saturday.
+  EXPECT_EQ(Next("0 9 * * MON-SUN", "UTC", "2024-05-04T09:00:00.000Z"), "2024-05-05T09:00:00.000Z");
+  EXPECT_EQ(Next("0 9 * * SAT-SUN", "UTC", "2024-05-05T09:00:00.000Z"), "2024-05-11T09:00:00.000Z");
+  EXPECT_EQ(Next("0 9 * * sun-sat", "UTC", "2024-05-04T09:00:00.000Z"), "2024-05-05T09:00:00.000Z");
+  EXPECT_EQ(Next("0 9 * * SUN-SUN", "UTC", "2024-05-05T09:00:00.000Z"), "2024-05-12T09:00:00.000Z");
+  EXPECT_NE(ParseError("* * * * 1-0").find("range '1-0' runs backwards"), std::string::npos);
+  EXPECT_NE(ParseError("* * * * FRI-MON").find("range 'FRI-MON' runs backwards"),
+            std::string::npos);
+}
+
 TEST(CronParse, RejectsWithTheFieldAndValue) {
   EXPECT_NE(ParseError("0 24 * * *").find("field 'hour' value '24' is out of range 0-23"),
             std::string::npos);

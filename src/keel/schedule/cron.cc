@@ -104,7 +104,14 @@ class FieldParser {
       size_t dash = base.find('-');
       KEEL_ASSIGN_OR_RETURN(lo, Value(base.substr(0, dash)));
       if (dash != std::string_view::npos) {
-        KEEL_ASSIGN_OR_RETURN(hi, Value(base.substr(dash + 1)));
+        std::string_view end = base.substr(dash + 1);
+        KEEL_ASSIGN_OR_RETURN(hi, Value(end));
+        // SUN is day 0 and day 7: the name ending a range is 7, so MON-SUN is every day and
+        // SAT-SUN the weekend. A number is taken as written (1-0 runs backwards).
+        if (f_.names == kWeekdayNames && hi == 0 && lo > hi &&
+            std::isalpha(static_cast<unsigned char>(end[0]))) {
+          hi = 7;
+        }
         if (lo > hi) return Error("range '" + Shown(base) + "' runs backwards");
       } else if (!step) {
         hi = lo;
