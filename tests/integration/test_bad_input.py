@@ -73,6 +73,28 @@ def raw_post(addr, path, token, body_len, content_type="application/json", chunk
         sock.close()
 
 
+def raw_exchange(addr, request, timeout=10):
+    """Sends `request` (bytes) as is and reads until the server closes the connection. Returns
+    (status or None, body text, closed: whether the server closed within `timeout`)."""
+    host, port = addr.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        sock.sendall(request)
+        data, closed = b"", False
+        try:
+            while True:
+                got = sock.recv(65536)
+                if not got:
+                    closed = True
+                    break
+                data += got
+        except (socket.timeout, ConnectionResetError):
+            pass
+    if not data:
+        return None, "", closed
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), body.decode("utf-8", "replace"), closed
+
+
 class BadInputTest(KeelTestCase):
     @classmethod
     def setUpClass(cls):
@@ -278,6 +300,43 @@ class BadInputTest(KeelTestCase):
         status = raw("GET /v1/agents HTTP/1.1\r\nHost: keel\r\nAuthorization: Bearer %s\r\n"
                      "Connection: close\r\n\r\n" % s.token)
         self.assertIn(" 200 ", status + " ")
+
+    def test_bad_chunks_and_transfer_codings(self):
+        s = self.server
+
+        def post(transfer_encodings, body):
+            head = "POST /v1/agents HTTP/1.1\r\nHost: keel\r\nAuthorization: Bearer %s\r\n" \
+                   "Content-Type: application/json\r\nConnection: close\r\n" % s.token
+            for te in transfer_encodings:
+                head += "Transfer-Encoding: %s\r\n" % te
+            return raw_exchange(s.addr, (head + "\r\n").encode() + body)
+
+        before = self.agent_count()
+        agent = json.dumps({"name": unique_name(), "model": "local"}).encode()
+        chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(agent), agent)
+        # A malformed chunk size closed the connection without an answer.
+        status, body, closed = post(["chunked"], b"zz\r\n" + agent + b"\r\n0\r\n\r\n")
+        self.assertEqual((status, closed), (400, True), body)
+        self.assertEqual(json.loads(body)["error"]["code"], "invalid_argument")
+        self.assertIn("malformed HTTP request", body)
+        # A coding before chunked was taken as chunked alone: the handler got the body still
+        # coded. One in two headers is the same.
+        for codings in (["gzip, chunked"], ["gzip", "chunked"], ["identity, chunked"]):
+            status, body, closed = post(codings, chunked)
+            self.assertEqual((status, closed), (501, True), (codings, body))
+            self.assertIn("is not implemented", json.loads(body)["error"]["message"])
+        # A list that does not end in chunked leaves the body's length unknown (it was read as
+        # no body, and the body as the next request); chunked twice is malformed too.
+        for codings in (["gzip"], ["chunked, gzip"], ["chunked", "chunked"], [""]):
+            status, body, closed = post(codings, chunked)
+            self.assertEqual((status, closed), (400, True), (codings, body))
+        self.assertEqual(self.agent_count(), before)
+        # chunked alone, in any case, still works.
+        for te in ("chunked", "Chunked"):
+            agent = json.dumps({"name": unique_name(), "model": "local"}).encode()
+            status, body, _ = post([te], b"%x\r\n%s\r\n0\r\n\r\n" % (len(agent), agent))
+            self.assertEqual(status, 201, body)
+        self.assertEqual(self.agent_count(), before + 2)
 
     def test_invalid_wait(self):
         s = self.server

@@ -12,10 +12,14 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <chrono>
+#include <optional>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
+#include <vector>
 
 #include "keel/common/log.h"
 #include "keel/http/router.h"
@@ -40,6 +44,38 @@ constexpr auto kRefusalTime = std::chrono::milliseconds(1000);
 constexpr size_t kRefusalLingerBytes = 64 << 10;
 constexpr auto kAcceptBackoff = std::chrono::milliseconds(100);
 constexpr auto kWriteTimeout = std::chrono::seconds(30);
+
+// A request's Transfer-Encoding, when Keel cannot read its body (RFC 9112 §6): only `chunked`
+// is understood. A coding before it is 501, since its body would reach the handler still coded;
+// a list that does not end in `chunked` (or applies it twice) is 400, since the body's length
+// cannot be known; Beast would read such a request as having no body, and its body as the next
+// request. Both close the connection.
+std::optional<Response> RefusedTransferCoding(const bhttp::fields& header) {
+  std::vector<std::string> codings;
+  bool present = false;
+  auto [begin, end] = header.equal_range(bhttp::field::transfer_encoding);
+  for (auto field = begin; field != end; ++field) {
+    present = true;
+    for (auto coding : bhttp::token_list(field->value())) {
+      codings.emplace_back(coding.data(), coding.size());
+    }
+  }
+  if (!present) return std::nullopt;
+  auto chunked = [](const std::string& c) { return beast::iequals(c, "chunked"); };
+  if (codings.empty() || !chunked(codings.back()) ||
+      std::count_if(codings.begin(), codings.end(), chunked) > 1) {
+    return Response::Error(InvalidArgument(
+        "malformed HTTP request: Transfer-Encoding must be chunked, once and last"));
+  }
+  if (codings.size() > 1) {
+    Response r = Response::Error(InvalidArgument(
+        "transfer coding '" + codings.front() +
+        "' is not implemented; send the body with Transfer-Encoding: chunked or Content-Length"));
+    r.status = 501;
+    return r;
+  }
+  return std::nullopt;
+}
 
 class BeastStreamWriter final : public StreamWriter {
  public:
@@ -267,6 +303,12 @@ struct Server::Impl {
         fatal = true;
       }
       if (!fatal) {
+        if (auto refused = RefusedTransferCoding(parser.get())) {
+          error_resp = std::move(*refused);
+          fatal = true;
+        }
+      }
+      if (!fatal) {
         stream.expires_after(options.body_timeout);
         auto& hdr = parser.get();
         if (beast::iequals(hdr[bhttp::field::expect], "100-continue")) {
@@ -278,6 +320,12 @@ struct Server::Impl {
                                    asio::redirect_error(asio::use_awaitable, ec));
         if (ec == bhttp::error::body_limit) {
           error_resp = TooLarge();
+          fatal = true;
+        } else if (ec.category() == bhttp::make_error_code(bhttp::error::bad_chunk).category() &&
+                   ec != bhttp::error::partial_message) {
+          // The body is malformed (a chunk size of "zz"): answered, not dropped in silence. A
+          // partial message is a client that went away.
+          error_resp = Response::Error(InvalidArgument("malformed HTTP request: " + ec.message()));
           fatal = true;
         } else if (ec) {
           break;
