@@ -367,6 +367,18 @@ class BadInputTest(KeelTestCase):
         else:
             self.assertEqual(st, 400, body)
 
+    def test_local_rule_arguments_that_are_not_an_object(self):
+        # They were replaced by {} when the rule fired, and the tool ran with no arguments.
+        s = self.server
+        for args in (["buy milk"], "buy milk", None):
+            st, body, _ = s.request("POST", "/v1/agents", {
+                "name": unique_name(), "model": "local", "tools": ["notes.append"],
+                "config": {"local_rules": [{"match": "note", "call": {
+                    "tool": "notes.append", "arguments": args}}]}})
+            self.assertEqual(st, 400, body)
+            self.assertEqual(body["error"]["message"],
+                             "config.local_rules: a call's 'arguments' must be a JSON object")
+
     def test_unicode_and_odd_content(self):
         s = self.server
         text = "h\u00e9llo \u2603 \U0001f600 \"quoted\" \\ back\tslash"

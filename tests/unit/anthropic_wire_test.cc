@@ -326,6 +326,15 @@ TEST(AnthropicWireTest, AToolCallCutOffIsAnErrorNotAPartialCall) {
                              names, 6);
   ASSERT_FALSE(not_object.ok());
   EXPECT_NE(not_object.status().message().find("notes.append"), std::string::npos);
+
+  // The same in the block's start, with no delta after it: refused, not replaced by {}.
+  Json start = ToolUse("t", "notes-append");
+  start["input"] = "x";
+  auto start_not_object = Assemble(
+      MessageStart(1) + BlockStart(0, start) + BlockStop(0) + MessageEnd("tool_use", 2), names, 6);
+  ASSERT_FALSE(start_not_object.ok());
+  EXPECT_NE(start_not_object.status().message().find("is not a JSON object"), std::string::npos)
+      << start_not_object.status().message();
 }
 
 TEST(AnthropicWireTest, EventsAfterMessageStopAreIgnored) {

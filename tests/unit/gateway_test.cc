@@ -225,6 +225,10 @@ TEST_F(GatewayTest, ArgumentsThatDoNotMatchTheSchemaAreDeniedBeforeTheJournal) {
   auto extra = RunCoro(gateway_->Call(Req("time.now", {{"zone", "UTC"}}, 4)));
   EXPECT_EQ(extra->ForModel(), "error: the arguments do not match time.now's schema: "
                                "arguments.zone: unknown field");
+  // Not an object at all: refused, never run with {} in their place.
+  auto array = RunCoro(gateway_->Call(Req("time.now", Json::array({"UTC"}), 5)));
+  EXPECT_EQ(array->status, "denied");
+  EXPECT_EQ(array->ForModel(), "error: tool arguments must be a JSON object");
   EXPECT_EQ(Notes(), "");
 }
 

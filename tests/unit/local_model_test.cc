@@ -64,6 +64,20 @@ TEST(LocalModelTest, FollowsLocalRules) {
   EXPECT_EQ(r->text, "sunny");
 }
 
+// A rule kept from before its arguments were checked: the call carries them as written, for
+// the gateway to refuse; {} in their place ran the tool with arguments nobody wrote.
+TEST(LocalModelTest, RuleArgumentsThatAreNotAnObjectAreNotReplaced) {
+  ModelRequest req = Req("what time is it?");
+  req.agent_config = {
+      {"local_rules",
+       {{{"match", "time"},
+         {"call", {{"tool", "notes.append"}, {"arguments", Json::array({"a", "b"})}}}}}}};
+  auto r = LocalModel::Decide(req);
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->tool_calls.size(), 1u);
+  EXPECT_EQ(r->tool_calls[0].arguments, Json::array({"a", "b"}));
+}
+
 TEST(LocalModelTest, InvalidRuleRegexIsAnError) {
   ModelRequest req = Req("x");
   req.agent_config = {{"local_rules", {{{"match", "(unclosed"}, {"reply", "y"}}}}};
@@ -104,6 +118,12 @@ TEST(LocalModelTest, RulesAreCheckedWhenWritten) {
     EXPECT_EQ(st.code(), Code::kInvalidArgument) << bad;
   }
   EXPECT_FALSE(LocalModel::CheckRules(Json::array({{{"match", "x"}}})).ok());  // no action
+  for (const Json& args : {Json::array({1}), Json("line"), Json(nullptr)}) {
+    auto st = LocalModel::CheckRules(
+        Json::array({{{"match", "x"}, {"call", {{"tool", "time.now"}, {"arguments", args}}}}}));
+    EXPECT_EQ(st.message(), "config.local_rules: a call's 'arguments' must be a JSON object")
+        << args;
+  }
   EXPECT_FALSE(LocalModel::CheckRules(Json::object()).ok());
 }
 

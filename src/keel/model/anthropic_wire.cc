@@ -308,7 +308,8 @@ Result<ModelResponse> MessageStreamAccumulator::Finish() const {
     Json input;
     std::string_view json = Trim(block.partial_json);
     if (json.empty()) {
-      input = block.start_input.is_object() ? block.start_input : Json::object();
+      // A start input that is not an object is refused by MakeToolCall, not replaced by {}.
+      input = block.start_input.is_null() ? Json::object() : block.start_input;
     } else {
       auto parsed = ParseJson(json);
       if (!parsed.ok()) {

@@ -201,6 +201,9 @@ Status LocalModel::CheckRules(const Json& rules) {
                              "({\"tool\", \"arguments\"}) or 'echo' (\"system\" or "
                              "\"context\")");
     }
+    if (call && r["call"].contains("arguments") && !r["call"]["arguments"].is_object()) {
+      return InvalidArgument("config.local_rules: a call's 'arguments' must be a JSON object");
+    }
     KEEL_RETURN_IF_ERROR(CompilePattern(r["match"].get<std::string>()).status());
   }
   return Status::Ok();
@@ -272,9 +275,11 @@ Result<ModelResponse> LocalModel::Decide(const ModelRequest& request) {
             out.text = Echo(request.messages, rule["echo"] == "system");
           } else if (rule.contains("call") && rule["call"].is_object() &&
                      rule["call"].contains("tool") && rule["call"]["tool"].is_string()) {
-            Json args = rule["call"].value("arguments", Json::object());
+            // Arguments that are not an object (a rule kept from before they were checked) go
+            // to the gateway as they are, which refuses them; {} in their place would run the
+            // tool with arguments nobody wrote.
             out.tool_calls.push_back({"call_1", rule["call"]["tool"].get<std::string>(),
-                                      args.is_object() ? args : Json::object()});
+                                      rule["call"].value("arguments", Json::object())});
           } else {
             continue;
           }
