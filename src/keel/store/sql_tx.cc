@@ -1195,6 +1195,32 @@ Status SqlTx<Sql>::ClearIntrospectionDue(const std::string& tenant_id,
   return sql_.Exec(kSql, tenant_id, session_id, due_at).status();
 }
 
+// ---- EventLog
+
+template <typename Sql>
+Result<std::vector<Event>> SqlTx<Sql>::ReadEvents(const std::string& tenant_id, int64_t after,
+                                                  const EventFilter& f, int limit) {
+  static const std::string kSql =
+      "SELECT " + std::string(kEventCols) +
+      " FROM events WHERE tenant_id=$1 AND tenant_position>$2 AND "
+      "($3='' OR agent_id=$3) AND ($4='' OR session_id=$4) AND ($5='' OR run_id=$5) "
+      "ORDER BY tenant_position LIMIT $6";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, after, f.agent_id, f.session_id,
+                                           f.run_id, std::clamp(limit, 1, 1000)));
+  return Collect<Event>(r, ReadEvent<typename Sql::Row>);
+}
+
+template <typename Sql>
+Result<int64_t> SqlTx<Sql>::LastPosition(const std::string& tenant_id) {
+  static const std::string kSql =
+      "SELECT coalesce(max(tenant_position), 0) FROM events WHERE tenant_id=$1";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id));
+  KEEL_ASSIGN_OR_RETURN(bool found, r.Step());
+  return found ? r.Int(0) : 0;
+}
+
 // ---- UsageStore
 
 template <typename Sql>

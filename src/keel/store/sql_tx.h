@@ -241,6 +241,10 @@ class SqlTx : public Tx,
   Status PutIntrospectionDue(const IntrospectionDue& d) override;
   Status ClearIntrospectionDue(const std::string& tenant_id, const std::string& session_id,
                                Millis due_at) override;
+  // EventLog (Append is the backend's: the numbering and the audit chain)
+  Result<std::vector<Event>> ReadEvents(const std::string& tenant_id, int64_t after,
+                                        const EventFilter& filter, int limit) override;
+  Result<int64_t> LastPosition(const std::string& tenant_id) override;
   // UsageStore
   Status InsertUsage(const UsageRecord& u) override;
   Result<UsageTotals> RunUsage(const std::string& tenant_id, const std::string& run_id) override;

@@ -302,27 +302,6 @@ Status PostgresTx::BackfillChains() {
   return Status::Ok();
 }
 
-Result<std::vector<Event>> PostgresTx::ReadEvents(const std::string& tenant_id, int64_t after,
-                                                  const EventFilter& f, int limit) {
-  static const std::string kSql =
-      "SELECT " + std::string(kEventCols) +
-      " FROM events WHERE tenant_id=$1 AND tenant_position>$2 AND "
-      "($3='' OR agent_id=$3) AND ($4='' OR session_id=$4) AND ($5='' OR run_id=$5) "
-      "ORDER BY tenant_position LIMIT $6";
-  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
-  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, after, f.agent_id, f.session_id,
-                                                       f.run_id, std::clamp(limit, 1, 1000))));
-  return Collect<Event>(rows, ReadEvent<Row>);
-}
-
-Result<int64_t> PostgresTx::LastPosition(const std::string& tenant_id) {
-  static const std::string kSql =
-      "SELECT coalesce(max(tenant_position), 0) FROM events WHERE tenant_id=$1";
-  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
-  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id)));
-  return rows.empty() ? 0 : rows.Int(0, 0);
-}
-
 // ---- ExportStore
 
 // Each tenant's rows are read bound to it. All tenants' rows (`tenant_id` empty) are every

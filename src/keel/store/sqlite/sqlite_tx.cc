@@ -251,27 +251,6 @@ Status SqliteTx::BackfillChains() {
   return Status::Ok();
 }
 
-Result<std::vector<Event>> SqliteTx::ReadEvents(const std::string& tenant_id, int64_t after,
-                                                const EventFilter& f, int limit) {
-  static const std::string kSql =
-      "SELECT " + std::string(kEventCols) + " FROM events WHERE tenant_id=? AND "
-      "tenant_position>? AND (?='' OR agent_id=?) AND (?='' OR session_id=?) AND "
-      "(?='' OR run_id=?) ORDER BY tenant_position LIMIT ?";
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
-  s.BindAll(tenant_id, after, f.agent_id, f.agent_id, f.session_id, f.session_id, f.run_id,
-            f.run_id, std::clamp(limit, 1, 1000));
-  return Collect<Event>(s, ReadEvent<Stmt>);
-}
-
-Result<int64_t> SqliteTx::LastPosition(const std::string& tenant_id) {
-  static const std::string kSql =
-      "SELECT coalesce(max(tenant_position),0) FROM events WHERE tenant_id=?";
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
-  s.BindAll(tenant_id);
-  KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
-  return row ? s.Int(0) : 0;
-}
-
 // ---- ExportStore
 
 Status SqliteTx::ExportTable(const std::string& tenant_id, const std::string& table,

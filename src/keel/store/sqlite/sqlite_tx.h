@@ -41,9 +41,6 @@ class SqliteTx final : public SqlTx<SqliteSql> {
                      Millis expires_at) override;
   // EventLog
   Status Append(NewEvent e) override;
-  Result<std::vector<Event>> ReadEvents(const std::string& tenant_id, int64_t after,
-                                        const EventFilter& filter, int limit) override;
-  Result<int64_t> LastPosition(const std::string& tenant_id) override;
   // ExportStore
   Status ExportTable(const std::string& tenant_id, const std::string& table,
                      const std::function<Status(const Json& row)>& emit) override;
