@@ -383,6 +383,35 @@ class RebuildTest(KeelTestCase):
         self.assertNotEqual(again.returncode, 0)
         self.assertIn("not empty", again.stderr)
 
+    def test_a_store_with_only_runtime_rows_is_not_a_target(self):
+        # The response cache and the webhook deliveries are not exported, so a rebuild does not
+        # write them; a target holding some (a store made by hand, without its foreign keys)
+        # would hand a rebuilt tenant another store's cached answers.
+        if self.server.pg_database:
+            self.skipTest("the rows are written through the SQLite file")
+        Tenant(self.server)
+        self.server.terminate()
+        target = self.target()
+        keel(["store", "rebuild", "--from-events", "--store", source_url(self.server),
+              "--into", target.url])
+        # Foreign keys off, as Python's sqlite3 has them. The workload wrote no memories (whose
+        # text index needs keel's tokenizer).
+        db = sqlite3.connect(target.url[len("sqlite://"):])
+        try:
+            tables = [n for (n,) in db.execute(
+                "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite%' "
+                "AND name NOT LIKE 'memories%' AND name != 'schema_migrations'")]
+            for name in tables:
+                db.execute("DELETE FROM " + name)
+            db.execute("INSERT INTO model_cache VALUES('t-other', 'g', 'k', 'm', '{}', 1, 1, 1)")
+            db.commit()
+        finally:
+            db.close()
+        again = keel(["store", "rebuild", "--from-events", "--store", source_url(self.server),
+                      "--into", target.url], check=False)
+        self.assertEqual(again.returncode, 1, again.stderr)
+        self.assertIn("not empty", again.stderr)
+
     def test_a_changed_log_is_refused(self):
         if self.server.pg_database:
             self.skipTest("the event is changed through the SQLite file")

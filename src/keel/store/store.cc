@@ -353,6 +353,12 @@ const std::vector<ExportTableSpec>& ExportTables() {
   return kTables;
 }
 
+const std::vector<const char*>& RuntimeTables() {
+  static const std::vector<const char*> kTables = {"model_cache", "plugin_deliveries",
+                                                   "introspection_due"};
+  return kTables;
+}
+
 const ExportTableSpec* FindExportTable(const std::string& table) {
   for (const auto& t : ExportTables()) {
     if (table == t.name) return &t;

@@ -306,6 +306,9 @@ struct ExportTableSpec {
 const std::vector<ExportTableSpec>& ExportTables();
 // nullptr when `table` is not one of them.
 const ExportTableSpec* FindExportTable(const std::string& table);
+// The tables that hold the runtime's own state and are not exported (the response cache,
+// webhook deliveries, introspections due): a store with rows there is not empty either.
+const std::vector<const char*>& RuntimeTables();
 // kInvalidArgument unless `row` is an object with exactly the table's columns, each of its type.
 Status CheckExportRow(const ExportTableSpec& table, const Json& row);
 
@@ -325,7 +328,7 @@ class ExportStore {
   // After the last ImportRow of a unit: moves the backend's counters (the store-wide event
   // key) past the imported rows.
   virtual Status FinishImport() = 0;
-  // Whether no exported table has a row.
+  // Whether no table has a row: no exported table, and none of RuntimeTables.
   virtual Result<bool> IsEmpty() = 0;
 };
 

@@ -399,8 +399,11 @@ Status PostgresTx::FinishImport() {
 
 Result<bool> PostgresTx::IsEmpty() {
   static const std::string kSql = "SELECT keel_table_is_empty($1)";
-  for (const auto& t : ExportTables()) {
-    KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(std::string(t.name))));
+  std::vector<std::string> tables;
+  for (const auto& t : ExportTables()) tables.emplace_back(t.name);
+  for (const char* t : RuntimeTables()) tables.emplace_back(t);
+  for (const std::string& t : tables) {
+    KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(t)));
     if (rows.empty() || rows.Text(0, 0) != "t") return false;
   }
   return true;

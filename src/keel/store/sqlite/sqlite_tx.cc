@@ -314,8 +314,11 @@ Status SqliteTx::FinishImport() {
 }
 
 Result<bool> SqliteTx::IsEmpty() {
-  for (const auto& t : ExportTables()) {
-    KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT 1 FROM " + std::string(t.name) + " LIMIT 1"));
+  std::vector<std::string> tables;
+  for (const auto& t : ExportTables()) tables.emplace_back(t.name);
+  for (const char* t : RuntimeTables()) tables.emplace_back(t);
+  for (const std::string& t : tables) {
+    KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT 1 FROM " + t + " LIMIT 1"));
     KEEL_ASSIGN_OR_RETURN(bool row, s.Step());
     if (row) return false;
   }
