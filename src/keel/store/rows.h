@@ -380,28 +380,7 @@ inline int ClampLimit(int limit) { return std::clamp(limit, 1, 500); }
 
 // The most a page of large items (messages) holds in their bytes: a page ends after the item
 // that reaches it, with a cursor for the rest, however many items `limit` allowed (500
-// messages of 1 MiB each made one 500 MiB response, built on the io thread).
+// messages of 1 MiB each made one 500 MiB response, built on the io thread). SqlTx's PageOf.
 inline constexpr size_t kMaxPageBytes = 4u << 20;
-
-// Builds a page from `limit + 1` fetched rows: the extra row only says there is more. With
-// `bytes`, the page also ends once its items' bytes reach kMaxPageBytes.
-template <typename T, typename KeyFn>
-Paged<T> MakePage(std::vector<T> rows, int limit, KeyFn key, size_t (*bytes)(const T&) = nullptr) {
-  Paged<T> page;
-  size_t keep = std::min(rows.size(), static_cast<size_t>(limit));
-  if (bytes) {
-    size_t total = 0;
-    for (size_t i = 0; i < keep; ++i) {
-      total += bytes(rows[i]);
-      if (total >= kMaxPageBytes) keep = i + 1;
-    }
-  }
-  if (rows.size() > keep) {
-    rows.resize(keep);
-    page.next_cursor = EncodeCursor(key(rows.back()));
-  }
-  page.items = std::move(rows);
-  return page;
-}
 
 }  // namespace keel::store::rows

@@ -47,12 +47,25 @@ Result<std::optional<T>> Maybe(Row& r, ReadFn read) {
   return std::optional<T>(read(r));
 }
 
-// A page read with `limit + 1` rows (MakePage).
+// A page of at most `limit` items from a query that asked for `limit + 1` rows: the extra row
+// only says there is more. With `bytes`, the page also ends after the item its items' bytes
+// reach kMaxPageBytes with, and the rows after it are not read.
 template <typename T, typename Row, typename ReadFn, typename KeyFn>
 Result<Paged<T>> PageOf(Row& r, ReadFn read, int limit, KeyFn key,
                         size_t (*bytes)(const T&) = nullptr) {
-  KEEL_ASSIGN_OR_RETURN(auto items, Collect<T>(r, read));
-  return MakePage(std::move(items), limit, key, bytes);
+  Paged<T> page;
+  size_t total = 0;
+  while (true) {
+    KEEL_ASSIGN_OR_RETURN(bool more, r.Step());
+    if (!more) break;
+    if (static_cast<int>(page.items.size()) >= limit || total >= kMaxPageBytes) {
+      page.next_cursor = EncodeCursor(key(page.items.back()));
+      break;
+    }
+    page.items.push_back(read(r));
+    if (bytes) total += bytes(page.items.back());
+  }
+  return page;
 }
 
 // An insert that said ON CONFLICT DO NOTHING: no row inserted is the duplicate `message`.
