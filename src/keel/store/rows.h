@@ -25,6 +25,15 @@ inline Json ParseStored(const std::string& text) {
   return j.ok() ? std::move(*j) : Json(nullptr);
 }
 
+inline constexpr const char* kTenantCols = "id, name, created_at, allow_host_exec, allow_stdio_mcp";
+template <typename Row>
+Tenant ReadTenant(const Row& r) {
+  Tenant t{r.Text(0), r.Text(1), r.Int(2)};
+  t.allow_host_exec = r.Int(3) != 0;
+  t.allow_stdio_mcp = r.Int(4) != 0;
+  return t;
+}
+
 inline constexpr const char* kTokenCols = "id, tenant_id, name, role, hash, created_at, revoked_at";
 template <typename Row>
 Token ReadToken(const Row& s) {
@@ -373,6 +382,13 @@ inline Result<const ExportTableSpec*> ExportTableOf(const std::string& table) {
   const ExportTableSpec* spec = FindExportTable(table);
   if (!spec) return InvalidArgument("not an exported table: " + table);
   return spec;
+}
+
+// "$1,$2,...,$n": the parameters of an INSERT's VALUES.
+inline std::string Placeholders(int n) {
+  std::string out;
+  for (int i = 1; i <= n; ++i) out += (i > 1 ? ",$" : "$") + std::to_string(i);
+  return out;
 }
 
 // A list page's size: 1 to 500 items.

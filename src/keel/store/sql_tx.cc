@@ -83,25 +83,10 @@ Status Updated(const Result<int64_t>& changed, const std::string& message) {
   return Status::Ok();
 }
 
-std::string Placeholders(int n) {
-  std::string out;
-  for (int i = 1; i <= n; ++i) out += (i > 1 ? ",$" : "$") + std::to_string(i);
-  return out;
-}
-
 // "INSERT INTO table(cols) VALUES($1..$n) ON CONFLICT DO NOTHING".
 std::string InsertSql(const char* table, const char* cols, int n) {
   return std::string("INSERT INTO ") + table + "(" + cols + ") VALUES(" + Placeholders(n) +
          ") ON CONFLICT DO NOTHING";
-}
-
-constexpr const char* kTenantCols = "id, name, created_at, allow_host_exec, allow_stdio_mcp";
-template <typename Row>
-Tenant ReadTenant(const Row& r) {
-  Tenant t{r.Text(0), r.Text(1), r.Int(2)};
-  t.allow_host_exec = r.Int(3) != 0;
-  t.allow_stdio_mcp = r.Int(4) != 0;
-  return t;
 }
 
 }  // namespace

@@ -13,18 +13,6 @@ namespace {
 
 using namespace rows;  // NOLINT: the shared record readers
 
-// SQLite reads a negative LIMIT as "no limit"; PostgreSQL's spelling of that is LIMIT NULL.
-std::optional<int64_t> LimitParam(int limit) {
-  if (limit < 0) return std::nullopt;
-  return limit;
-}
-
-std::string Placeholders(int n) {
-  std::string out;
-  for (int i = 1; i <= n; ++i) out += (i > 1 ? ",$" : "$") + std::to_string(i);
-  return out;
-}
-
 // A text[] literal for a parameter: {"a","b"} with quotes and backslashes escaped.
 std::string TextArray(const std::vector<std::string>& items) {
   std::string out = "{";
@@ -38,44 +26,6 @@ std::string TextArray(const std::vector<std::string>& items) {
     out += '"';
   }
   return out + "}";
-}
-
-constexpr const char* kTenantCols = "id, name, created_at, allow_host_exec, allow_stdio_mcp";
-Tenant ReadTenant(const Row& r) {
-  Tenant t{r.Text(0), r.Text(1), r.Int(2)};
-  t.allow_host_exec = r.Int(3) != 0;
-  t.allow_stdio_mcp = r.Int(4) != 0;
-  return t;
-}
-
-
-
-
-
-
-
-
-
-// "INSERT INTO table(cols) VALUES($1..$n) ON CONFLICT DO NOTHING RETURNING id": a duplicate
-// returns no row instead of aborting the transaction.
-std::string InsertSql(const char* table, const char* cols, int n) {
-  return std::string("INSERT INTO ") + table + "(" + cols + ") VALUES(" + Placeholders(n) +
-         ") ON CONFLICT DO NOTHING RETURNING id";
-}
-
-// Maps "no row inserted" (a duplicate) to kConflict with `message`. Other integrity errors
-// (a missing referenced row) are kConflict with PostgreSQL's message, as SQLite's are.
-Status Inserted(const Result<Rows>& rows, const std::string& message) {
-  if (!rows.ok()) return rows.status();
-  if (rows->empty()) return Conflict(message);
-  return Status::Ok();
-}
-
-// Maps "no row updated" to kNotFound with `message`.
-Status Updated(const Result<Rows>& rows, const std::string& message) {
-  if (!rows.ok()) return rows.status();
-  if (rows->empty()) return NotFound(message);
-  return Status::Ok();
 }
 
 }  // namespace
@@ -112,7 +62,7 @@ Result<std::vector<Tenant>> PostgresTx::ListTenants() {
   static const std::string kSql =
       "SELECT " + std::string(kTenantCols) + " FROM keel_tenants() ORDER BY id COLLATE \"C\"";
   KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, Params()));
-  return Collect<Tenant>(rows, ReadTenant);
+  return Collect<Tenant>(rows, ReadTenant<Row>);
 }
 
 // ---- TokenStore
@@ -124,22 +74,16 @@ Result<Token> PostgresTx::FindActiveTokenByHash(const std::string& hash) {
   return One<Token>(rows, ReadToken<Row>, "token not found");
 }
 
-// ---- SecretStore
-
-// ---- PolicyStore
-
 // ---- ApprovalStore
 
 Result<std::vector<Approval>> PostgresTx::ExpiredApprovals(Millis now, int limit) {
   static const std::string kKeys = "SELECT tenant_id, id FROM keel_expired_approvals($1, $2)";
   static const std::string kSql = "SELECT " + std::string(kApprovalCols) +
                                   " FROM approvals WHERE tenant_id=$1 AND id = ANY($2::text[])";
-  KEEL_ASSIGN_OR_RETURN(auto keys, conn_.Query(kKeys, P(now, LimitParam(limit))));
+  KEEL_ASSIGN_OR_RETURN(auto keys, conn_.Query(kKeys, P(now, PgSql::Limit(limit))));
   KEEL_ASSIGN_OR_RETURN(auto found, RowsOfKeys(keys, kSql));
   return InKeyOrder<Approval>(keys, found, ReadApproval<Row>);
 }
-
-// ---- McpServerStore
 
 // ---- PluginStore
 
@@ -148,16 +92,10 @@ Result<std::vector<PluginDelivery>> PostgresTx::DueDeliveries(Millis now, int li
   static const std::string kSql =
       "SELECT " + std::string(kDeliveryCols) +
       " FROM plugin_deliveries WHERE tenant_id=$1 AND id = ANY($2::text[])";
-  KEEL_ASSIGN_OR_RETURN(auto keys, conn_.Query(kKeys, P(now, LimitParam(limit))));
+  KEEL_ASSIGN_OR_RETURN(auto keys, conn_.Query(kKeys, P(now, PgSql::Limit(limit))));
   KEEL_ASSIGN_OR_RETURN(auto found, RowsOfKeys(keys, kSql));
   return InKeyOrder<PluginDelivery>(keys, found, ReadDelivery<Row>);
 }
-
-// ---- AgentStore
-
-// ---- SessionStore
-
-// ---- MessageStore
 
 // ---- RunStore
 
@@ -174,7 +112,7 @@ Result<std::vector<Run>> PostgresTx::ClaimableRuns(Millis now, int limit) {
   static const std::string kKeys = "SELECT tenant_id, id FROM keel_claimable_runs($1, $2)";
   static const std::string kSql =
       "SELECT " + std::string(kRunCols) + " FROM runs WHERE tenant_id=$1 AND id = ANY($2::text[])";
-  KEEL_ASSIGN_OR_RETURN(auto keys, conn_.Query(kKeys, P(now, LimitParam(limit))));
+  KEEL_ASSIGN_OR_RETURN(auto keys, conn_.Query(kKeys, P(now, PgSql::Limit(limit))));
   KEEL_ASSIGN_OR_RETURN(auto found, RowsOfKeys(keys, kSql));
   return InKeyOrder<Run>(keys, found, ReadRun<Row>);
 }

@@ -19,21 +19,11 @@ using namespace rows;  // NOLINT: the shared record readers
 
 // ---- TenantStore
 
-namespace {
-constexpr const char* kTenantCols = "id, name, created_at, allow_host_exec, allow_stdio_mcp";
-Tenant ReadTenant(const Stmt& r) {
-  Tenant t{r.Text(0), r.Text(1), r.Int(2)};
-  t.allow_host_exec = r.Int(3) != 0;
-  t.allow_stdio_mcp = r.Int(4) != 0;
-  return t;
-}
-}  // namespace
-
 Result<std::vector<Tenant>> SqliteTx::ListTenants() {
   static const std::string kSql =
       "SELECT " + std::string(kTenantCols) + " FROM tenants ORDER BY id";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
-  return Collect<Tenant>(s, ReadTenant);
+  return Collect<Tenant>(s, ReadTenant<Stmt>);
 }
 
 // ---- TokenStore
@@ -46,10 +36,6 @@ Result<Token> SqliteTx::FindActiveTokenByHash(const std::string& hash) {
   return One<Token>(s, ReadToken<Stmt>, "token not found");
 }
 
-// ---- SecretStore
-
-// ---- PolicyStore
-
 // ---- ApprovalStore
 
 Result<std::vector<Approval>> SqliteTx::ExpiredApprovals(Millis now, int limit) {
@@ -61,8 +47,6 @@ Result<std::vector<Approval>> SqliteTx::ExpiredApprovals(Millis now, int limit) 
   return Collect<Approval>(s, ReadApproval<Stmt>);
 }
 
-// ---- McpServerStore
-
 // ---- PluginStore
 
 Result<std::vector<PluginDelivery>> SqliteTx::DueDeliveries(Millis now, int limit) {
@@ -73,12 +57,6 @@ Result<std::vector<PluginDelivery>> SqliteTx::DueDeliveries(Millis now, int limi
   s.BindAll(now, limit);
   return Collect<PluginDelivery>(s, ReadDelivery<Stmt>);
 }
-
-// ---- AgentStore
-
-// ---- SessionStore
-
-// ---- MessageStore
 
 // ---- RunStore
 
