@@ -135,11 +135,20 @@ Status Db::Run(const std::string& sql) {
 namespace {
 
 // `sql` with PostgreSQL's $N parameters written as SQLite's ?N (SQLite would read $1 as a
-// parameter named "$1", numbered by first use rather than by its digits).
+// parameter named "$1", numbered by first use rather than by its digits). Quoted text ('...',
+// "...") is left as it is.
 std::string SqliteParameters(const std::string& sql) {
   std::string out = sql;
-  for (size_t i = 0; i + 1 < out.size(); ++i) {
-    if (out[i] == '$' && out[i + 1] >= '0' && out[i + 1] <= '9') out[i] = '?';
+  char quote = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const char c = out[i];
+    if (quote) {
+      if (c == quote) quote = 0;  // a doubled quote closes and opens again: the same
+    } else if (c == '\'' || c == '"') {
+      quote = c;
+    } else if (c == '$' && i + 1 < out.size() && out[i + 1] >= '0' && out[i + 1] <= '9') {
+      out[i] = '?';
+    }
   }
   return out;
 }
@@ -148,7 +157,12 @@ std::string SqliteParameters(const std::string& sql) {
 
 Result<Stmt> Db::Prepare(const std::string& sql) {
   auto it = cache_.find(sql);
-  if (it != cache_.end()) return Stmt(db_, it->second);
+  if (it != cache_.end()) {
+    // A Stmt of the same SQL still stepping: handing the statement out again would reset it
+    // under that Stmt's reader.
+    if (sqlite3_stmt_busy(it->second)) return Internal("sqlite: statement in use: " + sql);
+    return Stmt(db_, it->second);
+  }
   sqlite3_stmt* s = nullptr;
   const std::string text = SqliteParameters(sql);
   int rc = sqlite3_prepare_v3(db_, text.c_str(), static_cast<int>(text.size()),
