@@ -52,6 +52,19 @@ TEST(TimeTest, Rfc3339OffsetsStayWithinADay) {
   }
 }
 
+TEST(TimeTest, Rfc3339TakesOnlyDaysItsMonthHasAndOnlyDigits) {
+  // mktime-style normalisation would have made these the 3rd of March and the 1st of May.
+  for (const char* bad : {"2026-02-29T00:00:00Z", "2026-02-31T00:00:00Z", "2026-04-31T00:00:00Z",
+                          "2100-02-29T00:00:00Z", "2026-00-10T00:00:00Z", "2026-01-00T00:00:00Z",
+                          "+026-01-10T00:00:00Z", " 2026-1-10T00:00:00Z", "2026-01-10T-1:00:00Z",
+                          "2026-01-10 00:00:00Z", "2026-01-10T00:00:0Z", "2026-01-10T24:00:00Z"}) {
+    EXPECT_FALSE(ParseRfc3339(bad)) << bad;
+  }
+  EXPECT_EQ(ParseRfc3339("2028-02-29T00:00:00Z"), *ParseRfc3339("2028-03-01T00:00:00Z") - 86400000);
+  EXPECT_TRUE(ParseRfc3339("2000-02-29T00:00:00Z"));
+  EXPECT_EQ(ParseRfc3339("2026-12-31t23:59:59z"), ParseRfc3339("2026-12-31T23:59:59Z"));
+}
+
 TEST(CryptoTest, Base64UrlRoundTripsAndTokensAreDistinct) {
   for (std::string s : {"", "a", "ab", "abc", "abcd", "\xff\x00\x10"}) {
     EXPECT_EQ(Base64UrlDecode(Base64UrlEncode(s)), s);

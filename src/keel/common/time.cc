@@ -28,13 +28,28 @@ std::string FormatRfc3339(Millis ms) {
 }
 
 std::optional<Millis> ParseRfc3339(const std::string& s) {
-  int y, mo, d, h, mi, sec;
-  int n = 0;
-  if (std::sscanf(s.c_str(), "%4d-%2d-%2dT%2d:%2d:%2d%n", &y, &mo, &d, &h, &mi, &sec, &n) != 6 ||
-      n != 19) {
+  // Exactly YYYY-MM-DDTHH:MM:SS of digits (sscanf's %d would take signs and spaces), a day
+  // that its month has (mktime would roll 2026-02-31 into March) and a leap second at most.
+  auto digits = [&](size_t at, size_t count) -> int {
+    int v = 0;
+    for (size_t k = at; k < at + count; ++k) {
+      if (k >= s.size() || s[k] < '0' || s[k] > '9') return -1;
+      v = v * 10 + (s[k] - '0');
+    }
+    return v;
+  };
+  const int y = digits(0, 4), mo = digits(5, 2), d = digits(8, 2), h = digits(11, 2),
+            mi = digits(14, 2), sec = digits(17, 2);
+  if (y < 0 || mo < 0 || d < 0 || h < 0 || mi < 0 || sec < 0 || s[4] != '-' || s[7] != '-' ||
+      (s[10] != 'T' && s[10] != 't') || s[13] != ':' || s[16] != ':') {
     return std::nullopt;
   }
-  if (mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 || sec > 60) return std::nullopt;
+  static constexpr int kDays[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+  const bool leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+  if (mo < 1 || mo > 12 || d < 1 || d > kDays[mo - 1] + (mo == 2 && leap ? 1 : 0) || h > 23 ||
+      mi > 59 || sec > 60) {
+    return std::nullopt;
+  }
   size_t i = 19;
   int ms = 0;
   if (i < s.size() && s[i] == '.') {
