@@ -7,8 +7,9 @@
 //   keel_memory_search --store postgres://keel@127.0.0.1:5432/bench ...
 //
 // Loading uses the store's own upserts in units of --batch memories (one transaction each).
-// On PostgreSQL the table is then vacuumed and analyzed (what autovacuum would do by itself
-// after such a load), so that the planner knows the words' frequencies. --skip-load searches a
+// On PostgreSQL the table is then vacuumed and analyzed (what autovacuum would do by itself after
+// such a load), so that the planner knows the words' frequencies: as --owner-url, the role that
+// owns it (the runtime role may not; default --store). --skip-load searches a
 // store loaded before with the same --memories and --seed; --optimize (SQLite) first merges the
 // full-text index into one segment, to compare with the index as the writes left it.
 //
@@ -45,6 +46,7 @@ const std::string kAgent = "0190c000-0000-7000-8000-000000000002";
 
 struct Options {
   std::string store;
+  std::string owner_url;  // PostgreSQL: who may VACUUM ANALYZE memories (default: store)
   int64_t memories = 1'000'000;
   int queries = 2000;
   int vocabulary = 20000;
@@ -110,6 +112,8 @@ bool ParseArgs(int argc, char** argv, Options* o) {
     };
     if (a == "--store") {
       o->store = value("--store");
+    } else if (a == "--owner-url") {
+      o->owner_url = value("--owner-url");
     } else if (a == "--memories") {
       o->memories = std::atoll(value("--memories"));
     } else if (a == "--queries") {
@@ -267,7 +271,7 @@ int main(int argc, char** argv) {
   if (!o.skip_load) {
     const auto start = Clock::now();
     keel::Status st = Load(store, o, vocabulary);
-    if (st.ok() && postgres) st = VacuumAnalyze(o.store);
+    if (st.ok() && postgres) st = VacuumAnalyze(o.owner_url.empty() ? o.store : o.owner_url);
     load_s = std::chrono::duration<double>(Clock::now() - start).count();
     if (!st.ok()) {
       std::fprintf(stderr, "load failed: %s\n", st.message().c_str());

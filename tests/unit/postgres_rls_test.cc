@@ -261,6 +261,9 @@ TEST_F(PostgresRlsTest, RuntimeWideFunctionsReturnOnlyKeys) {
       {"keel_next_fire_at", "bigint"},
       {"keel_prune_cache", "bigint"},
       {"keel_renew_leases", "void"},
+      {"keel_search_memories",
+       "TABLE(id text, tenant_id text, agent_id text, text text, tags text, source text, "
+       "created_at bigint, updated_at bigint, score real)"},
       {"keel_table_is_empty", "boolean"},
       {"keel_tenants", "SETOF tenants"},
       {"keel_unhashed_tenants", "TABLE(tenant_id text)"},
@@ -315,6 +318,48 @@ TEST_F(PostgresRlsTest, RuntimeWideFunctionsReturnOnlyKeys) {
   EXPECT_NE(conn_->Exec("SELECT keel_table_is_empty('pg_authid')").error, "");
   EXPECT_NE(conn_->Exec("SELECT keel_table_is_empty('agents; DROP TABLE runs')").error, "");
   EXPECT_EQ(conn_->Value("SELECT keel_table_is_empty('agents')"), "f");
+}
+
+// Memory search runs as the owner (so that the text index serves it under row-level security)
+// and keeps tenants apart itself: it finds only memories of the tenant the transaction is
+// bound to, whatever agent it is asked about, and none without a tenant.
+TEST_F(PostgresRlsTest, MemorySearchSeesOnlyTheBoundTenant) {
+  std::string agent_of[2];
+  const Tenant* tenants[2] = {&a_, &b_};
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_NO_FATAL_FAILURE(Begin(tenants[i]->id));
+    agent_of[i] = conn_->Value("SELECT id FROM agents ORDER BY id LIMIT 1");
+    ASSERT_EQ(
+        conn_
+            ->Exec("INSERT INTO memories(id, tenant_id, agent_id, text, tags, source, "
+                   "created_at, updated_at) VALUES($1, $2, $3, $4, '[\"ops\"]', 'tool', 1, 1)",
+                   {NewId(), tenants[i]->id, agent_of[i],
+                    "the secret launch plan of tenant " + tenants[i]->name})
+            .error,
+        "");
+    ASSERT_EQ(conn_->Exec("COMMIT").error, "");
+  }
+  const std::string search =
+      "SELECT text FROM keel_search_memories($1, 'launch & plan', 'launch | plan', $2, 2000, 10)";
+  ASSERT_NO_FATAL_FAILURE(Begin(a_.id));
+  EXPECT_EQ(conn_->Value(search, {agent_of[0], ""}), "the secret launch plan of tenant a");
+  EXPECT_EQ(conn_->Value(search, {agent_of[0], "ops"}), "the secret launch plan of tenant a");
+  auto other = conn_->Exec(search, {agent_of[1], ""});  // B's agent, bound to A
+  EXPECT_EQ(other.error, "");
+  EXPECT_TRUE(other.rows.empty()) << "tenant A found a memory of tenant B";
+  ASSERT_EQ(conn_->Exec("ROLLBACK").error, "");
+  // Unbound: nothing, for either agent.
+  for (const auto& agent : agent_of) {
+    auto none = conn_->Exec(search, {agent, ""});
+    EXPECT_EQ(none.error, "");
+    EXPECT_TRUE(none.rows.empty()) << "a search without a tenant found a memory";
+  }
+  // A query made to look like SQL is only a query: it finds nothing of B's.
+  ASSERT_NO_FATAL_FAILURE(Begin(a_.id));
+  auto injected = conn_->Exec("SELECT * FROM keel_search_memories($1, $2, 'x', '', 2000, 10)",
+                              {agent_of[1], "x') OR true OR ('"});
+  EXPECT_TRUE(injected.rows.empty()) << "an injected query found a memory of tenant B";
+  ASSERT_EQ(conn_->Exec("ROLLBACK").error, "");
 }
 
 // The store refuses to run as a role that could switch the policies off, and on a schema that

@@ -41,24 +41,19 @@ Status PostgresTx::UpsertMemory(const Memory& m) {
                             m.created_at, m.updated_at));
 }
 
-// Planned for each query (not a prepared statement's generic plan): whether the agent's newest
-// rows, read backwards through memories_seq_order, or the GIN index find the candidates faster
-// depends on how common the query's words are, which the planner knows from the statistics.
+// Through keel_search_memories (migration 0020), which runs as the owner so that the GIN index
+// may serve the match under row-level security, and reads only the tenant bound here.
 Result<std::vector<MemoryHit>> PostgresTx::SearchMemories(const std::string& tenant_id,
                                                           const std::string& agent_id,
                                                           const MemorySearch& search) {
-  static const std::string kSql =
-      "SELECT " + std::string(kMemoryCols) +
-      ", ts_rank(tsv, to_tsquery('simple', $4), 1) AS score FROM (SELECT m.* FROM memories AS m, "
-      "to_tsquery('simple', $3) AS q WHERE m.tenant_id=$1 AND m.agent_id=$2 AND m.tsv @@ q AND "
-      "($5 = '' OR m.tags::jsonb ? $5) ORDER BY m.seq DESC LIMIT $6) AS c "
-      "ORDER BY score DESC, updated_at DESC, id LIMIT $7";
+  static const std::string kSql = "SELECT " + std::string(kMemoryCols) +
+                                  ", score FROM keel_search_memories($1, $2, $3, $4, "
+                                  "$5, $6)";
   KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
   KEEL_ASSIGN_OR_RETURN(
       auto rows,
-      conn_.QueryOnce(
-          kSql, P(tenant_id, agent_id, search.query.tsquery, search.query.tsquery_rank, search.tag,
-                  kMemorySearchCandidates, std::clamp(search.limit, 1, 100))));
+      conn_.QueryOnce(kSql, P(agent_id, search.query.tsquery, search.query.tsquery_rank, search.tag,
+                              kMemorySearchCandidates, std::clamp(search.limit, 1, 100))));
   return Collect<MemoryHit>(rows, [](const Row& r) {
     return MemoryHit{ReadMemory(r), Score(r.Text(8))};
   });

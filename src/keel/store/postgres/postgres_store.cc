@@ -278,19 +278,6 @@ Status PostgresStore::CheckRuntimeRole(Conn& conn) {
                        "): give the owner role's URL as store_owner (KEEL_STORE_OWNER), or run "
                        "`keel store migrate --owner-url URL`" + why);
   }
-  // Under row-level security PostgreSQL lets an index serve only conditions whose functions are
-  // LEAKPROOF, and full-text matching is not by default: memory searches then read all of their
-  // agent's memories instead of the GIN index (docs/MEMORY.md, section 8).
-  KEEL_ASSIGN_OR_RETURN(
-      auto matching,
-      conn.QueryOnce("SELECT proleakproof FROM pg_proc "
-                     "WHERE oid = 'ts_match_vq(tsvector, tsquery)'::regprocedure",
-                     Params()));
-  if (!matching.empty() && matching.Text(0, 0) != "t") {
-    LogInfo("memory search cannot use its text index under row-level security until a superuser "
-            "runs, once per database: ALTER FUNCTION ts_match_vq(tsvector, tsquery) LEAKPROOF; "
-            "until then a search reads every memory of its agent (see docs/MEMORY.md)");
-  }
   return Status::Ok();
 }
 
