@@ -5,6 +5,7 @@ on the others (LISTEN/NOTIFY), well before their 15 s fallback, and the event lo
 Runs only with KEEL_TEST_STORE=postgres (integration_pg.test_nodes); SQLite has one node."""
 
 import os
+import signal
 import time
 import unittest
 
@@ -14,6 +15,10 @@ DELTA = "message.delta"
 ON_PG = os.environ.get("KEEL_TEST_STORE") == "postgres"
 LEASE_MS = 2000
 NODE_ENV = {"KEEL_LEASE_MS": str(LEASE_MS)}
+# The cluster's leadership lease (postgres_store.cc, docs/decisions/0013): another node takes
+# over at most a lease and one renewal interval after the leader stopped renewing.
+LEADER_LEASE_S = 5.0
+TAKEOVER_S = LEADER_LEASE_S + 1.0 + 1.0  # and a second for slow CI
 
 
 def completes(run_id):
@@ -126,7 +131,7 @@ class NodesTest(KeelTestCase):
                 time.sleep(0.05)
             took = time.monotonic() - t0
             self.assertTrue(body.get("leader"), "the survivor did not take the lead within 10s")
-            self.assertLess(took, 3.0, "the survivor took the lead only after %.1fs" % took)
+            self.assertLess(took, TAKEOVER_S, "the survivor took the lead only after %.1fs" % took)
         finally:
             leader.start()
         # The restarted node does not take it back.
@@ -134,6 +139,41 @@ class NodesTest(KeelTestCase):
         got = self.leaders()
         self.assertEqual(got, [leader is self.b, leader is self.a],
                          "leadership after the old leader came back: %s" % got)
+
+    def wait_leader(self, node, timeout):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status, body, _ = node.request("GET", "/healthz", token=None, timeout=10)
+            if status == 200 and body.get("leader"):
+                return True
+            time.sleep(0.05)
+        return False
+
+    def test_a_stopped_leader_loses_the_lead_and_does_not_take_it_back(self):
+        # A leader that stops (SIGSTOP: a paused VM, a frozen process) keeps its connection
+        # open, which kept an advisory lock, and the schedules, for good. Its lease runs out.
+        got = self.wait_leaders([True, False], timeout=TAKEOVER_S)
+        if got != [True, False]:
+            got = self.wait_leaders([False, True], timeout=1)
+        self.assertEqual(sorted(got), [False, True], "exactly one node leads: %s" % got)
+        leader, other = (self.a, self.b) if got[0] else (self.b, self.a)
+        t0 = time.monotonic()
+        leader.proc.send_signal(signal.SIGSTOP)
+        try:
+            took_over = self.wait_leader(other, TAKEOVER_S + 3)
+            took = time.monotonic() - t0
+        finally:
+            leader.proc.send_signal(signal.SIGCONT)
+        self.assertTrue(took_over, "the running node never took the lead from a stopped one")
+        self.assertLess(took, TAKEOVER_S, "the running node took the lead only after %.1fs" % took)
+        # Resumed, the old leader knows at once that its lease ran out, and the lead stays.
+        for _ in range(20):
+            got = self.leaders()
+            self.assertEqual(got, [other is self.a, other is self.b],
+                             "leadership after the stopped leader resumed: %s" % got)
+            time.sleep(0.1)
+        log = leader.log_tail() if hasattr(leader, "log_tail") else ""
+        self.assertIn("no longer leads the cluster", log, "the resumed node did not say it lost the lead")
 
     def test_a_dead_nodes_runs_resume_on_a_survivor(self):
         a, b = self.a, self.b

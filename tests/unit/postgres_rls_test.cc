@@ -9,11 +9,11 @@
 
 #include <gtest/gtest.h>
 #include <libpq-fe.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <string>
 #include <vector>
-
 
 #include "keel/common/ids.h"
 #include "keel/store/store.h"
@@ -161,6 +161,13 @@ TEST_F(PostgresRlsTest, TheStoreRoleIsNotSuperuserAndCannotBypassRls) {
   for (const auto& row : tables.rows) {
     EXPECT_EQ(row[2], "f") << row[0] << " belongs to the runtime role " << role_;
     if (row[0] == "schema_migrations") continue;
+    if (row[0] == "leadership") {
+      // The cluster's lease: row-level security and no policy, so the runtime role reaches
+      // it only through keel_lead and keel_resign.
+      EXPECT_EQ(row[1], "t") << "leadership has no row-level security";
+      EXPECT_EQ(row[3], "0") << "leadership has a policy";
+      continue;
+    }
     ++tenant_tables;
     EXPECT_EQ(row[1], "t") << row[0] << " has no row-level security";
     EXPECT_EQ(row[3], "1") << row[0] << " has no policy";
@@ -258,9 +265,11 @@ TEST_F(PostgresRlsTest, RuntimeWideFunctionsReturnOnlyKeys) {
       {"keel_expire_leases", "void"},
       {"keel_expired_approvals", "TABLE(tenant_id text, id text)"},
       {"keel_finish_import", "void"},
+      {"keel_lead", "bigint"},
       {"keel_next_fire_at", "bigint"},
       {"keel_prune_cache", "bigint"},
       {"keel_renew_leases", "void"},
+      {"keel_resign", "void"},
       {"keel_search_memories",
        "TABLE(id text, tenant_id text, agent_id text, text text, tags text, source text, "
        "created_at bigint, updated_at bigint, score real)"},
@@ -360,6 +369,30 @@ TEST_F(PostgresRlsTest, MemorySearchSeesOnlyTheBoundTenant) {
                               {agent_of[1], "x') OR true OR ('"});
   EXPECT_TRUE(injected.rows.empty()) << "an injected query found a memory of tenant B";
   ASSERT_EQ(conn_->Exec("ROLLBACK").error, "");
+}
+
+// The leadership lease (migration 0021): one holder until it expires or resigns; the runtime
+// role cannot read or write the row but through the two functions.
+TEST_F(PostgresRlsTest, TheLeadershipLeaseHasOneHolderUntilItExpires) {
+  // The store of SetUp led while it was open, and resigned when it closed.
+  EXPECT_NE(conn_->Value("SELECT keel_lead('node-x', 60000)"), "");
+  EXPECT_EQ(conn_->Value("SELECT keel_lead('node-y', 60000)"), "") << "two nodes lead at once";
+  EXPECT_NE(conn_->Value("SELECT keel_lead('node-x', 60000)"), "") << "the holder cannot renew";
+  // Not by hand: no row is visible, none can be changed or added.
+  EXPECT_EQ(Count("leadership"), "0");
+  auto stolen = conn_->Exec("UPDATE leadership SET origin = 'node-y'");
+  EXPECT_TRUE(stolen.error.empty() ? stolen.affected == "0" : true)
+      << "the lease was taken by hand";
+  EXPECT_NE(conn_->Exec("INSERT INTO leadership VALUES (1, 'node-y', 0)").error, "");
+  EXPECT_EQ(conn_->Value("SELECT keel_lead('node-y', 60000)"), "");
+  // Resigned, or run out: the next node takes it.
+  ASSERT_EQ(conn_->Exec("SELECT keel_resign('node-y')").error, "");  // not the holder: no effect
+  EXPECT_EQ(conn_->Value("SELECT keel_lead('node-y', 60000)"), "");
+  ASSERT_EQ(conn_->Exec("SELECT keel_resign('node-x')").error, "");
+  EXPECT_NE(conn_->Value("SELECT keel_lead('node-y', 1)"), "");
+  ::usleep(20 * 1000);
+  EXPECT_NE(conn_->Value("SELECT keel_lead('node-x', 60000)"), "") << "an expired lease was kept";
+  EXPECT_EQ(conn_->Value("SELECT keel_lead('node-y', 60000)"), "");
 }
 
 // The store refuses to run as a role that could switch the policies off, and on a schema that

@@ -34,10 +34,18 @@ constexpr int kMaxUnitsPerTransaction = 64;
 constexpr int kReadThreads = 8;
 // Idle reader connections kept for reuse (Read on callers' threads may use more).
 constexpr size_t kMaxIdleReaders = kReadThreads;
-// Held (session-level) by the node that leads the cluster, on its listener connection.
-constexpr const char* kTryLeadership = "SELECT pg_try_advisory_lock(7021802329620483)";
-// How often a node that does not lead tries to take the leadership lock.
-constexpr int kLeadershipRetryMs = 1000;
+// The leadership lease (migration 0021, docs/decisions/0013): how long one lasts, and how often
+// every node renews it or tries to take it. A leader that stops (SIGSTOP, a paused VM, a
+// partition) leads no more than kLeaseMs after its last renewal; another node takes over
+// within kLeaseMs + kLeaseRenewMs.
+constexpr int64_t kLeaseMs = 5000;
+constexpr int kLeaseRenewMs = 1000;
+// This node counts its lease from before it asked, and as a little shorter than the server
+// does, so that it stops leading before the server lets another node lead, whatever the
+// latency of the request and small differences between the clocks' rates.
+constexpr int64_t kLeaseBelievedMs = kLeaseMs * 4 / 5;
+// A renewal waits no longer than this on the lease row's lock.
+constexpr const char* kLeaseLockTimeout = "SET lock_timeout = '1s'";
 // The channel for "events committed" notifications between nodes.
 constexpr const char* kNotifyChannel = "keel_events";
 // PostgreSQL refuses payloads of 8000 bytes or more.
@@ -502,12 +510,39 @@ void PostgresStore::CallRemoteListener() {
   if (fn) fn();
 }
 
-void PostgresStore::SeekLeadership(Conn& conn) {
-  auto rows = conn.QueryOnce(kTryLeadership, Params());
-  if (rows.ok() && !rows->empty() && rows->Text(0, 0) == "t") {
-    leader_ = true;
-    LogInfo("this node (origin " + options_.origin + ") now leads the cluster");
+bool PostgresStore::leader() const {
+  return std::chrono::steady_clock::now().time_since_epoch().count() < lease_until_.load();
+}
+
+void PostgresStore::RenewLeadership(Conn& conn) {
+  const auto asked = std::chrono::steady_clock::now();
+  auto rows = conn.QueryOnce("SELECT keel_lead($1, $2)", P(options_.origin, kLeaseMs));
+  // Whether it held a lease (perhaps one that has run out meanwhile: a process stopped).
+  const bool held = lease_until_.load() != 0;
+  if (rows.ok() && !rows->empty() && !rows->IsNull(0, 0)) {
+    lease_until_ = (asked + std::chrono::milliseconds(kLeaseBelievedMs)).time_since_epoch().count();
+    if (!held) LogInfo("this node (origin " + options_.origin + ") now leads the cluster");
+    return;
   }
+  lease_until_ = 0;
+  if (held) {
+    LogError("this node (origin " + options_.origin + ") no longer leads the cluster: " +
+             (rows.ok() ? "another node holds the lease" : rows.status().message()));
+  }
+}
+
+void PostgresStore::EndLeadership(Conn* conn, const std::string& why) {
+  const bool held = lease_until_.exchange(0) != 0;
+  if (!held) return;
+  const std::string line =
+      "this node (origin " + options_.origin + ") no longer leads the cluster: " + why;
+  if (!conn) {
+    LogError(line);
+    return;
+  }
+  LogInfo(line);
+  // Given up at once, so that another node need not wait for the lease to run out.
+  if (!conn->broken()) (void)conn->QueryOnce("SELECT keel_resign($1)", P(options_.origin));
 }
 
 bool PostgresStore::ListenerSleep(int ms) {
@@ -524,7 +559,8 @@ void PostgresStore::ListenerLoop() {
     std::unique_ptr<Conn> conn;
     if (st.ok()) {
       conn = std::move(opened).value();
-      st = conn->Exec((std::string("LISTEN ") + kNotifyChannel).c_str());
+      st = conn->Exec(kLeaseLockTimeout);
+      if (st.ok()) st = conn->Exec((std::string("LISTEN ") + kNotifyChannel).c_str());
     }
     if (!st.ok()) {
       if (!logged_failure) {
@@ -542,10 +578,9 @@ void PostgresStore::ListenerLoop() {
     CallRemoteListener();
     auto next_try = std::chrono::steady_clock::now();
     while (!listener_stopping_) {
-      if (!leader_ && std::chrono::steady_clock::now() >= next_try) {
-        SeekLeadership(*conn);
-        next_try = std::chrono::steady_clock::now() +
-                   std::chrono::milliseconds(kLeadershipRetryMs);
+      if (std::chrono::steady_clock::now() >= next_try) {
+        RenewLeadership(*conn);
+        next_try = std::chrono::steady_clock::now() + std::chrono::milliseconds(kLeaseRenewMs);
         if (conn->broken()) break;
       }
       pollfd pfd{conn->Socket(), POLLIN, 0};
@@ -568,10 +603,11 @@ void PostgresStore::ListenerLoop() {
       }
       if (remote) CallRemoteListener();
     }
-    if (leader_.exchange(false) && !listener_stopping_) {
-      // The server ends the lock with the connection; another node may lead by now.
-      LogError("this node (origin " + options_.origin + ") no longer leads the cluster: its "
-               "connection to PostgreSQL was lost");
+    if (listener_stopping_) {
+      EndLeadership(conn.get(), "it is stopping");
+    } else {
+      // No renewal without the connection: stop leading now rather than when the lease ends.
+      EndLeadership(nullptr, "its connection to PostgreSQL was lost");
     }
     if (!listener_stopping_) {
       LogError("event notifications: connection lost; reconnecting");

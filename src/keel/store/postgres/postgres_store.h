@@ -77,7 +77,8 @@ class PostgresStore final : public QueuedStore {
   void ReadAsync(std::function<Status(Tx&)> fn, std::function<void(Status)> done) override;
   void SetRemoteCommitListener(std::function<void()> listener) override;
   std::string origin() const override { return options_.origin; }
-  bool leader() const override { return leader_.load(); }
+  // While this node's leadership lease (migration 0021) has time left by its own clock.
+  bool leader() const override;
   void Close() override;
 
  private:
@@ -100,13 +101,16 @@ class PostgresStore final : public QueuedStore {
   void CommitBatch(std::vector<Unit>& batch);
   // "SELECT pg_notify(...); COMMIT" for a batch with `events`, or "COMMIT".
   std::string CommitSql(Conn& conn, const std::vector<std::vector<Event>>& events) const;
-  // The node's own connection: LISTENs for other nodes' commits and seeks, then holds, the
-  // cluster's leadership lock (a session advisory lock, released by the server when the
-  // connection ends). Reconnects with backoff.
+  // The node's own connection: LISTENs for other nodes' commits, and takes or renews the
+  // cluster's leadership lease every second. Reconnects with backoff.
   void ReadLoop();
   void ListenerLoop();
-  // One attempt at the leadership lock on `conn`; logs when this node becomes the leader.
-  void SeekLeadership(Conn& conn);
+  // One attempt to take or renew the leadership lease on `conn`; logs when this node starts or
+  // stops leading.
+  void RenewLeadership(Conn& conn);
+  // Stops leading now, logging `why` if it led; gives the lease up through `conn` (a node that
+  // stops: logged as information) or, without one (the connection was lost), logs an error.
+  void EndLeadership(Conn* conn, const std::string& why);
   void CallRemoteListener();
   // Waits up to `ms` unless the listener is stopping; returns whether it is stopping.
   bool ListenerSleep(int ms);
@@ -138,7 +142,8 @@ class PostgresStore final : public QueuedStore {
   bool listener_stop_ = false;  // GUARDED_BY(listener_mu_)
   std::atomic<bool> listener_stopping_{false};
   std::thread listener_thread_;
-  std::atomic<bool> leader_{false};
+  // Until when (steady clock, its count) this node believes it leads; 0: it does not.
+  std::atomic<int64_t> lease_until_{0};
 };
 
 }  // namespace keel::store::postgres
