@@ -78,35 +78,44 @@ def post_turns(turns, state, pick_node, seed, pace=None):
     for j, turn in enumerate(turns):
         if pace:
             pace(j)
-        while True:
-            if time.monotonic() > state["deadline"]:
-                turn.error = "not acknowledged before the deadline (%d attempts)" % turn.attempts
-                return
-            node = pick_node(rng)
-            if node is None:
-                time.sleep(0.02)
-                continue
-            addr, token = node
-            turn.attempts += 1
-            try:
-                status, body, _ = http_request(
-                    addr, "POST", "/v1/sessions/%s/messages?wait=3" % turn.session_id,
-                    body={"content": turn.content}, token=token,
-                    headers={"Idempotency-Key": turn.key}, timeout=15)
-            except (OSError, http.client.HTTPException):
-                time.sleep(rng.uniform(0.01, 0.08))
-                continue
-            if status in (200, 202):
-                turn.acks.append((body["message"]["id"], body["run"]["id"]))
-                with state["lock"]:
-                    state["acks_since_restart"] += 1
-                break
-            if status in (429, 503) or status >= 500:
-                time.sleep(rng.uniform(0.02, 0.1))
-                continue
-            turn.error = "HTTP %s: %r" % (status, body)
-            break
+        post_one(turn, state, pick_node, rng)
+        if turn.error and turn.error.startswith("not acknowledged before the deadline"):
+            return
         time.sleep(rng.uniform(0, 0.01))
+
+
+def post_one(turn, state, pick_node, rng):
+    """Posts one turn, retried with its Idempotency-Key on whichever node is up, until a node
+    acknowledges it (recorded in turn.acks), a 4xx other than 429 refuses it, or state's
+    deadline passes (both recorded in turn.error)."""
+    while True:
+        if time.monotonic() > state["deadline"]:
+            turn.error = "not acknowledged before the deadline (%d attempts)" % turn.attempts
+            return
+        node = pick_node(rng)
+        if node is None:
+            time.sleep(0.02)
+            continue
+        addr, token = node
+        turn.attempts += 1
+        try:
+            status, body, _ = http_request(
+                addr, "POST", "/v1/sessions/%s/messages?wait=3" % turn.session_id,
+                body={"content": turn.content}, token=token,
+                headers={"Idempotency-Key": turn.key}, timeout=15)
+        except (OSError, http.client.HTTPException):
+            time.sleep(rng.uniform(0.01, 0.08))
+            continue
+        if status in (200, 202):
+            turn.acks.append((body["message"]["id"], body["run"]["id"]))
+            with state["lock"]:
+                state["acks_since_restart"] += 1
+            return
+        if status in (429, 503) or status >= 500:
+            time.sleep(rng.uniform(0.02, 0.1))
+            continue
+        turn.error = "HTTP %s: %r" % (status, body)
+        return
 
 
 def check_outcome(test, api, agents, sessions, per_session, all_turns, workspace_of,
@@ -230,7 +239,7 @@ def check_outcome(test, api, agents, sessions, per_session, all_turns, workspace
             per_run[e["run_id"]][e["type"]] += 1
         if e["type"] == "tool.call.started@v1":
             started_calls[(e["run_id"], e["payload"].get("call_id"))] += 1
-        if e["type"] == "tool.call.unknown@v1":
+        if e["type"] == "tool.call.unknown@v1" and e["run_id"] in run_ids:
             unknown_events += 1
     for rid in run_ids:
         c = per_run[rid]
