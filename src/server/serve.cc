@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <sstream>
 
@@ -372,17 +373,36 @@ int ServeMain(const ServeFlags& flags) {
         "the node that created it, or one made with `keel tokens create`)");
   }
 
+  // The first SIGTERM or SIGINT drains (runtime.h: Drain) for at most drain_timeout_ms while
+  // the server goes on answering (reads, decisions, /readyz 503); then it stops. A second one
+  // stops at once.
   asio::signal_set signals(io, SIGINT, SIGTERM);
-  signals.async_wait([&](const boost::system::error_code& e, int sig) {
-    if (e) return;
-    Log(std::string("received ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT") + ", draining");
-    server.Stop();
-    asio::co_spawn(io, [&]() -> asio::awaitable<void> {
-      co_await runtime.Drain(std::chrono::seconds(10));
-      watchdog.Stop();  // a stopped io thread is not a frozen one
-      io.stop();
-    }, asio::detached);
-  });
+  bool draining = false;
+  std::function<void(const boost::system::error_code&, int)> on_signal =
+      [&](const boost::system::error_code& e, int sig) {
+        if (e) return;
+        const std::string name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+        if (draining) {
+          Log("received " + name + " again: stopping now");
+          watchdog.Stop();
+          io.stop();
+          return;
+        }
+        draining = true;
+        Log("received " + name + ", draining for at most " +
+            std::to_string(config.drain_timeout_ms) + " ms (send it again to stop at once)");
+        signals.async_wait(on_signal);
+        asio::co_spawn(
+            io,
+            [&]() -> asio::awaitable<void> {
+              co_await runtime.Drain(std::chrono::milliseconds(config.drain_timeout_ms));
+              server.Stop();
+              watchdog.Stop();  // a stopped io thread is not a frozen one
+              io.stop();
+            },
+            asio::detached);
+      };
+  signals.async_wait(on_signal);
   io.run();
   watchdog.Stop();  // whatever ended io.run(): the stop below may take long and is no freeze
   // The threads that post to `io` finish first, the tool pool (its blocking tools may still use

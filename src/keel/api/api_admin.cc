@@ -7,6 +7,7 @@
 #include "keel/common/ids.h"
 #include "keel/metrics.h"
 #include "keel/runtime/event_hub.h"
+#include "keel/runtime/runtime.h"
 #include "keel/store/async.h"
 #include "keel/store/row_images.h"
 #include "keel/tenants/tenants.h"
@@ -18,15 +19,29 @@ using http::Request;
 using http::Response;
 
 void RegisterHealthRoutes(http::Router& router, ApiContext& ctx) {
-  router.Add("GET", "/healthz", [&ctx](Request&) -> asio::awaitable<Response> {
-    co_return Response::Json(200, {{"status", "ok"}, {"leader", ctx.store.leader()}});
-  }, /*requires_auth=*/false);
-  router.Add("GET", "/readyz", [&ctx](Request&) -> asio::awaitable<Response> {
-    // Any small query will do: the store answers. No tenant is named, so none is read.
-    Status st = co_await store::AsyncRead(ctx.store, [](store::Tx& tx) { return tx.events().LastPosition("").status(); });
-    if (!st.ok()) co_return Response::Error(Unavailable("store not ready: " + st.message()));
-    co_return Response::Json(200, {{"status", "ready"}});
-  }, /*requires_auth=*/false);
+  router.Add(
+      "GET", "/healthz",
+      [&ctx](Request&) -> asio::awaitable<Response> {
+        co_return Response::Json(200, {{"status", ctx.runtime.draining() ? "draining" : "ok"},
+                                       {"leader", ctx.store.leader()}});
+      },
+      /*requires_auth=*/false);
+  router.Add(
+      "GET", "/readyz",
+      [&ctx](Request&) -> asio::awaitable<Response> {
+        // Draining (SIGTERM): a load balancer sends no more requests here.
+        if (ctx.runtime.draining()) {
+          Response r = Response::Json(503, {{"status", "draining"}});
+          r.headers["Retry-After"] = "1";
+          co_return r;
+        }
+        // Any small query will do: the store answers. No tenant is named, so none is read.
+        Status st = co_await store::AsyncRead(
+            ctx.store, [](store::Tx& tx) { return tx.events().LastPosition("").status(); });
+        if (!st.ok()) co_return Response::Error(Unavailable("store not ready: " + st.message()));
+        co_return Response::Json(200, {{"status", "ready"}});
+      },
+      /*requires_auth=*/false);
   // Node-wide counters reveal every tenant's activity: only the platform admin reads them.
   router.Add("GET", "/metrics", [&ctx](Request& req) -> asio::awaitable<Response> {
     if (!req.principal.platform_admin) {

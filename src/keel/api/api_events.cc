@@ -3,7 +3,6 @@
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
-
 #include <memory>
 #include <set>
 
@@ -13,6 +12,7 @@
 #include "keel/config/config.h"
 #include "keel/metrics.h"
 #include "keel/runtime/event_hub.h"
+#include "keel/runtime/runtime.h"
 #include "keel/store/async.h"
 #include "keel/store/audit.h"
 #include "keel/store/store.h"
@@ -99,6 +99,12 @@ void RegisterEventRoutes(http::Router& router, ApiContext& ctx) {
   });
 
   router.Add("GET", "/v1/stream", [&ctx](Request& req) -> asio::awaitable<Response> {
+    if (ctx.runtime.draining()) {
+      Response r = Response::Error(Unavailable(
+          "this node is stopping: connect to another node, or again once it has restarted"));
+      r.headers["Retry-After"] = "1";
+      co_return r;
+    }
     const std::string tenant = req.principal.tenant_id;
     store::EventFilter filter = FilterOf(req);
     const char* given = "Last-Event-ID";
@@ -187,6 +193,13 @@ void RegisterEventRoutes(http::Router& router, ApiContext& ctx) {
           if (!co_await w.Write(std::move(out))) co_return;
         }
         if (events.size() == 500) continue;
+        if (ctx.hub.closing()) {
+          // The node stops. What committed before the last read went out; the client reconnects
+          // (to another node, or to this one restarted) after its last event id, missing nothing.
+          w.EndForRestart();
+          if (!websocket) (void)co_await w.Write(": this node is stopping; reconnect\n\n");
+          co_return;
+        }
         auto before = std::chrono::steady_clock::now();
         co_await ctx.hub.Wait(sub, std::chrono::seconds(15));
         if (std::chrono::steady_clock::now() - before >= std::chrono::seconds(15)) {

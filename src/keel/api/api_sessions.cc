@@ -179,7 +179,8 @@ void RegisterSessionRoutes(http::Router& router, ApiContext& ctx) {
     auto result = co_await ctx.runtime.PostMessage(intake);
     if (!result.ok()) {
       Response r = Response::Error(result.status());
-      if (result.status().code() == Code::kRateLimited) r.headers["Retry-After"] = "1";
+      const Code code = result.status().code();
+      if (code == Code::kRateLimited || code == Code::kUnavailable) r.headers["Retry-After"] = "1";
       co_return r;
     }
     store::Run run = result->run;

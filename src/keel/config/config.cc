@@ -167,20 +167,38 @@ Status ApplyToml(const std::string& path, Config& c, HttpConfig& http, LimitsCon
                            std::to_string(err.source().begin.line) + ": " +
                            std::string(err.description()));
   }
-  static const std::set<std::string> kTop = {"listen", "store", "store_owner", "workspaces",
+  static const std::set<std::string> kTop = {"listen",
+                                             "store",
+                                             "store_owner",
+                                             "workspaces",
                                              "durable",
-                                             "max_body_bytes", "max_connections",
-                                             "max_connections_per_address", "header_timeout_ms",
-                                             "body_timeout_ms", "idle_timeout_ms",
+                                             "max_body_bytes",
+                                             "max_connections",
+                                             "max_connections_per_address",
+                                             "header_timeout_ms",
+                                             "body_timeout_ms",
+                                             "idle_timeout_ms",
                                              "tenant_run_cap",
-                                             "max_concurrent_runs", "tenant_max_running",
-                                             "tool_threads", "tenant_tool_threads",
-                                             "io_stall_warn_ms", "io_stall_limit_ms",
-                                             "max_steps", "lease_ms",
-                                             "approval_timeout_ms", "large_result_bytes",
-                                             "history_limit", "log_level", "outbound_allow",
-                                             "exec_uid", "exec_gid",
-                                             "openai", "anthropic", "prices", "cache"};
+                                             "max_concurrent_runs",
+                                             "tenant_max_running",
+                                             "tool_threads",
+                                             "tenant_tool_threads",
+                                             "io_stall_warn_ms",
+                                             "io_stall_limit_ms",
+                                             "max_steps",
+                                             "lease_ms",
+                                             "drain_timeout_ms",
+                                             "approval_timeout_ms",
+                                             "large_result_bytes",
+                                             "history_limit",
+                                             "log_level",
+                                             "outbound_allow",
+                                             "exec_uid",
+                                             "exec_gid",
+                                             "openai",
+                                             "anthropic",
+                                             "prices",
+                                             "cache"};
   for (const auto& [k, v] : t) {
     if (!kTop.count(std::string(k.str()))) {
       return InvalidArgument(path + ": unknown setting '" + std::string(k.str()) + "'");
@@ -231,6 +249,7 @@ Status ApplyToml(const std::string& path, Config& c, HttpConfig& http, LimitsCon
   KEEL_RETURN_IF_ERROR(num("io_stall_limit_ms", 1000, kMaxStallMs, &limits.io_stall_limit_ms));
   KEEL_RETURN_IF_ERROR(num("max_steps", 1, 1000, &c.max_steps));
   KEEL_RETURN_IF_ERROR(num("lease_ms", 1000, 3600000, &c.lease_ms));
+  KEEL_RETURN_IF_ERROR(num("drain_timeout_ms", 0, 3600000, &c.drain_timeout_ms));
   KEEL_RETURN_IF_ERROR(
       num("approval_timeout_ms", 1000, int64_t(365) * 86400000, &c.approval_timeout_ms));
   KEEL_RETURN_IF_ERROR(num("large_result_bytes", 1024, int64_t(64) << 20, &c.large_result_bytes));
@@ -381,6 +400,9 @@ Status LoadInto(const Overrides& o, Config& c, HttpConfig& http, LimitsConfig& l
   }
   if (auto v = Env("KEEL_LEASE_MS"); !v.empty()) {
     KEEL_RETURN_IF_ERROR(SetInt(v, "KEEL_LEASE_MS", 1000, 3600000, &c.lease_ms));
+  }
+  if (auto v = Env("KEEL_DRAIN_TIMEOUT_MS"); !v.empty()) {
+    KEEL_RETURN_IF_ERROR(SetInt(v, "KEEL_DRAIN_TIMEOUT_MS", 0, 3600000, &c.drain_timeout_ms));
   }
   if (auto v = Env("KEEL_LARGE_RESULT_BYTES"); !v.empty()) {
     KEEL_RETURN_IF_ERROR(SetInt(v, "KEEL_LARGE_RESULT_BYTES", 1024, int64_t(64) << 20,

@@ -57,6 +57,9 @@ struct Config {
   int max_concurrent_runs = 256; // runs executing at once on this node
   int max_steps = 16;            // model steps per run, unless the agent says otherwise
   int lease_ms = 30000;
+  // SIGTERM drains the node (intake 503, runs handed back at their next step boundary) for at
+  // most this long before it exits; a second SIGTERM or SIGINT exits at once.
+  int drain_timeout_ms = 10000;
   int64_t approval_timeout_ms = 86400000;  // a pending approval expires (rejected) after this
   int64_t large_result_bytes = 16384;      // larger tool results go to the workspace
   int history_limit = 50;        // earlier messages a turn's context carries

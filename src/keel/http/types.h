@@ -50,6 +50,9 @@ class StreamWriter {
   // Shows the client the stream is alive while nothing happens: an SSE comment line, a
   // WebSocket ping.
   virtual boost::asio::awaitable<bool> Ping() = 0;
+  // The stream ends because the server stops: a WebSocket then closes with 1012 (service
+  // restart), which tells its client to connect again; an SSE client reconnects by itself.
+  virtual void EndForRestart() {}
 };
 
 struct Response {

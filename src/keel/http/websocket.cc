@@ -40,9 +40,13 @@ class WebSocketWriter final : public StreamWriter {
     co_return !ec;
   }
 
+  void EndForRestart() override { restart_ = true; }
+  bool restart() const { return restart_; }
+
  private:
   Socket& ws_;
   const bool& closed_;
+  bool restart_ = false;
 };
 
 // Reads until the client closes or the connection fails; Beast answers pings and the close
@@ -78,8 +82,9 @@ asio::awaitable<void> ServeWebSocket(beast::tcp_stream stream,
   WebSocketWriter writer(*ws, *closed);
   co_await response.stream(writer);
   if (!*closed) {
-    co_await ws->async_close(websocket::close_code::normal,
-                             asio::redirect_error(asio::use_awaitable, ec));
+    co_await ws->async_close(
+        writer.restart() ? websocket::close_code::service_restart : websocket::close_code::normal,
+        asio::redirect_error(asio::use_awaitable, ec));
   }
 }
 

@@ -145,6 +145,16 @@ Status Requeue(store::Tx& tx, const std::string& tenant_id, const std::string& r
                 {{"message_id", run.message_id}, {"after_approval", approval_id}});
 }
 
+Status Release(store::Tx& tx, store::Run& cur, Millis now) {
+  if (cur.status != "running") return Conflict("run " + cur.id + " is not running");
+  cur.status = "queued";
+  cur.lease_owner.clear();
+  cur.lease_expires_at = 0;
+  KEEL_RETURN_IF_ERROR(WriteRun(tx, cur));
+  KEEL_RETURN_IF_ERROR(SetSessionStatus(tx, cur, "idle", now));
+  return Append(tx, cur, "run.queued@v1", {{"message_id", cur.message_id}, {"released", true}});
+}
+
 Status Finish(store::Tx& tx, store::Run& cur, const Ending& ending, Millis now) {
   if (cur.status != "running") return Conflict("run " + cur.id + " is not running");
   const char* type = ending.status == "done"        ? "run.completed@v1"

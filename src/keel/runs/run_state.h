@@ -3,7 +3,8 @@
 // The run state machine: every change of a run's status, and of a tool call's, is one function
 // here.
 //
-//   run:       queued -> running -> (waiting_for_approval -> queued) -> done | failed | cancelled
+//   run:       queued -> running -> (waiting_for_approval | released -> queued) -> done | failed |
+//              cancelled
 //   tool call: proposed -> denied | awaiting_approval -> approved | rejected -> started ->
 //              succeeded | failed | unknown
 //
@@ -99,6 +100,12 @@ Status Park(store::Tx& tx, store::Run& cur, const std::string& approval_id, Mill
 // A run in any other state (cancelled meanwhile) is left as it is.
 Status Requeue(store::Tx& tx, const std::string& tenant_id, const std::string& run_id,
                const std::string& approval_id, Millis now);
+
+// running -> queued, for an execution that stops at a step boundary because its node is
+// draining: the lease released and the session idle, so that another node (or this one after
+// its restart) claims the run at once and resumes it from its recorded steps, run.queued@v1
+// with "released": true. REQUIRES: `cur` came from Held in this unit.
+Status Release(store::Tx& tx, store::Run& cur, Millis now);
 
 // How a run ends.
 struct Ending {

@@ -89,9 +89,14 @@ EventHub::SubscriptionPtr EventHub::Subscribe(const SubscriptionFilter& filter) 
 
 void EventHub::Unsubscribe(const SubscriptionPtr& sub) { subs_.remove(sub); }
 
+void EventHub::Close() {
+  closing_ = true;
+  for (auto& sub : subs_) sub->Wake();
+}
+
 asio::awaitable<void> EventHub::Wait(const SubscriptionPtr& sub,
                                      std::chrono::milliseconds timeout) {
-  if (sub->pending) {
+  if (sub->pending || closing_) {
     sub->pending = false;
     co_return;
   }

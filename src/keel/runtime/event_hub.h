@@ -69,6 +69,10 @@ class EventHub {
 
   size_t subscriber_count() const { return subs_.size(); }
 
+  // The node stops: wakes every subscription for good; streams end and their clients reconnect.
+  void Close();
+  bool closing() const { return closing_; }
+
  private:
   // What Dispatch needs of a committed event.
   struct Committed {
@@ -80,6 +84,7 @@ class EventHub {
   std::list<SubscriptionPtr> subs_;
   // Each tenant's highest event position seen (positions are per tenant).
   std::unordered_map<std::string, int64_t> last_position_;
+  bool closing_ = false;
 };
 
 }  // namespace keel::runtime

@@ -35,6 +35,11 @@ Intake::Intake(store::Store& store, Dispatcher& dispatcher, PluginBridge& plugin
       tenant_run_cap_(tenant_run_cap) {}
 
 asio::awaitable<Result<IntakeResult>> Intake::PostMessage(const IntakeRequest& req) {
+  if (dispatcher_.draining()) {
+    co_return Unavailable(
+        "this node is stopping: send the message to another node, or again once it has "
+        "restarted");
+  }
   std::string content = req.content;
   if (!req.call.is_null()) {
     const Json& c = req.call;

@@ -119,6 +119,15 @@ asio::awaitable<Status> Runtime::ParkAgain(const store::Run& mine, const std::st
   co_return written.status();
 }
 
+asio::awaitable<void> Runtime::ReleaseRun(const store::Run& mine) {
+  auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(auto cur, runs::Held(tx, mine));
+    return runs::Release(tx, cur, NowMillis());
+  });
+  // Not written (the store failed, or the run was taken meanwhile): its lease runs out instead.
+  (void)written;
+}
+
 asio::awaitable<std::optional<std::string>> Runtime::StopFor(
     const store::Run& run, const std::vector<store::EmergencyStop>* stops) {
   if (stops) co_return policy::StopReason(*stops, run.agent_id);
@@ -425,6 +434,12 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
 
   model::Usage usage_total;
   while (true) {
+    if (dispatcher_->draining() && !dispatcher_->CancelRequested(run.id) && !run.cancel_requested) {
+      // The node stops: the run goes back to the queue at this step boundary, with what it
+      // recorded, for another node (or this one, restarted) to go on with.
+      co_await ReleaseRun(run);
+      co_return;
+    }
     if (dispatcher_->CancelRequested(run.id) || run.cancel_requested) {
       Json error = Json::object();
       error["code"] = "cancelled";
@@ -447,7 +462,8 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
     }
     if (!pending.empty()) {
       for (const auto& call : pending) {
-        if (dispatcher_->CancelRequested(run.id)) break;  // stop at the next step boundary
+        // Stop at the next step boundary; the calls not made yet are the resumed run's.
+        if (dispatcher_->CancelRequested(run.id) || dispatcher_->draining()) break;
         ++metrics_.tool_calls;
         tools::CallRequest creq;
         creq.tenant_id = run.tenant_id;

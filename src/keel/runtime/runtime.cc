@@ -105,9 +105,12 @@ asio::awaitable<void> Runtime::ApprovalExpiryLoop() {
   }
 }
 
+bool Runtime::draining() const { return dispatcher_->draining(); }
+
 asio::awaitable<void> Runtime::Drain(std::chrono::milliseconds grace) {
   // Each part stops taking new work at once; the executing runs then have their grace; the
   // agents' plugins stop last.
+  hub_.Close();
   schedule_timer_.cancel();
   models_->Stop();
   plugins_->StopDeliveries();

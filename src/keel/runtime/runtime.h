@@ -103,8 +103,13 @@ class Runtime {
   // Expires leases this origin held before a restart and starts the dispatcher and the lease
   // keeper. REQUIRES: called once, on the executor.
   Status Start();
-  // Stops claiming new runs; waits up to `grace` for executing runs to reach a step boundary.
+  // Drains the node: intake and new streams refuse (503), live streams end (their clients
+  // reconnect), no new run is claimed, and each executing run goes back to the queue at its
+  // next step boundary (runs::Release) for another node, or this one restarted, to go on with;
+  // returns once none executes or `grace` has passed.
   boost::asio::awaitable<void> Drain(std::chrono::milliseconds grace);
+  // Since Drain began.
+  bool draining() const;
 
   // Validates and commits a user message and its run. kNotFound for an unknown session,
   // kConflict for an inactive session or a busy one whose agent rejects while busy,
@@ -155,6 +160,8 @@ class Runtime {
                                       RunSlots::Hold slot);
   // Puts a run that found its approval still pending back to waiting_for_approval.
   boost::asio::awaitable<Status> ParkAgain(const store::Run& run, const std::string& call_id);
+  // Gives an executing run back to the queue at a step boundary while the node drains.
+  boost::asio::awaitable<void> ReleaseRun(const store::Run& run);
   // Context assembly (context.cc): fills request.messages for a model turn of `run`: the
   // system prompt (the agent's instructions, the index of its skills, the summary of the
   // session's compacted turns), the messages since that summary, the prompt. When they would
