@@ -697,6 +697,7 @@ class WebSocketClient(SseClient):
     and close frames as a client must, masking what it sends; `pings` counts the pings seen."""
 
     GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+    close_code = None  # of the server's close frame, once it came
 
     def __init__(self, url, token, last_event_id=None, timeout=60, headers=None):
         parts = urllib.parse.urlsplit(url)
@@ -807,6 +808,8 @@ class WebSocketClient(SseClient):
                 if op == 0xA:
                     continue
                 if op == 0x8:  # close: answer it, and stop
+                    self.close_code = int.from_bytes(payload[:2], "big") if len(payload) >= 2 \
+                        else None
                     self.send_frame(0x8, payload[:2])
                     break
                 if op != 0x0:

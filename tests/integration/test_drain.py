@@ -11,7 +11,7 @@ import signal
 import time
 import unittest
 
-from keel_harness import KeelServer, KeelTestCase, SseClient, sse_url
+from keel_harness import KeelServer, KeelTestCase, SseClient, WebSocketClient, sse_url
 
 ON_PG = os.environ.get("KEEL_TEST_STORE") == "postgres"
 SLOW_MODEL_MS = 1500  # a model step that SIGTERM finds in flight
@@ -84,6 +84,8 @@ class DrainTest(KeelTestCase):
         agent, session, run = self.slow_turn(s)
         sse = SseClient(sse_url(s, session_id=session["id"]), s.token, last_event_id=0)
         self.addCleanup(sse.close)
+        ws = WebSocketClient(sse_url(s, session_id=session["id"]), s.token, last_event_id=0)
+        self.addCleanup(ws.close)
         time.sleep(0.3)  # the first model step is in flight
         t0 = time.monotonic()
         s.proc.send_signal(signal.SIGTERM)
@@ -104,6 +106,9 @@ class DrainTest(KeelTestCase):
         # The live stream ends (the client reconnects by itself).
         seen, closed = self.stream_until_closed(sse, timeout=5)
         self.assertTrue(closed, "the stream stayed open while the node drained")
+        _, ws_closed = self.stream_until_closed(ws, timeout=5)
+        self.assertTrue(ws_closed, "the WebSocket stayed open while the node drained")
+        self.assertEqual(ws.close_code, 1012, "a WebSocket is closed with 'service restart'")
 
         # It exits at the step boundary, long before the drain timeout.
         s.proc.wait(timeout=10)
