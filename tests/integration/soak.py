@@ -228,7 +228,11 @@ class Soak:
         started = time.monotonic()
         try:
             while self.kills < self.kills_wanted:
-                time.sleep(rng.uniform(0.15, 0.7))
+                # Time to go on between kills: a run that a kill finds at the same point
+                # kPoisonTries (4) times in a row is stopped as poison (run_state.cc), which is
+                # right for a run that crashes the server and wrong for one the kills keep
+                # interrupting before its step can end (its turn then counts as lost here).
+                time.sleep(rng.uniform(0.5, 2.0))
                 up = [n for n in self.nodes if n.alive()]
                 if len(up) < len(self.nodes):  # one at a time
                     continue
