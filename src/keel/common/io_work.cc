@@ -29,6 +29,17 @@ IoWork::~IoWork() {
   Current() = std::move(outer_);
 }
 
+IoWorkPause::IoWorkPause() {
+  std::lock_guard<std::mutex> lock(Mu());
+  paused_ = std::move(Current());
+  Current().reset();
+}
+
+IoWorkPause::~IoWorkPause() {
+  std::lock_guard<std::mutex> lock(Mu());
+  Current() = std::move(paused_);
+}
+
 std::optional<IoHolder> CurrentIoWork() {
   std::lock_guard<std::mutex> lock(Mu());
   return Current();
