@@ -185,10 +185,23 @@ TEST(LuaMemory, AnAgentsPluginSeesOnlyThatAgentsMemories) {
 
   MemoryReaders readers = [&st](const std::string& t, const std::string& agent) {
     MemoryReader r;
-    r.search = [&st, t, agent](const std::string& q, const std::string& tag, int limit) {
-      return memory::SearchJson(st, t, agent, q, tag, limit);
+    r.search = [&st, t, agent](const std::string& q, const std::string& tag,
+                               int limit) -> Result<Json> {
+      Json hits;
+      KEEL_RETURN_IF_ERROR(st.Read([&](store::Tx& tx) -> Status {
+        KEEL_ASSIGN_OR_RETURN(hits, memory::SearchJson(tx, t, agent, q, tag, limit));
+        return Status::Ok();
+      }));
+      return hits;
     };
-    r.get = [&st, t, agent](const std::string& id) { return memory::GetJson(st, t, agent, id); };
+    r.get = [&st, t, agent](const std::string& id) -> Result<Json> {
+      Json memory;
+      KEEL_RETURN_IF_ERROR(st.Read([&](store::Tx& tx) -> Status {
+        KEEL_ASSIGN_OR_RETURN(memory, memory::GetJson(tx, t, agent, id));
+        return Status::Ok();
+      }));
+      return memory;
+    };
     return r;
   };
   PluginHost host((dir / "audit").string(), readers);

@@ -192,29 +192,20 @@ Result<std::string> WorkingMemoryPrompt(store::Tx& tx, const std::string& tenant
   return "Working memory (your notes, kept between conversations):\n" + w.text;
 }
 
-Result<Json> SearchJson(store::Store& store, const std::string& tenant_id,
-                        const std::string& agent_id, const std::string& query,
-                        const std::string& tag, int limit) {
+Result<Json> SearchJson(store::Tx& tx, const std::string& tenant_id, const std::string& agent_id,
+                        const std::string& query, const std::string& tag, int limit) {
+  KEEL_ASSIGN_OR_RETURN(auto hits, Search(tx, tenant_id, agent_id, query, tag, limit));
   Json out = Json::array();
-  Status st = store.Read([&](store::Tx& tx) -> Status {
-    KEEL_ASSIGN_OR_RETURN(auto hits, Search(tx, tenant_id, agent_id, query, tag, limit));
-    for (const auto& h : hits) out.push_back(HitJson(h));
-    return Status::Ok();
-  });
-  if (!st.ok()) return st;
+  for (const auto& h : hits) out.push_back(HitJson(h));
   return out;
 }
 
-Result<Json> GetJson(store::Store& store, const std::string& tenant_id, const std::string& agent_id,
+Result<Json> GetJson(store::Tx& tx, const std::string& tenant_id, const std::string& agent_id,
                      const std::string& id) {
-  Json out;
-  Status st = store.Read([&](store::Tx& tx) -> Status {
-    auto m = tx.memory().GetMemory(tenant_id, agent_id, id);
-    if (m.ok()) out = MemoryJson(*m);
-    return m.ok() || m.status().code() == Code::kNotFound ? Status::Ok() : m.status();
-  });
-  if (!st.ok()) return st;
-  return out;
+  auto m = tx.memory().GetMemory(tenant_id, agent_id, id);
+  if (m.ok()) return MemoryJson(*m);
+  if (m.status().code() == Code::kNotFound) return Json();
+  return m.status();
 }
 
 }  // namespace keel::memory

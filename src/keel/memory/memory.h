@@ -6,9 +6,9 @@
 //
 // Used by the API (api_memory.cc), the built-in tools memory.search, memory.upsert and
 // memory.delete (tools/memory_tools.cc), the runtime (the prompt; memory.upsert@v1 for plugins)
-// and the Lua plugins' read-only ctx.memory. Pure functions over a Tx, except the *Json helpers
-// at the end, which read through a Store synchronously (for a tool on the tool pool, or a Lua
-// plugin on the event loop).
+// and the Lua plugins' read-only ctx.memory. Pure functions over a Tx: the caller chooses how to
+// read (Store::Read on the tool pool; store::AsyncRead for a Lua plugin's ctx.memory, which on
+// PostgreSQL reads off the event loop).
 
 #include <string>
 #include <vector>
@@ -79,12 +79,11 @@ Json UpsertPayload(const store::Memory& m, bool replaced, const std::string& ses
 Result<std::string> WorkingMemoryPrompt(store::Tx& tx, const std::string& tenant_id,
                                         const std::string& agent_id);
 
-// Synchronous reads through `store` (Store::Read on the calling thread): a search's hits as a
-// JSON array of HitJson, and one memory as MemoryJson or null when the agent has none with `id`.
-Result<Json> SearchJson(store::Store& store, const std::string& tenant_id,
-                        const std::string& agent_id, const std::string& query,
-                        const std::string& tag, int limit);
-Result<Json> GetJson(store::Store& store, const std::string& tenant_id, const std::string& agent_id,
+// What the tools and Lua plugins are shown: a search's hits as a JSON array of HitJson (the
+// errors as Search's), and one memory as MemoryJson or null when the agent has none with `id`.
+Result<Json> SearchJson(store::Tx& tx, const std::string& tenant_id, const std::string& agent_id,
+                        const std::string& query, const std::string& tag, int limit);
+Result<Json> GetJson(store::Tx& tx, const std::string& tenant_id, const std::string& agent_id,
                      const std::string& id);
 
 }  // namespace keel::memory

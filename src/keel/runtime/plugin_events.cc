@@ -28,12 +28,22 @@ namespace {
 plugins::MemoryReaders MemoryReadersOn(store::Store& store) {
   return [&store](const std::string& tenant_id, const std::string& agent_id) {
     plugins::MemoryReader reader;
-    reader.search = [&store, tenant_id, agent_id](const std::string& query,
-                                                   const std::string& tag, int limit) {
-      return memory::SearchJson(store, tenant_id, agent_id, query, tag, limit);
+    reader.search = [&store, tenant_id, agent_id](const std::string& query, const std::string& tag,
+                                                  int limit) -> Result<Json> {
+      Json hits;
+      KEEL_RETURN_IF_ERROR(store.Read([&](store::Tx& tx) -> Status {
+        KEEL_ASSIGN_OR_RETURN(hits, memory::SearchJson(tx, tenant_id, agent_id, query, tag, limit));
+        return Status::Ok();
+      }));
+      return hits;
     };
-    reader.get = [&store, tenant_id, agent_id](const std::string& id) {
-      return memory::GetJson(store, tenant_id, agent_id, id);
+    reader.get = [&store, tenant_id, agent_id](const std::string& id) -> Result<Json> {
+      Json memory;
+      KEEL_RETURN_IF_ERROR(store.Read([&](store::Tx& tx) -> Status {
+        KEEL_ASSIGN_OR_RETURN(memory, memory::GetJson(tx, tenant_id, agent_id, id));
+        return Status::Ok();
+      }));
+      return memory;
     };
     return reader;
   };

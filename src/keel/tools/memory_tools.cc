@@ -57,8 +57,12 @@ class MemorySearch final : public Tool {
       if (!args["limit"].is_number_integer()) return InvalidArgument("limit must be an integer");
       limit = args["limit"].get<int>();
     }
-    KEEL_ASSIGN_OR_RETURN(
-        Json hits, memory::SearchJson(store_, ctx.tenant_id, ctx.agent_id, query, tag, limit));
+    Json hits;
+    KEEL_RETURN_IF_ERROR(store_.Read([&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(hits,
+                            memory::SearchJson(tx, ctx.tenant_id, ctx.agent_id, query, tag, limit));
+      return Status::Ok();
+    }));
     return Json{{"results", std::move(hits)}};
   }
 
