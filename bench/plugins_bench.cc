@@ -10,16 +10,29 @@
 
 #include <benchmark/benchmark.h>
 
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+
 #include "keel/plugins/bus.h"
 #include "keel/plugins/lua_plugin.h"
 
 namespace {
 
+namespace asio = boost::asio;
 using keel::Json;
 using keel::Result;
 using keel::plugins::EventBus;
 using keel::plugins::HookOptions;
 using keel::plugins::LuaPlugin;
+
+// Runs the benchmark's loop in a coroutine on an io_context of its own: emissions are awaited.
+template <typename Loop>
+void OnLoop(Loop loop) {
+  asio::io_context io;
+  asio::co_spawn(io, std::move(loop), asio::detached);
+  io.run();
+}
 
 Json ModelAfter() {
   return {{"agent_id", "01a22bb7-04e5-7395-986b-4e1a35403ea6"},
@@ -36,13 +49,16 @@ void BM_EmitListeners(benchmark::State& state) {
     HookOptions o;
     o.plugin_id = "p" + std::to_string(i);
     o.priority = i;
-    (void)bus.On("model.after@v1", [](const Json&) -> Result<Json> { return Json(); }, o);
+    (void)bus.On("model.after@v1",
+                 keel::plugins::Immediate([](const Json&) -> Result<Json> { return Json(); }), o);
   }
   const Json payload = ModelAfter();
-  for (auto _ : state) {
-    auto out = bus.Emit("model.after", payload);
-    benchmark::DoNotOptimize(out);
-  }
+  OnLoop([&]() -> asio::awaitable<void> {
+    for (auto _ : state) {
+      auto out = co_await bus.Emit("model.after", payload);
+      benchmark::DoNotOptimize(out);
+    }
+  });
 }
 BENCHMARK(BM_EmitListeners)->Arg(0)->Arg(1)->Arg(10);
 
@@ -63,19 +79,27 @@ void BM_EmitLuaTransform(benchmark::State& state) {
   int ref = lua->hooks()[0].ref;
   HookOptions o;
   o.plugin_id = "bench";
-  (void)bus.On("prompt.assemble@v1",
-               [lua, ref](const Json& p) -> Result<Json> { return lua->Call(ref, p); }, o);
+  (void)bus.On(
+      "prompt.assemble@v1", [lua, ref](const Json& p) { return lua->Call(ref, p); }, o);
   const Json payload = {{"agent_id", "a"}, {"session_id", "s"}, {"run_id", "r"},
                         {"messages", {{{"role", "system"}, {"content", "You are a test agent."}},
                                       {{"role", "user"}, {"content", "hi"}},
                                       {{"role", "user"}, {"content", "hello"}}}}};
-  for (auto _ : state) {
-    auto out = bus.Emit("prompt.assemble", payload);
-    if (!out.errors.empty()) state.SkipWithError(out.errors[0].message.c_str());
-    benchmark::DoNotOptimize(out);
-  }
+  OnLoop([&]() -> asio::awaitable<void> {
+    for (auto _ : state) {
+      auto out = co_await bus.Emit("prompt.assemble", payload);
+      if (!out.errors.empty()) state.SkipWithError(out.errors[0].message.c_str());
+      benchmark::DoNotOptimize(out);
+    }
+  });
 }
 BENCHMARK(BM_EmitLuaTransform);
+
+asio::awaitable<Result<Json>> Veto(std::shared_ptr<LuaPlugin> lua, int ref, const Json& p) {
+  auto r = co_await lua->Call(ref, p);
+  if (r.ok() && r->is_null()) co_return Json{{"allow", true}};
+  co_return r;
+}
 
 void BM_EmitLuaVeto(benchmark::State& state) {
   std::shared_ptr<LuaPlugin> lua = LoadLua(R"lua(
@@ -86,18 +110,17 @@ void BM_EmitLuaVeto(benchmark::State& state) {
   int ref = lua->hooks()[0].ref;
   HookOptions o;
   o.plugin_id = "bench";
-  (void)bus.On("tool.before@v1", [lua, ref](const Json& p) -> Result<Json> {
-    auto r = lua->Call(ref, p);
-    if (r.ok() && r->is_null()) return Json{{"allow", true}};
-    return r;
-  }, o);
+  (void)bus.On(
+      "tool.before@v1", [lua, ref](const Json& p) { return Veto(lua, ref, p); }, o);
   const Json payload = {{"agent_id", "a"}, {"session_id", "s"}, {"run_id", "r"},
                         {"call_id", "call_1"}, {"tool", "notes.append"},
                         {"arguments", {{"line", "x"}}}, {"caller_role", "owner"}};
-  for (auto _ : state) {
-    auto out = bus.Emit("tool.before", payload);
-    benchmark::DoNotOptimize(out);
-  }
+  OnLoop([&]() -> asio::awaitable<void> {
+    for (auto _ : state) {
+      auto out = co_await bus.Emit("tool.before", payload);
+      benchmark::DoNotOptimize(out);
+    }
+  });
 }
 BENCHMARK(BM_EmitLuaVeto);
 

@@ -1,17 +1,25 @@
+#include "keel/tools/gateway.h"
+
 #include <gtest/gtest.h>
 
 #include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/use_future.hpp>
-
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <sstream>
 
 #include "keel/common/ids.h"
 #include "keel/common/time.h"
+#include "keel/plugins/host.h"
+#include "keel/plugins/lua_plugin.h"
 #include "keel/store/store.h"
-#include "keel/tools/gateway.h"
 
 namespace keel::tools {
 namespace {
@@ -368,18 +376,24 @@ TEST_F(GatewayTest, ALargeResultIsKeptInTheWorkspaceAndPreviewed) {
 namespace keel::tools {
 namespace {
 
+asio::awaitable<std::optional<Veto>> Decided(std::optional<Veto> veto) { co_return veto; }
+
+// A veto hook that decides at once.
+VetoHook Now(std::function<std::optional<Veto>(const CallRequest&)> decide) {
+  return [decide = std::move(decide)](const CallRequest& c) { return Decided(decide(c)); };
+}
+
 TEST_F(GatewayTest, AVetoHookRefusesACallBeforeThePolicyWithItsReason) {
   std::vector<std::string> seen;
-  gateway_->AddVetoHook([&seen](const CallRequest& c) -> std::optional<Veto> {
+  gateway_->AddVetoHook(Now([&seen](const CallRequest& c) -> std::optional<Veto> {
     seen.push_back(c.tool);
     if (c.tool == "notes.append" && c.arguments.value("line", "").find("password") != std::string::npos) {
       return Veto{"lines may not mention passwords"};
     }
     return std::nullopt;
-  });
-  gateway_->AddVetoHook([](const CallRequest&) -> std::optional<Veto> {
-    throw std::runtime_error("boom");
-  });
+  }));
+  gateway_->AddVetoHook(
+      Now([](const CallRequest&) -> std::optional<Veto> { throw std::runtime_error("boom"); }));
   auto vetoed = RunCoro(gateway_->Call(Req("notes.append", {{"line", "my password is x"}}, 2)));
   ASSERT_TRUE(vetoed.ok());
   EXPECT_EQ(vetoed->status, "denied");
@@ -475,6 +489,73 @@ TEST_F(GatewayTest, AnExecutionThatLostTheRunWritesAndRunsNothing) {
   ASSERT_TRUE(owner.ok()) << owner.status().ToString();
   EXPECT_EQ(owner->status, "succeeded");
   EXPECT_EQ(Notes(), "approved once\n");
+}
+
+}  // namespace
+}  // namespace keel::tools
+
+namespace keel::tools {
+namespace {
+
+asio::awaitable<Result<Json>> SlowRecall(std::string query) {
+  asio::steady_timer timer(co_await asio::this_coro::executor, std::chrono::milliseconds(50));
+  co_await timer.async_wait(asio::use_awaitable);
+  co_return Json::array({{{"id", "m1"}, {"text", "remembered " + query}}});
+}
+
+// A Lua plugin's tool that reads the agent's memories goes through the gateway like any tool,
+// and its read (here 50 ms on a timer) suspends the call, not the event loop.
+TEST_F(GatewayTest, ALuaToolReadsMemoryThroughTheGatewayWithoutHoldingTheLoop) {
+  plugins::PluginHost host((dir_ / "audit").string(), [](const std::string&, const std::string&) {
+    plugins::MemoryReader reader;
+    reader.search = [](std::string query, std::string, int) { return SlowRecall(query); };
+    return reader;
+  });
+  store::Plugin plugin;
+  plugin.tenant_id = tenant_;
+  plugin.id = "mem";
+  plugin.kind = "lua";
+  plugin.manifest = {{"id", "mem"},
+                     {"name", "mem"},
+                     {"version", "1"},
+                     {"kind", "lua"},
+                     {"events", {"tool.after@v1"}}};
+  plugin.source = R"(
+    ctx.tools.add{name = "recall", schema = {type = "object", properties = {q = {type = "string"}}},
+                  handler = function(a) return {text = ctx.memory.search(a.q)[1].text} end})";
+  auto loaded = host.For(tenant_, agent_, {plugin});
+  ASSERT_TRUE(loaded.errors.empty()) << loaded.errors[0].message;
+  gateway_->SetAgentTools([&host](const std::string& agent_id) {
+    std::vector<std::shared_ptr<Tool>> out;
+    if (auto p = host.Find(agent_id)) {
+      for (const auto& [name, tool] : p->tools) out.push_back(tool);
+    }
+    return out;
+  });
+  CallRequest req = Req("plugin__mem__recall", {{"q", "kafka"}}, 2);
+  req.allowed_tools = Json::array({"plugin__mem__recall"});
+  io_.restart();
+  auto call = asio::co_spawn(io_, gateway_->Call(req), asio::use_future);
+  int ticks = 0;
+  asio::co_spawn(
+      io_,
+      [&]() -> asio::awaitable<void> {
+        while (call.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+          asio::steady_timer tick(io_, std::chrono::milliseconds(5));
+          co_await tick.async_wait(asio::use_awaitable);
+          ++ticks;
+        }
+      },
+      asio::detached);
+  io_.run();
+  auto out = call.get();
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_EQ(out->status, "succeeded") << out->ForModel();
+  EXPECT_EQ(out->result, (Json{{"text", "remembered kafka"}}));
+  EXPECT_GE(ticks, 5);
+  auto calls = Calls();
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0].status, "succeeded");
 }
 
 }  // namespace

@@ -1,22 +1,41 @@
 // ctx.memory, the Lua plugins' read-only view of their agent's memories: what it returns, that
-// an agent's plugin sees that agent's memories only, that it cannot be used while loading, and
-// that its calls count against the sandbox's budgets.
+// an agent's plugin sees that agent's memories only, that it cannot be used while loading, that
+// its calls count against the sandbox's budgets, and that a read suspends the call without
+// holding the event loop (the calls of one plugin taking turns meanwhile).
 
 #include <gtest/gtest.h>
 
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/use_future.hpp>
 #include <chrono>
 #include <filesystem>
-#include <thread>
+#include <future>
+#include <vector>
 
+#include "await.h"
 #include "keel/common/ids.h"
 #include "keel/memory/memory.h"
 #include "keel/plugins/host.h"
 #include "keel/plugins/lua_plugin.h"
+#include "keel/store/async.h"
 #include "keel/store/store.h"
 #include "keel/tools/tool.h"
 
 namespace keel::plugins {
 namespace {
+
+namespace asio = boost::asio;
+using std::chrono::milliseconds;
+
+asio::awaitable<void> Sleep(milliseconds delay) {
+  asio::steady_timer timer(co_await asio::this_coro::executor, delay);
+  co_await timer.async_wait(asio::use_awaitable);
+}
 
 Result<std::unique_ptr<LuaPlugin>> Load(const std::string& src, MemoryReader memory,
                                         LuaLimits limits = {}) {
@@ -24,24 +43,31 @@ Result<std::unique_ptr<LuaPlugin>> Load(const std::string& src, MemoryReader mem
                          std::move(memory));
 }
 
-// A reader that answers every search with one memory and counts the calls.
-MemoryReader FakeReader(int* calls, std::chrono::milliseconds delay = {}) {
+// A search that answers with one memory, after `delay` on a timer (the event loop runs on
+// meanwhile), and counts the calls.
+asio::awaitable<Result<Json>> FakeSearch(int* calls, milliseconds delay, std::string query,
+                                         std::string tag, int limit) {
+  ++*calls;
+  if (delay.count()) co_await Sleep(delay);
+  if (query == "bad OR") co_return InvalidArgument("OR at position 5 has no term after it");
+  co_return Json::array({{{"id", "m1"},
+                          {"text", query + "|" + tag + "|" + std::to_string(limit)},
+                          {"tags", Json::array({"a"})},
+                          {"score", 1.5}}});
+}
+
+asio::awaitable<Result<Json>> FakeGet(int* calls, std::string id) {
+  ++*calls;
+  if (id != "m1") co_return Json();
+  co_return Json{{"id", "m1"}, {"text", "one"}, {"tags", Json::array()}};
+}
+
+MemoryReader FakeReader(int* calls, milliseconds delay = {}) {
   MemoryReader r;
-  r.search = [calls, delay](const std::string& query, const std::string& tag,
-                            int limit) -> Result<Json> {
-    ++*calls;
-    if (delay.count()) std::this_thread::sleep_for(delay);
-    if (query == "bad OR") return InvalidArgument("OR at position 5 has no term after it");
-    return Json::array({{{"id", "m1"},
-                         {"text", query + "|" + tag + "|" + std::to_string(limit)},
-                         {"tags", Json::array({"a"})},
-                         {"score", 1.5}}});
+  r.search = [calls, delay](std::string query, std::string tag, int limit) {
+    return FakeSearch(calls, delay, std::move(query), std::move(tag), limit);
   };
-  r.get = [calls](const std::string& id) -> Result<Json> {
-    ++*calls;
-    if (id != "m1") return Json();
-    return Json{{"id", "m1"}, {"text", "one"}, {"tags", Json::array()}};
-  };
+  r.get = [calls](std::string id) { return FakeGet(calls, std::move(id)); };
   return r;
 }
 
@@ -58,7 +84,7 @@ TEST(LuaMemory, SearchAndGetReturnPlainTables) {
   )",
                 FakeReader(&calls));
   ASSERT_TRUE(p.ok()) << p.status().message();
-  auto r = (*p)->Call((*p)->hooks()[0].ref, {{"q", "kafka"}});
+  auto r = Await((*p)->Call((*p)->hooks()[0].ref, {{"q", "kafka"}}));
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ(*r, (Json{{"n", 1},
                       {"text", "kafka|ops|5"},
@@ -82,7 +108,7 @@ TEST(LuaMemory, ErrorsAreLuaErrorsThePluginMayCatch) {
   )",
                 FakeReader(&calls));
   ASSERT_TRUE(p.ok()) << p.status().message();
-  auto r = (*p)->Call((*p)->hooks()[0].ref, {{"q", "bad OR"}});
+  auto r = Await((*p)->Call((*p)->hooks()[0].ref, {{"q", "bad OR"}}));
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ((*r)["ok"], false);
   EXPECT_NE((*r)["err"].get<std::string>().find("ctx.memory.search: OR at position 5"),
@@ -106,12 +132,12 @@ TEST(LuaMemory, NotWhileLoadingNorWithoutAReader) {
   // A registration check loads the script without a reader: a handler then gets an error.
   auto none = Load("ctx.bus.on('tool.after@v1', function() return ctx.memory.get('m1') end)", {});
   ASSERT_TRUE(none.ok());
-  auto r = (*none)->Call((*none)->hooks()[0].ref, Json::object());
+  auto r = Await((*none)->Call((*none)->hooks()[0].ref, Json::object()));
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("not available"), std::string::npos);
 }
 
-TEST(LuaMemory, CallsCountAgainstTheInstructionBudgetAndTheWallClock) {
+TEST(LuaMemory, CallsCountAgainstTheInstructionBudget) {
   int calls = 0;
   LuaLimits limits;
   limits.instructions = 100'000;  // ten calls' worth
@@ -123,28 +149,88 @@ TEST(LuaMemory, CallsCountAgainstTheInstructionBudgetAndTheWallClock) {
   )",
                 FakeReader(&calls), limits);
   ASSERT_TRUE(p.ok()) << p.status().message();
-  auto r = (*p)->Call((*p)->hooks()[0].ref, Json::object());
+  auto r = Await((*p)->Call((*p)->hooks()[0].ref, Json::object()));
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("instruction budget"), std::string::npos)
       << r.status().message();
   EXPECT_LE(calls, 10);
+}
 
-  calls = 0;
-  limits.instructions = 100'000'000;
+// The wall clock is the call's own time: a read that waits longer than wall_ms (a slow store)
+// does not stop the call, but the budgets still stop what the call does after it, and pcall
+// cannot swallow that stop.
+TEST(LuaMemory, TheWaitIsNotChargedToTheWallClockButWorkAfterItIs) {
+  int calls = 0;
+  LuaLimits limits;
+  limits.instructions = 200'000;
   limits.wall_ms = 50;
-  auto slow = Load(R"(
-    ctx.bus.on("tool.after@v1", function()
-      for i = 1, 100 do pcall(ctx.memory.search, "x") end
+  auto p = Load(R"(
+    ctx.bus.on("tool.after@v1", function(e)
+      local n = #ctx.memory.search("x") + #ctx.memory.search("y")
+      if e.spin == "budget" then
+        while true do pcall(function() while true do end end) end
+      end
+      return n
     end)
   )",
-                   FakeReader(&calls, std::chrono::milliseconds(30)), limits);
-  ASSERT_TRUE(slow.ok());
-  auto start = std::chrono::steady_clock::now();
-  r = (*slow)->Call((*slow)->hooks()[0].ref, Json::object());
+                FakeReader(&calls, milliseconds(120)), limits);
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  const int ref = (*p)->hooks()[0].ref;
+  auto r = Await((*p)->Call(ref, {{"spin", "no"}}));
+  ASSERT_TRUE(r.ok()) << r.status().message();  // 240 ms of reads under a 50 ms limit
+  EXPECT_EQ(*r, 2);
+  EXPECT_EQ(calls, 2);
+
+  r = Await((*p)->Call(ref, {{"spin", "budget"}}));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("instruction budget"), std::string::npos)
+      << r.status().message();
+
+  // The deadline moved out by the wait, not away: a loop after the reads runs its 50 ms.
+  LuaLimits slow = limits;
+  slow.instructions = int64_t{1} << 50;
+  auto q = Load(R"(
+    ctx.bus.on("tool.after@v1", function()
+      ctx.memory.search("x")
+      while true do pcall(string.find, "abc", "d") end
+    end)
+  )",
+                FakeReader(&calls, milliseconds(120)), slow);
+  ASSERT_TRUE(q.ok()) << q.status().message();
+  const auto start = std::chrono::steady_clock::now();
+  r = Await((*q)->Call((*q)->hooks()[0].ref, Json::object()));
+  const auto took = std::chrono::steady_clock::now() - start;
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("time limit"), std::string::npos) << r.status().message();
-  EXPECT_LE(calls, 3);
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
+  EXPECT_GE(took, milliseconds(160));  // the read, then the call's own 50 ms
+  EXPECT_LT(took, std::chrono::seconds(1));
+  // The plugin's thread is made new after each stop: the next call runs.
+  r = Await((*p)->Call(ref, {{"spin", "no"}}));
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(*r, 2);
+}
+
+// The runtime's readers (runtime/plugin_events.cc), on a real store.
+asio::awaitable<Result<Json>> StoreSearch(store::Store& st, std::string tenant, std::string agent,
+                                          std::string query, std::string tag, int limit) {
+  Json hits;
+  Status read = co_await store::AsyncRead(st, [&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(hits, memory::SearchJson(tx, tenant, agent, query, tag, limit));
+    return Status::Ok();
+  });
+  if (!read.ok()) co_return read;
+  co_return hits;
+}
+
+asio::awaitable<Result<Json>> StoreGet(store::Store& st, std::string tenant, std::string agent,
+                                       std::string id) {
+  Json memory;
+  Status read = co_await store::AsyncRead(st, [&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(memory, memory::GetJson(tx, tenant, agent, id));
+    return Status::Ok();
+  });
+  if (!read.ok()) co_return read;
+  co_return memory;
 }
 
 // Through the host, on a real store: each agent's copy of the plugin reads that agent's
@@ -185,23 +271,10 @@ TEST(LuaMemory, AnAgentsPluginSeesOnlyThatAgentsMemories) {
 
   MemoryReaders readers = [&st](const std::string& t, const std::string& agent) {
     MemoryReader r;
-    r.search = [&st, t, agent](const std::string& q, const std::string& tag,
-                               int limit) -> Result<Json> {
-      Json hits;
-      KEEL_RETURN_IF_ERROR(st.Read([&](store::Tx& tx) -> Status {
-        KEEL_ASSIGN_OR_RETURN(hits, memory::SearchJson(tx, t, agent, q, tag, limit));
-        return Status::Ok();
-      }));
-      return hits;
+    r.search = [&st, t, agent](std::string q, std::string tag, int limit) {
+      return StoreSearch(st, t, agent, std::move(q), std::move(tag), limit);
     };
-    r.get = [&st, t, agent](const std::string& id) -> Result<Json> {
-      Json memory;
-      KEEL_RETURN_IF_ERROR(st.Read([&](store::Tx& tx) -> Status {
-        KEEL_ASSIGN_OR_RETURN(memory, memory::GetJson(tx, t, agent, id));
-        return Status::Ok();
-      }));
-      return memory;
-    };
+    r.get = [&st, t, agent](std::string id) { return StoreGet(st, t, agent, std::move(id)); };
     return r;
   };
   PluginHost host((dir / "audit").string(), readers);
@@ -230,8 +303,8 @@ TEST(LuaMemory, AnAgentsPluginSeesOnlyThatAgentsMemories) {
     tools::ToolContext ctx;
     ctx.tenant_id = tenant;
     ctx.agent_id = agent;
-    auto r = tool->Execute(
-        ctx, {{"q", "secret plan"}, {"mine", std::string("own") + mine}, {"other", theirs}});
+    auto r = Await(tool->ExecuteOnLoop(
+        ctx, {{"q", "secret plan"}, {"mine", std::string("own") + mine}, {"other", theirs}}));
     ASSERT_TRUE(r.ok()) << r.status().message();
     const std::string expected = std::string("secret plan of agent ") + mine;
     EXPECT_EQ((*r)["texts"], Json::array({expected, expected})) << *r;
@@ -240,6 +313,200 @@ TEST(LuaMemory, AnAgentsPluginSeesOnlyThatAgentsMemories) {
   }
   opened->reset();
   std::filesystem::remove_all(dir);
+}
+
+// A read suspends the handler's call, not the event loop: another coroutine on the same
+// io_context runs while the handler waits, and the handler then gets the reader's answer.
+TEST(LuaMemory, AReadSuspendsTheCallNotTheEventLoop) {
+  int calls = 0;
+  auto p = Load(R"(
+    ctx.bus.on("tool.after@v1", function(e) return ctx.memory.search(e.q)[1].text end)
+  )",
+                FakeReader(&calls, milliseconds(50)));
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  asio::io_context io;
+  const Json arg = {{"q", "kafka"}};
+  auto call = asio::co_spawn(io, (*p)->Call((*p)->hooks()[0].ref, arg), asio::use_future);
+  int ticks = 0;
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        while (call.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+          co_await Sleep(milliseconds(5));
+          ++ticks;
+        }
+      },
+      asio::detached);
+  io.run();
+  auto r = call.get();
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(*r, "kafka||10");
+  EXPECT_EQ(calls, 1);
+  EXPECT_GE(ticks, 5);  // some ten 5 ms ticks while the read waited 50 ms
+}
+
+// Calls of one plugin take turns: while the first waits on a read, the second and third wait
+// for it (in the order they came), each with budgets and a session of its own. Each call's
+// loop spends some 60% of the instruction budget: a call charged with another's work fails.
+TEST(LuaMemory, CallsOfOnePluginTakeTurnsWithBudgetsOfTheirOwn) {
+  int calls = 0;
+  LuaLimits limits;
+  limits.instructions = 1'000'000;
+  limits.wall_ms = 5'000;
+  auto p = Load(R"(
+    local seq, running = 0, false
+    ctx.bus.on("tool.after@v1", function(e)
+      if running then error("two calls at once") end
+      running = true
+      seq = seq + 1
+      local mine, text = seq, ""
+      if e.read then text = ctx.memory.search(e.q)[1].text end
+      local x = 0
+      for i = 1, 300000 do x = x + i end
+      running = false
+      return {seq = mine, session = ctx.session().id, text = text}
+    end)
+  )",
+                FakeReader(&calls, milliseconds(50)), limits);
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  const int ref = (*p)->hooks()[0].ref;
+  asio::io_context io;
+  const Json args[] = {{{"read", true}, {"q", "first"}}, Json::object(), Json::object()};
+  const Json sessions[] = {{{"id", "a"}}, {{"id", "b"}}, {{"id", "c"}}};
+  std::vector<std::future<Result<Json>>> results;
+  for (int i = 0; i < 3; ++i) {
+    results.push_back(asio::co_spawn(io, (*p)->Call(ref, args[i], sessions[i]), asio::use_future));
+  }
+  io.run();
+  const Json want[] = {{{"seq", 1}, {"session", "a"}, {"text", "first||10"}},
+                       {{"seq", 2}, {"session", "b"}, {"text", ""}},
+                       {{"seq", 3}, {"session", "c"}, {"text", ""}}};
+  for (int i = 0; i < 3; ++i) {
+    auto r = results[i].get();
+    ASSERT_TRUE(r.ok()) << i << ": " << r.status().message();
+    EXPECT_EQ(*r, want[i]) << i;
+  }
+  EXPECT_EQ(calls, 1);
+}
+
+// Where Lua cannot yield (inside a library function's callback), ctx.memory says so, as a Lua
+// error the plugin may catch, and the plugin goes on working.
+TEST(LuaMemory, NotWhereLuaCannotYield) {
+  int calls = 0;
+  auto p = Load(R"(
+    ctx.bus.on("tool.after@v1", function(e)
+      local t = {3, 1, 2}
+      if e.how == "sort" then
+        table.sort(t, function(a, b) ctx.memory.search("x") return a < b end)
+      elseif e.how == "pcall" then
+        local ok, err = pcall(table.sort, t, function(a, b) ctx.memory.get("m1") return a < b end)
+        return {ok = ok, err = err}
+      end
+      return ctx.memory.get("m1").text
+    end)
+  )",
+                FakeReader(&calls));
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  const int ref = (*p)->hooks()[0].ref;
+  auto sorted = Await((*p)->Call(ref, {{"how", "sort"}}));
+  ASSERT_FALSE(sorted.ok());
+  EXPECT_NE(sorted.status().message().find(
+                "ctx.memory.search cannot be called inside table.sort's comparator"),
+            std::string::npos)
+      << sorted.status().message();
+  auto caught = Await((*p)->Call(ref, {{"how", "pcall"}}));
+  ASSERT_TRUE(caught.ok()) << caught.status().message();
+  EXPECT_EQ((*caught)["ok"], false);
+  EXPECT_NE((*caught)["err"].get<std::string>().find("ctx.memory.get cannot be called inside"),
+            std::string::npos)
+      << *caught;
+  EXPECT_EQ(calls, 0);
+  auto plain = Await((*p)->Call(ref, {{"how", "plain"}}));
+  ASSERT_TRUE(plain.ok()) << plain.status().message();
+  EXPECT_EQ(*plain, "one");
+}
+
+asio::awaitable<plugins::Emitted> EmitHolding(std::shared_ptr<AgentPlugins> plugins, Json payload) {
+  co_return co_await plugins->bus.Emit("tool.after", std::move(payload));
+}
+
+// The plugin is dropped (the LuaPlugin directly, or the host's AgentPlugins with its tools)
+// while calls wait on a read or for their turn: the calls own what they use, finish with the
+// right answers, and nothing is used after it was freed (this test runs under ASan too).
+TEST(LuaMemory, APluginDroppedWhileItsCallsWaitOutlivesThem) {
+  int calls = 0;
+  const char* source = R"(
+    local function answer(e)
+      if e.q then return {text = ctx.memory.search(e.q)[1].text} end
+      return {text = "no read"}
+    end
+    ctx.bus.on("tool.after@v1", answer)
+    ctx.tools.add{name = "probe", handler = answer}
+  )";
+  {
+    auto loaded = Load(source, FakeReader(&calls, milliseconds(50)));
+    ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+    std::unique_ptr<LuaPlugin> plugin = std::move(*loaded);
+    const int ref = plugin->hooks()[0].ref;
+    asio::io_context io;
+    const Json first = {{"q", "a"}}, second = Json::object();
+    auto a = asio::co_spawn(io, plugin->Call(ref, first), asio::use_future);
+    auto b = asio::co_spawn(io, plugin->Call(ref, second), asio::use_future);
+    asio::co_spawn(
+        io,
+        [&]() -> asio::awaitable<void> {
+          co_await Sleep(milliseconds(10));
+          plugin.reset();
+        },
+        asio::detached);
+    io.run();
+    EXPECT_FALSE(plugin);
+    auto ra = a.get(), rb = b.get();
+    ASSERT_TRUE(ra.ok() && rb.ok()) << ra.status().message() << rb.status().message();
+    EXPECT_EQ(*ra, (Json{{"text", "a||10"}}));
+    EXPECT_EQ(*rb, (Json{{"text", "no read"}}));
+  }
+
+  PluginHost host("/nonexistent", [&calls](const std::string&, const std::string&) {
+    return FakeReader(&calls, milliseconds(50));
+  });
+  store::Plugin plugin;
+  plugin.tenant_id = "t";
+  plugin.id = "mem";
+  plugin.kind = "lua";
+  plugin.manifest = {{"id", "mem"},
+                     {"name", "mem"},
+                     {"version", "1"},
+                     {"kind", "lua"},
+                     {"events", {"tool.after@v1"}}};
+  plugin.source = source;
+  auto loaded = host.For("t", "agent", {plugin});
+  ASSERT_TRUE(loaded.errors.empty()) << loaded.errors[0].message;
+  std::shared_ptr<tools::Tool> tool = loaded.plugins->tools.at("plugin__mem__probe");
+  asio::io_context io;
+  tools::ToolContext ctx;
+  ctx.tenant_id = "t";
+  ctx.agent_id = "agent";
+  auto by_tool = asio::co_spawn(io, tool->ExecuteOnLoop(ctx, {{"q", "tool"}}), asio::use_future);
+  auto by_hook = asio::co_spawn(io, EmitHolding(loaded.plugins, {{"q", "hook"}}), asio::use_future);
+  bool forgotten = false;
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        co_await Sleep(milliseconds(10));
+        tool.reset();
+        loaded.plugins.reset();
+        // The host's were the last references but the calls' own.
+        forgotten = host.Forget("agent") != nullptr;
+      },
+      asio::detached);
+  io.run();
+  EXPECT_TRUE(forgotten);
+  auto r = by_tool.get();
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(*r, (Json{{"text", "tool||10"}}));
+  auto emitted = by_hook.get();
+  EXPECT_TRUE(emitted.errors.empty());
 }
 
 }  // namespace

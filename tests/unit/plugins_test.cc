@@ -2,8 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <chrono>
 
+#include "await.h"
 #include "keel/plugins/bus.h"
 #include "keel/plugins/catalog.h"
 #include "keel/plugins/lua_plugin.h"
@@ -46,17 +50,17 @@ TEST(Bus, RunsByPriorityThenRegistrationOrder) {
   EventBus bus;
   std::vector<std::string> order;
   auto record = [&](std::string name) {
-    return [&order, name](const Json&) -> Result<Json> {
+    return Immediate([&order, name](const Json&) -> Result<Json> {
       order.push_back(name);
       return Json();
-    };
+    });
   };
   ASSERT_TRUE(bus.On("model.after@v1", record("b50"), Opt("b", 50)).ok());
   ASSERT_TRUE(bus.On("model.after@v1", record("a100"), Opt("a", 100)).ok());
   ASSERT_TRUE(bus.On("model.after@v1", record("c50"), Opt("c", 50)).ok());
   ASSERT_TRUE(bus.On("model.after@v1", record("d-5"), Opt("d", -5)).ok());
   ASSERT_TRUE(bus.On("tool.after@v1", record("other"), Opt("e", 0)).ok());
-  bus.Emit("model.after", Json::object());
+  Await(bus.Emit("model.after", Json::object()));
   std::vector<std::string> want = {"d-5", "b50", "c50", "a100"};
   EXPECT_EQ(order, want);
   EXPECT_FALSE(bus.On("model.after@v9", record("x"), Opt("x", 1)).ok());
@@ -66,18 +70,22 @@ TEST(Bus, RunsByPriorityThenRegistrationOrder) {
 
 TEST(Bus, TransformsChain) {
   EventBus bus;
-  ASSERT_TRUE(bus.On("prompt.assemble@v1", [](const Json& p) -> Result<Json> {
-                    Json out = p;
-                    out["text"] = p["text"].get<std::string>() + " first";
-                    return out;
-                  }, Opt("a", 1)).ok());
-  ASSERT_TRUE(bus.On("prompt.assemble@v1", [](const Json& p) -> Result<Json> {
-                    Json out = p;
-                    out["text"] = p["text"].get<std::string>() + " second";
-                    return out;
-                  }, Opt("b", 2)).ok());
+  ASSERT_TRUE(bus.On("prompt.assemble@v1", Immediate([](const Json& p) -> Result<Json> {
+                       Json out = p;
+                       out["text"] = p["text"].get<std::string>() + " first";
+                       return out;
+                     }),
+                     Opt("a", 1))
+                  .ok());
+  ASSERT_TRUE(bus.On("prompt.assemble@v1", Immediate([](const Json& p) -> Result<Json> {
+                       Json out = p;
+                       out["text"] = p["text"].get<std::string>() + " second";
+                       return out;
+                     }),
+                     Opt("b", 2))
+                  .ok());
   Json in = {{"text", "start"}};
-  auto out = bus.Emit("prompt.assemble", in);
+  auto out = Await(bus.Emit("prompt.assemble", in));
   EXPECT_EQ(out.payload["text"], "start first second");
   EXPECT_TRUE(out.errors.empty());
 }
@@ -85,41 +93,53 @@ TEST(Bus, TransformsChain) {
 TEST(Bus, FirstDenyWinsAndStopsTheChain) {
   EventBus bus;
   int later = 0;
-  ASSERT_TRUE(bus.On("tool.before@v1", [](const Json&) -> Result<Json> {
-                    return Json{{"allow", true}};
-                  }, Opt("ok", 1)).ok());
-  ASSERT_TRUE(bus.On("tool.before@v1", [](const Json& p) -> Result<Json> {
-                    if (p["tool"] == "exec") return Json{{"allow", false}, {"reason", "no exec"}};
-                    return Json{{"allow", true}};
-                  }, Opt("guard", 2)).ok());
-  ASSERT_TRUE(bus.On("tool.before@v1", [&](const Json&) -> Result<Json> {
-                    ++later;
-                    return Json{{"allow", true}};
-                  }, Opt("late", 3)).ok());
-  auto denied = bus.Emit("tool.before", {{"tool", "exec"}});
+  ASSERT_TRUE(bus.On("tool.before@v1", Immediate([](const Json&) -> Result<Json> {
+                       return Json{{"allow", true}};
+                     }),
+                     Opt("ok", 1))
+                  .ok());
+  ASSERT_TRUE(bus.On("tool.before@v1", Immediate([](const Json& p) -> Result<Json> {
+                       if (p["tool"] == "exec")
+                         return Json{{"allow", false}, {"reason", "no exec"}};
+                       return Json{{"allow", true}};
+                     }),
+                     Opt("guard", 2))
+                  .ok());
+  ASSERT_TRUE(bus.On("tool.before@v1", Immediate([&](const Json&) -> Result<Json> {
+                       ++later;
+                       return Json{{"allow", true}};
+                     }),
+                     Opt("late", 3))
+                  .ok());
+  auto denied = Await(bus.Emit("tool.before", {{"tool", "exec"}}));
   EXPECT_TRUE(denied.denied);
   EXPECT_EQ(denied.reason, "no exec");
   EXPECT_EQ(denied.denied_by, "guard");
   EXPECT_EQ(later, 0);
-  auto allowed = bus.Emit("tool.before", {{"tool", "time.now"}});
+  auto allowed = Await(bus.Emit("tool.before", {{"tool", "time.now"}}));
   EXPECT_FALSE(allowed.denied);
   EXPECT_EQ(later, 1);
 }
 
 TEST(Bus, AFailingHandlerIsSkippedAndReported) {
   EventBus bus;
-  ASSERT_TRUE(bus.On("prompt.assemble@v1", [](const Json&) -> Result<Json> {
-                    throw std::runtime_error("boom");
-                  }, Opt("thrower", 1)).ok());
-  ASSERT_TRUE(bus.On("prompt.assemble@v1", [](const Json&) -> Result<Json> {
-                    return Json("not an object");
-                  }, Opt("bad-shape", 2)).ok());
-  ASSERT_TRUE(bus.On("prompt.assemble@v1", [](const Json& p) -> Result<Json> {
-                    Json out = p;
-                    out["seen"] = true;
-                    return out;
-                  }, Opt("good", 3)).ok());
-  auto out = bus.Emit("prompt.assemble", {{"text", "x"}});
+  ASSERT_TRUE(bus.On("prompt.assemble@v1", Immediate([](const Json&) -> Result<Json> {
+                       throw std::runtime_error("boom");
+                     }),
+                     Opt("thrower", 1))
+                  .ok());
+  ASSERT_TRUE(bus.On("prompt.assemble@v1",
+                     Immediate([](const Json&) -> Result<Json> { return Json("not an object"); }),
+                     Opt("bad-shape", 2))
+                  .ok());
+  ASSERT_TRUE(bus.On("prompt.assemble@v1", Immediate([](const Json& p) -> Result<Json> {
+                       Json out = p;
+                       out["seen"] = true;
+                       return out;
+                     }),
+                     Opt("good", 3))
+                  .ok());
+  auto out = Await(bus.Emit("prompt.assemble", {{"text", "x"}}));
   EXPECT_EQ(out.payload["seen"], true);
   ASSERT_EQ(out.errors.size(), 2u);
   EXPECT_EQ(out.errors[0].plugin_id, "thrower");
@@ -132,14 +152,18 @@ TEST(Bus, AFailingHandlerIsSkippedAndReported) {
 TEST(Bus, FailureModeFailAborts) {
   EventBus bus;
   bool later = false;
-  ASSERT_TRUE(bus.On("model.before@v1", [](const Json&) -> Result<Json> {
-                    return InvalidArgument("refused");
-                  }, Opt("strict", 1, /*fail=*/true)).ok());
-  ASSERT_TRUE(bus.On("model.before@v1", [&](const Json& p) -> Result<Json> {
-                    later = true;
-                    return p;
-                  }, Opt("after", 2)).ok());
-  auto out = bus.Emit("model.before", Json::object());
+  ASSERT_TRUE(bus.On("model.before@v1", Immediate([](const Json&) -> Result<Json> {
+                       return InvalidArgument("refused");
+                     }),
+                     Opt("strict", 1, /*fail=*/true))
+                  .ok());
+  ASSERT_TRUE(bus.On("model.before@v1", Immediate([&](const Json& p) -> Result<Json> {
+                       later = true;
+                       return p;
+                     }),
+                     Opt("after", 2))
+                  .ok());
+  auto out = Await(bus.Emit("model.before", Json::object()));
   ASSERT_TRUE(out.abort);
   EXPECT_EQ(out.abort->plugin_id, "strict");
   EXPECT_FALSE(later);
@@ -148,19 +172,56 @@ TEST(Bus, FailureModeFailAborts) {
 TEST(Bus, VersionsAreDispatchedSideBySide) {
   EventBus bus;
   Json v1_seen, v2_seen;
-  ASSERT_TRUE(bus.On("tool.after@v1", [&](const Json& p) -> Result<Json> {
-                    v1_seen = p;
-                    return Json();
-                  }, Opt("old", 1)).ok());
-  ASSERT_TRUE(bus.On("tool.after@v2", [&](const Json& p) -> Result<Json> {
-                    v2_seen = p;
-                    return Json();
-                  }, Opt("new", 2)).ok());
+  ASSERT_TRUE(bus.On("tool.after@v1", Immediate([&](const Json& p) -> Result<Json> {
+                       v1_seen = p;
+                       return Json();
+                     }),
+                     Opt("old", 1))
+                  .ok());
+  ASSERT_TRUE(bus.On("tool.after@v2", Immediate([&](const Json& p) -> Result<Json> {
+                       v2_seen = p;
+                       return Json();
+                     }),
+                     Opt("new", 2))
+                  .ok());
   Json v2 = {{"tool", "time.now"}, {"status", "succeeded"}, {"duration_ms", 3},
              {"effect_class", "pure"}, {"decision", {{"allowed", true}}}};
-  bus.Emit("tool.after", v2);
+  Await(bus.Emit("tool.after", v2));
   EXPECT_EQ(v2_seen, v2);
   EXPECT_EQ(v1_seen, (Json{{"tool", "time.now"}, {"status", "succeeded"}}));
+}
+
+boost::asio::awaitable<Result<Json>> Later(std::vector<std::string>* order, std::string name,
+                                           bool fail) {
+  boost::asio::steady_timer timer(co_await boost::asio::this_coro::executor,
+                                  std::chrono::milliseconds(20));
+  co_await timer.async_wait(boost::asio::use_awaitable);
+  order->push_back(name);
+  if (fail) throw std::runtime_error("failed after waiting");
+  co_return Json();
+}
+
+// A handler that suspends is awaited before the next one runs, and one that throws after it
+// suspended is skipped and reported like any failure.
+TEST(Bus, HandlersThatSuspendAreAwaitedInTurn) {
+  EventBus bus;
+  std::vector<std::string> order;
+  auto later = [&order](std::string name, bool fail) -> HookFn {
+    return [&order, name, fail](const Json&) { return Later(&order, name, fail); };
+  };
+  ASSERT_TRUE(bus.On("model.after@v1", later("slow", false), Opt("a", 1)).ok());
+  ASSERT_TRUE(bus.On("model.after@v1", Immediate([&order](const Json&) -> Result<Json> {
+                       order.push_back("quick");
+                       return Json();
+                     }),
+                     Opt("b", 2))
+                  .ok());
+  ASSERT_TRUE(bus.On("model.after@v1", later("thrower", true), Opt("c", 3)).ok());
+  auto out = Await(bus.Emit("model.after", Json::object()));
+  EXPECT_EQ(order, (std::vector<std::string>{"slow", "quick", "thrower"}));
+  ASSERT_EQ(out.errors.size(), 1u);
+  EXPECT_EQ(out.errors[0].plugin_id, "c");
+  EXPECT_NE(out.errors[0].message.find("failed after waiting"), std::string::npos);
 }
 
 // --- Lua ------------------------------------------------------------------------------
@@ -207,13 +268,13 @@ TEST(Lua, RegistersHooksAndToolsAndCallsThem) {
   EXPECT_EQ(plugin.tools()[0].name, "shout");
   EXPECT_EQ(plugin.tools()[0].schema["properties"]["text"]["type"], "string");
 
-  auto veto = plugin.Call(plugin.hooks()[0].ref, {{"tool", "exec"}}, {{"id", "s1"}});
+  auto veto = Await(plugin.Call(plugin.hooks()[0].ref, {{"tool", "exec"}}, {{"id", "s1"}}));
   ASSERT_TRUE(veto.ok()) << veto.status().message();
   EXPECT_EQ(*veto, (Json{{"allow", false}, {"reason", "no exec for s1"}}));
-  auto upper = plugin.Call(plugin.hooks()[1].ref, {{"text", "hi"}, {"list", Json::array()}});
+  auto upper = Await(plugin.Call(plugin.hooks()[1].ref, {{"text", "hi"}, {"list", Json::array()}}));
   ASSERT_TRUE(upper.ok());
   EXPECT_EQ(*upper, (Json{{"text", "HI"}, {"list", Json::array()}}));  // [] stays an array
-  auto tool = plugin.Call(plugin.tools()[0].ref, {{"text", "hey"}});
+  auto tool = Await(plugin.Call(plugin.tools()[0].ref, {{"text", "hey"}}));
   ASSERT_TRUE(tool.ok());
   EXPECT_EQ(*tool, (Json{{"shouted", "hey!"}}));
 }
@@ -268,14 +329,14 @@ TEST(Lua, ARunawayLoopIsStoppedByItsBudgetEvenThroughPcall) {
   ASSERT_TRUE(p.ok()) << p.status().message();
   for (const auto& hook : (*p)->hooks()) {
     auto start = std::chrono::steady_clock::now();
-    auto r = (*p)->Call(hook.ref, Json::object());
+    auto r = Await((*p)->Call(hook.ref, Json::object()));
     ASSERT_FALSE(r.ok()) << hook.event;
     EXPECT_NE(r.status().message().find("instruction budget"), std::string::npos)
         << r.status().message();
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
   }
   // the state is still usable afterwards
-  auto again = (*p)->Call((*p)->hooks()[0].ref, Json::object());
+  auto again = Await((*p)->Call((*p)->hooks()[0].ref, Json::object()));
   EXPECT_FALSE(again.ok());
 }
 
@@ -287,7 +348,7 @@ TEST(Lua, WallClockLimitStopsASlowCall) {
                 nullptr, limits);
   ASSERT_TRUE(p.ok());
   auto start = std::chrono::steady_clock::now();
-  auto r = (*p)->Call((*p)->hooks()[0].ref, Json::object());
+  auto r = Await((*p)->Call((*p)->hooks()[0].ref, Json::object()));
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("time limit"), std::string::npos) << r.status().message();
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
@@ -320,7 +381,7 @@ TEST(Lua, LongLibraryCallsAreStoppedByTheClockAndTheBudget) {
   ASSERT_TRUE(p.ok()) << p.status().message();
   for (const auto& hook : (*p)->hooks()) {
     auto start = std::chrono::steady_clock::now();
-    auto r = (*p)->Call(hook.ref, Json::object());
+    auto r = Await((*p)->Call(hook.ref, Json::object()));
     ASSERT_FALSE(r.ok()) << hook.event;
     EXPECT_NE(r.status().message().find("time limit"), std::string::npos)
         << hook.event << ": " << r.status().message();
@@ -338,7 +399,7 @@ TEST(Lua, LongLibraryCallsAreStoppedByTheClockAndTheBudget) {
   )",
                 nullptr, limits);
   ASSERT_TRUE(q.ok()) << q.status().message();
-  auto r = (*q)->Call((*q)->hooks()[0].ref, Json::object());
+  auto r = Await((*q)->Call((*q)->hooks()[0].ref, Json::object()));
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("instruction budget"), std::string::npos)
       << r.status().message();
@@ -361,7 +422,7 @@ TEST(Lua, AMemoryBombIsStoppedByItsCap) {
   ASSERT_TRUE(p.ok()) << p.status().message();
   size_t before = (*p)->memory_in_use();
   for (const auto& hook : (*p)->hooks()) {
-    auto r = (*p)->Call(hook.ref, Json::object());
+    auto r = Await((*p)->Call(hook.ref, Json::object()));
     ASSERT_FALSE(r.ok()) << hook.event;
     EXPECT_NE(r.status().message().find("memory"), std::string::npos) << r.status().message();
   }
@@ -376,10 +437,10 @@ TEST(Lua, PluginsDoNotShareState) {
   auto a = Load(src);
   auto b = Load(src);
   ASSERT_TRUE(a.ok() && b.ok());
-  ASSERT_TRUE((*a)->Call((*a)->hooks()[0].ref, Json::object()).ok());
-  ASSERT_TRUE((*a)->Call((*a)->hooks()[0].ref, Json::object()).ok());
-  auto third = (*a)->Call((*a)->hooks()[0].ref, Json::object());
-  auto first = (*b)->Call((*b)->hooks()[0].ref, Json::object());
+  ASSERT_TRUE(Await((*a)->Call((*a)->hooks()[0].ref, Json::object())).ok());
+  ASSERT_TRUE(Await((*a)->Call((*a)->hooks()[0].ref, Json::object())).ok());
+  auto third = Await((*a)->Call((*a)->hooks()[0].ref, Json::object()));
+  auto first = Await((*b)->Call((*b)->hooks()[0].ref, Json::object()));
   EXPECT_EQ(*third, 3);
   EXPECT_EQ(*first, 1);
 }
@@ -408,21 +469,21 @@ TEST(Lua, LongLibraryCallsAreBoundedOrLinear) {
   ASSERT_TRUE(p.ok()) << p.status().message();
   int ref = (*p)->hooks()[0].ref;
   for (const char* what : {"sort", "move", "insert"}) {
-    auto r = (*p)->Call(ref, {{"what", what}});
+    auto r = Await((*p)->Call(ref, {{"what", what}}));
     ASSERT_FALSE(r.ok()) << what;
     EXPECT_NE(r.status().message().find("elements at once"), std::string::npos)
         << r.status().message();
   }
-  auto small = (*p)->Call(ref, {{"what", "small"}});
+  auto small = Await((*p)->Call(ref, {{"what", "small"}}));
   ASSERT_TRUE(small.ok()) << small.status().message();
   EXPECT_EQ(*small, (Json{0, 1, 2, 3}));
   auto start = std::chrono::steady_clock::now();
-  auto found = (*p)->Call(ref, {{"what", "find"}});
+  auto found = Await((*p)->Call(ref, {{"what", "find"}}));
   ASSERT_TRUE(found.ok()) << found.status().message();
   EXPECT_EQ(*found, (Json{{"at", 0}}));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
   // Invalid UTF-8 never leaves the sandbox.
-  auto bytes = (*p)->Call(ref, {{"what", "bytes"}});
+  auto bytes = Await((*p)->Call(ref, {{"what", "bytes"}}));
   ASSERT_TRUE(bytes.ok());
   EXPECT_EQ((*bytes)["s"], "ok\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xC3\xA9");
 }
@@ -445,18 +506,18 @@ TEST(Lua, SelfReferencingSharedAndDeepTablesAreRefusedCleanly) {
       {"self", "contains itself"}, {"ring", "contains itself"},
       {"shared", "values, the limit"}, {"deep", "deeper than 64"}};
   for (const auto& [what, why] : refused) {
-    auto r = (*p)->Call(ref, {{"what", what}});
+    auto r = Await((*p)->Call(ref, {{"what", what}}));
     ASSERT_FALSE(r.ok()) << what;
     EXPECT_NE(r.status().message().find(why), std::string::npos) << what << ": " << r.status().message();
   }
   // a table used twice (not inside itself) is converted twice
-  auto fine = (*p)->Call(ref, {{"what", "fine"}});
+  auto fine = Await((*p)->Call(ref, {{"what", "fine"}}));
   ASSERT_TRUE(fine.ok()) << fine.status().message();
   EXPECT_EQ(*fine, (Json{Json{1}, Json{1}, Json{Json{1}}}));
   // JSON into Lua deeper than the limit is refused, not a crash
   Json deep = Json::array();
   for (int i = 0; i < 100; ++i) deep = Json::array({deep});
-  auto in = (*p)->Call(ref, {{"what", "none"}, {"deep", deep}});
+  auto in = Await((*p)->Call(ref, {{"what", "none"}, {"deep", deep}}));
   EXPECT_FALSE(in.ok());
 }
 
@@ -475,7 +536,7 @@ TEST(Lua, PatternFunctionsAreGoneEvenAsStringMethods) {
     end)
   )", nullptr, limits);
   ASSERT_TRUE(p.ok()) << p.status().message();
-  auto r = (*p)->Call((*p)->hooks()[0].ref, Json::object());
+  auto r = Await((*p)->Call((*p)->hooks()[0].ref, Json::object()));
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ(*r, (Json{{"at", 0}, {"rep", 0}}));
 }
@@ -495,7 +556,7 @@ TEST(Lua, TheWholeStateIsCappedAcrossCalls) {
   int ok = 0;
   Status last;
   for (int i = 0; i < 10; ++i) {
-    auto r = (*p)->Call((*p)->hooks()[0].ref, Json::object());
+    auto r = Await((*p)->Call((*p)->hooks()[0].ref, Json::object()));
     if (r.ok()) ++ok;
     else last = r.status();
   }

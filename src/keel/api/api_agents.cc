@@ -264,7 +264,7 @@ void RegisterAgentRoutes(http::Router& router, ApiContext& ctx) {
       return tx.events().Append({tenant, "agent.deleted@v1", id, "", "", {}});
     });
     if (!written.ok()) co_return Response::Error(written.status());
-    ctx.runtime.ForgetAgent(id);  // agent.stopped@v1 on this node
+    co_await ctx.runtime.ForgetAgent(id);  // agent.stopped@v1 on this node
     co_return Response::NoContent();
   });
 }

@@ -153,7 +153,7 @@ Status AddBuiltin(const Manifest& m, const Json& config, const BuiltinContext& c
   std::shared_ptr<Redactor> redactor;
   for (const auto& event : m.events) {
     const Shape shape = FindEvent(event)->shape;
-    HookFn fn;
+    std::function<Result<Json>(const Json&)> fn;  // they answer at once
     if (m.builtin == "audit-log") {
       if (!audit) audit = std::make_shared<AuditFile>(context.audit_file);
       fn = [audit, event, shape](const Json& payload) -> Result<Json> {
@@ -171,7 +171,7 @@ Status AddBuiltin(const Manifest& m, const Json& config, const BuiltinContext& c
         return out;
       };
     }
-    KEEL_RETURN_IF_ERROR(bus.On(event, std::move(fn), options));
+    KEEL_RETURN_IF_ERROR(bus.On(event, Immediate(std::move(fn)), options));
   }
   return Status::Ok();
 }

@@ -7,6 +7,16 @@
 
 namespace keel::plugins {
 
+namespace {
+
+boost::asio::awaitable<Result<Json>> Answered(Result<Json> result) { co_return result; }
+
+}  // namespace
+
+HookFn Immediate(std::function<Result<Json>(const Json& payload)> fn) {
+  return [fn = std::move(fn)](const Json& payload) { return Answered(fn(payload)); };
+}
+
 Status EventBus::On(std::string_view event, HookFn fn, HookOptions options) {
   const EventType* type = FindEvent(event);
   if (!type) return InvalidArgument("unknown event '" + std::string(event) + "'");
@@ -24,11 +34,11 @@ bool EventBus::Has(std::string_view family) const {
                      [&](const Hook& h) { return h.family == family; });
 }
 
-Emitted EventBus::Emit(std::string_view family, Json payload) const {
+boost::asio::awaitable<Emitted> EventBus::Emit(std::string_view family, Json payload) const {
   Emitted out;
   out.payload = std::move(payload);
   const int newest = NewestVersion(family);
-  if (newest == 0) return out;
+  if (newest == 0) co_return out;
   Shape shape = Shape::kListener;
   for (const auto& e : Catalog()) {
     if (e.family == family) shape = e.shape;
@@ -40,7 +50,7 @@ Emitted EventBus::Emit(std::string_view family, Json payload) const {
     const Json& input = h.version == newest ? out.payload : converted;
     Result<Json> result = InvalidArgument("no result");
     try {
-      result = h.fn(input);
+      result = co_await h.fn(input);
     } catch (const std::exception& e) {
       result = Internal(std::string("threw: ") + e.what());
     } catch (...) {
@@ -58,7 +68,7 @@ Emitted EventBus::Emit(std::string_view family, Json payload) const {
                         result.status().message()};
       if (h.options.fail_turn) {
         out.abort = std::move(error);
-        return out;
+        co_return out;
       }
       out.errors.push_back(std::move(error));
       continue;
@@ -76,10 +86,10 @@ Emitted EventBus::Emit(std::string_view family, Json payload) const {
       out.reason = reason.is_string() && !reason.get_ref<const std::string&>().empty()
                        ? reason.get<std::string>() : "no reason given";
       out.denied_by = h.options.plugin_id;
-      return out;
+      co_return out;
     }
   }
-  return out;
+  co_return out;
 }
 
 }  // namespace keel::plugins

@@ -9,9 +9,15 @@
 // (throws, errs, runs out of its budget) is skipped and reported in Emitted::errors, unless its
 // plugin said failure_mode "fail": then Emitted::abort says the turn must stop.
 //
+// Handlers are awaited one after another: a Lua handler waiting on a ctx.memory read suspends
+// the emission without holding the event loop (other coroutines run meanwhile), and the next
+// handler runs once it has answered.
+//
 // Not thread-safe: used on the event loop only. Handlers must be quick (Lua handlers run under
-// their budgets; slow work belongs in a webhook plugin).
+// their budgets; slow work belongs in a webhook plugin). The bus must outlive each emission
+// (callers hold the AgentPlugins it belongs to).
 
+#include <boost/asio/awaitable.hpp>
 #include <functional>
 #include <optional>
 #include <string>
@@ -24,8 +30,11 @@
 namespace keel::plugins {
 
 // A listener's value is ignored; a transform returns the new payload; a veto returns
-// {"allow": bool, "reason": text}.
-using HookFn = std::function<Result<Json>(const Json& payload)>;
+// {"allow": bool, "reason": text}. `payload` stays valid until the handler completes.
+using HookFn = std::function<boost::asio::awaitable<Result<Json>>(const Json& payload)>;
+
+// A handler that answers at once (the built-ins), as a HookFn.
+HookFn Immediate(std::function<Result<Json>(const Json& payload)> fn);
 
 struct HookOptions {
   std::string plugin_id;
@@ -56,8 +65,9 @@ class EventBus {
   // Whether any handler listens to a version of `family` (to skip building payloads).
   bool Has(std::string_view family) const;
 
-  // Emits `family` with the payload of its newest version.
-  Emitted Emit(std::string_view family, Json payload) const;
+  // Emits `family` with the payload of its newest version. REQUIRES: the bus outlives it;
+  // `family` stays valid until it completes.
+  boost::asio::awaitable<Emitted> Emit(std::string_view family, Json payload) const;
 
   size_t size() const { return hooks_.size(); }
 

@@ -11,6 +11,38 @@ namespace keel::plugins {
 
 namespace {
 
+// What ctx.session() shows a handler: the ids the payload carries.
+Json SessionView(const Json& payload) {
+  Json view = Json::object();
+  if (!payload.is_object()) return view;
+  if (payload.contains("session_id")) view["id"] = payload["session_id"];
+  for (const char* f : {"agent_id", "run_id"}) {
+    if (payload.contains(f)) view[f] = payload[f];
+  }
+  return view;
+}
+
+// A Lua handler's call. The frame holds the plugin (a rebuild may drop the host's copy while
+// the call waits on a memory read); the bus keeps `payload` until the call completes.
+boost::asio::awaitable<Result<Json>> CallHook(std::shared_ptr<LuaPlugin> lua, int ref, bool veto,
+                                              const Json& payload) {
+  Json session = SessionView(payload);
+  auto result = co_await lua->Call(ref, payload, std::move(session));
+  // Returning nothing keeps the payload (a veto: allows); a veto that returns a boolean
+  // means allow or deny.
+  if (result.ok() && result->is_null()) co_return veto ? Json{{"allow", true}} : payload;
+  if (veto && result.ok() && result->is_boolean()) {
+    co_return Json{{"allow", result->get<bool>()}};
+  }
+  co_return result;
+}
+
+// A Lua tool's call, owning what it uses (the plugin, the arguments, the session it shows).
+boost::asio::awaitable<Result<Json>> CallTool(std::shared_ptr<LuaPlugin> lua, int ref,
+                                              Json arguments, Json session) {
+  co_return co_await lua->Call(ref, arguments, std::move(session));
+}
+
 // A tool a Lua plugin added: it runs in the plugin's state, on the event loop, under the
 // plugin's budgets, and passes the gateway like every other tool. It cannot reach the world,
 // so it needs only `read`.
@@ -27,9 +59,15 @@ class LuaTool final : public tools::Tool {
     return tools::EffectClass::kPure;
   }
   std::vector<std::string> rights() const override { return {"read"}; }
-  Result<Json> Execute(const tools::ToolContext& ctx, const Json& arguments) override {
+  // Suspends while the handler waits on ctx.memory, without holding the event loop.
+  boost::asio::awaitable<Result<Json>> ExecuteOnLoop(const tools::ToolContext& ctx,
+                                                     Json arguments) override {
     Json session = {{"id", ctx.session_id}, {"agent_id", ctx.agent_id}, {"run_id", ctx.run_id}};
-    return lua_->Call(def_.ref, arguments, session);
+    return CallTool(lua_, def_.ref, std::move(arguments), std::move(session));
+  }
+  // Not blocking: the gateway runs it through ExecuteOnLoop only.
+  Result<Json> Execute(const tools::ToolContext&, const Json&) override {
+    return Internal("a Lua tool runs on the event loop (ExecuteOnLoop)");
   }
 
  private:
@@ -37,17 +75,6 @@ class LuaTool final : public tools::Tool {
   std::shared_ptr<LuaPlugin> lua_;
   LuaPlugin::ToolDef def_;
 };
-
-// What ctx.session() shows a handler: the ids the payload carries.
-Json SessionView(const Json& payload) {
-  Json view = Json::object();
-  if (!payload.is_object()) return view;
-  if (payload.contains("session_id")) view["id"] = payload["session_id"];
-  for (const char* f : {"agent_id", "run_id"}) {
-    if (payload.contains(f)) view[f] = payload[f];
-  }
-  return view;
-}
 
 }  // namespace
 
@@ -107,15 +134,8 @@ std::shared_ptr<AgentPlugins> PluginHost::Build(const std::string& tenant_id,
       options.priority = hook.priority;
       int ref = hook.ref;
       const bool veto = FindEvent(hook.event)->shape == Shape::kVeto;
-      HookFn fn = [lua, ref, veto](const Json& payload) -> Result<Json> {
-        auto result = lua->Call(ref, payload, SessionView(payload));
-        // Returning nothing keeps the payload (a veto: allows); a veto that returns a boolean
-        // means allow or deny.
-        if (result.ok() && result->is_null()) return veto ? Json{{"allow", true}} : payload;
-        if (veto && result.ok() && result->is_boolean()) {
-          return Json{{"allow", result->get<bool>()}};
-        }
-        return result;
+      HookFn fn = [lua, ref, veto](const Json& payload) {
+        return CallHook(lua, ref, veto, payload);
       };
       if (Status st = out->bus.On(hook.event, std::move(fn), options); !st.ok()) fail(st.message());
     }

@@ -1,20 +1,29 @@
 #include "keel/plugins/lua_plugin.h"
 
-#include <lua.hpp>
-
 #include <string.h>
 
 #include <algorithm>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <exception>
 #include <limits>
+#include <lua.hpp>
+#include <optional>
 
+#include "keel/common/io_work.h"
 #include "keel/plugins/catalog.h"
 #include "keel/tools/schema.h"
 
 namespace keel::plugins {
+
+namespace asio = boost::asio;
 
 namespace {
 
@@ -62,6 +71,37 @@ struct LuaPlugin::Sandbox {
   std::string killed;
   Json session;
   MemoryReader memory;
+
+  // Where calls run: a Lua thread anchored in the registry at `thread_ref`, made at load and
+  // made again after a call that failed or was abandoned while suspended. (Not reset: a thread
+  // whose count hook raised the stop keeps its hooks off, since lua_resetthread does not turn
+  // them back on, and the next call's infinite loop would never be stopped.) Null when the
+  // state had no room for a new one; the next call tries again.
+  lua_State* thread = nullptr;
+  int thread_ref = LUA_NOREF;
+  // The ctx.memory read a suspended call yielded for (taken by Call), and the answer its
+  // continuation pushes or raises.
+  struct MemoryRead {
+    const char* fn = "";  // "ctx.memory.search" | "ctx.memory.get": the errors' prefix
+    bool search = false;
+    std::string text;  // the query, or the id
+    std::string tag;
+    int limit = 0;
+  };
+  std::optional<MemoryRead> pending;
+  MemoryRead answered;
+  Result<Json> answer = Json();
+
+  // The calls' turns: `busy` while one runs (suspended or not); the calls that wait, first
+  // come first served, each on a timer the call before it cancels when it hands over.
+  struct Waiter {
+    explicit Waiter(asio::any_io_executor executor)
+        : timer(std::move(executor), Clock::time_point::max()) {}
+    asio::steady_timer timer;
+    bool granted = false;
+  };
+  bool busy = false;
+  std::deque<std::shared_ptr<Waiter>> waiting;
 
   ~Sandbox() {
     if (L) lua_close(L);
@@ -162,16 +202,27 @@ void MeterFunctions(lua_State* L) {
   }
 }
 
-// pcall that cannot swallow a stop: once a limit is hit, the error goes on up.
-int SafePcall(lua_State* L) {
-  luaL_checkany(L, 1);
-  int status = lua_pcall(L, lua_gettop(L) - 1, LUA_MULTRET, 0);
+// pcall that cannot swallow a stop: once a limit is hit, the error goes on up. Yieldable (the
+// function may wait on ctx.memory): lbaselib's pcall with its continuation, `finishpcall`, which
+// runs both when the call returns at once and when it ends after a yield.
+int FinishSafePcall(lua_State* L, int status, lua_KContext extra) {
   Sandbox* sb = SandboxOf(L);
   if (!sb->killed.empty()) return luaL_error(L, "%s", sb->killed.c_str());
   if (status == LUA_ERRMEM) return lua_error(L);  // the memory limit: no way around it either
-  lua_pushboolean(L, status == LUA_OK);
+  if (status != LUA_OK && status != LUA_YIELD) {
+    lua_pushboolean(L, 0);
+    lua_pushvalue(L, -2);  // the error
+    return 2;
+  }
+  return lua_gettop(L) - static_cast<int>(extra);  // true and the function's results
+}
+
+int SafePcall(lua_State* L) {
+  luaL_checkany(L, 1);
+  lua_pushboolean(L, 1);  // the first result when nothing fails
   lua_insert(L, 1);
-  return lua_gettop(L);
+  int status = lua_pcallk(L, lua_gettop(L) - 2, LUA_MULTRET, 0, 0, FinishSafePcall);
+  return FinishSafePcall(L, status, 0);
 }
 
 // string.find without patterns: (s, needle [, init]) -> start, end | nil.
@@ -456,15 +507,36 @@ int LogInfoFn(lua_State* L) { return LogAt(L, "info"); }
 int LogWarnFn(lua_State* L) { return LogAt(L, "warn"); }
 int LogErrorFn(lua_State* L) { return LogAt(L, "error"); }
 
-// Runs inside lua_pcall, so that pushing the payload (which may run out of memory) is
-// protected too: upvalue-free; the function ref and the payload come as light userdata.
+// Puts a new call thread in the registry at thread_ref; it inherits the state's count hook.
+// Inside lua_pcall on the main thread: it allocates, and the state may be full.
+int RenewThread(lua_State* L) {
+  Sandbox* sb = SandboxOf(L);
+  lua_State* thread = lua_newthread(L);
+  lua_rawseti(L, LUA_REGISTRYINDEX, sb->thread_ref);
+  sb->thread = thread;
+  return 0;
+}
+
+// Whether the sandbox has a call thread, made anew when it has none. REQUIRES: no call runs.
+bool HasThread(Sandbox* sb) {
+  if (sb->thread) return true;
+  lua_pushcfunction(sb->L, RenewThread);
+  if (lua_pcall(sb->L, 0, 0, 0) != LUA_OK) lua_pop(sb->L, 1);
+  return sb->thread != nullptr;
+}
+
+int CallReturned(lua_State*, int, lua_KContext) { return 1; }
+
+// The body of a call's Lua thread, so that pushing the payload (which may run out of memory) is
+// protected too: upvalue-free; the function ref and the payload come as light userdata. The
+// function may yield (lua_callk).
 int CallTrampoline(lua_State* L) {
   int ref = static_cast<int>(lua_tointeger(L, 1));
   const Json* arg = static_cast<const Json*>(lua_touserdata(L, 2));
   lua_settop(L, 0);
   lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
   Push(L, *arg);
-  lua_call(L, 1, 1);
+  lua_callk(L, 1, 1, 0, CallReturned);
   return 1;
 }
 
@@ -481,6 +553,30 @@ void StartMemoryCall(lua_State* L, const char* fn) {
     luaL_error(L, "%s works only in handlers and tools, not while the plugin loads", fn);
   }
   if (!Spend(sb, kMemoryCallInstructions)) luaL_error(L, "%s", sb->killed.c_str());
+}
+
+// The continuation of a ctx.memory call once Call has its answer: the answer, or its error.
+int MemoryAnswered(lua_State* L, int, lua_KContext) {
+  Sandbox* sb = SandboxOf(L);
+  Result<Json> answer = std::move(sb->answer);
+  sb->answer = Json();
+  if (!answer.ok()) {
+    return luaL_error(L, "%s: %s", sb->answered.fn, answer.status().message().c_str());
+  }
+  Push(L, *answer);
+  return 1;
+}
+
+// Suspends the call until Call has read `read` (the answer comes through MemoryAnswered).
+int YieldForMemory(lua_State* L, Sandbox::MemoryRead read) {
+  if (!lua_isyieldable(L)) {
+    return luaL_error(L,
+                      "%s cannot be called inside table.sort's comparator, a metamethod or "
+                      "another library call",
+                      read.fn);
+  }
+  SandboxOf(L)->pending = std::move(read);
+  return lua_yieldk(L, 0, 0, MemoryAnswered);
 }
 
 // ctx.memory.search(query [, {limit = N, tag = T}]) -> a sequence of memories, best first.
@@ -515,10 +611,8 @@ int MemorySearchFn(lua_State* L) {
     return luaL_error(L, "ctx.memory.search: limit must be between 1 and 100");
   }
   if (!sb->memory.search) return luaL_error(L, "ctx.memory is not available to this plugin");
-  Result<Json> hits = sb->memory.search(query, tag, static_cast<int>(limit));
-  if (!hits.ok()) return luaL_error(L, "ctx.memory.search: %s", hits.status().message().c_str());
-  Push(L, *hits);
-  return 1;
+  return YieldForMemory(
+      L, {"ctx.memory.search", true, std::move(query), std::move(tag), static_cast<int>(limit)});
 }
 
 // ctx.memory.get(id) -> the memory, or nil.
@@ -528,10 +622,7 @@ int MemoryGetFn(lua_State* L) {
   size_t n = 0;
   const char* id = luaL_checklstring(L, 1, &n);
   if (!sb->memory.get) return luaL_error(L, "ctx.memory is not available to this plugin");
-  Result<Json> memory = sb->memory.get(std::string(id, n));
-  if (!memory.ok()) return luaL_error(L, "ctx.memory.get: %s", memory.status().message().c_str());
-  Push(L, *memory);
-  return 1;
+  return YieldForMemory(L, {"ctx.memory.get", false, std::string(id, n), "", 0});
 }
 
 int BusOn(lua_State* L) {
@@ -680,7 +771,7 @@ Result<std::unique_ptr<LuaPlugin>> LuaPlugin::Load(std::string plugin_id, const 
                                                    int default_priority, LuaLimits limits,
                                                    LogFn log, MemoryReader memory) {
   std::unique_ptr<LuaPlugin> plugin(new LuaPlugin());
-  plugin->sandbox_ = std::make_unique<Sandbox>();
+  plugin->sandbox_ = std::make_shared<Sandbox>();
   Sandbox* sb = plugin->sandbox_.get();
   sb->plugin_id = std::move(plugin_id);
   sb->limits = limits;
@@ -742,6 +833,10 @@ Result<std::unique_ptr<LuaPlugin>> LuaPlugin::Load(std::string plugin_id, const 
                                                   : "an error that is not a string";
     return InvalidArgument("the plugin failed while loading: " + error);
   }
+  lua_settop(L, 0);
+  lua_pushboolean(L, 1);  // the call thread's place in the registry
+  sb->thread_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  if (!HasThread(sb)) return Internal("could not create a Lua thread");
   return plugin;
 }
 
@@ -752,11 +847,66 @@ const std::vector<LuaPlugin::ToolDef>& LuaPlugin::tools() const { return sandbox
 
 size_t LuaPlugin::memory_in_use() const { return sandbox_->used; }
 
-Result<Json> LuaPlugin::Call(int ref, const Json& arg, const Json& session) {
-  Sandbox* sb = sandbox_.get();
-  lua_State* L = sb->L;
-  lua_settop(L, 0);
-  sb->session = session;
+namespace {
+
+// A call's turn at its sandbox: Take waits until the calls before it have ended; the turn
+// passes to the next waiting call when this one ends, however it ends (its coroutine may be
+// destroyed while it waits or while it holds the turn).
+class Turn {
+ public:
+  explicit Turn(Sandbox& sb) : sb_(sb) {}
+  ~Turn() {
+    if (waiter_ && !waiter_->granted) {
+      std::erase(sb_.waiting, waiter_);
+    } else if (held_ || waiter_) {
+      Pass();
+    }
+  }
+  Turn(const Turn&) = delete;
+  Turn& operator=(const Turn&) = delete;
+
+  asio::awaitable<void> Take() {
+    if (sb_.busy) {
+      waiter_ = std::make_shared<Sandbox::Waiter>(co_await asio::this_coro::executor);
+      sb_.waiting.push_back(waiter_);
+      IoWorkPause paused;  // the call before this one runs meanwhile
+      while (!waiter_->granted) {
+        co_await waiter_->timer.async_wait(asio::as_tuple(asio::use_awaitable));
+      }
+      waiter_.reset();
+    }
+    sb_.busy = true;
+    held_ = true;
+  }
+
+ private:
+  void Pass() {
+    if (sb_.waiting.empty()) {
+      sb_.busy = false;
+      return;
+    }
+    auto next = std::move(sb_.waiting.front());
+    sb_.waiting.pop_front();
+    next->granted = true;  // busy stays: the turn is the next call's
+    next->timer.cancel();
+  }
+
+  Sandbox& sb_;
+  std::shared_ptr<Sandbox::Waiter> waiter_;
+  bool held_ = false;
+};
+
+}  // namespace
+
+asio::awaitable<Result<Json>> LuaPlugin::Call(int ref, const Json& arg, Json session) {
+  // The frame owns the sandbox: the LuaPlugin may be destroyed while this call is suspended.
+  const std::shared_ptr<Sandbox> owned = sandbox_;
+  Sandbox* sb = owned.get();
+  Turn turn(*sb);
+  co_await turn.Take();
+  if (!HasThread(sb)) co_return InvalidArgument("plugin " + sb->plugin_id + ": its state is full");
+  lua_State* co = sb->thread;
+  sb->session = std::move(session);
   sb->killed.clear();
   sb->remaining = sb->limits.instructions;
   sb->deadline = Clock::now() + std::chrono::milliseconds(sb->limits.wall_ms);
@@ -768,24 +918,65 @@ Result<Json> LuaPlugin::Call(int ref, const Json& arg, const Json& session) {
       sb->remaining = std::numeric_limits<int64_t>::max();
       sb->deadline = Clock::time_point::max();
       sb->session = Json();
-      lua_settop(sb->L, 0);
+      sb->pending.reset();
+      sb->answer = Json();
+      // A thread that failed, or was left suspended, is dropped for a new one (see thread).
+      if (lua_status(sb->thread) == LUA_OK) {
+        lua_settop(sb->thread, 0);
+      } else {
+        sb->thread = nullptr;
+        HasThread(sb);
+      }
     }
   } reset{sb};
   // Pushing a C function and two plain values needs no allocation (the stack is empty).
-  lua_pushcfunction(L, CallTrampoline);
-  lua_pushinteger(L, ref);
-  lua_pushlightuserdata(L, const_cast<Json*>(&arg));
-  int status = lua_pcall(L, 2, 1, 0);
-  if (status != LUA_OK) {
-    std::string error = !sb->killed.empty()       ? sb->killed
-                        : status == LUA_ERRMEM    ? "exceeded its memory limit"
-                        : lua_tostring(L, -1)     ? lua_tostring(L, -1)
-                                                  : "an error that is not a string";
-    return InvalidArgument("plugin " + sb->plugin_id + ": " + error);
+  lua_pushcfunction(co, CallTrampoline);
+  lua_pushinteger(co, ref);
+  lua_pushlightuserdata(co, const_cast<Json*>(&arg));
+  int nargs = 2;
+  int status = LUA_OK;
+  for (;;) {
+    int nresults = 0;
+    status = lua_resume(co, nullptr, nargs, &nresults);
+    if (status != LUA_YIELD) break;
+    lua_pop(co, nresults);
+    nargs = 0;
+    if (!sb->pending) {  // nothing in the sandbox yields but ctx.memory
+      co_return Internal("plugin " + sb->plugin_id + ": yielded outside ctx.memory");
+    }
+    sb->answered = std::move(*sb->pending);
+    sb->pending.reset();
+    const Sandbox::MemoryRead& read = sb->answered;
+    // The wait is the store's time, not the call's: its deadline moves out by it.
+    const auto waited_from = Clock::now();
+    Result<Json> answer = Json();
+    {
+      IoWorkPause paused;  // other work holds the io thread meanwhile
+      try {
+        // Named, not a temporary of the co_await: g++ 12 mishandles temporaries there.
+        asio::awaitable<Result<Json>> reading =
+            read.search ? sb->memory.search(read.text, read.tag, read.limit)
+                        : sb->memory.get(read.text);
+        answer = co_await std::move(reading);
+      } catch (const std::exception& e) {
+        answer = Internal(std::string("the read threw: ") + e.what());
+      }
+    }
+    sb->deadline += Clock::now() - waited_from;
+    sb->answer = std::move(answer);
   }
-  auto out = ToJson(L, -1, &arg);
-  if (!out.ok()) return InvalidArgument("plugin " + sb->plugin_id + ": " + out.status().message());
-  return out;
+  if (status != LUA_OK) {
+    std::string error = !sb->killed.empty()    ? sb->killed
+                        : status == LUA_ERRMEM ? "exceeded its memory limit"
+                        : lua_tostring(co, -1) ? lua_tostring(co, -1)
+                                               : "an error that is not a string";
+    co_return InvalidArgument("plugin " + sb->plugin_id + ": " + error);
+  }
+  auto out = ToJson(co, -1, &arg);
+  if (!out.ok()) {
+    co_return InvalidArgument("plugin " + sb->plugin_id + ": " + out.status().message());
+  }
+  co_return out;
 }
 
 }  // namespace keel::plugins

@@ -27,8 +27,17 @@
 //                         the MemoryReader its host gave it)
 // It has no other way out: no files, no network, no store but that read-only view.
 //
-// Not thread-safe: one caller at a time (the event loop).
+// A call runs in a Lua thread (a coroutine) of the state. A ctx.memory read does not block the
+// event loop: the handler yields, Call awaits the reader (on PostgreSQL the read happens off the
+// io thread), and the handler resumes with the answer. The wait is not charged to the call's
+// wall clock; each read costs a fixed share of its instructions. A read can only be made where
+// Lua can yield: not inside table.sort's comparator or another library call (a clear error).
+//
+// Threads: one event loop. Calls of one plugin take turns (first come, first served): a call
+// that arrives while another is suspended on a memory read waits until that one has ended, so
+// each call's budgets and ctx.session() are its own.
 
+#include <boost/asio/awaitable.hpp>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -41,13 +50,17 @@
 namespace keel::plugins {
 
 // ctx.memory: the read-only view of one agent's memories a host gives the plugin it loads for
-// that agent. Both functions run on the thread of the plugin's call, inside its budgets.
+// that agent. Both are awaited on the event loop by the plugin's suspended call; they take their
+// inputs by value, so that the coroutine they return owns them (a target that captures state
+// should call a coroutine function taking that state by value too: a capturing lambda that is
+// itself a coroutine keeps its captures in the lambda, not in the coroutine).
 struct MemoryReader {
   // A search's hits, best first (memory::HitJson objects), or the reason it failed (a bad
   // query, tag or limit).
-  std::function<Result<Json>(const std::string& query, const std::string& tag, int limit)> search;
+  std::function<boost::asio::awaitable<Result<Json>>(std::string query, std::string tag, int limit)>
+      search;
   // One memory (memory::MemoryJson), or null when the agent has none with that id.
-  std::function<Result<Json>(const std::string& id)> get;
+  std::function<boost::asio::awaitable<Result<Json>>(std::string id)> get;
 };
 
 struct LuaLimits {
@@ -90,8 +103,13 @@ class LuaPlugin {
 
   // Calls a registered function with `arg`; `session` is what ctx.session() returns meanwhile.
   // A table result converts to JSON (an empty table is an array where `arg` had one); nil to
-  // null. Errors name the plugin and what went wrong.
-  Result<Json> Call(int ref, const Json& arg, const Json& session = Json());
+  // null. Errors name the plugin and what went wrong. It waits its turn behind the plugin's
+  // other calls, and is suspended while the function waits on ctx.memory.
+  // The call keeps the plugin's state alive until it ends, even if the LuaPlugin is destroyed
+  // meanwhile. `session` is taken by value: a default argument's temporary would be gone by the
+  // time a co_spawned call runs. REQUIRES: on the event loop; `arg` stays valid until it
+  // completes.
+  boost::asio::awaitable<Result<Json>> Call(int ref, const Json& arg, Json session = Json());
 
   size_t memory_in_use() const;
 
@@ -99,7 +117,8 @@ class LuaPlugin {
 
  private:
   LuaPlugin() = default;
-  std::unique_ptr<Sandbox> sandbox_;
+  // Shared with the calls in progress, which must outlive neither the Lua state nor the reader.
+  std::shared_ptr<Sandbox> sandbox_;
 };
 
 }  // namespace keel::plugins

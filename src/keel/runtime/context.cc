@@ -229,8 +229,8 @@ void Runtime::KeepWindow(const store::Run& run, ContextRead& read) {
 
 asio::awaitable<Status> Runtime::AssembleContext(
     const store::Run& run, const store::Agent& agent, const store::Message& prompt,
-    const plugins::AgentPlugins& plugins, ContextRead read, model::ModelRequest& request,
-    std::vector<store::Step>& steps, std::string& error_code,
+    const std::shared_ptr<plugins::AgentPlugins>& plugins, ContextRead read,
+    model::ModelRequest& request, std::vector<store::Step>& steps, std::string& error_code,
     std::optional<FailedSummary>& failed, HistoryMark& history) {
   error_code = "internal";
   auto settings = ContextSettingsOf(agent.config);
@@ -296,14 +296,14 @@ asio::awaitable<Status> Runtime::AssembleContext(
     ask.agent_config = agent.config;
     // A quarter of the budget for the summary (about four characters a token).
     ask.messages = SummaryRequest(previous, fold, budget);
-    if (plugins.Wants("model.before")) {  // e.g. redaction applies to this call as to any
+    if (plugins->Wants("model.before")) {  // e.g. redaction applies to this call as to any
       Json payload = {{"agent_id", run.agent_id},
                       {"session_id", run.session_id},
                       {"run_id", run.id},
                       {"model", agent.model},
                       {"messages", MessagesJson(ask.messages)},
                       {"tools", Json::array()}};
-      auto out = plugins_->Emit(plugins, "model.before", std::move(payload));
+      auto out = co_await plugins_->Emit(plugins, "model.before", std::move(payload));
       if (out.abort) {
         error_code = "plugin_failed";
         co_return InvalidArgument("plugin " + out.abort->plugin_id +

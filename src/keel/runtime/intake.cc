@@ -88,11 +88,14 @@ asio::awaitable<Result<IntakeResult>> Intake::PostMessage(const IntakeRequest& r
   // session.message.received@v1: the agent's plugins may rewrite the message before it is
   // stored (a direct call is not a message and is not shown to them).
   if (req.call.is_null() && !req.introspection) {
-    auto plugins = plugins_.UsePlugins(req.tenant_id, agent.id, enabled);
+    auto plugins = co_await plugins_.UsePlugins(req.tenant_id, agent.id, enabled);
     if (plugins->Wants("session.message.received")) {
-      auto out = plugins_.Emit(*plugins, "session.message.received",
-                      {{"agent_id", agent.id}, {"session_id", session.id}, {"role", "user"},
-                       {"content", content}});
+      // Named: g++ 12 cannot take a braced JSON literal into a co_await.
+      Json received = {{"agent_id", agent.id},
+                       {"session_id", session.id},
+                       {"role", "user"},
+                       {"content", content}};
+      auto out = co_await plugins_.Emit(plugins, "session.message.received", std::move(received));
       if (out.abort) {
         co_return InvalidArgument("plugin " + out.abort->plugin_id + " refused the message: " +
                                   out.abort->message);

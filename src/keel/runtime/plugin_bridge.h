@@ -7,13 +7,16 @@
 // fail as plugin.error@v1, and sends webhook plugins' deliveries (plugin_events.cc,
 // webhooks.cc).
 //
-// Everything here runs on the server's io executor; no member needs a lock.
+// Everything here runs on the server's io executor; no member needs a lock. Emitting is
+// awaited: a Lua handler waiting on a ctx.memory read suspends its emission without holding
+// the event loop. Each emission holds the AgentPlugins it runs on (a rebuild or ForgetAgent
+// may drop the host's copy meanwhile).
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/steady_timer.hpp>
-
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -29,7 +32,10 @@ class Store;
 }
 namespace tools {
 class Gateway;
-}
+struct CallRecord;
+struct CallRequest;
+struct Veto;
+}  // namespace tools
 namespace http {
 class Client;
 }
@@ -62,32 +68,33 @@ class PluginBridge {
   // Starts sending due webhook deliveries (on the leader). REQUIRES: once, on the executor.
   void Start();
   // A drain: StopDeliveries when it begins (nothing more is claimed or sent), StopAgents once
-  // the runs stopped (every agent's plugins stop: agent.stopped@v1).
+  // the runs stopped (every agent's plugins stop: agent.stopped@v1, one agent after another).
   void StopDeliveries();
-  void StopAgents();
+  boost::asio::awaitable<void> StopAgents();
 
   // The agent's plugins as the store lists them now, built on this node when they changed
   // (emitting agent.started@v1 the first time); failures to load are reported as
   // plugin.error@v1. Fails only when the store does.
   boost::asio::awaitable<Result<std::shared_ptr<plugins::AgentPlugins>>> PluginsOf(
       std::string tenant_id, std::string agent_id);
-  // The same for an enabled list the caller just read from the store.
-  std::shared_ptr<plugins::AgentPlugins> UsePlugins(const std::string& tenant_id,
-                                                    const std::string& agent_id,
-                                                    const std::vector<store::Plugin>& enabled);
+  // The same for an enabled list the caller just read from the store. REQUIRES: `enabled`
+  // stays valid until it completes.
+  boost::asio::awaitable<std::shared_ptr<plugins::AgentPlugins>> UsePlugins(
+      std::string tenant_id, std::string agent_id, const std::vector<store::Plugin>& enabled);
   // Emits on a bus already loaded; reports failed handlers (plugin.error@v1, in the log and to
   // the agent's plugin.error listeners), and queues the event's webhook deliveries in a unit
   // of their own. With queue_webhooks false the caller wrote them itself (DeliveriesFor, in
   // the unit of work the event is about).
-  plugins::Emitted Emit(const plugins::AgentPlugins& plugins, const std::string& family,
-                        Json payload, bool queue_webhooks = true);
+  boost::asio::awaitable<plugins::Emitted> Emit(std::shared_ptr<plugins::AgentPlugins> plugins,
+                                                std::string family, Json payload,
+                                                bool queue_webhooks = true);
   // Emits `family` with the payload of its newest version on the agent's bus, loading the
   // agent's plugins first (for the API's events: session.opened, session.closed); a store
   // failure only costs the event.
   boost::asio::awaitable<void> EmitFor(std::string tenant_id, std::string agent_id,
                                        std::string family, Json payload);
-  // The agent was deleted: emits agent.stopped@v1 and drops its plugins on this node.
-  void ForgetAgent(const std::string& agent_id);
+  // The agent was deleted: drops its plugins on this node and emits agent.stopped@v1.
+  boost::asio::awaitable<void> ForgetAgent(std::string agent_id);
 
   // The deliveries an event makes for the agent's webhook plugins (none written yet).
   std::vector<store::PluginDelivery> DeliveriesFor(const plugins::AgentPlugins& plugins,
@@ -97,12 +104,15 @@ class PluginBridge {
   void WakeDeliveries();
 
  private:
-  void ReportPluginErrors(const plugins::AgentPlugins& plugins,
-                          const std::vector<plugins::PluginError>& errors);
+  boost::asio::awaitable<void> ReportPluginErrors(std::shared_ptr<plugins::AgentPlugins> plugins,
+                                                  std::vector<plugins::PluginError> errors);
   // Appends plugin.error@v1 events (off the caller's path).
   boost::asio::awaitable<void> RecordPluginErrors(std::string tenant_id, std::string agent_id,
                                                   Json errors);
   void HookGateway();
+  // The gateway's hooks: the agent's tool.before vetoes, and tool.after and memory.upsert.
+  boost::asio::awaitable<std::optional<tools::Veto>> ToolBefore(const tools::CallRequest& call);
+  boost::asio::awaitable<void> ToolAfter(const tools::CallRecord& record);
   // Writes an emitted event's deliveries in a unit of their own, then wakes the sender.
   void QueueDeliveries(const plugins::AgentPlugins& plugins, const std::string& family,
                        const Json& payload);

@@ -23,30 +23,71 @@ namespace asio = boost::asio;
 
 namespace {
 
-// ctx.memory for an agent's Lua plugins: synchronous reads of that agent's memories (the plugin
-// runs on the event loop, in the turn).
+// ctx.memory's reads of one agent's memories: awaited by the plugin's suspended call, through
+// store::AsyncRead (on PostgreSQL a reader thread's, off the event loop). The frame owns its
+// inputs; the store outlives every plugin.
+asio::awaitable<Result<Json>> SearchMemories(store::Store& store, std::string tenant_id,
+                                             std::string agent_id, std::string query,
+                                             std::string tag, int limit) {
+  Json hits;
+  Status read = co_await store::AsyncRead(store, [&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(hits, memory::SearchJson(tx, tenant_id, agent_id, query, tag, limit));
+    return Status::Ok();
+  });
+  if (!read.ok()) co_return read;
+  co_return hits;
+}
+
+asio::awaitable<Result<Json>> GetMemory(store::Store& store, std::string tenant_id,
+                                        std::string agent_id, std::string id) {
+  Json memory;
+  Status read = co_await store::AsyncRead(store, [&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(memory, memory::GetJson(tx, tenant_id, agent_id, id));
+    return Status::Ok();
+  });
+  if (!read.ok()) co_return read;
+  co_return memory;
+}
+
 plugins::MemoryReaders MemoryReadersOn(store::Store& store) {
   return [&store](const std::string& tenant_id, const std::string& agent_id) {
     plugins::MemoryReader reader;
-    reader.search = [&store, tenant_id, agent_id](const std::string& query, const std::string& tag,
-                                                  int limit) -> Result<Json> {
-      Json hits;
-      KEEL_RETURN_IF_ERROR(store.Read([&](store::Tx& tx) -> Status {
-        KEEL_ASSIGN_OR_RETURN(hits, memory::SearchJson(tx, tenant_id, agent_id, query, tag, limit));
-        return Status::Ok();
-      }));
-      return hits;
+    reader.search = [&store, tenant_id, agent_id](std::string query, std::string tag, int limit) {
+      return SearchMemories(store, tenant_id, agent_id, std::move(query), std::move(tag), limit);
     };
-    reader.get = [&store, tenant_id, agent_id](const std::string& id) -> Result<Json> {
-      Json memory;
-      KEEL_RETURN_IF_ERROR(store.Read([&](store::Tx& tx) -> Status {
-        KEEL_ASSIGN_OR_RETURN(memory, memory::GetJson(tx, tenant_id, agent_id, id));
-        return Status::Ok();
-      }));
-      return memory;
+    reader.get = [&store, tenant_id, agent_id](std::string id) {
+      return GetMemory(store, tenant_id, agent_id, std::move(id));
     };
     return reader;
   };
+}
+
+// tool.after's payload.
+Json ToolAfterPayload(const tools::CallRecord& r) {
+  return Json{{"agent_id", r.agent_id},       {"session_id", r.session_id},
+              {"run_id", r.run_id},           {"call_id", r.call->call_id},
+              {"tool", r.call->tool},         {"arguments", r.call->arguments},
+              {"status", r.call->status},     {"result", r.call->result},
+              {"duration_ms", r.duration_ms}, {"effect_class", r.call->effect_class},
+              {"decision", r.decision}};
+}
+
+// A memory.upsert call that succeeded is a memory.upsert@v1 as well, delivered the same way.
+// The result has the memory without its text; the text is the call's.
+std::optional<Json> MemoryUpsertPayload(const tools::CallRecord& r) {
+  const Json& m = r.call->result;
+  if (r.call->tool != "memory.upsert" || r.call->status != "succeeded" || !m.is_object() ||
+      !m.contains("id")) {
+    return std::nullopt;
+  }
+  return Json{{"agent_id", r.agent_id},
+              {"session_id", r.session_id},
+              {"run_id", r.run_id},
+              {"memory_id", m.value("id", "")},
+              {"text", r.call->arguments.value("text", "")},
+              {"tags", m.value("tags", Json::array())},
+              {"source", m.value("source", "")},
+              {"replaced", m.value("replaced", false)}};
 }
 
 }  // namespace
@@ -79,8 +120,8 @@ void PluginBridge::StopDeliveries() {
   delivery_timer_.cancel();
 }
 
-void PluginBridge::StopAgents() {
-  for (const auto& p : host_->All()) ForgetAgent(p->agent_id);
+asio::awaitable<void> PluginBridge::StopAgents() {
+  for (const auto& p : host_->All()) co_await ForgetAgent(p->agent_id);
 }
 
 asio::awaitable<Result<std::shared_ptr<plugins::AgentPlugins>>> PluginBridge::PluginsOf(
@@ -91,81 +132,90 @@ asio::awaitable<Result<std::shared_ptr<plugins::AgentPlugins>>> PluginBridge::Pl
     return Status::Ok();
   });
   if (!read.ok()) co_return read;
-  co_return UsePlugins(tenant_id, agent_id, enabled);
+  co_return co_await UsePlugins(tenant_id, agent_id, enabled);
 }
 
-std::shared_ptr<plugins::AgentPlugins> PluginBridge::UsePlugins(
-    const std::string& tenant_id, const std::string& agent_id,
-    const std::vector<store::Plugin>& enabled) {
+asio::awaitable<std::shared_ptr<plugins::AgentPlugins>> PluginBridge::UsePlugins(
+    std::string tenant_id, std::string agent_id, const std::vector<store::Plugin>& enabled) {
   auto loaded = host_->For(tenant_id, agent_id, enabled);
-  if (!loaded.errors.empty()) ReportPluginErrors(*loaded.plugins, loaded.errors);
-  if (loaded.started) Emit(*loaded.plugins, "agent.started", {{"agent_id", agent_id}});
-  return loaded.plugins;
+  if (!loaded.errors.empty()) co_await ReportPluginErrors(loaded.plugins, loaded.errors);
+  if (loaded.started) {
+    Json started = {{"agent_id", agent_id}};  // named: g++ 12 fails on a braced one here
+    co_await Emit(loaded.plugins, "agent.started", std::move(started));
+  }
+  co_return loaded.plugins;
 }
 
 asio::awaitable<void> PluginBridge::EmitFor(std::string tenant_id, std::string agent_id,
-                                       std::string family, Json payload) {
+                                            std::string family, Json payload) {
   auto plugins = co_await PluginsOf(tenant_id, agent_id);
   if (!plugins.ok()) co_return;
-  Emit(**plugins, family, std::move(payload));
+  co_await Emit(*plugins, std::move(family), std::move(payload));
 }
 
-void PluginBridge::ForgetAgent(const std::string& agent_id) {
-  if (auto gone = host_->Forget(agent_id)) Emit(*gone, "agent.stopped", {{"agent_id", agent_id}});
+asio::awaitable<void> PluginBridge::ForgetAgent(std::string agent_id) {
+  // Dropped at once (a turn that starts meanwhile builds the agent's plugins anew); the
+  // emission holds the dropped ones until their handlers are done.
+  if (auto gone = host_->Forget(agent_id)) {
+    Json stopped = {{"agent_id", agent_id}};  // named: g++ 12 fails on a braced one here
+    co_await Emit(gone, "agent.stopped", std::move(stopped));
+  }
 }
 
-plugins::Emitted PluginBridge::Emit(const plugins::AgentPlugins& plugins, const std::string& family,
-                               Json payload, bool queue_webhooks) {
-  queue_webhooks = queue_webhooks && !plugins.webhooks.empty();
-  if (!plugins.bus.Has(family)) {
-    if (queue_webhooks) QueueDeliveries(plugins, family, payload);
+asio::awaitable<plugins::Emitted> PluginBridge::Emit(std::shared_ptr<plugins::AgentPlugins> plugins,
+                                                     std::string family, Json payload,
+                                                     bool queue_webhooks) {
+  queue_webhooks = queue_webhooks && !plugins->webhooks.empty();
+  if (!plugins->bus.Has(family)) {
+    if (queue_webhooks) QueueDeliveries(*plugins, family, payload);
     plugins::Emitted none;
     none.payload = std::move(payload);
-    return none;
+    co_return none;
   }
   plugins::Emitted out;
   {
-    // Lua handlers run here, on the io thread: the watchdog names them if they hold it.
+    // Lua handlers run here, on the io thread: the watchdog names them while they hold it (a
+    // handler waiting on a memory read takes the marker down meanwhile: IoWorkPause).
     // A payload is the event's: its run_id may be absent or null (memory, session events).
     auto run = payload.is_object() ? payload.find("run_id") : payload.end();
     const std::string run_id =
         run != payload.end() && run->is_string() ? run->get<std::string>() : "";
-    IoWork work(plugins.tenant_id, run_id, "plugin hook " + family + " of agent " +
-                                                plugins.agent_id);
-    out = plugins.bus.Emit(family, std::move(payload));
+    IoWork work(plugins->tenant_id, run_id,
+                "plugin hook " + family + " of agent " + plugins->agent_id);
+    out = co_await plugins->bus.Emit(family, std::move(payload));
   }
-  if (queue_webhooks) QueueDeliveries(plugins, family, out.payload);
+  if (queue_webhooks) QueueDeliveries(*plugins, family, out.payload);
   std::vector<plugins::PluginError> errors = out.errors;
   if (out.abort) errors.push_back(*out.abort);
-  if (!errors.empty()) ReportPluginErrors(plugins, errors);
-  return out;
+  if (!errors.empty()) co_await ReportPluginErrors(plugins, std::move(errors));
+  co_return out;
 }
 
-void PluginBridge::ReportPluginErrors(const plugins::AgentPlugins& plugins,
-                                 const std::vector<plugins::PluginError>& errors) {
+asio::awaitable<void> PluginBridge::ReportPluginErrors(
+    std::shared_ptr<plugins::AgentPlugins> plugins, std::vector<plugins::PluginError> errors) {
   Json recorded = Json::array();
   for (const auto& e : errors) {
-    Json payload = {{"agent_id", plugins.agent_id},
+    Json payload = {{"agent_id", plugins->agent_id},
                     {"plugin_id", e.plugin_id},
                     {"event", e.event},
                     {"message", e.message}};
-    LogError("plugin " + e.plugin_id + " (agent " + plugins.agent_id + ")" +
+    LogError("plugin " + e.plugin_id + " (agent " + plugins->agent_id + ")" +
              (e.event.empty() ? "" : " on " + e.event) + ": " + e.message);
     recorded.push_back(payload);
-    if (!plugins.webhooks.empty()) QueueDeliveries(plugins, "plugin.error", payload);
+    if (!plugins->webhooks.empty()) QueueDeliveries(*plugins, "plugin.error", payload);
     // The agent's own plugin.error listeners hear of it, except of their own failures (which
     // would repeat without end).
-    if (e.event != "plugin.error@v1" && plugins.bus.Has("plugin.error")) {
-      auto heard = plugins.bus.Emit("plugin.error", payload);
+    if (e.event != "plugin.error@v1" && plugins->bus.Has("plugin.error")) {
+      auto heard = co_await plugins->bus.Emit("plugin.error", payload);
       for (const auto& again : heard.errors) {
-        recorded.push_back({{"agent_id", plugins.agent_id},
+        recorded.push_back({{"agent_id", plugins->agent_id},
                             {"plugin_id", again.plugin_id},
                             {"event", again.event},
                             {"message", again.message}});
       }
     }
   }
-  asio::co_spawn(executor_, RecordPluginErrors(plugins.tenant_id, plugins.agent_id, recorded),
+  asio::co_spawn(executor_, RecordPluginErrors(plugins->tenant_id, plugins->agent_id, recorded),
                  asio::detached);
 }
 
@@ -182,79 +232,20 @@ asio::awaitable<void> PluginBridge::RecordPluginErrors(std::string tenant_id, st
 }
 
 void PluginBridge::HookGateway() {
-  gateway_.AddVetoHook([this](const tools::CallRequest& c) -> std::optional<tools::Veto> {
-    auto p = host_->Find(c.agent_id);
-    if (p && p->broken) {
-      return tools::Veto{"plugin " + p->broken->plugin_id + " could not be loaded: " +
-                             p->broken->message,
-                         true};
-    }
-    if (!p || !p->bus.Has("tool.before")) return std::nullopt;
-    Json payload = {{"agent_id", c.agent_id},   {"session_id", c.session_id},
-                    {"run_id", c.run_id},       {"call_id", c.call_id},
-                    {"tool", c.tool},           {"arguments", c.arguments},
-                    {"caller_role", c.caller_role}};
-    auto out = Emit(*p, "tool.before", std::move(payload));
-    if (out.abort) {
-      return tools::Veto{"plugin " + out.abort->plugin_id + " failed deciding: " +
-                             out.abort->message,
-                         true};
-    }
-    if (out.denied) return tools::Veto{"plugin " + out.denied_by + ": " + out.reason};
-    return std::nullopt;
-  });
+  // Each hook calls a coroutine of this bridge, which outlives the gateway's calls.
+  gateway_.AddVetoHook([this](const tools::CallRequest& c) { return ToolBefore(c); });
   // tool.after: its webhook deliveries go into the unit that records the call's result; the
   // agent's handlers hear of it once that unit committed.
-  auto tool_after = [](const tools::CallRecord& r) {
-    return Json{{"agent_id", r.agent_id},
-                {"session_id", r.session_id},
-                {"run_id", r.run_id},
-                {"call_id", r.call->call_id},
-                {"tool", r.call->tool},
-                {"arguments", r.call->arguments},
-                {"status", r.call->status},
-                {"result", r.call->result},
-                {"duration_ms", r.duration_ms},
-                {"effect_class", r.call->effect_class},
-                {"decision", r.decision}};
-  };
-  // A memory.upsert call that succeeded is a memory.upsert@v1 as well, delivered the same way.
-  // The result has the memory without its text; the text is the call's.
-  auto memory_upsert = [](const tools::CallRecord& r) -> std::optional<Json> {
-    const Json& m = r.call->result;
-    if (r.call->tool != "memory.upsert" || r.call->status != "succeeded" || !m.is_object() ||
-        !m.contains("id")) {
-      return std::nullopt;
-    }
-    return Json{{"agent_id", r.agent_id},
-                {"session_id", r.session_id},
-                {"run_id", r.run_id},
-                {"memory_id", m.value("id", "")},
-                {"text", r.call->arguments.value("text", "")},
-                {"tags", m.value("tags", Json::array())},
-                {"source", m.value("source", "")},
-                {"replaced", m.value("replaced", false)}};
-  };
-  gateway_.SetOutboxHook([this, tool_after, memory_upsert](const tools::CallRecord& r) {
+  gateway_.SetOutboxHook([this](const tools::CallRecord& r) {
     auto p = host_->Find(r.agent_id);
     if (!p || p->webhooks.empty()) return std::vector<store::PluginDelivery>();
-    auto out = DeliveriesFor(*p, "tool.after", tool_after(r));
-    if (auto upsert = memory_upsert(r)) {
+    auto out = DeliveriesFor(*p, "tool.after", ToolAfterPayload(r));
+    if (auto upsert = MemoryUpsertPayload(r)) {
       for (auto& d : DeliveriesFor(*p, "memory.upsert", *upsert)) out.push_back(std::move(d));
     }
     return out;
   });
-  gateway_.SetAfterHook([this, tool_after, memory_upsert](const tools::CallRecord& r) {
-    auto p = host_->Find(r.agent_id);
-    if (!p) return;
-    auto upsert = memory_upsert(r);
-    if (!p->Wants("tool.after") && !(upsert && p->Wants("memory.upsert"))) return;
-    if (!p->webhooks.empty()) WakeDeliveries();
-    if (p->bus.Has("tool.after")) Emit(*p, "tool.after", tool_after(r), /*queue_webhooks=*/false);
-    if (upsert && p->bus.Has("memory.upsert")) {
-      Emit(*p, "memory.upsert", std::move(*upsert), /*queue_webhooks=*/false);
-    }
-  });
+  gateway_.SetAfterHook([this](const tools::CallRecord& r) { return ToolAfter(r); });
   gateway_.SetAgentTools([this](const std::string& agent_id) {
     std::vector<std::shared_ptr<tools::Tool>> out;
     if (auto p = host_->Find(agent_id)) {
@@ -262,6 +253,43 @@ void PluginBridge::HookGateway() {
     }
     return out;
   });
+}
+
+asio::awaitable<std::optional<tools::Veto>> PluginBridge::ToolBefore(const tools::CallRequest& c) {
+  auto p = host_->Find(c.agent_id);
+  if (p && p->broken) {
+    co_return tools::Veto{
+        "plugin " + p->broken->plugin_id + " could not be loaded: " + p->broken->message, true};
+  }
+  if (!p || !p->bus.Has("tool.before")) co_return std::nullopt;
+  Json payload = {{"agent_id", c.agent_id},
+                  {"session_id", c.session_id},
+                  {"run_id", c.run_id},
+                  {"call_id", c.call_id},
+                  {"tool", c.tool},
+                  {"arguments", c.arguments},
+                  {"caller_role", c.caller_role}};
+  auto out = co_await Emit(p, "tool.before", std::move(payload));
+  if (out.abort) {
+    co_return tools::Veto{
+        "plugin " + out.abort->plugin_id + " failed deciding: " + out.abort->message, true};
+  }
+  if (out.denied) co_return tools::Veto{"plugin " + out.denied_by + ": " + out.reason};
+  co_return std::nullopt;
+}
+
+asio::awaitable<void> PluginBridge::ToolAfter(const tools::CallRecord& r) {
+  auto p = host_->Find(r.agent_id);
+  if (!p) co_return;
+  auto upsert = MemoryUpsertPayload(r);
+  if (!p->Wants("tool.after") && !(upsert && p->Wants("memory.upsert"))) co_return;
+  if (!p->webhooks.empty()) WakeDeliveries();
+  if (p->bus.Has("tool.after")) {
+    co_await Emit(p, "tool.after", ToolAfterPayload(r), /*queue_webhooks=*/false);
+  }
+  if (upsert && p->bus.Has("memory.upsert")) {
+    co_await Emit(p, "memory.upsert", std::move(*upsert), /*queue_webhooks=*/false);
+  }
 }
 
 }  // namespace keel::runtime

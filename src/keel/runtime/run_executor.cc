@@ -295,7 +295,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
   }
   // The agent's plugins as of this turn (built again when they changed since its last one).
   std::shared_ptr<plugins::AgentPlugins> plugins =
-      plugins_->UsePlugins(run.tenant_id, run.agent_id, enabled);
+      co_await plugins_->UsePlugins(run.tenant_id, run.agent_id, enabled);
   // A plugin whose failure mode is "fail" failed: the turn stops with its error.
   auto plugin_failed = [&](const plugins::PluginError& e) {
     std::string code = "plugin_failed";
@@ -339,9 +339,8 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
     request.agent_config = agent.config;
     std::string code;
     std::optional<FailedSummary> summary_failed;  // a compaction's summary call failed
-    Status assembled =
-        co_await AssembleContext(run, agent, prompt, *plugins, std::move(context), request, steps,
-                                 code, summary_failed, history);
+    Status assembled = co_await AssembleContext(run, agent, prompt, plugins, std::move(context),
+                                                request, steps, code, summary_failed, history);
     if (!assembled.ok()) {
       if (code.empty()) co_return;  // the store failed; the run resumes after its lease
       if (!summary_failed) {
@@ -367,7 +366,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
     if (plugins->Wants("prompt.assemble")) {
       Json payload = ids;
       payload["messages"] = MessagesJson(request.messages);
-      auto out = plugins_->Emit(*plugins, "prompt.assemble", std::move(payload));
+      auto out = co_await plugins_->Emit(plugins, "prompt.assemble", std::move(payload));
       if (out.abort) {
         (void)co_await plugin_failed(*out.abort);
         co_return;
@@ -536,7 +535,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
       Json names = Json::array();
       for (const auto& t : request.tools) names.push_back(t.name);
       payload["tools"] = names;
-      auto out = plugins_->Emit(*plugins, "model.before", std::move(payload));
+      auto out = co_await plugins_->Emit(plugins, "model.before", std::move(payload));
       if (out.abort) {
         (void)co_await plugin_failed(*out.abort);
         co_return;
@@ -558,7 +557,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
       payload["tool_calls"] = ToolCallsJson(response->tool_calls);
       payload["usage"] = {{"input_tokens", response->usage.input_tokens},
                           {"output_tokens", response->usage.output_tokens}};
-      plugins_->Emit(*plugins, "model.after", std::move(payload));
+      co_await plugins_->Emit(plugins, "model.after", std::move(payload));
     }
     step.finished_at = NowMillis();
     ++model_steps;

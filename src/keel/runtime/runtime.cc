@@ -115,7 +115,7 @@ asio::awaitable<void> Runtime::Drain(std::chrono::milliseconds grace) {
   models_->Stop();
   plugins_->StopDeliveries();
   co_await dispatcher_->Drain(grace);
-  plugins_->StopAgents();
+  co_await plugins_->StopAgents();
 }
 
 asio::awaitable<Result<std::shared_ptr<plugins::AgentPlugins>>> Runtime::PluginsOf(
@@ -129,7 +129,9 @@ asio::awaitable<void> Runtime::EmitFor(std::string tenant_id, std::string agent_
                            std::move(payload));
 }
 
-void Runtime::ForgetAgent(const std::string& agent_id) { plugins_->ForgetAgent(agent_id); }
+asio::awaitable<void> Runtime::ForgetAgent(std::string agent_id) {
+  return plugins_->ForgetAgent(std::move(agent_id));
+}
 
 void Runtime::WakeDeliveries() { plugins_->WakeDeliveries(); }
 

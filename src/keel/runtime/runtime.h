@@ -130,7 +130,7 @@ class Runtime {
       std::string tenant_id, std::string agent_id);
   boost::asio::awaitable<void> EmitFor(std::string tenant_id, std::string agent_id,
                                        std::string family, Json payload);
-  void ForgetAgent(const std::string& agent_id);
+  boost::asio::awaitable<void> ForgetAgent(std::string agent_id);
   void WakeDeliveries();
   // Looks for due schedules now (a schedule was created or resumed on this node, or the test
   // clock moved). Other nodes' new schedules are seen within a second.
@@ -182,15 +182,11 @@ class Runtime {
   // Once the read is back on the io thread: the conversation merged and kept for the next
   // turn, and the run's window (what precedes its prompt) taken from it.
   void KeepWindow(const store::Run& run, ContextRead& read);
-  boost::asio::awaitable<Status> AssembleContext(const store::Run& run, const store::Agent& agent,
-                                                 const store::Message& prompt,
-                                                 const plugins::AgentPlugins& plugins,
-                                                 ContextRead read,
-                                                 model::ModelRequest& request,
-                                                 std::vector<store::Step>& steps,
-                                                 std::string& error_code,
-                                                 std::optional<FailedSummary>& failed,
-                                                 HistoryMark& history);
+  boost::asio::awaitable<Status> AssembleContext(
+      const store::Run& run, const store::Agent& agent, const store::Message& prompt,
+      const std::shared_ptr<plugins::AgentPlugins>& plugins, ContextRead read,
+      model::ModelRequest& request, std::vector<store::Step>& steps, std::string& error_code,
+      std::optional<FailedSummary>& failed, HistoryMark& history);
   // Introspection's triggers (introspection.cc). After a run of the session ended `done` (not
   // a direct call or an introspection) and its agent has triggers: posts an introspection run
   // when the agent's every_turns is reached, and moves the session's idle introspection to

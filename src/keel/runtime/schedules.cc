@@ -320,14 +320,14 @@ asio::awaitable<void> Runtime::FireSchedule(store::Schedule s, Millis firing_sin
   std::string prompt = s.prompt;
   std::vector<store::PluginDelivery> deliveries;
   if (refusal.empty()) {
-    auto plugins = plugins_->UsePlugins(s.tenant_id, agent.id, enabled);
+    auto plugins = co_await plugins_->UsePlugins(s.tenant_id, agent.id, enabled);
     if (plugins->Wants("schedule.fired")) {
       Json payload = {
           {"agent_id", agent.id},     {"schedule_id", s.id},         {"name", s.name},
           {"session_id", session.id}, {"slot", FormatRfc3339(slot)}, {"missed", plan.missed},
           {"prompt", prompt}};
-      auto out = plugins_->Emit(*plugins, "schedule.fired", std::move(payload),
-                                /*queue_webhooks=*/false);
+      auto out = co_await plugins_->Emit(plugins, "schedule.fired", std::move(payload),
+                                         /*queue_webhooks=*/false);
       if (out.abort) {
         refusal = "plugin " + out.abort->plugin_id + " failed: " + out.abort->message;
       } else {
@@ -456,10 +456,12 @@ asio::awaitable<void> Runtime::FireGroup(std::vector<store::Schedule> group, Mil
       co_return;
     }
   }
-  for (auto& [key, info] : agents) {
+  for (auto& entry : agents) {
+    AgentInfo& info = entry.second;
     if (info.agent) {
-      info.hook = plugins_->UsePlugins(key.first, key.second, info.enabled)
-                      ->Wants("schedule.fired");
+      auto plugins =
+          co_await plugins_->UsePlugins(entry.first.first, entry.first.second, info.enabled);
+      info.hook = plugins->Wants("schedule.fired");
     }
   }
   std::vector<SlotPost> ready;

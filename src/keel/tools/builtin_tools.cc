@@ -20,6 +20,10 @@ const char* EffectClassName(EffectClass c) {
   return "once";
 }
 
+boost::asio::awaitable<Result<Json>> Tool::ExecuteOnLoop(const ToolContext& ctx, Json arguments) {
+  co_return Execute(ctx, arguments);
+}
+
 Status ToolRegistry::Register(std::unique_ptr<Tool> tool) {
   std::string name = tool->name();
   if (!tools_.emplace(name, std::move(tool)).second) {

@@ -595,7 +595,7 @@ asio::awaitable<Result<CallOutcome>> Gateway::Call(const CallRequest& req) {
   for (const auto& hook : veto_hooks_) {
     std::optional<Veto> veto;
     try {
-      veto = hook(req);
+      veto = co_await hook(req);
     } catch (const std::exception& e) {
       veto = Veto{std::string("a veto hook failed: ") + e.what()};  // fail closed
     }
@@ -759,25 +759,32 @@ asio::awaitable<Result<CallOutcome>> Gateway::ExecuteAndRecord(store::ToolCall c
   Result<Json> result = resolved.ok() ? Result<Json>(Status::Ok()) : Result<Json>(resolved.status());
   if (resolved.ok()) {
     std::shared_ptr<Tool> tool = *resolved;
-    ToolContext ctx{call.tenant_id, agent_id,        session_id,            call.run_id,
-                    call.call_id,   call.effect_key, WorkspaceOf(agent_id), agent_config};
-    auto run = [tool, ctx, args = call.arguments]() -> Result<Json> {
-      try {
-        return tool->Execute(ctx, args);
-      } catch (const std::exception& e) {
-        return Internal(std::string("tool threw: ") + e.what());
-      }
-    };
+    ToolContext ctx{call.tenant_id,        agent_id,     session_id,
+                    call.run_id,           call.call_id, call.effect_key,
+                    WorkspaceOf(agent_id), agent_config};
     if (tool->blocking()) {
       // Off the event loop, in the tenant's share of the pool; the coroutine resumes on its
       // own executor when the tool returns.
-      std::function<Result<Json>()> on_pool = run;
+      std::function<Result<Json>()> on_pool = [tool, ctx, args = call.arguments]() -> Result<Json> {
+        try {
+          return tool->Execute(ctx, args);
+        } catch (const std::exception& e) {
+          return Internal(std::string("tool threw: ") + e.what());
+        }
+      };
       result = co_await OnPool(call.tenant_id, std::move(on_pool));
     } else {
-      // On the io thread: the watchdog names this call if it holds it.
+      // On the io thread: the watchdog names this call while it holds it (a tool that
+      // suspends takes the marker down meanwhile: Tool::ExecuteOnLoop).
       IoWork work(call.tenant_id, call.run_id,
                   "tool " + call.tool + " at step " + std::to_string(step.seq));
-      result = run();
+      try {
+        // Named, not a temporary of the co_await: g++ 12 mishandles temporaries there.
+        asio::awaitable<Result<Json>> running = tool->ExecuteOnLoop(ctx, call.arguments);
+        result = co_await std::move(running);
+      } catch (const std::exception& e) {
+        result = Internal(std::string("tool threw: ") + e.what());
+      }
     }
   }
   std::string status = "failed";
@@ -817,7 +824,7 @@ asio::awaitable<Result<CallOutcome>> Gateway::ExecuteAndRecord(store::ToolCall c
     return Status::Ok();
   });
   if (!written.ok()) co_return written.status();
-  if (after_hook_) after_hook_(record);
+  if (after_hook_) co_await after_hook_(record);
   co_return CallOutcome{call.status, call.result};
 }
 

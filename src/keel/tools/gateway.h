@@ -77,10 +77,13 @@ struct Veto {
 };
 
 // A veto hook sees every call after the tool is known and its arguments checked, before the
-// policy, and may refuse it: it returns the refusal, or nullopt to let it pass. Hooks run on
-// the event loop, in the order they were added; the first refusal wins and is recorded like
-// any denial. (The plugin host registers the agents' `tool.before` vetoes here.)
-using VetoHook = std::function<std::optional<Veto>(const CallRequest& call)>;
+// policy, and may refuse it: it returns the refusal, or nullopt to let it pass. Hooks are
+// awaited on the event loop, in the order they were added, and may suspend without holding it
+// (a Lua handler waiting on a memory read); the first refusal wins and is recorded like any
+// denial; a hook that throws refuses. `call` stays valid until the hook completes. (The plugin
+// host registers the agents' `tool.before` vetoes here.)
+using VetoHook =
+    std::function<boost::asio::awaitable<std::optional<Veto>>(const CallRequest& call)>;
 
 // Tools of one agent beyond the registered and MCP ones (the ones its plugins added), named
 // plugin__{plugin}__{tool}.
@@ -106,7 +109,9 @@ struct CallRecord {
   Json decision;                // the gateway's decision {"outcome", "reason"}
   int64_t duration_ms = 0;      // of the execution
 };
-using AfterHook = std::function<void(const CallRecord& record)>;
+// Awaited on the event loop (it may suspend, as veto hooks may); `record` stays valid until it
+// completes.
+using AfterHook = std::function<boost::asio::awaitable<void>(const CallRecord& record)>;
 // Webhook deliveries to write in the same unit of work as an executed call's result, so that
 // neither is committed without the other (called on the event loop, before that unit).
 using OutboxHook = std::function<std::vector<store::PluginDelivery>(const CallRecord& record)>;
@@ -134,7 +139,7 @@ class Gateway {
                                                                      Json allowed_tools);
   // Adds a veto hook (see VetoHook). REQUIRES: before the first call.
   void AddVetoHook(VetoHook hook) { veto_hooks_.push_back(std::move(hook)); }
-  // Called (on the event loop) after every executed call is recorded. REQUIRES: before the
+  // Awaited (on the event loop) after every executed call is recorded. REQUIRES: before the
   // first call.
   void SetAfterHook(AfterHook hook) { after_hook_ = std::move(hook); }
   // See OutboxHook. REQUIRES: before the first call.

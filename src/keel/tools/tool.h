@@ -2,6 +2,7 @@
 // Tools: what an agent can do outside the model. Each tool declares its effect class
 // (DESIGN.md invariant 5) and the rights it needs; only tools::Gateway executes them.
 
+#include <boost/asio/awaitable.hpp>
 #include <map>
 #include <memory>
 #include <string>
@@ -40,9 +41,16 @@ class Tool {
   virtual EffectClass effect_class() const = 0;
   virtual std::vector<std::string> rights() const = 0;  // read | write | send
   // Runs the tool. A failure is reported to the model as the tool's error, not a crash.
-  // Runs on the event loop unless blocking() says it may take long (processes, network): then
-  // the gateway runs it on a worker thread.
+  // The gateway calls it on a worker thread when blocking() says it may take long (processes,
+  // network); a tool that is not blocking runs through ExecuteOnLoop.
   virtual Result<Json> Execute(const ToolContext& ctx, const Json& arguments) = 0;
+  // How the gateway runs a tool that is not blocking(): on the event loop, where it may suspend
+  // without holding the loop (a Lua tool waiting on a memory read); the default runs Execute.
+  // An override that suspends does so inside an IoWorkPause (common/io_work.h): the gateway
+  // marks the call as the io thread's work around it. REQUIRES: on the event loop; the tool
+  // and `ctx` stay valid until it completes.
+  virtual boost::asio::awaitable<Result<Json>> ExecuteOnLoop(const ToolContext& ctx,
+                                                             Json arguments);
   virtual bool blocking() const { return false; }
 };
 
