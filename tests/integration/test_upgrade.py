@@ -21,6 +21,7 @@ import shutil
 import sqlite3
 import subprocess
 import tempfile
+import time
 import unittest
 
 import keel_harness
@@ -88,6 +89,15 @@ class UpgradeTest(KeelTestCase):
                 shutil.copyfileobj(f, out)
             with open(os.path.join(self.home, "origin"), "w") as f:
                 f.write(OLD["origin"] + "\n")
+        # The parked run's approval was made with the fixture, so its time to live ran out a day
+        # later: it is given an hour from now, as if the upgrade came while it waited.
+        sql = "UPDATE approvals SET expires_at = %d WHERE status = 'pending'" % (
+            int(time.time() * 1000) + 3600 * 1000)
+        if POSTGRES:
+            psql(admin_url(self.database), sql)
+        else:
+            with sqlite3.connect(os.path.join(self.home, "keel.db")) as conn:
+                self.assertEqual(conn.execute(sql).rowcount, 1)
 
     def start(self):
         self.server = KeelServer(home=self.home, env={"KEEL_SECRET_KEK": KEK},
