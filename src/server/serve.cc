@@ -315,6 +315,7 @@ int ServeMain(const ServeFlags& flags) {
   runtime_options.history_limit = config.history_limit;
   runtime_options.tenant_run_cap = config.tenant_run_cap;
   runtime_options.audit_dir = config.home + "/audit";
+  runtime_options.crash_note = config.home + "/crash.note";
   runtime_options.prices = config.prices;
   runtime_options.cache = config.cache;
   runtime_options.outbound = *outbound;

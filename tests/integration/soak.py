@@ -228,10 +228,10 @@ class Soak:
         started = time.monotonic()
         try:
             while self.kills < self.kills_wanted:
-                # Time to go on between kills: a run that a kill finds at the same point
-                # kPoisonTries (4) times in a row is stopped as poison (run_state.cc), which is
-                # right for a run that crashes the server and wrong for one the kills keep
-                # interrupting before its step can end (its turn then counts as lost here).
+                # Time to go on between kills: a run that kills find at the same point ten
+                # times in a row is stopped as poison (run_state.cc), which is right for a run
+                # that gets the server killed and wrong for one the kills keep interrupting
+                # before its step can end (its turn would count as lost here).
                 time.sleep(rng.uniform(0.5, 2.0))
                 up = [n for n in self.nodes if n.alive()]
                 if len(up) < len(self.nodes):  # one at a time

@@ -1,15 +1,18 @@
 """A run that stops the server at the same point again and again is failed, not tried forever.
 
 The fake model (tests/fakes/fake_openai.py, scenario `hang`) starts an answer and never ends it;
-the test kills the server with SIGKILL while each try waits on it, as a crash inside that model
-call would. A run interrupted up to three times is resumed and calls the model again (as after any
-outside kill); the fourth time in a row at the same point, the next start fails the run with
-`poison_run` instead of trying once more, and the rest of the server goes on.
+the test stops the server while each try waits on it. A crash (here SIGABRT, as an assertion or the io watchdog gives, which the server's
+crash note records: runtime/crash_note.h) three times in a row at the same point fails the run
+with `poison_run` at the next start. A stop with no cause known (SIGKILL, as an outside kill, a
+power cut or the OOM killer) is resumed as after any outside kill; only the tenth in a row at the
+same point fails the run. Progress between stops resets the count, and the rest of the server
+goes on.
 """
 
 import http.client
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -53,30 +56,67 @@ class PoisonRunTest(KeelTestCase):
         self.fail("the model was not called %d times for %r (log:\n%s)"
                   % (n, user, self.server.log_tail()))
 
-    def test_a_run_that_kills_the_server_four_times_is_failed(self):
+    def hang_until_stopped(self, stops, stop):
+        """A run of a model that never answers, the server stopped `stops` times while it waits
+        (each time with `stop`) and started again; returns the run's id and its message."""
         s = self.server
         hanging = s.create_agent(model="openai/hang")
-        healthy = s.create_agent()
         session = s.create_session(hanging["id"])
         message = "poison %f" % time.time()
         run_id = s.post_message(session["id"], message)[1]["run"]["id"]
-        for attempt in (1, 2, 3, 4):
+        for attempt in range(1, stops + 1):
             self.wait_model_calls(message, attempt)
-            s.kill9()
+            stop()
             s.start()
+        return run_id, message, session
+
+    def crash(self):
+        s = self.server
+        s.proc.send_signal(signal.SIGABRT)
+        self.assertEqual(s.proc.wait(timeout=30), -signal.SIGABRT)
+
+    def assert_poison_and_server_fine(self, run_id, message, session, tries, says):
+        s = self.server
         run = s.wait_run(run_id, timeout=30)
         self.assertEqual(run["status"], "failed", run)
         self.assertEqual(run["error"]["code"], "poison_run", run)
-        self.assertIn("4 times in a row", run["error"]["message"])
-        # Tried four times (resumed after each of the first three kills), never a fifth.
+        self.assertIn(says, run["error"]["message"])
+        # Tried once per stop (resumed after each but the last), never once more.
         time.sleep(0.5)
-        self.assertEqual(self.model_calls(message), 4)
+        self.assertEqual(self.model_calls(message), tries)
         # The session is usable again and other agents were never held up.
-        other = s.create_session(healthy["id"])
+        other = s.create_session(s.create_agent()["id"])
         self.assertEqual(s.send(other["id"], "still alive")["run"]["status"], "done")
         self.assertEqual(s.get_run(run_id)["status"], "failed")
         st, session_now, _ = s.request("GET", "/v1/sessions/" + session["id"])
         self.assertEqual(session_now["status"], "idle", session_now)
+
+    def test_a_run_that_crashes_the_server_three_times_is_failed(self):
+        s = self.server
+        run_id, message, session = self.hang_until_stopped(3, self.crash)
+        self.assert_poison_and_server_fine(run_id, message, session, 3,
+                                           "crashed 3 times in a row")
+        crashed = [e for e in s.all_events() if e["run_id"] == run_id and
+                   e["type"] == "run.crashed@v1"]
+        self.assertEqual([(e["payload"]["attempt"], e["payload"]["signal"]) for e in crashed],
+                         [(1, signal.SIGABRT), (2, signal.SIGABRT), (3, signal.SIGABRT)])
+        # Each note was taken in and removed at the restart, and said so.
+        self.assertFalse(os.path.exists(os.path.join(s.home, "crash.note")))
+        with open(s.stderr_path) as f:
+            self.assertIn("the last process stopped on signal 6 with 1 run(s) executing",
+                          f.read())
+
+    def test_a_run_killed_nine_times_goes_on_and_the_tenth_fails_it(self):
+        s = self.server
+        run_id, message, session = self.hang_until_stopped(9, s.kill9)
+        self.wait_model_calls(message, 10)  # resumed after nine kills with no cause known
+        self.assertEqual(s.get_run(run_id)["status"], "running")
+        s.kill9()
+        s.start()
+        self.assert_poison_and_server_fine(run_id, message, session, 10,
+                                           "stopped (or held the run past its lease) 10 times")
+        self.assertEqual([e for e in s.all_events() if e["run_id"] == run_id and
+                          e["type"] == "run.crashed@v1"], [])
 
     def test_progress_between_kills_resets_the_count(self):
         s = self.server
@@ -84,11 +124,11 @@ class PoisonRunTest(KeelTestCase):
         session = s.create_session(agent["id"])
         message = "progress %f" % time.time()
         run_id = s.post_message(session["id"], message)[1]["run"]["id"]
-        # Killed twice in the first model call, which then asks for time.now (a recorded
+        # Crashed twice in the first model call, which then asks for time.now (a recorded
         # step), then twice in the second: never three times in a row at one point.
         for calls in (1, 2, 4, 5):
             self.wait_model_calls(message, calls)
-            s.kill9()
+            self.crash()
             s.start()
         run = s.wait_run(run_id, timeout=30)
         self.assertEqual(run["status"], "done", run)

@@ -78,6 +78,8 @@ class WatchdogTest(KeelTestCase):
         self.assertIn("plugin hook model.before", run["error"]["message"])
         types = [e["type"] for e in s.all_events(token=tenant.token) if e["run_id"] == run_id]
         self.assertIn("run.stalled@v1", types)
+        # Its abort left a crash note, recorded at the restart: the run is poison all the same.
+        self.assertEqual(types.index("run.crashed@v1"), types.index("run.stalled@v1") + 1, types)
         self.assertEqual(types.count("run.started@v1"), 2, types)  # the freeze, then the claim
         # Everything else goes on: another tenant's turn, on the same server process.
         other = Tenant(s)

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "keel/common/ids.h"
@@ -157,21 +158,21 @@ TEST_P(RunStateTest, AClaimTakesAQueuedRunOrAnExpiredLeaseAndNothingElse) {
   EXPECT_EQ(Claim("node-a", now + 10 * kLeaseMs, run).status().code(), Code::kConflict);
 }
 
-TEST_P(RunStateTest, ARunThatStoppedItsNodeFourTimesInARowIsPoison) {
+TEST_P(RunStateTest, ARunThatStoppedItsNodeTenTimesInARowIsPoison) {
   store::Run run = NewRun();
   Millis now = NowMillis();
-  for (int attempt = 1; attempt <= 4; ++attempt) {
+  for (int attempt = 1; attempt <= 10; ++attempt) {
     auto c = Claim("node-a", now + attempt * (kLeaseMs + 1), run);
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     EXPECT_TRUE(c->poison.empty()) << "attempt " << attempt;
   }
-  auto fifth = Claim("node-a", now + 5 * (kLeaseMs + 1), run);
-  ASSERT_TRUE(fifth.ok()) << fifth.status().ToString();
-  EXPECT_NE(fifth->poison.find("4 times in a row"), std::string::npos) << fifth->poison;
+  auto eleventh = Claim("node-a", now + 11 * (kLeaseMs + 1), run);
+  ASSERT_TRUE(eleventh.ok()) << eleventh.status().ToString();
+  EXPECT_NE(eleventh->poison.find("10 times in a row"), std::string::npos) << eleventh->poison;
 
   // Progress between the tries (a recorded step) means it is not stuck at one point.
   store::Run other = NewRun();
-  for (int attempt = 1; attempt <= 5; ++attempt) {
+  for (int attempt = 1; attempt <= 12; ++attempt) {
     auto c = Claim("node-a", now + attempt * (kLeaseMs + 1), other);
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     EXPECT_TRUE(c->poison.empty()) << "attempt " << attempt;
@@ -180,6 +181,57 @@ TEST_P(RunStateTest, ARunThatStoppedItsNodeFourTimesInARowIsPoison) {
     });
     ASSERT_TRUE(st.ok()) << st.ToString();
   }
+}
+
+TEST_P(RunStateTest, ARunItsNodeCrashedInThreeTimesInARowIsPoison) {
+  store::Run run = NewRun();
+  Millis now = NowMillis();
+  auto crash = [&](int64_t attempt) {
+    return store_->WriteSync(
+        [&](Tx& tx) { return runs::RecordCrash(tx, tenant_, run.id, attempt, 11); });
+  };
+  for (int attempt = 1; attempt <= 3; ++attempt) {
+    auto c = Claim("node-a", now + attempt * (kLeaseMs + 1), run);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    EXPECT_TRUE(c->poison.empty()) << "attempt " << attempt;
+    // A note about another attempt (another node resumed the run meanwhile) counts nothing.
+    ASSERT_TRUE(crash(attempt + 1).ok());
+    ASSERT_TRUE(crash(attempt).ok());
+  }
+  auto fourth = Claim("node-a", now + 4 * (kLeaseMs + 1), run);
+  ASSERT_TRUE(fourth.ok()) << fourth.status().ToString();
+  EXPECT_NE(fourth->poison.find("crashed 3 times in a row"), std::string::npos) << fourth->poison;
+  std::vector<std::string> types = EventTypes(run.id);
+  EXPECT_EQ(std::count(types.begin(), types.end(), "run.crashed@v1"), 3);
+
+  // Two crashes, then a stop with no cause known: not poison yet. A run that ended, or that is
+  // gone, gets no crash recorded.
+  store::Run other = NewRun();
+  for (int attempt = 1; attempt <= 3; ++attempt) {
+    auto c = Claim("node-a", now + attempt * (kLeaseMs + 1), other);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    EXPECT_TRUE(c->poison.empty()) << "attempt " << attempt;
+    if (attempt < 3) {
+      ASSERT_TRUE(store_
+                      ->WriteSync([&](Tx& tx) {
+                        return runs::RecordCrash(tx, tenant_, other.id, attempt, 6);
+                      })
+                      .ok());
+    }
+  }
+  ASSERT_TRUE(
+      store_->WriteSync([&](Tx& tx) { return runs::RecordCrash(tx, tenant_, NewId(), 1, 6); })
+          .ok());
+  Status st = store_->WriteSync([&](Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(store::Run cur, tx.runs().GetRun(tenant_, other.id));
+    return runs::Finish(tx, cur, {"done", "ok", Json(), Json::object()}, NowMillis());
+  });
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_TRUE(
+      store_->WriteSync([&](Tx& tx) { return runs::RecordCrash(tx, tenant_, other.id, 3, 6); })
+          .ok());
+  types = EventTypes(other.id);
+  EXPECT_EQ(std::count(types.begin(), types.end(), "run.crashed@v1"), 2);
 }
 
 TEST_P(RunStateTest, AnExecutionThatLostItsRunWritesNothingForIt) {

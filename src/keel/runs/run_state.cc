@@ -7,27 +7,46 @@ namespace keel::runs {
 
 namespace {
 
-// A run is poison when the process died (or stalled past its lease) during the same point of
-// it kPoisonTries times in a row: each claim appends run.started, each step or wait appends
-// events of its own, so that many run.started events with nothing after them mean that many
-// tries ended without progress. A run stopped by outside kills at random moments progresses
-// between them and is resumed as before. A run the io watchdog caught holding the io thread past
-// io_stall_limit_ms (runtime/watchdog.h) ends with run.stalled@v1: it is poison at once.
-constexpr int kPoisonTries = 4;
+// A run is poison when the process stopped during the same point of it several times in a
+// row: each claim appends run.started, each step or wait appends events of its own, so that
+// run.started events with nothing else after them are tries that ended without progress. How
+// many make a run poison depends on what is known of the stops:
+// - a crash (a fatal signal while the run executed: run.crashed@v1, from the node's crash note,
+//   runtime/crash_note.h) kCrashTries times in a row;
+// - stops with no cause known (kill -9, a power cut, the OOM killer) kUnexplainedTries times
+//   in a row. Outside kills at random moments interrupt a run before its next step now and
+//   then (right after a restart most of all, while the resumed runs and the clients'
+//   retries come at once): soaks with a kill every 0.5 to 2 s (scripts/soak.sh) cut 6 % of
+//   their runs twice in a row and 0.25 % four times, so a bound of 4 stopped healthy runs;
+//   if each further try is cut as often, 10 in a row is one run in five million, and a run
+//   that gets the process killed each time still ends.
+// A run the io watchdog caught holding the io thread past io_stall_limit_ms
+// (runtime/watchdog.h) ends with run.stalled@v1: it is poison at once.
+constexpr int kCrashTries = 3;
+constexpr int kUnexplainedTries = 10;
 
 // Empty, or why `run` is not resumed again. REQUIRES: `run` is locked in `tx`, to be resumed.
 Result<std::string> PoisonCheck(store::Tx& tx, const store::Run& run) {
   store::EventFilter filter;
   filter.run_id = run.id;
-  int tries = 0;
+  int tries = 0;    // run.started events since the run's last progress
+  int crashes = 0;  // run.crashed events among them
   int64_t after = 0;
-  std::optional<store::Event> stalled;  // the last event, when it is run.stalled@v1
+  std::optional<store::Event> stalled;  // the last event but crashes, when run.stalled@v1
   while (true) {
     KEEL_ASSIGN_OR_RETURN(auto events, tx.events().ReadEvents(run.tenant_id, after, filter, 500));
     for (const auto& e : events) {
-      tries = e.type == "run.started@v1" ? tries + 1 : 0;
+      if (e.type == "run.crashed@v1") {  // the watchdog's abort notes its run too
+        ++crashes;
+        continue;
+      }
       stalled.reset();
-      if (e.type == "run.stalled@v1") stalled = e;
+      if (e.type == "run.started@v1") {
+        ++tries;
+      } else {
+        tries = crashes = 0;
+        if (e.type == "run.stalled@v1") stalled = e;
+      }
     }
     if (events.size() < 500) break;
     after = events.back().position;
@@ -38,9 +57,14 @@ Result<std::string> PoisonCheck(store::Tx& tx, const store::Run& run) {
            std::to_string(p.value("held_ms", int64_t(0))) + " ms (" + p.value("work", "") +
            "), past io_stall_limit_ms, and the server was stopped; it is not tried again";
   }
-  if (tries < kPoisonTries) return std::string();
-  return "the run stopped the server (or held it past its lease) " + std::to_string(tries) +
-         " times in a row at the same point, after its last recorded step; it is not tried "
+  if (crashes >= kCrashTries) {
+    return "the server crashed " + std::to_string(crashes) +
+           " times in a row while it ran this run, after its last recorded step; it is not "
+           "tried again";
+  }
+  if (tries < kUnexplainedTries) return std::string();
+  return "the server stopped (or held the run past its lease) " + std::to_string(tries) +
+         " times in a row while it ran this run, after its last recorded step; it is not tried "
          "again";
 }
 
@@ -94,6 +118,15 @@ Result<store::Run> Create(store::Tx& tx, store::Run run, const Json& queued_payl
         Append(tx, run, "run.started@v1", {{"attempt", run.attempt}, {"resumed", false}}));
   }
   return run;
+}
+
+Status RecordCrash(store::Tx& tx, const std::string& tenant_id, const std::string& run_id,
+                   int64_t attempt, int signal) {
+  auto got = tx.runs().GetRun(tenant_id, run_id);
+  if (!got.ok()) return got.status().code() == Code::kNotFound ? Status::Ok() : got.status();
+  const store::Run& cur = *got;
+  if (cur.status != "running" || cur.attempt != attempt) return Status::Ok();
+  return Append(tx, cur, "run.crashed@v1", {{"attempt", attempt}, {"signal", signal}});
 }
 
 Result<Claim> ClaimRun(store::Tx& tx, const std::string& tenant_id, const std::string& run_id,

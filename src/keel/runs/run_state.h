@@ -86,6 +86,13 @@ struct Claim {
 Result<Claim> ClaimRun(store::Tx& tx, const std::string& tenant_id, const std::string& run_id,
                        const std::string& origin, Millis now, int64_t lease_ms);
 
+// This node crashed (a fatal signal) while it executed `attempt` of the run, as its crash note
+// says at the restart (runtime/crash_note.h): run.crashed@v1, which the poison check of the
+// run's next claim counts, when the run is still running at that attempt (another node may
+// have resumed it meanwhile). A run that is gone is skipped.
+Status RecordCrash(store::Tx& tx, const std::string& tenant_id, const std::string& run_id,
+                   int64_t attempt, int signal);
+
 // Tokens a held run spent (a model step, a compaction's summary), added to its counters.
 // REQUIRES: `cur` came from Held in this unit.
 Status AddTokens(store::Tx& tx, store::Run& cur, int64_t input_tokens, int64_t output_tokens);

@@ -15,6 +15,7 @@
 #include "keel/policy/stored.h"
 #include "keel/runs/run_state.h"
 #include "keel/runtime/context.h"
+#include "keel/runtime/crash_note.h"
 #include "keel/runtime/event_hub.h"
 #include "keel/runtime/model_calls.h"
 #include "keel/runtime/plugin_bridge.h"
@@ -147,7 +148,9 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
     Runtime* rt;
     std::string id;
     RunSlots::Hold slot;
+    int noted = -1;  // the run's slot in the crash note's table
     ~Release() {
+      crash_note::Ended(noted);
       --rt->metrics_.runs_executing;
       slot.Release();  // before the dispatcher looks for runs
       rt->dispatcher_->Finished(id);
@@ -170,6 +173,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
     if (!written.ok()) co_return;
   }
   ++metrics_.runs_started;
+  release.noted = crash_note::Executing(run.tenant_id, run.id, run.attempt);
 
   bool direct = false;  // a direct call (see below); set once the prompt is known
   std::string introspection;  // an introspection run's trigger (context.h); "" for other runs

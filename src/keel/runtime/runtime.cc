@@ -1,17 +1,18 @@
 #include "keel/runtime/runtime.h"
 
+#include <algorithm>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/use_awaitable.hpp>
-
-#include <algorithm>
 #include <vector>
 
 #include "keel/approvals/approvals.h"
 #include "keel/common/log.h"
 #include "keel/common/time.h"
 #include "keel/metrics.h"
+#include "keel/runs/run_state.h"
+#include "keel/runtime/crash_note.h"
 #include "keel/runtime/event_hub.h"
 #include "keel/runtime/model_calls.h"
 #include "keel/runtime/plugin_bridge.h"
@@ -49,6 +50,24 @@ Runtime::Runtime(asio::any_io_executor executor, store::Store& store, EventHub& 
 Runtime::~Runtime() = default;
 
 Status Runtime::Start() {
+  if (!options_.crash_note.empty()) {
+    // The runs a crash of this node stopped (before their leases are expired below), and the
+    // handlers that note the next one.
+    if (auto note = crash_note::Read(options_.crash_note)) {
+      KEEL_RETURN_IF_ERROR(store_.WriteSync([&](store::Tx& tx) -> Status {
+        for (const auto& r : note->runs) {
+          KEEL_RETURN_IF_ERROR(
+              runs::RecordCrash(tx, r.tenant_id, r.run_id, r.attempt, note->signal));
+        }
+        return Status::Ok();
+      }));
+      LogError("the last process stopped on signal " + std::to_string(note->signal) + " with " +
+               std::to_string(note->runs.size()) + " run(s) executing; each is noted as crashed " +
+               "(run.crashed@v1)");
+      crash_note::Discard(options_.crash_note);
+    }
+    crash_note::Install(options_.crash_note);
+  }
   KEEL_RETURN_IF_ERROR(dispatcher_->Start());
   asio::co_spawn(executor_, ApprovalExpiryLoop(), ReportExceptions{"approval expiry"});
   plugins_->Start();

@@ -84,6 +84,8 @@ struct RuntimeOptions {
   int history_limit = 50;
   int tenant_run_cap = 1000;
   std::string audit_dir;  // where the built-in audit-log plugin writes ({tenant}/{agent}.jsonl)
+  // Where a fatal signal leaves the runs it stopped (runtime/crash_note.h); "" for none.
+  std::string crash_note;
   Clock clock;            // for schedules; empty: NowMillis
   // The model router (model_calls.h): prices by model string, and the response cache.
   std::map<std::string, config::ModelPrice> prices;
