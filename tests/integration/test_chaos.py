@@ -17,6 +17,7 @@ Environment: KEEL_CHAOS_TURNS (default 1000), KEEL_CHAOS_SEED (default: random; 
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -81,6 +82,63 @@ class ChaosTest(KeelTestCase):
                 victim.start()
         except Exception as e:  # noqa: BLE001 - reported by the test
             state["killer_error"] = "%s: %s" % (type(e).__name__, e)
+
+    def test_a_paused_node_writes_nothing_for_the_runs_taken_over(self):
+        # One node stopped with SIGSTOP past its leases (a stalled process, a paused VM) while
+        # it runs turns, then resumed with SIGCONT while the others run them: each of its
+        # executions finds at its next write that it no longer holds its run (runs::Held
+        # checks the lease and the attempt in every transition) and writes no step, journal
+        # entry or event for it, so that no step is written by two nodes and every once-effect
+        # happens once. Then it serves turns as before.
+        paused, other = self.nodes[1], self.nodes[0]
+        with open(os.path.join(paused.home, "origin")) as f:
+            paused_origin = f.read().strip()
+        agent = paused.create_agent(name="pause-agent", tools=["notes.append"],
+                                    config={"local_latency_ms": 1500})
+        runs = []
+        for k in range(4):
+            session = paused.create_session(agent["id"])
+            status, body, _ = paused.post_message(
+                session["id"], '/call notes.append {"line": "paused-%d"}' % k)
+            self.assertEqual(status, 202, body)
+            runs.append(body["run"]["id"])
+        for run_id in runs:  # claimed at intake: running on the node about to be paused
+            self.assertEqual(other.get_run(run_id)["status"], "running")
+        os.kill(paused.proc.pid, signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and \
+                    any(other.get_run(r)["attempt"] < 2 for r in runs):
+                time.sleep(0.1)
+        finally:
+            # Resumed as soon as the others took its runs over, while they still run them.
+            os.kill(paused.proc.pid, signal.SIGCONT)
+        ended = [other.wait_run(r, timeout=30) for r in runs]
+        self.assertEqual([r["status"] for r in ended], ["done"] * len(runs), ended)
+        time.sleep(1.0)  # what the woken node would write, it has tried by now
+
+        events = [e for e in other.all_events() if e["run_id"] in runs]
+        for run_id in runs:
+            mine = [e for e in events if e["run_id"] == run_id]
+            taken = next(e["position"] for e in mine if e["type"] == "run.started@v1" and
+                         e["origin"] != paused_origin)
+            late = [(e["type"], e["position"]) for e in mine
+                    if e["origin"] == paused_origin and e["position"] > taken]
+            self.assertEqual(late, [], "the paused node wrote for run %s after it was taken "
+                                       "over at position %d" % (run_id, taken))
+            seqs = [step["seq"] for step in other.steps(run_id)]
+            self.assertEqual(len(seqs), len(set(seqs)), "a step written twice: %s" % seqs)
+        with open(os.path.join(self.workspaces, agent["id"], "notes.txt")) as f:
+            self.assertEqual(sorted(f.read().splitlines()),
+                             ["paused-%d" % k for k in range(len(runs))])
+        # The woken node did try, and said why it stopped.
+        with open(paused.stderr_path) as f:
+            log = f.read()
+        self.assertTrue(any("run %s: this node's execution (attempt 1) no longer holds it"
+                            % r in log for r in runs), paused.log_tail())
+        # The woken node goes on serving.
+        session = paused.create_session(agent["id"])
+        self.assertEqual(paused.send(session["id"], "awake?", wait=20)["run"]["status"], "done")
 
     def test_three_nodes_under_kill9(self):
         first = self.nodes[0]

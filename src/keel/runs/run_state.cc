@@ -1,5 +1,6 @@
 #include "keel/runs/run_state.h"
 
+#include "keel/common/log.h"
 #include "keel/store/row_images.h"
 #include "keel/store/store.h"
 
@@ -94,6 +95,12 @@ Result<store::Run> Held(store::Tx& tx, const std::string& tenant_id, const std::
   KEEL_ASSIGN_OR_RETURN(store::Run cur, tx.runs().GetRun(tenant_id, run_id));
   if (cur.status != "running" || cur.lease_owner != holder.origin ||
       cur.attempt != holder.attempt) {
+    // Said once per execution in practice: the execution stops at the first refused write.
+    LogInfo("run " + run_id + ": this node's execution (attempt " + std::to_string(holder.attempt) +
+            ") no longer holds it (now " + cur.status + ", attempt " + std::to_string(cur.attempt) +
+            (cur.lease_owner.empty() ? std::string() : " on origin " + cur.lease_owner) +
+            ": its lease ran out and another execution took it, or it ended); it stops here "
+            "and writes nothing more for it");
     return Conflict("run " + run_id + " is no longer held by this execution");
   }
   return cur;
