@@ -312,10 +312,16 @@ double PercentileMs(std::vector<int64_t>& v, double p) {
   return static_cast<double>(v[idx]) / 1e6;
 }
 
-asio::awaitable<StoreCounters> SumStoreCounters(std::vector<std::unique_ptr<Conn>>& admins) {
+// Over a new connection to each target: one left idle through a long phase was closed by the
+// server's idle timeout.
+asio::awaitable<StoreCounters> SumStoreCounters(
+    asio::io_context& io, const Options& o,
+    const std::vector<tcp::resolver::results_type>& endpoints) {
   StoreCounters sum;
-  for (auto& a : admins) {
-    StoreCounters c = co_await ReadStoreCounters(*a);
+  for (size_t i = 0; i < endpoints.size(); ++i) {
+    Conn conn(io, o, o.targets[i].host);
+    co_await conn.Connect(endpoints[i]);
+    StoreCounters c = co_await ReadStoreCounters(conn);
     sum.commits += c.commits;
     sum.units += c.units;
   }
@@ -325,15 +331,13 @@ asio::awaitable<StoreCounters> SumStoreCounters(std::vector<std::unique_ptr<Conn
 asio::awaitable<int> Main(asio::io_context& io, const Options& o) {
   tcp::resolver resolver(io);
   std::vector<tcp::resolver::results_type> endpoints;
-  std::vector<std::unique_ptr<Conn>> admins;  // one per target, for /metrics
   for (const auto& t : o.targets) {
     endpoints.push_back(co_await resolver.async_resolve(t.host, t.port, asio::use_awaitable));
-    admins.push_back(std::make_unique<Conn>(io, o, t.host));
-    co_await admins.back()->Connect(endpoints.back());
   }
 
   // Setup through the first target: an agent on the local model and one session per client.
-  Conn& admin = *admins.front();
+  Conn admin(io, o, o.targets.front().host);
+  co_await admin.Connect(endpoints.front());
   std::mt19937_64 rng(std::random_device{}());
   std::string agent_name = "loadgen-" + std::to_string(rng() % 1000000000);
   Json agent_body{{"name", agent_name}, {"model", o.model},
@@ -383,13 +387,13 @@ asio::awaitable<int> Main(asio::io_context& io, const Options& o) {
     }
   }
 
-  StoreCounters before = co_await SumStoreCounters(admins);
+  StoreCounters before = co_await SumStoreCounters(io, o, endpoints);
   ThreadCpu cpu_before = ReadThreadCpu(o.server_pid);
   auto start = Clock::now();
   sh.last_done = start;
   co_await phase(o.duration_s, true);
   ThreadCpu cpu_after = ReadThreadCpu(o.server_pid);
-  StoreCounters after = co_await SumStoreCounters(admins);
+  StoreCounters after = co_await SumStoreCounters(io, o, endpoints);
 
   double seconds = std::chrono::duration<double>(sh.last_done - start).count();
   int64_t turns = static_cast<int64_t>(sh.latencies_ns.size());

@@ -9,7 +9,7 @@
 #      surviving node has resumed each of them (bench/resume_bench.py).
 #
 #   bash scripts/bench-pg.sh [BUILD_DIR] [SECONDS]
-# BENCH_PG_ONLY=events|turns|resume runs one part. BENCH_MIN_TIME: keel_bench min time (1s).
+# BENCH_PG_ONLY=events|turns|resume|stop runs one part. BENCH_MIN_TIME: keel_bench min time (1s).
 set -euo pipefail
 BUILD=${1:-build}
 DURATION=${2:-6}
@@ -103,6 +103,49 @@ if [[ -z $ONLY || $ONLY == turns ]]; then
   taskset -c 1 "$LOADGEN" --url "http://$A_ADDR" --url "http://$B_ADDR" \
     --token-file "$WORK/n1/owner.token" --concurrency 64 --warmup 2 --duration "$DURATION" |
     grep -v '^RESULT'
+fi
+
+if [[ -z $ONLY || $ONLY == stop ]]; then
+  echo
+  echo "== 4. a stopped node: three nodes under load, one stopped with SIGSTOP for 10 s"
+  # Turns on two nodes (keel_loadgen, c=64) while a third runs turns of its own (c=16); the
+  # running nodes' rate is counted from the log (run.completed@v1 by their origins) over 10 s
+  # before the third is stopped and over the 10 s it stays stopped (it holds leases, perhaps
+  # leadership, perhaps a transaction), as a ratio.
+  URL=$(new_db keel_bench_stop_$$)
+  ADMIN_DB="${KEEL_TEST_PG_ADMIN_URL%/*}/keel_bench_stop_$$"
+  start_node "$WORK/s1" "$URL" 0
+  S1_ADDR=$NODE_ADDR
+  start_node "$WORK/s2" "$URL" 0
+  S2_ADDR=$NODE_ADDR
+  start_node "$WORK/s3" "$URL" 0
+  S3_PID=$NODE_PID S3_ADDR=$NODE_ADDR
+  origins="'$(cat "$WORK/s1/origin")','$(cat "$WORK/s2/origin")'"
+  completed() {
+    psql "$ADMIN_DB" -tAc "SELECT count(*) FROM events WHERE type='run.completed@v1' AND origin IN ($origins)"
+  }
+  taskset -c 1 "$LOADGEN" --url "http://$S3_ADDR" --token-file "$WORK/s1/owner.token" \
+    --concurrency 16 --warmup 0 --duration 40 >"$WORK/load3.txt" 2>&1 &
+  L3=$!
+  taskset -c 1 "$LOADGEN" --url "http://$S1_ADDR" --url "http://$S2_ADDR" \
+    --token-file "$WORK/s1/owner.token" --concurrency 64 --warmup 0 --duration 30 >"$WORK/load12.txt" 2>&1 &
+  L12=$!
+  sleep 5
+  c0=$(completed); sleep 10; c1=$(completed)
+  kill -STOP "$S3_PID"
+  c2=$(completed); sleep 10; c3=$(completed)
+  kill -CONT "$S3_PID"
+  wait "$L12" || { cat "$WORK/load12.txt"; for n in s1 s2 s3; do tail -5 "$WORK/$n/log"; done; echo "bench-pg: keel_loadgen failed" >&2; exit 1; }
+  kill "$L3" 2>/dev/null || true
+  wait "$L3" 2>/dev/null || true
+  python3 - "$c0" "$c1" "$c2" "$c3" <<'PY'
+import sys
+c0, c1, c2, c3 = map(int, sys.argv[1:])
+before, during = (c1 - c0) / 10, (c3 - c2) / 10
+ratio = during / before if before else 0
+print(f"  two running nodes: {before:,.0f} turns/s with the third running, {during:,.0f} turns/s "
+      f"while it is stopped: ratio {ratio:.2f} (target >= 0.8: {'pass' if ratio >= 0.8 else 'FAIL'})")
+PY
 fi
 
 if [[ -z $ONLY || $ONLY == resume ]]; then
