@@ -94,9 +94,13 @@ Result<std::unique_ptr<PostgresStore::Session>> PostgresStore::Connect(bool writ
     // holding one of the reader threads for good.
     KEEL_RETURN_IF_ERROR(session->conn->Exec("SET statement_timeout = '30s'"));
   } else {
-    // A node that stalls or loses its network inside a transaction would hold the write lock of
-    // every node; the server ends such a session instead.
-    KEEL_RETURN_IF_ERROR(session->conn->Exec("SET idle_in_transaction_session_timeout = '30s'"));
+    // A node that stalls (SIGSTOP, a paused VM) or loses its network inside a transaction
+    // would hold the write lock of every node (docs/decisions/0006) until the server ends its
+    // session: 1 s bounds how long the other nodes wait. A write transaction lasts
+    // milliseconds, and its client never waits on anything but PostgreSQL between its
+    // statements (units are plain code on the writer thread), so only a stalled node gets
+    // here; its batch fails and its runs resume after their leases.
+    KEEL_RETURN_IF_ERROR(session->conn->Exec("SET idle_in_transaction_session_timeout = '1s'"));
     if (!options_.sync_full) {
       KEEL_RETURN_IF_ERROR(session->conn->Exec("SET synchronous_commit = off"));
     }
