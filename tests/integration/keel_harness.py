@@ -512,6 +512,17 @@ class KeelServer:
                 return events
 
 
+def pick_up(nodes, rng):
+    """(addr, token) of a random node of `nodes` that is up, or None. A node's address is read
+    once: a restart (KeelServer.start) clears it while another thread picks."""
+    up = []
+    for n in nodes:
+        addr = n.addr
+        if addr and n.alive():
+            up.append((addr, n.token))
+    return rng.choice(up) if up else None
+
+
 def http_request(addr, method, path, body=None, token=None, headers=None, timeout=30,
                  raw_body=None):
     host, port = addr.rsplit(":", 1)

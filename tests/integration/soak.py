@@ -48,7 +48,7 @@ import threading
 import time
 import unittest
 
-from keel_harness import TERMINAL_RUN_STATES, KeelServer, http_request
+from keel_harness import TERMINAL_RUN_STATES, KeelServer, http_request, pick_up
 from turn_load import Turn, check_outcome, post_one
 
 LEASE_MS = 2000
@@ -95,8 +95,7 @@ class Soak:
             shutil.rmtree(self.workspaces, ignore_errors=True)
 
     def pick_node(self, rng):
-        up = [(n.addr, n.token) for n in self.nodes if n.addr and n.alive()]
-        return rng.choice(up) if up else None
+        return pick_up(self.nodes, rng)
 
     def live(self):
         """A node that is up, waiting for one (the only one may be restarting)."""

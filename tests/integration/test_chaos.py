@@ -24,7 +24,7 @@ import threading
 import time
 import unittest
 
-from keel_harness import KeelServer, KeelTestCase, SseClient, sse_url
+from keel_harness import KeelServer, KeelTestCase, SseClient, pick_up, sse_url
 from turn_load import check_outcome, plan_turns, post_turns
 
 ON_PG = os.environ.get("KEEL_TEST_STORE") == "postgres"
@@ -163,8 +163,7 @@ class ChaosTest(KeelTestCase):
         nodes = self.nodes
 
         def pick_node(rng):
-            up = [(n.addr, n.token) for n in nodes if n.addr and n.alive()]
-            return rng.choice(up) if up else None
+            return pick_up(nodes, rng)
 
         started = time.monotonic()
         clients = [threading.Thread(target=post_turns, name="client-%d" % k, daemon=True,
