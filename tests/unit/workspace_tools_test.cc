@@ -122,6 +122,19 @@ TEST_F(WorkspaceToolsTest, ExecLimitsKillRunawayCommands) {
   EXPECT_EQ((*code)["stderr"], "oops\n");
 }
 
+// A command that exits without reading its input fails the write with EPIPE: SIGPIPE (blocked
+// in the writing thread) would otherwise end the whole server. The command itself starts with
+// no signal blocked or ignored, as from a shell.
+TEST_F(WorkspaceToolsTest, ACommandThatLeavesItsInputUnreadEndsAloneNotTheServer) {
+  if (!HaveBwrap()) GTEST_SKIP() << "bubblewrap is not installed";
+  auto r = Call("exec", {{"command", "exit 0"}, {"stdin", std::string(1 << 20, 'x')}});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ((*r)["exit_code"], 0);
+  auto masks = Call("exec", {{"command", "grep -E '^Sig(Blk|Ign)' /proc/self/status"}});
+  ASSERT_TRUE(masks.ok()) << masks.status().ToString();
+  EXPECT_EQ((*masks)["stdout"], "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n");
+}
+
 TEST_F(WorkspaceToolsTest, HostBackendNeedsTheGrant) {
   ctx_.agent_config = {{"exec_backend", "host"}};
   auto r = Call("exec", {{"command", "id -u"}});

@@ -24,6 +24,7 @@
 #include <utility>
 
 #include "keel/common/log.h"
+#include "keel/common/sigpipe.h"
 #include "keel/mcp/child_process.h"
 #include "keel/mcp/messages.h"
 
@@ -94,24 +95,6 @@ std::string LabelOf(const StdioServerSpec& spec) {
   std::string line;
   for (const auto& arg : spec.command) line += (line.empty() ? "" : " ") + arg;
   return "MCP server '" + Truncate(line, 160) + "'";
-}
-
-void BlockSigpipeInThisThread() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGPIPE);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-}
-
-// A write to a pipe whose reader is gone raises SIGPIPE at the writing thread; the I/O thread
-// blocks it and takes it off its pending set here, after the EPIPE.
-void ConsumePendingSigpipe() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGPIPE);
-  struct timespec zero {};
-  while (sigtimedwait(&set, nullptr, &zero) == SIGPIPE) {
-  }
 }
 
 }  // namespace

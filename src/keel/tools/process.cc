@@ -1,17 +1,19 @@
 #include "keel/tools/process.h"
 
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
-#include <grp.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+
+#include "keel/common/sigpipe.h"
 
 namespace keel::tools {
 namespace {
@@ -26,6 +28,10 @@ void CloseFd(int& fd) {
 // In the child, between fork and exec: only async-signal-safe calls.
 [[noreturn]] void ExecChild(char* const* argv, char* const* envp, const char* cwd, int in_fd,
                             int out_fd, int err_fd, int status_fd, const ProcessLimits& limits) {
+  // The mask survives exec: the command gets SIGPIPE as from a shell (the writer blocks it).
+  sigset_t none;
+  ::sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
   ::setsid();
   ::dup2(in_fd, 0);
   ::dup2(out_fd, 1);
@@ -78,6 +84,8 @@ Result<ProcessResult> RunProcess(const std::vector<std::string>& argv,
       ::pipe2(status, O_CLOEXEC) != 0) {
     return Unavailable(std::string("pipe: ") + std::strerror(errno));
   }
+  // A command that exits without reading its input must fail the write, not end the server.
+  BlockSigpipeInThisThread();
   auto started = Clock::now();
   pid_t pid = ::fork();
   if (pid < 0) return Unavailable(std::string("fork: ") + std::strerror(errno));
@@ -136,7 +144,10 @@ Result<ProcessResult> RunProcess(const std::vector<std::string>& argv,
       if (fds[i].fd == in_fd) {
         ssize_t w = ::write(in_fd, stdin_text.data() + written, stdin_text.size() - written);
         if (w > 0) written += static_cast<size_t>(w);
-        if (w < 0 && errno != EAGAIN) written = stdin_text.size();
+        if (w < 0 && errno != EAGAIN) {
+          if (errno == EPIPE) ConsumePendingSigpipe();
+          written = stdin_text.size();  // the command stopped reading: the rest is dropped
+        }
         if (written >= stdin_text.size()) CloseFd(in_fd);
         continue;
       }
