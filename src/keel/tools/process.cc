@@ -28,10 +28,12 @@ void CloseFd(int& fd) {
 // In the child, between fork and exec: only async-signal-safe calls.
 [[noreturn]] void ExecChild(char* const* argv, char* const* envp, const char* cwd, int in_fd,
                             int out_fd, int err_fd, int status_fd, const ProcessLimits& limits) {
-  // The mask survives exec: the command gets SIGPIPE as from a shell (the writer blocks it).
+  // The mask and ignored signals survive exec: the command gets SIGPIPE as from a shell (the
+  // writer blocks it; whoever started Keel may have ignored it).
   sigset_t none;
   ::sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  ::signal(SIGPIPE, SIG_DFL);
   ::setsid();
   ::dup2(in_fd, 0);
   ::dup2(out_fd, 1);
