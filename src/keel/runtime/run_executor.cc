@@ -7,6 +7,7 @@
 
 #include "keel/access/access.h"
 #include "keel/common/ids.h"
+#include "keel/common/log.h"
 #include "keel/memory/memory.h"
 #include "keel/metrics.h"
 #include "keel/model/provider.h"
@@ -156,6 +157,13 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
       rt->dispatcher_->Finished(id);
     }
   } release{this, run.id, std::move(slot)};
+
+  // An execution that stops without writing (the store failed, or its run was taken) says
+  // so: the run goes on after its lease, and a stop that repeats would otherwise be silent.
+  auto stopped = [&run](const char* where, const Status& why) {
+    LogError("run " + run.id + " (attempt " + std::to_string(run.attempt) + "): its execution " +
+             "stopped at " + where + ": " + why.message() + "; it resumes after its lease");
+  };
 
   // Claim: queued, or running with an expired lease (its process died).
   const std::string origin = store_.origin();
@@ -346,7 +354,10 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
     Status assembled = co_await AssembleContext(run, agent, prompt, plugins, std::move(context),
                                                 request, steps, code, summary_failed, history);
     if (!assembled.ok()) {
-      if (code.empty()) co_return;  // the store failed; the run resumes after its lease
+      if (code.empty()) {  // the store failed; the run resumes after its lease
+        stopped("the assembly of its context", assembled);
+        co_return;
+      }
       if (!summary_failed) {
         (void)co_await fail(code, assembled.message());
         co_return;
@@ -418,16 +429,23 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
       auto resumed =
           co_await gateway_.Resume(call, step, run.agent_id, run.session_id, agent.config,
                                    run.attempt);
-      if (!resumed.ok()) co_return;  // the store failed; the lease will expire and we retry
+      if (!resumed.ok()) {  // the store failed; the lease will expire and we retry
+        stopped("the resumption of a started call", resumed.status());
+        co_return;
+      }
       outcome = *resumed;
     } else if (call.status == "approved") {
       auto executed = co_await gateway_.ExecuteApproved(call, step, run.agent_id, run.session_id,
                                                         agent.config, run.attempt);
-      if (!executed.ok()) co_return;
+      if (!executed.ok()) {
+        stopped("an approved call", executed.status());
+        co_return;
+      }
       outcome = *executed;
     } else if (call.status == "awaiting_approval") {
       // Still undecided (the run was queued by something else): wait again.
-      (void)co_await ParkAgain(run, call.call_id);
+      Status parked = co_await ParkAgain(run, call.call_id);
+      if (!parked.ok()) stopped("parking again for an undecided call", parked);
       co_return;
     }
     std::erase_if(pending, [&](const auto& p) { return p.id == call.call_id; });
@@ -483,7 +501,10 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
         creq.requested_by = run.requested_by;
         creq.attempt = run.attempt;
         auto outcome = co_await gateway_.Call(creq);
-        if (!outcome.ok()) co_return;  // the store failed; the run resumes after its lease
+        if (!outcome.ok()) {  // the store failed; the run resumes after its lease
+          stopped("a tool call", outcome.status());
+          co_return;
+        }
         if (outcome->abort_turn) {  // a plugin that must not be skipped failed deciding
           std::string code = "plugin_failed";
           (void)co_await fail(code, outcome->ForModel());
@@ -553,7 +574,10 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
     }
     ModelCall call =
         co_await models_->Call(run, agent, *sent, delta, sent == &request ? &history : nullptr);
-    if (call.store_failed) co_return;  // the store failed; the run resumes after its lease
+    if (call.store_failed) {  // the store failed; the run resumes after its lease
+      stopped("a model call", Unavailable("the budgets could not be read"));
+      co_return;
+    }
     auto& response = call.response;
     if (response.ok() && plugins->Wants("model.after")) {
       Json payload = ids;
@@ -612,7 +636,10 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
                     {"status", "succeeded"},
                     {"tool_calls", response->tool_calls.size()}}});
     });
-    if (!recorded.ok()) co_return;
+    if (!recorded.ok()) {
+      stopped("the record of a model step", recorded.status());
+      co_return;
+    }
     model::ChatMessage m{"assistant", response->text, response->tool_calls, "", ""};
     request.messages.push_back(std::move(m));
     pending = response->tool_calls;
