@@ -1,5 +1,5 @@
 // Event append rate on PostgreSQL: Keel's PostgresStore (one writer connection, units batched
-// into transactions under the cluster write lock) against raw libpq doing the same inserts of
+// into transactions under the tenant write locks) against raw libpq doing the same inserts of
 // the same rows with the same batching, on databases with Keel's schema. Both run with the
 // server's default durability (synchronous_commit=on).
 //
@@ -10,7 +10,7 @@
 //     N threads, each with its own connection; each runs "BEGIN; set the tenant", `rows_per_txn`
 //     times the very INSERT that PostgresTx::Append runs (prepared), then COMMIT. The
 //     transactions of the threads run concurrently (PostgreSQL's own group commit applies); they
-//     serialize only on the cluster write lock, which Keel's take too (its numbers need it).
+//     serialize only on the tenant's write lock, which Keel's take too (its numbers need it).
 //
 // KEEL_BENCH_PG_URL names the database for the Keel runs and KEEL_BENCH_PG_RAW_URL the one for
 // the raw runs (both as the store's role; scripts/bench-pg.sh creates them). Without them the
@@ -143,9 +143,10 @@ void BM_RawPgAppend(benchmark::State& state) {
   }
   PGconn* c = nullptr;
   const std::string payload = keel::DumpJson(Payload());
-  const std::string begin =
-      "BEGIN; SELECT pg_advisory_xact_lock(7021802329620481); "
-      "SELECT set_config('app.tenant_id', '" + kTenant + "', true)";
+  const std::string begin = "BEGIN; SELECT pg_advisory_xact_lock(7021802, hashtext('" + kTenant +
+                            "')); "
+                            "SELECT set_config('app.tenant_id', '" +
+                            kTenant + "', true)";
   for (auto _ : state) {
     if (!g_raw_ok) {
       state.SkipWithError("set KEEL_BENCH_PG_RAW_URL (scripts/bench-pg.sh does)");

@@ -6,10 +6,12 @@
 #   2. end-to-end turns (keel_loadgen, local model): one node at concurrency 1 and 64, and two
 #      nodes on one database at concurrency 64 (clients split over the nodes);
 #   3. resume time: a node is killed with SIGKILL while running runs; the time until the
-#      surviving node has resumed each of them (bench/resume_bench.py).
+#      surviving node has resumed each of them (bench/resume_bench.py);
+#   4. a stopped node: the turns/s of two nodes while a third is stopped with SIGSTOP;
+#   5. tenants in parallel: two nodes' turns/s for one tenant against two tenants.
 #
 #   bash scripts/bench-pg.sh [BUILD_DIR] [SECONDS]
-# BENCH_PG_ONLY=events|turns|resume|stop runs one part. BENCH_MIN_TIME: keel_bench min time (1s).
+# BENCH_PG_ONLY=events|turns|resume|stop|tenants runs one part. BENCH_MIN_TIME: keel_bench min time (1s).
 set -euo pipefail
 BUILD=${1:-build}
 DURATION=${2:-6}
@@ -103,6 +105,37 @@ if [[ -z $ONLY || $ONLY == turns ]]; then
   taskset -c 1 "$LOADGEN" --url "http://$A_ADDR" --url "http://$B_ADDR" \
     --token-file "$WORK/n1/owner.token" --concurrency 64 --warmup 2 --duration "$DURATION" |
     grep -v '^RESULT'
+fi
+
+if [[ -z $ONLY || $ONLY == tenants ]]; then
+  echo
+  echo "== 5. tenants in parallel: two nodes, one tenant's turns vs two tenants' (one per node)"
+  # The same clients (c=64 in all) and nodes; first all of them as one tenant, spread over
+  # both nodes, whose writes are serial across the nodes (its write lock, ADR 0014); then half
+  # as another tenant on the second node, whose writes need no lock the first tenant holds.
+  URL=$(new_db keel_bench_tenants_$$)
+  start_node "$WORK/t1" "$URL" 0
+  T1_ADDR=$NODE_ADDR
+  start_node "$WORK/t2" "$URL" 0
+  T2_ADDR=$NODE_ADDR
+  curl -sf -X POST "http://$T1_ADDR/v1/tenants" -H "Authorization: Bearer $(cat "$WORK/t1/owner.token")" \
+    -H 'Content-Type: application/json' -d '{"name":"second"}' |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["owner_token"])' >"$WORK/second.token"
+  rate() { sed -n 's/^RESULT.* turns_per_s=\([0-9.]*\).*/\1/p' "$1"; }
+  taskset -c 1 "$LOADGEN" --url "http://$T1_ADDR" --url "http://$T2_ADDR" \
+    --token-file "$WORK/t1/owner.token" --concurrency 64 --warmup 2 --duration "$DURATION" >"$WORK/one.txt"
+  taskset -c 1 "$LOADGEN" --url "http://$T1_ADDR" --token-file "$WORK/t1/owner.token" \
+    --concurrency 32 --warmup 2 --duration "$DURATION" >"$WORK/first.txt" &
+  F=$!
+  taskset -c 1 "$LOADGEN" --url "http://$T2_ADDR" --token-file "$WORK/second.token" \
+    --concurrency 32 --warmup 2 --duration "$DURATION" >"$WORK/second.txt"
+  wait "$F"
+  python3 - "$(rate "$WORK/one.txt")" "$(rate "$WORK/first.txt")" "$(rate "$WORK/second.txt")" <<'PY'
+import sys
+one, first, second = map(float, sys.argv[1:])
+print(f"  one tenant on both nodes: {one:,.0f} turns/s; two tenants, one per node: "
+      f"{first:,.0f} + {second:,.0f} = {first + second:,.0f} turns/s; ratio {(first + second) / one:.2f}")
+PY
 fi
 
 if [[ -z $ONLY || $ONLY == stop ]]; then

@@ -360,7 +360,7 @@ class AuditCrashTest(KeelTestCase):
 @unittest.skipUnless(os.environ.get("KEEL_TEST_STORE") == "postgres",
                      "several nodes share a store on PostgreSQL only")
 class AuditTwoNodesTest(KeelTestCase):
-    """Two nodes append to one tenant under the cluster's write lock: a chain per origin, each
+    """Two nodes append to one tenant under the tenant's write lock: a chain per origin, each
     verified; one node's tampered event is named in its own chain."""
 
     def servers(self):

@@ -128,7 +128,8 @@ void RegisterPluginRoutes(http::Router& router, ApiContext& ctx) {
       }
       auto before = tx.plugins().GetPlugin(p.tenant_id, p.id);
       replaced = before.ok();
-      if (replaced) p.created_at = before->created_at;
+      // Set on every run: a run again after a rollback may find no plugin where the first did.
+      p.created_at = replaced ? before->created_at : p.updated_at;
       KEEL_RETURN_IF_ERROR(tx.plugins().UpsertPlugin(p));
       tx.Carry("plugins", store::RowImage(p));
       KEEL_ASSIGN_OR_RETURN(enabled, tx.plugins().ListEnablements(p.tenant_id, p.id));

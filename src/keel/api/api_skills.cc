@@ -112,7 +112,8 @@ void RegisterSkillRoutes(http::Router& router, ApiContext& ctx) {
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
       auto before = tx.skills().GetSkill(skill.tenant_id, skill.name, false);
       replaced = before.ok();
-      if (replaced) skill.created_at = before->created_at;
+      // Set on every run: a run again after a rollback may find no skill where the first did.
+      skill.created_at = replaced ? before->created_at : skill.updated_at;
       KEEL_RETURN_IF_ERROR(tx.skills().UpsertSkill(skill));
       tx.Carry("skills", store::RowImage(skill));
       KEEL_ASSIGN_OR_RETURN(assigned,

@@ -127,6 +127,7 @@ Status Runtime::WriteSlotPost(store::Tx& tx, SlotPost& post) {
   const store::Session& session = post.session;
   Intake::Unit& unit = post.unit;
   post.stale = false;
+  unit.refused = false;  // a run again after a rollback may fail before Intake::Write resets it
   KEEL_ASSIGN_OR_RETURN(auto current, StillDue(tx, s));
   if (!current) {
     post.stale = true;
@@ -482,6 +483,8 @@ asio::awaitable<void> Runtime::FireGroup(std::vector<store::Schedule> group, Mil
 
   // One unit of work posts every slot, each exactly as FireSchedule's unit would.
   store::WriteFn fire = [this, &ready](store::Tx& tx) -> Status {
+    // A run again after a rollback may stop before a slot that the first run marked refused.
+    for (auto& post : ready) post.unit.refused = false;
     for (auto& post : ready) KEEL_RETURN_IF_ERROR(WriteSlotPost(tx, post));
     return Status::Ok();
   };

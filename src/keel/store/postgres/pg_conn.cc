@@ -74,7 +74,65 @@ int64_t Rows::affected() const {
   return *n ? std::strtoll(n, nullptr, 10) : 0;
 }
 
+namespace {
+// The two-key form of advisory locks, (class, hashtext(tenant)): its key space is apart from
+// the one-key locks (the migration lock). Two tenants whose ids hash alike share a lock, which
+// costs only concurrency.
+constexpr const char* kLockTenant = "SELECT pg_advisory_xact_lock(7021802, hashtext($1))";
+constexpr const char* kTryLockTenant = "SELECT pg_try_advisory_xact_lock(7021802, hashtext($1))";
+}  // namespace
+
+void PgSql::BeginTransaction(bool write) {
+  bound_tenant_.reset();
+  write_ = write;
+  locked_.clear();
+  unit_locked_.clear();
+  unit_tenants_.clear();
+  busy_.clear();
+  waits_allowed_at_ = UINT64_MAX;
+}
+
+Status PgSql::LockFirst(const std::set<std::string>& tenants) {
+  for (const std::string& t : tenants) {  // std::set: one order on every node
+    KEEL_RETURN_IF_ERROR(conn_.Send(kLockTenant, P(t)));
+    locked_.insert(t);
+  }
+  return Status::Ok();
+}
+
+void PgSql::BeginUnit() {
+  unit_locked_.clear();
+  unit_tenants_.clear();
+  busy_.clear();
+}
+
+void PgSql::UnitRolledBack() {
+  for (const std::string& t : unit_locked_) locked_.erase(t);
+  unit_locked_.clear();
+  bound_tenant_.reset();
+}
+
+Status PgSql::LockTenant(const std::string& tenant_id) {
+  if (locked_.empty() && conn_.statements() == waits_allowed_at_) {
+    // Nothing held, nothing run: waiting here cannot close a cycle.
+    KEEL_RETURN_IF_ERROR(conn_.Send(kLockTenant, P(tenant_id)));
+  } else {
+    KEEL_ASSIGN_OR_RETURN(Rows got, conn_.Query(kTryLockTenant, P(tenant_id)));
+    if (got.empty() || got.Text(0, 0) != "t") {
+      busy_ = tenant_id;
+      return Unavailable("tenant " + tenant_id + " is being written by another node");
+    }
+  }
+  locked_.insert(tenant_id);
+  unit_locked_.insert(tenant_id);
+  return Status::Ok();
+}
+
 Status PgSql::BindTenant(const std::string& tenant_id) {
+  if (write_) {
+    unit_tenants_.insert(tenant_id);
+    if (!locked_.count(tenant_id)) KEEL_RETURN_IF_ERROR(LockTenant(tenant_id));
+  }
   if (bound_tenant_ && *bound_tenant_ == tenant_id) return Status::Ok();
   static const std::string kSql = "SELECT set_config('app.tenant_id', $1, true)";
   KEEL_RETURN_IF_ERROR(conn_.Send(kSql, P(tenant_id)));
@@ -170,6 +228,7 @@ Result<Rows> Conn::Finish(PGresult* r, std::string_view what) {
 }
 
 Status Conn::Exec(const char* sql) {
+  ++statements_;
   KEEL_RETURN_IF_ERROR(Flush());
   return Finish(PQexec(c_, sql), "postgres").status();
 }
@@ -211,6 +270,7 @@ Result<Rows> Conn::Query(const std::string& sql, const Params& params) {
     if (rows) return std::move(*rows);
     return Internal("postgres: a pipelined statement returned no result");
   }
+  ++statements_;
   std::vector<const char*> values;
   KEEL_RETURN_IF_ERROR(CheckParams(params, values));
   KEEL_ASSIGN_OR_RETURN(std::string name, Prepared(sql));
@@ -226,6 +286,7 @@ constexpr size_t kMaxPipelined = 64;
 }  // namespace
 
 Status Conn::Send(const std::string& sql, const Params& params, ResultFn on_result) {
+  ++statements_;
   std::vector<const char*> values;
   KEEL_RETURN_IF_ERROR(CheckParams(params, values));
   KEEL_ASSIGN_OR_RETURN(std::string name, Prepared(sql));
@@ -286,6 +347,7 @@ Status Conn::Flush() {
 }
 
 Result<Rows> Conn::QueryOnce(const std::string& sql, const Params& params) {
+  ++statements_;
   KEEL_RETURN_IF_ERROR(Flush());
   std::vector<const char*> values;
   KEEL_RETURN_IF_ERROR(CheckParams(params, values));

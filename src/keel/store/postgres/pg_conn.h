@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -129,6 +130,9 @@ class Conn {
   // Collects the results of every queued statement (nothing to do when none is queued).
   Status Flush();
 
+  // How many statements this connection has run or queued so far: PgSql compares two counts
+  // to know whether a transaction has run anything since a point.
+  uint64_t statements() const { return statements_; }
   // Whether the connection is gone (the server closed it, the network failed).
   bool broken() const;
   // Like !broken(), but first reads whatever the server sent meanwhile without blocking, so a
@@ -167,6 +171,7 @@ class Conn {
   PGconn* c_;
   std::unordered_map<std::string, std::string> prepared_;  // SQL text -> statement name
   std::vector<ResultFn> pending_;  // queued statements awaiting their results, in order
+  uint64_t statements_ = 0;
 };
 
 // Every row of a result, each read by `read(Row)`.
@@ -228,11 +233,38 @@ class PgSql {
     return conn_.Send(sql, P(args...));
   }
   // Sets app.tenant_id for the rest of the transaction unless it already holds `tenant_id`
-  // (pipelined: it goes out with the statement that needs it).
+  // (pipelined: it goes out with the statement that needs it). In a write transaction, first
+  // takes the tenant's write lock unless the transaction holds it (see the locks below).
   Status BindTenant(const std::string& tenant_id);
   // What app.tenant_id holds is no longer known: a transaction began, or a savepoint was
   // rolled back.
   void ForgetTenant() { bound_tenant_.reset(); }
+
+  // Tenant write locks (docs/decisions/0014-postgres-tenant-write-locks.md). A write
+  // transaction holds the lock of every tenant it binds, from then to its end, so that writes
+  // of one tenant are serial across the nodes and those of different tenants are not. The
+  // transaction waits for a lock only while it holds nothing else: before its first statement
+  // (WaitsAllowed), or in LockFirst, which takes a known set in one order. Any other lock is
+  // tried without waiting; when another node holds it, BindTenant fails and busy() names the
+  // tenant: the writer rolls the unit back and runs it again first in a new transaction,
+  // whose LockFirst takes unit_tenants() (the deadlock between two nodes each holding one
+  // tenant and waiting for the other's cannot form).
+  //
+  // A write transaction began (locks: none held); `write` false for a read, which locks nothing.
+  void BeginTransaction(bool write);
+  // Takes the locks of `tenants`, waiting for each, in one order (pipelined). REQUIRES: right
+  // after BeginTransaction(true), before any other statement.
+  Status LockFirst(const std::set<std::string>& tenants);
+  // The next lock may be waited for if the transaction runs no statement before asking for it.
+  void WaitsAllowed() { waits_allowed_at_ = conn_.statements(); }
+  // A unit begins: what it binds is counted from here.
+  void BeginUnit();
+  // The unit was rolled back to its savepoint: so were the locks it took.
+  void UnitRolledBack();
+  // The tenant whose lock another node held when this unit asked for it, or "".
+  const std::string& busy() const { return busy_; }
+  // Every tenant this unit bound (or tried to).
+  const std::set<std::string>& unit_tenants() const { return unit_tenants_; }
   // A LIMIT parameter; a negative one is no limit (LIMIT NULL).
   static std::optional<int64_t> Limit(int limit) {
     if (limit < 0) return std::nullopt;
@@ -240,8 +272,16 @@ class PgSql {
   }
 
  private:
+  Status LockTenant(const std::string& tenant_id);
+
   Conn& conn_;
   std::optional<std::string> bound_tenant_;
+  bool write_ = false;
+  std::set<std::string> locked_;       // the tenants whose locks the transaction holds
+  std::set<std::string> unit_locked_;  // those this unit took
+  std::set<std::string> unit_tenants_;
+  std::string busy_;
+  uint64_t waits_allowed_at_ = UINT64_MAX;
 };
 
 }  // namespace keel::store::postgres

@@ -19,17 +19,13 @@ namespace {
 constexpr const char* kLockMigrations = "SELECT pg_advisory_lock(7021802329620482)";
 constexpr const char* kUnlockMigrations = "SELECT pg_advisory_unlock(7021802329620482)";
 constexpr const char* kBeginRead = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
-// Every write transaction of every node holds this lock from BEGIN to COMMIT (pipelined with
-// the BEGIN and the first unit's first statements). Write transactions are therefore serial across the cluster, as SQLite's are
-// on one node: a unit's read-check-write (claiming a queued run, intake's "is the session
-// busy?") cannot interleave with another node's, and event positions, taken under the lock,
-// become visible in position order (DESIGN.md section 7). Taking it only before the first event
-// insert would order positions but let two nodes' read-check-write units interleave.
-constexpr const char* kLockWrites = "SELECT pg_advisory_xact_lock(7021802329620481)";
 // PostgreSQL tracks the first 64 subtransactions (here: savepoints of units that wrote) of a
 // transaction in shared memory; beyond that every other session's snapshot must consult
 // pg_subtrans while the transaction runs. 64 units per commit still amortize the fsync well.
 constexpr int kMaxUnitsPerTransaction = 64;
+// How many transactions a batch may take (CommitBatch): a unit runs again in a new one each
+// time it finds one more of its tenants' locks taken by another node.
+constexpr int kMaxTransactionsPerBatch = 200;
 // Threads that run ReadAsync's reads; each holds at most one reader connection at a time.
 constexpr int kReadThreads = 8;
 // Idle reader connections kept for reuse (Read on callers' threads may use more).
@@ -75,7 +71,8 @@ Result<std::unique_ptr<Store>> PostgresStore::Open(const std::string& url,
   for (int i = 0; i < kReadThreads; ++i) {
     store->read_threads_.emplace_back([s = store.get()] { s->ReadLoop(); });
   }
-  // Under the write lock, so that nodes starting at once hash each event once.
+  // Under the write locks of the events' tenants, so that nodes starting at once hash each
+  // event once.
   if (!unhashed.empty() && unhashed.Text(0, 0) == "t") {
     KEEL_RETURN_IF_ERROR(store->WriteSync([s = store.get()](Tx&) {
       return s->writer_->tx->BackfillChains();
@@ -95,9 +92,9 @@ Result<std::unique_ptr<PostgresStore::Session>> PostgresStore::Connect(bool writ
     KEEL_RETURN_IF_ERROR(session->conn->Exec("SET statement_timeout = '30s'"));
   } else {
     // A node that stalls (SIGSTOP, a paused VM) or loses its network inside a transaction
-    // would hold the write lock of every node (docs/decisions/0006) until the server ends its
-    // session: 1 s bounds how long the other nodes wait. A write transaction lasts
-    // milliseconds, and its client never waits on anything but PostgreSQL between its
+    // would hold its tenants' write locks (docs/decisions/0014) until the server ends its
+    // session: 1 s bounds how long the other nodes wait for those tenants. A write transaction
+    // lasts milliseconds, and its client never waits on anything but PostgreSQL between its
     // statements (units are plain code on the writer thread), so only a stalled node gets
     // here; its batch fails and its runs resume after their leases.
     KEEL_RETURN_IF_ERROR(session->conn->Exec("SET idle_in_transaction_session_timeout = '1s'"));
@@ -309,7 +306,7 @@ Status PostgresStore::Read(const std::function<Status(Tx&)>& fn) {
   // Pipelined: the BEGIN goes out with the read's first statement.
   Status st = reader->conn->Send(kBeginRead, Params());
   if (st.ok()) {
-    reader->tx->BeginTransaction();
+    reader->tx->BeginTransaction(/*write=*/false);
     try {
       st = fn(*reader->tx);
     } catch (const std::exception& e) {
@@ -386,7 +383,7 @@ void PostgresStore::WriterLoop() {
   writer_.reset();
 }
 
-Status PostgresStore::BeginWrite() {
+Status PostgresStore::BeginWrite(const std::set<std::string>& tenants) {
   if (writer_ && writer_->conn->Alive() && !writer_->conn->idle()) {
     // Left inside a transaction by a failure; BEGIN there would only warn and carry on in it.
     (void)writer_->conn->Exec("ROLLBACK");
@@ -397,33 +394,57 @@ Status PostgresStore::BeginWrite() {
     writer_.reset();
     KEEL_ASSIGN_OR_RETURN(writer_, Connect(/*writer=*/true));
   }
-  // Pipelined: BEGIN and the lock go out with the first unit's first statement.
+  // Pipelined: BEGIN and the locks go out with the first unit's first statement.
   KEEL_RETURN_IF_ERROR(writer_->conn->Send("BEGIN", Params()));
-  KEEL_RETURN_IF_ERROR(writer_->conn->Send(kLockWrites, Params()));
-  writer_->tx->BeginTransaction();
-  return Status::Ok();
+  writer_->tx->BeginTransaction(/*write=*/true);
+  return writer_->tx->LockFirst(tenants);
 }
 
 void PostgresStore::CommitBatch(std::vector<Unit>& batch) {
-  std::vector<Status> results(batch.size());
-  std::vector<std::vector<Event>> events(batch.size());
-  Status begin = BeginWrite();
+  std::set<std::string> tenants;
+  size_t from = 0;
+  // Each transaction but the last ends at a unit that must run again with more locks taken
+  // first; the set grows each time, so a unit of N tenants runs at most N + 1 times.
+  for (int transactions = 0; from < batch.size(); ++transactions) {
+    if (transactions == kMaxTransactionsPerBatch) {
+      // Never seen; a bound rather than a loop that might not end.
+      std::vector<Unit> rest(std::make_move_iterator(batch.begin() + static_cast<long>(from)),
+                             std::make_move_iterator(batch.end()));
+      std::vector<Status> results(rest.size(),
+                                  Unavailable("could not take the write locks of its tenants"));
+      std::vector<std::vector<Event>> events(rest.size());
+      queue_.Finish(rest, results, events, Status::Ok(), 0, listener_);
+      return;
+    }
+    from = CommitFrom(batch, from, tenants);
+  }
+}
+
+size_t PostgresStore::CommitFrom(std::vector<Unit>& batch, size_t from,
+                                 std::set<std::string>& tenants) {
+  const size_t count = batch.size() - from;
+  std::vector<Status> results(count);
+  std::vector<std::vector<Event>> events(count);
+  Status begin = BeginWrite(tenants);
   Status commit;
   int committed_units = 0;
+  size_t end = batch.size();  // where this transaction stops
   if (begin.ok()) {
     Conn& conn = *writer_->conn;
     PostgresTx& tx = *writer_->tx;
-    // A unit alone in its batch needs no savepoint: its failure rolls back the transaction.
-    const bool savepoints = batch.size() > 1;
+    // A unit alone in its transaction needs no savepoint: its failure rolls the transaction back.
+    const bool savepoints = count > 1;
     bool savepoint_open = false;  // the previous boundary already opened this unit's savepoint
-    for (size_t i = 0; i < batch.size(); ++i) {
+    for (size_t i = 0; i < count; ++i) {
       tx.ResetUnit();
       tx.ClearCarried();
+      tx.BeginUnit();
       Status st = savepoints && !savepoint_open ? conn.Exec("SAVEPOINT unit") : Status::Ok();
       savepoint_open = false;
       if (st.ok()) {
+        if (i == 0) tx.WaitsAllowed();
         try {
-          st = batch[i].fn(tx);
+          st = batch[from + i].fn(tx);
           if (st.ok()) st = tx.CarriedAll();
         } catch (const std::exception& e) {
           st = Internal(std::string("write failed: ") + e.what());
@@ -432,6 +453,10 @@ void PostgresStore::CommitBatch(std::vector<Unit>& batch) {
         // the unit's.
         Status flushed = conn.Flush();
         if (st.ok()) st = flushed;
+        if (!tx.busy_tenant().empty() && st.ok()) {
+          // The unit went on without a tenant's lock (it ignored the refusal): not this time.
+          st = Unavailable("tenant " + tx.busy_tenant() + " is being written by another node");
+        }
         if (st.ok() && conn.in_failed_transaction()) {
           // The unit went on after a failed statement; PostgreSQL has aborted its work.
           st = Internal("write failed: a statement of the unit failed and its error was ignored");
@@ -439,7 +464,7 @@ void PostgresStore::CommitBatch(std::vector<Unit>& batch) {
         if (savepoints) {
           if (st.ok()) {
             // One round trip per boundary: release this unit and open the next one's savepoint.
-            const bool more = i + 1 < batch.size();
+            const bool more = i + 1 < count;
             st = conn.Exec(more ? "RELEASE unit; SAVEPOINT unit" : "RELEASE unit");
             savepoint_open = more && st.ok();
           }
@@ -448,6 +473,15 @@ void PostgresStore::CommitBatch(std::vector<Unit>& batch) {
             tx.AfterRollbackToSavepoint();
           }
         }
+      }
+      if (!tx.busy_tenant().empty()) {
+        // Another node holds a tenant this unit needs: it runs again, first in the next
+        // transaction, with its tenants locked before anything else.
+        std::set<std::string> next = tx.unit_tenants();
+        if (i == 0) next.insert(tenants.begin(), tenants.end());
+        tenants = std::move(next);
+        end = from + i;
+        break;
       }
       results[i] = st;
       if (st.ok()) {
@@ -471,7 +505,17 @@ void PostgresStore::CommitBatch(std::vector<Unit>& batch) {
   } else {
     for (auto& r : results) r = begin;
   }
-  queue_.Finish(batch, results, events, commit, committed_units, listener_);
+  if (end == batch.size() && from == 0) {
+    queue_.Finish(batch, results, events, commit, committed_units, listener_);
+    return end;
+  }
+  // Only the units this transaction ran are told.
+  std::vector<Unit> ran(std::make_move_iterator(batch.begin() + static_cast<long>(from)),
+                        std::make_move_iterator(batch.begin() + static_cast<long>(end)));
+  results.resize(ran.size());
+  events.resize(ran.size());
+  queue_.Finish(ran, results, events, commit, committed_units, listener_);
+  return end;
 }
 
 std::string PostgresStore::CommitSql(Conn& conn,

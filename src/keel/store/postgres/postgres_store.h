@@ -4,18 +4,21 @@
 //
 // Owner: whoever opened it (the server). Threads: Read and Write may be called from any thread.
 // One writer thread owns one connection and commits queued units of work (urgent ones first:
-// WriteUrgent) in batches exactly as SqliteStore does: BEGIN; a SAVEPOINT per unit when the batch holds more than one, so a unit's
-// failure rolls back only itself; COMMIT; then the commit listener with the batch's events in
-// order, then each unit's done callback. A batch holds at most 64 units (PostgreSQL's cache of
-// subtransactions per transaction). Reads run on the calling thread in a REPEATABLE READ
-// READ ONLY transaction on a connection from a small pool (created on demand).
+// WriteUrgent) in batches exactly as SqliteStore does: BEGIN; a SAVEPOINT per unit when the batch
+// holds more than one, so a unit's failure rolls back only itself; COMMIT; then the commit listener
+// with the batch's events in order, then each unit's done callback. A batch holds at most 64 units
+// (PostgreSQL's cache of subtransactions per transaction). Reads run on the calling thread in a
+// REPEATABLE READ READ ONLY transaction on a connection from a small pool (created on demand).
 //
 // Invariants:
-//   1. Write transactions are serial across all nodes: each takes one cluster-wide advisory
-//      lock at BEGIN and holds it to COMMIT. So a unit's read-check-write (claiming a run,
-//      intake's busy check) is atomic as with SQLite, and event positions, assigned under the
-//      lock, become visible in position order: no lower position can commit after a higher one
-//      was read (DESIGN.md section 7). Reads take no lock.
+//   1. Writes of one tenant are serial across all nodes, and writes of different tenants are
+//      not: a write transaction holds the write lock of each tenant it binds from then to its
+//      COMMIT (PgSql, docs/decisions/0014). So a unit's read-check-write (claiming a run,
+//      intake's busy check) is atomic as with SQLite, and a tenant's event positions, assigned
+//      under its lock, become visible in position order: no lower position of a tenant can
+//      commit after a higher one was read (DESIGN.md section 7). A transaction waits for a
+//      lock only before its first statement (for one lock, or a set taken in one order), so
+//      two nodes cannot deadlock on them. Reads take no lock.
 //   2. Tenant isolation is enforced twice (DESIGN.md invariant 6): every query filters by
 //      tenant_id, and every tenant-scoped table has row-level security on `app.tenant_id` (set
 //      transaction-locally per call; see PostgresTx). A connection that set nothing sees no
@@ -44,6 +47,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -95,10 +99,19 @@ class PostgresStore final : public QueuedStore {
   // The checks of invariant 2 on the runtime connection; then a hint when row-level security
   // keeps memory search off its text index.
   static Status CheckRuntimeRole(Conn& conn);
-  // Opens BEGIN on the writer session, reconnecting once when the connection was lost.
-  Status BeginWrite();
+  // Opens BEGIN on the writer session, reconnecting once when the connection was lost, and
+  // takes the write locks of `tenants` first (PgSql::LockFirst).
+  Status BeginWrite(const std::set<std::string>& tenants);
   void WriterLoop();
+  // Commits `batch` in as few transactions as the tenant write locks allow (docs/decisions/
+  // 0014): a unit that finds a tenant's lock taken by another node ends its transaction before
+  // it (the units ahead of it commit) and runs again first in the next one, which takes that
+  // tenant's lock, and those of the other tenants the unit bound, before anything else.
   void CommitBatch(std::vector<Unit>& batch);
+  // One transaction of CommitBatch: the units of `batch` from `from`, with `tenants` locked
+  // first. Returns where the next transaction starts (batch.size(): done); `tenants` becomes
+  // what that transaction locks first.
+  size_t CommitFrom(std::vector<Unit>& batch, size_t from, std::set<std::string>& tenants);
   // "SELECT pg_notify(...); COMMIT" for a batch with `events`, or "COMMIT".
   std::string CommitSql(Conn& conn, const std::vector<std::vector<Event>>& events) const;
   // The node's own connection: LISTENs for other nodes' commits, and takes or renews the

@@ -30,12 +30,12 @@ std::string TextArray(const std::vector<std::string>& items) {
 
 }  // namespace
 
-void PostgresTx::BeginTransaction() {
+void PostgresTx::BeginTransaction(bool write) {
   appended_.clear();
-  sql_.ForgetTenant();
+  sql_.BeginTransaction(write);
 }
 
-void PostgresTx::AfterRollbackToSavepoint() { sql_.ForgetTenant(); }
+void PostgresTx::AfterRollbackToSavepoint() { sql_.UnitRolledBack(); }
 
 Result<std::vector<std::pair<std::string, Rows>>> PostgresTx::RowsOfKeys(const Rows& keys,
                                                                           const std::string& sql) {
@@ -134,9 +134,10 @@ Status PostgresTx::RenewLeases(const std::string& owner, const std::vector<std::
 Status PostgresTx::Append(NewEvent n) {
   Event& e = NewAppended(std::move(n));
   // The tenant's position and its origin_seq are computed inside the insert (SqliteTx reads them
-  // first and binds them; the rule is the same), each one probe of its unique index: a rolled back unit takes its numbers with it, so there
-  // is never a gap, and since every write transaction of the cluster holds the write lock
-  // (PostgresStore), they follow commit order. `position` stays the store-wide key.
+  // first and binds them; the rule is the same), each one probe of its unique index: a rolled
+  // back unit takes its numbers with it, so there is never a gap, and since every write
+  // transaction holds its tenant's write lock (PgSql, docs/decisions/0014), they follow commit
+  // order within the tenant. `position` stays the store-wide key, in no useful order.
   static const std::string kSql =
       "INSERT INTO events(id, tenant_id, tenant_position, type, origin, origin_seq, agent_id, "
       "session_id, run_id, payload, occurred_at, hash) VALUES($1,$2,"

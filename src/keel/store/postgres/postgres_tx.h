@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -47,7 +48,14 @@ class PostgresTx final : public SqlTx<PgSql> {
   }
 
   // A transaction began: nothing from the previous one (settings, locks, events) carries over.
-  void BeginTransaction();
+  // `write`: the writer's, which takes tenant write locks (PgSql); a read takes none.
+  void BeginTransaction(bool write);
+  // The tenant write locks of a write transaction (PgSql says how they are taken).
+  Status LockFirst(const std::set<std::string>& tenants) { return sql_.LockFirst(tenants); }
+  void WaitsAllowed() { sql_.WaitsAllowed(); }
+  void BeginUnit() { sql_.BeginUnit(); }
+  const std::string& busy_tenant() const { return sql_.busy(); }
+  const std::set<std::string>& unit_tenants() const { return sql_.unit_tenants(); }
   // The unit's savepoint was rolled back, undoing the settings and locks it took.
   void AfterRollbackToSavepoint();
   // Before COMMIT: queues the upserts of the heads the transaction's units moved (COMMIT
