@@ -682,7 +682,7 @@ Status SqlTx<Sql>::UpdateSessionStatus(const std::string& tenant_id, const std::
   static const std::string kSql =
       "UPDATE sessions SET status=$1, updated_at=$2 WHERE tenant_id=$3 AND id=$4";
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
-  return Updated(sql_.Exec(kSql, status, at, tenant_id, id), "session not found: " + id);
+  return sql_.ExecChanging(NotFound("session not found: " + id), kSql, status, at, tenant_id, id);
 }
 
 template <typename Sql>
@@ -719,12 +719,12 @@ Status SqlTx<Sql>::InsertMessage(const Message& m) {
       ", seq) VALUES($1,$2,$3,$4,$5,$6,$7,$8,"
       "(SELECT coalesce(max(seq),0)+1 FROM messages WHERE session_id=$3)) ON CONFLICT DO NOTHING";
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(m.tenant_id));
-  return Inserted(sql_.Exec(kSql, m.id, m.tenant_id, m.session_id, m.run_id, m.role, m.content,
-                            m.idempotency_key, m.created_at),
-                  m.idempotency_key.empty()
-                      ? "message already exists: " + m.id
-                      : "a message with idempotency key '" + m.idempotency_key +
-                            "' already exists in session " + m.session_id);
+  return sql_.ExecChanging(
+      Conflict(m.idempotency_key.empty() ? "message already exists: " + m.id
+                                         : "a message with idempotency key '" + m.idempotency_key +
+                                               "' already exists in session " + m.session_id),
+      kSql, m.id, m.tenant_id, m.session_id, m.run_id, m.role, m.content, m.idempotency_key,
+      m.created_at);
 }
 
 template <typename Sql>
@@ -784,12 +784,11 @@ template <typename Sql>
 Status SqlTx<Sql>::InsertRun(const Run& r) {
   static const std::string kSql = InsertSql("runs", kRunCols, 19);
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(r.tenant_id));
-  return Inserted(
-      sql_.Exec(kSql, r.id, r.tenant_id, r.session_id, r.agent_id, r.message_id, r.status,
-                r.attempt, r.output, StoredJson(r.error), r.input_tokens, r.output_tokens,
-                r.lease_owner, r.lease_expires_at, r.cancel_requested, r.created_at, r.started_at,
-                r.finished_at, r.requested_by, r.caller_role),
-      "run already exists: " + r.id);
+  return sql_.ExecChanging(Conflict("run already exists: " + r.id), kSql, r.id, r.tenant_id,
+                           r.session_id, r.agent_id, r.message_id, r.status, r.attempt, r.output,
+                           StoredJson(r.error), r.input_tokens, r.output_tokens, r.lease_owner,
+                           r.lease_expires_at, r.cancel_requested, r.created_at, r.started_at,
+                           r.finished_at, r.requested_by, r.caller_role);
 }
 
 template <typename Sql>
@@ -799,10 +798,10 @@ Status SqlTx<Sql>::UpdateRun(const Run& r) {
       "output_tokens=$6, lease_owner=$7, lease_expires_at=$8, cancel_requested=$9, "
       "started_at=$10, finished_at=$11 WHERE tenant_id=$12 AND id=$13";
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(r.tenant_id));
-  return Updated(sql_.Exec(kSql, r.status, r.attempt, r.output, StoredJson(r.error), r.input_tokens,
-                           r.output_tokens, r.lease_owner, r.lease_expires_at, r.cancel_requested,
-                           r.started_at, r.finished_at, r.tenant_id, r.id),
-                 "run not found: " + r.id);
+  return sql_.ExecChanging(NotFound("run not found: " + r.id), kSql, r.status, r.attempt, r.output,
+                           StoredJson(r.error), r.input_tokens, r.output_tokens, r.lease_owner,
+                           r.lease_expires_at, r.cancel_requested, r.started_at, r.finished_at,
+                           r.tenant_id, r.id);
 }
 
 template <typename Sql>
@@ -862,9 +861,10 @@ template <typename Sql>
 Status SqlTx<Sql>::InsertStep(const Step& x) {
   static const std::string kSql = InsertSql("run_steps", kStepCols, 10);
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(x.tenant_id));
-  return Inserted(sql_.Exec(kSql, x.id, x.tenant_id, x.run_id, x.seq, x.kind, x.status,
-                            DumpJson(x.input), DumpJson(x.output), x.started_at, x.finished_at),
-                  "step " + std::to_string(x.seq) + " of run " + x.run_id + " already exists");
+  return sql_.ExecChanging(
+      Conflict("step " + std::to_string(x.seq) + " of run " + x.run_id + " already exists"), kSql,
+      x.id, x.tenant_id, x.run_id, x.seq, x.kind, x.status, DumpJson(x.input), DumpJson(x.output),
+      x.started_at, x.finished_at);
 }
 
 template <typename Sql>
@@ -873,9 +873,8 @@ Status SqlTx<Sql>::UpdateStep(const Step& x) {
       "UPDATE run_steps SET status=$1, input=$2, output=$3, finished_at=$4 WHERE tenant_id=$5 "
       "AND id=$6";
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(x.tenant_id));
-  return Updated(sql_.Exec(kSql, x.status, DumpJson(x.input), DumpJson(x.output), x.finished_at,
-                           x.tenant_id, x.id),
-                 "step not found: " + x.id);
+  return sql_.ExecChanging(NotFound("step not found: " + x.id), kSql, x.status, DumpJson(x.input),
+                           DumpJson(x.output), x.finished_at, x.tenant_id, x.id);
 }
 
 template <typename Sql>
@@ -1236,10 +1235,10 @@ Status SqlTx<Sql>::InsertUsage(const UsageRecord& u) {
       "cost_micros=usage_totals.cost_micros+excluded.cost_micros, "
       "saved_micros=usage_totals.saved_micros+excluded.saved_micros";
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(u.tenant_id));
-  KEEL_RETURN_IF_ERROR(Inserted(
-      sql_.Exec(kSql, u.id, u.tenant_id, u.agent_id, u.run_id, u.step_id, u.model, u.input_tokens,
-                u.output_tokens, u.cost_micros, u.saved_micros, u.cached, u.fallback, u.created_at),
-      "usage record already exists: " + u.id));
+  KEEL_RETURN_IF_ERROR(sql_.ExecChanging(Conflict("usage record already exists: " + u.id), kSql,
+                                         u.id, u.tenant_id, u.agent_id, u.run_id, u.step_id,
+                                         u.model, u.input_tokens, u.output_tokens, u.cost_micros,
+                                         u.saved_micros, u.cached, u.fallback, u.created_at));
   for (const char* period : {model::kPeriodDay, model::kPeriodMonth}) {
     const Millis start = model::PeriodStart(period, u.created_at);
     for (const std::string& agent : {u.agent_id, std::string()}) {
@@ -1343,10 +1342,8 @@ Status SqlTx<Sql>::PutCacheEntry(const CacheEntry& e) {
       "model=excluded.model, response=excluded.response, input_tokens=excluded.input_tokens, "
       "output_tokens=excluded.output_tokens, created_at=excluded.created_at";
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(e.tenant_id));
-  return sql_
-      .Exec(kSql, e.tenant_id, e.cache_group, e.key, e.model, DumpJson(e.response), e.input_tokens,
-            e.output_tokens, e.created_at)
-      .status();
+  return sql_.Send(kSql, e.tenant_id, e.cache_group, e.key, e.model, DumpJson(e.response),
+                   e.input_tokens, e.output_tokens, e.created_at);
 }
 
 // ---- MemoryStore

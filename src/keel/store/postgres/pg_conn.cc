@@ -90,6 +90,7 @@ void PgSql::BeginTransaction(bool write) {
   unit_tenants_.clear();
   busy_.clear();
   waits_allowed_at_ = UINT64_MAX;
+  unchanged_ = Status::Ok();
 }
 
 Status PgSql::LockFirst(const std::set<std::string>& tenants) {
@@ -104,6 +105,7 @@ void PgSql::BeginUnit() {
   unit_locked_.clear();
   unit_tenants_.clear();
   busy_.clear();
+  unchanged_ = Status::Ok();
 }
 
 void PgSql::UnitRolledBack() {

@@ -19,6 +19,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "keel/common/status.h"
@@ -232,6 +233,23 @@ class PgSql {
   Status Send(const std::string& sql, const Args&... args) {
     return conn_.Send(sql, P(args...));
   }
+  // A write that must change a row, else the unit fails with `unchanged`. In a write
+  // transaction it is pipelined like Send, and its count is checked when it arrives: the unit
+  // fails at its end (PostgresStore takes the failure with TakeUnchanged), so its caller must
+  // only propagate a failure, never act on one. Elsewhere it runs at once.
+  template <typename... Args>
+  Status ExecChanging(Status unchanged, const std::string& sql, const Args&... args) {
+    if (!write_) {
+      KEEL_ASSIGN_OR_RETURN(int64_t changed, Exec(sql, args...));
+      return changed == 0 ? unchanged : Status::Ok();
+    }
+    return conn_.Send(sql, P(args...), [this, unchanged = std::move(unchanged)](Rows& rows) {
+      if (rows.affected() == 0 && unchanged_.ok()) unchanged_ = unchanged;
+    });
+  }
+  // The first failure of the unit's pipelined ExecChanging whose count has arrived (Flush
+  // first), and forgets it.
+  Status TakeUnchanged() { return std::exchange(unchanged_, Status::Ok()); }
   // Sets app.tenant_id for the rest of the transaction unless it already holds `tenant_id`
   // (pipelined: it goes out with the statement that needs it). In a write transaction, first
   // takes the tenant's write lock unless the transaction holds it (see the locks below).
@@ -282,6 +300,7 @@ class PgSql {
   std::set<std::string> unit_tenants_;
   std::string busy_;
   uint64_t waits_allowed_at_ = UINT64_MAX;
+  Status unchanged_;  // ExecChanging's first failure in this unit
 };
 
 }  // namespace keel::store::postgres

@@ -453,6 +453,7 @@ size_t PostgresStore::CommitFrom(std::vector<Unit>& batch, size_t from,
         // the unit's.
         Status flushed = conn.Flush();
         if (st.ok()) st = flushed;
+        if (Status unchanged = tx.TakeUnchanged(); st.ok()) st = unchanged;
         if (!tx.busy_tenant().empty() && st.ok()) {
           // The unit went on without a tenant's lock (it ignored the refusal): not this time.
           st = Unavailable("tenant " + tx.busy_tenant() + " is being written by another node");

@@ -56,6 +56,8 @@ class PostgresTx final : public SqlTx<PgSql> {
   void BeginUnit() { sql_.BeginUnit(); }
   const std::string& busy_tenant() const { return sql_.busy(); }
   const std::set<std::string>& unit_tenants() const { return sql_.unit_tenants(); }
+  // The unit's pipelined write that changed no row (PgSql::ExecChanging), once flushed.
+  Status TakeUnchanged() { return sql_.TakeUnchanged(); }
   // The unit's savepoint was rolled back, undoing the settings and locks it took.
   void AfterRollbackToSavepoint();
   // Before COMMIT: queues the upserts of the heads the transaction's units moved (COMMIT

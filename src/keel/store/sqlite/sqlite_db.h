@@ -133,6 +133,13 @@ class SqliteSql {
     KEEL_ASSIGN_OR_RETURN(Stmt s, db_.Prepare(sql));
     return s.BindAll(args...).RunCount();
   }
+  // A write that must change a row, else it fails with `unchanged` (kConflict for an insert
+  // that met an existing row, kNotFound for an update of none): run at once here.
+  template <typename... Args>
+  Status ExecChanging(Status unchanged, const std::string& sql, const Args&... args) {
+    KEEL_ASSIGN_OR_RETURN(int64_t changed, Exec(sql, args...));
+    return changed == 0 ? unchanged : Status::Ok();
+  }
   // A write whose result is not read: run at once here.
   template <typename... Args>
   Status Send(const std::string& sql, const Args&... args) {
