@@ -174,6 +174,7 @@ Conn::~Conn() { PQfinish(c_); }
 bool Conn::broken() const { return PQstatus(c_) != CONNECTION_OK; }
 
 bool Conn::Alive() {
+  ReadUnanswered();
   if (broken()) return false;
   pollfd pfd{PQsocket(c_), POLLIN, 0};
   if (::poll(&pfd, 1, 0) > 0) (void)PQconsumeInput(c_);
@@ -182,7 +183,37 @@ bool Conn::Alive() {
 
 bool Conn::in_failed_transaction() const { return PQtransactionStatus(c_) == PQTRANS_INERROR; }
 
-bool Conn::idle() const { return !broken() && PQtransactionStatus(c_) == PQTRANS_IDLE; }
+bool Conn::idle() const {
+  // An unanswered COMMIT ends any transaction, committed or (after a failure) rolled back.
+  return !broken() && (unanswered_ || PQtransactionStatus(c_) == PQTRANS_IDLE);
+}
+
+Status Conn::CommitUnanswered() {
+  KEEL_RETURN_IF_ERROR(Flush());
+  ++statements_;
+  if (PQenterPipelineMode(c_) != 1 ||
+      PQsendQueryParams(c_, "COMMIT", 0, nullptr, nullptr, nullptr, nullptr, 0) != 1 ||
+      PQpipelineSync(c_) != 1 || PQflush(c_) != 0) {
+    Status st = Unavailable("postgres: cannot send COMMIT: " + OneLine(PQerrorMessage(c_)));
+    (void)PQexitPipelineMode(c_);
+    return st;
+  }
+  unanswered_ = true;
+  return Status::Ok();
+}
+
+void Conn::ReadUnanswered() {
+  if (!unanswered_) return;
+  unanswered_ = false;
+  // The COMMIT's result and the NULL that ends it, then the sync's.
+  while (PGresult* r = PQgetResult(c_)) PQclear(r);
+  while (PGresult* r = PQgetResult(c_)) {
+    bool sync = PQresultStatus(r) == PGRES_PIPELINE_SYNC;
+    PQclear(r);
+    if (sync) break;
+  }
+  (void)PQexitPipelineMode(c_);
+}
 
 std::string Conn::Describe() const {
   const char* host = PQhost(c_);
@@ -230,6 +261,7 @@ Result<Rows> Conn::Finish(PGresult* r, std::string_view what) {
 }
 
 Status Conn::Exec(const char* sql) {
+  ReadUnanswered();
   ++statements_;
   KEEL_RETURN_IF_ERROR(Flush());
   return Finish(PQexec(c_, sql), "postgres").status();
@@ -264,6 +296,7 @@ Result<std::string> Conn::Prepared(const std::string& sql) {
 }
 
 Result<Rows> Conn::Query(const std::string& sql, const Params& params) {
+  ReadUnanswered();
   if (!pending_.empty()) {
     // Behind queued statements: send this one with them and collect all in one round trip.
     std::optional<Rows> rows;
@@ -288,6 +321,7 @@ constexpr size_t kMaxPipelined = 64;
 }  // namespace
 
 Status Conn::Send(const std::string& sql, const Params& params, ResultFn on_result) {
+  ReadUnanswered();
   ++statements_;
   std::vector<const char*> values;
   KEEL_RETURN_IF_ERROR(CheckParams(params, values));
@@ -308,6 +342,7 @@ Status Conn::Send(const std::string& sql, const Params& params, ResultFn on_resu
 }
 
 Status Conn::Flush() {
+  ReadUnanswered();
   if (pending_.empty()) return Status::Ok();
   std::vector<ResultFn> pending = std::move(pending_);
   pending_.clear();
@@ -349,6 +384,7 @@ Status Conn::Flush() {
 }
 
 Result<Rows> Conn::QueryOnce(const std::string& sql, const Params& params) {
+  ReadUnanswered();
   ++statements_;
   KEEL_RETURN_IF_ERROR(Flush());
   std::vector<const char*> values;

@@ -130,6 +130,10 @@ class Conn {
   Status Send(const std::string& sql, const Params& params, ResultFn on_result = nullptr);
   // Collects the results of every queued statement (nothing to do when none is queued).
   Status Flush();
+  // Sends COMMIT (after flushing) without waiting for its answer, which the connection's next
+  // call reads first: a read-only transaction's end costs no round trip. The server runs it at
+  // once, so the transaction and its snapshot end there and then.
+  Status CommitUnanswered();
 
   // How many statements this connection has run or queued so far: PgSql compares two counts
   // to know whether a transaction has run anything since a point.
@@ -165,6 +169,8 @@ class Conn {
  private:
   explicit Conn(PGconn* c) : c_(c) {}
   Result<Rows> Finish(PGresult* r, std::string_view what);
+  // Reads the answer of CommitUnanswered's COMMIT, if one is due.
+  void ReadUnanswered();
   // The name of `sql` prepared on this connection, preparing it now if needed (outside a
   // pipeline: the caller flushes first).
   Result<std::string> Prepared(const std::string& sql);
@@ -173,6 +179,7 @@ class Conn {
   std::unordered_map<std::string, std::string> prepared_;  // SQL text -> statement name
   std::vector<ResultFn> pending_;  // queued statements awaiting their results, in order
   uint64_t statements_ = 0;
+  bool unanswered_ = false;  // a COMMIT sent by CommitUnanswered, its answer not read yet
 };
 
 // Every row of a result, each read by `read(Row)`.

@@ -314,7 +314,7 @@ Status PostgresStore::Read(const std::function<Status(Tx&)>& fn) {
     }
     Status flushed = reader->conn->Flush();  // statements still queued (see Conn::Send)
     if (st.ok()) st = flushed;
-    (void)reader->conn->Exec("COMMIT");
+    (void)reader->conn->CommitUnanswered();
   }
   if (reader->conn->idle()) {
     std::lock_guard<std::mutex> lock(readers_mu_);
