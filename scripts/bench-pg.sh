@@ -12,6 +12,7 @@
 #
 #   bash scripts/bench-pg.sh [BUILD_DIR] [SECONDS]
 # BENCH_PG_ONLY=events|turns|resume|stop|tenants runs one part. BENCH_MIN_TIME: keel_bench min time (1s).
+# BENCH_PG_RUNS: how many times parts 2, 4 and 5 measure each figure, whose median they print (3).
 set -euo pipefail
 BUILD=${1:-build}
 DURATION=${2:-6}
@@ -21,6 +22,7 @@ if [ -z "${KEEL_TEST_PG_ADMIN_URL:-}" ]; then
 fi
 ONLY=${BENCH_PG_ONLY:-}
 MIN_TIME=${BENCH_MIN_TIME:-1}
+RUNS=${BENCH_PG_RUNS:-3}
 BENCH=$BUILD/bench/keel_bench
 LOADGEN=$BUILD/bench/keel_loadgen
 for bin in "$BUILD/keel" "$BENCH" "$LOADGEN"; do
@@ -45,6 +47,21 @@ new_db() {
   local owner=${KEEL_TEST_PG_OWNER_URL:-${KEEL_TEST_PG_ADMIN_URL/postgres@/keel_owner@}}
   "$BUILD/keel" store migrate --store "${KEEL_TEST_PG_URL%/*}/$1" --owner-url "${owner%/*}/$1" >&2
   echo "${KEEL_TEST_PG_URL%/*}/$1"
+}
+
+# median_of LABEL VALUE...: prints "LABEL: median M of a, b, c".
+median_of() {
+  local label=$1; shift
+  python3 - "$label" "$@" <<'PY'
+import statistics, sys
+label, values = sys.argv[1], [float(v) for v in sys.argv[2:]]
+print(f"  {label}: median {statistics.median(values):,.2f} of " + ", ".join(f"{v:,.2f}" for v in values))
+PY
+}
+
+# loadgen_rate ARGS...: runs keel_loadgen on CPU 1 and prints its turns per second.
+loadgen_rate() {
+  taskset -c 1 "$LOADGEN" "$@" | sed -n 's/^RESULT.* turns_per_s=\([0-9.]*\).*/\1/p'
 }
 
 # start_node HOME URL CPU: a keel server pinned to CPU; sets NODE_PID and NODE_ADDR.
@@ -96,15 +113,29 @@ if [[ -z $ONLY || $ONLY == turns ]]; then
   URL=$(new_db keel_bench_turns_$$)
   start_node "$WORK/n1" "$URL" 0
   A_PID=$NODE_PID A_ADDR=$NODE_ADDR
-  for c in 1 64; do
-    taskset -c 1 "$LOADGEN" --url "http://$A_ADDR" --token-file "$WORK/n1/owner.token" \
-      --server-pid "$A_PID" --concurrency "$c" --warmup 2 --duration "$DURATION" | grep -v '^RESULT'
+  taskset -c 1 "$LOADGEN" --url "http://$A_ADDR" --token-file "$WORK/n1/owner.token" \
+    --server-pid "$A_PID" --concurrency 1 --warmup 2 --duration "$DURATION" | grep -v '^RESULT'
+  one=()
+  for _ in $(seq "$RUNS"); do
+    one+=("$(loadgen_rate --url "http://$A_ADDR" --token-file "$WORK/n1/owner.token" \
+      --concurrency 64 --warmup 2 --duration "$DURATION")")
   done
   start_node "$WORK/n2" "$URL" 0
   B_ADDR=$NODE_ADDR
-  taskset -c 1 "$LOADGEN" --url "http://$A_ADDR" --url "http://$B_ADDR" \
-    --token-file "$WORK/n1/owner.token" --concurrency 64 --warmup 2 --duration "$DURATION" |
-    grep -v '^RESULT'
+  two=()
+  for _ in $(seq "$RUNS"); do
+    two+=("$(loadgen_rate --url "http://$A_ADDR" --url "http://$B_ADDR" \
+      --token-file "$WORK/n1/owner.token" --concurrency 64 --warmup 2 --duration "$DURATION")")
+  done
+  median_of "one node, concurrency 64, turns/s" "${one[@]}"
+  median_of "two nodes, concurrency 64, turns/s" "${two[@]}"
+  python3 - "${one[@]}" "${two[@]}" <<'PY'
+import statistics, sys
+v = [float(x) for x in sys.argv[1:]]
+one, two = statistics.median(v[:len(v) // 2]), statistics.median(v[len(v) // 2:])
+print(f"  two nodes / one node: {two / one:.2f} (target >= 1.0: {'pass' if two >= one else 'FAIL'}); "
+      f"one node (target >= 1,500 turns/s): {'pass' if one >= 1500 else 'FAIL'}")
+PY
 fi
 
 if [[ -z $ONLY || $ONLY == tenants ]]; then
@@ -121,21 +152,21 @@ if [[ -z $ONLY || $ONLY == tenants ]]; then
   curl -sf -X POST "http://$T1_ADDR/v1/tenants" -H "Authorization: Bearer $(cat "$WORK/t1/owner.token")" \
     -H 'Content-Type: application/json' -d '{"name":"second"}' |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["owner_token"])' >"$WORK/second.token"
-  rate() { sed -n 's/^RESULT.* turns_per_s=\([0-9.]*\).*/\1/p' "$1"; }
-  taskset -c 1 "$LOADGEN" --url "http://$T1_ADDR" --url "http://$T2_ADDR" \
-    --token-file "$WORK/t1/owner.token" --concurrency 64 --warmup 2 --duration "$DURATION" >"$WORK/one.txt"
-  taskset -c 1 "$LOADGEN" --url "http://$T1_ADDR" --token-file "$WORK/t1/owner.token" \
-    --concurrency 32 --warmup 2 --duration "$DURATION" >"$WORK/first.txt" &
-  F=$!
-  taskset -c 1 "$LOADGEN" --url "http://$T2_ADDR" --token-file "$WORK/second.token" \
-    --concurrency 32 --warmup 2 --duration "$DURATION" >"$WORK/second.txt"
-  wait "$F"
-  python3 - "$(rate "$WORK/one.txt")" "$(rate "$WORK/first.txt")" "$(rate "$WORK/second.txt")" <<'PY'
-import sys
-one, first, second = map(float, sys.argv[1:])
-print(f"  one tenant on both nodes: {one:,.0f} turns/s; two tenants, one per node: "
-      f"{first:,.0f} + {second:,.0f} = {first + second:,.0f} turns/s; ratio {(first + second) / one:.2f}")
-PY
+  ratios=()
+  for _ in $(seq "$RUNS"); do
+    one=$(loadgen_rate --url "http://$T1_ADDR" --url "http://$T2_ADDR" \
+      --token-file "$WORK/t1/owner.token" --concurrency 64 --warmup 2 --duration "$DURATION")
+    loadgen_rate --url "http://$T1_ADDR" --token-file "$WORK/t1/owner.token" \
+      --concurrency 32 --warmup 2 --duration "$DURATION" >"$WORK/first.txt" &
+    F=$!
+    second=$(loadgen_rate --url "http://$T2_ADDR" --token-file "$WORK/second.token" \
+      --concurrency 32 --warmup 2 --duration "$DURATION")
+    wait "$F"
+    first=$(cat "$WORK/first.txt")
+    echo "  one tenant on both nodes: $one turns/s; two tenants, one per node: $first + $second turns/s"
+    ratios+=("$(python3 -c "print(($first + $second) / $one)")")
+  done
+  median_of "two tenants / one tenant" "${ratios[@]}"
 fi
 
 if [[ -z $ONLY || $ONLY == stop ]]; then
@@ -157,28 +188,36 @@ if [[ -z $ONLY || $ONLY == stop ]]; then
   completed() {
     psql "$ADMIN_DB" -tAc "SELECT count(*) FROM events WHERE type='run.completed@v1' AND origin IN ($origins)"
   }
+  # Each of the RUNS rounds: 10 s counted, 10 s counted with the third stopped, 5 s to recover.
+  load_s=$((5 + RUNS * 25 + 5))
   taskset -c 1 "$LOADGEN" --url "http://$S3_ADDR" --token-file "$WORK/s1/owner.token" \
-    --concurrency 16 --warmup 0 --duration 40 >"$WORK/load3.txt" 2>&1 &
+    --concurrency 16 --warmup 0 --duration "$((load_s + 10))" >"$WORK/load3.txt" 2>&1 &
   L3=$!
   taskset -c 1 "$LOADGEN" --url "http://$S1_ADDR" --url "http://$S2_ADDR" \
-    --token-file "$WORK/s1/owner.token" --concurrency 64 --warmup 0 --duration 30 >"$WORK/load12.txt" 2>&1 &
+    --token-file "$WORK/s1/owner.token" --concurrency 64 --warmup 0 --duration "$load_s" >"$WORK/load12.txt" 2>&1 &
   L12=$!
   sleep 5
-  c0=$(completed); sleep 10; c1=$(completed)
-  kill -STOP "$S3_PID"
-  c2=$(completed); sleep 10; c3=$(completed)
-  kill -CONT "$S3_PID"
-  wait "$L12" || { cat "$WORK/load12.txt"; for n in s1 s2 s3; do tail -5 "$WORK/$n/log"; done; echo "bench-pg: keel_loadgen failed" >&2; exit 1; }
-  kill "$L3" 2>/dev/null || true
-  wait "$L3" 2>/dev/null || true
-  python3 - "$c0" "$c1" "$c2" "$c3" <<'PY'
+  ratios=()
+  for _ in $(seq "$RUNS"); do
+    c0=$(completed); sleep 10; c1=$(completed)
+    kill -STOP "$S3_PID"
+    c2=$(completed); sleep 10; c3=$(completed)
+    kill -CONT "$S3_PID"
+    sleep 5
+    ratios+=("$(python3 - "$c0" "$c1" "$c2" "$c3" <<'PY'
 import sys
 c0, c1, c2, c3 = map(int, sys.argv[1:])
 before, during = (c1 - c0) / 10, (c3 - c2) / 10
-ratio = during / before if before else 0
 print(f"  two running nodes: {before:,.0f} turns/s with the third running, {during:,.0f} turns/s "
-      f"while it is stopped: ratio {ratio:.2f} (target >= 0.8: {'pass' if ratio >= 0.8 else 'FAIL'})")
+      f"while it is stopped", file=sys.stderr)
+print(during / before if before else 0)
 PY
+)")
+  done
+  wait "$L12" || { cat "$WORK/load12.txt"; for n in s1 s2 s3; do tail -5 "$WORK/$n/log"; done; echo "bench-pg: keel_loadgen failed" >&2; exit 1; }
+  kill "$L3" 2>/dev/null || true
+  wait "$L3" 2>/dev/null || true
+  median_of "stopped / running ratio (target >= 0.8)" "${ratios[@]}"
 fi
 
 if [[ -z $ONLY || $ONLY == resume ]]; then
