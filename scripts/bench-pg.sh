@@ -64,6 +64,24 @@ loadgen_rate() {
   taskset -c 1 "$LOADGEN" "$@" | sed -n 's/^RESULT.* turns_per_s=\([0-9.]*\).*/\1/p'
 }
 
+# The CPU seconds (user + system) that this machine's `postgres` processes used so far; empty
+# when the server is elsewhere.
+postgres_cpu() {
+  python3 - <<'PY'
+import os
+ticks, seen = 0, False
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        continue
+    if "(postgres)" in stat:
+        fields = stat.rsplit(")", 1)[1].split()
+        ticks, seen = ticks + int(fields[11]) + int(fields[12]), True
+print(ticks / os.sysconf("SC_CLK_TCK") if seen else "")
+PY
+}
+
 # start_node HOME URL CPU: a keel server pinned to CPU; sets NODE_PID and NODE_ADDR.
 start_node() {
   mkdir -p "$1"
@@ -116,19 +134,31 @@ if [[ -z $ONLY || $ONLY == turns ]]; then
   taskset -c 1 "$LOADGEN" --url "http://$A_ADDR" --token-file "$WORK/n1/owner.token" \
     --server-pid "$A_PID" --concurrency 1 --warmup 2 --duration "$DURATION" | grep -v '^RESULT'
   one=()
+  pg_us=()  # PostgreSQL's CPU per turn, about: its CPU over the run (warm-up included) / turns
   for _ in $(seq "$RUNS"); do
+    cpu0=$(postgres_cpu)
     one+=("$(loadgen_rate --url "http://$A_ADDR" --token-file "$WORK/n1/owner.token" \
       --concurrency 64 --warmup 2 --duration "$DURATION")")
+    cpu1=$(postgres_cpu)
+    [ -n "$cpu0" ] && pg_us+=("$(python3 -c "print(($cpu1 - $cpu0) * 1e6 / (${one[-1]} * ($DURATION + 2)))")")
   done
   start_node "$WORK/n2" "$URL" 0
   B_ADDR=$NODE_ADDR
   two=()
+  pg_us2=()
   for _ in $(seq "$RUNS"); do
+    cpu0=$(postgres_cpu)
     two+=("$(loadgen_rate --url "http://$A_ADDR" --url "http://$B_ADDR" \
       --token-file "$WORK/n1/owner.token" --concurrency 64 --warmup 2 --duration "$DURATION")")
+    cpu1=$(postgres_cpu)
+    [ -n "$cpu0" ] && pg_us2+=("$(python3 -c "print(($cpu1 - $cpu0) * 1e6 / (${two[-1]} * ($DURATION + 2)))")")
   done
   median_of "one node, concurrency 64, turns/s" "${one[@]}"
   median_of "two nodes, concurrency 64, turns/s" "${two[@]}"
+  if [ ${#pg_us[@]} -gt 0 ]; then
+    median_of "PostgreSQL CPU per turn, one node, us (about)" "${pg_us[@]}"
+    median_of "PostgreSQL CPU per turn, two nodes, us (about)" "${pg_us2[@]}"
+  fi
   python3 - "${one[@]}" "${two[@]}" <<'PY'
 import statistics, sys
 v = [float(x) for x in sys.argv[1:]]
