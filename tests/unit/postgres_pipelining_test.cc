@@ -1,0 +1,165 @@
+// What the PostgreSQL store leaves unanswered for a while, on a fresh database: a write that
+// must change a row (PgSql::ExecChanging) still fails its unit, alone and among others in one
+// transaction, with the code it would have returned at once; and a read's COMMIT, sent without
+// waiting for its answer (Conn::CommitUnanswered), ends the transaction on the server at once,
+// so no reader sits idle in a transaction holding its snapshot.
+//
+// Needs KEEL_TEST_PG_ADMIN_URL (`make test` sets it); skipped without it.
+
+#include <gtest/gtest.h>
+#include <libpq-fe.h>
+
+#include <chrono>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "keel/common/ids.h"
+#include "keel/store/store.h"
+#include "pg_test_database.h"
+
+namespace keel::store {
+namespace {
+
+class PostgresPipeliningTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!PgAdminUrl()) GTEST_SKIP() << kPgSkip;
+    Status created = db_.Create();
+    ASSERT_TRUE(created.ok()) << created.ToString();
+    StoreOptions o;
+    o.origin = "node-pipe";
+    auto opened = OpenStore(db_.url(), o);
+    ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+    store_ = std::move(opened).value();
+    tenant_ = Tenant{NewId(), "t", NowMillis()};
+    agent_.id = NewId();
+    agent_.tenant_id = tenant_.id;
+    agent_.name = "a";
+    agent_.model = "local";
+    agent_.created_at = agent_.updated_at = NowMillis();
+    session_ =
+        Session{NewId(), tenant_.id, agent_.id, "idle", "s", NowMillis(), NowMillis(), "", ""};
+    Status st = store_->WriteSync([&](Tx& tx) -> Status {
+      KEEL_RETURN_IF_ERROR(tx.tenants().InsertTenant(tenant_));
+      KEEL_RETURN_IF_ERROR(tx.agents().InsertAgent(agent_));
+      return tx.sessions().InsertSession(session_);
+    });
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  }
+
+  void TearDown() override { store_.reset(); }
+
+  Message NewMessage(const std::string& content) {
+    Message m;
+    m.id = NewId();
+    m.tenant_id = tenant_.id;
+    m.session_id = session_.id;
+    m.role = "user";
+    m.content = content;
+    m.created_at = NowMillis();
+    return m;
+  }
+
+  // The session's messages' contents, in order.
+  std::vector<std::string> Contents() {
+    std::vector<std::string> out;
+    Status st = store_->Read([&](Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(auto page, tx.messages().ListMessages(tenant_.id, session_.id, {}));
+      for (const auto& m : page.items) out.push_back(m.content);
+      return Status::Ok();
+    });
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return out;
+  }
+
+  PgTestDatabase db_;
+  std::unique_ptr<Store> store_;
+  Tenant tenant_;
+  Agent agent_;
+  Session session_;
+};
+
+// Three units in one transaction (a gate holds the writer until all are queued): the middle one
+// writes a message, then updates a run that does not exist and carries on. It fails with the
+// update's kNotFound, its message is rolled back, and the units around it commit.
+TEST_F(PostgresPipeliningTest, AWriteThatChangesNoRowFailsItsUnitAndOnlyItsUnit) {
+  auto gate = std::make_shared<std::promise<void>>();
+  std::shared_future<void> open = gate->get_future().share();
+  store_->Write(
+      [open](Tx&) -> Status {
+        open.wait_for(std::chrono::milliseconds(500));
+        return Status::Ok();
+      },
+      nullptr);
+  std::vector<std::future<Status>> ends;
+  auto queue = [&](WriteFn fn) {
+    auto done = std::make_shared<std::promise<Status>>();
+    ends.push_back(done->get_future());
+    store_->Write(std::move(fn), [done](Status st, std::vector<Event>) { done->set_value(st); });
+  };
+  const Message before = NewMessage("before"), lost = NewMessage("lost"),
+                after = NewMessage("after");
+  store::Run missing;
+  missing.id = NewId();
+  missing.tenant_id = tenant_.id;
+  missing.session_id = session_.id;
+  missing.agent_id = agent_.id;
+  missing.status = "running";
+  queue([&](Tx& tx) { return tx.messages().InsertMessage(before); });
+  queue([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.messages().InsertMessage(lost));
+    KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(missing));  // answered later on PostgreSQL
+    return tx.sessions().UpdateSessionStatus(tenant_.id, session_.id, "running", NowMillis());
+  });
+  queue([&](Tx& tx) { return tx.messages().InsertMessage(after); });
+  gate->set_value();
+  std::vector<Status> got;
+  for (auto& e : ends) got.push_back(e.get());
+  EXPECT_TRUE(got[0].ok()) << got[0].ToString();
+  EXPECT_EQ(got[1].code(), Code::kNotFound) << got[1].ToString();
+  EXPECT_EQ(got[1].message(), "run not found: " + missing.id);
+  EXPECT_TRUE(got[2].ok()) << got[2].ToString();
+  EXPECT_EQ(Contents(), (std::vector<std::string>{"before", "after"}));
+
+  // The same insert twice in one unit: the second meets the first's row, and the unit fails
+  // with its conflict, alone in its transaction.
+  Status twice = store_->WriteSync([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.messages().InsertMessage(before));
+    return Status::Ok();
+  });
+  EXPECT_EQ(twice.code(), Code::kConflict) << twice.ToString();
+  EXPECT_EQ(Contents(), (std::vector<std::string>{"before", "after"}));
+}
+
+// After reads, no connection of the store's role is left idle in a transaction: each read's
+// COMMIT reached the server, though nobody waited for its answer; and the pooled connections go
+// on answering reads.
+TEST_F(PostgresPipeliningTest, AReadsTransactionEndsOnTheServerWithoutAWaitForItsCommit) {
+  for (int i = 0; i < 20; ++i) {
+    Status st = store_->Read(
+        [&](Tx& tx) { return tx.sessions().GetSession(tenant_.id, session_.id).status(); });
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  }
+  PGconn* admin = PQconnectdb(PgAdminUrl());
+  ASSERT_EQ(PQstatus(admin), CONNECTION_OK) << PQerrorMessage(admin);
+  const std::string count = "SELECT count(*) FROM pg_stat_activity WHERE datname = '" + db_.name() +
+                            "' AND state = 'idle in transaction'";
+  std::string in_transaction;
+  // The server runs each COMMIT as soon as it arrives; give the last one a moment to be seen.
+  for (int i = 0; i < 50; ++i) {
+    PGresult* r = PQexec(admin, count.c_str());
+    in_transaction = PQresultStatus(r) == PGRES_TUPLES_OK ? PQgetvalue(r, 0, 0) : "<error>";
+    PQclear(r);
+    if (in_transaction == "0") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  PQfinish(admin);
+  EXPECT_EQ(in_transaction, "0") << "a reader connection was left inside its transaction";
+  EXPECT_EQ(Contents(), std::vector<std::string>{});
+}
+
+}  // namespace
+}  // namespace keel::store
