@@ -11,5 +11,10 @@ namespace keel {
 void BlockSigpipeInThisThread();
 // Takes a SIGPIPE pending on the calling thread (after a write failed with EPIPE) off.
 void ConsumePendingSigpipe();
+// In a child between fork and exec (async-signal-safe): clears the signal mask and sets every
+// signal to its default action. The mask and ignored signals survive exec, so the program
+// starts as from a shell (SIGPIPE included); and until the exec, a fault in the child does not
+// run the server's handlers (runtime/crash_note.h would note the server's runs).
+void ResetSignalsForExec();
 
 }  // namespace keel

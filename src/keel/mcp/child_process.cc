@@ -1,16 +1,18 @@
 #include "keel/mcp/child_process.h"
 
 #include <fcntl.h>
+#include <grp.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
-#include <grp.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <string_view>
+
+#include "keel/common/sigpipe.h"
 
 namespace keel::mcp {
 namespace {
@@ -59,15 +61,8 @@ std::string PathEntryOf(const std::vector<std::string>& env) {
 // In the child, between fork and exec: only async-signal-safe calls.
 [[noreturn]] void ExecChild(const char* path, char* const* argv, char* const* envp, const char* cwd,
                             int in_fd, int out_fd, int err_fd, int status_fd, int uid, int gid) {
-  // Ignored signals and the mask survive exec; the server should start as if from a shell.
-  sigset_t none;
-  ::sigemptyset(&none);
-  ::sigprocmask(SIG_SETMASK, &none, nullptr);
-  struct sigaction dfl {};
-  dfl.sa_handler = SIG_DFL;
-  for (int sig = 1; sig < NSIG; ++sig) {
-    if (sig != SIGKILL && sig != SIGSTOP) ::sigaction(sig, &dfl, nullptr);
-  }
+  // The server starts as if from a shell.
+  ResetSignalsForExec();
   ::setsid();
   ::dup2(in_fd, 0);
   ::dup2(out_fd, 1);

@@ -28,17 +28,9 @@ void CloseFd(int& fd) {
 // In the child, between fork and exec: only async-signal-safe calls.
 [[noreturn]] void ExecChild(char* const* argv, char* const* envp, const char* cwd, int in_fd,
                             int out_fd, int err_fd, int status_fd, const ProcessLimits& limits) {
-  // The mask and ignored signals survive exec: the command gets SIGPIPE as from a shell (the
-  // writer blocks it; whoever started Keel may have ignored it). Until the exec, a fault here
-  // must not run the server's handlers (runtime/crash_note.h would note the server's runs).
-  sigset_t none;
-  ::sigemptyset(&none);
-  ::sigprocmask(SIG_SETMASK, &none, nullptr);
-  struct sigaction dfl {};
-  dfl.sa_handler = SIG_DFL;
-  for (int sig = 1; sig < NSIG; ++sig) {
-    if (sig != SIGKILL && sig != SIGSTOP) ::sigaction(sig, &dfl, nullptr);
-  }
+  // The command gets SIGPIPE as from a shell (the writer blocks it; whoever started Keel may
+  // have ignored it).
+  ResetSignalsForExec();
   ::setsid();
   ::dup2(in_fd, 0);
   ::dup2(out_fd, 1);
