@@ -154,6 +154,38 @@ class DrainTest(KeelTestCase):
         origins = {e["origin"] for e in log}
         self.assertEqual(len(origins), 2, "both nodes wrote the run's events: %s" % origins)
 
+    @unittest.skipUnless(ON_PG, "another node on the same database: PostgreSQL only")
+    def test_a_draining_leader_hands_the_lead_over_at_once(self):
+        # Its cluster-wide duties (schedules, expiries) stop when it drains: another node must
+        # take them over now, not when its lease of 5 s has run out after the drain.
+        self.other = KeelServer(env=self.env, store_url=self.server.store_url,
+                                token=self.server.token)
+        self.addCleanup(self.other.stop)
+
+        def leads(node):
+            status, body, _ = node.request("GET", "/healthz", token=None, timeout=10)
+            return status == 200 and bool(body.get("leader"))
+
+        got = wait_until(lambda: (lambda g: g if sum(g) == 1 else None)(
+            [leads(self.server), leads(self.other)]), timeout=10)
+        self.assertTrue(got, "exactly one node leads")
+        leader, other = (self.server, self.other) if got[0] else (self.other, self.server)
+        agent = leader.create_agent(config={"local_latency_ms": 20000})
+        session = leader.create_session(agent["id"])
+        status, body, _ = leader.post_message(session["id"], "keep the drain going")
+        self.assertIn(status, (200, 202), body)
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        leader.proc.send_signal(signal.SIGTERM)
+        self.assertTrue(wait_until(lambda: leads(other), timeout=4),
+                        "the other node did not take the lead from a draining one")
+        took = time.monotonic() - t0
+        self.assertIsNone(leader.proc.poll(), "the leader should still drain its 20 s step")
+        self.assertLess(took, 3.0, "the lead moved only after %.1fs" % took)
+        self.assertIn("no longer leads the cluster: it is draining", leader.log_tail())
+        leader.proc.send_signal(signal.SIGINT)
+        leader.proc.wait(timeout=5)
+
     def test_a_second_signal_stops_at_once(self):
         s = self.server
         agent = s.create_agent(tools=["notes.append"], config={"local_latency_ms": 20000})

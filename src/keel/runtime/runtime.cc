@@ -130,6 +130,7 @@ asio::awaitable<void> Runtime::Drain(std::chrono::milliseconds grace) {
   // Each part stops taking new work at once; the executing runs then have their grace; the
   // agents' plugins stop last.
   hub_.Close();
+  store_.Resign();
   schedule_timer_.cancel();
   models_->Stop();
   plugins_->StopDeliveries();

@@ -420,6 +420,10 @@ class Store {
   // duties (firing schedules). A store of one node always leads. Leadership can end at any
   // moment (a lost connection), so a duty must still be safe if two nodes briefly both act.
   virtual bool leader() const { return true; }
+  // A draining node: stops seeking the leadership and gives it up at once if it leads, so that
+  // another node takes the cluster-wide duties over without waiting for a lease to run out.
+  // Final. A store of one node ignores it.
+  virtual void Resign() {}
   virtual StoreStats stats() const = 0;
   // Stops the writer after draining queued work.
   virtual void Close() = 0;

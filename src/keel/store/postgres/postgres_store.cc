@@ -560,8 +560,11 @@ void PostgresStore::CallRemoteListener() {
 }
 
 bool PostgresStore::leader() const {
+  if (resigned_) return false;
   return std::chrono::steady_clock::now().time_since_epoch().count() < lease_until_.load();
 }
+
+void PostgresStore::Resign() { resigned_ = true; }
 
 void PostgresStore::RenewLeadership(Conn& conn) {
   const auto asked = std::chrono::steady_clock::now();
@@ -627,7 +630,10 @@ void PostgresStore::ListenerLoop() {
     CallRemoteListener();
     auto next_try = std::chrono::steady_clock::now();
     while (!listener_stopping_) {
-      if (std::chrono::steady_clock::now() >= next_try) {
+      if (resigned_) {
+        EndLeadership(conn.get(), "it is draining");
+        if (conn->broken()) break;
+      } else if (std::chrono::steady_clock::now() >= next_try) {
         RenewLeadership(*conn);
         next_try = std::chrono::steady_clock::now() + std::chrono::milliseconds(kLeaseRenewMs);
         if (conn->broken()) break;

@@ -83,6 +83,8 @@ class PostgresStore final : public QueuedStore {
   std::string origin() const override { return options_.origin; }
   // While this node's leadership lease (migration 0021) has time left by its own clock.
   bool leader() const override;
+  // Takes effect within kListenerPollMs: the listener gives the lease up (keel_resign).
+  void Resign() override;
   void Close() override;
 
  private:
@@ -154,6 +156,7 @@ class PostgresStore final : public QueuedStore {
   std::condition_variable listener_cv_;
   bool listener_stop_ = false;  // GUARDED_BY(listener_mu_)
   std::atomic<bool> listener_stopping_{false};
+  std::atomic<bool> resigned_{false};  // Resign was called: no leadership sought any more
   std::thread listener_thread_;
   // Until when (steady clock, its count) this node believes it leads; 0: it does not.
   std::atomic<int64_t> lease_until_{0};
