@@ -1385,6 +1385,9 @@ TEST_P(StoreTest, AnotherTenantsObjectsAreNotFound) {
     EXPECT_TRUE(tx.runs().ListRuns(b.id, "", {"", 50})->items.empty());
     EXPECT_EQ(*tx.runs().CountActiveRuns(b.id), 0);
     EXPECT_FALSE(*tx.runs().SessionBusy(b.id, session.id));
+    auto intake = tx.runs().ForIntake(b.id, session.id);
+    EXPECT_EQ(intake.status().code(), Code::kNotFound);
+    EXPECT_EQ(intake.status().message(), "session not found: " + session.id);
     EXPECT_TRUE(tx.runs().ListSteps(b.id, run.id)->empty());
     EXPECT_TRUE(tx.runs().ListToolCalls(b.id, run.id)->empty());
     EXPECT_TRUE(tx.tokens().ListTokens(b.id)->empty());
@@ -1396,6 +1399,14 @@ TEST_P(StoreTest, AnotherTenantsObjectsAreNotFound) {
     EXPECT_EQ(tx.events().ReadEvents(a.id, 0, {}, 100)->size(), 1u);
     EXPECT_EQ(*tx.runs().CountActiveRuns(a.id), 1);
     EXPECT_TRUE(*tx.runs().SessionBusy(a.id, session.id));
+    auto view = tx.runs().ForIntake(a.id, session.id);
+    EXPECT_TRUE(view.ok()) << view.status().message();
+    if (view.ok()) {
+      EXPECT_EQ(view->session.id, session.id);
+      EXPECT_EQ(view->session.agent_id, agent.id);
+      EXPECT_TRUE(view->busy);
+      EXPECT_EQ(view->active_runs, 1);
+    }
     return Status::Ok();
   }).ok());
 
@@ -1842,15 +1853,21 @@ TEST_P(StoreTest, ClaimableRunsFollowSessionOrderLeasesAndTenantsInTurn) {
   Session s1 = NewSession(t, agent);
   Session s2 = NewSession(t, agent);
   Session s3 = NewSession(u, other);  // runtime-wide: another tenant's runs are claimable too
+  Session s4 = NewSession(t, agent);  // no run
   // Ids in creation order: r[0], r[1], r[2] in s1; r[3] in s2; r[4] in s3.
   std::vector<store::Run> r = {NewRun(t, s1), NewRun(t, s1), NewRun(t, s1), NewRun(t, s2),
                                NewRun(u, s3)};
-  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) -> Status {
-    for (const auto* s : {&s1, &s2, &s3}) KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(*s));
-    // Inserted newest first: the order must come from the ids.
-    for (auto it = r.rbegin(); it != r.rend(); ++it) KEEL_RETURN_IF_ERROR(tx.runs().InsertRun(*it));
-    return Status::Ok();
-  }).ok());
+  ASSERT_TRUE(store_
+                  ->WriteSync([&](Tx& tx) -> Status {
+                    for (const auto* s : {&s1, &s2, &s3, &s4}) {
+                      KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(*s));
+                    }
+                    // Inserted newest first: the order must come from the ids.
+                    for (auto it = r.rbegin(); it != r.rend(); ++it)
+                      KEEL_RETURN_IF_ERROR(tx.runs().InsertRun(*it));
+                    return Status::Ok();
+                  })
+                  .ok());
   auto claimable = [&](Millis now, int limit = 10) {
     return Ids(ReadValue<std::vector<store::Run>>(
         *store_, [&](Tx& tx) { return tx.runs().ClaimableRuns(now, limit); }));
@@ -1890,6 +1907,11 @@ TEST_P(StoreTest, ClaimableRunsFollowSessionOrderLeasesAndTenantsInTurn) {
     EXPECT_EQ(*tx.runs().CountActiveRuns(t.id), 3);
     EXPECT_EQ(*tx.runs().CountActiveRuns(u.id), 1);
     EXPECT_TRUE(*tx.runs().SessionBusy(t.id, s1.id));
+    // Intake's one read says the same.
+    auto view = tx.runs().ForIntake(t.id, s1.id);
+    EXPECT_TRUE(view.ok() && view->busy && view->active_runs == 3 && view->session.id == s1.id);
+    auto idle = tx.runs().ForIntake(t.id, s4.id);
+    EXPECT_TRUE(idle.ok() && !idle->busy && idle->active_runs == 3);
     return Status::Ok();
   }).ok());
 }

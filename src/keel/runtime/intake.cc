@@ -168,24 +168,26 @@ Status Intake::Check(store::Tx& tx, Unit& u) {
       return Status::Ok();
     }
   }
+  int64_t active = 0;  // the tenant's runs in flight
   if (u.new_session) {
     u.busy = false;  // created by this unit for this agent: active, no run yet
+    KEEL_ASSIGN_OR_RETURN(active, tx.runs().CountActiveRuns(req.tenant_id));
   } else {
-    KEEL_ASSIGN_OR_RETURN(auto current,
-                          tx.sessions().GetSession(req.tenant_id, req.session_id));
+    KEEL_ASSIGN_OR_RETURN(auto view, tx.runs().ForIntake(req.tenant_id, req.session_id));
+    const store::Session& current = view.session;
     if (current.agent_id != u.agent.id) {
       return Conflict("session " + req.session_id + " is not a session of agent " + u.agent.id);
     }
     if (current.status == "inactive") {
       return Conflict("session " + req.session_id + " is inactive and takes no new messages");
     }
-    KEEL_ASSIGN_OR_RETURN(u.busy, tx.runs().SessionBusy(req.tenant_id, req.session_id));
+    u.busy = view.busy;
     if (u.busy && u.reject_when_busy) {
       return Conflict("session " + req.session_id +
                       " is busy with a run and its agent rejects messages while busy");
     }
+    active = view.active_runs;
   }
-  KEEL_ASSIGN_OR_RETURN(int64_t active, tx.runs().CountActiveRuns(req.tenant_id));
   const int cap = tenant_run_cap_;
   if (active >= cap) {
     return Status(Code::kRateLimited, "the tenant has " + std::to_string(active) +

@@ -208,6 +208,13 @@ Agent ReadAgent(const Row& s) {
 
 inline constexpr const char* kSessionCols =
     "id, tenant_id, agent_id, status, title, created_at, updated_at, description, created_by";
+// How many columns a list of them has (its commas and one), for columns selected after it.
+constexpr int ColumnCount(const char* cols) {
+  int n = 1;
+  for (; *cols; ++cols) n += *cols == ',' ? 1 : 0;
+  return n;
+}
+inline constexpr int kSessionColCount = ColumnCount(kSessionCols);
 template <typename Row>
 Session ReadSession(const Row& s) {
   Session x;

@@ -228,6 +228,16 @@ class RunStore {
   virtual Result<int64_t> CountActiveRuns(const std::string& tenant_id) = 0;
   // Whether the session has a run that is not terminal.
   virtual Result<bool> SessionBusy(const std::string& tenant_id, const std::string& session_id) = 0;
+  // What intake checks before it takes a message into an existing session, read in one
+  // statement (one round trip on PostgreSQL, in the writer's unit): the session (kNotFound as
+  // GetSession), SessionBusy and CountActiveRuns.
+  struct IntakeView {
+    Session session;
+    bool busy = false;
+    int64_t active_runs = 0;
+  };
+  virtual Result<IntakeView> ForIntake(const std::string& tenant_id,
+                                       const std::string& session_id) = 0;
 
   // Runtime-wide (not tenant-scoped): runs ready to execute now (queued runs whose session has
   // no earlier unfinished run, running runs whose lease expired before `now`), tenants taking

@@ -108,6 +108,24 @@ Result<bool> PostgresTx::SessionBusy(const std::string& tenant_id, const std::st
   return !rows.empty();
 }
 
+Result<RunStore::IntakeView> PostgresTx::ForIntake(const std::string& tenant_id,
+                                                   const std::string& session_id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kSessionCols) +
+      ", EXISTS(SELECT 1 FROM runs WHERE tenant_id=$1 AND session_id=$2 AND status IN "
+      "('queued','running','waiting_for_approval')), (SELECT count(*) FROM runs WHERE "
+      "tenant_id=$1 AND status IN ('queued','running')) FROM sessions WHERE tenant_id=$1 AND id=$2";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, session_id)));
+  if (rows.empty()) return NotFound("session not found: " + session_id);
+  Row row(rows, 0);
+  IntakeView v;
+  v.session = ReadSession(row);
+  v.busy = row.Text(kSessionColCount) == "t";
+  v.active_runs = row.Int(kSessionColCount + 1);
+  return v;
+}
+
 Result<std::vector<Run>> PostgresTx::ClaimableRuns(Millis now, int limit) {
   static const std::string kKeys = "SELECT tenant_id, id FROM keel_claimable_runs($1, $2)";
   static const std::string kSql =

@@ -74,6 +74,8 @@ class PostgresTx final : public SqlTx<PgSql> {
   Result<Token> FindActiveTokenByHash(const std::string& hash) override;
   // RunStore
   Result<bool> SessionBusy(const std::string& tenant_id, const std::string& session_id) override;
+  Result<IntakeView> ForIntake(const std::string& tenant_id,
+                               const std::string& session_id) override;
   Result<std::vector<Run>> ClaimableRuns(Millis now, int limit) override;
   Status ExpireLeasesOf(const std::string& owner) override;
   Status RenewLeases(const std::string& owner, const std::vector<std::string>& run_ids,

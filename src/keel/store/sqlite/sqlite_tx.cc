@@ -69,6 +69,25 @@ Result<bool> SqliteTx::SessionBusy(const std::string& tenant_id, const std::stri
   return s.Step();
 }
 
+Result<RunStore::IntakeView> SqliteTx::ForIntake(const std::string& tenant_id,
+                                                 const std::string& session_id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kSessionCols) +
+      ", EXISTS(SELECT 1 FROM runs INDEXED BY runs_session_active WHERE tenant_id=?1 AND "
+      "session_id=?2 AND status IN ('queued','running','waiting_for_approval')), (SELECT "
+      "count(*) FROM runs WHERE tenant_id=?1 AND status IN ('queued','running')) FROM sessions "
+      "WHERE tenant_id=?1 AND id=?2";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id, session_id);
+  KEEL_ASSIGN_OR_RETURN(bool found, s.Step());
+  if (!found) return NotFound("session not found: " + session_id);
+  IntakeView v;
+  v.session = ReadSession(s);
+  v.busy = s.Int(kSessionColCount) != 0;
+  v.active_runs = s.Int(kSessionColCount + 1);
+  return v;
+}
+
 Result<std::vector<Run>> SqliteTx::ClaimableRuns(Millis now, int limit) {
   // Two index range scans on (status, lease_expires_at); an OR would scan the whole table. A
   // queued run's earlier active runs are looked up by (session, status), so that a long
