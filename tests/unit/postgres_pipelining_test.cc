@@ -108,7 +108,11 @@ TEST_F(PostgresPipeliningTest, AWriteThatChangesNoRowFailsItsUnitAndOnlyItsUnit)
   missing.session_id = session_.id;
   missing.agent_id = agent_.id;
   missing.status = "running";
-  queue([&](Tx& tx) { return tx.messages().InsertMessage(before); });
+  int before_runs = 0;
+  queue([&](Tx& tx) {
+    ++before_runs;
+    return tx.messages().InsertMessage(before);
+  });
   queue([&](Tx& tx) -> Status {
     KEEL_RETURN_IF_ERROR(tx.messages().InsertMessage(lost));
     KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(missing));  // answered later on PostgreSQL
@@ -123,6 +127,9 @@ TEST_F(PostgresPipeliningTest, AWriteThatChangesNoRowFailsItsUnitAndOnlyItsUnit)
   EXPECT_EQ(got[1].message(), "run not found: " + missing.id);
   EXPECT_TRUE(got[2].ok()) << got[2].ToString();
   EXPECT_EQ(Contents(), (std::vector<std::string>{"before", "after"}));
+  // The failure was found after the middle unit's release went out with its statements: the
+  // transaction was rolled back and the unit before it ran again in the next one.
+  EXPECT_EQ(before_runs, 2);
 
   // The same insert twice in one unit: the second meets the first's row, and the unit fails
   // with its conflict, alone in its transaction.
@@ -132,6 +139,42 @@ TEST_F(PostgresPipeliningTest, AWriteThatChangesNoRowFailsItsUnitAndOnlyItsUnit)
   });
   EXPECT_EQ(twice.code(), Code::kConflict) << twice.ToString();
   EXPECT_EQ(Contents(), (std::vector<std::string>{"before", "after"}));
+
+  // A statement that fails on the server, in the middle unit of three: PostgreSQL skips the
+  // unit's release sent behind it, the unit is rolled back to its savepoint, and the units
+  // around it commit once each.
+  auto gate2 = std::make_shared<std::promise<void>>();
+  std::shared_future<void> open2 = gate2->get_future().share();
+  store_->Write(
+      [open2](Tx&) -> Status {
+        open2.wait_for(std::chrono::milliseconds(500));
+        return Status::Ok();
+      },
+      nullptr);
+  ends.clear();
+  int first_runs = 0;
+  const Message first = NewMessage("first"), conflicting = NewMessage("conflicting"),
+                last = NewMessage("last");
+  queue([&](Tx& tx) {
+    ++first_runs;
+    return tx.messages().InsertMessage(first);
+  });
+  Message orphan = NewMessage("orphan");
+  orphan.session_id = NewId();  // no such session: its foreign key fails on the server
+  queue([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.messages().InsertMessage(conflicting));
+    return tx.messages().InsertMessage(orphan);
+  });
+  queue([&](Tx& tx) { return tx.messages().InsertMessage(last); });
+  gate2->set_value();
+  got.clear();
+  for (auto& e : ends) got.push_back(e.get());
+  EXPECT_TRUE(got[0].ok()) << got[0].ToString();
+  EXPECT_FALSE(got[1].ok());
+  EXPECT_NE(got[1].message().find("foreign key"), std::string::npos) << got[1].ToString();
+  EXPECT_TRUE(got[2].ok()) << got[2].ToString();
+  EXPECT_EQ(first_runs, 1);  // no transaction was rolled back for it
+  EXPECT_EQ(Contents(), (std::vector<std::string>{"before", "after", "first", "last"}));
 }
 
 // After reads, no connection of the store's role is left idle in a transaction: each read's

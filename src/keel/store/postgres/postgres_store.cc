@@ -24,7 +24,8 @@ constexpr const char* kBeginRead = "BEGIN ISOLATION LEVEL REPEATABLE READ READ O
 // pg_subtrans while the transaction runs. 64 units per commit still amortize the fsync well.
 constexpr int kMaxUnitsPerTransaction = 64;
 // How many transactions a batch may take (CommitBatch): a unit runs again in a new one each
-// time it finds one more of its tenants' locks taken by another node.
+// time it finds one more of its tenants' locks taken by another node, or when a unit after it
+// failed once it was released (a write that changed no row).
 constexpr int kMaxTransactionsPerBatch = 200;
 // Threads that run ReadAsync's reads; each holds at most one reader connection at a time.
 constexpr int kReadThreads = 8;
@@ -439,7 +440,9 @@ size_t PostgresStore::CommitFrom(std::vector<Unit>& batch, size_t from,
       tx.ResetUnit();
       tx.ClearCarried();
       tx.BeginUnit();
-      Status st = savepoints && !savepoint_open ? conn.Exec("SAVEPOINT unit") : Status::Ok();
+      // Pipelined with the unit's first statements.
+      Status st =
+          savepoints && !savepoint_open ? conn.Send("SAVEPOINT unit", Params()) : Status::Ok();
       savepoint_open = false;
       if (st.ok()) {
         if (i == 0) tx.WaitsAllowed();
@@ -449,26 +452,47 @@ size_t PostgresStore::CommitFrom(std::vector<Unit>& batch, size_t from,
         } catch (const std::exception& e) {
           st = Internal(std::string("write failed: ") + e.what());
         }
-        // The unit's pipelined statements (event inserts, tenant bindings): their failure is
-        // the unit's.
-        Status flushed = conn.Flush();
-        if (st.ok()) st = flushed;
-        if (Status unchanged = tx.TakeUnchanged(); st.ok()) st = unchanged;
         if (!tx.busy_tenant().empty() && st.ok()) {
           // The unit went on without a tenant's lock (it ignored the refusal): not this time.
           st = Unavailable("tenant " + tx.busy_tenant() + " is being written by another node");
         }
+        // A unit that went well so far is released, and the next one's savepoint opened, in
+        // the same round trip as its pipelined statements: when one of those fails, PostgreSQL
+        // skips the rest of the pipeline, so the savepoint is still there to roll back to.
+        const bool more = i + 1 < count;
+        bool boundary_sent = false;
+        if (savepoints && st.ok() && !conn.in_failed_transaction()) {
+          st = conn.Send("RELEASE unit", Params());
+          if (st.ok() && more) st = conn.Send("SAVEPOINT unit", Params());
+          boundary_sent = true;
+        }
+        // The unit's pipelined statements (event inserts, tenant bindings, row writes): their
+        // failure is the unit's.
+        Status flushed = conn.Flush();
+        if (st.ok()) st = flushed;
+        Status unchanged = tx.TakeUnchanged();
+        if (boundary_sent && st.ok() && !unchanged.ok()) {
+          // A write that changed no row, found only now that the unit is part of the
+          // transaction: the transaction is rolled back, this unit fails alone, and the units
+          // before it run again in the next one.
+          tx.ResetUnit();
+          (void)conn.Exec("ROLLBACK");
+          tx.ChainTransactionDone(false);
+          std::vector<Unit> failed;
+          failed.push_back(std::move(batch[from + i]));
+          batch.erase(batch.begin() + static_cast<long>(from + i));
+          std::vector<Status> failed_results{unchanged};
+          std::vector<std::vector<Event>> no_events(1);
+          queue_.Finish(failed, failed_results, no_events, Status::Ok(), 0, listener_);
+          return from;
+        }
+        if (st.ok()) st = unchanged;
         if (st.ok() && conn.in_failed_transaction()) {
           // The unit went on after a failed statement; PostgreSQL has aborted its work.
           st = Internal("write failed: a statement of the unit failed and its error was ignored");
         }
         if (savepoints) {
-          if (st.ok()) {
-            // One round trip per boundary: release this unit and open the next one's savepoint.
-            const bool more = i + 1 < count;
-            st = conn.Exec(more ? "RELEASE unit; SAVEPOINT unit" : "RELEASE unit");
-            savepoint_open = more && st.ok();
-          }
+          savepoint_open = more && st.ok();
           if (!st.ok()) {
             (void)conn.Exec("ROLLBACK TO unit; RELEASE unit");
             tx.AfterRollbackToSavepoint();

@@ -112,7 +112,10 @@ class PostgresStore final : public QueuedStore {
   void CommitBatch(std::vector<Unit>& batch);
   // One transaction of CommitBatch: the units of `batch` from `from`, with `tenants` locked
   // first. Returns where the next transaction starts (batch.size(): done); `tenants` becomes
-  // what that transaction locks first.
+  // what that transaction locks first. Each unit has a savepoint, released in the round trip
+  // of its pipelined statements; a unit found to have failed after its release (a write that
+  // changed no row) is answered alone and taken out of `batch`, and the transaction is rolled
+  // back, so that the next one starts at `from` again.
   size_t CommitFrom(std::vector<Unit>& batch, size_t from, std::set<std::string>& tenants);
   // "SELECT pg_notify(...); COMMIT" for a batch with `events`, or "COMMIT".
   std::string CommitSql(Conn& conn, const std::vector<std::vector<Event>>& events) const;
