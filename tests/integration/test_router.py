@@ -116,6 +116,54 @@ class RouterTest(KeelTestCase):
 
     # ------------------------------------------------------------------ metering
 
+    def assert_completion_reports_stored_usage(self, t, run_id):
+        """run.completed@v1 carries the usage the run's records add up to (GET /v1/runs/{id}
+        sums them from the store; the executor keeps them as it goes)."""
+        run = self.server.wait_run(run_id, timeout=WAIT, token=t.token)
+        self.assertEqual(run["status"], "done", run)
+        done = [e for e in t.events(run_id) if e["type"] == "run.completed@v1"]
+        self.assertEqual(len(done), 1, done)
+        self.assertEqual(done[0]["payload"]["usage"], run["usage"])
+        return run
+
+    def test_the_completion_reports_the_usage_of_every_step_cached_or_not(self):
+        t = RouterTenant(self.server)
+        agent = t.ok("POST", "/v1/agents", {"name": unique_name("agent"), "model": "local",
+                                            "tools": ["time.now"], "config": {}}, expect=201)
+        cached = []
+        for _ in range(2):  # the second turn's first model call is answered from the cache
+            stores = self.metric("keel_model_cache_stores_total")
+            session = t.ok("POST", "/v1/agents/%s/sessions" % agent["id"], {}, expect=201)
+            body = t.ok("POST", "/v1/sessions/%s/messages?wait=%d" % (session["id"], WAIT),
+                        {"content": "/call time.now {}"}, expect=(200, 202))
+            run = self.assert_completion_reports_stored_usage(t, body["run"]["id"])
+            self.assertEqual(run["usage"]["model_calls"], 2, run["usage"])
+            self.assertGreater(run["usage"]["cost_usd"], 0, run["usage"])
+            cached.append(run["usage"]["cached_calls"])
+            wait_metric(self.server, "keel_model_cache_stores_total", stores + 1)
+        self.assertEqual(cached, [0, 1])
+
+    def test_a_resumed_run_reports_the_usage_of_the_steps_before_its_node_died(self):
+        t = RouterTenant(self.server)
+        agent = t.ok("POST", "/v1/agents", {"name": unique_name("agent"), "model": "local",
+                                            "tools": ["time.now"],
+                                            "config": {"local_latency_ms": 1500, "cache": False}},
+                     expect=201)
+        session = t.ok("POST", "/v1/agents/%s/sessions" % agent["id"], {}, expect=201)
+        body = t.ok("POST", "/v1/sessions/%s/messages" % session["id"],
+                    {"content": "/call time.now {}"}, expect=(200, 202))
+        run_id = body["run"]["id"]
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:  # its first model step recorded, the second slow
+            if any(s["kind"] == "tool" for s in t.steps(run_id)):
+                break
+            time.sleep(0.05)
+        self.server.kill9()
+        self.server.start()
+        run = self.assert_completion_reports_stored_usage(t, run_id)
+        self.assertGreaterEqual(run["attempt"], 2, run)
+        self.assertEqual(run["usage"]["model_calls"], 2, run["usage"])
+
     def test_a_runs_usage_carries_its_cost_and_adds_up_per_agent_and_tenant(self):
         t = RouterTenant(self.server)
         agent = t.agent(cache=False)

@@ -282,6 +282,17 @@ Status ModelCall::Record(store::Tx& tx, const store::Run& run, const store::Step
   return Status::Ok();
 }
 
+void ModelCall::AddTo(store::UsageTotals& totals) const {
+  // The conditions under which Record inserts its usage record, above.
+  if (!budget_exceeded.is_null() || !response.ok()) return;
+  totals.calls += 1;
+  totals.cached_calls += cached ? 1 : 0;
+  totals.input_tokens += response->usage.input_tokens;
+  totals.output_tokens += response->usage.output_tokens;
+  totals.cost_micros += cost_micros;
+  totals.saved_micros += saved_micros;
+}
+
 Json UsageTotalsJson(const store::UsageTotals& t) {
   return {{"model_calls", t.calls},
           {"cached_calls", t.cached_calls},

@@ -65,6 +65,9 @@ struct ModelCall {
   // (when a model or the cache answered) and its events, model.fallback@v1 or
   // budget.exceeded@v1.
   Status Record(store::Tx& tx, const store::Run& run, const store::Step& step) const;
+  // Adds the usage record Record writes (when it writes one) to a run's totals, for a caller
+  // that keeps them instead of reading them back (store::UsageStore::RunUsage).
+  void AddTo(store::UsageTotals& totals) const;
 };
 
 struct HistoryMark;  // below

@@ -180,6 +180,11 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
     auto written = co_await store::AsyncWrite(store_, claim);
     if (!written.ok()) co_return;
   }
+  // The run's usage records so far, kept here so that its ending need not read them back in the
+  // writer's unit: none at a first attempt; read with the rest below at a later one; unknown
+  // again after a compaction, whose record is made elsewhere (the ending reads them then).
+  store::UsageTotals usage_records;
+  bool usage_known = run.attempt == 1;
   ++metrics_.runs_started;
   release.noted = crash_note::Executing(run.tenant_id, run.id, run.attempt);
 
@@ -226,7 +231,12 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
       if (status == "done" && !introspection.empty()) {
         KEEL_RETURN_IF_ERROR(IntrospectionCompleted(tx, cur, introspection));
       }
-      KEEL_ASSIGN_OR_RETURN(auto totals, tx.usage().RunUsage(cur.tenant_id, cur.id));
+      store::UsageTotals totals = usage_records;  // a copy: the unit may run twice
+      if (!usage_known) {
+        KEEL_ASSIGN_OR_RETURN(totals, tx.usage().RunUsage(cur.tenant_id, cur.id));
+      } else if (final_step && call) {
+        call->AddTo(totals);
+      }
       // A run's reported usage includes the tokens this ending adds (RunUsageJson reads cur).
       runs::Ending ending{status, output, error, RunUsageJson(cur, totals)};
       return runs::Finish(tx, cur, ending, at);
@@ -282,6 +292,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
     if (run.attempt > 1) {  // a first attempt has recorded nothing yet
       KEEL_ASSIGN_OR_RETURN(steps, tx.runs().ListSteps(run.tenant_id, run.id));
       KEEL_ASSIGN_OR_RETURN(calls, tx.runs().ListToolCalls(run.tenant_id, run.id));
+      KEEL_ASSIGN_OR_RETURN(usage_records, tx.usage().RunUsage(run.tenant_id, run.id));
     }
     KEEL_ASSIGN_OR_RETURN(working_memory,
                           memory::WorkingMemoryPrompt(tx, run.tenant_id, run.agent_id));
@@ -289,6 +300,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
     KEEL_ASSIGN_OR_RETURN(first_stops, tx.policies().ListStops(run.tenant_id));
     return Status::Ok();
   });
+  if (loaded.ok()) usage_known = true;  // at a later attempt, read with the rest
   if (loaded.ok() && prompt.role != "call") {
     KeepWindow(run, context);
   } else if (context.known) {
@@ -351,8 +363,10 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
     request.agent_config = agent.config;
     std::string code;
     std::optional<FailedSummary> summary_failed;  // a compaction's summary call failed
+    const size_t steps_before = steps.size();
     Status assembled = co_await AssembleContext(run, agent, prompt, plugins, std::move(context),
                                                 request, steps, code, summary_failed, history);
+    if (steps.size() != steps_before) usage_known = false;  // a compaction recorded its usage
     if (!assembled.ok()) {
       if (code.empty()) {  // the store failed; the run resumes after its lease
         stopped("the assembly of its context", assembled);
@@ -453,7 +467,6 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
     request.messages.push_back({"tool", outcome.ForModel(), {}, call.call_id, call.tool});
   }
 
-  model::Usage usage_total;
   while (true) {
     if (dispatcher_->draining() && !dispatcher_->CancelRequested(run.id) && !run.cancel_requested) {
       // The node stops: the run goes back to the queue at this step boundary, with what it
@@ -640,10 +653,10 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
       stopped("the record of a model step", recorded.status());
       co_return;
     }
+    call.AddTo(usage_records);
     model::ChatMessage m{"assistant", response->text, response->tool_calls, "", ""};
     request.messages.push_back(std::move(m));
     pending = response->tool_calls;
-    (void)usage_total;
   }
 }
 
