@@ -75,6 +75,20 @@ class PostgresPipeliningTest : public ::testing::Test {
     return out;
   }
 
+  // Holds the writer in a unit of its own (for at most 500 ms) until the promise is set, so
+  // that the units queued meanwhile share the next transaction.
+  std::shared_ptr<std::promise<void>> HoldWriter() {
+    auto gate = std::make_shared<std::promise<void>>();
+    std::shared_future<void> open = gate->get_future().share();
+    store_->Write(
+        [open](Tx&) -> Status {
+          open.wait_for(std::chrono::milliseconds(500));
+          return Status::Ok();
+        },
+        nullptr);
+    return gate;
+  }
+
   PgTestDatabase db_;
   std::unique_ptr<Store> store_;
   Tenant tenant_;
@@ -86,14 +100,7 @@ class PostgresPipeliningTest : public ::testing::Test {
 // writes a message, then updates a run that does not exist and carries on. It fails with the
 // update's kNotFound, its message is rolled back, and the units around it commit.
 TEST_F(PostgresPipeliningTest, AWriteThatChangesNoRowFailsItsUnitAndOnlyItsUnit) {
-  auto gate = std::make_shared<std::promise<void>>();
-  std::shared_future<void> open = gate->get_future().share();
-  store_->Write(
-      [open](Tx&) -> Status {
-        open.wait_for(std::chrono::milliseconds(500));
-        return Status::Ok();
-      },
-      nullptr);
+  auto gate = HoldWriter();
   std::vector<std::future<Status>> ends;
   auto queue = [&](WriteFn fn) {
     auto done = std::make_shared<std::promise<Status>>();
@@ -143,14 +150,7 @@ TEST_F(PostgresPipeliningTest, AWriteThatChangesNoRowFailsItsUnitAndOnlyItsUnit)
   // A statement that fails on the server, in the middle unit of three: PostgreSQL skips the
   // unit's release sent behind it, the unit is rolled back to its savepoint, and the units
   // around it commit once each.
-  auto gate2 = std::make_shared<std::promise<void>>();
-  std::shared_future<void> open2 = gate2->get_future().share();
-  store_->Write(
-      [open2](Tx&) -> Status {
-        open2.wait_for(std::chrono::milliseconds(500));
-        return Status::Ok();
-      },
-      nullptr);
+  auto gate2 = HoldWriter();
   ends.clear();
   int first_runs = 0;
   const Message first = NewMessage("first"), conflicting = NewMessage("conflicting"),
