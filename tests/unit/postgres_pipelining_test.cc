@@ -177,6 +177,72 @@ TEST_F(PostgresPipeliningTest, AWriteThatChangesNoRowFailsItsUnitAndOnlyItsUnit)
   EXPECT_EQ(Contents(), (std::vector<std::string>{"before", "after", "first", "last"}));
 }
 
+// A unit's events are held back and go out as one insert per tenant and origin at the unit's
+// end, or before the unit next waits for the server: a read in the unit sees the events it
+// appended, rows written for another tenant in between keep their own tenant (row security
+// checks both), a failed unit's held events never reach the table, and positions stay gapless
+// and in append order.
+TEST_F(PostgresPipeliningTest, AUnitsHeldEventsAreInsertedTogetherAndSeenByItsOwnReads) {
+  const Tenant other{NewId(), "other", NowMillis()};
+  Agent other_agent = agent_;
+  other_agent.id = NewId();
+  other_agent.tenant_id = other.id;
+  auto event = [](const Tenant& t, const std::string& n) {
+    return NewEvent{t.id, "test.event@v1", "", "", "", Json{{"n", n}}};
+  };
+  int64_t seen_in_unit = -1;
+  std::vector<Event> committed;
+  Status st = store_->WriteSync(
+      [&](Tx& tx) -> Status {
+        KEEL_RETURN_IF_ERROR(tx.tenants().InsertTenant(other));
+        KEEL_RETURN_IF_ERROR(tx.events().Append(event(tenant_, "a1")));
+        KEEL_RETURN_IF_ERROR(tx.events().Append(event(tenant_, "a2")));
+        // Another tenant's row and event between this tenant's events.
+        KEEL_RETURN_IF_ERROR(tx.agents().InsertAgent(other_agent));
+        KEEL_RETURN_IF_ERROR(tx.events().Append(event(other, "b1")));
+        // A read in the unit, bound to this tenant: the held events go out before it, the
+        // other tenant's last, and the read still reads as this tenant.
+        KEEL_ASSIGN_OR_RETURN(auto mine, tx.events().ReadEvents(tenant_.id, 0, {}, 100));
+        seen_in_unit = static_cast<int64_t>(mine.size());
+        KEEL_RETURN_IF_ERROR(tx.events().Append(event(tenant_, "a3")));
+        return tx.messages().InsertMessage(NewMessage("after the read"));
+      },
+      &committed);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(seen_in_unit, 2);
+  ASSERT_EQ(committed.size(), 4u);
+  EXPECT_EQ(committed[0].position, 1);
+  EXPECT_EQ(committed[1].position, 2);
+  EXPECT_EQ(committed[2].position, 1);  // the other tenant's first
+  EXPECT_EQ(committed[3].position, 3);
+  EXPECT_EQ(committed[3].origin_seq, 3);
+  EXPECT_EQ(Contents(), (std::vector<std::string>{"after the read"}));
+
+  // A unit that appends and then fails: its events are not inserted, and the next unit's take
+  // the positions it would have had.
+  Status failed = store_->WriteSync([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.events().Append(event(tenant_, "lost")));
+    return InvalidArgument("the unit gives up");
+  });
+  EXPECT_EQ(failed.code(), Code::kInvalidArgument);
+  committed.clear();
+  st = store_->WriteSync([&](Tx& tx) { return tx.events().Append(event(tenant_, "a4")); },
+                         &committed);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_EQ(committed.size(), 1u);
+  EXPECT_EQ(committed[0].position, 4);
+  std::vector<std::string> ns;
+  st = store_->Read([&](Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(auto all, tx.events().ReadEvents(tenant_.id, 0, {}, 100));
+    for (const auto& e : all) {
+      if (e.type == "test.event@v1") ns.push_back(e.payload.value("n", ""));
+    }
+    return Status::Ok();
+  });
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(ns, (std::vector<std::string>{"a1", "a2", "a3", "a4"}));
+}
+
 // After reads, no connection of the store's role is left idle in a transaction: each read's
 // COMMIT reached the server, though nobody waited for its answer; and the pooled connections go
 // on answering reads.

@@ -295,8 +295,17 @@ Result<std::string> Conn::Prepared(const std::string& sql) {
   return it->second;
 }
 
+Status Conn::BeforeWait() {
+  if (!before_wait_ || in_before_wait_) return Status::Ok();
+  in_before_wait_ = true;
+  Status st = before_wait_();
+  in_before_wait_ = false;
+  return st;
+}
+
 Result<Rows> Conn::Query(const std::string& sql, const Params& params) {
   ReadUnanswered();
+  KEEL_RETURN_IF_ERROR(BeforeWait());
   if (!pending_.empty()) {
     // Behind queued statements: send this one with them and collect all in one round trip.
     std::optional<Rows> rows;
@@ -343,6 +352,7 @@ Status Conn::Send(const std::string& sql, const Params& params, ResultFn on_resu
 
 Status Conn::Flush() {
   ReadUnanswered();
+  KEEL_RETURN_IF_ERROR(BeforeWait());
   if (pending_.empty()) return Status::Ok();
   std::vector<ResultFn> pending = std::move(pending_);
   pending_.clear();

@@ -130,6 +130,10 @@ class Conn {
   Status Send(const std::string& sql, const Params& params, ResultFn on_result = nullptr);
   // Collects the results of every queued statement (nothing to do when none is queued).
   Status Flush();
+  // Called before the connection waits for the server (Query and Flush, so Exec, QueryOnce
+  // and CommitUnanswered too): statements a caller holds back to send as one (PostgresTx's
+  // events) go out first, so that nothing read or committed misses them. nullptr: none.
+  void SetBeforeWait(std::function<Status()> fn) { before_wait_ = std::move(fn); }
   // Sends COMMIT (after flushing) without waiting for its answer, which the connection's next
   // call reads first: a read-only transaction's end costs no round trip. The server runs it at
   // once, so the transaction and its snapshot end there and then.
@@ -174,12 +178,16 @@ class Conn {
   // The name of `sql` prepared on this connection, preparing it now if needed (outside a
   // pipeline: the caller flushes first).
   Result<std::string> Prepared(const std::string& sql);
+  // Runs before_wait_ (not from within itself).
+  Status BeforeWait();
 
   PGconn* c_;
   std::unordered_map<std::string, std::string> prepared_;  // SQL text -> statement name
   std::vector<ResultFn> pending_;  // queued statements awaiting their results, in order
   uint64_t statements_ = 0;
   bool unanswered_ = false;  // a COMMIT sent by CommitUnanswered, its answer not read yet
+  std::function<Status()> before_wait_;
+  bool in_before_wait_ = false;
 };
 
 // Every row of a result, each read by `read(Row)`.
@@ -264,6 +272,8 @@ class PgSql {
   // What app.tenant_id holds is no longer known: a transaction began, or a savepoint was
   // rolled back.
   void ForgetTenant() { bound_tenant_.reset(); }
+  // The tenant the transaction is bound to now, if any.
+  const std::optional<std::string>& bound_tenant() const { return bound_tenant_; }
 
   // Tenant write locks (docs/decisions/0014-postgres-tenant-write-locks.md). A write
   // transaction holds the lock of every tenant it binds, from then to its end, so that writes

@@ -449,7 +449,13 @@ size_t PostgresStore::CommitFrom(std::vector<Unit>& batch, size_t from,
         try {
           st = batch[from + i].fn(tx);
           if (st.ok()) st = tx.CarriedAll();
+          if (st.ok()) {
+            st = tx.SendEvents();
+          } else {
+            tx.DropEvents();
+          }
         } catch (const std::exception& e) {
+          tx.DropEvents();
           st = Internal(std::string("write failed: ") + e.what());
         }
         if (!tx.busy_tenant().empty() && st.ok()) {

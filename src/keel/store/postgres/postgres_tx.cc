@@ -32,6 +32,7 @@ std::string TextArray(const std::vector<std::string>& items) {
 
 void PostgresTx::BeginTransaction(bool write) {
   appended_.clear();
+  held_events_.clear();
   sql_.BeginTransaction(write);
 }
 
@@ -151,19 +152,6 @@ Status PostgresTx::RenewLeases(const std::string& owner, const std::vector<std::
 
 Status PostgresTx::Append(NewEvent n) {
   Event& e = NewAppended(std::move(n));
-  // The tenant's position and its origin_seq are computed inside the insert (SqliteTx reads them
-  // first and binds them; the rule is the same), each one probe of its unique index: a rolled
-  // back unit takes its numbers with it, so there is never a gap, and since every write
-  // transaction holds its tenant's write lock (PgSql, docs/decisions/0014), they follow commit
-  // order within the tenant. `position` stays the store-wide key, in no useful order.
-  static const std::string kSql =
-      "INSERT INTO events(id, tenant_id, tenant_position, type, origin, origin_seq, agent_id, "
-      "session_id, run_id, payload, occurred_at, hash) VALUES($1,$2,"
-      "(SELECT coalesce(max(tenant_position),0)+1 FROM events WHERE tenant_id=$2),$3,$4,"
-      "(SELECT coalesce(max(origin_seq),0)+1 FROM events WHERE tenant_id=$2 AND origin=$4),"
-      "$5,$6,$7,$8,$9,$10) RETURNING tenant_position, origin_seq";
-  // Pipelined: the position and origin_seq arrive with the next round trip, at the latest when
-  // the unit ends (PostgresStore flushes then); a failure there fails the unit.
   // As stored: with the row images the unit carried (the Json payload handed to live streams
   // leaves them out).
   std::string payload = DumpJson(e.payload);
@@ -172,23 +160,86 @@ Status PostgresTx::Append(NewEvent n) {
     return carried;
   }
   const ChainedFields chained = ChainedOf(e, payload);
+  // Bound now, so the tenant's write lock is taken where the unit asks for it (PgSql).
   Status st = BindTenant(e.tenant_id);
   Result<std::string> hash = st.ok() ? sealer_.Next(chained, head_loader_) : Result<std::string>(st);
-  st = hash.status();
-  if (st.ok()) {
-    const size_t index = appended_.size() - 1;
-    st = conn_.Send(kSql,
-                    P(e.id, e.tenant_id, e.type, e.origin, e.agent_id, e.session_id, e.run_id,
-                      payload, e.occurred_at, *hash),
-                    [this, index](Rows& rows) {
-                      if (rows.empty() || index >= appended_.size()) return;
-                      appended_[index].position = rows.Int(0, 0);
-                      appended_[index].origin_seq = rows.Int(0, 1);
-                    });
+  if (!hash.ok()) {
+    appended_.pop_back();
+    return hash.status();
   }
-  if (st.ok()) sealer_.Appended(chained, *hash);
-  if (!st.ok()) appended_.pop_back();
-  return st;
+  sealer_.Appended(chained, *hash);
+  held_events_.push_back(HeldEvent{appended_.size() - 1, std::move(payload), std::move(*hash)});
+  return Status::Ok();
+}
+
+Status PostgresTx::SendEvents() {
+  // The tenant's position and the origin's origin_seq are computed inside the insert, one
+  // probe of each unique index for all the events of a tenant and origin, numbered in append
+  // order (SqliteTx reads them first and binds them; the rule is the same): a rolled back unit
+  // takes its numbers with it, so there is never a gap, and since every write transaction holds
+  // its tenant's write lock (PgSql, docs/decisions/0014), they follow commit order within the
+  // tenant. `position` stays the store-wide key, in no useful order.
+  static const std::string kSql =
+      "INSERT INTO events(id, tenant_id, tenant_position, type, origin, origin_seq, agent_id, "
+      "session_id, run_id, payload, occurred_at, hash) "
+      "SELECT v.id, $1, last.position + v.n, v.type, $2, last.seq + v.n, v.agent_id, "
+      "v.session_id, v.run_id, v.payload, v.occurred_at, v.hash "
+      "FROM (SELECT (SELECT coalesce(max(tenant_position), 0) FROM events WHERE tenant_id=$1) "
+      "AS position, (SELECT coalesce(max(origin_seq), 0) FROM events WHERE tenant_id=$1 AND "
+      "origin=$2) AS seq) last, "
+      "unnest($3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], "
+      "$9::bigint[], $10::text[]) WITH ORDINALITY "
+      "AS v(id, type, agent_id, session_id, run_id, payload, occurred_at, hash, n) "
+      "ORDER BY v.n RETURNING id, tenant_position, origin_seq";
+  if (held_events_.empty()) return Status::Ok();
+  std::vector<HeldEvent> held = std::move(held_events_);
+  held_events_.clear();
+  // Sent before one of the unit's statements, perhaps for another tenant: bound back after.
+  const std::optional<std::string> bound = sql_.bound_tenant();
+  for (size_t first = 0; first < held.size();) {
+    const Event& head = appended_[held[first].index];
+    size_t end = first + 1;
+    while (end < held.size() && appended_[held[end].index].tenant_id == head.tenant_id &&
+           appended_[held[end].index].origin == head.origin) {
+      ++end;
+    }
+    std::vector<std::string> ids, types, agents, sessions, runs, payloads, times, hashes;
+    std::vector<size_t> indexes;
+    for (size_t i = first; i < end; ++i) {
+      Event& e = appended_[held[i].index];
+      ids.push_back(e.id);
+      types.push_back(e.type);
+      agents.push_back(e.agent_id);
+      sessions.push_back(e.session_id);
+      runs.push_back(e.run_id);
+      payloads.push_back(std::move(held[i].payload));
+      times.push_back(std::to_string(e.occurred_at));
+      hashes.push_back(std::move(held[i].hash));
+      indexes.push_back(held[i].index);
+    }
+    // Row security checks each row against the tenant bound now (its lock was taken at
+    // Append). Pipelined: the positions arrive with the next round trip, at the latest when
+    // the unit ends (PostgresStore flushes then); a failure there fails the unit.
+    KEEL_RETURN_IF_ERROR(BindTenant(head.tenant_id));
+    KEEL_RETURN_IF_ERROR(conn_.Send(kSql,
+                                    P(head.tenant_id, head.origin, TextArray(ids), TextArray(types),
+                                      TextArray(agents), TextArray(sessions), TextArray(runs),
+                                      TextArray(payloads), TextArray(times), TextArray(hashes)),
+                                    [this, indexes = std::move(indexes)](Rows& rows) {
+                                      for (int r = 0; r < rows.size(); ++r) {
+                                        const std::string id = rows.Text(r, 0);
+                                        for (size_t index : indexes) {
+                                          if (index < appended_.size() &&
+                                              appended_[index].id == id) {
+                                            appended_[index].position = rows.Int(r, 1);
+                                            appended_[index].origin_seq = rows.Int(r, 2);
+                                          }
+                                        }
+                                      }
+                                    }));
+    first = end;
+  }
+  return bound ? BindTenant(*bound) : Status::Ok();
 }
 
 // ---- The audit chain (store/audit.h)

@@ -45,7 +45,11 @@ class PostgresTx final : public SqlTx<PgSql> {
     head_loader_ = [this](const std::string& tenant_id, const std::string& origin) {
       return LoadChainHead(tenant_id, origin);
     };
+    conn_.SetBeforeWait([this] { return SendEvents(); });
   }
+  ~PostgresTx() override { conn_.SetBeforeWait(nullptr); }
+  PostgresTx(const PostgresTx&) = delete;
+  PostgresTx& operator=(const PostgresTx&) = delete;
 
   // A transaction began: nothing from the previous one (settings, locks, events) carries over.
   // `write`: the writer's, which takes tenant write locks (PgSql); a read takes none.
@@ -54,6 +58,16 @@ class PostgresTx final : public SqlTx<PgSql> {
   Status LockFirst(const std::set<std::string>& tenants) { return sql_.LockFirst(tenants); }
   void WaitsAllowed() { sql_.WaitsAllowed(); }
   void BeginUnit() { sql_.BeginUnit(); }
+  // Starts a new unit of work: also forgets the events a failed unit held back.
+  void ResetUnit() {
+    held_events_.clear();
+    SqlTx::ResetUnit();
+  }
+  // The unit's events, held back by Append, go out as one insert per tenant and origin
+  // (pipelined): at the unit's end, or before the connection next waits for the server (a read
+  // in the unit). The unit's failure drops them.
+  Status SendEvents();
+  void DropEvents() { held_events_.clear(); }
   const std::string& busy_tenant() const { return sql_.busy(); }
   const std::set<std::string>& unit_tenants() const { return sql_.unit_tenants(); }
   // The unit's pipelined write that changed no row (PgSql::ExecChanging), once flushed.
@@ -116,6 +130,14 @@ class PostgresTx final : public SqlTx<PgSql> {
   Result<std::vector<IntrospectionDue>> DueIntrospections(Millis now, int limit) override;
 
  private:
+  // An appended event not sent yet: its index in appended_, its stored payload and its hash.
+  struct HeldEvent {
+    size_t index;
+    std::string payload;
+    std::string hash;
+  };
+  std::vector<HeldEvent> held_events_;
+
   // Binds the transaction to `tenant_id` (row-level security) unless it already is.
   Status BindTenant(const std::string& tenant_id) { return sql_.BindTenant(tenant_id); }
   // For the (tenant_id, id) rows `keys` that a runtime-wide function returned: runs `sql`

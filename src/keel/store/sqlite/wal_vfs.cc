@@ -3,6 +3,7 @@
 #include <sqlite3.h>
 
 #include <algorithm>
+#include <new>
 #include <string>
 
 namespace keel::store::sqlite {
@@ -54,7 +55,12 @@ int Write(sqlite3_file* file, const void* data, int n, sqlite3_int64 offset) {
     if (int rc = Flush(f); rc != SQLITE_OK) return rc;
   }
   if (f->held->empty()) f->held_at = offset;
-  f->held->append(static_cast<const char*>(data), static_cast<size_t>(n));
+  try {
+    f->held->append(static_cast<const char*>(data), static_cast<size_t>(n));
+  } catch (const std::bad_alloc&) {  // no exception may cross SQLite: write it through instead
+    if (int rc = Flush(f); rc != SQLITE_OK) return rc;
+    return f->real->pMethods->xWrite(f->real, data, n, offset);
+  }
   return f->held->size() >= kMaxHeld ? Flush(f) : SQLITE_OK;
 }
 
@@ -141,7 +147,8 @@ int Open(sqlite3_vfs*, sqlite3_filename name, sqlite3_file* file, int flags, int
   int rc = g_real->xOpen(g_real, name, f->real, flags, out_flags);
   // SQLite closes a file whose open failed when its methods are set; mirror the wrapped file.
   if (!f->real->pMethods) return rc;
-  if (rc == SQLITE_OK && (flags & SQLITE_OPEN_WAL)) f->held = new std::string();
+  // Without the memory for it, the WAL is written through like any file.
+  if (rc == SQLITE_OK && (flags & SQLITE_OPEN_WAL)) f->held = new (std::nothrow) std::string();
   f->base.pMethods = &kMethods[std::clamp(f->real->pMethods->iVersion, 1, 3) - 1];
   return rc;
 }
