@@ -75,7 +75,8 @@ Result<RunStore::IntakeView> SqliteTx::ForIntake(const std::string& tenant_id,
       "SELECT " + std::string(kSessionCols) +
       ", EXISTS(SELECT 1 FROM runs INDEXED BY runs_session_active WHERE tenant_id=?1 AND "
       "session_id=?2 AND status IN ('queued','running','waiting_for_approval')), (SELECT "
-      "count(*) FROM runs WHERE tenant_id=?1 AND status IN ('queued','running')) FROM sessions "
+      "count(*) FROM runs INDEXED BY runs_tenant_active WHERE tenant_id=?1 AND "
+      "status IN ('queued','running')) FROM sessions "
       "WHERE tenant_id=?1 AND id=?2";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, session_id);
@@ -95,18 +96,25 @@ Result<std::vector<Run>> SqliteTx::ClaimableRuns(Millis now, int limit) {
   // every tenant's second, ...), so that one tenant's long queue cannot fill the page and hide
   // the others' runs from the dispatcher.
   static const std::string kSql =
-      "SELECT " + std::string(kRunCols) + " FROM (SELECT *, row_number() OVER "
-      "(PARTITION BY tenant_id ORDER BY id) AS turn FROM (SELECT " + std::string(kRunCols) +
-      " FROM runs r WHERE r.status='queued' "
+      "SELECT " + std::string(kRunCols) +
+      " FROM (SELECT *, row_number() OVER "
+      "(PARTITION BY tenant_id ORDER BY id) AS turn FROM (SELECT " +
+      std::string(kRunCols) +
+      " FROM runs r INDEXED BY runs_claimable WHERE r.status='queued' "
+      "AND r.status IN ('queued','running') "
       "AND NOT EXISTS (SELECT 1 FROM runs p INDEXED BY runs_session_active "
       "  WHERE p.session_id=r.session_id "
       "  AND p.status IN ('queued','running','waiting_for_approval') AND p.id<r.id) "
-      "UNION ALL SELECT " + std::string(kRunCols) + " FROM runs WHERE status='running' AND "
-      "lease_expires_at<?)) ORDER BY turn, id LIMIT ?";
+      "UNION ALL SELECT " +
+      std::string(kRunCols) +
+      " FROM runs INDEXED BY runs_claimable "
+      "WHERE status='running' AND status IN ('queued','running') AND lease_expires_at<?)) "
+      "ORDER BY turn, id LIMIT ?";
   // Most looks find nothing: two index probes say so without the query's temporary tables.
   static const std::string kAnySql =
-      "SELECT EXISTS(SELECT 1 FROM runs WHERE status='queued') OR "
-      "EXISTS(SELECT 1 FROM runs WHERE status='running' AND lease_expires_at<?)";
+      "SELECT EXISTS(SELECT 1 FROM runs INDEXED BY runs_claimable WHERE status='queued' AND "
+      "status IN ('queued','running')) OR EXISTS(SELECT 1 FROM runs INDEXED BY runs_claimable "
+      "WHERE status='running' AND status IN ('queued','running') AND lease_expires_at<?)";
   KEEL_ASSIGN_OR_RETURN(auto any, db_.Prepare(kAnySql));
   any.BindAll(now);
   KEEL_ASSIGN_OR_RETURN(bool found, any.Step());
