@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "keel/common/ids.h"
+#include "keel/store/audit.h"
 #include "keel/store/store.h"
 #include "pg_test_database.h"
 
@@ -80,12 +81,17 @@ class PostgresPipeliningTest : public ::testing::Test {
   std::shared_ptr<std::promise<void>> HoldWriter() {
     auto gate = std::make_shared<std::promise<void>>();
     std::shared_future<void> open = gate->get_future().share();
+    auto started = std::make_shared<std::promise<void>>();
+    std::future<void> running = started->get_future();
     store_->Write(
-        [open](Tx&) -> Status {
+        [open, started, told = false](Tx&) mutable -> Status {
+          if (!std::exchange(told, true)) started->set_value();
           open.wait_for(std::chrono::milliseconds(500));
           return Status::Ok();
         },
         nullptr);
+    // The writer is in this unit: what is queued from now on is taken in the next batch.
+    running.wait();
     return gate;
   }
 
@@ -96,36 +102,51 @@ class PostgresPipeliningTest : public ::testing::Test {
   Session session_;
 };
 
-// Three units in one transaction (a gate holds the writer until all are queued): the middle one
-// writes a message, then updates a run that does not exist and carries on. It fails with the
-// update's kNotFound, its message is rolled back, and the units around it commit.
+// Three units in one transaction (a gate holds the writer until all are queued). Nothing in
+// them reads, so the writer waits for the server only before COMMIT: there it finds that the
+// middle unit updated a run that does not exist. That unit fails alone with the update's
+// kNotFound, its message rolled back; the transaction is rolled back and the units around it
+// run again and commit. When a unit reads after such a write, the answer comes within the unit:
+// it is rolled back to its savepoint, and the others run once.
 TEST_F(PostgresPipeliningTest, AWriteThatChangesNoRowFailsItsUnitAndOnlyItsUnit) {
-  auto gate = HoldWriter();
   std::vector<std::future<Status>> ends;
   auto queue = [&](WriteFn fn) {
     auto done = std::make_shared<std::promise<Status>>();
     ends.push_back(done->get_future());
     store_->Write(std::move(fn), [done](Status st, std::vector<Event>) { done->set_value(st); });
   };
-  const Message before = NewMessage("before"), lost = NewMessage("lost"),
-                after = NewMessage("after");
   store::Run missing;
   missing.id = NewId();
   missing.tenant_id = tenant_.id;
   missing.session_id = session_.id;
   missing.agent_id = agent_.id;
   missing.status = "running";
-  int before_runs = 0;
+  // Each statement prepared once beforehand (preparing one waits for the server).
+  EXPECT_EQ(store_->WriteSync([&](Tx& tx) { return tx.runs().UpdateRun(missing); }).code(),
+            Code::kNotFound);
+  ASSERT_TRUE(store_
+                  ->WriteSync([&](Tx& tx) -> Status {
+                    KEEL_RETURN_IF_ERROR(tx.messages().InsertMessage(NewMessage("warm")));
+                    return tx.sessions().GetSession(tenant_.id, session_.id).status();
+                  })
+                  .ok());
+
+  auto gate = HoldWriter();
+  const Message before = NewMessage("before"), lost = NewMessage("lost"),
+                after = NewMessage("after");
+  int before_runs = 0, after_runs = 0;
   queue([&](Tx& tx) {
     ++before_runs;
     return tx.messages().InsertMessage(before);
   });
   queue([&](Tx& tx) -> Status {
     KEEL_RETURN_IF_ERROR(tx.messages().InsertMessage(lost));
-    KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(missing));  // answered later on PostgreSQL
-    return tx.sessions().UpdateSessionStatus(tenant_.id, session_.id, "running", NowMillis());
+    return tx.runs().UpdateRun(missing);  // answered before COMMIT, after the unit's release
   });
-  queue([&](Tx& tx) { return tx.messages().InsertMessage(after); });
+  queue([&](Tx& tx) {
+    ++after_runs;
+    return tx.messages().InsertMessage(after);
+  });
   gate->set_value();
   std::vector<Status> got;
   for (auto& e : ends) got.push_back(e.get());
@@ -133,10 +154,43 @@ TEST_F(PostgresPipeliningTest, AWriteThatChangesNoRowFailsItsUnitAndOnlyItsUnit)
   EXPECT_EQ(got[1].code(), Code::kNotFound) << got[1].ToString();
   EXPECT_EQ(got[1].message(), "run not found: " + missing.id);
   EXPECT_TRUE(got[2].ok()) << got[2].ToString();
-  EXPECT_EQ(Contents(), (std::vector<std::string>{"before", "after"}));
-  // The failure was found after the middle unit's release went out with its statements: the
-  // transaction was rolled back and the unit before it ran again in the next one.
+  EXPECT_EQ(Contents(), (std::vector<std::string>{"warm", "before", "after"}));
   EXPECT_EQ(before_runs, 2);
+  EXPECT_EQ(after_runs, 2);
+
+  // The same write, then a read in the unit: the read brings the count, the unit is rolled back
+  // to its savepoint, and the units around it run once each.
+  gate = HoldWriter();
+  ends.clear();
+  before_runs = after_runs = 0;
+  const Message before2 = NewMessage("before2"), lost2 = NewMessage("lost2"),
+                after2 = NewMessage("after2");
+  queue([&](Tx& tx) {
+    ++before_runs;
+    return tx.messages().InsertMessage(before2);
+  });
+  bool read_went_on = false;
+  queue([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.messages().InsertMessage(lost2));
+    KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(missing));
+    KEEL_RETURN_IF_ERROR(tx.sessions().GetSession(tenant_.id, session_.id).status());
+    read_went_on = true;  // the read does not fail: the unit carries on, and fails at its end
+    return Status::Ok();
+  });
+  queue([&](Tx& tx) {
+    ++after_runs;
+    return tx.messages().InsertMessage(after2);
+  });
+  gate->set_value();
+  got.clear();
+  for (auto& e : ends) got.push_back(e.get());
+  EXPECT_TRUE(got[0].ok()) << got[0].ToString();
+  EXPECT_EQ(got[1].code(), Code::kNotFound) << got[1].ToString();
+  EXPECT_TRUE(got[2].ok()) << got[2].ToString();
+  EXPECT_TRUE(read_went_on);
+  EXPECT_EQ(before_runs, 1);
+  EXPECT_EQ(after_runs, 1);
+  EXPECT_EQ(Contents(), (std::vector<std::string>{"warm", "before", "after", "before2", "after2"}));
 
   // The same insert twice in one unit: the second meets the first's row, and the unit fails
   // with its conflict, alone in its transaction.
@@ -145,11 +199,11 @@ TEST_F(PostgresPipeliningTest, AWriteThatChangesNoRowFailsItsUnitAndOnlyItsUnit)
     return Status::Ok();
   });
   EXPECT_EQ(twice.code(), Code::kConflict) << twice.ToString();
-  EXPECT_EQ(Contents(), (std::vector<std::string>{"before", "after"}));
+  EXPECT_EQ(Contents(), (std::vector<std::string>{"warm", "before", "after", "before2", "after2"}));
 
-  // A statement that fails on the server, in the middle unit of three: PostgreSQL skips the
-  // unit's release sent behind it, the unit is rolled back to its savepoint, and the units
-  // around it commit once each.
+  // A statement that fails on the server, in the middle unit of three: PostgreSQL skips
+  // everything sent behind it; the failure, found before COMMIT, is that unit's alone, and the
+  // units around it run again and commit.
   auto gate2 = HoldWriter();
   ends.clear();
   int first_runs = 0;
@@ -173,8 +227,9 @@ TEST_F(PostgresPipeliningTest, AWriteThatChangesNoRowFailsItsUnitAndOnlyItsUnit)
   EXPECT_FALSE(got[1].ok());
   EXPECT_NE(got[1].message().find("foreign key"), std::string::npos) << got[1].ToString();
   EXPECT_TRUE(got[2].ok()) << got[2].ToString();
-  EXPECT_EQ(first_runs, 1);  // no transaction was rolled back for it
-  EXPECT_EQ(Contents(), (std::vector<std::string>{"before", "after", "first", "last"}));
+  EXPECT_EQ(first_runs, 2);
+  EXPECT_EQ(Contents(), (std::vector<std::string>{"warm", "before", "after", "before2", "after2",
+                                                  "first", "last"}));
 }
 
 // A unit's events are held back and go out as one insert per tenant and origin at the unit's
@@ -241,6 +296,52 @@ TEST_F(PostgresPipeliningTest, AUnitsHeldEventsAreInsertedTogetherAndSeenByItsOw
   });
   ASSERT_TRUE(st.ok()) << st.ToString();
   EXPECT_EQ(ns, (std::vector<std::string>{"a1", "a2", "a3", "a4"}));
+}
+
+// Units released without waiting learn their events' positions only when the transaction's
+// statements are answered, before COMMIT: each unit is still told its own, gapless and in
+// queue order, and the audit chain's head names the last event with its origin_seq, so the
+// chain verifies.
+TEST_F(PostgresPipeliningTest, UnitsReleasedWithoutWaitingAreToldTheirPositionsAndKeepTheChain) {
+  auto gate = HoldWriter();
+  std::vector<std::future<std::vector<Event>>> told;
+  for (int u = 0; u < 3; ++u) {
+    auto done = std::make_shared<std::promise<std::vector<Event>>>();
+    told.push_back(done->get_future());
+    store_->Write(
+        [this, u](Tx& tx) -> Status {
+          for (int i = 0; i < 2; ++i) {
+            KEEL_RETURN_IF_ERROR(tx.events().Append(
+                NewEvent{tenant_.id, "test.event@v1", "", "", "", Json{{"n", u * 2 + i}}}));
+          }
+          return Status::Ok();
+        },
+        [done](Status st, std::vector<Event> events) {
+          EXPECT_TRUE(st.ok()) << st.ToString();
+          done->set_value(std::move(events));
+        });
+  }
+  gate->set_value();
+  std::vector<int64_t> positions, seqs;
+  for (auto& f : told) {
+    for (const Event& e : f.get()) {
+      positions.push_back(e.position);
+      seqs.push_back(e.origin_seq);
+    }
+  }
+  // The fixture's setup appended none for the tenant.
+  EXPECT_EQ(positions, (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(seqs, (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
+  std::vector<store::ChainReport> chains;
+  ASSERT_TRUE(store_
+                  ->Read([&](Tx& tx) -> Status {
+                    KEEL_ASSIGN_OR_RETURN(chains, VerifyTenantChains(tx, "", tenant_.id));
+                    return Status::Ok();
+                  })
+                  .ok());
+  ASSERT_EQ(chains.size(), 1u);
+  EXPECT_EQ(chains[0].events, 6);
+  EXPECT_EQ(chains[0].status, "unsigned") << chains[0].problem;  // the store has no key
 }
 
 // After reads, no connection of the store's role is left idle in a transaction: each read's

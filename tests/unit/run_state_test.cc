@@ -425,7 +425,7 @@ TEST_P(RunStateTest, AFinishedRunIsIdleWithItsOutcomeInItsEvent) {
     const Json rows = payload[store::kRowsField];
     payload.erase(store::kRowsField);
     EXPECT_EQ(payload, (Json{{"status", "failed"}, {"error", error}, {"usage", usage}}));
-    EXPECT_EQ(rows["runs"], Json::array({*ParseJson(store::RunUpdateImage(done))}));
+    EXPECT_EQ(rows["runs"], Json::array({*ParseJson(store::RunEndImage(done))}));
     EXPECT_EQ(rows["sessions"],
               Json::array({*ParseJson(store::SessionStatusImage(done.session_id, "idle", at))}));
     return Status::Ok();
@@ -442,6 +442,59 @@ TEST_P(RunStateTest, AFinishedRunIsIdleWithItsOutcomeInItsEvent) {
   });
   EXPECT_EQ(odd.code(), Code::kInternal);
   EXPECT_EQ(Stored(other.id).status, "running");
+}
+
+// An ending needs no read of the run: the execution's own copy will do, and the ending's update
+// checks that the execution still holds the run. When the lease ran out and another node took
+// the run, or a cancel ended it meanwhile, the ending's unit fails whole: nothing it wrote beside
+// (here an answer) is kept, and the run stays as the other execution left it.
+TEST_P(RunStateTest, AnEndingFromTheExecutionsOwnCopyChecksItStillHoldsTheRun) {
+  store::Run mine = NewRun(/*claim=*/true);
+  // The lease runs out; node-b resumes the run (attempt 2).
+  auto taken = Claim("node-b", NowMillis() + 2 * kLeaseMs, mine);
+  ASSERT_TRUE(taken.ok()) << taken.status().ToString();
+  auto end_with_answer = [&](const store::Run& copy, const std::string& answer) {
+    return store_->WriteSync([&](Tx& tx) -> Status {
+      store::Run cur = copy;
+      store::Message reply;
+      reply.id = NewId();
+      reply.tenant_id = tenant_;
+      reply.session_id = session_;
+      reply.run_id = copy.id;
+      reply.role = "assistant";
+      reply.content = answer;
+      reply.created_at = NowMillis();
+      KEEL_RETURN_IF_ERROR(tx.messages().InsertMessage(reply));
+      tx.Carry("messages", store::RowImage(reply));
+      return runs::Finish(tx, cur, {"done", answer, Json(), Json::object()}, NowMillis());
+    });
+  };
+  Status stale = end_with_answer(mine, "from the paused node");
+  EXPECT_EQ(stale.code(), Code::kConflict) << stale.ToString();
+  store::Run now = Stored(mine.id);
+  EXPECT_EQ(now.status, "running");
+  EXPECT_EQ(now.lease_owner, "node-b");
+  EXPECT_EQ(now.attempt, 2);
+  EXPECT_EQ(SessionStatus(), "running");
+  std::vector<std::string> contents;
+  ASSERT_TRUE(store_
+                  ->Read([&](Tx& tx) -> Status {
+                    KEEL_ASSIGN_OR_RETURN(auto page,
+                                          tx.messages().ListMessages(tenant_, session_, {}));
+                    for (const auto& m : page.items) contents.push_back(m.content);
+                    return Status::Ok();
+                  })
+                  .ok());
+  EXPECT_EQ(contents, std::vector<std::string>{});
+  // The holder's own copy ends it, with its tokens; a second ending finds it ended.
+  store::Run theirs = taken->run;
+  theirs.input_tokens += 5;
+  Status ended = end_with_answer(theirs, "from node-b");
+  ASSERT_TRUE(ended.ok()) << ended.ToString();
+  EXPECT_EQ(Stored(mine.id).status, "done");
+  EXPECT_EQ(Stored(mine.id).input_tokens, theirs.input_tokens);
+  EXPECT_EQ(Stored(mine.id).lease_expires_at, 0);
+  EXPECT_EQ(end_with_answer(theirs, "twice").code(), Code::kConflict);
 }
 
 TEST_P(RunStateTest, ACancelledWaitingRunWithdrawsFirstAndLeavesItsSessionIdle) {

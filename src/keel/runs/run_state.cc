@@ -207,7 +207,10 @@ Status Finish(store::Tx& tx, store::Run& cur, const Ending& ending, Millis now) 
   cur.error = ending.error;
   cur.finished_at = now;
   cur.lease_expires_at = 0;
-  KEEL_RETURN_IF_ERROR(WriteRun(tx, cur));
+  // Only while this execution holds the run (the update's condition, checked when its count
+  // arrives): the ending needs no read of the run first.
+  KEEL_RETURN_IF_ERROR(tx.runs().EndHeldRun(cur));
+  tx.Carry("runs", store::RunEndImage(cur));
   KEEL_RETURN_IF_ERROR(SetSessionStatus(tx, cur, "idle", now));
   Json payload = {{"status", ending.status}};
   if (!ending.error.is_null()) payload["error"] = ending.error;

@@ -123,8 +123,11 @@ struct Ending {
 };
 
 // running -> done | failed | cancelled, for the execution holding it: output, error, finish
-// time, the lease's expiry cleared (its owner stays, for the record), the session idle, run.completed@v1 | run.failed@v1 | run.cancelled@v1.
-// REQUIRES: `cur` came from Held in this unit.
+// time, the lease's expiry cleared (its owner stays, for the record), the session idle,
+// run.completed@v1 | run.failed@v1 | run.cancelled@v1. Its own check that the execution still
+// holds the run (RunStore::EndHeldRun: the unit fails with kConflict otherwise), so `cur` may be
+// the execution's own copy rather than Held's: REQUIRES its tokens be the run's (the holder
+// alone changes them; the other columns the ending writes are its own).
 Status Finish(store::Tx& tx, store::Run& cur, const Ending& ending, Millis now);
 
 // A client's cancel of run `run_id`: a running run is asked to stop at its next step boundary

@@ -185,6 +185,10 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
   // again after a compaction, whose record is made elsewhere (the ending reads them then).
   store::UsageTotals usage_records;
   bool usage_known = run.attempt == 1;
+  // Whether `run` has the run's tokens as stored: the claim read them, and this execution alone
+  // adds to them (its model steps below; a compaction's summary, which does it elsewhere, and
+  // after which the ending reads the run again).
+  bool tokens_known = true;
   ++metrics_.runs_started;
   release.noted = crash_note::Executing(run.tenant_id, run.id, run.attempt);
 
@@ -197,7 +201,11 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
                     std::optional<store::Step> final_step, model::Usage usage,
                     const ModelCall* call = nullptr) -> asio::awaitable<Status> {
     auto done = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
-      KEEL_ASSIGN_OR_RETURN(auto cur, runs::Held(tx, run));
+      // The run as this execution knows it; Finish checks that the execution still holds it.
+      store::Run cur = run;
+      if (!tokens_known) {
+        KEEL_ASSIGN_OR_RETURN(cur, runs::Held(tx, run));
+      }
       Millis at = NowMillis();
       if (final_step) {
         KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(*final_step));
@@ -241,11 +249,21 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
       runs::Ending ending{status, output, error, RunUsageJson(cur, totals)};
       return runs::Finish(tx, cur, ending, at);
     });
+    if (!done.ok() && done.status().code() == Code::kConflict) {
+      LogInfo("run " + run.id + ": this node's execution (attempt " + std::to_string(run.attempt) +
+              ") no longer holds it (its lease ran out and another " +
+              "execution took it, or it ended); its ending (" + status + ") is not recorded");
+    } else if (!done.ok()) {
+      stopped("its ending", done.status());
+    }
     if (done.ok()) {
       if (status == "done" && !direct && introspection.empty() && introspects) TurnEnded(run);
-      if (status == "done") ++metrics_.runs_done;
-      else if (status == "cancelled") ++metrics_.runs_cancelled;
-      else ++metrics_.runs_failed;
+      if (status == "done")
+        ++metrics_.runs_done;
+      else if (status == "cancelled")
+        ++metrics_.runs_cancelled;
+      else
+        ++metrics_.runs_failed;
     }
     co_return done.ok() ? Status::Ok() : done.status();
   };
@@ -366,7 +384,10 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
     const size_t steps_before = steps.size();
     Status assembled = co_await AssembleContext(run, agent, prompt, plugins, std::move(context),
                                                 request, steps, code, summary_failed, history);
-    if (steps.size() != steps_before) usage_known = false;  // a compaction recorded its usage
+    if (steps.size() != steps_before) {  // a compaction recorded its usage and tokens
+      usage_known = false;
+      tokens_known = false;
+    }
     if (!assembled.ok()) {
       if (code.empty()) {  // the store failed; the run resumes after its lease
         stopped("the assembly of its context", assembled);
@@ -634,6 +655,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
       (void)co_await finish(done, response->text, Json(), step, response->usage, &call);
       co_return;
     }
+    store::Run after_step;  // the run as the step's record left it
     auto recorded = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
       KEEL_ASSIGN_OR_RETURN(auto cur, runs::Held(tx, run));
       KEEL_RETURN_IF_ERROR(tx.runs().InsertStep(step));
@@ -641,7 +663,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
       KEEL_RETURN_IF_ERROR(call.Record(tx, cur, step));
       KEEL_RETURN_IF_ERROR(
           runs::AddTokens(tx, cur, response->usage.input_tokens, response->usage.output_tokens));
-      run.cancel_requested = cur.cancel_requested;
+      after_step = cur;
       return tx.events()
           .Append({cur.tenant_id, "run.step@v1", cur.agent_id, cur.session_id, cur.id,
                    {{"seq", step.seq},
@@ -653,6 +675,9 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
       stopped("the record of a model step", recorded.status());
       co_return;
     }
+    run.cancel_requested = after_step.cancel_requested;
+    run.input_tokens = after_step.input_tokens;
+    run.output_tokens = after_step.output_tokens;
     call.AddTo(usage_records);
     model::ChatMessage m{"assistant", response->text, response->tool_calls, "", ""};
     request.messages.push_back(std::move(m));

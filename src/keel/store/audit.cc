@@ -117,10 +117,20 @@ void ChainSealer::Appended(const ChainedFields& f, const std::string& hash, int6
 void ChainSealer::UnitDone(const std::vector<Event>& events) {
   for (const Event& e : events) {
     auto it = unit_.find({e.tenant_id, e.origin});
-    if (it != unit_.end() && it->second.last_id == e.id) it->second.last_seq = e.origin_seq;
+    if (it != unit_.end() && it->second.last_id == e.id && e.origin_seq != 0) {
+      it->second.last_seq = e.origin_seq;
+    }
   }
   for (auto& [k, head] : unit_) txn_[k] = std::move(head);
   unit_.clear();
+}
+
+void ChainSealer::SeqArrived(const std::string& tenant_id, const std::string& origin,
+                             const std::string& id, int64_t origin_seq) {
+  for (auto* heads : {&unit_, &txn_}) {
+    auto it = heads->find({tenant_id, origin});
+    if (it != heads->end() && it->second.last_id == id) it->second.last_seq = origin_seq;
+  }
 }
 
 std::vector<ChainHead> ChainSealer::Heads() const {

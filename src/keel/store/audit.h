@@ -103,8 +103,13 @@ class ChainSealer {
   // The event was inserted with `hash` (from Next): it is its chain's head in this unit.
   // `origin_seq` 0: not known yet (UnitDone takes it from the unit's events).
   void Appended(const ChainedFields& f, const std::string& hash, int64_t origin_seq = 0);
-  // The unit that appended `events` (with their origin_seqs) is part of the transaction.
+  // The unit that appended `events` (with the origin_seqs known yet) is part of the
+  // transaction.
   void UnitDone(const std::vector<Event>& events);
+  // The event `id`, appended by this transaction, was given `origin_seq` (a store that learns
+  // it only when its insert is answered, perhaps after its unit's end).
+  void SeqArrived(const std::string& tenant_id, const std::string& origin, const std::string& id,
+                  int64_t origin_seq);
   void UnitFailed() { unit_.clear(); }
   // The heads the transaction's units moved, signed: to be written before COMMIT.
   std::vector<ChainHead> Heads() const;

@@ -156,6 +156,19 @@ std::string RunUpdateImage(const Run& r) {
   return WithRunState(image, r);
 }
 
+std::string RunEndImage(const Run& r) {
+  return Image()
+      .Col("id", r.id)
+      .Col("status", r.status)
+      .Col("output", r.output)
+      .StoredText("error", r.error)
+      .Col("input_tokens", r.input_tokens)
+      .Col("output_tokens", r.output_tokens)
+      .OptInt("finished_at", r.finished_at)
+      .Col("lease_expires_at", static_cast<int64_t>(0))
+      .Done();
+}
+
 std::string StepUpdateImage(const Step& s) {
   return Image()
       .Col("id", s.id)

@@ -73,6 +73,8 @@ inline constexpr const char* kDeletedMarker = "$deleted";
 // What RunStore::UpdateRun, UpdateStep and UpdateToolCall write: the key and the columns those
 // updates set (the others never change after the insert).
 std::string RunUpdateImage(const Run& r);
+// What RunStore::EndHeldRun writes.
+std::string RunEndImage(const Run& r);
 std::string StepUpdateImage(const Step& s);
 std::string ToolCallUpdateImage(const ToolCall& c);
 // Only a session's status and updated_at, as UpdateSessionStatus writes them.

@@ -792,6 +792,18 @@ Status SqlTx<Sql>::InsertRun(const Run& r) {
 }
 
 template <typename Sql>
+Status SqlTx<Sql>::EndHeldRun(const Run& r) {
+  static const std::string kSql =
+      "UPDATE runs SET status=$1, output=$2, error=$3, input_tokens=$4, output_tokens=$5, "
+      "finished_at=$6, lease_expires_at=0 WHERE tenant_id=$7 AND id=$8 AND status='running' "
+      "AND lease_owner=$9 AND attempt=$10";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(r.tenant_id));
+  return sql_.ExecChanging(Conflict("run " + r.id + " is no longer held by this execution"), kSql,
+                           r.status, r.output, StoredJson(r.error), r.input_tokens, r.output_tokens,
+                           r.finished_at, r.tenant_id, r.id, r.lease_owner, r.attempt);
+}
+
+template <typename Sql>
 Status SqlTx<Sql>::UpdateRun(const Run& r) {
   static const std::string kSql =
       "UPDATE runs SET status=$1, attempt=$2, output=$3, error=$4, input_tokens=$5, "

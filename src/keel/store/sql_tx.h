@@ -187,6 +187,7 @@ class SqlTx : public Tx,
   // RunStore
   Status InsertRun(const Run& r) override;
   Status UpdateRun(const Run& r) override;
+  Status EndHeldRun(const Run& r) override;
   Result<Run> GetRun(const std::string& tenant_id, const std::string& id) override;
   Result<Run> LockRun(const std::string& tenant_id, const std::string& id) override;
   Result<Paged<Run>> ListRuns(const std::string& tenant_id, const std::string& session_id,

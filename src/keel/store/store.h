@@ -217,6 +217,11 @@ class RunStore {
   virtual Status InsertRun(const Run& r) = 0;
   // Writes every mutable field of the run (status, attempt, output, error, usage, lease, times).
   virtual Status UpdateRun(const Run& r) = 0;
+  // The ending of a running run by the execution holding it, with no read first: its status,
+  // output, error, tokens and finished_at from `r`, and its lease's expiry cleared, when the run
+  // is running, leased to r.lease_owner at r.attempt; else kConflict (on PostgreSQL when the
+  // pipelined update's count arrives: see PgSql::ExecChanging).
+  virtual Status EndHeldRun(const Run& r) = 0;
   virtual Result<Run> GetRun(const std::string& tenant_id, const std::string& id) = 0;
   // GetRun for a claim: also locks the run's row until the unit's transaction ends, and answers
   // kConflict at once when another transaction holds it (being claimed elsewhere: skip it).

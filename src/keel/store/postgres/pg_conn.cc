@@ -90,7 +90,8 @@ void PgSql::BeginTransaction(bool write) {
   unit_tenants_.clear();
   busy_.clear();
   waits_allowed_at_ = UINT64_MAX;
-  unchanged_ = Status::Ok();
+  unchanged_ = Conn::Failure{};
+  conn_.ClearFailure();
 }
 
 Status PgSql::LockFirst(const std::set<std::string>& tenants) {
@@ -105,7 +106,6 @@ void PgSql::BeginUnit() {
   unit_locked_.clear();
   unit_tenants_.clear();
   busy_.clear();
-  unchanged_ = Status::Ok();
 }
 
 void PgSql::UnitRolledBack() {
@@ -318,9 +318,16 @@ Result<Rows> Conn::Query(const std::string& sql, const Params& params) {
   std::vector<const char*> values;
   KEEL_RETURN_IF_ERROR(CheckParams(params, values));
   KEEL_ASSIGN_OR_RETURN(std::string name, Prepared(sql));
-  return Finish(PQexecPrepared(c_, name.c_str(), static_cast<int>(values.size()), values.data(),
-                               nullptr, nullptr, 0),
-                "postgres");
+  auto rows = Finish(PQexecPrepared(c_, name.c_str(), static_cast<int>(values.size()),
+                                    values.data(), nullptr, nullptr, 0),
+                     "postgres");
+  if (!rows.ok()) return Failed(rows.status(), mark_);
+  return rows;
+}
+
+Status Conn::Failed(Status st, int mark) {
+  if (failure_.mark < 0 && !broken()) failure_ = Failure{mark, st};
+  return st;
 }
 
 namespace {
@@ -345,7 +352,7 @@ Status Conn::Send(const std::string& sql, const Params& params, ResultFn on_resu
     (void)PQexitPipelineMode(c_);
     return st;
   }
-  pending_.push_back(std::move(on_result));
+  pending_.emplace_back(mark_, std::move(on_result));
   if (pending_.size() >= kMaxPipelined) return Flush();
   return Status::Ok();
 }
@@ -354,7 +361,7 @@ Status Conn::Flush() {
   ReadUnanswered();
   KEEL_RETURN_IF_ERROR(BeforeWait());
   if (pending_.empty()) return Status::Ok();
-  std::vector<ResultFn> pending = std::move(pending_);
+  std::vector<std::pair<int, ResultFn>> pending = std::move(pending_);
   pending_.clear();
   Status first;
   if (PQpipelineSync(c_) != 1) {
@@ -374,9 +381,10 @@ Status Conn::Flush() {
     } else {
       auto rows = Finish(r, "postgres");
       if (!rows.ok()) {
-        if (first.ok()) first = rows.status();
-      } else if (pending[i]) {
-        pending[i](*rows);
+        Status failed = Failed(rows.status(), pending[i].first);
+        if (first.ok()) first = std::move(failed);
+      } else if (pending[i].second) {
+        pending[i].second(*rows);
       }
     }
     while (PGresult* extra = PQgetResult(c_)) PQclear(extra);  // up to the NULL that ends it

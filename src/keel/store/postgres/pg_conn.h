@@ -142,6 +142,18 @@ class Conn {
   // How many statements this connection has run or queued so far: PgSql compares two counts
   // to know whether a transaction has run anything since a point.
   uint64_t statements() const { return statements_; }
+  // Statements carry the mark set last (PostgresStore marks them with their unit's index), so
+  // that a failure collected later, with other statements, names where it came from.
+  void SetMark(int mark) { mark_ = mark; }
+  int mark() const { return mark_; }
+  // The first statement that failed (its mark and error) since ClearFailure; mark -1 when none
+  // did. A lost connection is no statement's failure.
+  struct Failure {
+    int mark = -1;
+    Status status;
+  };
+  const Failure& failure() const { return failure_; }
+  void ClearFailure() { failure_ = Failure{}; }
   // Whether the connection is gone (the server closed it, the network failed).
   bool broken() const;
   // Like !broken(), but first reads whatever the server sent meanwhile without blocking, so a
@@ -180,11 +192,16 @@ class Conn {
   Result<std::string> Prepared(const std::string& sql);
   // Runs before_wait_ (not from within itself).
   Status BeforeWait();
+  // `st`, kept as the first failure when it is a statement's (marked `mark`).
+  Status Failed(Status st, int mark);
 
   PGconn* c_;
   std::unordered_map<std::string, std::string> prepared_;  // SQL text -> statement name
-  std::vector<ResultFn> pending_;  // queued statements awaiting their results, in order
+  // Queued statements awaiting their results, in order, with their marks.
+  std::vector<std::pair<int, ResultFn>> pending_;
   uint64_t statements_ = 0;
+  int mark_ = -1;
+  Failure failure_;
   bool unanswered_ = false;  // a COMMIT sent by CommitUnanswered, its answer not read yet
   std::function<Status()> before_wait_;
   bool in_before_wait_ = false;
@@ -249,22 +266,26 @@ class PgSql {
     return conn_.Send(sql, P(args...));
   }
   // A write that must change a row, else the unit fails with `unchanged`. In a write
-  // transaction it is pipelined like Send, and its count is checked when it arrives: the unit
-  // fails at its end (PostgresStore takes the failure with TakeUnchanged), so its caller must
-  // only propagate a failure, never act on one. Elsewhere it runs at once.
+  // transaction it is pipelined like Send, and its count is checked when it arrives, perhaps
+  // after the unit's end: then the unit fails (PostgresStore reads unchanged()), so its caller
+  // must only propagate a failure, never act on one. Elsewhere it runs at once.
   template <typename... Args>
   Status ExecChanging(Status unchanged, const std::string& sql, const Args&... args) {
     if (!write_) {
       KEEL_ASSIGN_OR_RETURN(int64_t changed, Exec(sql, args...));
       return changed == 0 ? unchanged : Status::Ok();
     }
-    return conn_.Send(sql, P(args...), [this, unchanged = std::move(unchanged)](Rows& rows) {
-      if (rows.affected() == 0 && unchanged_.ok()) unchanged_ = unchanged;
-    });
+    return conn_.Send(sql, P(args...),
+                      [this, mark = conn_.mark(), unchanged = std::move(unchanged)](Rows& rows) {
+                        if (rows.affected() == 0 && unchanged_.mark < 0) {
+                          unchanged_ = Conn::Failure{mark, unchanged};
+                        }
+                      });
   }
-  // The first failure of the unit's pipelined ExecChanging whose count has arrived (Flush
-  // first), and forgets it.
-  Status TakeUnchanged() { return std::exchange(unchanged_, Status::Ok()); }
+  // The first of the transaction's pipelined ExecChanging whose count has arrived as 0 (with
+  // the mark of its statement; -1 when none has), until ClearUnchanged.
+  const Conn::Failure& unchanged() const { return unchanged_; }
+  void ClearUnchanged() { unchanged_ = Conn::Failure{}; }
   // Sets app.tenant_id for the rest of the transaction unless it already holds `tenant_id`
   // (pipelined: it goes out with the statement that needs it). In a write transaction, first
   // takes the tenant's write lock unless the transaction holds it (see the locks below).
@@ -317,7 +338,7 @@ class PgSql {
   std::set<std::string> unit_tenants_;
   std::string busy_;
   uint64_t waits_allowed_at_ = UINT64_MAX;
-  Status unchanged_;  // ExecChanging's first failure in this unit
+  Conn::Failure unchanged_;  // ExecChanging's first failure
 };
 
 }  // namespace keel::store::postgres

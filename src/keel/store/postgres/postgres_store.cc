@@ -433,6 +433,30 @@ size_t PostgresStore::CommitFrom(std::vector<Unit>& batch, size_t from,
   if (begin.ok()) {
     Conn& conn = *writer_->conn;
     PostgresTx& tx = *writer_->tx;
+    // The unit among those ran so far (from 0) whose pipelined statement failed or changed no
+    // row first, with that failure; nullopt when none has (so far as the answers have come).
+    auto culprit = [&]() -> std::optional<std::pair<size_t, Status>> {
+      const Conn::Failure& failed = conn.failure();
+      const Conn::Failure& unchanged = tx.unchanged();
+      const Conn::Failure* first = failed.mark >= 0 ? &failed : nullptr;
+      if (unchanged.mark >= 0 && (!first || unchanged.mark < first->mark)) first = &unchanged;
+      if (!first) return std::nullopt;
+      return std::make_pair(static_cast<size_t>(first->mark), first->status);
+    };
+    // A released unit failed: the transaction is rolled back, that unit fails alone, and the
+    // others run again in the next one (docs/decisions/0014: a unit may run twice).
+    auto fail_alone = [&](size_t unit, Status why) {
+      tx.ResetUnit();
+      (void)conn.Exec("ROLLBACK");
+      tx.ChainTransactionDone(false);
+      std::vector<Unit> failed;
+      failed.push_back(std::move(batch[from + unit]));
+      batch.erase(batch.begin() + static_cast<long>(from + unit));
+      std::vector<Status> failed_results{std::move(why)};
+      std::vector<std::vector<Event>> no_events(1);
+      queue_.Finish(failed, failed_results, no_events, Status::Ok(), 0, listener_);
+      return from;
+    };
     // A unit alone in its transaction needs no savepoint: its failure rolls the transaction back.
     const bool savepoints = count > 1;
     bool savepoint_open = false;  // the previous boundary already opened this unit's savepoint
@@ -440,6 +464,7 @@ size_t PostgresStore::CommitFrom(std::vector<Unit>& batch, size_t from,
       tx.ResetUnit();
       tx.ClearCarried();
       tx.BeginUnit();
+      conn.SetMark(static_cast<int>(i));
       // Pipelined with the unit's first statements.
       Status st =
           savepoints && !savepoint_open ? conn.Send("SAVEPOINT unit", Params()) : Status::Ok();
@@ -462,49 +487,42 @@ size_t PostgresStore::CommitFrom(std::vector<Unit>& batch, size_t from,
           // The unit went on without a tenant's lock (it ignored the refusal): not this time.
           st = Unavailable("tenant " + tx.busy_tenant() + " is being written by another node");
         }
-        // A unit that went well so far is released, and the next one's savepoint opened, in
-        // the same round trip as its pipelined statements: when one of those fails, PostgreSQL
-        // skips the rest of the pipeline, so the savepoint is still there to roll back to.
-        const bool more = i + 1 < count;
-        bool boundary_sent = false;
-        if (savepoints && st.ok() && !conn.in_failed_transaction()) {
+      }
+      const bool more = i + 1 < count;
+      if (st.ok() && !conn.in_failed_transaction() && !culprit()) {
+        // The unit is part of the transaction: released, and the next one's savepoint opened,
+        // without waiting. Its statements are answered with the next read, a full pipeline, or
+        // the flush before COMMIT; a failure found there fails it alone (fail_alone).
+        if (savepoints) {
           st = conn.Send("RELEASE unit", Params());
           if (st.ok() && more) st = conn.Send("SAVEPOINT unit", Params());
-          boundary_sent = true;
-        }
-        // The unit's pipelined statements (event inserts, tenant bindings, row writes): their
-        // failure is the unit's.
-        Status flushed = conn.Flush();
-        if (st.ok()) st = flushed;
-        Status unchanged = tx.TakeUnchanged();
-        if (boundary_sent && st.ok() && !unchanged.ok()) {
-          // A write that changed no row, found only now that the unit is part of the
-          // transaction: the transaction is rolled back, this unit fails alone, and the units
-          // before it run again in the next one.
-          tx.ResetUnit();
-          (void)conn.Exec("ROLLBACK");
-          tx.ChainTransactionDone(false);
-          std::vector<Unit> failed;
-          failed.push_back(std::move(batch[from + i]));
-          batch.erase(batch.begin() + static_cast<long>(from + i));
-          std::vector<Status> failed_results{unchanged};
-          std::vector<std::vector<Event>> no_events(1);
-          queue_.Finish(failed, failed_results, no_events, Status::Ok(), 0, listener_);
-          return from;
-        }
-        if (st.ok()) st = unchanged;
-        if (st.ok() && conn.in_failed_transaction()) {
-          // The unit went on after a failed statement; PostgreSQL has aborted its work.
-          st = Internal("write failed: a statement of the unit failed and its error was ignored");
-        }
-        if (savepoints) {
           savepoint_open = more && st.ok();
-          if (!st.ok()) {
-            (void)conn.Exec("ROLLBACK TO unit; RELEASE unit");
-            tx.AfterRollbackToSavepoint();
-          }
         }
+        results[i] = st;
+        if (st.ok()) {
+          events[i] = tx.TakeAppended();
+          ++committed_units;
+        }
+        continue;
       }
+      // Something failed: every statement sent so far is answered before deciding whose
+      // failure it is.
+      Status flushed = conn.Flush();
+      auto c = culprit();
+      if (c && c->first < i) return fail_alone(c->first, c->second);
+      if (st.ok() && c) st = c->second;
+      if (st.ok()) st = flushed;
+      if (st.ok()) {
+        // The unit went on after a failed statement; PostgreSQL has aborted its work.
+        st = Internal("write failed: a statement of the unit failed and its error was ignored");
+      }
+      if (savepoints) {
+        (void)conn.Exec("ROLLBACK TO unit; RELEASE unit");
+        tx.AfterRollbackToSavepoint();
+      }
+      // Its failures are answered: the transaction goes on without it.
+      conn.ClearFailure();
+      tx.ClearUnchanged();
       if (!tx.busy_tenant().empty()) {
         // Another node holds a tenant this unit needs: it runs again, first in the next
         // transaction, with its tenants locked before anything else.
@@ -515,21 +533,25 @@ size_t PostgresStore::CommitFrom(std::vector<Unit>& batch, size_t from,
         break;
       }
       results[i] = st;
-      if (st.ok()) {
-        events[i] = tx.TakeAppended();
-        ++committed_units;
-      }
     }
     if (committed_units == 0) {
       commit = conn.Exec("ROLLBACK");
-    } else if (conn.in_failed_transaction()) {
-      // COMMIT would quietly roll back; say so instead.
-      commit = Internal("write failed: the transaction was aborted");
     } else {
-      // The chain heads the units moved, once per transaction (store/audit.h), pipelined with
-      // the COMMIT, whose flush reports their failure.
-      commit = tx.WriteChainHeads();
-      if (commit.ok()) commit = conn.Exec(CommitSql(conn, events).c_str());
+      // Every statement answered before COMMIT: a released unit that failed fails alone.
+      Status flushed = conn.Flush();
+      if (auto c = culprit()) return fail_alone(c->first, c->second);
+      if (!flushed.ok()) {
+        commit = flushed;
+      } else if (conn.in_failed_transaction()) {
+        // COMMIT would quietly roll back; say so instead.
+        commit = Internal("write failed: the transaction was aborted");
+      } else {
+        for (auto& unit : events) tx.FillPositions(unit);
+        // The chain heads the units moved, once per transaction (store/audit.h), pipelined
+        // with the COMMIT, whose flush reports their failure.
+        commit = tx.WriteChainHeads();
+        if (commit.ok()) commit = Commit(conn, events);
+      }
     }
     if (!commit.ok()) (void)conn.Exec("ROLLBACK");
     tx.ChainTransactionDone(commit.ok() && committed_units > 0);
@@ -549,8 +571,7 @@ size_t PostgresStore::CommitFrom(std::vector<Unit>& batch, size_t from,
   return end;
 }
 
-std::string PostgresStore::CommitSql(Conn& conn,
-                                     const std::vector<std::vector<Event>>& events) const {
+Status PostgresStore::Commit(Conn& conn, const std::vector<std::vector<Event>>& events) const {
   int64_t max_position = 0;
   std::set<std::string> tenants;
   for (const auto& unit : events) {
@@ -559,20 +580,23 @@ std::string PostgresStore::CommitSql(Conn& conn,
       tenants.insert(e.tenant_id);
     }
   }
-  if (max_position == 0) return "COMMIT";
-  std::string payload = std::to_string(max_position) + " " + options_.origin + " ";
-  bool first = true;
-  for (const auto& t : tenants) {
-    if (!first) payload += ',';
-    payload += t;
-    first = false;
+  if (max_position > 0) {
+    std::string payload = std::to_string(max_position) + " " + options_.origin + " ";
+    bool first = true;
+    for (const auto& t : tenants) {
+      if (!first) payload += ',';
+      payload += t;
+      first = false;
+    }
+    if (payload.size() > kMaxNotifyPayload) {
+      payload = std::to_string(max_position) + " " + options_.origin;
+      if (payload.size() > kMaxNotifyPayload) payload = std::to_string(max_position);
+    }
+    static const std::string kNotify = "SELECT pg_notify($1, $2)";
+    KEEL_RETURN_IF_ERROR(conn.Send(kNotify, P(kNotifyChannel, payload)));
   }
-  if (payload.size() > kMaxNotifyPayload) {
-    payload = std::to_string(max_position) + " " + options_.origin;
-    if (payload.size() > kMaxNotifyPayload) payload = std::to_string(max_position);
-  }
-  return std::string("SELECT pg_notify('") + kNotifyChannel + "', " + conn.QuoteLiteral(payload) +
-         "); COMMIT";
+  KEEL_RETURN_IF_ERROR(conn.Send("COMMIT", Params()));
+  return conn.Flush();
 }
 
 void PostgresStore::SetRemoteCommitListener(std::function<void()> listener) {

@@ -112,13 +112,15 @@ class PostgresStore final : public QueuedStore {
   void CommitBatch(std::vector<Unit>& batch);
   // One transaction of CommitBatch: the units of `batch` from `from`, with `tenants` locked
   // first. Returns where the next transaction starts (batch.size(): done); `tenants` becomes
-  // what that transaction locks first. Each unit has a savepoint, released in the round trip
-  // of its pipelined statements; a unit found to have failed after its release (a write that
-  // changed no row) is answered alone and taken out of `batch`, and the transaction is rolled
-  // back, so that the next one starts at `from` again.
+  // what that transaction locks first. Each unit has a savepoint, released without waiting
+  // for the unit's pipelined statements: the transaction waits where a unit reads, and once
+  // before COMMIT. A unit found to have failed after its release (a statement that failed, a
+  // write that changed no row) is answered alone and taken out of `batch`, and the
+  // transaction is rolled back, so that the next one starts at `from` again.
   size_t CommitFrom(std::vector<Unit>& batch, size_t from, std::set<std::string>& tenants);
-  // "SELECT pg_notify(...); COMMIT" for a batch with `events`, or "COMMIT".
-  std::string CommitSql(Conn& conn, const std::vector<std::vector<Event>>& events) const;
+  // Commits the writer's transaction, pipelined with what is queued on `conn` (the chain
+  // heads) and, for a batch with `events`, the notification other nodes' streams wait for.
+  Status Commit(Conn& conn, const std::vector<std::vector<Event>>& events) const;
   // The node's own connection: LISTENs for other nodes' commits, and takes or renews the
   // cluster's leadership lease every second. Reconnects with backoff.
   void ReadLoop();

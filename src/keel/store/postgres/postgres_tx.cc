@@ -33,6 +33,7 @@ std::string TextArray(const std::vector<std::string>& items) {
 void PostgresTx::BeginTransaction(bool write) {
   appended_.clear();
   held_events_.clear();
+  arrived_.clear();
   sql_.BeginTransaction(write);
 }
 
@@ -218,28 +219,47 @@ Status PostgresTx::SendEvents() {
       indexes.push_back(held[i].index);
     }
     // Row security checks each row against the tenant bound now (its lock was taken at
-    // Append). Pipelined: the positions arrive with the next round trip, at the latest when
-    // the unit ends (PostgresStore flushes then); a failure there fails the unit.
+    // Append). Pipelined: the positions arrive with the next round trip, at the latest before
+    // the transaction commits (PostgresStore flushes then), perhaps after the unit's end; a
+    // failure there fails the unit.
     KEEL_RETURN_IF_ERROR(BindTenant(head.tenant_id));
-    KEEL_RETURN_IF_ERROR(conn_.Send(kSql,
-                                    P(head.tenant_id, head.origin, TextArray(ids), TextArray(types),
-                                      TextArray(agents), TextArray(sessions), TextArray(runs),
-                                      TextArray(payloads), TextArray(times), TextArray(hashes)),
-                                    [this, indexes = std::move(indexes)](Rows& rows) {
-                                      for (int r = 0; r < rows.size(); ++r) {
-                                        const std::string id = rows.Text(r, 0);
-                                        for (size_t index : indexes) {
-                                          if (index < appended_.size() &&
-                                              appended_[index].id == id) {
-                                            appended_[index].position = rows.Int(r, 1);
-                                            appended_[index].origin_seq = rows.Int(r, 2);
-                                          }
-                                        }
-                                      }
-                                    }));
+    KEEL_RETURN_IF_ERROR(
+        conn_.Send(kSql,
+                   P(head.tenant_id, head.origin, TextArray(ids), TextArray(types),
+                     TextArray(agents), TextArray(sessions), TextArray(runs), TextArray(payloads),
+                     TextArray(times), TextArray(hashes)),
+                   [this, indexes = std::move(indexes), tenant = head.tenant_id,
+                    origin = head.origin](Rows& rows) { Arrived(rows, indexes, tenant, origin); }));
     first = end;
   }
   return bound ? BindTenant(*bound) : Status::Ok();
+}
+
+void PostgresTx::Arrived(const Rows& rows, const std::vector<size_t>& indexes,
+                         const std::string& tenant_id, const std::string& origin) {
+  for (int r = 0; r < rows.size(); ++r) {
+    const std::string id = rows.Text(r, 0);
+    const int64_t position = rows.Int(r, 1);
+    const int64_t seq = rows.Int(r, 2);
+    // Still the unit's (the answer came with one of its reads), or taken with it since.
+    for (size_t index : indexes) {
+      if (index < appended_.size() && appended_[index].id == id) {
+        appended_[index].position = position;
+        appended_[index].origin_seq = seq;
+      }
+    }
+    arrived_[id] = {position, seq};
+    sealer_.SeqArrived(tenant_id, origin, id, seq);
+  }
+}
+
+void PostgresTx::FillPositions(std::vector<Event>& events) const {
+  for (Event& e : events) {
+    if (auto it = arrived_.find(e.id); it != arrived_.end()) {
+      e.position = it->second.first;
+      e.origin_seq = it->second.second;
+    }
+  }
 }
 
 // ---- The audit chain (store/audit.h)

@@ -29,6 +29,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -70,8 +71,13 @@ class PostgresTx final : public SqlTx<PgSql> {
   void DropEvents() { held_events_.clear(); }
   const std::string& busy_tenant() const { return sql_.busy(); }
   const std::set<std::string>& unit_tenants() const { return sql_.unit_tenants(); }
-  // The unit's pipelined write that changed no row (PgSql::ExecChanging), once flushed.
-  Status TakeUnchanged() { return sql_.TakeUnchanged(); }
+  // The transaction's first pipelined write that changed no row (PgSql::ExecChanging), once
+  // its count arrived, marked with its unit.
+  const Conn::Failure& unchanged() const { return sql_.unchanged(); }
+  void ClearUnchanged() { sql_.ClearUnchanged(); }
+  // Sets the positions and origin_seqs of `events` (taken from units whose inserts were
+  // answered since: Flush first).
+  void FillPositions(std::vector<Event>& events) const;
   // The unit's savepoint was rolled back, undoing the settings and locks it took.
   void AfterRollbackToSavepoint();
   // Before COMMIT: queues the upserts of the heads the transaction's units moved (COMMIT
@@ -136,7 +142,12 @@ class PostgresTx final : public SqlTx<PgSql> {
     std::string payload;
     std::string hash;
   };
+  // The answer of SendEvents' insert of `indexes` (in appended_) for a tenant and origin.
+  void Arrived(const Rows& rows, const std::vector<size_t>& indexes, const std::string& tenant_id,
+               const std::string& origin);
   std::vector<HeldEvent> held_events_;
+  // The positions and origin_seqs of the transaction's inserted events, by id, as they arrive.
+  std::unordered_map<std::string, std::pair<int64_t, int64_t>> arrived_;
 
   // Binds the transaction to `tenant_id` (row-level security) unless it already is.
   Status BindTenant(const std::string& tenant_id) { return sql_.BindTenant(tenant_id); }
