@@ -168,22 +168,32 @@ class McpTest(KeelTestCase):
                          "the reference MCP servers are not installed (make test installs them)")
     def test_streamable_http_transport(self):
         s = self.server
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-        sock.close()
-        env = dict(os.environ, PORT=str(port))
-        proc = subprocess.Popen(["node", EVERYTHING, "streamableHttp"], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.addCleanup(proc.wait)
-        self.addCleanup(proc.terminate)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.2).close()
+        # A free port, then the server on it; another process may take the port in between
+        # (the server then exits), so up to three ports are tried, each for up to 60 s.
+        proc, port = None, None
+        for _ in range(3):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+            sock.close()
+            env = dict(os.environ, PORT=str(port))
+            proc = subprocess.Popen(["node", EVERYTHING, "streamableHttp"], env=env,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            self.addCleanup(proc.wait)
+            self.addCleanup(proc.terminate)
+            deadline = time.monotonic() + 60
+            up = False
+            while time.monotonic() < deadline and proc.poll() is None:
+                try:
+                    socket.create_connection(("127.0.0.1", port), 0.2).close()
+                    up = True
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            if up:
                 break
-            except OSError:
-                time.sleep(0.1)
+            proc.terminate()
+        self.assertIsNone(proc.poll(), "the reference MCP server did not start")
         s.ok("PUT", "/v1/secrets/web_key", {"value": "key-12345678"})
         srv = self.register({"name": "web", "transport": "http",
                              "url": "http://127.0.0.1:%d/mcp" % port,
