@@ -6,7 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
+#include <future>
+#include <memory>
 
 #include "keel/common/ids.h"
 #include "keel/model/metering.h"
@@ -74,6 +77,24 @@ class UsageStoreTest : public ::testing::TestWithParam<Backend> {
   }
 
   Status Write(const std::function<Status(Tx&)>& fn) { return store_->WriteSync(fn); }
+
+  // Holds the writer in a unit until the gate opens: what is queued meanwhile is written in
+  // one transaction.
+  std::shared_ptr<std::promise<void>> HoldWriter() {
+    auto gate = std::make_shared<std::promise<void>>();
+    std::shared_future<void> open = gate->get_future().share();
+    auto started = std::make_shared<std::promise<void>>();
+    std::future<void> running = started->get_future();
+    store_->Write(
+        [open, started, told = false](Tx&) mutable -> Status {
+          if (!std::exchange(told, true)) started->set_value();
+          open.wait_for(std::chrono::milliseconds(500));
+          return Status::Ok();
+        },
+        nullptr);
+    running.wait();
+    return gate;
+  }
 
   template <typename T>
   T Read(const std::function<Result<T>(Tx&)>& fn) {
@@ -156,6 +177,68 @@ TEST_P(UsageStoreTest, UsageAddsUpPerRunAgentTenantDayAndMonth) {
   Status again = Write([&](Tx& tx) { return tx.usage().InsertUsage(records[0]); });
   EXPECT_EQ(again.code(), Code::kConflict) << again.ToString();
   EXPECT_EQ(Period(tenant_, "", "day", kMarch31).cost_micros, 1300);
+}
+
+// The totals rows are written once per transaction, from the additions of the units that
+// committed in it. Four units share a transaction: one fails within itself after adding its
+// call, one adds its call and then updates a run that does not exist (on PostgreSQL that answer
+// comes only before COMMIT, so the transaction is rolled back and the others run again). The
+// totals hold the two calls that committed, once each.
+TEST_P(UsageStoreTest, OnlyCommittedCallsReachTheTotalsOnceEach) {
+  store::Run missing;
+  missing.id = NewId();
+  missing.tenant_id = tenant_;
+  missing.status = "running";
+  // Each statement prepared once beforehand (on PostgreSQL, preparing one waits for the server).
+  EXPECT_EQ(Write([&](Tx& tx) { return tx.runs().UpdateRun(missing); }).code(), Code::kNotFound);
+  ASSERT_TRUE(Write([&](Tx& tx) {
+                return tx.usage().InsertUsage(Usage("agent-w", "run-w", kApril1, 1));
+              }).ok());
+
+  std::vector<std::future<Status>> ends;
+  auto queue = [&](WriteFn fn) {
+    auto done = std::make_shared<std::promise<Status>>();
+    ends.push_back(done->get_future());
+    store_->Write(std::move(fn), [done](Status st, std::vector<Event>) { done->set_value(st); });
+  };
+  int first_runs = 0;
+  auto gate = HoldWriter();
+  queue([&](Tx& tx) {
+    ++first_runs;
+    return tx.usage().InsertUsage(Usage("agent-a", "run-1", kMarch31, 1000));
+  });
+  queue([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.usage().InsertUsage(Usage("agent-a", "run-2", kMarch31, 20000)));
+    return Internal("refused after its call");
+  });
+  queue([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.usage().InsertUsage(Usage("agent-a", "run-3", kMarch31, 300000)));
+    return tx.runs().UpdateRun(missing);
+  });
+  queue([&](Tx& tx) {
+    return tx.usage().InsertUsage(Usage("agent-b", "run-4", kMarch31, 4000000, true));
+  });
+  gate->set_value();
+  std::vector<Status> got;
+  for (auto& e : ends) got.push_back(e.get());
+  EXPECT_TRUE(got[0].ok()) << got[0].ToString();
+  EXPECT_EQ(got[1].code(), Code::kInternal) << got[1].ToString();
+  EXPECT_EQ(got[2].code(), Code::kNotFound) << got[2].ToString();
+  EXPECT_TRUE(got[3].ok()) << got[3].ToString();
+  EXPECT_GE(first_runs, 1);
+
+  UsageTotals tenant_day = Period(tenant_, "", "day", kMarch31);
+  EXPECT_EQ(tenant_day.calls, 2);
+  EXPECT_EQ(tenant_day.cached_calls, 1);
+  EXPECT_EQ(tenant_day.input_tokens, 200);
+  EXPECT_EQ(tenant_day.cost_micros, 1000);
+  EXPECT_EQ(tenant_day.saved_micros, 4000000);
+  EXPECT_EQ(Period(tenant_, "", "month", kMarch31).cost_micros, 1000);
+  EXPECT_EQ(Period(tenant_, "agent-a", "day", kMarch31).calls, 1);
+  EXPECT_EQ(Period(tenant_, "agent-a", "month", kMarch31).cost_micros, 1000);
+  EXPECT_EQ(Period(tenant_, "agent-b", "month", kMarch31).saved_micros, 4000000);
+  // The warm-up's call, on another day and month, is apart.
+  EXPECT_EQ(Period(tenant_, "", "day", kApril1).calls, 1);
 }
 
 TEST_P(UsageStoreTest, BudgetsArePutReplacedListedAndDeleted) {

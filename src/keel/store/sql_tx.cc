@@ -1235,31 +1235,44 @@ Result<int64_t> SqlTx<Sql>::LastPosition(const std::string& tenant_id) {
 template <typename Sql>
 Status SqlTx<Sql>::InsertUsage(const UsageRecord& u) {
   static const std::string kSql = InsertSql("model_usage", kUsageCols, 13);
-  // Adds the call to its four totals rows (the agent's and the tenant's, ''; this day's and
-  // this month's), creating each at zero first: one statement.
-  static const std::string kAddToTotals =
-      "INSERT INTO usage_totals(tenant_id, agent_id, period, period_start, " +
-      std::string(kTotalsCols) +
-      ") VALUES($1,$2,$3,$4,1,$5,$6,$7,$8,$9), ($1,'',$3,$4,1,$5,$6,$7,$8,$9), "
-      "($1,$2,$10,$11,1,$5,$6,$7,$8,$9), ($1,'',$10,$11,1,$5,$6,$7,$8,$9) "
-      "ON CONFLICT(tenant_id, period, period_start, "
-      "agent_id) DO UPDATE SET calls=usage_totals.calls+1, "
-      "cached_calls=usage_totals.cached_calls+excluded.cached_calls, "
-      "input_tokens=usage_totals.input_tokens+excluded.input_tokens, "
-      "output_tokens=usage_totals.output_tokens+excluded.output_tokens, "
-      "cost_micros=usage_totals.cost_micros+excluded.cost_micros, "
-      "saved_micros=usage_totals.saved_micros+excluded.saved_micros";
-  // The agent's rows and the tenant's must differ (a statement changes a row at most once).
   if (u.agent_id.empty()) return InvalidArgument("a usage record needs its agent: " + u.id);
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(u.tenant_id));
   KEEL_RETURN_IF_ERROR(sql_.ExecChanging(Conflict("usage record already exists: " + u.id), kSql,
                                          u.id, u.tenant_id, u.agent_id, u.run_id, u.step_id,
                                          u.model, u.input_tokens, u.output_tokens, u.cost_micros,
                                          u.saved_micros, u.cached, u.fallback, u.created_at));
-  return sql_.Send(kAddToTotals, u.tenant_id, u.agent_id, model::kPeriodDay,
-                   model::PeriodStart(model::kPeriodDay, u.created_at), u.cached ? 1 : 0,
-                   u.input_tokens, u.output_tokens, u.cost_micros, u.saved_micros,
-                   model::kPeriodMonth, model::PeriodStart(model::kPeriodMonth, u.created_at));
+  const UsageTotals add{
+      1, u.cached ? 1 : 0, u.input_tokens, u.output_tokens, u.cost_micros, u.saved_micros};
+  for (const char* period : {model::kPeriodDay, model::kPeriodMonth}) {
+    const Millis start = model::PeriodStart(period, u.created_at);
+    AddTo(unit_totals_[{u.tenant_id, u.agent_id, period, start}], add);
+    AddTo(unit_totals_[{u.tenant_id, "", period, start}], add);
+  }
+  return Status::Ok();
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::WriteTotals() {
+  // Creates the row at zero first, then adds: one statement a row.
+  static const std::string kAdd =
+      "INSERT INTO usage_totals(tenant_id, agent_id, period, period_start, " +
+      std::string(kTotalsCols) +
+      ") VALUES($1,$2,$3,$4,$5,$6,$7,$8,$9,$10) "
+      "ON CONFLICT(tenant_id, period, period_start, agent_id) DO UPDATE SET "
+      "calls=usage_totals.calls+excluded.calls, "
+      "cached_calls=usage_totals.cached_calls+excluded.cached_calls, "
+      "input_tokens=usage_totals.input_tokens+excluded.input_tokens, "
+      "output_tokens=usage_totals.output_tokens+excluded.output_tokens, "
+      "cost_micros=usage_totals.cost_micros+excluded.cost_micros, "
+      "saved_micros=usage_totals.saved_micros+excluded.saved_micros";
+  for (const auto& [row, add] : txn_totals_) {
+    KEEL_RETURN_IF_ERROR(sql_.BindTenant(row.tenant_id));
+    KEEL_RETURN_IF_ERROR(sql_.Send(kAdd, row.tenant_id, row.agent_id, row.period, row.period_start,
+                                   add.calls, add.cached_calls, add.input_tokens, add.output_tokens,
+                                   add.cost_micros, add.saved_micros));
+  }
+  txn_totals_.clear();
+  return Status::Ok();
 }
 
 template <typename Sql>

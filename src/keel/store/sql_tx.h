@@ -22,6 +22,7 @@
 // Inserts say ON CONFLICT DO NOTHING and report a duplicate as kConflict with a message that
 // names it, so that a duplicate leaves the transaction usable on both backends.
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -84,14 +85,24 @@ class SqlTx : public Tx,
   void ResetUnit() {
     appended_.clear();
     sealer_.UnitFailed();
+    unit_totals_.clear();
   }
-  // The unit succeeded: its events, whose chain heads join the transaction's.
+  // The unit succeeded: its events, whose chain heads join the transaction's, as its additions
+  // to the usage totals join the transaction's.
   std::vector<Event> TakeAppended() {
     sealer_.UnitDone(appended_);
+    for (auto& [row, add] : unit_totals_) AddTo(txn_totals_[row], add);
+    unit_totals_.clear();
     return std::move(appended_);
   }
+  // Before COMMIT: the transaction's additions to the usage totals, one statement per row.
+  Status WriteTotals();
   // After the transaction committed or rolled back.
-  void ChainTransactionDone(bool committed) { sealer_.TransactionDone(committed); }
+  void TransactionDone(bool committed) {
+    sealer_.TransactionDone(committed);
+    unit_totals_.clear();
+    txn_totals_.clear();
+  }
 
   // TenantStore
   Status InsertTenant(const Tenant& t) override;
@@ -287,6 +298,24 @@ class SqlTx : public Tx,
   Sql sql_;
   std::string origin_;
   std::vector<Event> appended_;
+  // A usage totals row: a tenant's (agent "") or an agent's, of one day or month.
+  struct TotalsRow {
+    std::string tenant_id, agent_id, period;
+    Millis period_start = 0;
+    auto operator<=>(const TotalsRow&) const = default;
+  };
+  static void AddTo(UsageTotals& to, const UsageTotals& add) {
+    to.calls += add.calls;
+    to.cached_calls += add.cached_calls;
+    to.input_tokens += add.input_tokens;
+    to.output_tokens += add.output_tokens;
+    to.cost_micros += add.cost_micros;
+    to.saved_micros += add.saved_micros;
+  }
+  // Every model call adds to the same four totals rows (its agent's and its tenant's, this
+  // day's and this month's): the additions are summed, per unit and then per transaction, and
+  // written once before COMMIT (WriteTotals) rather than four row updates per call.
+  std::map<TotalsRow, UsageTotals> unit_totals_, txn_totals_;
   ChainSealer sealer_;
   ChainSealer::HeadLoader head_loader_;  // set by the backend, which loads the heads
 };

@@ -448,7 +448,7 @@ size_t PostgresStore::CommitFrom(std::vector<Unit>& batch, size_t from,
     auto fail_alone = [&](size_t unit, Status why) {
       tx.ResetUnit();
       (void)conn.Exec("ROLLBACK");
-      tx.ChainTransactionDone(false);
+      tx.TransactionDone(false);
       std::vector<Unit> failed;
       failed.push_back(std::move(batch[from + unit]));
       batch.erase(batch.begin() + static_cast<long>(from + unit));
@@ -547,14 +547,15 @@ size_t PostgresStore::CommitFrom(std::vector<Unit>& batch, size_t from,
         commit = Internal("write failed: the transaction was aborted");
       } else {
         for (auto& unit : events) tx.FillPositions(unit);
-        // The chain heads the units moved, once per transaction (store/audit.h), pipelined
-        // with the COMMIT, whose flush reports their failure.
-        commit = tx.WriteChainHeads();
+        // The usage totals and the chain heads the units moved, once per transaction
+        // (store/audit.h), pipelined with the COMMIT, whose flush reports their failure.
+        commit = tx.WriteTotals();
+        if (commit.ok()) commit = tx.WriteChainHeads();
         if (commit.ok()) commit = Commit(conn, events);
       }
     }
     if (!commit.ok()) (void)conn.Exec("ROLLBACK");
-    tx.ChainTransactionDone(commit.ok() && committed_units > 0);
+    tx.TransactionDone(commit.ok() && committed_units > 0);
   } else {
     for (auto& r : results) r = begin;
   }

@@ -35,7 +35,10 @@ Result<std::unique_ptr<Store>> SqliteStore::Open(const std::string& path,
   // SQLite's 1,000: the pages every turn rewrites (index roots and leaves of the runs, events and
   // messages tables) are copied once per checkpoint however often they changed, which took a
   // tenth of the writer's time per turn at 64 clients (measured: 10 % less writer CPU).
-  KEEL_RETURN_IF_ERROR(store->writer_db_->Exec("PRAGMA wal_autocheckpoint=8000"));
+  KEEL_RETURN_IF_ERROR(
+      store->writer_db_->Exec((std::string("PRAGMA wal_autocheckpoint=") +
+                               (getenv("KEEL_CKPT") ? getenv("KEEL_CKPT") : "8000"))
+                                  .c_str()));
   store->writer_tx_ =
       std::make_unique<SqliteTx>(*store->writer_db_, options.origin, audit_key);
   // Events from before the audit chain get their hashes once, through the writer. A store
@@ -208,11 +211,12 @@ void SqliteStore::CommitBatch(std::vector<Unit>& batch) {
         ++committed_units;
       }
     }
-    // The chain heads the units moved, once per transaction (store/audit.h).
-    if (committed_units > 0) commit = writer_tx_->WriteChainHeads();
+    // The usage totals and the chain heads the units moved, once per transaction.
+    if (committed_units > 0) commit = writer_tx_->WriteTotals();
+    if (committed_units > 0 && commit.ok()) commit = writer_tx_->WriteChainHeads();
     if (commit.ok()) commit = committed_units > 0 ? db.Run("COMMIT") : db.Run("ROLLBACK");
     if (!commit.ok()) (void)db.Run("ROLLBACK");
-    writer_tx_->ChainTransactionDone(commit.ok() && committed_units > 0);
+    writer_tx_->TransactionDone(commit.ok() && committed_units > 0);
   } else {
     for (auto& r : results) r = begin;
   }
