@@ -20,16 +20,21 @@ namespace {
 // Suspends until the run is terminal or waiting for approval, or `seconds` pass. A run that
 // intake just claimed for this node (not a replay; running, leased to its origin) is not read
 // first: it moves only by this node's commits (or, after its lease, another node's), and each
-// wakes the subscription, which is in place before the first of them is dispatched.
+// wakes the subscription, which is in place before the first of them is dispatched. A run this
+// node's execution ended is not read back either: the hub hands over the run as the ending
+// committed it (EventHub::Ending).
 asio::awaitable<Result<store::Run>> WaitForRun(ApiContext& ctx, const store::Run& run,
                                                double seconds, bool just_claimed) {
   auto sub = ctx.hub.Subscribe({run.tenant_id, "", "", run.id, /*deltas=*/false});
   auto deadline = std::chrono::steady_clock::now() +
                   std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
   store::Run current = run;
-  bool read = !(just_claimed && run.status == "running" && run.lease_owner == ctx.store.origin());
+  // Whether `current` is the run as it stands, as far as waiting goes.
+  bool known = just_claimed && run.status == "running" && run.lease_owner == ctx.store.origin();
   while (true) {
-    if (read) {
+    if (auto settled = ctx.hub.TakeSettled(sub)) {
+      current = std::move(*settled);  // as this node's execution committed its ending
+    } else if (!known) {
       Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
         KEEL_ASSIGN_OR_RETURN(current, tx.runs().GetRun(run.tenant_id, run.id));
         return Status::Ok();
@@ -39,10 +44,13 @@ asio::awaitable<Result<store::Run>> WaitForRun(ApiContext& ctx, const store::Run
         co_return st;
       }
     }
-    read = true;
     auto now = std::chrono::steady_clock::now();
     if (current.Terminal() || current.status == "waiting_for_approval" || now >= deadline) break;
     co_await ctx.hub.Wait(sub, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
+    // Still so after the run's progress alone. Read when it may have ended, at the deadline (the
+    // caller gets the run as it stands), and while the node drains (the hub no longer waits).
+    known = !ctx.hub.TakeMayHaveEnded(sub) && !ctx.hub.closing() &&
+            std::chrono::steady_clock::now() < deadline;
   }
   ctx.hub.Unsubscribe(sub);
   co_return current;

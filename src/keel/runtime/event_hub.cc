@@ -30,16 +30,45 @@ class EventHub::Subscription {
   bool pending = false;  // a wake-up arrived that Wait has not consumed
   bool dirty = false;    // a matching event arrived
   std::deque<Delta> deltas;
+  std::optional<store::Run> settled;  // see EventHub::Ending
+  bool unsettled = false;             // the run may have changed past what its ending gives
+  bool may_have_ended = false;        // see EventHub::TakeMayHaveEnded
 };
 
 EventHub::EventHub(asio::any_io_executor executor) : executor_(std::move(executor)) {}
 EventHub::~EventHub() = default;
 
+namespace {
+// Events after which their run is still running.
+bool Progress(const std::string& type) {
+  for (const char* t :
+       {"run.started@", "run.step@", "message.created@", "tool.call.started@",
+        "tool.call.completed@", "tool.before@", "tool.after@", "session.compacted@"}) {
+    if (type.starts_with(t)) return true;
+  }
+  return false;
+}
+// The event of a run's ending (runs::Finish).
+bool EndsRun(const std::string& type) {
+  return type.starts_with("run.completed@") || type.starts_with("run.failed@") ||
+         type.starts_with("run.cancelled@");
+}
+}  // namespace
+
 void EventHub::OnCommit(const std::vector<store::Event>& events) {
   std::vector<Committed> committed;
   committed.reserve(events.size());
   for (const auto& e : events) {
-    committed.push_back({e.tenant_id, e.agent_id, e.session_id, e.run_id, e.position});
+    committed.push_back({e.tenant_id, e.agent_id, e.session_id, e.run_id, e.position,
+                         e.type.starts_with("run.cancel_requested@"), Progress(e.type)});
+    if (EndsRun(e.type)) {
+      std::lock_guard<std::mutex> lock(endings_mu_);
+      auto it = endings_.find(e.run_id);
+      if (it != endings_.end() && it->second->tenant_id == e.tenant_id) {
+        committed.back().ending = std::move(it->second);
+        endings_.erase(it);
+      }
+    }
   }
   asio::post(executor_, [this, committed = std::move(committed)] { Dispatch(committed); });
 }
@@ -53,8 +82,10 @@ void EventHub::Dispatch(const std::vector<Committed>& events) {
     for (const auto& e : events) {
       if (sub->Matches(e.tenant_id, e.agent_id, e.session_id, e.run_id)) {
         sub->dirty = true;
+        if (e.cancel_request) sub->unsettled = true;
+        if (!e.progress) sub->may_have_ended = true;
+        if (e.ending && sub->filter.run_id == e.run_id) sub->settled = *e.ending;
         sub->Wake();
-        break;
       }
     }
   }
@@ -64,6 +95,8 @@ void EventHub::OnRemoteCommit() {
   asio::post(executor_, [this] {
     for (auto& sub : subs_) {
       sub->dirty = true;
+      sub->unsettled = true;
+      sub->may_have_ended = true;
       sub->Wake();
     }
   });
@@ -111,5 +144,26 @@ std::deque<Delta> EventHub::TakeDeltas(const SubscriptionPtr& sub) {
 }
 
 bool EventHub::TakeDirty(const SubscriptionPtr& sub) { return std::exchange(sub->dirty, false); }
+
+void EventHub::Ending(const store::Run& run) {
+  auto copy = std::make_shared<const store::Run>(run);
+  std::lock_guard<std::mutex> lock(endings_mu_);
+  endings_[run.id] = std::move(copy);
+}
+
+void EventHub::ForgetEnding(const std::string& run_id) {
+  std::lock_guard<std::mutex> lock(endings_mu_);
+  endings_.erase(run_id);
+}
+
+std::optional<store::Run> EventHub::TakeSettled(const SubscriptionPtr& sub) {
+  std::optional<store::Run> out = std::exchange(sub->settled, std::nullopt);
+  if (sub->unsettled) return std::nullopt;
+  return out;
+}
+
+bool EventHub::TakeMayHaveEnded(const SubscriptionPtr& sub) {
+  return std::exchange(sub->may_have_ended, false);
+}
 
 }  // namespace keel::runtime

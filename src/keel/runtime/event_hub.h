@@ -9,11 +9,12 @@
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
-
 #include <chrono>
 #include <deque>
 #include <list>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -66,6 +67,20 @@ class EventHub {
   std::deque<Delta> TakeDeltas(const SubscriptionPtr& sub);
   // Whether a matching event committed since the last call (clears the flag).
   bool TakeDirty(const SubscriptionPtr& sub);
+  // The run as the unit ending it writes it, from that unit (on the store's writer thread):
+  // when the unit commits, the ending's event hands it to the run's subscriptions (filter.run_id)
+  // with their wake-up, so that a waiter need not read the run back. The executor forgets it
+  // once its write returned (ForgetEnding), whether the unit committed or not.
+  void Ending(const store::Run& run);
+  void ForgetEnding(const std::string& run_id);
+  // The run an ending handed this subscription, unless something may have changed the run since
+  // without this node's execution knowing (a cancel request, another node's commit): then the
+  // caller reads the run. Clears it.
+  std::optional<store::Run> TakeSettled(const SubscriptionPtr& sub);
+  // Whether, since the last call, a matching event that may have ended or parked its run
+  // committed (anything but a run's progress: its claim, steps, messages and tool calls), or
+  // another node committed. Clears it.
+  bool TakeMayHaveEnded(const SubscriptionPtr& sub);
 
   size_t subscriber_count() const { return subs_.size(); }
 
@@ -78,6 +93,9 @@ class EventHub {
   struct Committed {
     std::string tenant_id, agent_id, session_id, run_id;
     int64_t position = 0;
+    bool cancel_request = false;  // run.cancel_requested: a settled run may not show it
+    bool progress = false;        // a running run's progress (TakeMayHaveEnded)
+    std::shared_ptr<const store::Run> ending;  // see Ending
   };
   void Dispatch(const std::vector<Committed>& events);
   boost::asio::any_io_executor executor_;
@@ -85,6 +103,8 @@ class EventHub {
   // Each tenant's highest event position seen (positions are per tenant).
   std::unordered_map<std::string, int64_t> last_position_;
   bool closing_ = false;
+  std::mutex endings_mu_;  // Ending runs on the writer thread, ForgetEnding on the io thread
+  std::unordered_map<std::string, std::shared_ptr<const store::Run>> endings_;
 };
 
 }  // namespace keel::runtime

@@ -247,8 +247,11 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
       }
       // A run's reported usage includes the tokens this ending adds (RunUsageJson reads cur).
       runs::Ending ending{status, output, error, RunUsageJson(cur, totals)};
-      return runs::Finish(tx, cur, ending, at);
+      KEEL_RETURN_IF_ERROR(runs::Finish(tx, cur, ending, at));
+      hub_.Ending(cur);  // handed to the run's waiters when this commits
+      return Status::Ok();
     });
+    hub_.ForgetEnding(run.id);
     if (!done.ok() && done.status().code() == Code::kConflict) {
       LogInfo("run " + run.id + ": this node's execution (attempt " + std::to_string(run.attempt) +
               ") no longer holds it (its lease ran out and another " +
