@@ -1360,8 +1360,10 @@ end}
         def drive(sess):
             n = 0
             try:
-                # Turns until a repeated delivery shows up, at most 6 s.
-                while time.monotonic() < stop_at and not self._repeated(path):
+                # Turns until a repeated delivery shows up, at most 6 s and 100 turns (each turn
+                # adds three deliveries the loop must settle below, however fast turns are).
+                while (time.monotonic() < stop_at and n < 300
+                       and not self._repeated(path)):
                     run = t.turn(sess["id"], call("time.now"))
                     assert run["status"] == "done", run
                     n += 3  # model.after twice, tool.after once

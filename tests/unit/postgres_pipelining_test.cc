@@ -158,8 +158,10 @@ TEST_F(PostgresPipeliningTest, AWriteThatChangesNoRowFailsItsUnitAndOnlyItsUnit)
   EXPECT_EQ(before_runs, 2);
   EXPECT_EQ(after_runs, 2);
 
-  // The same write, then a read in the unit: the read brings the count, the unit is rolled back
-  // to its savepoint, and the units around it run once each.
+  // The same write, then a read in the unit: the read brings the count within the unit. The
+  // transaction has no savepoints (none failed in a while), so the unit cannot be undone alone:
+  // the transaction is rolled back, the unit fails alone, and the unit before it runs again
+  // (the one after it had not run). Transactions take savepoints for a while after.
   gate = HoldWriter();
   ends.clear();
   before_runs = after_runs = 0;
@@ -188,9 +190,44 @@ TEST_F(PostgresPipeliningTest, AWriteThatChangesNoRowFailsItsUnitAndOnlyItsUnit)
   EXPECT_EQ(got[1].code(), Code::kNotFound) << got[1].ToString();
   EXPECT_TRUE(got[2].ok()) << got[2].ToString();
   EXPECT_TRUE(read_went_on);
-  EXPECT_EQ(before_runs, 1);
+  EXPECT_EQ(before_runs, 2);
   EXPECT_EQ(after_runs, 1);
   EXPECT_EQ(Contents(), (std::vector<std::string>{"warm", "before", "after", "before2", "after2"}));
+
+  // The same again, now with savepoints: the unit is rolled back to its savepoint, and the
+  // units around it run once each.
+  gate = HoldWriter();
+  ends.clear();
+  before_runs = after_runs = 0;
+  read_went_on = false;
+  const Message before3 = NewMessage("before3"), lost3 = NewMessage("lost3"),
+                after3 = NewMessage("after3");
+  queue([&](Tx& tx) {
+    ++before_runs;
+    return tx.messages().InsertMessage(before3);
+  });
+  queue([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.messages().InsertMessage(lost3));
+    KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(missing));
+    KEEL_RETURN_IF_ERROR(tx.sessions().GetSession(tenant_.id, session_.id).status());
+    read_went_on = true;
+    return Status::Ok();
+  });
+  queue([&](Tx& tx) {
+    ++after_runs;
+    return tx.messages().InsertMessage(after3);
+  });
+  gate->set_value();
+  got.clear();
+  for (auto& e : ends) got.push_back(e.get());
+  EXPECT_TRUE(got[0].ok()) << got[0].ToString();
+  EXPECT_EQ(got[1].code(), Code::kNotFound) << got[1].ToString();
+  EXPECT_TRUE(got[2].ok()) << got[2].ToString();
+  EXPECT_TRUE(read_went_on);
+  EXPECT_EQ(before_runs, 1);
+  EXPECT_EQ(after_runs, 1);
+  EXPECT_EQ(Contents(), (std::vector<std::string>{"warm", "before", "after", "before2", "after2",
+                                                  "before3", "after3"}));
 
   // The same insert twice in one unit: the second meets the first's row, and the unit fails
   // with its conflict, alone in its transaction.
@@ -199,7 +236,8 @@ TEST_F(PostgresPipeliningTest, AWriteThatChangesNoRowFailsItsUnitAndOnlyItsUnit)
     return Status::Ok();
   });
   EXPECT_EQ(twice.code(), Code::kConflict) << twice.ToString();
-  EXPECT_EQ(Contents(), (std::vector<std::string>{"warm", "before", "after", "before2", "after2"}));
+  EXPECT_EQ(Contents(), (std::vector<std::string>{"warm", "before", "after", "before2", "after2",
+                                                  "before3", "after3"}));
 
   // A statement that fails on the server, in the middle unit of three: PostgreSQL skips
   // everything sent behind it; the failure, found before COMMIT, is that unit's alone, and the
@@ -229,7 +267,7 @@ TEST_F(PostgresPipeliningTest, AWriteThatChangesNoRowFailsItsUnitAndOnlyItsUnit)
   EXPECT_TRUE(got[2].ok()) << got[2].ToString();
   EXPECT_EQ(first_runs, 2);
   EXPECT_EQ(Contents(), (std::vector<std::string>{"warm", "before", "after", "before2", "after2",
-                                                  "first", "last"}));
+                                                  "before3", "after3", "first", "last"}));
 }
 
 // A unit's events are held back and go out as one insert per tenant and origin at the unit's

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "keel/common/ids.h"
@@ -235,6 +236,60 @@ TEST_F(PostgresWriteLocksTest, AUnitThatFindsATenantHeldRunsAgainWithAllItsTenan
   EXPECT_TRUE(st.ok()) << st.ToString();
   EXPECT_EQ(runs.load(), 2) << "once refused at B, once with A and B locked first";
   EXPECT_EQ(Notes(a_), (std::vector<std::string>{"node-1 both"}));
+  EXPECT_EQ(Notes(b_), (std::vector<std::string>{"node-2 held", "node-1 both"}));
+}
+
+// The same in a transaction of two units, which has no savepoints: the unit that finds tenant
+// B held cannot be rolled back alone, so the transaction is; that unit runs again first with A
+// and B locked, and the unit before it runs again after it. Each writes once.
+TEST_F(PostgresWriteLocksTest, InATransactionWithoutSavepointsTheOthersRunAgainToo) {
+  std::promise<void> holding, released;
+  std::shared_future<void> release = released.get_future().share();
+  std::future<Status> held = Hold(*node2_, b_, holding, release);
+  holding.get_future().wait();
+
+  // Node 1's writer waits in a unit until both units below are queued: they share the next
+  // transaction.
+  std::promise<void> gate, in_gate;
+  std::shared_future<void> open = gate.get_future().share();
+  node1_->Write(
+      [&, open, told = false](Tx&) mutable -> Status {
+        if (!std::exchange(told, true)) in_gate.set_value();
+        open.wait_for(kHold);
+        return Status::Ok();
+      },
+      nullptr);
+  in_gate.get_future().wait();
+  std::atomic<int> one_runs{0}, both_runs{0};
+  auto one_done = std::make_shared<std::promise<Status>>();
+  auto both_done = std::make_shared<std::promise<Status>>();
+  std::future<Status> one = one_done->get_future(), both = both_done->get_future();
+  node1_->Write(
+      [&](Tx& tx) -> Status {
+        ++one_runs;
+        return Note(tx, a_, "one");
+      },
+      [one_done](Status st, std::vector<Event>) { one_done->set_value(st); });
+  node1_->Write(
+      [&](Tx& tx) -> Status {
+        ++both_runs;
+        KEEL_RETURN_IF_ERROR(Note(tx, a_, "both"));
+        KEEL_RETURN_IF_ERROR(tx.tenants().GetTenant(a_.id).status());
+        return Note(tx, b_, "both");
+      },
+      [both_done](Status st, std::vector<Event>) { both_done->set_value(st); });
+  gate.set_value();
+  EXPECT_EQ(both.wait_for(milliseconds(200)), std::future_status::timeout)
+      << "node 1 wrote tenant B while node 2 held its lock";
+  released.set_value();
+  EXPECT_TRUE(held.get().ok());
+  Status st = both.get();
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  st = one.get();
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(both_runs.load(), 2) << "once refused at B, once with A and B locked first";
+  EXPECT_EQ(one_runs.load(), 2) << "rolled back with the other, then again after it";
+  EXPECT_EQ(Notes(a_), (std::vector<std::string>{"node-1 both", "node-1 one"}));
   EXPECT_EQ(Notes(b_), (std::vector<std::string>{"node-2 held", "node-1 both"}));
 }
 

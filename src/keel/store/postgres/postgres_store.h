@@ -140,6 +140,8 @@ class PostgresStore final : public QueuedStore {
   const std::string audit_key_;  // signs the audit chain heads; "" unsigned
 
   std::unique_ptr<Session> writer_;  // owned by the writer thread once started
+  // How many more transactions give each unit a savepoint (CommitFrom); writer thread only.
+  int savepoint_transactions_ = 0;
 
   std::mutex readers_mu_;
   std::vector<std::unique_ptr<Session>> idle_readers_;  // GUARDED_BY(readers_mu_)
