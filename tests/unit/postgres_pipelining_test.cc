@@ -14,8 +14,10 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "hold_writer.h"
 #include "keel/common/ids.h"
 #include "keel/store/audit.h"
 #include "keel/store/store.h"
@@ -76,24 +78,7 @@ class PostgresPipeliningTest : public ::testing::Test {
     return out;
   }
 
-  // Holds the writer in a unit of its own (for at most 500 ms) until the promise is set, so
-  // that the units queued meanwhile share the next transaction.
-  std::shared_ptr<std::promise<void>> HoldWriter() {
-    auto gate = std::make_shared<std::promise<void>>();
-    std::shared_future<void> open = gate->get_future().share();
-    auto started = std::make_shared<std::promise<void>>();
-    std::future<void> running = started->get_future();
-    store_->Write(
-        [open, started, told = false](Tx&) mutable -> Status {
-          if (!std::exchange(told, true)) started->set_value();
-          open.wait_for(std::chrono::milliseconds(500));
-          return Status::Ok();
-        },
-        nullptr);
-    // The writer is in this unit: what is queued from now on is taken in the next batch.
-    running.wait();
-    return gate;
-  }
+  std::shared_ptr<std::promise<void>> HoldWriter() { return store::HoldWriter(*store_); }
 
   PgTestDatabase db_;
   std::unique_ptr<Store> store_;
@@ -158,74 +143,47 @@ TEST_F(PostgresPipeliningTest, AWriteThatChangesNoRowFailsItsUnitAndOnlyItsUnit)
   EXPECT_EQ(before_runs, 2);
   EXPECT_EQ(after_runs, 2);
 
-  // The same write, then a read in the unit: the read brings the count within the unit. The
-  // transaction has no savepoints (none failed in a while), so the unit cannot be undone alone:
-  // the transaction is rolled back, the unit fails alone, and the unit before it runs again
-  // (the one after it had not run). Transactions take savepoints for a while after.
-  gate = HoldWriter();
-  ends.clear();
-  before_runs = after_runs = 0;
-  const Message before2 = NewMessage("before2"), lost2 = NewMessage("lost2"),
-                after2 = NewMessage("after2");
-  queue([&](Tx& tx) {
-    ++before_runs;
-    return tx.messages().InsertMessage(before2);
-  });
-  bool read_went_on = false;
-  queue([&](Tx& tx) -> Status {
-    KEEL_RETURN_IF_ERROR(tx.messages().InsertMessage(lost2));
-    KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(missing));
-    KEEL_RETURN_IF_ERROR(tx.sessions().GetSession(tenant_.id, session_.id).status());
-    read_went_on = true;  // the read does not fail: the unit carries on, and fails at its end
-    return Status::Ok();
-  });
-  queue([&](Tx& tx) {
-    ++after_runs;
-    return tx.messages().InsertMessage(after2);
-  });
-  gate->set_value();
-  got.clear();
-  for (auto& e : ends) got.push_back(e.get());
-  EXPECT_TRUE(got[0].ok()) << got[0].ToString();
-  EXPECT_EQ(got[1].code(), Code::kNotFound) << got[1].ToString();
-  EXPECT_TRUE(got[2].ok()) << got[2].ToString();
-  EXPECT_TRUE(read_went_on);
-  EXPECT_EQ(before_runs, 2);
-  EXPECT_EQ(after_runs, 1);
+  // The same write, then a read in the unit: the read brings the count within the unit. Three
+  // units, the middle one failing so; returns how many times the first and the last ran.
+  auto fail_within = [&](const std::string& tag) {
+    auto held = HoldWriter();
+    ends.clear();
+    before_runs = after_runs = 0;
+    bool read_went_on = false;
+    const Message b = NewMessage("before" + tag), l = NewMessage("lost" + tag),
+                  a = NewMessage("after" + tag);
+    queue([&](Tx& tx) {
+      ++before_runs;
+      return tx.messages().InsertMessage(b);
+    });
+    queue([&](Tx& tx) -> Status {
+      KEEL_RETURN_IF_ERROR(tx.messages().InsertMessage(l));
+      KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(missing));
+      KEEL_RETURN_IF_ERROR(tx.sessions().GetSession(tenant_.id, session_.id).status());
+      read_went_on = true;  // the read does not fail: the unit carries on, and fails at its end
+      return Status::Ok();
+    });
+    queue([&](Tx& tx) {
+      ++after_runs;
+      return tx.messages().InsertMessage(a);
+    });
+    held->set_value();
+    got.clear();
+    for (auto& e : ends) got.push_back(e.get());
+    EXPECT_TRUE(got[0].ok()) << got[0].ToString();
+    EXPECT_EQ(got[1].code(), Code::kNotFound) << got[1].ToString();
+    EXPECT_TRUE(got[2].ok()) << got[2].ToString();
+    EXPECT_TRUE(read_went_on);
+    return std::make_pair(before_runs, after_runs);
+  };
+  // The transaction has no savepoints (none failed in a while), so the unit cannot be undone
+  // alone: the transaction is rolled back, the unit fails alone, and the unit before it runs
+  // again (the one after it had not run). Transactions take savepoints for a while after.
+  EXPECT_EQ(fail_within("2"), std::make_pair(2, 1));
   EXPECT_EQ(Contents(), (std::vector<std::string>{"warm", "before", "after", "before2", "after2"}));
-
   // The same again, now with savepoints: the unit is rolled back to its savepoint, and the
   // units around it run once each.
-  gate = HoldWriter();
-  ends.clear();
-  before_runs = after_runs = 0;
-  read_went_on = false;
-  const Message before3 = NewMessage("before3"), lost3 = NewMessage("lost3"),
-                after3 = NewMessage("after3");
-  queue([&](Tx& tx) {
-    ++before_runs;
-    return tx.messages().InsertMessage(before3);
-  });
-  queue([&](Tx& tx) -> Status {
-    KEEL_RETURN_IF_ERROR(tx.messages().InsertMessage(lost3));
-    KEEL_RETURN_IF_ERROR(tx.runs().UpdateRun(missing));
-    KEEL_RETURN_IF_ERROR(tx.sessions().GetSession(tenant_.id, session_.id).status());
-    read_went_on = true;
-    return Status::Ok();
-  });
-  queue([&](Tx& tx) {
-    ++after_runs;
-    return tx.messages().InsertMessage(after3);
-  });
-  gate->set_value();
-  got.clear();
-  for (auto& e : ends) got.push_back(e.get());
-  EXPECT_TRUE(got[0].ok()) << got[0].ToString();
-  EXPECT_EQ(got[1].code(), Code::kNotFound) << got[1].ToString();
-  EXPECT_TRUE(got[2].ok()) << got[2].ToString();
-  EXPECT_TRUE(read_went_on);
-  EXPECT_EQ(before_runs, 1);
-  EXPECT_EQ(after_runs, 1);
+  EXPECT_EQ(fail_within("3"), std::make_pair(1, 1));
   EXPECT_EQ(Contents(), (std::vector<std::string>{"warm", "before", "after", "before2", "after2",
                                                   "before3", "after3"}));
 

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "hold_writer.h"
 #include "keel/common/ids.h"
 #include "keel/store/store.h"
 #include "pg_test_database.h"
@@ -250,16 +251,7 @@ TEST_F(PostgresWriteLocksTest, InATransactionWithoutSavepointsTheOthersRunAgainT
 
   // Node 1's writer waits in a unit until both units below are queued: they share the next
   // transaction.
-  std::promise<void> gate, in_gate;
-  std::shared_future<void> open = gate.get_future().share();
-  node1_->Write(
-      [&, open, told = false](Tx&) mutable -> Status {
-        if (!std::exchange(told, true)) in_gate.set_value();
-        open.wait_for(kHold);
-        return Status::Ok();
-      },
-      nullptr);
-  in_gate.get_future().wait();
+  auto gate = HoldWriter(*node1_, kHold);
   std::atomic<int> one_runs{0}, both_runs{0};
   auto one_done = std::make_shared<std::promise<Status>>();
   auto both_done = std::make_shared<std::promise<Status>>();
@@ -278,7 +270,7 @@ TEST_F(PostgresWriteLocksTest, InATransactionWithoutSavepointsTheOthersRunAgainT
         return Note(tx, b_, "both");
       },
       [both_done](Status st, std::vector<Event>) { both_done->set_value(st); });
-  gate.set_value();
+  gate->set_value();
   EXPECT_EQ(both.wait_for(milliseconds(200)), std::future_status::timeout)
       << "node 1 wrote tenant B while node 2 held its lock";
   released.set_value();

@@ -11,6 +11,7 @@
 #include <future>
 #include <memory>
 
+#include "hold_writer.h"
 #include "keel/common/ids.h"
 #include "keel/model/metering.h"
 #include "keel/store/store.h"
@@ -77,24 +78,6 @@ class UsageStoreTest : public ::testing::TestWithParam<Backend> {
   }
 
   Status Write(const std::function<Status(Tx&)>& fn) { return store_->WriteSync(fn); }
-
-  // Holds the writer in a unit until the gate opens: what is queued meanwhile is written in
-  // one transaction.
-  std::shared_ptr<std::promise<void>> HoldWriter() {
-    auto gate = std::make_shared<std::promise<void>>();
-    std::shared_future<void> open = gate->get_future().share();
-    auto started = std::make_shared<std::promise<void>>();
-    std::future<void> running = started->get_future();
-    store_->Write(
-        [open, started, told = false](Tx&) mutable -> Status {
-          if (!std::exchange(told, true)) started->set_value();
-          open.wait_for(std::chrono::milliseconds(500));
-          return Status::Ok();
-        },
-        nullptr);
-    running.wait();
-    return gate;
-  }
 
   template <typename T>
   T Read(const std::function<Result<T>(Tx&)>& fn) {
@@ -202,7 +185,7 @@ TEST_P(UsageStoreTest, OnlyCommittedCallsReachTheTotalsOnceEach) {
     store_->Write(std::move(fn), [done](Status st, std::vector<Event>) { done->set_value(st); });
   };
   int first_runs = 0;
-  auto gate = HoldWriter();
+  auto gate = HoldWriter(*store_);
   queue([&](Tx& tx) {
     ++first_runs;
     return tx.usage().InsertUsage(Usage("agent-a", "run-1", kMarch31, 1000));
