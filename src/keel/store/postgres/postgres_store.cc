@@ -462,7 +462,7 @@ size_t PostgresStore::CommitFrom(std::vector<Unit>& batch, size_t from,
       return from;
     };
     // Savepoints let a unit that fails be undone alone, at the price of two statements and a
-    // subtransaction for every unit (7 to 15 % of the turns one node takes). Units rarely fail,
+    // subtransaction for every unit (4 to 15 % of the turns one node takes). Units rarely fail,
     // so a transaction takes none: when one fails, the transaction is rolled back, that unit
     // fails alone and the others run again (docs/decisions/0014: a unit may run twice), and the
     // next transactions take savepoints. A unit alone in its transaction needs none either: its
