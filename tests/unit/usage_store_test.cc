@@ -9,6 +9,7 @@
 #include <chrono>
 #include <filesystem>
 #include <future>
+#include <limits>
 #include <memory>
 
 #include "hold_writer.h"
@@ -222,6 +223,39 @@ TEST_P(UsageStoreTest, OnlyCommittedCallsReachTheTotalsOnceEach) {
   EXPECT_EQ(Period(tenant_, "agent-b", "month", kMarch31).saved_micros, 4000000);
   // The warm-up's call, on another day and month, is apart.
   EXPECT_EQ(Period(tenant_, "", "day", kApril1).calls, 1);
+}
+
+// A provider may report any token count: sums that would pass 2^63 stop there instead of
+// failing the transaction, whose other units (here another tenant's) commit.
+TEST_P(UsageStoreTest, TotalsStopAtTheLargestCountAndFailNothing) {
+  const std::string other = MakeTenant();
+  const int64_t max = std::numeric_limits<int64_t>::max();
+  UsageRecord huge = Usage("agent-a", "run-1", kMarch31, max - 5);
+  huge.input_tokens = max;
+  ASSERT_TRUE(Write([&](Tx& tx) { return tx.usage().InsertUsage(huge); }).ok());
+  std::vector<std::future<Status>> ends;
+  auto gate = HoldWriter(*store_);
+  for (int i = 0; i < 2; ++i) {
+    UsageRecord more = Usage("agent-a", "run-" + std::to_string(i + 2), kMarch31, max - 5);
+    more.input_tokens = max;
+    auto done = std::make_shared<std::promise<Status>>();
+    ends.push_back(done->get_future());
+    store_->Write([more](Tx& tx) { return tx.usage().InsertUsage(more); },
+                  [done](Status st, std::vector<Event>) { done->set_value(st); });
+  }
+  UsageRecord theirs = Usage("agent-b", "run-9", kMarch31, 7);
+  theirs.tenant_id = other;
+  auto done = std::make_shared<std::promise<Status>>();
+  ends.push_back(done->get_future());
+  store_->Write([theirs](Tx& tx) { return tx.usage().InsertUsage(theirs); },
+                [done](Status st, std::vector<Event>) { done->set_value(st); });
+  gate->set_value();
+  for (auto& e : ends) EXPECT_TRUE(e.get().ok());
+  UsageTotals mine = Period(tenant_, "", "day", kMarch31);
+  EXPECT_EQ(mine.calls, 3);
+  EXPECT_EQ(mine.input_tokens, max);
+  EXPECT_EQ(mine.cost_micros, max);
+  EXPECT_EQ(Period(other, "", "day", kMarch31).cost_micros, 7);
 }
 
 TEST_P(UsageStoreTest, BudgetsArePutReplacedListedAndDeleted) {

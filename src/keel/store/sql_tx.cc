@@ -1253,18 +1253,20 @@ Status SqlTx<Sql>::InsertUsage(const UsageRecord& u) {
 
 template <typename Sql>
 Status SqlTx<Sql>::WriteTotals() {
-  // Creates the row at zero first, then adds: one statement a row.
+  // Creates the row at zero first, then adds: one statement a row. A sum stops at 2^63 - 1
+  // rather than fail: a provider may report any token count, and a failure here would fail
+  // every unit of the transaction, other tenants' too.
+  auto add = [](const char* c) {
+    return std::string(c) + "=CASE WHEN usage_totals." + c + " > 9223372036854775807 - excluded." +
+           c + " THEN 9223372036854775807 ELSE usage_totals." + c + " + excluded." + c + " END";
+  };
   static const std::string kAdd =
       "INSERT INTO usage_totals(tenant_id, agent_id, period, period_start, " +
       std::string(kTotalsCols) +
       ") VALUES($1,$2,$3,$4,$5,$6,$7,$8,$9,$10) "
-      "ON CONFLICT(tenant_id, period, period_start, agent_id) DO UPDATE SET "
-      "calls=usage_totals.calls+excluded.calls, "
-      "cached_calls=usage_totals.cached_calls+excluded.cached_calls, "
-      "input_tokens=usage_totals.input_tokens+excluded.input_tokens, "
-      "output_tokens=usage_totals.output_tokens+excluded.output_tokens, "
-      "cost_micros=usage_totals.cost_micros+excluded.cost_micros, "
-      "saved_micros=usage_totals.saved_micros+excluded.saved_micros";
+      "ON CONFLICT(tenant_id, period, period_start, agent_id) DO UPDATE SET " +
+      add("calls") + ", " + add("cached_calls") + ", " + add("input_tokens") + ", " +
+      add("output_tokens") + ", " + add("cost_micros") + ", " + add("saved_micros");
   for (const auto& [row, add] : txn_totals_) {
     KEEL_RETURN_IF_ERROR(sql_.BindTenant(row.tenant_id));
     KEEL_RETURN_IF_ERROR(sql_.Send(kAdd, row.tenant_id, row.agent_id, row.period, row.period_start,

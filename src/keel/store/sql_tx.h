@@ -22,6 +22,7 @@
 // Inserts say ON CONFLICT DO NOTHING and report a duplicate as kConflict with a message that
 // names it, so that a duplicate leaves the transaction usable on both backends.
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -304,13 +305,17 @@ class SqlTx : public Tx,
     Millis period_start = 0;
     auto operator<=>(const TotalsRow&) const = default;
   };
+  // Sums stop at 2^63 - 1 (WriteTotals says why).
   static void AddTo(UsageTotals& to, const UsageTotals& add) {
-    to.calls += add.calls;
-    to.cached_calls += add.cached_calls;
-    to.input_tokens += add.input_tokens;
-    to.output_tokens += add.output_tokens;
-    to.cost_micros += add.cost_micros;
-    to.saved_micros += add.saved_micros;
+    auto sum = [](int64_t& a, int64_t b) {
+      if (__builtin_add_overflow(a, b, &a)) a = INT64_MAX;
+    };
+    sum(to.calls, add.calls);
+    sum(to.cached_calls, add.cached_calls);
+    sum(to.input_tokens, add.input_tokens);
+    sum(to.output_tokens, add.output_tokens);
+    sum(to.cost_micros, add.cost_micros);
+    sum(to.saved_micros, add.saved_micros);
   }
   // Every model call adds to the same four totals rows (its agent's and its tenant's, this
   // day's and this month's): the additions are summed, per unit and then per transaction, and
