@@ -4,7 +4,8 @@
 // take every slot and leave the others' queued behind them (DESIGN.md invariant 13).
 //
 // A run takes its slot before it is claimed (by intake or the dispatcher) and holds it, as a
-// Hold, until its execution ends; dropping a Hold gives the slot back. On PostgreSQL with
+// Hold, until its execution's work is over (its ending is queued for the writer, or the
+// execution stops); dropping a Hold gives the slot back. On PostgreSQL with
 // several nodes each node counts its own slots: a tenant's share is per node.
 //
 // Owned by the Runtime; used on its io executor only (no lock).
