@@ -23,8 +23,10 @@
 // names it, so that a duplicate leaves the transaction usable on both backends.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "keel/store/audit.h"
@@ -37,6 +39,46 @@
 #include "keel/store/usage_store.h"
 
 namespace keel::store {
+
+// Counters a store's only writer hands out in order (SqliteTx: a tenant's event positions and
+// each origin's origin_seq), kept between transactions as the chain heads are (ChainSealer):
+// each key's last number as committed, as the transaction's finished units moved it, and as
+// the current unit did. A rolled back unit or transaction takes its numbers with it.
+class KeptNumbers {
+ public:
+  // The number after `key`'s last; `load` reads the last from the store when none is kept.
+  Result<int64_t> Next(const std::string& key, const std::function<Result<int64_t>()>& load) {
+    for (const auto* level : {&unit_, &txn_, &kept_}) {
+      auto it = level->find(key);
+      if (it != level->end()) return it->second + 1;
+    }
+    KEEL_ASSIGN_OR_RETURN(int64_t last, load());
+    return last + 1;
+  }
+  // `n` (from Next) was used: it is `key`'s last in this unit.
+  void Used(const std::string& key, int64_t n) { unit_[key] = n; }
+  void UnitFailed() { unit_.clear(); }
+  void UnitDone() {
+    for (auto& [key, n] : unit_) txn_[key] = n;
+    unit_.clear();
+  }
+  void TransactionDone(bool committed) {
+    if (committed) {
+      for (auto& [key, n] : txn_) kept_[key] = n;
+    }
+    txn_.clear();
+    unit_.clear();
+  }
+  // Forgets every number (after rows were written behind the counters: an import).
+  void Forget() {
+    kept_.clear();
+    txn_.clear();
+    unit_.clear();
+  }
+
+ private:
+  std::unordered_map<std::string, int64_t> kept_, txn_, unit_;
+};
 
 template <typename Sql>
 class SqlTx : public Tx,
@@ -86,12 +128,14 @@ class SqlTx : public Tx,
   void ResetUnit() {
     appended_.clear();
     sealer_.UnitFailed();
+    numbers_.UnitFailed();
     unit_totals_.clear();
   }
   // The unit succeeded: its events, whose chain heads join the transaction's, as its additions
   // to the usage totals join the transaction's.
   std::vector<Event> TakeAppended() {
     sealer_.UnitDone(appended_);
+    numbers_.UnitDone();
     for (auto& [row, add] : unit_totals_) AddTo(txn_totals_[row], add);
     unit_totals_.clear();
     return std::move(appended_);
@@ -101,6 +145,7 @@ class SqlTx : public Tx,
   // After the transaction committed or rolled back.
   void TransactionDone(bool committed) {
     sealer_.TransactionDone(committed);
+    numbers_.TransactionDone(committed);
     unit_totals_.clear();
     txn_totals_.clear();
   }
@@ -323,6 +368,7 @@ class SqlTx : public Tx,
   std::map<TotalsRow, UsageTotals> unit_totals_, txn_totals_;
   ChainSealer sealer_;
   ChainSealer::HeadLoader head_loader_;  // set by the backend, which loads the heads
+  KeptNumbers numbers_;                  // used by a backend that numbers events itself
 };
 
 }  // namespace keel::store

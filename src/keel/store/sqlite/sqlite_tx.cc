@@ -155,29 +155,46 @@ Status SqliteTx::Append(NewEvent n) {
   }
   const ChainedFields chained = ChainedOf(e, payload);
   auto hash = sealer_.Next(chained, head_loader_);
-  // The tenant's next position and origin_seq, each one probe of its unique index, read in
-  // the unit that inserts the event, so a rolled back unit never leaves a gap; the one writer
-  // makes them follow commit order. `position` stays the store-wide key, which no client sees.
-  // (Read first and bound, rather than computed in the insert with RETURNING: RETURNING
-  // gathers its row in a temporary table, which cost more than the two probes.)
-  static const std::string kNext =
-      "SELECT (SELECT coalesce(max(tenant_position),0)+1 FROM events WHERE tenant_id=?1), "
-      "(SELECT coalesce(max(origin_seq),0)+1 FROM events WHERE tenant_id=?1 AND origin=?2)";
+  // The tenant's next position and the origin's next origin_seq: kept by this Tx, the store's
+  // only writer, between units and transactions (KeptNumbers), and read from the table (one
+  // probe of its unique index) only the first time. A rolled back unit takes its numbers with
+  // it, so there is never a gap; the one writer makes them follow commit order. `position`
+  // stays the store-wide key, which no client sees.
+  static const std::string kLastPosition =
+      "SELECT coalesce(max(tenant_position),0) FROM events WHERE tenant_id=?1";
+  static const std::string kLastSeq =
+      "SELECT coalesce(max(origin_seq),0) FROM events WHERE tenant_id=?1 AND origin=?2";
   static const std::string kSql =
       "INSERT INTO events(id, tenant_id, tenant_position, type, origin, origin_seq, agent_id, "
       "session_id, run_id, payload, occurred_at, hash) VALUES(?,?,?,?,?,?,?,?,?,?,?,?)";
+  // The last number a query of the table gives (a max() over an index: always one row).
+  auto last = [](Result<Stmt> s) -> Result<int64_t> {
+    if (!s.ok()) return s.status();
+    KEEL_ASSIGN_OR_RETURN(bool row, s->Step());
+    if (!row) return Internal("the event's positions were not read");
+    return s->Int(0);
+  };
+  const std::string seq_key = e.tenant_id + '\n' + e.origin;
   Status st = hash.status();
   int64_t tenant_position = 0;
-  if (st.ok()) {  // the statement is reset at the end of the block, before the insert
-    auto next = db_.Prepare(kNext);
-    auto row = next.ok() ? next->BindAll(e.tenant_id, e.origin).Step() : Result<bool>(next.status());
-    if (!row.ok()) {
-      st = row.status();
-    } else if (!*row) {
-      st = Internal("the event's positions were not read");
+  if (st.ok()) {
+    auto next = numbers_.Next(e.tenant_id, [&] {
+      auto s = db_.Prepare(kLastPosition);
+      if (s.ok()) s->BindAll(e.tenant_id);
+      return last(std::move(s));
+    });
+    auto seq = next.ok() ? numbers_.Next(seq_key,
+                                         [&] {
+                                           auto s = db_.Prepare(kLastSeq);
+                                           if (s.ok()) s->BindAll(e.tenant_id, e.origin);
+                                           return last(std::move(s));
+                                         })
+                         : Result<int64_t>(next.status());
+    if (!seq.ok()) {
+      st = seq.status();
     } else {
-      tenant_position = next->Int(0);
-      e.origin_seq = next->Int(1);
+      tenant_position = *next;
+      e.origin_seq = *seq;
     }
   }
   if (st.ok()) {
@@ -189,6 +206,8 @@ Status SqliteTx::Append(NewEvent n) {
   }
   if (st.ok()) {
     e.position = tenant_position;
+    numbers_.Used(e.tenant_id, tenant_position);
+    numbers_.Used(seq_key, e.origin_seq);
     sealer_.Appended(chained, *hash, e.origin_seq);
   }
   if (!st.ok()) appended_.pop_back();
@@ -288,6 +307,7 @@ Status SqliteTx::ExportTable(const std::string& tenant_id, const std::string& ta
 Status SqliteTx::ImportRow(const std::string& table, const Json& row) {
   KEEL_ASSIGN_OR_RETURN(const ExportTableSpec* spec, ExportTableOf(table));
   KEEL_RETURN_IF_ERROR(CheckExportRow(*spec, row));
+  if (table == "events") numbers_.Forget();  // numbered behind the kept numbers
   std::string marks;
   for (size_t i = 0; i < spec->columns.size(); ++i) marks += i ? ",?" : "?";
   // An explicit events.position also moves AUTOINCREMENT's counter (sqlite_sequence).
@@ -314,6 +334,7 @@ Status SqliteTx::ImportRow(const std::string& table, const Json& row) {
 // written at the unit's commit.
 Status SqliteTx::FinishImport() {
   sealer_.Forget();
+  numbers_.Forget();
   KEEL_RETURN_IF_ERROR(BackfillChains());
   return ScopeImportedMemories();
 }
