@@ -133,6 +133,62 @@ TEST_P(RunStateTest, ANewRunIsQueuedOrClaimedAtOnceWithItsEvents) {
   EXPECT_EQ(st.code(), Code::kInternal);
 }
 
+// A claim whose unit did not read the session (intake read it just before, outside the
+// writer) marks the session running only while it is still idle, its agent's, active, and its
+// tenant under the cap: otherwise the unit fails with kConflict, all of it (on PostgreSQL the
+// count arrives after the unit's other statements), and intake runs it again, reading first.
+TEST_P(RunStateTest, AClaimWhoseUnitDidNotReadTheSessionTakesItOnlyWhileItIsIdle) {
+  auto create = [&](const std::string& agent, int64_t max_active) -> Result<store::Run> {
+    store::Run r;
+    r.id = NewId();
+    r.tenant_id = tenant_;
+    r.session_id = session_;
+    r.agent_id = agent_;
+    r.message_id = NewId();
+    r.created_at = NowMillis();
+    store::Run written;
+    Status st = store_->WriteSync([&](Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(written,
+                            runs::Create(tx, r, {{"message_id", r.message_id}}, NowMillis(),
+                                         runs::Lease{"node-a", NowMillis() + kLeaseMs},
+                                         runs::IdleGuard{agent, max_active}));
+      return Status::Ok();
+    });
+    if (!st.ok()) return st;
+    return written;
+  };
+  auto no_trace = [&](const Result<store::Run>& refused) {
+    EXPECT_EQ(refused.status().code(), Code::kConflict) << refused.status().ToString();
+    EXPECT_NE(refused.status().message().find("changed since intake read it"), std::string::npos);
+    Status read = store_->Read([&](Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(auto runs, tx.runs().ListRuns(tenant_, session_, {"", 100}));
+      EXPECT_EQ(runs.items.size(), 1u);  // the first run's alone
+      return Status::Ok();
+    });
+    EXPECT_TRUE(read.ok()) << read.ToString();
+  };
+  auto first = create(agent_, 64);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(Stored(first->id).status, "running");
+  EXPECT_EQ(SessionStatus(), "running");
+  EXPECT_EQ(EventTypes(first->id), (std::vector<std::string>{"run.queued@v1", "run.started@v1"}));
+
+  no_trace(create(agent_, 64));  // busy: the first run is unfinished
+  Status ended = store_->WriteSync([&](Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(store::Run cur, runs::Held(tx, *first));
+    return runs::Finish(tx, cur, {"done", "ok", Json(), Json::object()}, NowMillis());
+  });
+  ASSERT_TRUE(ended.ok()) << ended.ToString();
+  no_trace(create(NewId(), 64));  // idle, but another agent's
+  no_trace(create(agent_, 0));    // idle, but the tenant is at its cap
+  Status inactive = store_->WriteSync([&](Tx& tx) {
+    return tx.sessions().UpdateSessionStatus(tenant_, session_, "inactive", NowMillis());
+  });
+  ASSERT_TRUE(inactive.ok()) << inactive.ToString();
+  no_trace(create(agent_, 64));  // inactive
+  EXPECT_EQ(SessionStatus(), "inactive");
+}
+
 TEST_P(RunStateTest, AClaimTakesAQueuedRunOrAnExpiredLeaseAndNothingElse) {
   store::Run run = NewRun();
   Millis now = NowMillis();

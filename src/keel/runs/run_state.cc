@@ -107,7 +107,8 @@ Result<store::Run> Held(store::Tx& tx, const std::string& tenant_id, const std::
 }
 
 Result<store::Run> Create(store::Tx& tx, store::Run run, const Json& queued_payload, Millis now,
-                          const std::optional<Lease>& claim) {
+                          const std::optional<Lease>& claim,
+                          const std::optional<IdleGuard>& guard) {
   if (run.status != "queued") return Internal("a new run is queued, not " + run.status);
   if (claim) {
     run.status = "running";
@@ -115,7 +116,13 @@ Result<store::Run> Create(store::Tx& tx, store::Run run, const Json& queued_payl
     run.lease_owner = claim->origin;
     run.lease_expires_at = claim->until;
     run.started_at = now;
-    KEEL_RETURN_IF_ERROR(SetSessionStatus(tx, run, "running", now));
+    if (guard) {
+      KEEL_RETURN_IF_ERROR(tx.runs().StartIdleSession(run.tenant_id, run.session_id,
+                                                      guard->agent_id, guard->max_active, now));
+      tx.Carry("sessions", store::SessionStatusImage(run.session_id, "running", now));
+    } else {
+      KEEL_RETURN_IF_ERROR(SetSessionStatus(tx, run, "running", now));
+    }
   }
   KEEL_RETURN_IF_ERROR(tx.runs().InsertRun(run));
   tx.Carry("runs", store::RowImage(run));

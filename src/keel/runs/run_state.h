@@ -64,12 +64,21 @@ struct Lease {
   Millis until = 0;
 };
 
+// What the session must still be for a claim whose unit did not read it (RunStore::
+// StartIdleSession): its agent's, and its tenant under `max_active` runs in flight.
+struct IdleGuard {
+  std::string agent_id;
+  int64_t max_active = 0;
+};
+
 // A new run (`run` as intake made it, queued): written queued, with run.queued@v1 carrying
 // `queued_payload`; or, with `claim` (intake's node has room and the session is idle), running
-// at once (attempt 1, leased, the session running) with run.started@v1 after it. Returns the run
-// as written.
+// at once (attempt 1, leased, the session running) with run.started@v1 after it. With `guard`,
+// the session is marked running only if it is still idle (the unit fails otherwise). Returns
+// the run as written.
 Result<store::Run> Create(store::Tx& tx, store::Run run, const Json& queued_payload, Millis now,
-                          const std::optional<Lease>& claim);
+                          const std::optional<Lease>& claim,
+                          const std::optional<IdleGuard>& guard = std::nullopt);
 
 // What a claim found.
 struct Claim {

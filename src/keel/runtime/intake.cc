@@ -56,11 +56,13 @@ asio::awaitable<Result<IntakeResult>> Intake::PostMessage(const IntakeRequest& r
     co_return InvalidArgument("Idempotency-Key is longer than 256 characters");
   }
   store::Session session;
+  bool busy = false;  // the session had an unfinished run
   store::Agent agent;
   std::optional<IntakeResult> replay;
   std::vector<store::Plugin> enabled;
   Status st = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
     KEEL_ASSIGN_OR_RETURN(session, tx.sessions().GetSession(req.tenant_id, req.session_id));
+    KEEL_ASSIGN_OR_RETURN(busy, tx.runs().SessionBusy(req.tenant_id, req.session_id));
     // The caller may use it (a guest only the sessions it opened): refused as if it did not
     // exist, so a guest learns nothing of the others.
     if (!access::CanUseSession({req.tenant_id, req.requested_by, req.caller_role}, session)) {
@@ -117,8 +119,16 @@ asio::awaitable<Result<IntakeResult>> Intake::PostMessage(const IntakeRequest& r
   }
   Unit unit = Prepare(req, agent, std::move(content));
   unit.enabled = std::move(enabled);
+  // Read idle just now: the writer need not read the session again (on PostgreSQL that read
+  // was a round trip in the writer's transaction, per message) unless it changed meanwhile.
+  // The tenant's cap is checked by the claim's update alone (a tenant at its cap is rare).
+  unit.idle_when_read = !busy && unit.may_claim;
   store::WriteFn write = [&unit, this](store::Tx& tx) { return Write(tx, unit); };
-  auto written = co_await store::AsyncWrite(store_, std::move(write));
+  auto written = co_await store::AsyncWrite(store_, write);
+  if (!written.ok() && written.status().code() == Code::kConflict && unit.idle_when_read) {
+    unit.idle_when_read = false;  // it changed: read it in the unit this time
+    written = co_await store::AsyncWrite(store_, std::move(write));
+  }
   if (!written.ok()) co_return written.status();
   if (unit.replay) co_return *unit.replay;
   After(unit);
@@ -169,6 +179,10 @@ Status Intake::Check(store::Tx& tx, Unit& u) {
     }
   }
   int64_t active = 0;  // the tenant's runs in flight
+  if (u.idle_when_read) {
+    u.busy = false;  // checked again by the claim's guarded update (Write)
+    return Status::Ok();
+  }
   if (u.new_session) {
     u.busy = false;  // created by this unit for this agent: active, no run yet
     KEEL_ASSIGN_OR_RETURN(active, tx.runs().CountActiveRuns(req.tenant_id));
@@ -220,7 +234,9 @@ Status Intake::Write(store::Tx& tx, Unit& u) {
   if (u.claimed) claim = runs::Lease{u.origin, u.now + lease_ms_};
   Json queued = {{"message_id", out.message.id}};
   if (!u.trigger.is_null()) queued["trigger"] = u.trigger;
-  KEEL_ASSIGN_OR_RETURN(u.written, runs::Create(tx, out.run, queued, u.now, claim));
+  std::optional<runs::IdleGuard> guard;
+  if (u.claimed && u.idle_when_read) guard = runs::IdleGuard{u.agent.id, tenant_run_cap_};
+  KEEL_ASSIGN_OR_RETURN(u.written, runs::Create(tx, out.run, queued, u.now, claim, guard));
   return Status::Ok();
 }
 

@@ -90,6 +90,11 @@ class Intake {
     // The unit created the session itself just before (a schedule's new session): it is the
     // agent's, active and idle, so intake need not read it back.
     bool new_session = false;
+    // The caller read the session just before the unit (outside the writer) and found it
+    // idle: the unit does not read it again, and its claim marks the session running only if
+    // it is still idle and the tenant under its cap (runs::IdleGuard); otherwise the unit fails
+    // with kConflict and the caller runs it again without this.
+    bool idle_when_read = false;
     IntakeResult out;    // the message and the run to write
     // The agent's enabled plugins when the caller read them (PostMessage does), handed to the
     // run the unit claims; otherwise the run reads them.

@@ -243,6 +243,14 @@ class RunStore {
   };
   virtual Result<IntakeView> ForIntake(const std::string& tenant_id,
                                        const std::string& session_id) = 0;
+  // Marks an idle session running (UpdateSessionStatus) for a run intake claims without having
+  // read the session in its unit (it read it just before, outside the writer): the session
+  // changes only while it is `agent_id`'s, not inactive, has no unfinished run, and its tenant
+  // has fewer than `max_active` runs queued or running, which is what ForIntake would have
+  // found. Otherwise the unit fails with kConflict (when the count arrives on PostgreSQL: see
+  // PgSql::ExecChanging), and intake runs it again, reading first. No read, no round trip.
+  virtual Status StartIdleSession(const std::string& tenant_id, const std::string& session_id,
+                                  const std::string& agent_id, int64_t max_active, Millis at) = 0;
 
   // Runtime-wide (not tenant-scoped): runs ready to execute now (queued runs whose session has
   // no earlier unfinished run, running runs whose lease expired before `now`), tenants taking

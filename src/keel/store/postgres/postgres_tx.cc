@@ -128,6 +128,19 @@ Result<RunStore::IntakeView> PostgresTx::ForIntake(const std::string& tenant_id,
   return v;
 }
 
+Status PostgresTx::StartIdleSession(const std::string& tenant_id, const std::string& session_id,
+                                    const std::string& agent_id, int64_t max_active, Millis at) {
+  // ForIntake's conditions, checked by the update itself: pipelined, not waited for.
+  static const std::string kSql =
+      "UPDATE sessions SET status='running', updated_at=$3 WHERE tenant_id=$1 AND id=$2 AND "
+      "agent_id=$4 AND status<>'inactive' AND NOT EXISTS(SELECT 1 FROM runs WHERE tenant_id=$1 "
+      "AND session_id=$2 AND status IN ('queued','running','waiting_for_approval')) AND (SELECT "
+      "count(*) FROM runs WHERE tenant_id=$1 AND status IN ('queued','running')) < $5";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  return sql_.ExecChanging(Conflict("session " + session_id + " changed since intake read it"),
+                           kSql, tenant_id, session_id, at, agent_id, max_active);
+}
+
 Result<std::vector<Run>> PostgresTx::ClaimableRuns(Millis now, int limit) {
   static const std::string kKeys = "SELECT tenant_id, id FROM keel_claimable_runs($1, $2)";
   static const std::string kSql =

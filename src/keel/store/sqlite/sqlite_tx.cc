@@ -89,6 +89,19 @@ Result<RunStore::IntakeView> SqliteTx::ForIntake(const std::string& tenant_id,
   return v;
 }
 
+Status SqliteTx::StartIdleSession(const std::string& tenant_id, const std::string& session_id,
+                                  const std::string& agent_id, int64_t max_active, Millis at) {
+  // ForIntake's conditions, checked by the update itself.
+  static const std::string kSql =
+      "UPDATE sessions SET status='running', updated_at=?3 WHERE tenant_id=?1 AND id=?2 AND "
+      "agent_id=?4 AND status!='inactive' AND NOT EXISTS(SELECT 1 FROM runs INDEXED BY "
+      "runs_session_active WHERE tenant_id=?1 AND session_id=?2 AND status IN "
+      "('queued','running','waiting_for_approval')) AND (SELECT count(*) FROM runs INDEXED BY "
+      "runs_tenant_active WHERE tenant_id=?1 AND status IN ('queued','running')) < ?5";
+  return sql_.ExecChanging(Conflict("session " + session_id + " changed since intake read it"),
+                           kSql, tenant_id, session_id, at, agent_id, max_active);
+}
+
 Result<std::vector<Run>> SqliteTx::ClaimableRuns(Millis now, int limit) {
   // Two index range scans on (status, lease_expires_at); an OR would scan the whole table. A
   // queued run's earlier active runs are looked up by (session, status), so that a long
