@@ -21,6 +21,13 @@ class RunStateTest : public SessionStoreTest {
  protected:
   // A new run of the session, written queued (or claimed by node-a at once).
   store::Run NewRun(bool claim = false) {
+    auto written = CreateRun(claim, std::nullopt);
+    EXPECT_TRUE(written.ok()) << written.status().ToString();
+    return written.ok() ? *written : store::Run();
+  }
+
+  // runs::Create of a new run of the session, claimed by node-a when `claim`, with `guard`.
+  Result<store::Run> CreateRun(bool claim, const std::optional<runs::IdleGuard>& guard) {
     store::Run r;
     r.id = NewId();
     r.tenant_id = tenant_;
@@ -32,11 +39,11 @@ class RunStateTest : public SessionStoreTest {
     std::optional<runs::Lease> lease;
     if (claim) lease = runs::Lease{"node-a", NowMillis() + kLeaseMs};
     Status st = store_->WriteSync([&](Tx& tx) -> Status {
-      KEEL_ASSIGN_OR_RETURN(written, runs::Create(tx, r, {{"message_id", r.message_id}},
-                                                  NowMillis(), lease));
+      KEEL_ASSIGN_OR_RETURN(
+          written, runs::Create(tx, r, {{"message_id", r.message_id}}, NowMillis(), lease, guard));
       return Status::Ok();
     });
-    EXPECT_TRUE(st.ok()) << st.ToString();
+    if (!st.ok()) return st;
     return written;
   }
 
@@ -138,24 +145,8 @@ TEST_P(RunStateTest, ANewRunIsQueuedOrClaimedAtOnceWithItsEvents) {
 // tenant under the cap: otherwise the unit fails with kConflict, all of it (on PostgreSQL the
 // count arrives after the unit's other statements), and intake runs it again, reading first.
 TEST_P(RunStateTest, AClaimWhoseUnitDidNotReadTheSessionTakesItOnlyWhileItIsIdle) {
-  auto create = [&](const std::string& agent, int64_t max_active) -> Result<store::Run> {
-    store::Run r;
-    r.id = NewId();
-    r.tenant_id = tenant_;
-    r.session_id = session_;
-    r.agent_id = agent_;
-    r.message_id = NewId();
-    r.created_at = NowMillis();
-    store::Run written;
-    Status st = store_->WriteSync([&](Tx& tx) -> Status {
-      KEEL_ASSIGN_OR_RETURN(written,
-                            runs::Create(tx, r, {{"message_id", r.message_id}}, NowMillis(),
-                                         runs::Lease{"node-a", NowMillis() + kLeaseMs},
-                                         runs::IdleGuard{agent, max_active}));
-      return Status::Ok();
-    });
-    if (!st.ok()) return st;
-    return written;
+  auto create = [&](const std::string& agent, int64_t max_active) {
+    return CreateRun(/*claim=*/true, runs::IdleGuard{agent, max_active});
   };
   auto no_trace = [&](const Result<store::Run>& refused) {
     EXPECT_EQ(refused.status().code(), Code::kConflict) << refused.status().ToString();
