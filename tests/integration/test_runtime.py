@@ -214,11 +214,12 @@ class RuntimeTest(KeelTestCase):
         runs = wait_all(s, [first["run"]["id"], second["run"]["id"]], timeout=120)
         self.assertEqual([r["status"] for r in runs], ["done", "done"])
 
-    def test_concurrent_posts_to_an_idle_session_claim_one_run(self):
+    def test_concurrent_posts_to_an_idle_session_run_one_at_a_time(self):
         # Intake reads the session before its unit and claims without reading it again, with an
         # update that checks the session is still idle. Eight messages posted at once all read
         # it idle; one claim may take it, the others must find it taken and be queued (their
-        # units run again, reading first), and the runs then run one at a time.
+        # units run again, reading first), and the runs then run one at a time. (A later claim
+        # at intake is right when the run before it has already ended.)
         s = self.server
         _, sess = self.new_session()
         results, lock = [], threading.Lock()
@@ -236,8 +237,6 @@ class RuntimeTest(KeelTestCase):
         for t in threads:
             t.join()
         self.assertEqual([r[0] for r in results], [202] * 8, [r[1] for r in results])
-        claimed = [r[1]["run"]["id"] for r in results if r[1]["run"]["status"] == "running"]
-        self.assertLessEqual(len(claimed), 1, "more than one run of one session claimed at intake")
         runs = wait_all(s, [r[1]["run"]["id"] for r in results], timeout=120)
         self.assertEqual([r["status"] for r in runs], ["done"] * 8)
         spans = sorted((parse_time(r["started_at"]), parse_time(r["finished_at"])) for r in runs)

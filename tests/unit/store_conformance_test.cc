@@ -1845,6 +1845,48 @@ TEST_P(StoreTest, ClaimableRunsAreSerialPerSession) {
   EXPECT_EQ(claimable[1].id, runs[2].id);
 }
 
+// Two messages posted at once: the one with the later id may be claimed at intake, the other
+// queued behind its run. That queued run waits for the running one (and for one waiting for an
+// approval), whatever their ids: running both would break the session's serial order.
+TEST_P(StoreTest, AQueuedRunWaitsForItsSessionsRunningRunWhateverItsId) {
+  Tenant t = MakeTenant();
+  Agent agent = MakeAgent(t, "a");
+  Session s{NewId(), t.id, agent.id, "idle", "", 0, 0, ""};
+  store::Run queued, running;
+  queued.id = NewId();
+  running.id = NewId();  // later than the queued run's
+  for (auto* r : {&queued, &running}) {
+    r->tenant_id = t.id;
+    r->session_id = s.id;
+    r->agent_id = agent.id;
+  }
+  running.status = "running";
+  running.attempt = 1;
+  running.lease_owner = "node-a";
+  running.lease_expires_at = NowMillis() + 60000;
+  ASSERT_TRUE(store_
+                  ->WriteSync([&](Tx& tx) -> Status {
+                    KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(s));
+                    KEEL_RETURN_IF_ERROR(tx.runs().InsertRun(queued));
+                    return tx.runs().InsertRun(running);
+                  })
+                  .ok());
+  auto claimable = [&] {
+    return ReadValue<std::vector<store::Run>>(
+        *store_, [&](Tx& tx) { return tx.runs().ClaimableRuns(NowMillis(), 10); });
+  };
+  EXPECT_TRUE(claimable().empty());
+  running.status = "waiting_for_approval";
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) { return tx.runs().UpdateRun(running); }).ok());
+  EXPECT_TRUE(claimable().empty());
+  running.status = "done";
+  running.finished_at = NowMillis();
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) { return tx.runs().UpdateRun(running); }).ok());
+  auto now_claimable = claimable();
+  ASSERT_EQ(now_claimable.size(), 1u);
+  EXPECT_EQ(now_claimable[0].id, queued.id);
+}
+
 TEST_P(StoreTest, ClaimableRunsFollowSessionOrderLeasesAndTenantsInTurn) {
   Tenant t = MakeTenant();
   Tenant u = MakeTenant();

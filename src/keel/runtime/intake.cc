@@ -215,6 +215,10 @@ Status Intake::Write(store::Tx& tx, Unit& u) {
   u.refused = false;
   u.replay.reset();
   u.claimed = false;
+  // The message's and the run's times are taken in the unit, where the writer runs it: a run
+  // claimed here starts after whatever committed before it (the session's previous run ended).
+  u.now = NowMillis();
+  u.out.message.created_at = u.out.run.created_at = u.now;
   if (Status checked = Check(tx, u); !checked.ok()) {
     // Nothing is written yet: a caller may record the refusal instead (a schedule does).
     u.refused = checked.code() != Code::kUnavailable && checked.code() != Code::kInternal;

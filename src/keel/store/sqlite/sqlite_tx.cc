@@ -104,7 +104,9 @@ Status SqliteTx::StartIdleSession(const std::string& tenant_id, const std::strin
 
 Result<std::vector<Run>> SqliteTx::ClaimableRuns(Millis now, int limit) {
   // Two index range scans on (status, lease_expires_at); an OR would scan the whole table. A
-  // queued run's earlier active runs are looked up by (session, status), so that a long
+  // queued run waits for its session's running and waiting runs, whatever their ids (a run
+  // claimed at intake may have a later id than a message queued behind it), and for the
+  // session's queued runs before it; they are looked up by (session, status), so that a long
   // session's finished runs are not walked. The tenants take turns (every tenant's oldest, then
   // every tenant's second, ...), so that one tenant's long queue cannot fill the page and hide
   // the others' runs from the dispatcher.
@@ -117,7 +119,8 @@ Result<std::vector<Run>> SqliteTx::ClaimableRuns(Millis now, int limit) {
       "AND r.status IN ('queued','running') "
       "AND NOT EXISTS (SELECT 1 FROM runs p INDEXED BY runs_session_active "
       "  WHERE p.session_id=r.session_id "
-      "  AND p.status IN ('queued','running','waiting_for_approval') AND p.id<r.id) "
+      "  AND p.status IN ('queued','running','waiting_for_approval') AND p.id<>r.id "
+      "  AND (p.status<>'queued' OR p.id<r.id)) "
       "UNION ALL SELECT " +
       std::string(kRunCols) +
       " FROM runs INDEXED BY runs_claimable "
