@@ -9,7 +9,8 @@
 # prompts); its instructions per turn are the difference of the two totals divided by the
 # difference of the turns, so start-up and shutdown cancel out. INSTR_FEW (300) and INSTR_MANY
 # (1300) change the counts; INSTR_KEEP=DIR keeps the callgrind files there (callgrind_annotate
-# reads them).
+# reads them); INSTR_PLUGINS=1 enables make bench-quick's audit-log and redaction plugins on
+# every agent first.
 #
 # What callgrind counts is not time: a `rep stosb` counts once per byte (so SQLite zeroing a
 # fresh 4 KB page counts 4,096), crypto runs without the CPU's SHA instructions, and work done
@@ -38,6 +39,10 @@ count() {
     sleep 0.1
   done
   [ -s "$home/listen.addr" ] || { echo "instructions: $bin did not start" >&2; cat "$home/serve.log" >&2; exit 1; }
+  if [ -n "${INSTR_PLUGINS:-}" ]; then
+    python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); import quick; quick.enable_plugins(*sys.argv[2:])' \
+      "$(dirname "$0")" "http://$(awk '{print $1}' "$home/listen.addr")" "$home/owner.token"
+  fi
   "$LOADGEN" --url "http://$(awk '{print $1}' "$home/listen.addr")" --token-file "$home/owner.token" \
     --concurrency 16 --warmup 0 --turns "$turns" --duration 600 --unique-messages >"$home/load.txt"
   kill -TERM "$pid"

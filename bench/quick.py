@@ -51,6 +51,18 @@ PLUGINS = [
 ]
 
 
+def enable_plugins(url, token_file):
+    """Registers PLUGINS and enables them on every agent of the server at `url`."""
+    token = open(token_file).read().split()[0]
+    for p in PLUGINS:
+        for path, body in (("/v1/plugins", p),
+                           (f"/v1/plugins/{p['manifest']['id']}/enable", {"agent_id": "*"})):
+            req = urllib.request.Request(url + path, method="POST", data=json.dumps(body).encode(),
+                                         headers={"Authorization": f"Bearer {token}",
+                                                  "Content-Type": "application/json"})
+            urllib.request.urlopen(req, timeout=10).read()
+
+
 def pins():
     """taskset prefixes for the server and the load generator (different CPUs when possible)."""
     n = os.cpu_count() or 1
@@ -88,15 +100,6 @@ class Server:
             except OSError:
                 time.sleep(0.05)
         sys.exit(f"bench-quick: keel serve at {self.addr} never became ready")
-
-    def api(self, method, path, body=None):
-        token = open(self.token_file).read().split()[0]
-        req = urllib.request.Request(self.url + path, method=method,
-                                     data=json.dumps(body).encode() if body is not None else None,
-                                     headers={"Authorization": f"Bearer {token}",
-                                              "Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return r.read()
 
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)
@@ -198,9 +201,7 @@ def main():
             # left it (a later phase runs on a larger store, which alone costs turns/s).
             bare = loadgen(build, load_pin, s, "--concurrency", "64", "--warmup", "1", "--duration",
                            secs, "--unique-messages")
-            for p in PLUGINS:
-                s.api("POST", "/v1/plugins", p)
-                s.api("POST", f"/v1/plugins/{p['manifest']['id']}/enable", {"agent_id": "*"})
+            enable_plugins(s.url, s.token_file)
             plug = loadgen(build, load_pin, s, "--concurrency", "64", "--warmup", "1", "--duration",
                            secs, "--unique-messages")
             print(f"  c=64, audit-log + redaction on every agent: {plug['turns_per_s']:,.0f} turns/s "

@@ -6,11 +6,16 @@
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 
 #include "await.h"
+#include "keel/common/ids.h"
+#include "keel/plugins/builtin_plugins.h"
 #include "keel/plugins/bus.h"
 #include "keel/plugins/catalog.h"
 #include "keel/plugins/lua_plugin.h"
+#include "keel/plugins/manifest.h"
 
 namespace keel::plugins {
 namespace {
@@ -88,6 +93,93 @@ TEST(Bus, TransformsChain) {
   auto out = Await(bus.Emit("prompt.assemble", in));
   EXPECT_EQ(out.payload["text"], "start first second");
   EXPECT_TRUE(out.errors.empty());
+}
+
+TEST(Bus, ATransformThatChangesNothingKeepsThePayloadAndSaysSo) {
+  EventBus bus;
+  int calls = 0;
+  auto keep = Immediate([&calls](const Json&) -> Result<Json> {
+    ++calls;
+    return Unchanged();
+  });
+  ASSERT_TRUE(bus.On("model.before@v1", keep, Opt("a", 1)).ok());
+  Json in = {{"text", "start"}};
+  auto out = Await(bus.Emit("model.before", in));
+  EXPECT_EQ(out.payload, in);
+  EXPECT_FALSE(out.changed);
+  EXPECT_TRUE(out.errors.empty());
+  // One that rewrites, between two that keep: the rewrite is what the next one sees and what
+  // comes out, and the emission says it changed.
+  ASSERT_TRUE(bus.On("model.before@v1", Immediate([](const Json& p) -> Result<Json> {
+                       Json out = p;
+                       out["text"] = "rewritten";
+                       return out;
+                     }),
+                     Opt("b", 2))
+                  .ok());
+  Json seen;
+  ASSERT_TRUE(bus.On("model.before@v1", Immediate([&seen](const Json& p) -> Result<Json> {
+                       seen = p;
+                       return Unchanged();
+                     }),
+                     Opt("c", 3))
+                  .ok());
+  out = Await(bus.Emit("model.before", in));
+  EXPECT_TRUE(out.changed);
+  EXPECT_EQ(out.payload["text"], "rewritten");
+  EXPECT_EQ(seen["text"], "rewritten");
+  EXPECT_EQ(calls, 2);
+}
+
+TEST(Builtin, RedactionRewritesOnlyWhatMatchesAndOtherwiseCopiesNothing) {
+  Manifest m;
+  m.id = "redact";
+  m.kind = "builtin";
+  m.builtin = "redaction";
+  m.events = {"model.before@v1"};
+  EventBus bus;
+  Json config = {{"patterns", {"sk-[A-Za-z0-9]{8,}", "[0-9]{4}-[0-9]{4}"}}, {"mask", "<\\1>"}};
+  ASSERT_TRUE(AddBuiltin(m, config, {}, bus).ok());
+  Json clean = {{"messages", {{{"role", "user"}, {"content", "nothing secret here"}}}}};
+  auto out = Await(bus.Emit("model.before", clean));
+  EXPECT_FALSE(out.changed);
+  EXPECT_EQ(out.payload, clean);
+  Json secret = {{"messages",
+                  {{{"role", "user"}, {"content", "key sk-abcdefgh12 and card 1234-5678"}},
+                   {{"role", "assistant"}, {"content", "fine"}}}}};
+  out = Await(bus.Emit("model.before", secret));
+  EXPECT_TRUE(out.changed);
+  EXPECT_EQ(out.payload["messages"][0]["content"], "key <\\1> and card <\\1>");
+  EXPECT_EQ(out.payload["messages"][1]["content"], "fine");
+}
+
+TEST(Builtin, AuditLogWritesOneJsonLinePerEventAndChangesNothing) {
+  const auto dir = std::filesystem::temp_directory_path() / ("keel-audit-log-" + NewId());
+  const std::string file = (dir / "audit" / "agent.jsonl").string();
+  Manifest m;
+  m.id = "audit";
+  m.kind = "builtin";
+  m.builtin = "audit-log";
+  m.events = {"model.after@v1", "model.before@v1"};
+  EventBus bus;
+  ASSERT_TRUE(AddBuiltin(m, Json::object(), {file}, bus).ok());
+  Json after = {{"run_id", "r1"}, {"text", "line\nbreak \"quoted\""}};
+  Await(bus.Emit("model.after", after));
+  Json before = {{"messages", Json::array()}};
+  auto out = Await(bus.Emit("model.before", before));
+  EXPECT_FALSE(out.changed);
+  EXPECT_EQ(out.payload, before);
+  std::ifstream in(file);
+  std::string line;
+  std::vector<Json> lines;
+  while (std::getline(in, line)) lines.push_back(Json::parse(line));
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0]["event"], "model.after@v1");
+  EXPECT_EQ(lines[0]["payload"], after);
+  EXPECT_TRUE(lines[0]["at"].is_string());
+  EXPECT_EQ(lines[1]["event"], "model.before@v1");
+  EXPECT_EQ(lines[1]["payload"], before);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Bus, FirstDenyWinsAndStopsTheChain) {

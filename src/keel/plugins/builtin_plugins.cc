@@ -22,8 +22,8 @@ constexpr size_t kMaxPatterns = 50;
 constexpr size_t kMaxPatternLength = 500;
 
 // The value a handler of `shape` returns when it changes nothing.
-Json Unchanged(Shape shape, const Json& payload) {
-  if (shape == Shape::kTransform) return payload;
+Json KeepFor(Shape shape) {
+  if (shape == Shape::kTransform) return plugins::Unchanged();
   if (shape == Shape::kVeto) return Json{{"allow", true}};
   return Json();
 }
@@ -38,14 +38,14 @@ class AuditFile {
   AuditFile(const AuditFile&) = delete;
   AuditFile& operator=(const AuditFile&) = delete;
 
-  Status Append(const std::string& line) {
+  Status Append(std::string data) {
     if (fd_ < 0) {
       std::error_code ec;
       std::filesystem::create_directories(std::filesystem::path(path_).parent_path(), ec);
       fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
       if (fd_ < 0) return Unavailable("cannot open the audit file " + path_);
     }
-    std::string data = line + "\n";
+    data += '\n';
     ssize_t n = ::write(fd_, data.data(), data.size());  // one write: lines never interleave
     if (n != static_cast<ssize_t>(data.size())) return Unavailable("cannot write " + path_);
     return Status::Ok();
@@ -62,6 +62,24 @@ struct Redactor {
   // scanned once, not once per pattern. Null when it did not compile (then each is tried).
   std::unique_ptr<RE2> any;
   std::string mask;
+
+  // Whether a pattern matches a string in `j`.
+  bool Matches(const Json& j) const {
+    if (j.is_string()) {
+      const std::string& s = j.get_ref<const std::string&>();
+      if (any) return RE2::PartialMatch(s, *any);
+      for (const auto& re : patterns) {
+        if (RE2::PartialMatch(s, *re)) return true;
+      }
+      return false;
+    }
+    if (j.is_array() || j.is_object()) {
+      for (const auto& v : j) {
+        if (Matches(v)) return true;
+      }
+    }
+    return false;
+  }
 
   void Apply(Json& j) const {
     if (j.is_string()) {
@@ -156,16 +174,19 @@ Status AddBuiltin(const Manifest& m, const Json& config, const BuiltinContext& c
     std::function<Result<Json>(const Json&)> fn;  // they answer at once
     if (m.builtin == "audit-log") {
       if (!audit) audit = std::make_shared<AuditFile>(context.audit_file);
-      fn = [audit, event, shape](const Json& payload) -> Result<Json> {
-        Json line = {{"at", FormatRfc3339(NowMillis())}, {"event", event}, {"payload", payload}};
-        KEEL_RETURN_IF_ERROR(audit->Append(DumpJson(line)));
-        return Unchanged(shape, payload);
+      // {"at", "event", "payload"}, written out without copying the payload.
+      const std::string event_field = ",\"event\":" + DumpJson(Json(event)) + ",\"payload\":";
+      fn = [audit, event_field, shape](const Json& payload) -> Result<Json> {
+        KEEL_RETURN_IF_ERROR(audit->Append("{\"at\":\"" + FormatRfc3339(NowMillis()) + "\"" +
+                                           event_field + DumpJson(payload) + "}"));
+        return KeepFor(shape);
       };
     } else {
       if (!redactor) {
         KEEL_ASSIGN_OR_RETURN(redactor, RedactorOf(config));
       }
       fn = [redactor](const Json& payload) -> Result<Json> {
+        if (!redactor->Matches(payload)) return Unchanged();  // most payloads: no copy
         Json out = payload;
         redactor->Apply(out);
         return out;

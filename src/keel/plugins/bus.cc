@@ -13,6 +13,8 @@ boost::asio::awaitable<Result<Json>> Answered(Result<Json> result) { co_return r
 
 }  // namespace
 
+Json Unchanged() { return Json(Json::value_t::discarded); }
+
 HookFn Immediate(std::function<Result<Json>(const Json& payload)> fn) {
   return [fn = std::move(fn)](const Json& payload) { return Answered(fn(payload)); };
 }
@@ -56,6 +58,7 @@ boost::asio::awaitable<Emitted> EventBus::Emit(std::string_view family, Json pay
     } catch (...) {
       result = Internal("threw a non-standard exception");
     }
+    if (result.ok() && shape == Shape::kTransform && result->is_discarded()) continue;
     if (result.ok() && shape == Shape::kTransform && !result->is_object()) {
       result = InvalidArgument("a transform must return the payload (an object)");
     }
@@ -74,6 +77,7 @@ boost::asio::awaitable<Emitted> EventBus::Emit(std::string_view family, Json pay
       continue;
     }
     if (shape == Shape::kTransform) {
+      out.changed = true;
       if (h.version == newest) {
         out.payload = std::move(*result);
       } else {

@@ -29,9 +29,14 @@
 
 namespace keel::plugins {
 
-// A listener's value is ignored; a transform returns the new payload; a veto returns
-// {"allow": bool, "reason": text}. `payload` stays valid until the handler completes.
+// A listener's value is ignored; a transform returns the new payload, or Unchanged() when it
+// changes nothing (no copy is made then); a veto returns {"allow": bool, "reason": text}.
+// `payload` stays valid until the handler completes.
 using HookFn = std::function<boost::asio::awaitable<Result<Json>>(const Json& payload)>;
+
+// What a transform returns to keep the payload as it came (a discarded value, which no plugin's
+// JSON can be).
+Json Unchanged();
 
 // A handler that answers at once (the built-ins), as a HookFn.
 HookFn Immediate(std::function<Result<Json>(const Json& payload)> fn);
@@ -50,6 +55,7 @@ struct PluginError {
 
 struct Emitted {
   Json payload;  // after every transform (transform events); the input otherwise
+  bool changed = false;    // a transform returned a payload other than Unchanged()
   bool denied = false;     // veto events: a handler denied
   std::string reason;      // ... and why
   std::string denied_by;   // ... which plugin

@@ -30,7 +30,7 @@ boost::asio::awaitable<Result<Json>> CallHook(std::shared_ptr<LuaPlugin> lua, in
   auto result = co_await lua->Call(ref, payload, std::move(session));
   // Returning nothing keeps the payload (a veto: allows); a veto that returns a boolean
   // means allow or deny.
-  if (result.ok() && result->is_null()) co_return veto ? Json{{"allow", true}} : payload;
+  if (result.ok() && result->is_null()) co_return veto ? Json{{"allow", true}} : Unchanged();
   if (veto && result.ok() && result->is_boolean()) {
     co_return Json{{"allow", result->get<bool>()}};
   }

@@ -309,7 +309,8 @@ asio::awaitable<Status> Runtime::AssembleContext(
         co_return InvalidArgument("plugin " + out.abort->plugin_id +
                                   " failed on model.before: " + out.abort->message);
       }
-      const Json& rewritten = out.payload.contains("messages") ? out.payload["messages"] : Json();
+      const Json& rewritten =
+          out.changed && out.payload.contains("messages") ? out.payload["messages"] : Json();
       if (rewritten.is_array() && rewritten.size() == ask.messages.size()) {
         for (size_t i = 0; i < rewritten.size(); ++i) {
           if (rewritten[i].is_object() && rewritten[i].contains("content") &&

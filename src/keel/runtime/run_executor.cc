@@ -430,7 +430,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
         (void)co_await plugin_failed(*out.abort);
         co_return;
       }
-      auto assembled = MessagesFrom(out.payload);
+      auto assembled = out.changed ? MessagesFrom(out.payload) : std::nullopt;
       if (assembled && !SameMessages(*assembled, request.messages)) {
         request.messages = std::move(*assembled);
         history = {};  // the plugin's messages: hashed as they are
@@ -608,7 +608,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
         (void)co_await plugin_failed(*out.abort);
         co_return;
       }
-      auto messages = MessagesFrom(out.payload);
+      auto messages = out.changed ? MessagesFrom(out.payload) : std::nullopt;
       if (messages && !SameMessages(*messages, request.messages)) {
         rewritten = request;
         rewritten.messages = std::move(*messages);
