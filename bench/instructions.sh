@@ -10,7 +10,8 @@
 # difference of the turns, so start-up and shutdown cancel out. INSTR_FEW (300) and INSTR_MANY
 # (1300) change the counts; INSTR_KEEP=DIR keeps the callgrind files there (callgrind_annotate
 # reads them); INSTR_PLUGINS=1 enables make bench-quick's audit-log and redaction plugins on
-# every agent first.
+# every agent first; INSTR_OPENAI=1 sends the turns through the OpenAI provider to BUILD_DIR's
+# keel_fake_openai.
 #
 # What callgrind counts is not time: a `rep stosb` counts once per byte (so SQLite zeroing a
 # fresh 4 KB page counts 4,096), crypto runs without the CPU's SHA instructions, and work done
@@ -31,7 +32,7 @@ command -v valgrind >/dev/null || { echo "instructions: valgrind is missing (apt
 count() {
   local bin=$1 turns=$2 home
   home=$(mktemp -d "${TMPDIR:-/tmp}/keel-instr.XXXXXX")
-  valgrind --tool=callgrind --callgrind-out-file="$home/cg.out" "$bin" serve --home "$home" \
+  env ${FAKE_URL:+OPENAI_BASE_URL=$FAKE_URL OPENAI_API_KEY=bench} valgrind --tool=callgrind --callgrind-out-file="$home/cg.out" "$bin" serve --home "$home" \
     --listen 127.0.0.1:0 >"$home/serve.log" 2>&1 &
   local pid=$! i
   for i in $(seq 600); do
@@ -44,7 +45,8 @@ count() {
       "$(dirname "$0")" "http://$(awk '{print $1}' "$home/listen.addr")" "$home/owner.token"
   fi
   "$LOADGEN" --url "http://$(awk '{print $1}' "$home/listen.addr")" --token-file "$home/owner.token" \
-    --concurrency 16 --warmup 0 --turns "$turns" --duration 600 --unique-messages >"$home/load.txt"
+    --concurrency 16 --warmup 0 --turns "$turns" --duration 600 --unique-messages \
+    ${INSTR_OPENAI:+--model openai/bench} >"$home/load.txt"
   kill -TERM "$pid"
   wait "$pid" || true
   grep -q "errors=0" "$home/load.txt" || { echo "instructions: turns failed" >&2; cat "$home/load.txt" >&2; exit 1; }
@@ -55,6 +57,13 @@ count() {
   callgrind_annotate "$home/cg.out" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}'
   rm -rf "$home"
 }
+
+if [ -n "${INSTR_OPENAI:-}" ]; then
+  coproc FAKE { exec "$BUILD/bench/keel_fake_openai"; }
+  read -r fake_port <&"${FAKE[0]}"
+  FAKE_URL="http://127.0.0.1:$fake_port/v1"
+  trap 'kill $FAKE_PID 2>/dev/null' EXIT
+fi
 
 for bin in "${BINS[@]}"; do
   echo "+ valgrind --tool=callgrind $bin serve; keel_loadgen --concurrency 16 --turns $FEW, then $MANY" >&2

@@ -158,6 +158,18 @@ TEST(JsonTest, RefusesDuplicateKeys) {
   EXPECT_FALSE(ParseJson(R"([{"k": 1, "j": 2, "k": 3}])").ok());
   // the same key in sibling or nested objects is fine
   EXPECT_TRUE(ParseJson(R"({"a": {"a": 1}, "b": {"a": 2}, "c": [{"a": 1}, {"a": 2}]})").ok());
+  // a duplicate after containers, in containers that follow others, whatever the value
+  EXPECT_FALSE(ParseJson(R"({"a": {}, "a": 1})").ok());
+  EXPECT_FALSE(ParseJson(R"({"a": [1, {"x": 1}, {"y": 2, "z": [], "y": 3}]})").ok());
+  EXPECT_FALSE(ParseJson(R"({"a": {"b": {"c": 1}}, "d": {"b": {"c": 1, "c": [2]}}})").ok());
+  EXPECT_FALSE(ParseJson(R"([[], [[{"k": {"k": 1}, "k": 2}]]])").ok());
+  // what is accepted is what nlohmann's own parser builds
+  const std::string mixed =
+      R"({"z": [1, {"y": [], "x": {"w": [[{"v": null}], {"u": true}]}}, "s"], "a": {"b": {}},)"
+      R"( "c": [[[]], [{}], {"d": -1.5e3, "e": "\u00e9"}], "f": {"g": [{"h": {"i": [0]}}]}})";
+  auto parsed = ParseJson(mixed);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  EXPECT_EQ(*parsed, Json::parse(mixed));
 }
 
 TEST(JsonTest, RequestBodiesRefuseNulAndInvalidUtf8) {
