@@ -1,5 +1,6 @@
 """Bad input is a clear 4xx with a JSON error, never a crash and never a partial write."""
 
+import base64
 import json
 import select
 import socket
@@ -265,6 +266,21 @@ class BadInputTest(KeelTestCase):
                              given + " must be a non-negative integer event position", path)
         self.assertError(s.request("GET", "/v1/agents?cursor=!!not-a-cursor!!"), 400,
                          "invalid_argument", "a garbage cursor")
+        # A session's messages page by seq: a cursor that decodes but names no place in it (an
+        # id, a negative or huge number) is refused, and a real one goes on where it stopped.
+        session = s.create_session(s.create_agent()["id"])["id"]
+        for text in ("one", "two", "three"):
+            s.send(session, text)
+        first = s.ok("GET", "/v1/sessions/%s/messages?limit=2" % session)
+        rest = s.ok("GET", "/v1/sessions/%s/messages?limit=10&cursor=%s" %
+                    (session, first["next_cursor"]))
+        listed = [m["content"] for m in first["items"] + rest["items"]]
+        self.assertEqual(len(listed), 6, listed)
+        self.assertEqual(listed[0::2], ["one", "two", "three"], listed)
+        for raw in (first["items"][0]["id"], "-1", "99999999999999999999", "1 OR 1=1"):
+            cursor = base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+            self.assertError(s.request("GET", "/v1/sessions/%s/messages?cursor=%s" %
+                                       (session, cursor)), 400, "invalid_argument", raw)
         st, body, _ = s.request("GET", "/v1/agents?limit=501")
         self.assertIn(st, (200, 400), body)
         if st == 200:

@@ -159,10 +159,18 @@ TEST_P(CompactionStoreTest, AMessageCommittedLateWithAnEarlierIdIsFoundBySeq) {
       EXPECT_EQ(c.messages[0].seq, seen + 1);
     }
     EXPECT_EQ(c.last_seq, seen + 1);
-    // Read whole, it is first by id.
+    // Read whole, it is last: the conversation is in commit order, whatever the ids.
     KEEL_ASSIGN_OR_RETURN(auto whole, tx.compactions().ConversationSince(tenant_, session_, "", 0, 100));
     EXPECT_EQ(whole.messages.size(), 3u);
-    if (!whole.messages.empty()) EXPECT_EQ(whole.messages[0].content, "late");
+    if (whole.messages.size() == 3u) EXPECT_EQ(whole.messages[2].content, "late");
+    // After a compaction that ends at it (by seq, although its id is the smallest): nothing.
+    KEEL_ASSIGN_OR_RETURN(auto after,
+                          tx.compactions().ConversationSince(tenant_, session_, early_id, 0, 100));
+    EXPECT_TRUE(after.messages.empty());
+    // After the first message: the second and the late one.
+    KEEL_ASSIGN_OR_RETURN(auto after_first, tx.compactions().ConversationSince(
+                                                tenant_, session_, whole.messages[0].id, 0, 100));
+    EXPECT_EQ(after_first.messages.size(), 2u);
     return Status::Ok();
   });
   EXPECT_TRUE(st.ok()) << st.ToString();

@@ -40,10 +40,15 @@ TEST(ConversationCacheTest, AWholeReadThenOnlyWhatCameAfter) {
   EXPECT_EQ(Ids(*e), (V{"a", "b", "c", "d"}));
 }
 
-TEST(ConversationCacheTest, AMessageCommittedLateWithAnEarlierIdTakesItsPlaceById) {
+TEST(ConversationCacheTest, AMessageCommittedLateWithAnEarlierIdComesAfterWhatWasBefore) {
+  // The conversation is in commit order: ids (made by clocks) do not place a message.
   auto e = Merge(nullptr, 0, "", {{M("b", 1), M("d", 2)}, 2}, 10);
   e = Merge(std::move(e), 2, "", {{M("a", 3), M("c", 4), M("e", 5)}, 5}, 10);
-  EXPECT_EQ(Ids(*e), (V{"a", "b", "c", "d", "e"}));
+  EXPECT_EQ(Ids(*e), (V{"b", "d", "a", "c", "e"}));
+  // A compaction that ends at "a" (by seq, after "b" and "d") folds those three.
+  EXPECT_EQ(FetchFrom(e.get(), "a"), 5);
+  e = Merge(std::move(e), 5, "a", {{}, 5}, 10);
+  EXPECT_EQ(Ids(*e), (V{"c", "e"}));
 }
 
 TEST(ConversationCacheTest, ANewerCompactionDropsTheFront) {
@@ -54,21 +59,32 @@ TEST(ConversationCacheTest, ANewerCompactionDropsTheFront) {
   EXPECT_EQ(e->after_id, "b");
   // Its size follows what it holds: the entry and two messages of 9 characters.
   EXPECT_EQ(e->bytes, 256u + 2 * (96 + 9));
-  // An older compaction than the entry's (not something the store makes): read whole.
+  // A compaction whose message the entry does not hold (an older one, not something the store
+  // makes, or one past what the entry read): read whole.
   EXPECT_EQ(FetchFrom(e.get(), "a"), 0);
+  EXPECT_EQ(FetchFrom(e.get(), "x"), 0);
 }
 
 TEST(ConversationCacheTest, ACutEntryIsReadWholeAfterANewerCompaction) {
-  // At the limit, the entry holds the first `limit` by id and knows it left some out.
+  // At the limit, the entry holds the first `limit` by seq and knows it left some out.
   auto e = Merge(nullptr, 0, "", {{M("a", 1), M("b", 2)}, 3}, 2);
   EXPECT_TRUE(e->cut);
   EXPECT_EQ(FetchFrom(e.get(), ""), 3);  // the same compaction: the first two stay the first
   e = Merge(std::move(e), 3, "", {{M("0", 4)}, 4}, 2);
-  EXPECT_EQ(Ids(*e), (V{"0", "a"}));  // an earlier id pushes the last one out
+  EXPECT_EQ(Ids(*e), (V{"a", "b"}));  // what came later is past the limit, whatever its id
+  EXPECT_EQ(e->last_seq, 4);
   EXPECT_EQ(FetchFrom(e.get(), "a"), 0);  // its tail is unknown: read whole
   // A whole read replaces what was known.
   e = Merge(std::move(e), 0, "a", {{M("b", 2), M("z", 9)}, 9}, 2);
   EXPECT_EQ(Ids(*e), (V{"b", "z"}));
+}
+
+TEST(ConversationCacheTest, MoreNewMessagesThanTheLimitCutTheEntryAfterWhatItHeld) {
+  auto e = Merge(nullptr, 0, "", {{M("a", 1)}, 1}, 3);
+  e = Merge(std::move(e), 1, "", {{M("b", 2), M("c", 3), M("d", 4)}, 9}, 3);
+  EXPECT_EQ(Ids(*e), (V{"a", "b", "c"}));
+  EXPECT_TRUE(e->cut);
+  EXPECT_EQ(e->last_seq, 9);
 }
 
 TEST(ConversationCacheTest, TakeRemovesAndPutKeepsWithinTheSize) {

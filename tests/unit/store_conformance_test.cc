@@ -505,6 +505,7 @@ TEST_P(StoreTest, MigrationNumbersExistingMessagesPerSession) {
   using V = std::vector<std::string>;
   EXPECT_EQ(read("s1"), (V{"m1/1", "m2a/2", "m3/3", "last 3"}));
   EXPECT_EQ(read("s2"), (V{"m2/1", "m4/2", "last 2"}));
+  // The next message of a session takes the next number, and comes after the others.
   Message next;
   next.id = "m0";  // an earlier id than any: still the session's next seq
   next.tenant_id = "ta";
@@ -513,7 +514,7 @@ TEST_P(StoreTest, MigrationNumbersExistingMessagesPerSession) {
   next.role = "user";
   next.content = "z";
   ASSERT_TRUE(store->WriteSync([&](Tx& tx) { return tx.messages().InsertMessage(next); }).ok());
-  EXPECT_EQ(read("s2"), (V{"m0/3", "m2/1", "m4/2", "last 3"}));
+  EXPECT_EQ(read("s2"), (V{"m2/1", "m4/2", "m0/3", "last 3"}));
 }
 
 TEST_P(StoreTest, FailedUnitRollsBackOnlyItselfWithinABatch) {
@@ -1380,7 +1381,7 @@ TEST_P(StoreTest, AnotherTenantsObjectsAreNotFound) {
     EXPECT_TRUE(tx.agents().ListAgents(b.id, {"", 50})->items.empty());
     EXPECT_TRUE(tx.sessions().ListSessions(b.id, agent.id, {"", 50})->items.empty());
     EXPECT_TRUE(tx.messages().ListMessages(b.id, session.id, {"", 50})->items.empty());
-    EXPECT_TRUE(tx.messages().RecentMessages(b.id, session.id, NewId(), 10)->empty());
+    EXPECT_TRUE(tx.messages().RecentMessages(b.id, session.id, "", NewId(), 10)->empty());
     EXPECT_TRUE(tx.runs().ListRuns(b.id, session.id, {"", 50})->items.empty());
     EXPECT_TRUE(tx.runs().ListRuns(b.id, "", {"", 50})->items.empty());
     EXPECT_EQ(*tx.runs().CountActiveRuns(b.id), 0);
@@ -2028,12 +2029,34 @@ TEST_P(StoreTest, EventFiltersAndRecentMessages) {
     EXPECT_EQ(tx.events().ReadEvents(t.id, 0, by_agent, 100)->size(), 6u);
     EXPECT_EQ(types(*tx.events().ReadEvents(t.id, 0, {}, 2)),
               (std::vector<std::string>{"e0@v1", "e1@v1"}));
-    // The last 3 before msgs[5], oldest first.
-    EXPECT_EQ(Ids(*tx.messages().RecentMessages(t.id, s1.id, msgs[5].id, 3)),
-              (std::vector<std::string>{msgs[2].id, msgs[3].id, msgs[4].id}));
-    EXPECT_EQ(Ids(*tx.messages().RecentMessages(t.id, s1.id, msgs[1].id, 3)),
-              (std::vector<std::string>{msgs[0].id}));
-    EXPECT_EQ(Ids(tx.messages().ListMessages(t.id, s1.id, {"", 50})->items), Ids(msgs));
+    // The messages were committed in the reverse of their ids' order, msgs[5] first: a
+    // session's messages come in commit order. The last 3 committed before msgs[0], oldest
+    // first; those before msgs[4]; those between msgs[4] and msgs[0].
+    using V = std::vector<std::string>;
+    EXPECT_EQ(Ids(*tx.messages().RecentMessages(t.id, s1.id, "", msgs[0].id, 3)),
+              (V{msgs[3].id, msgs[2].id, msgs[1].id}));
+    EXPECT_EQ(Ids(*tx.messages().RecentMessages(t.id, s1.id, "", msgs[4].id, 3)), (V{msgs[5].id}));
+    EXPECT_EQ(Ids(*tx.messages().RecentMessages(t.id, s1.id, msgs[4].id, msgs[0].id, 10)),
+              (V{msgs[3].id, msgs[2].id, msgs[1].id}));
+    EXPECT_TRUE(tx.messages().RecentMessages(t.id, s1.id, msgs[0].id, msgs[4].id, 10)->empty());
+    // A bound that is not the session's message: nothing before it, everything after it.
+    EXPECT_TRUE(tx.messages().RecentMessages(t.id, s2.id, "", msgs[0].id, 10)->empty());
+    EXPECT_EQ(tx.messages().RecentMessages(t.id, s1.id, NewId(), msgs[0].id, 10)->size(), 5u);
+    V committed = Ids(msgs);
+    std::reverse(committed.begin(), committed.end());
+    auto listed = tx.messages().ListMessages(t.id, s1.id, {"", 50});
+    EXPECT_EQ(Ids(listed->items), committed);
+    for (size_t i = 0; i < listed->items.size(); ++i) {
+      EXPECT_EQ(listed->items[i].seq, static_cast<int64_t>(i + 1));
+    }
+    // Paged, by seq; a cursor this list did not give is refused.
+    auto first = tx.messages().ListMessages(t.id, s1.id, {"", 2});
+    EXPECT_EQ(Ids(first->items), (V{msgs[5].id, msgs[4].id}));
+    auto second = tx.messages().ListMessages(t.id, s1.id, {first->next_cursor, 2});
+    EXPECT_EQ(Ids(second->items), (V{msgs[3].id, msgs[2].id}));
+    EXPECT_EQ(
+        tx.messages().ListMessages(t.id, s1.id, {EncodeCursor(msgs[2].id), 2}).status().code(),
+        Code::kInvalidArgument);
     return Status::Ok();
   }).ok());
 }
@@ -2230,7 +2253,9 @@ TEST(StoreCrossBackendTest, SameDataSameOrderAndCursors) {
   }
   EXPECT_EQ(ReadPage(*stores["postgres"], lists["agents of t"], {"", 500}),
             IdPage(expect_agents_t, ""));
-  EXPECT_EQ(ReadPage(*stores["postgres"], lists["messages"], {"", 500}), IdPage(Ids(messages), ""));
+  // A session's messages in the order they were committed.
+  EXPECT_EQ(ReadPage(*stores["postgres"], lists["messages"], {"", 500}),
+            IdPage(Ids(messages_in), ""));
 
   // Runtime-wide and unpaged reads agree too.
   std::map<std::string, std::vector<std::string>> claimable, tenants, steps_read, recent, events,
@@ -2247,8 +2272,8 @@ TEST(StoreCrossBackendTest, SameDataSameOrderAndCursors) {
       KEEL_ASSIGN_OR_RETURN(auto st, tx.runs().ListSteps(t.id, runs[0].id));
       steps_read[name] = Ids(st);
       for (const auto& s : st) seqs[name].push_back(s.seq);
-      KEEL_ASSIGN_OR_RETURN(auto rm, tx.messages().RecentMessages(t.id, sessions[0].id,
-                                                                  messages[10].id, 4));
+      KEEL_ASSIGN_OR_RETURN(
+          auto rm, tx.messages().RecentMessages(t.id, sessions[0].id, "", messages_in[10].id, 4));
       recent[name] = Ids(rm);
       EventFilter f;
       f.session_id = sessions[1].id;
@@ -2265,9 +2290,8 @@ TEST(StoreCrossBackendTest, SameDataSameOrderAndCursors) {
   EXPECT_EQ(steps_read["sqlite"], steps_read["postgres"]);
   EXPECT_EQ(seqs["postgres"], (std::vector<int64_t>{1, 2, 3, 4}));
   EXPECT_EQ(recent["sqlite"], recent["postgres"]);
-  EXPECT_EQ(recent["postgres"],
-            (std::vector<std::string>{messages[6].id, messages[7].id, messages[8].id,
-                                      messages[9].id}));
+  EXPECT_EQ(recent["postgres"], (std::vector<std::string>{messages_in[6].id, messages_in[7].id,
+                                                          messages_in[8].id, messages_in[9].id}));
   EXPECT_EQ(events["sqlite"], events["postgres"]);
   EXPECT_EQ(events["postgres"].size(), 4u);
 }

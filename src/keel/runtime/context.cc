@@ -203,12 +203,6 @@ Status Runtime::ReadWindow(store::Tx& tx, const store::Run& run, int window_limi
   KEEL_ASSIGN_OR_RETURN(read.fetched,
                         tx.compactions().ConversationSince(run.tenant_id, run.session_id, after,
                                                            read.fetched_from, window_limit));
-  if (read.fetched_from > 0 && static_cast<int>(read.fetched.messages.size()) >= window_limit) {
-    // More came since than a window holds (the first by seq, not by id): read it whole.
-    read.fetched_from = 0;
-    KEEL_ASSIGN_OR_RETURN(read.fetched, tx.compactions().ConversationSince(
-                                            run.tenant_id, run.session_id, after, 0, window_limit));
-  }
   return Status::Ok();
 }
 
@@ -217,13 +211,13 @@ void Runtime::KeepWindow(const store::Run& run, ContextRead& read) {
   auto entry = Merge(std::move(read.known), read.fetched_from, after, std::move(read.fetched),
                      WindowLimit(options_.history_limit));
   read.fetched = {};
-  // Up to the prompt: what was posted after it is not this turn's.
+  // Up to the prompt: what was posted after it is not this turn's. (A prompt the conversation
+  // does not hold, an introspection's, or one past a cut entry's end: all of it.)
   const auto& m = entry->messages;
-  auto end = std::lower_bound(m.begin(), m.end(), run.message_id,
-                              [](const store::Message& x, const std::string& id) {
-                                return x.id < id;
-                              });
-  read.window = std::span<const store::Message>(m.data(), static_cast<size_t>(end - m.begin()));
+  auto prompt = std::find_if(m.rbegin(), m.rend(),
+                             [&](const store::Message& x) { return x.id == run.message_id; });
+  const size_t end = prompt == m.rend() ? m.size() : m.size() - 1 - (prompt - m.rbegin());
+  read.window = std::span<const store::Message>(m.data(), end);
   read.known = std::move(entry);
 }
 
@@ -423,14 +417,13 @@ asio::awaitable<Status> Runtime::AssembleContext(
   std::span<const store::Message> tail = window;
   if (cut) {
     Status read_recent = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
-      KEEL_ASSIGN_OR_RETURN(recent, tx.messages().RecentMessages(run.tenant_id, run.session_id,
-                                                                 run.message_id, history_limit));
+      KEEL_ASSIGN_OR_RETURN(recent,
+                            tx.messages().RecentMessages(run.tenant_id, run.session_id,
+                                                         summary ? summary->last_message_id : "",
+                                                         run.message_id, history_limit));
       return Status::Ok();
     });
     if (!read_recent.ok()) co_return read_recent;
-    std::erase_if(recent, [&](const store::Message& m) {
-      return summary && m.id <= summary->last_message_id;
-    });
     tail = recent;
   }
   if (tail.size() > static_cast<size_t>(history_limit)) tail = tail.last(history_limit);

@@ -16,16 +16,18 @@ constexpr size_t kEntryCost = 256;  // an entry's own, besides its messages
 int64_t FetchFrom(const ConversationEntry* known, const std::string& after_id) {
   if (!known) return 0;
   if (known->after_id == after_id) return known->last_seq;
-  // A newer compaction: what it folded is dropped from the front; the rest is still all there
-  // unless the entry left messages out at its end.
-  if (known->after_id < after_id && !known->cut) return known->last_seq;
-  return 0;
+  // A newer compaction folded the entry's front through one of its messages: the rest is still
+  // all there unless the entry left messages out at its end.
+  if (known->cut) return 0;
+  const auto& m = known->messages;
+  const bool held =
+      std::any_of(m.begin(), m.end(), [&](const store::Message& x) { return x.id == after_id; });
+  return held ? known->last_seq : 0;
 }
 
 std::unique_ptr<ConversationEntry> Merge(std::unique_ptr<ConversationEntry> known, int64_t from,
                                          const std::string& after_id, store::Conversation fetched,
                                          int limit) {
-  auto byId = [](const store::Message& a, const store::Message& b) { return a.id < b.id; };
   if (from <= 0 || !known) {
     known = std::make_unique<ConversationEntry>();
     known->bytes = kEntryCost;
@@ -37,26 +39,19 @@ std::unique_ptr<ConversationEntry> Merge(std::unique_ptr<ConversationEntry> know
     for (auto it = from_it; it != to_it; ++it) e.bytes -= CostOf(*it);
     m.erase(from_it, to_it);
   };
-  if (e.after_id != after_id) {
-    auto first = std::upper_bound(m.begin(), m.end(), after_id,
-                                  [](const std::string& id, const store::Message& x) {
-                                    return id < x.id;
-                                  });
-    drop(m.begin(), first);
+  if (e.after_id != after_id) {  // FetchFrom found the compaction's message in it
+    auto folded =
+        std::find_if(m.begin(), m.end(), [&](const store::Message& x) { return x.id == after_id; });
+    drop(m.begin(), folded == m.end() ? m.end() : folded + 1);
     e.after_id = after_id;
   }
-  // The first `limit` of the union are each among the first `limit` of one side, so a cut on
-  // either side stays correct; the new rows usually all follow the known ones.
-  const bool fetched_cut = static_cast<int>(fetched.messages.size()) >= limit;
-  const size_t mid = m.size();
+  // What came after last_seq follows what is known; a cut entry holds `limit` already, so what
+  // comes after is past it.
   for (auto& x : fetched.messages) {
     e.bytes += CostOf(x);
     m.push_back(std::move(x));
   }
-  if (mid > 0 && mid < m.size() && m[mid].id < m[mid - 1].id) {
-    std::inplace_merge(m.begin(), m.begin() + static_cast<std::ptrdiff_t>(mid), m.end(), byId);
-  }
-  e.cut = e.cut || fetched_cut;
+  e.cut = e.cut || static_cast<int>(fetched.messages.size()) >= limit;
   if (static_cast<int>(m.size()) > limit) {
     drop(m.begin() + limit, m.end());
     e.cut = true;

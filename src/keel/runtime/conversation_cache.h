@@ -3,10 +3,11 @@
 // since its session's last turn, not the whole conversation since the session's compaction.
 //
 // A session's messages are only ever inserted, and each gets the next seq of its session in
-// commit order (store::Message::seq). An entry holds the conversation since a compaction as of
-// a seq: every message with a lower or equal seq is in it, or lies past its `limit` (then
-// `cut`). The next read asks the store for what has a greater seq (ConversationSince with
-// FetchFrom's seq) and Merge adds it; a newer compaction drops the entry's front. A run takes
+// commit order (store::Message::seq), which is the conversation's order. An entry holds the
+// conversation since a compaction as of a seq: every message with a lower or equal seq is in
+// it, or lies past its `limit` (then `cut`). The next read asks the store for what has a
+// greater seq (ConversationSince with FetchFrom's seq) and Merge appends it; a newer compaction
+// drops the entry's front, through the compaction's message. A run takes
 // its session's entry out of the cache for its reads (which may run on a store thread) and puts
 // it back after: an entry is never shared. The cache itself is for the io thread only.
 
@@ -36,8 +37,8 @@ struct HistoryHash {
 struct ConversationEntry {
   std::string after_id;  // the compaction's last message ("" when the session has none)
   int64_t last_seq = 0;  // every message of the session with seq <= it is accounted for
-  bool cut = false;      // messages after `messages` (by id) were left out at the limit
-  std::vector<store::Message> messages;  // user and assistant, id > after_id, lowest ids first
+  bool cut = false;      // messages after `messages` were left out at the limit
+  std::vector<store::Message> messages;  // user and assistant, after after_id, in seq order
   size_t bytes = 0;  // what it costs: its messages' text and a little more (Merge keeps it)
   HistoryHash history;  // of the messages the last turn was sent
 };

@@ -13,9 +13,9 @@
 
 namespace keel::store {
 
-// A summary of a session's conversation up to and including `last_message_id` (every earlier
-// message of the session, and the summary before it). The newest one of a session is the one a
-// context uses.
+// A summary of a session's conversation up to and including `last_message_id` (every message
+// of the session committed before it, and the summary before it). The newest one of a session is
+// the one a context uses.
 struct Compaction {
   std::string id;  // UUIDv7: a later compaction of the session has a greater id
   std::string tenant_id;
@@ -47,12 +47,11 @@ class CompactionStore {
   virtual Result<Paged<Compaction>> ListCompactions(const std::string& tenant_id,
                                                     const std::string& session_id,
                                                     const Page& page) = 0;
-  // The conversation since a compaction: the session's `user` and `assistant` messages with
-  // id > after_id (after_id "" from the first), each with its id, role, content and seq only,
-  // lowest ids first; and the seq of the session's newest message of any role. With after_seq
-  // 0, the first `limit` of them by id; else those with seq > after_seq, the first `limit` by
-  // seq (so fewer than `limit` are all of them). A message's seq is its place in the session
-  // in commit order: a reader that saw every message up to seq N finds the others with N.
+  // The conversation since a compaction: the first `limit` of the session's `user` and
+  // `assistant` messages committed after the message `after_id` ("" from the first) and with
+  // seq > after_seq, in seq order, each with its id, role, content and seq only; and the seq of
+  // the session's newest message of any role. A message's seq is its place in the session in
+  // commit order: a reader that saw every message up to seq N finds the others with N.
   virtual Result<Conversation> ConversationSince(const std::string& tenant_id,
                                                  const std::string& session_id,
                                                  const std::string& after_id, int64_t after_seq,

@@ -26,8 +26,8 @@ class IntrospectionStore {
   // Sets the session's description and updated_at. kNotFound "session not found: ID".
   virtual Status SetSessionDescription(const std::string& tenant_id, const std::string& session_id,
                                        const std::string& description, Millis at) = 0;
-  // The session's `user` messages after its last `introspection` message (all of them when it
-  // has none).
+  // The session's `user` messages committed after its last `introspection` message (all of them
+  // when it has none).
   virtual Result<int64_t> TurnsSinceIntrospection(const std::string& tenant_id,
                                                   const std::string& session_id) = 0;
   // Inserts or replaces the session's idle introspection.

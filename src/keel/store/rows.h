@@ -232,6 +232,9 @@ Session ReadSession(const Row& s) {
 
 inline constexpr const char* kMessageCols =
     "id, tenant_id, session_id, run_id, role, content, idempotency_key, created_at";
+// A message as read, with its seq (which the store gives it when it is inserted).
+inline constexpr const char* kMessageReadCols =
+    "id, tenant_id, session_id, run_id, role, content, idempotency_key, created_at, seq";
 // What a turn's context needs of a message (ConversationSince): each turn reads the session's
 // conversation, so the other columns are not copied out for it.
 inline constexpr const char* kConversationCols = "id, role, content, seq";
@@ -255,6 +258,7 @@ Message ReadMessage(const Row& s) {
   m.content = s.Text(5);
   m.idempotency_key = s.Text(6);
   m.created_at = s.Int(7);
+  m.seq = s.Int(8);
   return m;
 }
 

@@ -1,6 +1,7 @@
 #include "keel/store/sql_tx.h"
 
 #include <algorithm>
+#include <charconv>
 
 #include "keel/common/ids.h"
 #include "keel/common/time.h"
@@ -730,7 +731,7 @@ Status SqlTx<Sql>::InsertMessage(const Message& m) {
 template <typename Sql>
 Result<Message> SqlTx<Sql>::GetMessage(const std::string& tenant_id, const std::string& id) {
   static const std::string kSql =
-      "SELECT " + std::string(kMessageCols) + " FROM messages WHERE tenant_id=$1 AND id=$2";
+      "SELECT " + std::string(kMessageReadCols) + " FROM messages WHERE tenant_id=$1 AND id=$2";
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
   KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, id));
   return One<Message>(r, ReadMessage<typename Sql::Row>, "message not found: " + id);
@@ -740,7 +741,7 @@ template <typename Sql>
 Result<std::optional<Message>> SqlTx<Sql>::FindByIdempotencyKey(const std::string& tenant_id,
                                                                 const std::string& session_id,
                                                                 const std::string& key) {
-  static const std::string kSql = "SELECT " + std::string(kMessageCols) +
+  static const std::string kSql = "SELECT " + std::string(kMessageReadCols) +
                                   " FROM messages WHERE tenant_id=$1 AND session_id=$2 "
                                   "AND idempotency_key=$3";
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
@@ -752,27 +753,41 @@ template <typename Sql>
 Result<Paged<Message>> SqlTx<Sql>::ListMessages(const std::string& tenant_id,
                                                 const std::string& session_id, const Page& page) {
   const int limit = ClampLimit(page.limit);
-  static const std::string kSql = "SELECT " + std::string(kMessageCols) +
-                                  " FROM messages WHERE tenant_id=$1 AND session_id=$2 "
-                                  "AND id>$3 ORDER BY id LIMIT $4";
+  static const std::string kSql = "SELECT " + std::string(kMessageReadCols) +
+                                  " FROM messages WHERE session_id=$2 AND seq>$3 "
+                                  "AND tenant_id=$1 ORDER BY seq LIMIT $4";
+  int64_t after = 0;
+  if (const std::string cursor = DecodeCursor(page.cursor); !cursor.empty()) {
+    auto [end, ec] = std::from_chars(cursor.data(), cursor.data() + cursor.size(), after);
+    if (ec != std::errc() || end != cursor.data() + cursor.size() || after < 0) {
+      return InvalidArgument("cursor is not one this list gave");
+    }
+  }
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
-  KEEL_ASSIGN_OR_RETURN(
-      auto r, sql_.Query(kSql, tenant_id, session_id, DecodeCursor(page.cursor), limit + 1));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, session_id, after, limit + 1));
   return PageOf<Message>(
-      r, ReadMessage<typename Sql::Row>, limit, [](const Message& m) { return m.id; },
+      r, ReadMessage<typename Sql::Row>, limit,
+      [](const Message& m) { return std::to_string(m.seq); },
       +[](const Message& m) { return m.content.size(); });
 }
 
 template <typename Sql>
 Result<std::vector<Message>> SqlTx<Sql>::RecentMessages(const std::string& tenant_id,
                                                         const std::string& session_id,
+                                                        const std::string& after_id,
                                                         const std::string& before_id, int limit) {
-  static const std::string kSql = "SELECT " + std::string(kMessageCols) +
-                                  " FROM messages WHERE tenant_id=$1 AND session_id=$2 "
-                                  "AND id<$3 ORDER BY id DESC LIMIT $4";
+  // The bounds' seqs, each one probe of the primary key; a before_id that is not the session's
+  // message leaves nothing.
+  static const std::string kSql =
+      "SELECT " + std::string(kMessageReadCols) +
+      " FROM messages WHERE session_id=$2 AND tenant_id=$1 "
+      "AND seq>coalesce((SELECT seq FROM messages WHERE tenant_id=$1 AND session_id=$2 AND "
+      "id=$3), 0) "
+      "AND seq<(SELECT seq FROM messages WHERE tenant_id=$1 AND session_id=$2 AND id=$4) "
+      "ORDER BY seq DESC LIMIT $5";
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
-  KEEL_ASSIGN_OR_RETURN(auto r,
-                        sql_.Query(kSql, tenant_id, session_id, before_id, Sql::Limit(limit)));
+  KEEL_ASSIGN_OR_RETURN(
+      auto r, sql_.Query(kSql, tenant_id, session_id, after_id, before_id, Sql::Limit(limit)));
   KEEL_ASSIGN_OR_RETURN(auto out, Collect<Message>(r, ReadMessage<typename Sql::Row>));
   std::reverse(out.begin(), out.end());
   return out;
@@ -1176,9 +1191,9 @@ template <typename Sql>
 Result<int64_t> SqlTx<Sql>::TurnsSinceIntrospection(const std::string& tenant_id,
                                                     const std::string& session_id) {
   static const std::string kSql =
-      "SELECT count(*) FROM messages WHERE tenant_id=$1 AND session_id=$2 AND role='user' AND "
-      "id > coalesce((SELECT max(id) FROM messages WHERE tenant_id=$1 AND session_id=$2 AND "
-      "role='introspection'), '')";
+      "SELECT count(*) FROM messages WHERE session_id=$2 AND tenant_id=$1 AND role='user' AND "
+      "seq > coalesce((SELECT seq FROM messages WHERE session_id=$2 AND tenant_id=$1 AND "
+      "role='introspection' ORDER BY seq DESC LIMIT 1), 0)";
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
   KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, session_id));
   KEEL_ASSIGN_OR_RETURN(bool found, r.Step());

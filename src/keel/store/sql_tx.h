@@ -240,6 +240,7 @@ class SqlTx : public Tx,
                                       const Page& page) override;
   Result<std::vector<Message>> RecentMessages(const std::string& tenant_id,
                                               const std::string& session_id,
+                                              const std::string& after_id,
                                               const std::string& before_id, int limit) override;
   // RunStore
   Status InsertRun(const Run& r) override;

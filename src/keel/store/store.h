@@ -202,13 +202,16 @@ class MessageStore {
   virtual Result<std::optional<Message>> FindByIdempotencyKey(const std::string& tenant_id,
                                                              const std::string& session_id,
                                                              const std::string& key) = 0;
+  // A session's messages in the order they were committed (their seq, which each read here
+  // carries); the cursor is a seq.
   virtual Result<Paged<Message>> ListMessages(const std::string& tenant_id,
                                               const std::string& session_id, const Page& page) = 0;
-  // The last `limit` messages of a session created before `before_id` (exclusive), oldest first.
+  // The last `limit` messages of a session committed after the message `after_id` ("" from the
+  // first) and before the message `before_id` (both exclusive), oldest first.
   virtual Result<std::vector<Message>> RecentMessages(const std::string& tenant_id,
                                                       const std::string& session_id,
-                                                      const std::string& before_id,
-                                                      int limit) = 0;
+                                                      const std::string& after_id,
+                                                      const std::string& before_id, int limit) = 0;
 };
 
 class RunStore {

@@ -487,27 +487,22 @@ Result<Conversation> PostgresTx::ConversationSince(const std::string& tenant_id,
                                                    const std::string& after_id, int64_t after_seq,
                                                    int limit) {
   // One statement: the newest seq in every row, and a row of NULLs when there is nothing new,
-  // so that the newest seq still comes back. The whole conversation (after_seq 0) by id; what
-  // came after a seq by seq, through the seq index (its few new rows).
-  auto sql = [](const char* order) {
-    return "WITH last AS (SELECT coalesce(max(seq), 0) AS seq FROM messages "
-           "WHERE session_id=$2 AND tenant_id=$1), "
-           "conv AS (SELECT " +
-           std::string(kConversationCols) +
-           " FROM messages "
-           "WHERE tenant_id=$1 AND session_id=$2 AND seq>$4 AND id>$3 AND "
-           "role IN ('user','assistant') ORDER BY " +
-           order +
-           " LIMIT $5) "
-           "SELECT conv.id, conv.role, conv.content, conv.seq, last.seq FROM last "
-           "LEFT JOIN conv ON true ORDER BY conv.id";
-  };
-  static const std::string kAll = sql("id");
-  static const std::string kNew = sql("seq");
+  // so that the newest seq still comes back. After the compaction's message (its seq, one probe
+  // of the primary key) and after_seq, through the seq index.
+  static const std::string kSql =
+      "WITH last AS (SELECT coalesce(max(seq), 0) AS seq FROM messages "
+      "WHERE session_id=$2 AND tenant_id=$1), "
+      "conv AS (SELECT " +
+      std::string(kConversationCols) +
+      " FROM messages "
+      "WHERE tenant_id=$1 AND session_id=$2 AND seq>$4 AND "
+      "seq>coalesce((SELECT seq FROM messages WHERE tenant_id=$1 AND session_id=$2 AND id=$3), 0) "
+      "AND role IN ('user','assistant') ORDER BY seq LIMIT $5) "
+      "SELECT conv.id, conv.role, conv.content, conv.seq, last.seq FROM last "
+      "LEFT JOIN conv ON true ORDER BY conv.seq";
   KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
-  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(after_seq > 0 ? kNew : kAll,
-                                               P(tenant_id, session_id, after_id, after_seq,
-                                                 static_cast<int64_t>(limit))));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, session_id, after_id, after_seq,
+                                                       static_cast<int64_t>(limit))));
   Conversation out;
   for (int i = 0; i < rows.size(); ++i) {
     out.last_seq = rows.Int(i, 4);

@@ -411,25 +411,16 @@ Result<Conversation> SqliteTx::ConversationSince(const std::string& tenant_id,
   KEEL_ASSIGN_OR_RETURN(bool row, last.Step());
   out.last_seq = row ? last.Int(0) : 0;
   if (out.last_seq <= after_seq) return out;
-  // The whole conversation (after_seq 0) by id; what came after a seq by seq, through the seq
-  // index (its few new rows), then sorted by id.
-  static const std::string kAll = "SELECT " + std::string(kConversationCols) +
-                                  " FROM messages WHERE tenant_id=? AND session_id=? AND id>? "
-                                  "AND role IN ('user','assistant') ORDER BY id LIMIT ?";
-  static const std::string kNew = "SELECT " + std::string(kConversationCols) +
-                                  " FROM messages WHERE session_id=? AND seq>? AND tenant_id=? "
-                                  "AND id>? AND role IN ('user','assistant') ORDER BY seq LIMIT ?";
-  if (after_seq <= 0) {
-    KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kAll));
-    s.BindAll(tenant_id, session_id, after_id, limit);
-    KEEL_ASSIGN_OR_RETURN(out.messages, Collect<Message>(s, ReadConversationMessage<Stmt>));
-  } else {
-    KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kNew));
-    s.BindAll(session_id, after_seq, tenant_id, after_id, limit);
-    KEEL_ASSIGN_OR_RETURN(out.messages, Collect<Message>(s, ReadConversationMessage<Stmt>));
-    std::sort(out.messages.begin(), out.messages.end(),
-              [](const Message& a, const Message& b) { return a.id < b.id; });
-  }
+  // After the compaction's message (its seq, one probe of the primary key) and after_seq,
+  // through the seq index.
+  static const std::string kSince =
+      "SELECT " + std::string(kConversationCols) +
+      " FROM messages WHERE session_id=?1 AND tenant_id=?2 AND seq>?3 AND "
+      "seq>coalesce((SELECT seq FROM messages WHERE tenant_id=?2 AND session_id=?1 AND id=?4), 0) "
+      "AND role IN ('user','assistant') ORDER BY seq LIMIT ?5";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSince));
+  s.BindAll(session_id, tenant_id, after_seq, after_id, limit);
+  KEEL_ASSIGN_OR_RETURN(out.messages, Collect<Message>(s, ReadConversationMessage<Stmt>));
   return out;
 }
 
