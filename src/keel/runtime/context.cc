@@ -434,7 +434,7 @@ asio::awaitable<Status> Runtime::AssembleContext(
   history = HashHistory(tail, request.messages.size(),
                         !cut && read.known ? &read.known->history : nullptr);
   for (const auto& m : tail) {
-    if (InConversation(m)) request.messages.push_back({m.role, m.content, {}, "", ""});
+    if (InConversation(m)) request.messages.push_back({m.role, m.content, {}, {}, {}});
   }
   // Kept for the next turn once nothing here points into it any more.
   if (read.known) conversations_.Put(run.tenant_id, run.session_id, std::move(read.known));
