@@ -1130,6 +1130,14 @@ TEST_P(StoreTest, PluginsForAnAgentAreItsOwnAndTheTenantWideOnesOnce) {
       EXPECT_EQ(p.tenant_id, t.id) << p.id;
       ids.push_back(p.id);
     }
+    // Their stamps are the same plugins, with their update times.
+    auto stamps = ReadValue<std::vector<PluginStamp>>(
+        *store_, [&](Tx& tx) { return tx.plugins().PluginStampsForAgent(t.id, agent); });
+    EXPECT_EQ(stamps.size(), plugins.size());
+    for (size_t i = 0; i < stamps.size() && i < plugins.size(); ++i) {
+      EXPECT_EQ(stamps[i].id, plugins[i].id);
+      EXPECT_EQ(stamps[i].updated_at, plugins[i].updated_at);
+    }
     return ids;
   };
   using V = std::vector<std::string>;

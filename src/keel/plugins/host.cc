@@ -78,10 +78,17 @@ class LuaTool final : public tools::Tool {
 
 }  // namespace
 
-std::string FingerprintOf(const std::vector<store::Plugin>& enabled) {
+std::string FingerprintOf(const std::vector<store::PluginStamp>& enabled) {
   std::string f;
   for (const auto& p : enabled) f += p.id + "@" + std::to_string(p.updated_at) + ";";
   return f;
+}
+
+std::string FingerprintOf(const std::vector<store::Plugin>& enabled) {
+  std::vector<store::PluginStamp> stamps;
+  stamps.reserve(enabled.size());
+  for (const auto& p : enabled) stamps.push_back({p.id, p.updated_at});
+  return FingerprintOf(stamps);
 }
 
 std::shared_ptr<AgentPlugins> PluginHost::Build(const std::string& tenant_id,

@@ -99,7 +99,8 @@ class PluginHost {
   std::map<std::string, std::shared_ptr<AgentPlugins>> agents_;
 };
 
-// A fingerprint of the enabled plugins (what For compares).
+// A fingerprint of the enabled plugins (what For compares), from their rows or their stamps.
 std::string FingerprintOf(const std::vector<store::Plugin>& enabled);
+std::string FingerprintOf(const std::vector<store::PluginStamp>& enabled);
 
 }  // namespace keel::plugins

@@ -15,9 +15,9 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/steady_timer.hpp>
-
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -26,6 +26,10 @@
 #include "keel/common/status.h"
 #include "keel/runtime/run_slots.h"
 #include "keel/store/types.h"
+
+namespace keel::plugins {
+struct AgentPlugins;  // plugins/host.h
+}
 
 namespace keel::store {
 class Store;
@@ -37,8 +41,8 @@ namespace keel::runtime {
 struct KnownRun {
   store::Agent agent;
   store::Message prompt;
-  // The plugins enabled for the agent, when intake read them (a schedule's does not).
-  std::optional<std::vector<store::Plugin>> enabled;
+  // The agent's plugins as intake found them current (a schedule's run has none: it looks).
+  std::shared_ptr<plugins::AgentPlugins> plugins;
 };
 
 class Dispatcher {

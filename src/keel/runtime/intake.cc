@@ -59,7 +59,7 @@ asio::awaitable<Result<IntakeResult>> Intake::PostMessage(const IntakeRequest& r
   bool busy = false;  // the session had an unfinished run
   store::Agent agent;
   std::optional<IntakeResult> replay;
-  std::vector<store::Plugin> enabled;
+  std::vector<store::PluginStamp> stamps;
   Status st = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
     KEEL_ASSIGN_OR_RETURN(session, tx.sessions().GetSession(req.tenant_id, req.session_id));
     KEEL_ASSIGN_OR_RETURN(busy, tx.runs().SessionBusy(req.tenant_id, req.session_id));
@@ -71,7 +71,7 @@ asio::awaitable<Result<IntakeResult>> Intake::PostMessage(const IntakeRequest& r
     auto a = tx.agents().GetAgent(req.tenant_id, session.agent_id);
     if (!a.ok()) return Conflict("the session's agent was deleted");
     agent = *a;
-    KEEL_ASSIGN_OR_RETURN(enabled, tx.plugins().PluginsForAgent(req.tenant_id, agent.id));
+    KEEL_ASSIGN_OR_RETURN(stamps, tx.plugins().PluginStampsForAgent(req.tenant_id, agent.id));
     if (!req.idempotency_key.empty()) {
       KEEL_ASSIGN_OR_RETURN(auto found, tx.messages().FindByIdempotencyKey(
                                             req.tenant_id, req.session_id, req.idempotency_key));
@@ -89,8 +89,11 @@ asio::awaitable<Result<IntakeResult>> Intake::PostMessage(const IntakeRequest& r
   }
   // session.message.received@v1: the agent's plugins may rewrite the message before it is
   // stored (a direct call is not a message and is not shown to them).
+  // The agent's plugins: this node's when the stamps say they are current, else built again.
+  auto found = co_await plugins_.PluginsFor(req.tenant_id, agent.id, std::move(stamps));
+  if (!found.ok()) co_return found.status();
+  std::shared_ptr<plugins::AgentPlugins> plugins = std::move(found).value();
   if (req.call.is_null() && !req.introspection) {
-    auto plugins = co_await plugins_.UsePlugins(req.tenant_id, agent.id, enabled);
     if (plugins->Wants("session.message.received")) {
       // Named: g++ 12 cannot take a braced JSON literal into a co_await.
       Json received = {{"agent_id", agent.id},
@@ -118,7 +121,7 @@ asio::awaitable<Result<IntakeResult>> Intake::PostMessage(const IntakeRequest& r
     }
   }
   Unit unit = Prepare(req, agent, std::move(content));
-  unit.enabled = std::move(enabled);
+  unit.plugins = std::move(plugins);
   // Read idle just now: the writer need not read the session again (on PostgreSQL that read
   // was a round trip in the writer's transaction, per message) unless it changed meanwhile.
   // The tenant's cap is checked by the claim's update alone (a tenant at its cap is rare).
@@ -252,8 +255,8 @@ void Intake::After(Unit& u) {
   }
   u.out.run = u.written;  // the run as committed: running, leased to this node
   const store::Run& running = u.written;
-  dispatcher_.Launch(running, KnownRun{u.agent, u.out.message, std::move(u.enabled)},
-                      std::move(u.slot));
+  dispatcher_.Launch(running, KnownRun{u.agent, u.out.message, std::move(u.plugins)},
+                     std::move(u.slot));
 }
 
 asio::awaitable<Result<store::Run>> Intake::Cancel(const std::string& tenant_id,

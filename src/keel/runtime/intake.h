@@ -10,7 +10,7 @@
 // Runs on the server's io executor; no member needs a lock.
 
 #include <boost/asio/awaitable.hpp>
-
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -20,6 +20,10 @@
 #include "keel/common/time.h"
 #include "keel/runtime/run_slots.h"
 #include "keel/store/types.h"
+
+namespace keel::plugins {
+struct AgentPlugins;  // plugins/host.h
+}
 
 namespace keel::store {
 class Store;
@@ -96,9 +100,9 @@ class Intake {
     // with kConflict and the caller runs it again without this.
     bool idle_when_read = false;
     IntakeResult out;    // the message and the run to write
-    // The agent's enabled plugins when the caller read them (PostMessage does), handed to the
-    // run the unit claims; otherwise the run reads them.
-    std::optional<std::vector<store::Plugin>> enabled;
+    // The agent's plugins when the caller found them (PostMessage does), handed to the run the
+    // unit claims; otherwise the run looks for them.
+    std::shared_ptr<plugins::AgentPlugins> plugins;
     // Set by Write:
     bool busy = false;     // the session had an unfinished run
     bool claimed = false;  // the run was written running, with this node's lease

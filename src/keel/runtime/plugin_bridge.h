@@ -77,6 +77,10 @@ class PluginBridge {
   // plugin.error@v1. Fails only when the store does.
   boost::asio::awaitable<Result<std::shared_ptr<plugins::AgentPlugins>>> PluginsOf(
       std::string tenant_id, std::string agent_id);
+  // This node's plugins of the agent when `stamps`, read from the store just now, say they are
+  // current (no other read); else as PluginsOf builds them.
+  boost::asio::awaitable<Result<std::shared_ptr<plugins::AgentPlugins>>> PluginsFor(
+      std::string tenant_id, std::string agent_id, std::vector<store::PluginStamp> stamps);
   // The same for an enabled list the caller just read from the store. REQUIRES: `enabled`
   // stays valid until it completes.
   boost::asio::awaitable<std::shared_ptr<plugins::AgentPlugins>> UsePlugins(

@@ -135,6 +135,16 @@ asio::awaitable<Result<std::shared_ptr<plugins::AgentPlugins>>> PluginBridge::Pl
   co_return co_await UsePlugins(tenant_id, agent_id, enabled);
 }
 
+asio::awaitable<Result<std::shared_ptr<plugins::AgentPlugins>>> PluginBridge::PluginsFor(
+    std::string tenant_id, std::string agent_id, std::vector<store::PluginStamp> stamps) {
+  auto current = host_->Find(agent_id);
+  if (current && current->tenant_id == tenant_id &&
+      current->fingerprint == plugins::FingerprintOf(stamps)) {
+    co_return current;
+  }
+  co_return co_await PluginsOf(std::move(tenant_id), std::move(agent_id));
+}
+
 asio::awaitable<std::shared_ptr<plugins::AgentPlugins>> PluginBridge::UsePlugins(
     std::string tenant_id, std::string agent_id, const std::vector<store::Plugin>& enabled) {
   auto loaded = host_->For(tenant_id, agent_id, enabled);

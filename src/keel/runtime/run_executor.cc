@@ -296,7 +296,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
   store::Message prompt;
   std::vector<store::Step> steps;
   std::vector<store::ToolCall> calls;
-  std::vector<store::Plugin> enabled;
+  std::vector<store::PluginStamp> stamps;  // read when intake did not find the plugins
   std::string working_memory;  // the system message showing it, or ""
   bool revoked = false;        // the token the run acts for was revoked since it was posted
   ContextRead context;
@@ -311,10 +311,8 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
       KEEL_ASSIGN_OR_RETURN(agent, tx.agents().GetAgent(run.tenant_id, run.agent_id));
       KEEL_ASSIGN_OR_RETURN(prompt, tx.messages().GetMessage(run.tenant_id, run.message_id));
     }
-    if (known && known->enabled) {
-      enabled = *known->enabled;
-    } else {
-      KEEL_ASSIGN_OR_RETURN(enabled, tx.plugins().PluginsForAgent(run.tenant_id, run.agent_id));
+    if (!known || !known->plugins) {
+      KEEL_ASSIGN_OR_RETURN(stamps, tx.plugins().PluginStampsForAgent(run.tenant_id, run.agent_id));
     }
     if (run.attempt > 1) {  // a first attempt has recorded nothing yet
       KEEL_ASSIGN_OR_RETURN(steps, tx.runs().ListSteps(run.tenant_id, run.id));
@@ -345,8 +343,15 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
     co_return;
   }
   // The agent's plugins as of this turn (built again when they changed since its last one).
-  std::shared_ptr<plugins::AgentPlugins> plugins =
-      co_await plugins_->UsePlugins(run.tenant_id, run.agent_id, enabled);
+  std::shared_ptr<plugins::AgentPlugins> plugins = known ? known->plugins : nullptr;
+  if (!plugins) {
+    auto found = co_await plugins_->PluginsFor(run.tenant_id, run.agent_id, std::move(stamps));
+    if (!found.ok()) {
+      stopped("its plugins' read", found.status());
+      co_return;
+    }
+    plugins = std::move(found).value();
+  }
   // A plugin whose failure mode is "fail" failed: the turn stops with its error.
   auto plugin_failed = [&](const plugins::PluginError& e) {
     std::string code = "plugin_failed";

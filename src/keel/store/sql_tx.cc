@@ -530,6 +530,19 @@ Result<std::vector<Plugin>> SqlTx<Sql>::PluginsForAgent(const std::string& tenan
 }
 
 template <typename Sql>
+Result<std::vector<PluginStamp>> SqlTx<Sql>::PluginStampsForAgent(const std::string& tenant_id,
+                                                                  const std::string& agent_id) {
+  static const std::string kSql =
+      "SELECT id, updated_at FROM plugins WHERE tenant_id=$1 AND id IN (SELECT plugin_id FROM "
+      "agent_plugins WHERE tenant_id=$1 AND agent_id IN ($2, '*')) ORDER BY id";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, agent_id));
+  return Collect<PluginStamp>(r, [](const typename Sql::Row& s) {
+    return PluginStamp{s.Text(0), s.Int(1)};
+  });
+}
+
+template <typename Sql>
 Status SqlTx<Sql>::InsertDelivery(const PluginDelivery& d) {
   static const std::string kSql = InsertSql("plugin_deliveries", kDeliveryCols, 13);
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(d.tenant_id));

@@ -209,6 +209,8 @@ class SqlTx : public Tx,
                                                         const std::string& plugin_id) override;
   Result<std::vector<Plugin>> PluginsForAgent(const std::string& tenant_id,
                                               const std::string& agent_id) override;
+  Result<std::vector<PluginStamp>> PluginStampsForAgent(const std::string& tenant_id,
+                                                        const std::string& agent_id) override;
   Status InsertDelivery(const PluginDelivery& d) override;
   Status UpdateDelivery(const PluginDelivery& d) override;
   Result<PluginDelivery> GetDelivery(const std::string& tenant_id, const std::string& id) override;

@@ -129,6 +129,13 @@ struct Plugin {
   Millis updated_at = 0;
 };
 
+// A plugin's id and when it last changed: all a node needs to tell that the plugins it built
+// for an agent are still the enabled ones.
+struct PluginStamp {
+  std::string id;
+  Millis updated_at = 0;
+};
+
 // A plugin enabled for one agent, or for all of the tenant's agents (agent_id "*").
 struct PluginEnablement {
   std::string tenant_id;
