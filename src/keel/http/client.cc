@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <boost/asio/execution/context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/redirect_error.hpp>
@@ -18,9 +19,10 @@
 #include <cctype>
 #include <deque>
 #include <exception>
-#include <atomic>
+#include <map>
 #include <mutex>
 #include <optional>
+#include <utility>
 #include <vector>
 
 namespace keel::http {
@@ -142,12 +144,61 @@ std::string ClientResponse::Header(const std::string& lower_name) const {
   return it == headers.end() ? "" : it->second;
 }
 
+namespace {
+
+// A TLS client context and why there is none; built on the first https request (loading the
+// system's trust store costs tens of milliseconds, and most servers never call out over TLS)
+// and shared by every Client with the same trust settings.
+struct TlsSetup {
+  std::shared_ptr<ssl::context> context;
+  std::string error;  // why `context` is null
+};
+
+TlsSetup BuildTls(bool verify_peer, const std::string& ca_file) {
+  TlsSetup out;
+  try {
+    auto ctx = std::make_shared<ssl::context>(ssl::context::tls_client);
+    SSL_CTX_set_min_proto_version(ctx->native_handle(), TLS1_2_VERSION);
+    error_code ec;
+    ctx->set_default_verify_paths(ec);
+    if (ec) out.error = "system trust store: " + ec.message();
+    if (!ca_file.empty()) {
+      ctx->load_verify_file(ca_file, ec);
+      if (ec) {
+        out.error = "CA file '" + ca_file + "': " + ec.message();
+        return out;  // a configured trust anchor that cannot be loaded disables TLS, loudly
+      }
+    }
+    ctx->set_verify_mode(verify_peer ? ssl::verify_peer : ssl::verify_none, ec);
+    if (ec) {
+      out.error = "verify mode: " + ec.message();
+      return out;
+    }
+    out.context = std::move(ctx);
+  } catch (const std::exception& e) {
+    out.error = e.what();
+  }
+  return out;
+}
+
+// The setup for these trust settings, built once per process. Not cached when it failed, so
+// that a CA file put in place later is read then.
+TlsSetup SharedTls(bool verify_peer, const std::string& ca_file) {
+  static std::mutex mu;
+  static std::map<std::pair<bool, std::string>, std::shared_ptr<ssl::context>> built;
+  std::lock_guard<std::mutex> lock(mu);
+  auto key = std::make_pair(verify_peer, ca_file);
+  if (auto it = built.find(key); it != built.end()) return TlsSetup{it->second, ""};
+  TlsSetup setup = BuildTls(verify_peer, ca_file);
+  if (setup.context) built.emplace(std::move(key), setup.context);
+  return setup;
+}
+
+}  // namespace
+
 struct Client::Impl {
   Options options;
   uint64_t number = next_client++;  // keys its idle connections in each context's pool
-  // Shared with every open ResponseStream: a stream may outlive the Client that opened it.
-  std::shared_ptr<ssl::context> tls;
-  std::string tls_error;  // why `tls` is null
 };
 
 // One connection, from connecting to the end of the response body.
@@ -434,28 +485,6 @@ Client::Client() : Client(Options{}) {}
 
 Client::Client(Options options) : impl_(std::make_unique<Impl>()) {
   impl_->options = std::move(options);
-  try {
-    auto ctx = std::make_shared<ssl::context>(ssl::context::tls_client);
-    SSL_CTX_set_min_proto_version(ctx->native_handle(), TLS1_2_VERSION);
-    error_code ec;
-    ctx->set_default_verify_paths(ec);
-    if (ec) impl_->tls_error = "system trust store: " + ec.message();
-    if (!impl_->options.ca_file.empty()) {
-      ctx->load_verify_file(impl_->options.ca_file, ec);
-      if (ec) {
-        impl_->tls_error = "CA file '" + impl_->options.ca_file + "': " + ec.message();
-        return;  // a configured trust anchor that cannot be loaded disables TLS, loudly
-      }
-    }
-    ctx->set_verify_mode(impl_->options.verify_peer ? ssl::verify_peer : ssl::verify_none, ec);
-    if (ec) {
-      impl_->tls_error = "verify mode: " + ec.message();
-      return;
-    }
-    impl_->tls = std::move(ctx);
-  } catch (const std::exception& e) {
-    impl_->tls_error = e.what();
-  }
 }
 
 Client::~Client() = default;
@@ -476,9 +505,11 @@ boost::asio::awaitable<Result<std::unique_ptr<ResponseStream>>> Client::Open(
   auto impl = std::make_unique<ResponseStream::Impl>(executor, request.timeout);
   Status started;
   try {
-    started =
-        co_await impl->Start(request, *endpoint, impl_->tls, impl_->tls_error, impl_->options,
-                             impl_->number);
+    // Shared with the stream: it may outlive this Client.
+    TlsSetup tls;
+    if (endpoint->tls) tls = SharedTls(impl_->options.verify_peer, impl_->options.ca_file);
+    started = co_await impl->Start(request, *endpoint, tls.context, tls.error, impl_->options,
+                                   impl_->number);
   } catch (const std::exception& e) {
     started = Internal(request.method + " " + request.url + ": " + e.what());
   }
