@@ -31,7 +31,8 @@ Stmt::~Stmt() {
 }
 
 Stmt& Stmt::Bind(int i, std::string_view v) {
-  sqlite3_bind_text(s_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+  sqlite3_bind_text(s_, i, v.data(), static_cast<int>(v.size()),
+                    borrow_ ? SQLITE_STATIC : SQLITE_TRANSIENT);
   return *this;
 }
 Stmt& Stmt::Bind(int i, int64_t v) {

@@ -21,7 +21,7 @@ namespace keel::store::sqlite {
 class Stmt {
  public:
   Stmt(sqlite3* db, sqlite3_stmt* s) : db_(db), s_(s) {}
-  Stmt(Stmt&& o) noexcept : db_(o.db_), s_(o.s_) { o.s_ = nullptr; }
+  Stmt(Stmt&& o) noexcept : db_(o.db_), s_(o.s_), borrow_(o.borrow_) { o.s_ = nullptr; }
   Stmt(const Stmt&) = delete;
   Stmt& operator=(const Stmt&) = delete;
   ~Stmt();
@@ -39,6 +39,13 @@ class Stmt {
   Stmt& BindAll(const Args&... args) {
     int i = 0;
     (Bind(++i, args), ...);
+    return *this;
+  }
+  // The text bound from here on is used where it lies rather than copied (SQLITE_STATIC): for a
+  // statement run before the values it was bound from go away, such as one bound and run in
+  // one expression. The Stmt's destructor drops the bindings.
+  Stmt& Borrowing() {
+    borrow_ = true;
     return *this;
   }
 
@@ -61,6 +68,7 @@ class Stmt {
  private:
   sqlite3* db_;
   sqlite3_stmt* s_;
+  bool borrow_ = false;  // Borrowing()
 };
 
 class Db {
@@ -131,7 +139,7 @@ class SqliteSql {
   template <typename... Args>
   Result<int64_t> Exec(const std::string& sql, const Args&... args) {
     KEEL_ASSIGN_OR_RETURN(Stmt s, db_.Prepare(sql));
-    return s.BindAll(args...).RunCount();
+    return s.Borrowing().BindAll(args...).RunCount();
   }
   // A write that must change a row, else it fails with `unchanged` (kConflict for an insert
   // that met an existing row, kNotFound for an update of none): run at once here.

@@ -215,8 +215,9 @@ Status SqliteTx::Append(NewEvent n) {
   }
   if (st.ok()) {
     auto s = db_.Prepare(kSql);
-    st = s.ok() ? s->BindAll(e.id, e.tenant_id, tenant_position, e.type, e.origin, e.origin_seq,
-                             e.agent_id, e.session_id, e.run_id, payload, e.occurred_at, *hash)
+    st = s.ok() ? s->Borrowing()
+                      .BindAll(e.id, e.tenant_id, tenant_position, e.type, e.origin, e.origin_seq,
+                               e.agent_id, e.session_id, e.run_id, payload, e.occurred_at, *hash)
                       .Run()
                 : s.status();
   }
