@@ -1397,6 +1397,9 @@ TEST_P(StoreTest, AnotherTenantsObjectsAreNotFound) {
     auto intake = tx.runs().ForIntake(b.id, session.id);
     EXPECT_EQ(intake.status().code(), Code::kNotFound);
     EXPECT_EQ(intake.status().message(), "session not found: " + session.id);
+    auto read = tx.runs().ReadForIntake(b.id, session.id);
+    EXPECT_EQ(read.status().code(), Code::kNotFound);
+    EXPECT_EQ(read.status().message(), "session not found: " + session.id);
     EXPECT_TRUE(tx.runs().ListSteps(b.id, run.id)->empty());
     EXPECT_TRUE(tx.runs().ListToolCalls(b.id, run.id)->empty());
     EXPECT_TRUE(tx.tokens().ListTokens(b.id)->empty());
@@ -1415,6 +1418,24 @@ TEST_P(StoreTest, AnotherTenantsObjectsAreNotFound) {
       EXPECT_EQ(view->session.agent_id, agent.id);
       EXPECT_TRUE(view->busy);
       EXPECT_EQ(view->active_runs, 1);
+    }
+    auto own = tx.runs().ReadForIntake(a.id, session.id);
+    EXPECT_TRUE(own.ok()) << own.status().message();
+    if (own.ok()) {
+      EXPECT_EQ(own->session.id, session.id);
+      EXPECT_EQ(own->session.tenant_id, a.id);
+      EXPECT_EQ(own->session.agent_id, agent.id);
+      EXPECT_TRUE(own->busy);
+      EXPECT_TRUE(own->agent.has_value());
+    }
+    if (own.ok() && own->agent) {
+      EXPECT_EQ(own->agent->id, agent.id);
+      EXPECT_EQ(own->agent->tenant_id, a.id);
+      EXPECT_EQ(own->agent->name, agent.name);
+      EXPECT_EQ(own->agent->model, agent.model);
+      EXPECT_EQ(own->agent->config, agent.config);
+      EXPECT_EQ(own->agent->created_at, agent.created_at);
+      EXPECT_EQ(own->agent->updated_at, agent.updated_at);
     }
     return Status::Ok();
   }).ok());
@@ -1954,17 +1975,53 @@ TEST_P(StoreTest, ClaimableRunsFollowSessionOrderLeasesAndTenantsInTurn) {
   r[0].finished_at = now;
   update(r[0]);
   EXPECT_EQ(claimable(now), (std::vector<std::string>{r[1].id, r[4].id, r[3].id}));
-  ASSERT_TRUE(store_->Read([&](Tx& tx) -> Status {
-    EXPECT_EQ(*tx.runs().CountActiveRuns(t.id), 3);
-    EXPECT_EQ(*tx.runs().CountActiveRuns(u.id), 1);
-    EXPECT_TRUE(*tx.runs().SessionBusy(t.id, s1.id));
-    // Intake's one read says the same.
-    auto view = tx.runs().ForIntake(t.id, s1.id);
-    EXPECT_TRUE(view.ok() && view->busy && view->active_runs == 3 && view->session.id == s1.id);
-    auto idle = tx.runs().ForIntake(t.id, s4.id);
-    EXPECT_TRUE(idle.ok() && !idle->busy && idle->active_runs == 3);
-    return Status::Ok();
-  }).ok());
+  ASSERT_TRUE(
+      store_
+          ->Read([&](Tx& tx) -> Status {
+            EXPECT_EQ(*tx.runs().CountActiveRuns(t.id), 3);
+            EXPECT_EQ(*tx.runs().CountActiveRuns(u.id), 1);
+            EXPECT_TRUE(*tx.runs().SessionBusy(t.id, s1.id));
+            // Intake's one read says the same.
+            auto view = tx.runs().ForIntake(t.id, s1.id);
+            EXPECT_TRUE(view.ok() && view->busy && view->active_runs == 3 &&
+                        view->session.id == s1.id);
+            auto idle = tx.runs().ForIntake(t.id, s4.id);
+            EXPECT_TRUE(idle.ok() && !idle->busy && idle->active_runs == 3);
+            // And the read before intake's unit.
+            auto read = tx.runs().ReadForIntake(t.id, s1.id);
+            EXPECT_TRUE(read.ok() && read->busy && read->session.id == s1.id && read->agent);
+            auto idle_read = tx.runs().ReadForIntake(t.id, s4.id);
+            EXPECT_TRUE(idle_read.ok() && !idle_read->busy && idle_read->session.id == s4.id);
+            return Status::Ok();
+          })
+          .ok());
+}
+
+// Intake's read names no agent for a session whose agent was deleted, and the session still.
+TEST_P(StoreTest, IntakesReadOfASessionWhoseAgentWasDeletedHasNoAgent) {
+  Tenant t = MakeTenant();
+  Agent a = MakeAgent(t, "gone");
+  Session s = NewSession(t, a);
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) { return tx.sessions().InsertSession(s); }).ok());
+  ASSERT_TRUE(store_
+                  ->Read([&](Tx& tx) -> Status {
+                    auto read = tx.runs().ReadForIntake(t.id, s.id);
+                    EXPECT_TRUE(read.ok() && read->agent && read->agent->id == a.id && !read->busy);
+                    return Status::Ok();
+                  })
+                  .ok());
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) { return tx.agents().DeleteAgent(t.id, a.id); }).ok());
+  ASSERT_TRUE(store_
+                  ->Read([&](Tx& tx) -> Status {
+                    auto read = tx.runs().ReadForIntake(t.id, s.id);
+                    EXPECT_TRUE(read.ok()) << read.status().message();
+                    if (read.ok()) {
+                      EXPECT_EQ(read->session.id, s.id);
+                      EXPECT_FALSE(read->agent.has_value());
+                    }
+                    return Status::Ok();
+                  })
+                  .ok());
 }
 
 // A tenant with a long queue does not fill the dispatcher's page: every other tenant's oldest

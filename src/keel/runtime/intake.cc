@@ -61,16 +61,16 @@ asio::awaitable<Result<IntakeResult>> Intake::PostMessage(const IntakeRequest& r
   std::optional<IntakeResult> replay;
   std::vector<store::PluginStamp> stamps;
   Status st = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
-    KEEL_ASSIGN_OR_RETURN(session, tx.sessions().GetSession(req.tenant_id, req.session_id));
-    KEEL_ASSIGN_OR_RETURN(busy, tx.runs().SessionBusy(req.tenant_id, req.session_id));
+    KEEL_ASSIGN_OR_RETURN(auto read, tx.runs().ReadForIntake(req.tenant_id, req.session_id));
+    session = std::move(read.session);
+    busy = read.busy;
     // The caller may use it (a guest only the sessions it opened): refused as if it did not
     // exist, so a guest learns nothing of the others.
     if (!access::CanUseSession({req.tenant_id, req.requested_by, req.caller_role}, session)) {
       return NotFound("session not found: " + req.session_id);
     }
-    auto a = tx.agents().GetAgent(req.tenant_id, session.agent_id);
-    if (!a.ok()) return Conflict("the session's agent was deleted");
-    agent = *a;
+    if (!read.agent) return Conflict("the session's agent was deleted");
+    agent = std::move(*read.agent);
     KEEL_ASSIGN_OR_RETURN(stamps, tx.plugins().PluginStampsForAgent(req.tenant_id, agent.id));
     if (!req.idempotency_key.empty()) {
       KEEL_ASSIGN_OR_RETURN(auto found, tx.messages().FindByIdempotencyKey(

@@ -188,6 +188,28 @@ inline Result<std::pair<Millis, std::string>> DeliveryCursorStart(const std::str
   return std::pair<Millis, std::string>(at, key.substr(colon + 1));
 }
 
+// `cols` ("a, b") with each column named through `alias` ("x.a, x.b"), for a join.
+inline std::string Qualified(const char* cols, const char* alias) {
+  std::string out = std::string(alias) + ".";
+  for (; *cols; ++cols) {
+    if (*cols == ' ') continue;
+    out += *cols;
+    if (*cols == ',') out += std::string(" ") + alias + ".";
+  }
+  return out;
+}
+
+// A row read from its column `offset` on, so that a row reader of this file reads the columns
+// of a join after the first table's.
+template <typename Row>
+struct Shifted {
+  const Row& row;
+  int offset;
+  std::string Text(int col) const { return row.Text(offset + col); }
+  int64_t Int(int col) const { return row.Int(offset + col); }
+  std::optional<int64_t> OptInt(int col) const { return row.OptInt(offset + col); }
+};
+
 inline constexpr const char* kAgentCols =
     "id, tenant_id, name, model, instructions, tools, config, status, created_at, updated_at";
 template <typename Row>
@@ -215,6 +237,7 @@ constexpr int ColumnCount(const char* cols) {
   return n;
 }
 inline constexpr int kSessionColCount = ColumnCount(kSessionCols);
+inline constexpr int kAgentColCount = ColumnCount(kAgentCols);
 template <typename Row>
 Session ReadSession(const Row& s) {
   Session x;

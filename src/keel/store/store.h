@@ -249,6 +249,16 @@ class RunStore {
   };
   virtual Result<IntakeView> ForIntake(const std::string& tenant_id,
                                        const std::string& session_id) = 0;
+  // What intake reads before its unit, in one statement (one round trip on PostgreSQL): the
+  // session (kNotFound as GetSession), whether it is busy (SessionBusy) and its agent
+  // (GetAgent; nullopt when the agent is deleted).
+  struct IntakeRead {
+    Session session;
+    bool busy = false;
+    std::optional<Agent> agent;
+  };
+  virtual Result<IntakeRead> ReadForIntake(const std::string& tenant_id,
+                                           const std::string& session_id) = 0;
   // Marks an idle session running (UpdateSessionStatus) for a run intake claims without having
   // read the session in its unit (it read it just before, outside the writer): the session
   // changes only while it is `agent_id`'s, not inactive, has no unfinished run, and its tenant

@@ -128,6 +128,28 @@ Result<RunStore::IntakeView> PostgresTx::ForIntake(const std::string& tenant_id,
   return v;
 }
 
+Result<RunStore::IntakeRead> PostgresTx::ReadForIntake(const std::string& tenant_id,
+                                                       const std::string& session_id) {
+  static const std::string kSql =
+      "SELECT " + Qualified(kSessionCols, "s") +
+      ", EXISTS(SELECT 1 FROM runs WHERE tenant_id=$1 AND session_id=$2 AND status IN "
+      "('queued','running','waiting_for_approval')), " +
+      Qualified(kAgentCols, "a") +
+      " FROM sessions s LEFT JOIN agents a ON a.tenant_id=s.tenant_id AND a.id=s.agent_id AND "
+      "a.status <> 'deleted' WHERE s.tenant_id=$1 AND s.id=$2";
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, session_id)));
+  if (rows.empty()) return NotFound("session not found: " + session_id);
+  Row row(rows, 0);
+  IntakeRead out;
+  out.session = ReadSession(row);
+  out.busy = row.Text(kSessionColCount) == "t";
+  if (!rows.IsNull(0, kSessionColCount + 1)) {
+    out.agent = ReadAgent(Shifted<Row>{row, kSessionColCount + 1});
+  }
+  return out;
+}
+
 Status PostgresTx::StartIdleSession(const std::string& tenant_id, const std::string& session_id,
                                     const std::string& agent_id, int64_t max_active, Millis at) {
   // ForIntake's conditions, checked by the update itself: pipelined, not waited for.

@@ -89,6 +89,28 @@ Result<RunStore::IntakeView> SqliteTx::ForIntake(const std::string& tenant_id,
   return v;
 }
 
+Result<RunStore::IntakeRead> SqliteTx::ReadForIntake(const std::string& tenant_id,
+                                                     const std::string& session_id) {
+  static const std::string kSql =
+      "SELECT " + Qualified(kSessionCols, "s") +
+      ", EXISTS(SELECT 1 FROM runs INDEXED BY runs_session_active WHERE tenant_id=?1 AND "
+      "session_id=?2 AND status IN ('queued','running','waiting_for_approval')), " +
+      Qualified(kAgentCols, "a") +
+      " FROM sessions s LEFT JOIN agents a ON a.tenant_id=s.tenant_id AND a.id=s.agent_id AND "
+      "a.status != 'deleted' WHERE s.tenant_id=?1 AND s.id=?2";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(tenant_id, session_id);
+  KEEL_ASSIGN_OR_RETURN(bool found, s.Step());
+  if (!found) return NotFound("session not found: " + session_id);
+  IntakeRead out;
+  out.session = ReadSession(s);
+  out.busy = s.Int(kSessionColCount) != 0;
+  if (!s.IsNull(kSessionColCount + 1)) {
+    out.agent = ReadAgent(Shifted<Stmt>{s, kSessionColCount + 1});
+  }
+  return out;
+}
+
 Status SqliteTx::StartIdleSession(const std::string& tenant_id, const std::string& session_id,
                                   const std::string& agent_id, int64_t max_active, Millis at) {
   // ForIntake's conditions, checked by the update itself.

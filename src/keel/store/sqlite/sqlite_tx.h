@@ -37,6 +37,8 @@ class SqliteTx final : public SqlTx<SqliteSql> {
   Result<bool> SessionBusy(const std::string& tenant_id, const std::string& session_id) override;
   Result<IntakeView> ForIntake(const std::string& tenant_id,
                                const std::string& session_id) override;
+  Result<IntakeRead> ReadForIntake(const std::string& tenant_id,
+                                   const std::string& session_id) override;
   Status StartIdleSession(const std::string& tenant_id, const std::string& session_id,
                           const std::string& agent_id, int64_t max_active, Millis at) override;
   Result<std::vector<Run>> ClaimableRuns(Millis now, int limit) override;
