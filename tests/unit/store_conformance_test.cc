@@ -775,6 +775,64 @@ TEST_P(StoreTest, PoliciesAndEmergencyStops) {
             1u);
 }
 
+// Reads issued ...Later are filled by the end of the read, each with its own tenant's rows,
+// also when several are outstanding at once and other reads come between them (on
+// PostgreSQL they go out together with the next statement that waits).
+TEST_P(StoreTest, LaterReadsAreFilledByTheEndOfTheReadEachWithItsTenantsRows) {
+  Tenant a = MakeTenant();
+  Tenant b = MakeTenant();
+  Agent agent = MakeAgent(a, "agent");
+  ASSERT_TRUE(store_
+                  ->WriteSync([&](Tx& tx) -> Status {
+                    KEEL_RETURN_IF_ERROR(tx.policies().PutStop({a.id, "", "incident", "tok", 6}));
+                    KEEL_RETURN_IF_ERROR(tx.policies().PutStop({b.id, "", "other", "tok", 7}));
+                    KEEL_RETURN_IF_ERROR(
+                        tx.memory().PutWorkingMemory({a.id, agent.id, "remember the milk", 42}));
+                    return tx.memory().PutWorkingMemory({b.id, agent.id, "not yours", 43});
+                  })
+                  .ok());
+  std::vector<EmergencyStop> stops_a, stops_b;
+  WorkingMemory memory_a, memory_b;
+  std::vector<PluginStamp> stamps;
+  std::vector<Skill> skills;
+  Agent read_agent;
+  ASSERT_TRUE(
+      store_
+          ->Read([&](Tx& tx) -> Status {
+            KEEL_RETURN_IF_ERROR(tx.policies().ListStopsLater(a.id, stops_a));
+            KEEL_RETURN_IF_ERROR(tx.memory().GetWorkingMemoryLater(b.id, agent.id, memory_b));
+            KEEL_RETURN_IF_ERROR(tx.plugins().PluginStampsForAgentLater(a.id, agent.id, stamps));
+            // A read that waits, between them.
+            KEEL_ASSIGN_OR_RETURN(read_agent, tx.agents().GetAgent(a.id, agent.id));
+            KEEL_RETURN_IF_ERROR(tx.memory().GetWorkingMemoryLater(a.id, agent.id, memory_a));
+            KEEL_RETURN_IF_ERROR(tx.skills().SkillsForAgentLater(a.id, agent.id, false, skills));
+            return tx.policies().ListStopsLater(b.id, stops_b);  // the last, collected at the end
+          })
+          .ok());
+  EXPECT_EQ(read_agent.id, agent.id);
+  ASSERT_EQ(stops_a.size(), 1u);
+  EXPECT_EQ(stops_a[0].tenant_id, a.id);
+  EXPECT_EQ(stops_a[0].reason, "incident");
+  ASSERT_EQ(stops_b.size(), 1u);
+  EXPECT_EQ(stops_b[0].reason, "other");
+  EXPECT_EQ(memory_a.text, "remember the milk");
+  EXPECT_EQ(memory_a.updated_at, 42);
+  EXPECT_EQ(memory_b.text, "not yours");
+  EXPECT_EQ(memory_b.tenant_id, b.id);
+  EXPECT_TRUE(stamps.empty());
+  EXPECT_TRUE(skills.empty());
+  // An agent without working memory reads as empty, not as the last one read.
+  WorkingMemory none;
+  none.text = "stale";
+  ASSERT_TRUE(store_
+                  ->Read([&](Tx& tx) {
+                    return tx.memory().GetWorkingMemoryLater(a.id, "no-such-agent", none);
+                  })
+                  .ok());
+  EXPECT_EQ(none.text, "");
+  EXPECT_EQ(none.updated_at, 0);
+}
+
 TEST_P(StoreTest, ApprovalsAndStandingApprovals) {
   Tenant a = MakeTenant();
   Tenant b = MakeTenant();

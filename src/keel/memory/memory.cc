@@ -185,9 +185,7 @@ Json UpsertPayload(const store::Memory& m, bool replaced, const std::string& ses
           {"replaced", replaced}};
 }
 
-Result<std::string> WorkingMemoryPrompt(store::Tx& tx, const std::string& tenant_id,
-                                        const std::string& agent_id) {
-  KEEL_ASSIGN_OR_RETURN(auto w, tx.memory().GetWorkingMemory(tenant_id, agent_id));
+std::string WorkingMemoryPrompt(const store::WorkingMemory& w) {
   if (w.text.empty()) return std::string();
   return "Working memory (your notes, kept between conversations):\n" + w.text;
 }

@@ -76,8 +76,7 @@ Json UpsertPayload(const store::Memory& m, bool replaced, const std::string& ses
                    const std::string& run_id);
 
 // The system message that shows the model the agent's working memory, or "" when it has none.
-Result<std::string> WorkingMemoryPrompt(store::Tx& tx, const std::string& tenant_id,
-                                        const std::string& agent_id);
+std::string WorkingMemoryPrompt(const store::WorkingMemory& w);
 
 // What the tools and Lua plugins are shown: a search's hits as a JSON array of HitJson (the
 // errors as Search's), and one memory as MemoryJson or null when the agent has none with `id`.

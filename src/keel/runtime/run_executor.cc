@@ -297,10 +297,12 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
   std::vector<store::Step> steps;
   std::vector<store::ToolCall> calls;
   std::vector<store::PluginStamp> stamps;  // read when intake did not find the plugins
+  store::WorkingMemory working;
   std::string working_memory;  // the system message showing it, or ""
   bool revoked = false;        // the token the run acts for was revoked since it was posted
   ContextRead context;
   context.known = conversations_.Take(run.tenant_id, run.session_id);
+  std::vector<store::EmergencyStop> stops;
   std::optional<std::vector<store::EmergencyStop>> first_stops;
   Status loaded = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
     if (known) {  // a run claimed at intake was posted with an active token a moment ago
@@ -311,21 +313,27 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
       KEEL_ASSIGN_OR_RETURN(agent, tx.agents().GetAgent(run.tenant_id, run.agent_id));
       KEEL_ASSIGN_OR_RETURN(prompt, tx.messages().GetMessage(run.tenant_id, run.message_id));
     }
+    // These go out with the context's first read (one round trip on PostgreSQL), and are
+    // looked at after the read.
     if (!known || !known->plugins) {
-      KEEL_ASSIGN_OR_RETURN(stamps, tx.plugins().PluginStampsForAgent(run.tenant_id, run.agent_id));
+      KEEL_RETURN_IF_ERROR(
+          tx.plugins().PluginStampsForAgentLater(run.tenant_id, run.agent_id, stamps));
     }
+    KEEL_RETURN_IF_ERROR(tx.memory().GetWorkingMemoryLater(run.tenant_id, run.agent_id, working));
+    KEEL_RETURN_IF_ERROR(tx.policies().ListStopsLater(run.tenant_id, stops));
     if (run.attempt > 1) {  // a first attempt has recorded nothing yet
       KEEL_ASSIGN_OR_RETURN(steps, tx.runs().ListSteps(run.tenant_id, run.id));
       KEEL_ASSIGN_OR_RETURN(calls, tx.runs().ListToolCalls(run.tenant_id, run.id));
       KEEL_ASSIGN_OR_RETURN(usage_records, tx.usage().RunUsage(run.tenant_id, run.id));
     }
-    KEEL_ASSIGN_OR_RETURN(working_memory,
-                          memory::WorkingMemoryPrompt(tx, run.tenant_id, run.agent_id));
     if (prompt.role != "call") KEEL_RETURN_IF_ERROR(ReadContext(tx, run, prompt, context));
-    KEEL_ASSIGN_OR_RETURN(first_stops, tx.policies().ListStops(run.tenant_id));
     return Status::Ok();
   });
-  if (loaded.ok()) usage_known = true;  // at a later attempt, read with the rest
+  if (loaded.ok()) {
+    usage_known = true;  // at a later attempt, read with the rest
+    working_memory = memory::WorkingMemoryPrompt(working);
+    first_stops = std::move(stops);
+  }
   if (loaded.ok() && prompt.role != "call") {
     KeepWindow(run, context);
   } else if (context.known) {

@@ -96,6 +96,9 @@ class MemoryStore {
                                                         const MemorySearch& search) = 0;
   virtual Result<WorkingMemory> GetWorkingMemory(const std::string& tenant_id,
                                                  const std::string& agent_id) = 0;
+  // The same, filled later (store.h, Tx).
+  virtual Status GetWorkingMemoryLater(const std::string& tenant_id, const std::string& agent_id,
+                                       WorkingMemory& out) = 0;
   // Inserts or replaces.
   virtual Status PutWorkingMemory(const WorkingMemory& w) = 0;
 };

@@ -61,6 +61,9 @@ class SkillStore {
   virtual Result<std::vector<Skill>> SkillsForAgent(const std::string& tenant_id,
                                                     const std::string& agent_id,
                                                     bool with_files) = 0;
+  // The same, filled later (store.h, Tx).
+  virtual Status SkillsForAgentLater(const std::string& tenant_id, const std::string& agent_id,
+                                     bool with_files, std::vector<Skill>& out) = 0;
 };
 
 }  // namespace keel::store

@@ -32,6 +32,15 @@ Result<std::vector<T>> Collect(Row& r, ReadFn read) {
   return out;
 }
 
+// A Later read's taker of every row into `out` (Collect).
+template <typename T, typename ReadFn>
+auto CollectInto(std::vector<T>& out, ReadFn read) {
+  return [&out, read](auto& r) -> Status {
+    KEEL_ASSIGN_OR_RETURN(out, Collect<T>(r, read));
+    return Status::Ok();
+  };
+}
+
 // The query's first row, or kNotFound `what`.
 template <typename T, typename Row, typename ReadFn>
 Result<T> One(Row& r, ReadFn read, const std::string& what) {
@@ -261,11 +270,18 @@ Status SqlTx<Sql>::DeletePolicy(const std::string& tenant_id, const std::string&
 
 template <typename Sql>
 Result<std::vector<EmergencyStop>> SqlTx<Sql>::ListStops(const std::string& tenant_id) {
+  std::vector<EmergencyStop> out;
+  KEEL_RETURN_IF_ERROR(ListStopsLater(tenant_id, out));
+  KEEL_RETURN_IF_ERROR(sql_.Flush());
+  return out;
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::ListStopsLater(const std::string& tenant_id, std::vector<EmergencyStop>& out) {
   static const std::string kSql = "SELECT " + std::string(kStopCols) +
                                   " FROM emergency_stops WHERE tenant_id=$1 ORDER BY agent_id";
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
-  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id));
-  return Collect<EmergencyStop>(r, ReadStop<typename Sql::Row>);
+  return sql_.Later(kSql, CollectInto<EmergencyStop>(out, ReadStop<typename Sql::Row>), tenant_id);
 }
 
 template <typename Sql>
@@ -532,14 +548,26 @@ Result<std::vector<Plugin>> SqlTx<Sql>::PluginsForAgent(const std::string& tenan
 template <typename Sql>
 Result<std::vector<PluginStamp>> SqlTx<Sql>::PluginStampsForAgent(const std::string& tenant_id,
                                                                   const std::string& agent_id) {
+  std::vector<PluginStamp> out;
+  KEEL_RETURN_IF_ERROR(PluginStampsForAgentLater(tenant_id, agent_id, out));
+  KEEL_RETURN_IF_ERROR(sql_.Flush());
+  return out;
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::PluginStampsForAgentLater(const std::string& tenant_id,
+                                             const std::string& agent_id,
+                                             std::vector<PluginStamp>& out) {
   static const std::string kSql =
       "SELECT id, updated_at FROM plugins WHERE tenant_id=$1 AND id IN (SELECT plugin_id FROM "
       "agent_plugins WHERE tenant_id=$1 AND agent_id IN ($2, '*')) ORDER BY id";
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
-  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, agent_id));
-  return Collect<PluginStamp>(r, [](const typename Sql::Row& s) {
-    return PluginStamp{s.Text(0), s.Int(1)};
-  });
+  return sql_.Later(kSql,
+                    CollectInto<PluginStamp>(out,
+                                             [](const typename Sql::Row& s) {
+                                               return PluginStamp{s.Text(0), s.Int(1)};
+                                             }),
+                    tenant_id, agent_id);
 }
 
 template <typename Sql>
@@ -1139,15 +1167,25 @@ template <typename Sql>
 Result<std::vector<Skill>> SqlTx<Sql>::SkillsForAgent(const std::string& tenant_id,
                                                       const std::string& agent_id,
                                                       bool with_files) {
+  std::vector<Skill> out;
+  KEEL_RETURN_IF_ERROR(SkillsForAgentLater(tenant_id, agent_id, with_files, out));
+  KEEL_RETURN_IF_ERROR(sql_.Flush());
+  return out;
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::SkillsForAgentLater(const std::string& tenant_id, const std::string& agent_id,
+                                       bool with_files, std::vector<Skill>& out) {
   static const std::string kWhere =
       " FROM skills WHERE tenant_id=$1 AND name IN (SELECT skill FROM agent_skills "
       "WHERE tenant_id=$1 AND agent_id=$2) ORDER BY name";
   static const std::string kMeta = "SELECT " + std::string(kSkillCols) + kWhere;
   static const std::string kWhole = "SELECT " + std::string(kSkillFileCols) + kWhere;
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
-  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(with_files ? kWhole : kMeta, tenant_id, agent_id));
-  return Collect<Skill>(
-      r, with_files ? ReadSkillWithFiles<typename Sql::Row> : ReadSkill<typename Sql::Row>);
+  return sql_.Later(with_files ? kWhole : kMeta,
+                    CollectInto<Skill>(out, with_files ? ReadSkillWithFiles<typename Sql::Row>
+                                                       : ReadSkill<typename Sql::Row>),
+                    tenant_id, agent_id);
 }
 
 // ---- CompactionStore
@@ -1452,17 +1490,30 @@ Result<Paged<Memory>> SqlTx<Sql>::ListMemories(const std::string& tenant_id,
 template <typename Sql>
 Result<WorkingMemory> SqlTx<Sql>::GetWorkingMemory(const std::string& tenant_id,
                                                    const std::string& agent_id) {
+  WorkingMemory w;
+  KEEL_RETURN_IF_ERROR(GetWorkingMemoryLater(tenant_id, agent_id, w));
+  KEEL_RETURN_IF_ERROR(sql_.Flush());
+  return w;
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::GetWorkingMemoryLater(const std::string& tenant_id, const std::string& agent_id,
+                                         WorkingMemory& out) {
   static const std::string kSql =
       "SELECT text, updated_at FROM working_memories WHERE tenant_id=$1 AND agent_id=$2";
+  out = WorkingMemory{tenant_id, agent_id, "", 0};
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
-  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, agent_id));
-  KEEL_ASSIGN_OR_RETURN(bool found, r.Step());
-  WorkingMemory w{tenant_id, agent_id, "", 0};
-  if (found) {
-    w.text = r.Text(0);
-    w.updated_at = r.Int(1);
-  }
-  return w;
+  return sql_.Later(
+      kSql,
+      [&out](typename Sql::Row& r) -> Status {
+        KEEL_ASSIGN_OR_RETURN(bool found, r.Step());
+        if (found) {
+          out.text = r.Text(0);
+          out.updated_at = r.Int(1);
+        }
+        return Status::Ok();
+      },
+      tenant_id, agent_id);
 }
 
 template <typename Sql>

@@ -10,6 +10,10 @@
 //   Exec(sql, args...)           Result<int64_t>, the rows an INSERT, UPDATE or DELETE changed
 //   Send(sql, args...)           Status, a write whose result is not read (pipelined on
 //                                PostgreSQL: its failure fails the unit when collected)
+//   Later(sql, take, args...)    Status, a read whose rows `take(Row&)` gets later (Tx's
+//                                ...Later reads, store.h): at once on SQLite, pipelined on
+//                                PostgreSQL (its rows arrive with the next statement's answer)
+//   Flush()                      Status, waits until every Later read has its rows
 //   BindTenant(tenant_id)        the tenant the next statements read and write (row-level
 //                                security on PostgreSQL, nothing on SQLite)
 //   Limit(n)                     a LIMIT parameter, negative n meaning no limit
@@ -172,6 +176,7 @@ class SqlTx : public Tx,
   Status PutPolicy(const PolicyDoc& p) override;
   Status DeletePolicy(const std::string& tenant_id, const std::string& scope) override;
   Result<std::vector<EmergencyStop>> ListStops(const std::string& tenant_id) override;
+  Status ListStopsLater(const std::string& tenant_id, std::vector<EmergencyStop>& out) override;
   Status PutStop(const EmergencyStop& s) override;
   Status DeleteStop(const std::string& tenant_id, const std::string& agent_id) override;
   // ApprovalStore
@@ -211,6 +216,8 @@ class SqlTx : public Tx,
                                               const std::string& agent_id) override;
   Result<std::vector<PluginStamp>> PluginStampsForAgent(const std::string& tenant_id,
                                                         const std::string& agent_id) override;
+  Status PluginStampsForAgentLater(const std::string& tenant_id, const std::string& agent_id,
+                                   std::vector<PluginStamp>& out) override;
   Status InsertDelivery(const PluginDelivery& d) override;
   Status UpdateDelivery(const PluginDelivery& d) override;
   Result<PluginDelivery> GetDelivery(const std::string& tenant_id, const std::string& id) override;
@@ -287,6 +294,8 @@ class SqlTx : public Tx,
                                                             const std::string& name) override;
   Result<std::vector<Skill>> SkillsForAgent(const std::string& tenant_id,
                                             const std::string& agent_id, bool with_files) override;
+  Status SkillsForAgentLater(const std::string& tenant_id, const std::string& agent_id,
+                             bool with_files, std::vector<Skill>& out) override;
   // CompactionStore
   Status InsertCompaction(const Compaction& c) override;
   Result<std::optional<Compaction>> LatestCompaction(const std::string& tenant_id,
@@ -333,6 +342,8 @@ class SqlTx : public Tx,
                                      const std::string& tag, const Page& page) override;
   Result<WorkingMemory> GetWorkingMemory(const std::string& tenant_id,
                                          const std::string& agent_id) override;
+  Status GetWorkingMemoryLater(const std::string& tenant_id, const std::string& agent_id,
+                               WorkingMemory& out) override;
   Status PutWorkingMemory(const WorkingMemory& w) override;
 
  protected:

@@ -80,6 +80,7 @@ class PolicyStore {
   virtual Status DeletePolicy(const std::string& tenant_id, const std::string& scope) = 0;
   // The tenant's emergency stops, tenant-wide first.
   virtual Result<std::vector<EmergencyStop>> ListStops(const std::string& tenant_id) = 0;
+  virtual Status ListStopsLater(const std::string& tenant_id, std::vector<EmergencyStop>& out) = 0;
   // Inserts or replaces (agent_id "" is tenant-wide).
   virtual Status PutStop(const EmergencyStop& s) = 0;
   // kNotFound when there is none.
@@ -153,6 +154,9 @@ class PluginStore {
   // The same plugins' stamps only, ordered by id: no manifest, source or config is read.
   virtual Result<std::vector<PluginStamp>> PluginStampsForAgent(const std::string& tenant_id,
                                                                 const std::string& agent_id) = 0;
+  virtual Status PluginStampsForAgentLater(const std::string& tenant_id,
+                                           const std::string& agent_id,
+                                           std::vector<PluginStamp>& out) = 0;
 
   // kConflict when the id exists; the plugin must exist (an integrity kConflict otherwise).
   virtual Status InsertDelivery(const PluginDelivery& d) = 0;
@@ -372,6 +376,11 @@ class ExportStore {
 };
 
 // One unit of work. A Tx is only valid inside the callback that received it.
+//
+// Reads named ...Later fill `out` by the end of the callback, or earlier: on SQLite at once,
+// on PostgreSQL when the next statement that waits for an answer returns (they go out with it,
+// in one round trip). So a read issues its independent ...Later reads first and looks at their
+// results after the callback. A failure among them fails the read.
 class Tx {
  public:
   virtual ~Tx() = default;

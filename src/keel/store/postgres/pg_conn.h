@@ -265,6 +265,18 @@ class PgSql {
   Status Send(const std::string& sql, const Args&... args) {
     return conn_.Send(sql, P(args...));
   }
+  // A read whose rows `take` gets when they arrive: pipelined like Send, it goes out with the
+  // next statement that needs an answer (or Flush). A failure of the statement is that
+  // statement's; `take` itself must not fail (a Cursor's Step does not).
+  template <typename... Args>
+  Status Later(const std::string& sql, std::function<Status(Cursor&)> take, const Args&... args) {
+    return conn_.Send(sql, P(args...), [take = std::move(take)](Rows& rows) {
+      Cursor cursor(std::move(rows));
+      (void)take(cursor);
+    });
+  }
+  // Waits for every Later read's rows (and every Send's result).
+  Status Flush() { return conn_.Flush(); }
   // A write that must change a row, else the unit fails with `unchanged`. In a write
   // transaction it is pipelined like Send, and its count is checked when it arrives, perhaps
   // after the unit's end: then the unit fails (PostgresStore reads unchanged()), so its caller

@@ -4,6 +4,7 @@
 // A Db is used by one thread at a time; its owner says which.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -153,6 +154,14 @@ class SqliteSql {
   Status Send(const std::string& sql, const Args&... args) {
     return Exec(sql, args...).status();
   }
+  // A read whose rows `take` gets: at once here (PgSql pipelines it).
+  template <typename... Args>
+  Status Later(const std::string& sql, const std::function<Status(Stmt&)>& take,
+               const Args&... args) {
+    KEEL_ASSIGN_OR_RETURN(Stmt s, Query(sql, args...));
+    return take(s);
+  }
+  Status Flush() { return Status::Ok(); }
   Status BindTenant(const std::string&) { return Status::Ok(); }
   // A LIMIT parameter; a negative one is no limit.
   static int64_t Limit(int limit) { return limit; }
