@@ -343,31 +343,47 @@ asio::awaitable<ModelCall> ModelCaller::Call(const store::Run& run, const store:
 
   // 1. The cache, and 2. the budgets in force for this agent with what each has spent in its
   // current period, in one read. A cache read that fails is a miss; a budget read that fails
-  // leaves the run to resume after its lease.
+  // leaves the run to resume after its lease. The budgets' list goes out with the cache's read
+  // (one round trip on PostgreSQL, where either failing fails both): when that read fails, it
+  // is made again the way that keeps the failures apart, the cache last (on PostgreSQL a failed
+  // statement ends the transaction).
   std::optional<store::CacheEntry> entry;
   Status cache_read = Status::Ok();
   std::vector<BudgetSpend> spends;
-  Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
-    KEEL_ASSIGN_OR_RETURN(auto budgets, tx.usage().ListBudgets(run.tenant_id));
-    for (auto& b : budgets) {
-      if (b.scope != "tenant" && b.scope != run.agent_id) continue;
-      std::string agent_id = b.scope == "tenant" ? std::string() : run.agent_id;
-      Millis start = model::PeriodStart(b.period, now);
-      KEEL_ASSIGN_OR_RETURN(auto totals,
-                            tx.usage().PeriodUsage(run.tenant_id, agent_id, b.period, start));
-      spends.push_back({std::move(b), totals.cost_micros});
-    }
-    // Last: on PostgreSQL a failed statement ends the transaction.
-    if (use_cache) {
-      auto found = tx.usage().GetCacheEntry(run.tenant_id, group, key, now - cache_.ttl_ms);
-      if (found.ok()) {
-        entry = std::move(*found);
+  auto read_with = [&](bool together) {
+    return [&, together](store::Tx& tx) -> Status {
+      entry.reset();
+      cache_read = Status::Ok();
+      spends.clear();
+      std::vector<store::Budget> budgets;
+      if (together) {
+        KEEL_RETURN_IF_ERROR(tx.usage().ListBudgetsLater(run.tenant_id, budgets));
+        KEEL_ASSIGN_OR_RETURN(
+            entry, tx.usage().GetCacheEntry(run.tenant_id, group, key, now - cache_.ttl_ms));
       } else {
-        cache_read = found.status();
+        KEEL_ASSIGN_OR_RETURN(budgets, tx.usage().ListBudgets(run.tenant_id));
       }
-    }
-    return Status::Ok();
-  });
+      for (auto& b : budgets) {
+        if (b.scope != "tenant" && b.scope != run.agent_id) continue;
+        std::string agent_id = b.scope == "tenant" ? std::string() : run.agent_id;
+        Millis start = model::PeriodStart(b.period, now);
+        KEEL_ASSIGN_OR_RETURN(auto totals,
+                              tx.usage().PeriodUsage(run.tenant_id, agent_id, b.period, start));
+        spends.push_back({std::move(b), totals.cost_micros});
+      }
+      if (!together && use_cache) {
+        auto found = tx.usage().GetCacheEntry(run.tenant_id, group, key, now - cache_.ttl_ms);
+        if (found.ok()) {
+          entry = std::move(*found);
+        } else {
+          cache_read = found.status();
+        }
+      }
+      return Status::Ok();
+    };
+  };
+  Status read = co_await store::AsyncRead(store_, read_with(use_cache));
+  if (!read.ok() && use_cache) read = co_await store::AsyncRead(store_, read_with(false));
   if (!read.ok() && cache_read.ok()) cache_read = read;  // the cache was not read either
   if (use_cache) {
     std::optional<model::ModelResponse> cached;

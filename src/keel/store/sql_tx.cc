@@ -1397,11 +1397,18 @@ Status SqlTx<Sql>::PutBudget(const Budget& b) {
 
 template <typename Sql>
 Result<std::vector<Budget>> SqlTx<Sql>::ListBudgets(const std::string& tenant_id) {
+  std::vector<Budget> out;
+  KEEL_RETURN_IF_ERROR(ListBudgetsLater(tenant_id, out));
+  KEEL_RETURN_IF_ERROR(sql_.Flush());
+  return out;
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::ListBudgetsLater(const std::string& tenant_id, std::vector<Budget>& out) {
   static const std::string kSql = "SELECT " + std::string(kBudgetCols) +
                                   " FROM budgets WHERE tenant_id=$1 ORDER BY scope, period";
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
-  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id));
-  return Collect<Budget>(r, ReadBudget<typename Sql::Row>);
+  return sql_.Later(kSql, CollectInto<Budget>(out, ReadBudget<typename Sql::Row>), tenant_id);
 }
 
 template <typename Sql>

@@ -325,6 +325,7 @@ class SqlTx : public Tx,
                                                      Millis start) override;
   Status PutBudget(const Budget& b) override;
   Result<std::vector<Budget>> ListBudgets(const std::string& tenant_id) override;
+  Status ListBudgetsLater(const std::string& tenant_id, std::vector<Budget>& out) override;
   Status DeleteBudget(const std::string& tenant_id, const std::string& scope,
                       const std::string& period) override;
   Result<std::optional<CacheEntry>> GetCacheEntry(const std::string& tenant_id,

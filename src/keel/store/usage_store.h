@@ -94,6 +94,8 @@ class UsageStore {
   virtual Status PutBudget(const Budget& b) = 0;
   // The tenant's budgets, by scope then period.
   virtual Result<std::vector<Budget>> ListBudgets(const std::string& tenant_id) = 0;
+  // The same, filled later (store.h, Tx).
+  virtual Status ListBudgetsLater(const std::string& tenant_id, std::vector<Budget>& out) = 0;
   // kNotFound "no PERIOD budget is set for SCOPE".
   virtual Status DeleteBudget(const std::string& tenant_id, const std::string& scope,
                               const std::string& period) = 0;
