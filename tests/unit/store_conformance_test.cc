@@ -1214,6 +1214,65 @@ TEST_P(StoreTest, PluginsForAnAgentAreItsOwnAndTheTenantWideOnesOnce) {
   EXPECT_EQ(b_plugins[0].manifest, NewPlugin(b, "a-one").manifest);
 }
 
+// Intake reads the stamps before it has read the session: they are its agent's, and none for a
+// session this tenant does not have (not even the tenant-wide ones).
+TEST_P(StoreTest, PluginStampsForASessionAreItsAgents) {
+  Tenant a = MakeTenant();
+  Tenant b = MakeTenant();
+  Agent one = MakeAgent(a, "one");
+  Agent two = MakeAgent(a, "two");
+  Agent theirs = MakeAgent(b, "theirs");
+  Session s1 = NewSession(a, one);
+  Session s2 = NewSession(a, two);
+  Session sb = NewSession(b, theirs);
+  ASSERT_TRUE(store_
+                  ->WriteSync([&](Tx& tx) -> Status {
+                    for (const auto* s : {&s1, &s2, &sb})
+                      KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(*s));
+                    for (const char* id : {"p-one", "p-star", "p-two"}) {
+                      KEEL_RETURN_IF_ERROR(tx.plugins().UpsertPlugin(NewPlugin(a, id)));
+                    }
+                    KEEL_RETURN_IF_ERROR(tx.plugins().UpsertPlugin(NewPlugin(b, "p-b")));
+                    KEEL_RETURN_IF_ERROR(tx.plugins().EnablePlugin({a.id, "p-one", one.id, 1}));
+                    KEEL_RETURN_IF_ERROR(tx.plugins().EnablePlugin({a.id, "p-star", "*", 1}));
+                    KEEL_RETURN_IF_ERROR(tx.plugins().EnablePlugin({a.id, "p-two", two.id, 1}));
+                    return tx.plugins().EnablePlugin({b.id, "p-b", "*", 1});
+                  })
+                  .ok());
+  auto ids = [&](const Tenant& t, const std::string& session) {
+    std::vector<PluginStamp> stamps;
+    EXPECT_TRUE(store_
+                    ->Read([&](Tx& tx) {
+                      return tx.plugins().PluginStampsForSessionLater(t.id, session, stamps);
+                    })
+                    .ok());
+    std::vector<std::string> out;
+    for (const auto& s : stamps) out.push_back(s.id);
+    return out;
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(ids(a, s1.id), V({"p-one", "p-star"}));
+  EXPECT_EQ(ids(a, s2.id), V({"p-star", "p-two"}));
+  EXPECT_EQ(ids(b, sb.id), V({"p-b"}));
+  EXPECT_TRUE(ids(b, s1.id).empty()) << "another tenant's session";
+  EXPECT_TRUE(ids(a, sb.id).empty()) << "another tenant's session";
+  EXPECT_TRUE(ids(a, NewId()).empty()) << "no such session";
+  // The same stamps as the agent's.
+  auto by_agent = ReadValue<std::vector<PluginStamp>>(
+      *store_, [&](Tx& tx) { return tx.plugins().PluginStampsForAgent(a.id, one.id); });
+  std::vector<PluginStamp> by_session;
+  ASSERT_TRUE(store_
+                  ->Read([&](Tx& tx) {
+                    return tx.plugins().PluginStampsForSessionLater(a.id, s1.id, by_session);
+                  })
+                  .ok());
+  ASSERT_EQ(by_session.size(), by_agent.size());
+  for (size_t i = 0; i < by_agent.size(); ++i) {
+    EXPECT_EQ(by_session[i].id, by_agent[i].id);
+    EXPECT_EQ(by_session[i].updated_at, by_agent[i].updated_at);
+  }
+}
+
 TEST_P(StoreTest, DeliveriesRoundTripAndListNewestFirst) {
   Tenant a = MakeTenant();
   Tenant b = MakeTenant();

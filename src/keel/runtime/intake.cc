@@ -61,6 +61,9 @@ asio::awaitable<Result<IntakeResult>> Intake::PostMessage(const IntakeRequest& r
   std::optional<IntakeResult> replay;
   std::vector<store::PluginStamp> stamps;
   Status st = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
+    // The stamps go out with the session's read (one round trip on PostgreSQL).
+    KEEL_RETURN_IF_ERROR(
+        tx.plugins().PluginStampsForSessionLater(req.tenant_id, req.session_id, stamps));
     KEEL_ASSIGN_OR_RETURN(auto read, tx.runs().ReadForIntake(req.tenant_id, req.session_id));
     session = std::move(read.session);
     busy = read.busy;
@@ -71,7 +74,6 @@ asio::awaitable<Result<IntakeResult>> Intake::PostMessage(const IntakeRequest& r
     }
     if (!read.agent) return Conflict("the session's agent was deleted");
     agent = std::move(*read.agent);
-    KEEL_ASSIGN_OR_RETURN(stamps, tx.plugins().PluginStampsForAgent(req.tenant_id, agent.id));
     if (!req.idempotency_key.empty()) {
       KEEL_ASSIGN_OR_RETURN(auto found, tx.messages().FindByIdempotencyKey(
                                             req.tenant_id, req.session_id, req.idempotency_key));

@@ -571,6 +571,24 @@ Status SqlTx<Sql>::PluginStampsForAgentLater(const std::string& tenant_id,
 }
 
 template <typename Sql>
+Status SqlTx<Sql>::PluginStampsForSessionLater(const std::string& tenant_id,
+                                               const std::string& session_id,
+                                               std::vector<PluginStamp>& out) {
+  static const std::string kSql =
+      "SELECT id, updated_at FROM plugins WHERE tenant_id=$1 AND id IN (SELECT plugin_id FROM "
+      "agent_plugins WHERE tenant_id=$1 AND agent_id IN ((SELECT agent_id FROM sessions WHERE "
+      "tenant_id=$1 AND id=$2), '*')) AND EXISTS(SELECT 1 FROM sessions WHERE tenant_id=$1 AND "
+      "id=$2) ORDER BY id";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  return sql_.Later(kSql,
+                    CollectInto<PluginStamp>(out,
+                                             [](const typename Sql::Row& s) {
+                                               return PluginStamp{s.Text(0), s.Int(1)};
+                                             }),
+                    tenant_id, session_id);
+}
+
+template <typename Sql>
 Status SqlTx<Sql>::InsertDelivery(const PluginDelivery& d) {
   static const std::string kSql = InsertSql("plugin_deliveries", kDeliveryCols, 13);
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(d.tenant_id));

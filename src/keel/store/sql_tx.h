@@ -218,6 +218,8 @@ class SqlTx : public Tx,
                                                         const std::string& agent_id) override;
   Status PluginStampsForAgentLater(const std::string& tenant_id, const std::string& agent_id,
                                    std::vector<PluginStamp>& out) override;
+  Status PluginStampsForSessionLater(const std::string& tenant_id, const std::string& session_id,
+                                     std::vector<PluginStamp>& out) override;
   Status InsertDelivery(const PluginDelivery& d) override;
   Status UpdateDelivery(const PluginDelivery& d) override;
   Result<PluginDelivery> GetDelivery(const std::string& tenant_id, const std::string& id) override;

@@ -157,6 +157,11 @@ class PluginStore {
   virtual Status PluginStampsForAgentLater(const std::string& tenant_id,
                                            const std::string& agent_id,
                                            std::vector<PluginStamp>& out) = 0;
+  // The stamps of the plugins enabled for the session's agent (none when there is no such
+  // session), filled later: for a read that has not read the session yet.
+  virtual Status PluginStampsForSessionLater(const std::string& tenant_id,
+                                             const std::string& session_id,
+                                             std::vector<PluginStamp>& out) = 0;
 
   // kConflict when the id exists; the plugin must exist (an integrity kConflict otherwise).
   virtual Status InsertDelivery(const PluginDelivery& d) = 0;
