@@ -230,6 +230,45 @@ TEST_P(RunStateTest, ARunThatStoppedItsNodeTenTimesInARowIsPoison) {
   }
 }
 
+// The check reads the run's events newest first, back to its last progress: other runs' events
+// between and after its tries, and a long history before its last step, change nothing.
+TEST_P(RunStateTest, PoisonCountsTheTriesSinceTheLastProgressAmongOtherRunsEvents) {
+  store::Run run = NewRun();
+  Millis now = NowMillis();
+  auto noise = [&](int n) {
+    Status st = store_->WriteSync([&](Tx& tx) -> Status {
+      for (int i = 0; i < n; ++i) {
+        KEEL_RETURN_IF_ERROR(
+            tx.events().Append({tenant_, "run.started@v1", agent_, session_, NewId(), {}}));
+      }
+      return Status::Ok();
+    });
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  };
+  int attempt = 0;
+  auto claim = [&]() {
+    ++attempt;
+    auto c = Claim("node-a", now + attempt * (kLeaseMs + 1), run);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? c->poison : std::string("claim failed");
+  };
+  // A long history of tries with progress between them.
+  for (int i = 0; i < 80; ++i) {
+    EXPECT_EQ(claim(), "");
+    Status st = store_->WriteSync([&](Tx& tx) {
+      return tx.events().Append({tenant_, "run.step@v1", agent_, session_, run.id, {}});
+    });
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  }
+  // Then ten tries without progress, other runs' events between them.
+  for (int i = 0; i < 10; ++i) {
+    EXPECT_EQ(claim(), "") << "try " << i;
+    noise(30);
+  }
+  std::string poison = claim();
+  EXPECT_NE(poison.find("10 times in a row"), std::string::npos) << poison;
+}
+
 TEST_P(RunStateTest, ARunItsNodeCrashedInThreeTimesInARowIsPoison) {
   store::Run run = NewRun();
   Millis now = NowMillis();

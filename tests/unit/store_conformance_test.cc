@@ -833,6 +833,38 @@ TEST_P(StoreTest, LaterReadsAreFilledByTheEndOfTheReadEachWithItsTenantsRows) {
   EXPECT_EQ(none.updated_at, 0);
 }
 
+// A run's recent events: among the tenant's newest `window`, newest first, another tenant's
+// events not counted in the window.
+TEST_P(StoreTest, RecentRunEventsAreTheRunsAmongTheTenantsNewest) {
+  Tenant a = MakeTenant();
+  Tenant b = MakeTenant();
+  const std::string run = NewId();
+  ASSERT_TRUE(
+      store_
+          ->WriteSync([&](Tx& tx) -> Status {
+            KEEL_RETURN_IF_ERROR(tx.events().Append({a.id, "first@v1", "", "", run, {}}));
+            for (int i = 0; i < 5; ++i) {
+              KEEL_RETURN_IF_ERROR(tx.events().Append({a.id, "other@v1", "", "", NewId(), {}}));
+              KEEL_RETURN_IF_ERROR(tx.events().Append({b.id, "theirs@v1", "", "", run, {}}));
+            }
+            return tx.events().Append({a.id, "second@v1", "", "", run, {}});
+          })
+          .ok());
+  auto types = [&](const Tenant& t, int window) {
+    auto events = ReadValue<std::vector<Event>>(
+        *store_, [&](Tx& tx) { return tx.events().RecentRunEvents(t.id, run, window); });
+    std::vector<std::string> out;
+    for (const auto& e : events) out.push_back(e.type);
+    return out;
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(types(a, 7), V({"second@v1", "first@v1"}));
+  EXPECT_EQ(types(a, 100), V({"second@v1", "first@v1"}));
+  EXPECT_EQ(types(a, 6), V({"second@v1"})) << "the first is the seventh newest";
+  EXPECT_EQ(types(a, 1), V({"second@v1"}));
+  EXPECT_EQ(types(b, 3).size(), 3u);
+}
+
 TEST_P(StoreTest, ApprovalsAndStandingApprovals) {
   Tenant a = MakeTenant();
   Tenant b = MakeTenant();
@@ -1521,11 +1553,14 @@ TEST_P(StoreTest, AnotherTenantsObjectsAreNotFound) {
     EXPECT_TRUE(tx.runs().ListToolCalls(b.id, run.id)->empty());
     EXPECT_TRUE(tx.tokens().ListTokens(b.id)->empty());
     EXPECT_TRUE(tx.events().ReadEvents(b.id, 0, {}, 100)->empty());
+    EXPECT_TRUE(tx.events().RecentRunEvents(b.id, run.id, 10)->empty());
     // ... and tenant a sees its own.
     EXPECT_TRUE(tx.agents().GetAgent(a.id, agent.id).ok());
     EXPECT_EQ(tx.runs().ListSteps(a.id, run.id)->size(), 1u);
     EXPECT_EQ(tx.runs().ListToolCalls(a.id, run.id)->size(), 1u);
     EXPECT_EQ(tx.events().ReadEvents(a.id, 0, {}, 100)->size(), 1u);
+    auto recent = tx.events().RecentRunEvents(a.id, run.id, 10);
+    EXPECT_TRUE(recent.ok() && recent->size() == 1u && (*recent)[0].run_id == run.id);
     EXPECT_EQ(*tx.runs().CountActiveRuns(a.id), 1);
     EXPECT_TRUE(*tx.runs().SessionBusy(a.id, session.id));
     auto view = tx.runs().ForIntake(a.id, session.id);

@@ -1305,6 +1305,18 @@ Result<std::vector<Event>> SqlTx<Sql>::ReadEvents(const std::string& tenant_id, 
 }
 
 template <typename Sql>
+Result<std::vector<Event>> SqlTx<Sql>::RecentRunEvents(const std::string& tenant_id,
+                                                       const std::string& run_id, int window) {
+  static const std::string kSql =
+      "SELECT " + std::string(kEventCols) + " FROM (SELECT " + std::string(kEventCols) +
+      " FROM events WHERE tenant_id=$1 ORDER BY tenant_position DESC LIMIT $3) AS recent "
+      "WHERE run_id=$2 ORDER BY tenant_position DESC";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, run_id, std::max(window, 1)));
+  return Collect<Event>(r, ReadEvent<typename Sql::Row>);
+}
+
+template <typename Sql>
 Result<int64_t> SqlTx<Sql>::LastPosition(const std::string& tenant_id) {
   static const std::string kSql =
       "SELECT coalesce(max(tenant_position), 0) FROM events WHERE tenant_id=$1";

@@ -317,6 +317,8 @@ class SqlTx : public Tx,
   Result<std::vector<Event>> ReadEvents(const std::string& tenant_id, int64_t after,
                                         const EventFilter& filter, int limit) override;
   Result<int64_t> LastPosition(const std::string& tenant_id) override;
+  Result<std::vector<Event>> RecentRunEvents(const std::string& tenant_id,
+                                             const std::string& run_id, int window) override;
   // UsageStore
   Status InsertUsage(const UsageRecord& u) override;
   Result<UsageTotals> RunUsage(const std::string& tenant_id, const std::string& run_id) override;

@@ -329,6 +329,10 @@ class EventLog {
                                                 const EventFilter& filter, int limit) = 0;
   // The tenant's highest committed position (0 when it has no event).
   virtual Result<int64_t> LastPosition(const std::string& tenant_id) = 0;
+  // The run's events among the tenant's newest `window` events, newest first: what it costs
+  // is bounded by `window`, however long the log.
+  virtual Result<std::vector<Event>> RecentRunEvents(const std::string& tenant_id,
+                                                     const std::string& run_id, int window) = 0;
 };
 
 // A column of an exported table: how its value reads in an archive row.
