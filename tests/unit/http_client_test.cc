@@ -30,20 +30,26 @@
 namespace keel::http {
 namespace {
 
+// A socket listening on 127.0.0.1 at a port the system chose (set in `port`).
+int ListenOnLoopback(int& port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  EXPECT_EQ(::listen(fd, 16), 0);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  port = ntohs(addr.sin_port);
+  return fd;
+}
+
 // Answers "ok" to each request; after `per_connection` answers it closes the connection (the
 // way servers end idle keep-alive connections), without telling the client first.
 class CountingServer {
  public:
   explicit CountingServer(int per_connection) : per_connection_(per_connection) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-    EXPECT_EQ(::listen(fd_, 16), 0);
-    socklen_t len = sizeof addr;
-    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
-    port_ = ntohs(addr.sin_port);
+    fd_ = ListenOnLoopback(port_);
     thread_ = std::thread([this] { Serve(); });
   }
   ~CountingServer() {
@@ -180,15 +186,7 @@ class TlsServer {
     ctx_ = SSL_CTX_new(TLS_server_method());
     SSL_CTX_use_certificate(ctx_, identity.cert);
     SSL_CTX_use_PrivateKey(ctx_, identity.key);
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-    EXPECT_EQ(::listen(fd_, 16), 0);
-    socklen_t len = sizeof addr;
-    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
-    port_ = ntohs(addr.sin_port);
+    fd_ = ListenOnLoopback(port_);
     thread_ = std::thread([this] { Serve(); });
   }
   ~TlsServer() {

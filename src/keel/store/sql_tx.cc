@@ -32,6 +32,12 @@ Result<std::vector<T>> Collect(Row& r, ReadFn read) {
   return out;
 }
 
+// A plugin's stamp: its id and update time.
+template <typename Row>
+PluginStamp ReadStamp(const Row& s) {
+  return PluginStamp{s.Text(0), s.Int(1)};
+}
+
 // A Later read's taker of every row into `out` (Collect).
 template <typename T, typename ReadFn>
 auto CollectInto(std::vector<T>& out, ReadFn read) {
@@ -563,10 +569,7 @@ Status SqlTx<Sql>::PluginStampsForAgentLater(const std::string& tenant_id,
       "agent_plugins WHERE tenant_id=$1 AND agent_id IN ($2, '*')) ORDER BY id";
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
   return sql_.Later(kSql,
-                    CollectInto<PluginStamp>(out,
-                                             [](const typename Sql::Row& s) {
-                                               return PluginStamp{s.Text(0), s.Int(1)};
-                                             }),
+                    CollectInto<PluginStamp>(out, ReadStamp<typename Sql::Row>),
                     tenant_id, agent_id);
 }
 
@@ -581,10 +584,7 @@ Status SqlTx<Sql>::PluginStampsForSessionLater(const std::string& tenant_id,
       "id=$2) ORDER BY id";
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
   return sql_.Later(kSql,
-                    CollectInto<PluginStamp>(out,
-                                             [](const typename Sql::Row& s) {
-                                               return PluginStamp{s.Text(0), s.Int(1)};
-                                             }),
+                    CollectInto<PluginStamp>(out, ReadStamp<typename Sql::Row>),
                     tenant_id, session_id);
 }
 
