@@ -1221,8 +1221,10 @@ TEST_P(StoreTest, PluginsForAnAgentAreItsOwnAndTheTenantWideOnesOnce) {
       ids.push_back(p.id);
     }
     // Their stamps are the same plugins, with their update times.
-    auto stamps = ReadValue<std::vector<PluginStamp>>(
-        *store_, [&](Tx& tx) { return tx.plugins().PluginStampsForAgent(t.id, agent); });
+    std::vector<PluginStamp> stamps;
+    EXPECT_TRUE(store_->Read([&](Tx& tx) {
+      return tx.plugins().PluginStampsForAgentLater(t.id, agent, stamps);
+    }).ok());
     EXPECT_EQ(stamps.size(), plugins.size());
     for (size_t i = 0; i < stamps.size() && i < plugins.size(); ++i) {
       EXPECT_EQ(stamps[i].id, plugins[i].id);
@@ -1290,8 +1292,10 @@ TEST_P(StoreTest, PluginStampsForASessionAreItsAgents) {
   EXPECT_TRUE(ids(a, sb.id).empty()) << "another tenant's session";
   EXPECT_TRUE(ids(a, NewId()).empty()) << "no such session";
   // The same stamps as the agent's.
-  auto by_agent = ReadValue<std::vector<PluginStamp>>(
-      *store_, [&](Tx& tx) { return tx.plugins().PluginStampsForAgent(a.id, one.id); });
+  std::vector<PluginStamp> by_agent;
+  ASSERT_TRUE(store_->Read([&](Tx& tx) {
+    return tx.plugins().PluginStampsForAgentLater(a.id, one.id, by_agent);
+  }).ok());
   std::vector<PluginStamp> by_session;
   ASSERT_TRUE(store_
                   ->Read([&](Tx& tx) {

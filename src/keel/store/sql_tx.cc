@@ -552,15 +552,6 @@ Result<std::vector<Plugin>> SqlTx<Sql>::PluginsForAgent(const std::string& tenan
 }
 
 template <typename Sql>
-Result<std::vector<PluginStamp>> SqlTx<Sql>::PluginStampsForAgent(const std::string& tenant_id,
-                                                                  const std::string& agent_id) {
-  std::vector<PluginStamp> out;
-  KEEL_RETURN_IF_ERROR(PluginStampsForAgentLater(tenant_id, agent_id, out));
-  KEEL_RETURN_IF_ERROR(sql_.Flush());
-  return out;
-}
-
-template <typename Sql>
 Status SqlTx<Sql>::PluginStampsForAgentLater(const std::string& tenant_id,
                                              const std::string& agent_id,
                                              std::vector<PluginStamp>& out) {

@@ -214,8 +214,6 @@ class SqlTx : public Tx,
                                                         const std::string& plugin_id) override;
   Result<std::vector<Plugin>> PluginsForAgent(const std::string& tenant_id,
                                               const std::string& agent_id) override;
-  Result<std::vector<PluginStamp>> PluginStampsForAgent(const std::string& tenant_id,
-                                                        const std::string& agent_id) override;
   Status PluginStampsForAgentLater(const std::string& tenant_id, const std::string& agent_id,
                                    std::vector<PluginStamp>& out) override;
   Status PluginStampsForSessionLater(const std::string& tenant_id, const std::string& session_id,

@@ -151,9 +151,8 @@ class PluginStore {
   // The plugins enabled for the agent (by its id or "*"), each once, ordered by id.
   virtual Result<std::vector<Plugin>> PluginsForAgent(const std::string& tenant_id,
                                                       const std::string& agent_id) = 0;
-  // The same plugins' stamps only, ordered by id: no manifest, source or config is read.
-  virtual Result<std::vector<PluginStamp>> PluginStampsForAgent(const std::string& tenant_id,
-                                                                const std::string& agent_id) = 0;
+  // The same plugins' stamps only, ordered by id: no manifest, source or config is read;
+  // filled later (Tx).
   virtual Status PluginStampsForAgentLater(const std::string& tenant_id,
                                            const std::string& agent_id,
                                            std::vector<PluginStamp>& out) = 0;
