@@ -84,6 +84,13 @@ class PoisonRunTest(KeelTestCase):
         # Tried once per stop (resumed after each but the last), never once more.
         time.sleep(0.5)
         self.assertEqual(self.model_calls(message), tries)
+        # Failed by the claim that found it poison, in that claim's unit: no try is started
+        # for it, so that a kill before its ending cannot add one.
+        events = [e for e in s.all_events() if e["run_id"] == run_id and
+                  e["type"] in ("run.started@v1", "run.failed@v1")]
+        self.assertEqual([e["type"] for e in events],
+                         ["run.started@v1"] * tries + ["run.failed@v1"], events)
+        self.assertEqual(events[-2]["payload"]["attempt"], tries)
         # The session is usable again and other agents were never held up.
         other = s.create_session(s.create_agent()["id"])
         self.assertEqual(s.send(other["id"], "still alive")["run"]["status"], "done")

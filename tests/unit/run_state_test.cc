@@ -216,6 +216,20 @@ TEST_P(RunStateTest, ARunThatStoppedItsNodeTenTimesInARowIsPoison) {
   auto eleventh = Claim("node-a", now + 11 * (kLeaseMs + 1), run);
   ASSERT_TRUE(eleventh.ok()) << eleventh.status().ToString();
   EXPECT_NE(eleventh->poison.find("10 times in a row"), std::string::npos) << eleventh->poison;
+  // Not claimed: the run as found, for its claimer to fail in the same unit; no try started.
+  EXPECT_EQ(eleventh->run.attempt, 10);
+  EXPECT_EQ(Stored(run.id).attempt, 10);
+  EXPECT_EQ(Stored(run.id).lease_expires_at, now + 10 * (kLeaseMs + 1) + kLeaseMs);
+  std::vector<std::string> types = EventTypes(run.id);
+  EXPECT_EQ(std::count(types.begin(), types.end(), "run.started@v1"), 10);
+  Status failed = store_->WriteSync([&](Tx& tx) {
+    store::Run cur = eleventh->run;
+    return runs::Finish(tx, cur, {"failed", "", {{"code", "poison_run"}}, Json::object()},
+                        NowMillis());
+  });
+  ASSERT_TRUE(failed.ok()) << failed.ToString();
+  EXPECT_EQ(Stored(run.id).status, "failed");
+  EXPECT_EQ(SessionStatus(), "idle");
 
   // Progress between the tries (a recorded step) means it is not stuck at one point.
   store::Run other = NewRun();

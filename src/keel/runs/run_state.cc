@@ -150,6 +150,10 @@ Result<Claim> ClaimRun(store::Tx& tx, const std::string& tenant_id, const std::s
   if (cur.status != "queued" && !out.resumed) return Conflict("run is not claimable");
   if (out.resumed) {
     KEEL_ASSIGN_OR_RETURN(out.poison, PoisonCheck(tx, cur));
+    if (!out.poison.empty()) {  // not claimed: the caller ends it as found, in this unit
+      out.run = std::move(cur);
+      return out;
+    }
   }
   cur.status = "running";
   cur.attempt += 1;

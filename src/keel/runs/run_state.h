@@ -85,7 +85,9 @@ struct Claim {
   store::Run run;      // running, leased to the claiming node, at its next attempt
   bool resumed = false;  // it was running under a lease that ran out (its node died)
   // Not empty: the run stopped its node too often at one point (or stalled the io thread) and
-  // is not resumed; the caller fails it with this reason.
+  // is not resumed. It is not claimed either (`run` is as found, its lease run out, no
+  // run.started@v1): the caller fails it with this reason in the same unit (Finish ends it as
+  // found), so that a kill between a claim and its ending cannot add a try.
   std::string poison;
 };
 

@@ -168,17 +168,30 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
   // Claim: queued, or running with an expired lease (its process died).
   const std::string origin = store_.origin();
   Millis now = NowMillis();
-  std::string poison;  // set when the run stopped its process too often at one point (below)
+  bool poison = false;  // the run stopped its process too often at one point: failed instead
   auto claim = [&](store::Tx& tx) -> Status {
-    KEEL_ASSIGN_OR_RETURN(auto claimed,
-                          runs::ClaimRun(tx, run.tenant_id, run.id, origin, now, options_.lease_ms));
-    poison = std::move(claimed.poison);
+    KEEL_ASSIGN_OR_RETURN(
+        auto claimed, runs::ClaimRun(tx, run.tenant_id, run.id, origin, now, options_.lease_ms));
     run = std::move(claimed.run);
+    poison = !claimed.poison.empty();
+    if (!poison) return Status::Ok();
+    // Failed by the unit that found it poison: a kill before a later unit would otherwise
+    // leave it to be found again at the next start, one more try each time.
+    KEEL_ASSIGN_OR_RETURN(auto totals, tx.usage().RunUsage(run.tenant_id, run.id));
+    Json error = {{"code", "poison_run"}, {"message", std::move(claimed.poison)}};
+    runs::Ending ending{"failed", std::string(), std::move(error), RunUsageJson(run, totals)};
+    KEEL_RETURN_IF_ERROR(runs::Finish(tx, run, ending, now));
+    hub_.Ending(run);  // handed to the run's waiters when this commits
     return Status::Ok();
   };
   if (!known) {
     auto written = co_await store::AsyncWrite(store_, claim);
+    if (poison) hub_.ForgetEnding(run.id);
     if (!written.ok()) co_return;
+    if (poison) {
+      ++metrics_.runs_failed;
+      co_return;
+    }
   }
   // The run's usage records so far, kept here so that its ending need not read them back in the
   // writer's unit: none at a first attempt; read with the rest below at a later one; unknown
@@ -283,12 +296,6 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
     return finish(std::string("failed"), std::string(), std::move(error), std::nullopt,
                   model::Usage{});
   };
-  if (!poison.empty()) {
-    std::string code = "poison_run";
-    (void)co_await fail(code, poison);
-    co_return;
-  }
-
   // Load what the run needs, in one snapshot: the agent, its prompt, this run's steps so far,
   // the agent's plugins and working memory, what its first model turn's context is assembled
   // from, and the emergency stops in force (the first step boundary's check).
