@@ -1185,11 +1185,13 @@ Result<std::vector<Skill>> SqlTx<Sql>::SkillsForAgent(const std::string& tenant_
 template <typename Sql>
 Status SqlTx<Sql>::SkillsForAgentLater(const std::string& tenant_id, const std::string& agent_id,
                                        bool with_files, std::vector<Skill>& out) {
+  // A join rather than `name IN (SELECT ...)`, whose list SQLite builds as a temporary b-tree
+  // each time: the agent's skills in name order from agent_skills' key.
   static const std::string kWhere =
-      " FROM skills WHERE tenant_id=$1 AND name IN (SELECT skill FROM agent_skills "
-      "WHERE tenant_id=$1 AND agent_id=$2) ORDER BY name";
-  static const std::string kMeta = "SELECT " + std::string(kSkillCols) + kWhere;
-  static const std::string kWhole = "SELECT " + std::string(kSkillFileCols) + kWhere;
+      " FROM agent_skills k JOIN skills s ON s.tenant_id=k.tenant_id AND s.name=k.skill "
+      "WHERE k.tenant_id=$1 AND k.agent_id=$2 ORDER BY k.skill";
+  static const std::string kMeta = "SELECT " + Qualified(kSkillCols, "s") + kWhere;
+  static const std::string kWhole = "SELECT " + Qualified(kSkillFileCols, "s") + kWhere;
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
   return sql_.Later(with_files ? kWhole : kMeta,
                     CollectInto<Skill>(out, with_files ? ReadSkillWithFiles<typename Sql::Row>

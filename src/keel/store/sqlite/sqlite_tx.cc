@@ -15,6 +15,20 @@ namespace {
 
 using namespace rows;  // NOLINT: the shared record readers
 
+// A session's unfinished runs through runs_session_active: its WHERE term word for word, so
+// that SQLite sees the query implies it (migration 0022 says why ORs and not an IN list).
+constexpr char kSessionActive[] =
+    "runs INDEXED BY runs_session_active WHERE tenant_id=?1 AND session_id=?2 AND "
+    "(status='queued' OR status='running' OR status='waiting_for_approval')";
+
+// A tenant's runs in flight through runs_tenant_active, one status at a time: an IN list that
+// drives an index's key is a temporary b-tree SQLite builds for each statement it runs.
+const std::string kTenantInFlight =
+    "((SELECT count(*) FROM runs INDEXED BY runs_tenant_active WHERE tenant_id=?1 AND "
+    "status='queued' AND status IN ('queued','running')) + (SELECT count(*) FROM runs INDEXED "
+    "BY runs_tenant_active WHERE tenant_id=?1 AND status='running' AND status IN "
+    "('queued','running')))";
+
 }  // namespace
 
 // ---- TenantStore
@@ -61,9 +75,7 @@ Result<std::vector<PluginDelivery>> SqliteTx::DueDeliveries(Millis now, int limi
 // ---- RunStore
 
 Result<bool> SqliteTx::SessionBusy(const std::string& tenant_id, const std::string& session_id) {
-  static const std::string kSql =
-      "SELECT 1 FROM runs INDEXED BY runs_session_active WHERE tenant_id=? AND session_id=? "
-      "AND status IN ('queued','running','waiting_for_approval') LIMIT 1";
+  static const std::string kSql = "SELECT 1 FROM " + std::string(kSessionActive) + " LIMIT 1";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, session_id);
   return s.Step();
@@ -71,13 +83,9 @@ Result<bool> SqliteTx::SessionBusy(const std::string& tenant_id, const std::stri
 
 Result<RunStore::IntakeView> SqliteTx::ForIntake(const std::string& tenant_id,
                                                  const std::string& session_id) {
-  static const std::string kSql =
-      "SELECT " + std::string(kSessionCols) +
-      ", EXISTS(SELECT 1 FROM runs INDEXED BY runs_session_active WHERE tenant_id=?1 AND "
-      "session_id=?2 AND status IN ('queued','running','waiting_for_approval')), (SELECT "
-      "count(*) FROM runs INDEXED BY runs_tenant_active WHERE tenant_id=?1 AND "
-      "status IN ('queued','running')) FROM sessions "
-      "WHERE tenant_id=?1 AND id=?2";
+  static const std::string kSql = "SELECT " + std::string(kSessionCols) +
+                                  ", EXISTS(SELECT 1 FROM " + kSessionActive + "), " +
+                                  kTenantInFlight + " FROM sessions WHERE tenant_id=?1 AND id=?2";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(tenant_id, session_id);
   KEEL_ASSIGN_OR_RETURN(bool found, s.Step());
@@ -92,10 +100,8 @@ Result<RunStore::IntakeView> SqliteTx::ForIntake(const std::string& tenant_id,
 Result<RunStore::IntakeRead> SqliteTx::ReadForIntake(const std::string& tenant_id,
                                                      const std::string& session_id) {
   static const std::string kSql =
-      "SELECT " + Qualified(kSessionCols, "s") +
-      ", EXISTS(SELECT 1 FROM runs INDEXED BY runs_session_active WHERE tenant_id=?1 AND "
-      "session_id=?2 AND status IN ('queued','running','waiting_for_approval')), " +
-      Qualified(kAgentCols, "a") +
+      "SELECT " + Qualified(kSessionCols, "s") + ", EXISTS(SELECT 1 FROM " + kSessionActive +
+      "), " + Qualified(kAgentCols, "a") +
       " FROM sessions s LEFT JOIN agents a ON a.tenant_id=s.tenant_id AND a.id=s.agent_id AND "
       "a.status != 'deleted' WHERE s.tenant_id=?1 AND s.id=?2";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
@@ -116,10 +122,8 @@ Status SqliteTx::StartIdleSession(const std::string& tenant_id, const std::strin
   // ForIntake's conditions, checked by the update itself.
   static const std::string kSql =
       "UPDATE sessions SET status='running', updated_at=?3 WHERE tenant_id=?1 AND id=?2 AND "
-      "agent_id=?4 AND status!='inactive' AND NOT EXISTS(SELECT 1 FROM runs INDEXED BY "
-      "runs_session_active WHERE tenant_id=?1 AND session_id=?2 AND status IN "
-      "('queued','running','waiting_for_approval')) AND (SELECT count(*) FROM runs INDEXED BY "
-      "runs_tenant_active WHERE tenant_id=?1 AND status IN ('queued','running')) < ?5";
+      "agent_id=?4 AND status!='inactive' AND NOT EXISTS(SELECT 1 FROM " +
+      std::string(kSessionActive) + ") AND " + kTenantInFlight + " < ?5";
   return sql_.ExecChanging(Conflict("session " + session_id + " changed since intake read it"),
                            kSql, tenant_id, session_id, at, agent_id, max_active);
 }
@@ -128,10 +132,10 @@ Result<std::vector<Run>> SqliteTx::ClaimableRuns(Millis now, int limit) {
   // Two index range scans on (status, lease_expires_at); an OR would scan the whole table. A
   // queued run waits for its session's running and waiting runs, whatever their ids (a run
   // claimed at intake may have a later id than a message queued behind it), and for the
-  // session's queued runs before it; they are looked up by (session, status), so that a long
-  // session's finished runs are not walked. The tenants take turns (every tenant's oldest, then
-  // every tenant's second, ...), so that one tenant's long queue cannot fill the page and hide
-  // the others' runs from the dispatcher.
+  // session's queued runs before it; they are looked up by session among the unfinished runs
+  // (runs_session_active), so that a long session's finished runs are not walked. The tenants take
+  // turns (every tenant's oldest, then every tenant's second, ...), so that one tenant's long queue
+  // cannot fill the page and hide the others' runs from the dispatcher.
   static const std::string kSql =
       "SELECT " + std::string(kRunCols) +
       " FROM (SELECT *, row_number() OVER "
@@ -141,7 +145,8 @@ Result<std::vector<Run>> SqliteTx::ClaimableRuns(Millis now, int limit) {
       "AND r.status IN ('queued','running') "
       "AND NOT EXISTS (SELECT 1 FROM runs p INDEXED BY runs_session_active "
       "  WHERE p.session_id=r.session_id "
-      "  AND p.status IN ('queued','running','waiting_for_approval') AND p.id<>r.id "
+      "  AND (p.status='queued' OR p.status='running' OR p.status='waiting_for_approval') "
+      "  AND p.id<>r.id "
       "  AND (p.status<>'queued' OR p.id<r.id)) "
       "UNION ALL SELECT " +
       std::string(kRunCols) +
