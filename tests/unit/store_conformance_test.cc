@@ -1269,6 +1269,8 @@ TEST_P(StoreTest, PluginStampsForASessionAreItsAgents) {
                     KEEL_RETURN_IF_ERROR(tx.plugins().UpsertPlugin(NewPlugin(b, "p-b")));
                     KEEL_RETURN_IF_ERROR(tx.plugins().EnablePlugin({a.id, "p-one", one.id, 1}));
                     KEEL_RETURN_IF_ERROR(tx.plugins().EnablePlugin({a.id, "p-star", "*", 1}));
+                    // Also for `one` itself: still once, in id order.
+                    KEEL_RETURN_IF_ERROR(tx.plugins().EnablePlugin({a.id, "p-star", one.id, 1}));
                     KEEL_RETURN_IF_ERROR(tx.plugins().EnablePlugin({a.id, "p-two", two.id, 1}));
                     return tx.plugins().EnablePlugin({b.id, "p-b", "*", 1});
                   })

@@ -38,6 +38,29 @@ PluginStamp ReadStamp(const Row& s) {
   return PluginStamp{s.Text(0), s.Int(1)};
 }
 
+// A Later read's taker of plugin stamps into `out` in id order, each id once: the stamp
+// queries below give an agent's own plugins, then the tenant-wide ones ('*'), as two index
+// lookups rather than one `IN` list, which SQLite would build as a temporary b-tree.
+auto StampsInto(std::vector<PluginStamp>& out) {
+  return [&out](auto& r) -> Status {
+    out.clear();
+    while (true) {
+      KEEL_ASSIGN_OR_RETURN(bool row, r.Step());
+      if (!row) return Status::Ok();
+      PluginStamp stamp = ReadStamp(r);
+      auto at =
+          std::lower_bound(out.begin(), out.end(), stamp.id,
+                           [](const PluginStamp& a, const std::string& id) { return a.id < id; });
+      if (at == out.end() || at->id != stamp.id) out.insert(at, std::move(stamp));
+    }
+  };
+}
+
+// The stamps of the plugins enabled for the agent the query binds after this.
+constexpr char kStampsFor[] =
+    "SELECT p.id, p.updated_at FROM agent_plugins ap JOIN plugins p ON p.tenant_id=ap.tenant_id "
+    "AND p.id=ap.plugin_id WHERE ap.tenant_id=$1 AND ap.agent_id=";
+
 // A Later read's taker of every row into `out` (Collect).
 template <typename T, typename ReadFn>
 auto CollectInto(std::vector<T>& out, ReadFn read) {
@@ -555,28 +578,22 @@ template <typename Sql>
 Status SqlTx<Sql>::PluginStampsForAgentLater(const std::string& tenant_id,
                                              const std::string& agent_id,
                                              std::vector<PluginStamp>& out) {
-  static const std::string kSql =
-      "SELECT id, updated_at FROM plugins WHERE tenant_id=$1 AND id IN (SELECT plugin_id FROM "
-      "agent_plugins WHERE tenant_id=$1 AND agent_id IN ($2, '*')) ORDER BY id";
+  static const std::string kSql = std::string(kStampsFor) + "$2 UNION ALL " + kStampsFor + "'*'";
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
-  return sql_.Later(kSql,
-                    CollectInto<PluginStamp>(out, ReadStamp<typename Sql::Row>),
-                    tenant_id, agent_id);
+  return sql_.Later(kSql, StampsInto(out), tenant_id, agent_id);
 }
 
 template <typename Sql>
 Status SqlTx<Sql>::PluginStampsForSessionLater(const std::string& tenant_id,
                                                const std::string& session_id,
                                                std::vector<PluginStamp>& out) {
+  // None for a session the tenant does not have, not even the tenant-wide ones.
   static const std::string kSql =
-      "SELECT id, updated_at FROM plugins WHERE tenant_id=$1 AND id IN (SELECT plugin_id FROM "
-      "agent_plugins WHERE tenant_id=$1 AND agent_id IN ((SELECT agent_id FROM sessions WHERE "
-      "tenant_id=$1 AND id=$2), '*')) AND EXISTS(SELECT 1 FROM sessions WHERE tenant_id=$1 AND "
-      "id=$2) ORDER BY id";
+      std::string(kStampsFor) + "(SELECT agent_id FROM sessions WHERE tenant_id=$1 AND id=$2) " +
+      "UNION ALL " + kStampsFor +
+      "'*' AND EXISTS(SELECT 1 FROM sessions WHERE tenant_id=$1 AND id=$2)";
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
-  return sql_.Later(kSql,
-                    CollectInto<PluginStamp>(out, ReadStamp<typename Sql::Row>),
-                    tenant_id, session_id);
+  return sql_.Later(kSql, StampsInto(out), tenant_id, session_id);
 }
 
 template <typename Sql>
