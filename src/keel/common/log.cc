@@ -1,7 +1,10 @@
 #include "keel/common/log.h"
 
+#include <pthread.h>
+
 #include <cstdio>
 #include <mutex>
+#include <string>
 
 #include "keel/common/time.h"
 
@@ -16,6 +19,10 @@ void Write(const char* level, const std::string& line) {
 
 void LogInfo(const std::string& line) { Write("INFO", line); }
 void LogError(const std::string& line) { Write("ERROR", line); }
+
+void NameThread(const char* name) {
+  (void)pthread_setname_np(pthread_self(), std::string(name).substr(0, 15).c_str());
+}
 
 void ReportExceptions::operator()(std::exception_ptr e) const {
   if (!e) return;

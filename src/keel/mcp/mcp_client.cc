@@ -161,7 +161,10 @@ class McpClient::Connection {
     wake_r_ = wake[0];
     wake_w_ = wake[1];
     try {
-      io_thread_ = std::thread([this] { IoLoop(); });
+      io_thread_ = std::thread([this] {
+        NameThread("keel-mcp");
+        IoLoop();
+      });
     } catch (const std::system_error& e) {
       return Unavailable(std::string("cannot start the MCP client's thread: ") + e.what());
     }

@@ -42,7 +42,10 @@ Watchdog::~Watchdog() { Stop(); }
 void Watchdog::Start() {
   last_beat_ms_ = SteadyMillis();
   asio::co_spawn(io_, Heartbeat(), ReportExceptions{"io watchdog heartbeat"});
-  checker_ = std::thread([this] { Check(); });
+  checker_ = std::thread([this] {
+    NameThread("keel-watchdog");
+    Check();
+  });
 }
 
 void Watchdog::Stop() {

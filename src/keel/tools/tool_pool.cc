@@ -2,11 +2,17 @@
 
 #include <algorithm>
 
+#include "keel/common/log.h"
+
 namespace keel::tools {
 
 ToolPool::ToolPool(int threads, int per_tenant)
     : per_tenant_(std::clamp(per_tenant, 1, std::max(1, threads))) {
-  for (int i = 0; i < std::max(1, threads); ++i) threads_.emplace_back([this] { Worker(); });
+  for (int i = 0; i < std::max(1, threads); ++i)
+    threads_.emplace_back([this] {
+      NameThread("keel-tools");
+      Worker();
+    });
 }
 
 ToolPool::~ToolPool() { Join(); }

@@ -71,10 +71,19 @@ Result<std::unique_ptr<Store>> PostgresStore::Open(const std::string& url,
   KEEL_ASSIGN_OR_RETURN(auto unhashed,
                         store->writer_->conn->Query(
                             "SELECT EXISTS (SELECT 1 FROM keel_unhashed_tenants())", Params()));
-  store->writer_thread_ = std::thread([s = store.get()] { s->WriterLoop(); });
-  store->listener_thread_ = std::thread([s = store.get()] { s->ListenerLoop(); });
+  store->writer_thread_ = std::thread([s = store.get()] {
+    NameThread("keel-pg-write");
+    s->WriterLoop();
+  });
+  store->listener_thread_ = std::thread([s = store.get()] {
+    NameThread("keel-pg-listen");
+    s->ListenerLoop();
+  });
   for (int i = 0; i < kReadThreads; ++i) {
-    store->read_threads_.emplace_back([s = store.get()] { s->ReadLoop(); });
+    store->read_threads_.emplace_back([s = store.get()] {
+      NameThread("keel-pg-read");
+      s->ReadLoop();
+    });
   }
   // Under the write locks of the events' tenants, so that nodes starting at once hash each
   // event once.

@@ -6,6 +6,7 @@
 #include <exception>
 #include <filesystem>
 
+#include "keel/common/log.h"
 #include "keel/store/sqlite/sqlite_db.h"
 #include "keel/store/sqlite/sqlite_tx.h"
 
@@ -50,7 +51,10 @@ Result<std::unique_ptr<Store>> SqliteStore::Open(const std::string& path,
                                       "SELECT 1 FROM events WHERE hash='' LIMIT 1"));
     KEEL_ASSIGN_OR_RETURN(unhashed, s.Step());
   }
-  store->writer_ = std::thread([s = store.get()] { s->WriterLoop(); });
+  store->writer_ = std::thread([s = store.get()] {
+    NameThread("keel-writer");
+    s->WriterLoop();
+  });
   if (unhashed) {
     KEEL_RETURN_IF_ERROR(
         store->WriteSync([tx = store->writer_tx_.get()](Tx&) { return tx->BackfillChains(); }));
