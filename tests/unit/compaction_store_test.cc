@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include "keel/common/ids.h"
 #include "session_store_fixture.h"
 
@@ -127,6 +129,65 @@ TEST_P(CompactionStoreTest, ConversationSinceIsTheUserAndAssistantMessagesAfterA
   });
   EXPECT_TRUE(st.ok()) << st.ToString();
   (void)c;
+}
+
+// The conversation after the newest compaction, read with it: the same as ConversationSince
+// after that compaction's message, from the first before any compaction.
+TEST_P(CompactionStoreTest, ConversationSinceLatestIsAfterTheNewestCompaction) {
+  std::string a = AddMessage("user", "a");
+  std::string b = AddMessage("assistant", "b");
+  AddMessage("user", "c");
+  AddMessage("assistant", "d");
+  auto read = [&](int64_t after_seq, int limit) {
+    std::pair<std::optional<Compaction>, Conversation> out;
+    Status st = store_->Read([&](Tx& tx) -> Status {
+      KEEL_RETURN_IF_ERROR(tx.compactions().LatestCompactionLater(tenant_, session_, out.first));
+      KEEL_ASSIGN_OR_RETURN(out.second, tx.compactions().ConversationSinceLatest(tenant_, session_,
+                                                                                 after_seq, limit));
+      return Status::Ok();
+    });
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    std::vector<std::string> contents;
+    for (const auto& m : out.second.messages) contents.push_back(m.content);
+    return std::make_tuple(out.first, contents, out.second.last_seq);
+  };
+  using V = std::vector<std::string>;
+  auto [none, all, last] = read(0, 100);
+  EXPECT_FALSE(none.has_value());
+  EXPECT_EQ(all, (V{"a", "b", "c", "d"}));
+  EXPECT_EQ(last, 4);
+  EXPECT_EQ(std::get<1>(read(0, 2)), (V{"a", "b"}));
+  EXPECT_EQ(std::get<1>(read(3, 100)), V{"d"});
+
+  Compaction first = NewCompaction(a, "one");
+  Compaction second = NewCompaction(b, "two");
+  ASSERT_TRUE(store_
+                  ->WriteSync([&](Tx& tx) -> Status {
+                    KEEL_RETURN_IF_ERROR(tx.compactions().InsertCompaction(first));
+                    return tx.compactions().InsertCompaction(second);
+                  })
+                  .ok());
+  auto [newest, after, last_after] = read(0, 100);
+  ASSERT_TRUE(newest.has_value());
+  EXPECT_EQ(newest->id, second.id);
+  EXPECT_EQ(after, (V{"c", "d"}));
+  EXPECT_EQ(last_after, 4);
+  EXPECT_EQ(std::get<1>(read(4, 100)), V{});
+
+  // A message after it; another tenant reads nothing of the session.
+  AddMessage("user", "e");
+  EXPECT_EQ(std::get<1>(read(0, 100)), (V{"c", "d", "e"}));
+  Status st = store_->Read([&](Tx& tx) -> Status {
+    std::optional<Compaction> theirs;
+    KEEL_RETURN_IF_ERROR(tx.compactions().LatestCompactionLater(NewId(), session_, theirs));
+    KEEL_ASSIGN_OR_RETURN(auto other,
+                          tx.compactions().ConversationSinceLatest(NewId(), session_, 0, 100));
+    EXPECT_FALSE(theirs.has_value());
+    EXPECT_TRUE(other.messages.empty());
+    EXPECT_EQ(other.last_seq, 0);
+    return Status::Ok();
+  });
+  EXPECT_TRUE(st.ok()) << st.ToString();
 }
 
 // seq follows commit order, not ids: a message committed after others with an earlier id (a

@@ -198,13 +198,21 @@ Status Runtime::ReadContext(store::Tx& tx, const store::Run& run, const store::M
 // has that `read.known` lacks; KeepWindow makes the window of it.
 Status Runtime::ReadWindow(store::Tx& tx, const store::Run& run, int window_limit,
                            ContextRead& read) {
-  KEEL_ASSIGN_OR_RETURN(read.summary,
-                        tx.compactions().LatestCompaction(run.tenant_id, run.session_id));
+  // The compaction and the conversation after it go out together (one round trip on
+  // PostgreSQL), reading from where the entry ends: FetchFrom's answer unless a compaction the
+  // entry cannot take came since, which the check below catches and reads again for.
+  const int64_t from = read.known ? read.known->last_seq : 0;
+  KEEL_RETURN_IF_ERROR(
+      tx.compactions().LatestCompactionLater(run.tenant_id, run.session_id, read.summary));
+  KEEL_ASSIGN_OR_RETURN(read.fetched, tx.compactions().ConversationSinceLatest(
+                                          run.tenant_id, run.session_id, from, window_limit));
   const std::string after = read.summary ? read.summary->last_message_id : std::string();
   read.fetched_from = FetchFrom(read.known.get(), after);
-  KEEL_ASSIGN_OR_RETURN(read.fetched,
-                        tx.compactions().ConversationSince(run.tenant_id, run.session_id, after,
-                                                           read.fetched_from, window_limit));
+  if (read.fetched_from != from) {
+    KEEL_ASSIGN_OR_RETURN(read.fetched,
+                          tx.compactions().ConversationSince(run.tenant_id, run.session_id, after,
+                                                             read.fetched_from, window_limit));
+  }
   return Status::Ok();
 }
 

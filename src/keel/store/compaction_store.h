@@ -43,6 +43,9 @@ class CompactionStore {
   // The session's newest compaction, if any.
   virtual Result<std::optional<Compaction>> LatestCompaction(const std::string& tenant_id,
                                                              const std::string& session_id) = 0;
+  // LatestCompaction as a Later read (store.h: Tx).
+  virtual Status LatestCompactionLater(const std::string& tenant_id, const std::string& session_id,
+                                       std::optional<Compaction>& out) = 0;
   // The session's compactions, oldest first.
   virtual Result<Paged<Compaction>> ListCompactions(const std::string& tenant_id,
                                                     const std::string& session_id,
@@ -56,6 +59,14 @@ class CompactionStore {
                                                  const std::string& session_id,
                                                  const std::string& after_id, int64_t after_seq,
                                                  int limit) = 0;
+  // ConversationSince after the last message of the session's newest compaction (from the first
+  // when it has none), which the statement reads itself: so that a turn's read of the newest
+  // compaction (LatestCompactionLater) and of the conversation after it go out together. A
+  // caller that needs after_seq to depend on the compaction checks it against what the
+  // compaction read found.
+  virtual Result<Conversation> ConversationSinceLatest(const std::string& tenant_id,
+                                                       const std::string& session_id,
+                                                       int64_t after_seq, int limit) = 0;
 };
 
 }  // namespace keel::store

@@ -1230,12 +1230,27 @@ Status SqlTx<Sql>::InsertCompaction(const Compaction& c) {
 template <typename Sql>
 Result<std::optional<Compaction>> SqlTx<Sql>::LatestCompaction(const std::string& tenant_id,
                                                                const std::string& session_id) {
+  std::optional<Compaction> out;
+  KEEL_RETURN_IF_ERROR(LatestCompactionLater(tenant_id, session_id, out));
+  KEEL_RETURN_IF_ERROR(sql_.Flush());
+  return out;
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::LatestCompactionLater(const std::string& tenant_id,
+                                         const std::string& session_id,
+                                         std::optional<Compaction>& out) {
   static const std::string kSql = "SELECT " + std::string(kCompactionCols) +
                                   " FROM compactions WHERE tenant_id=$1 AND session_id=$2 "
                                   "ORDER BY id DESC LIMIT 1";
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
-  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, session_id));
-  return Maybe<Compaction>(r, ReadCompaction<typename Sql::Row>);
+  return sql_.Later(
+      kSql,
+      [&out](auto& r) -> Status {
+        KEEL_ASSIGN_OR_RETURN(out, Maybe<Compaction>(r, ReadCompaction<typename Sql::Row>));
+        return Status::Ok();
+      },
+      tenant_id, session_id);
 }
 
 template <typename Sql>

@@ -300,6 +300,8 @@ class SqlTx : public Tx,
   Status InsertCompaction(const Compaction& c) override;
   Result<std::optional<Compaction>> LatestCompaction(const std::string& tenant_id,
                                                      const std::string& session_id) override;
+  Status LatestCompactionLater(const std::string& tenant_id, const std::string& session_id,
+                               std::optional<Compaction>& out) override;
   Result<Paged<Compaction>> ListCompactions(const std::string& tenant_id,
                                             const std::string& session_id,
                                             const Page& page) override;

@@ -504,27 +504,26 @@ Result<std::vector<IntrospectionDue>> PostgresTx::DueIntrospections(Millis now, 
   return out;
 }
 
-Result<Conversation> PostgresTx::ConversationSince(const std::string& tenant_id,
-                                                   const std::string& session_id,
-                                                   const std::string& after_id, int64_t after_seq,
-                                                   int limit) {
-  // One statement: the newest seq in every row, and a row of NULLs when there is nothing new,
-  // so that the newest seq still comes back. After the compaction's message (its seq, one probe
-  // of the primary key) and after_seq, through the seq index.
-  static const std::string kSql =
-      "WITH last AS (SELECT coalesce(max(seq), 0) AS seq FROM messages "
-      "WHERE session_id=$2 AND tenant_id=$1), "
-      "conv AS (SELECT " +
-      std::string(kConversationCols) +
-      " FROM messages "
-      "WHERE tenant_id=$1 AND session_id=$2 AND seq>$4 AND "
-      "seq>coalesce((SELECT seq FROM messages WHERE tenant_id=$1 AND session_id=$2 AND id=$3), 0) "
-      "AND role IN ('user','assistant') ORDER BY seq LIMIT $5) "
-      "SELECT conv.id, conv.role, conv.content, conv.seq, last.seq FROM last "
-      "LEFT JOIN conv ON true ORDER BY conv.seq";
-  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
-  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, session_id, after_id, after_seq,
-                                                       static_cast<int64_t>(limit))));
+namespace {
+
+// One statement: the newest seq in every row, and a row of NULLs when there is nothing new, so
+// that the newest seq still comes back. After the message whose id is `after_id` (SQL: a
+// parameter, or a query) and after seq $3, at most `limit` (a parameter); $1 the tenant, $2 the
+// session. After the compaction's message (its seq, one probe of the primary key) and
+// after_seq, through the seq index.
+std::string ConversationSql(const std::string& after_id, const char* limit) {
+  return "WITH last AS (SELECT coalesce(max(seq), 0) AS seq FROM messages "
+         "WHERE session_id=$2 AND tenant_id=$1), "
+         "conv AS (SELECT " +
+         std::string(kConversationCols) +
+         " FROM messages WHERE tenant_id=$1 AND session_id=$2 AND seq>$3 AND "
+         "seq>coalesce((SELECT seq FROM messages WHERE tenant_id=$1 AND session_id=$2 AND id=" +
+         after_id + "), 0) AND role IN ('user','assistant') ORDER BY seq LIMIT " + limit +
+         ") SELECT conv.id, conv.role, conv.content, conv.seq, last.seq FROM last "
+         "LEFT JOIN conv ON true ORDER BY conv.seq";
+}
+
+Conversation ReadConversationRows(const Rows& rows) {
   Conversation out;
   for (int i = 0; i < rows.size(); ++i) {
     out.last_seq = rows.Int(i, 4);
@@ -532,6 +531,32 @@ Result<Conversation> PostgresTx::ConversationSince(const std::string& tenant_id,
     out.messages.push_back(ReadConversationMessage<Row>(Row(rows, i)));
   }
   return out;
+}
+
+}  // namespace
+
+Result<Conversation> PostgresTx::ConversationSince(const std::string& tenant_id,
+                                                   const std::string& session_id,
+                                                   const std::string& after_id, int64_t after_seq,
+                                                   int limit) {
+  static const std::string kSql = ConversationSql("$4", "$5");
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, session_id, after_seq, after_id,
+                                                       static_cast<int64_t>(limit))));
+  return ReadConversationRows(rows);
+}
+
+Result<Conversation> PostgresTx::ConversationSinceLatest(const std::string& tenant_id,
+                                                         const std::string& session_id,
+                                                         int64_t after_seq, int limit) {
+  static const std::string kSql = ConversationSql(
+      "(SELECT last_message_id FROM compactions WHERE tenant_id=$1 AND session_id=$2 ORDER BY "
+      "id DESC LIMIT 1)",
+      "$4");
+  KEEL_RETURN_IF_ERROR(BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query(kSql, P(tenant_id, session_id, after_seq,
+                                                       static_cast<int64_t>(limit))));
+  return ReadConversationRows(rows);
 }
 
 // Runtime-wide: the owner's function deletes across tenants and returns only the count.

@@ -135,6 +135,9 @@ class PostgresTx final : public SqlTx<PgSql> {
                                          const std::string& session_id,
                                          const std::string& after_id, int64_t after_seq,
                                          int limit) override;
+  Result<Conversation> ConversationSinceLatest(const std::string& tenant_id,
+                                               const std::string& session_id, int64_t after_seq,
+                                               int limit) override;
 
   // IntrospectionStore
   Result<std::vector<IntrospectionDue>> DueIntrospections(Millis now, int limit) override;

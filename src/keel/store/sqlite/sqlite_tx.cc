@@ -427,10 +427,26 @@ Result<std::vector<IntrospectionDue>> SqliteTx::DueIntrospections(Millis now, in
   return out;
 }
 
-Result<Conversation> SqliteTx::ConversationSince(const std::string& tenant_id,
-                                                 const std::string& session_id,
-                                                 const std::string& after_id, int64_t after_seq,
-                                                 int limit) {
+namespace {
+
+// The conversation after the message whose id is `after_id` (SQL: a parameter, or a query) and
+// after seq ?3, at most `limit` (a parameter) messages; ?1 the session, ?2 the tenant. After
+// the compaction's message (its seq, one probe of the primary key) and after_seq, through the
+// seq index.
+std::string ConversationSql(const std::string& after_id, const char* limit) {
+  return "SELECT " + std::string(kConversationCols) +
+         " FROM messages WHERE session_id=?1 AND tenant_id=?2 AND seq>?3 AND "
+         "seq>coalesce((SELECT seq FROM messages WHERE tenant_id=?2 AND session_id=?1 AND id=" +
+         after_id + "), 0) AND role IN ('user','assistant') ORDER BY seq LIMIT " + limit;
+}
+
+}  // namespace
+
+template <typename... Args>
+Result<Conversation> SqliteTx::ReadConversation(const std::string& sql,
+                                                const std::string& tenant_id,
+                                                const std::string& session_id, int64_t after_seq,
+                                                const Args&... rest) {
   Conversation out;
   static const std::string kLast =
       "SELECT coalesce(max(seq), 0) FROM messages WHERE session_id=? AND tenant_id=?";
@@ -439,17 +455,28 @@ Result<Conversation> SqliteTx::ConversationSince(const std::string& tenant_id,
   KEEL_ASSIGN_OR_RETURN(bool row, last.Step());
   out.last_seq = row ? last.Int(0) : 0;
   if (out.last_seq <= after_seq) return out;
-  // After the compaction's message (its seq, one probe of the primary key) and after_seq,
-  // through the seq index.
-  static const std::string kSince =
-      "SELECT " + std::string(kConversationCols) +
-      " FROM messages WHERE session_id=?1 AND tenant_id=?2 AND seq>?3 AND "
-      "seq>coalesce((SELECT seq FROM messages WHERE tenant_id=?2 AND session_id=?1 AND id=?4), 0) "
-      "AND role IN ('user','assistant') ORDER BY seq LIMIT ?5";
-  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSince));
-  s.BindAll(session_id, tenant_id, after_seq, after_id, limit);
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(sql));
+  s.BindAll(session_id, tenant_id, after_seq, rest...);
   KEEL_ASSIGN_OR_RETURN(out.messages, Collect<Message>(s, ReadConversationMessage<Stmt>));
   return out;
+}
+
+Result<Conversation> SqliteTx::ConversationSince(const std::string& tenant_id,
+                                                 const std::string& session_id,
+                                                 const std::string& after_id, int64_t after_seq,
+                                                 int limit) {
+  static const std::string kSql = ConversationSql("?4", "?5");
+  return ReadConversation(kSql, tenant_id, session_id, after_seq, after_id, limit);
+}
+
+Result<Conversation> SqliteTx::ConversationSinceLatest(const std::string& tenant_id,
+                                                       const std::string& session_id,
+                                                       int64_t after_seq, int limit) {
+  static const std::string kSql = ConversationSql(
+      "(SELECT last_message_id FROM compactions WHERE tenant_id=?2 AND session_id=?1 ORDER BY "
+      "id DESC LIMIT 1)",
+      "?4");
+  return ReadConversation(kSql, tenant_id, session_id, after_seq, limit);
 }
 
 Result<int64_t> SqliteTx::PruneCache(Millis before, int64_t max_entries) {

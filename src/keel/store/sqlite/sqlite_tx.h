@@ -76,6 +76,9 @@ class SqliteTx final : public SqlTx<SqliteSql> {
                                          const std::string& session_id,
                                          const std::string& after_id, int64_t after_seq,
                                          int limit) override;
+  Result<Conversation> ConversationSinceLatest(const std::string& tenant_id,
+                                               const std::string& session_id, int64_t after_seq,
+                                               int limit) override;
 
   // IntrospectionStore
   Result<std::vector<IntrospectionDue>> DueIntrospections(Millis now, int limit) override;
@@ -86,6 +89,12 @@ class SqliteTx final : public SqlTx<SqliteSql> {
 
   Result<std::optional<ChainHead>> LoadChainHead(const std::string& tenant_id,
                                                  const std::string& origin);
+  // The conversation `sql` reads (bound: the session, the tenant, after_seq, then `rest`), and
+  // the session's newest seq.
+  template <typename... Args>
+  Result<Conversation> ReadConversation(const std::string& sql, const std::string& tenant_id,
+                                        const std::string& session_id, int64_t after_seq,
+                                        const Args&... rest);
 
   Db& db_;
 };
