@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <ctime>
 #include <set>
+#include <vector>
 
 #include "keel/common/crypto.h"
 #include "keel/common/ids.h"
@@ -39,6 +42,40 @@ TEST(TimeTest, Rfc3339RoundTrips) {
   EXPECT_EQ(ParseRfc3339("2026-11-30T12:00:00+01:00"), ParseRfc3339("2026-11-30T11:00:00Z"));
   EXPECT_FALSE(ParseRfc3339("2026-13-30T12:00:00Z"));
   EXPECT_FALSE(ParseRfc3339("yesterday"));
+}
+
+// The same text as gmtime_r and printf give, across days, leap years, negative times and
+// years past four digits.
+TEST(TimeTest, Rfc3339FormatsAsTheCLibraryDoes) {
+  auto libc = [](Millis ms) {
+    std::time_t secs = static_cast<std::time_t>(ms >= 0 ? ms / 1000 : (ms - 999) / 1000);
+    int frac = static_cast<int>(ms - static_cast<Millis>(secs) * 1000);
+    std::tm tm{};
+    gmtime_r(&secs, &tm);
+    char buf[80];
+    std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+                  tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, frac);
+    return std::string(buf);
+  };
+  std::vector<Millis> times = {0,
+                               1,
+                               -1,
+                               -1000,
+                               -86400001,
+                               951782400000,     // 2000-02-29
+                               4107542399999,    // 2100-02-28T23:59:59.999
+                               253402300799999,  // 9999-12-31T23:59:59.999
+                               253402300800000,  // 10000-01-01
+                               -62167219200000,  // 0000-01-01
+                               -62167219200001};
+  uint64_t x = 88172645463325252ull;  // xorshift: times over three millennia
+  for (int i = 0; i < 20000; ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    times.push_back(static_cast<Millis>(x % 100000000000000ull) - 30000000000000);
+  }
+  for (Millis t : times) EXPECT_EQ(FormatRfc3339(t), libc(t)) << t;
 }
 
 TEST(TimeTest, Rfc3339OffsetsStayWithinADay) {
