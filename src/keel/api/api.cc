@@ -48,13 +48,17 @@ Json SessionJson(const store::Session& s) {
           {"updated_at", FormatRfc3339(s.updated_at)}};
 }
 
+// The answers every turn makes are built member by member: an initializer list of pairs
+// builds each pair as a JSON array and copies it, twice the work.
 Json MessageJson(const store::Message& m) {
-  return {{"id", m.id},
-          {"session_id", m.session_id},
-          {"role", m.role},
-          {"content", m.content},
-          {"run_id", m.run_id},
-          {"created_at", FormatRfc3339(m.created_at)}};
+  Json j = Json::object();
+  j["id"] = m.id;
+  j["session_id"] = m.session_id;
+  j["role"] = m.role;
+  j["content"] = m.content;
+  j["run_id"] = m.run_id;
+  j["created_at"] = FormatRfc3339(m.created_at);
+  return j;
 }
 
 namespace {
@@ -64,19 +68,24 @@ Json OptTime(const std::optional<Millis>& t) {
 }  // namespace
 
 Json RunJson(const store::Run& r) {
-  return {{"id", r.id},
-          {"session_id", r.session_id},
-          {"agent_id", r.agent_id},
-          {"message_id", r.message_id},
-          {"status", r.status},
-          {"attempt", r.attempt},
-          {"output", r.status == "done" ? Json(r.output) : Json(nullptr)},
-          {"error", r.error},
-          {"usage", {{"input_tokens", r.input_tokens}, {"output_tokens", r.output_tokens}}},
-          {"cancel_requested", r.cancel_requested},
-          {"created_at", FormatRfc3339(r.created_at)},
-          {"started_at", OptTime(r.started_at)},
-          {"finished_at", OptTime(r.finished_at)}};
+  Json j = Json::object();
+  j["id"] = r.id;
+  j["session_id"] = r.session_id;
+  j["agent_id"] = r.agent_id;
+  j["message_id"] = r.message_id;
+  j["status"] = r.status;
+  j["attempt"] = r.attempt;
+  j["output"] = r.status == "done" ? Json(r.output) : Json(nullptr);
+  j["error"] = r.error;
+  Json usage = Json::object();
+  usage["input_tokens"] = r.input_tokens;
+  usage["output_tokens"] = r.output_tokens;
+  j["usage"] = std::move(usage);
+  j["cancel_requested"] = r.cancel_requested;
+  j["created_at"] = FormatRfc3339(r.created_at);
+  j["started_at"] = OptTime(r.started_at);
+  j["finished_at"] = OptTime(r.finished_at);
+  return j;
 }
 
 Json StepJson(const store::Step& s, const store::ToolCall* call) {
