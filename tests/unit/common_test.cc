@@ -148,6 +148,32 @@ TEST(JsonTest, AppendJsonStringWritesWhatDumpJsonWrites) {
     auto parsed = ParseJson(out.substr(6));
     ASSERT_TRUE(parsed.ok()) << s;
   }
+  // Runs of plain text between escapes and multi-byte characters, at every boundary.
+  const std::string pieces[] = {"a",
+                                "bc",
+                                "\"",
+                                "\\",
+                                "\n",
+                                std::string(1, '\0'),
+                                "\x7f",
+                                "\xc3\xa9",
+                                "\xe2\x82\xac",
+                                "\xf0\x9f\x98\x80",
+                                "\x80",
+                                " "};
+  uint32_t x = 2463534242u;  // xorshift
+  for (int i = 0; i < 5000; ++i) {
+    std::string s;
+    for (int k = 0; k < i % 12; ++k) {
+      x ^= x << 13;
+      x ^= x >> 17;
+      x ^= x << 5;
+      s += pieces[x % std::size(pieces)];
+    }
+    std::string out;
+    AppendJsonString(out, s);
+    ASSERT_EQ(out, DumpJson(Json(s))) << i;
+  }
 }
 
 TEST(JsonTest, TruncateUtf8CutsBetweenCharacters) {

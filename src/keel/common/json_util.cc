@@ -178,6 +178,18 @@ void AppendJsonString(std::string& out, std::string_view s) {
   out.reserve(start + s.size() + 2);
   out += '"';
   for (size_t i = 0; i < s.size();) {
+    // A run of printable ASCII that needs no escape goes in at once.
+    size_t plain = i;
+    while (plain < s.size()) {
+      const auto b = static_cast<unsigned char>(s[plain]);
+      if (b < 0x20 || b >= 0x80 || b == '"' || b == '\\') break;
+      ++plain;
+    }
+    if (plain > i) {
+      out.append(s.data() + i, plain - i);
+      i = plain;
+      if (i == s.size()) break;
+    }
     const char c = s[i];
     const auto u = static_cast<unsigned char>(c);
     if (u >= 0x20 && c != '"' && c != '\\') {
