@@ -65,10 +65,11 @@ running() {
 
 # Starts the server of run directory $1 on port $2. KEEL_TEST_PG_SHARED_BUFFERS (e.g. 1GB)
 # sets its buffer cache; PostgreSQL's default, 128MB, is kept otherwise (the benchmarks of
-# large data sets set it, as a server of that size would be).
+# large data sets set it, as a server of that size would be). KEEL_TEST_PG_OPTIONS adds server
+# options (e.g. "-c shared_preload_libraries=pg_stat_statements": bench/pg-statements.sh).
 pg_start() {
   as_server "$PG_BIN/pg_ctl" -D "$1/data" -l "$1/log" -w -t 60 \
-    -o "-p $2 -k $1 -c listen_addresses=127.0.0.1 -c fsync=on${KEEL_TEST_PG_SHARED_BUFFERS:+ -c shared_buffers=$KEEL_TEST_PG_SHARED_BUFFERS}" \
+    -o "-p $2 -k $1 -c listen_addresses=127.0.0.1 -c fsync=on${KEEL_TEST_PG_SHARED_BUFFERS:+ -c shared_buffers=$KEEL_TEST_PG_SHARED_BUFFERS}${KEEL_TEST_PG_OPTIONS:+ $KEEL_TEST_PG_OPTIONS}" \
     start >/dev/null
 }
 
