@@ -40,10 +40,7 @@ class CompactionStore {
   virtual ~CompactionStore() = default;
   // kConflict when the id exists.
   virtual Status InsertCompaction(const Compaction& c) = 0;
-  // The session's newest compaction, if any.
-  virtual Result<std::optional<Compaction>> LatestCompaction(const std::string& tenant_id,
-                                                             const std::string& session_id) = 0;
-  // LatestCompaction as a Later read (store.h: Tx).
+  // The session's newest compaction, if any: a Later read (store.h: Tx).
   virtual Status LatestCompactionLater(const std::string& tenant_id, const std::string& session_id,
                                        std::optional<Compaction>& out) = 0;
   // The session's compactions, oldest first.

@@ -1228,15 +1228,6 @@ Status SqlTx<Sql>::InsertCompaction(const Compaction& c) {
 }
 
 template <typename Sql>
-Result<std::optional<Compaction>> SqlTx<Sql>::LatestCompaction(const std::string& tenant_id,
-                                                               const std::string& session_id) {
-  std::optional<Compaction> out;
-  KEEL_RETURN_IF_ERROR(LatestCompactionLater(tenant_id, session_id, out));
-  KEEL_RETURN_IF_ERROR(sql_.Flush());
-  return out;
-}
-
-template <typename Sql>
 Status SqlTx<Sql>::LatestCompactionLater(const std::string& tenant_id,
                                          const std::string& session_id,
                                          std::optional<Compaction>& out) {

@@ -298,8 +298,6 @@ class SqlTx : public Tx,
                              bool with_files, std::vector<Skill>& out) override;
   // CompactionStore
   Status InsertCompaction(const Compaction& c) override;
-  Result<std::optional<Compaction>> LatestCompaction(const std::string& tenant_id,
-                                                     const std::string& session_id) override;
   Status LatestCompactionLater(const std::string& tenant_id, const std::string& session_id,
                                std::optional<Compaction>& out) override;
   Result<Paged<Compaction>> ListCompactions(const std::string& tenant_id,
