@@ -144,6 +144,7 @@ void RegisterUsageRoutes(http::Router& router, ApiContext& ctx) {
       KEEL_RETURN_IF_ERROR(tx.usage().PutBudget(budget));
       tx.Carry("budgets", store::RowImage(budget));
       KEEL_ASSIGN_OR_RETURN(auto all, tx.usage().ListBudgets(budget.tenant_id));
+      out = Json();  // afresh: a unit may run again (docs/decisions/0014)
       for (const auto& b : all) {
         if (b.scope != budget.scope || b.period != budget.period) continue;
         KEEL_ASSIGN_OR_RETURN(out, BudgetWithSpend(tx, b, budget.updated_at));

@@ -170,6 +170,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
   Millis now = NowMillis();
   bool poison = false;  // the run stopped its process too often at one point: failed instead
   auto claim = [&](store::Tx& tx) -> Status {
+    poison = false;  // afresh: a unit may run again (docs/decisions/0014)
     KEEL_ASSIGN_OR_RETURN(
         auto claimed, runs::ClaimRun(tx, run.tenant_id, run.id, origin, now, options_.lease_ms));
     run = std::move(claimed.run);
@@ -186,7 +187,8 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
   };
   if (!known) {
     auto written = co_await store::AsyncWrite(store_, claim);
-    if (poison) hub_.ForgetEnding(run.id);
+    // Whatever the last run of the unit found: an earlier one rolled back may have told the hub.
+    hub_.ForgetEnding(run.id);
     if (!written.ok()) co_return;
     if (poison) {
       ++metrics_.runs_failed;

@@ -99,7 +99,9 @@ class MemoryUpsert final : public Tool {
     KEEL_ASSIGN_OR_RETURN(store::Memory m,
                           memory::MemoryFrom(fields, ctx.tenant_id, ctx.agent_id, "tool"));
     memory::Upserted written;
+    const std::string source = m.source;
     KEEL_RETURN_IF_ERROR(store_.WriteSync([&](store::Tx& tx) -> Status {
+      m.source = source;  // afresh: a unit may run again (docs/decisions/0014)
       // An introspection run's memories say so (docs/CONTEXT.md).
       if (!ctx.run_id.empty()) {
         KEEL_ASSIGN_OR_RETURN(auto run, tx.runs().GetRun(ctx.tenant_id, ctx.run_id));

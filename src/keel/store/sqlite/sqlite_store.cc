@@ -11,6 +11,14 @@
 #include "keel/store/sqlite/sqlite_tx.h"
 
 namespace keel::store::sqlite {
+namespace {
+
+// After a unit failed in a transaction without savepoints (and so made the others run again),
+// how many transactions give each unit a savepoint, so that units failing often cost the
+// others one run more at most per this many transactions (CommitBatch).
+constexpr int kSavepointTransactionsAfterFailure = 16;
+
+}  // namespace
 
 SqliteStore::SqliteStore(std::string path, StoreOptions options, std::string audit_key)
     : path_(std::move(path)), options_(std::move(options)), audit_key_(std::move(audit_key)) {}
@@ -36,10 +44,7 @@ Result<std::unique_ptr<Store>> SqliteStore::Open(const std::string& path,
   // SQLite's 1,000: the pages every turn rewrites (index roots and leaves of the runs, events and
   // messages tables) are copied once per checkpoint however often they changed, which took a
   // tenth of the writer's time per turn at 64 clients (measured: 10 % less writer CPU).
-  KEEL_RETURN_IF_ERROR(
-      store->writer_db_->Exec((std::string("PRAGMA wal_autocheckpoint=") +
-                               (getenv("KEEL_CKPT") ? getenv("KEEL_CKPT") : "8000"))
-                                  .c_str()));
+  KEEL_RETURN_IF_ERROR(store->writer_db_->Exec("PRAGMA wal_autocheckpoint=8000"));
   store->writer_tx_ =
       std::make_unique<SqliteTx>(*store->writer_db_, options.origin, audit_key);
   // Events from before the audit chain get their hashes once, through the writer. A store
@@ -180,6 +185,21 @@ void SqliteStore::WriterLoop() {
 }
 
 void SqliteStore::CommitBatch(std::vector<Unit>& batch) {
+  // Each transaction but the last ends at a unit that failed without a savepoint: it fails
+  // alone and the others run again, so the loop ends after at most batch.size() of them.
+  while (!batch.empty()) {
+    std::optional<size_t> failed = CommitOnce(batch);
+    if (!failed) return;
+    std::vector<Unit> alone;
+    alone.push_back(std::move(batch[*failed]));
+    batch.erase(batch.begin() + static_cast<long>(*failed));
+    std::vector<Status> results{std::move(failed_status_)};
+    std::vector<std::vector<Event>> no_events(1);
+    queue_.Finish(alone, results, no_events, Status::Ok(), 0, listener_);
+  }
+}
+
+std::optional<size_t> SqliteStore::CommitOnce(std::vector<Unit>& batch) {
   Db& db = *writer_db_;
   std::vector<Status> results(batch.size());
   std::vector<std::vector<Event>> events(batch.size());
@@ -187,8 +207,14 @@ void SqliteStore::CommitBatch(std::vector<Unit>& batch) {
   Status commit;
   int committed_units = 0;
   if (begin.ok()) {
-    // A unit alone in its batch needs no savepoint: its failure rolls back the transaction.
-    const bool savepoints = batch.size() > 1;
+    // A savepoint lets a failing unit be undone alone, but SQLite copies every page a unit
+    // changes into the savepoint's journal first (a tenth of the writer's time a turn). Units
+    // rarely fail, so a transaction takes none: when one fails, the transaction is rolled
+    // back, that unit fails alone and the others run again (docs/decisions/0014: a unit may
+    // run twice), and the next transactions take savepoints. A unit alone in its batch needs
+    // none either: its failure rolls the transaction back.
+    const bool savepoints = batch.size() > 1 && savepoint_transactions_ > 0;
+    if (savepoint_transactions_ > 0) --savepoint_transactions_;
     for (size_t i = 0; i < batch.size(); ++i) {
       writer_tx_->ResetUnit();
       writer_tx_->ClearCarried();
@@ -199,6 +225,14 @@ void SqliteStore::CommitBatch(std::vector<Unit>& batch) {
           if (st.ok()) st = writer_tx_->CarriedAll();
         } catch (const std::exception& e) {
           st = Internal(std::string("write failed: ") + e.what());
+        }
+        if (!st.ok() && !savepoints && batch.size() > 1) {
+          writer_tx_->ResetUnit();
+          (void)db.Run("ROLLBACK");
+          writer_tx_->TransactionDone(false);
+          savepoint_transactions_ = kSavepointTransactionsAfterFailure;
+          failed_status_ = std::move(st);
+          return i;
         }
         if (!savepoints) {
           // Nothing to release; a failure is rolled back below instead of committed.
@@ -225,6 +259,7 @@ void SqliteStore::CommitBatch(std::vector<Unit>& batch) {
     for (auto& r : results) r = begin;
   }
   queue_.Finish(batch, results, events, commit, committed_units, listener_);
+  return std::nullopt;
 }
 
 }  // namespace keel::store::sqlite

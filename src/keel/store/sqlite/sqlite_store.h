@@ -1,13 +1,15 @@
 #pragma once
 // SqliteStore: the embedded store. One database file in WAL mode; one writer thread owns the
 // only write connection and commits queued units of work (urgent ones first: WriteUrgent) in
-// batches (group commit: one fsync for many units, each unit isolated by a savepoint); readers
+// batches (group commit: one fsync for many units; a unit that fails is undone alone, the others
+// commit); readers
 // use their own connections from a small pool and never block the writer.
 //
 // Thread safety: Read and Write may be called from any thread.
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -52,6 +54,10 @@ class SqliteStore final : public QueuedStore {
   Status Migrate(Db& db);
   void WriterLoop();
   void CommitBatch(std::vector<Unit>& batch);
+  // One transaction over `batch`; every unit is told, or none when a unit failed where it could
+  // not be undone alone: the transaction is rolled back, and that unit's index is returned
+  // (its failure in failed_status_).
+  std::optional<size_t> CommitOnce(std::vector<Unit>& batch);
 
   const std::string path_;
   const StoreOptions options_;
@@ -59,6 +65,9 @@ class SqliteStore final : public QueuedStore {
 
   std::unique_ptr<Db> writer_db_;       // owned by the writer thread once started
   std::unique_ptr<SqliteTx> writer_tx_;
+  // Transactions left that give each unit a savepoint, after a unit failed without one.
+  int savepoint_transactions_ = 0;
+  Status failed_status_;  // CommitOnce's failed unit's
 
   std::mutex readers_mu_;
   std::vector<std::unique_ptr<Reader>> idle_readers_[2];  // GUARDED_BY(readers_mu_), [mapped]
