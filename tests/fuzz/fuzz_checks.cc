@@ -52,6 +52,10 @@ bool HoldsNul(const Json& j) {
 std::string CheckJson(std::string_view input) {
   auto parsed = ParseJson(input);
   if (!parsed.ok()) return Rejected(parsed.status(), "ParseJson");
+  // The value is the one nlohmann's own parser builds from the text.
+  Json reference = Json::parse(input, nullptr, /*allow_exceptions=*/false);
+  if (reference.is_discarded()) return "ParseJson accepted a text nlohmann's parser refuses";
+  if (reference != *parsed) return "ParseJson built another value than nlohmann's parser";
   std::string dumped = DumpJson(*parsed);
   auto again = ParseJson(dumped);
   if (!again.ok()) return "the dump of an accepted value does not parse: " + again.status().message();

@@ -1,6 +1,5 @@
 #include "keel/common/json_util.h"
 
-#include <set>
 #include <string>
 #include <vector>
 
@@ -13,50 +12,60 @@ namespace {
 // point keeps all of them bounded; no JSON document Keel reads needs more than a few levels.
 constexpr int kMaxDepth = kMaxJsonDepth;
 
-// Builds the value exactly as nlohmann's own DOM parser does (it is that parser, wrapped) and
-// stops at the first thing Keel refuses although JSON allows it: nesting deeper than kMaxDepth,
-// a key twice in one object (which copy wins differs between readers), and, for request bodies,
-// a NUL character in a key or string (C APIs and libpq end text at it). Returning false from a
-// callback ends the parse at once, so a refused text costs one linear scan at most.
+// Builds the value as nlohmann's own DOM parser does and stops at the first thing Keel refuses
+// although JSON allows it: nesting deeper than kMaxDepth, a key twice in one object (which copy
+// wins differs between readers), and, for request bodies, a NUL character in a key or string (C
+// APIs and libpq end text at it). Returning false from a callback ends the parse at once, so a
+// refused text costs one linear scan at most. A key is looked up in the object being built
+// before it is moved in, and strings are moved from the lexer, so nothing is copied twice.
 class StrictSax {
  public:
-  StrictSax(Json& root, bool refuse_nul) : dom_(root, /*allow_exceptions=*/false), refuse_nul_(refuse_nul) {}
+  StrictSax(Json& root, bool refuse_nul) : root_(root), refuse_nul_(refuse_nul) {}
 
-  bool null() { return dom_.null(); }
-  bool boolean(bool v) { return dom_.boolean(v); }
-  bool number_integer(Json::number_integer_t v) { return dom_.number_integer(v); }
-  bool number_unsigned(Json::number_unsigned_t v) { return dom_.number_unsigned(v); }
-  bool number_float(Json::number_float_t v, const std::string& s) { return dom_.number_float(v, s); }
+  bool null() { return Put(nullptr) != nullptr; }
+  bool boolean(bool v) { return Put(v) != nullptr; }
+  bool number_integer(Json::number_integer_t v) { return Put(v) != nullptr; }
+  bool number_unsigned(Json::number_unsigned_t v) { return Put(v) != nullptr; }
+  bool number_float(Json::number_float_t v, const std::string& /*text*/) {
+    return Put(v) != nullptr;
+  }
   bool string(std::string& v) {
     if (refuse_nul_ && v.find('\0') != std::string::npos) {
       return Fail("a JSON string holds a NUL character (\\u0000), which is not accepted");
     }
-    return dom_.string(v);
+    return Put(std::move(v)) != nullptr;
   }
-  bool binary(Json::binary_t& v) { return dom_.binary(v); }
-  bool start_object(std::size_t n) {
+  bool binary(Json::binary_t& v) { return Put(Json::binary(std::move(v))) != nullptr; }
+  bool start_object(std::size_t /*n*/) {
     if (!Enter()) return false;
-    keys_.emplace_back();
-    return dom_.start_object(n);
+    stack_.push_back(Put(Json::object()));
+    return true;
   }
   bool key(std::string& k) {
     if (refuse_nul_ && k.find('\0') != std::string::npos) {
       return Fail("a JSON key holds a NUL character (\\u0000), which is not accepted");
     }
-    if (!keys_.back().insert(k).second) {
-      return Fail("the key '" + Printable(k) + "' appears twice in one JSON object");
-    }
-    return dom_.key(k);
+    auto& members = stack_.back()->get_ref<Json::object_t&>();
+    // try_emplace leaves `k` as it was when the key is there already.
+    auto [at, inserted] = members.try_emplace(std::move(k));
+    if (!inserted) return Fail("the key '" + Printable(k) + "' appears twice in one JSON object");
+    member_ = &at->second;
+    return true;
   }
   bool end_object() {
     --depth_;
-    keys_.pop_back();
-    return dom_.end_object();
+    stack_.pop_back();
+    return true;
   }
-  bool start_array(std::size_t n) { return Enter() && dom_.start_array(n); }
+  bool start_array(std::size_t /*n*/) {
+    if (!Enter()) return false;
+    stack_.push_back(Put(Json::array()));
+    return true;
+  }
   bool end_array() {
     --depth_;
-    return dom_.end_array();
+    stack_.pop_back();
+    return true;
   }
   bool parse_error(std::size_t /*position*/, const std::string& /*last_token*/,
                    const nlohmann::detail::exception& ex) {
@@ -75,6 +84,24 @@ class StrictSax {
   const std::string& syntax() const { return syntax_; }
 
  private:
+  // Places a value: the root, the next element of the open array, or the member whose key came
+  // last. The pointer stays valid while the value is open: an array grows only after its open
+  // element is closed, and map nodes do not move.
+  template <typename V>
+  Json* Put(V&& v) {
+    if (stack_.empty()) {
+      root_ = Json(std::forward<V>(v));
+      return &root_;
+    }
+    Json* open = stack_.back();
+    if (open->is_array()) {
+      auto& elements = open->get_ref<Json::array_t&>();
+      elements.emplace_back(std::forward<V>(v));
+      return &elements.back();
+    }
+    *member_ = Json(std::forward<V>(v));
+    return member_;
+  }
   bool Enter() {
     if (++depth_ > kMaxDepth) {
       return Fail("JSON is nested deeper than " + std::to_string(kMaxDepth) +
@@ -91,10 +118,11 @@ class StrictSax {
     return k.size() <= 64 ? k : k.substr(0, 64) + "...";
   }
 
-  nlohmann::detail::json_sax_dom_parser<Json> dom_;
+  Json& root_;
   bool refuse_nul_;
   int depth_ = 0;
-  std::vector<std::set<std::string>> keys_;  // the keys seen so far in each open object
+  std::vector<Json*> stack_;  // the open arrays and objects, innermost last
+  Json* member_ = nullptr;    // in the innermost open object, the member whose key came last
   std::string refusal_;
   std::string syntax_;
 };

@@ -75,7 +75,7 @@ boost::asio::awaitable<Result<ModelResponse>> OpenAiProvider::Complete(const Mod
   req.headers = {{"Content-Type", "application/json"}, {"Accept", "text/event-stream"}};
   if (!config_.api_key.empty())
     req.headers.push_back({"Authorization", "Bearer " + config_.api_key});
-  req.body = DumpJson(*body);
+  req.body = std::move(*body);
   req.timeout = milliseconds(config_.timeout_ms > 0 ? config_.timeout_ms : 60000);
 
   std::function<boost::asio::awaitable<Attempt>()> attempt = [&]() {

@@ -199,9 +199,11 @@ Result<std::string> ToolNameMap::Decode(const std::string& wire_name) const {
   return it->second;
 }
 
-Result<Json> BuildChatRequest(const ModelRequest& request, bool stream, ToolNameMap& names) {
-  Json body = Json::object();
-  body["model"] = request.model;
+Result<std::string> BuildChatRequest(const ModelRequest& request, bool stream, ToolNameMap& names) {
+  // Everything but the messages as a value; the messages, most of a request and all of a long
+  // conversation's, are written as text at once rather than copied into values first.
+  Json rest = Json::object();
+  rest["model"] = request.model;
 
   // Tools first, so their names claim their wire forms before history's do.
   Json tools = Json::array();
@@ -213,49 +215,72 @@ Result<Json> BuildChatRequest(const ModelRequest& request, bool stream, ToolName
                                  : Json{{"type", "object"}, {"properties", Json::object()}};
     tools.push_back({{"type", "function"}, {"function", std::move(function)}});
   }
+  if (!tools.empty()) rest["tools"] = std::move(tools);
+  if (request.agent_config.is_object()) {
+    KEEL_RETURN_IF_ERROR(CheckNumber(request.agent_config, "temperature", rest, false));
+    KEEL_RETURN_IF_ERROR(CheckNumber(request.agent_config, "top_p", rest, false));
+    KEEL_RETURN_IF_ERROR(CheckNumber(request.agent_config, "max_tokens", rest, true));
+    KEEL_RETURN_IF_ERROR(CheckNumber(request.agent_config, "seed", rest, true));
+  }
+  if (stream) {
+    rest["stream"] = true;
+    rest["stream_options"] = {{"include_usage", true}};
+  }
 
-  Json messages = Json::array();
-  for (const ChatMessage& m : request.messages) {
+  std::string out = R"({"messages":[)";
+  // "name":value, with `value` a JSON string.
+  auto field = [&out](std::string_view name, std::string_view value) {
+    out += '"';
+    out += name;
+    out += "\":";
+    AppendJsonString(out, value);
+  };
+  for (size_t i = 0; i < request.messages.size(); ++i) {
+    const ChatMessage& m = request.messages[i];
+    if (i > 0) out += ',';
     if (m.role == "system" || m.role == "user" || m.role == "developer") {
-      messages.push_back({{"role", m.role}, {"content", m.content}});
+      out += '{';
+      field("role", m.role);
+      out += ',';
+      field("content", m.content);
     } else if (m.role == "assistant") {
-      Json msg = {{"role", "assistant"}};
-      if (m.tool_calls.empty()) {
-        msg["content"] = m.content;
+      out += R"({"role":"assistant","content":)";
+      if (m.tool_calls.empty() || !m.content.empty()) {
+        AppendJsonString(out, m.content);
       } else {
-        msg["content"] = m.content.empty() ? Json(nullptr) : Json(m.content);
-        Json calls = Json::array();
-        for (const ToolCallRequest& call : m.tool_calls) {
-          const Json& args = call.arguments.is_null() ? Json::object() : call.arguments;
-          calls.push_back(
-              {{"id", call.id},
-               {"type", "function"},
-               {"function", {{"name", names.Encode(call.name)}, {"arguments", DumpJson(args)}}}});
-        }
-        msg["tool_calls"] = std::move(calls);
+        out += "null";
       }
-      messages.push_back(std::move(msg));
+      if (!m.tool_calls.empty()) {
+        out += R"(,"tool_calls":[)";
+        for (size_t k = 0; k < m.tool_calls.size(); ++k) {
+          const ToolCallRequest& call = m.tool_calls[k];
+          const Json& args = call.arguments.is_null() ? Json::object() : call.arguments;
+          if (k > 0) out += ',';
+          out += '{';
+          field("id", call.id);
+          out += R"(,"type":"function","function":{)";
+          field("name", names.Encode(call.name));
+          out += ',';
+          field("arguments", DumpJson(args));
+          out += "}}";
+        }
+        out += ']';
+      }
     } else if (m.role == "tool") {
-      messages.push_back(
-          {{"role", "tool"}, {"tool_call_id", m.tool_call_id}, {"content", m.content}});
+      out += R"({"role":"tool",)";
+      field("tool_call_id", m.tool_call_id);
+      out += ',';
+      field("content", m.content);
     } else {
       return InvalidArgument("message role " + Quoted(m.role) + " has no Chat Completions form");
     }
+    out += '}';
   }
-  body["messages"] = std::move(messages);
-  if (!tools.empty()) body["tools"] = std::move(tools);
-
-  if (request.agent_config.is_object()) {
-    KEEL_RETURN_IF_ERROR(CheckNumber(request.agent_config, "temperature", body, false));
-    KEEL_RETURN_IF_ERROR(CheckNumber(request.agent_config, "top_p", body, false));
-    KEEL_RETURN_IF_ERROR(CheckNumber(request.agent_config, "max_tokens", body, true));
-    KEEL_RETURN_IF_ERROR(CheckNumber(request.agent_config, "seed", body, true));
-  }
-  if (stream) {
-    body["stream"] = true;
-    body["stream_options"] = {{"include_usage", true}};
-  }
-  return body;
+  out += "],";
+  // The rest's members, without its braces: it always has "model".
+  const std::string members = DumpJson(rest);
+  out.append(members, 1, std::string::npos);
+  return out;
 }
 
 Status SseParser::Feed(std::string_view bytes, std::vector<SseEvent>& events) {

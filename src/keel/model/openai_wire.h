@@ -58,13 +58,13 @@ class ToolNameMap {
   std::map<std::string, std::string> to_keel_;  // wire name -> keel name
 };
 
-// The Chat Completions request body for `request`: messages (assistant tool_calls with their
-// arguments as JSON strings, role=tool messages with tool_call_id), tools as
+// The Chat Completions request body (JSON text) for `request`: messages (assistant tool_calls with
+// their arguments as JSON strings, role=tool messages with tool_call_id), tools as
 // {"type":"function","function":{name,description,parameters}}, and, when `stream`,
 // "stream": true with "stream_options": {"include_usage": true}. The agent config's
 // "temperature", "top_p", "max_tokens" and "seed" are passed on. Every tool name goes through
 // `names`. kInvalidArgument for an unknown role or an option of the wrong type.
-Result<Json> BuildChatRequest(const ModelRequest& request, bool stream, ToolNameMap& names);
+Result<std::string> BuildChatRequest(const ModelRequest& request, bool stream, ToolNameMap& names);
 
 struct SseEvent {
   std::string event;  // the "event:" field; empty for the default "message"
