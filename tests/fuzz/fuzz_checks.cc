@@ -125,6 +125,28 @@ std::string FeedEvents(std::string_view input, Add add) {
   return "";
 }
 
+// A chunk ReadTextChunk reads must say what the full path (ParseJson) reads in it: the same
+// content and finish_reason, from a text ParseJson accepts but for a key given twice.
+std::string CheckTextChunk(std::string_view data) {
+  auto quick = model::openai::ReadTextChunk(data);
+  if (!quick) return "";
+  auto full = ParseJson(data);
+  if (!full.ok()) {
+    if (full.status().message().find("appears twice") != std::string::npos) return "";
+    return "ReadTextChunk read a chunk ParseJson refuses: " + full.status().message();
+  }
+  const Json& choice = full->at("choices").at(0);
+  std::string content;
+  std::optional<std::string> finish;
+  if (auto d = choice.find("delta"); d != choice.end() && d->is_object()) {
+    if (auto c = d->find("content"); c != d->end() && c->is_string()) content = *c;
+  }
+  if (auto r = choice.find("finish_reason"); r != choice.end() && r->is_string()) finish = *r;
+  if (quick->content != content) return "ReadTextChunk read another content than ParseJson";
+  if (quick->finish_reason != finish) return "ReadTextChunk read another finish_reason";
+  return "";
+}
+
 std::string CheckOpenAiStream(std::string_view input) {
   model::openai::ToolNameMap names;
   names.Encode("notes.append");
@@ -133,6 +155,7 @@ std::string CheckOpenAiStream(std::string_view input) {
   bool failed = false;
   std::string broken = FeedEvents(input, [&](const model::openai::SseEvent& e) -> std::string {
     if (failed) return "";
+    if (std::string broken = CheckTextChunk(e.data); !broken.empty()) return broken;
     std::string delta;
     Status st = acc.Add(e.data, delta);
     failed = !st.ok();

@@ -1,6 +1,9 @@
 #include "keel/model/openai_wire.h"
 
 #include <algorithm>
+#include <boost/json/monotonic_resource.hpp>
+#include <boost/json/parse.hpp>
+#include <boost/json/value.hpp>
 #include <cstdint>
 #include <cstdio>
 
@@ -353,12 +356,60 @@ void SseParser::ProcessLine(std::string_view line, std::vector<SseEvent>& events
   // "id" and "retry" matter only to reconnecting browsers.
 }
 
+std::optional<TextChunk> ReadTextChunk(std::string_view text) {
+  unsigned char buffer[2048];
+  boost::json::monotonic_resource memory(buffer, sizeof buffer);
+  boost::json::parse_options options;
+  options.max_depth = kMaxJsonDepth;
+  boost::json::error_code ec;
+  boost::json::value value = boost::json::parse(text, ec, &memory, options);
+  if (ec || !value.is_object()) return std::nullopt;
+  const boost::json::object& chunk = value.get_object();
+  for (const char* other : {"error", "usage"}) {
+    const boost::json::value* v = chunk.if_contains(other);
+    if (v && !v->is_null()) return std::nullopt;
+  }
+  const boost::json::value* choices = chunk.if_contains("choices");
+  if (!choices || !choices->is_array() || choices->get_array().size() != 1) return std::nullopt;
+  const boost::json::value& first = choices->get_array()[0];
+  if (!first.is_object()) return std::nullopt;
+  const boost::json::object& choice = first.get_object();
+  if (const boost::json::value* index = choice.if_contains("index");
+      index && !(index->is_int64() && index->get_int64() == 0) &&
+      !(index->is_uint64() && index->get_uint64() == 0)) {
+    return std::nullopt;
+  }
+  TextChunk out;
+  if (const boost::json::value* reason = choice.if_contains("finish_reason");
+      reason && !reason->is_null()) {
+    if (!reason->is_string()) return std::nullopt;
+    out.finish_reason = std::string(reason->get_string());
+  }
+  const boost::json::value* delta = choice.if_contains("delta");
+  if (!delta || delta->is_null()) return out;
+  if (!delta->is_object()) return std::nullopt;
+  for (const auto& member : delta->get_object()) {
+    if (member.key() == "content" && member.value().is_string()) {
+      out.content = std::string(member.value().get_string());
+    } else if (member.key() != "role" && !(member.key() == "content" && member.value().is_null())) {
+      return std::nullopt;  // a refusal, tool calls, a content that is not text...
+    }
+  }
+  return out;
+}
+
 Status ChatStreamAccumulator::Add(std::string_view data, std::string& delta) {
   delta.clear();
   std::string_view text = Trim(data);
   if (done_ || text.empty()) return Status::Ok();
   if (text == "[DONE]") {
     done_ = true;
+    return Status::Ok();
+  }
+  if (auto quick = ReadTextChunk(text)) {
+    if (quick->finish_reason) finish_reason_ = std::move(*quick->finish_reason);
+    text_ += quick->content;
+    delta = std::move(quick->content);
     return Status::Ok();
   }
   auto parsed = ParseJson(text);
