@@ -135,15 +135,36 @@ std::string CheckTextChunk(std::string_view data) {
     if (full.status().message().find("appears twice") != std::string::npos) return "";
     return "ReadTextChunk read a chunk ParseJson refuses: " + full.status().message();
   }
-  const Json& choice = full->at("choices").at(0);
   std::string content;
   std::optional<std::string> finish;
-  if (auto d = choice.find("delta"); d != choice.end() && d->is_object()) {
-    if (auto c = d->find("content"); c != d->end() && c->is_string()) content = *c;
+  auto choices = full->find("choices");
+  if (choices != full->end() && choices->is_array() && !choices->empty()) {
+    const Json& choice = choices->at(0);
+    if (auto d = choice.find("delta"); d != choice.end() && d->is_object()) {
+      if (auto c = d->find("content"); c != d->end() && c->is_string()) content = *c;
+    }
+    if (auto r = choice.find("finish_reason"); r != choice.end() && r->is_string()) finish = *r;
   }
-  if (auto r = choice.find("finish_reason"); r != choice.end() && r->is_string()) finish = *r;
   if (quick->content != content) return "ReadTextChunk read another content than ParseJson";
   if (quick->finish_reason != finish) return "ReadTextChunk read another finish_reason";
+  // The usage as the full path reads it: an integer count, negative as 0; anything else 0.
+  auto usage = full->find("usage");
+  const bool has_usage = usage != full->end() && usage->is_object();
+  if (quick->usage.has_value() != has_usage) return "ReadTextChunk read the usage otherwise";
+  if (has_usage) {
+    auto count = [&](const char* field) -> int64_t {
+      auto v = usage->find(field);
+      if (v == usage->end()) return 0;
+      if (v->is_number_unsigned()) {
+        return static_cast<int64_t>(std::min<uint64_t>(v->get<uint64_t>(), INT64_MAX));
+      }
+      return v->is_number_integer() ? std::max<int64_t>(0, v->get<int64_t>()) : 0;
+    };
+    if (quick->usage->input_tokens != count("prompt_tokens") ||
+        quick->usage->output_tokens != count("completion_tokens")) {
+      return "ReadTextChunk read other token counts than the full path";
+    }
+  }
   return "";
 }
 

@@ -4,6 +4,7 @@
 #include <boost/json/monotonic_resource.hpp>
 #include <boost/json/parse.hpp>
 #include <boost/json/value.hpp>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 
@@ -296,8 +297,10 @@ Status SseParser::Feed(std::string_view bytes, std::vector<SseEvent>& events) {
         continue;
       }
     }
-    size_t end = bytes.find_first_of("\r\n", pos);
-    if (end == std::string_view::npos) {
+    // (find_first_of would search the two ends in turn for every byte.)
+    size_t end = pos;
+    while (end < bytes.size() && bytes[end] != '\n' && bytes[end] != '\r') ++end;
+    if (end == bytes.size()) {
       line_.append(bytes.substr(pos));
       if (line_.size() > kMaxLineBytes) {
         return Unavailable("an event-stream line exceeds " + std::to_string(kMaxLineBytes) +
@@ -305,10 +308,14 @@ Status SseParser::Feed(std::string_view bytes, std::vector<SseEvent>& events) {
       }
       break;
     }
-    line_.append(bytes.substr(pos, end - pos));
     skip_lf_ = bytes[end] == '\r';
-    ProcessLine(line_, events);
-    line_.clear();
+    if (line_.empty()) {
+      ProcessLine(bytes.substr(pos, end - pos), events);  // whole in these bytes: not copied
+    } else {
+      line_.append(bytes.substr(pos, end - pos));
+      ProcessLine(line_, events);
+      line_.clear();
+    }
     pos = end + 1;
   }
   return Status::Ok();
@@ -332,7 +339,7 @@ void SseParser::ProcessLine(std::string_view line, std::vector<SseEvent>& events
     if (line.substr(0, 3) == "\xEF\xBB\xBF") line.remove_prefix(3);  // a UTF-8 BOM
   }
   if (line.empty()) {
-    if (has_data_) events.push_back({event_, data_});
+    if (has_data_) events.push_back({std::move(event_), std::move(data_)});
     event_.clear();
     data_.clear();
     has_data_ = false;
@@ -356,6 +363,27 @@ void SseParser::ProcessLine(std::string_view line, std::vector<SseEvent>& events
   // "id" and "retry" matter only to reconnecting browsers.
 }
 
+namespace {
+
+// Whether `v` holds a number too large for a double, which Boost.JSON reads as infinity and
+// ParseJson refuses.
+bool HoldsInfinity(const boost::json::value& v) {
+  if (v.is_double()) return !std::isfinite(v.get_double());
+  if (v.is_array()) {
+    for (const auto& e : v.get_array()) {
+      if (HoldsInfinity(e)) return true;
+    }
+  }
+  if (v.is_object()) {
+    for (const auto& m : v.get_object()) {
+      if (HoldsInfinity(m.value())) return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
 std::optional<TextChunk> ReadTextChunk(std::string_view text) {
   unsigned char buffer[2048];
   boost::json::monotonic_resource memory(buffer, sizeof buffer);
@@ -363,14 +391,28 @@ std::optional<TextChunk> ReadTextChunk(std::string_view text) {
   options.max_depth = kMaxJsonDepth;
   boost::json::error_code ec;
   boost::json::value value = boost::json::parse(text, ec, &memory, options);
-  if (ec || !value.is_object()) return std::nullopt;
+  if (ec || !value.is_object() || HoldsInfinity(value)) return std::nullopt;
   const boost::json::object& chunk = value.get_object();
-  for (const char* other : {"error", "usage"}) {
-    const boost::json::value* v = chunk.if_contains(other);
-    if (v && !v->is_null()) return std::nullopt;
+  if (const boost::json::value* error = chunk.if_contains("error"); error && !error->is_null()) {
+    return std::nullopt;
+  }
+  TextChunk out;
+  if (const boost::json::value* usage = chunk.if_contains("usage"); usage && usage->is_object()) {
+    // As TokenCount: absent, null or not an integer is 0; negative is 0.
+    auto count = [&usage](const char* field) -> int64_t {
+      const boost::json::value* v = usage->get_object().if_contains(field);
+      if (v && v->is_int64()) return std::max<int64_t>(0, v->get_int64());
+      if (v && v->is_uint64()) {
+        return static_cast<int64_t>(std::min<uint64_t>(v->get_uint64(), INT64_MAX));
+      }
+      return 0;
+    };
+    out.usage = Usage{count("prompt_tokens"), count("completion_tokens")};
   }
   const boost::json::value* choices = chunk.if_contains("choices");
-  if (!choices || !choices->is_array() || choices->get_array().size() != 1) return std::nullopt;
+  if (!choices || choices->is_null()) return out;  // e.g. the usage chunk
+  if (!choices->is_array() || choices->get_array().size() > 1) return std::nullopt;
+  if (choices->get_array().empty()) return out;
   const boost::json::value& first = choices->get_array()[0];
   if (!first.is_object()) return std::nullopt;
   const boost::json::object& choice = first.get_object();
@@ -379,7 +421,6 @@ std::optional<TextChunk> ReadTextChunk(std::string_view text) {
       !(index->is_uint64() && index->get_uint64() == 0)) {
     return std::nullopt;
   }
-  TextChunk out;
   if (const boost::json::value* reason = choice.if_contains("finish_reason");
       reason && !reason->is_null()) {
     if (!reason->is_string()) return std::nullopt;
@@ -407,6 +448,7 @@ Status ChatStreamAccumulator::Add(std::string_view data, std::string& delta) {
     return Status::Ok();
   }
   if (auto quick = ReadTextChunk(text)) {
+    if (quick->usage) usage_ = *quick->usage;
     if (quick->finish_reason) finish_reason_ = std::move(*quick->finish_reason);
     text_ += quick->content;
     delta = std::move(quick->content);

@@ -101,11 +101,13 @@ class SseParser {
 // "[DONE]") into a ModelResponse: content deltas, tool-call deltas split over many chunks (by
 // index; id, name and argument fragments), finish_reason, and the usage chunk. Only choice 0 is
 // used. Not thread-safe; one per response. `names` must outlive it.
-// What a chunk of the usual shape holds: text, or none, in choice 0, with no error, usage,
-// refusal or tool call. A stream sends one such chunk per token or so.
+// What a chunk of the usual shape holds: text, or none, in its one choice (or no choice), with no
+// error, refusal or tool call; perhaps the usage. A stream sends one such chunk per token or so,
+// and one with the usage at its end.
 struct TextChunk {
   std::string content;
   std::optional<std::string> finish_reason;
+  std::optional<Usage> usage;  // when the chunk has a usage object
 };
 
 // Reads `text` when it is a chunk of the usual shape, through Boost.JSON's parser, which takes a
