@@ -187,6 +187,38 @@ std::string CheckOpenAiStream(std::string_view input) {
   return response.ok() ? "" : Rejected(response.status(), "ChatStreamAccumulator::Finish");
 }
 
+// An event ReadTextDelta reads must say what the full path (ParseJson) reads in it: a
+// content_block_delta with a text_delta, its index and its text, from a text ParseJson accepts
+// but for a key given twice.
+std::string CheckTextDelta(const model::openai::SseEvent& e) {
+  auto quick = model::anthropic::ReadTextDelta(e.data, e.event);
+  if (!quick) return "";
+  auto full = ParseJson(e.data);
+  if (!full.ok()) {
+    if (full.status().message().find("appears twice") != std::string::npos) return "";
+    return "ReadTextDelta read an event ParseJson refuses: " + full.status().message();
+  }
+  if (!full->is_object()) return "ReadTextDelta read an event that is not an object";
+  std::string type = full->contains("type") && (*full)["type"].is_string()
+                         ? (*full)["type"].get<std::string>()
+                         : "";
+  if (type.empty()) type = e.event;
+  if (type != "content_block_delta") return "ReadTextDelta read another event type";
+  const Json& index = full->at("index");
+  if (!index.is_number_integer()) return "ReadTextDelta read an index that is not an integer";
+  int64_t expected =
+      index.is_number_unsigned()
+          ? static_cast<int64_t>(std::min<uint64_t>(index.get<uint64_t>(), INT64_MAX))
+          : index.get<int64_t>();
+  if (quick->index != expected) return "ReadTextDelta read another index";
+  const Json& d = full->at("delta");
+  if (d.value("type", Json()) != "text_delta" || !d.at("text").is_string() ||
+      d.at("text").get<std::string>() != quick->text) {
+    return "ReadTextDelta read another delta than ParseJson";
+  }
+  return "";
+}
+
 std::string CheckAnthropicStream(std::string_view input) {
   model::anthropic::ToolNameMap names;
   names.Encode("notes.append");
@@ -195,6 +227,7 @@ std::string CheckAnthropicStream(std::string_view input) {
   bool failed = false;
   std::string broken = FeedEvents(input, [&](const model::openai::SseEvent& e) -> std::string {
     if (failed) return "";
+    if (std::string broken = CheckTextDelta(e); !broken.empty()) return broken;
     std::string delta;
     Status st = acc.Add(e, delta);
     failed = !st.ok();

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "keel/common/crypto.h"
+#include "keel/model/quick_json.h"
 
 namespace keel::model::anthropic {
 namespace {
@@ -191,10 +192,53 @@ Result<Json> BuildMessagesRequest(const ModelRequest& request, bool stream, int 
   return body;
 }
 
+std::optional<TextDelta> ReadTextDelta(std::string_view text, std::string_view event_name) {
+  unsigned char buffer[1024];
+  boost::json::monotonic_resource memory(buffer, sizeof buffer);
+  boost::json::value value;
+  if (!QuickParse(text, memory, value) || !value.is_object()) return std::nullopt;
+  const boost::json::object& event = value.get_object();
+  // As the full path: the "type" member when it is a non-empty string, else the event's name.
+  std::string_view type = event_name;
+  if (const boost::json::value* t = event.if_contains("type");
+      t && t->is_string() && !t->get_string().empty()) {
+    type = t->get_string();
+  }
+  if (type != "content_block_delta") return std::nullopt;
+  TextDelta out;
+  // As IntField: an integer, one beyond int64 as its maximum.
+  const boost::json::value* index = event.if_contains("index");
+  if (index && index->is_int64()) {
+    out.index = index->get_int64();
+  } else if (index && index->is_uint64()) {
+    out.index = static_cast<int64_t>(std::min<uint64_t>(index->get_uint64(), INT64_MAX));
+  } else {
+    return std::nullopt;
+  }
+  const boost::json::value* d = event.if_contains("delta");
+  if (!d || !d->is_object()) return std::nullopt;
+  const boost::json::value* delta_type = d->get_object().if_contains("type");
+  const boost::json::value* t = d->get_object().if_contains("text");
+  if (!delta_type || !delta_type->is_string() || delta_type->get_string() != "text_delta" || !t ||
+      !t->is_string()) {
+    return std::nullopt;
+  }
+  out.text = std::string(t->get_string());
+  return out;
+}
+
 Status MessageStreamAccumulator::Add(const SseEvent& event, std::string& delta) {
   delta.clear();
   std::string_view text = Trim(event.data);
   if (done_ || text.empty()) return Status::Ok();
+  if (auto quick = ReadTextDelta(text, event.event)) {
+    auto block = blocks_.find(quick->index);
+    if (block != blocks_.end() && !block->second.stopped) {  // else the full path says why
+      delta = std::move(quick->text);
+      text_ += delta;
+      return Status::Ok();
+    }
+  }
   auto parsed = ParseJson(text);
   if (!parsed.ok() || !parsed->is_object()) {
     return Unavailable("the server sent an event that is not a JSON object" +

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -48,6 +49,19 @@ std::string WireToolId(std::string_view id);
 // (integer) are passed on. kInvalidArgument for an unknown role or an option of the wrong type.
 Result<Json> BuildMessagesRequest(const ModelRequest& request, bool stream, int default_max_tokens,
                                   ToolNameMap& names);
+
+// A text_delta of a content block: the event a stream sends per token or so.
+struct TextDelta {
+  int64_t index = 0;
+  std::string text;
+};
+
+// Reads an event's data `text` (`event_name` its "event:" field) when it is a
+// content_block_delta carrying a text_delta, through Boost.JSON's parser (quick_json.h, docs/
+// decisions/0001); nullopt for every other event, valid or not, which MessageStreamAccumulator
+// reads on its full path with ParseJson. The two agree but for a key given twice, where the
+// last copy counts here.
+std::optional<TextDelta> ReadTextDelta(std::string_view text, std::string_view event_name);
 
 // Assembles the events of a streamed message into a ModelResponse: message_start (input
 // tokens), content_block_start / content_block_delta (text_delta, input_json_delta) /

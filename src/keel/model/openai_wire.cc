@@ -1,14 +1,11 @@
 #include "keel/model/openai_wire.h"
 
 #include <algorithm>
-#include <boost/json/monotonic_resource.hpp>
-#include <boost/json/parse.hpp>
-#include <boost/json/value.hpp>
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
 
 #include "keel/common/crypto.h"
+#include "keel/model/quick_json.h"
 
 namespace keel::model::openai {
 namespace {
@@ -363,51 +360,19 @@ void SseParser::ProcessLine(std::string_view line, std::vector<SseEvent>& events
   // "id" and "retry" matter only to reconnecting browsers.
 }
 
-namespace {
-
-// Whether `v` holds a number too large for a double, which Boost.JSON reads as infinity and
-// ParseJson refuses.
-bool HoldsInfinity(const boost::json::value& v) {
-  if (v.is_double()) return !std::isfinite(v.get_double());
-  if (v.is_array()) {
-    for (const auto& e : v.get_array()) {
-      if (HoldsInfinity(e)) return true;
-    }
-  }
-  if (v.is_object()) {
-    for (const auto& m : v.get_object()) {
-      if (HoldsInfinity(m.value())) return true;
-    }
-  }
-  return false;
-}
-
-}  // namespace
-
 std::optional<TextChunk> ReadTextChunk(std::string_view text) {
   unsigned char buffer[2048];
   boost::json::monotonic_resource memory(buffer, sizeof buffer);
-  boost::json::parse_options options;
-  options.max_depth = kMaxJsonDepth;
-  boost::json::error_code ec;
-  boost::json::value value = boost::json::parse(text, ec, &memory, options);
-  if (ec || !value.is_object() || HoldsInfinity(value)) return std::nullopt;
+  boost::json::value value;
+  if (!QuickParse(text, memory, value) || !value.is_object()) return std::nullopt;
   const boost::json::object& chunk = value.get_object();
   if (const boost::json::value* error = chunk.if_contains("error"); error && !error->is_null()) {
     return std::nullopt;
   }
   TextChunk out;
   if (const boost::json::value* usage = chunk.if_contains("usage"); usage && usage->is_object()) {
-    // As TokenCount: absent, null or not an integer is 0; negative is 0.
-    auto count = [&usage](const char* field) -> int64_t {
-      const boost::json::value* v = usage->get_object().if_contains(field);
-      if (v && v->is_int64()) return std::max<int64_t>(0, v->get_int64());
-      if (v && v->is_uint64()) {
-        return static_cast<int64_t>(std::min<uint64_t>(v->get_uint64(), INT64_MAX));
-      }
-      return 0;
-    };
-    out.usage = Usage{count("prompt_tokens"), count("completion_tokens")};
+    out.usage = Usage{QuickCount(usage->get_object(), "prompt_tokens"),
+                      QuickCount(usage->get_object(), "completion_tokens")};
   }
   const boost::json::value* choices = chunk.if_contains("choices");
   if (!choices || choices->is_null()) return out;  // e.g. the usage chunk
