@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 #include <libpq-fe.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -21,11 +22,11 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <stdexcept>
 #include <thread>
 #include <tuple>
 
-#include <unistd.h>
-
+#include "hold_writer.h"
 #include "keel/common/ids.h"
 #include "keel/store/postgres/postgres_tx.h"
 #include "keel/store/sqlite/sqlite_db.h"
@@ -560,6 +561,59 @@ TEST_P(StoreTest, FailedUnitRollsBackOnlyItselfWithinABatch) {
   auto events = ReadValue<std::vector<Event>>(
       *store_, [&](Tx& tx) { return tx.events().ReadEvents(t.id, 0, {}, 1000); });
   ASSERT_EQ(events.size(), static_cast<size_t>(kUnits / 2));
+  for (size_t i = 0; i < events.size(); ++i) {
+    EXPECT_EQ(events[i].origin_seq, static_cast<int64_t>(i + 1));
+  }
+}
+
+TEST_P(StoreTest, AUnitThatThrowsAfterWritingFailsAloneAndTheOthersCommitOnce) {
+  Tenant t = MakeTenant();
+  // Queued behind a held writer, so that they share one transaction: every third unit throws
+  // after writing its agent and its event. Without savepoints the transaction is rolled back
+  // and the others run again; either way each must end exactly as if it had run alone.
+  constexpr int kUnits = 30;
+  std::vector<std::promise<Status>> done(kUnits);
+  auto gate = HoldWriter(*store_);
+  for (int i = 0; i < kUnits; ++i) {
+    store_->Write(
+        [&, i](Tx& tx) -> Status {
+          Agent a;
+          a.id = NewId();
+          a.tenant_id = t.id;
+          a.name = "agent-" + std::to_string(i);
+          a.model = "local";
+          KEEL_RETURN_IF_ERROR(tx.agents().InsertAgent(a));
+          KEEL_RETURN_IF_ERROR(tx.events().Append({t.id, "agent.created@v1", a.id, "", "", {}}));
+          if (i % 3 == 1) throw std::runtime_error("unit " + std::to_string(i) + " broke");
+          return Status::Ok();
+        },
+        [&done, i](Status s, std::vector<Event>) { done[i].set_value(s); });
+  }
+  gate->set_value();
+  std::set<std::string> expected;
+  for (int i = 0; i < kUnits; ++i) {
+    Status s = done[i].get_future().get();
+    if (i % 3 == 1) {
+      EXPECT_EQ(s.code(), Code::kInternal) << i;
+      EXPECT_NE(s.message().find("unit " + std::to_string(i) + " broke"), std::string::npos);
+    } else {
+      EXPECT_TRUE(s.ok()) << i << ": " << s.ToString();
+      expected.insert("agent-" + std::to_string(i));
+    }
+  }
+  Paged<Agent> page;
+  ASSERT_TRUE(store_
+                  ->Read([&](Tx& tx) -> Status {
+                    KEEL_ASSIGN_OR_RETURN(page, tx.agents().ListAgents(t.id, {"", 500}));
+                    return Status::Ok();
+                  })
+                  .ok());
+  std::set<std::string> names;
+  for (const auto& a : page.items) EXPECT_TRUE(names.insert(a.name).second) << a.name;
+  EXPECT_EQ(names, expected);
+  auto events = ReadValue<std::vector<Event>>(
+      *store_, [&](Tx& tx) { return tx.events().ReadEvents(t.id, 0, {}, 1000); });
+  ASSERT_EQ(events.size(), expected.size());
   for (size_t i = 0; i < events.size(); ++i) {
     EXPECT_EQ(events[i].origin_seq, static_cast<int64_t>(i + 1));
   }
