@@ -57,6 +57,9 @@ std::string CheckJson(std::string_view input) {
   if (reference.is_discarded()) return "ParseJson accepted a text nlohmann's parser refuses";
   if (reference != *parsed) return "ParseJson built another value than nlohmann's parser";
   std::string dumped = DumpJson(*parsed);
+  if (dumped != parsed->dump(-1, ' ', false, Json::error_handler_t::replace)) {
+    return "DumpJson wrote another text than nlohmann's dump";
+  }
   auto again = ParseJson(dumped);
   if (!again.ok()) return "the dump of an accepted value does not parse: " + again.status().message();
   if (DumpJson(*again) != dumped) return "an accepted value does not survive dump and parse";

@@ -1,7 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <ctime>
+#include <functional>
+#include <limits>
 #include <set>
 #include <vector>
 
@@ -174,6 +177,64 @@ TEST(JsonTest, AppendJsonStringWritesWhatDumpJsonWrites) {
     AppendJsonString(out, s);
     ASSERT_EQ(out, DumpJson(Json(s))) << i;
   }
+}
+
+TEST(JsonTest, DumpJsonWritesWhatNlohmannWrites) {
+  // Random trees of every JSON type: nested objects and arrays, integers at the limits of both
+  // integer types, floats, strings with escapes and invalid UTF-8, keys that need escaping.
+  const std::string strings[] = {"",
+                                 "k",
+                                 "a \"q\" \\ \n",
+                                 std::string(1, '\0'),
+                                 "\xc3\xa9\xe2\x82\xac",
+                                 "bad \xff \x80",
+                                 "\xed\xa0\x80",
+                                 "z"};
+  const Json scalars[] = {nullptr,
+                          true,
+                          false,
+                          0,
+                          -1,
+                          std::numeric_limits<int64_t>::min(),
+                          std::numeric_limits<int64_t>::max(),
+                          std::numeric_limits<uint64_t>::max(),
+                          uint64_t{1} << 63,
+                          0.5,
+                          -1e300,
+                          3.141592653589793,
+                          1e-7,
+                          Json::array(),
+                          Json::object()};
+  uint32_t x = 88172645u;  // xorshift
+  auto next = [&] {
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    return x;
+  };
+  std::function<Json(int)> make = [&](int depth) -> Json {
+    const uint32_t pick = next() % 6;
+    if (depth > 0 && pick == 0) {
+      Json o = Json::object();
+      for (uint32_t i = next() % 5; i > 0; --i)
+        o[strings[next() % std::size(strings)]] = make(depth - 1);
+      return o;
+    }
+    if (depth > 0 && pick == 1) {
+      Json a = Json::array();
+      for (uint32_t i = next() % 5; i > 0; --i) a.push_back(make(depth - 1));
+      return a;
+    }
+    if (pick == 2) return strings[next() % std::size(strings)];
+    return scalars[next() % std::size(scalars)];
+  };
+  for (int i = 0; i < 3000; ++i) {
+    Json j = make(4);
+    ASSERT_EQ(DumpJson(j), j.dump(-1, ' ', false, Json::error_handler_t::replace)) << i;
+  }
+  Json deep = 1;
+  for (int i = 0; i < 300; ++i) deep = Json::array({deep, Json{{"k", deep.size()}}});
+  EXPECT_EQ(DumpJson(deep), deep.dump(-1, ' ', false, Json::error_handler_t::replace));
 }
 
 TEST(JsonTest, TruncateUtf8CutsBetweenCharacters) {
