@@ -44,6 +44,78 @@ class EventHubTest : public ::testing::Test {
   EventHub hub_{io_.get_executor()};
 };
 
+// Each subscription is woken by exactly the events and deltas its filter matches, at every level
+// of filter (tenant, agent, session, run), whatever other subscriptions share its keys; once
+// unsubscribed (twice is harmless) it is woken by nothing.
+TEST_F(EventHubTest, EventsAndDeltasWakeExactlyTheMatchingSubscriptions) {
+  struct Case {
+    SubscriptionFilter filter;
+    EventHub::SubscriptionPtr sub;
+  };
+  std::vector<Case> subs;
+  for (const char* tenant : {"tenant-a", "tenant-b"}) {
+    for (bool deltas : {true, false}) {
+      subs.push_back({{tenant, "", "", "", deltas}, nullptr});
+      subs.push_back({{tenant, "agent", "", "", deltas}, nullptr});
+      subs.push_back({{tenant, "agent-2", "", "", deltas}, nullptr});
+      subs.push_back({{tenant, "", "session", "", deltas}, nullptr});
+      subs.push_back({{tenant, "agent", "session", "", deltas}, nullptr});
+      subs.push_back({{tenant, "agent-2", "session", "", deltas}, nullptr});
+      subs.push_back({{tenant, "", "", "run-1", deltas}, nullptr});
+      subs.push_back({{tenant, "", "session-2", "run-1", deltas}, nullptr});
+      subs.push_back({{tenant, "", "", "run-2", deltas}, nullptr});
+    }
+  }
+  for (auto& c : subs) c.sub = hub_.Subscribe(c.filter);
+  auto matches = [](const SubscriptionFilter& f, const std::string& tenant,
+                    const std::string& agent, const std::string& session, const std::string& run) {
+    return f.tenant_id == tenant && (f.agent_id.empty() || f.agent_id == agent) &&
+           (f.session_id.empty() || f.session_id == session) &&
+           (f.run_id.empty() || f.run_id == run);
+  };
+  struct Fields {
+    std::string tenant, agent, session, run;
+  };
+  const Fields events[] = {{"tenant-a", "agent", "session", "run-1"},
+                           {"tenant-b", "agent", "session", "run-1"},
+                           {"tenant-a", "agent", "session", ""},
+                           {"tenant-a", "agent", "", ""},
+                           {"tenant-a", "", "", ""},
+                           {"tenant-a", "agent-2", "session-2", "run-2"},
+                           {"tenant-c", "agent", "session", "run-1"}};
+  int64_t position = 0;
+  for (const Fields& f : events) {
+    store::Event e = EventOf(f.tenant, f.run, "run.step@v1", ++position);
+    e.agent_id = f.agent;
+    e.session_id = f.session;
+    hub_.OnCommit({e});
+    Drain();
+    hub_.PublishDelta({f.tenant, f.agent, f.session, f.run, "text", 0});
+    for (auto& c : subs) {
+      const bool want = matches(c.filter, f.tenant, f.agent, f.session, f.run);
+      EXPECT_EQ(hub_.TakeDirty(c.sub), want)
+          << position << ": " << c.filter.tenant_id << "/" << c.filter.agent_id << "/"
+          << c.filter.session_id << "/" << c.filter.run_id;
+      EXPECT_EQ(hub_.TakeDeltas(c.sub).size(), want && c.filter.deltas ? 1u : 0u) << position;
+    }
+  }
+  EXPECT_EQ(hub_.subscriber_count(), subs.size());
+  for (size_t i = 0; i < subs.size(); i += 2) {
+    hub_.Unsubscribe(subs[i].sub);
+    hub_.Unsubscribe(subs[i].sub);
+  }
+  EXPECT_EQ(hub_.subscriber_count(), subs.size() / 2);
+  hub_.OnCommit({EventOf("tenant-a", "run-1", "run.step@v1", ++position)});
+  Drain();
+  hub_.PublishDelta({"tenant-a", "agent", "session", "run-1", "text", 0});
+  for (size_t i = 0; i < subs.size(); ++i) {
+    const bool want =
+        i % 2 == 1 && matches(subs[i].filter, "tenant-a", "agent", "session", "run-1");
+    EXPECT_EQ(hub_.TakeDirty(subs[i].sub), want) << i;
+    EXPECT_EQ(hub_.TakeDeltas(subs[i].sub).size(), want && subs[i].filter.deltas ? 1u : 0u) << i;
+  }
+}
+
 // The unit ending a run gives the hub the run as it writes it; its commit hands the run to the
 // subscriptions of that run with their wake-up.
 TEST_F(EventHubTest, AnEndingReachesTheSubscriptionsOfItsRunWhenItCommits) {

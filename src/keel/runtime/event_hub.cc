@@ -25,8 +25,30 @@ class EventHub::Subscription {
     timer.cancel();
   }
 
+  // Where EventHub::index_ holds it: the level and the filter field it is under.
+  int level() const {
+    return !filter.run_id.empty()       ? 0
+           : !filter.session_id.empty() ? 1
+           : !filter.agent_id.empty()   ? 2
+                                        : 3;
+  }
+  const std::string& key() const {
+    switch (level()) {
+      case 0:
+        return filter.run_id;
+      case 1:
+        return filter.session_id;
+      case 2:
+        return filter.agent_id;
+      default:
+        return filter.tenant_id;
+    }
+  }
+
   SubscriptionFilter filter;
   asio::steady_timer timer;
+  std::list<SubscriptionPtr>::iterator self;  // in subs_, while subscribed
+  bool subscribed = false;
   bool pending = false;  // a wake-up arrived that Wait has not consumed
   bool dirty = false;    // a matching event arrived
   std::deque<Delta> deltas;
@@ -73,21 +95,33 @@ void EventHub::OnCommit(const std::vector<store::Event>& events) {
   asio::post(executor_, [this, committed = std::move(committed)] { Dispatch(committed); });
 }
 
+template <typename Fn>
+void EventHub::ForEachMatch(const std::string& tenant, const std::string& agent,
+                            const std::string& session, const std::string& run, Fn fn) {
+  const std::string* keys[4] = {&run, &session, &agent, &tenant};
+  for (int level = 0; level < 4; ++level) {
+    if (keys[level]->empty()) continue;
+    auto it = index_[level].find(*keys[level]);
+    if (it == index_[level].end()) continue;
+    for (Subscription* sub : it->second) {
+      if (sub->Matches(tenant, agent, session, run)) fn(*sub);
+    }
+  }
+}
+
 void EventHub::Dispatch(const std::vector<Committed>& events) {
   for (const auto& e : events) {
     int64_t& last = last_position_[e.tenant_id];
     last = std::max(last, e.position);
   }
-  for (auto& sub : subs_) {
-    for (const auto& e : events) {
-      if (sub->Matches(e.tenant_id, e.agent_id, e.session_id, e.run_id)) {
-        sub->dirty = true;
-        if (e.cancel_request) sub->unsettled = true;
-        if (!e.progress) sub->may_have_ended = true;
-        if (e.ending && sub->filter.run_id == e.run_id) sub->settled = *e.ending;
-        sub->Wake();
-      }
-    }
+  for (const auto& e : events) {
+    ForEachMatch(e.tenant_id, e.agent_id, e.session_id, e.run_id, [&](Subscription& sub) {
+      sub.dirty = true;
+      if (e.cancel_request) sub.unsettled = true;
+      if (!e.progress) sub.may_have_ended = true;
+      if (e.ending && sub.filter.run_id == e.run_id) sub.settled = *e.ending;
+      sub.Wake();
+    });
   }
 }
 
@@ -106,21 +140,32 @@ void EventHub::PublishDelta(const Delta& delta) {
   Delta d = delta;
   auto last = last_position_.find(d.tenant_id);
   d.after_position = last == last_position_.end() ? 0 : last->second;
-  for (auto& sub : subs_) {
-    if (sub->filter.deltas && sub->Matches(d.tenant_id, d.agent_id, d.session_id, d.run_id)) {
-      if (sub->deltas.size() < 10000) sub->deltas.push_back(d);
-      sub->Wake();
-    }
-  }
+  ForEachMatch(d.tenant_id, d.agent_id, d.session_id, d.run_id, [&](Subscription& sub) {
+    if (!sub.filter.deltas) return;
+    if (sub.deltas.size() < 10000) sub.deltas.push_back(d);
+    sub.Wake();
+  });
 }
 
 EventHub::SubscriptionPtr EventHub::Subscribe(const SubscriptionFilter& filter) {
   auto sub = std::make_shared<Subscription>(executor_, filter);
-  subs_.push_back(sub);
+  sub->self = subs_.insert(subs_.end(), sub);
+  sub->subscribed = true;
+  index_[sub->level()][sub->key()].push_back(sub.get());
   return sub;
 }
 
-void EventHub::Unsubscribe(const SubscriptionPtr& sub) { subs_.remove(sub); }
+void EventHub::Unsubscribe(const SubscriptionPtr& sub) {
+  if (!sub || !sub->subscribed) return;
+  sub->subscribed = false;
+  auto& index = index_[sub->level()];
+  auto it = index.find(sub->key());
+  if (it != index.end()) {
+    std::erase(it->second, sub.get());
+    if (it->second.empty()) index.erase(it);
+  }
+  subs_.erase(sub->self);
+}
 
 void EventHub::Close() {
   closing_ = true;

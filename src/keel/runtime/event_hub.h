@@ -98,8 +98,17 @@ class EventHub {
     std::shared_ptr<const store::Run> ending;  // see Ending
   };
   void Dispatch(const std::vector<Committed>& events);
+  // Calls `fn` with each subscription whose filter matches the four fields, looking only at those
+  // indexed under one of them (not at every subscription: a commit costs the same with 1,000
+  // streams open as with one).
+  template <typename Fn>
+  void ForEachMatch(const std::string& tenant, const std::string& agent, const std::string& session,
+                    const std::string& run, Fn fn);
   boost::asio::any_io_executor executor_;
   std::list<SubscriptionPtr> subs_;
+  // Each subscription under its most specific filter field: [0] its run, else [1] its session,
+  // else [2] its agent, else [3] its tenant.
+  std::unordered_map<std::string, std::vector<Subscription*>> index_[4];
   // Each tenant's highest event position seen (positions are per tenant).
   std::unordered_map<std::string, int64_t> last_position_;
   bool closing_ = false;
