@@ -129,7 +129,7 @@ Status Db::Exec(const char* sql) {
   return Status::Ok();
 }
 
-Status Db::Run(const std::string& sql) {
+Status Db::Run(std::string_view sql) {
   KEEL_ASSIGN_OR_RETURN(Stmt s, Prepare(sql));
   Result<bool> row = s.Step();
   if (row.ok()) return Status::Ok();
@@ -141,8 +141,8 @@ namespace {
 // `sql` with PostgreSQL's $N parameters written as SQLite's ?N (SQLite would read $1 as a
 // parameter named "$1", numbered by first use rather than by its digits). Quoted text ('...',
 // "...") is left as it is.
-std::string SqliteParameters(const std::string& sql) {
-  std::string out = sql;
+std::string SqliteParameters(std::string_view sql) {
+  std::string out(sql);
   char quote = 0;
   for (size_t i = 0; i < out.size(); ++i) {
     const char c = out[i];
@@ -159,12 +159,12 @@ std::string SqliteParameters(const std::string& sql) {
 
 }  // namespace
 
-Result<Stmt> Db::Prepare(const std::string& sql) {
+Result<Stmt> Db::Prepare(std::string_view sql) {
   auto it = cache_.find(sql);
   if (it != cache_.end()) {
     // A Stmt of the same SQL still stepping: handing the statement out again would reset it
     // under that Stmt's reader.
-    if (sqlite3_stmt_busy(it->second)) return Internal("sqlite: statement in use: " + sql);
+    if (sqlite3_stmt_busy(it->second)) return Internal("sqlite: statement in use: " + std::string(sql));
     return Stmt(db_, it->second);
   }
   sqlite3_stmt* s = nullptr;

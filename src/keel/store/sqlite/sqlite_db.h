@@ -82,17 +82,22 @@ class Db {
   Status Exec(const char* sql);
   // Runs one statement without rows (BEGIN, COMMIT, SAVEPOINT...) through the statement cache:
   // what every unit of work and read snapshot runs, parsed once per connection.
-  Status Run(const std::string& sql);
+  Status Run(std::string_view sql);
   // A cached prepared statement for `sql`, whose parameters may be written ?N or, as
   // PostgreSQL writes them, $N (the same parameter: the SQL of store/sql_tx.h is shared).
   // REQUIRES: the previous Stmt for the same SQL is gone.
-  Result<Stmt> Prepare(const std::string& sql);
+  Result<Stmt> Prepare(std::string_view sql);
   sqlite3* raw() { return db_; }
 
  private:
   explicit Db(sqlite3* db) : db_(db) {}
   sqlite3* db_;
-  std::unordered_map<std::string, sqlite3_stmt*> cache_;
+  // Looked up by the caller's text as it is (mostly a literal): no string is built per statement.
+  struct SqlHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  std::unordered_map<std::string, sqlite3_stmt*, SqlHash, std::equal_to<>> cache_;
 };
 
 // Maps a SQLite result code to a Status (constraint violations are kConflict).
@@ -132,31 +137,31 @@ class SqliteSql {
   explicit SqliteSql(Db& db) : db_(db) {}
 
   template <typename... Args>
-  Result<Stmt> Query(const std::string& sql, const Args&... args) {
+  Result<Stmt> Query(std::string_view sql, const Args&... args) {
     KEEL_ASSIGN_OR_RETURN(Stmt s, db_.Prepare(sql));
     s.BindAll(args...);
     return s;
   }
   template <typename... Args>
-  Result<int64_t> Exec(const std::string& sql, const Args&... args) {
+  Result<int64_t> Exec(std::string_view sql, const Args&... args) {
     KEEL_ASSIGN_OR_RETURN(Stmt s, db_.Prepare(sql));
     return s.Borrowing().BindAll(args...).RunCount();
   }
   // A write that must change a row, else it fails with `unchanged` (kConflict for an insert
   // that met an existing row, kNotFound for an update of none): run at once here.
   template <typename... Args>
-  Status ExecChanging(Status unchanged, const std::string& sql, const Args&... args) {
+  Status ExecChanging(Status unchanged, std::string_view sql, const Args&... args) {
     KEEL_ASSIGN_OR_RETURN(int64_t changed, Exec(sql, args...));
     return changed == 0 ? unchanged : Status::Ok();
   }
   // A write whose result is not read: run at once here.
   template <typename... Args>
-  Status Send(const std::string& sql, const Args&... args) {
+  Status Send(std::string_view sql, const Args&... args) {
     return Exec(sql, args...).status();
   }
   // A read whose rows `take` gets: at once here (PgSql pipelines it).
   template <typename... Args>
-  Status Later(const std::string& sql, const std::function<Status(Stmt&)>& take,
+  Status Later(std::string_view sql, const std::function<Status(Stmt&)>& take,
                const Args&... args) {
     KEEL_ASSIGN_OR_RETURN(Stmt s, Query(sql, args...));
     return take(s);
