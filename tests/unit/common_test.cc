@@ -163,11 +163,12 @@ TEST(JsonTest, AppendJsonStringWritesWhatDumpJsonWrites) {
                                 "\xe2\x82\xac",
                                 "\xf0\x9f\x98\x80",
                                 "\x80",
-                                " "};
+                                " ",
+                                "a plain run longer than sixteen bytes"};
   uint32_t x = 2463534242u;  // xorshift
   for (int i = 0; i < 5000; ++i) {
     std::string s;
-    for (int k = 0; k < i % 12; ++k) {
+    for (int k = 0; k < i % 40; ++k) {
       x ^= x << 13;
       x ^= x >> 17;
       x ^= x << 5;
