@@ -164,7 +164,9 @@ Result<Stmt> Db::Prepare(std::string_view sql) {
   if (it != cache_.end()) {
     // A Stmt of the same SQL still stepping: handing the statement out again would reset it
     // under that Stmt's reader.
-    if (sqlite3_stmt_busy(it->second)) return Internal("sqlite: statement in use: " + std::string(sql));
+    if (sqlite3_stmt_busy(it->second)) {
+      return Internal("sqlite: statement in use: " + std::string(sql));
+    }
     return Stmt(db_, it->second);
   }
   sqlite3_stmt* s = nullptr;
