@@ -153,6 +153,60 @@ TEST(Builtin, RedactionRewritesOnlyWhatMatchesAndOtherwiseCopiesNothing) {
   EXPECT_EQ(out.payload["messages"][1]["content"], "fine");
 }
 
+// The redactor remembers the strings it found clean (a conversation comes back every turn with
+// one message more); what it remembers never hides a secret, however the payloads repeat and
+// however many strings it has seen.
+TEST(Builtin, RedactionStillFindsEverySecretAmongStringsItFoundCleanBefore) {
+  Manifest m;
+  m.id = "redact";
+  m.kind = "builtin";
+  m.builtin = "redaction";
+  m.events = {"model.before@v1"};
+  EventBus bus;
+  Json config = {{"patterns", {"sk-[A-Za-z0-9]{8,}", "^card [0-9]{4}$"}}};
+  ASSERT_TRUE(AddBuiltin(m, config, {}, bus).ok());
+  Json conversation = {{"messages", Json::array()}};
+  for (int turn = 0; turn < 300; ++turn) {
+    // A clean message each turn, a secret every seventh, and a string that is clean alone but
+    // holds a secret once the next turn appends to it.
+    std::string text = "message " + std::to_string(turn);
+    if (turn % 7 == 3) text += " with sk-" + std::to_string(100000000 + turn);
+    if (turn % 11 == 5) text = "card " + std::to_string(1000 + turn);
+    conversation["messages"].push_back({{"role", "user"}, {"content", text}});
+    auto out = Await(bus.Emit("model.before", conversation));
+    bool any_secret = false;
+    for (const auto& msg : conversation["messages"]) {
+      const std::string c = msg["content"];
+      any_secret = any_secret || c.find("sk-") != std::string::npos || c.starts_with("card ");
+    }
+    ASSERT_EQ(out.changed, any_secret) << turn;
+    if (!out.changed) continue;
+    for (const auto& msg : out.payload["messages"]) {
+      const std::string c = msg["content"];
+      EXPECT_EQ(c.find("sk-"), std::string::npos) << turn << ": " << c;
+      EXPECT_FALSE(c.starts_with("card ")) << turn << ": " << c;
+    }
+  }
+  // Strings clean so far, turned secret by a change: checked again, found.
+  Json changed = {{"messages",
+                   {{{"role", "user"}, {"content", "message 1"}},
+                    {{"role", "user"}, {"content", "message 1 sk-abcdefgh12"}}}}};
+  auto out = Await(bus.Emit("model.before", changed));
+  ASSERT_TRUE(out.changed);
+  EXPECT_EQ(out.payload["messages"][0]["content"], "message 1");
+  EXPECT_EQ(out.payload["messages"][1]["content"], "message 1 [REDACTED]");
+  // Past its bound it forgets and scans again: 3,000 distinct clean strings of 4 KB (12 MB).
+  for (int i = 0; i < 3000; ++i) {
+    Json big = {
+        {"messages",
+         {{{"role", "user"}, {"content", std::string(4096, 'a' + i % 26) + std::to_string(i)}}}}};
+    ASSERT_FALSE(Await(bus.Emit("model.before", big)).changed);
+  }
+  out = Await(bus.Emit("model.before", changed));
+  ASSERT_TRUE(out.changed);
+  EXPECT_EQ(out.payload["messages"][1]["content"], "message 1 [REDACTED]");
+}
+
 TEST(Builtin, AuditLogWritesOneJsonLinePerEventAndChangesNothing) {
   const auto dir = std::filesystem::temp_directory_path() / ("keel-audit-log-" + NewId());
   const std::string file = (dir / "audit" / "agent.jsonl").string();

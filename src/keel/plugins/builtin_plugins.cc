@@ -1,12 +1,15 @@
 #include "keel/plugins/builtin_plugins.h"
 
 #include <fcntl.h>
+#include <re2/re2.h>
 #include <unistd.h>
 
-#include <re2/re2.h>
-
+#include <atomic>
 #include <filesystem>
 #include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "keel/common/time.h"
@@ -56,23 +59,77 @@ class AuditFile {
   int fd_ = -1;
 };
 
+// Strings a redactor found none of its patterns in. A turn's model.before payload holds the
+// whole conversation, which every turn checked before but for its newest messages: those found
+// clean are not scanned again. Exact (a pattern's match depends on the string alone) and safe
+// from any thread. Bounded: an agent's redactor keeps at most kMaxBytes (then forgets them all at
+// once), the process at most kMaxTotal over every agent's (then a redactor keeps no more), and
+// strings over kMaxString are not kept.
+class CleanStrings {
+ public:
+  CleanStrings() = default;
+  CleanStrings(const CleanStrings&) = delete;
+  CleanStrings& operator=(const CleanStrings&) = delete;
+  ~CleanStrings() { total_ -= bytes_; }
+
+  bool Contains(const std::string& s) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return set_.contains(s);
+  }
+  void Add(const std::string& s) {
+    if (s.size() > kMaxString) return;
+    const size_t n = s.size() + sizeof(std::string) + 16;  // and the set's node
+    std::lock_guard<std::mutex> lock(mu_);
+    if (bytes_ + n > kMaxBytes) {
+      total_ -= bytes_;
+      set_.clear();
+      bytes_ = 0;
+    }
+    if (total_ + n > kMaxTotal) return;
+    if (set_.insert(s).second) {
+      bytes_ += n;
+      total_ += n;
+    }
+  }
+
+ private:
+  static constexpr size_t kMaxString = 16 * 1024;
+  static constexpr size_t kMaxBytes = 1024 * 1024;
+  static constexpr size_t kMaxTotal = 64 * 1024 * 1024;
+  static inline std::atomic<size_t> total_{0};
+  mutable std::mutex mu_;
+  std::unordered_set<std::string> set_;  // GUARDED_BY(mu_)
+  size_t bytes_ = 0;                     // GUARDED_BY(mu_)
+};
+
 struct Redactor {
   std::vector<std::unique_ptr<RE2>> patterns;
   // All the patterns as one alternation: a string none of them matches (most strings) is
   // scanned once, not once per pattern. Null when it did not compile (then each is tried).
   std::unique_ptr<RE2> any;
   std::string mask;
+  mutable CleanStrings clean;
+
+  bool MatchesString(const std::string& s) const {
+    if (clean.Contains(s)) return false;
+    bool found = false;
+    if (any) {
+      found = RE2::PartialMatch(s, *any);
+    } else {
+      for (const auto& re : patterns) {
+        if (RE2::PartialMatch(s, *re)) {
+          found = true;
+          break;
+        }
+      }
+    }
+    if (!found) clean.Add(s);
+    return found;
+  }
 
   // Whether a pattern matches a string in `j`.
   bool Matches(const Json& j) const {
-    if (j.is_string()) {
-      const std::string& s = j.get_ref<const std::string&>();
-      if (any) return RE2::PartialMatch(s, *any);
-      for (const auto& re : patterns) {
-        if (RE2::PartialMatch(s, *re)) return true;
-      }
-      return false;
-    }
+    if (j.is_string()) return MatchesString(j.get_ref<const std::string&>());
     if (j.is_array() || j.is_object()) {
       for (const auto& v : j) {
         if (Matches(v)) return true;
