@@ -23,20 +23,21 @@ namespace {
 // wakes the subscription, which is in place before the first of them is dispatched. A run this
 // node's execution ended is not read back either: the hub hands over the run as the ending
 // committed it (EventHub::Ending).
-asio::awaitable<Result<store::Run>> WaitForRun(ApiContext& ctx, const store::Run& run,
-                                               double seconds, bool just_claimed) {
-  auto sub = ctx.hub.Subscribe({run.tenant_id, "", "", run.id, /*deltas=*/false});
+asio::awaitable<Result<store::Run>> WaitForRun(ApiContext& ctx, store::Run current, double seconds,
+                                               bool just_claimed) {
+  const std::string tenant_id = current.tenant_id, run_id = current.id;
+  auto sub = ctx.hub.Subscribe({tenant_id, "", "", run_id, /*deltas=*/false});
   auto deadline = std::chrono::steady_clock::now() +
                   std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
-  store::Run current = run;
   // Whether `current` is the run as it stands, as far as waiting goes.
-  bool known = just_claimed && run.status == "running" && run.lease_owner == ctx.store.origin();
+  bool known =
+      just_claimed && current.status == "running" && current.lease_owner == ctx.store.origin();
   while (true) {
     if (auto settled = ctx.hub.TakeSettled(sub)) {
       current = std::move(*settled);  // as this node's execution committed its ending
     } else if (!known) {
       Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
-        KEEL_ASSIGN_OR_RETURN(current, tx.runs().GetRun(run.tenant_id, run.id));
+        KEEL_ASSIGN_OR_RETURN(current, tx.runs().GetRun(tenant_id, run_id));
         return Status::Ok();
       });
       if (!st.ok()) {
@@ -53,7 +54,7 @@ asio::awaitable<Result<store::Run>> WaitForRun(ApiContext& ctx, const store::Run
             std::chrono::steady_clock::now() < deadline;
   }
   ctx.hub.Unsubscribe(sub);
-  co_return current;
+  co_return std::move(current);
 }
 
 Result<double> WaitSeconds(const Request& req) {
@@ -191,12 +192,12 @@ void RegisterSessionRoutes(http::Router& router, ApiContext& ctx) {
       if (code == Code::kRateLimited || code == Code::kUnavailable) r.headers["Retry-After"] = "1";
       co_return r;
     }
-    store::Run run = result->run;
+    store::Run run = std::move(result->run);
     int status = 202;
     if (*wait > 0) {
-      auto waited = co_await WaitForRun(ctx, run, *wait, !result->replayed);
+      auto waited = co_await WaitForRun(ctx, std::move(run), *wait, !result->replayed);
       if (!waited.ok()) co_return Response::Error(waited.status());
-      run = *waited;
+      run = std::move(*waited);
       status = 200;
     }
     Json out = {{"message", MessageJson(result->message)}, {"run", RunJson(run)}};

@@ -135,9 +135,9 @@ asio::awaitable<Result<IntakeResult>> Intake::PostMessage(const IntakeRequest& r
     written = co_await store::AsyncWrite(store_, std::move(write));
   }
   if (!written.ok()) co_return written.status();
-  if (unit.replay) co_return *unit.replay;
+  if (unit.replay) co_return std::move(*unit.replay);
   After(unit);
-  co_return unit.out;
+  co_return std::move(unit.out);  // co_return copies an lvalue (g++ 12 does no implicit move)
 }
 
 Intake::Unit Intake::Prepare(const IntakeRequest& req, const store::Agent& agent,
@@ -256,8 +256,9 @@ void Intake::After(Unit& u) {
     return;
   }
   u.out.run = u.written;  // the run as committed: running, leased to this node
-  const store::Run& running = u.written;
-  dispatcher_.Launch(running, KnownRun{u.agent, u.out.message, std::move(u.plugins)},
+  // The unit's last use: what the run needs moves into it.
+  dispatcher_.Launch(std::move(u.written),
+                     KnownRun{std::move(u.agent), u.out.message, std::move(u.plugins)},
                      std::move(u.slot));
 }
 

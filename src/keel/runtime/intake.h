@@ -115,6 +115,8 @@ class Intake {
   // writes the message, its run (claimed when it may be) and their events. A refusal
   // (kNotFound, kConflict, kRateLimited) comes before any write and sets `refused`.
   Status Write(store::Tx& tx, Unit& unit);
+  // Once the unit committed: launches the run it claimed (moving its `written` run, agent and
+  // plugins into it; `out` stays), or wakes the dispatcher for a queued one.
   void After(Unit& unit);
 
  private:
