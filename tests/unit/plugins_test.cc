@@ -131,15 +131,20 @@ TEST(Bus, ATransformThatChangesNothingKeepsThePayloadAndSaysSo) {
   EXPECT_EQ(calls, 2);
 }
 
-TEST(Builtin, RedactionRewritesOnlyWhatMatchesAndOtherwiseCopiesNothing) {
+// The built-in redaction plugin on model.before@v1 of `bus`, with `config`.
+Status AddRedaction(EventBus& bus, const Json& config) {
   Manifest m;
   m.id = "redact";
   m.kind = "builtin";
   m.builtin = "redaction";
   m.events = {"model.before@v1"};
+  return AddBuiltin(m, config, {}, bus);
+}
+
+TEST(Builtin, RedactionRewritesOnlyWhatMatchesAndOtherwiseCopiesNothing) {
   EventBus bus;
   Json config = {{"patterns", {"sk-[A-Za-z0-9]{8,}", "[0-9]{4}-[0-9]{4}"}}, {"mask", "<\\1>"}};
-  ASSERT_TRUE(AddBuiltin(m, config, {}, bus).ok());
+  ASSERT_TRUE(AddRedaction(bus, config).ok());
   Json clean = {{"messages", {{{"role", "user"}, {"content", "nothing secret here"}}}}};
   auto out = Await(bus.Emit("model.before", clean));
   EXPECT_FALSE(out.changed);
@@ -157,14 +162,9 @@ TEST(Builtin, RedactionRewritesOnlyWhatMatchesAndOtherwiseCopiesNothing) {
 // one message more); what it remembers never hides a secret, however the payloads repeat and
 // however many strings it has seen.
 TEST(Builtin, RedactionStillFindsEverySecretAmongStringsItFoundCleanBefore) {
-  Manifest m;
-  m.id = "redact";
-  m.kind = "builtin";
-  m.builtin = "redaction";
-  m.events = {"model.before@v1"};
   EventBus bus;
   Json config = {{"patterns", {"sk-[A-Za-z0-9]{8,}", "^card [0-9]{4}$"}}};
-  ASSERT_TRUE(AddBuiltin(m, config, {}, bus).ok());
+  ASSERT_TRUE(AddRedaction(bus, config).ok());
   Json conversation = {{"messages", Json::array()}};
   for (int turn = 0; turn < 300; ++turn) {
     // A clean message each turn, a secret every seventh, and a string that is clean alone but

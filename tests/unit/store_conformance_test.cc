@@ -577,11 +577,7 @@ TEST_P(StoreTest, AUnitThatThrowsAfterWritingFailsAloneAndTheOthersCommitOnce) {
   for (int i = 0; i < kUnits; ++i) {
     store_->Write(
         [&, i](Tx& tx) -> Status {
-          Agent a;
-          a.id = NewId();
-          a.tenant_id = t.id;
-          a.name = "agent-" + std::to_string(i);
-          a.model = "local";
+          Agent a = NewAgent(t, "agent-" + std::to_string(i));
           KEEL_RETURN_IF_ERROR(tx.agents().InsertAgent(a));
           KEEL_RETURN_IF_ERROR(tx.events().Append({t.id, "agent.created@v1", a.id, "", "", {}}));
           if (i % 3 == 1) throw std::runtime_error("unit " + std::to_string(i) + " broke");
