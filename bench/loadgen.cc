@@ -9,18 +9,23 @@
 //
 //   keel_loadgen --url http://127.0.0.1:7878 --token TOKEN [--token-file FILE]
 //                --concurrency 64 [--duration 10 | --turns N] [--warmup 2]
-//                [--model MODEL] [--agent-config JSON] [--unique-messages]
+//                [--model MODEL] [--agent-config JSON] [--unique-messages] [--front openai]
 //
 // --model sets the agent's model (default "local"; e.g. "openai/bench" against
-// keel_fake_openai); --agent-config sets the agent's config (e.g. '{"cache":false}'); --unique-messages numbers
-// each message ("hello 17") so that no two turns send the same request (response cache misses);
+// keel_fake_openai); --agent-config sets the agent's config (e.g. '{"cache":false}');
+// --unique-messages numbers each message ("hello 17") so that no two turns send the same request
+// (response cache misses);
+// --front openai sends each turn through the OpenAI-compatible front door instead:
+//     POST /v1/chat/completions  X-Keel-Session: {id}  {"model":AGENT_ID,"messages":[...]}
+// asserting status 200 and finish_reason "stop" (the same turn: message -> run done).
 // --latencies FILE writes each measured turn's latency in ms, one a line, in the order they ended.
 //
 // --url may be given several times (several nodes on one database): setup goes through the
 // first, client i uses url i % count, and the store counters are summed over all of them.
 //
 // Prints a human summary and one machine-readable line:
-//   RESULT nodes=1 concurrency=64 turns=... seconds=... turns_per_s=... p50_ms=... p99_ms=... max_ms=...
+//   RESULT nodes=1 concurrency=64 turns=... seconds=... turns_per_s=... p50_ms=... p99_ms=...
+//   max_ms=...
 //          errors=... commits=... units=... units_per_commit=... cpu_main_us=... cpu_other_us=...
 //          early_ms=... late_ms=...
 // (commits/units are the deltas of keel_store_commits_total / keel_store_units_total from
@@ -81,6 +86,7 @@ struct Options {
   int server_pid = 0;  // > 0: report the server's CPU per turn from /proc/PID/task/*/stat
   Json agent_config = Json::object();
   bool unique_messages = false;
+  bool openai_front = false;    // --front openai
   std::string model = "local";  // the benchmark agent's model
   std::string latencies_file;   // --latencies: each measured turn's latency in ms, one a line
 };
@@ -90,7 +96,7 @@ struct Options {
                "keel_loadgen: %s\nusage: keel_loadgen --url http://HOST:PORT (--token T | "
                "--token-file F) [--concurrency C] [--duration SECONDS | --turns N] "
                "[--warmup SECONDS] [--server-pid PID] [--model MODEL] [--agent-config JSON] "
-               "[--unique-messages] [--latencies FILE]\n",
+               "[--unique-messages] [--front openai] [--latencies FILE]\n",
                msg);
   std::exit(2);
 }
@@ -130,6 +136,10 @@ Options ParseArgs(int argc, char** argv) {
       if (!o.agent_config.is_object()) Usage("--agent-config must be a JSON object");
     } else if (a == "--unique-messages") {
       o.unique_messages = true;
+    } else if (a == "--front") {
+      std::string f = next();
+      if (f != "openai") Usage("--front takes openai");
+      o.openai_front = true;
     } else if (a == "--model") {
       o.model = next();
     } else if (a == "--latencies") {
@@ -158,10 +168,14 @@ class Conn {
     stream_.socket().set_option(tcp::no_delay(true));
   }
 
+  // Sent with every request from now on (--front openai: the client's session).
+  void SetSessionHeader(std::string id) { session_header_ = std::move(id); }
+
   asio::awaitable<http::response<http::string_body>> Do(http::verb verb, const std::string& target,
                                                         std::string body) {
     http::request<http::string_body> req{verb, target, 11};
     req.set(http::field::host, host_);
+    if (!session_header_.empty()) req.set("X-Keel-Session", session_header_);
     req.set(http::field::authorization, "Bearer " + opts_.token);
     req.keep_alive(true);
     if (verb == http::verb::post || !body.empty()) {
@@ -182,6 +196,7 @@ class Conn {
   beast::flat_buffer buffer_;
   const Options& opts_;
   std::string host_;
+  std::string session_header_;
 };
 
 Json ParseOrThrow(const http::response<http::string_body>& res, unsigned want,
@@ -256,10 +271,14 @@ struct Shared {
   std::string first_error;
   Clock::time_point last_done;
   int64_t messages_sent = 0;  // numbers the messages of --unique-messages
+  std::string agent_id;
 };
 
 asio::awaitable<void> Client(Conn& conn, Shared& sh, const std::string& session_id) {
-  const std::string target = "/v1/sessions/" + session_id + "/messages?wait=30";
+  const bool front = sh.opts->openai_front;
+  const std::string target =
+      front ? "/v1/chat/completions" : "/v1/sessions/" + session_id + "/messages?wait=30";
+  if (front) conn.SetSessionHeader(session_id);
   while (Clock::now() < sh.deadline) {
     if (sh.record && sh.opts->turns > 0) {
       if (sh.turn_budget <= 0) break;
@@ -268,10 +287,12 @@ asio::awaitable<void> Client(Conn& conn, Shared& sh, const std::string& session_
     auto t0 = Clock::now();
     std::string why;
     try {
-      std::string body = R"({"content":"hello"})";
-      if (sh.opts->unique_messages) {
-        body = R"({"content":"hello )" + std::to_string(++sh.messages_sent) + R"("})";
-      }
+      std::string text = "hello";
+      if (sh.opts->unique_messages) text += " " + std::to_string(++sh.messages_sent);
+      std::string body = front ? Json{{"model", sh.agent_id},
+                                      {"messages", {{{"role", "user"}, {"content", text}}}}}
+                                     .dump()
+                               : Json{{"content", text}}.dump();
       auto res = co_await conn.Do(http::verb::post, target, body);
       auto t1 = Clock::now();
       if (res.result_int() != 200) {
@@ -279,11 +300,16 @@ asio::awaitable<void> Client(Conn& conn, Shared& sh, const std::string& session_
       } else {
         Json v = Json::parse(res.body(), nullptr, /*allow_exceptions=*/false);
         const Json* st = nullptr;
-        if (v.is_object() && v.contains("run") && v["run"].is_object() &&
-            v["run"].contains("status")) {
+        const char* want = front ? "stop" : "done";
+        if (front && v.is_object() && v.contains("choices") && v["choices"].is_array() &&
+            !v["choices"].empty() && v["choices"][0].is_object()) {
+          st = v["choices"][0].contains("finish_reason") ? &v["choices"][0]["finish_reason"]
+                                                         : nullptr;
+        } else if (!front && v.is_object() && v.contains("run") && v["run"].is_object() &&
+                   v["run"].contains("status")) {
           st = &v["run"]["status"];
         }
-        if (!st || !st->is_string() || st->get_ref<const std::string&>() != "done") {
+        if (!st || !st->is_string() || st->get_ref<const std::string&>() != want) {
           why = "run not done: " + res.body().substr(0, 300);
         }
       }
@@ -348,6 +374,7 @@ asio::awaitable<int> Main(asio::io_context& io, const Options& o) {
 
   Shared sh;
   sh.opts = &o;
+  sh.agent_id = agent_id;
   for (int i = 0; i < o.concurrency; ++i) {
     auto s = ParseOrThrow(co_await admin.Do(http::verb::post, "/v1/agents/" + agent_id + "/sessions",
                                             R"({"title":"loadgen"})"),

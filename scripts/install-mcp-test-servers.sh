@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs the reference MCP servers the MCP client tests run against, and the official MCP
-# conformance suite (0.1.13: the newest that runs on Debian's Node.js 20), from npm, into a
+# Installs the reference MCP servers the MCP client tests run against, the official MCP
+# conformance suite (0.1.13: the newest that runs on Debian's Node.js 20) and the official
+# OpenAI SDK (6.x: 7 needs Node.js 22; test_openai_front.py), from npm, into a
 # cache directory (default $HOME/.cache/keel-mcp-servers; or the first argument; or KEEL_TEST_MCP_DIR).
 # Idempotent: packages already there are not fetched again. Prints what it does, and on success
 # nothing else. Point the tests at the directory with KEEL_TEST_MCP_DIR=<dir>.
@@ -12,7 +13,8 @@ DIR=${1:-${KEEL_TEST_MCP_DIR:-$HOME/.cache/keel-mcp-servers}}
 # Pinned, so that CI runs against the servers the tests were written for.
 PACKAGES=(@modelcontextprotocol/server-everything@2026.8.31
           @modelcontextprotocol/server-filesystem@2026.8.31
-          @modelcontextprotocol/conformance@0.1.13)
+          @modelcontextprotocol/conformance@0.1.13
+          openai@6.49.0)
 
 for tool in node npm; do
   if ! command -v "$tool" >/dev/null; then

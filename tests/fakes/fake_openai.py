@@ -7,7 +7,8 @@ it) or it is sent SIGTERM.
 
 POST /v1/chat/completions checks the request (Authorization: Bearer KEY, JSON body, message and
 tool shapes, "stream": true with include_usage) and answers 400 naming the first problem. The
-model name picks a scripted scenario (see SCENARIOS). Scenarios that behave differently on
+model name picks a scripted scenario (see SCENARIOS; "echo-messages" answers with the messages
+it was sent). Scenarios that behave differently on
 retries count requests per (model, last user message), so each test uses its own message.
 GET /_count?user=MESSAGE answers {"count": N}: the requests seen with that last user message.
 
@@ -327,6 +328,16 @@ def unknown_tool(h, body, n):
     ])
 
 
+def echo_messages(h, body, n):
+    """Answers with the request's messages as JSON text ([[role, content], ...]), in two
+    pieces: a test reads from it what Keel sent."""
+    text = json.dumps([[m.get("role"), m.get("content")] for m in body["messages"]])
+    half = len(text) // 2
+    h.stream([chunk({"role": "assistant", "content": ""}), chunk({"content": text[:half]}),
+              chunk({"content": text[half:]}), chunk({}, finish_reason="stop"),
+              chunk(usage=usage(7, 3), choices=False), "data: [DONE]\n\n"])
+
+
 def bad_request(h, body, n):
     h.send_error_json(400, "Invalid 'messages[0].content': string too long.")
 
@@ -351,6 +362,7 @@ SCENARIOS = {
     "bad-args": bad_args,
     "unknown-tool": unknown_tool,
     "bad-request": bad_request,
+    "echo-messages": echo_messages,
 }
 
 

@@ -346,14 +346,14 @@ TEST_F(ArchiveTest, RoundTripAcrossBackendsIsByteIdentical) {
 }
 
 // Version 2 archives were written before the plugin tables (and before sessions had a
-// description, a creator, and tenants their settings): they import, with no plugins, sessions
-// described "" and opened by "", and tenants allowed neither host execution nor unsandboxed
-// stdio MCP servers. Nor did they carry the audit chain: their events are hashed as they are
-// imported, into the very chains the source store had. Their events carry the store-wide
-// origin_seq and no tenant_position: they are numbered per tenant. Their messages carry no seq:
-// numbered per session in id order.
+// description, a creator and instructions, and tenants their settings): they import, with no
+// plugins, sessions described "", opened by "" and with no instructions of their own, and
+// tenants allowed neither host execution nor unsandboxed stdio MCP servers. Nor did they carry the
+// audit chain: their events are hashed as they are imported, into the very chains the source store
+// had. Their events carry the store-wide origin_seq and no tenant_position: they are numbered per
+// tenant. Their messages carry no seq: numbered per session in id order.
 TEST_F(ArchiveTest, ImportsAVersion2ArchiveWithoutThePluginTables) {
-  ASSERT_EQ(kArchiveVersion, 8);
+  ASSERT_EQ(kArchiveVersion, 9);
   // The tables archives gained in versions 3 (plugins) and 4 (schedules, memory, skills,
   // compactions, usage).
   const std::set<std::string> later = {
@@ -376,7 +376,7 @@ TEST_F(ArchiveTest, ImportsAVersion2ArchiveWithoutThePluginTables) {
   // Columns added later, with the value an old archive's rows import with (null: any value,
   // recomputed on import).
   const std::map<std::string, std::map<std::string, Json>> added = {
-      {"sessions", {{"description", ""}, {"created_by", ""}}},
+      {"sessions", {{"description", ""}, {"created_by", ""}, {"instructions", ""}}},
       {"tenants", {{"allow_host_exec", 0}, {"allow_stdio_mcp", 0}}},
       {"events", {{"hash", nullptr}}},
       {"messages", {{"seq", nullptr}}}};

@@ -44,6 +44,7 @@ Json SessionJson(const store::Session& s) {
           {"status", s.status},
           {"title", s.title},
           {"description", s.description},
+          {"instructions", s.instructions},
           {"created_at", FormatRfc3339(s.created_at)},
           {"updated_at", FormatRfc3339(s.updated_at)}};
 }
@@ -225,6 +226,7 @@ void RegisterAllRoutes(http::Router& router, ApiContext& ctx) {
   RegisterMemoryRoutes(router, ctx);
   RegisterSkillRoutes(router, ctx);
   RegisterContextRoutes(router, ctx);
+  RegisterOpenAiRoutes(router, ctx);
 }
 
 }  // namespace keel::api

@@ -71,6 +71,7 @@ void RegisterUsageRoutes(http::Router& router, ApiContext& ctx);     // usage, b
 void RegisterMemoryRoutes(http::Router& router, ApiContext& ctx);    // memories, working memory
 void RegisterSkillRoutes(http::Router& router, ApiContext& ctx);     // skills, assignments
 void RegisterContextRoutes(http::Router& router, ApiContext& ctx);   // compactions
+void RegisterOpenAiRoutes(http::Router& router, ApiContext& ctx);    // /v1/chat/completions
 
 // The OpenAPI 3.1 document served at /v1/openapi.json.
 const std::string& OpenApiDocument();

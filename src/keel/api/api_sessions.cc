@@ -3,6 +3,7 @@
 #include "keel/access/access.h"
 #include "keel/api/api.h"
 #include "keel/api/render.h"
+#include "keel/api/run_wait.h"
 #include "keel/common/ids.h"
 #include "keel/runtime/event_hub.h"
 #include "keel/runtime/runtime.h"
@@ -15,16 +16,13 @@ namespace asio = boost::asio;
 using http::Request;
 using http::Response;
 
-namespace {
-
-// Suspends until the run is terminal or waiting for approval, or `seconds` pass. A run that
-// intake just claimed for this node (not a replay; running, leased to its origin) is not read
-// first: it moves only by this node's commits (or, after its lease, another node's), and each
+// A run that intake just claimed for this node (not a replay; running, leased to its origin) is not
+// read first: it moves only by this node's commits (or, after its lease, another node's), and each
 // wakes the subscription, which is in place before the first of them is dispatched. A run this
 // node's execution ended is not read back either: the hub hands over the run as the ending
 // committed it (EventHub::Ending).
 asio::awaitable<Result<store::Run>> WaitForRun(ApiContext& ctx, store::Run current, double seconds,
-                                               bool just_claimed) {
+                                               bool just_claimed, bool through_approval) {
   const std::string tenant_id = current.tenant_id, run_id = current.id;
   auto sub = ctx.hub.Subscribe({tenant_id, "", "", run_id, /*deltas=*/false});
   auto deadline = std::chrono::steady_clock::now() +
@@ -46,7 +44,8 @@ asio::awaitable<Result<store::Run>> WaitForRun(ApiContext& ctx, store::Run curre
       }
     }
     auto now = std::chrono::steady_clock::now();
-    if (current.Terminal() || current.status == "waiting_for_approval" || now >= deadline) break;
+    const bool parked = current.status == "waiting_for_approval" && !through_approval;
+    if (current.Terminal() || parked || now >= deadline) break;
     co_await ctx.hub.Wait(sub, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
     // Still so after the run's progress alone. Read when it may have ended, at the deadline (the
     // caller gets the run as it stands), and while the node drains (the hub no longer waits).
@@ -56,6 +55,8 @@ asio::awaitable<Result<store::Run>> WaitForRun(ApiContext& ctx, store::Run curre
   ctx.hub.Unsubscribe(sub);
   co_return std::move(current);
 }
+
+namespace {
 
 Result<double> WaitSeconds(const Request& req) {
   std::string w = req.Query("wait");
@@ -77,15 +78,22 @@ void RegisterSessionRoutes(http::Router& router, ApiContext& ctx) {
   router.Add("POST", "/v1/agents/{id}/sessions", [&ctx](Request& req) -> asio::awaitable<Response> {
     auto body = ParseJsonObject(req.body);
     if (!body.ok()) co_return Response::Error(body.status());
-    if (auto st = CheckFields(*body, {"title"}); !st.ok()) co_return Response::Error(st);
+    if (auto st = CheckFields(*body, {"title", "instructions"}); !st.ok())
+      co_return Response::Error(st);
     auto title = OptString(*body, "title");
     if (!title.ok()) co_return Response::Error(title.status());
     if (title->size() > 1000) co_return Response::Error(InvalidArgument("title is longer than 1000 characters"));
+    auto instructions = OptString(*body, "instructions");
+    if (!instructions.ok()) co_return Response::Error(instructions.status());
+    if (instructions->size() > kMaxSessionInstructions) {
+      co_return Response::Error(InvalidArgument("instructions are longer than 256 KiB"));
+    }
     store::Session session;
     session.id = NewId();
     session.tenant_id = req.principal.tenant_id;
     session.agent_id = req.Param("id");
     session.title = *title;
+    session.instructions = std::move(*instructions);
     session.created_by = req.principal.token_id;
     session.created_at = session.updated_at = NowMillis();
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {

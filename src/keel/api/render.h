@@ -20,6 +20,9 @@ Json RunJson(const store::Run& r);
 Json StepJson(const store::Step& s, const store::ToolCall* call);
 Json EventJson(const store::Event& e);
 
+// The longest a session's own instructions may be (store::Session::instructions).
+inline constexpr size_t kMaxSessionInstructions = 256 * 1024;
+
 // ?limit= with validation (1..500, default 50).
 Result<int> LimitOf(const http::Request& req);
 // ?limit= and ?cursor= with validation (limit 1..500, default 50).

@@ -81,8 +81,8 @@ Response Response::NoContent() {
 }
 
 void Router::Add(const std::string& method, const std::string& pattern, Handler handler,
-                 bool requires_auth) {
-  routes_.push_back(Route{method, Split(pattern), std::move(handler), requires_auth});
+                 bool requires_auth, ErrorRenderer render_error) {
+  routes_.push_back(Route{method, Split(pattern), std::move(handler), requires_auth, render_error});
 }
 
 boost::asio::awaitable<Response> Router::Dispatch(Request& request) const {
@@ -103,6 +103,7 @@ boost::asio::awaitable<Response> Router::Dispatch(Request& request) const {
     if (!ok) continue;
     path_matched = true;
     if (route.method != request.method) continue;
+    const ErrorRenderer error = route.render_error ? route.render_error : &Response::Error;
     if (route.requires_auth) {
       std::string auth = request.Header("authorization");
       std::string token;
@@ -110,17 +111,17 @@ boost::asio::awaitable<Response> Router::Dispatch(Request& request) const {
         token = auth.substr(7);
       }
       if (token.empty()) {
-        co_return Response::Error(Unauthenticated("missing bearer token (Authorization: Bearer ...)"));
+        co_return error(Unauthenticated("missing bearer token (Authorization: Bearer ...)"));
       }
       auto principal = co_await authenticate_(token);
-      if (!principal.ok()) co_return Response::Error(principal.status());
+      if (!principal.ok()) co_return error(principal.status());
       request.principal = *principal;
     }
     request.params = std::move(params);
     try {
       co_return co_await route.handler(request);
     } catch (const std::exception& e) {
-      co_return Response::Error(Internal(std::string("unexpected error: ") + e.what()));
+      co_return error(Internal(std::string("unexpected error: ") + e.what()));
     }
   }
   if (path_matched) {

@@ -17,6 +17,9 @@ using Handler = std::function<boost::asio::awaitable<Response>(Request&)>;
 // Resolves the bearer token into a principal; kUnauthenticated when missing or invalid.
 using Authenticator =
     std::function<boost::asio::awaitable<Result<Principal>>(std::string bearer_token)>;
+// Renders a failure the router finds for a route (no token, a bad one, a handler that threw) in
+// the shape that route's clients read; Keel's own (Response::Error) when a route gives none.
+using ErrorRenderer = Response (*)(const Status& status);
 
 class Router {
  public:
@@ -24,7 +27,7 @@ class Router {
 
   // REQUIRES: no route with the same method and pattern exists.
   void Add(const std::string& method, const std::string& pattern, Handler handler,
-           bool requires_auth = true);
+           bool requires_auth = true, ErrorRenderer render_error = nullptr);
 
   // Finds the route, authenticates, runs the handler. 404 for unknown paths, 405 for a known
   // path with another method, 401 without a valid token. Handler exceptions become 500.
@@ -44,6 +47,7 @@ class Router {
     std::vector<std::string> segments;
     Handler handler;
     bool requires_auth;
+    ErrorRenderer render_error;
   };
   Authenticator authenticate_;
   std::vector<Route> routes_;

@@ -188,7 +188,7 @@ Status Runtime::ReadContext(store::Tx& tx, const store::Run& run, const store::M
   KEEL_RETURN_IF_ERROR(
       tx.skills().SkillsForAgentLater(run.tenant_id, run.agent_id, false, out.skills));
   KEEL_RETURN_IF_ERROR(ReadWindow(tx, run, WindowLimit(options_.history_limit), out));
-  if (prompt.role == "introspection") {
+  if (out.session_read || prompt.role == "introspection") {
     KEEL_ASSIGN_OR_RETURN(out.session, tx.sessions().GetSession(run.tenant_id, run.session_id));
   }
   return Status::Ok();
@@ -257,8 +257,9 @@ asio::awaitable<Status> Runtime::AssembleContext(
   // An introspection run gets its own instructions instead of the agent's turn prompt.
   const bool introspection = prompt.role == "introspection";
   const std::string fixed =
-      introspection ? IntrospectionPrompt(agent.instructions, session.description)
-                    : SystemPrompt(agent.instructions, {skills::SkillIndex(skills)});
+      introspection
+          ? IntrospectionPrompt(agent.instructions, session.description)
+          : SystemPrompt(agent.instructions, {session.instructions, skills::SkillIndex(skills)});
   auto system_with = [&](const std::string& s) { return SystemPrompt(fixed, {SummarySection(s)}); };
 
   // Compaction: while the conversation since the last summary is more than history_limit

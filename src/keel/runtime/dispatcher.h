@@ -41,6 +41,7 @@ namespace keel::runtime {
 struct KnownRun {
   store::Agent agent;
   store::Message prompt;
+  std::string session_instructions;  // its session's own (store::Session::instructions)
   // The agent's plugins as intake found them current (a schedule's run has none: it looks).
   std::shared_ptr<plugins::AgentPlugins> plugins;
 };

@@ -124,6 +124,7 @@ asio::awaitable<Result<IntakeResult>> Intake::PostMessage(const IntakeRequest& r
   }
   Unit unit = Prepare(req, agent, std::move(content));
   unit.plugins = std::move(plugins);
+  unit.session_instructions = std::move(session.instructions);
   // Read idle just now: the writer need not read the session again (on PostgreSQL that read
   // was a round trip in the writer's transaction, per message) unless it changed meanwhile.
   // The tenant's cap is checked by the claim's update alone (a tenant at its cap is rare).
@@ -258,7 +259,8 @@ void Intake::After(Unit& u) {
   u.out.run = u.written;  // the run as committed: running, leased to this node
   // The unit's last use: what the run needs moves into it.
   dispatcher_.Launch(std::move(u.written),
-                     KnownRun{std::move(u.agent), u.out.message, std::move(u.plugins)},
+                     KnownRun{std::move(u.agent), u.out.message, std::move(u.session_instructions),
+                              std::move(u.plugins)},
                      std::move(u.slot));
 }
 

@@ -103,6 +103,7 @@ class Intake {
     // The agent's plugins when the caller found them (PostMessage does), handed to the run the
     // unit claims; otherwise the run looks for them.
     std::shared_ptr<plugins::AgentPlugins> plugins;
+    std::string session_instructions;  // the session's own, for the run the unit claims
     // Set by Write:
     bool busy = false;     // the session had an unfinished run
     bool claimed = false;  // the run was written running, with this node's lease

@@ -311,6 +311,11 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
   bool revoked = false;        // the token the run acts for was revoked since it was posted
   ContextRead context;
   context.known = conversations_.Take(run.tenant_id, run.session_id);
+  if (known) {
+    context.session.instructions = known->session_instructions;
+  } else {
+    context.session_read = true;
+  }
   std::vector<store::EmergencyStop> stops;
   std::optional<std::vector<store::EmergencyStop>> first_stops;
   Status loaded = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {

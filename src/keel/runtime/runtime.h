@@ -154,7 +154,10 @@ class Runtime {
     int64_t fetched_from = 0;
     store::Conversation fetched;
     std::vector<store::Skill> skills;          // the agent's, without their files
-    store::Session session;                    // an introspection run's, for its description
+    // The run's session: its instructions (from intake when it claimed the run), and an
+    // introspection run's description.
+    store::Session session;
+    bool session_read = false;  // ReadContext reads it (not claimed at intake, or introspection)
   };
   // Dispatcher::Execute: claims a run (unless intake did: `known`) and executes it in `slot`,
   // which it gives back when it ends (run_executor.cc).

@@ -52,11 +52,10 @@ struct AddedColumn {
   int version;  // the archive version that first carried it
   const char* value;  // JSON text
 };
-constexpr AddedColumn kAddedColumns[] = {{"sessions", "description", 5, "\"\""},
-                                         {"sessions", "created_by", 6, "\"\""},
-                                         {"tenants", "allow_host_exec", 6, "0"},
-                                         {"tenants", "allow_stdio_mcp", 6, "0"},
-                                         {"events", "hash", 7, "\"\""}};
+constexpr AddedColumn kAddedColumns[] = {
+    {"sessions", "description", 5, "\"\""},  {"sessions", "created_by", 6, "\"\""},
+    {"sessions", "instructions", 9, "\"\""}, {"tenants", "allow_host_exec", 6, "0"},
+    {"tenants", "allow_stdio_mcp", 6, "0"},  {"events", "hash", 7, "\"\""}};
 
 void FillAddedColumns(const ExportTableSpec& t, int version, Json& row) {
   for (const auto& c : kAddedColumns) {

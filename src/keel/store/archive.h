@@ -30,8 +30,9 @@ inline constexpr const char* kArchiveFormat = "keel-export";
 // tenants.allow_host_exec and allow_stdio_mcp; 7: the audit chain (events.hash, audit_heads),
 // events.tenant_position, and origin_seq per (tenant, origin) (older archives' events are
 // numbered so on import, as the migration does, and hashed); 8: messages.seq (older archives'
-// messages are numbered per session in id order on import, as the migration does).
-inline constexpr int kArchiveVersion = 8;
+// messages are numbered per session in id order on import, as the migration does); 9:
+// sessions.instructions.
+inline constexpr int kArchiveVersion = 9;
 // The oldest version ImportArchive reads.
 inline constexpr int kOldestArchiveVersion = 2;
 // The most an archive may hold uncompressed (ImportArchive reads it into memory whole).

@@ -95,6 +95,7 @@ std::string RowImage(const Session& s) {
       .Col("updated_at", s.updated_at)
       .Col("description", s.description)
       .Col("created_by", s.created_by)
+      .Col("instructions", s.instructions)
       .Done();
 }
 

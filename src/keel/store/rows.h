@@ -229,7 +229,8 @@ Agent ReadAgent(const Row& s) {
 }
 
 inline constexpr const char* kSessionCols =
-    "id, tenant_id, agent_id, status, title, created_at, updated_at, description, created_by";
+    "id, tenant_id, agent_id, status, title, created_at, updated_at, description, created_by, "
+    "instructions";
 // How many columns a list of them has (its commas and one), for columns selected after it.
 constexpr int ColumnCount(const char* cols) {
   int n = 1;
@@ -250,6 +251,7 @@ Session ReadSession(const Row& s) {
   x.updated_at = s.Int(6);
   x.description = s.Text(7);
   x.created_by = s.Text(8);
+  x.instructions = s.Text(9);
   return x;
 }
 

@@ -737,10 +737,10 @@ Status SqlTx<Sql>::DeleteAgent(const std::string& tenant_id, const std::string& 
 
 template <typename Sql>
 Status SqlTx<Sql>::InsertSession(const Session& x) {
-  static const std::string kSql = InsertSql("sessions", kSessionCols, 9);
+  static const std::string kSql = InsertSql("sessions", kSessionCols, 10);
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(x.tenant_id));
   return Inserted(sql_.Exec(kSql, x.id, x.tenant_id, x.agent_id, x.status, x.title, x.created_at,
-                            x.updated_at, x.description, x.created_by),
+                            x.updated_at, x.description, x.created_by, x.instructions),
                   "session already exists: " + x.id);
 }
 

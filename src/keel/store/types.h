@@ -186,6 +186,9 @@ struct Session {
   // The token id of whoever opened it (a schedule's session: the schedule's token); "" for a
   // session stored before this was recorded. Guests reach only the sessions they opened.
   std::string created_by;
+  // Its own instructions, given when it was opened and never changed: a turn's context has them
+  // after the agent's (the system messages of a Chat Completions conversation, api/openai_front).
+  std::string instructions;
 };
 
 struct Message {
