@@ -342,6 +342,7 @@ int ServeMain(const ServeFlags& flags) {
   server_options.header_timeout = std::chrono::milliseconds(http_config.header_timeout_ms);
   server_options.body_timeout = std::chrono::milliseconds(http_config.body_timeout_ms);
   server_options.idle_timeout = std::chrono::milliseconds(http_config.idle_timeout_ms);
+  server_options.cors.origins = config.cors_origins;
   RaiseDescriptorLimit(http_config.max_connections);
   http::Server server(io, router, metrics, server_options);
   auto bound = server.Listen(config.listen);

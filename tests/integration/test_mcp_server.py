@@ -965,6 +965,49 @@ class McpToolsTest(McpTestCase):
         self.assertEqual(c.delete().status, 204)
         self.assertEqual(t.session(sid)["status"], "inactive")
 
+    def test_a_call_waiting_for_approval_reports_progress_to_a_client_that_asked(self):
+        # Clients that reset their timeout on progress (the official SDKs, 60 s by default) keep
+        # waiting for the human while notifications/progress arrive, at most 10 s apart.
+        t = self.tenant(APPROVAL_FRAME)
+        agent = t.agent(tools=NOTE_TOOLS)
+        c = t.client()
+        c.initialize(agent["id"])
+        line = unique_name("progress")
+        s = c.stream("tools/call", {"name": "notes.append", "arguments": {"line": line},
+                                    "_meta": {"progressToken": "tok-1"}}, id=9)
+        try:
+            note = s.next()
+            self.assertEqual(note.get("method"), "notifications/message", note)
+            approval_id = note["params"]["data"]["approval_id"]
+            first = s.next(timeout=5)
+            self.assertEqual(first.get("method"), "notifications/progress", first)
+            self.assertEqual(first["params"]["progressToken"], "tok-1")
+            self.assertEqual(first["params"]["progress"], 1)
+            self.assertIn(approval_id, first["params"]["message"])
+            started = time.monotonic()
+            second = s.next(timeout=15)
+            self.assertEqual(second.get("method"), "notifications/progress", second)
+            self.assertEqual(second["params"]["progress"], 2)  # it increases
+            self.assertLess(time.monotonic() - started, 12)
+            st, decided, _ = t.decide(approval_id, "approve", {"reason": "fine"})
+            self.assertEqual(st, 200, decided)
+            final = s.next()
+            self.assertEqual(final.get("id"), 9, final)
+            self.assertEqual(final["result"]["structuredContent"], {"appended": line})
+        finally:
+            s.close()
+        # Without a token: no progress, only the approval's notice and the result.
+        s = c.stream("tools/call", {"name": "notes.append", "arguments": {"line": line + "-2"}},
+                     id=10)
+        try:
+            note = s.next()
+            self.assertEqual(note.get("method"), "notifications/message", note)
+            t.decide(note["params"]["data"]["approval_id"], "approve", {"reason": "fine"})
+            final = s.next()
+            self.assertEqual(final.get("id"), 10, final)
+        finally:
+            s.close()
+
     def test_reject_over_sse(self):
         t = self.tenant(APPROVAL_FRAME)
         agent = t.agent(tools=NOTE_TOOLS)

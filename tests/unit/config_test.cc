@@ -1,5 +1,6 @@
 // The settings that keep Keel's keys, users and tenants apart: the key-encryption key from a
-// file, its removal from the environment, the exec user, and the tenants' fair shares.
+// file, its removal from the environment, the exec user, the tenants' fair shares, and the
+// browser pages that may call the API.
 
 #include "keel/config/config.h"
 #include "keel/config/limits_config.h"
@@ -25,10 +26,10 @@ class ConfigTest : public ::testing::Test {
     overrides_.home = dir_.string();
   }
   void TearDown() override {
-    for (const char* v : {"KEEL_SECRET_KEK", "KEEL_SECRET_KEK_FILE", "KEEL_EXEC_UID",
-                          "KEEL_MAX_CONCURRENT_RUNS", "KEEL_TENANT_MAX_RUNNING",
-                          "KEEL_TOOL_THREADS", "KEEL_TENANT_TOOL_THREADS",
-                          "KEEL_IO_STALL_WARN_MS", "KEEL_IO_STALL_LIMIT_MS"}) {
+    for (const char* v :
+         {"KEEL_SECRET_KEK", "KEEL_SECRET_KEK_FILE", "KEEL_EXEC_UID", "KEEL_MAX_CONCURRENT_RUNS",
+          "KEEL_TENANT_MAX_RUNNING", "KEEL_TOOL_THREADS", "KEEL_TENANT_TOOL_THREADS",
+          "KEEL_IO_STALL_WARN_MS", "KEEL_IO_STALL_LIMIT_MS", "KEEL_CORS_ORIGINS"}) {
       ::unsetenv(v);
     }
     fs::remove_all(dir_);
@@ -134,6 +135,30 @@ TEST_F(ConfigTest, TheIoWatchdogWarnsBeforeItsLimit) {
   EXPECT_EQ(limits->io_stall_warn_ms, 300);
   ::setenv("KEEL_IO_STALL_LIMIT_MS", "999", 1);  // below the floor
   EXPECT_EQ(LoadLimits(overrides_).status().code(), Code::kInvalidArgument);
+}
+
+TEST_F(ConfigTest, CrossOriginPagesAreNoneUnlessListedAndEachIsAnOrigin) {
+  auto c = Load(overrides_);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c->cors_origins.empty());
+  std::ofstream(dir_ / "keel.toml")
+      << "cors_origins = [\"https://app.example.com\", \"http://[::1]:5173\"]\n";
+  c = Load(overrides_);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->cors_origins,
+            (std::vector<std::string>{"https://app.example.com", "http://[::1]:5173"}));
+  ::setenv("KEEL_CORS_ORIGINS", " * ", 1);  // the environment replaces the file's list
+  c = Load(overrides_);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->cors_origins, std::vector<std::string>{"*"});
+  ::unsetenv("KEEL_CORS_ORIGINS");
+  for (const char* bad : {"\"https://app.example.com/\"", "\"//app.example.com\"", "\"https://\"",
+                          "\"https://a.example.com:0x50\"", "42"}) {
+    std::ofstream(dir_ / "keel.toml") << "cors_origins = [" << bad << "]\n";
+    auto refused = Load(overrides_).status();
+    EXPECT_EQ(refused.code(), Code::kInvalidArgument) << bad;
+    EXPECT_NE(refused.message().find("cors_origins"), std::string::npos) << refused.message();
+  }
 }
 
 }  // namespace

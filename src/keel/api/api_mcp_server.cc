@@ -23,6 +23,7 @@
 #include "keel/common/ids.h"
 #include "keel/common/time.h"
 #include "keel/config/config.h"
+#include "keel/http/cors.h"
 #include "keel/mcp/messages.h"
 #include "keel/runtime/event_hub.h"
 #include "keel/runtime/runtime.h"
@@ -93,8 +94,10 @@ bool IsLoopbackName(const std::string& host) {
 
 // DNS rebinding protection (the transport's security rules): a server listening on a loopback
 // address answers only requests addressed to a loopback name; a browser's request must come
-// from a page of this server (its Origin names the same host as its Host header).
-Status CheckHostAndOrigin(const Request& req, const std::string& listen) {
+// from a page of this server (its Origin names the same host as its Host header), or of an
+// origin the cors_origins setting lists.
+Status CheckHostAndOrigin(const Request& req, const config::Config& config) {
+  const std::string& listen = config.listen;
   const std::string host = HostOf(req.Header("host"));
   if (IsLoopbackName(HostOf(listen)) && !IsLoopbackName(host)) {
     return Status(Code::kPermissionDenied,
@@ -102,7 +105,8 @@ Status CheckHostAndOrigin(const Request& req, const std::string& listen) {
                   "localhost, 127.0.0.1 or [::1], not Host '" + host + "'");
   }
   const std::string origin = req.Header("origin");
-  if (!origin.empty() && HostOf(origin) != host) {
+  if (!origin.empty() && HostOf(origin) != host &&
+      !http::CorsPolicy{config.cors_origins}.Allows(origin)) {
     return Status(Code::kPermissionDenied,
                   "Origin '" + origin + "' does not match the Host this request was sent to");
   }
@@ -161,13 +165,19 @@ Result<Json> CallResultOf(store::Tx& tx, const store::Run& run) {
 // An SSE frame carrying one JSON-RPC message.
 std::string Frame(const Json& message) { return "event: message\ndata: " + DumpJson(message) + "\n\n"; }
 
+// While a call waits for an approval, a client that gave a progress token hears
+// notifications/progress this often: clients that reset their request timeout on progress (the
+// official SDKs do, with a 60 s default) keep waiting for the human.
+constexpr std::chrono::seconds kProgressEvery{10};
+
 // Waits until the direct call's run ends and returns its CallToolResult. With `w` (an SSE
-// answer) it tells the client when the call waits for an approval and keeps the connection
+// answer) it tells the client when the call waits for an approval, sends `progress_token`'s
+// notifications/progress while it waits (when the client gave one), and keeps the connection
 // alive; nullopt when that client went away or cancelled the request.
 asio::awaitable<Result<std::optional<Json>>> AwaitCall(ApiContext& ctx, McpState& state,
                                                        std::pair<std::string, std::string> key,
                                                        store::Run run, std::string call_id,
-                                                       http::StreamWriter* w) {
+                                                       http::StreamWriter* w, Json progress_token) {
   auto sub = ctx.hub.Subscribe({run.tenant_id, "", "", run.id, /*deltas=*/false});
   struct Leave {
     ApiContext& ctx;
@@ -181,6 +191,8 @@ asio::awaitable<Result<std::optional<Json>>> AwaitCall(ApiContext& ctx, McpState
     }
   } leave{ctx, state, sub, key};
   std::string told_approval;
+  int64_t progress = 0;  // notifications/progress sent (their progress values: 1, 2, ...)
+  auto last_progress = std::chrono::steady_clock::time_point();
   while (true) {
     ctx.hub.TakeDirty(sub);
     store::Run current;
@@ -212,8 +224,22 @@ asio::awaitable<Result<std::optional<Json>>> AwaitCall(ApiContext& ctx, McpState
                        {"run_id", run.id}}}}}};
       if (!co_await w->Write(Frame(note))) co_return std::optional<Json>();
     }
+    const bool reports = w && !progress_token.is_null() && approval;
+    if (reports && std::chrono::steady_clock::now() - last_progress >= kProgressEvery) {
+      last_progress = std::chrono::steady_clock::now();
+      Json note = {{"jsonrpc", "2.0"},
+                   {"method", "notifications/progress"},
+                   {"params",
+                    {{"progressToken", progress_token},
+                     {"progress", ++progress},
+                     {"message", "waiting for approval " + approval->id}}}};
+      std::string frame = Frame(note);
+      if (!co_await w->Write(std::move(frame))) co_return std::optional<Json>();
+    }
     auto before = std::chrono::steady_clock::now();
-    co_await ctx.hub.Wait(sub, std::chrono::seconds(15));
+    co_await ctx.hub.Wait(
+        sub, reports ? std::chrono::duration_cast<std::chrono::milliseconds>(kProgressEvery)
+                     : std::chrono::milliseconds(15000));
     if (w && std::chrono::steady_clock::now() - before >= std::chrono::seconds(15)) {
       if (!co_await w->Write(": keepalive\n\n")) co_return std::optional<Json>();
     }
@@ -345,7 +371,7 @@ asio::awaitable<Response> ToolsCall(ApiContext& ctx, std::shared_ptr<McpState> s
   state->in_flight[key] = posted->run.id;
 
   if (req.Header("accept").find("text/event-stream") == std::string::npos) {
-    auto done = co_await AwaitCall(ctx, *state, key, posted->run, call_id, nullptr);
+    auto done = co_await AwaitCall(ctx, *state, key, posted->run, call_id, nullptr, Json());
     if (!done.ok()) co_return RpcResponse(200, RpcError(id, kServerError, done.status().message()));
     if (!*done) co_return Response::NoContent();  // cancelled by the client
     co_return RpcResponse(200, RpcResult(id, **done));
@@ -354,8 +380,16 @@ asio::awaitable<Response> ToolsCall(ApiContext& ctx, std::shared_ptr<McpState> s
   r.content_type = "text/event-stream";
   r.headers["X-Accel-Buffering"] = "no";
   store::Run run = posted->run;
-  r.stream = [&ctx, state, key, run, call_id, id](http::StreamWriter& w) -> asio::awaitable<void> {
-    auto done = co_await AwaitCall(ctx, *state, key, run, call_id, &w);
+  // The client's progress token (params._meta.progressToken: a string or an integer).
+  Json token;
+  if (params.contains("_meta") && params["_meta"].is_object() &&
+      params["_meta"].contains("progressToken")) {
+    const Json& t = params["_meta"]["progressToken"];
+    if (t.is_string() || t.is_number_integer()) token = t;
+  }
+  r.stream = [&ctx, state, key, run, call_id, id,
+              token](http::StreamWriter& w) -> asio::awaitable<void> {
+    auto done = co_await AwaitCall(ctx, *state, key, run, call_id, &w, token);
     if (done.ok() && !*done) co_return;  // the client went away or cancelled
     Json message = done.ok() ? RpcResult(id, **done) : RpcError(id, kServerError, done.status().message());
     (void)co_await w.Write(Frame(message));
@@ -369,17 +403,19 @@ void RegisterMcpServerRoutes(http::Router& router, ApiContext& ctx) {
   auto state = std::make_shared<McpState>();
 
   router.Add("POST", "/v1/mcp", [&ctx, state](Request& req) -> asio::awaitable<Response> {
-    if (Status st = CheckHostAndOrigin(req, ctx.config.listen); !st.ok()) {
+    if (Status st = CheckHostAndOrigin(req, ctx.config); !st.ok()) {
       co_return TransportError(st);
     }
     mcp::PostedMessage msg = mcp::ParsePostedMessage(req.body);
-    if (msg.error_code != 0) co_return RpcResponse(400, RpcError(nullptr, msg.error_code, msg.error));
+    if (msg.error_code != 0)
+      co_return RpcResponse(400, RpcError(nullptr, msg.error_code, msg.error));
     const bool has_id = msg.has_id;
     const Json& id = msg.id;
     const std::string& method = msg.method;
     const Json& params = msg.params;
     if (method == "initialize") {
-      if (!has_id) co_return RpcResponse(400, RpcError(nullptr, kInvalidRequest, "initialize needs an id"));
+      if (!has_id)
+        co_return RpcResponse(400, RpcError(nullptr, kInvalidRequest, "initialize needs an id"));
       co_return co_await Initialize(ctx, req, id, params);
     }
     if (Status st = CheckVersionHeader(req); !st.ok()) co_return TransportError(st);
@@ -409,7 +445,7 @@ void RegisterMcpServerRoutes(http::Router& router, ApiContext& ctx) {
 
   // Closing the session. A call still waiting (for an approval) keeps it open: 409.
   router.Add("DELETE", "/v1/mcp", [&ctx](Request& req) -> asio::awaitable<Response> {
-    if (Status st = CheckHostAndOrigin(req, ctx.config.listen); !st.ok()) {
+    if (Status st = CheckHostAndOrigin(req, ctx.config); !st.ok()) {
       co_return TransportError(st);
     }
     if (Status st = CheckVersionHeader(req); !st.ok()) co_return TransportError(st);

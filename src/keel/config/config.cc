@@ -1,6 +1,4 @@
 #include "keel/config/config.h"
-#include "keel/config/http_config.h"
-#include "keel/config/limits_config.h"
 
 #include <toml++/toml.h>
 #include <unistd.h>
@@ -8,14 +6,17 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <cstring>
-#include <string_view>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <set>
+#include <sstream>
+#include <string_view>
 
+#include "keel/config/http_config.h"
+#include "keel/config/limits_config.h"
+#include "keel/http/cors.h"
 #include "keel/http/outbound_guard.h"
 
 namespace keel::config {
@@ -193,6 +194,7 @@ Status ApplyToml(const std::string& path, Config& c, HttpConfig& http, LimitsCon
                                              "history_limit",
                                              "log_level",
                                              "outbound_allow",
+                                             "cors_origins",
                                              "exec_uid",
                                              "exec_gid",
                                              "openai",
@@ -264,6 +266,16 @@ Status ApplyToml(const std::string& path, Config& c, HttpConfig& http, LimitsCon
       c.outbound_allow.push_back(*item.value<std::string>());
     }
     KEEL_RETURN_IF_ERROR(CheckOutboundAllow(path + ": outbound_allow", c.outbound_allow));
+  }
+  if (auto n = t["cors_origins"]; n) {
+    const std::string what = path + ": cors_origins must be an array of origins";
+    if (!n.is_array()) return InvalidArgument(what);
+    c.cors_origins.clear();
+    for (const auto& item : *n.as_array()) {
+      if (!item.is_string()) return InvalidArgument(what);
+      c.cors_origins.push_back(*item.value<std::string>());
+    }
+    KEEL_RETURN_IF_ERROR(http::CheckCorsOrigins(path + ": cors_origins", c.cors_origins));
   }
   KEEL_RETURN_IF_ERROR(num("exec_uid", 1, 2147483647, &c.exec_uid));
   KEEL_RETURN_IF_ERROR(num("exec_gid", 1, 2147483647, &c.exec_gid));
@@ -435,18 +447,27 @@ Status LoadInto(const Overrides& o, Config& c, HttpConfig& http, LimitsConfig& l
     KEEL_RETURN_IF_ERROR(
         SetInt(v, "KEEL_IDLE_TIMEOUT_MS", 100, kMaxHttpTimeoutMs, &http.idle_timeout_ms));
   }
-  if (auto v = Env("KEEL_OUTBOUND_ALLOW"); !v.empty()) {
-    c.outbound_allow.clear();
+  // A comma-separated list, its items trimmed, empty ones dropped.
+  auto comma_list = [](const std::string& v) {
+    std::vector<std::string> out;
     size_t pos = 0;
     while (pos <= v.size()) {
       size_t comma = std::min(v.find(',', pos), v.size());
       std::string item = v.substr(pos, comma - pos);
       item.erase(0, item.find_first_not_of(" \t"));
       item.erase(item.find_last_not_of(" \t") + 1);
-      if (!item.empty()) c.outbound_allow.push_back(item);
+      if (!item.empty()) out.push_back(item);
       pos = comma + 1;
     }
+    return out;
+  };
+  if (auto v = Env("KEEL_OUTBOUND_ALLOW"); !v.empty()) {
+    c.outbound_allow = comma_list(v);
     KEEL_RETURN_IF_ERROR(CheckOutboundAllow("KEEL_OUTBOUND_ALLOW", c.outbound_allow));
+  }
+  if (auto v = Env("KEEL_CORS_ORIGINS"); !v.empty()) {
+    c.cors_origins = comma_list(v);
+    KEEL_RETURN_IF_ERROR(http::CheckCorsOrigins("KEEL_CORS_ORIGINS", c.cors_origins));
   }
   if (o.listen) c.listen = *o.listen;
   if (o.store_url) c.store_url = *o.store_url;

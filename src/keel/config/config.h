@@ -69,6 +69,10 @@ struct Config {
   // (http/outbound_guard.h). keel.toml: outbound_allow = ["127.0.0.1/32"]; KEEL_OUTBOUND_ALLOW:
   // comma-separated, replacing the file's list. Empty: only public addresses.
   std::vector<std::string> outbound_allow;
+  // The origins of browser pages that may call the API from another origin (CORS): exact
+  // origins ("https://app.example.com") or "*". keel.toml: cors_origins = [...];
+  // KEEL_CORS_ORIGINS: comma-separated, replacing the file's list. Empty: none (the default).
+  std::vector<std::string> cors_origins;
   // KEEL_SECRET_KEK, or the content of the file KEEL_SECRET_KEK_FILE names (environment only):
   // base64 of the 256-bit key-encryption key of secrets.
   std::string secret_kek;

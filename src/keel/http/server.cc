@@ -355,11 +355,14 @@ struct Server::Impl {
       r.body = std::move(req.body());
       stream.expires_never();
       Response resp;
-      if (well_formed.ok()) {
-        resp = co_await router.Dispatch(r);
-      } else {
+      if (!well_formed.ok()) {
         resp = Response::Error(well_formed);
+      } else if (auto preflight = Preflight(options.cors, r)) {
+        resp = std::move(*preflight);
+      } else {
+        resp = co_await router.Dispatch(r);
       }
+      AllowCrossOrigin(options.cors, r, resp);
 
       if (resp.stream && r.IsWebSocketUpgrade()) {
         CountStatus(101);

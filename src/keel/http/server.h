@@ -14,13 +14,13 @@
 // on open connections: idle ones close at once, a request in flight still gets its answer.
 
 #include <boost/asio/io_context.hpp>
-
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
 
 #include "keel/common/status.h"
+#include "keel/http/cors.h"
 
 namespace keel {
 struct Metrics;
@@ -41,6 +41,7 @@ struct ServerOptions {
   std::chrono::milliseconds body_timeout{30000};
   // A kept-alive connection without a request in flight is closed after this.
   std::chrono::milliseconds idle_timeout{30000};
+  CorsPolicy cors;  // which browser pages of other origins may read the answers
 };
 
 class Server {
