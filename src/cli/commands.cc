@@ -346,8 +346,9 @@ void ShowToolEvent(const std::string& type, const Json& payload, bool* stdout_mi
 
 // Sends one message in a session and follows its run on the session's event stream. The stream
 // is open before the message is posted, so no event of the run can be missed.
+// `run_id` (when given) is set to the run the message started.
 int StreamTurn(Context& ctx, const std::string& session_id, const std::string& text,
-               int wait_seconds) {
+               int wait_seconds, std::string* started = nullptr) {
   Result<HttpClient::Opened> opened =
       ctx.client.OpenStream("/v1/stream?session_id=" + Escape(session_id));
   if (!opened.ok()) return ReportTransportError(opened.status());
@@ -358,6 +359,7 @@ int StreamTurn(Context& ctx, const std::string& session_id, const std::string& t
                          Json{{"content", text}});
   if (!posted.ok()) return posted.exit_code;
   std::string run_id = Str(Field(posted.body, "run"), "id");
+  if (started) *started = run_id;
 
   stream.SetDeadline(std::chrono::steady_clock::now() + seconds(wait_seconds));
   bool printed = false;
@@ -402,14 +404,15 @@ int StreamTurn(Context& ctx, const std::string& session_id, const std::string& t
 }
 
 // Sends one message and waits for its run with ?wait=, without a stream.
-int WaitTurn(Context& ctx, const std::string& session_id, const std::string& text,
-             int wait_seconds) {
+int WaitTurn(Context& ctx, const std::string& session_id, const std::string& text, int wait_seconds,
+             std::string* started) {
   Reply posted = Request(
       ctx, "POST",
       "/v1/sessions/" + Escape(session_id) + "/messages?wait=" + std::to_string(wait_seconds),
       Json{{"content", text}}, seconds(wait_seconds + 30));
   if (!posted.ok()) return posted.exit_code;
   const Json& run = Field(posted.body, "run");
+  *started = Str(run, "id");
   if (ctx.json) {
     PrintJson(ctx, posted.body);
   } else {
@@ -547,8 +550,14 @@ int Send(Context& ctx, const SendArgs& args) {
       code != kExitOk) {
     return code;
   }
-  return args.no_stream ? WaitTurn(ctx, session_id, args.text, args.wait_seconds)
-                        : StreamTurn(ctx, session_id, args.text, args.wait_seconds);
+  std::string run_id;
+  int code = args.no_stream ? WaitTurn(ctx, session_id, args.text, args.wait_seconds, &run_id)
+                            : StreamTurn(ctx, session_id, args.text, args.wait_seconds, &run_id);
+  // On stderr, as the session's line: the answer alone goes to stdout.
+  if (!ctx.json && !run_id.empty()) {
+    std::cerr << Dim("run " + run_id + " (keel runs show " + run_id + ")") << "\n";
+  }
+  return code;
 }
 
 int Chat(Context& ctx, const ChatArgs& args) {

@@ -2,11 +2,13 @@
 // HTTP API (cli/commands.h). This file only maps the command line onto those functions.
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <iostream>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "cli/commands.h"
 #include "cli/store_commands.h"
@@ -17,6 +19,65 @@ namespace {
 
 std::optional<std::string> NonEmpty(const std::string& s) {
   return s.empty() ? std::nullopt : std::optional<std::string>(s);
+}
+
+// The edit distance of two short words (insertions, deletions, substitutions).
+size_t Distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// When a command that takes a subcommand got a word that names none ("keel agent lst"): the
+// message naming the word, the nearest commands and all of them; "" otherwise.
+std::string UnknownCommand(CLI::App& app, int argc, char** argv) {
+  CLI::App* cur = &app;
+  std::string path = "keel";
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("-", 0) == 0) {
+      // An option: skip its value when it takes one and it is not given with '='.
+      const CLI::Option* opt = cur->get_option_no_throw(arg.substr(0, arg.find('=')));
+      if (opt && arg.find('=') == std::string::npos && opt->get_expected_min() > 0) ++i;
+      continue;
+    }
+    std::vector<CLI::App*> subs = cur->get_subcommands([](CLI::App*) { return true; });
+    if (subs.empty()) return "";
+    CLI::App* next = nullptr;
+    for (CLI::App* sub : subs) {
+      if (sub->check_name(arg)) next = sub;
+    }
+    if (next) {
+      cur = next;
+      path += " " + next->get_name();
+      continue;
+    }
+    std::vector<std::string> names, near;
+    for (CLI::App* sub : subs) {
+      names.push_back(sub->get_name());
+      const std::string& n = names.back();
+      if (Distance(arg, n) <= 2 || (arg.size() >= 3 && n.rfind(arg, 0) == 0)) near.push_back(n);
+    }
+    std::string out = path + ": unknown command '" + arg + "'";
+    if (!near.empty()) {
+      out += "; did you mean";
+      for (size_t k = 0; k < near.size(); ++k) out += (k ? ", '" : " '") + near[k] + "'";
+      out += "?";
+    }
+    out += "\nThe commands of " + path + ":";
+    for (const auto& n : names) out += " " + n;
+    return out + "\n(" + path + " --help describes them)\n";
+  }
+  return "";
 }
 
 int Main(int argc, char** argv) {
@@ -88,26 +149,43 @@ int Main(int argc, char** argv) {
   // keel send
   SendArgs send_args;
   CLI::App* send = app.add_subcommand("send", "Send one message to an agent and print the answer");
-  send->add_option("agent", send_args.agent, "Agent id or name (unused with --session)")
-      ->required();
-  send->add_option("text", send_args.text, "The message")->required();
+  // AGENT TEXT, or only TEXT with --session (which then fills `agent`: moved below).
+  send->add_option("agent", send_args.agent, "Agent id or name (not needed with --session)");
+  send->add_option("text", send_args.text, "The message");
   send->add_option("--session", send_args.session_id, "Continue this session (default: a new one)");
   send->add_flag("--no-stream", send_args.no_stream, "Wait for the run instead of streaming it");
   send->add_option("--wait", send_args.wait_seconds, "Seconds to wait for the run")
       ->capture_default_str()
       ->check(CLI::Range(1, 86400));
-  on_parse(send, [&](Context& c) { return Send(c, send_args); });
+  on_parse(send, [&](Context& c) -> int {
+    if (send_args.text.empty() && !send_args.session_id.empty()) {
+      send_args.text = std::move(send_args.agent);  // keel send --session ID TEXT
+      send_args.agent.clear();
+    }
+    if (send_args.text.empty()) {
+      std::cerr << "keel send: give the agent and the message (keel send AGENT TEXT), or the "
+                   "session and the message (keel send --session ID TEXT)\n";
+      return kExitUsage;
+    }
+    return Send(c, send_args);
+  });
 
   // keel chat
   ChatArgs chat_args;
   CLI::App* chat = app.add_subcommand("chat", "Chat with an agent; /exit or end of input ends it");
-  chat->add_option("agent", chat_args.agent, "Agent id or name (unused with --session)")
-      ->required();
+  chat->add_option("agent", chat_args.agent, "Agent id or name (not needed with --session)");
   chat->add_option("--session", chat_args.session_id, "Continue this session (default: a new one)");
   chat->add_option("--wait", chat_args.wait_seconds, "Seconds to wait for each run")
       ->capture_default_str()
       ->check(CLI::Range(1, 86400));
-  on_parse(chat, [&](Context& c) { return Chat(c, chat_args); });
+  on_parse(chat, [&](Context& c) -> int {
+    if (chat_args.agent.empty() && chat_args.session_id.empty()) {
+      std::cerr << "keel chat: name the agent (keel chat AGENT), or the session to resume "
+                   "(keel chat --session ID)\n";
+      return kExitUsage;
+    }
+    return Chat(c, chat_args);
+  });
 
   // keel runs ...
   CLI::App* runs = app.add_subcommand("runs", "List, show and cancel runs");
@@ -537,6 +615,10 @@ int Main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    if (std::string unknown = UnknownCommand(app, argc, argv); !unknown.empty()) {
+      std::cerr << unknown;
+      return kExitUsage;
+    }
     return app.exit(e) == 0 ? kExitOk : kExitUsage;
   }
 

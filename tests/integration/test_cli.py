@@ -1,0 +1,79 @@
+"""The keel CLI as a newcomer meets it: a mistyped command names the nearest ones, `keel send`
+names the run it started and continues a session without the agent, `keel chat` resumes a
+session by its id alone."""
+
+import os
+import subprocess
+import unittest
+
+from keel_harness import KeelServer, KeelTestCase, keel_bin
+
+
+class CliTest(KeelTestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.server = KeelServer(args=["--demo"])
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def keel(self, *args, stdin=""):
+        env = dict(os.environ, KEEL_HOME=self.server.home, KEEL_URL="http://" + self.server.addr,
+                   KEEL_TOKEN=self.server.token, NO_COLOR="1")
+        return subprocess.run([keel_bin()] + list(args), input=stdin, capture_output=True,
+                              text=True, env=env, timeout=60)
+
+    def test_a_mistyped_command_names_the_nearest_ones(self):
+        for args, path, word, near in ((["agent", "lst"], "keel agent", "lst", "'list'"),
+                                       (["tenantz", "list"], "keel", "tenantz", "'tenants'"),
+                                       (["--json", "runs", "shwo", "x"], "keel runs", "shwo",
+                                        "'show'"),
+                                       (["schedules"], "keel", "schedules", "'schedule'")):
+            out = self.keel(*args)
+            self.assertEqual(out.returncode, 2, out)
+            self.assertIn("%s: unknown command '%s'; did you mean %s?" % (path, word, near),
+                          out.stderr)
+            self.assertIn("The commands of %s:" % path, out.stderr)
+        out = self.keel("agent", "zzzzzzzz")
+        self.assertEqual(out.returncode, 2, out)
+        self.assertNotIn("did you mean", out.stderr)
+        self.assertIn("The commands of keel agent: create list show delete", out.stderr)
+        # A command given right is not taken for a mistyped one.
+        out = self.keel("agent", "list")
+        self.assertEqual(out.returncode, 0, out)
+
+    def test_send_names_its_run_and_continues_a_session_without_the_agent(self):
+        out = self.keel("send", "demo", "hello cli")
+        self.assertEqual(out.returncode, 0, out)
+        self.assertEqual(out.stdout, 'You said: "hello cli"\n')
+        run_line = [l for l in out.stderr.splitlines() if l.startswith("run ")]
+        self.assertEqual(len(run_line), 1, out.stderr)
+        run_id = run_line[0].split()[1]
+        self.assertIn("keel runs show %s" % run_id, run_line[0])
+        shown = self.keel("runs", "show", run_id)
+        self.assertEqual(shown.returncode, 0, shown)
+        session = self.server.get_run(run_id)["session_id"]
+        again = self.keel("send", "--session", session, "and again")
+        self.assertEqual(again.returncode, 0, again)
+        self.assertEqual(again.stdout, 'You said: "and again"\n')
+        self.assertEqual(self.server.get_run(again.stderr.split("run ")[1].split()[0])["session_id"],
+                         session)
+        for args in (["send", "no agent"], ["send"]):
+            out = self.keel(*args)
+            self.assertEqual(out.returncode, 2, out)
+            self.assertIn("keel send --session ID TEXT", out.stderr)
+
+    def test_chat_resumes_a_session_by_its_id(self):
+        out = self.keel("send", "demo", "first")
+        session = self.server.get_run(out.stderr.split("run ")[1].split()[0])["session_id"]
+        chat = self.keel("chat", "--session", session, stdin="second\n/exit\n")
+        self.assertEqual(chat.returncode, 0, chat)
+        self.assertIn('You said: "second"', chat.stdout)
+        out = self.keel("chat")
+        self.assertEqual(out.returncode, 2, out)
+        self.assertIn("keel chat --session ID", out.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
