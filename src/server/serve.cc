@@ -208,6 +208,9 @@ int ServeMain(const ServeFlags& flags) {
   auto limits_cfg = config::LoadLimits(overrides);
   if (!limits_cfg.ok()) return Fail(limits_cfg.status());
   const config::LimitsConfig& limits = *limits_cfg;
+  if (!flags.print_routes) {
+    if (Status st = http::CheckCanListen(config.listen); !st.ok()) return Fail(st);
+  }
 
   std::error_code ec;
   fs::create_directories(config.home, ec);

@@ -1,6 +1,7 @@
 """The keel CLI as a newcomer meets it: a mistyped command names the nearest ones, `keel send`
 names the run it started and continues a session without the agent, `keel chat` resumes a
-session by its id alone."""
+session by its id alone, and a server started on a port another one holds stops before it
+writes anything."""
 
 import os
 import subprocess
@@ -73,6 +74,16 @@ class CliTest(KeelTestCase):
         out = self.keel("chat")
         self.assertEqual(out.returncode, 2, out)
         self.assertIn("keel chat --session ID", out.stderr)
+
+    def test_a_second_server_on_a_taken_port_stops_before_it_writes_anything(self):
+        home = os.path.join(self.server.home, "second")
+        out = subprocess.run([keel_bin(), "serve", "--demo", "--home", home, "--listen",
+                              self.server.addr], capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(out.returncode, 0, out)
+        self.assertIn("cannot listen on %s" % self.server.addr, out.stderr)
+        self.assertIn("already running", out.stderr)
+        self.assertNotIn("owner token", out.stdout + out.stderr)
+        self.assertFalse(os.path.exists(home), "it created its home")
 
 
 if __name__ == "__main__":

@@ -418,7 +418,9 @@ Server::Server(asio::io_context& io, const Router& router, Metrics& metrics,
     : impl_(std::make_unique<Impl>(io, router, metrics, options)) {}
 Server::~Server() = default;
 
-Result<std::string> Server::Listen(const std::string& address) {
+namespace {
+
+Result<tcp::endpoint> EndpointOf(const std::string& address) {
   auto colon = address.rfind(':');
   if (colon == std::string::npos) {
     return InvalidArgument("listen address must be HOST:PORT, got '" + address + "'");
@@ -437,13 +439,38 @@ Result<std::string> Server::Listen(const std::string& address) {
   boost::system::error_code ec;
   auto ip = asio::ip::make_address(host == "localhost" ? "127.0.0.1" : host, ec);
   if (ec) return InvalidArgument("invalid listen host '" + host + "' (use an IP address)");
-  tcp::endpoint ep(ip, static_cast<unsigned short>(port));
-  auto& acc = impl_->acceptor;
+  return tcp::endpoint(ip, static_cast<unsigned short>(port));
+}
+
+Status Bind(tcp::acceptor& acc, const tcp::endpoint& ep, const std::string& address) {
+  boost::system::error_code ec;
   acc.open(ep.protocol(), ec);
   if (!ec) acc.set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec) acc.bind(ep, ec);
   if (!ec) acc.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec == asio::error::address_in_use) {
+    return Unavailable("cannot listen on " + address + ": " + ec.message() +
+                       " (another server, such as a `keel serve` or `make run` already running, "
+                       "listens there: stop it, or choose another port with --listen)");
+  }
   if (ec) return Unavailable("cannot listen on " + address + ": " + ec.message());
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status CheckCanListen(const std::string& address) {
+  KEEL_ASSIGN_OR_RETURN(tcp::endpoint ep, EndpointOf(address));
+  if (ep.port() == 0) return Status::Ok();
+  asio::io_context io;
+  tcp::acceptor probe(io);
+  return Bind(probe, ep, address);  // closed when it goes out of scope
+}
+
+Result<std::string> Server::Listen(const std::string& address) {
+  KEEL_ASSIGN_OR_RETURN(tcp::endpoint ep, EndpointOf(address));
+  auto& acc = impl_->acceptor;
+  KEEL_RETURN_IF_ERROR(Bind(acc, ep, address));
   auto bound = acc.local_endpoint();
   std::string h = bound.address().to_string();
   if (bound.address().is_v6()) h = "[" + h + "]";

@@ -44,6 +44,10 @@ struct ServerOptions {
   CorsPolicy cors;  // which browser pages of other origins may read the answers
 };
 
+// Whether a server could listen on "HOST:PORT" now: checked before a server writes anything, so
+// that one started on a port another server holds stops before it touches its store.
+Status CheckCanListen(const std::string& address);
+
 class Server {
  public:
   Server(boost::asio::io_context& io, const Router& router, Metrics& metrics,
