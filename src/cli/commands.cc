@@ -584,10 +584,28 @@ int Chat(Context& ctx, const ChatArgs& args) {
   return kExitOk;
 }
 
+// A list of `path` newest first: one page as `page` says, or all of it.
+Reply NewestFirst(Context& ctx, const std::string& path, const PageArgs& page) {
+  if (page.all) return ListAll(ctx, path + "?order=desc");
+  std::string target = path + "?order=desc&limit=" + std::to_string(page.limit);
+  if (!page.cursor.empty()) target += "&cursor=" + Escape(page.cursor);
+  return Request(ctx, "GET", target);
+}
+
+// Under a table of one page: how to see the rest (on stderr, away from the table).
+void MoreHint(const Json& body, const std::string& what, const std::string& command) {
+  const std::string next = Str(body, "next_cursor");
+  if (next.empty()) return;
+  std::cerr << Dim("the newest " + std::to_string(Items(body).size()) + " " + what +
+                   "; more with " + command + " --cursor " + next + ", or all with " + command +
+                   " --all")
+            << "\n";
+}
+
 int RunsList(Context& ctx, const RunsListArgs& args) {
   std::string target =
       args.session_id.empty() ? "/v1/runs" : "/v1/sessions/" + Escape(args.session_id) + "/runs";
-  Reply runs = Request(ctx, "GET", target + "?limit=" + std::to_string(args.limit));
+  Reply runs = NewestFirst(ctx, target, args.page);
   if (!runs.ok()) return runs.exit_code;
   if (ctx.json) {
     PrintJson(ctx, runs.body);
@@ -599,6 +617,8 @@ int RunsList(Context& ctx, const RunsListArgs& args) {
                     OneLine(Str(r, "output"), 50)});
   }
   PrintTable({"ID", "STATUS", "SESSION", "CREATED", "OUTPUT"}, rows);
+  MoreHint(runs.body, "runs",
+           "keel runs list" + (args.session_id.empty() ? "" : " --session " + args.session_id));
   return kExitOk;
 }
 
@@ -654,10 +674,10 @@ int RunsCancel(Context& ctx, const std::string& run_id) {
   return kExitOk;
 }
 
-int SessionsList(Context& ctx, const std::string& agent) {
+int SessionsList(Context& ctx, const std::string& agent, const PageArgs& page) {
   std::string agent_id;
   if (int code = ResolveAgent(ctx, agent, &agent_id); code != kExitOk) return code;
-  Reply sessions = ListAll(ctx, "/v1/agents/" + Escape(agent_id) + "/sessions");
+  Reply sessions = NewestFirst(ctx, "/v1/agents/" + Escape(agent_id) + "/sessions", page);
   if (!sessions.ok()) return sessions.exit_code;
   if (ctx.json) {
     PrintJson(ctx, sessions.body);
@@ -669,6 +689,7 @@ int SessionsList(Context& ctx, const std::string& agent) {
         {Str(s, "id"), Str(s, "status"), Str(s, "updated_at"), OneLine(Str(s, "title"), 50)});
   }
   PrintTable({"ID", "STATUS", "UPDATED", "TITLE"}, rows);
+  MoreHint(sessions.body, "sessions", "keel sessions list " + agent);
   return kExitOk;
 }
 

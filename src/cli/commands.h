@@ -71,9 +71,17 @@ struct ChatArgs {
   int wait_seconds = 300;
 };
 
+// A list shown newest first: one page of `limit`, from `cursor` (a page's next_cursor), or
+// every item with `all`.
+struct PageArgs {
+  int limit = 50;
+  std::string cursor;
+  bool all = false;
+};
+
 struct RunsListArgs {
   std::string session_id;  // empty: the tenant's recent runs
-  int limit = 50;
+  PageArgs page;
 };
 
 struct EventsArgs {
@@ -91,10 +99,10 @@ int Send(Context& ctx, const SendArgs& args);
 int Chat(Context& ctx, const ChatArgs& args);
 
 int RunsList(Context& ctx, const RunsListArgs& args);
+int SessionsList(Context& ctx, const std::string& agent, const PageArgs& page);
 int RunsShow(Context& ctx, const std::string& run_id);
 int RunsCancel(Context& ctx, const std::string& run_id);
 
-int SessionsList(Context& ctx, const std::string& agent);
 int SessionsShow(Context& ctx, const std::string& session_id);
 
 int TokensCreate(Context& ctx, const std::string& name, const std::string& role);

@@ -191,11 +191,18 @@ int Main(int argc, char** argv) {
   CLI::App* runs = app.add_subcommand("runs", "List, show and cancel runs");
   runs->require_subcommand(1);
   RunsListArgs runs_args;
-  CLI::App* runs_list = runs->add_subcommand("list", "List recent runs");
+  // The options of a list shown newest first (PageArgs).
+  auto page_options = [](CLI::App* list, PageArgs& page, const std::string& what) {
+    list->add_option("--limit", page.limit, "At most this many " + what + ", the newest")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 500));
+    list->add_option("--cursor", page.cursor,
+                     "Go on from an earlier page (its next_cursor, which the hint shows)");
+    list->add_flag("--all", page.all, "All of them, newest first");
+  };
+  CLI::App* runs_list = runs->add_subcommand("list", "List runs, the newest first");
   runs_list->add_option("--session", runs_args.session_id, "Only the runs of this session");
-  runs_list->add_option("--limit", runs_args.limit, "At most this many runs")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 500));
+  page_options(runs_list, runs_args.page, "runs");
   on_parse(runs_list, [&](Context& c) { return RunsList(c, runs_args); });
   std::string run_id;
   CLI::App* runs_show = runs->add_subcommand("show", "Show a run and its steps");
@@ -209,9 +216,12 @@ int Main(int argc, char** argv) {
   CLI::App* sessions = app.add_subcommand("sessions", "List and show sessions");
   sessions->require_subcommand(1);
   std::string sessions_ref;
-  CLI::App* sessions_list = sessions->add_subcommand("list", "List an agent's sessions");
+  PageArgs sessions_page;
+  CLI::App* sessions_list =
+      sessions->add_subcommand("list", "List an agent's sessions, the newest first");
   sessions_list->add_option("agent", sessions_ref, "Agent id or name")->required();
-  on_parse(sessions_list, [&](Context& c) { return SessionsList(c, sessions_ref); });
+  page_options(sessions_list, sessions_page, "sessions");
+  on_parse(sessions_list, [&](Context& c) { return SessionsList(c, sessions_ref, sessions_page); });
   CLI::App* sessions_show = sessions->add_subcommand("show", "Show a session and its messages");
   sessions_show->add_option("session", sessions_ref, "Session id")->required();
   on_parse(sessions_show, [&](Context& c) { return SessionsShow(c, sessions_ref); });

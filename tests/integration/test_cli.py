@@ -1,6 +1,6 @@
 """The keel CLI as a newcomer meets it: a mistyped command names the nearest ones, `keel send`
 names the run it started and continues a session without the agent, `keel chat` resumes a
-session by its id alone, and a server started on a port another one holds stops before it
+session by its id alone, lists show the newest first and how to see more, and a server started on a port another one holds stops before it
 writes anything."""
 
 import os
@@ -74,6 +74,40 @@ class CliTest(KeelTestCase):
         out = self.keel("chat")
         self.assertEqual(out.returncode, 2, out)
         self.assertIn("keel chat --session ID", out.stderr)
+
+    def test_lists_show_the_newest_first_and_say_how_to_see_more(self):
+        agent = self.server.create_agent()
+        session = self.server.create_session(agent["id"])
+        runs = [self.server.send(session["id"], "turn %d" % i)["run"]["id"] for i in range(5)]
+        sessions = [session["id"]] + [self.server.create_session(agent["id"])["id"]
+                                      for _ in range(3)]
+        # The API: ?order=desc, its cursor going on to older ones.
+        page = self.server.ok("GET", "/v1/sessions/%s/runs?order=desc&limit=2" % session["id"])
+        self.assertEqual([r["id"] for r in page["items"]], runs[::-1][:2])
+        more = self.server.ok("GET", "/v1/sessions/%s/runs?order=desc&limit=2&cursor=%s" % (
+            session["id"], page["next_cursor"]))
+        self.assertEqual([r["id"] for r in more["items"]], runs[::-1][2:4])
+        page = self.server.ok("GET", "/v1/agents/%s/sessions?order=desc&limit=3" % agent["id"])
+        self.assertEqual([x["id"] for x in page["items"]], sessions[::-1][:3])
+        asc = self.server.ok("GET", "/v1/agents/%s/sessions?limit=3" % agent["id"])
+        self.assertEqual([x["id"] for x in asc["items"]], sessions[:3])  # the default stays
+        st, body, _ = self.server.request("GET", "/v1/runs?order=newest")
+        self.assertEqual(st, 400, body)
+        # The CLI: newest first, a hint with the cursor, --cursor and --all.
+        out = self.keel("runs", "list", "--session", session["id"], "--limit", "2")
+        self.assertEqual(out.returncode, 0, out)
+        self.assertEqual([l.split()[0] for l in out.stdout.splitlines()[1:]], runs[::-1][:2])
+        self.assertIn("the newest 2 runs; more with keel runs list --session %s --cursor "
+                      % session["id"], out.stderr)
+        cursor = out.stderr.split("--cursor ")[1].split(",")[0]
+        out = self.keel("runs", "list", "--session", session["id"], "--limit", "2",
+                        "--cursor", cursor)
+        self.assertEqual([l.split()[0] for l in out.stdout.splitlines()[1:]], runs[::-1][2:4])
+        out = self.keel("sessions", "list", agent["name"], "--all")
+        self.assertEqual([l.split()[0] for l in out.stdout.splitlines()[1:]], sessions[::-1])
+        self.assertNotIn("--cursor", out.stderr)
+        out = self.keel("sessions", "list", agent["name"], "--field", "items.0.id")
+        self.assertEqual(out.stdout.strip(), sessions[-1])
 
     def test_a_second_server_on_a_taken_port_stops_before_it_writes_anything(self):
         home = os.path.join(self.server.home, "second")

@@ -141,6 +141,17 @@ Result<store::Page> PageOf(const http::Request& req) {
   return page;
 }
 
+Result<store::Page> OrderedPageOf(const http::Request& req) {
+  KEEL_ASSIGN_OR_RETURN(store::Page page, PageOf(req));
+  const std::string order = req.Query("order", "asc");
+  if (order != "asc" && order != "desc") {
+    return InvalidArgument("order must be 'asc' (oldest first) or 'desc' (newest first), got '" +
+                           order + "'");
+  }
+  page.newest_first = order == "desc";
+  return page;
+}
+
 Result<int> LimitOf(const http::Request& req) {
   int out = 50;
   std::string limit = req.Query("limit");

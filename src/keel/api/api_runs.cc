@@ -38,7 +38,7 @@ void RegisterRunRoutes(http::Router& router, ApiContext& ctx) {
   });
 
   auto list = [&ctx](Request& req) -> asio::awaitable<Response> {
-    auto page = PageOf(req);
+    auto page = OrderedPageOf(req);
     if (!page.ok()) co_return Response::Error(page.status());
     std::string session_id = req.Param("id");
     if (session_id.empty()) session_id = req.Query("session_id");

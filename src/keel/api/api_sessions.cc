@@ -113,7 +113,7 @@ void RegisterSessionRoutes(http::Router& router, ApiContext& ctx) {
   });
 
   router.Add("GET", "/v1/agents/{id}/sessions", [&ctx](Request& req) -> asio::awaitable<Response> {
-    auto page = PageOf(req);
+    auto page = OrderedPageOf(req);
     if (!page.ok()) co_return Response::Error(page.status());
     store::Paged<store::Session> sessions;
     Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {

@@ -27,6 +27,9 @@ inline constexpr size_t kMaxSessionInstructions = 256 * 1024;
 Result<int> LimitOf(const http::Request& req);
 // ?limit= and ?cursor= with validation (limit 1..500, default 50).
 Result<store::Page> PageOf(const http::Request& req);
+// PageOf with ?order=asc (the default: oldest first) or desc (newest first), for the lists that
+// take it (runs, sessions).
+Result<store::Page> OrderedPageOf(const http::Request& req);
 
 template <typename T, typename Fn>
 Json ListJson(const store::Paged<T>& page, Fn render) {

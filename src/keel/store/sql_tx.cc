@@ -769,9 +769,12 @@ Result<Paged<Session>> SqlTx<Sql>::ListSessions(const std::string& tenant_id,
   static const std::string kSql = "SELECT " + std::string(kSessionCols) +
                                   " FROM sessions WHERE tenant_id=$1 AND agent_id=$2 AND id>$3 "
                                   "ORDER BY id LIMIT $4";
+  static const std::string kNewest = "SELECT " + std::string(kSessionCols) +
+                                     " FROM sessions WHERE tenant_id=$1 AND agent_id=$2 AND "
+                                     "id<$3 ORDER BY id DESC LIMIT $4";
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
-  KEEL_ASSIGN_OR_RETURN(
-      auto r, sql_.Query(kSql, tenant_id, agent_id, DecodeCursor(page.cursor), limit + 1));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(page.newest_first ? kNewest : kSql, tenant_id, agent_id,
+                                           CursorFor(page), limit + 1));
   return PageOf<Session>(r, ReadSession<typename Sql::Row>, limit,
                          [](const Session& x) { return x.id; });
 }
@@ -933,10 +936,20 @@ Result<Paged<Run>> SqlTx<Sql>::ListRuns(const std::string& tenant_id, const std:
   static const std::string kOfSession =
       "SELECT " + std::string(kRunCols) +
       " FROM runs WHERE tenant_id=$1 AND session_id=$2 AND id>$3 ORDER BY id LIMIT $4";
+  static const std::string kAllNewest =
+      "SELECT " + std::string(kRunCols) +
+      " FROM runs WHERE tenant_id=$1 AND id<$2 ORDER BY id DESC LIMIT $3";
+  static const std::string kOfSessionNewest =
+      "SELECT " + std::string(kRunCols) +
+      " FROM runs WHERE tenant_id=$1 AND session_id=$2 AND id<$3 ORDER BY id DESC LIMIT $4";
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
-  const std::string cursor = DecodeCursor(page.cursor);
-  auto r = session_id.empty() ? sql_.Query(kAll, tenant_id, cursor, limit + 1)
-                              : sql_.Query(kOfSession, tenant_id, session_id, cursor, limit + 1);
+  const std::string cursor = CursorFor(page);
+  const bool all = session_id.empty();
+  auto r = page.newest_first
+               ? (all ? sql_.Query(kAllNewest, tenant_id, cursor, limit + 1)
+                      : sql_.Query(kOfSessionNewest, tenant_id, session_id, cursor, limit + 1))
+               : (all ? sql_.Query(kAll, tenant_id, cursor, limit + 1)
+                      : sql_.Query(kOfSession, tenant_id, session_id, cursor, limit + 1));
   if (!r.ok()) return r.status();
   return PageOf<Run>(*r, ReadRun<typename Sql::Row>, limit, [](const Run& x) { return x.id; });
 }

@@ -454,4 +454,9 @@ std::string EncodeCursor(const std::string& last_key) {
 }
 std::string DecodeCursor(const std::string& cursor) { return Base64UrlDecode(cursor); }
 
+std::string CursorFor(const Page& page) {
+  if (page.cursor.empty()) return page.newest_first ? "~" : "";
+  return DecodeCursor(page.cursor);
+}
+
 }  // namespace keel::store

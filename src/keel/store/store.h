@@ -498,5 +498,8 @@ Result<std::unique_ptr<Store>> OpenStore(const std::string& url, const StoreOpti
 // Encodes/decodes the opaque list cursor.
 std::string EncodeCursor(const std::string& last_key);
 std::string DecodeCursor(const std::string& cursor);
+// The key a page starts after (before, newest first): the cursor's, or from the start ("" in
+// ascending order, "~" descending: above every id, whose characters are hex digits and '-').
+std::string CursorFor(const Page& page);
 
 }  // namespace keel::store

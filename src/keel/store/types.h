@@ -279,6 +279,9 @@ struct Event {
 struct Page {
   std::string cursor;
   int limit = 50;
+  // The newest first (ids descending; the cursor goes on to older ones). ListRuns and
+  // ListSessions only.
+  bool newest_first = false;
 };
 
 template <typename T>
