@@ -9,6 +9,7 @@ PACKAGES=(
   libsqlite3-dev sqlite3 libpq-dev postgresql
   libssl-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libtomlplusplus-dev
   libarchive-dev liblua5.4-dev libre2-dev libhowardhinnant-date-dev tzdata zstd bubblewrap
+  libedit-dev
   libgtest-dev libgmock-dev libbenchmark-dev libjemalloc-dev
   python3 curl procps nodejs
 )

@@ -1,11 +1,11 @@
 #include "cli/commands.h"
 
+#include <editline/readline.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/url/encode.hpp>
 #include <boost/url/rfc/unreserved_chars.hpp>
-
-#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cmath>
@@ -560,6 +560,44 @@ int Send(Context& ctx, const SendArgs& args) {
   return code;
 }
 
+// A line of the chat: with line editing and history at a terminal (libedit), else a plain
+// read. nullopt at the end of the input.
+std::optional<std::string> ReadChatLine(bool interactive) {
+  if (!interactive) {
+    std::string line;
+    if (!std::getline(std::cin, line)) return std::nullopt;
+    return line;
+  }
+  char* read = readline("you> ");
+  if (!read) return std::nullopt;
+  std::string line(read);
+  std::free(read);
+  if (!Trim(line).empty()) add_history(line.c_str());
+  return line;
+}
+
+// The last messages of a session being resumed, and how many came before them.
+int ShowRecent(Context& ctx, const std::string& session_id) {
+  constexpr size_t kShown = 20;
+  Reply messages = ListAll(ctx, "/v1/sessions/" + Escape(session_id) + "/messages");
+  if (!messages.ok()) return messages.exit_code;
+  std::vector<Json> shown;
+  for (const Json& m : Items(messages.body)) {
+    const std::string role = Str(m, "role");
+    if (role == "user" || role == "assistant") shown.push_back(m);
+  }
+  if (shown.size() > kShown) {
+    std::cout << Dim("(" + std::to_string(shown.size() - kShown) +
+                     " earlier messages: keel sessions show " + session_id + ")")
+              << "\n";
+    shown.erase(shown.begin(), shown.end() - kShown);
+  }
+  for (const Json& m : shown) {
+    std::cout << (Str(m, "role") == "user" ? "you> " : "") << Str(m, "content") << "\n";
+  }
+  return kExitOk;
+}
+
 int Chat(Context& ctx, const ChatArgs& args) {
   std::string session_id;
   if (int code = SessionFor(ctx, args.agent, args.session_id, "chat", &session_id);
@@ -567,16 +605,29 @@ int Chat(Context& ctx, const ChatArgs& args) {
     return code;
   }
   bool interactive = IsTty(STDIN_FILENO);
-  std::string line;
+  if (!args.session_id.empty()) {  // resumed: where the conversation stands
+    if (int code = ShowRecent(ctx, session_id); code != kExitOk) return code;
+  }
+  if (interactive) std::cout << Dim("/help lists the chat's commands") << "\n";
   while (true) {
-    if (interactive) std::cout << "you> " << std::flush;
-    if (!std::getline(std::cin, line)) {
+    std::optional<std::string> line = ReadChatLine(interactive);
+    if (!line) {
       if (interactive) std::cout << "\n";
       break;
     }
-    std::string text = Trim(line);
+    std::string text = Trim(*line);
     if (text.empty()) continue;
     if (text == "/exit" || text == "/quit") break;
+    if (text == "/help") {
+      std::cout << "/help     this list\n/session  this session's id (resume it with keel chat "
+                   "--session ID)\n/exit     end the chat (also /quit, or Ctrl-D)\nAnything "
+                   "else, /call lines too, is a message to the agent.\n";
+      continue;
+    }
+    if (text == "/session") {
+      std::cout << session_id << "\n";
+      continue;
+    }
     int code = StreamTurn(ctx, session_id, text, args.wait_seconds);
     // A failed run ends only its turn; a server that is gone or rejects us ends the chat.
     if (code == kExitCannotConnect || code == kExitUnauthenticated) return code;

@@ -1,6 +1,6 @@
 """The keel CLI as a newcomer meets it: a mistyped command names the nearest ones, `keel send`
 names the run it started and continues a session without the agent, `keel chat` resumes a
-session by its id alone, lists show the newest first and how to see more, and a server started on a port another one holds stops before it
+session by its id alone (showing where it stands, with commands of its own), lists show the newest first and how to see more, and a server started on a port another one holds stops before it
 writes anything."""
 
 import os
@@ -68,9 +68,18 @@ class CliTest(KeelTestCase):
     def test_chat_resumes_a_session_by_its_id(self):
         out = self.keel("send", "demo", "first")
         session = self.server.get_run(out.stderr.split("run ")[1].split()[0])["session_id"]
-        chat = self.keel("chat", "--session", session, stdin="second\n/exit\n")
+        chat = self.keel("chat", "--session", session, stdin="/help\n/session\nsecond\n/exit\n")
         self.assertEqual(chat.returncode, 0, chat)
-        self.assertIn('You said: "second"', chat.stdout)
+        lines = chat.stdout.splitlines()
+        # Resumed: the conversation so far first, then the chat's own commands, then the turn.
+        self.assertEqual(lines[:2], ["you> first", 'You said: "first"'], chat.stdout)
+        self.assertIn("/exit     end the chat (also /quit, or Ctrl-D)", lines)
+        self.assertIn(session, lines)
+        self.assertEqual(lines[-1], 'You said: "second"')
+        contents = [m["content"] for m in
+                    self.server.list_all("/v1/sessions/%s/messages" % session)]
+        self.assertEqual(contents, ["first", 'You said: "first"', "second", 'You said: "second"'],
+                         "a chat command went to the agent")
         out = self.keel("chat")
         self.assertEqual(out.returncode, 2, out)
         self.assertIn("keel chat --session ID", out.stderr)
