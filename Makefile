@@ -16,7 +16,9 @@ $(BUILD)/build.ninja:
 build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
-run: build
+# Builds only what it runs: the server and its CLI (the tests and benchmarks are `make build`'s).
+run: deps $(BUILD)/build.ninja
+	@cmake --build $(BUILD) -j $(JOBS) --target keel
 	@bash scripts/run-demo.sh $(BUILD)/keel
 
 # The tests run under scripts/with-pg.sh: a throwaway PostgreSQL for the PostgreSQL store's cases,
