@@ -492,6 +492,40 @@ int AgentCreate(Context& ctx, const AgentCreateArgs& args) {
   return kExitOk;
 }
 
+int AgentUpdate(Context& ctx, const AgentUpdateArgs& args) {
+  Json body = Json::object();
+  if (args.name) body["name"] = *args.name;
+  if (args.model) body["model"] = *args.model;
+  if (args.instructions) body["instructions"] = *args.instructions;
+  if (args.tools) body["tools"] = *args.tools;
+  if (args.config_json) {
+    Result<Json> config = ParseJsonObject(*args.config_json);
+    if (!config.ok()) {
+      std::cerr << "keel: --config must be a JSON object (" << config.status().message() << ")\n";
+      return kExitUsage;
+    }
+    body["config"] = *config;
+  }
+  if (body.empty()) {
+    std::cerr << "keel agent update: nothing to change (give --name, --model, --instructions, "
+                 "--tool, --no-tools or --config)\n";
+    return kExitUsage;
+  }
+  std::string id;
+  if (int code = ResolveAgent(ctx, args.agent, &id); code != kExitOk) return code;
+  Reply agent = Request(ctx, "PATCH", "/v1/agents/" + Escape(id), body);
+  if (!agent.ok()) return agent.exit_code;
+  if (ctx.json) {
+    PrintJson(ctx, agent.body);
+  } else {
+    std::string fields;
+    for (auto it = body.begin(); it != body.end(); ++it)
+      fields += (fields.empty() ? "" : ", ") + it.key();
+    std::cout << "updated agent " << Str(agent.body, "name") << " (" << fields << ")\n";
+  }
+  return kExitOk;
+}
+
 int AgentList(Context& ctx) {
   Reply agents = ListAll(ctx, "/v1/agents");
   if (!agents.ok()) return agents.exit_code;

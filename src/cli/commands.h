@@ -57,6 +57,13 @@ struct AgentCreateArgs {
   std::string config_json;  // empty: none
 };
 
+// What `keel agent update` changes: only the fields given (`set`), as PATCH /v1/agents/{id}.
+struct AgentUpdateArgs {
+  std::string agent;  // id or name
+  std::optional<std::string> name, model, instructions, config_json;
+  std::optional<std::vector<std::string>> tools;  // replaces the list (empty: no tools)
+};
+
 struct SendArgs {
   std::string agent;  // id or name
   std::string text;
@@ -91,6 +98,7 @@ struct EventsArgs {
 };
 
 int AgentCreate(Context& ctx, const AgentCreateArgs& args);
+int AgentUpdate(Context& ctx, const AgentUpdateArgs& args);
 int AgentList(Context& ctx);
 int AgentShow(Context& ctx, const std::string& agent);
 int AgentDelete(Context& ctx, const std::string& agent);

@@ -136,6 +136,35 @@ int Main(int argc, char** argv) {
   agent_create->add_option("--config", create_args.config_json, "Agent config as a JSON object");
   on_parse(agent_create, [&](Context& c) { return AgentCreate(c, create_args); });
 
+  AgentUpdateArgs update_args;
+  std::string update_name, update_model, update_instructions, update_config;
+  std::vector<std::string> update_tools;
+  bool update_no_tools = false;
+  CLI::App* agent_update =
+      agent->add_subcommand("update", "Change an agent: only the fields given change");
+  agent_update->add_option("agent", update_args.agent, "Agent id or name")->required();
+  auto* o_name = agent_update->add_option("--name", update_name, "A new name");
+  auto* o_model = agent_update->add_option("--model", update_model, "local or PROVIDER/MODEL");
+  auto* o_instructions =
+      agent_update->add_option("--instructions", update_instructions, "System instructions");
+  auto* o_tools = agent_update
+                      ->add_option("--tool", update_tools,
+                                   "The tools it may use, replacing the list (repeatable)")
+                      ->allow_extra_args(false)
+                      ->delimiter(',');
+  agent_update->add_flag("--no-tools", update_no_tools, "No tools at all")->excludes(o_tools);
+  auto* o_config = agent_update->add_option("--config", update_config,
+                                            "Its config as a JSON object, replacing it whole");
+  on_parse(agent_update, [&](Context& c) {
+    if (o_name->count()) update_args.name = update_name;
+    if (o_model->count()) update_args.model = update_model;
+    if (o_instructions->count()) update_args.instructions = update_instructions;
+    if (o_tools->count()) update_args.tools = update_tools;
+    if (update_no_tools) update_args.tools = std::vector<std::string>{};
+    if (o_config->count()) update_args.config_json = update_config;
+    return AgentUpdate(c, update_args);
+  });
+
   on_parse(agent->add_subcommand("list", "List agents"), [](Context& c) { return AgentList(c); });
 
   std::string agent_ref;

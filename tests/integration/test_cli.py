@@ -39,7 +39,7 @@ class CliTest(KeelTestCase):
         out = self.keel("agent", "zzzzzzzz")
         self.assertEqual(out.returncode, 2, out)
         self.assertNotIn("did you mean", out.stderr)
-        self.assertIn("The commands of keel agent: create list show delete", out.stderr)
+        self.assertIn("The commands of keel agent: create update list show delete", out.stderr)
         # A command given right is not taken for a mistyped one.
         out = self.keel("agent", "list")
         self.assertEqual(out.returncode, 0, out)
@@ -117,6 +117,28 @@ class CliTest(KeelTestCase):
         self.assertNotIn("--cursor", out.stderr)
         out = self.keel("sessions", "list", agent["name"], "--field", "items.0.id")
         self.assertEqual(out.stdout.strip(), sessions[-1])
+
+    def test_agent_update_changes_only_what_it_is_given(self):
+        agent = self.server.create_agent(instructions="before", tools=["time.now"],
+                                         config={"busy": "queue"})
+        out = self.keel("agent", "update", agent["name"], "--instructions", "after")
+        self.assertEqual(out.returncode, 0, out)
+        self.assertEqual(out.stdout, "updated agent %s (instructions)\n" % agent["name"])
+        now = self.server.ok("GET", "/v1/agents/%s" % agent["id"])
+        self.assertEqual((now["instructions"], now["tools"], now["config"]),
+                         ("after", ["time.now"], {"busy": "queue"}))
+        out = self.keel("agent", "update", agent["id"], "--no-tools", "--config", '{"busy":"reject"}')
+        self.assertEqual(out.returncode, 0, out)
+        now = self.server.ok("GET", "/v1/agents/%s" % agent["id"])
+        self.assertEqual((now["tools"], now["config"]), ([], {"busy": "reject"}))
+        for args in (["agent", "update", agent["name"]],
+                     ["agent", "update", agent["name"], "--config", "[1]"],
+                     ["agent", "update", agent["name"], "--no-tools", "--tool", "time.now"]):
+            out = self.keel(*args)
+            self.assertEqual(out.returncode, 2, (args, out))
+        out = self.keel("agent", "update", "no-such-agent", "--name", "x")
+        self.assertNotEqual(out.returncode, 0, out)
+        self.assertIn("no agent named no-such-agent", out.stderr)
 
     def test_a_second_server_on_a_taken_port_stops_before_it_writes_anything(self):
         home = os.path.join(self.server.home, "second")
