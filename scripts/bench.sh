@@ -175,6 +175,7 @@ if [[ -z $ONLY || $ONLY == e2e ]]; then
     UPC=$(result_field "$R" units_per_commit)
     CPU="io thread $(result_field "$R" cpu_main_us) us + store writer $(result_field "$R" cpu_other_us) us"
     if [[ $c == 64 ]]; then
+      TPS64=$TPS
       row "turns/s, concurrency 64" "$TPS" ">= 2000" "$(judge "$TPS" '>=' 2000)"
       row "p50 latency, concurrency 64" "$P50 ms" "" info
     else
@@ -185,6 +186,16 @@ if [[ -z $ONLY || $ONLY == e2e ]]; then
     row "store units per commit, concurrency $c" "$UPC ($(result_field "$R" commits) commits)" "" info
     row "server CPU per turn, concurrency $c" "$CPU" "" info
   done
+  # The same turns through the OpenAI-compatible front door (X-Keel-Session: each client's
+  # session), as a ratio to the native route's in this run.
+  OUT=$("${LOADGEN_PIN[@]}" "$LOADGEN" --url "http://$ADDR" --token-file "$H1/owner.token" \
+          --concurrency 64 --warmup "$WARMUP" --duration "$DURATION" --server-pid "$SERVER_PID" \
+          --front openai) || {
+    echo "$OUT"; echo "bench: keel_loadgen --front openai failed" >&2; exit 1; }
+  R=$(grep '^RESULT' <<<"$OUT")
+  FRONT=$(result_field "$R" turns_per_s)
+  RATIO=$(awk -v a="$FRONT" -v b="$TPS64" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }')
+  row "turns/s through /v1/chat/completions, concurrency 64" "$FRONT ($RATIO of the native route)" ">= 0.9" "$(judge "$RATIO" '>=' 0.9)"
   RSS=$(proc_kb "$SERVER_PID" VmRSS)
   row "server VmRSS after the e2e runs" "$(kb_to_mb "$RSS") MB" "" info
   stop_server
