@@ -594,7 +594,8 @@ int Main(int argc, char** argv) {
   std::function<int()> store_action;
   CLI::App* export_cmd = app.add_subcommand(
       "export", "Write the store's data to an archive (the server may be running)");
-  export_cmd->add_option("--tenant", store_args.tenant, "Only this tenant (default: all)");
+  export_cmd->add_option("--tenant", store_args.tenant,
+                         "Only this tenant, by id or name (default: all)");
   CLI::App* import_cmd =
       app.add_subcommand("import", "Load an archive into a new, empty store (server stopped)");
   for (CLI::App* cmd : {export_cmd, import_cmd}) {
@@ -611,7 +612,8 @@ int Main(int argc, char** argv) {
   CLI::App* verify_cmd = audit_cmd->add_subcommand(
       "verify", "Check every chain (or one tenant's) and name the first event found changed, "
                 "removed or moved; needs KEEL_SECRET_KEK to check the signatures");
-  verify_cmd->add_option("--tenant", store_args.tenant, "Only this tenant (default: all)");
+  verify_cmd->add_option("--tenant", store_args.tenant,
+                         "Only this tenant, by id or name (default: all)");
   verify_cmd->add_option("--config", store_args.config_file, "Configuration file (keel.toml)");
   verify_cmd->add_option("--store", store_args.store_url,
                          "Store URL: sqlite:///path/keel.db or postgres://...");

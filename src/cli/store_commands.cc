@@ -73,6 +73,30 @@ int Finish(std::unique_ptr<store::Store>& s, const Status& st, const std::string
   return kExitOk;
 }
 
+// The id of the tenant `id_or_name` names ("" for ""): its id, or its name when one tenant has it.
+Result<std::string> TenantIdOf(store::Store& store, const std::string& id_or_name) {
+  if (id_or_name.empty()) return std::string();
+  std::vector<std::string> named;
+  Status st = store.Read([&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(auto all, tx.tenants().ListTenants());
+    for (const auto& t : all) {
+      if (t.id == id_or_name) {
+        named = {t.id};
+        return Status::Ok();
+      }
+      if (t.name == id_or_name) named.push_back(t.id);
+    }
+    return Status::Ok();
+  });
+  if (!st.ok()) return st;
+  if (named.empty()) return NotFound("no tenant has the id or name '" + id_or_name + "'");
+  if (named.size() > 1) {
+    return InvalidArgument(std::to_string(named.size()) + " tenants are named '" + id_or_name +
+                           "': give the id of the one you mean");
+  }
+  return named.front();
+}
+
 }  // namespace
 
 int Export(const StoreCommandArgs& args) {
@@ -81,7 +105,9 @@ int Export(const StoreCommandArgs& args) {
     std::cerr << "keel: " << s.status().message() << "\n";
     return kExitServerError;
   }
-  Status st = store::ExportArchive(*s->store, args.tenant, args.file);
+  auto tenant = TenantIdOf(*s->store, args.tenant);
+  if (!tenant.ok()) return Finish(s->store, tenant.status(), "");
+  Status st = store::ExportArchive(*s->store, *tenant, args.file);
   return Finish(s->store, st, "exported to " + args.file);
 }
 
@@ -153,11 +179,13 @@ int AuditVerify(const StoreCommandArgs& args) {
     return kExitServerError;
   }
   Json reports = Json::array();
+  auto tenant = TenantIdOf(*s->store, args.tenant);
+  if (!tenant.ok()) return Finish(s->store, tenant.status(), "");
   Status st = s->store->Read([&](store::Tx& tx) -> Status {
     std::vector<std::string> tenants;
-    if (!args.tenant.empty()) {
-      KEEL_RETURN_IF_ERROR(tx.tenants().GetTenant(args.tenant).status());
-      tenants.push_back(args.tenant);
+    if (!tenant->empty()) {
+      KEEL_RETURN_IF_ERROR(tx.tenants().GetTenant(*tenant).status());
+      tenants.push_back(*tenant);
     } else {
       KEEL_ASSIGN_OR_RETURN(auto all, tx.tenants().ListTenants());
       for (const auto& t : all) tenants.push_back(t.id);

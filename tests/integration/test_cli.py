@@ -140,6 +140,22 @@ class CliTest(KeelTestCase):
         self.assertNotEqual(out.returncode, 0, out)
         self.assertIn("no agent named no-such-agent", out.stderr)
 
+    def test_store_commands_take_a_tenants_name(self):
+        name = "named-" + os.urandom(4).hex()
+        tenant = self.server.ok("POST", "/v1/tenants", {"name": name}, expect=201)["tenant"]
+        store = ["--home", self.server.home] + (
+            ["--store", self.server.store_url] if self.server.store_url else [])
+        by_name = os.path.join(self.server.home, "by-name.tar.zst")
+        out = self.keel("export", *store, "--tenant", name, by_name)
+        self.assertEqual(out.returncode, 0, out)
+        self.assertTrue(os.path.getsize(by_name) > 0)
+        out = self.keel("audit", "verify", *store, "--tenant", name, "--json")
+        self.assertIn(tenant["id"], out.stdout + out.stderr)
+        out = self.keel("export", *store, "--tenant", "no-such-tenant",
+                        os.path.join(self.server.home, "none.tar.zst"))
+        self.assertNotEqual(out.returncode, 0, out)
+        self.assertIn("no tenant has the id or name 'no-such-tenant'", out.stderr)
+
     def test_a_second_server_on_a_taken_port_stops_before_it_writes_anything(self):
         home = os.path.join(self.server.home, "second")
         out = subprocess.run([keel_bin(), "serve", "--demo", "--home", home, "--listen",
