@@ -20,13 +20,15 @@
 #      starts one: `KEEL_TEST_PG_SHARED_BUFFERS=1GB bash scripts/with-pg.sh bash scripts/bench.sh`;
 #      the million memories take 1.1 GB, which PostgreSQL's default 128 MB cache does not hold);
 #   9. noisy neighbours: one tenant's turns while another fills run slots, tool threads and
-#      connections (bench/fair_bench.py), against the same turns on an idle server.
+#      connections (bench/fair_bench.py), against the same turns on an idle server;
+#  10. the dashboard in headless Chromium (bench/dashboard.mjs): the first load's bytes and time
+#      to interactive, and a transcript of 10,000 messages shown and scrolled.
 #
 # Knobs (environment): BENCH_DURATION (seconds per measured load phase, default 10),
 # BENCH_WARMUP (default 2), BENCH_MIN_TIME (Google Benchmark min time, default 0.5),
 # BENCH_ROUNDS (rounds of the event benchmarks; the table shows medians, default 3),
 # BENCH_AGENTS / BENCH_SESSIONS (default 100000 / 1000000),
-# BENCH_ONLY (e2e|events|memory|gateway|plugins|schedules|cache|memory_search|fair),
+# BENCH_ONLY (e2e|events|memory|gateway|plugins|schedules|cache|memory_search|fair|dashboard),
 # BENCH_SCHEDULES / BENCH_SCHEDULE_WINDOW (section 6, and the seconds their slots spread over;
 # default 100000 / 200), BENCH_MEMORIES / BENCH_MEMORY_QUERIES (section 8, default 1000000 / 2000),
 # BENCH_SERVER_CPUS / BENCH_LOADGEN_CPUS (taskset CPU lists; default: loadgen on the last CPU,
@@ -41,7 +43,7 @@ BENCH=$BUILD/bench/keel_bench
 LOADGEN=$BUILD/bench/keel_loadgen
 POPULATE=$BUILD/bench/keel_populate
 NEEDED=("$KEEL" "$BENCH" "$LOADGEN" "$POPULATE")
-[[ ${BENCH_ONLY:-} == fair ]] && NEEDED=("$KEEL")  # section 9 needs only the server
+[[ ${BENCH_ONLY:-} == fair || ${BENCH_ONLY:-} == dashboard ]] && NEEDED=("$KEEL")  # the server only
 for bin in "${NEEDED[@]}"; do
   if [[ ! -x $bin ]]; then
     echo "bench: $bin is missing; build first: cmake --build $BUILD" >&2
@@ -522,6 +524,32 @@ if [[ -z $ONLY || $ONLY == fair ]]; then
       "" info
   echo "# 9. noisy neighbours" >>"$REPRO"
   echo "${FAIR_CMD[*]}" >>"$REPRO"
+fi
+
+# ---------------------------------------------------------------------------------------------
+if [[ -z $ONLY || $ONLY == dashboard ]]; then
+  section "10. the dashboard: first load, and a transcript of 10,000 messages (headless Chromium)"
+  mkdir -p "$WORK/dashboard"
+  start_server "$WORK/dashboard"
+  DASH_CMD=(env KEEL_URL="http://$ADDR" KEEL_TOKEN="$(cat "$WORK/dashboard/owner.token")"
+            KEEL_WEB_DIR="$BUILD/web" node bench/dashboard.mjs)
+  if ! OUT=$("${DASH_CMD[@]}" 2>&1); then
+    echo "$OUT" | tail -40; echo "bench: bench/dashboard.mjs failed" >&2; exit 1
+  fi
+  stop_server
+  echo "$OUT"
+  dash() { python3 -c "import json,sys; v=json.loads(sys.argv[1]); [v:=v[k] for k in sys.argv[2].split('.')]; print(round(v) if isinstance(v, float) else v)" "$OUT" "$1"; }
+  row "dashboard: first load, bytes sent compressed" "$(dash first_load_bytes)" "<= 300000" \
+      "$(judge "$(dash first_load_bytes)" '<' 300001)"
+  row "dashboard: first load until interactive" "$(dash first_load_interactive_ms) ms" "< 1000 ms" \
+      "$(judge "$(dash first_load_interactive_ms)" '<' 1000)"
+  row "dashboard: 10,000-message transcript shown" "$(dash transcript_render_ms) ms" "< 1000 ms" \
+      "$(judge "$(dash transcript_render_ms)" '<' 1000)"
+  row "dashboard: its scroll, frame p95 / max" \
+      "$(dash transcript_scroll.p95_ms) / $(dash transcript_scroll.max_ms) ms" "p95 < 34 ms" \
+      "$(judge "$(dash transcript_scroll.p95_ms)" '<' 34)"
+  echo "# 10. the dashboard (a keel serve at ADDR; its owner token)" >>"$REPRO"
+  echo "KEEL_URL=http://ADDR KEEL_TOKEN=... KEEL_WEB_DIR=$BUILD/web node bench/dashboard.mjs" >>"$REPRO"
 fi
 
 FSYNC_END=$(fsync_probe "$WORK")

@@ -12,6 +12,7 @@ PACKAGES=(
   libedit-dev
   libgtest-dev libgmock-dev libbenchmark-dev libjemalloc-dev
   python3 curl procps nodejs
+  chromium fonts-liberation  # the dashboard's browser tests (tests/browser)
 )
 
 # npm comes with some nodejs builds (NodeSource) and separately with Debian's; ask for the

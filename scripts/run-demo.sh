@@ -35,6 +35,9 @@ cat <<MSG
   The owner token is in $KEEL_HOME/owner.token (the keel CLI reads it from there).
 $KEK_NOTE
 
+  The dashboard: open http://$LISTEN/ in a browser and sign in with the owner token
+  (cat $KEEL_HOME/owner.token).
+
   Try, in another terminal:
     export KEEL_HOME=$KEEL_HOME
     $KEEL_BIN send demo "/call time.now {}"

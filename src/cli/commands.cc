@@ -671,8 +671,10 @@ int Chat(Context& ctx, const ChatArgs& args) {
 
 // A list of `path` newest first: one page as `page` says, or all of it.
 Reply NewestFirst(Context& ctx, const std::string& path, const PageArgs& page) {
-  if (page.all) return ListAll(ctx, path + "?order=desc");
-  std::string target = path + "?order=desc&limit=" + std::to_string(page.limit);
+  const std::string ordered =
+      path + (path.find('?') == std::string::npos ? "?" : "&") + "order=desc";
+  if (page.all) return ListAll(ctx, ordered);
+  std::string target = ordered + "&limit=" + std::to_string(page.limit);
   if (!page.cursor.empty()) target += "&cursor=" + Escape(page.cursor);
   return Request(ctx, "GET", target);
 }
@@ -690,6 +692,19 @@ void MoreHint(const Json& body, const std::string& what, const std::string& comm
 int RunsList(Context& ctx, const RunsListArgs& args) {
   std::string target =
       args.session_id.empty() ? "/v1/runs" : "/v1/sessions/" + Escape(args.session_id) + "/runs";
+  std::string query, again = "keel runs list";
+  if (!args.session_id.empty()) again += " --session " + args.session_id;
+  if (!args.agent.empty()) {
+    std::string agent_id;
+    if (int code = ResolveAgent(ctx, args.agent, &agent_id); code != kExitOk) return code;
+    query += "&agent_id=" + Escape(agent_id);
+    again += " --agent " + args.agent;
+  }
+  if (!args.status.empty()) {
+    query += "&status=" + Escape(args.status);
+    again += " --status " + args.status;
+  }
+  if (!query.empty()) target += "?" + query.substr(1);
   Reply runs = NewestFirst(ctx, target, args.page);
   if (!runs.ok()) return runs.exit_code;
   if (ctx.json) {
@@ -702,8 +717,7 @@ int RunsList(Context& ctx, const RunsListArgs& args) {
                     OneLine(Str(r, "output"), 50)});
   }
   PrintTable({"ID", "STATUS", "SESSION", "CREATED", "OUTPUT"}, rows);
-  MoreHint(runs.body, "runs",
-           "keel runs list" + (args.session_id.empty() ? "" : " --session " + args.session_id));
+  MoreHint(runs.body, "runs", again);
   return kExitOk;
 }
 

@@ -88,6 +88,8 @@ struct PageArgs {
 
 struct RunsListArgs {
   std::string session_id;  // empty: the tenant's recent runs
+  std::string agent;       // an agent's name or id: only its runs
+  std::string status;      // only runs in this status
   PageArgs page;
 };
 

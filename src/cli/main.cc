@@ -231,6 +231,10 @@ int Main(int argc, char** argv) {
   };
   CLI::App* runs_list = runs->add_subcommand("list", "List runs, the newest first");
   runs_list->add_option("--session", runs_args.session_id, "Only the runs of this session");
+  runs_list->add_option("--agent", runs_args.agent, "Only the runs of this agent (name or id)");
+  runs_list->add_option("--status", runs_args.status, "Only the runs in this status")
+      ->check(CLI::IsMember(
+          {"queued", "running", "waiting_for_approval", "done", "failed", "cancelled"}));
   page_options(runs_list, runs_args.page, "runs");
   on_parse(runs_list, [&](Context& c) { return RunsList(c, runs_args); });
   std::string run_id;

@@ -367,6 +367,16 @@ int ServeMain(const ServeFlags& flags) {
     hub.OnRemoteCommit();
     asio::post(ex, [&runtime] { runtime.Wake(); });
   });
+  // What this node tells the fleet (GET /v1/nodes); the store calls it until store->Close().
+  store->SetNodeReport([&metrics, address = *bound, started = NowMillis()] {
+    store::NodeInfo self;
+    self.address = address;
+    self.started_at = started;
+    self.runs_executing = metrics.runs_executing.load();
+    self.runs_finished =
+        metrics.runs_done.load() + metrics.runs_failed.load() + metrics.runs_cancelled.load();
+    return self;
+  });
 
   Log("listening on http://" + *bound + " (store " + RedactUrl(config.store_url) + ", origin " +
       *origin + ")");

@@ -270,6 +270,19 @@ def slow(h, body, n):
     h.drop()
 
 
+def slow_words(h, body, n):
+    """Streams an answer a word every 0.4 s (a page shows the words as they come)."""
+    h.start_stream()
+    h.write_piece(chunk({"role": "assistant", "content": ""}).encode())
+    for word in ["Streaming ", "one ", "word ", "at ", "a ", "time."]:
+        time.sleep(0.4)
+        h.write_piece(chunk({"content": word}).encode())
+    for piece in (chunk({}, finish_reason="stop"), chunk(usage=usage(8, 6), choices=False),
+                  "data: [DONE]\n\n"):
+        h.write_piece(piece.encode())
+    h.write_piece(b"")
+
+
 def hang(h, body, n):
     """Starts an answer and never finishes it (the client is expected to die meanwhile)."""
     h.start_stream()
@@ -355,6 +368,7 @@ SCENARIOS = {
     "drop-before-body-once": drop_before_body_once,
     "drop": drop,
     "slow": slow,
+    "slow-words": slow_words,
     "hang": hang,
     "hang-twice-per-step": hang_twice_per_step,
     "garbage": garbage,

@@ -97,6 +97,26 @@ class ApiTest(KeelTestCase):
         ids = [a["id"] for a in s.list_all("/v1/agents")]
         self.assertNotIn(agent["id"], ids, "a deleted agent is still listed")
 
+    def test_an_agents_tools_with_their_schemas(self):
+        s = self.server
+        agent = s.create_agent(tools=["time.now", "notes.append", "files.*", "introspection.*"])
+        items = s.ok("GET", "/v1/agents/%s/tools" % agent["id"])["items"]
+        by_name = {t["name"]: t for t in items}
+        self.assertEqual(sorted(by_name), ["files.list", "files.read", "files.write",
+                                           "notes.append", "time.now"])
+        notes = by_name["notes.append"]
+        self.assertEqual(notes["parameters"]["type"], "object")
+        self.assertIn("line", notes["parameters"]["properties"])
+        self.assertEqual(notes["rights"], ["write"])
+        self.assertEqual(notes["effect_class"], "once")
+        self.assertTrue(notes["description"])
+        bare = s.create_agent(tools=[])
+        self.assertEqual(s.ok("GET", "/v1/agents/%s/tools" % bare["id"])["items"], [])
+        guest = s.ok("POST", "/v1/tokens", {"name": unique_name("g"), "role": "guest"})["token"]
+        self.assertError(s.request("GET", "/v1/agents/%s/tools" % agent["id"], token=guest),
+                         403, "permission_denied")
+        self.assertError(s.request("GET", "/v1/agents/nope/tools"), 404, "not_found")
+
     def test_agent_event_emitted(self):
         s = self.server
         before = s.all_events()
@@ -396,6 +416,33 @@ class ApiTest(KeelTestCase):
                          positions[len(positions) // 2 + 1:])
         limited = s.ok("GET", "/v1/events?after=0&limit=2", expect=200)["items"]
         self.assertEqual(len(limited), 2)
+
+    def test_events_newest_first(self):
+        s = self.server
+        agent, sess = self.new_session()
+        s.send(sess["id"], "one")
+        s.send(sess["id"], "two")
+        every = s.list_all("/v1/events")
+        newest = s.ok("GET", "/v1/events?order=desc&limit=3")
+        self.assertEqual([e["position"] for e in newest["items"]],
+                         [e["position"] for e in every[::-1][:3]])
+        older = s.ok("GET", "/v1/events?order=desc&limit=3&cursor=" + newest["next_cursor"])
+        self.assertEqual([e["position"] for e in older["items"]],
+                         [e["position"] for e in every[::-1][3:6]])
+        # Filters hold, and the cursor walks back to the session's first event.
+        mine = [e["position"] for e in every if e["session_id"] == sess["id"]]
+        got, cursor = [], None
+        while True:
+            page = s.ok("GET", "/v1/events?order=desc&limit=4&session_id=%s%s" % (
+                sess["id"], "&cursor=" + cursor if cursor else ""))
+            got += [e["position"] for e in page["items"]]
+            cursor = page["next_cursor"]
+            if not cursor:
+                break
+        self.assertEqual(got, mine[::-1])
+        for bad in ("order=newest", "order=desc&after=3", "order=desc&cursor=x"):
+            st, body, _ = s.request("GET", "/v1/events?" + bad)
+            self.assertEqual(st, 400, (bad, body))
 
     def test_events_origin_seq_gapless(self):
         # origin_seq counts the tenant's events of each origin: gapless from 1 in its log.

@@ -118,6 +118,36 @@ class CliTest(KeelTestCase):
         out = self.keel("sessions", "list", agent["name"], "--field", "items.0.id")
         self.assertEqual(out.stdout.strip(), sessions[-1])
 
+    def test_runs_are_listed_by_agent_and_status(self):
+        a = self.server.create_agent(tools=["notes.append"])
+        b = self.server.create_agent()
+        sa = self.server.create_session(a["id"])["id"]
+        sb = self.server.create_session(b["id"])["id"]
+        done_a = [self.server.send(sa, "a %d" % i)["run"]["id"] for i in range(3)]
+        done_b = self.server.send(sb, "b")["run"]["id"]
+        # The API: ?agent_id= and ?status=, alone and together, with a session or not.
+        def ids(query):
+            return [r["id"] for r in self.server.list_all("/v1/runs?" + query)]
+        self.assertEqual(ids("agent_id=" + a["id"]), done_a)
+        self.assertEqual(ids("agent_id=" + b["id"]), [done_b])
+        self.assertEqual(ids("agent_id=%s&status=failed" % a["id"]), [])
+        self.assertEqual(ids("agent_id=%s&status=done" % a["id"]), done_a)
+        self.assertEqual(ids("agent_id=%s&session_id=%s" % (b["id"], sa)), [])
+        self.assertEqual(ids("agent_id=01a00000-0000-7000-8000-000000000000"), [])
+        page = self.server.ok("GET", "/v1/runs?agent_id=%s&order=desc&limit=2" % a["id"])
+        self.assertEqual([r["id"] for r in page["items"]], done_a[::-1][:2])
+        for bad in ("nope", "DONE", "done'--"):
+            st, body, _ = self.server.request("GET", "/v1/runs?status=" + bad)
+            self.assertEqual(st, 400, body)
+        # The CLI: --agent by name, --status, and the hint repeats both.
+        out = self.keel("runs", "list", "--agent", a["name"], "--status", "done", "--limit", "2")
+        self.assertEqual(out.returncode, 0, out)
+        self.assertEqual([l.split()[0] for l in out.stdout.splitlines()[1:]], done_a[::-1][:2])
+        self.assertIn("keel runs list --agent %s --status done --cursor" % a["name"], out.stderr)
+        out = self.keel("runs", "list", "--agent", "no-such-agent")
+        self.assertNotEqual(out.returncode, 0, out)
+        self.assertIn("no-such-agent", out.stderr)
+
     def test_agent_update_changes_only_what_it_is_given(self):
         agent = self.server.create_agent(instructions="before", tools=["time.now"],
                                          config={"busy": "queue"})

@@ -65,7 +65,7 @@ GUEST_OWN = {"/v1/sessions/{id}", "/v1/sessions/{id}/messages", "/v1/sessions/{i
 FAKE_OBJECTS = ("/v1/mcp-servers/{id}", "/v1/standing-approvals/{id}", "/deliveries/{delivery}")
 
 # Routes whose answer is not a plain JSON request-response (they hold the connection).
-STREAMING = {("GET", "/v1/stream"), ("GET", "/v1/mcp")}
+STREAMING = {("GET", "/v1/stream"), ("GET", "/v1/mcp"), ("GET", "/v1/nodes/stream")}
 
 
 def print_routes():
@@ -96,6 +96,14 @@ class HostileTenantMatrixTest(KeelTestCase):
         cls.revoked = revoked["token"]
         cls.spare_token = s.ok("POST", "/v1/tokens", {"name": unique_name("spare"), "role": "user"})["id"]
         cls.other = Tenant(s)
+        # Dashboard sign-ins (cookies): the guest's, the other tenant's owner's, and one signed
+        # out; each sent with its CSRF token, so that only the sign-in decides.
+        cls.guest_cookie = cls.sign_in(cls.guest)
+        cls.other_cookie = cls.sign_in(cls.other.token)
+        cls.signed_out_cookie = cls.sign_in(cls.owner)
+        st, body, _ = s.request("POST", "/v1/dashboard/sign-out", token=None,
+                                headers=cls.cookie_headers(cls.signed_out_cookie))
+        assert st == 204, (st, body)
         # The first tenant's objects, made by its owner.
         cls.agent = s.create_agent(tools=["time.now", "notes.append"])
         cls.session = s.create_session(cls.agent["id"])
@@ -122,6 +130,17 @@ class HostileTenantMatrixTest(KeelTestCase):
                          "kind": "lua", "events": ["tool.before@v1"]},
             "source": "ctx.bus.on('tool.before@v1', function(call) end)"}, expect=201)
         s.ok("PUT", "/v1/secrets/MATRIX", {"value": "s3cr3t"})
+
+    @classmethod
+    def sign_in(cls, token):
+        st, body, h = cls.server.request("POST", "/v1/dashboard/sign-in", {"token": token},
+                                         token=None)
+        assert st == 201, (st, body)
+        return (re.match(r"keel_session=([^;]*)", h["set-cookie"]).group(1), body["csrf_token"])
+
+    @staticmethod
+    def cookie_headers(cookie):
+        return {"Cookie": "keel_session=" + cookie[0], "X-Keel-CSRF": cookie[1]}
 
     def setUp(self):
         # Each test starts from the log as it is; a test's own refused requests must add nothing.
@@ -177,8 +196,12 @@ class HostileTenantMatrixTest(KeelTestCase):
             self.assertEqual([e["type"] for e in new], [], "%s wrote into %s" % (where, tenant))
 
     def call(self, method, pattern, token):
+        """`token`: a bearer token, or a dashboard sign-in (cookie, CSRF token)."""
         body = None if method in ("GET", "DELETE") else {"matrix_probe": True}
         kwargs = {"timeout": 10}
+        if isinstance(token, tuple):
+            kwargs["headers"] = self.cookie_headers(token)
+            token = None
         return self.server.request(method, self.path_of(pattern), body, token=token, **kwargs)
 
     def test_every_route_is_in_the_role_table(self):
@@ -190,19 +213,21 @@ class HostileTenantMatrixTest(KeelTestCase):
         for method, pattern, auth in self.routes:
             if not auth or (method, pattern) in STREAMING:
                 continue
-            for name, token in (("no token", None), ("revoked", self.revoked)):
+            for name, token in (("no token", None), ("revoked", self.revoked),
+                                ("signed-out cookie", self.signed_out_cookie)):
                 st, body, _ = self.call(method, pattern, token)
                 self.assertEqual(st, 401, "%s %s with %s: %s %r" % (method, pattern, name, st, body))
         self.assertNothingWritten(self.marks, "a request without a valid token")
 
     def test_roles_below_the_table_are_refused_and_write_nothing(self):
-        callers = (("user", self.user, 1), ("guest", self.guest, 0))
+        callers = (("user", self.user, 1), ("guest", self.guest, 0),
+                   ("guest's cookie", self.guest_cookie, 0))
         for method, pattern, auth in self.routes:
             need = ROLE_TABLE.get((method, pattern))
             if need in (None, PUBLIC) or (method, pattern) in STREAMING:
                 continue
             for name, token, rank in callers:
-                refused = RANK[need] > rank or (name == "guest" and pattern in GUEST_OWN)
+                refused = RANK[need] > rank or (name.startswith("guest") and pattern in GUEST_OWN)
                 if not refused:
                     continue
                 st, body, _ = self.call(method, pattern, token)
@@ -235,21 +260,28 @@ class HostileTenantMatrixTest(KeelTestCase):
             need = ROLE_TABLE.get((method, pattern))
             if not auth or need is None or (method, pattern) in STREAMING:
                 continue
-            st, body, _ = self.call(method, pattern, self.other.token)
-            where = "%s %s as another tenant's owner: %s %r" % (method, pattern, st, body)
-            if need == ADMIN:
-                self.assertEqual(st, 403, where)
-            elif "{" in pattern and pattern != "/v1/secrets/{name}":
-                # 404; or 400 for the probe's body, checked before the object is looked up
-                # (the same answer whatever the id, so it tells nothing).
-                self.assertIn(st, (404,) if method in ("GET", "DELETE") else (400, 404), where)
-            if 200 <= st < 300:  # an error may quote the id the caller sent
-                text = repr(body)
-                for object_id in mine:
-                    self.assertNotIn(object_id, text, where)
-            if "{" in pattern or method == "GET":
-                new = self.server.ok("GET", "/v1/events?after=%d&limit=5" % self.marks[0])["items"]
-                self.assertEqual(new, [], "%s wrote into this tenant" % where)
+            for other in (self.other.token, self.other_cookie):
+                if other is self.other_cookie and pattern == "/v1/dashboard/sign-out":
+                    continue  # it would end the sign-in the rest of the loop uses
+                self.check_other_tenant(method, pattern, need, other, mine)
+
+    def check_other_tenant(self, method, pattern, need, other, mine):
+        st, body, _ = self.call(method, pattern, other)
+        where = "%s %s as another tenant's owner (%s): %s %r" % (
+            method, pattern, "cookie" if isinstance(other, tuple) else "token", st, body)
+        if need == ADMIN:
+            self.assertEqual(st, 403, where)
+        elif "{" in pattern and pattern != "/v1/secrets/{name}":
+            # 404; or 400 for the probe's body, checked before the object is looked up
+            # (the same answer whatever the id, so it tells nothing).
+            self.assertIn(st, (404,) if method in ("GET", "DELETE") else (400, 404), where)
+        if 200 <= st < 300:  # an error may quote the id the caller sent
+            text = repr(body)
+            for object_id in mine:
+                self.assertNotIn(object_id, text, where)
+        if "{" in pattern or method == "GET":
+            new = self.server.ok("GET", "/v1/events?after=%d&limit=5" % self.marks[0])["items"]
+            self.assertEqual(new, [], "%s wrote into this tenant" % where)
 
 
 if __name__ == "__main__":

@@ -93,6 +93,45 @@ class UsageCliTest(KeelTestCase):
         guest, _ = self.t.new_token("guest")
         self.fails(1, "permission_denied", "usage", token=guest)
 
+    def test_usage_history_lists_every_period_for_plots(self):
+        s = self.server
+        agent = s.create_agent(name=unique_name("hist"), token=self.t.token)
+        other = s.create_agent(name=unique_name("hist"), token=self.t.token)
+        a = self.turn(agent, "one")
+        b = self.turn(other, "two")
+        c = self.turn(agent, "three")
+        days = self.t.ok("GET", "/v1/usage/history?count=7")
+        self.assertEqual(days["period"], "day")
+        self.assertEqual(len(days["items"]), 7)
+        starts = [i["period_start"] for i in days["items"]]
+        self.assertEqual(starts, sorted(starts))
+        for earlier in days["items"][:-1]:  # nothing was used before today in this tenant
+            self.assertEqual(earlier["agents"], [])
+            self.assertEqual(earlier["tenant"]["model_calls"], 0)
+        today = days["items"][-1]
+        self.assertEqual(today["tenant"], self.t.ok("GET", "/v1/usage")["tenant"])
+        by_agent = {x["agent_id"]: x for x in today["agents"]}
+        self.assertEqual(set(by_agent), {agent["id"], other["id"]})
+        self.assertEqual(by_agent[agent["id"]]["model_calls"], 2)
+        self.assertAlmostEqual(by_agent[agent["id"]]["cost_usd"],
+                               a["usage"]["cost_usd"] + c["usage"]["cost_usd"])
+        self.assertAlmostEqual(by_agent[other["id"]]["cost_usd"], b["usage"]["cost_usd"])
+        months = self.t.ok("GET", "/v1/usage/history?period=month")
+        self.assertEqual(len(months["items"]), 12)
+        self.assertEqual(months["items"][-1]["tenant"],
+                         self.t.ok("GET", "/v1/usage?period=month")["tenant"])
+        # Another tenant's history holds none of this tenant's usage.
+        other_tenant = Tenant(s)
+        for item in other_tenant.ok("GET", "/v1/usage/history?count=2")["items"]:
+            self.assertEqual((item["agents"], item["tenant"]["model_calls"]), ([], 0))
+        for bad in ("count=0", "count=367", "count=x", "period=week", "period=month&count=121",
+                    "count=99999999999"):
+            st, body, _ = self.t.request("GET", "/v1/usage/history?" + bad)
+            self.assertEqual(st, 400, (bad, body))
+        guest, _ = self.t.new_token("guest")
+        st, _, _ = self.t.request("GET", "/v1/usage/history", token=guest)
+        self.assertEqual(st, 403)
+
     def test_budgets_are_set_listed_and_removed(self):
         s = self.server
         name = unique_name("budgetcli")

@@ -112,10 +112,14 @@ Status Fill(Store& store, const std::string& tenant_id) {
   return store.WriteSync([&](Tx& tx) -> Status {
     Millis now = NowMillis();
     KEEL_RETURN_IF_ERROR(tx.tenants().InsertTenant({tenant_id, "Tenant " + tenant_id, now}));
+    const std::string owner = NewId();
     KEEL_RETURN_IF_ERROR(
-        tx.tokens().InsertToken({NewId(), tenant_id, "owner", "owner", NewId(), now, {}}));
-    KEEL_RETURN_IF_ERROR(
-        tx.tokens().InsertToken({NewId(), tenant_id, "old", "user", NewId(), now, now + 5}));
+        tx.tokens().InsertToken({owner, tenant_id, "owner", "owner", NewId(), now, {}, "", {}}));
+    KEEL_RETURN_IF_ERROR(tx.tokens().InsertToken(
+        {NewId(), tenant_id, "old", "user", NewId(), now, now + 5, "", {}}));
+    // A dashboard sign-in: its parent and expiry travel too.
+    KEEL_RETURN_IF_ERROR(tx.tokens().InsertToken(
+        {NewId(), tenant_id, "dashboard sign-in", "owner", NewId(), now, {}, owner, now + 9}));
     Agent a;
     a.id = NewId();
     a.tenant_id = tenant_id;
@@ -264,7 +268,7 @@ TEST_F(ArchiveTest, ManifestComesFirstAndDescribesEveryTable) {
   EXPECT_EQ(manifest["version"], kArchiveVersion);
   EXPECT_TRUE(manifest["tenant"].is_null());
   EXPECT_EQ(manifest["tables"]["tenants"]["rows"], 2);
-  EXPECT_EQ(manifest["tables"]["api_tokens"]["rows"], 4);
+  EXPECT_EQ(manifest["tables"]["api_tokens"]["rows"], 6);
   EXPECT_EQ(manifest["tables"]["messages"]["rows"], 4);
   EXPECT_EQ(manifest["tables"]["run_steps"]["rows"], 4);
   EXPECT_EQ(manifest["tables"]["events"]["rows"], 6);
@@ -353,7 +357,7 @@ TEST_F(ArchiveTest, RoundTripAcrossBackendsIsByteIdentical) {
 // had. Their events carry the store-wide origin_seq and no tenant_position: they are numbered per
 // tenant. Their messages carry no seq: numbered per session in id order.
 TEST_F(ArchiveTest, ImportsAVersion2ArchiveWithoutThePluginTables) {
-  ASSERT_EQ(kArchiveVersion, 9);
+  ASSERT_EQ(kArchiveVersion, 10);
   // The tables archives gained in versions 3 (plugins) and 4 (schedules, memory, skills,
   // compactions, usage).
   const std::set<std::string> later = {
@@ -379,8 +383,10 @@ TEST_F(ArchiveTest, ImportsAVersion2ArchiveWithoutThePluginTables) {
       {"sessions", {{"description", ""}, {"created_by", ""}, {"instructions", ""}}},
       {"tenants", {{"allow_host_exec", 0}, {"allow_stdio_mcp", 0}}},
       {"events", {{"hash", nullptr}}},
-      {"messages", {{"seq", nullptr}}}};
+      {"messages", {{"seq", nullptr}}},
+      {"api_tokens", {{"parent_id", ""}, {"expires_at", nullptr}}}};
   int64_t store_wide_seq = 0;  // one origin wrote every event
+  std::string v2_tokens;       // the tokens a version 2 archive could hold: no dashboard sign-in
   for (auto& e : v2) {
     std::string table = e.first.substr(0, e.first.size() - 6);
     if (!added.count(table)) continue;
@@ -388,6 +394,10 @@ TEST_F(ArchiveTest, ImportsAVersion2ArchiveWithoutThePluginTables) {
     std::string line, stripped;
     while (std::getline(lines, line)) {
       Json row = Json::parse(line);
+      if (table == "api_tokens") {
+        if (row["parent_id"] != "") continue;
+        v2_tokens += line + "\n";
+      }
       for (const auto& [column, value] : added.at(table)) {
         if (!value.is_null()) ASSERT_EQ(row[column], value);
         row.erase(column);
@@ -401,6 +411,7 @@ TEST_F(ArchiveTest, ImportsAVersion2ArchiveWithoutThePluginTables) {
     ASSERT_FALSE(stripped.empty());
     e.second = stripped;
     manifest["tables"][table]["sha256"] = Sha256Hex(stripped);
+    manifest["tables"][table]["rows"] = std::count(stripped.begin(), stripped.end(), '\n');
   }
   v2[0].second = manifest.dump(2) + "\n";
   std::string path = Path("v2.tar.zst");
@@ -420,6 +431,8 @@ TEST_F(ArchiveTest, ImportsAVersion2ArchiveWithoutThePluginTables) {
     EXPECT_EQ(out[i].first, entries[i].first);
     if (later.count(out[i].first.substr(0, out[i].first.size() - 6))) {
       EXPECT_EQ(out[i].second, "") << out[i].first;
+    } else if (out[i].first == "api_tokens.jsonl") {
+      EXPECT_EQ(out[i].second, v2_tokens);
     } else {
       EXPECT_EQ(out[i].second, entries[i].second) << out[i].first;
     }

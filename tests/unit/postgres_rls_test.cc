@@ -161,11 +161,12 @@ TEST_F(PostgresRlsTest, TheStoreRoleIsNotSuperuserAndCannotBypassRls) {
   for (const auto& row : tables.rows) {
     EXPECT_EQ(row[2], "f") << row[0] << " belongs to the runtime role " << role_;
     if (row[0] == "schema_migrations") continue;
-    if (row[0] == "leadership") {
-      // The cluster's lease: row-level security and no policy, so the runtime role reaches
-      // it only through keel_lead and keel_resign.
-      EXPECT_EQ(row[1], "t") << "leadership has no row-level security";
-      EXPECT_EQ(row[3], "0") << "leadership has a policy";
+    if (row[0] == "leadership" || row[0] == "nodes") {
+      // The cluster's lease and the nodes' reports: no tenant's data, row-level security and
+      // no policy, so the runtime role reaches them only through keel_lead, keel_resign,
+      // keel_node_report and keel_nodes.
+      EXPECT_EQ(row[1], "t") << row[0] << " has no row-level security";
+      EXPECT_EQ(row[3], "0") << row[0] << " has a policy";
       continue;
     }
     ++tenant_tables;
@@ -267,7 +268,13 @@ TEST_F(PostgresRlsTest, RuntimeWideFunctionsReturnOnlyKeys) {
       {"keel_finish_import", "void"},
       {"keel_lead", "bigint"},
       {"keel_next_fire_at", "bigint"},
+      // The fleet's: the nodes' own reports (no tenant's data) and a count of queued runs.
+      {"keel_node_report", "void"},
+      {"keel_nodes",
+       "TABLE(origin text, address text, started_at bigint, seen_at bigint, runs_executing "
+       "bigint, runs_finished bigint, leader boolean)"},
       {"keel_prune_cache", "bigint"},
+      {"keel_queued_runs", "bigint"},
       {"keel_renew_leases", "void"},
       {"keel_resign", "void"},
       {"keel_search_memories",

@@ -152,7 +152,8 @@ TEST_P(RunStateTest, AClaimWhoseUnitDidNotReadTheSessionTakesItOnlyWhileItIsIdle
     EXPECT_EQ(refused.status().code(), Code::kConflict) << refused.status().ToString();
     EXPECT_NE(refused.status().message().find("changed since intake read it"), std::string::npos);
     Status read = store_->Read([&](Tx& tx) -> Status {
-      KEEL_ASSIGN_OR_RETURN(auto runs, tx.runs().ListRuns(tenant_, session_, {"", 100}));
+      KEEL_ASSIGN_OR_RETURN(auto runs,
+                            tx.runs().ListRuns(tenant_, {.session_id = session_}, {"", 100}));
       EXPECT_EQ(runs.items.size(), 1u);  // the first run's alone
       return Status::Ok();
     });

@@ -1595,8 +1595,8 @@ TEST_P(StoreTest, AnotherTenantsObjectsAreNotFound) {
     EXPECT_TRUE(tx.sessions().ListSessions(b.id, agent.id, {"", 50})->items.empty());
     EXPECT_TRUE(tx.messages().ListMessages(b.id, session.id, {"", 50})->items.empty());
     EXPECT_TRUE(tx.messages().RecentMessages(b.id, session.id, "", NewId(), 10)->empty());
-    EXPECT_TRUE(tx.runs().ListRuns(b.id, session.id, {"", 50})->items.empty());
-    EXPECT_TRUE(tx.runs().ListRuns(b.id, "", {"", 50})->items.empty());
+    EXPECT_TRUE(tx.runs().ListRuns(b.id, {.session_id = session.id}, {"", 50})->items.empty());
+    EXPECT_TRUE(tx.runs().ListRuns(b.id, {}, {"", 50})->items.empty());
     EXPECT_EQ(*tx.runs().CountActiveRuns(b.id), 0);
     EXPECT_FALSE(*tx.runs().SessionBusy(b.id, session.id));
     auto intake = tx.runs().ForIntake(b.id, session.id);
@@ -2382,7 +2382,7 @@ TEST_P(StoreTest, ListRunsWithAndWithoutASessionFilter) {
   // Both forms, one after the other and back, in one process: neither may fix the other's query.
   auto of = [&](const std::string& session_id) {
     return Ids(ReadValue<Paged<store::Run>>(*store_, [&](Tx& tx) {
-                 return tx.runs().ListRuns(t.id, session_id, {"", 50});
+                 return tx.runs().ListRuns(t.id, {.session_id = session_id}, {"", 50});
                }).items);
   };
   const std::vector<std::string> all = Ids(runs);
@@ -2490,9 +2490,11 @@ TEST(StoreCrossBackendTest, SameDataSameOrderAndCursors) {
          return ToIdPage(tx.messages().ListMessages(t.id, sessions[0].id, p));
        }},
       {"runs of a session",
-       [&](Tx& tx, const Page& p) { return ToIdPage(tx.runs().ListRuns(t.id, sessions[1].id, p)); }},
+       [&](Tx& tx, const Page& p) {
+         return ToIdPage(tx.runs().ListRuns(t.id, {.session_id = sessions[1].id}, p));
+       }},
       {"runs of the tenant",
-       [&](Tx& tx, const Page& p) { return ToIdPage(tx.runs().ListRuns(t.id, "", p)); }},
+       [&](Tx& tx, const Page& p) { return ToIdPage(tx.runs().ListRuns(t.id, {}, p)); }},
       {"deliveries",
        [&](Tx& tx, const Page& p) {
          return ToIdPage(tx.plugins().ListDeliveries(t.id, "hook", "", p));

@@ -161,7 +161,8 @@ Result<std::string> LeastPrivilegedAuthor(store::Tx& tx, const std::string& tena
   std::string least = "owner";
   store::Page page{"", 500};
   while (true) {
-    KEEL_ASSIGN_OR_RETURN(auto runs, tx.runs().ListRuns(tenant_id, session_id, page));
+    KEEL_ASSIGN_OR_RETURN(auto runs,
+                          tx.runs().ListRuns(tenant_id, {.session_id = session_id}, page));
     for (const auto& r : runs.items) {
       if (Rank(r.caller_role) < Rank(least)) least = Rank(r.caller_role) == 1 ? "user" : "guest";
       if (least == "guest") return least;

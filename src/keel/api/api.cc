@@ -23,7 +23,9 @@ Json TokenJson(const store::Token& t) {
           {"name", t.name},
           {"role", t.role},
           {"created_at", FormatRfc3339(t.created_at)},
-          {"revoked_at", t.revoked_at ? Json(FormatRfc3339(*t.revoked_at)) : Json(nullptr)}};
+          {"revoked_at", t.revoked_at ? Json(FormatRfc3339(*t.revoked_at)) : Json(nullptr)},
+          {"parent_id", t.parent_id.empty() ? Json(nullptr) : Json(t.parent_id)},
+          {"expires_at", t.expires_at ? Json(FormatRfc3339(*t.expires_at)) : Json(nullptr)}};
 }
 
 Json AgentJson(const store::Agent& a) {
@@ -210,9 +212,15 @@ http::Authenticator MakeAuthenticator(ApiContext& ctx) {
     });
     if (st.code() == Code::kNotFound) co_return Unauthenticated("invalid or revoked token");
     if (!st.ok()) co_return st;
+    if (found.expires_at && *found.expires_at <= NowMillis()) {
+      co_return Unauthenticated("expired token: sign in again");
+    }
     http::Principal p;
     p.tenant_id = found.tenant_id;
-    p.token_id = found.id;
+    // A dashboard sign-in acts as the token that signed in (its grants, its sessions, its
+    // approvals' separate-approver check).
+    p.token_id = found.parent_id.empty() ? found.id : found.parent_id;
+    if (!found.parent_id.empty()) p.browser_session_id = found.id;
     p.role = found.role;
     p.platform_admin = found.role == "owner" && found.tenant_id == ctx.admin_tenant_id;
     co_return p;
@@ -238,6 +246,7 @@ void RegisterAllRoutes(http::Router& router, ApiContext& ctx) {
   RegisterSkillRoutes(router, ctx);
   RegisterContextRoutes(router, ctx);
   RegisterOpenAiRoutes(router, ctx);
+  RegisterDashboardRoutes(router, ctx);
 }
 
 }  // namespace keel::api

@@ -72,6 +72,7 @@ void RegisterMemoryRoutes(http::Router& router, ApiContext& ctx);    // memories
 void RegisterSkillRoutes(http::Router& router, ApiContext& ctx);     // skills, assignments
 void RegisterContextRoutes(http::Router& router, ApiContext& ctx);   // compactions
 void RegisterOpenAiRoutes(http::Router& router, ApiContext& ctx);    // /v1/chat/completions
+void RegisterDashboardRoutes(http::Router& router, ApiContext& ctx);  // /, sign-in
 
 // The OpenAPI 3.1 document served at /v1/openapi.json.
 const std::string& OpenApiDocument();

@@ -1,5 +1,10 @@
 // Tenants, tokens, and the unauthenticated health/readiness routes plus metrics and OpenAPI.
 
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
 #include "keel/access/access.h"
 #include "keel/api/api.h"
 #include "keel/api/render.h"
@@ -92,7 +97,97 @@ Result<std::string> NameOf(const Json& body) {
 
 }  // namespace
 
+namespace {
+
+// The fleet now: the nodes that reported lately (this one always), the leader, the queue.
+asio::awaitable<Result<Json>> FleetJson(ApiContext& ctx) {
+  std::vector<store::NodeInfo> nodes;
+  int64_t queued = 0;
+  Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(nodes, tx.runs().ListNodes(10000));
+    KEEL_ASSIGN_OR_RETURN(queued, tx.runs().CountQueuedRuns());
+    return Status::Ok();
+  });
+  if (!st.ok()) co_return st;
+  const store::NodeInfo self = ctx.store.NodeReport();
+  bool listed = false;
+  for (auto& n : nodes) {
+    if (n.origin == self.origin) {
+      n = self;  // its own figures as of now
+      listed = true;
+    }
+  }
+  if (!listed) nodes.push_back(self);
+  Json items = Json::array();
+  Json leader = nullptr;
+  int64_t executing = 0;
+  for (const auto& n : nodes) {
+    Json j = Json::object();
+    j["origin"] = n.origin;
+    j["address"] = n.address;
+    j["started_at"] = FormatRfc3339(n.started_at);
+    j["seen_at"] = FormatRfc3339(n.seen_at);
+    j["runs_executing"] = n.runs_executing;
+    j["runs_finished"] = n.runs_finished;
+    j["leader"] = n.leader;
+    j["this_node"] = n.origin == self.origin;
+    if (n.leader) leader = n.origin;
+    executing += n.runs_executing;
+    items.push_back(std::move(j));
+  }
+  Json out = Json::object();
+  out["at"] = FormatRfc3339(NowMillis());
+  out["leader"] = std::move(leader);
+  out["runs_queued"] = queued;
+  out["runs_executing"] = executing;
+  out["nodes"] = std::move(items);
+  co_return out;
+}
+
+Status RequirePlatformAdmin(const Request& req) {
+  if (req.principal.platform_admin) return Status::Ok();
+  return PermissionDenied("the fleet is the platform admin's: it shows every tenant's load");
+}
+
+}  // namespace
+
 void RegisterAdminRoutes(http::Router& router, ApiContext& ctx) {
+  router.Add("GET", "/v1/nodes", [&ctx](Request& req) -> asio::awaitable<Response> {
+    if (auto st = RequirePlatformAdmin(req); !st.ok()) co_return Response::Error(st);
+    auto fleet = co_await FleetJson(ctx);
+    if (!fleet.ok()) co_return Response::Error(fleet.status());
+    co_return Response::Json(200, *fleet);
+  });
+
+  // The same, once a second, as Server-Sent Events (the dashboard's fleet page plots it).
+  router.Add("GET", "/v1/nodes/stream", [&ctx](Request& req) -> asio::awaitable<Response> {
+    if (auto st = RequirePlatformAdmin(req); !st.ok()) co_return Response::Error(st);
+    if (req.IsWebSocketUpgrade()) {
+      co_return Response::Error(InvalidArgument("/v1/nodes/stream is Server-Sent Events only"));
+    }
+    Response r;
+    r.content_type = "text/event-stream";
+    r.headers["X-Accel-Buffering"] = "no";
+    r.stream = [&ctx](http::StreamWriter& w) -> asio::awaitable<void> {
+      ++ctx.metrics.sse_clients;
+      struct Leave {
+        Metrics& metrics;
+        ~Leave() { --metrics.sse_clients; }
+      } leave{ctx.metrics};
+      asio::steady_timer timer(co_await asio::this_coro::executor);
+      while (!ctx.runtime.draining()) {
+        auto fleet = co_await FleetJson(ctx);
+        if (!fleet.ok()) co_return;
+        if (!co_await w.Write("event: fleet\ndata: " + DumpJson(*fleet) + "\n\n")) co_return;
+        timer.expires_after(std::chrono::seconds(1));
+        boost::system::error_code ec;
+        co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+        if (ec) co_return;
+      }
+    };
+    co_return r;
+  });
+
   router.Add("POST", "/v1/tenants", [&ctx](Request& req) -> asio::awaitable<Response> {
     if (!req.principal.platform_admin) {
       co_return Response::Error(PermissionDenied("only the platform admin can create tenants"));
@@ -216,7 +311,18 @@ void RegisterAdminRoutes(http::Router& router, ApiContext& ctx) {
       KEEL_RETURN_IF_ERROR(tx.tokens().RevokeToken(tenant, id, at));
       KEEL_RETURN_IF_ERROR(access::WithdrawAuthority(tx, tenant, id, at));
       tx.Carry("api_tokens", store::ColumnsImage({{"id", id}, {"revoked_at", at}}));
-      return tx.events().Append({tenant, "token.revoked@v1", "", "", "", {{"token_id", id}}});
+      KEEL_RETURN_IF_ERROR(
+          tx.events().Append({tenant, "token.revoked@v1", "", "", "", {{"token_id", id}}}));
+      // The dashboard sign-ins of the token end with it.
+      KEEL_ASSIGN_OR_RETURN(auto tokens, tx.tokens().ListTokens(tenant));
+      for (const auto& t : tokens) {
+        if (t.parent_id != id || t.revoked_at) continue;
+        KEEL_RETURN_IF_ERROR(tx.tokens().RevokeToken(tenant, t.id, at));
+        tx.Carry("api_tokens", store::ColumnsImage({{"id", t.id}, {"revoked_at", at}}));
+        KEEL_RETURN_IF_ERROR(
+            tx.events().Append({tenant, "token.revoked@v1", "", "", "", {{"token_id", t.id}}}));
+      }
+      return Status::Ok();
     });
     if (!written.ok()) co_return Response::Error(written.status());
     co_return Response::NoContent();

@@ -208,6 +208,30 @@ void RegisterAgentRoutes(http::Router& router, ApiContext& ctx) {
     co_return Response::Json(200, AgentJson(*agent));
   });
 
+  // What the agent's model is offered, with each tool's argument schema (the dashboard checks an
+  // approval's amended arguments against it).
+  router.Add("GET", "/v1/agents/{id}/tools", [&ctx](Request& req) -> asio::awaitable<Response> {
+    if (auto st = RequireMember(req, "list an agent's tools"); !st.ok()) {
+      co_return Response::Error(st);
+    }
+    auto agent = co_await LoadAgent(ctx, req);
+    if (!agent.ok()) co_return Response::Error(agent.status());
+    Json items = Json::array();
+    for (const auto& t : co_await ctx.gateway.Offered(agent->tenant_id, agent->id, agent->tools)) {
+      if (runtime::IsIntrospectionTool(t->name())) continue;  // only introspection runs have them
+      Json item = Json::object();
+      item["name"] = t->name();
+      item["description"] = t->description();
+      item["parameters"] = t->parameters();
+      item["rights"] = t->rights();
+      item["effect_class"] = tools::EffectClassName(t->effect_class());
+      items.push_back(std::move(item));
+    }
+    Json out = Json::object();
+    out["items"] = std::move(items);
+    co_return Response::Json(200, out);
+  });
+
   router.Add("PATCH", "/v1/agents/{id}", [&ctx](Request& req) -> asio::awaitable<Response> {
     if (auto st = RequireOwner(req); !st.ok()) co_return Response::Error(st);
     auto body = ParseJsonObject(req.body);

@@ -3,6 +3,7 @@
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
+#include <limits>
 #include <memory>
 #include <set>
 
@@ -76,6 +77,17 @@ void RegisterEventRoutes(http::Router& router, ApiContext& ctx) {
     }
     auto limit = LimitOf(req);
     if (!limit.ok()) co_return Response::Error(limit.status());
+    // ?order=desc: the newest first, from the end of the log or before `cursor`.
+    const std::string order = req.Query("order", "asc");
+    if (order != "asc" && order != "desc") {
+      co_return Response::Error(
+          InvalidArgument("order must be asc or desc, got '" + order.substr(0, 64) + "'"));
+    }
+    const bool newest_first = order == "desc";
+    if (newest_first && !req.Query("after").empty()) {
+      co_return Response::Error(
+          InvalidArgument("after reads forward; with order=desc, go back with cursor"));
+    }
     // The page is cut from the log before the caller's view filters it: a guest's page may be
     // short, and its cursor still moves past what it may not see.
     std::vector<store::Event> events;
@@ -83,8 +95,14 @@ void RegisterEventRoutes(http::Router& router, ApiContext& ctx) {
     access::SessionScope scope(req.principal);
     bool more = false;
     Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
-      KEEL_ASSIGN_OR_RETURN(events, tx.events().ReadEvents(req.principal.tenant_id, after,
-                                                           FilterOf(req), *limit + 1));
+      if (newest_first) {
+        const int64_t before = a.empty() ? std::numeric_limits<int64_t>::max() : after;
+        KEEL_ASSIGN_OR_RETURN(events, tx.events().ReadEventsBefore(req.principal.tenant_id, before,
+                                                                   FilterOf(req), *limit + 1));
+      } else {
+        KEEL_ASSIGN_OR_RETURN(events, tx.events().ReadEvents(req.principal.tenant_id, after,
+                                                             FilterOf(req), *limit + 1));
+      }
       more = static_cast<int>(events.size()) > *limit;
       if (more) events.resize(*limit);
       for (const auto& e : events) {

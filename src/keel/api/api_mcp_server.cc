@@ -25,6 +25,7 @@
 #include "keel/config/config.h"
 #include "keel/http/cors.h"
 #include "keel/mcp/messages.h"
+#include "keel/runs/open_session.h"
 #include "keel/runtime/event_hub.h"
 #include "keel/runtime/runtime.h"
 #include "keel/store/async.h"
@@ -309,10 +310,7 @@ asio::awaitable<Response> Initialize(ApiContext& ctx, const Request& req, const 
   store::Agent agent;
   auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
     KEEL_ASSIGN_OR_RETURN(agent, tx.agents().GetAgent(session.tenant_id, agent_id));
-    KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(session));
-    tx.Carry("sessions", store::RowImage(session));
-    return tx.events().Append({session.tenant_id, "session.created@v1", agent_id, session.id, "",
-                               {{"title", session.title}, {"via", "mcp"}}});
+    return runs::OpenSession(tx, session, "mcp");
   });
   if (!written.ok()) {
     if (written.status().code() != Code::kNotFound) co_return TransportError(written.status());

@@ -13,6 +13,7 @@
 #include "keel/api/run_wait.h"
 #include "keel/common/ids.h"
 #include "keel/common/time.h"
+#include "keel/runs/open_session.h"
 #include "keel/runtime/event_hub.h"
 #include "keel/runtime/runtime.h"
 #include "keel/store/async.h"
@@ -387,14 +388,7 @@ void RegisterOpenAiRoutes(http::Router& router, ApiContext& ctx) {
           session.created_at = session.updated_at = NowMillis();
           auto opened = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
             KEEL_RETURN_IF_ERROR(tx.agents().GetAgent(session.tenant_id, agent.id).status());
-            KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(session));
-            tx.Carry("sessions", store::RowImage(session));
-            KEEL_RETURN_IF_ERROR(tx.events().Append({session.tenant_id,
-                                                     "session.created@v1",
-                                                     agent.id,
-                                                     session.id,
-                                                     "",
-                                                     {{"title", session.title}}}));
+            KEEL_RETURN_IF_ERROR(runs::OpenSession(tx, session));
             for (const auto& [role, text] : chat->history) {
               store::Message m;
               m.id = NewId();

@@ -16,6 +16,16 @@ namespace asio = boost::asio;
 using http::Request;
 using http::Response;
 
+namespace {
+bool IsRunStatus(const std::string& s) {
+  for (const char* known :
+       {"queued", "running", "waiting_for_approval", "done", "failed", "cancelled"}) {
+    if (s == known) return true;
+  }
+  return false;
+}
+}  // namespace
+
 void RegisterRunRoutes(http::Router& router, ApiContext& ctx) {
   router.Add("GET", "/v1/runs/{id}", [&ctx](Request& req) -> asio::awaitable<Response> {
     store::Run run;
@@ -40,14 +50,23 @@ void RegisterRunRoutes(http::Router& router, ApiContext& ctx) {
   auto list = [&ctx](Request& req) -> asio::awaitable<Response> {
     auto page = OrderedPageOf(req);
     if (!page.ok()) co_return Response::Error(page.status());
-    std::string session_id = req.Param("id");
-    if (session_id.empty()) session_id = req.Query("session_id");
+    store::RunFilter filter;
+    filter.session_id = req.Param("id");
+    if (filter.session_id.empty()) filter.session_id = req.Query("session_id");
+    filter.agent_id = req.Query("agent_id");
+    filter.status = req.Query("status");
+    if (!filter.status.empty() && !IsRunStatus(filter.status)) {
+      co_return Response::Error(InvalidArgument(
+          "status must be one of queued, running, waiting_for_approval, done, failed, cancelled; "
+          "got '" +
+          filter.status.substr(0, 64) + "'"));
+    }
     store::Paged<store::Run> runs;
     Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
-      if (!session_id.empty()) {
-        KEEL_RETURN_IF_ERROR(access::UsableSession(tx, req.principal, session_id).status());
+      if (!filter.session_id.empty()) {
+        KEEL_RETURN_IF_ERROR(access::UsableSession(tx, req.principal, filter.session_id).status());
       }
-      KEEL_ASSIGN_OR_RETURN(runs, tx.runs().ListRuns(req.principal.tenant_id, session_id, *page));
+      KEEL_ASSIGN_OR_RETURN(runs, tx.runs().ListRuns(req.principal.tenant_id, filter, *page));
       // A guest's page holds only the runs of its own sessions (it may be short).
       access::SessionScope scope(req.principal);
       std::vector<store::Run> kept;

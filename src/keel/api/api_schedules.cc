@@ -10,6 +10,7 @@
 #include "keel/api/api.h"
 #include "keel/api/render.h"
 #include "keel/runtime/runtime.h"
+#include "keel/schedule/cron.h"
 #include "keel/schedule/schedule.h"
 #include "keel/store/async.h"
 #include "keel/store/row_images.h"
@@ -174,6 +175,41 @@ asio::awaitable<Response> Reassign(ApiContext& ctx, Request& req, std::string to
 }  // namespace
 
 void RegisterScheduleRoutes(http::Router& router, ApiContext& ctx) {
+  // The next slots of a cron expression in a zone, by the code that fires schedules (a form
+  // shows them before the schedule is made).
+  router.Add("GET", "/v1/cron/preview", [](Request& req) -> asio::awaitable<Response> {
+    if (auto st = RequireMember(req, "preview schedules"); !st.ok()) co_return Response::Error(st);
+    const std::string text = req.Query("cron");
+    if (text.empty()) co_return Response::Error(InvalidArgument("cron is required"));
+    if (text.size() > 256)
+      co_return Response::Error(InvalidArgument("cron is longer than 256 bytes"));
+    auto cron = schedule::CronExpr::Parse(text);
+    if (!cron.ok()) co_return Response::Error(cron.status());
+    auto zone = schedule::TimeZone::Find(req.Query("timezone", "UTC"));
+    if (!zone.ok()) co_return Response::Error(zone.status());
+    int count = 5;
+    if (std::string n = req.Query("count"); !n.empty()) {
+      if (n.size() > 2 || n.find_first_not_of("0123456789") != std::string::npos ||
+          std::stoi(n) < 1 || std::stoi(n) > 50) {
+        co_return Response::Error(InvalidArgument("count must be an integer between 1 and 50"));
+      }
+      count = std::stoi(n);
+    }
+    Json slots = Json::array();
+    Millis at = NowMillis();
+    for (int i = 0; i < count; ++i) {
+      auto next = schedule::NextSlot(*cron, *zone, at);
+      if (!next) break;
+      slots.push_back(FormatRfc3339(*next));
+      at = *next;
+    }
+    Json out = Json::object();
+    out["cron"] = text;
+    out["timezone"] = zone->name();
+    out["slots"] = std::move(slots);
+    co_return Response::Json(200, out);
+  });
+
   router.Add("POST", "/v1/schedules", [&ctx](Request& req) -> asio::awaitable<Response> {
     std::string from_body;
     co_return co_await Create(ctx, req, from_body);

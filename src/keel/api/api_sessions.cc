@@ -5,6 +5,7 @@
 #include "keel/api/render.h"
 #include "keel/api/run_wait.h"
 #include "keel/common/ids.h"
+#include "keel/runs/open_session.h"
 #include "keel/runtime/event_hub.h"
 #include "keel/runtime/runtime.h"
 #include "keel/store/async.h"
@@ -98,11 +99,7 @@ void RegisterSessionRoutes(http::Router& router, ApiContext& ctx) {
     session.created_at = session.updated_at = NowMillis();
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_RETURN_IF_ERROR(tx.agents().GetAgent(session.tenant_id, session.agent_id).status());
-      KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(session));
-      tx.Carry("sessions", store::RowImage(session));
-      return tx.events()
-          .Append({session.tenant_id, "session.created@v1", session.agent_id, session.id, "",
-                   {{"title", session.title}}});
+      return runs::OpenSession(tx, session);
     });
     if (!written.ok()) co_return Response::Error(written.status());
     Json opened = {{"agent_id", session.agent_id}, {"session_id", session.id},

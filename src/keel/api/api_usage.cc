@@ -3,6 +3,8 @@
 // usage; only owners see and change budgets. Money is shown in USD (JSON numbers, exact to the
 // micro-dollar, which is how Keel keeps it).
 
+#include <algorithm>
+
 #include "keel/api/api.h"
 #include "keel/api/render.h"
 #include "keel/common/time.h"
@@ -93,6 +95,62 @@ void RegisterUsageRoutes(http::Router& router, ApiContext& ctx) {
                                    {"period_start", FormatRfc3339(start)},
                                    {"tenant", runtime::UsageTotalsJson(whole)},
                                    {"agents", std::move(items)}});
+  });
+
+  // The last `count` days or months (the current one included), oldest first, each with the
+  // tenant's totals and each agent's: every period is listed, zeros where nothing was used.
+  router.Add("GET", "/v1/usage/history", [&ctx](Request& req) -> asio::awaitable<Response> {
+    if (auto st = RequireMember(req, "see usage"); !st.ok()) co_return Response::Error(st);
+    std::string raw = req.Query("period");
+    auto period = PeriodOf(raw.empty() ? model::kPeriodDay : raw);
+    if (!period.ok()) co_return Response::Error(period.status());
+    const bool daily = *period == model::kPeriodDay;
+    const int most = daily ? 366 : 120;
+    int count = daily ? 30 : 12;
+    if (std::string n = req.Query("count"); !n.empty()) {
+      if (n.size() > 3 || n.find_first_not_of("0123456789") != std::string::npos ||
+          std::stoi(n) < 1 || std::stoi(n) > most) {
+        co_return Response::Error(InvalidArgument("count must be an integer between 1 and " +
+                                                  std::to_string(most) + " for " + *period));
+      }
+      count = std::stoi(n);
+    }
+    std::vector<Millis> starts = {model::PeriodStart(*period, NowMillis())};
+    while (static_cast<int>(starts.size()) < count) {
+      starts.push_back(model::PeriodStart(*period, starts.back() - 1));
+    }
+    std::reverse(starts.begin(), starts.end());
+    std::vector<store::PeriodTotals> rows;
+    Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(
+          rows, tx.usage().UsageHistory(req.principal.tenant_id, *period, starts.front()));
+      return Status::Ok();
+    });
+    if (!st.ok()) co_return Response::Error(st);
+    Json items = Json::array();
+    size_t r = 0;
+    for (Millis start : starts) {
+      Json item = Json::object();
+      item["period_start"] = FormatRfc3339(start);
+      item["tenant"] = runtime::UsageTotalsJson({});
+      Json agents = Json::array();
+      for (; r < rows.size() && rows[r].period_start <= start; ++r) {
+        if (rows[r].period_start != start) continue;
+        if (rows[r].agent_id.empty()) {
+          item["tenant"] = runtime::UsageTotalsJson(rows[r].totals);
+        } else {
+          Json j = runtime::UsageTotalsJson(rows[r].totals);
+          j["agent_id"] = rows[r].agent_id;
+          agents.push_back(std::move(j));
+        }
+      }
+      item["agents"] = std::move(agents);
+      items.push_back(std::move(item));
+    }
+    Json out = Json::object();
+    out["period"] = *period;
+    out["items"] = std::move(items);
+    co_return Response::Json(200, out);
   });
 
   router.Add("GET", "/v1/budgets", [&ctx](Request& req) -> asio::awaitable<Response> {

@@ -1,7 +1,8 @@
 #pragma once
 // Cross-origin requests from browser pages (the Fetch standard's CORS protocol): which pages
-// may call the API, and the headers that tell the browser so. Keel authenticates with bearer
-// tokens, never cookies, so no answer allows credentials.
+// may call the API, and the headers that tell the browser so. No answer allows credentials:
+// other origins' pages call with bearer tokens, and the dashboard's cookie (session_cookie.h)
+// serves only the server's own pages.
 
 #include <optional>
 #include <string>

@@ -1,8 +1,9 @@
 #include "keel/http/router.h"
 
 #include <boost/asio/use_awaitable.hpp>
-
 #include <cctype>
+
+#include "keel/http/session_cookie.h"
 
 namespace keel::http {
 
@@ -110,11 +111,20 @@ boost::asio::awaitable<Response> Router::Dispatch(Request& request) const {
       if (auth.size() > 7 && (auth.compare(0, 7, "Bearer ") == 0 || auth.compare(0, 7, "bearer ") == 0)) {
         token = auth.substr(7);
       }
+      // Without a bearer token, a dashboard sign-in's cookie (session_cookie.h).
+      const bool by_cookie = token.empty();
+      if (by_cookie) token = CookieValue(request, kSessionCookie);
       if (token.empty()) {
         co_return error(Unauthenticated("missing bearer token (Authorization: Bearer ...)"));
       }
       auto principal = co_await authenticate_(token);
       if (!principal.ok()) co_return error(principal.status());
+      if (by_cookie) {
+        if (principal->browser_session_id.empty()) {
+          co_return error(Unauthenticated("the keel_session cookie holds no dashboard sign-in"));
+        }
+        if (Status st = CheckCookieRequest(request, token); !st.ok()) co_return error(st);
+      }
       request.principal = *principal;
     }
     request.params = std::move(params);

@@ -15,12 +15,16 @@
 
 namespace keel::http {
 
-// Who is calling, resolved from the bearer token before the handler runs.
+// Who is calling, resolved from the bearer token (or a dashboard sign-in's cookie) before the
+// handler runs.
 struct Principal {
   std::string tenant_id;
-  std::string token_id;
-  std::string role;  // owner | user | guest
+  std::string token_id;  // a dashboard sign-in acts as the token that signed in
+  std::string role;      // owner | user | guest
   bool platform_admin = false;
+  // The dashboard sign-in's own token id when the credential is one (a cookie or its secret),
+  // else "".
+  std::string browser_session_id;
 };
 
 struct Request {

@@ -42,6 +42,7 @@
 #include "keel/common/log.h"
 #include "keel/plugins/bus.h"
 #include "keel/plugins/host.h"
+#include "keel/runs/open_session.h"
 #include "keel/runtime/plugin_bridge.h"
 #include "keel/runtime/runtime.h"
 #include "keel/schedule/schedule.h"
@@ -147,14 +148,7 @@ Status Runtime::WriteSlotPost(store::Tx& tx, SlotPost& post) {
   tx.Carry("schedule_fires", store::RowImage(record));
   tx.Carry("schedules", store::RowImage(*current));
   if (post.new_session) {
-    KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(session));
-    tx.Carry("sessions", store::RowImage(session));
-    KEEL_RETURN_IF_ERROR(tx.events().Append({s.tenant_id,
-                                             "session.created@v1",
-                                             agent.id,
-                                             session.id,
-                                             "",
-                                             {{"title", session.title}}}));
+    KEEL_RETURN_IF_ERROR(runs::OpenSession(tx, session));
   }
   KEEL_RETURN_IF_ERROR(intake_->Write(tx, unit));
   for (const auto& d : post.deliveries) KEEL_RETURN_IF_ERROR(tx.plugins().InsertDelivery(d));

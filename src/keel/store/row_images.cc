@@ -66,6 +66,8 @@ std::string RowImage(const Token& t) {
       .Col("hash", t.hash)
       .Col("created_at", t.created_at)
       .OptInt("revoked_at", t.revoked_at)
+      .Col("parent_id", t.parent_id)
+      .OptInt("expires_at", t.expires_at)
       .Done();
 }
 

@@ -34,7 +34,8 @@ Tenant ReadTenant(const Row& r) {
   return t;
 }
 
-inline constexpr const char* kTokenCols = "id, tenant_id, name, role, hash, created_at, revoked_at";
+inline constexpr const char* kTokenCols =
+    "id, tenant_id, name, role, hash, created_at, revoked_at, parent_id, expires_at";
 template <typename Row>
 Token ReadToken(const Row& s) {
   Token t;
@@ -45,6 +46,8 @@ Token ReadToken(const Row& s) {
   t.hash = s.Text(4);
   t.created_at = s.Int(5);
   t.revoked_at = s.OptInt(6);
+  t.parent_id = s.Text(7);
+  t.expires_at = s.OptInt(8);
   return t;
 }
 

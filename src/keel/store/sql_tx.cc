@@ -180,11 +180,11 @@ Status SqlTx<Sql>::UpdateTenantSettings(const Tenant& t) {
 
 template <typename Sql>
 Status SqlTx<Sql>::InsertToken(const Token& t) {
-  static const std::string kSql = InsertSql("api_tokens", kTokenCols, 7);
+  static const std::string kSql = InsertSql("api_tokens", kTokenCols, 9);
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(t.tenant_id));
-  return Inserted(
-      sql_.Exec(kSql, t.id, t.tenant_id, t.name, t.role, t.hash, t.created_at, t.revoked_at),
-      "token already exists: " + t.id);
+  return Inserted(sql_.Exec(kSql, t.id, t.tenant_id, t.name, t.role, t.hash, t.created_at,
+                            t.revoked_at, t.parent_id, t.expires_at),
+                  "token already exists: " + t.id);
 }
 
 template <typename Sql>
@@ -927,29 +927,36 @@ Result<Run> SqlTx<Sql>::LockRun(const std::string& tenant_id, const std::string&
 }
 
 template <typename Sql>
-Result<Paged<Run>> SqlTx<Sql>::ListRuns(const std::string& tenant_id, const std::string& session_id,
+Result<Paged<Run>> SqlTx<Sql>::ListRuns(const std::string& tenant_id, const RunFilter& filter,
                                         const Page& page) {
   const int limit = ClampLimit(page.limit);
-  // One statement per form, so that each keeps its index.
+  // One statement per form, so that each keeps its index (runs_session or runs_tenant); the
+  // agent and the status filter the rows that index walks.
+  static const std::string kRest = " AND ($3='' OR agent_id=$3) AND ($4='' OR status=$4)";
   static const std::string kAll = "SELECT " + std::string(kRunCols) +
-                                  " FROM runs WHERE tenant_id=$1 AND id>$2 ORDER BY id LIMIT $3";
-  static const std::string kOfSession =
-      "SELECT " + std::string(kRunCols) +
-      " FROM runs WHERE tenant_id=$1 AND session_id=$2 AND id>$3 ORDER BY id LIMIT $4";
-  static const std::string kAllNewest =
-      "SELECT " + std::string(kRunCols) +
-      " FROM runs WHERE tenant_id=$1 AND id<$2 ORDER BY id DESC LIMIT $3";
-  static const std::string kOfSessionNewest =
-      "SELECT " + std::string(kRunCols) +
-      " FROM runs WHERE tenant_id=$1 AND session_id=$2 AND id<$3 ORDER BY id DESC LIMIT $4";
+                                  " FROM runs WHERE tenant_id=$1 AND id>$2" + kRest +
+                                  " ORDER BY id LIMIT $5";
+  static const std::string kOfSession = "SELECT " + std::string(kRunCols) +
+                                        " FROM runs WHERE tenant_id=$1 AND id>$2" + kRest +
+                                        " AND session_id=$6 ORDER BY id LIMIT $5";
+  static const std::string kAllNewest = "SELECT " + std::string(kRunCols) +
+                                        " FROM runs WHERE tenant_id=$1 AND id<$2" + kRest +
+                                        " ORDER BY id DESC LIMIT $5";
+  static const std::string kOfSessionNewest = "SELECT " + std::string(kRunCols) +
+                                              " FROM runs WHERE tenant_id=$1 AND id<$2" + kRest +
+                                              " AND session_id=$6 ORDER BY id DESC LIMIT $5";
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
   const std::string cursor = CursorFor(page);
-  const bool all = session_id.empty();
-  auto r = page.newest_first
-               ? (all ? sql_.Query(kAllNewest, tenant_id, cursor, limit + 1)
-                      : sql_.Query(kOfSessionNewest, tenant_id, session_id, cursor, limit + 1))
-               : (all ? sql_.Query(kAll, tenant_id, cursor, limit + 1)
-                      : sql_.Query(kOfSession, tenant_id, session_id, cursor, limit + 1));
+  const bool all = filter.session_id.empty();
+  const auto& a = filter.agent_id;
+  const auto& s = filter.status;
+  auto r =
+      page.newest_first
+          ? (all ? sql_.Query(kAllNewest, tenant_id, cursor, a, s, limit + 1)
+                 : sql_.Query(kOfSessionNewest, tenant_id, cursor, a, s, limit + 1,
+                              filter.session_id))
+          : (all ? sql_.Query(kAll, tenant_id, cursor, a, s, limit + 1)
+                 : sql_.Query(kOfSession, tenant_id, cursor, a, s, limit + 1, filter.session_id));
   if (!r.ok()) return r.status();
   return PageOf<Run>(*r, ReadRun<typename Sql::Row>, limit, [](const Run& x) { return x.id; });
 }
@@ -1334,6 +1341,21 @@ Result<std::vector<Event>> SqlTx<Sql>::ReadEvents(const std::string& tenant_id, 
 }
 
 template <typename Sql>
+Result<std::vector<Event>> SqlTx<Sql>::ReadEventsBefore(const std::string& tenant_id,
+                                                        int64_t before, const EventFilter& f,
+                                                        int limit) {
+  static const std::string kSql =
+      "SELECT " + std::string(kEventCols) +
+      " FROM events WHERE tenant_id=$1 AND tenant_position<$2 AND "
+      "($3='' OR agent_id=$3) AND ($4='' OR session_id=$4) AND ($5='' OR run_id=$5) "
+      "ORDER BY tenant_position DESC LIMIT $6";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, before, f.agent_id, f.session_id,
+                                           f.run_id, std::clamp(limit, 1, 1000)));
+  return Collect<Event>(r, ReadEvent<typename Sql::Row>);
+}
+
+template <typename Sql>
 Result<std::vector<Event>> SqlTx<Sql>::RecentRunEvents(const std::string& tenant_id,
                                                        const std::string& run_id, int window) {
   static const std::string kSql =
@@ -1440,6 +1462,20 @@ Result<std::vector<AgentUsage>> SqlTx<Sql>::PeriodUsageByAgent(const std::string
   KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, period, start));
   return Collect<AgentUsage>(r, [](const typename Sql::Row& row) {
     return AgentUsage{row.Text(0), ReadTotals(row, 1)};
+  });
+}
+
+template <typename Sql>
+Result<std::vector<PeriodTotals>> SqlTx<Sql>::UsageHistory(const std::string& tenant_id,
+                                                           const std::string& period,
+                                                           Millis since) {
+  static const std::string kSql = "SELECT period_start, agent_id, " + std::string(kTotalsCols) +
+                                  " FROM usage_totals WHERE tenant_id=$1 AND period=$2 AND "
+                                  "period_start>=$3 ORDER BY period_start, agent_id";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, period, since));
+  return Collect<PeriodTotals>(r, [](const typename Sql::Row& row) {
+    return PeriodTotals{row.Int(0), row.Text(1), ReadTotals(row, 2)};
   });
 }
 

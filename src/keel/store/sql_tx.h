@@ -257,7 +257,7 @@ class SqlTx : public Tx,
   Status EndHeldRun(const Run& r) override;
   Result<Run> GetRun(const std::string& tenant_id, const std::string& id) override;
   Result<Run> LockRun(const std::string& tenant_id, const std::string& id) override;
-  Result<Paged<Run>> ListRuns(const std::string& tenant_id, const std::string& session_id,
+  Result<Paged<Run>> ListRuns(const std::string& tenant_id, const RunFilter& filter,
                               const Page& page) override;
   Result<int64_t> CountActiveRuns(const std::string& tenant_id) override;
   Status InsertStep(const Step& s) override;
@@ -314,6 +314,8 @@ class SqlTx : public Tx,
   // EventLog (Append is the backend's: the numbering and the audit chain)
   Result<std::vector<Event>> ReadEvents(const std::string& tenant_id, int64_t after,
                                         const EventFilter& filter, int limit) override;
+  Result<std::vector<Event>> ReadEventsBefore(const std::string& tenant_id, int64_t before,
+                                              const EventFilter& filter, int limit) override;
   Result<int64_t> LastPosition(const std::string& tenant_id) override;
   Result<std::vector<Event>> RecentRunEvents(const std::string& tenant_id,
                                              const std::string& run_id, int window) override;
@@ -325,6 +327,8 @@ class SqlTx : public Tx,
   Result<std::vector<AgentUsage>> PeriodUsageByAgent(const std::string& tenant_id,
                                                      const std::string& period,
                                                      Millis start) override;
+  Result<std::vector<PeriodTotals>> UsageHistory(const std::string& tenant_id,
+                                                 const std::string& period, Millis since) override;
   Status PutBudget(const Budget& b) override;
   Result<std::vector<Budget>> ListBudgets(const std::string& tenant_id) override;
   Status ListBudgetsLater(const std::string& tenant_id, std::vector<Budget>& out) override;

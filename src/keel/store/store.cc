@@ -3,6 +3,7 @@
 #include <future>
 
 #include "keel/common/crypto.h"
+#include "keel/common/time.h"
 #include "keel/store/audit.h"
 #include "keel/store/migrate.h"
 #include "keel/store/postgres/postgres_store.h"
@@ -23,6 +24,24 @@ Status Store::WriteSync(WriteFn fn, std::vector<Event>* events) {
   return status;
 }
 
+void Store::SetNodeReport(std::function<NodeInfo()> report) {
+  std::lock_guard<std::mutex> lock(report_mu_);
+  report_ = std::move(report);
+}
+
+NodeInfo Store::NodeReport() const {
+  std::function<NodeInfo()> report;
+  {
+    std::lock_guard<std::mutex> lock(report_mu_);
+    report = report_;
+  }
+  NodeInfo self = report ? report() : NodeInfo{};
+  self.origin = origin();
+  self.seen_at = NowMillis();
+  self.leader = leader();
+  return self;
+}
+
 const std::vector<ExportTableSpec>& ExportTables() {
   using T = ColumnType;
   static const std::vector<ExportTableSpec> kTables = {
@@ -40,7 +59,9 @@ const std::vector<ExportTableSpec>& ExportTables() {
         {"role", T::kText},
         {"hash", T::kText},
         {"created_at", T::kInt},
-        {"revoked_at", T::kOptInt}},
+        {"revoked_at", T::kOptInt},
+        {"parent_id", T::kText},
+        {"expires_at", T::kOptInt}},
        "id"},
       {"tenant_keys",
        {{"tenant_id", T::kText},

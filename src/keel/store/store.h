@@ -12,6 +12,7 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -241,10 +242,15 @@ class RunStore {
   // kConflict at once when another transaction holds it (being claimed elsewhere: skip it).
   // PostgreSQL: SELECT ... FOR UPDATE SKIP LOCKED. SQLite: its one writer holds every row.
   virtual Result<Run> LockRun(const std::string& tenant_id, const std::string& id) = 0;
-  virtual Result<Paged<Run>> ListRuns(const std::string& tenant_id, const std::string& session_id,
+  virtual Result<Paged<Run>> ListRuns(const std::string& tenant_id, const RunFilter& filter,
                                       const Page& page) = 0;
   // Runs of the tenant queued or running (the ones that cost capacity).
   virtual Result<int64_t> CountActiveRuns(const std::string& tenant_id) = 0;
+  // Runtime-wide, for the fleet's view: the runs of every tenant waiting to be claimed, and the
+  // nodes that reported within `within_ms` (Store::SetNodeReport) by origin, the leader marked
+  // (none on a store of one node, which publishes no report).
+  virtual Result<int64_t> CountQueuedRuns() = 0;
+  virtual Result<std::vector<NodeInfo>> ListNodes(Millis within_ms) = 0;
   // Whether the session has a run that is not terminal.
   virtual Result<bool> SessionBusy(const std::string& tenant_id, const std::string& session_id) = 0;
   // What intake checks before it takes a message into an existing session, read in one
@@ -326,6 +332,9 @@ class EventLog {
   // Events of the tenant with position > after, in position order, at most limit.
   virtual Result<std::vector<Event>> ReadEvents(const std::string& tenant_id, int64_t after,
                                                 const EventFilter& filter, int limit) = 0;
+  // Events of the tenant with position < before, the newest first, at most limit.
+  virtual Result<std::vector<Event>> ReadEventsBefore(const std::string& tenant_id, int64_t before,
+                                                      const EventFilter& filter, int limit) = 0;
   // The tenant's highest committed position (0 when it has no event).
   virtual Result<int64_t> LastPosition(const std::string& tenant_id) = 0;
   // The run's events among the tenant's newest `window` events, newest first: what it costs
@@ -483,6 +492,17 @@ class Store {
   virtual StoreStats stats() const = 0;
   // Stops the writer after draining queued work.
   virtual void Close() = 0;
+
+  // What this node tells the fleet about itself (origin, seen_at and leader are filled in). A
+  // shared store (PostgreSQL) publishes it once a second with the leadership lease, and
+  // RunStore::ListNodes reads every node's; a store of one node publishes nothing.
+  void SetNodeReport(std::function<NodeInfo()> report);
+  // This node's report now (empty fields when none is set). Any thread.
+  NodeInfo NodeReport() const;
+
+ private:
+  mutable std::mutex report_mu_;
+  std::function<NodeInfo()> report_;
 };
 
 struct StoreOptions {

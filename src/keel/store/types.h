@@ -30,6 +30,10 @@ struct Token {
   std::string hash;  // sha256 hex of the secret; the secret itself is never stored
   Millis created_at = 0;
   std::optional<Millis> revoked_at;
+  // A dashboard sign-in (a browser session): the token that signed in, which this one acts as;
+  // "" for a token made through POST /v1/tokens or at a tenant's creation.
+  std::string parent_id;
+  std::optional<Millis> expires_at;  // none: until revoked
 };
 
 // A tenant's data key for secrets, wrapped (sealed) by the key-encryption key whose fingerprint
@@ -273,6 +277,24 @@ struct Event {
   std::string run_id;
   Json payload = Json::object();
   Millis occurred_at = 0;
+};
+
+// A node of the cluster as the fleet sees it (GET /v1/nodes).
+struct NodeInfo {
+  std::string origin;
+  std::string address;  // where it serves HTTP
+  Millis started_at = 0;
+  Millis seen_at = 0;  // its last report
+  int64_t runs_executing = 0;
+  int64_t runs_finished = 0;  // since it started: done, failed or cancelled
+  bool leader = false;
+};
+
+// Which runs ListRuns lists: each non-empty field narrows the list.
+struct RunFilter {
+  std::string session_id;
+  std::string agent_id;
+  std::string status;
 };
 
 // A page request: items after `cursor` (opaque; empty = from the start), at most `limit`.

@@ -48,6 +48,12 @@ struct AgentUsage {
   std::string agent_id;
   UsageTotals totals;
 };
+// One period's totals of the tenant (agent_id "") or of one agent.
+struct PeriodTotals {
+  Millis period_start = 0;
+  std::string agent_id;
+  UsageTotals totals;
+};
 
 // A spending limit for a UTC day or month, on the whole tenant or on one agent.
 struct Budget {
@@ -89,6 +95,11 @@ class UsageStore {
   virtual Result<std::vector<AgentUsage>> PeriodUsageByAgent(const std::string& tenant_id,
                                                              const std::string& period,
                                                              Millis start) = 0;
+  // Every period's totals from `since` on (the tenant's and each agent's), by period_start then
+  // agent id (the tenant's first); periods without usage are absent.
+  virtual Result<std::vector<PeriodTotals>> UsageHistory(const std::string& tenant_id,
+                                                         const std::string& period,
+                                                         Millis since) = 0;
 
   // Inserts or replaces the budget of (tenant, scope, period); created_at is kept on replace.
   virtual Status PutBudget(const Budget& b) = 0;

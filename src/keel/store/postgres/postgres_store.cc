@@ -674,6 +674,14 @@ void PostgresStore::RenewLeadership(Conn& conn) {
   }
 }
 
+void PostgresStore::ReportNode(Conn& conn) {
+  const NodeInfo self = NodeReport();
+  auto done = conn.QueryOnce(
+      "SELECT keel_node_report($1, $2, $3, $4, $5)",
+      P(self.origin, self.address, self.started_at, self.runs_executing, self.runs_finished));
+  if (!done.ok() && !conn.broken()) LogError("the fleet report failed: " + done.status().message());
+}
+
 void PostgresStore::EndLeadership(Conn* conn, const std::string& why) {
   const bool held = lease_until_.exchange(0) != 0;
   if (!held) return;
@@ -726,6 +734,7 @@ void PostgresStore::ListenerLoop() {
         if (conn->broken()) break;
       } else if (std::chrono::steady_clock::now() >= next_try) {
         RenewLeadership(*conn);
+        if (!conn->broken()) ReportNode(*conn);
         next_try = std::chrono::steady_clock::now() + std::chrono::milliseconds(kLeaseRenewMs);
         if (conn->broken()) break;
       }

@@ -128,6 +128,8 @@ class PostgresStore final : public QueuedStore {
   // One attempt to take or renew the leadership lease on `conn`; logs when this node starts or
   // stops leading.
   void RenewLeadership(Conn& conn);
+  // Publishes this node's report (keel_node_report) on the listener's connection.
+  void ReportNode(Conn& conn);
   // Stops leading now, logging `why` if it led; gives the lease up through `conn` (a node that
   // stops: logged as information) or, without one (the connection was lost), logs an error.
   void EndLeadership(Conn* conn, const std::string& why);

@@ -76,6 +76,34 @@ Result<Token> PostgresTx::FindActiveTokenByHash(const std::string& hash) {
   return One<Token>(rows, ReadToken<Row>, "token not found");
 }
 
+// ---- RunStore
+
+Result<int64_t> PostgresTx::CountQueuedRuns() {
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query("SELECT keel_queued_runs()", Params()));
+  return rows.empty() || rows.IsNull(0, 0) ? 0 : rows.Int(0, 0);
+}
+
+Result<std::vector<NodeInfo>> PostgresTx::ListNodes(Millis within_ms) {
+  KEEL_ASSIGN_OR_RETURN(
+      auto rows,
+      conn_.Query("SELECT origin, address, started_at, seen_at, runs_executing, runs_finished, "
+                  "leader::int FROM keel_nodes($1)",
+                  P(within_ms)));
+  std::vector<NodeInfo> nodes;
+  for (int i = 0; i < rows.size(); ++i) {
+    NodeInfo n;
+    n.origin = rows.Text(i, 0);
+    n.address = rows.Text(i, 1);
+    n.started_at = rows.Int(i, 2);
+    n.seen_at = rows.Int(i, 3);
+    n.runs_executing = rows.Int(i, 4);
+    n.runs_finished = rows.Int(i, 5);
+    n.leader = rows.Int(i, 6) != 0;
+    nodes.push_back(std::move(n));
+  }
+  return nodes;
+}
+
 // ---- ApprovalStore
 
 Result<std::vector<Approval>> PostgresTx::ExpiredApprovals(Millis now, int limit) {

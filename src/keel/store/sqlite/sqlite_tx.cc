@@ -50,6 +50,16 @@ Result<Token> SqliteTx::FindActiveTokenByHash(const std::string& hash) {
   return One<Token>(s, ReadToken<Stmt>, "token not found");
 }
 
+// ---- RunStore
+
+Result<int64_t> SqliteTx::CountQueuedRuns() {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT count(*) FROM runs WHERE status='queued'"));
+  KEEL_ASSIGN_OR_RETURN(bool found, s.Step());
+  return found ? s.Int(0) : 0;
+}
+
+Result<std::vector<NodeInfo>> SqliteTx::ListNodes(Millis) { return std::vector<NodeInfo>{}; }
+
 // ---- ApprovalStore
 
 Result<std::vector<Approval>> SqliteTx::ExpiredApprovals(Millis now, int limit) {

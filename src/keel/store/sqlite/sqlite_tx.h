@@ -34,6 +34,8 @@ class SqliteTx final : public SqlTx<SqliteSql> {
   // TokenStore
   Result<Token> FindActiveTokenByHash(const std::string& hash) override;
   // RunStore
+  Result<int64_t> CountQueuedRuns() override;
+  Result<std::vector<NodeInfo>> ListNodes(Millis within_ms) override;
   Result<bool> SessionBusy(const std::string& tenant_id, const std::string& session_id) override;
   Result<IntakeView> ForIntake(const std::string& tenant_id,
                                const std::string& session_id) override;

@@ -1,0 +1,274 @@
+// The dashboard in a real headless Chromium (Debian's, driven by playwright-core), against a real
+// keel serve started by tests/integration/test_dashboard_browser.py, which passes:
+//   KEEL_URL          the server's base URL
+//   KEEL_TOKEN        the owner token of a tenant of the test's own
+//   KEEL_SLOW_MODEL   a model that streams its answer a word at a time (the OpenAI fake)
+//   KEEL_WEB_DIR      the build's copy of web/ (its node_modules has playwright-core, axe-core)
+//   KEEL_SCREENSHOTS  where to write screenshots of the main pages
+//   CHROMIUM          the browser binary (default /usr/bin/chromium)
+// Each check prints "ok - NAME"; the first failure prints "not ok - NAME: why" and exits 1.
+
+import { createRequire } from "node:module";
+import path from "node:path";
+import fs from "node:fs";
+import assert from "node:assert/strict";
+
+const require = createRequire(path.resolve(process.env.KEEL_WEB_DIR, "package.json"));
+const { chromium } = require("playwright-core");
+const axeSource = require("axe-core").source;
+
+const BASE = process.env.KEEL_URL;
+const TOKEN = process.env.KEEL_TOKEN;
+const SHOTS = process.env.KEEL_SCREENSHOTS;
+const WAIT = 15000;
+
+async function api(method, route, body, token = TOKEN) {
+  const res = await fetch(BASE + route, {
+    method,
+    headers: { Authorization: `Bearer ${token}`, "Content-Type": "application/json" },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const text = await res.text();
+  const json = text ? JSON.parse(text) : null;
+  if (res.status >= 300) throw new Error(`${method} ${route} -> ${res.status}: ${text}`);
+  return json;
+}
+
+const problems = [];  // console errors and page errors, from every page
+function watch(page, label) {
+  page.on("console", (m) => {
+    if (m.type() === "error") problems.push(`${label}: console error: ${m.text()}`);
+  });
+  page.on("pageerror", (e) => problems.push(`${label}: page error: ${e.message}`));
+  return page;
+}
+
+async function axe(page, label) {
+  // Through the debugger protocol, which the page's CSP (rightly) does not let a script tag do.
+  if (!(await page.evaluate(() => "axe" in window))) await page.evaluate(axeSource);
+  const result = await page.evaluate(async () => {
+    // eslint-disable-next-line no-undef
+    const r = await axe.run(document, { resultTypes: ["violations"] });
+    return r.violations
+      .filter((v) => v.impact === "serious" || v.impact === "critical")
+      .map((v) => `${v.id} (${v.impact}): ${v.nodes.map((n) => n.target.join(" ")).join(", ")}`);
+  });
+  assert.deepEqual(result, [], `${label}: axe-core findings`);
+}
+
+async function shot(page, name) {
+  fs.mkdirSync(SHOTS, { recursive: true });
+  await page.screenshot({ path: path.join(SHOTS, `${name}.png`), fullPage: true });
+}
+
+const checks = [];
+function check(name, fn) {
+  checks.push([name, fn]);
+}
+
+const byTest = (page, id) => page.locator(`[data-testid="${id}"]`);
+
+let browser;
+let context;
+let page;
+const state = {};
+
+check("signs in with a token, which the page then forgets", async () => {
+  context = await browser.newContext({ viewport: { width: 1280, height: 800 } });
+  page = watch(await context.newPage(), "main");
+  await page.goto(BASE + "/");
+  await byTest(page, "signin-token").fill(TOKEN);
+  await byTest(page, "signin-submit").click();
+  await byTest(page, "nav-agents").waitFor({ timeout: WAIT });
+  const cookies = await context.cookies();
+  const session = cookies.find((c) => c.name === "keel_session");
+  assert.ok(session, "no keel_session cookie");
+  assert.equal(session.httpOnly, true);
+  assert.equal(session.sameSite, "Strict");
+  state.cookie = session.value;
+  // Nothing a script can read holds the token or the cookie.
+  const stored = await page.evaluate(() => JSON.stringify([
+    document.cookie, { ...localStorage }, { ...sessionStorage }, location.href]));
+  assert.ok(!stored.includes(TOKEN), "the token is readable by scripts");
+  assert.ok(!stored.includes(state.cookie), "the sign-in is readable by scripts");
+  assert.equal(await byTest(page, "signin-token").count(), 0);
+});
+
+check("creates an agent", async () => {
+  await byTest(page, "nav-agents").click();
+  state.agentName = `browser-${Date.now()}`;
+  await byTest(page, "agent-create-name").fill(state.agentName);
+  await byTest(page, "agent-create-model").fill(process.env.KEEL_SLOW_MODEL);
+  await byTest(page, "agent-create-instructions").fill("You are the browser test's agent.");
+  await byTest(page, "agent-create-submit").click();
+  const row = byTest(page, "agent-row").filter({ hasText: state.agentName });
+  await row.waitFor({ timeout: WAIT });
+  const agents = await api("GET", "/v1/agents?limit=500");
+  state.agent = agents.items.find((a) => a.name === state.agentName);
+  assert.ok(state.agent, "the agent is not in the API");
+  assert.equal(state.agent.model, process.env.KEEL_SLOW_MODEL);
+  await axe(page, "agents");
+  await shot(page, "agents");
+});
+
+check("chats, and the answer streams in word by word", async () => {
+  await byTest(page, "agent-row").filter({ hasText: state.agentName }).locator("a").first().click();
+  await byTest(page, "new-session").click();
+  await byTest(page, "composer-input").waitFor({ timeout: WAIT });
+  state.sessionUrl = page.url();
+  await byTest(page, "composer-input").fill("Tell me something");
+  await byTest(page, "composer-send").click();
+  // Part of the answer shows while the model still streams it...
+  const live = byTest(page, "delta-live");
+  await live.filter({ hasText: "Streaming one" }).waitFor({ timeout: WAIT });
+  const partial = await live.innerText();
+  assert.ok(!partial.includes("time."), `not partial: ${partial}`);
+  // ...then the stored message replaces it.
+  await byTest(page, "message").filter({ hasText: "Streaming one word at a time." })
+    .waitFor({ timeout: WAIT });
+  await page.waitForFunction(
+    () => document.querySelectorAll('[data-testid="delta-live"]').length === 0,
+    null, { timeout: WAIT });
+  assert.equal(await byTest(page, "message").filter({ hasText: "Tell me something" }).count(), 1);
+  await axe(page, "session");
+  await shot(page, "session");
+});
+
+check("a message with markup is shown as text", async () => {
+  const evil = `<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script><b>bold</b>`;
+  await byTest(page, "composer-input").fill(evil);
+  await byTest(page, "composer-send").click();
+  const shown = byTest(page, "message").filter({ hasText: "<script>window.__pwned=2</script>" });
+  await shown.first().waitFor({ timeout: WAIT });
+  assert.equal(await page.evaluate(() => window.__pwned), undefined);
+  assert.equal(await page.locator('[data-testid="message"] img, [data-testid="message"] script, [data-testid="message"] b').count(), 0);
+  await byTest(page, "message").filter({ hasText: "Streaming one word at a time." }).nth(1)
+    .waitFor({ timeout: WAIT });
+});
+
+check("a parked call is approved with amended arguments in the inbox; the run finishes", async () => {
+  // An agent whose notes.append waits for a human (the policy says so), and a run parked on it.
+  await api("PUT", "/v1/policy", { rules: [
+    { tool: "*", rights: ["read", "write"], approval: "never" },
+    { tool: "notes.append", rights: ["write"], approval: "always" }] });
+  const agent = await api("POST", "/v1/agents",
+    { name: `approver-${Date.now()}`, model: "local", tools: ["notes.append"] });
+  const session = await api("POST", `/v1/agents/${agent.id}/sessions`, {});
+  state.approvalSession = session.id;
+  await page.goto(`${BASE}/#/sessions/${session.id}`);
+  await byTest(page, "composer-input").fill('/call notes.append {"line": "as proposed"}');
+  await byTest(page, "composer-send").click();
+  // Shown inline in the session...
+  await byTest(page, "approval-row").first().waitFor({ timeout: WAIT });
+  // ...and in the inbox, where a second browser watches too.
+  const other = await browser.newContext({ viewport: { width: 1280, height: 800 } });
+  const watcher = watch(await other.newPage(), "second browser");
+  await watcher.goto(BASE + "/");
+  await byTest(watcher, "signin-token").fill(TOKEN);
+  await byTest(watcher, "signin-submit").click();
+  await byTest(watcher, "nav-approvals").click();
+  const watched = byTest(watcher, "approval-row").filter({ hasText: "as proposed" });
+  await watched.waitFor({ timeout: WAIT });
+
+  await byTest(page, "nav-approvals").click();
+  const row = byTest(page, "approval-row").filter({ hasText: "as proposed" });
+  await row.waitFor({ timeout: WAIT });
+  await axe(page, "approvals");
+  await shot(page, "approvals");
+  const editor = row.locator('[data-testid="approval-amend"]');
+  // Not JSON: the approve button refuses.
+  await editor.fill('{"line": ');
+  assert.equal(await row.locator('[data-testid="approval-approve"]').isDisabled(), true);
+  await editor.fill('{"line": "as amended"}');
+  await row.locator('[data-testid="approval-approve"]').click();
+  // The second browser sees the decision without reloading.
+  await watched.filter({ hasText: /approved/i }).waitFor({ timeout: WAIT });
+  await other.close();
+  // The run finishes with the amended arguments, and the session view shows it.
+  await page.goto(`${BASE}/#/sessions/${session.id}`);
+  await byTest(page, "message").filter({ hasText: "as amended" }).first().waitFor({ timeout: WAIT });
+  const runs = await api("GET", `/v1/sessions/${session.id}/runs`);
+  assert.equal(runs.items[0].status, "done");
+});
+
+check("the runs page shows a run's steps, and a scheduled run appears live", async () => {
+  await byTest(page, "nav-runs").click();
+  await byTest(page, "run-row").first().waitFor({ timeout: WAIT });
+  const before = await byTest(page, "run-row").count();
+  const at = new Date(Date.now() + 2000).toISOString();
+  await api("POST", "/v1/schedules",
+    { agent_id: state.agent.id, prompt: "scheduled hello", at, name: "browser once" });
+  await page.waitForFunction(
+    (n) => document.querySelectorAll('[data-testid="run-row"]').length > n, before,
+    { timeout: WAIT + 5000 });
+  await axe(page, "runs");
+  await shot(page, "runs");
+  await byTest(page, "run-row").first().locator("a").first().click();
+  await byTest(page, "step-row").first().waitFor({ timeout: WAIT });
+  await axe(page, "run");
+  await shot(page, "run");
+});
+
+check("the events page follows the log", async () => {
+  await byTest(page, "nav-events").click();
+  await byTest(page, "event-row").first().waitFor({ timeout: WAIT });
+  const before = await byTest(page, "event-row").count();
+  await api("POST", "/v1/agents", { name: `late-${Date.now()}`, model: "local" });
+  await page.waitForFunction(
+    (n) => document.querySelectorAll('[data-testid="event-row"]').length > n, before,
+    { timeout: WAIT });
+  await axe(page, "events");
+  await shot(page, "events");
+});
+
+check("works at a phone's width", async () => {
+  await page.setViewportSize({ width: 390, height: 844 });
+  for (const [nav, name] of [["nav-agents", "agents"], ["nav-approvals", "approvals"]]) {
+    await byTest(page, nav).click();
+    await page.waitForTimeout(300);
+    const overflow = await page.evaluate(
+      () => document.documentElement.scrollWidth - document.documentElement.clientWidth);
+    assert.ok(overflow <= 1, `${name}: the page is ${overflow}px wider than the phone`);
+    await shot(page, `phone-${name}`);
+  }
+  await page.goto(BASE + "/" + new URL(state.sessionUrl).hash);
+  await byTest(page, "composer-input").waitFor({ timeout: WAIT });
+  await shot(page, "phone-session");
+  await page.setViewportSize({ width: 1280, height: 800 });
+});
+
+check("signing out ends the sign-in: its cookie no longer works", async () => {
+  await byTest(page, "signout").click();
+  await byTest(page, "signin-token").waitFor({ timeout: WAIT });
+  const res = await fetch(BASE + "/v1/agents", { headers: { Cookie: `keel_session=${state.cookie}` } });
+  assert.equal(res.status, 401);
+  assert.equal((await context.cookies()).filter((c) => c.name === "keel_session").length, 0);
+  await page.reload();
+  await byTest(page, "signin-token").waitFor({ timeout: WAIT });
+});
+
+check("no console errors on any page", async () => {
+  assert.deepEqual(problems, []);
+});
+
+browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+  args: ["--no-sandbox", "--disable-dev-shm-usage"],
+});
+let failed = false;
+try {
+  for (const [name, fn] of checks) {
+    try {
+      await fn();
+      console.log(`ok - ${name}`);
+    } catch (e) {
+      console.log(`not ok - ${name}: ${e.stack || e}`);
+      if (page) await shot(page, "failure").catch(() => {});
+      failed = true;
+      break;
+    }
+  }
+} finally {
+  await browser.close();
+}
+process.exit(failed ? 1 : 0);
