@@ -64,6 +64,8 @@ class DashboardSignInTest(KeelTestCase):
         self.assertEqual(body["tenant_id"], a.id)
         self.assertEqual(body["token_id"], a.token_id)
         self.assertEqual(body["role"], "owner")
+        self.assertIs(body["platform_admin"], False)
+        self.assertIs(sign_in(self.server, self.server.token)[1]["platform_admin"], True)
         self.assertTime(body["expires_at"])
         self.assertNotIn(browser.cookie, str(body))  # the secret is only in the cookie
         # The cookie reads what the token reads, as the token.

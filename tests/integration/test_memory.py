@@ -138,6 +138,12 @@ class MemoryTest(KeelTestCase):
             err = self.assertError(t.request("GET", path + "?q=" + urllib.parse.quote(q)), 400,
                                    "invalid_argument", q)
             self.assertIn(message, err["message"])
+            # The check answers with the same message, as an answer rather than a failure.
+            checked = t.ok("GET", "/v1/memory-query?q=" + urllib.parse.quote(q), expect=200)
+            self.assertEqual((checked["valid"], checked["error"]), (False, err["message"]))
+        for q in ("disk full", '"disk full" OR cpu -noise', "x" * 512):
+            self.assertEqual(t.ok("GET", "/v1/memory-query?q=" + urllib.parse.quote(q)),
+                             {"valid": True, "error": None})
         for params, message in [("q=x&limit=0", "limit must be between 1 and 100"),
                                 ("q=x&limit=101", "limit must be between 1 and 100"),
                                 ("q=x&limit=ten", "limit must be an integer"),

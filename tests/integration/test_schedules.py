@@ -12,6 +12,7 @@ import os
 import subprocess
 import time
 import unittest
+import urllib.parse
 from datetime import datetime, timedelta, timezone
 
 from keel_harness import (KeelServer, KeelTestCase, Tenant, keel_bin, parse_time,
@@ -72,6 +73,43 @@ class SchedulesTest(KeelTestCase):
 
     def agent(self, **kw):
         return self.server.create_agent(**kw)
+
+    def test_cron_preview_uses_the_firing_code(self):
+        s = self.server
+        p = s.ok("GET", "/v1/cron/preview?cron=%s&timezone=Europe/Berlin&count=3"
+                 % urllib.parse.quote("0 9 * * MON-FRI"))
+        self.assertEqual((p["cron"], p["timezone"], p["error"]),
+                         ("0 9 * * MON-FRI", "Europe/Berlin", None))
+        self.assertEqual(len(p["slots"]), 3)
+        for slot in p["slots"]:  # 09:00 in Berlin is 08:00 or 07:00 UTC, on a weekday
+            t = datetime.strptime(slot, "%Y-%m-%dT%H:%M:%S.000Z").replace(tzinfo=timezone.utc)
+            self.assertIn(t.hour, (7, 8))
+            self.assertEqual(t.minute, 0)
+            self.assertLess(t.weekday(), 5)
+        self.assertEqual(p["slots"], sorted(p["slots"]))
+        # The slots are the ones a schedule made of it fires at.
+        agent = self.agent()
+        made = s.ok("POST", "/v1/schedules", {"agent_id": agent["id"], "prompt": "p",
+                                              "cron": "0 9 * * MON-FRI",
+                                              "timezone": "Europe/Berlin"}, expect=201)
+        self.assertEqual(made["next_fire_at"], p["slots"][0])
+        s.ok("DELETE", "/v1/schedules/" + made["id"], expect=204)
+        # What a schedule would be refused for is an answer, with the parser's words.
+        for cron, zone, words in (("61 * * * *", "UTC", "61"), ("0 0 30 2 *", "UTC", "never"),
+                                  ("* * *", "UTC", ""), ("", "UTC", "empty"),
+                                  ("@daily", "Mars/Olympus", "Mars/Olympus")):
+            p = s.ok("GET", "/v1/cron/preview?cron=%s&timezone=%s" % (
+                urllib.parse.quote(cron), urllib.parse.quote(zone)), expect=200)
+            self.assertEqual(p["slots"], [], cron)
+            self.assertIsInstance(p["error"], str)
+            self.assertIn(words, p["error"])
+        for bad in ("cron=@daily&count=0", "cron=@daily&count=51", "cron=@daily&count=x",
+                    "cron=" + "1" * 300):
+            st, body, _ = s.request("GET", "/v1/cron/preview?" + bad)
+            self.assertEqual(st, 400, (bad, body))
+        guest = s.ok("POST", "/v1/tokens", {"name": unique_name("g"), "role": "guest"})["token"]
+        st, _, _ = s.request("GET", "/v1/cron/preview?cron=@daily", token=guest)
+        self.assertEqual(st, 403)
 
     def test_create_list_show_pause_resume_delete(self):
         s = self.server

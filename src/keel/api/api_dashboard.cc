@@ -64,11 +64,12 @@ Response AssetResponse(const Request& req, const DashboardAsset& asset, bool imm
   return r;
 }
 
-Json SignInJson(const store::Token& signin, const std::string& secret) {
+Json SignInJson(const ApiContext& ctx, const store::Token& signin, const std::string& secret) {
   return {{"signed_in", true},
           {"tenant_id", signin.tenant_id},
           {"token_id", signin.parent_id},
           {"role", signin.role},
+          {"platform_admin", signin.role == "owner" && signin.tenant_id == ctx.admin_tenant_id},
           {"expires_at", FormatRfc3339(signin.expires_at.value_or(0))},
           {"csrf_token", http::CsrfTokenFor(secret)}};
 }
@@ -146,7 +147,7 @@ void RegisterDashboardRoutes(http::Router& router, ApiContext& ctx) {
                                       {"parent_id", signin.parent_id}}});
         });
         if (!written.ok()) co_return Response::Error(written.status());
-        Response r = Response::Json(201, SignInJson(signin, secret));
+        Response r = Response::Json(201, SignInJson(ctx, signin, secret));
         r.headers["Set-Cookie"] = http::SessionCookie(req, secret, kSignInSeconds);
         r.headers["Cache-Control"] = "no-store";
         co_return r;
@@ -178,7 +179,7 @@ void RegisterDashboardRoutes(http::Router& router, ApiContext& ctx) {
           return Status::Ok();
         });
         if (!st.ok()) co_return Response::Error(st);
-        Response r = Response::Json(200, SignInJson(signin, secret));
+        Response r = Response::Json(200, SignInJson(ctx, signin, secret));
         r.headers["Cache-Control"] = "no-store";
         co_return r;
       },

@@ -9,6 +9,7 @@
 #include "keel/api/render.h"
 #include "keel/common/time.h"
 #include "keel/memory/memory.h"
+#include "keel/memory/query.h"
 #include "keel/runtime/runtime.h"
 #include "keel/store/async.h"
 #include "keel/store/store.h"
@@ -43,6 +44,16 @@ Result<int> SearchLimitOf(const Request& req) {
 }  // namespace
 
 void RegisterMemoryRoutes(http::Router& router, ApiContext& ctx) {
+  // Whether the search language takes `q`, and if not why (a search form checks as it is
+  // typed: a query it cannot take is an answer, not a failed request).
+  router.Add("GET", "/v1/memory-query", [](Request& req) -> asio::awaitable<Response> {
+    auto parsed = memory::ParseQuery(req.Query("q"));
+    Json out = Json::object();
+    out["valid"] = parsed.ok();
+    out["error"] = parsed.ok() ? Json(nullptr) : Json(parsed.status().message());
+    co_return Response::Json(200, out);
+  });
+
   // ?q= searches (best first, with scores; ?limit= 1..100); without it, lists newest first
   // (paged). ?tag= filters both.
   router.Add("GET", "/v1/agents/{id}/memories", [&ctx](Request& req) -> asio::awaitable<Response> {

@@ -176,17 +176,15 @@ asio::awaitable<Response> Reassign(ApiContext& ctx, Request& req, std::string to
 
 void RegisterScheduleRoutes(http::Router& router, ApiContext& ctx) {
   // The next slots of a cron expression in a zone, by the code that fires schedules (a form
-  // shows them before the schedule is made).
+  // shows them while the expression is typed, so an expression or zone it cannot take is an
+  // answer, "error", not a failed request).
   router.Add("GET", "/v1/cron/preview", [](Request& req) -> asio::awaitable<Response> {
     if (auto st = RequireMember(req, "preview schedules"); !st.ok()) co_return Response::Error(st);
     const std::string text = req.Query("cron");
-    if (text.empty()) co_return Response::Error(InvalidArgument("cron is required"));
-    if (text.size() > 256)
-      co_return Response::Error(InvalidArgument("cron is longer than 256 bytes"));
-    auto cron = schedule::CronExpr::Parse(text);
-    if (!cron.ok()) co_return Response::Error(cron.status());
-    auto zone = schedule::TimeZone::Find(req.Query("timezone", "UTC"));
-    if (!zone.ok()) co_return Response::Error(zone.status());
+    const std::string zone_name = req.Query("timezone", "UTC");
+    if (text.size() > 256 || zone_name.size() > 256) {
+      co_return Response::Error(InvalidArgument("cron and timezone take at most 256 bytes"));
+    }
     int count = 5;
     if (std::string n = req.Query("count"); !n.empty()) {
       if (n.size() > 2 || n.find_first_not_of("0123456789") != std::string::npos ||
@@ -195,18 +193,25 @@ void RegisterScheduleRoutes(http::Router& router, ApiContext& ctx) {
       }
       count = std::stoi(n);
     }
-    Json slots = Json::array();
+    Json out = Json::object();
+    out["cron"] = text;
+    out["timezone"] = zone_name;
+    out["slots"] = Json::array();
+    out["error"] = nullptr;
+    auto cron = text.empty() ? Result<schedule::CronExpr>(InvalidArgument("cron is empty"))
+                             : schedule::CronExpr::Parse(text);
+    auto zone = schedule::TimeZone::Find(zone_name);
+    if (!cron.ok() || !zone.ok()) {
+      out["error"] = (!cron.ok() ? cron.status() : zone.status()).message();
+      co_return Response::Json(200, out);
+    }
     Millis at = NowMillis();
     for (int i = 0; i < count; ++i) {
       auto next = schedule::NextSlot(*cron, *zone, at);
       if (!next) break;
-      slots.push_back(FormatRfc3339(*next));
+      out["slots"].push_back(FormatRfc3339(*next));
       at = *next;
     }
-    Json out = Json::object();
-    out["cron"] = text;
-    out["timezone"] = zone->name();
-    out["slots"] = std::move(slots);
     co_return Response::Json(200, out);
   });
 
