@@ -209,6 +209,46 @@ check("the runs page shows a run's steps, and a scheduled run appears live", asy
   await shot(page, "run");
 });
 
+check("a schedule is written with a preview of its next slots from the server", async () => {
+  await byTest(page, "nav-schedules").click();
+  await byTest(page, "schedule-create-agent").selectOption(state.agent.id);
+  await byTest(page, "schedule-create-name").fill("weekday mornings");
+  await byTest(page, "schedule-create-prompt").fill("good morning");
+  await byTest(page, "schedule-create-kind").selectOption("cron");
+  await byTest(page, "schedule-create-timezone").fill("Europe/Berlin");
+  // A field the parser refuses says why, in the parser's words.
+  await byTest(page, "schedule-create-cron").fill("61 9 * * MON-FRI");
+  await byTest(page, "cron-error").filter({ hasText: "61" }).waitFor({ timeout: WAIT });
+  await byTest(page, "schedule-create-cron").fill("0 9 * * MON-FRI");
+  const preview = byTest(page, "cron-preview");
+  await preview.locator("time").nth(4).waitFor({ timeout: WAIT });
+  const shown = await preview.locator("time").evaluateAll((ts) => ts.map((t) => t.dateTime));
+  const expected = await api("GET", "/v1/cron/preview?cron=" + encodeURIComponent("0 9 * * MON-FRI") +
+    "&timezone=Europe/Berlin&count=5");
+  assert.deepEqual(shown, expected.slots);
+  await byTest(page, "schedule-create-submit").click();
+  const row = byTest(page, "schedule-row").filter({ hasText: "weekday mornings" });
+  await row.waitFor({ timeout: WAIT });
+  const made = (await api("GET", `/v1/agents/${state.agent.id}/schedules`)).items
+    .find((s) => s.name === "weekday mornings");
+  assert.equal(made.next_fire_at, expected.slots[0]);
+  await axe(page, "schedules");
+  await shot(page, "schedules");
+});
+
+check("searches an agent's memory", async () => {
+  for (const text of ["the deploy key rotates on fridays", "lunch is at noon"]) {
+    await api("POST", `/v1/agents/${state.agent.id}/memories`, { text });
+  }
+  await page.goto(`${BASE}/#/memory?agent_id=${state.agent.id}`);
+  await byTest(page, "memory-query").fill("deploy");
+  await byTest(page, "memory-search").click();
+  await byTest(page, "memory-row").filter({ hasText: "the deploy key rotates" }).waitFor({ timeout: WAIT });
+  assert.equal(await byTest(page, "memory-row").filter({ hasText: "lunch" }).count(), 0);
+  await axe(page, "memory");
+  await shot(page, "memory");
+});
+
 check("the events page follows the log", async () => {
   await byTest(page, "nav-events").click();
   await byTest(page, "event-row").first().waitFor({ timeout: WAIT });
