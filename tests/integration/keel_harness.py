@@ -92,6 +92,37 @@ def unique_name(prefix="t"):
                                   for _ in range(10))
 
 
+def wait_for(predicate, timeout=20, what="condition", interval=0.05):
+    """Polls predicate() until it returns a true value (returned) or `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError("%s not met within %ss (last: %r)" % (what, timeout, last))
+
+
+class FakeOpenAi:
+    """tests/fakes/fake_openai.py in a process of its own: the model named by an agent's
+    `openai/SCENARIO` picks its scripted answer. `env` points a server at it."""
+
+    def __init__(self):
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fakes",
+                              "fake_openai.py")
+        self.proc = subprocess.Popen([sys.executable, script], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        self.port = int(self.proc.stdout.readline().strip())
+        self.env = {"OPENAI_BASE_URL": "http://127.0.0.1:%d/v1" % self.port,
+                    "OPENAI_API_KEY": "test-key"}
+
+    def stop(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=10)
+        self.proc.stdout.close()
+
+
 class ServerDied(Exception):
     pass
 

@@ -12,7 +12,7 @@ import time
 import unittest
 
 import keel_harness
-from keel_harness import KeelServer, KeelTestCase
+from keel_harness import KeelServer, KeelTestCase, wait_for
 
 WAIT = 20
 ECHO = {"match": "^what do you know", "echo": "context"}
@@ -140,18 +140,6 @@ class CompactionTest(KeelTestCase):
                 self.assertIn(says, err["message"])
         self.assertError(self.t.request("GET", "/v1/sessions/%s/compactions"
                                         % keel_harness.unique_name("s")), 404, "not_found")
-
-
-def wait_for(predicate, timeout, what):
-    """Polls predicate() until it returns a true value (returned) or `timeout` seconds pass."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(0.05)
-    raise AssertionError("%s not met within %ss (last: %r)" % (what, timeout, last))
 
 
 class IntrospectionTest(KeelTestCase):

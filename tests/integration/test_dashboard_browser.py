@@ -10,11 +10,10 @@ import subprocess
 import sys
 import unittest
 
-from keel_harness import KeelServer, KeelTestCase, Tenant, keel_bin
+from keel_harness import FakeOpenAi, KeelServer, KeelTestCase, Tenant, keel_bin
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "..", "browser", "dashboard.mjs")
-FAKES = os.path.join(HERE, "..", "fakes")
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 
 
@@ -22,17 +21,13 @@ class DashboardBrowserTest(KeelTestCase):
     @classmethod
     def setUpClass(cls):
         cls.web_dir = os.path.join(os.path.dirname(os.path.abspath(keel_bin())), "web")
-        cls.fake = subprocess.Popen([sys.executable, os.path.join(FAKES, "fake_openai.py")],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        port = int(cls.fake.stdout.readline().strip())
-        cls.server = KeelServer(env={"OPENAI_BASE_URL": "http://127.0.0.1:%d/v1" % port,
-                                     "OPENAI_API_KEY": "test-key"})
+        cls.fake = FakeOpenAi()
+        cls.server = KeelServer(env=cls.fake.env)
 
     @classmethod
     def tearDownClass(cls):
         cls.server.stop()
-        cls.fake.stdin.close()
-        cls.fake.wait(timeout=10)
+        cls.fake.stop()
 
     def test_the_dashboard_in_a_browser(self):
         for need in (CHROMIUM, os.path.join(self.web_dir, "node_modules", "playwright-core")):

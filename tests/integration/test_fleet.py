@@ -3,22 +3,11 @@ node serving the store, the leader and the cluster's load, and nobody else sees 
 SQLite the one node; with KEEL_TEST_STORE=postgres two nodes on one database, each seeing both."""
 
 import os
-import time
 import unittest
 
-from keel_harness import KeelServer, KeelTestCase, SseClient, Tenant, unique_name
+from keel_harness import KeelServer, KeelTestCase, SseClient, Tenant, unique_name, wait_for
 
 ON_PG = os.environ.get("KEEL_TEST_STORE") == "postgres"
-
-
-def wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = predicate()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError("%s: not within %ss" % (what, timeout))
 
 
 class FleetTest(KeelTestCase):

@@ -1,29 +1,21 @@
 """The openai provider inside the real server, against a fake that speaks the OpenAI wire format."""
 
-import os
-import subprocess
-import sys
 import unittest
 
-from keel_harness import KeelServer, KeelTestCase
+from keel_harness import FakeOpenAi, KeelServer, KeelTestCase
 
-FAKES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fakes")
 
 
 class OpenAiProviderTest(KeelTestCase):
     @classmethod
     def setUpClass(cls):
-        cls.fake = subprocess.Popen([sys.executable, os.path.join(FAKES, "fake_openai.py")],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        port = int(cls.fake.stdout.readline().strip())
-        cls.server = KeelServer(env={"OPENAI_BASE_URL": "http://127.0.0.1:%d/v1" % port,
-                                     "OPENAI_API_KEY": "test-key"})
+        cls.fake = FakeOpenAi()
+        cls.server = KeelServer(env=cls.fake.env)
 
     @classmethod
     def tearDownClass(cls):
         cls.server.stop()
-        cls.fake.stdin.close()
-        cls.fake.wait(timeout=10)
+        cls.fake.stop()
 
     def turn(self, model, content):
         s = self.server

@@ -11,15 +11,13 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 import unittest
 
 import keel_harness
-from keel_harness import KeelServer, KeelTestCase, unique_name
+from keel_harness import FakeOpenAi, KeelServer, KeelTestCase, unique_name
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FAKES = os.path.join(HERE, "..", "fakes")
 
 APPROVAL_FRAME = {"rules": [
     {"tool": "*", "rights": ["read", "write"], "approval": "never"},
@@ -79,17 +77,13 @@ class Stream:
 class FrontDoorTest(KeelTestCase):
     @classmethod
     def setUpClass(cls):
-        cls.fake = subprocess.Popen([sys.executable, os.path.join(FAKES, "fake_openai.py")],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        port = int(cls.fake.stdout.readline().strip())
-        cls.server = KeelServer(env={"OPENAI_BASE_URL": "http://127.0.0.1:%d/v1" % port,
-                                     "OPENAI_API_KEY": "test-key"})
+        cls.fake = FakeOpenAi()
+        cls.server = KeelServer(env=cls.fake.env)
 
     @classmethod
     def tearDownClass(cls):
         cls.server.stop()
-        cls.fake.stdin.close()
-        cls.fake.wait(timeout=10)
+        cls.fake.stop()
 
     def chat(self, body, token=keel_harness._DEFAULT, headers=None, timeout=60):
         return self.server.request("POST", "/v1/chat/completions", body, token=token,

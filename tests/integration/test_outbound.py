@@ -19,7 +19,7 @@ import unittest
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import keel_harness
-from keel_harness import KeelServer, KeelTestCase, keel_bin, unique_name
+from keel_harness import KeelServer, KeelTestCase, keel_bin, unique_name, wait_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FAKE_STDIO = os.path.normpath(os.path.join(HERE, "..", "fakes", "fake_mcp_stdio.py"))
@@ -139,17 +139,6 @@ class Receiver:
     def stop(self):
         self.httpd.shutdown()
         self.httpd.server_close()
-
-
-def wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(0.05)
-    raise AssertionError("%s not met within %ss (last: %r)" % (what, timeout, last))
 
 
 class OutboundTest(KeelTestCase):

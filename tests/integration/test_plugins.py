@@ -28,7 +28,7 @@ import unittest
 
 import keel_harness
 from keel_harness import (TERMINAL_RUN_STATES, KeelServer, KeelTestCase, parse_time,
-                          unique_name)
+                          unique_name, wait_for)
 
 KEK = base64.b64encode(bytes(range(32))).decode()  # secrets (webhook signing keys) need one
 # The receiver listens on loopback, which webhooks may reach only where the admin allows it.
@@ -81,18 +81,6 @@ def appender(marker, priority=None):
             '  m.content = m.content .. "%s"\n'
             '  return p\n'
             'end%s)\n' % (marker, opts))
-
-
-def wait_for(predicate, timeout, interval=0.05, what="condition"):
-    """Polls predicate() until it returns a true value (returned) or `timeout` seconds pass."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError("%s not met within %ss (last: %r)" % (what, timeout, last))
 
 
 class Tenant(keel_harness.Tenant):

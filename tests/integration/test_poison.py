@@ -13,32 +13,24 @@ import http.client
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 import unittest
 import urllib.parse
 
-from keel_harness import KeelServer, KeelTestCase
-
-FAKES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fakes")
+from keel_harness import FakeOpenAi, KeelServer, KeelTestCase
 
 
 class PoisonRunTest(KeelTestCase):
     @classmethod
     def setUpClass(cls):
-        cls.fake = subprocess.Popen([sys.executable, os.path.join(FAKES, "fake_openai.py")],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        cls.port = int(cls.fake.stdout.readline().strip())
-        cls.server = KeelServer(env={"OPENAI_BASE_URL": "http://127.0.0.1:%d/v1" % cls.port,
-                                     "OPENAI_API_KEY": "test-key",
-                                     "KEEL_LEASE_MS": "1000"})
+        cls.fake = FakeOpenAi()
+        cls.port = cls.fake.port
+        cls.server = KeelServer(env=dict(cls.fake.env, KEEL_LEASE_MS="1000"))
 
     @classmethod
     def tearDownClass(cls):
         cls.server.stop()
-        cls.fake.stdin.close()
-        cls.fake.wait(timeout=10)
+        cls.fake.stop()
 
     def model_calls(self, user):
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)

@@ -31,7 +31,7 @@ import unittest
 
 import keel_harness
 from keel_harness import (KeelServer, KeelTestCase, create_pg_database, drop_pg_database,
-                          keel_bin, pg_owner_url)
+                          keel_bin, pg_owner_url, wait_for)
 
 WAIT = 15
 KEK = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="
@@ -86,14 +86,6 @@ class Store:
     def drop(self):
         if self.pg_database and not os.environ.get("KEEL_TEST_KEEP"):
             drop_pg_database(self.pg_database)
-
-
-def wait_for(predicate, timeout=20):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting")
-        time.sleep(0.05)
 
 
 def keel(args, check=True, kek=KEK):

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta, timezone
 
 import keel_harness
 from keel_harness import (KeelServer, KeelTestCase, SseClient, WebSocketClient, http_request,
-                          keel_bin, sse_url)
+                          keel_bin, sse_url, wait_for)
 
 WAIT = 15
 
@@ -45,16 +45,6 @@ def call(tool, args):
 def in_seconds(s):
     dt = datetime.now(timezone.utc) + timedelta(seconds=s)
     return dt.strftime("%Y-%m-%dT%H:%M:%S.") + "%03dZ" % (dt.microsecond // 1000)
-
-
-def wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = predicate()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError("%s: not within %ss" % (what, timeout))
 
 
 class Tenant(keel_harness.Tenant):
