@@ -2,6 +2,7 @@
 // keel serve started by tests/integration/test_dashboard_browser.py, which passes:
 //   KEEL_URL          the server's base URL
 //   KEEL_TOKEN        the owner token of a tenant of the test's own
+//   KEEL_ADMIN_TOKEN  the platform admin's token (the fleet page is theirs)
 //   KEEL_SLOW_MODEL   a model that streams its answer a word at a time (the OpenAI fake)
 //   KEEL_WEB_DIR      the build's copy of web/ (its node_modules has playwright-core, axe-core)
 //   KEEL_SCREENSHOTS  where to write screenshots of the main pages
@@ -155,6 +156,7 @@ check("a parked call is approved with amended arguments in the inbox; the run fi
     { name: `approver-${Date.now()}`, model: "local", tools: ["notes.append"] });
   const session = await api("POST", `/v1/agents/${agent.id}/sessions`, {});
   state.approvalSession = session.id;
+  state.approvalAgent = agent.id;
   await page.goto(`${BASE}/#/sessions/${session.id}`);
   await byTest(page, "composer-input").fill('/call notes.append {"line": "as proposed"}');
   await byTest(page, "composer-send").click();
@@ -261,9 +263,57 @@ check("the events page follows the log", async () => {
   await shot(page, "events");
 });
 
+check("usage, the fleet, plugins and an agent's tools are shown, with plots", async () => {
+  await byTest(page, "nav-usage").click();
+  await byTest(page, "usage-plot-tokens").locator("svg").first().waitFor({ timeout: WAIT });
+  await byTest(page, "usage-plot-cost").locator("svg").first().waitFor({ timeout: WAIT });
+  // The figures are the API's: today's tokens of the agent that chatted show in its row.
+  const today = await api("GET", "/v1/usage");
+  const mine = today.agents.find((a) => a.agent_id === state.agent.id);
+  assert.ok(mine && mine.output_tokens > 0, JSON.stringify(today));
+  await byTest(page, "usage-agent-row").filter({ hasText: state.agentName }).waitFor({ timeout: WAIT });
+  await axe(page, "usage");
+  await shot(page, "usage");
+  // The fleet is the platform admin's: not in this tenant owner's nav.
+  assert.equal(await byTest(page, "nav-fleet").count(), 0);
+  await byTest(page, "nav-plugins").click();
+  await page.locator("main h1, main h2").first().waitFor({ timeout: WAIT });
+  await axe(page, "plugins");
+  await shot(page, "plugins");
+  await page.goto(`${BASE}/#/agents/${state.approvalAgent}`);
+  await byTest(page, "agent-tool-row").filter({ hasText: "notes.append" }).waitFor({ timeout: WAIT });
+  await axe(page, "agent");
+  await shot(page, "agent");
+});
+
+check("the platform admin watches the fleet live, in plots", async () => {
+  const admin = await browser.newContext({ viewport: { width: 1280, height: 800 } });
+  const apage = watch(await admin.newPage(), "platform admin");
+  await apage.goto(BASE + "/");
+  await byTest(apage, "signin-token").fill(process.env.KEEL_ADMIN_TOKEN);
+  await byTest(apage, "signin-submit").click();
+  await byTest(apage, "nav-fleet").click();
+  await byTest(apage, "fleet-node").first().waitFor({ timeout: WAIT });
+  await byTest(apage, "fleet-plot-turns").locator("svg").first().waitFor({ timeout: WAIT });
+  await byTest(apage, "fleet-plot-runs").locator("svg").first().waitFor({ timeout: WAIT });
+  assert.equal(await byTest(apage, "fleet-node").count(), 1);
+  await apage.waitForTimeout(2500);  // a few snapshots of the once-a-second feed
+  await axe(apage, "fleet");
+  await shot(apage, "fleet");
+  await apage.setViewportSize({ width: 390, height: 844 });
+  await apage.waitForTimeout(300);
+  const overflow = await apage.evaluate(
+    () => document.documentElement.scrollWidth - document.documentElement.clientWidth);
+  assert.ok(overflow <= 1, `fleet: the page is ${overflow}px wider than the phone`);
+  await shot(apage, "phone-fleet");
+  await admin.close();
+});
+
 check("works at a phone's width", async () => {
   await page.setViewportSize({ width: 390, height: 844 });
-  for (const [nav, name] of [["nav-agents", "agents"], ["nav-approvals", "approvals"]]) {
+  for (const [nav, name] of [["nav-agents", "agents"], ["nav-approvals", "approvals"],
+    ["nav-runs", "runs"], ["nav-schedules", "schedules"], ["nav-usage", "usage"],
+    ["nav-events", "events"]]) {
     await byTest(page, nav).click();
     await page.waitForTimeout(300);
     const overflow = await page.evaluate(

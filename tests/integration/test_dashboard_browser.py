@@ -39,6 +39,7 @@ class DashboardBrowserTest(KeelTestCase):
             os.path.dirname(self.web_dir), "dashboard-screenshots")
         shutil.rmtree(shots, ignore_errors=True)
         env = dict(os.environ, KEEL_URL=self.server.base_url, KEEL_TOKEN=tenant.token,
+                   KEEL_ADMIN_TOKEN=self.server.token,
                    KEEL_SLOW_MODEL="openai/slow-words", KEEL_WEB_DIR=self.web_dir,
                    KEEL_SCREENSHOTS=shots, CHROMIUM=CHROMIUM)
         proc = subprocess.run(["node", SCRIPT], env=env, stdout=subprocess.PIPE,

@@ -6,6 +6,8 @@ export interface DashboardSession {
   tenant_id: string;
   token_id: string;
   role: string;
+  // Whether the token is the platform admin's (an owner of the first tenant): the fleet is theirs.
+  platform_admin?: boolean;
   expires_at: string;
   csrf_token: string;
 }
@@ -155,10 +157,130 @@ export interface Schedule {
   recent_fires?: ScheduleFire[];
 }
 
+// 200 for any expression and zone: an invalid one has no slots and the parser's message.
 export interface CronPreview {
   cron: string;
   timezone: string;
   slots: string[];
+  error: string|null;
+}
+
+export interface QueryCheck {
+  valid: boolean;
+  error: string|null;
+}
+
+export interface UsageTotals {
+  model_calls: number;
+  cached_calls: number;
+  input_tokens: number;
+  output_tokens: number;
+  cost_usd: number;
+  cache_savings_usd: number;
+}
+
+export interface AgentUsage extends UsageTotals {
+  agent_id: string;
+}
+
+export interface UsageNow {
+  period: string;
+  period_start: string;
+  tenant: UsageTotals;
+  agents: AgentUsage[];
+}
+
+export interface UsageHistory {
+  period: string;
+  items: {period_start: string; tenant: UsageTotals; agents: AgentUsage[]}[];
+}
+
+export interface Budget {
+  scope: string;  // "tenant" or an agent id
+  period: string;
+  limit_usd: number;
+  spent_usd: number;
+  period_start: string;
+  created_at: string;
+  updated_at: string;
+}
+
+export interface FleetNode {
+  origin: string;
+  address: string;
+  started_at: string;
+  seen_at: string;
+  runs_executing: number;
+  runs_finished: number;
+  leader: boolean;
+  this_node: boolean;
+}
+
+export interface Fleet {
+  at: string;
+  leader: string|null;
+  runs_queued: number;
+  runs_executing: number;
+  nodes: FleetNode[];
+}
+
+export interface Plugin {
+  id: string;
+  name: string;
+  version: string;
+  kind: string;
+  manifest: {description?: string; events?: string[]; failure_mode?: string; [k: string]: unknown};
+  config: unknown;
+  enabled_for: string[];
+  created_at: string;
+  updated_at: string;
+  source?: string;
+}
+
+export interface Delivery {
+  id: string;
+  plugin_id: string;
+  agent_id: string|null;
+  event: string;
+  payload: unknown;
+  status: string;
+  attempts: number;
+  next_attempt_at: string|null;
+  last_status: number;
+  last_error: string;
+  created_at: string;
+  delivered_at: string|null;
+}
+
+export interface McpTool {
+  name: string;
+  description: string;
+  rights: string[];
+  effect_class: string;
+}
+
+export interface McpServer {
+  id: string;
+  name: string;
+  transport: string;
+  command?: string[];
+  url?: string;
+  env?: Record<string, unknown>;
+  headers?: Record<string, unknown>;
+  timeout_ms?: number;
+  created_at: string;
+  status: string;
+  error?: string;
+  tools?: McpTool[];
+}
+
+export interface SkillSummary {
+  name: string;
+  description: string;
+  hash: string;
+  bytes: number;
+  updated_at: string;
+  assigned_to?: string[];
 }
 
 export interface Memory {

@@ -4,6 +4,7 @@ import { errorText, post, seg, type Approval } from './api';
 import { ErrorText, IdLink, Json, Status, Time, pretty, shortId } from './components';
 import { validate, type SchemaError } from './schema';
 import { useAgentTools, type AgentTools } from './tools';
+import { isOwner, useWho } from './who';
 
 export interface ArgumentCheck {
   value?: Record<string, unknown>;
@@ -59,7 +60,9 @@ export function ApprovalCard({ approval: a, agentName, showSession = true, onDec
   const [busy, setBusy] = useState(false);
   const [error, setError] = useState<string | null>(null);
   const pending = a.status === 'pending';
-  const tools = useAgentTools(pending ? a.agent_id : null);
+  // Only an owner decides (the API answers a user 403): a user sees the call and why it waits.
+  const owner = isOwner(useWho());
+  const tools = useAgentTools(pending && owner ? a.agent_id : null);
   const checked = checkArguments(amend, tools, a.tool);
   const invalid = !checked.value;
   const secs = Number(standingSecs);
@@ -133,7 +136,24 @@ export function ApprovalCard({ approval: a, agentName, showSession = true, onDec
           )}
         </>
       )}
-      {pending && (
+      {pending && !owner && (
+        <div class="decide">
+          <p class="label">Arguments as proposed</p>
+          <Json value={a.arguments} label="Arguments as proposed" />
+          <p id={idp + '-owner'} class="notice small">
+            Deciding needs an owner token: you can read this approval, not approve or reject it.
+          </p>
+          <div class="actions">
+            <button type="button" class="primary" data-testid="approval-approve" disabled aria-describedby={idp + '-owner'}>
+              Approve
+            </button>
+            <button type="button" class="danger" data-testid="approval-reject" disabled aria-describedby={idp + '-owner'}>
+              Reject
+            </button>
+          </div>
+        </div>
+      )}
+      {pending && owner && (
         <div class="decide">
           <p class="label">Arguments as proposed</p>
           <Json value={a.arguments} label="Arguments as proposed" />

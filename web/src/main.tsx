@@ -13,6 +13,10 @@ import { RunPage } from './pages/Run';
 import { Events } from './pages/Events';
 import { Schedules } from './pages/Schedules';
 import { MemoryPage } from './pages/Memory';
+import { UsagePage } from './pages/Usage';
+import { FleetPage } from './pages/Fleet';
+import { PluginsPage } from './pages/Plugins';
+import { WhoContext, type Who } from './who';
 import './style.css';
 
 type Auth = { state: 'loading' } | { state: 'out'; message?: string } | { state: 'in'; session: DashboardSession };
@@ -39,6 +43,10 @@ function App() {
   }, []);
 
   async function signOut() {
+    // The pages (and their streams) go first: a stream still open when the sign-in ends would
+    // be refused (401) as it reconnects.
+    setAuth({ state: 'loading' });
+    await new Promise((r) => setTimeout(r, 0));
     try {
       await post('/v1/dashboard/sign-out', undefined, { quiet401: true });
     } catch {
@@ -49,19 +57,21 @@ function App() {
   }
 
   const signedIn = auth.state === 'in' ? auth.session : null;
+  const who: Who = { role: signedIn?.role ?? 'guest', platformAdmin: signedIn?.platform_admin === true };
   return (
-    <>
+    <WhoContext.Provider value={who}>
       <header class="top">
         <div class="brand">
           <a href="#/agents">Keel</a>
         </div>
-        {signedIn && <Nav role={signedIn.role} />}
+        {signedIn && <Nav who={who} />}
         {signedIn && (
           <div class="account">
             <span title={signedIn.tenant_id}>
               tenant <span class="mono">{shortId(signedIn.tenant_id)}</span>
             </span>
             <span data-testid="role">{signedIn.role}</span>
+            {who.platformAdmin && <span class="badge">platform admin</span>}
             <button type="button" data-testid="signout" onClick={signOut}>
               Sign out
             </button>
@@ -79,9 +89,9 @@ function App() {
             }}
           />
         )}
-        {signedIn && <Pages role={signedIn.role} />}
+        {signedIn && <Pages who={who} />}
       </main>
-    </>
+    </WhoContext.Provider>
   );
 }
 
@@ -91,20 +101,31 @@ const NAV: [string, string, string][] = [
   ['approvals', 'Approvals', 'nav-approvals'],
   ['schedules', 'Schedules', 'nav-schedules'],
   ['memory', 'Memory', 'nav-memory'],
+  ['usage', 'Usage', 'nav-usage'],
+  ['plugins', 'Plugins', 'nav-plugins'],
   ['events', 'Events', 'nav-events'],
+  ['fleet', 'Fleet', 'nav-fleet'],
 ];
 
 // Pages a guest token may not read (the API answers 403): left out of a guest's navigation.
-const MEMBERS_ONLY = new Set(['approvals', 'schedules']);
+const MEMBERS_ONLY = new Set(['approvals', 'schedules', 'usage', 'plugins']);
+// The fleet shows every tenant's load: the platform admin's alone.
+const ADMIN_ONLY = new Set(['fleet']);
 
-function Nav({ role }: { role: string }) {
+function allowed(path: string, who: Who): boolean {
+  if (ADMIN_ONLY.has(path)) return who.platformAdmin;
+  if (MEMBERS_ONLY.has(path)) return who.role !== 'guest';
+  return true;
+}
+
+function Nav({ who }: { who: Who }) {
   const route = useRoute();
   const top = route.parts[0] ?? 'agents';
   const section = top === 'sessions' ? 'agents' : top;
   return (
     <nav aria-label="Main">
       <ul>
-        {NAV.filter(([path]) => role !== 'guest' || !MEMBERS_ONLY.has(path)).map(([path, label, testid]) => (
+        {NAV.filter(([path]) => allowed(path, who)).map(([path, label, testid]) => (
           <li key={path}>
             <a href={'#/' + path} data-testid={testid} aria-current={section === path ? 'page' : undefined}>
               {label}
@@ -116,10 +137,12 @@ function Nav({ role }: { role: string }) {
   );
 }
 
-function Pages({ role }: { role: string }) {
+function Pages({ who }: { who: Who }) {
   const { parts, query } = useRoute();
   const [top, id] = parts;
+  const role = who.role;
   useEffect(() => window.scrollTo(0, 0), [top, id]);
+  if (top && ADMIN_ONLY.has(top) && !who.platformAdmin) return <AdminOnly />;
   if (role === 'guest' && top && MEMBERS_ONLY.has(top)) return <MembersOnly />;
   switch (top) {
     case undefined:
@@ -137,6 +160,12 @@ function Pages({ role }: { role: string }) {
       return <MemoryPage agentId={query.get('agent_id') ?? ''} role={role} />;
     case 'events':
       return <Events key={query.toString()} query={query} />;
+    case 'usage':
+      return <UsagePage />;
+    case 'plugins':
+      return <PluginsPage />;
+    case 'fleet':
+      return <FleetPage />;
     default:
       return <NotFound />;
   }
@@ -147,6 +176,15 @@ function MembersOnly() {
     <section>
       <h1>Not for guests</h1>
       <p>This page needs an owner or user token. Sign in with one to see it.</p>
+    </section>
+  );
+}
+
+function AdminOnly() {
+  return (
+    <section>
+      <h1>The platform admin's page</h1>
+      <p>The fleet shows every tenant's load, so only the platform admin (an owner token of the first tenant) sees it.</p>
     </section>
   );
 }

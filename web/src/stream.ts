@@ -209,3 +209,68 @@ export function useEventSocket(
   }, [base, after]);
   return state;
 }
+
+// Calls `fn` at most once every `ms`: the first call of a burst waits until `ms` has passed since
+// the last run (at least `min`), and the calls that arrive meanwhile join it.
+export function useThrottle(ms: number, min = 250): (fn: () => void) => void {
+  const timer = useRef(0);
+  const last = useRef(0);
+  const latest = useRef<() => void>(() => {});
+  useEffect(() => () => clearTimeout(timer.current), []);
+  return (fn) => {
+    latest.current = fn;
+    if (timer.current) return;
+    const wait = Math.max(min, last.current + ms - Date.now());
+    timer.current = window.setTimeout(() => {
+      timer.current = 0;
+      last.current = Date.now();
+      latest.current();
+    }, wait);
+  };
+}
+
+// One named event of a Server-Sent Events route other than /v1/stream (the fleet's
+// /v1/nodes/stream), parsed as JSON. `url` null: not connected. A connection the server
+// refuses is opened again after 3 s once the session probe says the browser is still signed in.
+export function useSse<T>(url: string|null, event: string, onData: (data: T) => void): StreamState {
+  const ref = useRef(onData);
+  ref.current = onData;
+  const [state, setState] = useState<StreamState>('connecting');
+  const [retry, setRetry] = useState(0);
+  useEffect(() => {
+    if (!url) return;
+    const es = new EventSource(url);
+    let timer = 0;
+    setState('connecting');
+    es.onopen = () => setState('live');
+    es.onerror = () => {
+      if (es.readyState !== EventSource.CLOSED) {
+        setState('reconnecting');
+        return;
+      }
+      setState('closed');
+      probeSession()
+          .then((signedIn) => {
+            if (!signedIn)
+              signedOut();
+            else
+              timer = window.setTimeout(() => setRetry((n) => n + 1), 3000);
+          })
+          .catch(() => {});
+    };
+    es.addEventListener(event, (m: MessageEvent) => {
+      let data: T;
+      try {
+        data = JSON.parse(m.data);
+      } catch {
+        return;
+      }
+      ref.current(data);
+    });
+    return () => {
+      clearTimeout(timer);
+      es.close();
+    };
+  }, [url, event, retry]);
+  return state;
+}

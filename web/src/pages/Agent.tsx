@@ -4,7 +4,22 @@ import { errorText, get, patch, post, qs, seg, type Agent, type Page, type Sessi
 import { ErrorText, Loading, Status, StreamBadge, Time } from '../components';
 import { href, hrefQuery, navigate } from '../router';
 import { RUN_EVENT_TYPES, useCoalesce, useStream, type Handlers } from '../stream';
+import { forgetAgentTools } from '../tools';
+import { isMember, useWho } from '../who';
+import { AgentConfig, type ConfigVersions } from './AgentConfig';
 import { parseTools } from './Agents';
+
+const SCHEDULE_EVENTS = [
+  'schedule.created@v1',
+  'schedule.paused@v1',
+  'schedule.resumed@v1',
+  'schedule.deleted@v1',
+  'schedule.fired@v1',
+  'schedule.refused@v1',
+  'schedule.skipped@v1',
+  'schedule.suspended@v1',
+  'schedule.reassigned@v1',
+];
 
 export function AgentPage({ id, role }: { id: string; role: string }) {
   const [agent, setAgent] = useState<Agent | null>(null);
@@ -13,7 +28,10 @@ export function AgentPage({ id, role }: { id: string; role: string }) {
   const [sessions, setSessions] = useState<Session[] | null>(null);
   const [cursor, setCursor] = useState<string | null>(null);
   const [listError, setListError] = useState<string | null>(null);
+  const [versions, setVersions] = useState<ConfigVersions>({ policy: 0, skills: 0, plugins: 0, schedules: 0 });
   const coalesce = useCoalesce();
+  const member = isMember(useWho());
+  const bump = (k: keyof ConfigVersions) => coalesce('v-' + k, () => setVersions((v) => ({ ...v, [k]: v[k] + 1 })));
 
   useEffect(() => {
     get<Agent>('/v1/agents/' + seg(id))
@@ -50,12 +68,15 @@ export function AgentPage({ id, role }: { id: string; role: string }) {
   }
 
   const handlers: Handlers = {
-    'agent.updated@v1': () =>
+    'agent.updated@v1': () => {
+      // Its tools list may have changed, and so the tools its model is offered.
+      forgetAgentTools(id);
       coalesce('agent', () =>
         get<Agent>('/v1/agents/' + seg(id))
           .then(setAgent)
           .catch(() => {}),
-      ),
+      );
+    },
     'agent.deleted@v1': () => setDeleted(true),
     'session.created@v1': (ev) => refetchSession(ev.session_id),
     'session.closed@v1': (ev) => refetchSession(ev.session_id),
@@ -63,6 +84,19 @@ export function AgentPage({ id, role }: { id: string; role: string }) {
     'session.described@v1': (ev) => refetchSession(ev.session_id),
   };
   for (const t of RUN_EVENT_TYPES) handlers[t] = (ev) => refetchSession(ev.session_id);
+  if (member) {
+    handlers['policy.updated@v1'] = () => bump('policy');
+    handlers['policy.deleted@v1'] = () => bump('policy');
+    handlers['skill.assigned@v1'] = () => bump('skills');
+    handlers['skill.unassigned@v1'] = () => bump('skills');
+    const plugins = () => {
+      forgetAgentTools(id); // a plugin's tools come and go with it
+      bump('plugins');
+    };
+    handlers['plugin.enabled@v1'] = plugins;
+    handlers['plugin.disabled@v1'] = plugins;
+    for (const t of SCHEDULE_EVENTS) handlers[t] = () => bump('schedules');
+  }
   const live = useStream({ agent_id: id }, handlers);
 
   if (error) {
@@ -120,6 +154,11 @@ export function AgentPage({ id, role }: { id: string; role: string }) {
         </div>
         <EditAgent key={agent.updated_at} agent={agent} role={role} onSaved={setAgent} />
       </div>
+      {member ? (
+        <AgentConfig agentId={id} versions={versions} />
+      ) : (
+        <p class="muted small">The agent's policy, tools, skills, plugins and schedules need an owner or user token.</p>
+      )}
     </section>
   );
 }
@@ -160,9 +199,11 @@ function EditAgent({ agent, role, onSaved }: { agent: Agent; role: string; onSav
   const [busy, setBusy] = useState(false);
   const [error, setError] = useState<string | null>(null);
   const [saved, setSaved] = useState(false);
+  const owner = role === 'owner';
 
   async function submit(e: Event) {
     e.preventDefault();
+    if (!owner) return;
     const body: Record<string, unknown> = {};
     if (model.trim() !== agent.model) body.model = model.trim();
     if (instructions !== agent.instructions) body.instructions = instructions;
@@ -187,20 +228,21 @@ function EditAgent({ agent, role, onSaved }: { agent: Agent; role: string; onSav
   return (
     <form class="card form" onSubmit={submit} aria-labelledby="edit-h">
       <h2 id="edit-h">Settings</h2>
-      {role !== 'owner' && <p class="muted small">Changing an agent needs an owner token.</p>}
+      {role !== 'owner' && <p class="muted small">Changing an agent needs an owner token: these are read-only for you.</p>}
       <label for="edit-model">Model</label>
-      <input id="edit-model" data-testid="agent-edit-model" value={model} onInput={(e) => setModel(e.currentTarget.value)} />
+      <input id="edit-model" data-testid="agent-edit-model" readOnly={!owner} value={model} onInput={(e) => setModel(e.currentTarget.value)} />
       <label for="edit-instructions">Instructions</label>
       <textarea
         id="edit-instructions"
         data-testid="agent-edit-instructions"
         rows={6}
+        readOnly={!owner}
         value={instructions}
         onInput={(e) => setInstructions(e.currentTarget.value)}
       />
       <label for="edit-tools">Tools (comma-separated)</label>
-      <input id="edit-tools" data-testid="agent-edit-tools" value={tools} onInput={(e) => setTools(e.currentTarget.value)} />
-      <button type="submit" class="primary" data-testid="agent-edit-submit" disabled={busy}>
+      <input id="edit-tools" data-testid="agent-edit-tools" readOnly={!owner} value={tools} onInput={(e) => setTools(e.currentTarget.value)} />
+      <button type="submit" class="primary" data-testid="agent-edit-submit" disabled={busy || !owner}>
         Save
       </button>
       {saved && <p class="muted small">No changes.</p>}

@@ -67,7 +67,7 @@ export function Agents({ role }: { role: string }) {
           {agents && agents.length > 0 && (
             <ul class="list">
               {agents.map((a) => (
-                <AgentRow key={a.id} agent={a} onDeleted={() => remove(a.id)} />
+                <AgentRow key={a.id} agent={a} owner={role === 'owner'} onDeleted={() => remove(a.id)} />
               ))}
             </ul>
           )}
@@ -78,7 +78,7 @@ export function Agents({ role }: { role: string }) {
   );
 }
 
-function AgentRow({ agent: a, onDeleted }: { agent: Agent; onDeleted: () => void }) {
+function AgentRow({ agent: a, owner, onDeleted }: { agent: Agent; owner: boolean; onDeleted: () => void }) {
   const [confirm, setConfirm] = useState(false);
   const [error, setError] = useState<string | null>(null);
   async function remove() {
@@ -102,7 +102,7 @@ function AgentRow({ agent: a, onDeleted }: { agent: Agent; onDeleted: () => void
           {a.id}
         </span>
         <span class="grow" />
-        {!confirm && (
+        {!confirm && owner && (
           <button type="button" class="small-btn" data-testid="agent-delete" onClick={() => setConfirm(true)}>
             Delete
           </button>
@@ -159,6 +159,7 @@ function CreateAgent({ role, onCreated }: { role: string; onCreated: (a: Agent) 
     <form class="card form" onSubmit={submit} aria-labelledby="create-h">
       <h2 id="create-h">New agent</h2>
       {role !== 'owner' && <p class="muted small">Creating agents needs an owner token.</p>}
+      <fieldset class="plain" disabled={role !== 'owner'}>
       <label for="agent-name">Name</label>
       <input
         id="agent-name"
@@ -188,6 +189,7 @@ function CreateAgent({ role, onCreated }: { role: string; onCreated: (a: Agent) 
       <button type="submit" class="primary" data-testid="agent-create-submit" disabled={busy}>
         Create agent
       </button>
+      </fieldset>
       <ErrorText error={error} />
     </form>
   );

@@ -17,7 +17,7 @@ import {
   type WorkingMemory,
 } from '../api';
 import { ErrorText, Loading, StreamBadge, Time } from '../components';
-import { queryProblem, tagProblem } from '../memquery';
+import { byteLength, queryProblem } from '../checks';
 import { href, hrefQuery, navigate } from '../router';
 import { useCoalesce, useStream } from '../stream';
 import { parseTools as parseList } from './Agents';
@@ -26,8 +26,16 @@ const SEARCH_LIMIT = 50; // a search returns at most 100
 const PAGE = 50;
 const MAX_TEXT = 16384;
 
-const encoder = new TextEncoder();
-const byteLength = (s: string) => encoder.encode(s).length;
+const MAX_TAG = 64;
+
+// A tag's limits (docs/API.md section 18), checked here since a tag the server refuses makes the
+// search a refused request; a query is judged by the server's own parser (GET /v1/memory-query).
+function tagProblem(tag: string): string | null {
+  const n = byteLength(tag);
+  if (n > MAX_TAG) return `a tag is 1 to ${MAX_TAG} bytes, got ${n}`;
+  if (/[\u0000-\u001f\u007f]/.test(tag)) return 'a tag may not hold control characters';
+  return null;
+}
 
 export function MemoryPage({ agentId, role }: { agentId: string; role: string }) {
   const [agents, setAgents] = useState<Agent[] | null>(null);
@@ -92,7 +100,25 @@ function AgentMemory({ agentId, role }: { agentId: string; role: string }) {
   const [error, setError] = useState<string | null>(null);
   const [busy, setBusy] = useState(false);
   const [wmVersion, setWmVersion] = useState(0);
+  const [typed, setTyped] = useState<string | null>(null);
   const coalesce = useCoalesce();
+
+  // The query as it is typed, judged by the server's parser 300 ms after the last keystroke.
+  useEffect(() => {
+    const q = query.trim();
+    setTyped(null);
+    if (!q) return;
+    let live = true;
+    const timer = window.setTimeout(() => {
+      queryProblem(q)
+        .then((p) => live && setTyped(p))
+        .catch(() => {});
+    }, 300);
+    return () => {
+      live = false;
+      clearTimeout(timer);
+    };
+  }, [query]);
   const seq = useRef(0);
   const shown = useRef(0);
   shown.current = results?.length ?? 0;
@@ -101,8 +127,17 @@ function AgentMemory({ agentId, role }: { agentId: string; role: string }) {
   // `keep` re-reads as many as are shown (a live refresh); `from` reads the next page.
   async function run(s: Search, opts: { from?: string | null; keep?: boolean } = {}) {
     const n = ++seq.current;
-    // A query or tag the server would refuse is explained here, without the request.
-    const problem = (s.q ? queryProblem(s.q) : null) ?? (s.tag ? tagProblem(s.tag) : null);
+    // A query or tag the server would refuse is explained without a refused request: the
+    // server's parser judges the query first (an answer kept for the page's life).
+    let problem = s.tag ? tagProblem(s.tag) : null;
+    if (!problem && s.q) {
+      try {
+        problem = await queryProblem(s.q);
+      } catch (e) {
+        problem = errorText(e);
+      }
+      if (n !== seq.current) return;
+    }
     if (problem) {
       setError(problem);
       if (!opts.keep) {
@@ -154,6 +189,10 @@ function AgentMemory({ agentId, role }: { agentId: string; role: string }) {
     e.preventDefault();
     const s = { q: query.trim(), tag: tag.trim() };
     setSearch(s);
+    // What was shown belongs to the last search: it goes while this one is checked and run.
+    setResults(null);
+    setCursor(null);
+    setError(null);
     run(s);
   }
 
@@ -177,7 +216,8 @@ function AgentMemory({ agentId, role }: { agentId: string; role: string }) {
                   maxLength={512}
                   placeholder='kafka "consumer lag" -staging'
                   value={query}
-                  aria-describedby="memory-query-help"
+                  aria-describedby="memory-query-help memory-query-check"
+                  aria-invalid={typed ? 'true' : 'false'}
                   onInput={(e) => setQuery(e.currentTarget.value)}
                 />
               </div>
@@ -185,6 +225,13 @@ function AgentMemory({ agentId, role }: { agentId: string; role: string }) {
                 <label for="memory-tag">Tag</label>
                 <input id="memory-tag" data-testid="memory-tag" maxLength={64} value={tag} onInput={(e) => setTag(e.currentTarget.value)} />
               </div>
+            </div>
+            <div id="memory-query-check" aria-live="polite">
+              {typed && (
+                <p class="error-text small" data-testid="memory-query-error">
+                  {typed}
+                </p>
+              )}
             </div>
             <p id="memory-query-help" class="muted small help">
               Every word must occur; <code>"a phrase"</code>, <code>a OR b</code>, <code>-excluded</code>, <code>prefix*</code>. Empty: the

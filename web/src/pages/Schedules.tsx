@@ -18,7 +18,7 @@ import {
   type Session,
 } from '../api';
 import { ErrorText, IdLink, Loading, Status, StreamBadge, Time, formatIn, localZone } from '../components';
-import { cronProblem, zoneProblem } from '../cron';
+import { cronPreview } from '../checks';
 import { href } from '../router';
 import { useCoalesce, useStream, type Handlers } from '../stream';
 
@@ -282,6 +282,8 @@ function CreateSchedule({ agents, onCreated }: { agents: Agent[]; onCreated: (s:
   const [sessions, setSessions] = useState<Session[]>([]);
   const [busy, setBusy] = useState(false);
   const [error, setError] = useState<string | null>(null);
+  // The preview's last verdict on an expression and zone.
+  const checked = useRef<Checked | null>(null);
   const agent = agentId || agents[0]?.id || '';
 
   useEffect(() => {
@@ -305,7 +307,20 @@ function CreateSchedule({ agents, onCreated }: { agents: Agent[]; onCreated: (s:
       if (!cron.trim()) return setError('Write a cron expression, e.g. 0 9 * * MON-FRI.');
       body.cron = cron.trim();
       body.timezone = timezone.trim() || 'UTC';
-      const problem = cronProblem(body.cron as string) ?? zoneProblem(body.timezone as string);
+      // The server's parser says whether it takes them (an answer, not a refused request); the
+      // preview asked it already unless the form is sent within 300 ms of the last keystroke.
+      setBusy(true);
+      let problem: string | null;
+      try {
+        const known = checked.current;
+        if (known && known.cron === body.cron && known.timezone === body.timezone) {
+          // The preview shows the message already.
+          problem = known.error && 'Not sent: the expression or time zone cannot be used (see the preview above).';
+        } else problem = (await cronPreview(body.cron as string, body.timezone as string, 1)).error;
+      } catch (err) {
+        problem = errorText(err);
+      }
+      setBusy(false);
       if (problem) return setError(problem);
     } else {
       const utc = localToUtc(at);
@@ -380,7 +395,7 @@ function CreateSchedule({ agents, onCreated }: { agents: Agent[]; onCreated: (s:
               <option key={z} value={z} />
             ))}
           </datalist>
-          <Preview cron={cron.trim()} timezone={timezone.trim() || 'UTC'} />
+          <Preview cron={cron.trim()} timezone={timezone.trim() || 'UTC'} onChecked={(c) => (checked.current = c)} />
         </>
       ) : (
         <>
@@ -412,11 +427,20 @@ function CreateSchedule({ agents, onCreated }: { agents: Agent[]; onCreated: (s:
 
 type PreviewState = { state: 'idle' } | { state: 'loading' } | { state: 'ok'; preview: CronPreview } | { state: 'error'; error: string };
 
+interface Checked {
+  cron: string;
+  timezone: string;
+  error: string | null;
+}
+
 // The next five slots of the expression, asked 300 ms after the last keystroke, in the chosen
-// zone and in the browser's.
-function Preview({ cron, timezone }: { cron: string; timezone: string }) {
+// zone and in the browser's. The server answers 200 for any expression and zone, with its
+// parser's message in `error` for one it cannot take: the page has no cron grammar of its own.
+function Preview({ cron, timezone, onChecked }: { cron: string; timezone: string; onChecked: (c: Checked) => void }) {
   const [p, setP] = useState<PreviewState>({ state: 'idle' });
   const seq = useRef(0);
+  const report = useRef(onChecked);
+  report.current = onChecked;
   useEffect(() => {
     const n = ++seq.current;
     if (!cron) {
@@ -425,14 +449,12 @@ function Preview({ cron, timezone }: { cron: string; timezone: string }) {
     }
     setP({ state: 'loading' });
     const timer = window.setTimeout(() => {
-      // What cannot parse is told here, without a request the server would refuse.
-      const problem = cronProblem(cron) ?? zoneProblem(timezone);
-      if (problem) {
-        setP({ state: 'error', error: problem });
-        return;
-      }
-      get<CronPreview>('/v1/cron/preview' + qs({ cron, timezone, count: 5 }))
-        .then((preview) => n === seq.current && setP({ state: 'ok', preview }))
+      cronPreview(cron, timezone, 5)
+        .then((preview) => {
+          if (n !== seq.current) return;
+          report.current({ cron, timezone, error: preview.error });
+          setP(preview.error ? { state: 'error', error: preview.error } : { state: 'ok', preview });
+        })
         .catch((e) => n === seq.current && setP({ state: 'error', error: errorText(e) }));
     }, 300);
     return () => clearTimeout(timer);

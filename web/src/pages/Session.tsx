@@ -24,6 +24,7 @@ import { ErrorText, IdLink, Loading, Status, StreamBadge, Time, memo, shortId } 
 import { href } from '../router';
 import { ToolCall } from '../steps';
 import { RUN_EVENT_TYPES, useCoalesce, useStream, type Delta, type Handlers } from '../stream';
+import { isMember, useWho } from '../who';
 import { RunRow } from './Runs';
 
 // How many of the newest runs get their tool calls shown inline without being asked.
@@ -41,6 +42,7 @@ export function SessionPage({ id }: { id: string }) {
   const [approvals, setApprovals] = useState<Approval[] | null>(null);
   const [agentName, setAgentName] = useState<string | null>(null);
   const coalesce = useCoalesce();
+  const member = isMember(useWho());
 
   // The transcript is read page by page; `tail` is where its last page started, so that new
   // messages are read again from there (a page's cursor is opaque: there is no "after id").
@@ -129,12 +131,13 @@ export function SessionPage({ id }: { id: string }) {
         for (const r of p.items.slice(0, STEPS_FOR_RECENT_RUNS)) loadSteps(r.id);
       })
       .catch(() => {});
-    getAll<Approval>('/v1/approvals', { status: 'pending' })
-      .then((list) => setApprovals(list.filter((a) => a.session_id === id)))
-      .catch((e) => {
-        // Guests may not read approvals: the section is left out.
-        if (!(e instanceof ApiError && e.status === 403)) setApprovals([]);
-      });
+    // Guests may not read approvals (the API answers 403): the section is left out.
+    if (member)
+      getAll<Approval>('/v1/approvals', { status: 'pending' })
+        .then((list) => setApprovals(list.filter((a) => a.session_id === id)))
+        .catch((e) => {
+          if (!(e instanceof ApiError && e.status === 403)) setApprovals([]);
+        });
   }, [id]);
 
   const handlers: Handlers = {
@@ -152,7 +155,7 @@ export function SessionPage({ id }: { id: string }) {
     'approval.requested@v1': (ev) => {
       if (ev.run_id) loadSteps(ev.run_id);
       const aid = ev.payload?.approval_id;
-      if (!aid) return;
+      if (!aid || !member) return;
       get<Approval>('/v1/approvals/' + seg(aid))
         .then((a) => setApprovals((list) => (list && a.status === 'pending' && !list.some((x) => x.id === a.id) ? [...list, a] : list)))
         .catch(() => {});
