@@ -282,6 +282,15 @@ check("usage, the fleet, plugins and an agent's tools are shown, with plots", as
   await shot(page, "plugins");
   await page.goto(`${BASE}/#/agents/${state.approvalAgent}`);
   await byTest(page, "agent-tool-row").filter({ hasText: "notes.append" }).waitFor({ timeout: WAIT });
+  // Its double-text mode and other settings, edited in the page.
+  await byTest(page, "agent-edit-busy").selectOption("reject");
+  await byTest(page, "agent-edit-config").fill('{"max_steps": 6}');
+  await byTest(page, "agent-edit-submit").click();
+  await page.waitForFunction(async (id) => {
+    const r = await fetch(`/v1/agents/${id}`, { credentials: "same-origin" });
+    const a = await r.json();
+    return a.config.busy === "reject" && a.config.max_steps === 6;
+  }, state.approvalAgent, { timeout: WAIT });
   await axe(page, "agent");
   await shot(page, "agent");
 });

@@ -196,6 +196,12 @@ function EditAgent({ agent, role, onSaved }: { agent: Agent; role: string; onSav
   const [model, setModel] = useState(agent.model);
   const [instructions, setInstructions] = useState(agent.instructions);
   const [tools, setTools] = useState(agent.tools.join(', '));
+  // The double-text mode (config.busy) has a control of its own; the rest of config is JSON.
+  const { busy: busyMode, ...others } = agent.config ?? {};
+  const initialMode = busyMode === 'reject' ? 'reject' : 'queue';
+  const initialOthers = JSON.stringify(others, null, 2);
+  const [mode, setMode] = useState<string>(initialMode);
+  const [configText, setConfigText] = useState(initialOthers);
   const [busy, setBusy] = useState(false);
   const [error, setError] = useState<string | null>(null);
   const [saved, setSaved] = useState(false);
@@ -209,6 +215,20 @@ function EditAgent({ agent, role, onSaved }: { agent: Agent; role: string; onSav
     if (instructions !== agent.instructions) body.instructions = instructions;
     const t = parseTools(tools);
     if (t.join(',') !== agent.tools.join(',')) body.tools = t;
+    if (mode !== initialMode || configText !== initialOthers) {
+      let parsed: unknown;
+      try {
+        parsed = JSON.parse(configText);
+      } catch {
+        setError('Other settings: not valid JSON.');
+        return;
+      }
+      if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) {
+        setError('Other settings: a JSON object, e.g. {"max_steps": 8}.');
+        return;
+      }
+      body.config = { ...(parsed as Record<string, unknown>), busy: mode };
+    }
     if (Object.keys(body).length === 0) {
       setSaved(true);
       return;
@@ -242,6 +262,22 @@ function EditAgent({ agent, role, onSaved }: { agent: Agent; role: string; onSav
       />
       <label for="edit-tools">Tools (comma-separated)</label>
       <input id="edit-tools" data-testid="agent-edit-tools" readOnly={!owner} value={tools} onInput={(e) => setTools(e.currentTarget.value)} />
+      <label for="edit-busy">A message while a run is in flight (double-texting)</label>
+      <select id="edit-busy" data-testid="agent-edit-busy" disabled={!owner} value={mode} onChange={(e) => setMode(e.currentTarget.value)}>
+        <option value="queue">queue it: a run behind the current one</option>
+        <option value="reject">reject it (409)</option>
+      </select>
+      <label for="edit-config">Other settings (config, JSON)</label>
+      <textarea
+        id="edit-config"
+        data-testid="agent-edit-config"
+        class="mono"
+        rows={4}
+        readOnly={!owner}
+        spellcheck={false}
+        value={configText}
+        onInput={(e) => setConfigText(e.currentTarget.value)}
+      />
       <button type="submit" class="primary" data-testid="agent-edit-submit" disabled={busy || !owner}>
         Save
       </button>
