@@ -247,6 +247,21 @@ class ApprovalsTest(KeelTestCase):
         self.assertEqual([x["id"] for x in t.approvals("approved")], [a["id"]])
         self.assertError(t.request("GET", "/v1/approvals?status=bogus"), 400, "invalid_argument")
 
+    def test_approvals_newest_first(self):
+        t = self.tenant(APPROVAL_FRAME)
+        ids = []
+        for i in range(3):
+            _, sess = t.agent_session()
+            ids.append(t.park(sess["id"], "line %d" % i)[1]["id"])
+        t.decide(ids[0], "reject", {"reason": "no"})
+        page = t.ok("GET", "/v1/approvals?order=desc&limit=2")
+        self.assertEqual([a["id"] for a in page["items"]], ids[::-1][:2])
+        rest = t.ok("GET", "/v1/approvals?order=desc&limit=2&cursor=" + page["next_cursor"])
+        self.assertEqual([a["id"] for a in rest["items"]], [ids[0]])
+        pending = t.ok("GET", "/v1/approvals?status=pending&order=desc")["items"]
+        self.assertEqual([a["id"] for a in pending], ids[::-1][:2])
+        self.assertError(t.request("GET", "/v1/approvals?order=newest"), 400, "invalid_argument")
+
     # ------------------------------------------------------------------ 2. reject
 
     def test_reject(self):

@@ -5,8 +5,10 @@ at sign-out and when that token is revoked. And the dashboard's files at / with 
 Content-Security-Policy. Attacked as another tenant, a guest, a revoked token, a forged cookie
 and bad bodies."""
 
+import http.client
 import os
 import re
+import threading
 import unittest
 
 from keel_harness import KeelServer, KeelTestCase, Tenant, http_request, unique_name
@@ -35,6 +37,32 @@ class Browser:
             h["X-Keel-CSRF"] = self.csrf
         h.update(headers or {})
         return self.server.request(method, path, body=body, token=None, headers=h, **kw)
+
+
+class RawStream:
+    """A stream read in a thread until the server closes it."""
+
+    def __init__(self, server, path, headers):
+        host, port = server.addr.rsplit(":", 1)
+        self.conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        self.conn.request("GET", path, headers=dict(headers, Accept="text/event-stream"))
+        self.resp = self.conn.getresponse()
+        self.status = self.resp.status
+        self.done = threading.Event()
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self):
+        try:
+            while self.resp.read1(65536):
+                pass
+        except Exception:  # noqa: BLE001
+            pass
+        self.done.set()
+
+    def closed_within(self, seconds):
+        closed = self.done.wait(seconds)
+        self.conn.close()
+        return closed
 
 
 def sign_in(server, token):
@@ -231,6 +259,93 @@ class DashboardSignInTest(KeelTestCase):
                                           headers={"Origin": "https://evil.example.net"}),
                          403, "permission_denied")
         self.assertError(a.request("POST", "/v1/dashboard/sign-out"), 400, "invalid_argument")
+
+    def test_a_sign_in_racing_its_tokens_revocation_never_outlives_it(self):
+        a = Tenant(self.server)
+        for trial in range(4):
+            secret, token_id = a.new_token("owner")
+            results = []
+
+            def attempt():
+                results.append(self.server.request("POST", "/v1/dashboard/sign-in",
+                                                   {"token": secret}, token=None))
+
+            threads = [threading.Thread(target=attempt) for _ in range(24)]
+            for i, t in enumerate(threads):
+                t.start()
+                if i == len(threads) // 2:
+                    a.ok("DELETE", "/v1/tokens/%s" % token_id, expect=204)
+            for t in threads:
+                t.join()
+            for st, body, h in results:
+                if st != 201:
+                    self.assertEqual(st, 401, body)
+                    continue
+                cookie, _ = cookie_of(h)
+                browser = Browser(self.server, cookie, body["csrf_token"])
+                self.assertError(browser.request("GET", "/v1/agents"), 401, "unauthenticated",
+                                 "trial %d: a sign-in outlived its token" % trial)
+                st, _, _ = self.server.request("GET", "/v1/agents", token=cookie)
+                self.assertEqual(st, 401, "trial %d: its secret as a bearer token" % trial)
+
+    def test_only_the_servers_own_pages_sign_in(self):
+        a = Tenant(self.server)
+        for origin in ("http://127.0.0.1:1", "https://evil.example.net", "null"):
+            st, body, h = self.server.request("POST", "/v1/dashboard/sign-in", {"token": a.token},
+                                              token=None, headers={"Origin": origin})
+            self.assertEqual(st, 403, (origin, body))
+            self.assertNotIn("set-cookie", h)
+        st, body, h = self.server.request("POST", "/v1/dashboard/sign-in", token=None,
+                                          raw_body='{"token": "%s"}' % a.token,
+                                          headers={"Content-Type": "text/plain;charset=UTF-8"})
+        self.assertEqual(st, 400, body)
+        self.assertNotIn("set-cookie", h)
+        # Its own page, over https (behind a TLS proxy passing Host): the cookie is Secure.
+        st, body, h = self.server.request("POST", "/v1/dashboard/sign-in", {"token": a.token},
+                                          token=None,
+                                          headers={"Origin": "https://" + self.server.addr})
+        self.assertEqual(st, 201, body)
+        self.assertIn("Secure", cookie_of(h)[1])
+        st, _, h = self.server.request("POST", "/v1/dashboard/sign-in", {"token": a.token},
+                                       token=None, headers={"Host": "keel.example.com"})
+        self.assertIn("Secure", cookie_of(h)[1])
+
+    def test_two_session_cookies_are_refused(self):
+        a, b = Tenant(self.server), Tenant(self.server)
+        mine, _, _ = sign_in(self.server, a.token)
+        planted, _, _ = sign_in(self.server, b.token)
+        for header in ("keel_session=%s; keel_session=%s" % (planted.cookie, mine.cookie),
+                       "keel_session=%s; keel_session=%s" % (mine.cookie, mine.cookie)):
+            st, body, _ = self.server.request("GET", "/v1/agents", token=None,
+                                              headers={"Cookie": header})
+            self.assertEqual(st, 401, body)
+            st, body, _ = self.server.request("GET", "/v1/dashboard/session", token=None,
+                                              headers={"Cookie": header})
+            self.assertEqual(body, {"signed_in": False})
+
+    def test_a_token_has_at_most_twenty_sign_ins(self):
+        a = Tenant(self.server)
+        browsers = [sign_in(self.server, a.token)[0] for _ in range(21)]
+        self.assertError(browsers[0].request("GET", "/v1/agents"), 401, "unauthenticated")
+        for b in browsers[1:]:
+            self.assertEqual(b.request("GET", "/v1/agents")[0], 200)
+        live = [t for t in a.ok("GET", "/v1/tokens")["items"]
+                if t["parent_id"] == a.token_id and t["revoked_at"] is None]
+        self.assertEqual(len(live), 20)
+
+    def test_streams_end_when_their_credential_does(self):
+        a = Tenant(self.server)
+        user, user_id = a.new_token("user")
+        browser, _, _ = sign_in(self.server, a.token)
+        cookie_stream = RawStream(self.server, "/v1/stream",
+                                  {"Cookie": "keel_session=" + browser.cookie})
+        token_stream = RawStream(self.server, "/v1/stream", {"Authorization": "Bearer " + user})
+        for s in (cookie_stream, token_stream):
+            self.assertEqual(s.status, 200)
+        self.assertEqual(browser.request("POST", "/v1/dashboard/sign-out")[0], 204)
+        a.ok("DELETE", "/v1/tokens/%s" % user_id, expect=204)
+        for s in (cookie_stream, token_stream):
+            self.assertTrue(s.closed_within(25), "a stream outlived its credential")
 
     def test_bad_sign_in_bodies(self):
         cases = [

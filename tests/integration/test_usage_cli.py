@@ -116,6 +116,12 @@ class UsageCliTest(KeelTestCase):
         self.assertAlmostEqual(by_agent[agent["id"]]["cost_usd"],
                                a["usage"]["cost_usd"] + c["usage"]["cost_usd"])
         self.assertAlmostEqual(by_agent[other["id"]]["cost_usd"], b["usage"]["cost_usd"])
+        one = self.t.ok("GET", "/v1/usage/history?count=2&agent_id=" + agent["id"])["items"][-1]
+        self.assertEqual([x["agent_id"] for x in one["agents"]], [agent["id"]])
+        self.assertEqual(one["agents"][0], by_agent[agent["id"]])
+        self.assertEqual(one["tenant"], today["tenant"])
+        st, _, _ = self.t.request("GET", "/v1/usage/history?agent_id=01a00000-0000-7000-8000-000000000000")
+        self.assertEqual(st, 404)
         months = self.t.ok("GET", "/v1/usage/history?period=month")
         self.assertEqual(len(months["items"]), 12)
         self.assertEqual(months["items"][-1]["tenant"],

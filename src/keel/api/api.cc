@@ -208,6 +208,12 @@ http::Authenticator MakeAuthenticator(ApiContext& ctx) {
     store::Token found;
     Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_ASSIGN_OR_RETURN(found, tx.tokens().FindActiveTokenByHash(hash));
+      // A dashboard sign-in holds only while the token it acts as does (a sign-in made as that
+      // token was being revoked must not outlive it).
+      if (!found.parent_id.empty()) {
+        KEEL_ASSIGN_OR_RETURN(auto parent, tx.tokens().GetToken(found.tenant_id, found.parent_id));
+        if (parent.revoked_at) return NotFound("the sign-in's token is revoked");
+      }
       return Status::Ok();
     });
     if (st.code() == Code::kNotFound) co_return Unauthenticated("invalid or revoked token");
@@ -225,6 +231,18 @@ http::Authenticator MakeAuthenticator(ApiContext& ctx) {
     p.platform_admin = found.role == "owner" && found.tenant_id == ctx.admin_tenant_id;
     co_return p;
   };
+}
+
+Status StillAuthorized(store::Tx& tx, const http::Principal& who, Millis now) {
+  for (const std::string& id : {who.token_id, who.browser_session_id}) {
+    if (id.empty()) continue;
+    auto t = tx.tokens().GetToken(who.tenant_id, id);
+    if (t.status().code() == Code::kNotFound) return Unauthenticated("the token is gone");
+    KEEL_RETURN_IF_ERROR(t.status());
+    if (t->revoked_at) return Unauthenticated("the token was revoked");
+    if (t->expires_at && *t->expires_at <= now) return Unauthenticated("the sign-in expired");
+  }
+  return Status::Ok();
 }
 
 void RegisterAllRoutes(http::Router& router, ApiContext& ctx) {

@@ -168,7 +168,7 @@ void RegisterAdminRoutes(http::Router& router, ApiContext& ctx) {
     Response r;
     r.content_type = "text/event-stream";
     r.headers["X-Accel-Buffering"] = "no";
-    r.stream = [&ctx](http::StreamWriter& w) -> asio::awaitable<void> {
+    r.stream = [&ctx, who = req.principal](http::StreamWriter& w) -> asio::awaitable<void> {
       ++ctx.metrics.sse_clients;
       struct Leave {
         Metrics& metrics;
@@ -176,6 +176,9 @@ void RegisterAdminRoutes(http::Router& router, ApiContext& ctx) {
       } leave{ctx.metrics};
       asio::steady_timer timer(co_await asio::this_coro::executor);
       while (!ctx.runtime.draining()) {
+        Status still = co_await store::AsyncRead(
+            ctx.store, [&](store::Tx& tx) { return StillAuthorized(tx, who, NowMillis()); });
+        if (!still.ok()) co_return;  // revoked, signed out or expired: the feed ends
         auto fleet = co_await FleetJson(ctx);
         if (!fleet.ok()) co_return;
         if (!co_await w.Write("event: fleet\ndata: " + DumpJson(*fleet) + "\n\n")) co_return;

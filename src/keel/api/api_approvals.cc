@@ -96,7 +96,7 @@ Result<approvals::DecisionRequest> ParseDecision(const Request& req, bool approv
 void RegisterApprovalRoutes(http::Router& router, ApiContext& ctx) {
   router.Add("GET", "/v1/approvals", [&ctx](Request& req) -> asio::awaitable<Response> {
     if (auto st = RequireMember(req, "see approvals"); !st.ok()) co_return Response::Error(st);
-    auto page = PageOf(req);
+    auto page = OrderedPageOf(req);
     if (!page.ok()) co_return Response::Error(page.status());
     std::string status = req.Query("status");
     if (!status.empty() && status != "pending" && status != "approved" && status != "rejected" &&

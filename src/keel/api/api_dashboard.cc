@@ -4,6 +4,9 @@
 // so it holds on every node and after a restart, and it ends at sign-out, at its expiry, or
 // when the token that signed in is revoked.
 
+#include <algorithm>
+#include <vector>
+
 #include "keel/api/api.h"
 #include "keel/api/dashboard_assets.h"
 #include "keel/api/render.h"
@@ -23,6 +26,8 @@ using http::Response;
 namespace {
 
 constexpr long kSignInSeconds = 24 * 3600;
+// The most sign-ins one token has at once (a browser each); a new one ends the oldest.
+constexpr size_t kMaxSignIns = 20;
 
 // Scripts and styles only from the server's own files; nothing inline, no other origin, no
 // frames: model and tool output is shown as text, and this keeps it so should a page slip.
@@ -100,6 +105,14 @@ void RegisterDashboardRoutes(http::Router& router, ApiContext& ctx) {
   router.Add(
       "POST", "/v1/dashboard/sign-in",
       [&ctx](Request& req) -> asio::awaitable<Response> {
+        // Only the server's own pages sign in: a page of another origin (another port of the
+        // same host is the same site to SameSite) must not swap the browser's sign-in for one
+        // of its own, and a JSON content type keeps a cross-site form from posting at all.
+        if (Status st = http::CheckOrigin(req); !st.ok()) co_return Response::Error(st);
+        if (req.Header("content-type").rfind("application/json", 0) != 0) {
+          co_return Response::Error(
+              InvalidArgument("sign-in takes a JSON body with Content-Type: application/json"));
+        }
         auto body = ParseJsonObject(req.body);
         if (!body.ok()) co_return Response::Error(body.status());
         if (auto st = CheckFields(*body, {"token"}); !st.ok()) co_return Response::Error(st);
@@ -134,6 +147,27 @@ void RegisterDashboardRoutes(http::Router& router, ApiContext& ctx) {
         signin.parent_id = parent.id;
         signin.expires_at = now + kSignInSeconds * 1000;
         auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
+          // In the unit that writes it, so that it cannot follow a revocation of its token
+          // that committed since the read above (the tenant's units are serialized).
+          KEEL_ASSIGN_OR_RETURN(auto now_parent, tx.tokens().GetToken(parent.tenant_id, parent.id));
+          if (now_parent.revoked_at) return Unauthenticated("invalid or revoked token");
+          // At most kMaxSignIns live sign-ins per token: the oldest ends.
+          KEEL_ASSIGN_OR_RETURN(auto tokens, tx.tokens().ListTokens(parent.tenant_id));
+          std::vector<const store::Token*> live;
+          for (const auto& t : tokens) {
+            if (t.parent_id == parent.id && !t.revoked_at && t.expires_at && *t.expires_at > now) {
+              live.push_back(&t);
+            }
+          }
+          std::sort(live.begin(), live.end(), [](const store::Token* a, const store::Token* b) {
+            return a->created_at < b->created_at;
+          });
+          for (size_t i = 0; i + kMaxSignIns <= live.size(); ++i) {
+            KEEL_RETURN_IF_ERROR(tx.tokens().RevokeToken(parent.tenant_id, live[i]->id, now));
+            tx.Carry("api_tokens", store::ColumnsImage({{"id", live[i]->id}, {"revoked_at", now}}));
+            KEEL_RETURN_IF_ERROR(tx.events().Append(
+                {parent.tenant_id, "token.revoked@v1", "", "", "", {{"token_id", live[i]->id}}}));
+          }
           KEEL_RETURN_IF_ERROR(tx.tokens().InsertToken(signin));
           tx.Carry("api_tokens", store::RowImage(signin));
           return tx.events().Append({signin.tenant_id,
@@ -161,7 +195,9 @@ void RegisterDashboardRoutes(http::Router& router, ApiContext& ctx) {
       [&ctx](Request& req) -> asio::awaitable<Response> {
         Response signed_out = Response::Json(200, {{"signed_in", false}});
         signed_out.headers["Cache-Control"] = "no-store";
-        const std::string secret = http::CookieValue(req, http::kSessionCookie);
+        auto cookie = http::CookieValue(req, http::kSessionCookie);
+        if (!cookie.ok()) co_return signed_out;
+        const std::string secret = *cookie;
         if (secret.empty()) co_return signed_out;
         auto who = co_await MakeAuthenticator(ctx)(secret);
         if (!who.ok()) {

@@ -151,7 +151,7 @@ void RegisterEventRoutes(http::Router& router, ApiContext& ctx) {
     Response r;
     r.content_type = "text/event-stream";
     r.headers["X-Accel-Buffering"] = "no";
-    r.stream = [&ctx, tenant, filter, cursor, sub, websocket,
+    r.stream = [&ctx, tenant, filter, cursor, sub, websocket, who = req.principal,
                 scope = access::SessionScope(req.principal)](
                    http::StreamWriter& w) mutable -> asio::awaitable<void> {
       ++ctx.metrics.sse_clients;
@@ -164,12 +164,23 @@ void RegisterEventRoutes(http::Router& router, ApiContext& ctx) {
         }
       } leave{ctx, sub};
       if (!websocket && !co_await w.Write("retry: 2000\n: connected\n\n")) co_return;
+      // The stream ends once its credential no longer holds (revoked, signed out, expired):
+      // checked every few seconds as it wakes, and at once after a token is revoked.
+      Millis next_check = NowMillis() + 5000;
+      bool revocation_seen = false;
       while (true) {
         ctx.hub.TakeDirty(sub);
         std::vector<store::Event> events;  // as read: the cursor moves past all of them
         std::vector<store::Event> shown;   // what this caller may see of them
         Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
+          const Millis now = NowMillis();
+          if (revocation_seen || now >= next_check) {
+            KEEL_RETURN_IF_ERROR(StillAuthorized(tx, who, now));
+            next_check = now + 5000;
+            revocation_seen = false;
+          }
           KEEL_ASSIGN_OR_RETURN(events, tx.events().ReadEvents(tenant, cursor, filter, 500));
+          for (const auto& e : events) revocation_seen |= e.type == "token.revoked@v1";
           for (const auto& e : events) {
             KEEL_ASSIGN_OR_RETURN(auto visible, scope.Visible(tx, e));
             if (visible) shown.push_back(std::move(*visible));

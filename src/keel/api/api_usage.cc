@@ -120,8 +120,12 @@ void RegisterUsageRoutes(http::Router& router, ApiContext& ctx) {
       starts.push_back(model::PeriodStart(*period, starts.back() - 1));
     }
     std::reverse(starts.begin(), starts.end());
+    const std::string agent_id = req.Query("agent_id");
     std::vector<store::PeriodTotals> rows;
     Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
+      if (!agent_id.empty()) {
+        KEEL_RETURN_IF_ERROR(tx.agents().GetAgent(req.principal.tenant_id, agent_id).status());
+      }
       KEEL_ASSIGN_OR_RETURN(
           rows, tx.usage().UsageHistory(req.principal.tenant_id, *period, starts.front()));
       return Status::Ok();
@@ -138,7 +142,7 @@ void RegisterUsageRoutes(http::Router& router, ApiContext& ctx) {
         if (rows[r].period_start != start) continue;
         if (rows[r].agent_id.empty()) {
           item["tenant"] = runtime::UsageTotalsJson(rows[r].totals);
-        } else {
+        } else if (agent_id.empty() || rows[r].agent_id == agent_id) {
           Json j = runtime::UsageTotalsJson(rows[r].totals);
           j["agent_id"] = rows[r].agent_id;
           agents.push_back(std::move(j));

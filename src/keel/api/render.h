@@ -9,6 +9,10 @@
 #include "keel/http/types.h"
 #include "keel/store/types.h"
 
+namespace keel::store {
+class Tx;
+}
+
 namespace keel::api {
 
 Json TenantJson(const store::Tenant& t);
@@ -46,6 +50,9 @@ Status CheckFields(const Json& body, std::initializer_list<std::string_view> fie
 
 // Owners may administer their tenant; users may only use it.
 Status RequireOwner(const http::Request& req);
+// Whether the credential of a request still holds: its token (and a dashboard sign-in's own)
+// neither revoked nor expired. Streams that outlive their request ask it again as they go.
+Status StillAuthorized(store::Tx& tx, const http::Principal& who, Millis now);
 // Owners and users, not guests; `what` names the action for the error ("see approvals").
 Status RequireMember(const http::Request& req, const std::string& what);
 

@@ -113,7 +113,11 @@ boost::asio::awaitable<Response> Router::Dispatch(Request& request) const {
       }
       // Without a bearer token, a dashboard sign-in's cookie (session_cookie.h).
       const bool by_cookie = token.empty();
-      if (by_cookie) token = CookieValue(request, kSessionCookie);
+      if (by_cookie) {
+        auto cookie = CookieValue(request, kSessionCookie);
+        if (!cookie.ok()) co_return error(cookie.status());
+        token = *cookie;
+      }
       if (token.empty()) {
         co_return error(Unauthenticated("missing bearer token (Authorization: Bearer ...)"));
       }

@@ -19,9 +19,10 @@ bool LoopbackHost(std::string_view host) {
 }
 }  // namespace
 
-std::string CookieValue(const Request& request, std::string_view name) {
+Result<std::string> CookieValue(const Request& request, std::string_view name) {
   std::string header = request.Header("cookie");
   std::string_view rest = header;
+  std::optional<std::string> found;
   while (!rest.empty()) {
     size_t semi = rest.find(';');
     std::string_view pair = Trim(rest.substr(0, semi));
@@ -32,9 +33,10 @@ std::string CookieValue(const Request& request, std::string_view name) {
     if (value.size() >= 2 && value.front() == '"' && value.back() == '"') {
       value = value.substr(1, value.size() - 2);
     }
-    return std::string(value);
+    if (found) return Unauthenticated("more than one " + std::string(name) + " cookie");
+    found = std::string(value);
   }
-  return "";
+  return found.value_or("");
 }
 
 std::string CsrfTokenFor(std::string_view secret) {
@@ -44,20 +46,26 @@ std::string CsrfTokenFor(std::string_view secret) {
 std::string SessionCookie(const Request& request, const std::string& secret, long max_age_s) {
   std::string cookie = std::string(kSessionCookie) + "=" + secret +
                        "; Path=/; HttpOnly; SameSite=Strict; Max-Age=" + std::to_string(max_age_s);
-  if (!LoopbackHost(request.Header("host"))) cookie += "; Secure";
+  if (request.Header("origin").rfind("https://", 0) == 0 || !LoopbackHost(request.Header("host"))) {
+    cookie += "; Secure";
+  }
   return cookie;
 }
 
-Status CheckCookieRequest(const Request& request, std::string_view secret) {
+Status CheckOrigin(const Request& request) {
   std::string origin = request.Header("origin");
-  if (!origin.empty()) {
-    std::string host = request.Header("host");
-    if (origin != "http://" + host && origin != "https://" + host) {
-      return PermissionDenied(
-          "the dashboard's sign-in is used only by pages of this server (Origin " +
-          origin.substr(0, 200) + ")");
-    }
+  if (origin.empty()) return Status::Ok();
+  std::string host = request.Header("host");
+  if (origin != "http://" + host && origin != "https://" + host) {
+    return PermissionDenied(
+        "the dashboard's sign-in is used only by pages of this server (Origin " +
+        origin.substr(0, 200) + "); behind a reverse proxy, pass the Host header through");
   }
+  return Status::Ok();
+}
+
+Status CheckCookieRequest(const Request& request, std::string_view secret) {
+  KEEL_RETURN_IF_ERROR(CheckOrigin(request));
   if (request.method == "GET" || request.method == "HEAD") return Status::Ok();
   if (!ConstantTimeEquals(request.Header(kCsrfHeader), CsrfTokenFor(secret))) {
     return PermissionDenied(

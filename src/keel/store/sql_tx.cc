@@ -374,10 +374,20 @@ Result<Paged<Approval>> SqlTx<Sql>::ListApprovals(const std::string& tenant_id,
   static const std::string kOfStatus =
       "SELECT " + std::string(kApprovalCols) +
       " FROM approvals WHERE tenant_id=$1 AND status=$2 AND id>$3 ORDER BY id LIMIT $4";
+  static const std::string kAllNewest = "SELECT " + std::string(kApprovalCols) +
+                                        " FROM approvals WHERE tenant_id=$1 AND id<$2 ORDER BY "
+                                        "id DESC LIMIT $3";
+  static const std::string kOfStatusNewest =
+      "SELECT " + std::string(kApprovalCols) +
+      " FROM approvals WHERE tenant_id=$1 AND status=$2 AND id<$3 ORDER BY id DESC LIMIT $4";
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
-  const std::string cursor = DecodeCursor(page.cursor);
-  auto r = status.empty() ? sql_.Query(kAll, tenant_id, cursor, limit + 1)
-                          : sql_.Query(kOfStatus, tenant_id, status, cursor, limit + 1);
+  const std::string cursor = CursorFor(page);
+  auto r =
+      page.newest_first
+          ? (status.empty() ? sql_.Query(kAllNewest, tenant_id, cursor, limit + 1)
+                            : sql_.Query(kOfStatusNewest, tenant_id, status, cursor, limit + 1))
+          : (status.empty() ? sql_.Query(kAll, tenant_id, cursor, limit + 1)
+                            : sql_.Query(kOfStatus, tenant_id, status, cursor, limit + 1));
   if (!r.ok()) return r.status();
   return PageOf<Approval>(*r, ReadApproval<typename Sql::Row>, limit,
                           [](const Approval& a) { return a.id; });

@@ -301,8 +301,8 @@ struct RunFilter {
 struct Page {
   std::string cursor;
   int limit = 50;
-  // The newest first (ids descending; the cursor goes on to older ones). ListRuns and
-  // ListSessions only.
+  // The newest first (ids descending; the cursor goes on to older ones). ListRuns,
+  // ListSessions and ListApprovals only.
   bool newest_first = false;
 };
 
