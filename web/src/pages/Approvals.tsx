@@ -1,7 +1,7 @@
 // Approvals inbox: pending first (oldest first, as they expire), then the latest decided ones.
 // Live from approval.* events, so a decision made elsewhere shows without reload.
 import { useEffect, useState } from 'preact/hooks';
-import { errorText, get, getAll, seg, type Agent, type Approval } from '../api';
+import { errorText, get, getAll, seg, type Agent, type Approval, type Page } from '../api';
 import { ApprovalCard } from '../approval';
 import { ErrorText, Loading, StreamBadge } from '../components';
 import { useStream } from '../stream';
@@ -19,9 +19,9 @@ export function Approvals() {
     getAll<Approval>('/v1/approvals', { status: 'pending' })
       .then(setPending)
       .catch((e) => setError(errorText(e)));
-    // The list is oldest first with no newest-first order: read it all, keep the latest.
-    getAll<Approval>('/v1/approvals')
-      .then((all) => setDecided(all.filter((a) => a.status !== 'pending').slice(-RECENT).reverse()))
+    // The newest page (newest first): its latest decided ones.
+    get<Page<Approval>>('/v1/approvals?order=desc&limit=500')
+      .then((page) => setDecided(page.items.filter((a) => a.status !== 'pending').slice(0, RECENT)))
       .catch(() => {});
     getAll<Agent>('/v1/agents')
       .then((list) => setAgents(new Map(list.map((a) => [a.id, a.name]))))
