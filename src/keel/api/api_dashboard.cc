@@ -5,6 +5,7 @@
 // when the token that signed in is revoked.
 
 #include <algorithm>
+#include <tuple>
 #include <vector>
 
 #include "keel/api/api.h"
@@ -159,8 +160,9 @@ void RegisterDashboardRoutes(http::Router& router, ApiContext& ctx) {
               live.push_back(&t);
             }
           }
+          // Oldest first: ids are time-ordered, and break ties within a millisecond.
           std::sort(live.begin(), live.end(), [](const store::Token* a, const store::Token* b) {
-            return a->created_at < b->created_at;
+            return std::tie(a->created_at, a->id) < std::tie(b->created_at, b->id);
           });
           for (size_t i = 0; i + kMaxSignIns <= live.size(); ++i) {
             KEEL_RETURN_IF_ERROR(tx.tokens().RevokeToken(parent.tenant_id, live[i]->id, now));
