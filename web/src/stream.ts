@@ -31,6 +31,35 @@ export const RUN_EVENT_TYPES = [
 
 export type StreamState = 'connecting'|'live'|'reconnecting'|'closed';
 
+// An EventSource's life as a page shows it: its state, its own reconnects, and once the browser
+// gives up, signed out (the sign-in form) or a new EventSource 3 s later (`retry` bumped).
+// Returns the effect's cleanup.
+function follow(es: EventSource, setState: (s: StreamState) => void,
+                setRetry: (f: (n: number) => number) => void): () => void {
+  let timer = 0;
+  setState('connecting');
+  es.onopen = () => setState('live');
+  es.onerror = () => {
+    if (es.readyState !== EventSource.CLOSED) {
+      setState('reconnecting');
+      return;
+    }
+    setState('closed');
+    probeSession()
+        .then((signedIn) => {
+          if (!signedIn)
+            signedOut();
+          else
+            timer = window.setTimeout(() => setRetry((n) => n + 1), 3000);
+        })
+        .catch(() => {});
+  };
+  return () => {
+    clearTimeout(timer);
+    es.close();
+  };
+}
+
 // Subscribes while `filter` is non-null; reconnects when the filter or the set of types changes.
 // Handlers may change identity on every render: the latest ones are called. The browser retries a
 // dropped connection by itself; a refused one (an HTTP error) is opened again here after a pause,
@@ -52,24 +81,7 @@ export function useStream(filter: Query|null, handlers: Handlers): StreamState {
     if (base === null || !filterRef.current) return;
     const q = lastId.current ? {...filterRef.current, after: lastId.current} : filterRef.current;
     const es = new EventSource('/v1/stream' + qs(q));
-    let timer = 0;
-    setState('connecting');
-    es.onopen = () => setState('live');
-    es.onerror = () => {
-      if (es.readyState !== EventSource.CLOSED) {
-        setState('reconnecting');
-        return;
-      }
-      setState('closed');
-      probeSession()
-          .then((signedIn) => {
-            if (!signedIn)
-              signedOut();
-            else
-              timer = window.setTimeout(() => setRetry((n) => n + 1), 3000);
-          })
-          .catch(() => {});
-    };
+    const stop = follow(es, setState, setRetry);
     for (const type of types.split(',')) {
       if (!type) continue;
       es.addEventListener(type, (m: MessageEvent) => {
@@ -83,10 +95,7 @@ export function useStream(filter: Query|null, handlers: Handlers): StreamState {
         ref.current[type]?.(data);
       });
     }
-    return () => {
-      clearTimeout(timer);
-      es.close();
-    };
+    return stop;
   }, [base, types, retry]);
   return state;
 }
@@ -240,24 +249,7 @@ export function useSse<T>(url: string|null, event: string, onData: (data: T) => 
   useEffect(() => {
     if (!url) return;
     const es = new EventSource(url);
-    let timer = 0;
-    setState('connecting');
-    es.onopen = () => setState('live');
-    es.onerror = () => {
-      if (es.readyState !== EventSource.CLOSED) {
-        setState('reconnecting');
-        return;
-      }
-      setState('closed');
-      probeSession()
-          .then((signedIn) => {
-            if (!signedIn)
-              signedOut();
-            else
-              timer = window.setTimeout(() => setRetry((n) => n + 1), 3000);
-          })
-          .catch(() => {});
-    };
+    const stop = follow(es, setState, setRetry);
     es.addEventListener(event, (m: MessageEvent) => {
       let data: T;
       try {
@@ -267,10 +259,7 @@ export function useSse<T>(url: string|null, event: string, onData: (data: T) => 
       }
       ref.current(data);
     });
-    return () => {
-      clearTimeout(timer);
-      es.close();
-    };
+    return stop;
   }, [url, event, retry]);
   return state;
 }
