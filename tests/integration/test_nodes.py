@@ -4,6 +4,8 @@ on the others (LISTEN/NOTIFY), well before their 15 s fallback, and the event lo
 
 Runs only with KEEL_TEST_STORE=postgres (integration_pg.test_nodes); SQLite has one node."""
 
+import glob
+import json
 import os
 import signal
 import time
@@ -97,6 +99,57 @@ class NodesTest(KeelTestCase):
                           "turn %d: ?wait=10 on B returned a run still %r after %.1fs"
                           % (turn, body["run"]["status"], took))
             self.assertLess(took, 5.0, "turn %d: ?wait on B took %.1fs" % (turn, took))
+
+    def test_settings_written_on_b_hold_for_the_next_turn_on_a(self):
+        """A node keeps an agent's settings (stops, working memory, skills, plugins) between
+        turns and takes them only while the tenant's settings version, read with the turn, is
+        the one it kept them at: a change made through another node holds for the very next
+        turn, no notification awaited."""
+        a, b = self.a, self.b
+        agent = a.create_agent(tools=["time.now"])
+        session = a.create_session(agent["id"])
+        for _ in range(3):  # A now keeps this agent's settings
+            self.assertEqual(a.send(session["id"], "hello")["run"]["status"], "done")
+        audit_files = os.path.join(a.home, "audit", "*", agent["id"] + ".jsonl")
+        self.assertEqual(glob.glob(audit_files), [])
+
+        def ok(server, method, path, body=None, expect=200):
+            status, got, _ = server.request(method, path, body)
+            self.assertEqual(status, expect, got)
+            return got
+
+        # A plugin registered and enabled through B runs in A's next turn.
+        ok(b, "POST", "/v1/plugins", {"manifest": {
+            "id": "audit", "name": "Audit", "version": "1", "kind": "builtin",
+            "builtin": "audit-log", "events": ["model.before@v1"]}}, expect=201)
+        ok(b, "POST", "/v1/plugins/audit/enable", {"agent_id": agent["id"]})
+        self.assertEqual(a.send(session["id"], "hello")["run"]["status"], "done")
+
+        def systems():
+            found = glob.glob(audit_files)
+            self.assertEqual(len(found), 1, "A ran no audit-log plugin")
+            with open(found[0]) as f:
+                last = [json.loads(x) for x in f.read().splitlines()][-1]
+            return [m["content"] for m in last["payload"]["messages"] if m["role"] == "system"]
+        self.assertEqual(systems(), ["You are a test agent."])
+        # The working memory B writes is in A's next prompt, and gone from the one after B
+        # clears it.
+        memory = "/v1/agents/%s/working-memory" % agent["id"]
+        ok(b, "PUT", memory, {"text": "Project: Apollo."})
+        self.assertEqual(a.send(session["id"], "hello")["run"]["status"], "done")
+        self.assertEqual(systems()[1:], ["Working memory (your notes, kept between "
+                                         "conversations):\nProject: Apollo."])
+        ok(b, "PUT", memory, {"text": ""})
+        self.assertEqual(a.send(session["id"], "hello")["run"]["status"], "done")
+        self.assertEqual(systems(), ["You are a test agent."])
+        # An emergency stop engaged through B stops A's next turn; lifted, the one after runs.
+        stop = "/v1/agents/%s/emergency-stop" % agent["id"]
+        ok(b, "PUT", stop, {"reason": "incident"})
+        run = a.send(session["id"], "hello")["run"]
+        self.assertEqual(run["status"], "cancelled", run)
+        self.assertEqual(run["error"]["code"], "emergency_stop", run)
+        ok(b, "DELETE", stop, expect=204)
+        self.assertEqual(a.send(session["id"], "hello")["run"]["status"], "done")
 
     def leaders(self):
         out = []

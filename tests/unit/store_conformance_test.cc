@@ -720,6 +720,121 @@ TEST_P(StoreTest, TenantSettingsStartOffAndChangeForOneTenant) {
   }).ok());
 }
 
+// The runtime keeps a turn's settings rows between turns while this number stays the same
+// (runtime/settings_cache.h): every write of one of them must move it, in its own unit, for its
+// tenant only. A write that left it alone would leave every node using the old rows.
+TEST_P(StoreTest, SettingsVersionMovesWithEveryWriteOfATurnsSettingsRowsAndForItsTenantOnly) {
+  Tenant a = MakeTenant();
+  Tenant b = MakeTenant();
+  Agent agent = MakeAgent(a, "helper");
+  Agent theirs = MakeAgent(b, "helper");
+  Session session = NewSession(a, agent);
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) { return tx.sessions().InsertSession(session); }).ok());
+  auto version = [&](const Tenant& t) {
+    int64_t v = -1;
+    Status st = store_->Read([&](Tx& tx) -> Status {
+      KEEL_RETURN_IF_ERROR(tx.tenants().SettingsVersionLater(t.id, v));
+      return tx.Flush();
+    });
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return v;
+  };
+  auto intake_version = [&] {
+    int64_t v = -1;
+    Status st = store_->Read([&](Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(auto read, tx.runs().ReadForIntake(a.id, session.id));
+      v = read.settings_version;
+      return Status::Ok();
+    });
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return v;
+  };
+  EXPECT_EQ(version(a), 0);
+  EXPECT_EQ(intake_version(), 0);
+
+  Skill skill;
+  skill.tenant_id = a.id;
+  skill.name = "deploy";
+  skill.description = "Deploys";
+  skill.hash = std::string(64, 'a');
+  skill.files = Json{{"SKILL.md", "---\nname: deploy\n---\n"}};
+  skill.created_at = skill.updated_at = 1;
+  Plugin plugin = NewPlugin(a, "audit");
+  const std::vector<std::pair<std::string, WriteFn>> writes = {
+      {"stop",
+       [&](Tx& tx) {
+         return tx.policies().PutStop({a.id, agent.id, "why", "t", 1});
+       }},
+      {"stop again",
+       [&](Tx& tx) {
+         return tx.policies().PutStop({a.id, agent.id, "why not", "t", 2});
+       }},
+      {"stop lifted", [&](Tx& tx) { return tx.policies().DeleteStop(a.id, agent.id); }},
+      {"working memory",
+       [&](Tx& tx) {
+         return tx.memory().PutWorkingMemory({a.id, agent.id, "x", 1});
+       }},
+      {"working memory changed",
+       [&](Tx& tx) {
+         return tx.memory().PutWorkingMemory({a.id, agent.id, "y", 2});
+       }},
+      {"skill", [&](Tx& tx) { return tx.skills().UpsertSkill(skill); }},
+      {"skill replaced",
+       [&](Tx& tx) {
+         skill.description = "Ships";
+         return tx.skills().UpsertSkill(skill);
+       }},
+      {"skill assigned",
+       [&](Tx& tx) {
+         return tx.skills().AssignSkill({a.id, agent.id, "deploy", 1});
+       }},
+      {"skill unassigned",
+       [&](Tx& tx) { return tx.skills().UnassignSkill(a.id, agent.id, "deploy"); }},
+      {"skill deleted", [&](Tx& tx) { return tx.skills().DeleteSkill(a.id, "deploy"); }},
+      {"plugin", [&](Tx& tx) { return tx.plugins().UpsertPlugin(plugin); }},
+      {"plugin enabled",
+       [&](Tx& tx) {
+         return tx.plugins().EnablePlugin({a.id, "audit", agent.id, 1});
+       }},
+      {"plugin disabled",
+       [&](Tx& tx) { return tx.plugins().DisablePlugin(a.id, "audit", agent.id); }},
+      {"plugin deleted", [&](Tx& tx) { return tx.plugins().DeletePlugin(a.id, "audit"); }},
+  };
+  int64_t last = 0;
+  for (const auto& [what, write] : writes) {
+    Status st = store_->WriteSync(write);
+    ASSERT_TRUE(st.ok()) << what << ": " << st.ToString();
+    int64_t now = version(a);
+    EXPECT_GT(now, last) << what << " did not move the version";
+    EXPECT_EQ(intake_version(), now) << what;
+    EXPECT_EQ(version(b), 0) << what << " moved another tenant's version";
+    last = now;
+  }
+  // What a turn writes is not a setting: the version stays.
+  ASSERT_TRUE(store_
+                  ->WriteSync([&](Tx& tx) -> Status {
+                    KEEL_RETURN_IF_ERROR(tx.messages().InsertMessage(NewMessage(a, session)));
+                    return tx.sessions().InsertSession(NewSession(a, agent));
+                  })
+                  .ok());
+  EXPECT_EQ(version(a), last);
+  // A unit that fails after writing a setting leaves no trace of it.
+  Status failed = store_->WriteSync([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.policies().PutStop({a.id, agent.id, "why", "t", 3}));
+    return Internal("changed its mind");
+  });
+  EXPECT_FALSE(failed.ok());
+  EXPECT_EQ(version(a), last);
+  // And B's own writes move B's alone.
+  ASSERT_TRUE(store_
+                  ->WriteSync([&](Tx& tx) {
+                    return tx.memory().PutWorkingMemory({b.id, theirs.id, "z", 1});
+                  })
+                  .ok());
+  EXPECT_GT(version(b), 0);
+  EXPECT_EQ(version(a), last);
+}
+
 TEST_P(StoreTest, SecretsAreKeptPerTenantReplacedInPlaceAndDeleted) {
   Tenant a = MakeTenant();
   Tenant b = MakeTenant();
@@ -1300,67 +1415,6 @@ TEST_P(StoreTest, PluginsForAnAgentAreItsOwnAndTheTenantWideOnesOnce) {
 
 // Intake reads the stamps before it has read the session: they are its agent's, and none for a
 // session this tenant does not have (not even the tenant-wide ones).
-TEST_P(StoreTest, PluginStampsForASessionAreItsAgents) {
-  Tenant a = MakeTenant();
-  Tenant b = MakeTenant();
-  Agent one = MakeAgent(a, "one");
-  Agent two = MakeAgent(a, "two");
-  Agent theirs = MakeAgent(b, "theirs");
-  Session s1 = NewSession(a, one);
-  Session s2 = NewSession(a, two);
-  Session sb = NewSession(b, theirs);
-  ASSERT_TRUE(store_
-                  ->WriteSync([&](Tx& tx) -> Status {
-                    for (const auto* s : {&s1, &s2, &sb})
-                      KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(*s));
-                    for (const char* id : {"p-one", "p-star", "p-two"}) {
-                      KEEL_RETURN_IF_ERROR(tx.plugins().UpsertPlugin(NewPlugin(a, id)));
-                    }
-                    KEEL_RETURN_IF_ERROR(tx.plugins().UpsertPlugin(NewPlugin(b, "p-b")));
-                    KEEL_RETURN_IF_ERROR(tx.plugins().EnablePlugin({a.id, "p-one", one.id, 1}));
-                    KEEL_RETURN_IF_ERROR(tx.plugins().EnablePlugin({a.id, "p-star", "*", 1}));
-                    // Also for `one` itself: still once, in id order.
-                    KEEL_RETURN_IF_ERROR(tx.plugins().EnablePlugin({a.id, "p-star", one.id, 1}));
-                    KEEL_RETURN_IF_ERROR(tx.plugins().EnablePlugin({a.id, "p-two", two.id, 1}));
-                    return tx.plugins().EnablePlugin({b.id, "p-b", "*", 1});
-                  })
-                  .ok());
-  auto ids = [&](const Tenant& t, const std::string& session) {
-    std::vector<PluginStamp> stamps;
-    EXPECT_TRUE(store_
-                    ->Read([&](Tx& tx) {
-                      return tx.plugins().PluginStampsForSessionLater(t.id, session, stamps);
-                    })
-                    .ok());
-    std::vector<std::string> out;
-    for (const auto& s : stamps) out.push_back(s.id);
-    return out;
-  };
-  using V = std::vector<std::string>;
-  EXPECT_EQ(ids(a, s1.id), V({"p-one", "p-star"}));
-  EXPECT_EQ(ids(a, s2.id), V({"p-star", "p-two"}));
-  EXPECT_EQ(ids(b, sb.id), V({"p-b"}));
-  EXPECT_TRUE(ids(b, s1.id).empty()) << "another tenant's session";
-  EXPECT_TRUE(ids(a, sb.id).empty()) << "another tenant's session";
-  EXPECT_TRUE(ids(a, NewId()).empty()) << "no such session";
-  // The same stamps as the agent's.
-  std::vector<PluginStamp> by_agent;
-  ASSERT_TRUE(store_->Read([&](Tx& tx) {
-    return tx.plugins().PluginStampsForAgentLater(a.id, one.id, by_agent);
-  }).ok());
-  std::vector<PluginStamp> by_session;
-  ASSERT_TRUE(store_
-                  ->Read([&](Tx& tx) {
-                    return tx.plugins().PluginStampsForSessionLater(a.id, s1.id, by_session);
-                  })
-                  .ok());
-  ASSERT_EQ(by_session.size(), by_agent.size());
-  for (size_t i = 0; i < by_agent.size(); ++i) {
-    EXPECT_EQ(by_session[i].id, by_agent[i].id);
-    EXPECT_EQ(by_session[i].updated_at, by_agent[i].updated_at);
-  }
-}
-
 TEST_P(StoreTest, DeliveriesRoundTripAndListNewestFirst) {
   Tenant a = MakeTenant();
   Tenant b = MakeTenant();

@@ -184,9 +184,6 @@ asio::awaitable<Status> Runtime::SyncSkills(const store::Run& run,
 
 Status Runtime::ReadContext(store::Tx& tx, const store::Run& run, const store::Message& prompt,
                             ContextRead& out) {
-  // With the window's first read (one round trip on PostgreSQL).
-  KEEL_RETURN_IF_ERROR(
-      tx.skills().SkillsForAgentLater(run.tenant_id, run.agent_id, false, out.skills));
   KEEL_RETURN_IF_ERROR(ReadWindow(tx, run, WindowLimit(options_.history_limit), out));
   if (out.session_read || prompt.role == "introspection") {
     KEEL_ASSIGN_OR_RETURN(out.session, tx.sessions().GetSession(run.tenant_id, run.session_id));

@@ -13,6 +13,7 @@
 #include "keel/runs/run_state.h"
 #include "keel/runtime/dispatcher.h"
 #include "keel/runtime/plugin_bridge.h"
+#include "keel/runtime/settings_cache.h"
 #include "keel/store/async.h"
 #include "keel/store/row_images.h"
 
@@ -26,11 +27,12 @@ constexpr size_t kMaxRewrittenMessage = 1 << 20;
 
 namespace asio = boost::asio;
 
-Intake::Intake(store::Store& store, Dispatcher& dispatcher, PluginBridge& plugins, int lease_ms,
-               int tenant_run_cap)
+Intake::Intake(store::Store& store, Dispatcher& dispatcher, PluginBridge& plugins,
+               const SettingsCache& settings, int lease_ms, int tenant_run_cap)
     : store_(store),
       dispatcher_(dispatcher),
       plugins_(plugins),
+      settings_(settings),
       lease_ms_(lease_ms),
       tenant_run_cap_(tenant_run_cap) {}
 
@@ -61,9 +63,6 @@ asio::awaitable<Result<IntakeResult>> Intake::PostMessage(const IntakeRequest& r
   std::optional<IntakeResult> replay;
   std::vector<store::PluginStamp> stamps;
   Status st = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
-    // The stamps go out with the session's read (one round trip on PostgreSQL).
-    KEEL_RETURN_IF_ERROR(
-        tx.plugins().PluginStampsForSessionLater(req.tenant_id, req.session_id, stamps));
     KEEL_ASSIGN_OR_RETURN(auto read, tx.runs().ReadForIntake(req.tenant_id, req.session_id));
     session = std::move(read.session);
     busy = read.busy;
@@ -74,6 +73,14 @@ asio::awaitable<Result<IntakeResult>> Intake::PostMessage(const IntakeRequest& r
     }
     if (!read.agent) return Conflict("the session's agent was deleted");
     agent = std::move(*read.agent);
+    // The plugins' stamps as this node keeps them when the tenant's settings version, read
+    // with the session, says they are current; else read (a round trip more on PostgreSQL).
+    auto kept = settings_.Get(req.tenant_id, agent.id);
+    if (kept && kept->version == read.settings_version) {
+      stamps = kept->stamps;
+    } else {
+      KEEL_RETURN_IF_ERROR(tx.plugins().PluginStampsForAgentLater(req.tenant_id, agent.id, stamps));
+    }
     if (!req.idempotency_key.empty()) {
       KEEL_ASSIGN_OR_RETURN(auto found, tx.messages().FindByIdempotencyKey(
                                             req.tenant_id, req.session_id, req.idempotency_key));

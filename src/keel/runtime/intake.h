@@ -34,6 +34,7 @@ namespace keel::runtime {
 
 class Dispatcher;    // dispatcher.h
 class PluginBridge;  // plugin_bridge.h
+class SettingsCache;  // settings_cache.h
 
 struct IntakeRequest {
   std::string tenant_id;
@@ -65,8 +66,8 @@ class Intake {
  public:
   // `lease_ms`: the lease a claimed run starts with; `tenant_run_cap`: the most runs a tenant
   // may have in flight (queued, running or waiting) before intake refuses more.
-  Intake(store::Store& store, Dispatcher& dispatcher, PluginBridge& plugins, int lease_ms,
-         int tenant_run_cap);
+  Intake(store::Store& store, Dispatcher& dispatcher, PluginBridge& plugins,
+         const SettingsCache& settings, int lease_ms, int tenant_run_cap);
 
   // Validates and commits a user message and its run. kNotFound for an unknown session,
   // kConflict for an inactive session or a busy one whose agent rejects while busy,
@@ -126,6 +127,7 @@ class Intake {
   store::Store& store_;
   Dispatcher& dispatcher_;
   PluginBridge& plugins_;
+  const SettingsCache& settings_;
   const int lease_ms_;
   const int tenant_run_cap_;
 };

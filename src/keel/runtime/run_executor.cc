@@ -305,7 +305,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
   store::Message prompt;
   std::vector<store::Step> steps;
   std::vector<store::ToolCall> calls;
-  std::vector<store::PluginStamp> stamps;  // read when intake did not find the plugins
+  std::vector<store::PluginStamp> stamps;  // the agent's plugins' (used when intake found none)
   store::WorkingMemory working;
   std::string working_memory;  // the system message showing it, or ""
   bool revoked = false;        // the token the run acts for was revoked since it was posted
@@ -318,6 +318,11 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
   }
   std::vector<store::EmergencyStop> stops;
   std::optional<std::vector<store::EmergencyStop>> first_stops;
+  // The agent's settings as this node keeps them (settings_cache.h), taken when the tenant's
+  // settings version, read with the rest, says they are current; else read with the rest.
+  std::shared_ptr<const AgentSettings> kept = settings_.Get(run.tenant_id, run.agent_id);
+  int64_t settings_version = -1;
+  bool settings_read = false;
   Status loaded = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
     if (known) {  // a run claimed at intake was posted with an active token a moment ago
       agent = known->agent;
@@ -329,20 +334,42 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
     }
     // These go out with the context's first read (one round trip on PostgreSQL), and are
     // looked at after the read.
-    if (!known || !known->plugins) {
+    auto read_settings = [&]() -> Status {
+      settings_read = true;
       KEEL_RETURN_IF_ERROR(
           tx.plugins().PluginStampsForAgentLater(run.tenant_id, run.agent_id, stamps));
-    }
-    KEEL_RETURN_IF_ERROR(tx.memory().GetWorkingMemoryLater(run.tenant_id, run.agent_id, working));
-    KEEL_RETURN_IF_ERROR(tx.policies().ListStopsLater(run.tenant_id, stops));
+      KEEL_RETURN_IF_ERROR(tx.memory().GetWorkingMemoryLater(run.tenant_id, run.agent_id, working));
+      KEEL_RETURN_IF_ERROR(tx.policies().ListStopsLater(run.tenant_id, stops));
+      return tx.skills().SkillsForAgentLater(run.tenant_id, run.agent_id, false, context.skills);
+    };
+    KEEL_RETURN_IF_ERROR(tx.tenants().SettingsVersionLater(run.tenant_id, settings_version));
+    if (!kept) KEEL_RETURN_IF_ERROR(read_settings());
     if (run.attempt > 1) {  // a first attempt has recorded nothing yet
       KEEL_ASSIGN_OR_RETURN(steps, tx.runs().ListSteps(run.tenant_id, run.id));
       KEEL_ASSIGN_OR_RETURN(calls, tx.runs().ListToolCalls(run.tenant_id, run.id));
       KEEL_ASSIGN_OR_RETURN(usage_records, tx.usage().RunUsage(run.tenant_id, run.id));
     }
     if (prompt.role != "call") KEEL_RETURN_IF_ERROR(ReadContext(tx, run, prompt, context));
+    if (!settings_read) {  // kept: current unless the version moved since it was read
+      KEEL_RETURN_IF_ERROR(tx.Flush());
+      if (settings_version != kept->version) KEEL_RETURN_IF_ERROR(read_settings());
+    }
     return Status::Ok();
   });
+  if (loaded.ok() && settings_read) {
+    auto fresh = std::make_shared<AgentSettings>();
+    fresh->version = settings_version;
+    fresh->stamps = stamps;
+    fresh->working = working;
+    fresh->skills = context.skills;
+    fresh->stops = stops;
+    settings_.Put(run.tenant_id, run.agent_id, std::move(fresh));
+  } else if (loaded.ok()) {
+    stamps = kept->stamps;
+    working = kept->working;
+    context.skills = kept->skills;
+    stops = kept->stops;
+  }
   if (loaded.ok()) {
     usage_known = true;  // at a later attempt, read with the rest
     working_memory = memory::WorkingMemoryPrompt(working);

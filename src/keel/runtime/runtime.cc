@@ -43,7 +43,7 @@ Runtime::Runtime(asio::any_io_executor executor, store::Store& store, EventHub& 
                                               options.outbound, vault)),
       models_(std::make_unique<ModelCaller>(executor, store, providers, metrics, options.prices,
                                             options.cache)),
-      intake_(std::make_unique<Intake>(store, *dispatcher_, *plugins_, options.lease_ms,
+      intake_(std::make_unique<Intake>(store, *dispatcher_, *plugins_, settings_, options.lease_ms,
                                        options.tenant_run_cap)),
       schedule_timer_(executor) {}
 

@@ -22,11 +22,10 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/steady_timer.hpp>
-
 #include <functional>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -34,13 +33,14 @@
 #include "keel/common/json_util.h"
 #include "keel/common/status.h"
 #include "keel/common/time.h"
-#include "keel/store/compaction_store.h"
-#include "keel/store/schedule_store.h"
 #include "keel/config/config.h"
 #include "keel/http/outbound_guard.h"
 #include "keel/runtime/conversation_cache.h"
 #include "keel/runtime/dispatcher.h"
 #include "keel/runtime/intake.h"
+#include "keel/runtime/settings_cache.h"
+#include "keel/store/compaction_store.h"
+#include "keel/store/schedule_store.h"
 #include "keel/store/skill_store.h"
 #include "keel/store/store.h"
 #include "keel/store/usage_store.h"
@@ -242,6 +242,7 @@ class Runtime {
   Metrics& metrics_;
   const RuntimeOptions options_;
 
+  SettingsCache settings_{4096};  // agents' settings between turns (intake's and the runs')
   std::unique_ptr<Dispatcher> dispatcher_;
   std::unique_ptr<PluginBridge> plugins_;
   std::unique_ptr<ModelCaller> models_;

@@ -176,6 +176,21 @@ Status SqlTx<Sql>::UpdateTenantSettings(const Tenant& t) {
                  "tenant not found: " + t.id);
 }
 
+template <typename Sql>
+Status SqlTx<Sql>::SettingsVersionLater(const std::string& tenant_id, int64_t& out) {
+  static const std::string kSql = "SELECT version FROM settings_versions WHERE tenant_id=$1";
+  out = 0;
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  return sql_.Later(
+      kSql,
+      [&out](typename Sql::Row& r) -> Status {
+        KEEL_ASSIGN_OR_RETURN(bool found, r.Step());
+        if (found) out = r.Int(0);
+        return Status::Ok();
+      },
+      tenant_id);
+}
+
 // ---- TokenStore
 
 template <typename Sql>
@@ -591,19 +606,6 @@ Status SqlTx<Sql>::PluginStampsForAgentLater(const std::string& tenant_id,
   static const std::string kSql = std::string(kStampsFor) + "$2 UNION ALL " + kStampsFor + "'*'";
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
   return sql_.Later(kSql, StampsInto(out), tenant_id, agent_id);
-}
-
-template <typename Sql>
-Status SqlTx<Sql>::PluginStampsForSessionLater(const std::string& tenant_id,
-                                               const std::string& session_id,
-                                               std::vector<PluginStamp>& out) {
-  // None for a session the tenant does not have, not even the tenant-wide ones.
-  static const std::string kSql =
-      std::string(kStampsFor) + "(SELECT agent_id FROM sessions WHERE tenant_id=$1 AND id=$2) " +
-      "UNION ALL " + kStampsFor +
-      "'*' AND EXISTS(SELECT 1 FROM sessions WHERE tenant_id=$1 AND id=$2)";
-  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
-  return sql_.Later(kSql, StampsInto(out), tenant_id, session_id);
 }
 
 template <typename Sql>

@@ -157,7 +157,9 @@ class SqlTx : public Tx,
   // TenantStore
   Status InsertTenant(const Tenant& t) override;
   Result<Tenant> GetTenant(const std::string& id) override;
+  Status Flush() override { return sql_.Flush(); }
   Status UpdateTenantSettings(const Tenant& t) override;
+  Status SettingsVersionLater(const std::string& tenant_id, int64_t& out) override;
   // TokenStore
   Status InsertToken(const Token& t) override;
   Result<std::vector<Token>> ListTokens(const std::string& tenant_id) override;
@@ -216,8 +218,6 @@ class SqlTx : public Tx,
                                               const std::string& agent_id) override;
   Status PluginStampsForAgentLater(const std::string& tenant_id, const std::string& agent_id,
                                    std::vector<PluginStamp>& out) override;
-  Status PluginStampsForSessionLater(const std::string& tenant_id, const std::string& session_id,
-                                     std::vector<PluginStamp>& out) override;
   Status InsertDelivery(const PluginDelivery& d) override;
   Status UpdateDelivery(const PluginDelivery& d) override;
   Result<PluginDelivery> GetDelivery(const std::string& tenant_id, const std::string& id) override;

@@ -38,6 +38,11 @@ class TenantStore {
   virtual Result<std::vector<Tenant>> ListTenants() = 0;
   // Writes the tenant's settings (allow_host_exec, allow_stdio_mcp). kNotFound when unknown.
   virtual Status UpdateTenantSettings(const Tenant& t) = 0;
+  // The tenant's settings version (0 before any): it changes, in the unit that commits the
+  // change, whenever an emergency stop, working memory, skill, skill assignment, plugin or plugin
+  // assignment of the tenant is written or deleted (the schema's triggers keep it).
+  // Set when the transaction's reads are flushed (Later).
+  virtual Status SettingsVersionLater(const std::string& tenant_id, int64_t& out) = 0;
 };
 
 class TokenStore {
@@ -157,11 +162,6 @@ class PluginStore {
   virtual Status PluginStampsForAgentLater(const std::string& tenant_id,
                                            const std::string& agent_id,
                                            std::vector<PluginStamp>& out) = 0;
-  // The stamps of the plugins enabled for the session's agent (none when there is no such
-  // session), filled later: for a read that has not read the session yet.
-  virtual Status PluginStampsForSessionLater(const std::string& tenant_id,
-                                             const std::string& session_id,
-                                             std::vector<PluginStamp>& out) = 0;
 
   // kConflict when the id exists; the plugin must exist (an integrity kConflict otherwise).
   virtual Status InsertDelivery(const PluginDelivery& d) = 0;
@@ -269,6 +269,7 @@ class RunStore {
   struct IntakeRead {
     Session session;
     bool busy = false;
+    int64_t settings_version = 0;  // TenantStore::SettingsVersionLater's, in the same snapshot
     std::optional<Agent> agent;
   };
   virtual Result<IntakeRead> ReadForIntake(const std::string& tenant_id,
@@ -401,6 +402,8 @@ class ExportStore {
 class Tx {
  public:
   virtual ~Tx() = default;
+  // Waits until every read queued so far (the *Later reads) has its rows.
+  virtual Status Flush() = 0;
   virtual TenantStore& tenants() = 0;
   virtual TokenStore& tokens() = 0;
   virtual SecretStore& secrets() = 0;

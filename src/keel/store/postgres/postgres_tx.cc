@@ -162,6 +162,7 @@ Result<RunStore::IntakeRead> PostgresTx::ReadForIntake(const std::string& tenant
       "SELECT " + Qualified(kSessionCols, "s") +
       ", EXISTS(SELECT 1 FROM runs WHERE tenant_id=$1 AND session_id=$2 AND status IN "
       "('queued','running','waiting_for_approval')), " +
+      "coalesce((SELECT version FROM settings_versions WHERE tenant_id=$1), 0), " +
       Qualified(kAgentCols, "a") +
       " FROM sessions s LEFT JOIN agents a ON a.tenant_id=s.tenant_id AND a.id=s.agent_id AND "
       "a.status <> 'deleted' WHERE s.tenant_id=$1 AND s.id=$2";
@@ -172,8 +173,9 @@ Result<RunStore::IntakeRead> PostgresTx::ReadForIntake(const std::string& tenant
   IntakeRead out;
   out.session = ReadSession(row);
   out.busy = row.Text(kSessionColCount) == "t";
-  if (!rows.IsNull(0, kSessionColCount + 1)) {
-    out.agent = ReadAgent(Shifted<Row>{row, kSessionColCount + 1});
+  out.settings_version = row.Int(kSessionColCount + 1);
+  if (!rows.IsNull(0, kSessionColCount + 2)) {
+    out.agent = ReadAgent(Shifted<Row>{row, kSessionColCount + 2});
   }
   return out;
 }

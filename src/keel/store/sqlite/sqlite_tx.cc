@@ -111,7 +111,8 @@ Result<RunStore::IntakeRead> SqliteTx::ReadForIntake(const std::string& tenant_i
                                                      const std::string& session_id) {
   static const std::string kSql =
       "SELECT " + Qualified(kSessionCols, "s") + ", EXISTS(SELECT 1 FROM " + kSessionActive +
-      "), " + Qualified(kAgentCols, "a") +
+      "), coalesce((SELECT version FROM settings_versions WHERE tenant_id=?1), 0), " +
+      Qualified(kAgentCols, "a") +
       " FROM sessions s LEFT JOIN agents a ON a.tenant_id=s.tenant_id AND a.id=s.agent_id AND "
       "a.status != 'deleted' WHERE s.tenant_id=?1 AND s.id=?2";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
@@ -121,8 +122,9 @@ Result<RunStore::IntakeRead> SqliteTx::ReadForIntake(const std::string& tenant_i
   IntakeRead out;
   out.session = ReadSession(s);
   out.busy = s.Int(kSessionColCount) != 0;
-  if (!s.IsNull(kSessionColCount + 1)) {
-    out.agent = ReadAgent(Shifted<Stmt>{s, kSessionColCount + 1});
+  out.settings_version = s.Int(kSessionColCount + 1);
+  if (!s.IsNull(kSessionColCount + 2)) {
+    out.agent = ReadAgent(Shifted<Stmt>{s, kSessionColCount + 2});
   }
   return out;
 }
