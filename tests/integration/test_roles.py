@@ -10,6 +10,7 @@ model: `/call TOOL {json}` makes that call; notes.append appends to
 $KEEL_HOME/workspaces/<agent_id>/notes.txt. Runs on SQLite and, with KEEL_TEST_STORE=postgres,
 on PostgreSQL."""
 
+import base64
 import json
 import os
 import subprocess
@@ -150,6 +151,33 @@ class SessionAccessTest(KeelTestCase):
         # Its own session it may use whole: read, post, close.
         self.assertEqual(t.ok("GET", "/v1/runs/" + own_run["id"], token=g)["status"], "done")
         t.ok("PATCH", "/v1/sessions/" + mine, {"status": "inactive"}, token=g)
+
+    def test_a_guests_run_pages_and_cursors_hold_only_its_own_runs(self):
+        """A page of runs is cut after the guest's filter, not before: its cursors are ids of
+        its own runs, never of a run it may not see, and every page is full until the last."""
+        t, g = self.t, self.t.guest
+        mine = self.server.create_session(self.agent["id"], token=g)["id"]
+        own = []
+        for i in range(3):  # the owner's runs between the guest's, so a cut page would show
+            own.append(t.post(mine, "guest %d" % i, token=g)["id"])
+            t.post(self.idle_session, "owner %d" % i)
+            t.post(self.idle_session, "owner %d again" % i)
+        everyone = {r["id"] for r in self.server.list_all("/v1/runs", token=t.token)}
+        self.assertTrue(set(own) < everyone)
+        for query in ("", "&status=done", "&order=desc", "&agent_id=" + self.agent["id"]):
+            seen, cursor = [], ""
+            for _ in range(10):
+                page = t.ok("GET", "/v1/runs?limit=1%s%s" % (
+                    query, "&cursor=" + cursor if cursor else ""), token=g, expect=200)
+                seen += [r["id"] for r in page["items"]]
+                cursor = page["next_cursor"]
+                if not cursor:
+                    break
+                self.assertEqual(len(page["items"]), 1, query)
+                named = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+                self.assertIn(named, own, "%s: a cursor names a run the guest cannot see" % query)
+            expected = own[::-1] if "desc" in query else own
+            self.assertEqual(seen, expected, query)
 
     def test_a_user_reaches_every_session_but_decides_no_approval(self):
         t, u = self.t, self.t.user

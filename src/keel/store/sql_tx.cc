@@ -944,31 +944,33 @@ Result<Paged<Run>> SqlTx<Sql>::ListRuns(const std::string& tenant_id, const RunF
   const int limit = ClampLimit(page.limit);
   // One statement per form, so that each keeps its index (runs_session or runs_tenant); the
   // agent and the status filter the rows that index walks.
-  static const std::string kRest = " AND ($3='' OR agent_id=$3) AND ($4='' OR status=$4)";
+  static const std::string kRest =
+      " AND ($3='' OR agent_id=$3) AND ($4='' OR status=$4) AND ($6='' OR EXISTS(SELECT 1 FROM "
+      "sessions s WHERE s.tenant_id=$1 AND s.id=runs.session_id AND s.created_by=$6))";
   static const std::string kAll = "SELECT " + std::string(kRunCols) +
                                   " FROM runs WHERE tenant_id=$1 AND id>$2" + kRest +
                                   " ORDER BY id LIMIT $5";
   static const std::string kOfSession = "SELECT " + std::string(kRunCols) +
                                         " FROM runs WHERE tenant_id=$1 AND id>$2" + kRest +
-                                        " AND session_id=$6 ORDER BY id LIMIT $5";
+                                        " AND session_id=$7 ORDER BY id LIMIT $5";
   static const std::string kAllNewest = "SELECT " + std::string(kRunCols) +
                                         " FROM runs WHERE tenant_id=$1 AND id<$2" + kRest +
                                         " ORDER BY id DESC LIMIT $5";
   static const std::string kOfSessionNewest = "SELECT " + std::string(kRunCols) +
                                               " FROM runs WHERE tenant_id=$1 AND id<$2" + kRest +
-                                              " AND session_id=$6 ORDER BY id DESC LIMIT $5";
+                                              " AND session_id=$7 ORDER BY id DESC LIMIT $5";
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
   const std::string cursor = CursorFor(page);
   const bool all = filter.session_id.empty();
   const auto& a = filter.agent_id;
   const auto& s = filter.status;
-  auto r =
-      page.newest_first
-          ? (all ? sql_.Query(kAllNewest, tenant_id, cursor, a, s, limit + 1)
-                 : sql_.Query(kOfSessionNewest, tenant_id, cursor, a, s, limit + 1,
-                              filter.session_id))
-          : (all ? sql_.Query(kAll, tenant_id, cursor, a, s, limit + 1)
-                 : sql_.Query(kOfSession, tenant_id, cursor, a, s, limit + 1, filter.session_id));
+  const auto& o = filter.opened_by;
+  auto r = page.newest_first ? (all ? sql_.Query(kAllNewest, tenant_id, cursor, a, s, limit + 1, o)
+                                    : sql_.Query(kOfSessionNewest, tenant_id, cursor, a, s,
+                                                 limit + 1, o, filter.session_id))
+                             : (all ? sql_.Query(kAll, tenant_id, cursor, a, s, limit + 1, o)
+                                    : sql_.Query(kOfSession, tenant_id, cursor, a, s, limit + 1, o,
+                                                 filter.session_id));
   if (!r.ok()) return r.status();
   return PageOf<Run>(*r, ReadRun<typename Sql::Row>, limit, [](const Run& x) { return x.id; });
 }

@@ -295,6 +295,8 @@ struct RunFilter {
   std::string session_id;
   std::string agent_id;
   std::string status;
+  // Only the runs of sessions this token opened (a guest's view; "" = every session).
+  std::string opened_by;
 };
 
 // A page request: items after `cursor` (opaque; empty = from the start), at most `limit`.
