@@ -179,6 +179,35 @@ class SessionAccessTest(KeelTestCase):
             expected = own[::-1] if "desc" in query else own
             self.assertEqual(seen, expected, query)
 
+    def test_a_guests_session_pages_and_cursors_hold_only_its_own_sessions(self):
+        """The sessions' list is filtered in the store's statement as the runs' is: full pages
+        of the guest's own sessions, cursors naming only them, in both orders."""
+        t, g, agent = self.t, self.t.guest, self.agent["id"]
+        own, owners = [], []
+        for _ in range(3):  # the owner's sessions between the guest's
+            own.append(self.server.create_session(agent, token=g)["id"])
+            owners.append(self.server.create_session(agent, token=t.token)["id"])
+            owners.append(self.server.create_session(agent, token=t.token)["id"])
+        every = [x["id"] for x in self.server.list_all("/v1/agents/%s/sessions" % agent,
+                                                         token=g)]
+        self.assertTrue(set(own) <= set(every))
+        self.assertFalse(set(owners) & set(every))
+        for query in ("", "&order=desc"):
+            seen, cursor = [], ""
+            for _ in range(len(every) + 2):
+                page = t.ok("GET", "/v1/agents/%s/sessions?limit=1%s%s" % (
+                    agent, query, "&cursor=" + cursor if cursor else ""), token=g, expect=200)
+                seen += [x["id"] for x in page["items"]]
+                cursor = page["next_cursor"]
+                if not cursor:
+                    break
+                self.assertEqual(len(page["items"]), 1, query)
+                named = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+                self.assertIn(named, every, "%s: a cursor names another's session" % query)
+            self.assertEqual(seen, every[::-1] if query else every, query)
+            self.assertTrue(all(self.t.ok("GET", "/v1/sessions/" + x, token=g)["id"] == x
+                                for x in seen))
+
     def test_a_user_reaches_every_session_but_decides_no_approval(self):
         t, u = self.t, self.t.user
         self.assertEqual(t.ok("GET", "/v1/sessions/" + self.owner_session, token=u)["id"],

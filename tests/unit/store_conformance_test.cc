@@ -675,6 +675,40 @@ TEST_P(StoreTest, ListsAreOrderedByIdWhateverTheInsertOrder) {
   EXPECT_TRUE(store_->WriteSync([&](Tx& tx) { return tx.agents().InsertAgent(reused); }).ok());
 }
 
+TEST_P(StoreTest, ASessionListOfOneTokenHoldsItsSessionsAloneInFullPages) {
+  Tenant t = MakeTenant();
+  Agent agent = MakeAgent(t, "a");
+  std::vector<std::string> mine;
+  for (int i = 0; i < 12; ++i) {  // two of another token's sessions after each of "guest"'s
+    Session s = NewSession(t, agent);
+    s.created_by = i % 3 == 0 ? "guest" : "owner";
+    if (s.created_by == "guest") mine.push_back(s.id);
+    ASSERT_TRUE(store_->WriteSync([&](Tx& tx) { return tx.sessions().InsertSession(s); }).ok());
+  }
+  for (bool newest_first : {false, true}) {
+    PageFn list = [&](Tx& tx, const Page& p) {
+      Page q = p;
+      q.newest_first = newest_first;
+      return ToIdPage(tx.sessions().ListSessions(t.id, agent.id, q, "guest"));
+    };
+    std::vector<std::string> all;
+    for (const auto& [page_ids, next] : AllPages(*store_, 1, list)) {
+      EXPECT_EQ(page_ids.size(), 1u);
+      if (!next.empty()) EXPECT_EQ(next, EncodeCursor(page_ids.back()));  // one of its own
+      all.insert(all.end(), page_ids.begin(), page_ids.end());
+    }
+    std::vector<std::string> expected = mine;
+    if (newest_first) std::reverse(expected.begin(), expected.end());
+    EXPECT_EQ(all, expected);
+  }
+  PageFn everyone = [&](Tx& tx, const Page& p) {
+    return ToIdPage(tx.sessions().ListSessions(t.id, agent.id, p, ""));
+  };
+  size_t n = 0;
+  for (const auto& [page_ids, next] : AllPages(*store_, 5, everyone)) n += page_ids.size();
+  EXPECT_EQ(n, 12u);
+}
+
 TEST_P(StoreTest, TenantsDoNotSeeEachOther) {
   Tenant a = MakeTenant();
   Tenant b = MakeTenant();
@@ -1646,7 +1680,7 @@ TEST_P(StoreTest, AnotherTenantsObjectsAreNotFound) {
     auto key = tx.messages().FindByIdempotencyKey(b.id, session.id, "key-1");
     EXPECT_TRUE(key.ok() && !key->has_value());
     EXPECT_TRUE(tx.agents().ListAgents(b.id, {"", 50})->items.empty());
-    EXPECT_TRUE(tx.sessions().ListSessions(b.id, agent.id, {"", 50})->items.empty());
+    EXPECT_TRUE(tx.sessions().ListSessions(b.id, agent.id, {"", 50}, "")->items.empty());
     EXPECT_TRUE(tx.messages().ListMessages(b.id, session.id, {"", 50})->items.empty());
     EXPECT_TRUE(tx.messages().RecentMessages(b.id, session.id, "", NewId(), 10)->empty());
     EXPECT_TRUE(tx.runs().ListRuns(b.id, {.session_id = session.id}, {"", 50})->items.empty());
@@ -2537,7 +2571,7 @@ TEST(StoreCrossBackendTest, SameDataSameOrderAndCursors) {
        [&](Tx& tx, const Page& p) { return ToIdPage(tx.agents().ListAgents(u.id, p)); }},
       {"sessions",
        [&](Tx& tx, const Page& p) {
-         return ToIdPage(tx.sessions().ListSessions(t.id, agents[0].id, p));
+         return ToIdPage(tx.sessions().ListSessions(t.id, agents[0].id, p, ""));
        }},
       {"messages",
        [&](Tx& tx, const Page& p) {

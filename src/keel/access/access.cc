@@ -32,6 +32,12 @@ bool CanUseSession(const http::Principal& p, const store::Session& s) {
   return !s.created_by.empty() && s.created_by == p.token_id;
 }
 
+std::optional<std::string> ListedOpenedBy(const http::Principal& p) {
+  if (!IsGuest(p)) return std::string();
+  if (p.token_id.empty()) return std::nullopt;
+  return p.token_id;
+}
+
 Result<store::Session> UsableSession(store::Tx& tx, const http::Principal& p,
                                      const std::string& id) {
   KEEL_ASSIGN_OR_RETURN(store::Session s, tx.sessions().GetSession(p.tenant_id, id));

@@ -35,6 +35,11 @@ namespace keel::access {
 // session of the tenant; a guest only on the sessions it opened.
 bool CanUseSession(const http::Principal& p, const store::Session& s);
 
+// The sessions a list of sessions or runs holds for `p`, for the store's statement: "" every
+// session (owners, users), a token's id only the sessions that token opened (a guest), nullopt
+// none (a guest without a token id opened none).
+std::optional<std::string> ListedOpenedBy(const http::Principal& p);
+
 // Inside a unit of work: the session (or run, through its session) when `p` may use it;
 // kNotFound "session not found: ID" ("run not found: ID") when it does not exist or `p` may
 // not use it, so a guest learns nothing of the sessions it may not reach.

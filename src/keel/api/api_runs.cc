@@ -64,10 +64,9 @@ void RegisterRunRoutes(http::Router& router, ApiContext& ctx) {
     // A guest sees the runs of the sessions it opened, and its pages and cursors are made of
     // those alone (a cursor is a run's id: never one of a run it may not see).
     store::Paged<store::Run> runs;
-    if (req.principal.role == "guest") {
-      if (req.principal.token_id.empty()) co_return Response::Json(200, ListJson(runs, RunJson));
-      filter.opened_by = req.principal.token_id;
-    }
+    auto opened_by = access::ListedOpenedBy(req.principal);
+    if (!opened_by) co_return Response::Json(200, ListJson(runs, RunJson));
+    filter.opened_by = std::move(*opened_by);
     Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
       if (!filter.session_id.empty()) {
         KEEL_RETURN_IF_ERROR(access::UsableSession(tx, req.principal, filter.session_id).status());

@@ -113,14 +113,14 @@ void RegisterSessionRoutes(http::Router& router, ApiContext& ctx) {
     auto page = OrderedPageOf(req);
     if (!page.ok()) co_return Response::Error(page.status());
     store::Paged<store::Session> sessions;
+    // A guest's pages hold only the sessions its token opened, full, and its cursors are its own.
+    auto opened_by = access::ListedOpenedBy(req.principal);
     Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_RETURN_IF_ERROR(tx.agents().GetAgent(req.principal.tenant_id, req.Param("id")).status());
-      KEEL_ASSIGN_OR_RETURN(sessions, tx.sessions().ListSessions(req.principal.tenant_id,
-                                                                 req.Param("id"), *page));
-      // A guest's page holds only its own sessions (it may be short; the cursor goes on).
-      std::erase_if(sessions.items, [&](const store::Session& s) {
-        return !access::CanUseSession(req.principal, s);
-      });
+      if (!opened_by) return Status::Ok();
+      KEEL_ASSIGN_OR_RETURN(
+          sessions,
+          tx.sessions().ListSessions(req.principal.tenant_id, req.Param("id"), *page, *opened_by));
       return Status::Ok();
     });
     if (!st.ok()) co_return Response::Error(st);

@@ -776,17 +776,21 @@ Result<Session> SqlTx<Sql>::GetSession(const std::string& tenant_id, const std::
 
 template <typename Sql>
 Result<Paged<Session>> SqlTx<Sql>::ListSessions(const std::string& tenant_id,
-                                                const std::string& agent_id, const Page& page) {
+                                                const std::string& agent_id, const Page& page,
+                                                const std::string& opened_by) {
   const int limit = ClampLimit(page.limit);
+  // A guest's filter is in the statement, so its pages are full and its cursors its own.
+  static const std::string kMine = " AND ($5='' OR created_by=$5)";
   static const std::string kSql = "SELECT " + std::string(kSessionCols) +
-                                  " FROM sessions WHERE tenant_id=$1 AND agent_id=$2 AND id>$3 "
-                                  "ORDER BY id LIMIT $4";
+                                  " FROM sessions WHERE tenant_id=$1 AND agent_id=$2 AND id>$3" +
+                                  kMine + " ORDER BY id LIMIT $4";
   static const std::string kNewest = "SELECT " + std::string(kSessionCols) +
                                      " FROM sessions WHERE tenant_id=$1 AND agent_id=$2 AND "
-                                     "id<$3 ORDER BY id DESC LIMIT $4";
+                                     "id<$3" +
+                                     kMine + " ORDER BY id DESC LIMIT $4";
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
   KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(page.newest_first ? kNewest : kSql, tenant_id, agent_id,
-                                           CursorFor(page), limit + 1));
+                                           CursorFor(page), limit + 1, opened_by));
   return PageOf<Session>(r, ReadSession<typename Sql::Row>, limit,
                          [](const Session& x) { return x.id; });
 }

@@ -238,7 +238,7 @@ class SqlTx : public Tx,
                              const std::string& status, Millis at) override;
   Result<Session> GetSession(const std::string& tenant_id, const std::string& id) override;
   Result<Paged<Session>> ListSessions(const std::string& tenant_id, const std::string& agent_id,
-                                      const Page& page) override;
+                                      const Page& page, const std::string& opened_by) override;
   // MessageStore
   Status InsertMessage(const Message& m) override;
   Result<Message> GetMessage(const std::string& tenant_id, const std::string& id) override;

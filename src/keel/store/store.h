@@ -201,8 +201,10 @@ class SessionStore {
   virtual Status UpdateSessionStatus(const std::string& tenant_id, const std::string& id,
                                      const std::string& status, Millis at) = 0;
   virtual Result<Session> GetSession(const std::string& tenant_id, const std::string& id) = 0;
+  // `opened_by`: only the sessions that token opened (a guest's view; "" = every session).
   virtual Result<Paged<Session>> ListSessions(const std::string& tenant_id,
-                                              const std::string& agent_id, const Page& page) = 0;
+                                              const std::string& agent_id, const Page& page,
+                                              const std::string& opened_by) = 0;
 };
 
 class MessageStore {
