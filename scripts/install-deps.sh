@@ -11,7 +11,7 @@ PACKAGES=(
   libarchive-dev liblua5.4-dev libre2-dev libhowardhinnant-date-dev tzdata zstd bubblewrap
   libedit-dev
   libgtest-dev libgmock-dev libbenchmark-dev libjemalloc-dev
-  python3 curl procps nodejs
+  python3 curl openssl procps nodejs
   chromium fonts-liberation  # the dashboard's browser tests (tests/browser)
 )
 

@@ -1962,6 +1962,97 @@ int ScheduleReassign(Context& ctx, const std::string& id, const std::string& tok
 
 }  // namespace keel::cli
 
+// ---- channels
+
+namespace keel::cli {
+
+int ChannelAdd(Context& ctx, const ChannelAddArgs& args) {
+  std::string agent_id;
+  if (int code = ResolveAgent(ctx, args.agent, &agent_id); code != kExitOk) return code;
+  Json settings = {{"signing_secret", args.secret}};
+  if (!args.message_template.empty()) settings["template"] = args.message_template;
+  if (!args.conversation.empty()) settings["conversation"] = args.conversation;
+  if (!args.role.empty()) settings["role"] = args.role;
+  Reply created = Request(ctx, "POST", "/v1/agents/" + Escape(agent_id) + "/channels",
+                          Json{{"kind", "webhook"}, {"name", args.name}, {"settings", settings}});
+  if (!created.ok()) return created.exit_code;
+  if (ctx.json) {
+    PrintJson(ctx, created.body);
+    return kExitOk;
+  }
+  std::cout << "created channel " << Str(created.body, "name") << " (" << Str(created.body, "id")
+            << "): signed deliveries to " << ctx.client.url() << Str(created.body, "url") << "\n";
+  return kExitOk;
+}
+
+int ChannelList(Context& ctx, const std::string& agent) {
+  std::string agent_id;
+  if (int code = ResolveAgent(ctx, agent, &agent_id); code != kExitOk) return code;
+  Reply list = ListAll(ctx, "/v1/agents/" + Escape(agent_id) + "/channels");
+  if (!list.ok()) return list.exit_code;
+  if (ctx.json) {
+    PrintJson(ctx, list.body);
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const Json& c : Items(list.body)) {
+    const Json settings = c.value("settings", Json::object());
+    rows.push_back({Str(c, "id"), OneLine(Str(c, "name"), 30), Str(c, "kind"),
+                    c.value("enabled", false) ? "yes" : "no",
+                    OneLine(settings.value("template", ""), 40), Str(c, "url")});
+  }
+  PrintTable({"ID", "NAME", "KIND", "ENABLED", "TEMPLATE", "URL"}, rows);
+  return kExitOk;
+}
+
+namespace {
+
+int PrintChannel(Context& ctx, const Json& c) {
+  if (ctx.json) {
+    PrintJson(ctx, c);
+    return kExitOk;
+  }
+  const Json settings = c.value("settings", Json::object());
+  PrintFields({{"id", Str(c, "id")},
+               {"name", Str(c, "name")},
+               {"agent", Str(c, "agent_id")},
+               {"kind", Str(c, "kind")},
+               {"enabled", c.value("enabled", false) ? "yes" : "no"},
+               {"url", ctx.client.url() + Str(c, "url")},
+               {"secret", settings.value("signing_secret", "")},
+               {"template", settings.value("template", "")},
+               {"conversation", settings.value("conversation", "")},
+               {"role", settings.value("role", "")},
+               {"created", Str(c, "created_at")}});
+  return kExitOk;
+}
+
+}  // namespace
+
+int ChannelShow(Context& ctx, const std::string& id) {
+  Reply c = Request(ctx, "GET", "/v1/channels/" + Escape(id));
+  if (!c.ok()) return c.exit_code;
+  return PrintChannel(ctx, c.body);
+}
+
+int ChannelSetEnabled(Context& ctx, const std::string& id, bool enabled) {
+  Reply c = Request(ctx, "PATCH", "/v1/channels/" + Escape(id), Json{{"enabled", enabled}});
+  if (!c.ok()) return c.exit_code;
+  if (ctx.json) return PrintChannel(ctx, c.body);
+  std::cout << "channel " << Str(c.body, "name") << " is " << (enabled ? "enabled" : "disabled")
+            << "\n";
+  return kExitOk;
+}
+
+int ChannelRemove(Context& ctx, const std::string& id) {
+  Reply gone = Request(ctx, "DELETE", "/v1/channels/" + Escape(id));
+  if (!gone.ok()) return gone.exit_code;
+  if (!ctx.json) std::cout << "deleted channel " << id << "\n";
+  return kExitOk;
+}
+
+}  // namespace keel::cli
+
 // ---- usage and budgets
 
 namespace keel::cli {

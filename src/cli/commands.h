@@ -236,6 +236,21 @@ int BudgetSet(Context& ctx, const BudgetSetArgs& args);
 int BudgetList(Context& ctx);
 int BudgetRemove(Context& ctx, const std::string& scope, const std::string& period);
 
+// Channels (/v1/agents/{id}/channels, /v1/channels/{id}): today webhook channels.
+struct ChannelAddArgs {
+  std::string agent;  // id or name
+  std::string name;
+  std::string secret;            // the signing secret's name
+  std::string message_template;  // empty: the server's default
+  std::string conversation;
+  std::string role;  // empty: guest
+};
+int ChannelAdd(Context& ctx, const ChannelAddArgs& args);
+int ChannelList(Context& ctx, const std::string& agent);
+int ChannelShow(Context& ctx, const std::string& id);
+int ChannelSetEnabled(Context& ctx, const std::string& id, bool enabled);
+int ChannelRemove(Context& ctx, const std::string& id);
+
 int TenantsCreate(Context& ctx, const std::string& name);
 int TenantsList(Context& ctx);
 

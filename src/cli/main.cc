@@ -493,6 +493,44 @@ int Main(int argc, char** argv) {
   memory_list->add_option("--tag", memory_tag, "Only memories with this tag");
   on_parse(memory_list, [&](Context& c) { return MemoryList(c, memory_agent, memory_tag); });
 
+  // keel channels ...
+  CLI::App* channels = app.add_subcommand(
+      "channels", "Add, list, show, enable, disable and remove an agent's webhook channels");
+  channels->require_subcommand(1);
+  ChannelAddArgs channel_add;
+  CLI::App* channel_add_cmd = channels->add_subcommand(
+      "add", "Add a webhook channel: Standard Webhooks deliveries become messages (owners)");
+  channel_add_cmd->add_option("agent", channel_add.agent, "Agent id or name")->required();
+  channel_add_cmd->add_option("name", channel_add.name, "The channel's name")->required();
+  channel_add_cmd
+      ->add_option("--secret", channel_add.secret,
+                   "The tenant secret holding the signing key (whsec_BASE64 or raw text)")
+      ->required();
+  channel_add_cmd->add_option("--template", channel_add.message_template,
+                              "The message, with {{/json/pointer}} placeholders (default {{}})");
+  channel_add_cmd->add_option("--conversation", channel_add.conversation,
+                              "A JSON pointer: one session per distinct value there");
+  channel_add_cmd->add_option("--role", channel_add.role,
+                              "The role its runs act with: guest (default) or user");
+  on_parse(channel_add_cmd, [&](Context& c) { return ChannelAdd(c, channel_add); });
+  std::string channel_ref;
+  CLI::App* channel_list = channels->add_subcommand("list", "List an agent's channels");
+  channel_list->add_option("agent", channel_ref, "Agent id or name")->required();
+  on_parse(channel_list, [&](Context& c) { return ChannelList(c, channel_ref); });
+  CLI::App* channel_show = channels->add_subcommand("show", "Show a channel");
+  channel_show->add_option("id", channel_ref, "Channel id")->required();
+  on_parse(channel_show, [&](Context& c) { return ChannelShow(c, channel_ref); });
+  for (bool enable : {true, false}) {
+    CLI::App* cmd = channels->add_subcommand(
+        enable ? "enable" : "disable",
+        enable ? "Take deliveries again" : "Refuse deliveries (404) until enabled");
+    cmd->add_option("id", channel_ref, "Channel id")->required();
+    on_parse(cmd, [&, enable](Context& c) { return ChannelSetEnabled(c, channel_ref, enable); });
+  }
+  CLI::App* channel_rm = channels->add_subcommand("rm", "Delete a channel (its sessions stay)");
+  channel_rm->add_option("id", channel_ref, "Channel id")->required();
+  on_parse(channel_rm, [&](Context& c) { return ChannelRemove(c, channel_ref); });
+
   // keel schedule ...
   CLI::App* sched =
       app.add_subcommand("schedule", "Add, list, show, pause, resume and remove schedules");

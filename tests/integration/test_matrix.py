@@ -130,6 +130,9 @@ class HostileTenantMatrixTest(KeelTestCase):
                          "kind": "lua", "events": ["tool.before@v1"]},
             "source": "ctx.bus.on('tool.before@v1', function(call) end)"}, expect=201)
         s.ok("PUT", "/v1/secrets/MATRIX", {"value": "s3cr3t"})
+        cls.channel = s.ok("POST", "/v1/agents/%s/channels" % cls.agent["id"], {
+            "kind": "webhook", "name": "matrix-hook", "settings": {"signing_secret": "MATRIX"}},
+            expect=201)
 
     @classmethod
     def sign_in(cls, token):
@@ -156,6 +159,7 @@ class HostileTenantMatrixTest(KeelTestCase):
             "approvals": self.approval["id"], "schedules": self.schedule["id"],
             "memories": self.memory["id"], "skills": self.skill.get("name", "matrix-skill"),
             "plugins": self.plugin.get("id", "matrix-plugin"), "tokens": self.spare_token,
+            "channels": self.channel["id"], "hooks": self.channel["id"],
             "secrets": "MATRIX", "tenants": self.other.id, "mcp-servers": "01a00000-0000-7000-8000-000000000000",
             "standing-approvals": "01a00000-0000-7000-8000-000000000001",
             "deliveries": "01a00000-0000-7000-8000-000000000002",
@@ -255,7 +259,7 @@ class HostileTenantMatrixTest(KeelTestCase):
 
     def test_another_tenants_owner_sees_nothing_of_this_one(self):
         mine = {self.agent["id"], self.session["id"], self.owner_run["id"], self.approval["id"],
-                self.schedule["id"], self.memory["id"]}
+                self.schedule["id"], self.memory["id"], self.channel["id"]}
         for method, pattern, auth in self.routes:
             need = ROLE_TABLE.get((method, pattern))
             if not auth or need is None or (method, pattern) in STREAMING:

@@ -19,7 +19,9 @@ database and an older store are refused and left as they were (migrate refuses a
 program's database and a FIFO too).
 """
 
+import base64
 import hashlib
+import hmac
 import json
 import os
 import shutil
@@ -45,7 +47,8 @@ REBUILT = ["tenants", "api_tokens", "tenant_keys", "secrets", "agents", "session
            "runs", "run_steps", "tool_calls", "policies", "emergency_stops", "approvals",
            "standing_approvals", "mcp_servers", "plugins", "agent_plugins", "schedules",
            "schedule_fires", "memories", "working_memories", "skills", "agent_skills",
-           "compactions", "budgets", "model_usage", "usage_totals"]
+           "compactions", "budgets", "model_usage", "usage_totals", "channels",
+           "channel_conversations", "channel_deliveries"]
 
 
 def note_call(line):
@@ -298,6 +301,8 @@ class RebuildTest(KeelTestCase):
             wait_for(lambda: t.ok("GET", "/v1/schedules/%s" % once["id"]).get("last_fired_at"))
         t.ok("DELETE", "/v1/schedules/%s" % once["id"])
 
+        self.channels(t, aid)
+
         t.ok("PUT", "/v1/budgets", {"scope": "tenant", "period": "day", "limit_usd": 100})
         t.ok("PUT", "/v1/budgets", {"scope": "tenant", "period": "day", "limit_usd": 200})
         t.ok("PUT", "/v1/budgets", {"scope": aid, "period": "month", "limit_usd": 5})
@@ -310,6 +315,33 @@ class RebuildTest(KeelTestCase):
         # Every run ended (schedules' runs too) before the store is read.
         for run in s.list_all("/v1/runs", token=t.token):
             s.wait_run(run["id"], token=t.token)
+
+    def channels(self, t, aid):
+        """Webhook channels: created, changed, delivered to (once again as a retry), deleted."""
+        key = os.urandom(32)
+        t.ok("PUT", "/v1/secrets/hook", {"value": "whsec_" + base64.b64encode(key).decode()})
+
+        def deliver(channel, delivery_id, body):
+            raw = json.dumps(body).encode()
+            ts = str(int(time.time()))
+            mac = hmac.new(key, ("%s.%s." % (delivery_id, ts)).encode() + raw, hashlib.sha256)
+            headers = {"webhook-id": delivery_id, "webhook-timestamp": ts,
+                       "webhook-signature": "v1," + base64.b64encode(mac.digest()).decode()}
+            st, out, _ = self.server.request("POST", channel["url"], token=None,
+                                             headers=headers, raw_body=raw)
+            self.assertIn(st, (200, 202), out)
+            self.server.wait_run(out["run_id"], token=t.token)
+
+        settings = {"signing_secret": "hook", "template": "hook: {{/text}}",
+                    "conversation": "/thread"}
+        for name in ("kept", "gone"):
+            channel = t.ok("POST", "/v1/agents/%s/channels" % aid,
+                           {"kind": "webhook", "name": name, "settings": settings}, expect=201)
+            deliver(channel, name + "-1", {"text": "one", "thread": "a"})
+            deliver(channel, name + "-1", {"text": "one", "thread": "a"})
+            deliver(channel, name + "-2", {"text": "two", "thread": "b"})
+        t.ok("PATCH", "/v1/channels/%s" % channel["id"], {"name": "renamed", "enabled": False})
+        t.ok("DELETE", "/v1/channels/%s" % channel["id"])
 
     def test_a_mixed_workload_rebuilds_every_table_it_wrote(self):
         t, sess = self.workload()

@@ -357,13 +357,24 @@ TEST_F(ArchiveTest, RoundTripAcrossBackendsIsByteIdentical) {
 // had. Their events carry the store-wide origin_seq and no tenant_position: they are numbered per
 // tenant. Their messages carry no seq: numbered per session in id order.
 TEST_F(ArchiveTest, ImportsAVersion2ArchiveWithoutThePluginTables) {
-  ASSERT_EQ(kArchiveVersion, 10);
-  // The tables archives gained in versions 3 (plugins) and 4 (schedules, memory, skills,
-  // compactions, usage).
-  const std::set<std::string> later = {
-      "plugins",     "agent_plugins",    "schedules", "schedule_fires", "memories",
-      "working_memories", "skills",      "agent_skills", "compactions", "budgets",
-      "model_usage", "usage_totals"};
+  ASSERT_EQ(kArchiveVersion, 11);
+  // The tables archives gained in versions 3 (plugins), 4 (schedules, memory, skills,
+  // compactions, usage) and 11 (channels).
+  const std::set<std::string> later = {"plugins",
+                                       "agent_plugins",
+                                       "schedules",
+                                       "schedule_fires",
+                                       "memories",
+                                       "working_memories",
+                                       "skills",
+                                       "agent_skills",
+                                       "compactions",
+                                       "budgets",
+                                       "model_usage",
+                                       "usage_totals",
+                                       "channels",
+                                       "channel_conversations",
+                                       "channel_deliveries"};
   // Rebuilt on import (version 7) rather than empty.
   const std::set<std::string> rebuilt = {"audit_heads"};
   Entries entries = ReadArchive(archive_);

@@ -28,6 +28,7 @@
 
 #include "hold_writer.h"
 #include "keel/common/ids.h"
+#include "keel/store/channel_store.h"
 #include "keel/store/postgres/postgres_tx.h"
 #include "keel/store/sqlite/sqlite_db.h"
 #include "keel/store/sqlite/sqlite_tx.h"
@@ -707,6 +708,88 @@ TEST_P(StoreTest, ASessionListOfOneTokenHoldsItsSessionsAloneInFullPages) {
   size_t n = 0;
   for (const auto& [page_ids, next] : AllPages(*store_, 5, everyone)) n += page_ids.size();
   EXPECT_EQ(n, 12u);
+}
+
+TEST_P(StoreTest, ChannelsTheirConversationsAndDeliveriesAreEachRecordedOnce) {
+  Tenant t = MakeTenant();
+  Tenant u = MakeTenant();
+  Agent a = MakeAgent(t, "a");
+  Agent b = MakeAgent(t, "b");
+  auto channel = [&](const Agent& agent, const std::string& name) {
+    Channel c;
+    c.id = NewId();
+    c.tenant_id = agent.tenant_id;
+    c.agent_id = agent.id;
+    c.name = name;
+    c.settings = "{\"signing_secret\":\"S\"}";
+    c.created_by = "token";
+    c.created_at = c.updated_at = NowMillis();
+    return c;
+  };
+  Channel hook = channel(a, "hook");
+  Channel other = channel(a, "other");
+  Channel same_name = channel(b, "hook");  // names are the agent's own
+  Channel clash = channel(a, "hook");
+  Status st = store_->WriteSync([&](Tx& tx) -> Status {
+    for (const Channel* c : {&hook, &other, &same_name}) {
+      KEEL_RETURN_IF_ERROR(tx.channels().InsertChannel(*c));
+    }
+    // A clash is a conflict, and the unit goes on (on PostgreSQL too).
+    EXPECT_EQ(tx.channels().InsertChannel(clash).code(), Code::kConflict);
+    Channel renamed = other;
+    renamed.name = "hook";
+    EXPECT_EQ(tx.channels().UpdateChannel(renamed).code(), Code::kConflict);
+    renamed.name = "renamed";
+    renamed.enabled = false;
+    KEEL_RETURN_IF_ERROR(tx.channels().UpdateChannel(renamed));
+    ChannelConversation conv{t.id, hook.id, "acme/app", "s1", NowMillis()};
+    KEEL_RETURN_IF_ERROR(tx.channels().InsertConversation(conv));
+    conv.session_id = "s2";
+    EXPECT_EQ(tx.channels().InsertConversation(conv).code(), Code::kConflict);
+    ChannelDelivery d{t.id, hook.id, "msg_1", "s1", NowMillis()};
+    KEEL_RETURN_IF_ERROR(tx.channels().InsertDelivery(d));
+    d.session_id = "s2";
+    EXPECT_EQ(tx.channels().InsertDelivery(d).code(), Code::kConflict);
+    d.channel_id = other.id;  // delivery ids are the channel's own
+    return tx.channels().InsertDelivery(d);
+  });
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  st = store_->Read([&](Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(auto got, tx.channels().GetChannel(t.id, other.id));
+    EXPECT_EQ(got.name, "renamed");
+    EXPECT_FALSE(got.enabled);
+    EXPECT_EQ(got.settings, other.settings);
+    EXPECT_EQ(*tx.channels().ChannelTenant(hook.id), t.id);
+    EXPECT_EQ(tx.channels().ChannelTenant("nope").status().code(), Code::kNotFound);
+    EXPECT_EQ(*tx.channels().ConversationSession(t.id, hook.id, "acme/app"), "s1");
+    EXPECT_FALSE(tx.channels().ConversationSession(t.id, hook.id, "acme/web")->has_value());
+    EXPECT_EQ(*tx.channels().DeliverySession(t.id, hook.id, "msg_1"), "s1");
+    EXPECT_EQ(*tx.channels().DeliverySession(t.id, other.id, "msg_1"), "s2");
+    KEEL_ASSIGN_OR_RETURN(auto page, tx.channels().ListChannels(t.id, a.id, {"", 1}));
+    EXPECT_EQ(page.items.size(), 1u);
+    EXPECT_FALSE(page.next_cursor.empty());
+    // Another tenant sees none of it.
+    EXPECT_EQ(tx.channels().GetChannel(u.id, hook.id).status().code(), Code::kNotFound);
+    EXPECT_TRUE(tx.channels().ListChannels(u.id, a.id, {"", 50})->items.empty());
+    EXPECT_FALSE(tx.channels().ConversationSession(u.id, hook.id, "acme/app")->has_value());
+    EXPECT_FALSE(tx.channels().DeliverySession(u.id, hook.id, "msg_1")->has_value());
+    return Status::Ok();
+  });
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  // Another tenant cannot delete it; deleting takes the conversations and deliveries along.
+  EXPECT_EQ(
+      store_->WriteSync([&](Tx& tx) { return tx.channels().DeleteChannel(u.id, hook.id); }).code(),
+      Code::kNotFound);
+  ASSERT_TRUE(
+      store_->WriteSync([&](Tx& tx) { return tx.channels().DeleteChannel(t.id, hook.id); }).ok());
+  st = store_->Read([&](Tx& tx) -> Status {
+    EXPECT_EQ(tx.channels().GetChannel(t.id, hook.id).status().code(), Code::kNotFound);
+    EXPECT_FALSE(tx.channels().ConversationSession(t.id, hook.id, "acme/app")->has_value());
+    EXPECT_FALSE(tx.channels().DeliverySession(t.id, hook.id, "msg_1")->has_value());
+    EXPECT_TRUE(tx.channels().DeliverySession(t.id, other.id, "msg_1")->has_value());
+    return Status::Ok();
+  });
+  ASSERT_TRUE(st.ok()) << st.ToString();
 }
 
 TEST_P(StoreTest, TenantsDoNotSeeEachOther) {

@@ -262,6 +262,7 @@ void RegisterAllRoutes(http::Router& router, ApiContext& ctx) {
   RegisterUsageRoutes(router, ctx);
   RegisterMemoryRoutes(router, ctx);
   RegisterSkillRoutes(router, ctx);
+  RegisterChannelRoutes(router, ctx);
   RegisterContextRoutes(router, ctx);
   RegisterOpenAiRoutes(router, ctx);
   RegisterDashboardRoutes(router, ctx);

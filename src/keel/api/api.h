@@ -70,6 +70,7 @@ void RegisterScheduleRoutes(http::Router& router, ApiContext& ctx);  // schedule
 void RegisterUsageRoutes(http::Router& router, ApiContext& ctx);     // usage, budgets
 void RegisterMemoryRoutes(http::Router& router, ApiContext& ctx);    // memories, working memory
 void RegisterSkillRoutes(http::Router& router, ApiContext& ctx);     // skills, assignments
+void RegisterChannelRoutes(http::Router& router, ApiContext& ctx);   // channels, webhook ingress
 void RegisterContextRoutes(http::Router& router, ApiContext& ctx);   // compactions
 void RegisterOpenAiRoutes(http::Router& router, ApiContext& ctx);    // /v1/chat/completions
 void RegisterDashboardRoutes(http::Router& router, ApiContext& ctx);  // /, sign-in

@@ -74,6 +74,14 @@ std::string HmacSha256Hex(std::string_view key, std::string_view data) {
   return Hex(md, len);
 }
 
+std::string HmacSha256(std::string_view key, std::string_view data) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+       reinterpret_cast<const unsigned char*>(data.data()), data.size(), md, &len);
+  return std::string(reinterpret_cast<const char*>(md), len);
+}
+
 std::string RandomHex(size_t n) {
   std::string bytes(n, '\0');
   if (RAND_bytes(reinterpret_cast<unsigned char*>(bytes.data()), static_cast<int>(n)) != 1) {
@@ -113,6 +121,28 @@ std::string Base64UrlEncode(std::string_view data) {
     out += kB64[(v >> 6) & 63];
   }
   return out;
+}
+
+std::string Base64Encode(std::string_view data) {
+  std::string out = Base64UrlEncode(data);
+  for (char& c : out) {
+    if (c == '-') c = '+';
+    if (c == '_') c = '/';
+  }
+  out.append((4 - out.size() % 4) % 4, '=');
+  return out;
+}
+
+std::string Base64Decode(std::string_view data) {
+  while (!data.empty() && data.back() == '=') data.remove_suffix(1);
+  std::string url(data);
+  for (char& c : url) {
+    if (c == '+')
+      c = '-';
+    else if (c == '/')
+      c = '_';
+  }
+  return Base64UrlDecode(url);
 }
 
 std::string Base64UrlDecode(std::string_view data) {

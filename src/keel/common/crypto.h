@@ -34,6 +34,8 @@ class FieldDigest {
 std::string Sha256Hex(std::string_view data);
 // Lowercase hex HMAC-SHA256 of `data` under `key`.
 std::string HmacSha256Hex(std::string_view key, std::string_view data);
+// The raw 32-byte HMAC-SHA256 of `data` under `key`.
+std::string HmacSha256(std::string_view key, std::string_view data);
 // `n` bytes from the OS CSPRNG, hex-encoded (2n characters).
 std::string RandomHex(size_t n);
 // A bearer token: "keel_" followed by 43 url-safe characters (256 bits).
@@ -41,6 +43,10 @@ std::string NewToken();
 std::string Base64UrlEncode(std::string_view data);
 // Empty on malformed input.
 std::string Base64UrlDecode(std::string_view data);
+// Standard base64 (RFC 4648 section 4), padded.
+std::string Base64Encode(std::string_view data);
+// Standard or url-safe base64, padding optional. Empty on malformed input.
+std::string Base64Decode(std::string_view data);
 // Constant-time comparison.
 bool ConstantTimeEquals(std::string_view a, std::string_view b);
 

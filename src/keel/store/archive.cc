@@ -35,11 +35,22 @@ std::string EntryName(const ExportTableSpec& t) { return std::string(t.name) + "
 // The archive version that first carried `t`: archives of an earlier version lack it. Tables not
 // named here are in every version ImportArchive reads.
 int FirstVersionOf(const ExportTableSpec& t) {
-  static const std::map<std::string, int> kAdded = {
-      {"plugins", 3},         {"agent_plugins", 3},    {"schedules", 4},   {"schedule_fires", 4},
-      {"memories", 4},        {"working_memories", 4}, {"skills", 4},      {"agent_skills", 4},
-      {"compactions", 4},     {"budgets", 4},          {"model_usage", 4}, {"usage_totals", 4},
-      {"audit_heads", 7}};
+  static const std::map<std::string, int> kAdded = {{"plugins", 3},
+                                                    {"agent_plugins", 3},
+                                                    {"schedules", 4},
+                                                    {"schedule_fires", 4},
+                                                    {"memories", 4},
+                                                    {"working_memories", 4},
+                                                    {"skills", 4},
+                                                    {"agent_skills", 4},
+                                                    {"compactions", 4},
+                                                    {"budgets", 4},
+                                                    {"model_usage", 4},
+                                                    {"usage_totals", 4},
+                                                    {"audit_heads", 7},
+                                                    {"channels", 11},
+                                                    {"channel_conversations", 11},
+                                                    {"channel_deliveries", 11}};
   auto it = kAdded.find(t.name);
   return it == kAdded.end() ? kOldestArchiveVersion : it->second;
 }

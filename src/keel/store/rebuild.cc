@@ -184,7 +184,8 @@ class Fold {
   }
 
   // What goes with a deleted row: a plugin's enablements and a skill's assignments (ON DELETE
-  // CASCADE), a schedule's fires (ScheduleStore::DeleteSchedule).
+  // CASCADE), a schedule's fires (ScheduleStore::DeleteSchedule), a channel's conversations
+  // and deliveries (ChannelStore::DeleteChannel).
   void Cascade(const std::string& name, const Json& image) {
     struct Child {
       const char* parent;
@@ -194,7 +195,9 @@ class Fold {
     };
     static const Child kChildren[] = {{"plugins", "agent_plugins", "plugin_id", "id"},
                                       {"skills", "agent_skills", "skill", "name"},
-                                      {"schedules", "schedule_fires", "schedule_id", "id"}};
+                                      {"schedules", "schedule_fires", "schedule_id", "id"},
+                                      {"channels", "channel_conversations", "channel_id", "id"},
+                                      {"channels", "channel_deliveries", "channel_id", "id"}};
     for (const Child& c : kChildren) {
       if (name != c.parent) continue;
       auto t = tables_.find(c.table);

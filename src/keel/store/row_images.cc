@@ -358,6 +358,41 @@ std::string RowImage(const Schedule& s) {
       .Done();
 }
 
+std::string RowImage(const Channel& c) {
+  return Image()
+      .Col("id", c.id)
+      .Col("tenant_id", c.tenant_id)
+      .Col("agent_id", c.agent_id)
+      .Col("kind", c.kind)
+      .Col("name", c.name)
+      .Col("settings", c.settings)
+      .Int("enabled", c.enabled ? 1 : 0)
+      .Col("created_by", c.created_by)
+      .Col("created_at", c.created_at)
+      .Col("updated_at", c.updated_at)
+      .Done();
+}
+
+std::string RowImage(const ChannelConversation& c) {
+  return Image()
+      .Col("tenant_id", c.tenant_id)
+      .Col("channel_id", c.channel_id)
+      .Col("conversation", c.conversation)
+      .Col("session_id", c.session_id)
+      .Col("created_at", c.created_at)
+      .Done();
+}
+
+std::string RowImage(const ChannelDelivery& d) {
+  return Image()
+      .Col("tenant_id", d.tenant_id)
+      .Col("channel_id", d.channel_id)
+      .Col("delivery_id", d.delivery_id)
+      .Col("session_id", d.session_id)
+      .Col("created_at", d.created_at)
+      .Done();
+}
+
 std::string RowImage(const ScheduleFire& f) {
   return Image()
       .Col("tenant_id", f.tenant_id)

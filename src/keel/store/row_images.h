@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "keel/common/json_util.h"
+#include "keel/store/channel_store.h"
 #include "keel/store/compaction_store.h"
 #include "keel/store/memory_store.h"
 #include "keel/store/schedule_store.h"
@@ -61,6 +62,9 @@ std::string RowImage(const Skill& s);
 std::string RowImage(const SkillAssignment& a);
 std::string RowImage(const Compaction& c);
 std::string RowImage(const Budget& b);
+std::string RowImage(const Channel& c);
+std::string RowImage(const ChannelConversation& c);
+std::string RowImage(const ChannelDelivery& d);
 // A model call's usage; replay adds it to usage_totals, which is their sum.
 std::string RowImage(const UsageRecord& u);
 // An image of some columns: a row's key columns and those a write changed.

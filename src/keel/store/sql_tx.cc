@@ -1050,6 +1050,143 @@ Result<std::vector<ToolCall>> SqlTx<Sql>::ListToolCalls(const std::string& tenan
   return Collect<ToolCall>(r, ReadToolCall<typename Sql::Row>);
 }
 
+// ---- ChannelStore
+
+namespace {
+
+constexpr const char* kChannelCols =
+    "id, tenant_id, agent_id, kind, name, settings, enabled, created_by, created_at, updated_at";
+
+template <typename Row>
+Channel ReadChannel(const Row& r) {
+  Channel c;
+  c.id = r.Text(0);
+  c.tenant_id = r.Text(1);
+  c.agent_id = r.Text(2);
+  c.kind = r.Text(3);
+  c.name = r.Text(4);
+  c.settings = r.Text(5);
+  c.enabled = r.Int(6) != 0;
+  c.created_by = r.Text(7);
+  c.created_at = r.Int(8);
+  c.updated_at = r.Int(9);
+  return c;
+}
+
+}  // namespace
+
+template <typename Sql>
+Status SqlTx<Sql>::InsertChannel(const Channel& c) {
+  static const std::string kSql = InsertSql("channels", kChannelCols, 10);
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(c.tenant_id));
+  return Inserted(sql_.Exec(kSql, c.id, c.tenant_id, c.agent_id, c.kind, c.name, c.settings,
+                            int64_t{c.enabled ? 1 : 0}, c.created_by, c.created_at, c.updated_at),
+                  "the agent has a channel named '" + c.name + "' already");
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::UpdateChannel(const Channel& c) {
+  // The name's uniqueness is checked first, so that a clash is a kConflict on both backends and
+  // leaves the transaction usable.
+  static const std::string kClash =
+      "SELECT 1 FROM channels WHERE tenant_id=$1 AND agent_id=$2 AND name=$3 AND id<>$4";
+  static const std::string kSql =
+      "UPDATE channels SET name=$1, settings=$2, enabled=$3, updated_at=$4 "
+      "WHERE tenant_id=$5 AND id=$6";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(c.tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto clash, sql_.Query(kClash, c.tenant_id, c.agent_id, c.name, c.id));
+  KEEL_ASSIGN_OR_RETURN(bool taken, clash.Step());
+  if (taken) return Conflict("the agent has a channel named '" + c.name + "' already");
+  return Updated(sql_.Exec(kSql, c.name, c.settings, int64_t{c.enabled ? 1 : 0}, c.updated_at,
+                           c.tenant_id, c.id),
+                 "channel not found: " + c.id);
+}
+
+template <typename Sql>
+Result<Channel> SqlTx<Sql>::GetChannel(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kChannelCols) + " FROM channels WHERE tenant_id=$1 AND id=$2";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, id));
+  return One<Channel>(r, ReadChannel<typename Sql::Row>, "channel not found: " + id);
+}
+
+template <typename Sql>
+Result<Paged<Channel>> SqlTx<Sql>::ListChannels(const std::string& tenant_id,
+                                                const std::string& agent_id, const Page& page) {
+  static const std::string kSql =
+      "SELECT " + std::string(kChannelCols) +
+      " FROM channels WHERE tenant_id=$1 AND agent_id=$2 AND id>$3 ORDER BY id LIMIT $4";
+  const int limit = ClampLimit(page.limit);
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(
+      auto r, sql_.Query(kSql, tenant_id, agent_id, DecodeCursor(page.cursor), limit + 1));
+  return PageOf<Channel>(r, ReadChannel<typename Sql::Row>, limit,
+                         [](const Channel& x) { return x.id; });
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::DeleteChannel(const std::string& tenant_id, const std::string& id) {
+  static const std::string kConversations =
+      "DELETE FROM channel_conversations WHERE tenant_id=$1 AND channel_id=$2";
+  static const std::string kDeliveries =
+      "DELETE FROM channel_deliveries WHERE tenant_id=$1 AND channel_id=$2";
+  static const std::string kSql = "DELETE FROM channels WHERE tenant_id=$1 AND id=$2";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_RETURN_IF_ERROR(sql_.Exec(kConversations, tenant_id, id).status());
+  KEEL_RETURN_IF_ERROR(sql_.Exec(kDeliveries, tenant_id, id).status());
+  return Updated(sql_.Exec(kSql, tenant_id, id), "channel not found: " + id);
+}
+
+template <typename Sql>
+Result<std::optional<std::string>> SqlTx<Sql>::ConversationSession(
+    const std::string& tenant_id, const std::string& channel_id, const std::string& conversation) {
+  static const std::string kSql =
+      "SELECT session_id FROM channel_conversations WHERE tenant_id=$1 AND channel_id=$2 AND "
+      "conversation=$3";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, channel_id, conversation));
+  KEEL_ASSIGN_OR_RETURN(bool found, r.Step());
+  if (!found) return std::optional<std::string>();
+  return std::optional<std::string>(r.Text(0));
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::InsertConversation(const ChannelConversation& c) {
+  static const std::string kSql =
+      "INSERT INTO channel_conversations(tenant_id, channel_id, conversation, session_id, "
+      "created_at) VALUES($1,$2,$3,$4,$5) ON CONFLICT DO NOTHING";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(c.tenant_id));
+  return Inserted(
+      sql_.Exec(kSql, c.tenant_id, c.channel_id, c.conversation, c.session_id, c.created_at),
+      "the channel has that conversation already");
+}
+
+template <typename Sql>
+Result<std::optional<std::string>> SqlTx<Sql>::DeliverySession(const std::string& tenant_id,
+                                                               const std::string& channel_id,
+                                                               const std::string& delivery_id) {
+  static const std::string kSql =
+      "SELECT session_id FROM channel_deliveries WHERE tenant_id=$1 AND channel_id=$2 AND "
+      "delivery_id=$3";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, channel_id, delivery_id));
+  KEEL_ASSIGN_OR_RETURN(bool found, r.Step());
+  if (!found) return std::optional<std::string>();
+  return std::optional<std::string>(r.Text(0));
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::InsertDelivery(const ChannelDelivery& d) {
+  static const std::string kSql =
+      "INSERT INTO channel_deliveries(tenant_id, channel_id, delivery_id, session_id, "
+      "created_at) VALUES($1,$2,$3,$4,$5) ON CONFLICT DO NOTHING";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(d.tenant_id));
+  return Inserted(
+      sql_.Exec(kSql, d.tenant_id, d.channel_id, d.delivery_id, d.session_id, d.created_at),
+      "the channel has taken delivery " + d.delivery_id + " already");
+}
+
 // ---- ScheduleStore
 
 template <typename Sql>

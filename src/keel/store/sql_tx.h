@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "keel/store/audit.h"
+#include "keel/store/channel_store.h"
 #include "keel/store/compaction_store.h"
 #include "keel/store/introspection_store.h"
 #include "keel/store/memory_store.h"
@@ -97,6 +98,7 @@ class SqlTx : public Tx,
               public UsageStore,
               public MemoryStore,
               public SkillStore,
+              public ChannelStore,
               public CompactionStore,
               public IntrospectionStore,
               public AgentStore,
@@ -117,6 +119,7 @@ class SqlTx : public Tx,
   UsageStore& usage() override { return *this; }
   MemoryStore& memory() override { return *this; }
   SkillStore& skills() override { return *this; }
+  ChannelStore& channels() override { return *this; }
   CompactionStore& compactions() override { return *this; }
   IntrospectionStore& introspection() override { return *this; }
   AgentStore& agents() override { return *this; }
@@ -296,6 +299,21 @@ class SqlTx : public Tx,
                                             const std::string& agent_id, bool with_files) override;
   Status SkillsForAgentLater(const std::string& tenant_id, const std::string& agent_id,
                              bool with_files, std::vector<Skill>& out) override;
+  // ChannelStore
+  Status InsertChannel(const Channel& c) override;
+  Status UpdateChannel(const Channel& c) override;
+  Result<Channel> GetChannel(const std::string& tenant_id, const std::string& id) override;
+  Result<Paged<Channel>> ListChannels(const std::string& tenant_id, const std::string& agent_id,
+                                      const Page& page) override;
+  Status DeleteChannel(const std::string& tenant_id, const std::string& id) override;
+  Result<std::optional<std::string>> ConversationSession(const std::string& tenant_id,
+                                                         const std::string& channel_id,
+                                                         const std::string& conversation) override;
+  Status InsertConversation(const ChannelConversation& c) override;
+  Result<std::optional<std::string>> DeliverySession(const std::string& tenant_id,
+                                                     const std::string& channel_id,
+                                                     const std::string& delivery_id) override;
+  Status InsertDelivery(const ChannelDelivery& d) override;
   // CompactionStore
   Status InsertCompaction(const Compaction& c) override;
   Status LatestCompactionLater(const std::string& tenant_id, const std::string& session_id,

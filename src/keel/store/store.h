@@ -27,6 +27,7 @@ class ScheduleStore;  // schedule_store.h
 class UsageStore;  // usage_store.h
 class MemoryStore;  // memory_store.h
 class SkillStore;       // skill_store.h
+class ChannelStore;     // channel_store.h
 class CompactionStore;     // compaction_store.h
 class IntrospectionStore;  // introspection_store.h
 
@@ -417,6 +418,7 @@ class Tx {
   virtual UsageStore& usage() = 0;
   virtual MemoryStore& memory() = 0;
   virtual SkillStore& skills() = 0;
+  virtual ChannelStore& channels() = 0;
   virtual CompactionStore& compactions() = 0;
   virtual IntrospectionStore& introspection() = 0;
   virtual AgentStore& agents() = 0;

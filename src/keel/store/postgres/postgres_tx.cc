@@ -76,6 +76,14 @@ Result<Token> PostgresTx::FindActiveTokenByHash(const std::string& hash) {
   return One<Token>(rows, ReadToken<Row>, "token not found");
 }
 
+// ---- ChannelStore
+
+Result<std::string> PostgresTx::ChannelTenant(const std::string& id) {
+  KEEL_ASSIGN_OR_RETURN(auto rows, conn_.Query("SELECT keel_channel_tenant($1)", P(id)));
+  if (rows.empty() || rows.IsNull(0, 0)) return NotFound("channel not found: " + id);
+  return rows.Text(0, 0);
+}
+
 // ---- RunStore
 
 Result<int64_t> PostgresTx::CountQueuedRuns() {

@@ -92,6 +92,8 @@ class PostgresTx final : public SqlTx<PgSql> {
   Result<std::vector<Tenant>> ListTenants() override;
   // TokenStore
   Result<Token> FindActiveTokenByHash(const std::string& hash) override;
+  // ChannelStore
+  Result<std::string> ChannelTenant(const std::string& id) override;
   // RunStore
   Result<int64_t> CountQueuedRuns() override;
   Result<std::vector<NodeInfo>> ListNodes(Millis within_ms) override;

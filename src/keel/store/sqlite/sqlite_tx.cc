@@ -50,6 +50,16 @@ Result<Token> SqliteTx::FindActiveTokenByHash(const std::string& hash) {
   return One<Token>(s, ReadToken<Stmt>, "token not found");
 }
 
+// ---- ChannelStore
+
+Result<std::string> SqliteTx::ChannelTenant(const std::string& id) {
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare("SELECT tenant_id FROM channels WHERE id=?"));
+  s.BindAll(id);
+  KEEL_ASSIGN_OR_RETURN(bool found, s.Step());
+  if (!found) return NotFound("channel not found: " + id);
+  return s.Text(0);
+}
+
 // ---- RunStore
 
 Result<int64_t> SqliteTx::CountQueuedRuns() {

@@ -33,6 +33,8 @@ class SqliteTx final : public SqlTx<SqliteSql> {
   Result<std::vector<Tenant>> ListTenants() override;
   // TokenStore
   Result<Token> FindActiveTokenByHash(const std::string& hash) override;
+  // ChannelStore
+  Result<std::string> ChannelTenant(const std::string& id) override;
   // RunStore
   Result<int64_t> CountQueuedRuns() override;
   Result<std::vector<NodeInfo>> ListNodes(Millis within_ms) override;

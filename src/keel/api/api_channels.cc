@@ -1,0 +1,349 @@
+// Channels (docs/CHANNELS.md): an agent's bindings to the places messages come from, and the
+// webhook ingress. Owners create, change and delete channels; owners and users read them. A
+// delivery to POST /v1/hooks/{id} carries no token: its signature, under the channel's signing
+// secret, is its authentication, checked before anything of the body is read or written.
+
+#include "keel/api/api.h"
+#include "keel/api/render.h"
+#include "keel/channels/webhook.h"
+#include "keel/common/ids.h"
+#include "keel/common/time.h"
+#include "keel/runs/open_session.h"
+#include "keel/runtime/intake.h"
+#include "keel/runtime/runtime.h"
+#include "keel/secrets/vault.h"
+#include "keel/store/async.h"
+#include "keel/store/channel_store.h"
+#include "keel/store/row_images.h"
+#include "keel/store/store.h"
+
+namespace keel::api {
+
+namespace asio = boost::asio;
+using http::Request;
+using http::Response;
+
+namespace {
+
+// The longest webhook-id taken: it becomes the message's idempotency key after "webhook:".
+constexpr size_t kMaxWebhookId = 200;
+
+Json ChannelJson(const store::Channel& c) {
+  auto settings = ParseJson(c.settings);
+  return {{"id", c.id},
+          {"agent_id", c.agent_id},
+          {"kind", c.kind},
+          {"name", c.name},
+          {"enabled", c.enabled},
+          {"settings", settings.ok() ? *settings : Json::object()},
+          {"url", "/v1/hooks/" + c.id},
+          {"created_by", c.created_by},
+          {"created_at", FormatRfc3339(c.created_at)},
+          {"updated_at", FormatRfc3339(c.updated_at)}};
+}
+
+Status CheckName(const std::string& name) {
+  bool ok = !name.empty() && name.size() <= 64;
+  for (char c : name) {
+    ok = ok && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                c == '_' || c == '-' || c == '.');
+  }
+  if (!ok) {
+    return InvalidArgument("name must be 1 to 64 letters, digits, '_', '-' or '.', got '" +
+                           name.substr(0, 64) + "'");
+  }
+  return Status::Ok();
+}
+
+// The settings of a channel of `kind`, checked, as stored.
+Result<std::string> SettingsText(const std::string& kind, const Json& settings) {
+  if (kind != "webhook") {
+    return InvalidArgument(
+        "kind must be 'webhook' (signed HTTP deliveries to POST "
+        "/v1/hooks/{id}), got '" +
+        kind.substr(0, 32) + "'");
+  }
+  KEEL_ASSIGN_OR_RETURN(auto s, channels::ParseWebhookSettings(settings));
+  return DumpJson(channels::WebhookSettingsJson(s));
+}
+
+// Inside a unit: the channel's signing secret must exist (its value is not read here).
+Status SecretExists(store::Tx& tx, const std::string& tenant, const std::string& settings) {
+  auto parsed = ParseJson(settings);
+  if (!parsed.ok()) return parsed.status();
+  const std::string name = parsed->value("signing_secret", "");
+  auto found = tx.secrets().GetSecret(tenant, name);
+  if (found.status().code() == Code::kNotFound) {
+    return InvalidArgument("settings.signing_secret names no secret of this tenant: '" + name +
+                           "' (set it first: PUT /v1/secrets/" + name + ")");
+  }
+  return found.status();
+}
+
+// What a delivery needs of its channel, read in one unit.
+struct Delivery {
+  store::Channel channel;
+  channels::WebhookSettings settings;
+  std::string secret;
+};
+
+asio::awaitable<Result<Delivery>> ReadDelivery(ApiContext& ctx, const std::string& id) {
+  Delivery d;
+  Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(std::string tenant, tx.channels().ChannelTenant(id));
+    KEEL_ASSIGN_OR_RETURN(d.channel, tx.channels().GetChannel(tenant, id));
+    if (!d.channel.enabled) return NotFound("channel not found: " + id);
+    KEEL_ASSIGN_OR_RETURN(auto settings, ParseJson(d.channel.settings));
+    KEEL_ASSIGN_OR_RETURN(d.settings, channels::ParseWebhookSettings(settings));
+    auto secret = ctx.vault.Get(tx, tenant, d.settings.signing_secret);
+    if (secret.status().code() == Code::kNotFound) {
+      // The caller is not authenticated yet: it learns that the channel cannot check
+      // signatures, not the secret's name.
+      return Unavailable(
+          "this channel cannot check signatures now (its signing secret is "
+          "missing); its owner can see why");
+    }
+    KEEL_ASSIGN_OR_RETURN(d.secret, std::move(secret));
+    return Status::Ok();
+  });
+  if (!st.ok()) co_return st;
+  co_return d;
+}
+
+// The session a delivery goes to, recorded with it: the one it went to before (a sender's
+// retry, whatever its body says now), else its conversation's, opened when new.
+asio::awaitable<Result<std::string>> SessionFor(ApiContext& ctx, const Delivery& d,
+                                                const std::string& delivery_id,
+                                                const std::string& conversation) {
+  const store::Channel& c = d.channel;
+  Result<std::string> out = Internal("no session");
+  // Twice at most: a unit that loses a race for the delivery (or the conversation) to another
+  // request fails with kConflict, and the next finds what that request recorded.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    std::string session_id;
+    auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
+      auto& channels = tx.channels();
+      KEEL_ASSIGN_OR_RETURN(auto went, channels.DeliverySession(c.tenant_id, c.id, delivery_id));
+      if (went) {
+        session_id = *went;
+        return Status::Ok();
+      }
+      const Millis now = NowMillis();
+      KEEL_ASSIGN_OR_RETURN(auto known,
+                            channels.ConversationSession(c.tenant_id, c.id, conversation));
+      if (known) {
+        session_id = *known;
+      } else {
+        KEEL_RETURN_IF_ERROR(tx.agents().GetAgent(c.tenant_id, c.agent_id).status());
+        store::Session session;
+        session.id = NewId();
+        session.tenant_id = c.tenant_id;
+        session.agent_id = c.agent_id;
+        session.title = conversation.empty() ? c.name : c.name + ": " + conversation.substr(0, 200);
+        session.created_by = c.created_by;
+        session.created_at = session.updated_at = now;
+        store::ChannelConversation row{c.tenant_id, c.id, conversation, session.id, now};
+        KEEL_RETURN_IF_ERROR(channels.InsertConversation(row));
+        tx.Carry("channel_conversations", store::RowImage(row));
+        KEEL_RETURN_IF_ERROR(runs::OpenSession(tx, session, "channel"));
+        session_id = session.id;
+      }
+      store::ChannelDelivery delivery{c.tenant_id, c.id, delivery_id, session_id, now};
+      KEEL_RETURN_IF_ERROR(channels.InsertDelivery(delivery));
+      tx.Carry("channel_deliveries", store::RowImage(delivery));
+      return tx.events().Append({c.tenant_id,
+                                 "channel.delivered@v1",
+                                 c.agent_id,
+                                 session_id,
+                                 "",
+                                 {{"channel_id", c.id}, {"delivery_id", delivery_id}}});
+    });
+    if (written.ok()) co_return session_id;
+    out = written.status();
+    if (written.status().code() != Code::kConflict) break;
+  }
+  co_return out;
+}
+
+asio::awaitable<Response> Deliver(ApiContext& ctx, Request& req) {
+  const std::string id = req.Param("id");
+  auto d = co_await ReadDelivery(ctx, id);
+  if (!d.ok()) co_return Response::Error(d.status());
+  // Authenticated before the body is parsed or anything is written.
+  const std::string webhook_id = req.Header("webhook-id");
+  Status signed_ok =
+      channels::VerifySignature(d->secret, webhook_id, req.Header("webhook-timestamp"),
+                                req.Header("webhook-signature"), req.body, NowMillis());
+  if (!signed_ok.ok()) co_return Response::Error(signed_ok);
+  for (char ch : webhook_id) {
+    if (ch < 0x21 || ch > 0x7e) signed_ok = InvalidArgument("webhook-id must be printable ASCII");
+  }
+  if (webhook_id.size() > kMaxWebhookId) {
+    signed_ok = InvalidArgument("webhook-id is longer than " + std::to_string(kMaxWebhookId) +
+                                " characters");
+  }
+  if (!signed_ok.ok()) co_return Response::Error(signed_ok);
+  auto body = ParseJson(req.body);
+  if (!body.ok()) co_return Response::Error(body.status());
+  auto content = channels::RenderMessage(d->settings.message_template, *body);
+  if (!content.ok()) co_return Response::Error(content.status());
+  auto conversation = channels::ConversationOf(d->settings.conversation, *body);
+  if (!conversation.ok()) co_return Response::Error(conversation.status());
+  auto session = co_await SessionFor(ctx, *d, webhook_id, *conversation);
+  if (!session.ok()) co_return Response::Error(session.status());
+  runtime::IntakeRequest intake;
+  intake.tenant_id = d->channel.tenant_id;
+  intake.session_id = *session;
+  intake.content = std::move(*content);
+  intake.idempotency_key = "webhook:" + webhook_id;
+  intake.requested_by = d->channel.created_by;
+  intake.caller_role = d->settings.role;
+  auto result = co_await ctx.runtime.PostMessage(intake);
+  if (!result.ok()) {
+    Response r = Response::Error(result.status());
+    const Code code = result.status().code();
+    if (code == Code::kRateLimited || code == Code::kUnavailable) r.headers["Retry-After"] = "1";
+    co_return r;
+  }
+  co_return Response::Json(result->replayed ? 200 : 202, {{"session_id", *session},
+                                                          {"message_id", result->message.id},
+                                                          {"run_id", result->run.id},
+                                                          {"replayed", result->replayed}});
+}
+
+}  // namespace
+
+void RegisterChannelRoutes(http::Router& router, ApiContext& ctx) {
+  router.Add("POST", "/v1/agents/{id}/channels", [&ctx](Request& req) -> asio::awaitable<Response> {
+    if (auto st = RequireOwner(req); !st.ok()) co_return Response::Error(st);
+    auto body = ParseJsonObject(req.body);
+    if (!body.ok()) co_return Response::Error(body.status());
+    if (auto st = CheckFields(*body, {"kind", "name", "settings", "enabled"}); !st.ok()) {
+      co_return Response::Error(st);
+    }
+    store::Channel c;
+    auto kind = ReqString(*body, "kind");
+    if (!kind.ok()) co_return Response::Error(kind.status());
+    auto name = ReqString(*body, "name");
+    if (!name.ok()) co_return Response::Error(name.status());
+    if (auto st = CheckName(*name); !st.ok()) co_return Response::Error(st);
+    auto settings = SettingsText(*kind, body->value("settings", Json::object()));
+    if (!settings.ok()) co_return Response::Error(settings.status());
+    if (body->contains("enabled") && !(*body)["enabled"].is_boolean()) {
+      co_return Response::Error(InvalidArgument("enabled must be true or false"));
+    }
+    c.id = NewId();
+    c.tenant_id = req.principal.tenant_id;
+    c.agent_id = req.Param("id");
+    c.kind = *kind;
+    c.name = *name;
+    c.settings = *settings;
+    c.enabled = body->value("enabled", true);
+    c.created_by = req.principal.token_id;
+    c.created_at = c.updated_at = NowMillis();
+    auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
+      KEEL_RETURN_IF_ERROR(tx.agents().GetAgent(c.tenant_id, c.agent_id).status());
+      KEEL_RETURN_IF_ERROR(SecretExists(tx, c.tenant_id, c.settings));
+      KEEL_RETURN_IF_ERROR(tx.channels().InsertChannel(c));
+      tx.Carry("channels", store::RowImage(c));
+      return tx.events().Append({c.tenant_id,
+                                 "channel.created@v1",
+                                 c.agent_id,
+                                 "",
+                                 "",
+                                 {{"channel_id", c.id}, {"kind", c.kind}, {"name", c.name}}});
+    });
+    if (!written.ok()) co_return Response::Error(written.status());
+    co_return Response::Json(201, ChannelJson(c));
+  });
+
+  router.Add("GET", "/v1/agents/{id}/channels", [&ctx](Request& req) -> asio::awaitable<Response> {
+    if (auto st = RequireMember(req, "see channels"); !st.ok()) co_return Response::Error(st);
+    auto page = PageOf(req);
+    if (!page.ok()) co_return Response::Error(page.status());
+    store::Paged<store::Channel> found;
+    Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
+      const std::string& tenant = req.principal.tenant_id;
+      KEEL_RETURN_IF_ERROR(tx.agents().GetAgent(tenant, req.Param("id")).status());
+      KEEL_ASSIGN_OR_RETURN(found, tx.channels().ListChannels(tenant, req.Param("id"), *page));
+      return Status::Ok();
+    });
+    if (!st.ok()) co_return Response::Error(st);
+    co_return Response::Json(200, ListJson(found, ChannelJson));
+  });
+
+  router.Add("GET", "/v1/channels/{id}", [&ctx](Request& req) -> asio::awaitable<Response> {
+    if (auto st = RequireMember(req, "see channels"); !st.ok()) co_return Response::Error(st);
+    store::Channel c;
+    Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(c, tx.channels().GetChannel(req.principal.tenant_id, req.Param("id")));
+      return Status::Ok();
+    });
+    if (!st.ok()) co_return Response::Error(st);
+    co_return Response::Json(200, ChannelJson(c));
+  });
+
+  router.Add("PATCH", "/v1/channels/{id}", [&ctx](Request& req) -> asio::awaitable<Response> {
+    if (auto st = RequireOwner(req); !st.ok()) co_return Response::Error(st);
+    auto body = ParseJsonObject(req.body);
+    if (!body.ok()) co_return Response::Error(body.status());
+    if (auto st = CheckFields(*body, {"name", "settings", "enabled"}); !st.ok()) {
+      co_return Response::Error(st);
+    }
+    std::optional<std::string> name;
+    if (body->contains("name")) {
+      auto n = ReqString(*body, "name");
+      if (!n.ok()) co_return Response::Error(n.status());
+      if (auto st = CheckName(*n); !st.ok()) co_return Response::Error(st);
+      name = *n;
+    }
+    if (body->contains("enabled") && !(*body)["enabled"].is_boolean()) {
+      co_return Response::Error(InvalidArgument("enabled must be true or false"));
+    }
+    std::optional<Json> settings;
+    if (body->contains("settings")) settings = (*body)["settings"];
+    store::Channel c;
+    auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(c, tx.channels().GetChannel(req.principal.tenant_id, req.Param("id")));
+      if (name) c.name = *name;
+      if (body->contains("enabled")) c.enabled = (*body)["enabled"].get<bool>();
+      if (settings) {
+        KEEL_ASSIGN_OR_RETURN(c.settings, SettingsText(c.kind, *settings));
+        KEEL_RETURN_IF_ERROR(SecretExists(tx, c.tenant_id, c.settings));
+      }
+      c.updated_at = NowMillis();
+      KEEL_RETURN_IF_ERROR(tx.channels().UpdateChannel(c));
+      tx.Carry("channels", store::RowImage(c));
+      return tx.events().Append({c.tenant_id,
+                                 "channel.updated@v1",
+                                 c.agent_id,
+                                 "",
+                                 "",
+                                 {{"channel_id", c.id}, {"enabled", c.enabled}}});
+    });
+    if (!written.ok()) co_return Response::Error(written.status());
+    co_return Response::Json(200, ChannelJson(c));
+  });
+
+  router.Add("DELETE", "/v1/channels/{id}", [&ctx](Request& req) -> asio::awaitable<Response> {
+    if (auto st = RequireOwner(req); !st.ok()) co_return Response::Error(st);
+    const std::string tenant = req.principal.tenant_id;
+    const std::string id = req.Param("id");
+    auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(auto c, tx.channels().GetChannel(tenant, id));
+      KEEL_RETURN_IF_ERROR(tx.channels().DeleteChannel(tenant, id));
+      tx.Carry("channels", store::DeletedImage({{"tenant_id", tenant}, {"id", id}}));
+      return tx.events().Append(
+          {tenant, "channel.deleted@v1", c.agent_id, "", "", {{"channel_id", id}}});
+    });
+    if (!written.ok()) co_return Response::Error(written.status());
+    co_return Response::NoContent();
+  });
+
+  router.Add(
+      "POST", "/v1/hooks/{id}",
+      [&ctx](Request& req) -> asio::awaitable<Response> { co_return co_await Deliver(ctx, req); },
+      /*requires_auth=*/false);
+}
+
+}  // namespace keel::api
