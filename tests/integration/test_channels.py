@@ -505,6 +505,41 @@ class ValidationTest(ChannelCase):
                          "not_found")
 
 
+class PluginTest(ChannelCase):
+    def test_channel_message_in_rewrites_or_drops_a_delivery(self):
+        """channel.message.in@v1: the agent's plugins see each delivery's message before it is
+        posted; a rewrite is what the session gets, a drop posts nothing and records nothing."""
+        t = self.t
+        key = os.urandom(32)
+        t.ok("PUT", "/v1/secrets/PLUG_HOOK", {"value": "whsec_" + base64.b64encode(key).decode()})
+        agent = t.ok("POST", "/v1/agents", {"name": unique_name("plug"), "model": "local"},
+                     expect=201)
+        ch = t.ok("POST", "/v1/agents/%s/channels" % agent["id"], {
+            "kind": "webhook", "name": "plugged",
+            "settings": {"signing_secret": "PLUG_HOOK", "template": "{{/text}}"}}, expect=201)
+        source = """
+ctx.bus.on('channel.message.in@v1', function(m)
+  if m.channel_id ~= '%s' or m.kind ~= 'webhook' then error('not this channel') end
+  if string.find(m.content, 'spam') then m.drop = true
+  else m.content = 'via ' .. m.delivery_id .. ': ' .. string.upper(m.content) end
+  return m
+end)""" % ch["id"]
+        t.ok("POST", "/v1/plugins", {
+            "manifest": {"id": "inbound", "name": "Inbound", "version": "1.0.0", "kind": "lua",
+                         "events": ["channel.message.in@v1"]},
+            "source": source}, expect=201)
+        t.ok("POST", "/v1/plugins/inbound/enable", {"agent_id": agent["id"]})
+        first = self.accepted(t.deliver(ch, key, {"text": "hello"}, msg_id="m-1"))
+        self.assertEqual([c for r, c in t.messages(first["session_id"]) if r == "user"],
+                         ["via m-1: HELLO"])
+        mark = t.ok("GET", "/v1/events?order=desc&limit=1")["items"][0]["position"]
+        st, body, _ = t.deliver(ch, key, {"text": "buy spam now"}, msg_id="m-2")
+        self.assertEqual((st, body), (200, {"dropped": True, "replayed": False}))
+        new = t.ok("GET", "/v1/events?after=%d&limit=20" % mark)["items"]
+        self.assertEqual([e["type"] for e in new], [], "a dropped delivery wrote events")
+        self.assertEqual(len([c for r, c in t.messages(first["session_id"]) if r == "user"]), 1)
+
+
 class CliTest(ChannelCase):
     def keel(self, *args, token=None):
         env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_")}

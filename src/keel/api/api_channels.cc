@@ -189,12 +189,25 @@ asio::awaitable<Response> Deliver(ApiContext& ctx, Request& req) {
   if (!content.ok()) co_return Response::Error(content.status());
   auto conversation = channels::ConversationOf(d->settings.conversation, *body);
   if (!conversation.ok()) co_return Response::Error(conversation.status());
+  // The agent's plugins may rewrite the message or drop the delivery (nothing is recorded of
+  // a dropped one: a retry is judged again).
+  Json in = {{"agent_id", d->channel.agent_id},
+             {"channel_id", d->channel.id},
+             {"kind", d->channel.kind},
+             {"conversation", *conversation},
+             {"delivery_id", webhook_id},
+             {"content", std::move(*content)},
+             {"drop", false}};
+  auto kept = co_await ctx.runtime.ChannelMessageIn(d->channel.tenant_id, d->channel.agent_id,
+                                                    std::move(in));
+  if (!kept.ok()) co_return Response::Error(kept.status());
+  if (!*kept) co_return Response::Json(200, {{"dropped", true}, {"replayed", false}});
   auto session = co_await SessionFor(ctx, *d, webhook_id, *conversation);
   if (!session.ok()) co_return Response::Error(session.status());
   runtime::IntakeRequest intake;
   intake.tenant_id = d->channel.tenant_id;
   intake.session_id = *session;
-  intake.content = std::move(*content);
+  intake.content = std::move(**kept);
   intake.idempotency_key = "webhook:" + webhook_id;
   intake.requested_by = d->channel.created_by;
   intake.caller_role = d->settings.role;

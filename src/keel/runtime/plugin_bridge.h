@@ -97,6 +97,10 @@ class PluginBridge {
   // failure only costs the event.
   boost::asio::awaitable<void> EmitFor(std::string tenant_id, std::string agent_id,
                                        std::string family, Json payload);
+  // channel.message.in@v1 (Runtime::ChannelMessageIn).
+  boost::asio::awaitable<Result<std::optional<std::string>>> ChannelMessageIn(std::string tenant_id,
+                                                                              std::string agent_id,
+                                                                              Json payload);
   // The agent was deleted: drops its plugins on this node and emits agent.stopped@v1.
   boost::asio::awaitable<void> ForgetAgent(std::string agent_id);
 

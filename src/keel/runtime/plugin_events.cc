@@ -302,4 +302,34 @@ asio::awaitable<void> PluginBridge::ToolAfter(const tools::CallRecord& r) {
   }
 }
 
+asio::awaitable<Result<std::optional<std::string>>> PluginBridge::ChannelMessageIn(
+    std::string tenant_id, std::string agent_id, Json payload) {
+  // The request body limit's default: a rewrite may not make more of a message than a client
+  // may send (as for session.message.received@v1).
+  constexpr size_t kMaxRewritten = 1 << 20;
+  std::string content = payload.value("content", "");
+  auto found = co_await PluginsOf(std::move(tenant_id), std::move(agent_id));
+  if (!found.ok()) co_return found.status();
+  std::shared_ptr<plugins::AgentPlugins> plugins = std::move(found).value();
+  if (!plugins->Wants("channel.message.in")) co_return std::optional<std::string>(content);
+  auto out = co_await Emit(plugins, "channel.message.in", std::move(payload));
+  if (out.abort) {
+    co_return InvalidArgument("plugin " + out.abort->plugin_id +
+                              " refused the message: " + out.abort->message);
+  }
+  if (out.payload.value("drop", false) == true) co_return std::optional<std::string>();
+  const Json& c = out.payload.contains("content") ? out.payload["content"] : Json();
+  if (c.is_string() && !c.get_ref<const std::string&>().empty()) {
+    const size_t most = std::max(content.size(), kMaxRewritten);
+    if (c.get_ref<const std::string&>().size() > most) {
+      co_return InvalidArgument("the agent's plugins rewrote the message to " +
+                                std::to_string(c.get_ref<const std::string&>().size()) +
+                                " bytes; a rewritten message may have at most " +
+                                std::to_string(most) + " bytes");
+    }
+    content = c.get<std::string>();
+  }
+  co_return std::optional<std::string>(std::move(content));
+}
+
 }  // namespace keel::runtime
