@@ -490,7 +490,13 @@ class ValidationTest(ChannelCase):
             self.assertError(t.request("POST", path, b), 400, "invalid_argument", what)
         self.assertError(t.request("POST", path, raw_body="{nope"), 400, "invalid_argument")
         self.assertError(t.request("POST", path, body(name="github")), 409, "conflict", "dup")
-        other = t.ok("POST", path, body(name="gitlab"), expect=201)
+        # One secret signs one channel: a delivery to one could be replayed to another.
+        self.assertError(t.request("POST", path, body(name="gitlab")), 409, "conflict", "shared")
+        second, _ = t.secret()
+        other = t.ok("POST", path, body(name="gitlab", settings={"signing_secret": second}),
+                     expect=201)
+        self.assertError(t.request("PATCH", "/v1/channels/" + other["id"],
+                                   {"settings": {"signing_secret": name}}), 409, "conflict")
         one = "/v1/channels/" + other["id"]
         for what, b in (("rename to a taken name", {"name": "github"}),
                         ("a missing secret", {"settings": {"signing_secret": "NO_SUCH"}}),
@@ -503,6 +509,96 @@ class ValidationTest(ChannelCase):
         self.assertEqual(sorted(c["id"] for c in items), sorted([good["id"], other["id"]]))
         self.assertError(t.request("GET", "/v1/agents/%s/channels" % "no-such-agent"), 404,
                          "not_found")
+
+
+class HardeningTest(ChannelCase):
+    """What an attack review of the first version found, each refused with nothing written."""
+
+    def setUp(self):
+        super().setUp()
+        self.name, self.key = self.t.secret()
+        self.agent = self.server.create_agent(token=self.t.token)
+
+    def channel(self, token=None, **settings):
+        return self.t.ok("POST", "/v1/agents/%s/channels" % self.agent["id"], {
+            "kind": "webhook", "name": unique_name("h"),
+            "settings": dict({"signing_secret": self.name}, **settings)},
+            expect=201, token=token)
+
+    def mark(self):
+        return self.t.ok("GET", "/v1/events?order=desc&limit=1")["items"][0]["position"]
+
+    def assertNoEvents(self, mark, what):
+        new = self.t.ok("GET", "/v1/events?after=%d&limit=20" % mark)["items"]
+        self.assertEqual([e["type"] for e in new], [], what)
+
+    def test_a_revoked_creators_channel_takes_no_delivery(self):
+        t = self.t
+        token, token_id = t.new_token("owner")
+        ch = self.channel(token=token)
+        self.accepted(t.deliver(ch, self.key, {"x": 1}))
+        t.ok("DELETE", "/v1/tokens/" + token_id)
+        mark = self.mark()
+        self.assertError(t.deliver(ch, self.key, {"x": 2}), 403, "permission_denied")
+        self.assertNoEvents(mark, "a delivery to a revoked creator's channel")
+        shown = t.ok("GET", "/v1/channels/" + ch["id"])
+        self.assertEqual(shown["status"], "error")
+        self.assertIn("was revoked", shown["error"])
+        # Unsigned, it is 401 as for any channel: the suspension is told only to the signer.
+        self.assertError(t.deliver(ch, os.urandom(32), {"x": 3}), 401, "unauthenticated")
+
+    def test_clients_may_not_take_a_deliverys_idempotency_key(self):
+        t = self.t
+        ch = self.channel()
+        first = self.accepted(t.deliver(ch, self.key, {"x": 1}))
+        st, body, _ = self.server.post_message(first["session_id"], "attacker text",
+                                               idempotency_key="webhook:evt_42",
+                                               token=t.token)
+        self.assertEqual(st, 400, body)
+        later = self.accepted(t.deliver(ch, self.key, {"x": 2}, msg_id="evt_42"))
+        self.assertNotIn("attacker text", [c for _, c in t.messages(later["session_id"])])
+
+    def test_a_template_cannot_make_a_message_past_the_request_limit(self):
+        ch = self.channel(template="{{/a}}" * 64)
+        mark = self.mark()
+        st, body, _ = self.t.deliver(ch, self.key, {"a": "x" * 20000})
+        self.assertEqual(st, 400, body)
+        self.assertIn("longer than 1048576 bytes", body["error"]["message"])
+        self.assertNoEvents(mark, "an oversized message")
+
+    def test_a_long_non_ascii_conversation_opens_a_session_with_a_whole_title(self):
+        ch = self.channel(conversation="/c")
+        conv = "a" * 199 + "\u00e9\u00e9"
+        got = self.accepted(self.t.deliver(ch, self.key, {"c": conv}))
+        title = self.t.ok("GET", "/v1/sessions/" + got["session_id"])["title"]
+        self.assertTrue(title.endswith("a" * 10), title)
+        self.assertNotIn("\ufffd", title)
+        again = self.accepted(self.t.deliver(ch, self.key, {"c": conv}))
+        self.assertEqual(again["session_id"], got["session_id"])
+
+    def test_nul_bodies_and_deleted_agents_write_nothing(self):
+        t = self.t
+        ch = self.channel(conversation="/c")
+        mark = self.mark()
+        st, body, _ = t.deliver(ch, self.key, raw=b'{"a": "hi\\u0000there", "c": "n1"}')
+        self.assertEqual(st, 400, body)
+        self.assertError(t.deliver(ch, self.key, raw=b'["an", "array"]'), 400,
+                         "invalid_argument")
+        self.assertNoEvents(mark, "a NUL in a delivery")
+        t.ok("DELETE", "/v1/agents/" + self.agent["id"])
+        mark = self.mark()
+        for _ in range(3):
+            self.assertError(t.deliver(ch, self.key, {"c": "n2"}), 404, "not_found")
+        self.assertNoEvents(mark, "deliveries to a deleted agent's channel")
+        self.assertEqual(t.ok("GET", "/v1/channels/" + ch["id"])["status"], "error")
+
+    def test_headers_are_checked_before_the_channel_is_read(self):
+        # No channel by that id: a delivery without its headers is told so, not "not found".
+        st, body, _ = self.server.request("POST", "/v1/hooks/no-such-channel", token=None,
+                                          raw_body=b"{}")
+        self.assertEqual(st, 401, body)
+        self.assertError(self.t.deliver({"url": "/v1/hooks/no-such-channel"}, self.key, {}),
+                         404, "not_found")
 
 
 class PluginTest(ChannelCase):

@@ -319,7 +319,9 @@ class RebuildTest(KeelTestCase):
     def channels(self, t, aid):
         """Webhook channels: created, changed, delivered to (once again as a retry), deleted."""
         key = os.urandom(32)
-        t.ok("PUT", "/v1/secrets/hook", {"value": "whsec_" + base64.b64encode(key).decode()})
+        for name in ("kept", "gone"):  # a secret signs one channel
+            t.ok("PUT", "/v1/secrets/hook-" + name,
+                 {"value": "whsec_" + base64.b64encode(key).decode()})
 
         def deliver(channel, delivery_id, body):
             raw = json.dumps(body).encode()
@@ -332,9 +334,9 @@ class RebuildTest(KeelTestCase):
             self.assertIn(st, (200, 202), out)
             self.server.wait_run(out["run_id"], token=t.token)
 
-        settings = {"signing_secret": "hook", "template": "hook: {{/text}}",
-                    "conversation": "/thread"}
         for name in ("kept", "gone"):
+            settings = {"signing_secret": "hook-" + name, "template": "hook: {{/text}}",
+                        "conversation": "/thread"}
             channel = t.ok("POST", "/v1/agents/%s/channels" % aid,
                            {"kind": "webhook", "name": name, "settings": settings}, expect=201)
             deliver(channel, name + "-1", {"text": "one", "thread": "a"})

@@ -51,8 +51,17 @@ TEST(WebhookSignatureTest, RefusesEveryChangeOfWhatIsSigned) {
     EXPECT_EQ(VerifySignature(kSecret, kId, ts, kSignature, kBody, kThen).code(), kUnauth) << ts;
   }
   EXPECT_EQ(VerifySignature(kSecret, "", kTimestamp, kSignature, kBody, kThen).code(), kUnauth);
-  // A whsec_ secret whose rest is not base64 is the channel's fault, not the caller's.
+  // A whsec_ secret whose rest is not base64, or a key shorter than 16 bytes, is the channel's
+  // fault, not the caller's.
   EXPECT_EQ(Verify(kSignature, kThen, kBody, kId, "whsec_!!!").code(), Code::kUnavailable);
+  EXPECT_EQ(Verify(kSignature, kThen, kBody, kId, "fifteen-bytes!!").code(), Code::kUnavailable);
+  EXPECT_EQ(
+      Verify(kSignature, kThen, kBody, kId, "whsec_" + std::string("AAAAAAAAAAAAAAAAAAAA")).code(),
+      Code::kUnavailable);  // 15 bytes
+  // The checks without a key alone.
+  EXPECT_TRUE(CheckDeliveryHeaders(kId, kTimestamp, "v1,x", kThen).ok());
+  EXPECT_EQ(CheckDeliveryHeaders(kId, kTimestamp, "", kThen).code(), kUnauth);
+  EXPECT_EQ(CheckDeliveryHeaders(kId, "x", "v1,x", kThen).code(), kUnauth);
 }
 
 TEST(WebhookSettingsTest, DefaultsAndChecks) {
@@ -105,6 +114,10 @@ TEST(WebhookTemplateTest, FillsPointersOnceAndNamesWhatIsMissing) {
   }
   EXPECT_EQ(RenderMessage("{{/sender}}", Json{{"sender", ""}}).status().code(),
             Code::kInvalidArgument);  // an empty message
+  // Placeholders repeat values: the message is bounded, not only the body.
+  Json big = {{"a", std::string(kMaxMessageBytes / 4 + 1, 'x')}};
+  EXPECT_TRUE(RenderMessage("{{/a}}{{/a}}{{/a}}", big).ok());
+  EXPECT_EQ(RenderMessage("{{/a}}{{/a}}{{/a}}{{/a}}", big).status().code(), Code::kInvalidArgument);
 }
 
 TEST(WebhookConversationTest, StringsAndNumbersOnly) {

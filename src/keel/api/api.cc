@@ -186,6 +186,15 @@ Status CheckFields(const Json& body, std::initializer_list<std::string_view> fie
   return Status::Ok();
 }
 
+Status CheckClientIdempotencyKey(const std::string& key) {
+  if (key.rfind("webhook:", 0) == 0) {
+    return InvalidArgument(
+        "Idempotency-Key values starting with 'webhook:' are kept for "
+        "channel deliveries");
+  }
+  return Status::Ok();
+}
+
 Status RequireMember(const http::Request& req, const std::string& what) {
   if (req.principal.role == "guest") {
     return PermissionDenied("guests may not " + what + "; this needs an owner or user token");

@@ -3,6 +3,7 @@
 // delivery to POST /v1/hooks/{id} carries no token: its signature, under the channel's signing
 // secret, is its authentication, checked before anything of the body is read or written.
 
+#include "keel/access/access.h"
 #include "keel/api/api.h"
 #include "keel/api/render.h"
 #include "keel/channels/webhook.h"
@@ -28,13 +29,68 @@ namespace {
 // The longest webhook-id taken: it becomes the message's idempotency key after "webhook:".
 constexpr size_t kMaxWebhookId = 200;
 
-Json ChannelJson(const store::Channel& c) {
+// What keeps an enabled channel from taking deliveries, "" for nothing. Read with the channel,
+// so that its owner sees why deliveries fail (a delivery tells its sender nothing of it).
+Result<std::string> ChannelProblem(store::Tx& tx, const store::Channel& c) {
+  auto settings = ParseJson(c.settings);
+  if (!settings.ok()) return std::string("its settings are not JSON");
+  const std::string name = settings->value("signing_secret", "");
+  auto found = tx.secrets().GetSecret(c.tenant_id, name);
+  if (found.status().code() == Code::kNotFound) {
+    return "its signing secret '" + name + "' is missing: set it (PUT /v1/secrets/" + name +
+           ") or name another";
+  }
+  if (!found.ok()) return found.status();
+  auto agent = tx.agents().GetAgent(c.tenant_id, c.agent_id);
+  if (agent.status().code() == Code::kNotFound || (agent.ok() && agent->status == "deleted")) {
+    return std::string("its agent was deleted");
+  }
+  if (!agent.ok()) return agent.status();
+  KEEL_ASSIGN_OR_RETURN(bool revoked, access::Revoked(tx, c.tenant_id, c.created_by));
+  if (revoked) {
+    return "the token that created it (" + c.created_by +
+           ") was revoked, and its runs would act for that token: delete the channel and "
+           "create it again with an active token";
+  }
+  return std::string();
+}
+
+// Inside a unit: kConflict when another channel of the tenant is signed with `secret`, so that
+// a delivery to one channel cannot be replayed to another (a signature covers only the
+// delivery's id, time and body).
+Status SecretFree(store::Tx& tx, const std::string& tenant, const std::string& settings,
+                  const std::string& except_id) {
+  auto parsed = ParseJson(settings);
+  if (!parsed.ok()) return parsed.status();
+  const std::string secret = parsed->value("signing_secret", "");
+  store::Page page{"", 500};
+  do {
+    KEEL_ASSIGN_OR_RETURN(auto found, tx.channels().ListChannels(tenant, "", page));
+    for (const auto& c : found.items) {
+      auto other = ParseJson(c.settings);
+      if (c.id != except_id && other.ok() && other->value("signing_secret", "") == secret) {
+        return Conflict("secret '" + secret + "' signs channel " + c.name + " (" + c.id +
+                        ") already: give each channel its own secret, so that a delivery to "
+                        "one cannot be replayed to another");
+      }
+    }
+    page.cursor = found.next_cursor;
+  } while (!page.cursor.empty());
+  return Status::Ok();
+}
+
+// `problem`: ChannelProblem's.
+Json ChannelJson(const store::Channel& c, const std::string& problem) {
   auto settings = ParseJson(c.settings);
   return {{"id", c.id},
           {"agent_id", c.agent_id},
           {"kind", c.kind},
           {"name", c.name},
           {"enabled", c.enabled},
+          {"status", !c.enabled        ? "disabled"
+                     : problem.empty() ? "ready"
+                                       : "error"},
+          {"error", c.enabled ? problem : std::string()},
           {"settings", settings.ok() ? *settings : Json::object()},
           {"url", "/v1/hooks/" + c.id},
           {"created_by", c.created_by},
@@ -85,6 +141,7 @@ struct Delivery {
   store::Channel channel;
   channels::WebhookSettings settings;
   std::string secret;
+  std::string suspended;  // why an authenticated delivery is refused all the same ("" for none)
 };
 
 asio::awaitable<Result<Delivery>> ReadDelivery(ApiContext& ctx, const std::string& id) {
@@ -93,6 +150,12 @@ asio::awaitable<Result<Delivery>> ReadDelivery(ApiContext& ctx, const std::strin
     KEEL_ASSIGN_OR_RETURN(std::string tenant, tx.channels().ChannelTenant(id));
     KEEL_ASSIGN_OR_RETURN(d.channel, tx.channels().GetChannel(tenant, id));
     if (!d.channel.enabled) return NotFound("channel not found: " + id);
+    KEEL_ASSIGN_OR_RETURN(auto agent, tx.agents().GetAgent(tenant, d.channel.agent_id));
+    if (agent.status == "deleted") return NotFound("channel not found: " + id);
+    KEEL_ASSIGN_OR_RETURN(bool revoked, access::Revoked(tx, tenant, d.channel.created_by));
+    if (revoked) {
+      d.suspended = "this channel is suspended: the token that created it was revoked";
+    }
     KEEL_ASSIGN_OR_RETURN(auto settings, ParseJson(d.channel.settings));
     KEEL_ASSIGN_OR_RETURN(d.settings, channels::ParseWebhookSettings(settings));
     auto secret = ctx.vault.Get(tx, tenant, d.settings.signing_secret);
@@ -123,6 +186,9 @@ asio::awaitable<Result<std::string>> SessionFor(ApiContext& ctx, const Delivery&
     std::string session_id;
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
       auto& channels = tx.channels();
+      // Deleted or disabled since the delivery's read: as if it had been before.
+      KEEL_ASSIGN_OR_RETURN(auto now_is, channels.GetChannel(c.tenant_id, c.id));
+      if (!now_is.enabled) return NotFound("channel not found: " + c.id);
       KEEL_ASSIGN_OR_RETURN(auto went, channels.DeliverySession(c.tenant_id, c.id, delivery_id));
       if (went) {
         session_id = *went;
@@ -139,7 +205,8 @@ asio::awaitable<Result<std::string>> SessionFor(ApiContext& ctx, const Delivery&
         session.id = NewId();
         session.tenant_id = c.tenant_id;
         session.agent_id = c.agent_id;
-        session.title = conversation.empty() ? c.name : c.name + ": " + conversation.substr(0, 200);
+        session.title =
+            conversation.empty() ? c.name : c.name + ": " + TruncateUtf8(conversation, 200);
         session.created_by = c.created_by;
         session.created_at = session.updated_at = now;
         store::ChannelConversation row{c.tenant_id, c.id, conversation, session.id, now};
@@ -167,10 +234,16 @@ asio::awaitable<Result<std::string>> SessionFor(ApiContext& ctx, const Delivery&
 
 asio::awaitable<Response> Deliver(ApiContext& ctx, Request& req) {
   const std::string id = req.Param("id");
+  const std::string webhook_id = req.Header("webhook-id");
+  // What needs no key is checked before the channel is read.
+  if (Status st = channels::CheckDeliveryHeaders(webhook_id, req.Header("webhook-timestamp"),
+                                                 req.Header("webhook-signature"), NowMillis());
+      !st.ok()) {
+    co_return Response::Error(st);
+  }
   auto d = co_await ReadDelivery(ctx, id);
   if (!d.ok()) co_return Response::Error(d.status());
   // Authenticated before the body is parsed or anything is written.
-  const std::string webhook_id = req.Header("webhook-id");
   Status signed_ok =
       channels::VerifySignature(d->secret, webhook_id, req.Header("webhook-timestamp"),
                                 req.Header("webhook-signature"), req.body, NowMillis());
@@ -183,7 +256,9 @@ asio::awaitable<Response> Deliver(ApiContext& ctx, Request& req) {
                                 " characters");
   }
   if (!signed_ok.ok()) co_return Response::Error(signed_ok);
-  auto body = ParseJson(req.body);
+  if (!d->suspended.empty()) co_return Response::Error(PermissionDenied(d->suspended));
+  // An object without NUL characters, as any request body (PostgreSQL stores no NUL).
+  auto body = ParseJsonObject(req.body);
   if (!body.ok()) co_return Response::Error(body.status());
   auto content = channels::RenderMessage(d->settings.message_template, *body);
   if (!content.ok()) co_return Response::Error(content.status());
@@ -257,6 +332,7 @@ void RegisterChannelRoutes(http::Router& router, ApiContext& ctx) {
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_RETURN_IF_ERROR(tx.agents().GetAgent(c.tenant_id, c.agent_id).status());
       KEEL_RETURN_IF_ERROR(SecretExists(tx, c.tenant_id, c.settings));
+      KEEL_RETURN_IF_ERROR(SecretFree(tx, c.tenant_id, c.settings, c.id));
       KEEL_RETURN_IF_ERROR(tx.channels().InsertChannel(c));
       tx.Carry("channels", store::RowImage(c));
       return tx.events().Append({c.tenant_id,
@@ -267,7 +343,7 @@ void RegisterChannelRoutes(http::Router& router, ApiContext& ctx) {
                                  {{"channel_id", c.id}, {"kind", c.kind}, {"name", c.name}}});
     });
     if (!written.ok()) co_return Response::Error(written.status());
-    co_return Response::Json(201, ChannelJson(c));
+    co_return Response::Json(201, ChannelJson(c, ""));
   });
 
   router.Add("GET", "/v1/agents/{id}/channels", [&ctx](Request& req) -> asio::awaitable<Response> {
@@ -275,25 +351,35 @@ void RegisterChannelRoutes(http::Router& router, ApiContext& ctx) {
     auto page = PageOf(req);
     if (!page.ok()) co_return Response::Error(page.status());
     store::Paged<store::Channel> found;
+    std::vector<std::string> problems;
     Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
       const std::string& tenant = req.principal.tenant_id;
       KEEL_RETURN_IF_ERROR(tx.agents().GetAgent(tenant, req.Param("id")).status());
       KEEL_ASSIGN_OR_RETURN(found, tx.channels().ListChannels(tenant, req.Param("id"), *page));
+      for (const auto& c : found.items) {
+        KEEL_ASSIGN_OR_RETURN(auto problem, ChannelProblem(tx, c));
+        problems.push_back(std::move(problem));
+      }
       return Status::Ok();
     });
     if (!st.ok()) co_return Response::Error(st);
-    co_return Response::Json(200, ListJson(found, ChannelJson));
+    size_t i = 0;
+    co_return Response::Json(200, ListJson(found, [&](const store::Channel& c) {
+                               return ChannelJson(c, problems[i++]);
+                             }));
   });
 
   router.Add("GET", "/v1/channels/{id}", [&ctx](Request& req) -> asio::awaitable<Response> {
     if (auto st = RequireMember(req, "see channels"); !st.ok()) co_return Response::Error(st);
     store::Channel c;
+    std::string problem;
     Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_ASSIGN_OR_RETURN(c, tx.channels().GetChannel(req.principal.tenant_id, req.Param("id")));
+      KEEL_ASSIGN_OR_RETURN(problem, ChannelProblem(tx, c));
       return Status::Ok();
     });
     if (!st.ok()) co_return Response::Error(st);
-    co_return Response::Json(200, ChannelJson(c));
+    co_return Response::Json(200, ChannelJson(c, problem));
   });
 
   router.Add("PATCH", "/v1/channels/{id}", [&ctx](Request& req) -> asio::awaitable<Response> {
@@ -316,6 +402,7 @@ void RegisterChannelRoutes(http::Router& router, ApiContext& ctx) {
     std::optional<Json> settings;
     if (body->contains("settings")) settings = (*body)["settings"];
     store::Channel c;
+    std::string problem;
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_ASSIGN_OR_RETURN(c, tx.channels().GetChannel(req.principal.tenant_id, req.Param("id")));
       if (name) c.name = *name;
@@ -323,8 +410,10 @@ void RegisterChannelRoutes(http::Router& router, ApiContext& ctx) {
       if (settings) {
         KEEL_ASSIGN_OR_RETURN(c.settings, SettingsText(c.kind, *settings));
         KEEL_RETURN_IF_ERROR(SecretExists(tx, c.tenant_id, c.settings));
+        KEEL_RETURN_IF_ERROR(SecretFree(tx, c.tenant_id, c.settings, c.id));
       }
       c.updated_at = NowMillis();
+      KEEL_ASSIGN_OR_RETURN(problem, ChannelProblem(tx, c));
       KEEL_RETURN_IF_ERROR(tx.channels().UpdateChannel(c));
       tx.Carry("channels", store::RowImage(c));
       return tx.events().Append({c.tenant_id,
@@ -335,7 +424,7 @@ void RegisterChannelRoutes(http::Router& router, ApiContext& ctx) {
                                  {{"channel_id", c.id}, {"enabled", c.enabled}}});
     });
     if (!written.ok()) co_return Response::Error(written.status());
-    co_return Response::Json(200, ChannelJson(c));
+    co_return Response::Json(200, ChannelJson(c, problem));
   });
 
   router.Add("DELETE", "/v1/channels/{id}", [&ctx](Request& req) -> asio::awaitable<Response> {

@@ -422,6 +422,10 @@ void RegisterOpenAiRoutes(http::Router& router, ApiContext& ctx) {
         intake.session_id = session.id;
         intake.content = chat->prompt;
         intake.idempotency_key = req.Header("idempotency-key");
+        if (auto st = CheckClientIdempotencyKey(intake.idempotency_key); !st.ok()) {
+          ctx.hub.Unsubscribe(sub);
+          co_return OpenAiErrorOf(st);
+        }
         intake.requested_by = who.token_id;
         intake.caller_role = who.role;
         auto posted = co_await ctx.runtime.PostMessage(intake);

@@ -188,6 +188,9 @@ void RegisterSessionRoutes(http::Router& router, ApiContext& ctx) {
     intake.session_id = req.Param("id");
     intake.content = *content;
     intake.idempotency_key = req.Header("idempotency-key");
+    if (auto st = CheckClientIdempotencyKey(intake.idempotency_key); !st.ok()) {
+      co_return Response::Error(st);
+    }
     intake.requested_by = req.principal.token_id;
     intake.caller_role = req.principal.role;
     auto result = co_await ctx.runtime.PostMessage(intake);

@@ -110,8 +110,8 @@ Json WebhookSettingsJson(const WebhookSettings& s) {
           {"role", s.role}};
 }
 
-Status VerifySignature(std::string_view secret, std::string_view id, std::string_view timestamp,
-                       std::string_view signatures, std::string_view body, Millis now) {
+Status CheckDeliveryHeaders(std::string_view id, std::string_view timestamp,
+                            std::string_view signatures, Millis now) {
   if (id.empty() || timestamp.empty() || signatures.empty()) {
     return Unauthenticated(
         "a delivery needs the headers webhook-id, webhook-timestamp and "
@@ -127,6 +127,12 @@ Status VerifySignature(std::string_view secret, std::string_view id, std::string
   if (at < now - kSignatureTolerance || at > now + kSignatureTolerance) {
     return Unauthenticated("webhook-timestamp is more than 5 minutes from now");
   }
+  return Status::Ok();
+}
+
+Status VerifySignature(std::string_view secret, std::string_view id, std::string_view timestamp,
+                       std::string_view signatures, std::string_view body, Millis now) {
+  KEEL_RETURN_IF_ERROR(CheckDeliveryHeaders(id, timestamp, signatures, now));
   std::string key;
   if (secret.substr(0, 6) == "whsec_") {
     key = Base64Decode(secret.substr(6));
@@ -137,6 +143,10 @@ Status VerifySignature(std::string_view secret, std::string_view id, std::string
     }
   } else {
     key = std::string(secret);
+  }
+  if (key.size() < kMinKeyBytes) {
+    return Unavailable("the channel's signing key is shorter than " + std::to_string(kMinKeyBytes) +
+                       " bytes");
   }
   std::string signed_content;
   signed_content.reserve(id.size() + timestamp.size() + body.size() + 2);
@@ -164,9 +174,17 @@ Result<std::string> RenderMessage(const std::string& message_template, const Jso
           return InvalidArgument("the channel's template names " + text.substr(0, 128) +
                                  ", which is not in the body");
         out += v->is_string() ? v->get_ref<const std::string&>() : DumpJson(*v);
+        if (out.size() > kMaxMessageBytes) {
+          return InvalidArgument("the channel's template made a message longer than " +
+                                 std::to_string(kMaxMessageBytes) + " bytes");
+        }
         return Status::Ok();
       },
       [&](std::string_view literal) { out += literal; }));
+  if (out.size() > kMaxMessageBytes) {
+    return InvalidArgument("the channel's template made a message longer than " +
+                           std::to_string(kMaxMessageBytes) + " bytes");
+  }
   if (out.empty()) return InvalidArgument("the channel's template made an empty message");
   return out;
 }

@@ -18,6 +18,11 @@ namespace keel::channels {
 inline constexpr Millis kSignatureTolerance = 5 * 60 * 1000;
 inline constexpr size_t kMaxTemplateBytes = 4096;
 inline constexpr int kMaxPlaceholders = 64;
+// The longest message a template may make (a client's request limit's default): placeholders
+// repeat values, so a body within the limit could otherwise make a message many times larger.
+inline constexpr size_t kMaxMessageBytes = 1 << 20;
+// The shortest key a channel verifies with (Standard Webhooks keys are 24 to 64 bytes).
+inline constexpr size_t kMinKeyBytes = 16;
 
 struct WebhookSettings {
   std::string signing_secret;             // the name of the tenant secret holding the key
@@ -30,15 +35,23 @@ struct WebhookSettings {
 Result<WebhookSettings> ParseWebhookSettings(const Json& settings);
 Json WebhookSettingsJson(const WebhookSettings& s);
 
+// The checks of VerifySignature that need no key: the three headers present, the timestamp
+// unix seconds within kSignatureTolerance of `now` (kUnauthenticated otherwise). Made before
+// the channel is read, so that a request without them costs no read.
+Status CheckDeliveryHeaders(std::string_view id, std::string_view timestamp,
+                            std::string_view signatures, Millis now);
+
 // kUnauthenticated unless `signatures` (webhook-signature: "v1,BASE64" entries separated by
 // spaces) holds one that is the HMAC of "id.timestamp.body" under the key in `secret` ("whsec_"
 // and base64 of the key's bytes, or the bytes themselves) and `timestamp` (unix seconds) is
-// within kSignatureTolerance of `now`. The comparison is constant-time.
+// within kSignatureTolerance of `now`. The comparison is constant-time. kUnavailable when the
+// key is shorter than kMinKeyBytes or a whsec_ secret is not base64 (the channel's fault).
 Status VerifySignature(std::string_view secret, std::string_view id, std::string_view timestamp,
                        std::string_view signatures, std::string_view body, Millis now);
 
 // The message: the template with each {{POINTER}} replaced by the body's value there (a string
-// as it is, anything else as compact JSON). kInvalidArgument naming a pointer with nothing there.
+// as it is, anything else as compact JSON). kInvalidArgument naming a pointer with nothing
+// there, or for a message longer than kMaxMessageBytes.
 Result<std::string> RenderMessage(const std::string& message_template, const Json& body);
 
 // The delivery's conversation: "" when `pointer` is "", else the string or number there.

@@ -56,7 +56,7 @@ class ChannelStore {
   virtual Status UpdateChannel(const Channel& c) = 0;
   // kNotFound "channel not found: ID".
   virtual Result<Channel> GetChannel(const std::string& tenant_id, const std::string& id) = 0;
-  // The agent's channels by id.
+  // The agent's channels by id; `agent_id` empty for every agent's.
   virtual Result<Paged<Channel>> ListChannels(const std::string& tenant_id,
                                               const std::string& agent_id, const Page& page) = 0;
   // Deletes the channel, its conversations and its deliveries (their sessions stay). kNotFound

@@ -1116,7 +1116,8 @@ Result<Paged<Channel>> SqlTx<Sql>::ListChannels(const std::string& tenant_id,
                                                 const std::string& agent_id, const Page& page) {
   static const std::string kSql =
       "SELECT " + std::string(kChannelCols) +
-      " FROM channels WHERE tenant_id=$1 AND agent_id=$2 AND id>$3 ORDER BY id LIMIT $4";
+      " FROM channels WHERE tenant_id=$1 AND ($2='' OR agent_id=$2) AND id>$3 ORDER BY id "
+      "LIMIT $4";
   const int limit = ClampLimit(page.limit);
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
   KEEL_ASSIGN_OR_RETURN(
