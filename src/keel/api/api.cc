@@ -195,6 +195,14 @@ Status CheckClientIdempotencyKey(const std::string& key) {
   return Status::Ok();
 }
 
+http::Response IntakeError(const Status& st) {
+  http::Response r = http::Response::Error(st);
+  if (st.code() == Code::kRateLimited || st.code() == Code::kUnavailable) {
+    r.headers["Retry-After"] = "1";
+  }
+  return r;
+}
+
 Status RequireMember(const http::Request& req, const std::string& what) {
   if (req.principal.role == "guest") {
     return PermissionDenied("guests may not " + what + "; this needs an owner or user token");

@@ -53,6 +53,10 @@ struct ApiContext {
 // so have the delivery answered as a replay of its own message). kInvalidArgument.
 Status CheckClientIdempotencyKey(const std::string& key);
 
+// Intake's refusal of a message as an answer: with Retry-After for the refusals a client may
+// retry (too many runs in flight, the store unavailable).
+http::Response IntakeError(const Status& st);
+
 // Resolves bearer tokens against the store (sha256 lookup).
 http::Authenticator MakeAuthenticator(ApiContext& ctx);
 

@@ -55,20 +55,26 @@ Result<std::string> ChannelProblem(store::Tx& tx, const store::Channel& c) {
   return std::string();
 }
 
-// Inside a unit: kConflict when another channel of the tenant is signed with `secret`, so that
-// a delivery to one channel cannot be replayed to another (a signature covers only the
-// delivery's id, time and body).
-Status SecretFree(store::Tx& tx, const std::string& tenant, const std::string& settings,
-                  const std::string& except_id) {
+// Inside a unit: the channel's signing secret must exist (its value is not read here) and sign
+// no other channel of the tenant (kConflict), so that a delivery to one channel cannot be
+// replayed to another (a signature covers only the delivery's id, time and body).
+Status CheckSecret(store::Tx& tx, const std::string& tenant, const std::string& settings,
+                   const std::string& channel_id) {
   auto parsed = ParseJson(settings);
   if (!parsed.ok()) return parsed.status();
   const std::string secret = parsed->value("signing_secret", "");
+  auto found = tx.secrets().GetSecret(tenant, secret);
+  if (found.status().code() == Code::kNotFound) {
+    return InvalidArgument("settings.signing_secret names no secret of this tenant: '" + secret +
+                           "' (set it first: PUT /v1/secrets/" + secret + ")");
+  }
+  KEEL_RETURN_IF_ERROR(found.status());
   store::Page page{"", 500};
   do {
     KEEL_ASSIGN_OR_RETURN(auto found, tx.channels().ListChannels(tenant, "", page));
     for (const auto& c : found.items) {
       auto other = ParseJson(c.settings);
-      if (c.id != except_id && other.ok() && other->value("signing_secret", "") == secret) {
+      if (c.id != channel_id && other.ok() && other->value("signing_secret", "") == secret) {
         return Conflict("secret '" + secret + "' signs channel " + c.name + " (" + c.id +
                         ") already: give each channel its own secret, so that a delivery to "
                         "one cannot be replayed to another");
@@ -121,19 +127,6 @@ Result<std::string> SettingsText(const std::string& kind, const Json& settings) 
   }
   KEEL_ASSIGN_OR_RETURN(auto s, channels::ParseWebhookSettings(settings));
   return DumpJson(channels::WebhookSettingsJson(s));
-}
-
-// Inside a unit: the channel's signing secret must exist (its value is not read here).
-Status SecretExists(store::Tx& tx, const std::string& tenant, const std::string& settings) {
-  auto parsed = ParseJson(settings);
-  if (!parsed.ok()) return parsed.status();
-  const std::string name = parsed->value("signing_secret", "");
-  auto found = tx.secrets().GetSecret(tenant, name);
-  if (found.status().code() == Code::kNotFound) {
-    return InvalidArgument("settings.signing_secret names no secret of this tenant: '" + name +
-                           "' (set it first: PUT /v1/secrets/" + name + ")");
-  }
-  return found.status();
 }
 
 // What a delivery needs of its channel, read in one unit.
@@ -287,12 +280,7 @@ asio::awaitable<Response> Deliver(ApiContext& ctx, Request& req) {
   intake.requested_by = d->channel.created_by;
   intake.caller_role = d->settings.role;
   auto result = co_await ctx.runtime.PostMessage(intake);
-  if (!result.ok()) {
-    Response r = Response::Error(result.status());
-    const Code code = result.status().code();
-    if (code == Code::kRateLimited || code == Code::kUnavailable) r.headers["Retry-After"] = "1";
-    co_return r;
-  }
+  if (!result.ok()) co_return IntakeError(result.status());
   co_return Response::Json(result->replayed ? 200 : 202, {{"session_id", *session},
                                                           {"message_id", result->message.id},
                                                           {"run_id", result->run.id},
@@ -331,8 +319,7 @@ void RegisterChannelRoutes(http::Router& router, ApiContext& ctx) {
     c.created_at = c.updated_at = NowMillis();
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_RETURN_IF_ERROR(tx.agents().GetAgent(c.tenant_id, c.agent_id).status());
-      KEEL_RETURN_IF_ERROR(SecretExists(tx, c.tenant_id, c.settings));
-      KEEL_RETURN_IF_ERROR(SecretFree(tx, c.tenant_id, c.settings, c.id));
+      KEEL_RETURN_IF_ERROR(CheckSecret(tx, c.tenant_id, c.settings, c.id));
       KEEL_RETURN_IF_ERROR(tx.channels().InsertChannel(c));
       tx.Carry("channels", store::RowImage(c));
       return tx.events().Append({c.tenant_id,
@@ -409,8 +396,7 @@ void RegisterChannelRoutes(http::Router& router, ApiContext& ctx) {
       if (body->contains("enabled")) c.enabled = (*body)["enabled"].get<bool>();
       if (settings) {
         KEEL_ASSIGN_OR_RETURN(c.settings, SettingsText(c.kind, *settings));
-        KEEL_RETURN_IF_ERROR(SecretExists(tx, c.tenant_id, c.settings));
-        KEEL_RETURN_IF_ERROR(SecretFree(tx, c.tenant_id, c.settings, c.id));
+        KEEL_RETURN_IF_ERROR(CheckSecret(tx, c.tenant_id, c.settings, c.id));
       }
       c.updated_at = NowMillis();
       KEEL_ASSIGN_OR_RETURN(problem, ChannelProblem(tx, c));

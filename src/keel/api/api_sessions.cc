@@ -194,12 +194,7 @@ void RegisterSessionRoutes(http::Router& router, ApiContext& ctx) {
     intake.requested_by = req.principal.token_id;
     intake.caller_role = req.principal.role;
     auto result = co_await ctx.runtime.PostMessage(intake);
-    if (!result.ok()) {
-      Response r = Response::Error(result.status());
-      const Code code = result.status().code();
-      if (code == Code::kRateLimited || code == Code::kUnavailable) r.headers["Retry-After"] = "1";
-      co_return r;
-    }
+    if (!result.ok()) co_return IntakeError(result.status());
     store::Run run = std::move(result->run);
     int status = 202;
     if (*wait > 0) {

@@ -676,6 +676,9 @@ void PostgresStore::RenewLeadership(Conn& conn) {
 
 void PostgresStore::ReportNode(Conn& conn) {
   const NodeInfo self = NodeReport();
+  // A node joins the fleet's list once it serves HTTP (serve.cc sets the report then): a
+  // report without an address showed a node no one could reach.
+  if (self.address.empty()) return;
   auto done = conn.QueryOnce(
       "SELECT keel_node_report($1, $2, $3, $4, $5)",
       P(self.origin, self.address, self.started_at, self.runs_executing, self.runs_finished));
