@@ -1997,11 +1997,15 @@ int ChannelList(Context& ctx, const std::string& agent) {
   std::vector<std::vector<std::string>> rows;
   for (const Json& c : Items(list.body)) {
     const Json settings = c.value("settings", Json::object());
-    rows.push_back({Str(c, "id"), OneLine(Str(c, "name"), 30), Str(c, "kind"),
-                    c.value("enabled", false) ? "yes" : "no",
+    rows.push_back({Str(c, "id"), OneLine(Str(c, "name"), 30), Str(c, "kind"), Str(c, "status"),
                     OneLine(settings.value("template", ""), 40), Str(c, "url")});
   }
-  PrintTable({"ID", "NAME", "KIND", "ENABLED", "TEMPLATE", "URL"}, rows);
+  PrintTable({"ID", "NAME", "KIND", "STATUS", "TEMPLATE", "URL"}, rows);
+  for (const Json& c : Items(list.body)) {
+    if (Str(c, "status") == "error") {
+      std::cout << Str(c, "name") << " takes no delivery: " << Str(c, "error") << "\n";
+    }
+  }
   return kExitOk;
 }
 
@@ -2013,17 +2017,18 @@ int PrintChannel(Context& ctx, const Json& c) {
     return kExitOk;
   }
   const Json settings = c.value("settings", Json::object());
-  PrintFields({{"id", Str(c, "id")},
-               {"name", Str(c, "name")},
-               {"agent", Str(c, "agent_id")},
-               {"kind", Str(c, "kind")},
-               {"enabled", c.value("enabled", false) ? "yes" : "no"},
-               {"url", ctx.client.url() + Str(c, "url")},
-               {"secret", settings.value("signing_secret", "")},
-               {"template", settings.value("template", "")},
-               {"conversation", settings.value("conversation", "")},
-               {"role", settings.value("role", "")},
-               {"created", Str(c, "created_at")}});
+  PrintFields(
+      {{"id", Str(c, "id")},
+       {"name", Str(c, "name")},
+       {"agent", Str(c, "agent_id")},
+       {"kind", Str(c, "kind")},
+       {"status", Str(c, "status") == "error" ? "error: " + Str(c, "error") : Str(c, "status")},
+       {"url", ctx.client.url() + Str(c, "url")},
+       {"secret", settings.value("signing_secret", "")},
+       {"template", settings.value("template", "")},
+       {"conversation", settings.value("conversation", "")},
+       {"role", settings.value("role", "")},
+       {"created", Str(c, "created_at")}});
   return kExitOk;
 }
 

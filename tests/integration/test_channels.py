@@ -659,7 +659,16 @@ class CliTest(ChannelCase):
         self.assertIn("Deploy {{/service}}", listed.stdout)
         shown = self.keel("channels", "show", cid)
         self.assertIn("role:         user", shown.stdout)
+        self.assertIn("status:       ready", shown.stdout)
         self.assertNotIn(base64.b64encode(key).decode(), added.stdout + listed.stdout + shown.stdout)
+        # A deleted secret: the list says why the channel takes no delivery.
+        self.t.ok("PUT", "/v1/secrets/CLI_SPARE", {"value": "spare-signing-key-0123456789"})
+        spare = self.keel("channels", "add", agent["name"], "spare", "--secret", "CLI_SPARE")
+        self.assertEqual(spare.returncode, 0, spare.stderr)
+        self.t.ok("DELETE", "/v1/secrets/CLI_SPARE")
+        listed = self.keel("channels", "list", agent["name"])
+        self.assertIn("spare takes no delivery: its signing secret 'CLI_SPARE' is missing",
+                      listed.stdout)
         self.assertEqual(self.keel("channels", "disable", cid).returncode, 0)
         ch = self.t.ok("GET", "/v1/channels/" + cid)
         self.assertFalse(ch["enabled"])
