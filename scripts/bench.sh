@@ -28,7 +28,8 @@
 # BENCH_WARMUP (default 2), BENCH_MIN_TIME (Google Benchmark min time, default 0.5),
 # BENCH_ROUNDS (rounds of the event benchmarks; the table shows medians, default 3),
 # BENCH_AGENTS / BENCH_SESSIONS (default 100000 / 1000000),
-# BENCH_ONLY (e2e|events|memory|gateway|plugins|schedules|cache|memory_search|fair|dashboard),
+# BENCH_ONLY (e2e|events|memory|gateway|plugins|schedules|cache|memory_search|fair|dashboard|
+# telegram),
 # BENCH_SCHEDULES / BENCH_SCHEDULE_WINDOW (section 6, and the seconds their slots spread over;
 # default 100000 / 200), BENCH_MEMORIES / BENCH_MEMORY_QUERIES (section 8, default 1000000 / 2000),
 # BENCH_SERVER_CPUS / BENCH_LOADGEN_CPUS (taskset CPU lists; default: loadgen on the last CPU,
@@ -43,7 +44,8 @@ BENCH=$BUILD/bench/keel_bench
 LOADGEN=$BUILD/bench/keel_loadgen
 POPULATE=$BUILD/bench/keel_populate
 NEEDED=("$KEEL" "$BENCH" "$LOADGEN" "$POPULATE")
-[[ ${BENCH_ONLY:-} == fair || ${BENCH_ONLY:-} == dashboard ]] && NEEDED=("$KEEL")  # the server only
+[[ ${BENCH_ONLY:-} == fair || ${BENCH_ONLY:-} == dashboard || ${BENCH_ONLY:-} == telegram ]] &&
+  NEEDED=("$KEEL")  # the server only
 for bin in "${NEEDED[@]}"; do
   if [[ ! -x $bin ]]; then
     echo "bench: $bin is missing; build first: cmake --build $BUILD" >&2
@@ -550,6 +552,25 @@ if [[ -z $ONLY || $ONLY == dashboard ]]; then
       "$(judge "$(dash transcript_scroll.p95_ms)" '<' 34)"
   echo "# 10. the dashboard (a keel serve at ADDR; its owner token)" >>"$REPRO"
   echo "KEEL_URL=http://ADDR KEEL_TOKEN=... KEEL_WEB_DIR=$BUILD/web node bench/dashboard.mjs" >>"$REPRO"
+fi
+
+# ---------------------------------------------------------------------------------------------
+if [[ -z $ONLY || $ONLY == telegram ]]; then
+  section "11. a Telegram channel: an update to its answer through the Bot API fake (local model)"
+  TG_CMD=(python3 bench/telegram_bench.py --keel "$KEEL")
+  if ! OUT=$(TMPDIR=$WORK "${TG_CMD[@]}" 2>&1); then
+    echo "$OUT" | tail -40; echo "bench: telegram_bench.py failed" >&2; exit 1
+  fi
+  echo "$OUT"
+  R=$(grep '^RESULT' <<<"$OUT")
+  row "telegram: update to answer, one chat, p50" "$(result_field "$R" one_chat_p50_ms) ms" \
+      "< 20 ms" "$(judge "$(result_field "$R" one_chat_p50_ms)" '<' 20)"
+  row "telegram: update to answer, 100 chats at once, p99" "$(result_field "$R" chats_100_p99_ms) ms" \
+      "< 200 ms" "$(judge "$(result_field "$R" chats_100_p99_ms)" '<' 200)"
+  row "telegram: through the channel / direct (API message, then sendMessage), p50" \
+      "$(result_field "$R" channel_over_direct)x" "" info
+  echo "# 11. a Telegram channel" >>"$REPRO"
+  echo "${TG_CMD[*]}" >>"$REPRO"
 fi
 
 FSYNC_END=$(fsync_probe "$WORK")

@@ -1969,15 +1969,44 @@ namespace keel::cli {
 int ChannelAdd(Context& ctx, const ChannelAddArgs& args) {
   std::string agent_id;
   if (int code = ResolveAgent(ctx, args.agent, &agent_id); code != kExitOk) return code;
-  Json settings = {{"signing_secret", args.secret}};
-  if (!args.message_template.empty()) settings["template"] = args.message_template;
-  if (!args.conversation.empty()) settings["conversation"] = args.conversation;
+  const bool telegram = args.kind == "telegram";
+  const std::string wanted = telegram ? "--bot-token" : "--secret";
+  if ((telegram ? args.bot_token : args.secret).empty()) {
+    std::cerr << "keel: a " << args.kind << " channel needs " << wanted << " SECRET_NAME\n";
+    return kExitUsage;
+  }
+  if (telegram !=
+      (args.secret.empty() && args.message_template.empty() && args.conversation.empty())) {
+    std::cerr << "keel: --secret, --template and --conversation are for webhook channels; "
+                 "--bot-token and --api-base for telegram ones\n";
+    return kExitUsage;
+  }
+  if (!telegram && !(args.api_base.empty() && args.bot_token.empty())) {
+    std::cerr << "keel: --bot-token and --api-base are for telegram channels (--kind telegram)\n";
+    return kExitUsage;
+  }
+  Json settings = Json::object();
+  if (telegram) {
+    settings["bot_token"] = args.bot_token;
+    if (!args.api_base.empty()) settings["api_base"] = args.api_base;
+  } else {
+    settings["signing_secret"] = args.secret;
+    if (!args.message_template.empty()) settings["template"] = args.message_template;
+    if (!args.conversation.empty()) settings["conversation"] = args.conversation;
+  }
   if (!args.role.empty()) settings["role"] = args.role;
   Reply created = Request(ctx, "POST", "/v1/agents/" + Escape(agent_id) + "/channels",
-                          Json{{"kind", "webhook"}, {"name", args.name}, {"settings", settings}});
+                          Json{{"kind", args.kind}, {"name", args.name}, {"settings", settings}});
   if (!created.ok()) return created.exit_code;
   if (ctx.json) {
     PrintJson(ctx, created.body);
+    return kExitOk;
+  }
+  if (telegram) {
+    std::cout << "created channel " << Str(created.body, "name") << " (" << Str(created.body, "id")
+              << "): the bot is polled within two seconds; "
+              << "`keel channels show " << Str(created.body, "id") << "` says if Telegram "
+              << "refuses it\n";
     return kExitOk;
   }
   std::cout << "created channel " << Str(created.body, "name") << " (" << Str(created.body, "id")
@@ -2003,7 +2032,7 @@ int ChannelList(Context& ctx, const std::string& agent) {
   PrintTable({"ID", "NAME", "KIND", "STATUS", "TEMPLATE", "URL"}, rows);
   for (const Json& c : Items(list.body)) {
     if (Str(c, "status") == "error") {
-      std::cout << Str(c, "name") << " takes no delivery: " << Str(c, "error") << "\n";
+      std::cout << Str(c, "name") << " is not working: " << Str(c, "error") << "\n";
     }
   }
   return kExitOk;
@@ -2017,6 +2046,19 @@ int PrintChannel(Context& ctx, const Json& c) {
     return kExitOk;
   }
   const Json settings = c.value("settings", Json::object());
+  if (Str(c, "kind") == "telegram") {
+    PrintFields(
+        {{"id", Str(c, "id")},
+         {"name", Str(c, "name")},
+         {"agent", Str(c, "agent_id")},
+         {"kind", Str(c, "kind")},
+         {"status", Str(c, "status") == "error" ? "error: " + Str(c, "error") : Str(c, "status")},
+         {"bot token", settings.value("bot_token", "")},
+         {"api base", settings.value("api_base", "")},
+         {"role", settings.value("role", "")},
+         {"created", Str(c, "created_at")}});
+    return kExitOk;
+  }
   PrintFields(
       {{"id", Str(c, "id")},
        {"name", Str(c, "name")},
@@ -2046,6 +2088,24 @@ int ChannelSetEnabled(Context& ctx, const std::string& id, bool enabled) {
   if (ctx.json) return PrintChannel(ctx, c.body);
   std::cout << "channel " << Str(c.body, "name") << " is " << (enabled ? "enabled" : "disabled")
             << "\n";
+  return kExitOk;
+}
+
+int ChannelReplies(Context& ctx, const std::string& id) {
+  Reply list = ListAll(ctx, "/v1/channels/" + Escape(id) + "/replies");
+  if (!list.ok()) return list.exit_code;
+  if (ctx.json) {
+    PrintJson(ctx, list.body);
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const Json& r : Items(list.body)) {
+    const std::string status = Str(r, "status");
+    const bool failed = status == "dead" || status == "unknown";
+    rows.push_back({Str(r, "delivery_id"), status, std::to_string(r.value("attempts", 0)),
+                    Str(r, "run_id"), OneLine(failed ? Str(r, "error") : Str(r, "text"), 60)});
+  }
+  PrintTable({"UPDATE", "STATUS", "ATTEMPTS", "RUN", "TEXT OR ERROR"}, rows);
   return kExitOk;
 }
 

@@ -240,7 +240,10 @@ int BudgetRemove(Context& ctx, const std::string& scope, const std::string& peri
 struct ChannelAddArgs {
   std::string agent;  // id or name
   std::string name;
-  std::string secret;            // the signing secret's name
+  std::string kind = "webhook";  // webhook | telegram
+  std::string secret;            // webhook: the signing secret's name
+  std::string bot_token;         // telegram: the bot token secret's name
+  std::string api_base;          // telegram: empty for Telegram's own
   std::string message_template;  // empty: the server's default
   std::string conversation;
   std::string role;  // empty: guest
@@ -250,6 +253,7 @@ int ChannelList(Context& ctx, const std::string& agent);
 int ChannelShow(Context& ctx, const std::string& id);
 int ChannelSetEnabled(Context& ctx, const std::string& id, bool enabled);
 int ChannelRemove(Context& ctx, const std::string& id);
+int ChannelReplies(Context& ctx, const std::string& id);
 
 int TenantsCreate(Context& ctx, const std::string& name);
 int TenantsList(Context& ctx);

@@ -495,17 +495,26 @@ int Main(int argc, char** argv) {
 
   // keel channels ...
   CLI::App* channels = app.add_subcommand(
-      "channels", "Add, list, show, enable, disable and remove an agent's webhook channels");
+      "channels",
+      "Add, list, show, enable, disable and remove an agent's channels (webhooks, Telegram "
+      "bots), and see what a bot answered");
   channels->require_subcommand(1);
   ChannelAddArgs channel_add;
   CLI::App* channel_add_cmd = channels->add_subcommand(
-      "add", "Add a webhook channel: Standard Webhooks deliveries become messages (owners)");
+      "add",
+      "Add a channel (owners): a webhook (Standard Webhooks deliveries become messages) or a "
+      "Telegram bot (polled; its answers sent back)");
   channel_add_cmd->add_option("agent", channel_add.agent, "Agent id or name")->required();
   channel_add_cmd->add_option("name", channel_add.name, "The channel's name")->required();
-  channel_add_cmd
-      ->add_option("--secret", channel_add.secret,
-                   "The tenant secret holding the signing key (whsec_BASE64 or raw text)")
-      ->required();
+  channel_add_cmd->add_option("--kind", channel_add.kind, "webhook (default) or telegram")
+      ->check(CLI::IsMember({"webhook", "telegram"}));
+  channel_add_cmd->add_option(
+      "--secret", channel_add.secret,
+      "webhook: the tenant secret holding the signing key (whsec_BASE64 or raw text)");
+  channel_add_cmd->add_option("--bot-token", channel_add.bot_token,
+                              "telegram: the tenant secret holding the bot's token");
+  channel_add_cmd->add_option("--api-base", channel_add.api_base,
+                              "telegram: the Bot API server (default https://api.telegram.org)");
   channel_add_cmd->add_option("--template", channel_add.message_template,
                               "The message, with {{/json/pointer}} placeholders (default {{}})");
   channel_add_cmd->add_option("--conversation", channel_add.conversation,
@@ -523,10 +532,15 @@ int Main(int argc, char** argv) {
   for (bool enable : {true, false}) {
     CLI::App* cmd = channels->add_subcommand(
         enable ? "enable" : "disable",
-        enable ? "Take deliveries again" : "Refuse deliveries (404) until enabled");
+        enable ? "Take deliveries (or poll the bot) again"
+               : "Refuse deliveries (404), or stop polling the bot, until enabled");
     cmd->add_option("id", channel_ref, "Channel id")->required();
     on_parse(cmd, [&, enable](Context& c) { return ChannelSetEnabled(c, channel_ref, enable); });
   }
+  CLI::App* channel_replies = channels->add_subcommand(
+      "replies", "List a Telegram channel's answers: sent, waiting, or why not (unknown, dead)");
+  channel_replies->add_option("id", channel_ref, "Channel id")->required();
+  on_parse(channel_replies, [&](Context& c) { return ChannelReplies(c, channel_ref); });
   CLI::App* channel_rm = channels->add_subcommand("rm", "Delete a channel (its sessions stay)");
   channel_rm->add_option("id", channel_ref, "Channel id")->required();
   on_parse(channel_rm, [&](Context& c) { return ChannelRemove(c, channel_ref); });

@@ -25,6 +25,7 @@
 #include <sstream>
 
 #include "keel/api/api.h"
+#include "keel/channels/relay.h"
 #include "keel/common/crypto.h"
 #include "keel/common/ids.h"
 #include "keel/common/log.h"
@@ -354,6 +355,9 @@ int ServeMain(const ServeFlags& flags) {
     return Fail(st);
   }
   if (Status st = runtime.Start(); !st.ok()) return Fail(st);
+  // The chat platforms' bots: polled, and their answers sent, by the leader.
+  channels::Relay relay(io.get_executor(), *store, runtime, hub, vault, *outbound);
+  relay.Start();
   server.Start();
   runtime::WatchdogOptions watchdog_options;
   watchdog_options.warn = std::chrono::milliseconds(limits.io_stall_warn_ms);
@@ -410,6 +414,7 @@ int ServeMain(const ServeFlags& flags) {
         asio::co_spawn(
             io,
             [&]() -> asio::awaitable<void> {
+              relay.Stop();
               co_await runtime.Drain(std::chrono::milliseconds(config.drain_timeout_ms));
               server.Stop();
               watchdog.Stop();  // a stopped io thread is not a frozen one

@@ -31,6 +31,9 @@ def count_request(model, user):
 
 class FakeHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # An answer's head and body leave in two writes: without TCP_NODELAY the second waits for
+    # the client's delayed ACK of the first (40 ms on Linux), which no real API server adds.
+    disable_nagle_algorithm = True
     api_key = "test-key"  # serve() sets it from --key
 
     def log_message(self, fmt, *args):
@@ -110,6 +113,9 @@ class FakeHandler(BaseHTTPRequestHandler):
 
 class Server(ThreadingHTTPServer):
     daemon_threads = True
+    # socketserver's default backlog (5) drops the SYNs of a burst of new connections, which the
+    # client then sends again a second later; a real API server's backlog is far longer.
+    request_queue_size = 256
 
     def handle_error(self, request, client_address):
         # Clients hang up once they have what they need; only real faults are worth a trace.

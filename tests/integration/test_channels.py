@@ -667,7 +667,7 @@ class CliTest(ChannelCase):
         self.assertEqual(spare.returncode, 0, spare.stderr)
         self.t.ok("DELETE", "/v1/secrets/CLI_SPARE")
         listed = self.keel("channels", "list", agent["name"])
-        self.assertIn("spare takes no delivery: its signing secret 'CLI_SPARE' is missing",
+        self.assertIn("spare is not working: its signing secret 'CLI_SPARE' is missing",
                       listed.stdout)
         self.assertEqual(self.keel("channels", "disable", cid).returncode, 0)
         ch = self.t.ok("GET", "/v1/channels/" + cid)

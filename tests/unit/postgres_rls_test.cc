@@ -264,6 +264,8 @@ TEST_F(PostgresRlsTest, RuntimeWideFunctionsReturnOnlyKeys) {
       {"keel_due_deliveries", "TABLE(tenant_id text, id text)"},
       {"keel_due_introspections",
        "TABLE(tenant_id text, session_id text, agent_id text, due_at bigint)"},
+      // The outbox's replies due, and the polled channels: keys only.
+      {"keel_due_replies", "TABLE(tenant_id text, id text)"},
       {"keel_due_schedules", "TABLE(tenant_id text, id text)"},
       {"keel_expire_leases", "void"},
       {"keel_expired_approvals", "TABLE(tenant_id text, id text)"},
@@ -275,6 +277,7 @@ TEST_F(PostgresRlsTest, RuntimeWideFunctionsReturnOnlyKeys) {
       {"keel_nodes",
        "TABLE(origin text, address text, started_at bigint, seen_at bigint, runs_executing "
        "bigint, runs_finished bigint, leader boolean)"},
+      {"keel_polled_channels", "TABLE(tenant_id text, id text)"},
       {"keel_prune_cache", "bigint"},
       {"keel_queued_runs", "bigint"},
       {"keel_renew_leases", "void"},

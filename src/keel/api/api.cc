@@ -187,10 +187,11 @@ Status CheckFields(const Json& body, std::initializer_list<std::string_view> fie
 }
 
 Status CheckClientIdempotencyKey(const std::string& key) {
-  if (key.rfind("webhook:", 0) == 0) {
-    return InvalidArgument(
-        "Idempotency-Key values starting with 'webhook:' are kept for "
-        "channel deliveries");
+  for (const char* kept : {"webhook:", "telegram:"}) {
+    if (key.rfind(kept, 0) == 0) {
+      return InvalidArgument("Idempotency-Key values starting with '" + std::string(kept) +
+                             "' are kept for channel deliveries");
+    }
   }
   return Status::Ok();
 }

@@ -48,7 +48,8 @@ struct ApiContext {
   std::string admin_tenant_id;  // the first tenant: its owners are platform admins
 };
 
-// A client's Idempotency-Key: at most what intake takes, and not in the "webhook:" namespace,
+// A client's Idempotency-Key: at most what intake takes, and not in the "webhook:" or
+// "telegram:" namespaces,
 // which a channel's deliveries use (a client could otherwise take a delivery's key first and
 // so have the delivery answered as a replay of its own message). kInvalidArgument.
 Status CheckClientIdempotencyKey(const std::string& key);

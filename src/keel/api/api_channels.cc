@@ -6,6 +6,8 @@
 #include "keel/access/access.h"
 #include "keel/api/api.h"
 #include "keel/api/render.h"
+#include "keel/channels/deliveries.h"
+#include "keel/channels/telegram.h"
 #include "keel/channels/webhook.h"
 #include "keel/common/ids.h"
 #include "keel/common/time.h"
@@ -29,16 +31,21 @@ namespace {
 // The longest webhook-id taken: it becomes the message's idempotency key after "webhook:".
 constexpr size_t kMaxWebhookId = 200;
 
+// The name of the tenant secret a channel's settings name: a webhook's signing key, a bot's token.
+std::string SecretName(const std::string& kind, const Json& settings) {
+  return settings.value(kind == "telegram" ? "bot_token" : "signing_secret", "");
+}
+
 // What keeps an enabled channel from taking deliveries, "" for nothing. Read with the channel,
 // so that its owner sees why deliveries fail (a delivery tells its sender nothing of it).
 Result<std::string> ChannelProblem(store::Tx& tx, const store::Channel& c) {
   auto settings = ParseJson(c.settings);
   if (!settings.ok()) return std::string("its settings are not JSON");
-  const std::string name = settings->value("signing_secret", "");
+  const std::string name = SecretName(c.kind, *settings);
   auto found = tx.secrets().GetSecret(c.tenant_id, name);
   if (found.status().code() == Code::kNotFound) {
-    return "its signing secret '" + name + "' is missing: set it (PUT /v1/secrets/" + name +
-           ") or name another";
+    return "its " + std::string(c.kind == "telegram" ? "bot token" : "signing") + " secret '" +
+           name + "' is missing: set it (PUT /v1/secrets/" + name + ") or name another";
   }
   if (!found.ok()) return found.status();
   auto agent = tx.agents().GetAgent(c.tenant_id, c.agent_id);
@@ -52,20 +59,24 @@ Result<std::string> ChannelProblem(store::Tx& tx, const store::Channel& c) {
            ") was revoked, and its runs would act for that token: delete the channel and "
            "create it again with an active token";
   }
+  // A polled channel's last poll, when it failed (its cursor is not shown).
+  KEEL_ASSIGN_OR_RETURN(auto poll, tx.channels().GetPoll(c.tenant_id, c.id));
+  if (poll && !poll->error.empty()) return "its last poll failed: " + poll->error;
   return std::string();
 }
 
 // Inside a unit: the channel's signing secret must exist (its value is not read here) and sign
 // no other channel of the tenant (kConflict), so that a delivery to one channel cannot be
 // replayed to another (a signature covers only the delivery's id, time and body).
-Status CheckSecret(store::Tx& tx, const std::string& tenant, const std::string& settings,
-                   const std::string& channel_id) {
+Status CheckSecret(store::Tx& tx, const std::string& tenant, const std::string& kind,
+                   const std::string& settings, const std::string& channel_id) {
   auto parsed = ParseJson(settings);
   if (!parsed.ok()) return parsed.status();
-  const std::string secret = parsed->value("signing_secret", "");
+  const std::string field = kind == "telegram" ? "bot_token" : "signing_secret";
+  const std::string secret = SecretName(kind, *parsed);
   auto found = tx.secrets().GetSecret(tenant, secret);
   if (found.status().code() == Code::kNotFound) {
-    return InvalidArgument("settings.signing_secret names no secret of this tenant: '" + secret +
+    return InvalidArgument("settings." + field + " names no secret of this tenant: '" + secret +
                            "' (set it first: PUT /v1/secrets/" + secret + ")");
   }
   KEEL_RETURN_IF_ERROR(found.status());
@@ -74,10 +85,10 @@ Status CheckSecret(store::Tx& tx, const std::string& tenant, const std::string& 
     KEEL_ASSIGN_OR_RETURN(auto found, tx.channels().ListChannels(tenant, "", page));
     for (const auto& c : found.items) {
       auto other = ParseJson(c.settings);
-      if (c.id != channel_id && other.ok() && other->value("signing_secret", "") == secret) {
-        return Conflict("secret '" + secret + "' signs channel " + c.name + " (" + c.id +
+      if (c.id != channel_id && other.ok() && SecretName(c.kind, *other) == secret) {
+        return Conflict("secret '" + secret + "' serves channel " + c.name + " (" + c.id +
                         ") already: give each channel its own secret, so that a delivery to "
-                        "one cannot be replayed to another");
+                        "one cannot be replayed to another, and a bot is polled once");
       }
     }
     page.cursor = found.next_cursor;
@@ -98,10 +109,25 @@ Json ChannelJson(const store::Channel& c, const std::string& problem) {
                                        : "error"},
           {"error", c.enabled ? problem : std::string()},
           {"settings", settings.ok() ? *settings : Json::object()},
-          {"url", "/v1/hooks/" + c.id},
+          {"url", c.kind == "webhook" ? "/v1/hooks/" + c.id : std::string()},
           {"created_by", c.created_by},
           {"created_at", FormatRfc3339(c.created_at)},
           {"updated_at", FormatRfc3339(c.updated_at)}};
+}
+
+Json ReplyJson(const store::ChannelReply& r) {
+  return {{"id", r.id},
+          {"channel_id", r.channel_id},
+          {"session_id", r.session_id},
+          {"run_id", r.run_id},
+          {"delivery_id", r.delivery_id},
+          {"status", r.status},
+          {"text", r.text},
+          {"parts_sent", r.parts_sent},
+          {"attempts", r.attempts},
+          {"error", r.error},
+          {"created_at", FormatRfc3339(r.created_at)},
+          {"updated_at", FormatRfc3339(r.updated_at)}};
 }
 
 Status CheckName(const std::string& name) {
@@ -119,10 +145,14 @@ Status CheckName(const std::string& name) {
 
 // The settings of a channel of `kind`, checked, as stored.
 Result<std::string> SettingsText(const std::string& kind, const Json& settings) {
+  if (kind == "telegram") {
+    KEEL_ASSIGN_OR_RETURN(auto s, channels::ParseTelegramSettings(settings));
+    return DumpJson(channels::TelegramSettingsJson(s));
+  }
   if (kind != "webhook") {
     return InvalidArgument(
-        "kind must be 'webhook' (signed HTTP deliveries to POST "
-        "/v1/hooks/{id}), got '" +
+        "kind must be 'webhook' (signed HTTP deliveries to POST /v1/hooks/{id}) or 'telegram' "
+        "(a Telegram bot, polled), got '" +
         kind.substr(0, 32) + "'");
   }
   KEEL_ASSIGN_OR_RETURN(auto s, channels::ParseWebhookSettings(settings));
@@ -142,7 +172,10 @@ asio::awaitable<Result<Delivery>> ReadDelivery(ApiContext& ctx, const std::strin
   Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
     KEEL_ASSIGN_OR_RETURN(std::string tenant, tx.channels().ChannelTenant(id));
     KEEL_ASSIGN_OR_RETURN(d.channel, tx.channels().GetChannel(tenant, id));
-    if (!d.channel.enabled) return NotFound("channel not found: " + id);
+    // A polled channel takes no delivery here.
+    if (!d.channel.enabled || d.channel.kind != "webhook") {
+      return NotFound("channel not found: " + id);
+    }
     KEEL_ASSIGN_OR_RETURN(auto agent, tx.agents().GetAgent(tenant, d.channel.agent_id));
     if (agent.status == "deleted") return NotFound("channel not found: " + id);
     KEEL_ASSIGN_OR_RETURN(bool revoked, access::Revoked(tx, tenant, d.channel.created_by));
@@ -164,65 +197,6 @@ asio::awaitable<Result<Delivery>> ReadDelivery(ApiContext& ctx, const std::strin
   });
   if (!st.ok()) co_return st;
   co_return d;
-}
-
-// The session a delivery goes to, recorded with it: the one it went to before (a sender's
-// retry, whatever its body says now), else its conversation's, opened when new.
-asio::awaitable<Result<std::string>> SessionFor(ApiContext& ctx, const Delivery& d,
-                                                const std::string& delivery_id,
-                                                const std::string& conversation) {
-  const store::Channel& c = d.channel;
-  Result<std::string> out = Internal("no session");
-  // Twice at most: a unit that loses a race for the delivery (or the conversation) to another
-  // request fails with kConflict, and the next finds what that request recorded.
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    std::string session_id;
-    auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
-      auto& channels = tx.channels();
-      // Deleted or disabled since the delivery's read: as if it had been before.
-      KEEL_ASSIGN_OR_RETURN(auto now_is, channels.GetChannel(c.tenant_id, c.id));
-      if (!now_is.enabled) return NotFound("channel not found: " + c.id);
-      KEEL_ASSIGN_OR_RETURN(auto went, channels.DeliverySession(c.tenant_id, c.id, delivery_id));
-      if (went) {
-        session_id = *went;
-        return Status::Ok();
-      }
-      const Millis now = NowMillis();
-      KEEL_ASSIGN_OR_RETURN(auto known,
-                            channels.ConversationSession(c.tenant_id, c.id, conversation));
-      if (known) {
-        session_id = *known;
-      } else {
-        KEEL_RETURN_IF_ERROR(tx.agents().GetAgent(c.tenant_id, c.agent_id).status());
-        store::Session session;
-        session.id = NewId();
-        session.tenant_id = c.tenant_id;
-        session.agent_id = c.agent_id;
-        session.title =
-            conversation.empty() ? c.name : c.name + ": " + TruncateUtf8(conversation, 200);
-        session.created_by = c.created_by;
-        session.created_at = session.updated_at = now;
-        store::ChannelConversation row{c.tenant_id, c.id, conversation, session.id, now};
-        KEEL_RETURN_IF_ERROR(channels.InsertConversation(row));
-        tx.Carry("channel_conversations", store::RowImage(row));
-        KEEL_RETURN_IF_ERROR(runs::OpenSession(tx, session, "channel"));
-        session_id = session.id;
-      }
-      store::ChannelDelivery delivery{c.tenant_id, c.id, delivery_id, session_id, now};
-      KEEL_RETURN_IF_ERROR(channels.InsertDelivery(delivery));
-      tx.Carry("channel_deliveries", store::RowImage(delivery));
-      return tx.events().Append({c.tenant_id,
-                                 "channel.delivered@v1",
-                                 c.agent_id,
-                                 session_id,
-                                 "",
-                                 {{"channel_id", c.id}, {"delivery_id", delivery_id}}});
-    });
-    if (written.ok()) co_return session_id;
-    out = written.status();
-    if (written.status().code() != Code::kConflict) break;
-  }
-  co_return out;
 }
 
 asio::awaitable<Response> Deliver(ApiContext& ctx, Request& req) {
@@ -266,11 +240,12 @@ asio::awaitable<Response> Deliver(ApiContext& ctx, Request& req) {
              {"delivery_id", webhook_id},
              {"content", std::move(*content)},
              {"drop", false}};
-  auto kept = co_await ctx.runtime.ChannelMessageIn(d->channel.tenant_id, d->channel.agent_id,
-                                                    std::move(in));
+  auto kept = co_await ctx.runtime.ChannelMessage("channel.message.in", d->channel.tenant_id,
+                                                  d->channel.agent_id, std::move(in));
   if (!kept.ok()) co_return Response::Error(kept.status());
   if (!*kept) co_return Response::Json(200, {{"dropped", true}, {"replayed", false}});
-  auto session = co_await SessionFor(ctx, *d, webhook_id, *conversation);
+  auto session =
+      co_await channels::RecordDelivery(ctx.store, d->channel, webhook_id, *conversation);
   if (!session.ok()) co_return Response::Error(session.status());
   runtime::IntakeRequest intake;
   intake.tenant_id = d->channel.tenant_id;
@@ -319,7 +294,7 @@ void RegisterChannelRoutes(http::Router& router, ApiContext& ctx) {
     c.created_at = c.updated_at = NowMillis();
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_RETURN_IF_ERROR(tx.agents().GetAgent(c.tenant_id, c.agent_id).status());
-      KEEL_RETURN_IF_ERROR(CheckSecret(tx, c.tenant_id, c.settings, c.id));
+      KEEL_RETURN_IF_ERROR(CheckSecret(tx, c.tenant_id, c.kind, c.settings, c.id));
       KEEL_RETURN_IF_ERROR(tx.channels().InsertChannel(c));
       tx.Carry("channels", store::RowImage(c));
       return tx.events().Append({c.tenant_id,
@@ -369,6 +344,21 @@ void RegisterChannelRoutes(http::Router& router, ApiContext& ctx) {
     co_return Response::Json(200, ChannelJson(c, problem));
   });
 
+  router.Add("GET", "/v1/channels/{id}/replies", [&ctx](Request& req) -> asio::awaitable<Response> {
+    if (auto st = RequireMember(req, "see channels"); !st.ok()) co_return Response::Error(st);
+    auto page = PageOf(req);
+    if (!page.ok()) co_return Response::Error(page.status());
+    store::Paged<store::ChannelReply> found;
+    Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
+      const std::string& tenant = req.principal.tenant_id;
+      KEEL_RETURN_IF_ERROR(tx.channels().GetChannel(tenant, req.Param("id")).status());
+      KEEL_ASSIGN_OR_RETURN(found, tx.channels().ListReplies(tenant, req.Param("id"), *page));
+      return Status::Ok();
+    });
+    if (!st.ok()) co_return Response::Error(st);
+    co_return Response::Json(200, ListJson(found, ReplyJson));
+  });
+
   router.Add("PATCH", "/v1/channels/{id}", [&ctx](Request& req) -> asio::awaitable<Response> {
     if (auto st = RequireOwner(req); !st.ok()) co_return Response::Error(st);
     auto body = ParseJsonObject(req.body);
@@ -396,7 +386,7 @@ void RegisterChannelRoutes(http::Router& router, ApiContext& ctx) {
       if (body->contains("enabled")) c.enabled = (*body)["enabled"].get<bool>();
       if (settings) {
         KEEL_ASSIGN_OR_RETURN(c.settings, SettingsText(c.kind, *settings));
-        KEEL_RETURN_IF_ERROR(CheckSecret(tx, c.tenant_id, c.settings, c.id));
+        KEEL_RETURN_IF_ERROR(CheckSecret(tx, c.tenant_id, c.kind, c.settings, c.id));
       }
       c.updated_at = NowMillis();
       KEEL_ASSIGN_OR_RETURN(problem, ChannelProblem(tx, c));

@@ -54,15 +54,15 @@ Status WalkTemplate(const std::string& t, Each each, Text text) {
   return Status::Ok();
 }
 
-Result<std::string> StringField(const Json& settings, const char* name, std::string fallback) {
+}  // namespace
+
+Result<std::string> SettingsString(const Json& settings, const char* name, std::string fallback) {
   auto it = settings.find(name);
   if (it == settings.end()) return fallback;
   if (!it->is_string())
     return InvalidArgument(std::string("settings.") + name + " must be a string");
   return it->get<std::string>();
 }
-
-}  // namespace
 
 Result<WebhookSettings> ParseWebhookSettings(const Json& settings) {
   if (!settings.is_object()) return InvalidArgument("settings must be an object");
@@ -75,13 +75,13 @@ Result<WebhookSettings> ParseWebhookSettings(const Json& settings) {
     }
   }
   WebhookSettings s;
-  KEEL_ASSIGN_OR_RETURN(s.signing_secret, StringField(settings, "signing_secret", ""));
+  KEEL_ASSIGN_OR_RETURN(s.signing_secret, SettingsString(settings, "signing_secret", ""));
   if (s.signing_secret.empty()) {
     return InvalidArgument(
         "settings.signing_secret is required: the name of a tenant secret "
         "(PUT /v1/secrets/NAME) holding the key deliveries are signed with");
   }
-  KEEL_ASSIGN_OR_RETURN(s.message_template, StringField(settings, "template", "{{}}"));
+  KEEL_ASSIGN_OR_RETURN(s.message_template, SettingsString(settings, "template", "{{}}"));
   if (s.message_template.empty()) return InvalidArgument("settings.template must not be empty");
   if (s.message_template.size() > kMaxTemplateBytes) {
     return InvalidArgument("settings.template is longer than " + std::to_string(kMaxTemplateBytes) +
@@ -91,9 +91,9 @@ Result<WebhookSettings> ParseWebhookSettings(const Json& settings) {
       s.message_template,
       [](const std::string& p) { return Pointer(p, "settings.template").status(); },
       [](std::string_view) {}));
-  KEEL_ASSIGN_OR_RETURN(s.conversation, StringField(settings, "conversation", ""));
+  KEEL_ASSIGN_OR_RETURN(s.conversation, SettingsString(settings, "conversation", ""));
   KEEL_RETURN_IF_ERROR(Pointer(s.conversation, "settings.conversation").status());
-  KEEL_ASSIGN_OR_RETURN(s.role, StringField(settings, "role", "guest"));
+  KEEL_ASSIGN_OR_RETURN(s.role, SettingsString(settings, "role", "guest"));
   if (s.role != "guest" && s.role != "user") {
     return InvalidArgument(
         "settings.role must be 'guest' or 'user' (the role the channel's "

@@ -31,6 +31,9 @@ struct WebhookSettings {
   std::string role = "guest";             // the role the runs act with: guest | user
 };
 
+// settings[name] when it is a string, `fallback` when it is absent; kInvalidArgument otherwise.
+Result<std::string> SettingsString(const Json& settings, const char* name, std::string fallback);
+
 // Checks a channel's settings object (unknown fields, types, the template's placeholders).
 Result<WebhookSettings> ParseWebhookSettings(const Json& settings);
 Json WebhookSettingsJson(const WebhookSettings& s);

@@ -251,7 +251,7 @@ struct ResponseStream::Impl {
     pool_key = std::to_string(client) + " " + (endpoint.tls ? "https://" : "http://") +
                endpoint.host + ":" + endpoint.port;
     pool = &asio::use_service<ConnectionPool>(asio::query(ex, asio::execution::context));
-    if (auto idle = pool->Take(pool_key)) {
+    if (auto idle = request.may_repeat ? pool->Take(pool_key) : std::nullopt) {
       tls_context = std::move(idle->tls_context);
       plain = std::move(idle->plain);
       tls = std::move(idle->tls);

@@ -36,6 +36,11 @@ struct ClientRequest {
   // request, the response head, and the gap between two pieces of the body. A stream that keeps
   // delivering bytes is never cut by it.
   std::chrono::milliseconds timeout{30000};
+  // false for a request that must not reach the server twice (a chat message: the platform takes
+  // no idempotency key): sent on a new connection, never on an idle one the server may have
+  // closed, since a request lost that way is sent once more and one lost on a new connection
+  // is reported (kUnavailable) for the caller to judge.
+  bool may_repeat = true;
 };
 
 struct ClientResponse {

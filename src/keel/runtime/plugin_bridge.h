@@ -97,10 +97,11 @@ class PluginBridge {
   // failure only costs the event.
   boost::asio::awaitable<void> EmitFor(std::string tenant_id, std::string agent_id,
                                        std::string family, Json payload);
-  // channel.message.in@v1 (Runtime::ChannelMessageIn).
-  boost::asio::awaitable<Result<std::optional<std::string>>> ChannelMessageIn(std::string tenant_id,
-                                                                              std::string agent_id,
-                                                                              Json payload);
+  // channel.message.in@v1 or channel.message.out@v1 (Runtime::ChannelMessage).
+  boost::asio::awaitable<Result<std::optional<std::string>>> ChannelMessage(std::string family,
+                                                                            std::string tenant_id,
+                                                                            std::string agent_id,
+                                                                            Json payload);
   // The agent was deleted: drops its plugins on this node and emits agent.stopped@v1.
   boost::asio::awaitable<void> ForgetAgent(std::string agent_id);
 

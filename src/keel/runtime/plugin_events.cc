@@ -302,8 +302,8 @@ asio::awaitable<void> PluginBridge::ToolAfter(const tools::CallRecord& r) {
   }
 }
 
-asio::awaitable<Result<std::optional<std::string>>> PluginBridge::ChannelMessageIn(
-    std::string tenant_id, std::string agent_id, Json payload) {
+asio::awaitable<Result<std::optional<std::string>>> PluginBridge::ChannelMessage(
+    std::string family, std::string tenant_id, std::string agent_id, Json payload) {
   // The request body limit's default: a rewrite may not make more of a message than a client
   // may send (as for session.message.received@v1).
   constexpr size_t kMaxRewritten = 1 << 20;
@@ -311,8 +311,8 @@ asio::awaitable<Result<std::optional<std::string>>> PluginBridge::ChannelMessage
   auto found = co_await PluginsOf(std::move(tenant_id), std::move(agent_id));
   if (!found.ok()) co_return found.status();
   std::shared_ptr<plugins::AgentPlugins> plugins = std::move(found).value();
-  if (!plugins->Wants("channel.message.in")) co_return std::optional<std::string>(content);
-  auto out = co_await Emit(plugins, "channel.message.in", std::move(payload));
+  if (!plugins->Wants(family)) co_return std::optional<std::string>(content);
+  auto out = co_await Emit(plugins, family, std::move(payload));
   if (out.abort) {
     co_return InvalidArgument("plugin " + out.abort->plugin_id +
                               " refused the message: " + out.abort->message);

@@ -149,10 +149,12 @@ asio::awaitable<void> Runtime::EmitFor(std::string tenant_id, std::string agent_
                            std::move(payload));
 }
 
-asio::awaitable<Result<std::optional<std::string>>> Runtime::ChannelMessageIn(std::string tenant_id,
-                                                                              std::string agent_id,
-                                                                              Json payload) {
-  return plugins_->ChannelMessageIn(std::move(tenant_id), std::move(agent_id), std::move(payload));
+asio::awaitable<Result<std::optional<std::string>>> Runtime::ChannelMessage(std::string family,
+                                                                            std::string tenant_id,
+                                                                            std::string agent_id,
+                                                                            Json payload) {
+  return plugins_->ChannelMessage(std::move(family), std::move(tenant_id), std::move(agent_id),
+                                  std::move(payload));
 }
 
 asio::awaitable<void> Runtime::ForgetAgent(std::string agent_id) {

@@ -133,13 +133,15 @@ class Runtime {
   boost::asio::awaitable<void> EmitFor(std::string tenant_id, std::string agent_id,
                                        std::string family, Json payload);
   boost::asio::awaitable<void> ForgetAgent(std::string agent_id);
-  // channel.message.in@v1 on the agent's bus, for a message that came through a channel
-  // (`payload` holds its "content"): the content as the agent's plugins leave it, or nullopt
-  // when one of them set "drop". kInvalidArgument when a handler failed (the message is
-  // refused, as intake refuses one) or a rewrite grew it past the request limit's default.
-  boost::asio::awaitable<Result<std::optional<std::string>>> ChannelMessageIn(std::string tenant_id,
-                                                                              std::string agent_id,
-                                                                              Json payload);
+  // channel.message.in@v1 (`family` "channel.message.in": a message that came through a
+  // channel) or channel.message.out@v1 ("channel.message.out": an answer a channel sends) on the
+  // agent's bus, `payload` holding its "content": the content as the agent's plugins leave it,
+  // or nullopt when one of them set "drop". kInvalidArgument when a handler failed (the message
+  // is refused, as intake refuses one) or a rewrite grew it past the request limit's default.
+  boost::asio::awaitable<Result<std::optional<std::string>>> ChannelMessage(std::string family,
+                                                                            std::string tenant_id,
+                                                                            std::string agent_id,
+                                                                            Json payload);
   void WakeDeliveries();
   // Looks for due schedules now (a schedule was created or resumed on this node, or the test
   // clock moved). Other nodes' new schedules are seen within a second.

@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "keel/common/status.h"
 #include "keel/store/types.h"
@@ -46,6 +47,49 @@ struct ChannelDelivery {
   Millis created_at = 0;
 };
 
+// A polled channel's place in its platform's update stream (a Telegram bot's last handled
+// update_id), durable so that a restart neither skips nor repeats an update, and why its last
+// poll failed ("" when it did not). Runtime state: not exported, not in the log (a copy that
+// lost it fetches again what channel_deliveries then deduplicates).
+struct ChannelPoll {
+  std::string tenant_id;
+  std::string channel_id;
+  std::string cursor;  // "" before the first update
+  std::string error;
+  Millis updated_at = 0;
+};
+
+// One answer owed to a channel's conversation: the outbox (docs/CHANNELS.md, decisions/0020).
+// Recorded when its delivery's message is posted ("waiting" for the run), filled from the run
+// once it ends, sent by the leader. Runtime state like plugin deliveries: not exported (an
+// imported copy would send again what its platform has).
+struct ChannelReply {
+  std::string id;
+  std::string tenant_id;
+  std::string channel_id;
+  std::string agent_id;
+  std::string session_id;
+  std::string run_id;
+  std::string delivery_id;  // the delivery it answers (a Telegram update_id)
+  std::string target;       // where it goes, the kind's JSON object's text (chat, thread)
+  // waiting (its run has not ended) | pending (due at next_attempt_at) | sending (a request may
+  // be on its way; at a restart it is unknown) | sent | skipped (nothing to say, or <NO_REPLY>)
+  // | unknown (a send cut between its request and its answer: never repeated) | dead
+  std::string status = "waiting";
+  std::string text;    // the answer, once its run ended
+  int parts_sent = 0;  // of a long answer's parts, those the platform took
+  int attempts = 0;
+  Millis next_attempt_at = 0;  // pending: due then; sending: the claim's end
+  std::string origin;          // the node sending it (sending)
+  std::string error;
+  Millis created_at = 0;
+  Millis updated_at = 0;
+
+  bool Ended() const {
+    return status == "sent" || status == "skipped" || status == "unknown" || status == "dead";
+  }
+};
+
 class ChannelStore {
  public:
   virtual ~ChannelStore() = default;
@@ -77,6 +121,26 @@ class ChannelStore {
                                                              const std::string& delivery_id) = 0;
   // kConflict when the channel has taken that delivery already.
   virtual Status InsertDelivery(const ChannelDelivery& d) = 0;
+
+  // ---- Polled channels and the outbox (channels/relay.h)
+  // Runtime-wide: every enabled channel of a polled kind (telegram), by id.
+  virtual Result<std::vector<Channel>> PolledChannels() = 0;
+  // nullopt before the channel's first poll.
+  virtual Result<std::optional<ChannelPoll>> GetPoll(const std::string& tenant_id,
+                                                     const std::string& channel_id) = 0;
+  virtual Status PutPoll(const ChannelPoll& p) = 0;  // inserted or replaced
+  // kConflict when the channel has a reply to that delivery already.
+  virtual Status InsertReply(const ChannelReply& r) = 0;
+  // By tenant and id: everything but the ids, the target and created_at. kNotFound.
+  virtual Status UpdateReply(const ChannelReply& r) = 0;
+  // The channel's replies by id.
+  virtual Result<Paged<ChannelReply>> ListReplies(const std::string& tenant_id,
+                                                  const std::string& channel_id,
+                                                  const Page& page) = 0;
+  // Runtime-wide, oldest first: replies waiting whose run ended, pending ones due at `now`, and
+  // sending ones whose claim ran out or that `origin` (this node, restarted) was sending.
+  virtual Result<std::vector<ChannelReply>> DueReplies(Millis now, const std::string& origin,
+                                                       int limit) = 0;
 };
 
 }  // namespace keel::store

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "keel/common/status.h"
+#include "keel/store/channel_store.h"
 #include "keel/store/memory_store.h"
 #include "keel/store/store.h"
 #include "keel/store/types.h"
@@ -150,6 +151,50 @@ inline constexpr const char* kEnablementCols = "tenant_id, plugin_id, agent_id, 
 template <typename Row>
 PluginEnablement ReadEnablement(const Row& s) {
   return PluginEnablement{s.Text(0), s.Text(1), s.Text(2), s.Int(3)};
+}
+
+inline constexpr const char* kChannelCols =
+    "id, tenant_id, agent_id, kind, name, settings, enabled, created_by, created_at, updated_at";
+template <typename Row>
+Channel ReadChannel(const Row& r) {
+  Channel c;
+  c.id = r.Text(0);
+  c.tenant_id = r.Text(1);
+  c.agent_id = r.Text(2);
+  c.kind = r.Text(3);
+  c.name = r.Text(4);
+  c.settings = r.Text(5);
+  c.enabled = r.Int(6) != 0;
+  c.created_by = r.Text(7);
+  c.created_at = r.Int(8);
+  c.updated_at = r.Int(9);
+  return c;
+}
+
+inline constexpr const char* kReplyCols =
+    "id, tenant_id, channel_id, agent_id, session_id, run_id, delivery_id, target, status, "
+    "text, parts_sent, attempts, next_attempt_at, origin, error, created_at, updated_at";
+template <typename Row>
+ChannelReply ReadReply(const Row& r) {
+  ChannelReply x;
+  x.id = r.Text(0);
+  x.tenant_id = r.Text(1);
+  x.channel_id = r.Text(2);
+  x.agent_id = r.Text(3);
+  x.session_id = r.Text(4);
+  x.run_id = r.Text(5);
+  x.delivery_id = r.Text(6);
+  x.target = r.Text(7);
+  x.status = r.Text(8);
+  x.text = r.Text(9);
+  x.parts_sent = static_cast<int>(r.Int(10));
+  x.attempts = static_cast<int>(r.Int(11));
+  x.next_attempt_at = r.Int(12);
+  x.origin = r.Text(13);
+  x.error = r.Text(14);
+  x.created_at = r.Int(15);
+  x.updated_at = r.Int(16);
+  return x;
 }
 
 inline constexpr const char* kDeliveryCols =

@@ -1052,29 +1052,6 @@ Result<std::vector<ToolCall>> SqlTx<Sql>::ListToolCalls(const std::string& tenan
 
 // ---- ChannelStore
 
-namespace {
-
-constexpr const char* kChannelCols =
-    "id, tenant_id, agent_id, kind, name, settings, enabled, created_by, created_at, updated_at";
-
-template <typename Row>
-Channel ReadChannel(const Row& r) {
-  Channel c;
-  c.id = r.Text(0);
-  c.tenant_id = r.Text(1);
-  c.agent_id = r.Text(2);
-  c.kind = r.Text(3);
-  c.name = r.Text(4);
-  c.settings = r.Text(5);
-  c.enabled = r.Int(6) != 0;
-  c.created_by = r.Text(7);
-  c.created_at = r.Int(8);
-  c.updated_at = r.Int(9);
-  return c;
-}
-
-}  // namespace
-
 template <typename Sql>
 Status SqlTx<Sql>::InsertChannel(const Channel& c) {
   static const std::string kSql = InsertSql("channels", kChannelCols, 10);
@@ -1132,10 +1109,16 @@ Status SqlTx<Sql>::DeleteChannel(const std::string& tenant_id, const std::string
       "DELETE FROM channel_conversations WHERE tenant_id=$1 AND channel_id=$2";
   static const std::string kDeliveries =
       "DELETE FROM channel_deliveries WHERE tenant_id=$1 AND channel_id=$2";
+  static const std::string kPolls =
+      "DELETE FROM channel_polls WHERE tenant_id=$1 AND channel_id=$2";
+  static const std::string kReplies =
+      "DELETE FROM channel_replies WHERE tenant_id=$1 AND channel_id=$2";
   static const std::string kSql = "DELETE FROM channels WHERE tenant_id=$1 AND id=$2";
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
   KEEL_RETURN_IF_ERROR(sql_.Exec(kConversations, tenant_id, id).status());
   KEEL_RETURN_IF_ERROR(sql_.Exec(kDeliveries, tenant_id, id).status());
+  KEEL_RETURN_IF_ERROR(sql_.Exec(kPolls, tenant_id, id).status());
+  KEEL_RETURN_IF_ERROR(sql_.Exec(kReplies, tenant_id, id).status());
   return Updated(sql_.Exec(kSql, tenant_id, id), "channel not found: " + id);
 }
 
@@ -1186,6 +1169,66 @@ Status SqlTx<Sql>::InsertDelivery(const ChannelDelivery& d) {
   return Inserted(
       sql_.Exec(kSql, d.tenant_id, d.channel_id, d.delivery_id, d.session_id, d.created_at),
       "the channel has taken delivery " + d.delivery_id + " already");
+}
+
+template <typename Sql>
+Result<std::optional<ChannelPoll>> SqlTx<Sql>::GetPoll(const std::string& tenant_id,
+                                                       const std::string& channel_id) {
+  static const std::string kSql =
+      "SELECT cursor, error, updated_at FROM channel_polls WHERE tenant_id=$1 AND channel_id=$2";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, channel_id));
+  KEEL_ASSIGN_OR_RETURN(bool found, r.Step());
+  if (!found) return std::optional<ChannelPoll>();
+  return std::optional<ChannelPoll>(
+      ChannelPoll{tenant_id, channel_id, r.Text(0), r.Text(1), r.Int(2)});
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::PutPoll(const ChannelPoll& p) {
+  static const std::string kSql =
+      "INSERT INTO channel_polls(tenant_id, channel_id, cursor, error, updated_at) "
+      "VALUES($1,$2,$3,$4,$5) ON CONFLICT(channel_id) DO UPDATE SET cursor=excluded.cursor, "
+      "error=excluded.error, updated_at=excluded.updated_at";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(p.tenant_id));
+  return sql_.Exec(kSql, p.tenant_id, p.channel_id, p.cursor, p.error, p.updated_at).status();
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::InsertReply(const ChannelReply& x) {
+  static const std::string kSql = InsertSql("channel_replies", rows::kReplyCols, 17);
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(x.tenant_id));
+  return Inserted(sql_.Exec(kSql, x.id, x.tenant_id, x.channel_id, x.agent_id, x.session_id,
+                            x.run_id, x.delivery_id, x.target, x.status, x.text,
+                            int64_t{x.parts_sent}, int64_t{x.attempts}, x.next_attempt_at, x.origin,
+                            x.error, x.created_at, x.updated_at),
+                  "the channel has a reply to delivery " + x.delivery_id + " already");
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::UpdateReply(const ChannelReply& x) {
+  static const std::string kSql =
+      "UPDATE channel_replies SET status=$1, text=$2, parts_sent=$3, attempts=$4, "
+      "next_attempt_at=$5, origin=$6, error=$7, updated_at=$8 WHERE tenant_id=$9 AND id=$10";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(x.tenant_id));
+  return Updated(sql_.Exec(kSql, x.status, x.text, int64_t{x.parts_sent}, int64_t{x.attempts},
+                           x.next_attempt_at, x.origin, x.error, x.updated_at, x.tenant_id, x.id),
+                 "channel reply not found: " + x.id);
+}
+
+template <typename Sql>
+Result<Paged<ChannelReply>> SqlTx<Sql>::ListReplies(const std::string& tenant_id,
+                                                    const std::string& channel_id,
+                                                    const Page& page) {
+  static const std::string kSql =
+      "SELECT " + std::string(rows::kReplyCols) +
+      " FROM channel_replies WHERE tenant_id=$1 AND channel_id=$2 AND id>$3 ORDER BY id LIMIT $4";
+  const int limit = ClampLimit(page.limit);
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(
+      auto r, sql_.Query(kSql, tenant_id, channel_id, DecodeCursor(page.cursor), limit + 1));
+  return PageOf<ChannelReply>(r, rows::ReadReply<typename Sql::Row>, limit,
+                              [](const ChannelReply& x) { return x.id; });
 }
 
 // ---- ScheduleStore

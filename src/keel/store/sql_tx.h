@@ -314,6 +314,13 @@ class SqlTx : public Tx,
                                                      const std::string& channel_id,
                                                      const std::string& delivery_id) override;
   Status InsertDelivery(const ChannelDelivery& d) override;
+  Result<std::optional<ChannelPoll>> GetPoll(const std::string& tenant_id,
+                                             const std::string& channel_id) override;
+  Status PutPoll(const ChannelPoll& p) override;
+  Status InsertReply(const ChannelReply& r) override;
+  Status UpdateReply(const ChannelReply& r) override;
+  Result<Paged<ChannelReply>> ListReplies(const std::string& tenant_id,
+                                          const std::string& channel_id, const Page& page) override;
   // CompactionStore
   Status InsertCompaction(const Compaction& c) override;
   Status LatestCompactionLater(const std::string& tenant_id, const std::string& session_id,

@@ -402,8 +402,8 @@ const std::vector<ExportTableSpec>& ExportTables() {
 }
 
 const std::vector<const char*>& RuntimeTables() {
-  static const std::vector<const char*> kTables = {"model_cache", "plugin_deliveries",
-                                                   "introspection_due"};
+  static const std::vector<const char*> kTables = {
+      "model_cache", "plugin_deliveries", "introspection_due", "channel_polls", "channel_replies"};
   return kTables;
 }
 

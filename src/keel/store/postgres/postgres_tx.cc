@@ -84,6 +84,26 @@ Result<std::string> PostgresTx::ChannelTenant(const std::string& id) {
   return rows.Text(0, 0);
 }
 
+Result<std::vector<Channel>> PostgresTx::PolledChannels() {
+  static const std::string kKeys = "SELECT tenant_id, id FROM keel_polled_channels()";
+  static const std::string kSql = "SELECT " + std::string(kChannelCols) +
+                                  " FROM channels WHERE tenant_id=$1 AND id = ANY($2::text[])";
+  KEEL_ASSIGN_OR_RETURN(auto keys, conn_.Query(kKeys, Params()));
+  KEEL_ASSIGN_OR_RETURN(auto found, RowsOfKeys(keys, kSql));
+  return InKeyOrder<Channel>(keys, found, ReadChannel<Row>);
+}
+
+Result<std::vector<ChannelReply>> PostgresTx::DueReplies(Millis now, const std::string& origin,
+                                                         int limit) {
+  static const std::string kKeys = "SELECT tenant_id, id FROM keel_due_replies($1, $2, $3)";
+  static const std::string kSql =
+      "SELECT " + std::string(kReplyCols) +
+      " FROM channel_replies WHERE tenant_id=$1 AND id = ANY($2::text[])";
+  KEEL_ASSIGN_OR_RETURN(auto keys, conn_.Query(kKeys, P(now, origin, PgSql::Limit(limit))));
+  KEEL_ASSIGN_OR_RETURN(auto found, RowsOfKeys(keys, kSql));
+  return InKeyOrder<ChannelReply>(keys, found, ReadReply<Row>);
+}
+
 // ---- RunStore
 
 Result<int64_t> PostgresTx::CountQueuedRuns() {

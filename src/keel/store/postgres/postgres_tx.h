@@ -94,6 +94,9 @@ class PostgresTx final : public SqlTx<PgSql> {
   Result<Token> FindActiveTokenByHash(const std::string& hash) override;
   // ChannelStore
   Result<std::string> ChannelTenant(const std::string& id) override;
+  Result<std::vector<Channel>> PolledChannels() override;
+  Result<std::vector<ChannelReply>> DueReplies(Millis now, const std::string& origin,
+                                               int limit) override;
   // RunStore
   Result<int64_t> CountQueuedRuns() override;
   Result<std::vector<NodeInfo>> ListNodes(Millis within_ms) override;

@@ -60,6 +60,28 @@ Result<std::string> SqliteTx::ChannelTenant(const std::string& id) {
   return s.Text(0);
 }
 
+Result<std::vector<Channel>> SqliteTx::PolledChannels() {
+  static const std::string kSql = "SELECT " + std::string(kChannelCols) +
+                                  " FROM channels WHERE kind='telegram' AND enabled=1 ORDER BY id";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  return Collect<Channel>(s, ReadChannel<Stmt>);
+}
+
+Result<std::vector<ChannelReply>> SqliteTx::DueReplies(Millis now, const std::string& origin,
+                                                       int limit) {
+  static const std::string kSql =
+      "SELECT " + std::string(kReplyCols) +
+      " FROM channel_replies o WHERE status IN ('waiting','pending','sending') AND ("
+      "(status='pending' AND next_attempt_at<=?1) OR "
+      "(status='sending' AND (next_attempt_at<=?1 OR origin=?2)) OR "
+      "(status='waiting' AND EXISTS (SELECT 1 FROM runs r WHERE r.tenant_id=o.tenant_id AND "
+      "r.id=o.run_id AND r.status IN ('done','failed','cancelled')))) "
+      "ORDER BY next_attempt_at, id LIMIT ?3";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(now, origin, limit);
+  return Collect<ChannelReply>(s, ReadReply<Stmt>);
+}
+
 // ---- RunStore
 
 Result<int64_t> SqliteTx::CountQueuedRuns() {

@@ -1,0 +1,692 @@
+#include "keel/channels/relay.h"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include "keel/access/access.h"
+#include "keel/channels/deliveries.h"
+#include "keel/channels/telegram.h"
+#include "keel/common/ids.h"
+#include "keel/common/log.h"
+#include "keel/common/time.h"
+#include "keel/http/client.h"
+#include "keel/runtime/event_hub.h"
+#include "keel/runtime/intake.h"
+#include "keel/runtime/runtime.h"
+#include "keel/secrets/vault.h"
+#include "keel/store/async.h"
+#include "keel/store/channel_store.h"
+#include "keel/store/store.h"
+
+namespace keel::channels {
+
+namespace asio = boost::asio;
+using std::chrono::milliseconds;
+
+namespace {
+
+constexpr int kBatch = 32;           // replies claimed per round
+constexpr size_t kMaxInFlight = 64;  // replies sent at once by this node
+constexpr int kMaxAttempts = 8;      // sends of a reply Telegram answered 5xx, before it is dead
+constexpr Millis kMaxBackoffMs = 3600 * 1000;
+// A claimed reply is unknown after this if its send never reports (its node stopped).
+constexpr Millis kClaimMs = 2 * 60 * 1000;
+constexpr milliseconds kSendTimeout{30000};
+constexpr size_t kMaxAnswerBytes = 1 << 20;
+
+Millis Backoff(int attempts) {
+  return std::min<Millis>(kMaxBackoffMs, Millis{1000} << std::min(std::max(attempts - 1, 0), 20));
+}
+
+// A Bot API answer: {"ok": true, "result": ...} or {"ok": false, "error_code", "description",
+// "parameters": {"retry_after"}}.
+struct BotAnswer {
+  int status = 0;   // HTTP status; 0 when no answer came
+  bool ok = false;  // "ok": true
+  Json result;
+  std::string error;  // why it failed, for the owner
+  Millis retry_after = 0;
+};
+
+// `token` is in the request's URL, and so in the client's errors: it is cut out of them.
+BotAnswer ReadAnswer(const std::string& method, const Result<http::ClientResponse>& got,
+                     const std::string& token) {
+  BotAnswer a;
+  if (!got.ok()) {
+    a.error = method + ": " + got.status().message();
+    for (size_t at = a.error.find(token); !token.empty() && at != std::string::npos;
+         at = a.error.find(token, at)) {
+      a.error.replace(at, token.size(), "<token>");
+    }
+    return a;
+  }
+  a.status = got->status;
+  auto body = ParseJson(got->body);
+  if (body.ok() && body->is_object()) {
+    a.ok = a.status / 100 == 2 && body->contains("ok") && (*body)["ok"] == true;
+    if (body->contains("result")) a.result = (*body)["result"];
+    const Json params = body->value("parameters", Json::object());
+    if (params.is_object() && params.contains("retry_after") &&
+        params["retry_after"].is_number_integer()) {
+      a.retry_after = std::clamp<Millis>(params["retry_after"].get<int64_t>(), 0, 3600) * 1000;
+    }
+    if (!a.ok) {
+      const Json& why = body->contains("description") ? (*body)["description"] : Json();
+      a.error = method + ": Telegram answered " + std::to_string(a.status) + ": " +
+                TruncateUtf8(why.is_string() ? why.get<std::string>() : "no description", 300);
+    }
+  } else {
+    a.error = method + ": Telegram answered " + std::to_string(a.status) + " without JSON";
+  }
+  return a;
+}
+
+// Whether a request that got no answer surely never reached the server: it failed while
+// resolving, connecting or setting up TLS (http/client.h's messages), or the outbound guard
+// refused it. Anything later (sending it, waiting for the head) may have reached Telegram.
+bool NeverSent(const Status& st) {
+  const std::string& m = st.message();
+  return st.code() == Code::kPermissionDenied || st.code() == Code::kInvalidArgument ||
+         m.find(": resolving '") != std::string::npos ||
+         m.find(": connecting to ") != std::string::npos || m.find(": TLS ") != std::string::npos;
+}
+
+std::string AnswerOf(const store::Run& run) {
+  if (run.status == "done") return run.output;
+  if (run.status == "failed") {
+    std::string code = run.error.is_object() ? run.error.value("code", "internal") : "internal";
+    return "The agent could not answer (error: " + code + ").";
+  }
+  return "";  // cancelled: nothing to say
+}
+
+}  // namespace
+
+// What one round of a channel's poll needs, read in one unit.
+struct Relay::PollRead {
+  store::Channel channel;
+  TelegramSettings settings;
+  std::string token;
+  std::string cursor;
+  std::string error;    // the last poll's failure, as recorded
+  std::string problem;  // why it cannot be polled now
+  bool gone = false;    // deleted, disabled, or no longer polled
+};
+
+Relay::Relay(asio::any_io_executor executor, store::Store& store, runtime::Runtime& runtime,
+             runtime::EventHub& hub, const secrets::Vault& vault, http::OutboundGuard outbound)
+    : executor_(executor),
+      store_(store),
+      runtime_(runtime),
+      hub_(hub),
+      vault_(vault),
+      client_(std::make_unique<http::Client>([&] {
+        http::Client::Options o;
+        o.outbound = std::move(outbound);
+        return o;
+      }())),
+      supervise_timer_(executor),
+      send_timer_(executor) {}
+
+Relay::~Relay() = default;
+
+void Relay::Start() {
+  asio::co_spawn(executor_, Supervise(), ReportExceptions{"channel polls"});
+  asio::co_spawn(executor_, SendLoop(), ReportExceptions{"channel replies"});
+}
+
+void Relay::Stop() {
+  stopping_ = true;
+  supervise_timer_.cancel();
+  send_timer_.cancel();
+}
+
+void Relay::WakeSender() {
+  send_wake_ = true;
+  send_timer_.cancel();
+}
+
+asio::awaitable<void> Relay::Sleep(milliseconds how_long) {
+  asio::steady_timer timer(executor_, how_long);
+  boost::system::error_code ec;
+  co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+}
+
+// ---- Polling
+
+asio::awaitable<void> Relay::Supervise() {
+  while (!stopping_) {
+    if (!supervise_wake_) {
+      supervise_timer_.expires_after(std::chrono::seconds(2));
+      boost::system::error_code ec;
+      co_await supervise_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    }
+    supervise_wake_ = false;
+    if (stopping_ || !store_.leader()) continue;
+    std::vector<store::Channel> polled;
+    Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(polled, tx.channels().PolledChannels());
+      return Status::Ok();
+    });
+    if (!read.ok()) continue;
+    for (const auto& c : polled) {
+      if (!polling_.insert(c.id).second) continue;
+      asio::co_spawn(executor_, Poll(c.tenant_id, c.id), ReportExceptions{"channel poll"});
+    }
+  }
+}
+
+asio::awaitable<void> Relay::Poll(std::string tenant_id, std::string channel_id) {
+  struct Done {
+    Relay* relay;
+    std::string id;
+    ~Done() { relay->polling_.erase(id); }
+  } done{this, channel_id};
+  std::optional<TelegramBot> bot;
+  std::string bot_token;  // the token `bot` was read with
+  int failures = 0;
+  while (!stopping_ && store_.leader()) {
+    PollRead r;
+    Status st = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
+      auto c = tx.channels().GetChannel(tenant_id, channel_id);
+      if (c.status().code() == Code::kNotFound) {
+        r.gone = true;
+        return Status::Ok();
+      }
+      KEEL_ASSIGN_OR_RETURN(r.channel, std::move(c));
+      if (!r.channel.enabled || r.channel.kind != "telegram") {
+        r.gone = true;
+        return Status::Ok();
+      }
+      KEEL_ASSIGN_OR_RETURN(auto poll, tx.channels().GetPoll(tenant_id, channel_id));
+      if (poll) {
+        r.cursor = poll->cursor;
+        r.error = poll->error;
+      }
+      auto settings = ParseJson(r.channel.settings);
+      auto parsed = settings.ok() ? ParseTelegramSettings(*settings)
+                                  : Result<TelegramSettings>(settings.status());
+      if (!parsed.ok()) {
+        r.problem = "its settings are refused: " + parsed.status().message();
+        return Status::Ok();
+      }
+      r.settings = std::move(*parsed);
+      KEEL_ASSIGN_OR_RETURN(auto agent, tx.agents().GetAgent(tenant_id, r.channel.agent_id));
+      if (agent.status == "deleted") r.gone = true;
+      KEEL_ASSIGN_OR_RETURN(bool revoked, access::Revoked(tx, tenant_id, r.channel.created_by));
+      if (revoked) {
+        r.problem = "the token that created it (" + r.channel.created_by + ") was revoked";
+        return Status::Ok();
+      }
+      auto token = vault_.Get(tx, tenant_id, r.settings.bot_token);
+      if (!token.ok()) {
+        r.problem = "its bot token secret '" + r.settings.bot_token +
+                    "' cannot be opened: " + token.status().message();
+      } else if (!ValidBotToken(*token)) {
+        r.problem = "its bot token secret '" + r.settings.bot_token +
+                    "' does not hold a bot token (digits, ':', letters, '-' and '_')";
+      } else {
+        r.token = std::move(*token);
+      }
+      return Status::Ok();
+    });
+    if (!st.ok()) {
+      co_await Sleep(milliseconds(1000));
+      continue;
+    }
+    if (r.gone) co_return;
+    std::string failure = r.problem;
+    if (failure.empty() && (!bot || bot_token != r.token)) {
+      http::ClientRequest req;
+      req.method = "POST";
+      req.url = r.settings.api_base + "/bot" + r.token + "/getMe";
+      req.headers = {{"Content-Type", "application/json"}};
+      req.body = "{}";
+      req.timeout = kSendTimeout;
+      BotAnswer me = ReadAnswer("getMe", co_await client_->Fetch(req, 64 * 1024), r.token);
+      if (me.ok && me.result.is_object() && me.result.contains("id") &&
+          me.result["id"].is_number_integer()) {
+        const Json& name = me.result.contains("username") ? me.result["username"] : Json();
+        bot = TelegramBot{me.result["id"].get<int64_t>(),
+                          name.is_string() ? name.get<std::string>() : std::string()};
+        bot_token = r.token;
+      } else {
+        failure = me.error.empty() ? "getMe: an answer without the bot's id" : me.error;
+      }
+    }
+    Millis retry_after = 0;
+    if (failure.empty()) {
+      Json ask = {{"timeout", r.settings.poll_timeout},
+                  {"allowed_updates", Json::array({"message"})}};
+      if (!r.cursor.empty()) ask["offset"] = std::stoll(r.cursor) + 1;
+      http::ClientRequest req;
+      req.method = "POST";
+      req.url = r.settings.api_base + "/bot" + r.token + "/getUpdates";
+      req.headers = {{"Content-Type", "application/json"}};
+      req.body = DumpJson(ask);
+      req.timeout = milliseconds(r.settings.poll_timeout * 1000 + 10000);
+      BotAnswer got = ReadAnswer("getUpdates", co_await client_->Fetch(req, 32 << 20), r.token);
+      if (!got.ok || !got.result.is_array()) {
+        failure = got.error.empty() ? "getUpdates: an answer without updates" : got.error;
+        retry_after = got.retry_after;
+      } else {
+        // The batch's updates the agent takes, by conversation: conversations at once, each
+        // one's updates in order. The cursor passes the batch only when all of it is dealt
+        // with (taken or passed over); else it is fetched again, and what was taken replays.
+        std::string cursor = r.cursor;
+        std::map<std::string, std::vector<TelegramInbound>> by_conversation;
+        for (const Json& update : got.result) {
+          auto routed = RouteUpdate(update, *bot);
+          if (!routed.ok()) continue;  // no update_id: nothing to take, nothing to pass
+          if (cursor.empty() || std::stoll(routed->update_id) > std::stoll(cursor)) {
+            cursor = routed->update_id;
+          }
+          if (routed->take) by_conversation[routed->conversation].push_back(std::move(*routed));
+        }
+        Status taken = co_await TakeAll(r, by_conversation);
+        if (!taken.ok()) {
+          failure = "the last updates are taken again later: " + taken.message();
+          cursor = r.cursor;
+        }
+        if (cursor != r.cursor || failure != r.error) {
+          co_await RecordPoll(r, cursor, failure);
+          r.error = failure;
+        }
+        // A poll that does not wait for updates is not repeated at once.
+        if (got.result.empty() && r.settings.poll_timeout == 0) co_await Sleep(milliseconds(1000));
+      }
+    }
+    if (failure.empty()) {
+      failures = 0;
+      continue;
+    }
+    if (failure != r.error) co_await RecordPoll(r, r.cursor, failure);
+    ++failures;
+    co_await Sleep(
+        milliseconds(std::max<Millis>(retry_after, std::min<Millis>(60000, Backoff(failures)))));
+  }
+}
+
+asio::awaitable<void> Relay::RecordPoll(const PollRead& read, std::string cursor,
+                                        std::string error) {
+  store::ChannelPoll p{read.channel.tenant_id, read.channel.id, std::move(cursor),
+                       TruncateUtf8(error, 500), NowMillis()};
+  auto written = co_await store::AsyncWrite(
+      store_, [&](store::Tx& tx) -> Status { return tx.channels().PutPoll(p); });
+  if (!written.ok() && written.status().code() != Code::kNotFound) {
+    LogError("channel " + read.channel.id +
+             ": could not record its poll: " + written.status().message());
+  }
+}
+
+asio::awaitable<Status> Relay::TakeAll(
+    const PollRead& read, const std::map<std::string, std::vector<TelegramInbound>>& updates) {
+  struct Batch {
+    size_t remaining;
+    Status first_error;
+    asio::steady_timer done;
+  };
+  if (updates.empty()) co_return Status::Ok();
+  auto batch =
+      std::make_shared<Batch>(Batch{updates.size(), Status::Ok(), asio::steady_timer(executor_)});
+  for (const auto& [conversation, ins] : updates) {
+    asio::co_spawn(
+        executor_,
+        [this, &read, batch, &ins = ins]() -> asio::awaitable<void> {
+          for (const auto& in : ins) {
+            Status st = co_await Take(read, in);
+            if (!st.ok()) {
+              if (batch->first_error.ok()) batch->first_error = st;
+              break;
+            }
+          }
+        },
+        [batch](std::exception_ptr e) {
+          if (e) {
+            ReportExceptions{"channel update"}(e);
+            if (batch->first_error.ok()) batch->first_error = Internal("an update's handler threw");
+          }
+          if (--batch->remaining == 0) batch->done.cancel();
+        });
+  }
+  while (batch->remaining > 0) {
+    batch->done.expires_after(std::chrono::hours(1));
+    boost::system::error_code ec;
+    co_await batch->done.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+  }
+  co_return batch->first_error;
+}
+
+asio::awaitable<Status> Relay::Take(const PollRead& read, const TelegramInbound& update) {
+  const store::Channel& c = read.channel;
+  const TelegramInbound* routed = &update;
+  Json in = {{"agent_id", c.agent_id},
+             {"channel_id", c.id},
+             {"kind", c.kind},
+             {"conversation", routed->conversation},
+             {"delivery_id", routed->update_id},
+             {"content", routed->content},
+             {"drop", false}};
+  auto kept = co_await runtime_.ChannelMessage("channel.message.in", c.tenant_id, c.agent_id,
+                                               std::move(in));
+  if (!kept.ok()) {
+    LogError("channel " + c.id + ": update " + routed->update_id +
+             " refused by a plugin: " + kept.status().message());
+    co_return Status::Ok();
+  }
+  if (!*kept) co_return Status::Ok();  // dropped by a plugin
+  auto session = co_await RecordDelivery(store_, c, routed->update_id, routed->conversation);
+  if (!session.ok()) co_return session.status();
+  runtime::IntakeRequest intake;
+  intake.tenant_id = c.tenant_id;
+  intake.session_id = *session;
+  intake.content = std::move(**kept);
+  intake.idempotency_key = "telegram:" + routed->update_id;
+  intake.requested_by = c.created_by;
+  intake.caller_role = read.settings.role;
+  auto posted = co_await runtime_.PostMessage(intake);
+  if (!posted.ok()) {
+    const Code code = posted.status().code();
+    if (code == Code::kRateLimited || code == Code::kUnavailable || code == Code::kInternal) {
+      co_return posted.status();
+    }
+    // Refused for good (a closed session, a message too long): the update is passed over.
+    LogError("channel " + c.id + ": update " + routed->update_id +
+             " not posted: " + posted.status().message());
+    co_return Status::Ok();
+  }
+  store::ChannelReply reply;
+  reply.id = NewId();
+  reply.tenant_id = c.tenant_id;
+  reply.channel_id = c.id;
+  reply.agent_id = c.agent_id;
+  reply.session_id = *session;
+  reply.run_id = posted->run.id;
+  reply.delivery_id = routed->update_id;
+  reply.target = DumpJson(routed->target);
+  reply.created_at = reply.updated_at = NowMillis();
+  auto written = co_await store::AsyncWrite(
+      store_, [&](store::Tx& tx) -> Status { return tx.channels().InsertReply(reply); });
+  if (!written.ok() && written.status().code() != Code::kConflict) co_return written.status();
+  if (!posted->replayed) {
+    // "typing..." while the run works: a courtesy, not retried.
+    http::ClientRequest req;
+    req.method = "POST";
+    req.url = read.settings.api_base + "/bot" + read.token + "/sendChatAction";
+    req.headers = {{"Content-Type", "application/json"}};
+    Json action = {{"chat_id", routed->target.at("chat_id")}, {"action", "typing"}};
+    if (routed->target.contains("thread_id"))
+      action["message_thread_id"] = routed->target.at("thread_id");
+    req.body = DumpJson(action);
+    req.timeout = milliseconds(5000);
+    asio::co_spawn(
+        executor_,
+        [this, req = std::move(req)]() -> asio::awaitable<void> {
+          co_await client_->Fetch(req, 64 * 1024);
+        },
+        asio::detached);
+  }
+  asio::co_spawn(executor_, AwaitRun(c.tenant_id, posted->run.id), asio::detached);
+  co_return Status::Ok();
+}
+
+asio::awaitable<void> Relay::AwaitRun(std::string tenant_id, std::string run_id) {
+  runtime::SubscriptionFilter filter;
+  filter.tenant_id = tenant_id;
+  filter.run_id = run_id;
+  filter.deltas = false;
+  auto sub = hub_.Subscribe(filter);
+  struct Unsubscribe {
+    runtime::EventHub& hub;
+    runtime::EventHub::SubscriptionPtr sub;
+    ~Unsubscribe() { hub.Unsubscribe(sub); }
+  } unsubscribe{hub_, sub};
+  // The sender's sweep finds an ended run within a second anyway: this only spares the wait,
+  // for as long as a turn usually takes.
+  const Millis until = NowMillis() + 10 * 60 * 1000;
+  while (!stopping_ && !hub_.closing() && NowMillis() < until) {
+    if (auto settled = hub_.TakeSettled(sub); settled && settled->Terminal()) break;
+    bool ended = false;
+    Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(auto run, tx.runs().GetRun(tenant_id, run_id));
+      ended = run.Terminal();
+      return Status::Ok();
+    });
+    if (!read.ok() || ended) break;
+    co_await hub_.Wait(sub, milliseconds(30000));
+  }
+  WakeSender();
+}
+
+// ---- Sending
+
+asio::awaitable<void> Relay::SendLoop() {
+  while (!stopping_) {
+    if (!send_wake_) {
+      send_timer_.expires_after(std::chrono::seconds(1));
+      boost::system::error_code ec;
+      co_await send_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    }
+    send_wake_ = false;
+    if (stopping_ || !store_.leader() || sending_.size() >= kMaxInFlight) continue;
+    // Claimed in one unit, each "sending" before any request of it leaves this node: a crash
+    // from here on leaves it sending, which the next round (of this node restarted, or of
+    // another once the claim ran out) makes unknown rather than sending it again.
+    std::vector<store::ChannelReply> claimed;
+    const Millis now = NowMillis();
+    const std::string origin = store_.origin();
+    const int room = std::min<int>(kBatch, static_cast<int>(kMaxInFlight - sending_.size()));
+    auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
+      claimed.clear();
+      KEEL_ASSIGN_OR_RETURN(auto due, tx.channels().DueReplies(
+                                          now, origin, room + static_cast<int>(sending_.size())));
+      for (auto& r : due) {
+        if (sending_.count(r.id)) continue;  // this node is sending it now
+        std::string event;
+        r.updated_at = now;
+        if (r.status == "sending") {
+          r.attempts += 1;  // the one cut
+          r.status = "unknown";
+          r.error =
+              "the node sending it stopped between a request and its answer: Telegram may or "
+              "may not have it, so it is not sent again";
+          event = "channel.reply_failed@v1";
+        } else if (r.status == "waiting") {
+          KEEL_ASSIGN_OR_RETURN(auto run, tx.runs().GetRun(r.tenant_id, r.run_id));
+          r.text = TruncateUtf8(AnswerOf(run), kMaxAnswerBytes);
+          if (ReplyParts(r.text).empty() || r.text.find(kNoReply) != std::string::npos) {
+            r.status = "skipped";
+          } else {
+            r.status = "sending";
+          }
+        } else {
+          r.status = "sending";
+        }
+        if (r.status == "sending") {
+          r.origin = origin;
+          r.next_attempt_at = now + kClaimMs;
+          claimed.push_back(r);
+        }
+        KEEL_RETURN_IF_ERROR(tx.channels().UpdateReply(r));
+        if (!event.empty()) {
+          KEEL_RETURN_IF_ERROR(tx.events().Append({r.tenant_id,
+                                                   event,
+                                                   r.agent_id,
+                                                   r.session_id,
+                                                   "",
+                                                   {{"channel_id", r.channel_id},
+                                                    {"reply_id", r.id},
+                                                    {"run_id", r.run_id},
+                                                    {"status", r.status},
+                                                    {"error", r.error}}}));
+        }
+      }
+      return Status::Ok();
+    });
+    if (!written.ok()) {
+      LogError("could not claim channel replies: " + written.status().message());
+      continue;
+    }
+    for (auto& r : claimed) {
+      sending_.insert(r.id);
+      asio::co_spawn(executor_, Send(std::move(r)), ReportExceptions{"channel reply"});
+    }
+  }
+}
+
+asio::awaitable<bool> Relay::Record(const store::ChannelReply& r) {
+  auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.channels().UpdateReply(r));
+    if (r.status == "sent") {
+      return tx.events().Append({r.tenant_id,
+                                 "channel.replied@v1",
+                                 r.agent_id,
+                                 r.session_id,
+                                 "",
+                                 {{"channel_id", r.channel_id},
+                                  {"reply_id", r.id},
+                                  {"run_id", r.run_id},
+                                  {"parts", r.parts_sent}}});
+    }
+    if (r.status == "dead" || r.status == "unknown") {
+      return tx.events().Append({r.tenant_id,
+                                 "channel.reply_failed@v1",
+                                 r.agent_id,
+                                 r.session_id,
+                                 "",
+                                 {{"channel_id", r.channel_id},
+                                  {"reply_id", r.id},
+                                  {"run_id", r.run_id},
+                                  {"status", r.status},
+                                  {"error", r.error}}});
+    }
+    return Status::Ok();
+  });
+  if (!written.ok() && written.status().code() != Code::kNotFound) {
+    LogError("channel reply " + r.id + ": could not record it " + r.status + ": " +
+             written.status().message());
+    co_return false;
+  }
+  co_return true;
+}
+
+asio::awaitable<void> Relay::Send(store::ChannelReply r) {
+  struct Done {
+    Relay* relay;
+    std::string id;
+    ~Done() {
+      relay->sending_.erase(id);
+      relay->WakeSender();  // room for the next one
+    }
+  } done{this, r.id};
+
+  TelegramSettings settings;
+  std::string token;
+  std::string refusal;  // why it cannot be sent now (nothing was sent)
+  Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(auto c, tx.channels().GetChannel(r.tenant_id, r.channel_id));
+    auto json = ParseJson(c.settings);
+    auto parsed =
+        json.ok() ? ParseTelegramSettings(*json) : Result<TelegramSettings>(json.status());
+    if (!parsed.ok()) {
+      refusal = "its channel's settings are refused: " + parsed.status().message();
+      return Status::Ok();
+    }
+    settings = std::move(*parsed);
+    auto opened = vault_.Get(tx, r.tenant_id, settings.bot_token);
+    if (!opened.ok()) {
+      refusal = "the bot token secret '" + settings.bot_token +
+                "' cannot be opened: " + opened.status().message();
+    } else if (!ValidBotToken(*opened)) {
+      refusal = "the bot token secret '" + settings.bot_token + "' does not hold a bot token";
+    } else {
+      token = std::move(*opened);
+    }
+    return Status::Ok();
+  });
+  if (!read.ok()) co_return;  // deleted with its channel, or the store: its claim runs out
+
+  auto retry = [&](const std::string& why, Millis after) {
+    r.attempts += 1;
+    r.error = TruncateUtf8(why, 500);
+    r.updated_at = NowMillis();
+    if (r.attempts >= kMaxAttempts) {
+      r.status = "dead";
+    } else {
+      r.status = "pending";
+      r.next_attempt_at = r.updated_at + std::max(after, Backoff(r.attempts));
+    }
+  };
+  if (!refusal.empty()) {
+    retry(refusal, 0);
+    co_await Record(r);
+    co_return;
+  }
+  if (r.parts_sent == 0) {
+    Json out = {{"agent_id", r.agent_id}, {"channel_id", r.channel_id}, {"kind", "telegram"},
+                {"reply_id", r.id},       {"run_id", r.run_id},         {"content", r.text},
+                {"drop", false}};
+    auto kept = co_await runtime_.ChannelMessage("channel.message.out", r.tenant_id, r.agent_id,
+                                                 std::move(out));
+    if (!kept.ok()) {
+      r.status = "dead";
+      r.error = TruncateUtf8(kept.status().message(), 500);
+      r.updated_at = NowMillis();
+      co_await Record(r);
+      co_return;
+    }
+    if (!*kept) {
+      r.status = "skipped";
+      r.updated_at = NowMillis();
+      co_await Record(r);
+      co_return;
+    }
+    r.text = std::move(**kept);
+  }
+  auto target = ParseJson(r.target);
+  const std::vector<std::string> parts = ReplyParts(r.text);
+  while (r.parts_sent < static_cast<int>(parts.size())) {
+    http::ClientRequest req;
+    req.method = "POST";
+    req.url = settings.api_base + "/bot" + token + "/sendMessage";
+    req.headers = {{"Content-Type", "application/json"}};
+    req.body = DumpJson(
+        SendMessageBody(target.ok() ? *target : Json::object(), parts[r.parts_sent], r.parts_sent));
+    req.timeout = kSendTimeout;
+    req.may_repeat = false;
+    auto got = co_await client_->Fetch(req, 1 << 20);
+    BotAnswer a = ReadAnswer("sendMessage", got, token);
+    r.updated_at = NowMillis();
+    if (a.ok) {
+      r.parts_sent += 1;
+      r.attempts += 1;
+      r.error.clear();
+      if (r.parts_sent == static_cast<int>(parts.size())) break;
+      r.next_attempt_at = r.updated_at + kClaimMs;  // still sending: the claim goes on
+      if (!co_await Record(r)) co_return;
+      continue;
+    }
+    if (!got.ok() && !NeverSent(got.status())) {
+      r.attempts += 1;
+      r.status = "unknown";
+      r.error =
+          TruncateUtf8(a.error + ": Telegram may or may not have it, so it is not sent again", 500);
+    } else if (got.ok() && got->status == 429) {
+      retry(a.error, std::max<Millis>(a.retry_after, 1000));
+    } else if (!got.ok() || got->status >= 500) {
+      retry(a.error, 0);
+    } else {
+      r.attempts += 1;
+      r.status = "dead";
+      r.error = TruncateUtf8(a.error, 500);
+    }
+    co_await Record(r);
+    co_return;
+  }
+  r.status = parts.empty() ? "skipped" : "sent";
+  co_await Record(r);
+}
+
+}  // namespace keel::channels

@@ -1,0 +1,106 @@
+#pragma once
+// channels::Relay: the chat platforms' side of channels (docs/CHANNELS.md). On the leader it
+// long-polls each enabled telegram channel's bot (a new one within two seconds) for updates and
+// sends the answers its runs owe (the outbox, decisions/0020):
+//
+//   poll     getUpdates from the durable cursor; each update the routing rules take
+//            (telegram.h) is recorded as a delivery of its chat's session (deliveries.h), posted
+//            through intake with the key "telegram:UPDATE_ID", and owed an answer (a reply
+//            "waiting" for its run); then the cursor moves past the batch. A crash anywhere in
+//            between fetches the batch again and each update is a replay.
+//   send     a reply whose run ended is claimed ("sending", durable before any request), its
+//            answer passed through channel.message.out@v1 and sent part by part; a 2xx moves
+//            it on, 429 and 5xx put it back with a delay, a refusal kills it, and a request
+//            that may have reached Telegram without its answer reaching Keel (a dropped
+//            connection, this node's crash) makes it "unknown": never sent again.
+//
+// Everything runs on the server's io executor; no member needs a lock.
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "keel/common/json_util.h"
+#include "keel/common/status.h"
+#include "keel/http/outbound_guard.h"
+
+namespace keel {
+namespace http {
+class Client;
+}
+namespace runtime {
+class Runtime;
+class EventHub;
+}  // namespace runtime
+namespace secrets {
+class Vault;
+}
+namespace store {
+class Store;
+struct Channel;
+struct ChannelReply;
+}  // namespace store
+}  // namespace keel
+
+namespace keel::channels {
+
+struct TelegramBot;
+struct TelegramInbound;
+
+class Relay {
+ public:
+  // `outbound`: where a channel's api_base may point (it is the tenant's choice).
+  Relay(boost::asio::any_io_executor executor, store::Store& store, runtime::Runtime& runtime,
+        runtime::EventHub& hub, const secrets::Vault& vault, http::OutboundGuard outbound);
+  ~Relay();
+
+  // Starts the loops. REQUIRES: called once, on the executor.
+  void Start();
+  // The node drains: no new poll, no new send (a send under way finishes).
+  void Stop();
+
+ private:
+  struct PollRead;
+  boost::asio::awaitable<void> Supervise();
+  boost::asio::awaitable<void> Poll(std::string tenant_id, std::string channel_id);
+  // The updates of a poll the agent takes, by conversation: the conversations at once, each
+  // one's in order. Ok when all are dealt with and the cursor may pass them; else the first
+  // error (the batch is fetched again).
+  boost::asio::awaitable<Status> TakeAll(
+      const PollRead& read, const std::map<std::string, std::vector<TelegramInbound>>& updates);
+  // One update the agent takes: Ok when it is posted (or refused for good), an error when it is
+  // to be fetched again (intake full, the store unavailable).
+  boost::asio::awaitable<Status> Take(const PollRead& read, const TelegramInbound& update);
+  // Records why the channel's last poll failed ("" for none) and its cursor.
+  boost::asio::awaitable<void> RecordPoll(const PollRead& read, std::string cursor,
+                                          std::string error);
+  // Wakes the sender once the run ended.
+  boost::asio::awaitable<void> AwaitRun(std::string tenant_id, std::string run_id);
+  boost::asio::awaitable<void> SendLoop();
+  boost::asio::awaitable<void> Send(store::ChannelReply reply);
+  // Records a reply's new state (with its event when it ended); false when the write failed.
+  boost::asio::awaitable<bool> Record(const store::ChannelReply& reply);
+  boost::asio::awaitable<void> Sleep(std::chrono::milliseconds how_long);
+  void WakeSender();
+
+  boost::asio::any_io_executor executor_;
+  store::Store& store_;
+  runtime::Runtime& runtime_;
+  runtime::EventHub& hub_;
+  const secrets::Vault& vault_;
+  std::unique_ptr<http::Client> client_;
+  boost::asio::steady_timer supervise_timer_;
+  boost::asio::steady_timer send_timer_;
+  bool supervise_wake_ = true;
+  bool send_wake_ = true;
+  bool stopping_ = false;
+  std::set<std::string> polling_;  // channels this node polls
+  std::set<std::string> sending_;  // replies this node sends
+};
+
+}  // namespace keel::channels

@@ -1,0 +1,68 @@
+#pragma once
+// The Telegram channel (docs/CHANNELS.md): a bot whose updates the leader long-polls from the
+// Bot API (getUpdates) and whose answers it sends (sendMessage). Pure functions: what a
+// binding's settings are, which updates an agent takes and where each goes, how an answer
+// becomes the parts Telegram takes. The relay (channels/relay.h) does the I/O.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "keel/common/json_util.h"
+#include "keel/common/status.h"
+
+namespace keel::channels {
+
+inline constexpr const char* kTelegramApi = "https://api.telegram.org";
+// The longest text one sendMessage takes, in UTF-16 code units after entity parsing.
+inline constexpr size_t kTelegramMaxText = 4096;
+// An answer that holds this is not sent (the agent chose to stay silent).
+inline constexpr const char* kNoReply = "<NO_REPLY>";
+
+struct TelegramSettings {
+  std::string bot_token;                // the name of the tenant secret holding the bot's token
+  std::string api_base = kTelegramApi;  // the Bot API server (a self-hosted one, a proxy, a fake)
+  std::string role = "guest";           // the role the runs act with: guest | user
+  int poll_timeout = 25;                // getUpdates' long-poll timeout, seconds (0..50)
+};
+
+Result<TelegramSettings> ParseTelegramSettings(const Json& settings);
+Json TelegramSettingsJson(const TelegramSettings& s);
+
+// Whether a bot token can go in a Bot API URL's path (digits, ':', letters, '-', '_'), so that
+// a secret's value cannot change which URL is called.
+bool ValidBotToken(const std::string& token);
+
+// The bot as getMe describes it: mentions and replies to it are how a group calls it.
+struct TelegramBot {
+  int64_t id = 0;
+  std::string username;
+};
+
+// What an update asks of the agent.
+struct TelegramInbound {
+  std::string update_id;  // decimal
+  bool take = false;      // false: the agent does not see it (`ignored` says why)
+  std::string ignored;
+  std::string conversation;  // "chat:ID": one session per chat, group or private
+  std::string content;       // the message the agent gets
+  Json target;               // where its answer goes: {"chat_id", "reply_to"?, "thread_id"?}
+};
+
+// The routing rules: a private chat's every text message; in a group or supergroup, a text
+// that mentions the bot or replies to it (prefixed with its sender's name); nothing from a bot,
+// no other kind of update or message. kInvalidArgument for an update without a numeric
+// update_id (the poll cannot go past it).
+Result<TelegramInbound> RouteUpdate(const Json& update, const TelegramBot& bot);
+
+// An answer as the parts sendMessage takes with parse_mode HTML: split at kTelegramMaxText
+// (at the last newline within it when there is one, else the last space, else anywhere
+// between characters; the separator is dropped), each part's text escaped; parts of only
+// whitespace are left out. Empty for an answer of only whitespace.
+std::vector<std::string> ReplyParts(const std::string& answer);
+
+// The sendMessage body of part `index` to `target` (RouteUpdate's): the first part of a
+// group's answer replies to the message it answers.
+Json SendMessageBody(const Json& target, const std::string& part, size_t index);
+
+}  // namespace keel::channels

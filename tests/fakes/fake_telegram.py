@@ -1,0 +1,549 @@
+#!/usr/bin/env python3
+"""A fake Telegram Bot API server for Keel's tests, speaking the real wire format
+(https://core.telegram.org/bots/api).
+
+Usage: fake_telegram.py --token TOKEN [--bot-id ID] [--username NAME]. It listens on 127.0.0.1
+on a free port, prints the port on the first line of stdout, and serves until stdin closes (so it
+dies with the test that started it) or it is sent SIGTERM.
+
+Bot methods are `POST /bot<TOKEN>/<method>` (or GET; parameters in the query string, a JSON body
+with Content-Type application/json, or a form body; a body of another type is ignored, as
+Telegram ignores it). Every answer is `{"ok": true, "result": ...}` or `{"ok": false,
+"error_code": N, "description": "...", "parameters": {...}}` with HTTP status N. A wrong token is
+401 Unauthorized, an unknown method 404 Not Found; method names are case-insensitive.
+
+- getMe: the bot. deleteWebhook, getWebhookInfo: as Telegram (no webhook is ever set).
+- getUpdates {offset, limit, timeout, allowed_updates}: updates with update_id < offset are
+  confirmed and forgotten; answers the queued ones with update_id >= offset (at most limit),
+  waiting up to timeout seconds for one. As Telegram does, a getUpdates arriving while another
+  waits terminates the waiting one with 409 `Conflict: terminated by other getUpdates request;
+  ...`; `conflicts` counts those whose client was still connected (two live pollers of one bot),
+  not those a dead client left behind. allowed_updates is recorded but not applied: Telegram
+  may deliver updates queued before it changed, so a client must ignore what it did not ask for.
+- sendMessage {chat_id, text, parse_mode, reply_parameters, message_thread_id, ...}: checked as
+  Telegram checks it (a chat no update came from: `chat not found`; an empty text; a text longer
+  than 4096 UTF-16 code units after entity parsing: `message is too long`; with parse_mode HTML,
+  a `<` that does not start a supported tag, an unbalanced tag, or a `&` that does not start an
+  entity (&lt; &gt; &amp; &quot; or numeric): `can't parse entities: ...`; text that is not
+  UTF-8). Answers the Message, whose text is the parsed text, as Telegram's does.
+- sendChatAction {chat_id, action}: true.
+
+Failure injection, per method, consumed in order before normal answers (POST /_fail):
+{"status": 429, "retry_after": S}, {"status": 500}, {"status": 403, "description": "..."} (any
+status, with a default description), {"drop": true} (the whole request is read and counted, then
+the connection is closed without an answer), {"delay": S} (answered normally after S seconds;
+{"delay": 0} is a normal answer).
+
+Control endpoints (no token, JSON):
+- POST /_updates {"updates": [UPDATE, ...]}: queued; an update without update_id gets the next
+  one (from 1000). Answers {"update_ids": [...]}.
+- POST /_message {"chat_id", "text", "from_id" (default chat_id), "first_name" ("Ann"),
+  "username", "chat_type" ("private"; "group", "supergroup", "channel"), "is_bot" (false),
+  "reply_to_bot" (the message replies to the bot's last message in the chat),
+  "message_thread_id"}: queues a realistic text message Update (a "mention" entity per @word,
+  UTF-16 offsets). Answers {"update_id", "message_id"}.
+- GET /_sent: {"messages": [sendMessage bodies as received, plus "_at" (time.time()), "_text"
+  (the text as Telegram shows it) and "_message_id"], "actions": [sendChatAction bodies, plus
+  "_at"], "attempts": {method: calls, failed or not}, "calls": [{"method", "at", "status"
+  (HTTP status, "drop", or null while unanswered), "chat_id" when given}], "polls": [each
+  authorized getUpdates' offset, null for none], "poll_requests": [their parameters],
+  "pending": [update_ids still queued], "conflicts": N, "unauthorized": N}.
+- POST /_fail {"method": "sendMessage", "answers": [...]}: queues failures.
+- POST /_reset: clears the recordings and queued failures (not the update queue or counters).
+"""
+
+import argparse
+import collections
+import json
+import re
+import select
+import socket
+import sys
+import threading
+import time
+import urllib.parse
+
+from fake_http import FakeHandler, Server
+
+BOT = {"id": 7000001, "is_bot": True, "first_name": "Keel Test", "username": "keel_test_bot"}
+TOKEN = None
+METHODS = {m.lower(): m for m in ("getMe", "getUpdates", "sendMessage", "sendChatAction",
+                                   "deleteWebhook", "getWebhookInfo")}
+TAGS = {"b", "strong", "i", "em", "u", "ins", "s", "strike", "del", "span", "tg-spoiler", "a",
+        "tg-emoji", "code", "pre", "blockquote"}
+ACTIONS = {"typing", "upload_photo", "record_video", "upload_video", "record_voice",
+           "upload_voice", "upload_document", "choose_sticker", "find_location",
+           "record_video_note", "upload_video_note"}
+ENTITY = re.compile(r"&(lt|gt|amp|quot|#[0-9]{1,8}|#[xX][0-9a-fA-F]{1,7});")
+TAG = re.compile(r"<(/?)([a-zA-Z][a-zA-Z0-9-]*)(\s[^<>]*)?>")
+MENTION = re.compile(r"@[A-Za-z0-9_]+")
+INT_PARAMS = {"offset", "limit", "timeout", "chat_id", "message_thread_id", "reply_to_message_id"}
+
+cond = threading.Condition()
+S = {}  # the state, under cond
+
+
+def reset_recordings():
+    S.update(messages=[], actions=[], calls=[], polls=[], poll_requests=[], conflicts=0,
+             unauthorized=0, attempts=collections.Counter(),
+             failures=collections.defaultdict(collections.deque))
+
+
+S.update(updates=[], next_update_id=1000, chats={}, last_id={}, bot_last={}, waiter=None)
+reset_recordings()
+
+
+class ApiError(Exception):
+    def __init__(self, status, description, parameters=None):
+        super().__init__(description)
+        self.status, self.description, self.parameters = status, description, parameters
+
+
+def utf16_len(text):
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
+
+
+def byte_offset(text, i):
+    return len(text[:i].encode("utf-8", "surrogatepass"))
+
+
+def parse_html(text):
+    """The text Telegram shows for `text` sent with parse_mode HTML; ApiError when it does not
+    parse."""
+    out, stack, i = [], [], 0
+    while i < len(text):
+        c = text[i]
+        if c == "&":
+            m = ENTITY.match(text, i)
+            if not m:
+                raise ApiError(400, "Bad Request: can't parse entities: Character '&' at byte "
+                               "offset %d does not begin an HTML entity" % byte_offset(text, i))
+            name = m.group(1)
+            if name[0] == "#":
+                code = int(name[2:], 16) if name[1] in "xX" else int(name[1:])
+                if code > 0x10FFFF or 0xD800 <= code <= 0xDFFF or code == 0:
+                    raise ApiError(400, "Bad Request: can't parse entities: invalid numeric "
+                                   "entity at byte offset %d" % byte_offset(text, i))
+                out.append(chr(code))
+            else:
+                out.append({"lt": "<", "gt": ">", "amp": "&", "quot": '"'}[name])
+            i = m.end()
+        elif c == "<":
+            m = TAG.match(text, i)
+            name = m.group(2).lower() if m else ""
+            if not m or name not in TAGS:
+                raise ApiError(400, 'Bad Request: can\'t parse entities: Unsupported start tag '
+                               '"%s" at byte offset %d' % (name, byte_offset(text, i)))
+            if m.group(1):
+                if not stack or stack[-1] != name:
+                    raise ApiError(400, "Bad Request: can't parse entities: Unmatched end tag "
+                                   'at byte offset %d, expected "</%s>", found "</%s>"'
+                                   % (byte_offset(text, i), stack[-1] if stack else "", name))
+                stack.pop()
+            else:
+                stack.append(name)
+            i = m.end()
+        else:
+            out.append(c)
+            i += 1
+    if stack:
+        raise ApiError(400, "Bad Request: can't parse entities: Can't find end tag "
+                       'corresponding to start tag "%s"' % stack[-1])
+    return "".join(out)
+
+
+def check_utf8(value):
+    """Strings in a JSON body must be UTF-8: a lone surrogate (\\ud83d) is not."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ApiError(400, "Bad Request: strings must be encoded in UTF-8")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            check_utf8(k)
+            check_utf8(v)
+    elif isinstance(value, list):
+        for v in value:
+            check_utf8(v)
+
+
+def as_int(params, name, default=None):
+    value = params.get(name, default)
+    if value is None or isinstance(value, int) and not isinstance(value, bool):
+        return value
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ApiError(400, "Bad Request: invalid %s specified" % name)
+
+
+def chat_key(chat_id):
+    try:
+        return int(chat_id)
+    except (TypeError, ValueError):
+        return chat_id
+
+
+def remember_update(u):
+    """Notes the chats and message ids an update shows (under cond)."""
+    for v in u.values():
+        if isinstance(v, dict) and isinstance(v.get("chat"), dict) and "id" in v["chat"]:
+            cid = chat_key(v["chat"]["id"])
+            S["chats"][cid] = v["chat"].get("type", "private")
+            if isinstance(v.get("message_id"), int):
+                S["last_id"][cid] = max(S["last_id"].get(cid, 0), v["message_id"])
+
+
+def queue_update(u):
+    """Queues one update (under cond); returns its update_id."""
+    if "update_id" not in u:
+        u["update_id"] = S["next_update_id"]
+    if not isinstance(u["update_id"], int):
+        raise ApiError(400, "update_id must be an integer")
+    S["next_update_id"] = max(S["next_update_id"], u["update_id"] + 1)
+    remember_update(u)
+    S["updates"].append(u)
+    S["updates"].sort(key=lambda x: x["update_id"])
+    cond.notify_all()
+    return u["update_id"]
+
+
+def build_message(p):
+    """The Update POST /_message describes (under cond)."""
+    chat_id, text = p["chat_id"], p["text"]
+    ctype = p.get("chat_type", "private")
+    sender = {"id": p.get("from_id", chat_id), "is_bot": bool(p.get("is_bot", False)),
+              "first_name": p.get("first_name", "Ann")}
+    if p.get("username"):
+        sender["username"] = p["username"]
+    chat = {"id": chat_id, "type": ctype}
+    if ctype == "private":
+        chat["first_name"] = sender["first_name"]
+        if p.get("username"):
+            chat["username"] = p["username"]
+    else:
+        chat["title"] = "Group %s" % chat_id
+    key = chat_key(chat_id)
+    earlier = S["bot_last"].get(key)
+    if p.get("reply_to_bot") and earlier is None:  # an answer of the bot from before
+        S["last_id"][key] = S["last_id"].get(key, 0) + 1
+        earlier = {"message_id": S["last_id"][key], "from": dict(BOT), "chat": chat,
+                   "date": int(time.time()) - 60, "text": "An earlier answer."}
+    message_id = S["last_id"].get(key, 0) + 1
+    S["last_id"][key] = message_id
+    msg = {"message_id": message_id, "from": sender, "chat": chat, "date": int(time.time()),
+           "text": text}
+    entities = [{"type": "mention", "offset": utf16_len(text[:m.start()]),
+                 "length": utf16_len(m.group())} for m in MENTION.finditer(text)]
+    if entities:
+        msg["entities"] = entities
+    if p.get("message_thread_id") is not None:
+        msg["message_thread_id"] = p["message_thread_id"]
+        msg["is_topic_message"] = True
+    if p.get("reply_to_bot"):
+        msg["reply_to_message"] = earlier
+    return {"message": msg}
+
+
+def connection_alive(sock):
+    """False when the peer of a connection waiting for its answer has gone (EOF or reset)."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        if not readable:
+            return True
+        return sock.recv(1, socket.MSG_PEEK) != b""
+    except OSError:
+        return False
+
+
+class Handler(FakeHandler):
+    def send_error_json(self, status, message, parameters=None):
+        body = {"ok": False, "error_code": status, "description": message}
+        if parameters:
+            body["parameters"] = parameters
+        self.send_json(status, body)
+
+    def not_found(self, message=None):
+        self.send_error_json(404, "Not Found")
+
+    def do_GET(self):
+        self.dispatch()
+
+    def do_POST(self):
+        self.dispatch()
+
+    def read_body(self):
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            raw = b""
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return raw
+                raw += self.rfile.read(size)
+                self.rfile.readline()
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+    def params(self, url, raw):
+        """The request's parameters: the query string, then a JSON or form body."""
+        p = {k: v for k, v in urllib.parse.parse_qsl(url.query, keep_blank_values=True)}
+        ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        if raw and ctype == "application/json":
+            try:
+                body = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                raise ApiError(400, "Bad Request: strings must be encoded in UTF-8")
+            except ValueError:
+                raise ApiError(400, "Bad Request: can't parse JSON object")
+            if not isinstance(body, dict):
+                raise ApiError(400, "Bad Request: can't parse JSON object")
+            check_utf8(body)
+            p.update(body)
+        elif raw and ctype == "application/x-www-form-urlencoded":
+            p.update(urllib.parse.parse_qsl(raw.decode("utf-8", "replace"),
+                                            keep_blank_values=True))
+        for k, v in list(p.items()):  # text parameters carry JSON for structured values
+            if isinstance(v, str) and (k in INT_PARAMS or v[:1] in "[{"):
+                try:
+                    p[k] = json.loads(v)
+                except ValueError:
+                    pass
+        return p
+
+    def dispatch(self):
+        url = urllib.parse.urlparse(self.path)
+        raw = self.read_body()
+        try:
+            if url.path.startswith("/bot"):
+                return self.bot_method(url, raw)
+            control = CONTROL.get((self.command, url.path))
+            if control is None:
+                return self.not_found()
+            body = json.loads(raw) if raw.strip() else {}
+            if not isinstance(body, dict):
+                raise ApiError(400, "the body must be a JSON object")
+            with cond:
+                result = json.loads(json.dumps(control(body)))  # a snapshot
+            self.send_json(200, result)
+        except ApiError as e:
+            self.send_error_json(e.status, e.description, e.parameters)
+        except (ValueError, KeyError, TypeError) as e:
+            self.send_error_json(400, "Bad Request: %s" % e)
+
+    def bot_method(self, url, raw):
+        token, _, name = url.path[len("/bot"):].partition("/")
+        method = METHODS.get(name.lower(), name)
+        call = {"method": method, "at": time.time(), "status": None}
+        with cond:
+            S["attempts"][method] += 1
+            S["calls"].append(call)
+            if token != TOKEN:
+                S["unauthorized"] += 1
+                call["status"] = 401
+                raise ApiError(401, "Unauthorized")
+            if name.lower() not in METHODS:
+                call["status"] = 404
+                raise ApiError(404, "Not Found")
+            failure = S["failures"][method].popleft() if S["failures"][method] else None
+        try:
+            params = self.params(url, raw)
+            with cond:
+                if "chat_id" in params:
+                    call["chat_id"] = params["chat_id"]
+            if failure is not None:
+                if failure.get("drop"):
+                    with cond:
+                        call["status"] = "drop"
+                    return self.drop()
+                if failure.get("delay") is not None:
+                    time.sleep(float(failure["delay"]))
+                elif failure.get("status"):
+                    raise injected(failure)
+            result = getattr(self, "m_" + method)(params)
+        except ApiError as e:
+            with cond:
+                call["status"] = e.status
+            raise
+        with cond:
+            call["status"] = 200
+        self.send_json(200, {"ok": True, "result": result})
+
+    # ---------------------------------------------------------------- bot methods
+
+    def m_getMe(self, p):
+        return dict(BOT, can_join_groups=True, can_read_all_group_messages=False,
+                    supports_inline_queries=False)
+
+    def m_deleteWebhook(self, p):
+        return True
+
+    def m_getWebhookInfo(self, p):
+        with cond:
+            return {"url": "", "has_custom_certificate": False,
+                    "pending_update_count": len(S["updates"])}
+
+    def m_getUpdates(self, p):
+        offset, limit = as_int(p, "offset"), as_int(p, "limit", 100)
+        timeout = min(max(as_int(p, "timeout", 0), 0), 600)
+        limit = min(max(limit, 1), 100)
+        me = {"conn": self.connection, "superseded": False}
+        with cond:
+            S["polls"].append(offset)
+            S["poll_requests"].append(p)
+            if offset is not None:
+                if offset >= 0:
+                    S["updates"] = [u for u in S["updates"] if u["update_id"] >= offset]
+                else:
+                    S["updates"] = S["updates"][offset:]
+            old = S["waiter"]
+            if old is not None:
+                old["superseded"] = True
+                if connection_alive(old["conn"]):
+                    S["conflicts"] += 1
+                cond.notify_all()
+            deadline = time.monotonic() + timeout
+            while True:
+                batch = S["updates"][:limit]
+                left = deadline - time.monotonic()
+                if batch or me["superseded"] or left <= 0:
+                    break
+                S["waiter"] = me
+                cond.wait(left)
+            if S["waiter"] is me:
+                S["waiter"] = None
+            if me["superseded"]:
+                raise ApiError(409, "Conflict: terminated by other getUpdates request; make "
+                               "sure that only one bot instance is running")
+            return json.loads(json.dumps(batch))
+
+    def known_chat(self, p):
+        if p.get("chat_id") in (None, ""):
+            raise ApiError(400, "Bad Request: chat_id is empty")
+        key = chat_key(p["chat_id"])
+        with cond:
+            if key not in S["chats"]:
+                raise ApiError(400, "Bad Request: chat not found")
+            return key, S["chats"][key]
+
+    def m_sendMessage(self, p):
+        key, ctype = self.known_chat(p)
+        text = p.get("text")
+        if not isinstance(text, str) or not text:
+            raise ApiError(400, "Bad Request: message text is empty")
+        mode = p.get("parse_mode") or ""
+        if not isinstance(mode, str) or mode.lower() not in ("", "html", "markdown",
+                                                             "markdownv2"):
+            raise ApiError(400, "Bad Request: unsupported parse_mode")
+        shown = parse_html(text) if mode.lower() == "html" else text
+        if not shown.strip():
+            raise ApiError(400, "Bad Request: message text is empty")
+        if utf16_len(shown) > 4096:
+            raise ApiError(400, "Bad Request: message is too long")
+        reply = p.get("reply_parameters")
+        if reply is not None and (not isinstance(reply, dict) or
+                                  not isinstance(reply.get("message_id"), int)):
+            raise ApiError(400, "Bad Request: invalid reply parameters specified")
+        thread = p.get("message_thread_id")
+        if thread is not None and not isinstance(thread, int):
+            raise ApiError(400, "Bad Request: invalid message_thread_id specified")
+        with cond:
+            if reply is not None and not reply.get("allow_sending_without_reply") and \
+                    reply["message_id"] > S["last_id"].get(key, 0):
+                raise ApiError(400, "Bad Request: message to be replied not found")
+            message_id = S["last_id"].get(key, 0) + 1
+            S["last_id"][key] = message_id
+            msg = {"message_id": message_id, "from": dict(BOT),
+                   "chat": {"id": key, "type": ctype}, "date": int(time.time()), "text": shown}
+            if thread is not None:
+                msg["message_thread_id"] = thread
+            S["bot_last"][key] = msg
+            S["messages"].append(dict(p, _at=time.time(), _text=shown, _message_id=message_id))
+        return msg
+
+    def m_sendChatAction(self, p):
+        self.known_chat(p)
+        if p.get("action") not in ACTIONS:
+            raise ApiError(400, "Bad Request: wrong parameter action in request")
+        with cond:
+            S["actions"].append(dict(p, _at=time.time()))
+        return True
+
+
+def injected(failure):
+    status = int(failure["status"])
+    if status == 429:
+        after = int(failure.get("retry_after", 1))
+        return ApiError(429, failure.get("description", "Too Many Requests: retry after %d"
+                                         % after), {"retry_after": after})
+    default = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
+               500: "Internal Server Error", 502: "Bad Gateway"}.get(status, "Error")
+    return ApiError(status, failure.get("description", default))
+
+
+# -------------------------------------------------------------------- control endpoints
+
+
+def c_updates(body):
+    updates = body.get("updates")
+    if not isinstance(updates, list) or not all(isinstance(u, dict) for u in updates):
+        raise ApiError(400, "'updates' must be an array of objects")
+    return {"update_ids": [queue_update(dict(u)) for u in updates]}
+
+
+def c_message(body):
+    if "chat_id" not in body or not isinstance(body.get("text"), str):
+        raise ApiError(400, "'chat_id' and a string 'text' are required")
+    update = build_message(body)
+    return {"update_id": queue_update(update), "message_id": update["message"]["message_id"]}
+
+
+def c_sent(body):
+    return {"messages": S["messages"], "actions": S["actions"],
+            "attempts": dict(S["attempts"]), "calls": S["calls"], "polls": S["polls"],
+            "poll_requests": S["poll_requests"],
+            "pending": [u["update_id"] for u in S["updates"]],
+            "conflicts": S["conflicts"], "unauthorized": S["unauthorized"]}
+
+
+def c_fail(body):
+    method = METHODS.get(str(body.get("method", "")).lower())
+    answers = body.get("answers")
+    if method is None or not isinstance(answers, list) or \
+            not all(isinstance(a, dict) for a in answers):
+        raise ApiError(400, "'method' (a bot method) and 'answers' (objects) are required")
+    S["failures"][method].extend(answers)
+    return {"queued": len(S["failures"][method])}
+
+
+def c_reset(body):
+    reset_recordings()
+    return {"ok": True}
+
+
+CONTROL = {("POST", "/_updates"): c_updates, ("POST", "/_message"): c_message,
+           ("GET", "/_sent"): c_sent, ("POST", "/_fail"): c_fail, ("POST", "/_reset"): c_reset}
+
+
+def main():
+    global TOKEN
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--token", required=True)
+    ap.add_argument("--bot-id", type=int, default=7000001)
+    ap.add_argument("--username", default="keel_test_bot")
+    args = ap.parse_args()
+    TOKEN = args.token
+    BOT.update(id=args.bot_id, username=args.username)
+    server = Server(("127.0.0.1", 0), Handler)
+    print(server.server_address[1], flush=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        sys.stdin.read()  # returns at EOF: the test that started us is gone
+    except KeyboardInterrupt:
+        pass
+    server.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,878 @@
+"""Telegram channels: a bot bound to an agent that long-polls the Bot API (getUpdates) of
+tests/fakes/fake_telegram.py, posts each update it takes into the session of its chat, and sends
+the agent's answer back through the durable outbox (sendMessage), attacked.
+
+End to end (getMe, then getUpdates with the offset after the last handled update; one session
+per chat, the text as sent; the answer HTML-escaped, which the fake proves by refusing what does
+not parse; a typing action per update; the outbox items and their events); groups (only
+mentions of the bot and replies to it, prefixed with the sender's name, answered as replies and
+in their topic; bots, non-text messages, other updates and channel posts ignored, the offset
+moving past them); long answers split at 4096 UTF-16 code units, at newlines when there are
+some, never inside an entity or a surrogate pair; `<NO_REPLY>` and failed runs; the outbox's
+retries (429 after retry_after, 500 with backoff), a blocked bot (dead at once) and a send cut
+after its request (unknown, never repeated); a wrong token (status error, fixed by setting the
+secret again); disabling and enabling; the offset and the outbox across SIGTERM and kill -9,
+and kill -9 twice while 30 updates arrive (each update one message, each answer sent at most
+once, nothing left pending); roles, tenants and settings validation; no answer, event or log
+line holding the bot token.
+
+Every answer a Tenant receives is checked for its secrets' values. Each test has a fake of its
+own (one bot token, one update queue). Runs on SQLite and, with KEEL_TEST_STORE=postgres, on
+PostgreSQL."""
+
+import json
+import os
+import random
+import secrets
+import subprocess
+import sys
+import threading
+import time
+import unittest
+
+import keel_harness
+from keel_harness import (FakeOpenAi, KeelServer, KeelTestCase, http_request, keel_bin,
+                          unique_name, wait_for)
+
+KEK = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="
+BOT_ID = 7000001
+FAKE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fakes", "fake_telegram.py")
+ENDED = ("sent", "skipped", "unknown", "dead")
+SERVER = OPENAI = None
+
+
+def server_env():
+    return dict(OPENAI.env, KEEL_SECRET_KEK=KEK, KEEL_OUTBOUND_ALLOW="127.0.0.1/32")
+
+
+def setUpModule():
+    global SERVER, OPENAI
+    OPENAI = FakeOpenAi()  # openai/bad-request: a model that fails the run at once
+    SERVER = KeelServer(env=server_env())
+
+
+def tearDownModule():
+    try:
+        SERVER.stop()
+    finally:
+        OPENAI.stop()
+
+
+def utf16(text):
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
+
+
+def bot_token():
+    return "%d:AA%s" % (BOT_ID, secrets.token_urlsafe(24))
+
+
+class FakeTelegram:
+    """tests/fakes/fake_telegram.py in a process of its own, and its control endpoints."""
+
+    def __init__(self):
+        self.token = bot_token()
+        self.proc = subprocess.Popen([sys.executable, FAKE, "--token", self.token],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.port = int(self.proc.stdout.readline().strip())
+        self.api_base = "http://127.0.0.1:%d" % self.port
+        self.message_ids = {}  # update_id -> the message_id of the message it carries
+
+    def control(self, method, path, body=None):
+        st, data, _ = http_request("127.0.0.1:%d" % self.port, method, path, body=body)
+        assert st == 200, "fake %s %s -> %s %r" % (method, path, st, data)
+        return data
+
+    def message(self, chat_id, text, **kw):
+        """Queues a text message; returns its update_id."""
+        got = self.control("POST", "/_message", dict(kw, chat_id=chat_id, text=text))
+        self.message_ids[got["update_id"]] = got["message_id"]
+        return got["update_id"]
+
+    def group(self, chat_id, text, **kw):
+        kw.setdefault("chat_type", "supergroup")
+        return self.message(chat_id, text, **kw)
+
+    def updates(self, *updates):
+        return self.control("POST", "/_updates", {"updates": list(updates)})["update_ids"]
+
+    def sent(self):
+        return self.control("GET", "/_sent")
+
+    def fail(self, method, *answers):
+        self.control("POST", "/_fail", {"method": method, "answers": list(answers)})
+
+    def to(self, chat_id):
+        return [m for m in self.sent()["messages"] if m["chat_id"] == chat_id]
+
+    def sends(self, chat_id):
+        """sendMessage calls to the chat, answered or not."""
+        return [c for c in self.sent()["calls"]
+                if c["method"] == "sendMessage" and c.get("chat_id") == chat_id]
+
+    def wait_sent(self, chat_id, n=1, timeout=30):
+        return wait_for(lambda: (lambda ms: ms if len(ms) >= n else None)(self.to(chat_id)),
+                        timeout, "%d message(s) sent to chat %s" % (n, chat_id))
+
+    def stop(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=10)
+        self.proc.stdout.close()
+
+
+class Tenant(keel_harness.Tenant):
+    """A tenant with a user and a guest token. Every answer it receives is checked for the
+    values of the secrets it set (`never`)."""
+
+    def __init__(self, server):
+        self.never = []
+        super().__init__(server)
+        self.user, _ = self.new_token("user")
+        self.guest, _ = self.new_token("guest")
+
+    def check(self, resp, what):
+        text = resp[1] if isinstance(resp[1], str) else json.dumps(resp[1])
+        for value in self.never:
+            assert value not in text, "%s: the answer holds a secret's value: %s" % (what, text)
+        return resp
+
+    def request(self, method, path, body=None, token=None, **kw):
+        return self.check(self.server.request(method, path, body=body, token=token or self.token,
+                                              **kw), "%s %s" % (method, path))
+
+    def ok(self, method, path, body=None, expect=(200, 201, 204), token=None, **kw):
+        st, data, _ = self.request(method, path, body, token=token, **kw)
+        expect = (expect,) if isinstance(expect, int) else expect
+        assert st in expect, "%s %s -> %s (expected %s): %r" % (method, path, st, expect, data)
+        return data
+
+    def secret(self, value):
+        name = "TG_" + os.urandom(6).hex().upper()
+        self.never.append(value)
+        self.ok("PUT", "/v1/secrets/" + name, {"value": value}, expect=204)
+        return name
+
+    def bot(self, fake, token=None, model="local", config=None, **settings):
+        """A new agent, secret and telegram channel `tg` polling `fake`; (agent, channel)."""
+        settings = dict({"bot_token": self.secret(token or fake.token),
+                         "api_base": fake.api_base, "poll_timeout": 1}, **settings)
+        agent = self.server.create_agent(model=model, config=config, token=self.token)
+        ch = self.ok("POST", "/v1/agents/%s/channels" % agent["id"],
+                     {"kind": "telegram", "name": "tg", "settings": settings}, expect=201)
+        return agent, ch
+
+    def pages(self, path, token=None):
+        items, cursor = [], None
+        while True:
+            sep = "&" if "?" in path else "?"
+            data = self.ok("GET", path + (sep + "cursor=" + cursor if cursor else ""), token=token)
+            items += data["items"]
+            cursor = data.get("next_cursor")
+            if not cursor:
+                return items
+
+    def replies(self, ch, token=None):
+        return {r["delivery_id"]: r for r in self.pages("/v1/channels/%s/replies" % ch["id"],
+                                                        token=token)}
+
+    def wait_reply(self, ch, update_id, statuses=ENDED, timeout=30):
+        return wait_for(lambda: (lambda r: r if r and r["status"] in statuses else None)(
+            self.replies(ch).get(str(update_id))), timeout,
+            "the reply to update %s %s" % (update_id, "/".join(statuses)))
+
+    def sessions(self, agent):
+        return {s["title"]: s for s in self.pages("/v1/agents/%s/sessions" % agent["id"])}
+
+    def users(self, session):
+        return [m["content"] for m in self.pages("/v1/sessions/%s/messages" % session["id"])
+                if m["role"] == "user"]
+
+    def events(self, kind, ch):
+        return [e for e in self.server.all_events(token=self.token)
+                if e["type"] == kind and e["payload"].get("channel_id") == ch["id"]]
+
+    def status(self, ch, want):
+        return wait_for(lambda: (lambda c: c if c["status"] == want else None)(
+            self.ok("GET", "/v1/channels/" + ch["id"])), 30, "channel status " + want)
+
+
+class TelegramCase(KeelTestCase):
+    """The module's server, a fresh tenant and a fake of the test's own. bot() deletes its
+    channel when the test ends, before the fake stops."""
+
+    def setUp(self):
+        self.server = SERVER
+        self.t = Tenant(SERVER)
+        self.fake = FakeTelegram()
+        self.addCleanup(self.fake.stop)
+
+    def bot(self, fake=None, **kw):
+        agent, ch = self.t.bot(fake or self.fake, **kw)
+        self.addCleanup(self.t.request, "DELETE", "/v1/channels/" + ch["id"])
+        return agent, ch
+
+    def answered(self, chat_id, text, n=1):
+        """Sends a private message and returns the chat's messages once the nth is sent."""
+        self.fake.message(chat_id, text)
+        return self.fake.wait_sent(chat_id, n)
+
+    def assertNoLeak(self, *values):
+        events = json.dumps(self.server.all_events(token=self.t.token))
+        log = ""
+        for path in (self.server.stderr_path, self.server.stdout_path):
+            with open(path, errors="replace") as f:
+                log += f.read()
+        for value in values:
+            self.assertNotIn(value, events, "an event holds the bot token")
+            self.assertNotIn(value, log, "the server's log holds the bot token")
+
+
+class EndToEndTest(TelegramCase):
+    def test_private_chats_are_answered_each_in_its_session(self):
+        t, fake = self.t, self.fake
+        agent, ch = self.bot()
+        self.assertEqual((ch["kind"], ch["name"], ch["enabled"], ch["status"]),
+                         ("telegram", "tg", True, "ready"))
+        self.assertEqual(ch["settings"], {"bot_token": ch["settings"]["bot_token"],
+                                          "api_base": fake.api_base, "role": "guest",
+                                          "poll_timeout": 1})
+        wait_for(lambda: fake.sent()["poll_requests"], 20, "a first getUpdates")
+        sent = fake.sent()
+        methods = [c["method"] for c in sent["calls"]]
+        self.assertEqual(methods[0], "getMe", methods)
+        first = sent["poll_requests"][0]
+        self.assertNotIn("offset", first, "the very first getUpdates carries no offset")
+        self.assertEqual((first["timeout"], first["allowed_updates"]), (1, ["message"]), first)
+        # Escaped so that Telegram shows it as written: the fake refuses what does not parse, and
+        # unescaped <i>x</i> would show as x.
+        texts = {111: ['1 < 2 & <i>x</i> "q" &amp; \U0001f600', "second"], 222: ["other chat"]}
+        ids = {111: [fake.message(111, texts[111][0])]}
+        self.assertEqual(fake.wait_sent(111)[0]["_text"], 'You said: "%s"' % texts[111][0])
+        ids[111].append(fake.message(111, texts[111][1]))
+        ids[222] = [fake.message(222, texts[222][0])]
+        fake.wait_sent(111, 2)
+        fake.wait_sent(222)
+        sessions = t.sessions(agent)
+        self.assertEqual(sorted(sessions), ["tg: chat:111", "tg: chat:222"])
+        # The fake has the answers before Keel records them sent.
+        for u in ids[111] + ids[222]:
+            t.wait_reply(ch, u)
+        replies = t.replies(ch)
+        self.assertEqual(sorted(replies), sorted(str(u) for u in ids[111] + ids[222]))
+        for chat, updates in ids.items():
+            session = sessions["tg: chat:%d" % chat]
+            self.assertEqual(t.users(session), texts[chat])
+            msgs = t.pages("/v1/sessions/%s/messages" % session["id"])
+            answers = [m for m in msgs if m["role"] == "assistant"]
+            self.assertEqual([m["content"] for m in answers],
+                             ['You said: "%s"' % x for x in texts[chat]])
+            for m, update, answer in zip(fake.to(chat), updates, answers):
+                self.assertEqual((m["chat_id"], m["parse_mode"], m["_text"]),
+                                 (chat, "HTML", answer["content"]))
+                self.assertIsInstance(m["chat_id"], int)
+                self.assertNotIn("reply_parameters", m, "a private answer replies to nothing")
+                self.assertNotIn("message_thread_id", m)
+                r = replies[str(update)]
+                self.assertEqual((r["channel_id"], r["session_id"], r["run_id"], r["status"],
+                                  r["text"], r["parts_sent"], r["attempts"]),
+                                 (ch["id"], session["id"], answer["run_id"], "sent",
+                                  answer["content"], 1, 1))
+                self.assertFalse(r["error"], r)
+                self.assertTime(r["created_at"])
+                self.assertTime(r["updated_at"])
+        # One typing action per update, to its chat.
+        wait_for(lambda: len(fake.sent()["actions"]) >= 3, 20, "three chat actions")
+        actions = [(a["chat_id"], a["action"]) for a in fake.sent()["actions"]]
+        self.assertEqual(sorted(actions), [(111, "typing")] * 2 + [(222, "typing")])
+        # Events: one delivery per update, one replied per answer.
+        delivered = t.events("channel.delivered@v1", ch)
+        self.assertEqual(sorted(e["payload"]["delivery_id"] for e in delivered), sorted(replies))
+        replied = {e["payload"]["reply_id"]: e["payload"]
+                   for e in t.events("channel.replied@v1", ch)}
+        self.assertEqual(sorted(replied), sorted(r["id"] for r in replies.values()))
+        for r in replies.values():
+            self.assertEqual((replied[r["id"]]["run_id"], replied[r["id"]]["parts"]),
+                             (r["run_id"], 1))
+        # The offset moves past the last handled update; one poller only.
+        last = max(ids[111] + ids[222])
+        wait_for(lambda: last + 1 in fake.sent()["polls"], 20, "a poll with offset %d" % last)
+        self.assertEqual(fake.sent()["conflicts"], 0, "two pollers of one bot")
+        # The message's idempotency key is telegram:<update_id>: a client reusing it in the
+        # session is refused or gets the update's message back, never posts a second one.
+        session = sessions["tg: chat:111"]
+        st, body, _ = self.server.post_message(session["id"], "forged",
+                                               idempotency_key="telegram:%d" % ids[111][0],
+                                               token=t.token)
+        first_msg = t.pages("/v1/sessions/%s/messages" % session["id"])[0]
+        if st != 400:
+            self.assertEqual((body.get("replayed"), body["message"]["id"]),
+                             (True, first_msg["id"]), body)
+        self.assertEqual(t.users(session), texts[111])
+
+    def test_groups_take_mentions_and_replies_to_the_bot_and_nothing_else(self):
+        t, fake = self.t, self.fake
+        agent, ch = self.bot()
+        g, small = -1001234, -42
+        taken, ignored = [], []
+        ignored.append(fake.group(g, "hello everyone"))
+        taken.append((fake.group(g, "hey @KEEL_Test_Bot what's up", first_name="Ann"),
+                      g, "Ann: hey @KEEL_Test_Bot what's up", None))
+        ignored.append(fake.group(g, "@other_bot do it"))
+        ignored.append(fake.group(g, "@keel_test_botty is another bot"))
+        ignored.append(fake.group(g, "@keel_test_bot I am a bot", from_id=900, is_bot=True,
+                                  first_name="Robo"))
+        taken.append((fake.group(g, "thanks!", reply_to_bot=True, from_id=42, first_name="Bob"),
+                      g, "Bob: thanks!", None))
+        ignored.append(fake.message(-1005005, "@keel_test_bot news", chat_type="channel"))
+        eve, now = {"id": 7, "is_bot": False, "first_name": "Eve"}, int(time.time())
+        ignored += fake.updates(  # an edit, a photo with a caption, a button press
+            {"edited_message": {"message_id": 50, "from": eve, "date": now, "chat": {
+                "id": g, "type": "supergroup", "title": "G"}, "text": "@keel_test_bot edited"}},
+            {"message": {"message_id": 3, "from": eve, "chat": dict(eve, type="private"),
+                         "date": now, "photo": [{"file_id": "p", "width": 9, "height": 9}],
+                         "caption": "@keel_test_bot look"}},
+            {"callback_query": {"id": "cb1", "from": eve, "data": "x"}})
+        taken.append((fake.group(g, "@keel_test_bot in a topic", message_thread_id=77,
+                                 first_name="Cy"), g, "Cy: @keel_test_bot in a topic", 77))
+        taken.append((fake.group(small, "ping @keel_test_bot", chat_type="group",
+                                 first_name="Dee"), small, "Dee: ping @keel_test_bot", None))
+        anchor = fake.message(444, "anchor")  # after everything else: its answer is the proof
+        fake.wait_sent(444)
+        fake.wait_sent(g, 3)
+        fake.wait_sent(small)
+        wait_for(lambda: anchor + 1 in fake.sent()["polls"], 20, "the offset past the anchor")
+        sent = fake.sent()
+        self.assertEqual(sorted({m["chat_id"] for m in sent["messages"]}), [g, small, 444])
+        self.assertEqual(len(sent["messages"]), 5, sent["messages"])
+        by_text = {m["_text"]: m for m in sent["messages"]}
+        for update, chat, content, thread in taken:
+            m = by_text.get('You said: "%s"' % content)
+            self.assertIsNotNone(m, "no answer to %r in %r" % (content, list(by_text)))
+            self.assertEqual(m["chat_id"], chat)
+            self.assertEqual(t.wait_reply(ch, update)["status"], "sent")
+            self.assertEqual(m.get("reply_parameters"), {"message_id": fake.message_ids[update],
+                                                         "allow_sending_without_reply": True})
+            self.assertEqual(m.get("message_thread_id"), thread, m)
+        self.assertNotIn("reply_parameters", by_text['You said: "anchor"'])
+        sessions = t.sessions(agent)
+        self.assertEqual(sorted(sessions), sorted(["tg: chat:%d" % g, "tg: chat:%d" % small,
+                                                   "tg: chat:444"]))
+        self.assertEqual(t.users(sessions["tg: chat:%d" % g]),
+                         [c for _, chat, c, _ in taken if chat == g])
+        delivered = sorted(int(e["payload"]["delivery_id"])
+                           for e in t.events("channel.delivered@v1", ch))
+        self.assertEqual(delivered, sorted([u for u, _, _, _ in taken] + [anchor]))
+        self.assertEqual(sorted(int(k) for k in t.replies(ch)), delivered)
+        wait_for(lambda: len(fake.sent()["actions"]) >= 5, 20, "five chat actions")
+        self.assertEqual(sorted(a["chat_id"] for a in fake.sent()["actions"]),
+                         sorted([g] * 3 + [small, 444]))
+        self.assertEqual(fake.sent()["pending"], [], "ignored updates were not confirmed")
+        self.assertLess(max(ignored), anchor)
+
+
+class LongAnswerTest(TelegramCase):
+    """Answers past 4096 UTF-16 code units: the fake refuses a longer part, a part cut inside
+    an entity (it does not parse) or a surrogate pair (not UTF-8)."""
+
+    LINES = "\n".join('%03d <tag> & "q" \U0001f600 ' % i + "x" * 50 for i in range(150))
+    LONG = "abc" + "\U0001f600<&" * 1500  # no newline, no space; 4096 falls inside an emoji
+
+    def parts(self, chat_id, answer, n):
+        """Waits for the n parts of `answer` to chat_id and checks they make it up."""
+        parts = self.fake.wait_sent(chat_id, n)
+        self.assertEqual(len(self.fake.to(chat_id)), n)
+        pos = 0
+        for i, m in enumerate(parts):
+            p = m["_text"]
+            self.assertLessEqual(utf16(p), 4096)
+            self.assertEqual(answer[pos:pos + len(p)], p, "part %d is not the answer's next" % i)
+            pos += len(p)
+            if i < n - 1 and "\n" in answer:
+                self.assertTrue(p.endswith("\n") or answer[pos] == "\n",
+                                "part %d was not cut at a newline" % i)
+            if i < n - 1 and answer[pos:pos + 1] == "\n":
+                pos += 1  # the newline it was cut at may be left out
+        self.assertEqual(pos, len(answer), "the parts do not make up the whole answer")
+        self.assertEqual([m["_message_id"] for m in parts],
+                         sorted(m["_message_id"] for m in parts), "parts out of order")
+        return parts
+
+    def test_long_answers_are_split_into_parts_telegram_takes(self):
+        t, fake = self.t, self.fake
+        agent, ch = self.bot(config={"local_rules": [
+            {"match": "many lines", "reply": self.LINES},
+            {"match": "one long line", "reply": self.LONG}]})
+        self.assertGreater(utf16(self.LINES), 2 * 4096)
+        g = -700
+        u1 = fake.group(g, "@keel_test_bot many lines")
+        parts = self.parts(g, self.LINES, 3)
+        self.assertIn("reply_parameters", parts[0])
+        for p in parts[1:]:
+            self.assertNotIn("reply_parameters", p, "only the first part replies")
+        u2 = fake.message(555, "one long line")
+        self.parts(555, self.LONG, 2)
+        replies = t.replies(ch)
+        replied = {e["payload"]["reply_id"]: e["payload"]["parts"]
+                   for e in t.events("channel.replied@v1", ch)}
+        for u, n in ((u1, 3), (u2, 2)):
+            r = replies[str(u)]
+            self.assertEqual((r["status"], r["parts_sent"], replied.get(r["id"])), ("sent", n, n))
+
+
+class OutboxTest(TelegramCase):
+    """The outbox against the fake's injected failures; each answer is sent at most once."""
+
+    def sent_after(self, failures, text):
+        """The reply to a message whose answer meets `failures` first; the sendMessage calls."""
+        agent, ch = self.bot()
+        self.fake.fail("sendMessage", *failures)
+        r = self.t.wait_reply(ch, self.fake.message(111, text), timeout=40)
+        self.assertEqual((r["status"], r["attempts"]), ("sent", len(failures) + 1), r)
+        self.assertEqual([m["_text"] for m in self.fake.to(111)], ['You said: "%s"' % text])
+        return self.fake.sends(111)
+
+    def test_429_is_retried_after_retry_after_and_sent_once(self):
+        calls = self.sent_after([{"status": 429, "retry_after": 2}], "rate limited")
+        self.assertEqual([c["status"] for c in calls], [429, 200])
+        self.assertGreaterEqual(calls[1]["at"] - calls[0]["at"], 1.9, "retry_after not waited")
+
+    def test_500_is_retried_with_backoff_and_sent_once(self):
+        calls = self.sent_after([{"status": 500}, {"status": 500}], "server trouble")
+        self.assertEqual([c["status"] for c in calls], [500, 500, 200])
+        gaps = [b["at"] - a["at"] for a, b in zip(calls, calls[1:])]
+        self.assertGreaterEqual(gaps[0], 0.8, gaps)
+        self.assertGreaterEqual(gaps[1], 1.6, "no backoff: %s" % gaps)
+
+    def test_a_blocked_bot_is_dead_at_once_and_a_cut_send_is_unknown(self):
+        t, fake = self.t, self.fake
+        agent, ch = self.bot()
+        for chat, failure, status in (
+                (111, {"status": 403, "description": "Forbidden: bot was blocked by the user"},
+                 "dead"),
+                (222, {"drop": True}, "unknown")):
+            fake.fail("sendMessage", failure)
+            update = fake.message(chat, "doomed")
+            r = t.wait_reply(ch, update, (status,))
+            self.assertEqual(r["attempts"], 1, r)
+            if status == "dead":
+                self.assertIn("bot was blocked by the user", r["error"])
+            failed = [e["payload"] for e in t.events("channel.reply_failed@v1", ch)
+                      if e["payload"].get("reply_id") == r["id"]]
+            self.assertEqual([p["status"] for p in failed], [status], failed)
+        # An answer after both is sent: by then neither was tried again.
+        self.answered(333, "anchor")
+        self.assertEqual(len(fake.sends(111)), 1, "a blocked bot's answer was tried again")
+        self.assertEqual(len(fake.sends(222)), 1, "a send cut after its request was repeated")
+        self.assertEqual(fake.to(111) + fake.to(222), [])
+
+    def test_no_reply_is_skipped_and_a_failed_run_says_so(self):
+        t, fake = self.t, self.fake
+        agent, ch = self.bot(config={"local_rules": [
+            {"match": "quiet", "reply": "Nothing to add. <NO_REPLY>"}]})
+        update = fake.message(111, "be quiet")
+        self.assertEqual(t.wait_reply(ch, update)["status"], "skipped")
+        self.answered(222, "anchor")
+        self.assertEqual(fake.sends(111), [], "a <NO_REPLY> answer was sent")
+        other = FakeTelegram()
+        self.addCleanup(other.stop)
+        agent, ch = self.bot(other, model="openai/bad-request")
+        update = other.message(111, "fail please")
+        [m] = other.wait_sent(111)
+        r = t.wait_reply(ch, update)
+        run = self.server.get_run(r["run_id"], token=t.token)
+        self.assertEqual(run["status"], "failed", run)
+        self.assertEqual(m["_text"], "The agent could not answer (error: %s)."
+                         % run["error"]["code"])
+        self.assertEqual(run["error"]["code"], "model_error")
+
+
+class AccessTest(TelegramCase):
+    def test_roles_tenants_and_no_token_anywhere(self):
+        t, fake = self.t, self.fake
+        agent, ch = self.bot()
+        self.answered(111, "hello")
+        one, replies = "/v1/channels/" + ch["id"], "/v1/channels/%s/replies" % ch["id"]
+        create = {"kind": "telegram", "name": "mine",
+                  "settings": {"bot_token": t.secret(bot_token()), "api_base": fake.api_base}}
+        channels = "/v1/agents/%s/channels" % agent["id"]
+        self.assertError(t.request("POST", channels, create, token=t.guest), 403,
+                         "permission_denied", "a guest creating a channel")
+        self.assertEqual(t.request("GET", replies, token=t.guest)[0], 403)
+        for method, path, body in (("POST", channels, create), ("DELETE", one, None),
+                                   ("PATCH", one, {"enabled": False})):
+            self.assertError(t.request(method, path, body, token=t.user), 403,
+                             "permission_denied", "%s %s as a user" % (method, path))
+        self.assertEqual(t.replies(ch, token=t.user), t.replies(ch))
+        other = Tenant(self.server)
+        for method, path, body in (("GET", one, None), ("GET", replies, None),
+                                   ("PATCH", one, {"enabled": False}), ("DELETE", one, None)):
+            self.assertError(other.request(method, path, body), 404, "not_found",
+                             "%s %s as another tenant" % (method, path))
+        own = self.server.create_agent(token=other.token)
+        self.assertError(other.request("POST", "/v1/agents/%s/channels" % own["id"], {
+            "kind": "telegram", "name": "steal",
+            "settings": {"bot_token": ch["settings"]["bot_token"]}}), 400, "invalid_argument")
+        t.ok("PATCH", one, {"settings": dict(ch["settings"], role="user")})
+        self.answered(111, "still mine", 2)
+        t.ok("GET", channels)
+        self.assertNoLeak(fake.token)
+
+
+class ValidationTest(TelegramCase):
+    def test_bad_settings_are_400_and_a_secret_serves_one_channel(self):
+        t, fake = self.t, self.fake
+        name = t.secret(fake.token)
+        agent = self.server.create_agent(token=t.token)
+        path = "/v1/agents/%s/channels" % agent["id"]
+        s = {"bot_token": name, "api_base": fake.api_base, "poll_timeout": 1}
+
+        def body(**settings):
+            return {"kind": "telegram", "name": unique_name("v"), "settings": dict(s, **settings)}
+        cases = [("no bot_token", {"kind": "telegram", "name": "x", "settings": {}}),
+                 ("a missing secret", body(bot_token="NO_SUCH_SECRET")),
+                 ("bot_token not a string", body(bot_token=7)),
+                 ("an ftp api_base", body(api_base="ftp://127.0.0.1:21")),
+                 ("an api_base without a scheme", body(api_base="127.0.0.1:80")),
+                 ("an empty api_base", body(api_base="")),
+                 ("poll_timeout -1", body(poll_timeout=-1)),
+                 ("poll_timeout 51", body(poll_timeout=51)),
+                 ("poll_timeout a string", body(poll_timeout="5")),
+                 ("role owner", body(role="owner")),
+                 ("an unknown field", body(chat_id=5)),
+                 ("settings not an object", {"kind": "telegram", "name": "y", "settings": "x"})]
+        for what, b in cases:
+            self.assertError(t.request("POST", path, b), 400, "invalid_argument", what)
+        self.assertEqual(t.ok("GET", path)["items"], [], "a refused channel was written")
+        # Defaults, disabled so that it polls nothing.
+        ch = t.ok("POST", path, {"kind": "telegram", "name": "tg", "enabled": False,
+                                 "settings": {"bot_token": name}}, expect=201)
+        self.addCleanup(t.request, "DELETE", "/v1/channels/" + ch["id"])
+        self.assertEqual(ch["settings"], {"bot_token": name, "api_base": "https://api.telegram.org",
+                                          "role": "guest", "poll_timeout": 25})
+        self.assertEqual(ch["status"], "disabled")
+        for timeout in (0, 50):
+            got = t.ok("PATCH", "/v1/channels/" + ch["id"],
+                       {"settings": dict(ch["settings"], poll_timeout=timeout)})
+            self.assertEqual(got["settings"]["poll_timeout"], timeout)
+        other = self.server.create_agent(token=t.token)
+        for where in (path, "/v1/agents/%s/channels" % other["id"]):
+            self.assertError(t.request("POST", where, body()), 409, "conflict", "a shared secret")
+
+
+class WrongTokenTest(TelegramCase):
+    """A token Telegram refuses, and a deleted secret: the channel's status says why."""
+
+    def test_a_wrong_token_is_an_error_until_the_secret_is_fixed(self):
+        t, fake = self.t, self.fake
+        wrong = bot_token()
+        agent, ch = self.bot(token=wrong)
+        shown = t.status(ch, "error")
+        self.assertIn("401", shown["error"])
+        self.assertIn("Unauthorized", shown["error"])
+        self.assertGreater(fake.sent()["unauthorized"], 0)
+        self.assertEqual(fake.sent()["polls"], [], "an unauthorized poll was taken")
+        fake.message(111, "after the fix")
+        t.ok("PUT", "/v1/secrets/" + ch["settings"]["bot_token"], {"value": fake.token},
+             expect=204)
+        [m] = fake.wait_sent(111, timeout=60)
+        self.assertEqual(m["_text"], 'You said: "after the fix"')
+        t.status(ch, "ready")
+        # A deleted secret is an error the channel names; set again, it answers again.
+        t.ok("DELETE", "/v1/secrets/" + ch["settings"]["bot_token"], expect=204)
+        self.assertIn("secret", t.status(ch, "error")["error"].lower())
+        t.ok("PUT", "/v1/secrets/" + ch["settings"]["bot_token"], {"value": fake.token},
+             expect=204)
+        fake.message(111, "back again")
+        fake.wait_sent(111, 2, timeout=60)  # within the poller's backoff
+        t.status(ch, "ready")
+        self.assertNoLeak(wrong, fake.token)
+
+
+class DisableTest(TelegramCase):
+    """A disabled channel polls nothing; enabled again, it takes what was queued meanwhile."""
+
+    def polls(self):
+        return self.fake.sent()["attempts"].get("getUpdates", 0)
+
+    def quiet(self, seconds=3):
+        """Whether no getUpdates came for `seconds` (an active poller with poll_timeout 1 polls
+        at least twice in 3 s, as the test shows first)."""
+        before = self.polls()
+        time.sleep(seconds)
+        return self.polls() == before
+
+    def test_disabled_channels_stop_polling_and_catch_up_when_enabled(self):
+        t, fake = self.t, self.fake
+        agent, ch = self.bot()
+        self.answered(111, "first")
+        before = self.polls()
+        wait_for(lambda: self.polls() >= before + 2, 3.5, "two polls within 3 s")
+        one = "/v1/channels/" + ch["id"]
+        off = t.ok("PATCH", one, {"enabled": False})
+        self.assertEqual((off["enabled"], off["status"]), (False, "disabled"))
+        wait_for(self.quiet, 15, "polling to stop", interval=0)
+        queued = fake.message(111, "while disabled")
+        self.assertTrue(self.quiet(), "a disabled channel polled")
+        self.assertEqual(len(fake.to(111)), 1)
+        self.assertEqual(t.ok("PATCH", one, {"enabled": True})["status"], "ready")
+        self.assertEqual(fake.wait_sent(111, 2)[1]["_text"], 'You said: "while disabled"')
+        self.assertEqual(t.wait_reply(ch, queued)["status"], "sent")
+        # New settings take effect with one poller still.
+        t.ok("PATCH", one, {"settings": dict(ch["settings"], poll_timeout=2)})
+        self.answered(111, "after the patch", 3)
+        wait_for(lambda: fake.sent()["poll_requests"][-1].get("timeout") == 2, 20,
+                 "polls with the new timeout")
+        self.assertEqual(fake.sent()["conflicts"], 0, "two pollers of one bot at once")
+
+
+class CliTest(TelegramCase):
+    """`keel channels` with Telegram bots: add (--bot-token, --api-base; the other kind's flags
+    refused before anything is written), show and list (the secret's name, never its value), and
+    replies (the outbox). Every output is checked for the tenant's secrets' values."""
+
+    def keel(self, *args, token=None):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_")}
+        env.update({"KEEL_URL": self.server.base_url, "KEEL_TOKEN": token or self.t.token})
+        out = subprocess.run([keel_bin(), *args], capture_output=True, text=True, env=env,
+                             timeout=60, stdin=subprocess.DEVNULL)
+        for value in self.t.never:
+            self.assertNotIn(value, out.stdout + out.stderr,
+                             "keel %s printed a secret's value" % " ".join(args))
+        return out
+
+    def listed(self, agent):
+        return {c["name"]: c for c in self.t.pages("/v1/agents/%s/channels" % agent["id"])}
+
+    def test_add_refuses_the_other_kinds_flags_and_writes_nothing(self):
+        t, fake = self.t, self.fake
+        agent = self.server.create_agent(token=t.token)
+        # Both secrets exist: a refusal can only be the command line's.
+        name, spare = t.secret(fake.token), t.secret(bot_token())
+        add = ("channels", "add", agent["name"], "nope")
+        for args, says in (
+                (("--kind", "telegram"), "--bot-token"),
+                (("--kind", "telegram", "--api-base", fake.api_base), "--bot-token"),
+                (("--kind", "telegram", "--secret", spare), "--bot-token"),
+                (("--kind", "telegram", "--secret", spare, "--bot-token", name), "--secret"),
+                (("--kind", "telegram", "--bot-token", name, "--template", "{{}}"), "--template"),
+                (("--kind", "telegram", "--bot-token", name, "--conversation", "/x"),
+                 "--conversation"),
+                (("--kind", "webhook", "--bot-token", name, "--secret", spare), "--bot-token"),
+                (("--bot-token", name, "--secret", spare), "--bot-token"),  # webhook by default
+                (("--kind", "webhook", "--api-base", fake.api_base, "--secret", spare),
+                 "--api-base")):
+            out = self.keel(*add, *args)
+            self.assertEqual(out.returncode, 2, "%s (kExitUsage): %s" % (args, out.stderr))
+            self.assertIn(says, out.stderr, args)
+            self.assertEqual(out.stdout, "", args)
+        self.assertEqual(self.listed(agent), {}, "a refused add wrote a channel")
+
+    def test_add_show_list_and_replies(self):
+        t, fake = self.t, self.fake
+        agent = self.server.create_agent(token=t.token)
+        name = t.secret(fake.token)
+        # --json: the channel as created, naming the secret (its value is never printed).
+        out = self.keel("--json", "channels", "add", agent["name"], "tg", "--kind", "telegram",
+                        "--bot-token", name, "--api-base", fake.api_base + "/")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        ch = json.loads(out.stdout)
+        self.addCleanup(t.request, "DELETE", "/v1/channels/" + ch["id"])
+        self.assertEqual((ch["kind"], ch["name"], ch["agent_id"]), ("telegram", "tg", agent["id"]))
+        self.assertEqual(ch["settings"], {"bot_token": name, "api_base": fake.api_base,
+                                          "role": "guest", "poll_timeout": 25})
+        self.assertEqual(t.ok("GET", "/v1/channels/" + ch["id"])["settings"], ch["settings"])
+        # Without --json: the id, said once the channel exists; --role goes through.
+        other = FakeTelegram()
+        self.addCleanup(other.stop)
+        out = self.keel("channels", "add", agent["id"], "tg-two", "--kind", "telegram",
+                        "--bot-token", t.secret(other.token), "--api-base", other.api_base,
+                        "--role", "user")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        two = self.listed(agent).get("tg-two")
+        self.assertIsNotNone(two, out.stdout)
+        self.addCleanup(t.request, "DELETE", "/v1/channels/" + two["id"])
+        self.assertIn("created channel tg-two (%s)" % two["id"], out.stdout)
+        self.assertEqual((two["kind"], two["settings"]["role"], two["settings"]["api_base"]),
+                         ("telegram", "user", other.api_base))
+        self.assertEqual(sorted(self.listed(agent)), ["tg", "tg-two"])
+        # The same secret for a second channel: the server's conflict, exit 1, nothing written.
+        again = self.keel("channels", "add", agent["name"], "tg-three", "--kind", "telegram",
+                          "--bot-token", name)
+        self.assertEqual(again.returncode, 1, again.stderr)
+        self.assertIn("conflict", again.stderr)
+        self.assertEqual(sorted(self.listed(agent)), ["tg", "tg-two"])
+
+        # show: the secret's name and the api base, not a webhook's fields.
+        shown = self.keel("channels", "show", ch["id"])
+        self.assertEqual(shown.returncode, 0, shown.stderr)
+        fields = {label.strip(): value.strip() for label, _, value in
+                  (line.partition(":") for line in shown.stdout.splitlines())}
+        self.assertEqual((fields.get("id"), fields.get("kind"), fields.get("bot token"),
+                          fields.get("api base"), fields.get("role")),
+                         (ch["id"], "telegram", name, fake.api_base, "guest"), shown.stdout)
+        for webhook_only in ("secret", "template", "conversation", "url"):
+            self.assertNotIn(webhook_only, fields, shown.stdout)
+        shown = self.keel("--json", "channels", "show", ch["id"])
+        self.assertEqual(json.loads(shown.stdout)["settings"], ch["settings"])
+
+        # list: both, as telegram channels.
+        listed = self.keel("channels", "list", agent["name"])
+        self.assertEqual(listed.returncode, 0, listed.stderr)
+        lines = listed.stdout.splitlines()
+        self.assertEqual(lines[0].split()[:4], ["ID", "NAME", "KIND", "STATUS"])
+        rows = {r[0]: r for r in (line.split() for line in lines[1:]) if r}
+        self.assertEqual(rows.get(ch["id"], [])[1:3], ["tg", "telegram"], listed.stdout)
+        self.assertEqual(rows.get(two["id"], [])[1:3], ["tg-two", "telegram"], listed.stdout)
+        listed = json.loads(self.keel("--json", "channels", "list", agent["name"]).stdout)
+        self.assertEqual(sorted((c["name"], c["kind"]) for c in listed["items"]),
+                         [("tg", "telegram"), ("tg-two", "telegram")])
+
+        # replies: an answered message's row (its update id, sent), and the items with --json.
+        empty = self.keel("channels", "replies", ch["id"])
+        self.assertEqual(empty.returncode, 0, empty.stderr)
+        self.assertEqual(empty.stdout.splitlines()[1:], [], "replies before any message")
+        update = fake.message(111, "hello from the cli")
+        [m] = fake.wait_sent(111, timeout=40)
+        self.assertEqual(m["_text"], 'You said: "hello from the cli"')
+        r = t.wait_reply(ch, update, ("sent",))
+        out = self.keel("channels", "replies", ch["id"])
+        self.assertEqual(out.returncode, 0, out.stderr)
+        lines = out.stdout.splitlines()
+        self.assertEqual(lines[0].split(), ["UPDATE", "STATUS", "ATTEMPTS", "RUN", "TEXT", "OR",
+                                            "ERROR"])
+        self.assertEqual([line.split()[:4] for line in lines[1:]],
+                         [[str(update), "sent", str(r["attempts"]), r["run_id"]]], out.stdout)
+        self.assertIn('You said: "hello from the cli"', lines[1])
+        out = self.keel("--json", "channels", "replies", ch["id"])
+        self.assertEqual(out.returncode, 0, out.stderr)
+        items = json.loads(out.stdout)["items"]
+        self.assertEqual([(i["id"], i["delivery_id"], i["status"], i["channel_id"], i["text"])
+                          for i in items],
+                         [(r["id"], str(update), "sent", ch["id"],
+                           'You said: "hello from the cli"')])
+        # The other channel answered nothing; a guest may not read the replies.
+        self.assertEqual(self.keel("channels", "replies", two["id"]).stdout.splitlines()[1:], [])
+        refused = self.keel("channels", "replies", ch["id"], token=t.guest)
+        self.assertEqual(refused.returncode, 1, refused.stderr)
+        self.assertIn("permission_denied", refused.stderr)
+
+
+class RestartTest(KeelTestCase):
+    """The offset and the outbox across SIGTERM and kill -9, on a server of the test's own."""
+
+    def setUp(self):
+        self.fake = FakeTelegram()
+        self.addCleanup(self.fake.stop)
+        self.server = KeelServer(env=server_env())
+        self.addCleanup(self.server.stop)
+        self.t = Tenant(self.server)
+
+    def test_the_offset_is_durable_and_no_update_is_handled_twice(self):
+        s, t, fake = self.server, self.t, self.fake
+        agent, ch = t.bot(fake)
+        expected = []
+        for how in ("SIGTERM", "kill -9"):
+            taken = fake.message(301, "before " + how)
+            ignored = fake.group(-302, "chatter before " + how)
+            t.wait_reply(ch, taken, ("sent",))
+            wait_for(lambda: ignored + 1 in fake.sent()["polls"], 20, "a poll past the chatter")
+            if how == "kill -9":
+                s.kill9()
+            else:
+                s.terminate()
+            seen = len(fake.sent()["polls"])
+            down = fake.message(301, "while down after " + how)
+            s.start()
+            first = wait_for(lambda: fake.sent()["polls"][seen:], 30, "a poll after the start")
+            self.assertEqual(first[0], ignored + 1, "the first poll after %s" % how)
+            t.wait_reply(ch, down, ("sent",))
+            expected += ["before " + how, "while down after " + how]
+        sessions = t.sessions(agent)
+        self.assertEqual(list(sessions), ["tg: chat:301"])
+        self.assertEqual(t.users(sessions["tg: chat:301"]), expected)
+        self.assertEqual(sorted(m["_text"] for m in fake.to(301)),
+                         sorted('You said: "%s"' % x for x in expected))
+        self.assertEqual(len(t.events("channel.delivered@v1", ch)), 4)
+
+    def test_a_send_cut_by_kill9_is_unknown_and_never_repeated(self):
+        s, t, fake = self.server, self.t, self.fake
+        agent, ch = t.bot(fake)
+        fake.fail("sendMessage", {"delay": 4})
+        update = fake.message(401, "slow answer")
+        wait_for(lambda: fake.sends(401), 30, "the send on its way")
+        s.kill9()
+        s.start()
+        r = t.wait_reply(ch, update, ("unknown",))
+        self.assertEqual(r["attempts"], 1, r)
+        anchor = fake.message(402, "after")
+        t.wait_reply(ch, anchor, ("sent",))
+        wait_for(lambda: fake.to(401), 10, "the slow send's answer")  # Telegram took it
+        self.assertEqual(len(fake.sends(401)), 1, "a send cut by the crash was repeated")
+
+
+class CrashTest(KeelTestCase):
+    """kill -9 twice at random moments while 30 updates arrive over five chats and answers go
+    out (some slowly, so that a kill may cut one): afterwards every update is one message in its
+    chat's session, each answer was sent at most once, and none stays waiting or pending."""
+
+    def test_updates_and_answers_across_two_kill9s(self):
+        seed = random.randrange(1 << 30)
+        rng, pace = random.Random(seed), random.Random(seed + 1)
+        fake = FakeTelegram()
+        self.addCleanup(fake.stop)
+        s = self.server = KeelServer(env=server_env())
+        self.addCleanup(s.stop)
+        t = Tenant(s)
+        agent, ch = t.bot(fake)
+        chats = [(101, "private"), (102, "private"), (103, "private"), (-201, "group"),
+                 (-202, "supergroup")]
+        fake.fail("sendMessage", *[{"delay": rng.choice((0, 0, 0.3, 0.6))} for _ in range(30)])
+        sent = {}  # update_id -> (chat, text)
+
+        def sender():
+            for i in range(30):
+                chat, kind = chats[i % len(chats)]
+                text = "crash %d" % i
+                if kind == "private":
+                    u = fake.message(chat, text)
+                else:
+                    u = fake.group(chat, "@keel_test_bot " + text, chat_type=kind,
+                                   first_name="Ann")
+                sent[u] = (chat, text)
+                time.sleep(pace.uniform(0.03, 0.25))
+
+        th = threading.Thread(target=sender)
+        th.start()
+        for _ in range(2):
+            time.sleep(rng.uniform(0.4, 1.6))
+            s.kill9()
+            s.start()
+        th.join()
+        why = "seed %d" % seed
+        replies = wait_for(lambda: (lambda rs: rs if len(rs) == 30 and all(
+            r["status"] in ENDED for r in rs.values()) else None)(t.replies(ch)), 120,
+            "30 replies, each ended (%s)" % why)
+        self.assertEqual(sorted(replies), sorted(str(u) for u in sent), why)
+        sessions = t.sessions(agent)
+        self.assertEqual(sorted(sessions), sorted("tg: chat:%d" % c for c, _ in chats), why)
+        for chat, kind in chats:
+            want = [text if kind == "private" else "Ann: @keel_test_bot " + text
+                    for u, (c, text) in sorted(sent.items()) if c == chat]
+            self.assertEqual(t.users(sessions["tg: chat:%d" % chat]), want,
+                             "chat %d: each update one message, in order (%s)" % (chat, why))
+        messages = fake.sent()["messages"]
+        kinds = dict(chats)
+        for u, (chat, text) in sent.items():
+            r = replies[str(u)]
+            self.assertIn(r["status"], ("sent", "unknown"), "%r (%s)" % (r, why))
+            said = text if kinds[chat] == "private" else "Ann: @keel_test_bot " + text
+            copies = [m for m in messages
+                      if m["chat_id"] == chat and m["_text"] == 'You said: "%s"' % said]
+            self.assertLessEqual(len(copies), 1, "update %d answered twice (%s)" % (u, why))
+            if r["status"] == "sent":
+                self.assertEqual(len(copies), 1, "update %d is sent but was not (%s)" % (u, why))
+        delivered = [e["payload"]["delivery_id"] for e in t.events("channel.delivered@v1", ch)]
+        self.assertEqual(sorted(delivered), sorted(replies), why)
+
+
+if __name__ == "__main__":
+    unittest.main()
