@@ -327,8 +327,11 @@ int ServeMain(const ServeFlags& flags) {
                            runtime_options, &vault);
   schedules_runtime = &runtime;
 
-  api::ApiContext api_context{*store, runtime, hub,         metrics,      config,
-                              providers, vault, gateway, mcp_servers, *admin_tenant};
+  // The chat platforms' bots: polled, and their answers sent, by the leader (started below).
+  channels::Relay relay(io.get_executor(), *store, runtime, hub, vault, *outbound,
+                        config.public_url);
+  api::ApiContext api_context{*store, runtime, hub,         metrics,       config, providers,
+                              vault,  gateway, mcp_servers, *admin_tenant, &relay};
   http::Router router(api::MakeAuthenticator(api_context));
   api::RegisterAllRoutes(router, api_context);
   if (flags.print_routes) {
@@ -355,8 +358,6 @@ int ServeMain(const ServeFlags& flags) {
     return Fail(st);
   }
   if (Status st = runtime.Start(); !st.ok()) return Fail(st);
-  // The chat platforms' bots: polled, and their answers sent, by the leader.
-  channels::Relay relay(io.get_executor(), *store, runtime, hub, vault, *outbound);
   relay.Start();
   server.Start();
   runtime::WatchdogOptions watchdog_options;

@@ -12,7 +12,10 @@ Telegram ignores it). Every answer is `{"ok": true, "result": ...}` or `{"ok": f
 "error_code": N, "description": "...", "parameters": {...}}` with HTTP status N. A wrong token is
 401 Unauthorized, an unknown method 404 Not Found; method names are case-insensitive.
 
-- getMe: the bot. deleteWebhook, getWebhookInfo: as Telegram (no webhook is ever set).
+- getMe: the bot. setWebhook {url, secret_token, allowed_updates}: the webhook (secret_token 1
+  to 256 of A-Z, a-z, 0-9, _ and -); deleteWebhook, getWebhookInfo: as Telegram. While a
+  webhook is set, getUpdates is 409 (`Conflict: can't use getUpdates method while webhook is
+  active; use deleteWebhook to delete the webhook first`).
 - getUpdates {offset, limit, timeout, allowed_updates}: updates with update_id < offset are
   confirmed and forgotten; answers the queued ones with update_id >= offset (at most limit),
   waiting up to timeout seconds for one. As Telegram does, a getUpdates arriving while another
@@ -50,10 +53,15 @@ Control endpoints (no token, JSON):
   "pending": [update_ids still queued], "conflicts": N, "unauthorized": N}.
 - POST /_fail {"method": "sendMessage", "answers": [...]}: queues failures.
 - POST /_reset: clears the recordings and queued failures (not the update queue or counters).
+- POST /_push {"update": UPDATE} or {"message": (as /_message)}, optional "secret" (sent instead
+  of the webhook's secret_token; null for no header): POSTs the update to the webhook as
+  Telegram does, once (Telegram would retry a non-2xx answer later; a test repeats the push).
+  Answers {"update_id", "status" (Keel's HTTP status), "body"}. 409 when no webhook is set.
 """
 
 import argparse
 import collections
+import http.client
 import json
 import re
 import select
@@ -68,7 +76,7 @@ from fake_http import FakeHandler, Server
 BOT = {"id": 7000001, "is_bot": True, "first_name": "Keel Test", "username": "keel_test_bot"}
 TOKEN = None
 METHODS = {m.lower(): m for m in ("getMe", "getUpdates", "sendMessage", "sendChatAction",
-                                   "deleteWebhook", "getWebhookInfo")}
+                                   "deleteWebhook", "getWebhookInfo", "setWebhook")}
 TAGS = {"b", "strong", "i", "em", "u", "ins", "s", "strike", "del", "span", "tg-spoiler", "a",
         "tg-emoji", "code", "pre", "blockquote"}
 ACTIONS = {"typing", "upload_photo", "record_video", "upload_video", "record_voice",
@@ -89,7 +97,8 @@ def reset_recordings():
              failures=collections.defaultdict(collections.deque))
 
 
-S.update(updates=[], next_update_id=1000, chats={}, last_id={}, bot_last={}, waiter=None)
+S.update(updates=[], next_update_id=1000, chats={}, last_id={}, bot_last={}, waiter=None,
+         webhook={"url": "", "secret": None})
 reset_recordings()
 
 
@@ -324,6 +333,8 @@ class Handler(FakeHandler):
             body = json.loads(raw) if raw.strip() else {}
             if not isinstance(body, dict):
                 raise ApiError(400, "the body must be a JSON object")
+            if control is c_push:  # posts to Keel: not under the lock Keel's calls need
+                return self.send_json(200, c_push(body))
             with cond:
                 result = json.loads(json.dumps(control(body)))  # a snapshot
             self.send_json(200, result)
@@ -376,12 +387,27 @@ class Handler(FakeHandler):
         return dict(BOT, can_join_groups=True, can_read_all_group_messages=False,
                     supports_inline_queries=False)
 
+    def m_setWebhook(self, p):
+        url, secret = p.get("url"), p.get("secret_token")
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ApiError(400, "Bad Request: bad webhook: An HTTPS URL must be provided for "
+                           "webhook")
+        if secret is not None and not re.fullmatch(r"[A-Za-z0-9_-]{1,256}", str(secret)):
+            raise ApiError(400, "Bad Request: secret token contains unallowed characters")
+        with cond:
+            S["webhook"] = {"url": url, "secret": secret}
+            S["setwebhook_calls"] = S.get("setwebhook_calls", 0) + 1
+            cond.notify_all()
+        return True
+
     def m_deleteWebhook(self, p):
+        with cond:
+            S["webhook"] = {"url": "", "secret": None}
         return True
 
     def m_getWebhookInfo(self, p):
         with cond:
-            return {"url": "", "has_custom_certificate": False,
+            return {"url": S["webhook"]["url"], "has_custom_certificate": False,
                     "pending_update_count": len(S["updates"])}
 
     def m_getUpdates(self, p):
@@ -390,6 +416,9 @@ class Handler(FakeHandler):
         limit = min(max(limit, 1), 100)
         me = {"conn": self.connection, "superseded": False}
         with cond:
+            if S["webhook"]["url"]:
+                raise ApiError(409, "Conflict: can't use getUpdates method while webhook is "
+                               "active; use deleteWebhook to delete the webhook first")
             S["polls"].append(offset)
             S["poll_requests"].append(p)
             if offset is not None:
@@ -500,7 +529,8 @@ def c_message(body):
 
 
 def c_sent(body):
-    return {"messages": S["messages"], "actions": S["actions"],
+    return {"webhook": S["webhook"], "setwebhook_calls": S.get("setwebhook_calls", 0),
+            "messages": S["messages"], "actions": S["actions"],
             "attempts": dict(S["attempts"]), "calls": S["calls"], "polls": S["polls"],
             "poll_requests": S["poll_requests"],
             "pending": [u["update_id"] for u in S["updates"]],
@@ -522,7 +552,36 @@ def c_reset(body):
     return {"ok": True}
 
 
-CONTROL = {("POST", "/_updates"): c_updates, ("POST", "/_message"): c_message,
+def c_push(body):
+    with cond:
+        hook = dict(S["webhook"])
+        if not hook["url"]:
+            raise ApiError(409, "no webhook is set")
+        if isinstance(body.get("message"), dict):
+            update = build_message(body["message"])
+        elif isinstance(body.get("update"), dict):
+            update = dict(body["update"])
+        else:
+            raise ApiError(400, "'update' or 'message' (an object) is required")
+        if "update_id" not in update:
+            update["update_id"] = S["next_update_id"]
+        if isinstance(update["update_id"], int):
+            S["next_update_id"] = max(S["next_update_id"], update["update_id"] + 1)
+        remember_update(update)
+    secret = body["secret"] if "secret" in body else hook["secret"]
+    url = urllib.parse.urlparse(hook["url"])
+    conn = http.client.HTTPConnection(url.hostname, url.port or 80, timeout=60)
+    headers = {"Content-Type": "application/json"}
+    if secret is not None:
+        headers["X-Telegram-Bot-Api-Secret-Token"] = secret
+    conn.request("POST", url.path or "/", body=json.dumps(update), headers=headers)
+    resp = conn.getresponse()
+    answer = resp.read().decode("utf-8", "replace")
+    conn.close()
+    return {"update_id": update.get("update_id"), "status": resp.status, "body": answer}
+
+
+CONTROL = {("POST", "/_updates"): c_updates, ("POST", "/_push"): c_push, ("POST", "/_message"): c_message,
            ("GET", "/_sent"): c_sent, ("POST", "/_fail"): c_fail, ("POST", "/_reset"): c_reset}
 
 

@@ -24,6 +24,7 @@ import json
 import os
 import random
 import secrets
+import socket
 import subprocess
 import sys
 import threading
@@ -234,7 +235,7 @@ class EndToEndTest(TelegramCase):
                          ("telegram", "tg", True, "ready"))
         self.assertEqual(ch["settings"], {"bot_token": ch["settings"]["bot_token"],
                                           "api_base": fake.api_base, "role": "guest",
-                                          "poll_timeout": 1})
+                                          "poll_timeout": 1, "mode": "polling"})
         wait_for(lambda: fake.sent()["poll_requests"], 20, "a first getUpdates")
         sent = fake.sent()
         methods = [c["method"] for c in sent["calls"]]
@@ -547,7 +548,8 @@ class ValidationTest(TelegramCase):
                                  "settings": {"bot_token": name}}, expect=201)
         self.addCleanup(t.request, "DELETE", "/v1/channels/" + ch["id"])
         self.assertEqual(ch["settings"], {"bot_token": name, "api_base": "https://api.telegram.org",
-                                          "role": "guest", "poll_timeout": 25})
+                                          "role": "guest", "poll_timeout": 25,
+                                          "mode": "polling"})
         self.assertEqual(ch["status"], "disabled")
         for timeout in (0, 50):
             got = t.ok("PATCH", "/v1/channels/" + ch["id"],
@@ -585,6 +587,23 @@ class WrongTokenTest(TelegramCase):
         fake.wait_sent(111, 2, timeout=60)  # within the poller's backoff
         t.status(ch, "ready")
         self.assertNoLeak(wrong, fake.token)
+
+
+class WebhookWithoutPublicUrlTest(TelegramCase):
+    def test_webhook_mode_needs_the_servers_public_url(self):
+        t = self.t
+        agent = self.server.create_agent(token=t.token)
+        st, data, _ = t.request("POST", "/v1/agents/%s/channels" % agent["id"], {
+            "kind": "telegram", "name": "hooked",
+            "settings": {"bot_token": t.secret(self.fake.token), "mode": "webhook"}})
+        self.assertEqual(st, 400, data)
+        self.assertIn("public_url", data["error"]["message"])
+        for mode in ("push", "", 1, None):
+            st, data, _ = t.request("POST", "/v1/agents/%s/channels" % agent["id"], {
+                "kind": "telegram", "name": "m",
+                "settings": {"bot_token": t.secret(self.fake.token), "mode": mode}})
+            self.assertEqual(st, 400, (mode, data))
+        self.assertEqual(self.fake.sent()["setwebhook_calls"], 0)
 
 
 class DisableTest(TelegramCase):
@@ -678,7 +697,8 @@ class CliTest(TelegramCase):
         self.addCleanup(t.request, "DELETE", "/v1/channels/" + ch["id"])
         self.assertEqual((ch["kind"], ch["name"], ch["agent_id"]), ("telegram", "tg", agent["id"]))
         self.assertEqual(ch["settings"], {"bot_token": name, "api_base": fake.api_base,
-                                          "role": "guest", "poll_timeout": 25})
+                                          "role": "guest", "poll_timeout": 25,
+                                          "mode": "polling"})
         self.assertEqual(t.ok("GET", "/v1/channels/" + ch["id"])["settings"], ch["settings"])
         # Without --json: the id, said once the channel exists; --role goes through.
         other = FakeTelegram()
@@ -754,6 +774,113 @@ class CliTest(TelegramCase):
         refused = self.keel("channels", "replies", ch["id"], token=t.guest)
         self.assertEqual(refused.returncode, 1, refused.stderr)
         self.assertIn("permission_denied", refused.stderr)
+
+
+class WebhookModeTest(KeelTestCase):
+    """mode "webhook": Keel calls setWebhook with the server's public_url and a secret derived
+    from the bot's token; Telegram's pushes to POST /v1/hooks/{id} are authenticated by
+    X-Telegram-Bot-Api-Secret-Token (nothing written otherwise), each update is one message
+    however often it is pushed, and its answer goes through the outbox. Back to polling, the
+    webhook is deleted first. Without public_url, webhook mode is refused."""
+
+    @classmethod
+    def setUpClass(cls):
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        sock.close()
+        cls.public = "http://127.0.0.1:%d" % port
+        cls.server = KeelServer(env=dict(server_env(), KEEL_PUBLIC_URL=cls.public + "/"),
+                                start=False)
+        cls.server.start(listen="127.0.0.1:%d" % port)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def setUp(self):
+        self.t = Tenant(self.server)
+        self.fake = FakeTelegram()
+        self.addCleanup(self.fake.stop)
+
+    def push(self, **body):
+        return self.fake.control("POST", "/_push", body)
+
+    def test_pushed_updates_are_taken_once_and_answered(self):
+        t, fake = self.t, self.fake
+        agent, ch = t.bot(fake, mode="webhook")
+        self.assertEqual(ch["url"], "/v1/hooks/" + ch["id"])
+        hook = wait_for(lambda: fake.sent()["webhook"]["url"] or None, 20, "setWebhook")
+        self.assertEqual(hook, self.public + "/v1/hooks/" + ch["id"])
+        secret = fake.sent()["webhook"]["secret"]
+        self.assertRegex(secret, r"^[0-9a-f]{64}$")
+        self.assertNotIn(fake.token, secret)
+        # A forged, a missing and a stale secret: 401, nothing written.
+        before = len(self.server.all_events(token=t.token))
+        for forged in ("0" * 64, secret[:-1] + ("0" if secret[-1] != "0" else "1"), None, ""):
+            got = self.push(message={"chat_id": 77, "text": "forged"}, secret=forged)
+            self.assertEqual(got["status"], 401, (forged, got))
+        self.assertEqual(len(self.server.all_events(token=t.token)), before)
+        self.assertEqual(t.sessions(agent), {})
+        # The real push: 200 once the message is durable, then answered.
+        got = self.push(message={"chat_id": 77, "text": "hello hook"})
+        self.assertEqual(got["status"], 200, got)
+        update = got["update_id"]
+        [m] = fake.wait_sent(77)
+        self.assertEqual(m["_text"], 'You said: "hello hook"')
+        self.assertEqual(t.wait_reply(ch, update)["status"], "sent")
+        # Telegram's retry of the same update: 200, no second message, no second answer.
+        same = fake.sent()["messages"]
+        again = self.fake.control("POST", "/_push", {"update": {
+            "update_id": update, "message": {"message_id": fake.message_ids.get(update, 1),
+                                             "from": {"id": 77, "is_bot": False,
+                                                      "first_name": "Ann"},
+                                             "chat": {"id": 77, "type": "private"},
+                                             "date": 0, "text": "hello hook"}}})
+        self.assertEqual(again["status"], 200, again)
+        session = t.sessions(agent)["tg: chat:77"]
+        self.assertEqual(t.users(session), ["hello hook"])
+        self.assertEqual(len(t.replies(ch)), 1)
+        self.assertEqual(len(fake.sent()["messages"]), len(same))
+        # Not an update: 400; a group message not for the bot: 200 and nothing.
+        bad = self.push(update={"update_id": "x", "message": {}})
+        self.assertEqual(bad["status"], 400, bad)
+        ignored = self.push(message={"chat_id": -5, "text": "just chatting",
+                                     "chat_type": "group"})
+        self.assertEqual(ignored["status"], 200, ignored)
+        self.assertNotIn("tg: chat:-5", t.sessions(agent))
+        # No getUpdates while the webhook is set.
+        self.assertEqual(fake.sent()["polls"], [])
+
+    def test_back_to_polling_deletes_the_webhook(self):
+        t, fake = self.t, self.fake
+        agent, ch = t.bot(fake, mode="webhook")
+        wait_for(lambda: fake.sent()["webhook"]["url"] or None, 20, "setWebhook")
+        settings = dict(ch["settings"], mode="polling")
+        t.ok("PATCH", "/v1/channels/" + ch["id"], {"settings": settings})
+        wait_for(lambda: not fake.sent()["webhook"]["url"], 20, "deleteWebhook")
+        fake.message(78, "polled again")
+        [m] = fake.wait_sent(78)
+        self.assertEqual(m["_text"], 'You said: "polled again"')
+        self.assertEqual(t.ok("GET", "/v1/channels/" + ch["id"])["url"], "")
+
+    def test_a_disabled_channel_and_another_channels_secret_are_refused(self):
+        t, fake = self.t, self.fake
+        agent, ch = t.bot(fake, mode="webhook")
+        wait_for(lambda: fake.sent()["webhook"]["url"] or None, 20, "setWebhook")
+        secret = fake.sent()["webhook"]["secret"]
+        # The secret of this channel does not open another channel.
+        other = FakeTelegram()
+        self.addCleanup(other.stop)
+        agent2, ch2 = t.bot(other, mode="webhook")
+        st, _, _ = self.server.request(
+            "POST", "/v1/hooks/" + ch2["id"], body={"update_id": 1, "message": {}},
+            token=None, headers={"X-Telegram-Bot-Api-Secret-Token": secret})
+        self.assertEqual(st, 401)
+        t.ok("PATCH", "/v1/channels/" + ch["id"], {"enabled": False})
+        got = self.push(message={"chat_id": 79, "text": "while disabled"})
+        self.assertEqual(got["status"], 404, got)
+        self.assertNotIn("tg: chat:79", t.sessions(agent))
 
 
 class RestartTest(KeelTestCase):

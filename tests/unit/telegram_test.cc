@@ -26,13 +26,15 @@ TEST(TelegramSettingsTest, DefaultsTrimmingAndRoundTrip) {
   EXPECT_EQ(TelegramSettingsJson(*s), (Json{{"bot_token", "TG_BOT"},
                                             {"api_base", "https://api.telegram.org"},
                                             {"role", "guest"},
-                                            {"poll_timeout", 25}}));
+                                            {"poll_timeout", 25},
+                                            {"mode", "polling"}}));
 
   // Every field given; trailing slashes trimmed (the relay appends "/bot<token>/<method>").
   auto full = ParseTelegramSettings({{"bot_token", "B"},
                                      {"api_base", "http://127.0.0.1:8081/proxy///"},
                                      {"role", "user"},
-                                     {"poll_timeout", 7}});
+                                     {"poll_timeout", 7},
+                                     {"mode", "webhook"}});
   ASSERT_TRUE(full.ok()) << full.status().ToString();
   EXPECT_EQ(full->api_base, "http://127.0.0.1:8081/proxy");
   EXPECT_EQ(full->role, "user");
@@ -46,14 +48,31 @@ TEST(TelegramSettingsTest, DefaultsTrimmingAndRoundTrip) {
   EXPECT_EQ(written, (Json{{"bot_token", "B"},
                            {"api_base", "http://127.0.0.1:8081/proxy"},
                            {"role", "user"},
-                           {"poll_timeout", 7}}));
+                           {"poll_timeout", 7},
+                           {"mode", "webhook"}}));
   auto again = ParseTelegramSettings(written);
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_EQ(again->bot_token, full->bot_token);
   EXPECT_EQ(again->api_base, full->api_base);
   EXPECT_EQ(again->role, full->role);
   EXPECT_EQ(again->poll_timeout, full->poll_timeout);
+  EXPECT_EQ(again->mode, "webhook");
   EXPECT_EQ(TelegramSettingsJson(*again), written);
+  for (const Json& mode : {Json("push"), Json(""), Json("Webhook"), Json(1), Json(nullptr)}) {
+    EXPECT_FALSE(ParseTelegramSettings({{"bot_token", "B"}, {"mode", mode}}).ok()) << mode;
+  }
+}
+
+// The secret a webhook-mode channel gives setWebhook: the same for the same token and channel,
+// another for another channel or a new token, and only characters Telegram takes.
+TEST(TelegramSettingsTest, WebhookSecretIsPerTokenAndChannel) {
+  const std::string a = TelegramWebhookSecret("123:abc", "ch1");
+  EXPECT_EQ(a, TelegramWebhookSecret("123:abc", "ch1"));
+  EXPECT_NE(a, TelegramWebhookSecret("123:abc", "ch2"));
+  EXPECT_NE(a, TelegramWebhookSecret("123:abd", "ch1"));
+  EXPECT_EQ(a.size(), 64u);
+  EXPECT_EQ(a.find_first_not_of("0123456789abcdef"), std::string::npos);
+  EXPECT_EQ(a.find("123:abc"), std::string::npos);
 }
 
 TEST(TelegramSettingsTest, PollTimeoutBoundsAndApiBaseLength) {

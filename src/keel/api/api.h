@@ -30,6 +30,9 @@ namespace runtime {
 class Runtime;
 class EventHub;
 }  // namespace runtime
+namespace channels {
+class Relay;
+}
 }  // namespace keel
 
 namespace keel::api {
@@ -46,6 +49,8 @@ struct ApiContext {
   tools::Gateway& gateway;
   mcp::McpManager& mcp;
   std::string admin_tenant_id;  // the first tenant: its owners are platform admins
+  // Chat platforms' bots (channels/relay.h): updates Telegram posts to POST /v1/hooks/{id}.
+  channels::Relay* relay = nullptr;
 };
 
 // A client's Idempotency-Key: at most what intake takes, and not in the "webhook:" or

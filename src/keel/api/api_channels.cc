@@ -7,10 +7,12 @@
 #include "keel/api/api.h"
 #include "keel/api/render.h"
 #include "keel/channels/deliveries.h"
+#include "keel/channels/relay.h"
 #include "keel/channels/telegram.h"
 #include "keel/channels/webhook.h"
 #include "keel/common/ids.h"
 #include "keel/common/time.h"
+#include "keel/config/config.h"
 #include "keel/runs/open_session.h"
 #include "keel/runtime/intake.h"
 #include "keel/runtime/runtime.h"
@@ -109,7 +111,9 @@ Json ChannelJson(const store::Channel& c, const std::string& problem) {
                                        : "error"},
           {"error", c.enabled ? problem : std::string()},
           {"settings", settings.ok() ? *settings : Json::object()},
-          {"url", c.kind == "webhook" ? "/v1/hooks/" + c.id : std::string()},
+          {"url", c.kind == "webhook" || (settings.ok() && settings->value("mode", "") == "webhook")
+                      ? "/v1/hooks/" + c.id
+                      : std::string()},
           {"created_by", c.created_by},
           {"created_at", FormatRfc3339(c.created_at)},
           {"updated_at", FormatRfc3339(c.updated_at)}};
@@ -143,10 +147,16 @@ Status CheckName(const std::string& name) {
   return Status::Ok();
 }
 
-// The settings of a channel of `kind`, checked, as stored.
-Result<std::string> SettingsText(const std::string& kind, const Json& settings) {
+// The settings of a channel of `kind`, checked, as stored. `public_url`: the server's.
+Result<std::string> SettingsText(const std::string& kind, const Json& settings,
+                                 const std::string& public_url) {
   if (kind == "telegram") {
     KEEL_ASSIGN_OR_RETURN(auto s, channels::ParseTelegramSettings(settings));
+    if (s.mode == "webhook" && public_url.empty()) {
+      return InvalidArgument(
+          "settings.mode 'webhook' needs the server's public_url (keel.toml public_url or "
+          "KEEL_PUBLIC_URL), where Telegram posts updates; without one, use 'polling'");
+    }
     return DumpJson(channels::TelegramSettingsJson(s));
   }
   if (kind != "webhook") {
@@ -201,6 +211,13 @@ asio::awaitable<Result<Delivery>> ReadDelivery(ApiContext& ctx, const std::strin
 
 asio::awaitable<Response> Deliver(ApiContext& ctx, Request& req) {
   const std::string id = req.Param("id");
+  // Telegram's push to a webhook-mode telegram channel (channels/relay.h).
+  if (const std::string secret = req.Header("x-telegram-bot-api-secret-token"); !secret.empty()) {
+    if (!ctx.relay) co_return Response::Error(NotFound("channel not found: " + id));
+    auto answered = co_await ctx.relay->Pushed(id, secret, req.body);
+    if (!answered.ok()) co_return IntakeError(answered.status());
+    co_return Response::Json(*answered, {{"ok", true}});
+  }
   const std::string webhook_id = req.Header("webhook-id");
   // What needs no key is checked before the channel is read.
   if (Status st = channels::CheckDeliveryHeaders(webhook_id, req.Header("webhook-timestamp"),
@@ -278,7 +295,8 @@ void RegisterChannelRoutes(http::Router& router, ApiContext& ctx) {
     auto name = ReqString(*body, "name");
     if (!name.ok()) co_return Response::Error(name.status());
     if (auto st = CheckName(*name); !st.ok()) co_return Response::Error(st);
-    auto settings = SettingsText(*kind, body->value("settings", Json::object()));
+    auto settings =
+        SettingsText(*kind, body->value("settings", Json::object()), ctx.config.public_url);
     if (!settings.ok()) co_return Response::Error(settings.status());
     if (body->contains("enabled") && !(*body)["enabled"].is_boolean()) {
       co_return Response::Error(InvalidArgument("enabled must be true or false"));
@@ -385,7 +403,7 @@ void RegisterChannelRoutes(http::Router& router, ApiContext& ctx) {
       if (name) c.name = *name;
       if (body->contains("enabled")) c.enabled = (*body)["enabled"].get<bool>();
       if (settings) {
-        KEEL_ASSIGN_OR_RETURN(c.settings, SettingsText(c.kind, *settings));
+        KEEL_ASSIGN_OR_RETURN(c.settings, SettingsText(c.kind, *settings, ctx.config.public_url));
         KEEL_RETURN_IF_ERROR(CheckSecret(tx, c.tenant_id, c.kind, c.settings, c.id));
       }
       c.updated_at = NowMillis();

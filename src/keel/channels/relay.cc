@@ -8,6 +8,7 @@
 #include "keel/access/access.h"
 #include "keel/channels/deliveries.h"
 #include "keel/channels/telegram.h"
+#include "keel/common/crypto.h"
 #include "keel/common/ids.h"
 #include "keel/common/log.h"
 #include "keel/common/time.h"
@@ -25,6 +26,16 @@ namespace keel::channels {
 namespace asio = boost::asio;
 using std::chrono::milliseconds;
 
+// A Bot API answer: {"ok": true, "result": ...} or {"ok": false, "error_code", "description",
+// "parameters": {"retry_after"}}.
+struct BotAnswer {
+  int status = 0;   // HTTP status; 0 when no answer came
+  bool ok = false;  // "ok": true
+  Json result;
+  std::string error;  // why it failed, for the owner
+  Millis retry_after = 0;
+};
+
 namespace {
 
 constexpr int kBatch = 32;           // replies claimed per round
@@ -39,16 +50,6 @@ constexpr size_t kMaxAnswerBytes = 1 << 20;
 Millis Backoff(int attempts) {
   return std::min<Millis>(kMaxBackoffMs, Millis{1000} << std::min(std::max(attempts - 1, 0), 20));
 }
-
-// A Bot API answer: {"ok": true, "result": ...} or {"ok": false, "error_code", "description",
-// "parameters": {"retry_after"}}.
-struct BotAnswer {
-  int status = 0;   // HTTP status; 0 when no answer came
-  bool ok = false;  // "ok": true
-  Json result;
-  std::string error;  // why it failed, for the owner
-  Millis retry_after = 0;
-};
 
 // `token` is in the request's URL, and so in the client's errors: it is cut out of them.
 BotAnswer ReadAnswer(const std::string& method, const Result<http::ClientResponse>& got,
@@ -112,11 +113,13 @@ struct Relay::PollRead {
   std::string cursor;
   std::string error;    // the last poll's failure, as recorded
   std::string problem;  // why it cannot be polled now
+  bool suspended = false;  // its creator's token was revoked
   bool gone = false;    // deleted, disabled, or no longer polled
 };
 
 Relay::Relay(asio::any_io_executor executor, store::Store& store, runtime::Runtime& runtime,
-             runtime::EventHub& hub, const secrets::Vault& vault, http::OutboundGuard outbound)
+             runtime::EventHub& hub, const secrets::Vault& vault, http::OutboundGuard outbound,
+             std::string public_url)
     : executor_(executor),
       store_(store),
       runtime_(runtime),
@@ -127,6 +130,7 @@ Relay::Relay(asio::any_io_executor executor, store::Store& store, runtime::Runti
         o.outbound = std::move(outbound);
         return o;
       }())),
+      public_url_(std::move(public_url)),
       supervise_timer_(executor),
       send_timer_(executor) {}
 
@@ -178,124 +182,177 @@ asio::awaitable<void> Relay::Supervise() {
   }
 }
 
+asio::awaitable<Status> Relay::ReadChannel(const std::string& tenant_id,
+                                           const std::string& channel_id, PollRead& r) {
+  co_return co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
+    auto c = tx.channels().GetChannel(tenant_id, channel_id);
+    if (c.status().code() == Code::kNotFound) {
+      r.gone = true;
+      return Status::Ok();
+    }
+    KEEL_ASSIGN_OR_RETURN(r.channel, std::move(c));
+    if (!r.channel.enabled || r.channel.kind != "telegram") {
+      r.gone = true;
+      return Status::Ok();
+    }
+    KEEL_ASSIGN_OR_RETURN(auto poll, tx.channels().GetPoll(tenant_id, channel_id));
+    if (poll) {
+      r.cursor = poll->cursor;
+      r.error = poll->error;
+    }
+    auto settings = ParseJson(r.channel.settings);
+    auto parsed = settings.ok() ? ParseTelegramSettings(*settings)
+                                : Result<TelegramSettings>(settings.status());
+    if (!parsed.ok()) {
+      r.problem = "its settings are refused: " + parsed.status().message();
+      return Status::Ok();
+    }
+    r.settings = std::move(*parsed);
+    KEEL_ASSIGN_OR_RETURN(auto agent, tx.agents().GetAgent(tenant_id, r.channel.agent_id));
+    if (agent.status == "deleted") r.gone = true;
+    KEEL_ASSIGN_OR_RETURN(bool revoked, access::Revoked(tx, tenant_id, r.channel.created_by));
+    if (revoked) {
+      r.suspended = true;
+      r.problem = "the token that created it (" + r.channel.created_by + ") was revoked";
+      return Status::Ok();
+    }
+    if (r.settings.mode == "webhook" && public_url_.empty()) {
+      r.problem =
+          "webhook mode needs the server's public_url (keel.toml public_url or "
+          "KEEL_PUBLIC_URL), which is not set";
+      return Status::Ok();
+    }
+    auto token = vault_.Get(tx, tenant_id, r.settings.bot_token);
+    if (!token.ok()) {
+      r.problem = "its bot token secret '" + r.settings.bot_token +
+                  "' cannot be opened: " + token.status().message();
+    } else if (!ValidBotToken(*token)) {
+      r.problem = "its bot token secret '" + r.settings.bot_token +
+                  "' does not hold a bot token (digits, ':', letters, '-' and '_')";
+    } else {
+      r.token = std::move(*token);
+    }
+    return Status::Ok();
+  });
+}
+
+asio::awaitable<BotAnswer> Relay::CallBot(const PollRead& r, const std::string& method,
+                                          const Json& body, milliseconds timeout) {
+  http::ClientRequest req;
+  req.method = "POST";
+  req.url = r.settings.api_base + "/bot" + r.token + "/" + method;
+  req.headers = {{"Content-Type", "application/json"}};
+  req.body = DumpJson(body);
+  req.timeout = timeout;
+  co_return ReadAnswer(method, co_await client_->Fetch(req, 32 << 20), r.token);
+}
+
+asio::awaitable<Result<TelegramBot>> Relay::BotOf(const PollRead& r) {
+  auto known = bots_.find(r.channel.id);
+  if (known != bots_.end() && known->second.first == r.token) co_return known->second.second;
+  Json none = Json::object();
+  BotAnswer me = co_await CallBot(r, "getMe", none, kSendTimeout);
+  if (!me.ok || !me.result.is_object() || !me.result.contains("id") ||
+      !me.result["id"].is_number_integer()) {
+    co_return Unavailable(me.error.empty() ? "getMe: an answer without the bot's id" : me.error);
+  }
+  const Json& name = me.result.contains("username") ? me.result["username"] : Json();
+  TelegramBot bot{me.result["id"].get<int64_t>(),
+                  name.is_string() ? name.get<std::string>() : std::string()};
+  bots_[r.channel.id] = {r.token, bot};
+  co_return bot;
+}
+
 asio::awaitable<void> Relay::Poll(std::string tenant_id, std::string channel_id) {
   struct Done {
     Relay* relay;
     std::string id;
     ~Done() { relay->polling_.erase(id); }
   } done{this, channel_id};
-  std::optional<TelegramBot> bot;
-  std::string bot_token;  // the token `bot` was read with
   int failures = 0;
   while (!stopping_ && store_.leader()) {
     PollRead r;
-    Status st = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
-      auto c = tx.channels().GetChannel(tenant_id, channel_id);
-      if (c.status().code() == Code::kNotFound) {
-        r.gone = true;
-        return Status::Ok();
-      }
-      KEEL_ASSIGN_OR_RETURN(r.channel, std::move(c));
-      if (!r.channel.enabled || r.channel.kind != "telegram") {
-        r.gone = true;
-        return Status::Ok();
-      }
-      KEEL_ASSIGN_OR_RETURN(auto poll, tx.channels().GetPoll(tenant_id, channel_id));
-      if (poll) {
-        r.cursor = poll->cursor;
-        r.error = poll->error;
-      }
-      auto settings = ParseJson(r.channel.settings);
-      auto parsed = settings.ok() ? ParseTelegramSettings(*settings)
-                                  : Result<TelegramSettings>(settings.status());
-      if (!parsed.ok()) {
-        r.problem = "its settings are refused: " + parsed.status().message();
-        return Status::Ok();
-      }
-      r.settings = std::move(*parsed);
-      KEEL_ASSIGN_OR_RETURN(auto agent, tx.agents().GetAgent(tenant_id, r.channel.agent_id));
-      if (agent.status == "deleted") r.gone = true;
-      KEEL_ASSIGN_OR_RETURN(bool revoked, access::Revoked(tx, tenant_id, r.channel.created_by));
-      if (revoked) {
-        r.problem = "the token that created it (" + r.channel.created_by + ") was revoked";
-        return Status::Ok();
-      }
-      auto token = vault_.Get(tx, tenant_id, r.settings.bot_token);
-      if (!token.ok()) {
-        r.problem = "its bot token secret '" + r.settings.bot_token +
-                    "' cannot be opened: " + token.status().message();
-      } else if (!ValidBotToken(*token)) {
-        r.problem = "its bot token secret '" + r.settings.bot_token +
-                    "' does not hold a bot token (digits, ':', letters, '-' and '_')";
-      } else {
-        r.token = std::move(*token);
-      }
-      return Status::Ok();
-    });
-    if (!st.ok()) {
+    if (!(co_await ReadChannel(tenant_id, channel_id, r)).ok()) {
       co_await Sleep(milliseconds(1000));
       continue;
     }
     if (r.gone) co_return;
     std::string failure = r.problem;
-    if (failure.empty() && (!bot || bot_token != r.token)) {
-      http::ClientRequest req;
-      req.method = "POST";
-      req.url = r.settings.api_base + "/bot" + r.token + "/getMe";
-      req.headers = {{"Content-Type", "application/json"}};
-      req.body = "{}";
-      req.timeout = kSendTimeout;
-      BotAnswer me = ReadAnswer("getMe", co_await client_->Fetch(req, 64 * 1024), r.token);
-      if (me.ok && me.result.is_object() && me.result.contains("id") &&
-          me.result["id"].is_number_integer()) {
-        const Json& name = me.result.contains("username") ? me.result["username"] : Json();
-        bot = TelegramBot{me.result["id"].get<int64_t>(),
-                          name.is_string() ? name.get<std::string>() : std::string()};
-        bot_token = r.token;
-      } else {
-        failure = me.error.empty() ? "getMe: an answer without the bot's id" : me.error;
-      }
-    }
     Millis retry_after = 0;
+    // Where a webhook-mode channel's updates go, and with what secret: the cursor records
+    // that setWebhook took them (a number is a polled channel's cursor).
+    const std::string hook = public_url_ + "/v1/hooks/" + channel_id;
+    const std::string secret = r.token.empty() ? "" : TelegramWebhookSecret(r.token, channel_id);
+    const std::string marker = "webhook:" + Sha256Hex(hook + "\n" + secret).substr(0, 16);
+    const bool numeric =
+        !r.cursor.empty() && r.cursor.find_first_not_of("0123456789") == std::string::npos;
+    if (failure.empty() && r.settings.mode == "webhook") {
+      if (r.cursor != marker) {
+        Json set = {
+            {"url", hook}, {"secret_token", secret}, {"allowed_updates", Json::array({"message"})}};
+        BotAnswer got = co_await CallBot(r, "setWebhook", set, kSendTimeout);
+        if (got.ok) {
+          co_await RecordPoll(r, marker, "");
+        } else {
+          failure = got.error;
+          retry_after = got.retry_after;
+        }
+      }
+      if (failure.empty()) {
+        failures = 0;
+        co_await Sleep(milliseconds(2000));  // only settings changes are looked for now
+        continue;
+      }
+    } else if (failure.empty() && !r.cursor.empty() && !numeric) {
+      // Back from webhook mode: Telegram answers getUpdates 409 while a webhook is set.
+      Json drop = Json::object();
+      BotAnswer got = co_await CallBot(r, "deleteWebhook", drop, kSendTimeout);
+      if (got.ok) {
+        co_await RecordPoll(r, "", "");
+        continue;
+      }
+      failure = got.error;
+    }
     if (failure.empty()) {
-      Json ask = {{"timeout", r.settings.poll_timeout},
-                  {"allowed_updates", Json::array({"message"})}};
-      if (!r.cursor.empty()) ask["offset"] = std::stoll(r.cursor) + 1;
-      http::ClientRequest req;
-      req.method = "POST";
-      req.url = r.settings.api_base + "/bot" + r.token + "/getUpdates";
-      req.headers = {{"Content-Type", "application/json"}};
-      req.body = DumpJson(ask);
-      req.timeout = milliseconds(r.settings.poll_timeout * 1000 + 10000);
-      BotAnswer got = ReadAnswer("getUpdates", co_await client_->Fetch(req, 32 << 20), r.token);
-      if (!got.ok || !got.result.is_array()) {
-        failure = got.error.empty() ? "getUpdates: an answer without updates" : got.error;
-        retry_after = got.retry_after;
-      } else {
-        // The batch's updates the agent takes, by conversation: conversations at once, each
-        // one's updates in order. The cursor passes the batch only when all of it is dealt
-        // with (taken or passed over); else it is fetched again, and what was taken replays.
-        std::string cursor = r.cursor;
-        std::map<std::string, std::vector<TelegramInbound>> by_conversation;
-        for (const Json& update : got.result) {
-          auto routed = RouteUpdate(update, *bot);
-          if (!routed.ok()) continue;  // no update_id: nothing to take, nothing to pass
-          if (cursor.empty() || std::stoll(routed->update_id) > std::stoll(cursor)) {
-            cursor = routed->update_id;
+      auto bot = co_await BotOf(r);
+      if (!bot.ok()) failure = bot.status().message();
+      if (failure.empty()) {
+        Json ask = {{"timeout", r.settings.poll_timeout},
+                    {"allowed_updates", Json::array({"message"})}};
+        if (!r.cursor.empty()) ask["offset"] = std::stoll(r.cursor) + 1;
+        BotAnswer got = co_await CallBot(r, "getUpdates", ask,
+                                         milliseconds(r.settings.poll_timeout * 1000 + 10000));
+        if (!got.ok || !got.result.is_array()) {
+          failure = got.error.empty() ? "getUpdates: an answer without updates" : got.error;
+          retry_after = got.retry_after;
+        } else {
+          // The batch's updates the agent takes, by conversation: conversations at once, each
+          // one's updates in order. The cursor passes the batch only when all of it is dealt
+          // with (taken or passed over); else it is fetched again, and what was taken replays.
+          std::string cursor = r.cursor;
+          std::map<std::string, std::vector<TelegramInbound>> by_conversation;
+          for (const Json& update : got.result) {
+            auto routed = RouteUpdate(update, *bot);
+            if (!routed.ok()) continue;  // no update_id: nothing to take, nothing to pass
+            if (cursor.empty() || std::stoll(routed->update_id) > std::stoll(cursor)) {
+              cursor = routed->update_id;
+            }
+            if (routed->take) by_conversation[routed->conversation].push_back(std::move(*routed));
           }
-          if (routed->take) by_conversation[routed->conversation].push_back(std::move(*routed));
+          Status taken = co_await TakeAll(r, by_conversation);
+          if (!taken.ok()) {
+            failure = "the last updates are taken again later: " + taken.message();
+            cursor = r.cursor;
+          }
+          if (cursor != r.cursor || failure != r.error) {
+            co_await RecordPoll(r, cursor, failure);
+            r.error = failure;
+          }
+          // A poll that does not wait for updates is not repeated at once.
+          if (got.result.empty() && r.settings.poll_timeout == 0) {
+            co_await Sleep(milliseconds(1000));
+          }
         }
-        Status taken = co_await TakeAll(r, by_conversation);
-        if (!taken.ok()) {
-          failure = "the last updates are taken again later: " + taken.message();
-          cursor = r.cursor;
-        }
-        if (cursor != r.cursor || failure != r.error) {
-          co_await RecordPoll(r, cursor, failure);
-          r.error = failure;
-        }
-        // A poll that does not wait for updates is not repeated at once.
-        if (got.result.empty() && r.settings.poll_timeout == 0) co_await Sleep(milliseconds(1000));
       }
     }
     if (failure.empty()) {
@@ -307,6 +364,39 @@ asio::awaitable<void> Relay::Poll(std::string tenant_id, std::string channel_id)
     co_await Sleep(
         milliseconds(std::max<Millis>(retry_after, std::min<Millis>(60000, Backoff(failures)))));
   }
+}
+
+asio::awaitable<Result<int>> Relay::Pushed(std::string channel_id, std::string secret,
+                                           std::string body) {
+  PollRead r;
+  std::string tenant_id;
+  Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(tenant_id, tx.channels().ChannelTenant(channel_id));
+    return Status::Ok();
+  });
+  if (!read.ok()) co_return read;
+  if (Status st = co_await ReadChannel(tenant_id, channel_id, r); !st.ok()) co_return st;
+  if (r.gone || r.settings.mode != "webhook")
+    co_return NotFound("channel not found: " + channel_id);
+  if (r.token.empty()) {
+    // Not authenticated yet: the sender learns the channel cannot check it now, not why.
+    co_return Unavailable("this channel cannot take updates now; its owner can see why");
+  }
+  if (!ConstantTimeEquals(secret, TelegramWebhookSecret(r.token, channel_id))) {
+    co_return Unauthenticated("X-Telegram-Bot-Api-Secret-Token does not match this channel's");
+  }
+  if (r.suspended) co_return PermissionDenied("this channel is suspended: " + r.problem);
+  if (!r.problem.empty()) co_return Unavailable("this channel cannot take updates now");
+  auto update = ParseJsonObject(body);
+  if (!update.ok()) co_return update.status();
+  auto bot = co_await BotOf(r);
+  if (!bot.ok())
+    co_return Unavailable("the bot's name cannot be read now: " + bot.status().message());
+  auto routed = RouteUpdate(*update, *bot);
+  if (!routed.ok()) co_return routed.status();
+  if (!routed->take) co_return 200;
+  if (Status st = co_await Take(r, *routed); !st.ok()) co_return st;
+  co_return 200;
 }
 
 asio::awaitable<void> Relay::RecordPoll(const PollRead& read, std::string cursor,

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "keel/channels/telegram.h"
 #include "keel/common/json_util.h"
 #include "keel/common/status.h"
 #include "keel/http/outbound_guard.h"
@@ -49,24 +50,42 @@ struct ChannelReply;
 
 namespace keel::channels {
 
-struct TelegramBot;
-struct TelegramInbound;
+struct BotAnswer;
 
 class Relay {
  public:
   // `outbound`: where a channel's api_base may point (it is the tenant's choice).
+  // `public_url`: where the internet reaches this server ("" when nowhere): webhook-mode
+  // channels have Telegram post their updates there.
   Relay(boost::asio::any_io_executor executor, store::Store& store, runtime::Runtime& runtime,
-        runtime::EventHub& hub, const secrets::Vault& vault, http::OutboundGuard outbound);
+        runtime::EventHub& hub, const secrets::Vault& vault, http::OutboundGuard outbound,
+        std::string public_url);
   ~Relay();
 
   // Starts the loops. REQUIRES: called once, on the executor.
   void Start();
   // The node drains: no new poll, no new send (a send under way finishes).
   void Stop();
+  // An update Telegram posted to POST /v1/hooks/{id} for a webhook-mode channel, with the
+  // X-Telegram-Bot-Api-Secret-Token it came with: authenticated (kUnauthenticated, checked in
+  // constant time before the body is read), then taken as a polled one is. The status to answer
+  // (200 once its message is durable, or when the agent passes it over); an error for Telegram
+  // to retry (kUnavailable, kRateLimited) or not: kNotFound (no such enabled webhook-mode
+  // channel), kInvalidArgument (not an update), kPermissionDenied (its creator revoked).
+  boost::asio::awaitable<Result<int>> Pushed(std::string channel_id, std::string secret,
+                                             std::string body);
 
  private:
   struct PollRead;
   boost::asio::awaitable<void> Supervise();
+  // The channel, its settings, token and poll state, in one read (`r.gone`, `r.problem`).
+  boost::asio::awaitable<Status> ReadChannel(const std::string& tenant_id,
+                                             const std::string& channel_id, PollRead& r);
+  // A Bot API method of the channel's bot.
+  boost::asio::awaitable<BotAnswer> CallBot(const PollRead& r, const std::string& method,
+                                            const Json& body, std::chrono::milliseconds timeout);
+  // The bot as getMe describes it, asked once per token.
+  boost::asio::awaitable<Result<TelegramBot>> BotOf(const PollRead& r);
   boost::asio::awaitable<void> Poll(std::string tenant_id, std::string channel_id);
   // The updates of a poll the agent takes, by conversation: the conversations at once, each
   // one's in order. Ok when all are dealt with and the cursor may pass them; else the first
@@ -94,6 +113,9 @@ class Relay {
   runtime::EventHub& hub_;
   const secrets::Vault& vault_;
   std::unique_ptr<http::Client> client_;
+  const std::string public_url_;
+  // Each channel's bot, by channel id: the token getMe was asked with, and its answer.
+  std::map<std::string, std::pair<std::string, TelegramBot>> bots_;
   boost::asio::steady_timer supervise_timer_;
   boost::asio::steady_timer send_timer_;
   bool supervise_wake_ = true;

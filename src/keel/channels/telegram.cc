@@ -3,6 +3,7 @@
 #include <cctype>
 
 #include "keel/channels/webhook.h"
+#include "keel/common/crypto.h"
 
 namespace keel::channels {
 
@@ -97,10 +98,10 @@ Result<TelegramSettings> ParseTelegramSettings(const Json& settings) {
   if (!settings.is_object()) return InvalidArgument("settings must be an object");
   for (auto it = settings.begin(); it != settings.end(); ++it) {
     const std::string& k = it.key();
-    if (k != "bot_token" && k != "api_base" && k != "role" && k != "poll_timeout") {
+    if (k != "bot_token" && k != "api_base" && k != "role" && k != "poll_timeout" && k != "mode") {
       return InvalidArgument("unknown field 'settings." + k.substr(0, 64) +
                              "' (a telegram channel takes bot_token, api_base, role, "
-                             "poll_timeout)");
+                             "poll_timeout, mode)");
     }
   }
   TelegramSettings s;
@@ -138,14 +139,26 @@ Result<TelegramSettings> ParseTelegramSettings(const Json& settings) {
     }
     s.poll_timeout = t.get<int>();
   }
+  KEEL_ASSIGN_OR_RETURN(s.mode, SettingsString(settings, "mode", "polling"));
+  if (s.mode != "polling" && s.mode != "webhook") {
+    return InvalidArgument(
+        "settings.mode must be 'polling' (Keel asks Telegram for updates) or 'webhook' "
+        "(Telegram posts them to the server's public_url), got '" +
+        s.mode.substr(0, 32) + "'");
+  }
   return s;
+}
+
+std::string TelegramWebhookSecret(const std::string& bot_token, const std::string& channel_id) {
+  return HmacSha256Hex(bot_token, "keel telegram webhook " + channel_id);
 }
 
 Json TelegramSettingsJson(const TelegramSettings& s) {
   return {{"bot_token", s.bot_token},
           {"api_base", s.api_base},
           {"role", s.role},
-          {"poll_timeout", s.poll_timeout}};
+          {"poll_timeout", s.poll_timeout},
+          {"mode", s.mode}};
 }
 
 Result<TelegramInbound> RouteUpdate(const Json& update, const TelegramBot& bot) {

@@ -24,7 +24,15 @@ struct TelegramSettings {
   std::string api_base = kTelegramApi;  // the Bot API server (a self-hosted one, a proxy, a fake)
   std::string role = "guest";           // the role the runs act with: guest | user
   int poll_timeout = 25;                // getUpdates' long-poll timeout, seconds (0..50)
+  // "polling": Keel asks for updates (getUpdates); "webhook": Telegram posts them to
+  // POST /v1/hooks/{id} at the server's public_url (setWebhook).
+  std::string mode = "polling";
 };
+
+// The secret_token Keel gives setWebhook for channel `channel_id`, which Telegram sends back in
+// X-Telegram-Bot-Api-Secret-Token with each update: HMAC-SHA256 of the channel's id under the
+// bot's token, hex (no secret of its own to keep, and a new one with a new token).
+std::string TelegramWebhookSecret(const std::string& bot_token, const std::string& channel_id);
 
 Result<TelegramSettings> ParseTelegramSettings(const Json& settings);
 Json TelegramSettingsJson(const TelegramSettings& s);

@@ -195,6 +195,7 @@ Status ApplyToml(const std::string& path, Config& c, HttpConfig& http, LimitsCon
                                              "log_level",
                                              "outbound_allow",
                                              "cors_origins",
+                                             "public_url",
                                              "exec_uid",
                                              "exec_gid",
                                              "openai",
@@ -229,6 +230,7 @@ Status ApplyToml(const std::string& path, Config& c, HttpConfig& http, LimitsCon
   KEEL_RETURN_IF_ERROR(str("store_owner", &c.store_owner_url));
   KEEL_RETURN_IF_ERROR(str("workspaces", &c.workspaces));
   KEEL_RETURN_IF_ERROR(str("log_level", &c.log_level));
+  KEEL_RETURN_IF_ERROR(str("public_url", &c.public_url));
   if (auto n = t["durable"]; n) {
     if (!n.is_boolean()) return InvalidArgument(path + ": durable must be true or false");
     c.durable = n.value<bool>().value();
@@ -464,6 +466,20 @@ Status LoadInto(const Overrides& o, Config& c, HttpConfig& http, LimitsConfig& l
   if (auto v = Env("KEEL_OUTBOUND_ALLOW"); !v.empty()) {
     c.outbound_allow = comma_list(v);
     KEEL_RETURN_IF_ERROR(CheckOutboundAllow("KEEL_OUTBOUND_ALLOW", c.outbound_allow));
+  }
+  if (auto v = Env("KEEL_PUBLIC_URL"); !v.empty()) c.public_url = v;
+  while (!c.public_url.empty() && c.public_url.back() == '/') c.public_url.pop_back();
+  if (!c.public_url.empty()) {
+    bool printable = true;
+    for (char ch : c.public_url) printable = printable && ch > 0x20 && ch < 0x7f;
+    if (!printable || c.public_url.size() > 512 ||
+        (c.public_url.rfind("https://", 0) != 0 && c.public_url.rfind("http://", 0) != 0) ||
+        c.public_url.find_first_of("?#") != std::string::npos) {
+      return InvalidArgument(
+          "public_url (KEEL_PUBLIC_URL) must be an http:// or https:// URL "
+          "without a query, at most 512 characters: the address the "
+          "internet reaches this server at");
+    }
   }
   if (auto v = Env("KEEL_CORS_ORIGINS"); !v.empty()) {
     c.cors_origins = comma_list(v);

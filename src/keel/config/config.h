@@ -73,6 +73,10 @@ struct Config {
   // origins ("https://app.example.com") or "*". keel.toml: cors_origins = [...];
   // KEEL_CORS_ORIGINS: comma-separated, replacing the file's list. Empty: none (the default).
   std::vector<std::string> cors_origins;
+  // The URL at which the internet reaches this server ("https://keel.example.com", no query),
+  // for platforms that push to it (a telegram channel in webhook mode). keel.toml: public_url;
+  // KEEL_PUBLIC_URL. Empty (the default): no channel may ask to be pushed to.
+  std::string public_url;
   // KEEL_SECRET_KEK, or the content of the file KEEL_SECRET_KEK_FILE names (environment only):
   // base64 of the 256-bit key-encryption key of secrets.
   std::string secret_kek;
