@@ -8,7 +8,10 @@
   * the same conversation without the channel ("direct"): the message posted through the API
     (?wait=) and its answer sent to the fake by this script, one at a time: p50; and the ratio of
     the channel's p50 to it (what polling, the delivery record and the outbox cost over a direct
-    send).
+    send);
+  * the outbox alone: from the run's end (its finished_at) to the answer's arrival at the fake,
+    through the outbox (the reply claimed in a unit of its own, then sent) and sent directly by
+    this script once ?wait= returned, and their ratio (means: finished_at has ms resolution).
 
 Times are the fake's receipt of sendMessage minus this script's clock when it queued the update
 (one machine, one clock). Prints a RESULT line (key=value) last.
@@ -25,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime, timezone
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEK = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="
@@ -44,6 +48,11 @@ def call(port, method, path, body=None, token=None, timeout=60):
     if resp.status >= 300:
         raise RuntimeError("%s %s -> %d %s" % (method, path, resp.status, data[:300]))
     return json.loads(data) if data else None
+
+
+def parse_ms(text):
+    dt = datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
+    return dt.timestamp() * 1000
 
 
 def pct(values, p):
@@ -93,18 +102,39 @@ def main():
               "settings": {"bot_token": "BOT", "api_base": "http://127.0.0.1:%d" % fake}},
              owner)
 
-        def one_chat(n, chat):
+        channel = call(port, "GET", "/v1/agents/%s/channels" % agent["id"], None,
+                       owner)["items"][0]["id"]
+
+        def finished_ms(run_id):
+            run = call(port, "GET", "/v1/runs/" + run_id, None, owner)
+            return parse_ms(run["finished_at"])
+
+        def one_chat(n, chat, after_run=None):
             lat = []
             for i in range(n):
                 call(fake, "POST", "/_reset")
                 t0 = time.time()
-                call(fake, "POST", "/_message", {"chat_id": chat, "text": "message %d" % i})
+                update = call(fake, "POST", "/_message",
+                              {"chat_id": chat, "text": "message %d" % i})["update_id"]
                 [m] = wait_messages(fake, 1)
                 lat.append((m["_at"] - t0) * 1000)
+                if after_run is not None:
+                    replies, cursor = [], ""
+                    while True:
+                        page = call(port, "GET", "/v1/channels/%s/replies?limit=200%s" %
+                                    (channel, "&cursor=" + cursor if cursor else ""), None, owner)
+                        replies += page["items"]
+                        cursor = page.get("next_cursor")
+                        if not cursor:
+                            break
+                    run = [r for r in replies if r["delivery_id"] == str(update)]
+                    if run:
+                        after_run.append(m["_at"] * 1000 - finished_ms(run[0]["run_id"]))
             return lat
 
         one_chat(20, 1)  # warm up: the chat's session, the poller, the connections
-        single = one_chat(args.messages, 1)
+        outbox = []  # the run's end to its answer at the fake, through the outbox
+        single = one_chat(args.messages, 1, outbox)
 
         many = []
         for r in range(args.rounds):
@@ -120,6 +150,7 @@ def main():
         session = call(port, "POST", "/v1/agents/%s/sessions" % agent["id"],
                        {"title": "direct"}, owner)
         direct = []
+        direct_after_run = []  # the run's end to the answer at the fake, sent by this script
         for i in range(args.messages + 20):
             call(fake, "POST", "/_reset")
             t0 = time.time()
@@ -130,6 +161,7 @@ def main():
             [m] = wait_messages(fake, 1)
             if i >= 20:
                 direct.append((m["_at"] - t0) * 1000)
+                direct_after_run.append(m["_at"] * 1000 - parse_ms(posted["run"]["finished_at"]))
 
         result = {
             "one_chat_p50_ms": round(pct(single, 50), 2),
@@ -138,6 +170,10 @@ def main():
             "chats_%d_p99_ms" % args.chats: round(pct(many, 99), 2),
             "direct_p50_ms": round(pct(direct, 50), 2),
             "channel_over_direct": round(pct(single, 50) / pct(direct, 50), 2),
+            "outbox_send_ms": round(sum(outbox) / len(outbox), 2),
+            "direct_send_ms": round(sum(direct_after_run) / len(direct_after_run), 2),
+            "outbox_over_direct_send": round(sum(outbox) / len(outbox) /
+                                             (sum(direct_after_run) / len(direct_after_run)), 2),
         }
         print("one chat: p50 %.2f ms, p99 %.2f ms (%d messages)" %
               (result["one_chat_p50_ms"], result["one_chat_p99_ms"], len(single)))
@@ -145,6 +181,10 @@ def main():
               (args.chats, pct(many, 50), pct(many, 99), args.rounds))
         print("direct (API ?wait=, then sendMessage): p50 %.2f ms; channel / direct %.2f" %
               (result["direct_p50_ms"], result["channel_over_direct"]))
+        print("from the run's end to the answer at the fake (means, ms resolution): outbox %.2f ms, "
+              "direct send %.2f ms; outbox / direct %.2f" %
+              (result["outbox_send_ms"], result["direct_send_ms"],
+               result["outbox_over_direct_send"]))
         print("RESULT " + " ".join("%s=%s" % kv for kv in result.items()))
     finally:
         server.terminate()

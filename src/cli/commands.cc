@@ -19,6 +19,7 @@
 #include <sstream>
 #include <string_view>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "keel/common/crypto.h"
@@ -1967,27 +1968,33 @@ int ScheduleReassign(Context& ctx, const std::string& id, const std::string& tok
 namespace keel::cli {
 
 int ChannelAdd(Context& ctx, const ChannelAddArgs& args) {
+  // The flags each kind needs and takes, checked before anything is asked of the server.
+  const bool telegram = args.kind == "telegram", slack = args.kind == "slack";
+  const std::vector<std::tuple<const char*, const std::string*, bool, bool>> flags = {
+      // flag, value, needed, taken
+      {"--secret", &args.secret, !telegram, !telegram},
+      {"--bot-token", &args.bot_token, telegram || slack, telegram || slack},
+      {"--api-base", &args.api_base, false, telegram || slack},
+      {"--template", &args.message_template, false, !telegram && !slack},
+      {"--conversation", &args.conversation, false, !telegram && !slack}};
+  for (const auto& [flag, value, needed, taken] : flags) {
+    if (needed && value->empty()) {
+      std::cerr << "keel: a " << args.kind << " channel needs " << flag << " SECRET_NAME\n";
+      return kExitUsage;
+    }
+  }
+  for (const auto& [flag, value, needed, taken] : flags) {
+    if (!taken && !value->empty()) {
+      std::cerr << "keel: " << flag << " is not for " << args.kind << " channels\n";
+      return kExitUsage;
+    }
+  }
   std::string agent_id;
   if (int code = ResolveAgent(ctx, args.agent, &agent_id); code != kExitOk) return code;
-  const bool telegram = args.kind == "telegram";
-  const std::string wanted = telegram ? "--bot-token" : "--secret";
-  if ((telegram ? args.bot_token : args.secret).empty()) {
-    std::cerr << "keel: a " << args.kind << " channel needs " << wanted << " SECRET_NAME\n";
-    return kExitUsage;
-  }
-  if (telegram !=
-      (args.secret.empty() && args.message_template.empty() && args.conversation.empty())) {
-    std::cerr << "keel: --secret, --template and --conversation are for webhook channels; "
-                 "--bot-token and --api-base for telegram ones\n";
-    return kExitUsage;
-  }
-  if (!telegram && !(args.api_base.empty() && args.bot_token.empty())) {
-    std::cerr << "keel: --bot-token and --api-base are for telegram channels (--kind telegram)\n";
-    return kExitUsage;
-  }
   Json settings = Json::object();
-  if (telegram) {
+  if (telegram || slack) {
     settings["bot_token"] = args.bot_token;
+    if (slack) settings["signing_secret"] = args.secret;
     if (!args.api_base.empty()) settings["api_base"] = args.api_base;
   } else {
     settings["signing_secret"] = args.secret;
@@ -2010,7 +2017,8 @@ int ChannelAdd(Context& ctx, const ChannelAddArgs& args) {
     return kExitOk;
   }
   std::cout << "created channel " << Str(created.body, "name") << " (" << Str(created.body, "id")
-            << "): signed deliveries to " << ctx.client.url() << Str(created.body, "url") << "\n";
+            << "): " << (slack ? "the Slack app's Request URL is " : "signed deliveries to ")
+            << ctx.client.url() << Str(created.body, "url") << "\n";
   return kExitOk;
 }
 
@@ -2046,6 +2054,21 @@ int PrintChannel(Context& ctx, const Json& c) {
     return kExitOk;
   }
   const Json settings = c.value("settings", Json::object());
+  if (Str(c, "kind") == "slack") {
+    PrintFields(
+        {{"id", Str(c, "id")},
+         {"name", Str(c, "name")},
+         {"agent", Str(c, "agent_id")},
+         {"kind", Str(c, "kind")},
+         {"status", Str(c, "status") == "error" ? "error: " + Str(c, "error") : Str(c, "status")},
+         {"request url", ctx.client.url() + Str(c, "url")},
+         {"secret", settings.value("signing_secret", "")},
+         {"bot token", settings.value("bot_token", "")},
+         {"api base", settings.value("api_base", "")},
+         {"role", settings.value("role", "")},
+         {"created", Str(c, "created_at")}});
+    return kExitOk;
+  }
   if (Str(c, "kind") == "telegram") {
     PrintFields(
         {{"id", Str(c, "id")},

@@ -502,19 +502,23 @@ int Main(int argc, char** argv) {
   ChannelAddArgs channel_add;
   CLI::App* channel_add_cmd = channels->add_subcommand(
       "add",
-      "Add a channel (owners): a webhook (Standard Webhooks deliveries become messages) or a "
-      "Telegram bot (polled; its answers sent back)");
+      "Add a channel (owners): a webhook (Standard Webhooks deliveries become messages), a "
+      "Telegram bot (polled; its answers sent back) or a Slack app (its events; answers in "
+      "thread)");
   channel_add_cmd->add_option("agent", channel_add.agent, "Agent id or name")->required();
   channel_add_cmd->add_option("name", channel_add.name, "The channel's name")->required();
-  channel_add_cmd->add_option("--kind", channel_add.kind, "webhook (default) or telegram")
-      ->check(CLI::IsMember({"webhook", "telegram"}));
-  channel_add_cmd->add_option(
-      "--secret", channel_add.secret,
-      "webhook: the tenant secret holding the signing key (whsec_BASE64 or raw text)");
+  channel_add_cmd->add_option("--kind", channel_add.kind, "webhook (default), telegram or slack")
+      ->check(CLI::IsMember({"webhook", "telegram", "slack"}));
+  channel_add_cmd->add_option("--secret", channel_add.secret,
+                              "webhook, slack: the tenant secret holding the signing key "
+                              "(a webhook's whsec_BASE64 or raw text; a Slack app's signing "
+                              "secret)");
   channel_add_cmd->add_option("--bot-token", channel_add.bot_token,
-                              "telegram: the tenant secret holding the bot's token");
-  channel_add_cmd->add_option("--api-base", channel_add.api_base,
-                              "telegram: the Bot API server (default https://api.telegram.org)");
+                              "telegram, slack: the tenant secret holding the bot's token");
+  channel_add_cmd->add_option(
+      "--api-base", channel_add.api_base,
+      "telegram, slack: the platform's API (default https://api.telegram.org, "
+      "https://slack.com/api)");
   channel_add_cmd->add_option("--template", channel_add.message_template,
                               "The message, with {{/json/pointer}} placeholders (default {{}})");
   channel_add_cmd->add_option("--conversation", channel_add.conversation,

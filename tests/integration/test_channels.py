@@ -667,8 +667,8 @@ class CliTest(ChannelCase):
         self.assertEqual(spare.returncode, 0, spare.stderr)
         self.t.ok("DELETE", "/v1/secrets/CLI_SPARE")
         listed = self.keel("channels", "list", agent["name"])
-        self.assertIn("spare is not working: its signing secret 'CLI_SPARE' is missing",
-                      listed.stdout)
+        self.assertIn("spare is not working: its secret 'CLI_SPARE' "
+                      "(settings.signing_secret) is missing", listed.stdout)
         self.assertEqual(self.keel("channels", "disable", cid).returncode, 0)
         ch = self.t.ok("GET", "/v1/channels/" + cid)
         self.assertFalse(ch["enabled"])

@@ -53,8 +53,8 @@ struct ApiContext {
   channels::Relay* relay = nullptr;
 };
 
-// A client's Idempotency-Key: at most what intake takes, and not in the "webhook:" or
-// "telegram:" namespaces,
+// A client's Idempotency-Key: at most what intake takes, and not in the "webhook:",
+// "telegram:" or "slack:" namespaces,
 // which a channel's deliveries use (a client could otherwise take a delivery's key first and
 // so have the delivery answered as a replay of its own message). kInvalidArgument.
 Status CheckClientIdempotencyKey(const std::string& key);

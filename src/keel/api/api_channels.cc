@@ -8,6 +8,7 @@
 #include "keel/api/render.h"
 #include "keel/channels/deliveries.h"
 #include "keel/channels/relay.h"
+#include "keel/channels/slack.h"
 #include "keel/channels/telegram.h"
 #include "keel/channels/webhook.h"
 #include "keel/common/ids.h"
@@ -33,9 +34,20 @@ namespace {
 // The longest webhook-id taken: it becomes the message's idempotency key after "webhook:".
 constexpr size_t kMaxWebhookId = 200;
 
-// The name of the tenant secret a channel's settings name: a webhook's signing key, a bot's token.
+// The name of the tenant secret a channel's settings name: a webhook's or a Slack app's signing
+// key, a Telegram bot's token. At most one channel of a tenant names it.
 std::string SecretName(const std::string& kind, const Json& settings) {
   return settings.value(kind == "telegram" ? "bot_token" : "signing_secret", "");
+}
+
+// Every tenant secret the settings name, with what it is for.
+std::vector<std::pair<std::string, std::string>> SecretsOf(const std::string& kind,
+                                                           const Json& settings) {
+  if (kind == "slack") {
+    return {{"signing_secret", settings.value("signing_secret", "")},
+            {"bot_token", settings.value("bot_token", "")}};
+  }
+  return {{kind == "telegram" ? "bot_token" : "signing_secret", SecretName(kind, settings)}};
 }
 
 // What keeps an enabled channel from taking deliveries, "" for nothing. Read with the channel,
@@ -43,13 +55,14 @@ std::string SecretName(const std::string& kind, const Json& settings) {
 Result<std::string> ChannelProblem(store::Tx& tx, const store::Channel& c) {
   auto settings = ParseJson(c.settings);
   if (!settings.ok()) return std::string("its settings are not JSON");
-  const std::string name = SecretName(c.kind, *settings);
-  auto found = tx.secrets().GetSecret(c.tenant_id, name);
-  if (found.status().code() == Code::kNotFound) {
-    return "its " + std::string(c.kind == "telegram" ? "bot token" : "signing") + " secret '" +
-           name + "' is missing: set it (PUT /v1/secrets/" + name + ") or name another";
+  for (const auto& [field, name] : SecretsOf(c.kind, *settings)) {
+    auto found = tx.secrets().GetSecret(c.tenant_id, name);
+    if (found.status().code() == Code::kNotFound) {
+      return "its secret '" + name + "' (settings." + field +
+             ") is missing: set it (PUT /v1/secrets/" + name + ") or name another";
+    }
+    if (!found.ok()) return found.status();
   }
-  if (!found.ok()) return found.status();
   auto agent = tx.agents().GetAgent(c.tenant_id, c.agent_id);
   if (agent.status().code() == Code::kNotFound || (agent.ok() && agent->status == "deleted")) {
     return std::string("its agent was deleted");
@@ -74,14 +87,15 @@ Status CheckSecret(store::Tx& tx, const std::string& tenant, const std::string& 
                    const std::string& settings, const std::string& channel_id) {
   auto parsed = ParseJson(settings);
   if (!parsed.ok()) return parsed.status();
-  const std::string field = kind == "telegram" ? "bot_token" : "signing_secret";
   const std::string secret = SecretName(kind, *parsed);
-  auto found = tx.secrets().GetSecret(tenant, secret);
-  if (found.status().code() == Code::kNotFound) {
-    return InvalidArgument("settings." + field + " names no secret of this tenant: '" + secret +
-                           "' (set it first: PUT /v1/secrets/" + secret + ")");
+  for (const auto& [field, name] : SecretsOf(kind, *parsed)) {
+    auto found = tx.secrets().GetSecret(tenant, name);
+    if (found.status().code() == Code::kNotFound) {
+      return InvalidArgument("settings." + field + " names no secret of this tenant: '" + name +
+                             "' (set it first: PUT /v1/secrets/" + name + ")");
+    }
+    KEEL_RETURN_IF_ERROR(found.status());
   }
-  KEEL_RETURN_IF_ERROR(found.status());
   store::Page page{"", 500};
   do {
     KEEL_ASSIGN_OR_RETURN(auto found, tx.channels().ListChannels(tenant, "", page));
@@ -111,7 +125,8 @@ Json ChannelJson(const store::Channel& c, const std::string& problem) {
                                        : "error"},
           {"error", c.enabled ? problem : std::string()},
           {"settings", settings.ok() ? *settings : Json::object()},
-          {"url", c.kind == "webhook" || (settings.ok() && settings->value("mode", "") == "webhook")
+          {"url", c.kind == "webhook" || c.kind == "slack" ||
+                          (settings.ok() && settings->value("mode", "") == "webhook")
                       ? "/v1/hooks/" + c.id
                       : std::string()},
           {"created_by", c.created_by},
@@ -159,10 +174,14 @@ Result<std::string> SettingsText(const std::string& kind, const Json& settings,
     }
     return DumpJson(channels::TelegramSettingsJson(s));
   }
+  if (kind == "slack") {
+    KEEL_ASSIGN_OR_RETURN(auto s, channels::ParseSlackSettings(settings));
+    return DumpJson(channels::SlackSettingsJson(s));
+  }
   if (kind != "webhook") {
     return InvalidArgument(
-        "kind must be 'webhook' (signed HTTP deliveries to POST /v1/hooks/{id}) or 'telegram' "
-        "(a Telegram bot, polled), got '" +
+        "kind must be 'webhook' (signed HTTP deliveries to POST /v1/hooks/{id}), 'telegram' (a "
+        "Telegram bot) or 'slack' (a Slack app's Events API), got '" +
         kind.substr(0, 32) + "'");
   }
   KEEL_ASSIGN_OR_RETURN(auto s, channels::ParseWebhookSettings(settings));
@@ -211,6 +230,14 @@ asio::awaitable<Result<Delivery>> ReadDelivery(ApiContext& ctx, const std::strin
 
 asio::awaitable<Response> Deliver(ApiContext& ctx, Request& req) {
   const std::string id = req.Param("id");
+  // Slack's Events API request to a slack channel (channels/relay.h).
+  if (const std::string signature = req.Header("x-slack-signature"); !signature.empty()) {
+    if (!ctx.relay) co_return Response::Error(NotFound("channel not found: " + id));
+    auto answered = co_await ctx.relay->PushedSlack(id, req.Header("x-slack-request-timestamp"),
+                                                    signature, req.body);
+    if (!answered.ok()) co_return IntakeError(answered.status());
+    co_return Response::Json(200, *answered);
+  }
   // Telegram's push to a webhook-mode telegram channel (channels/relay.h).
   if (const std::string secret = req.Header("x-telegram-bot-api-secret-token"); !secret.empty()) {
     if (!ctx.relay) co_return Response::Error(NotFound("channel not found: " + id));

@@ -7,6 +7,7 @@
 
 #include "keel/access/access.h"
 #include "keel/channels/deliveries.h"
+#include "keel/channels/slack.h"
 #include "keel/channels/telegram.h"
 #include "keel/common/crypto.h"
 #include "keel/common/ids.h"
@@ -51,9 +52,11 @@ Millis Backoff(int attempts) {
   return std::min<Millis>(kMaxBackoffMs, Millis{1000} << std::min(std::max(attempts - 1, 0), 20));
 }
 
-// `token` is in the request's URL, and so in the client's errors: it is cut out of them.
+// A platform's answer (Telegram's Bot API, Slack's Web API: both {"ok": true|false, ...}, the
+// reason in "description" or "error", a wait in parameters.retry_after or Retry-After).
+// `token` may be in the request's URL, and so in the client's errors: it is cut out of them.
 BotAnswer ReadAnswer(const std::string& method, const Result<http::ClientResponse>& got,
-                     const std::string& token) {
+                     const std::string& token, const std::string& platform = "Telegram") {
   BotAnswer a;
   if (!got.ok()) {
     a.error = method + ": " + got.status().message();
@@ -74,12 +77,22 @@ BotAnswer ReadAnswer(const std::string& method, const Result<http::ClientRespons
       a.retry_after = std::clamp<Millis>(params["retry_after"].get<int64_t>(), 0, 3600) * 1000;
     }
     if (!a.ok) {
-      const Json& why = body->contains("description") ? (*body)["description"] : Json();
-      a.error = method + ": Telegram answered " + std::to_string(a.status) + ": " +
+      const char* field = body->contains("description") ? "description" : "error";
+      const Json& why = body->contains(field) ? (*body)[field] : Json();
+      a.error = method + ": " + platform + " answered " + std::to_string(a.status) + ": " +
                 TruncateUtf8(why.is_string() ? why.get<std::string>() : "no description", 300);
     }
   } else {
-    a.error = method + ": Telegram answered " + std::to_string(a.status) + " without JSON";
+    a.error = method + ": " + platform + " answered " + std::to_string(a.status) + " without JSON";
+  }
+  if (const std::string after = got->Header("retry-after"); !after.empty() && a.retry_after == 0) {
+    int64_t seconds = 0;
+    bool digits = after.size() <= 6;
+    for (char c : after) {
+      digits = digits && c >= '0' && c <= '9';
+      if (digits) seconds = seconds * 10 + (c - '0');
+    }
+    if (digits) a.retry_after = std::min<int64_t>(seconds, 3600) * 1000;
   }
   return a;
 }
@@ -450,42 +463,61 @@ asio::awaitable<Status> Relay::TakeAll(
 }
 
 asio::awaitable<Status> Relay::Take(const PollRead& read, const TelegramInbound& update) {
-  const store::Channel& c = read.channel;
-  const TelegramInbound* routed = &update;
-  Json in = {{"agent_id", c.agent_id},
-             {"channel_id", c.id},
-             {"kind", c.kind},
-             {"conversation", routed->conversation},
-             {"delivery_id", routed->update_id},
-             {"content", routed->content},
-             {"drop", false}};
-  auto kept = co_await runtime_.ChannelMessage("channel.message.in", c.tenant_id, c.agent_id,
-                                               std::move(in));
-  if (!kept.ok()) {
-    LogError("channel " + c.id + ": update " + routed->update_id +
-             " refused by a plugin: " + kept.status().message());
-    co_return Status::Ok();
+  Inbound in{update.update_id, update.conversation, update.content, update.target};
+  auto replayed = co_await Deliver(read.channel, read.settings.role, "telegram:", in);
+  if (!replayed.ok()) co_return replayed.status();
+  if (!*replayed) {
+    // "typing..." while the run works: a courtesy, not retried.
+    Json action = {{"chat_id", update.target.at("chat_id")}, {"action", "typing"}};
+    if (update.target.contains("thread_id")) {
+      action["message_thread_id"] = update.target.at("thread_id");
+    }
+    asio::co_spawn(
+        executor_,
+        [this, r = read, action = std::move(action)]() -> asio::awaitable<void> {
+          co_await CallBot(r, "sendChatAction", action, milliseconds(5000));
+        },
+        asio::detached);
   }
-  if (!*kept) co_return Status::Ok();  // dropped by a plugin
-  auto session = co_await RecordDelivery(store_, c, routed->update_id, routed->conversation);
+  co_return Status::Ok();
+}
+
+asio::awaitable<Result<bool>> Relay::Deliver(const store::Channel& c, const std::string& role,
+                                             const std::string& key_prefix, const Inbound& in) {
+  Json payload = {{"agent_id", c.agent_id},
+                  {"channel_id", c.id},
+                  {"kind", c.kind},
+                  {"conversation", in.conversation},
+                  {"delivery_id", in.delivery_id},
+                  {"content", in.content},
+                  {"drop", false}};
+  auto kept = co_await runtime_.ChannelMessage("channel.message.in", c.tenant_id, c.agent_id,
+                                               std::move(payload));
+  if (!kept.ok()) {
+    LogError("channel " + c.id + ": delivery " + in.delivery_id +
+             " refused by a plugin: " + kept.status().message());
+    co_return true;
+  }
+  if (!*kept) co_return true;  // dropped by a plugin
+  auto session = co_await RecordDelivery(store_, c, in.delivery_id, in.conversation);
   if (!session.ok()) co_return session.status();
   runtime::IntakeRequest intake;
   intake.tenant_id = c.tenant_id;
   intake.session_id = *session;
   intake.content = std::move(**kept);
-  intake.idempotency_key = "telegram:" + routed->update_id;
+  intake.idempotency_key = key_prefix + in.delivery_id;
   intake.requested_by = c.created_by;
-  intake.caller_role = read.settings.role;
+  intake.caller_role = role;
   auto posted = co_await runtime_.PostMessage(intake);
   if (!posted.ok()) {
     const Code code = posted.status().code();
     if (code == Code::kRateLimited || code == Code::kUnavailable || code == Code::kInternal) {
       co_return posted.status();
     }
-    // Refused for good (a closed session, a message too long): the update is passed over.
-    LogError("channel " + c.id + ": update " + routed->update_id +
+    // Refused for good (a closed session, a message too long): the delivery is passed over.
+    LogError("channel " + c.id + ": delivery " + in.delivery_id +
              " not posted: " + posted.status().message());
-    co_return Status::Ok();
+    co_return true;
   }
   store::ChannelReply reply;
   reply.id = NewId();
@@ -494,32 +526,64 @@ asio::awaitable<Status> Relay::Take(const PollRead& read, const TelegramInbound&
   reply.agent_id = c.agent_id;
   reply.session_id = *session;
   reply.run_id = posted->run.id;
-  reply.delivery_id = routed->update_id;
-  reply.target = DumpJson(routed->target);
+  reply.delivery_id = in.delivery_id;
+  reply.target = DumpJson(in.target);
   reply.created_at = reply.updated_at = NowMillis();
   auto written = co_await store::AsyncWrite(
       store_, [&](store::Tx& tx) -> Status { return tx.channels().InsertReply(reply); });
   if (!written.ok() && written.status().code() != Code::kConflict) co_return written.status();
-  if (!posted->replayed) {
-    // "typing..." while the run works: a courtesy, not retried.
-    http::ClientRequest req;
-    req.method = "POST";
-    req.url = read.settings.api_base + "/bot" + read.token + "/sendChatAction";
-    req.headers = {{"Content-Type", "application/json"}};
-    Json action = {{"chat_id", routed->target.at("chat_id")}, {"action", "typing"}};
-    if (routed->target.contains("thread_id"))
-      action["message_thread_id"] = routed->target.at("thread_id");
-    req.body = DumpJson(action);
-    req.timeout = milliseconds(5000);
-    asio::co_spawn(
-        executor_,
-        [this, req = std::move(req)]() -> asio::awaitable<void> {
-          co_await client_->Fetch(req, 64 * 1024);
-        },
-        asio::detached);
-  }
   asio::co_spawn(executor_, AwaitRun(c.tenant_id, posted->run.id), asio::detached);
-  co_return Status::Ok();
+  co_return posted->replayed;
+}
+
+asio::awaitable<Result<Json>> Relay::PushedSlack(std::string channel_id, std::string timestamp,
+                                                 std::string signature, std::string body) {
+  // What needs no key is checked before anything is read.
+  if (Status st = CheckSlackHeaders(timestamp, signature, NowMillis()); !st.ok()) co_return st;
+  store::Channel c;
+  SlackSettings settings;
+  std::string signing, problem;
+  bool suspended = false;
+  Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(std::string tenant, tx.channels().ChannelTenant(channel_id));
+    KEEL_ASSIGN_OR_RETURN(c, tx.channels().GetChannel(tenant, channel_id));
+    if (!c.enabled || c.kind != "slack") return NotFound("channel not found: " + channel_id);
+    KEEL_ASSIGN_OR_RETURN(auto agent, tx.agents().GetAgent(tenant, c.agent_id));
+    if (agent.status == "deleted") return NotFound("channel not found: " + channel_id);
+    KEEL_ASSIGN_OR_RETURN(auto json, ParseJson(c.settings));
+    KEEL_ASSIGN_OR_RETURN(settings, ParseSlackSettings(json));
+    KEEL_ASSIGN_OR_RETURN(suspended, access::Revoked(tx, tenant, c.created_by));
+    auto opened = vault_.Get(tx, tenant, settings.signing_secret);
+    if (!opened.ok() || opened->size() < 16) {
+      // Not authenticated yet: the sender learns the channel cannot check it now, not why.
+      return Unavailable("this channel cannot check signatures now; its owner can see why");
+    }
+    signing = std::move(*opened);
+    return Status::Ok();
+  });
+  if (!read.ok()) co_return read;
+  if (Status st = VerifySlackSignature(signing, timestamp, signature, body, NowMillis());
+      !st.ok()) {
+    co_return st;
+  }
+  if (suspended) {
+    co_return PermissionDenied("this channel is suspended: the token that created it was revoked");
+  }
+  auto envelope = ParseJsonObject(body);
+  if (!envelope.ok()) co_return envelope.status();
+  if (envelope->value("type", Json()) == "url_verification") {
+    const Json& challenge = envelope->contains("challenge") ? (*envelope)["challenge"] : Json();
+    if (!challenge.is_string()) co_return InvalidArgument("a url_verification without a challenge");
+    co_return Json{{"challenge", challenge}};
+  }
+  auto routed = RouteSlackEvent(*envelope);
+  if (!routed.ok()) co_return routed.status();
+  if (routed->take) {
+    Inbound in{routed->event_id, routed->conversation, routed->content, routed->target};
+    auto replayed = co_await Deliver(c, settings.role, "slack:", in);
+    if (!replayed.ok()) co_return replayed.status();
+  }
+  co_return Json{{"ok", true}};
 }
 
 asio::awaitable<void> Relay::AwaitRun(std::string tenant_id, std::string run_id) {
@@ -672,25 +736,36 @@ asio::awaitable<void> Relay::Send(store::ChannelReply r) {
     }
   } done{this, r.id};
 
-  TelegramSettings settings;
-  std::string token;
+  // How to send on the channel's platform: where, with which token.
+  std::string kind, api_base, token;
   std::string refusal;  // why it cannot be sent now (nothing was sent)
   Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
     KEEL_ASSIGN_OR_RETURN(auto c, tx.channels().GetChannel(r.tenant_id, r.channel_id));
+    kind = c.kind;
     auto json = ParseJson(c.settings);
-    auto parsed =
-        json.ok() ? ParseTelegramSettings(*json) : Result<TelegramSettings>(json.status());
+    std::string secret;
+    Status parsed = json.status();
+    if (json.ok() && kind == "slack") {
+      auto s = ParseSlackSettings(*json);
+      parsed = s.status();
+      if (s.ok()) std::tie(api_base, secret) = std::pair(s->api_base, s->bot_token);
+    } else if (json.ok()) {
+      auto s = ParseTelegramSettings(*json);
+      parsed = s.status();
+      if (s.ok()) std::tie(api_base, secret) = std::pair(s->api_base, s->bot_token);
+    }
     if (!parsed.ok()) {
-      refusal = "its channel's settings are refused: " + parsed.status().message();
+      refusal = "its channel's settings are refused: " + parsed.message();
       return Status::Ok();
     }
-    settings = std::move(*parsed);
-    auto opened = vault_.Get(tx, r.tenant_id, settings.bot_token);
+    auto opened = vault_.Get(tx, r.tenant_id, secret);
     if (!opened.ok()) {
-      refusal = "the bot token secret '" + settings.bot_token +
-                "' cannot be opened: " + opened.status().message();
-    } else if (!ValidBotToken(*opened)) {
-      refusal = "the bot token secret '" + settings.bot_token + "' does not hold a bot token";
+      refusal =
+          "the bot token secret '" + secret + "' cannot be opened: " + opened.status().message();
+    } else if (kind == "telegram"
+                   ? !ValidBotToken(*opened)
+                   : opened->empty() || opened->find_first_of("\r\n") != std::string::npos) {
+      refusal = "the bot token secret '" + secret + "' does not hold a bot token";
     } else {
       token = std::move(*opened);
     }
@@ -715,7 +790,7 @@ asio::awaitable<void> Relay::Send(store::ChannelReply r) {
     co_return;
   }
   if (r.parts_sent == 0) {
-    Json out = {{"agent_id", r.agent_id}, {"channel_id", r.channel_id}, {"kind", "telegram"},
+    Json out = {{"agent_id", r.agent_id}, {"channel_id", r.channel_id}, {"kind", kind},
                 {"reply_id", r.id},       {"run_id", r.run_id},         {"content", r.text},
                 {"drop", false}};
     auto kept = co_await runtime_.ChannelMessage("channel.message.out", r.tenant_id, r.agent_id,
@@ -736,18 +811,28 @@ asio::awaitable<void> Relay::Send(store::ChannelReply r) {
     r.text = std::move(**kept);
   }
   auto target = ParseJson(r.target);
-  const std::vector<std::string> parts = ReplyParts(r.text);
+  const bool slack = kind == "slack";
+  const std::vector<std::string> parts =
+      ReplyParts(r.text, slack ? kSlackMaxText : kTelegramMaxText);
+  const std::string method = slack ? "chat.postMessage" : "sendMessage";
   while (r.parts_sent < static_cast<int>(parts.size())) {
     http::ClientRequest req;
     req.method = "POST";
-    req.url = settings.api_base + "/bot" + token + "/sendMessage";
-    req.headers = {{"Content-Type", "application/json"}};
-    req.body = DumpJson(
-        SendMessageBody(target.ok() ? *target : Json::object(), parts[r.parts_sent], r.parts_sent));
+    const Json& to = target.ok() ? *target : Json::object();
+    if (slack) {
+      req.url = api_base + "/chat.postMessage";
+      req.headers = {{"Content-Type", "application/json; charset=utf-8"},
+                     {"Authorization", "Bearer " + token}};
+      req.body = DumpJson(SlackPostBody(to, parts[r.parts_sent]));
+    } else {
+      req.url = api_base + "/bot" + token + "/sendMessage";
+      req.headers = {{"Content-Type", "application/json"}};
+      req.body = DumpJson(SendMessageBody(to, parts[r.parts_sent], r.parts_sent));
+    }
     req.timeout = kSendTimeout;
     req.may_repeat = false;
     auto got = co_await client_->Fetch(req, 1 << 20);
-    BotAnswer a = ReadAnswer("sendMessage", got, token);
+    BotAnswer a = ReadAnswer(method, got, token, slack ? "Slack" : "Telegram");
     r.updated_at = NowMillis();
     if (a.ok) {
       r.parts_sent += 1;

@@ -74,6 +74,13 @@ class Relay {
   // channel), kInvalidArgument (not an update), kPermissionDenied (its creator revoked).
   boost::asio::awaitable<Result<int>> Pushed(std::string channel_id, std::string secret,
                                              std::string body);
+  // An Events API request Slack posted to POST /v1/hooks/{id} for a slack channel, with its
+  // X-Slack-Request-Timestamp and X-Slack-Signature: authenticated (kUnauthenticated, the
+  // headers checked before anything is read, the signature before the body is parsed), then a
+  // url_verification's challenge answered, or the event taken (channels/slack.h's routing; its
+  // event_id the delivery's id). The JSON to answer 200 with; errors as for Pushed.
+  boost::asio::awaitable<Result<Json>> PushedSlack(std::string channel_id, std::string timestamp,
+                                                   std::string signature, std::string body);
 
  private:
   struct PollRead;
@@ -93,8 +100,20 @@ class Relay {
   boost::asio::awaitable<Status> TakeAll(
       const PollRead& read, const std::map<std::string, std::vector<TelegramInbound>>& updates);
   // One update the agent takes: Ok when it is posted (or refused for good), an error when it is
-  // to be fetched again (intake full, the store unavailable).
+  // to be fetched again (intake full, the store unavailable). The chat shows the bot typing.
   boost::asio::awaitable<Status> Take(const PollRead& read, const TelegramInbound& update);
+  // A message a chat platform brought, whatever the platform.
+  struct Inbound {
+    std::string delivery_id;   // the platform's id of it (update_id, event_id)
+    std::string conversation;  // the session it goes to, by the routing rules
+    std::string content;
+    Json target;  // where its answer goes
+  };
+  // Passes it through channel.message.in@v1, records it as a delivery of its conversation's
+  // session, posts it with the key `key_prefix` + its id and owes it a reply. Whether it was a
+  // replay; an error when it is to be taken again (intake full, the store unavailable).
+  boost::asio::awaitable<Result<bool>> Deliver(const store::Channel& c, const std::string& role,
+                                               const std::string& key_prefix, const Inbound& in);
   // Records why the channel's last poll failed ("" for none) and its cursor.
   boost::asio::awaitable<void> RecordPoll(const PollRead& read, std::string cursor,
                                           std::string error);

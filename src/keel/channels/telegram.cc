@@ -208,7 +208,7 @@ Result<TelegramInbound> RouteUpdate(const Json& update, const TelegramBot& bot) 
   return in;
 }
 
-std::vector<std::string> ReplyParts(const std::string& answer) {
+std::vector<std::string> ReplyParts(const std::string& answer, size_t max_units) {
   std::vector<std::string> parts;
   const size_t n = answer.size();
   size_t start = 0;
@@ -225,7 +225,7 @@ std::vector<std::string> ReplyParts(const std::string& answer) {
     while (i < n) {
       size_t bytes = SequenceBytes(static_cast<unsigned char>(answer[i]));
       size_t u = bytes == 4 ? 2 : 1;  // outside the BMP: a surrogate pair
-      if (units + u > kTelegramMaxText) break;
+      if (units + u > max_units) break;
       units += u;
       i = std::min(n, i + bytes);
     }
