@@ -1969,17 +1969,21 @@ namespace keel::cli {
 
 int ChannelAdd(Context& ctx, const ChannelAddArgs& args) {
   // The flags each kind needs and takes, checked before anything is asked of the server.
-  const bool telegram = args.kind == "telegram", slack = args.kind == "slack";
+  const bool telegram = args.kind == "telegram", slack = args.kind == "slack",
+             discord = args.kind == "discord", webhook = !telegram && !slack && !discord;
   const std::vector<std::tuple<const char*, const std::string*, bool, bool>> flags = {
       // flag, value, needed, taken
-      {"--secret", &args.secret, !telegram, !telegram},
-      {"--bot-token", &args.bot_token, telegram || slack, telegram || slack},
-      {"--api-base", &args.api_base, false, telegram || slack},
-      {"--template", &args.message_template, false, !telegram && !slack},
-      {"--conversation", &args.conversation, false, !telegram && !slack}};
+      {"--secret", &args.secret, webhook || slack, webhook || slack},
+      {"--bot-token", &args.bot_token, !webhook, !webhook},
+      {"--api-base", &args.api_base, false, !webhook},
+      {"--template", &args.message_template, false, webhook},
+      {"--conversation", &args.conversation, false, webhook},
+      {"--application-id", &args.application_id, discord, discord},
+      {"--public-key", &args.public_key, discord, discord},
+      {"--command", &args.command, false, discord}};
   for (const auto& [flag, value, needed, taken] : flags) {
     if (needed && value->empty()) {
-      std::cerr << "keel: a " << args.kind << " channel needs " << flag << " SECRET_NAME\n";
+      std::cerr << "keel: a " << args.kind << " channel needs " << flag << "\n";
       return kExitUsage;
     }
   }
@@ -1992,9 +1996,14 @@ int ChannelAdd(Context& ctx, const ChannelAddArgs& args) {
   std::string agent_id;
   if (int code = ResolveAgent(ctx, args.agent, &agent_id); code != kExitOk) return code;
   Json settings = Json::object();
-  if (telegram || slack) {
+  if (!webhook) {
     settings["bot_token"] = args.bot_token;
     if (slack) settings["signing_secret"] = args.secret;
+    if (discord) {
+      settings["application_id"] = args.application_id;
+      settings["public_key"] = args.public_key;
+      if (!args.command.empty()) settings["command"] = args.command;
+    }
     if (!args.api_base.empty()) settings["api_base"] = args.api_base;
   } else {
     settings["signing_secret"] = args.secret;
@@ -2017,7 +2026,10 @@ int ChannelAdd(Context& ctx, const ChannelAddArgs& args) {
     return kExitOk;
   }
   std::cout << "created channel " << Str(created.body, "name") << " (" << Str(created.body, "id")
-            << "): " << (slack ? "the Slack app's Request URL is " : "signed deliveries to ")
+            << "): "
+            << (slack     ? "the Slack app's Request URL is "
+                : discord ? "the Discord app's Interactions Endpoint URL is "
+                          : "signed deliveries to ")
             << ctx.client.url() << Str(created.body, "url") << "\n";
   return kExitOk;
 }
@@ -2054,6 +2066,22 @@ int PrintChannel(Context& ctx, const Json& c) {
     return kExitOk;
   }
   const Json settings = c.value("settings", Json::object());
+  if (Str(c, "kind") == "discord") {
+    PrintFields(
+        {{"id", Str(c, "id")},
+         {"name", Str(c, "name")},
+         {"agent", Str(c, "agent_id")},
+         {"kind", Str(c, "kind")},
+         {"status", Str(c, "status") == "error" ? "error: " + Str(c, "error") : Str(c, "status")},
+         {"interactions url", ctx.client.url() + Str(c, "url")},
+         {"application", settings.value("application_id", "")},
+         {"command", "/" + settings.value("command", "")},
+         {"bot token", settings.value("bot_token", "")},
+         {"api base", settings.value("api_base", "")},
+         {"role", settings.value("role", "")},
+         {"created", Str(c, "created_at")}});
+    return kExitOk;
+  }
   if (Str(c, "kind") == "slack") {
     PrintFields(
         {{"id", Str(c, "id")},

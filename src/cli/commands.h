@@ -243,7 +243,10 @@ struct ChannelAddArgs {
   std::string kind = "webhook";  // webhook | telegram
   std::string secret;            // webhook: the signing secret's name
   std::string bot_token;         // telegram: the bot token secret's name
-  std::string api_base;          // telegram: empty for Telegram's own
+  std::string api_base;          // telegram, slack, discord: empty for the platform's own
+  std::string application_id;    // discord
+  std::string public_key;        // discord
+  std::string command;           // discord: empty for "ask"
   std::string message_template;  // empty: the server's default
   std::string conversation;
   std::string role;  // empty: guest

@@ -503,22 +503,30 @@ int Main(int argc, char** argv) {
   CLI::App* channel_add_cmd = channels->add_subcommand(
       "add",
       "Add a channel (owners): a webhook (Standard Webhooks deliveries become messages), a "
-      "Telegram bot (polled; its answers sent back) or a Slack app (its events; answers in "
-      "thread)");
+      "Telegram bot (polled; its answers sent back), a Slack app (its events; answers in "
+      "thread) or a Discord app (a slash command)");
   channel_add_cmd->add_option("agent", channel_add.agent, "Agent id or name")->required();
   channel_add_cmd->add_option("name", channel_add.name, "The channel's name")->required();
-  channel_add_cmd->add_option("--kind", channel_add.kind, "webhook (default), telegram or slack")
-      ->check(CLI::IsMember({"webhook", "telegram", "slack"}));
+  channel_add_cmd
+      ->add_option("--kind", channel_add.kind, "webhook (default), telegram, slack or discord")
+      ->check(CLI::IsMember({"webhook", "telegram", "slack", "discord"}));
   channel_add_cmd->add_option("--secret", channel_add.secret,
                               "webhook, slack: the tenant secret holding the signing key "
                               "(a webhook's whsec_BASE64 or raw text; a Slack app's signing "
                               "secret)");
-  channel_add_cmd->add_option("--bot-token", channel_add.bot_token,
-                              "telegram, slack: the tenant secret holding the bot's token");
+  channel_add_cmd->add_option(
+      "--bot-token", channel_add.bot_token,
+      "telegram, slack, discord: the tenant secret holding the bot's token");
+  channel_add_cmd->add_option("--application-id", channel_add.application_id,
+                              "discord: the application's id");
+  channel_add_cmd->add_option("--public-key", channel_add.public_key,
+                              "discord: the application's public key (64 hex characters)");
+  channel_add_cmd->add_option("--command", channel_add.command,
+                              "discord: the slash command that talks to the agent (default ask)");
   channel_add_cmd->add_option(
       "--api-base", channel_add.api_base,
-      "telegram, slack: the platform's API (default https://api.telegram.org, "
-      "https://slack.com/api)");
+      "telegram, slack, discord: the platform's API (default https://api.telegram.org, "
+      "https://slack.com/api, https://discord.com/api/v10)");
   channel_add_cmd->add_option("--template", channel_add.message_template,
                               "The message, with {{/json/pointer}} placeholders (default {{}})");
   channel_add_cmd->add_option("--conversation", channel_add.conversation,

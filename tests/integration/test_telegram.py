@@ -1001,5 +1001,161 @@ class CrashTest(KeelTestCase):
         self.assertEqual(sorted(delivered), sorted(replies), why)
 
 
+class HostileBotApiTest(KeelTestCase):
+    """A tenant's api_base is any server it runs: one that holds its connections open (a byte
+    now and then, never the end of the answer), answers getUpdates at once with nothing, or a
+    channel moved to another bot. On a server of the test's own, since a failure here may leave
+    it unable to serve."""
+
+    def setUp(self):
+        self.server = KeelServer(env=server_env())
+        self.addCleanup(self.server.stop)
+        self.t = Tenant(self.server)
+
+    def hostile(self, **methods):
+        """A Bot API server answering each method with methods[name](handler, params) (getMe:
+        a bot; others: ok, true). Returns an object with api_base, token and calls(method)."""
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        log, lock = [], threading.Lock()
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def answer(self, obj, status=200):
+                data = json.dumps(obj).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def hold(self):
+                """The head of an answer, then a byte every two seconds, never its end."""
+                self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                 b"Content-Length: 100000\r\n\r\n{")
+                try:
+                    while not done.is_set():
+                        self.wfile.flush()
+                        done.wait(2)
+                        self.wfile.write(b" ")
+                except OSError:
+                    pass
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                params = json.loads(body) if body else {}
+                method = self.path.rsplit("/", 1)[-1]
+                with lock:
+                    log.append((method, params))
+                if method in methods:
+                    return methods[method](self, params)
+                if method == "getMe":
+                    return self.answer({"ok": True, "result": {
+                        "id": BOT_ID, "is_bot": True, "first_name": "B", "username": "b_bot"}})
+                if method == "getUpdates":
+                    time.sleep(min(params.get("timeout", 0), 1))
+                self.answer({"ok": True, "result": [] if method == "getUpdates" else True})
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            request_queue_size = 1024  # every connection Keel opens is accepted at once
+
+        done = threading.Event()
+        srv = Server(("127.0.0.1", 0), Handler)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+
+        def stop():
+            done.set()
+            srv.shutdown()
+            srv.server_close()
+        self.addCleanup(stop)
+
+        class Api:
+            api_base = "http://127.0.0.1:%d" % srv.server_address[1]
+            token = bot_token()
+
+            @staticmethod
+            def calls(method):
+                with lock:
+                    return [p for m, p in log if m == method]
+        return Api
+
+    @staticmethod
+    def updates(first, n):
+        """getUpdates answering updates first..first+n-1, a private chat each, from the offset."""
+        def get_updates(h, params):
+            offset = params.get("offset") or first
+            batch = [{"update_id": u, "message": {
+                "message_id": 1, "date": int(time.time()), "text": "hello %d" % u,
+                "from": {"id": u, "is_bot": False, "first_name": "Ann"},
+                "chat": {"id": u, "type": "private"}}}
+                for u in range(max(offset, first), first + n)][:100]
+            if not batch:
+                time.sleep(1)
+            h.answer({"ok": True, "result": batch})
+        return get_updates
+
+    def open_descriptors(self):
+        return len(os.listdir("/proc/%d/fd" % self.server.proc.pid))
+
+    def test_a_tenant_whose_server_holds_its_sends_does_not_stall_other_tenants(self):
+        # 70 answers whose sendMessage never ends, more than the sends a node makes at once.
+        evil = self.hostile(getUpdates=self.updates(5000, 70), sendMessage=lambda h, p: h.hold())
+        self.t.bot(evil)
+        wait_for(lambda: len(evil.calls("sendMessage")) >= 64, 60, "64 sends held open")
+        other, fake = Tenant(self.server), FakeTelegram()
+        self.addCleanup(fake.stop)
+        agent, ch = other.bot(fake)
+        update = fake.message(111, "am I stuck behind someone else's bot?")
+        fake.wait_sent(111, timeout=40)
+        self.assertEqual(other.wait_reply(ch, update)["status"], "sent")
+
+    @unittest.skipUnless(os.path.isdir("/proc/self/fd"), "counts /proc/PID/fd")
+    def test_typing_actions_a_server_never_finishes_are_not_kept_open(self):
+        before = self.open_descriptors()
+        evil = self.hostile(getUpdates=self.updates(9000, 300),
+                            sendChatAction=lambda h, p: h.hold())
+        self.t.bot(evil)
+        wait_for(lambda: len(evil.calls("sendChatAction")) >= 300, 60, "300 typing actions")
+        # A typing action is a courtesy of at most five seconds: not a descriptor per update,
+        # held for as long as the server likes (they would run out for every tenant).
+        wait_for(lambda: self.open_descriptors() < before + 100, 20,
+                 "the held typing actions closed (%d descriptors before, %d now)"
+                 % (before, self.open_descriptors()))
+
+    def test_a_server_answering_getupdates_at_once_is_not_polled_in_a_loop(self):
+        api = self.hostile(getUpdates=lambda h, p: h.answer({"ok": True, "result": []}))
+        self.t.bot(api, poll_timeout=25)
+        wait_for(lambda: api.calls("getUpdates"), 20, "a first getUpdates")
+        time.sleep(1)
+        before = len(api.calls("getUpdates"))
+        time.sleep(5)
+        polls = len(api.calls("getUpdates")) - before
+        self.assertLessEqual(polls, 25, "%d getUpdates in 5 s with a 25 s timeout" % polls)
+
+    def test_a_channel_moved_to_another_bot_takes_that_bots_updates(self):
+        t, old, new = self.t, FakeTelegram(), FakeTelegram()
+        self.addCleanup(old.stop)
+        self.addCleanup(new.stop)
+        agent, ch = t.bot(old)
+        old.updates(*[{"edited_message": {"message_id": i, "date": 0, "text": "x", "chat": {
+            "id": 1, "type": "private"}}} for i in range(20)])
+        last = old.message(111, "to the old bot")
+        t.wait_reply(ch, last, ("sent",))
+        wait_for(lambda: last + 1 in old.sent()["polls"], 20, "a poll past the old bot's updates")
+        t.ok("PATCH", "/v1/channels/" + ch["id"], {"settings": dict(
+            ch["settings"], bot_token=t.secret(new.token), api_base=new.api_base)})
+        # The new bot's update ids are its own (here lower than the old bot's last): the old
+        # bot's place must not confirm, and so drop, them.
+        update = new.message(222, "to the new bot")
+        self.assertLess(update, last)
+        [m] = new.wait_sent(222, timeout=30)
+        self.assertEqual(m["_text"], 'You said: "to the new bot"')
+        self.assertEqual(t.wait_reply(ch, update)["status"], "sent")
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -187,7 +187,7 @@ Status CheckFields(const Json& body, std::initializer_list<std::string_view> fie
 }
 
 Status CheckClientIdempotencyKey(const std::string& key) {
-  for (const char* kept : {"webhook:", "telegram:", "slack:"}) {
+  for (const char* kept : {"webhook:", "telegram:", "slack:", "discord:"}) {
     if (key.rfind(kept, 0) == 0) {
       return InvalidArgument("Idempotency-Key values starting with '" + std::string(kept) +
                              "' are kept for channel deliveries");

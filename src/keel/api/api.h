@@ -54,7 +54,7 @@ struct ApiContext {
 };
 
 // A client's Idempotency-Key: at most what intake takes, and not in the "webhook:",
-// "telegram:" or "slack:" namespaces,
+// "telegram:", "slack:" or "discord:" namespaces,
 // which a channel's deliveries use (a client could otherwise take a delivery's key first and
 // so have the delivery answered as a replay of its own message). kInvalidArgument.
 Status CheckClientIdempotencyKey(const std::string& key);

@@ -7,6 +7,7 @@
 #include "keel/api/api.h"
 #include "keel/api/render.h"
 #include "keel/channels/deliveries.h"
+#include "keel/channels/discord.h"
 #include "keel/channels/relay.h"
 #include "keel/channels/slack.h"
 #include "keel/channels/telegram.h"
@@ -37,7 +38,8 @@ constexpr size_t kMaxWebhookId = 200;
 // The name of the tenant secret a channel's settings name: a webhook's or a Slack app's signing
 // key, a Telegram bot's token. At most one channel of a tenant names it.
 std::string SecretName(const std::string& kind, const Json& settings) {
-  return settings.value(kind == "telegram" ? "bot_token" : "signing_secret", "");
+  return settings.value(kind == "telegram" || kind == "discord" ? "bot_token" : "signing_secret",
+                        "");
 }
 
 // Every tenant secret the settings name, with what it is for.
@@ -47,7 +49,8 @@ std::vector<std::pair<std::string, std::string>> SecretsOf(const std::string& ki
     return {{"signing_secret", settings.value("signing_secret", "")},
             {"bot_token", settings.value("bot_token", "")}};
   }
-  return {{kind == "telegram" ? "bot_token" : "signing_secret", SecretName(kind, settings)}};
+  return {{kind == "telegram" || kind == "discord" ? "bot_token" : "signing_secret",
+           SecretName(kind, settings)}};
 }
 
 // What keeps an enabled channel from taking deliveries, "" for nothing. Read with the channel,
@@ -125,7 +128,7 @@ Json ChannelJson(const store::Channel& c, const std::string& problem) {
                                        : "error"},
           {"error", c.enabled ? problem : std::string()},
           {"settings", settings.ok() ? *settings : Json::object()},
-          {"url", c.kind == "webhook" || c.kind == "slack" ||
+          {"url", c.kind == "webhook" || c.kind == "slack" || c.kind == "discord" ||
                           (settings.ok() && settings->value("mode", "") == "webhook")
                       ? "/v1/hooks/" + c.id
                       : std::string()},
@@ -178,10 +181,15 @@ Result<std::string> SettingsText(const std::string& kind, const Json& settings,
     KEEL_ASSIGN_OR_RETURN(auto s, channels::ParseSlackSettings(settings));
     return DumpJson(channels::SlackSettingsJson(s));
   }
+  if (kind == "discord") {
+    KEEL_ASSIGN_OR_RETURN(auto s, channels::ParseDiscordSettings(settings));
+    return DumpJson(channels::DiscordSettingsJson(s));
+  }
   if (kind != "webhook") {
     return InvalidArgument(
         "kind must be 'webhook' (signed HTTP deliveries to POST /v1/hooks/{id}), 'telegram' (a "
-        "Telegram bot) or 'slack' (a Slack app's Events API), got '" +
+        "Telegram bot), 'slack' (a Slack app's Events API) or 'discord' (a Discord app's slash "
+        "command), got '" +
         kind.substr(0, 32) + "'");
   }
   KEEL_ASSIGN_OR_RETURN(auto s, channels::ParseWebhookSettings(settings));
@@ -230,6 +238,14 @@ asio::awaitable<Result<Delivery>> ReadDelivery(ApiContext& ctx, const std::strin
 
 asio::awaitable<Response> Deliver(ApiContext& ctx, Request& req) {
   const std::string id = req.Param("id");
+  // Discord's interaction to a discord channel (channels/relay.h).
+  if (const std::string signature = req.Header("x-signature-ed25519"); !signature.empty()) {
+    if (!ctx.relay) co_return Response::Error(NotFound("channel not found: " + id));
+    auto answered = co_await ctx.relay->PushedDiscord(id, req.Header("x-signature-timestamp"),
+                                                      signature, req.body);
+    if (!answered.ok()) co_return IntakeError(answered.status());
+    co_return Response::Json(200, *answered);
+  }
   // Slack's Events API request to a slack channel (channels/relay.h).
   if (const std::string signature = req.Header("x-slack-signature"); !signature.empty()) {
     if (!ctx.relay) co_return Response::Error(NotFound("channel not found: " + id));

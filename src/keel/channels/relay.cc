@@ -7,6 +7,7 @@
 
 #include "keel/access/access.h"
 #include "keel/channels/deliveries.h"
+#include "keel/channels/discord.h"
 #include "keel/channels/slack.h"
 #include "keel/channels/telegram.h"
 #include "keel/common/crypto.h"
@@ -69,19 +70,28 @@ BotAnswer ReadAnswer(const std::string& method, const Result<http::ClientRespons
   a.status = got->status;
   auto body = ParseJson(got->body);
   if (body.ok() && body->is_object()) {
-    a.ok = a.status / 100 == 2 && body->contains("ok") && (*body)["ok"] == true;
+    a.ok = a.status / 100 == 2 &&
+           (platform == "Discord" || (body->contains("ok") && (*body)["ok"] == true));
     if (body->contains("result")) a.result = (*body)["result"];
     const Json params = body->value("parameters", Json::object());
     if (params.is_object() && params.contains("retry_after") &&
         params["retry_after"].is_number_integer()) {
       a.retry_after = std::clamp<Millis>(params["retry_after"].get<int64_t>(), 0, 3600) * 1000;
     }
+    if (body->contains("retry_after") && (*body)["retry_after"].is_number()) {  // Discord's
+      a.retry_after =
+          static_cast<Millis>(std::clamp((*body)["retry_after"].get<double>(), 0.0, 3600.0) * 1000);
+    }
     if (!a.ok) {
-      const char* field = body->contains("description") ? "description" : "error";
+      const char* field = body->contains("description") ? "description"
+                          : body->contains("message")   ? "message"
+                                                        : "error";
       const Json& why = body->contains(field) ? (*body)[field] : Json();
       a.error = method + ": " + platform + " answered " + std::to_string(a.status) + ": " +
                 TruncateUtf8(why.is_string() ? why.get<std::string>() : "no description", 300);
     }
+  } else if (platform == "Discord" && a.status == 204) {
+    a.ok = true;
   } else {
     a.error = method + ": " + platform + " answered " + std::to_string(a.status) + " without JSON";
   }
@@ -190,7 +200,11 @@ asio::awaitable<void> Relay::Supervise() {
     if (!read.ok()) continue;
     for (const auto& c : polled) {
       if (!polling_.insert(c.id).second) continue;
-      asio::co_spawn(executor_, Poll(c.tenant_id, c.id), ReportExceptions{"channel poll"});
+      if (c.kind == "discord") {
+        asio::co_spawn(executor_, Register(c.tenant_id, c.id), ReportExceptions{"channel command"});
+      } else {
+        asio::co_spawn(executor_, Poll(c.tenant_id, c.id), ReportExceptions{"channel poll"});
+      }
     }
   }
 }
@@ -410,6 +424,129 @@ asio::awaitable<Result<int>> Relay::Pushed(std::string channel_id, std::string s
   if (!routed->take) co_return 200;
   if (Status st = co_await Take(r, *routed); !st.ok()) co_return st;
   co_return 200;
+}
+
+asio::awaitable<void> Relay::Register(std::string tenant_id, std::string channel_id) {
+  struct Done {
+    Relay* relay;
+    std::string id;
+    ~Done() { relay->polling_.erase(id); }
+  } done{this, channel_id};
+  int failures = 0;
+  while (!stopping_ && store_.leader()) {
+    PollRead r;  // its Telegram fields unused
+    DiscordSettings settings;
+    bool gone = false;
+    Status st = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
+      auto c = tx.channels().GetChannel(tenant_id, channel_id);
+      if (c.status().code() == Code::kNotFound) {
+        gone = true;
+        return Status::Ok();
+      }
+      KEEL_ASSIGN_OR_RETURN(r.channel, std::move(c));
+      if (!r.channel.enabled || r.channel.kind != "discord") {
+        gone = true;
+        return Status::Ok();
+      }
+      KEEL_ASSIGN_OR_RETURN(auto agent, tx.agents().GetAgent(tenant_id, r.channel.agent_id));
+      if (agent.status == "deleted") gone = true;
+      KEEL_ASSIGN_OR_RETURN(auto poll, tx.channels().GetPoll(tenant_id, channel_id));
+      if (poll) {
+        r.cursor = poll->cursor;
+        r.error = poll->error;
+      }
+      KEEL_ASSIGN_OR_RETURN(auto json, ParseJson(r.channel.settings));
+      KEEL_ASSIGN_OR_RETURN(settings, ParseDiscordSettings(json));
+      auto token = vault_.Get(tx, tenant_id, settings.bot_token);
+      if (!token.ok()) {
+        r.problem = "its bot token secret '" + settings.bot_token +
+                    "' cannot be opened: " + token.status().message();
+      } else if (token->empty() || token->find_first_of("\r\n") != std::string::npos) {
+        r.problem = "its bot token secret '" + settings.bot_token + "' does not hold a bot token";
+      } else {
+        r.token = std::move(*token);
+      }
+      return Status::Ok();
+    });
+    if (!st.ok() || gone) {
+      if (gone) co_return;
+      co_await Sleep(milliseconds(1000));
+      continue;
+    }
+    // The command Discord has, as the cursor records it: registered again when it changes.
+    const std::string marker =
+        "command:" + Sha256Hex(settings.application_id + "\n" + settings.command + "\n" +
+                               settings.api_base + "\n" + r.token)
+                         .substr(0, 16);
+    std::string failure = r.problem;
+    Millis retry_after = 0;
+    if (failure.empty() && r.cursor != marker) {
+      http::ClientRequest req;
+      req.method = "POST";
+      req.url = settings.api_base + "/applications/" + settings.application_id + "/commands";
+      req.headers = {{"Content-Type", "application/json"}, {"Authorization", "Bot " + r.token}};
+      req.body = DumpJson(DiscordCommandJson(settings.command));
+      req.timeout = kSendTimeout;
+      BotAnswer got = ReadAnswer("register /" + settings.command,
+                                 co_await client_->Fetch(req, 1 << 20), r.token, "Discord");
+      if (got.ok) {
+        co_await RecordPoll(r, marker, "");
+        failures = 0;
+      } else {
+        failure = got.error;
+        retry_after = got.retry_after;
+      }
+    }
+    if (failure.empty()) {
+      co_await Sleep(milliseconds(2000));  // only settings changes are looked for now
+      continue;
+    }
+    if (failure != r.error) co_await RecordPoll(r, r.cursor, failure);
+    ++failures;
+    co_await Sleep(
+        milliseconds(std::max<Millis>(retry_after, std::min<Millis>(60000, Backoff(failures)))));
+  }
+}
+
+asio::awaitable<Result<Json>> Relay::PushedDiscord(std::string channel_id, std::string timestamp,
+                                                   std::string signature, std::string body) {
+  // What needs no key is checked before anything is read.
+  if (Status st = CheckDiscordHeaders(timestamp, signature, NowMillis()); !st.ok()) co_return st;
+  store::Channel c;
+  DiscordSettings settings;
+  bool suspended = false;
+  Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(std::string tenant, tx.channels().ChannelTenant(channel_id));
+    KEEL_ASSIGN_OR_RETURN(c, tx.channels().GetChannel(tenant, channel_id));
+    if (!c.enabled || c.kind != "discord") return NotFound("channel not found: " + channel_id);
+    KEEL_ASSIGN_OR_RETURN(auto agent, tx.agents().GetAgent(tenant, c.agent_id));
+    if (agent.status == "deleted") return NotFound("channel not found: " + channel_id);
+    KEEL_ASSIGN_OR_RETURN(auto json, ParseJson(c.settings));
+    KEEL_ASSIGN_OR_RETURN(settings, ParseDiscordSettings(json));
+    KEEL_ASSIGN_OR_RETURN(suspended, access::Revoked(tx, tenant, c.created_by));
+    return Status::Ok();
+  });
+  if (!read.ok()) co_return read;
+  if (Status st =
+          VerifyDiscordSignature(settings.public_key, timestamp, signature, body, NowMillis());
+      !st.ok()) {
+    co_return st;
+  }
+  if (suspended) {
+    co_return PermissionDenied("this channel is suspended: the token that created it was revoked");
+  }
+  auto interaction = ParseJsonObject(body);
+  if (!interaction.ok()) co_return interaction.status();
+  auto routed = RouteInteraction(*interaction, settings, NowMillis());
+  if (!routed.ok()) co_return routed.status();
+  if (routed->type == 1) co_return Json{{"type", 1}};  // PONG
+  if (!routed->take) {
+    co_return Json{{"type", 4}, {"data", {{"content", routed->notice}, {"flags", 64}}}};
+  }
+  Inbound in{routed->interaction_id, routed->conversation, routed->content, routed->target};
+  auto replayed = co_await Deliver(c, settings.role, "discord:", in);
+  if (!replayed.ok()) co_return replayed.status();
+  co_return Json{{"type", 5}};  // deferred: the answer edits it
 }
 
 asio::awaitable<void> Relay::RecordPoll(const PollRead& read, std::string cursor,
@@ -644,8 +781,8 @@ asio::awaitable<void> Relay::SendLoop() {
           r.attempts += 1;  // the one cut
           r.status = "unknown";
           r.error =
-              "the node sending it stopped between a request and its answer: Telegram may or "
-              "may not have it, so it is not sent again";
+              "the node sending it stopped between a request and its answer: the platform may "
+              "or may not have it, so it is not sent again";
           event = "channel.reply_failed@v1";
         } else if (r.status == "waiting") {
           KEEL_ASSIGN_OR_RETURN(auto run, tx.runs().GetRun(r.tenant_id, r.run_id));
@@ -749,6 +886,10 @@ asio::awaitable<void> Relay::Send(store::ChannelReply r) {
       auto s = ParseSlackSettings(*json);
       parsed = s.status();
       if (s.ok()) std::tie(api_base, secret) = std::pair(s->api_base, s->bot_token);
+    } else if (json.ok() && kind == "discord") {
+      auto s = ParseDiscordSettings(*json);
+      parsed = s.status();
+      if (s.ok()) std::tie(api_base, secret) = std::pair(s->api_base, s->bot_token);
     } else if (json.ok()) {
       auto s = ParseTelegramSettings(*json);
       parsed = s.status();
@@ -811,15 +952,44 @@ asio::awaitable<void> Relay::Send(store::ChannelReply r) {
     r.text = std::move(**kept);
   }
   auto target = ParseJson(r.target);
-  const bool slack = kind == "slack";
-  const std::vector<std::string> parts =
-      ReplyParts(r.text, slack ? kSlackMaxText : kTelegramMaxText);
-  const std::string method = slack ? "chat.postMessage" : "sendMessage";
+  const bool slack = kind == "slack", discord = kind == "discord";
+  std::string token_in_url;
+  const std::vector<std::string> parts = ReplyParts(r.text,
+                                                    slack     ? kSlackMaxText
+                                                    : discord ? kDiscordMaxText
+                                                              : kTelegramMaxText,
+                                                    /*escape=*/!discord);
+  std::string method = slack ? "chat.postMessage" : discord ? "the answer" : "sendMessage";
+  const std::string platform = slack ? "Slack" : discord ? "Discord" : "Telegram";
   while (r.parts_sent < static_cast<int>(parts.size())) {
     http::ClientRequest req;
     req.method = "POST";
     const Json& to = target.ok() ? *target : Json::object();
-    if (slack) {
+    if (discord) {
+      // Through the interaction's token while it is good (the first part edits the deferred
+      // response), else to the channel as the bot. No mention in an answer pings anyone.
+      const std::string interaction = to.value("token", std::string());
+      const std::string app = to.value("application_id", std::string());
+      const Json& at = to.contains("at") ? to["at"] : Json();
+      const bool fresh = at.is_number_integer() && NowMillis() - at.get<Millis>() < kDiscordTokenMs;
+      if (fresh && r.parts_sent == 0) {
+        req.method = "PATCH";
+        req.url = api_base + "/webhooks/" + app + "/" + interaction + "/messages/@original";
+        method = "edit the deferred response";
+      } else if (fresh) {
+        req.url = api_base + "/webhooks/" + app + "/" + interaction;
+        method = "follow-up";
+      } else {
+        req.url = api_base + "/channels/" + to.value("channel_id", std::string()) + "/messages";
+        req.headers = {{"Authorization", "Bot " + token}};
+        method = "channel message";
+      }
+      req.headers.push_back({"Content-Type", "application/json"});
+      req.body = DumpJson(
+          Json{{"content", parts[r.parts_sent]}, {"allowed_mentions", {{"parse", Json::array()}}}});
+      // The interaction's token is a credential in the URL: cut out of errors as the bot's is.
+      token_in_url = interaction;
+    } else if (slack) {
       req.url = api_base + "/chat.postMessage";
       req.headers = {{"Content-Type", "application/json; charset=utf-8"},
                      {"Authorization", "Bearer " + token}};
@@ -832,7 +1002,7 @@ asio::awaitable<void> Relay::Send(store::ChannelReply r) {
     req.timeout = kSendTimeout;
     req.may_repeat = false;
     auto got = co_await client_->Fetch(req, 1 << 20);
-    BotAnswer a = ReadAnswer(method, got, token, slack ? "Slack" : "Telegram");
+    BotAnswer a = ReadAnswer(method, got, discord ? token_in_url : token, platform);
     r.updated_at = NowMillis();
     if (a.ok) {
       r.parts_sent += 1;
@@ -846,8 +1016,8 @@ asio::awaitable<void> Relay::Send(store::ChannelReply r) {
     if (!got.ok() && !NeverSent(got.status())) {
       r.attempts += 1;
       r.status = "unknown";
-      r.error =
-          TruncateUtf8(a.error + ": Telegram may or may not have it, so it is not sent again", 500);
+      r.error = TruncateUtf8(
+          a.error + ": " + platform + " may or may not have it, so it is not sent again", 500);
     } else if (got.ok() && got->status == 429) {
       retry(a.error, std::max<Millis>(a.retry_after, 1000));
     } else if (!got.ok() || got->status >= 500) {

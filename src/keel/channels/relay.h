@@ -81,6 +81,12 @@ class Relay {
   // event_id the delivery's id). The JSON to answer 200 with; errors as for Pushed.
   boost::asio::awaitable<Result<Json>> PushedSlack(std::string channel_id, std::string timestamp,
                                                    std::string signature, std::string body);
+  // An interaction Discord posted to POST /v1/hooks/{id} for a discord channel, with its
+  // X-Signature-Timestamp and X-Signature-Ed25519 (checked as PushedSlack checks Slack's, with
+  // the channel's public key): a PING answered, the channel's command taken (the JSON says
+  // "deferred" once its message is durable), anything else answered with an ephemeral notice.
+  boost::asio::awaitable<Result<Json>> PushedDiscord(std::string channel_id, std::string timestamp,
+                                                     std::string signature, std::string body);
 
  private:
   struct PollRead;
@@ -94,6 +100,8 @@ class Relay {
   // The bot as getMe describes it, asked once per token.
   boost::asio::awaitable<Result<TelegramBot>> BotOf(const PollRead& r);
   boost::asio::awaitable<void> Poll(std::string tenant_id, std::string channel_id);
+  // A discord channel's slash command registered (again when its settings change).
+  boost::asio::awaitable<void> Register(std::string tenant_id, std::string channel_id);
   // The updates of a poll the agent takes, by conversation: the conversations at once, each
   // one's in order. Ok when all are dealt with and the cursor may pass them; else the first
   // error (the batch is fetched again).

@@ -208,7 +208,7 @@ Result<TelegramInbound> RouteUpdate(const Json& update, const TelegramBot& bot) 
   return in;
 }
 
-std::vector<std::string> ReplyParts(const std::string& answer, size_t max_units) {
+std::vector<std::string> ReplyParts(const std::string& answer, size_t max_units, bool escape) {
   std::vector<std::string> parts;
   const size_t n = answer.size();
   size_t start = 0;
@@ -216,7 +216,7 @@ std::vector<std::string> ReplyParts(const std::string& answer, size_t max_units)
     std::string_view part = std::string_view(answer).substr(from, to - from);
     // Telegram refuses a message of only whitespace.
     if (part.find_first_not_of(" \t\r\n") != std::string_view::npos) {
-      parts.push_back(EscapeHtml(part));
+      parts.push_back(escape ? EscapeHtml(part) : std::string(part));
     }
   };
   while (start < n) {

@@ -67,8 +67,10 @@ Result<TelegramInbound> RouteUpdate(const Json& update, const TelegramBot& bot);
 // (at the last newline within it when there is one, else the last space, else anywhere
 // between characters; the separator is dropped), each part's text escaped; parts of only
 // whitespace are left out. Empty for an answer of only whitespace.
-// `max_units`: another platform's limit (Slack's mrkdwn escapes the same three characters).
-std::vector<std::string> ReplyParts(const std::string& answer, size_t max_units = kTelegramMaxText);
+// `max_units`: another platform's limit (Slack's mrkdwn escapes the same three characters);
+// `escape` false for a platform whose text is not markup (Discord's markdown).
+std::vector<std::string> ReplyParts(const std::string& answer, size_t max_units = kTelegramMaxText,
+                                    bool escape = true);
 
 // The sendMessage body of part `index` to `target` (RouteUpdate's): the first part of a
 // group's answer replies to the message it answers.

@@ -176,4 +176,37 @@ bool ConstantTimeEquals(std::string_view a, std::string_view b) {
   return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
+std::optional<std::string> HexDecode(std::string_view hex) {
+  if (hex.size() % 2 != 0) return std::nullopt;
+  auto nibble = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out(hex.size() / 2, '\0');
+  for (size_t i = 0; i < out.size(); ++i) {
+    int hi = nibble(hex[2 * i]), lo = nibble(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) return std::nullopt;
+    out[i] = static_cast<char>(hi * 16 + lo);
+  }
+  return out;
+}
+
+bool Ed25519Verify(std::string_view public_key, std::string_view message,
+                   std::string_view signature) {
+  if (public_key.size() != 32 || signature.size() != 64) return false;
+  EVP_PKEY* key = EVP_PKEY_new_raw_public_key(
+      EVP_PKEY_ED25519, nullptr, reinterpret_cast<const unsigned char*>(public_key.data()), 32);
+  if (!key) return false;
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  bool ok =
+      ctx && EVP_DigestVerifyInit(ctx, nullptr, nullptr, nullptr, key) == 1 &&
+      EVP_DigestVerify(ctx, reinterpret_cast<const unsigned char*>(signature.data()), 64,
+                       reinterpret_cast<const unsigned char*>(message.data()), message.size()) == 1;
+  EVP_MD_CTX_free(ctx);
+  EVP_PKEY_free(key);
+  return ok;
+}
+
 }  // namespace keel

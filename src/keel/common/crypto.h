@@ -1,6 +1,7 @@
 #pragma once
 // Small cryptographic helpers on OpenSSL.
 
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -49,5 +50,11 @@ std::string Base64Encode(std::string_view data);
 std::string Base64Decode(std::string_view data);
 // Constant-time comparison.
 bool ConstantTimeEquals(std::string_view a, std::string_view b);
+// The bytes `hex` spells (either case); nullopt when it is not an even run of hex digits.
+std::optional<std::string> HexDecode(std::string_view hex);
+// Whether `signature` (64 bytes) is the Ed25519 signature (RFC 8032) of `message` under the
+// 32-byte public key `public_key`.
+bool Ed25519Verify(std::string_view public_key, std::string_view message,
+                   std::string_view signature);
 
 }  // namespace keel

@@ -123,7 +123,8 @@ class ChannelStore {
   virtual Status InsertDelivery(const ChannelDelivery& d) = 0;
 
   // ---- Polled channels and the outbox (channels/relay.h)
-  // Runtime-wide: every enabled channel of a polled kind (telegram), by id.
+  // Runtime-wide: every enabled channel the leader tends, by id: telegram (polled, or its
+  // webhook registered) and discord (its command registered).
   virtual Result<std::vector<Channel>> PolledChannels() = 0;
   // nullopt before the channel's first poll.
   virtual Result<std::optional<ChannelPoll>> GetPoll(const std::string& tenant_id,

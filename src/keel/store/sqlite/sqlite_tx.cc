@@ -61,8 +61,9 @@ Result<std::string> SqliteTx::ChannelTenant(const std::string& id) {
 }
 
 Result<std::vector<Channel>> SqliteTx::PolledChannels() {
-  static const std::string kSql = "SELECT " + std::string(kChannelCols) +
-                                  " FROM channels WHERE kind='telegram' AND enabled=1 ORDER BY id";
+  static const std::string kSql =
+      "SELECT " + std::string(kChannelCols) +
+      " FROM channels WHERE kind IN ('telegram','discord') AND enabled=1 ORDER BY id";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   return Collect<Channel>(s, ReadChannel<Stmt>);
 }

@@ -37,7 +37,7 @@ CREATE FUNCTION keel_polled_channels()
 #variable_conflict use_column
 BEGIN
   RETURN QUERY SELECT c.tenant_id, c.id FROM channels c
-    WHERE c.kind = 'telegram' AND c.enabled = 1 ORDER BY c.id;
+    WHERE c.kind IN ('telegram', 'discord') AND c.enabled = 1 ORDER BY c.id;
 END $f$;
 REVOKE ALL ON FUNCTION keel_polled_channels() FROM PUBLIC;
 CREATE FUNCTION keel_due_replies(now_ms bigint, node text, max_rows bigint)
