@@ -1,5 +1,6 @@
 #include "keel/channels/deliveries.h"
 
+#include "keel/access/access.h"
 #include "keel/common/ids.h"
 #include "keel/common/json_util.h"
 #include "keel/common/time.h"
@@ -26,6 +27,12 @@ asio::awaitable<Result<std::string>> RecordDelivery(store::Store& store, const s
       // Deleted or disabled since the delivery's read: as if it had been before.
       KEEL_ASSIGN_OR_RETURN(auto now_is, channels.GetChannel(c.tenant_id, c.id));
       if (!now_is.enabled) return NotFound("channel not found: " + c.id);
+      // Its runs act for its creator: not once that token is revoked (a poll asked before the
+      // revocation may bring updates after it).
+      KEEL_ASSIGN_OR_RETURN(bool revoked, access::Revoked(tx, c.tenant_id, c.created_by));
+      if (revoked) {
+        return PermissionDenied("this channel is suspended: the token that created it was revoked");
+      }
       KEEL_ASSIGN_OR_RETURN(auto went, channels.DeliverySession(c.tenant_id, c.id, delivery_id));
       if (went) {
         session_id = *went;

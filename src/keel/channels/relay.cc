@@ -42,6 +42,10 @@ namespace {
 
 constexpr int kBatch = 32;           // replies claimed per round
 constexpr size_t kMaxInFlight = 64;  // replies sent at once by this node
+// Of those, the most one tenant's take: a tenant whose platform (its api_base) holds requests
+// open does not hold every other tenant's answers back.
+constexpr int kMaxTenantInFlight = 8;
+constexpr int kMaxTypingInFlight = 16;  // typing actions on their way, per channel
 constexpr int kMaxAttempts = 8;      // sends of a reply Telegram answered 5xx, before it is dead
 constexpr Millis kMaxBackoffMs = 3600 * 1000;
 // A claimed reply is unknown after this if its send never reports (its node stopped).
@@ -271,6 +275,7 @@ asio::awaitable<BotAnswer> Relay::CallBot(const PollRead& r, const std::string& 
   req.headers = {{"Content-Type", "application/json"}};
   req.body = DumpJson(body);
   req.timeout = timeout;
+  req.total = timeout;  // however the server trickles its answer
   co_return ReadAnswer(method, co_await client_->Fetch(req, 32 << 20), r.token);
 }
 
@@ -294,7 +299,10 @@ asio::awaitable<void> Relay::Poll(std::string tenant_id, std::string channel_id)
   struct Done {
     Relay* relay;
     std::string id;
-    ~Done() { relay->polling_.erase(id); }
+    ~Done() {
+      relay->polling_.erase(id);
+      std::erase_if(relay->bot_pollers_, [&](const auto& p) { return p.second == id; });
+    }
   } done{this, channel_id};
   int failures = 0;
   while (!stopping_ && store_.leader()) {
@@ -307,12 +315,11 @@ asio::awaitable<void> Relay::Poll(std::string tenant_id, std::string channel_id)
     std::string failure = r.problem;
     Millis retry_after = 0;
     // Where a webhook-mode channel's updates go, and with what secret: the cursor records
-    // that setWebhook took them (a number is a polled channel's cursor).
+    // that setWebhook took them ("webhook:HASH"; a polled channel's is "BOT_ID/UPDATE_ID").
     const std::string hook = public_url_ + "/v1/hooks/" + channel_id;
     const std::string secret = r.token.empty() ? "" : TelegramWebhookSecret(r.token, channel_id);
     const std::string marker = "webhook:" + Sha256Hex(hook + "\n" + secret).substr(0, 16);
-    const bool numeric =
-        !r.cursor.empty() && r.cursor.find_first_not_of("0123456789") == std::string::npos;
+    const bool hooked = r.cursor.rfind("webhook:", 0) == 0;
     if (failure.empty() && r.settings.mode == "webhook") {
       if (r.cursor != marker) {
         Json set = {
@@ -330,7 +337,7 @@ asio::awaitable<void> Relay::Poll(std::string tenant_id, std::string channel_id)
         co_await Sleep(milliseconds(2000));  // only settings changes are looked for now
         continue;
       }
-    } else if (failure.empty() && !r.cursor.empty() && !numeric) {
+    } else if (failure.empty() && hooked) {
       // Back from webhook mode: Telegram answers getUpdates 409 while a webhook is set.
       Json drop = Json::object();
       BotAnswer got = co_await CallBot(r, "deleteWebhook", drop, kSendTimeout);
@@ -343,10 +350,38 @@ asio::awaitable<void> Relay::Poll(std::string tenant_id, std::string channel_id)
     if (failure.empty()) {
       auto bot = co_await BotOf(r);
       if (!bot.ok()) failure = bot.status().message();
+      // The last update handled ("BOT_ID/UPDATE_ID"). A channel keeps its bot: update ids are
+      // per bot, and another bot's would be taken for this one's (and passed over as replays).
+      std::optional<int64_t> last;
+      const size_t slash = r.cursor.find('/');
+      if (failure.empty() && slash != std::string::npos) {
+        if (r.cursor.substr(0, slash) != std::to_string(bot->id)) {
+          failure = "its bot token is now another bot's (id " + std::to_string(bot->id) +
+                    "; the channel polled bot " + r.cursor.substr(0, slash) +
+                    "): a channel keeps its bot, so create a channel for the new one or put the "
+                    "old token back";
+        } else {
+          last = std::stoll(r.cursor.substr(slash + 1));
+        }
+      }
+      // One channel polls a bot (Telegram answers a second poller 409, and both would answer).
+      // Keyed by the Bot API server too: another tenant's server may call itself any bot.
+      if (failure.empty()) {
+        auto [claim, fresh] = bot_pollers_.try_emplace(
+            r.settings.api_base + " " + std::to_string(bot->id), channel_id);
+        if (!fresh && claim->second != channel_id && polling_.count(claim->second)) {
+          failure = "its bot (id " + std::to_string(bot->id) + ") is polled by channel " +
+                    claim->second + " already: a bot answers through one channel";
+        } else {
+          claim->second = channel_id;
+        }
+      }
+      const std::string mine = failure.empty() ? std::to_string(bot->id) + "/" : "";
       if (failure.empty()) {
         Json ask = {{"timeout", r.settings.poll_timeout},
                     {"allowed_updates", Json::array({"message"})}};
-        if (!r.cursor.empty()) ask["offset"] = std::stoll(r.cursor) + 1;
+        if (last && *last < INT64_MAX) ask["offset"] = *last + 1;
+        const Millis asked = NowMillis();
         BotAnswer got = co_await CallBot(r, "getUpdates", ask,
                                          milliseconds(r.settings.poll_timeout * 1000 + 10000));
         if (!got.ok || !got.result.is_array()) {
@@ -356,16 +391,17 @@ asio::awaitable<void> Relay::Poll(std::string tenant_id, std::string channel_id)
           // The batch's updates the agent takes, by conversation: conversations at once, each
           // one's updates in order. The cursor passes the batch only when all of it is dealt
           // with (taken or passed over); else it is fetched again, and what was taken replays.
-          std::string cursor = r.cursor;
+          std::optional<int64_t> highest = last;
           std::map<std::string, std::vector<TelegramInbound>> by_conversation;
           for (const Json& update : got.result) {
             auto routed = RouteUpdate(update, *bot);
             if (!routed.ok()) continue;  // no update_id: nothing to take, nothing to pass
-            if (cursor.empty() || std::stoll(routed->update_id) > std::stoll(cursor)) {
-              cursor = routed->update_id;
-            }
+            const int64_t id = std::stoll(routed->update_id);
+            if (last && id <= *last) continue;  // handled before: a server that repeats itself
+            if (!highest || id > *highest) highest = id;
             if (routed->take) by_conversation[routed->conversation].push_back(std::move(*routed));
           }
+          std::string cursor = highest ? mine + std::to_string(*highest) : r.cursor;
           Status taken = co_await TakeAll(r, by_conversation);
           if (!taken.ok()) {
             failure = "the last updates are taken again later: " + taken.message();
@@ -375,9 +411,10 @@ asio::awaitable<void> Relay::Poll(std::string tenant_id, std::string channel_id)
             co_await RecordPoll(r, cursor, failure);
             r.error = failure;
           }
-          // A poll that does not wait for updates is not repeated at once.
-          if (got.result.empty() && r.settings.poll_timeout == 0) {
-            co_await Sleep(milliseconds(1000));
+          // A poll that brought nothing sooner than a second (a poll_timeout of 0, or a server
+          // that does not wait) is not repeated at once.
+          if (got.result.empty() && NowMillis() - asked < 1000) {
+            co_await Sleep(milliseconds(1000 - (NowMillis() - asked)));
           }
         }
       }
@@ -487,6 +524,7 @@ asio::awaitable<void> Relay::Register(std::string tenant_id, std::string channel
       req.headers = {{"Content-Type", "application/json"}, {"Authorization", "Bot " + r.token}};
       req.body = DumpJson(DiscordCommandJson(settings.command));
       req.timeout = kSendTimeout;
+      req.total = kSendTimeout;
       BotAnswer got = ReadAnswer("register /" + settings.command,
                                  co_await client_->Fetch(req, 1 << 20), r.token, "Discord");
       if (got.ok) {
@@ -609,12 +647,19 @@ asio::awaitable<Status> Relay::Take(const PollRead& read, const TelegramInbound&
     if (update.target.contains("thread_id")) {
       action["message_thread_id"] = update.target.at("thread_id");
     }
-    asio::co_spawn(
-        executor_,
-        [this, r = read, action = std::move(action)]() -> asio::awaitable<void> {
-          co_await CallBot(r, "sendChatAction", action, milliseconds(5000));
-        },
-        asio::detached);
+    // At most a few at once per channel, each bounded in time: a Bot API server that holds
+    // them open costs no more than that.
+    if (typing_[read.channel.id] < kMaxTypingInFlight) {
+      ++typing_[read.channel.id];
+      asio::co_spawn(
+          executor_,
+          [this, r = read, action = std::move(action)]() -> asio::awaitable<void> {
+            co_await CallBot(r, "sendChatAction", action, milliseconds(5000));
+          },
+          [this, id = read.channel.id](std::exception_ptr) {
+            if (--typing_[id] <= 0) typing_.erase(id);
+          });
+    }
   }
   co_return Status::Ok();
 }
@@ -636,6 +681,8 @@ asio::awaitable<Result<bool>> Relay::Deliver(const store::Channel& c, const std:
     co_return true;
   }
   if (!*kept) co_return true;  // dropped by a plugin
+  // An error here (the channel deleted, disabled or suspended meanwhile; the store) leaves the
+  // delivery to be taken again: a poll's cursor stays before it, a push is answered non-2xx.
   auto session = co_await RecordDelivery(store_, c, in.delivery_id, in.conversation);
   if (!session.ok()) co_return session.status();
   runtime::IntakeRequest intake;
@@ -769,12 +816,22 @@ asio::awaitable<void> Relay::SendLoop() {
     const Millis now = NowMillis();
     const std::string origin = store_.origin();
     const int room = std::min<int>(kBatch, static_cast<int>(kMaxInFlight - sending_.size()));
+    // The unit runs on the store's writer thread: it sees copies of this node's sends.
+    const std::set<std::string> in_flight = sending_;
+    const std::map<std::string, int> tenants_in_flight = tenant_sending_;
     auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
       claimed.clear();
-      KEEL_ASSIGN_OR_RETURN(auto due, tx.channels().DueReplies(
-                                          now, origin, room + static_cast<int>(sending_.size())));
+      KEEL_ASSIGN_OR_RETURN(
+          auto due,
+          tx.channels().DueReplies(now, origin, 4 * kBatch + static_cast<int>(in_flight.size())));
+      std::map<std::string, int> busy = tenants_in_flight;
       for (auto& r : due) {
-        if (sending_.count(r.id)) continue;  // this node is sending it now
+        if (in_flight.count(r.id)) continue;  // this node is sending it now
+        // A stale "sending" is settled whatever the room; one to send waits for room.
+        if (r.status != "sending" &&
+            (static_cast<int>(claimed.size()) >= room || busy[r.tenant_id] >= kMaxTenantInFlight)) {
+          continue;
+        }
         std::string event;
         r.updated_at = now;
         if (r.status == "sending") {
@@ -799,6 +856,7 @@ asio::awaitable<void> Relay::SendLoop() {
           r.origin = origin;
           r.next_attempt_at = now + kClaimMs;
           claimed.push_back(r);
+          ++busy[r.tenant_id];
         }
         KEEL_RETURN_IF_ERROR(tx.channels().UpdateReply(r));
         if (!event.empty()) {
@@ -822,6 +880,7 @@ asio::awaitable<void> Relay::SendLoop() {
     }
     for (auto& r : claimed) {
       sending_.insert(r.id);
+      ++tenant_sending_[r.tenant_id];
       asio::co_spawn(executor_, Send(std::move(r)), ReportExceptions{"channel reply"});
     }
   }
@@ -866,12 +925,13 @@ asio::awaitable<bool> Relay::Record(const store::ChannelReply& r) {
 asio::awaitable<void> Relay::Send(store::ChannelReply r) {
   struct Done {
     Relay* relay;
-    std::string id;
+    std::string id, tenant;
     ~Done() {
       relay->sending_.erase(id);
+      if (--relay->tenant_sending_[tenant] <= 0) relay->tenant_sending_.erase(tenant);
       relay->WakeSender();  // room for the next one
     }
-  } done{this, r.id};
+  } done{this, r.id, r.tenant_id};
 
   // How to send on the channel's platform: where, with which token.
   std::string kind, api_base, token;
@@ -1000,6 +1060,7 @@ asio::awaitable<void> Relay::Send(store::ChannelReply r) {
       req.body = DumpJson(SendMessageBody(to, parts[r.parts_sent], r.parts_sent));
     }
     req.timeout = kSendTimeout;
+    req.total = kSendTimeout;
     req.may_repeat = false;
     auto got = co_await client_->Fetch(req, 1 << 20);
     BotAnswer a = ReadAnswer(method, got, discord ? token_in_url : token, platform);

@@ -150,6 +150,10 @@ class Relay {
   bool stopping_ = false;
   std::set<std::string> polling_;  // channels this node polls
   std::set<std::string> sending_;  // replies this node sends
+  std::map<std::string, int> tenant_sending_;  // of those, by tenant
+  std::map<std::string, int> typing_;          // typing actions on their way, by channel
+  // The channel polling each bot, by its Bot API server and id.
+  std::map<std::string, std::string> bot_pollers_;
 };
 
 }  // namespace keel::channels

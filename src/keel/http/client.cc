@@ -203,8 +203,20 @@ struct Client::Impl {
 
 // One connection, from connecting to the end of the response body.
 struct ResponseStream::Impl {
-  Impl(asio::any_io_executor executor, std::chrono::milliseconds wait_limit)
-      : ex(std::move(executor)), timeout(wait_limit) {}
+  Impl(asio::any_io_executor executor, std::chrono::milliseconds wait_limit,
+       std::chrono::milliseconds total)
+      : ex(std::move(executor)),
+        timeout(wait_limit),
+        end(total.count() > 0 ? std::chrono::steady_clock::now() + total
+                              : std::chrono::steady_clock::time_point::max()) {}
+
+  // The next wait's bound: the timeout, or what is left of the request's total.
+  std::chrono::milliseconds Wait() const {
+    if (end == std::chrono::steady_clock::time_point::max()) return timeout;
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        end - std::chrono::steady_clock::now());
+    return std::max(std::chrono::milliseconds(0), std::min(timeout, left));
+  }
 
   ~Impl() {
     if (!tls && !plain) return;
@@ -276,7 +288,7 @@ struct ResponseStream::Impl {
     // only a weak reference, since it may run after this frame is gone.
     auto resolver = std::make_shared<tcp::resolver>(ex);
     asio::steady_timer deadline(ex);
-    deadline.expires_after(timeout);
+    deadline.expires_after(Wait());
     deadline.async_wait([weak = std::weak_ptr<tcp::resolver>(resolver)](error_code wait_ec) {
       if (wait_ec) return;
       if (auto r = weak.lock()) r->cancel();
@@ -328,12 +340,12 @@ struct ResponseStream::Impl {
       plain = std::make_unique<beast::tcp_stream>(ex);
     }
 
-    Lowest().expires_after(timeout);
+    Lowest().expires_after(Wait());
     co_await Lowest().async_connect(allowed, asio::redirect_error(asio::use_awaitable, ec));
     if (ec) co_return Fail("connecting to " + endpoint.host_header, ec);
 
     if (tls) {
-      Lowest().expires_after(timeout);
+      Lowest().expires_after(Wait());
       co_await tls->async_handshake(ssl::stream_base::client,
                                     asio::redirect_error(asio::use_awaitable, ec));
       if (ec) co_return Fail("TLS handshake with " + endpoint.host, ec);
@@ -364,7 +376,7 @@ struct ResponseStream::Impl {
       req.prepare_payload();
     }
 
-    Lowest().expires_after(timeout);
+    Lowest().expires_after(Wait());
     if (tls) {
       co_await bhttp::async_write(*tls, req, asio::redirect_error(asio::use_awaitable, ec));
     } else {
@@ -376,7 +388,7 @@ struct ResponseStream::Impl {
     parser->header_limit(kHeaderLimit);
     parser->body_limit(boost::none);  // callers bound what they keep (ReadAll)
     if (verb == bhttp::verb::head) parser->skip(true);
-    Lowest().expires_after(timeout);
+    Lowest().expires_after(Wait());
     if (tls) {
       co_await bhttp::async_read_header(*tls, buffer, *parser,
                                         asio::redirect_error(asio::use_awaitable, ec));
@@ -404,7 +416,7 @@ struct ResponseStream::Impl {
       parser->get().body().data = read_buffer.data();
       parser->get().body().size = read_buffer.size();
       error_code ec;
-      Lowest().expires_after(timeout);
+      Lowest().expires_after(Wait());
       if (tls) {
         co_await bhttp::async_read_some(*tls, buffer, *parser,
                                         asio::redirect_error(asio::use_awaitable, ec));
@@ -431,6 +443,7 @@ struct ResponseStream::Impl {
 
   asio::any_io_executor ex;
   std::chrono::milliseconds timeout;
+  std::chrono::steady_clock::time_point end;  // of the whole request (max: none)
   std::string what;  // "POST https://host/path", to name the request in errors
   std::shared_ptr<ssl::context> tls_context;  // kept alive for `tls`
   // Exactly one of these is set once connecting has begun.
@@ -502,7 +515,7 @@ boost::asio::awaitable<Result<std::unique_ptr<ResponseStream>>> Client::Open(
     co_return InvalidArgument("invalid request method '" + request.method + "'");
   }
   auto executor = co_await boost::asio::this_coro::executor;
-  auto impl = std::make_unique<ResponseStream::Impl>(executor, request.timeout);
+  auto impl = std::make_unique<ResponseStream::Impl>(executor, request.timeout, request.total);
   Status started;
   try {
     // Shared with the stream: it may outlive this Client.

@@ -41,6 +41,9 @@ struct ClientRequest {
   // closed, since a request lost that way is sent once more and one lost on a new connection
   // is reported (kUnavailable) for the caller to judge.
   bool may_repeat = true;
+  // Bounds the whole request, from connecting to the end of the body, however its bytes
+  // trickle in (0: only `timeout`, per wait). For servers a tenant chose.
+  std::chrono::milliseconds total{0};
 };
 
 struct ClientResponse {
