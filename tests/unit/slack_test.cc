@@ -82,6 +82,8 @@ TEST(SlackSettingsTest, DefaultsAndRefusals) {
            Json{{"signing_secret", "S"}, {"bot_token", "B"}, {"api_base", "ftp://x"}},
            Json{{"signing_secret", "S"}, {"bot_token", "B"}, {"api_base", "https://x/?a=1"}},
            Json{{"signing_secret", "S"}, {"bot_token", "B"}, {"api_base", "https://x y"}},
+           // Credentials in the URL would be stored and shown with the settings.
+           Json{{"signing_secret", "S"}, {"bot_token", "B"}, {"api_base", "https://u:p@x/api"}},
            Json{{"signing_secret", "S"}, {"bot_token", "B"}, {"role", "owner"}},
            Json::array(),
        }) {

@@ -56,25 +56,8 @@ Result<DiscordSettings> ParseDiscordSettings(const Json& settings) {
         "settings.command must be 1 to 32 lower-case letters, digits, '-' or '_' (the slash "
         "command's name)");
   }
-  KEEL_ASSIGN_OR_RETURN(s.api_base, SettingsString(settings, "api_base", kDiscordApi));
-  while (!s.api_base.empty() && s.api_base.back() == '/') s.api_base.pop_back();
-  bool printable = true;
-  for (char c : s.api_base) printable = printable && c > 0x20 && c < 0x7f;
-  if (!printable || s.api_base.size() > 512 ||
-      (s.api_base.rfind("http://", 0) != 0 && s.api_base.rfind("https://", 0) != 0) ||
-      s.api_base.find_first_of("?#") != std::string::npos) {
-    return InvalidArgument(
-        "settings.api_base must be an http:// or https:// URL of at most 512 characters "
-        "without a query (the HTTP API's base; default " +
-        std::string(kDiscordApi) + ")");
-  }
-  KEEL_ASSIGN_OR_RETURN(s.role, SettingsString(settings, "role", "guest"));
-  if (s.role != "guest" && s.role != "user") {
-    return InvalidArgument(
-        "settings.role must be 'guest' or 'user' (the role the channel's runs act with), "
-        "got '" +
-        s.role.substr(0, 32) + "'");
-  }
+  KEEL_ASSIGN_OR_RETURN(s.api_base, SettingsApiBase(settings, kDiscordApi, "the HTTP API's base"));
+  KEEL_ASSIGN_OR_RETURN(s.role, SettingsRole(settings));
   return s;
 }
 

@@ -64,25 +64,8 @@ Result<SlackSettings> ParseSlackSettings(const Json& settings) {
         "settings.signing_secret and settings.bot_token are required: the names of the tenant "
         "secrets holding the Slack app's signing secret and its bot token (xoxb-...)");
   }
-  KEEL_ASSIGN_OR_RETURN(s.api_base, SettingsString(settings, "api_base", kSlackApi));
-  while (!s.api_base.empty() && s.api_base.back() == '/') s.api_base.pop_back();
-  bool printable = true;
-  for (char c : s.api_base) printable = printable && c > 0x20 && c < 0x7f;
-  if (!printable || s.api_base.size() > 512 ||
-      (s.api_base.rfind("http://", 0) != 0 && s.api_base.rfind("https://", 0) != 0) ||
-      s.api_base.find_first_of("?#") != std::string::npos) {
-    return InvalidArgument(
-        "settings.api_base must be an http:// or https:// URL of at most 512 characters "
-        "without a query (the Web API's base; default " +
-        std::string(kSlackApi) + ")");
-  }
-  KEEL_ASSIGN_OR_RETURN(s.role, SettingsString(settings, "role", "guest"));
-  if (s.role != "guest" && s.role != "user") {
-    return InvalidArgument(
-        "settings.role must be 'guest' or 'user' (the role the channel's runs act with), "
-        "got '" +
-        s.role.substr(0, 32) + "'");
-  }
+  KEEL_ASSIGN_OR_RETURN(s.api_base, SettingsApiBase(settings, kSlackApi, "the Web API's base"));
+  KEEL_ASSIGN_OR_RETURN(s.role, SettingsRole(settings));
   return s;
 }
 

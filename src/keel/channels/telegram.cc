@@ -9,8 +9,6 @@ namespace keel::channels {
 
 namespace {
 
-constexpr size_t kMaxApiBase = 512;
-
 std::string Lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
@@ -111,25 +109,8 @@ Result<TelegramSettings> ParseTelegramSettings(const Json& settings) {
         "settings.bot_token is required: the name of the tenant secret holding the bot's "
         "token (PUT /v1/secrets/{name})");
   }
-  KEEL_ASSIGN_OR_RETURN(s.api_base, SettingsString(settings, "api_base", kTelegramApi));
-  while (!s.api_base.empty() && s.api_base.back() == '/') s.api_base.pop_back();
-  bool printable = true;
-  for (char c : s.api_base) printable = printable && c > 0x20 && c < 0x7f;
-  if (!printable || s.api_base.size() > kMaxApiBase ||
-      (s.api_base.rfind("http://", 0) != 0 && s.api_base.rfind("https://", 0) != 0) ||
-      s.api_base.find_first_of("?#") != std::string::npos) {
-    return InvalidArgument(
-        "settings.api_base must be an http:// or https:// URL of at most 512 characters "
-        "without a query (the Bot API server; default " +
-        std::string(kTelegramApi) + ")");
-  }
-  KEEL_ASSIGN_OR_RETURN(s.role, SettingsString(settings, "role", "guest"));
-  if (s.role != "guest" && s.role != "user") {
-    return InvalidArgument(
-        "settings.role must be 'guest' or 'user' (the role the channel's runs act with), "
-        "got '" +
-        s.role.substr(0, 32) + "'");
-  }
+  KEEL_ASSIGN_OR_RETURN(s.api_base, SettingsApiBase(settings, kTelegramApi, "the Bot API server"));
+  KEEL_ASSIGN_OR_RETURN(s.role, SettingsRole(settings));
   if (settings.contains("poll_timeout")) {
     const Json& t = settings["poll_timeout"];
     if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > 50) {

@@ -64,6 +64,33 @@ Result<std::string> SettingsString(const Json& settings, const char* name, std::
   return it->get<std::string>();
 }
 
+Result<std::string> SettingsApiBase(const Json& settings, const std::string& fallback,
+                                    const std::string& what) {
+  KEEL_ASSIGN_OR_RETURN(std::string base, SettingsString(settings, "api_base", fallback));
+  while (!base.empty() && base.back() == '/') base.pop_back();
+  bool printable = true;
+  for (char c : base) printable = printable && c > 0x20 && c < 0x7f;
+  if (!printable || base.size() > 512 ||
+      (base.rfind("http://", 0) != 0 && base.rfind("https://", 0) != 0) ||
+      base.find_first_of("?#@") != std::string::npos) {
+    return InvalidArgument(
+        "settings.api_base must be an http:// or https:// URL of at most 512 "
+        "characters without a query or credentials (" +
+        what + "; default " + fallback + ")");
+  }
+  return base;
+}
+
+Result<std::string> SettingsRole(const Json& settings) {
+  KEEL_ASSIGN_OR_RETURN(std::string role, SettingsString(settings, "role", "guest"));
+  if (role != "guest" && role != "user") {
+    return InvalidArgument(
+        "settings.role must be 'guest' or 'user' (the role the channel's runs act with), got '" +
+        role.substr(0, 32) + "'");
+  }
+  return role;
+}
+
 Result<WebhookSettings> ParseWebhookSettings(const Json& settings) {
   if (!settings.is_object()) return InvalidArgument("settings must be an object");
   for (auto it = settings.begin(); it != settings.end(); ++it) {
@@ -93,13 +120,7 @@ Result<WebhookSettings> ParseWebhookSettings(const Json& settings) {
       [](std::string_view) {}));
   KEEL_ASSIGN_OR_RETURN(s.conversation, SettingsString(settings, "conversation", ""));
   KEEL_RETURN_IF_ERROR(Pointer(s.conversation, "settings.conversation").status());
-  KEEL_ASSIGN_OR_RETURN(s.role, SettingsString(settings, "role", "guest"));
-  if (s.role != "guest" && s.role != "user") {
-    return InvalidArgument(
-        "settings.role must be 'guest' or 'user' (the role the channel's "
-        "runs act with), got '" +
-        s.role.substr(0, 32) + "'");
-  }
+  KEEL_ASSIGN_OR_RETURN(s.role, SettingsRole(settings));
   return s;
 }
 

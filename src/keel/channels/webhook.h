@@ -34,6 +34,14 @@ struct WebhookSettings {
 // settings[name] when it is a string, `fallback` when it is absent; kInvalidArgument otherwise.
 Result<std::string> SettingsString(const Json& settings, const char* name, std::string fallback);
 
+// settings.api_base of a platform's channel: `fallback` when absent; else an http:// or
+// https:// URL of at most 512 characters without a query, a fragment or credentials, its
+// trailing slashes cut (`what` names the server in the error).
+Result<std::string> SettingsApiBase(const Json& settings, const std::string& fallback,
+                                    const std::string& what);
+// settings.role: "guest" (the default) or "user".
+Result<std::string> SettingsRole(const Json& settings);
+
 // Checks a channel's settings object (unknown fields, types, the template's placeholders).
 Result<WebhookSettings> ParseWebhookSettings(const Json& settings);
 Json WebhookSettingsJson(const WebhookSettings& s);
