@@ -2160,6 +2160,187 @@ int ChannelReplies(Context& ctx, const std::string& id) {
   return kExitOk;
 }
 
+namespace {
+
+// "PLATFORM:ID" split; reports and returns false when it is not that.
+bool SplitIdentity(const std::string& identity, std::string* platform, std::string* id) {
+  const auto colon = identity.find(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == identity.size()) {
+    std::cerr << "keel: an identity is PLATFORM:ID (telegram:123456789, slack:U0123ABC, "
+                 "discord:80351110224678912), not '"
+              << identity << "'\n";
+    return false;
+  }
+  *platform = identity.substr(0, colon);
+  *id = identity.substr(colon + 1);
+  return true;
+}
+
+std::string Identities(const Json& user) {
+  std::string out;
+  for (const Json& i : user.value("identities", Json::array())) {
+    out += (out.empty() ? "" : ", ") + Str(i, "platform") + ":" + Str(i, "platform_user_id");
+  }
+  return out.empty() ? "-" : out;
+}
+
+int PrintUser(Context& ctx, const Json& u) {
+  if (ctx.json) {
+    PrintJson(ctx, u);
+    return kExitOk;
+  }
+  std::vector<std::pair<std::string, std::string>> fields = {
+      {"id", Str(u, "id")}, {"name", Str(u, "name")}, {"identities", Identities(u)}};
+  if (u.value("merged_into", Json()).is_string()) {
+    fields.push_back({"merged into", Str(u, "merged_into")});
+  }
+  if (u.contains("roles")) {
+    std::string roles;
+    for (const Json& r : u["roles"]) {
+      roles += (roles.empty() ? "" : ", ") + Str(r, "role") + " of " + Str(r, "agent_id");
+    }
+    fields.push_back({"roles", roles.empty() ? "-" : roles});
+  }
+  PrintFields(fields);
+  return kExitOk;
+}
+
+}  // namespace
+
+int UserList(Context& ctx) {
+  Reply list = ListAll(ctx, "/v1/users");
+  if (!list.ok()) return list.exit_code;
+  if (ctx.json) {
+    PrintJson(ctx, list.body);
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const Json& u : Items(list.body)) {
+    const Json into = u.value("merged_into", Json());
+    rows.push_back({Str(u, "id"), OneLine(Str(u, "name"), 30), OneLine(Identities(u), 50),
+                    into.is_string() ? "merged into " + into.get<std::string>() : ""});
+  }
+  PrintTable({"ID", "NAME", "IDENTITIES", ""}, rows);
+  return kExitOk;
+}
+
+int UserAdd(Context& ctx, const std::string& name, const std::vector<std::string>& identities) {
+  Json body = {{"name", name}, {"identities", Json::array()}};
+  for (const auto& identity : identities) {
+    std::string platform, id;
+    if (!SplitIdentity(identity, &platform, &id)) return kExitUsage;
+    body["identities"].push_back({{"platform", platform}, {"platform_user_id", id}});
+  }
+  Reply u = Request(ctx, "POST", "/v1/users", body);
+  if (!u.ok()) return u.exit_code;
+  return PrintUser(ctx, u.body);
+}
+
+int UserShow(Context& ctx, const std::string& id) {
+  Reply u = Request(ctx, "GET", "/v1/users/" + Escape(id));
+  if (!u.ok()) return u.exit_code;
+  return PrintUser(ctx, u.body);
+}
+
+int UserLink(Context& ctx, const std::string& id, const std::string& identity, bool link) {
+  std::string platform, platform_id;
+  if (!SplitIdentity(identity, &platform, &platform_id)) return kExitUsage;
+  Reply r = link ? Request(ctx, "POST", "/v1/users/" + Escape(id) + "/identities",
+                           Json{{"platform", platform}, {"platform_user_id", platform_id}})
+                 : Request(ctx, "DELETE",
+                           "/v1/users/" + Escape(id) + "/identities/" + Escape(platform) + "/" +
+                               Escape(platform_id));
+  if (!r.ok()) return r.exit_code;
+  if (ctx.json) {
+    PrintJson(ctx, r.body);
+  } else {
+    std::cout << identity << (link ? " is user " : " is no longer user ") << id << "\n";
+  }
+  return kExitOk;
+}
+
+int UserMerge(Context& ctx, const std::string& into, const std::string& from) {
+  Reply u = Request(ctx, "POST", "/v1/users/" + Escape(into) + "/merge", Json{{"from", from}});
+  if (!u.ok()) return u.exit_code;
+  if (!ctx.json) std::cout << "merged user " << from << " into " << into << "\n";
+  return PrintUser(ctx, u.body);
+}
+
+int MemberList(Context& ctx, const std::string& agent) {
+  std::string agent_id;
+  if (int code = ResolveAgent(ctx, agent, &agent_id); code != kExitOk) return code;
+  Reply list = ListAll(ctx, "/v1/agents/" + Escape(agent_id) + "/members");
+  if (!list.ok()) return list.exit_code;
+  if (ctx.json) {
+    PrintJson(ctx, list.body);
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const Json& m : Items(list.body)) {
+    rows.push_back({Str(m, "user_id"), OneLine(Str(m, "name"), 30), Str(m, "role")});
+  }
+  PrintTable({"USER", "NAME", "ROLE"}, rows);
+  return kExitOk;
+}
+
+int MemberSet(Context& ctx, const std::string& agent, const std::string& user,
+              const std::string& role) {
+  std::string agent_id;
+  if (int code = ResolveAgent(ctx, agent, &agent_id); code != kExitOk) return code;
+  Reply m = Request(ctx, "PUT", "/v1/agents/" + Escape(agent_id) + "/members/" + Escape(user),
+                    Json{{"role", role}});
+  if (!m.ok()) return m.exit_code;
+  if (ctx.json) {
+    PrintJson(ctx, m.body);
+  } else {
+    std::cout << Str(m.body, "name") << " is " << role << " of " << agent << "\n";
+  }
+  return kExitOk;
+}
+
+int MemberRemove(Context& ctx, const std::string& agent, const std::string& user) {
+  std::string agent_id;
+  if (int code = ResolveAgent(ctx, agent, &agent_id); code != kExitOk) return code;
+  Reply gone =
+      Request(ctx, "DELETE", "/v1/agents/" + Escape(agent_id) + "/members/" + Escape(user));
+  if (!gone.ok()) return gone.exit_code;
+  if (!ctx.json) std::cout << "user " << user << " is no longer a member of " << agent << "\n";
+  return kExitOk;
+}
+
+int AccessSet(Context& ctx, const std::string& agent, const std::string& level,
+              const std::string& code, bool new_code) {
+  std::string agent_id;
+  if (int exit = ResolveAgent(ctx, agent, &agent_id); exit != kExitOk) return exit;
+  const std::string path = "/v1/agents/" + Escape(agent_id) + "/access";
+  Reply a;
+  if (level.empty()) {
+    if (!code.empty() || new_code) {
+      std::cerr << "keel: give the level (public, protected or private) with --code or "
+                   "--new-code\n";
+      return kExitUsage;
+    }
+    a = Request(ctx, "GET", path);
+  } else {
+    Json body = {{"level", level}};
+    if (!code.empty()) body["code"] = code;
+    if (new_code) body["new_code"] = true;
+    a = Request(ctx, "PUT", path, body);
+  }
+  if (!a.ok()) return a.exit_code;
+  if (ctx.json) {
+    PrintJson(ctx, a.body);
+    return kExitOk;
+  }
+  PrintFields({{"agent", agent},
+               {"access", Str(a.body, "level")},
+               {"access code", a.body.value("code_set", false) ? "set" : "none"}});
+  if (a.body.contains("code")) {
+    std::cout << "The access code, shown this once: " << Str(a.body, "code") << "\n";
+  }
+  return kExitOk;
+}
+
 int ChannelRemove(Context& ctx, const std::string& id) {
   Reply gone = Request(ctx, "DELETE", "/v1/channels/" + Escape(id));
   if (!gone.ok()) return gone.exit_code;

@@ -258,6 +258,21 @@ int ChannelSetEnabled(Context& ctx, const std::string& id, bool enabled);
 int ChannelRemove(Context& ctx, const std::string& id);
 int ChannelReplies(Context& ctx, const std::string& id);
 
+// Users (/v1/users) and their identities ("PLATFORM:ID", e.g. telegram:123456789); an agent's
+// members (/v1/agents/{id}/members) and access level (/v1/agents/{id}/access).
+int UserList(Context& ctx);
+int UserAdd(Context& ctx, const std::string& name, const std::vector<std::string>& identities);
+int UserShow(Context& ctx, const std::string& id);
+int UserLink(Context& ctx, const std::string& id, const std::string& identity, bool link);
+int UserMerge(Context& ctx, const std::string& into, const std::string& from);
+int MemberList(Context& ctx, const std::string& agent);
+int MemberSet(Context& ctx, const std::string& agent, const std::string& user,
+              const std::string& role);
+int MemberRemove(Context& ctx, const std::string& agent, const std::string& user);
+// `level` "" shows the access level; `code` "" keeps the code unless `new_code`.
+int AccessSet(Context& ctx, const std::string& agent, const std::string& level,
+              const std::string& code, bool new_code);
+
 int TenantsCreate(Context& ctx, const std::string& name);
 int TenantsList(Context& ctx);
 

@@ -175,6 +175,44 @@ int Main(int argc, char** argv) {
   agent_delete->add_option("agent", agent_ref, "Agent id or name")->required();
   on_parse(agent_delete, [&](Context& c) { return AgentDelete(c, agent_ref); });
 
+  // keel agent members ..., keel agent access ...
+  CLI::App* members = agent->add_subcommand(
+      "members", "List, set and remove the users who have a role on an agent");
+  members->require_subcommand(1);
+  std::string member_user, member_role;
+  CLI::App* members_list = members->add_subcommand("list", "List an agent's members and roles");
+  members_list->add_option("agent", agent_ref, "Agent id or name")->required();
+  on_parse(members_list, [&](Context& c) { return MemberList(c, agent_ref); });
+  CLI::App* members_set = members->add_subcommand(
+      "set", "Give a user a role on an agent (owners): add, promote or demote");
+  members_set->add_option("agent", agent_ref, "Agent id or name")->required();
+  members_set->add_option("user", member_user, "User id (keel users list)")->required();
+  members_set->add_option("role", member_role, "owner, user or guest")
+      ->required()
+      ->check(CLI::IsMember({"owner", "user", "guest"}));
+  on_parse(members_set,
+           [&](Context& c) { return MemberSet(c, agent_ref, member_user, member_role); });
+  CLI::App* members_rm = members->add_subcommand("rm", "Take a user's role on an agent away");
+  members_rm->add_option("agent", agent_ref, "Agent id or name")->required();
+  members_rm->add_option("user", member_user, "User id")->required();
+  on_parse(members_rm, [&](Context& c) { return MemberRemove(c, agent_ref, member_user); });
+  std::string access_level, access_code;
+  bool access_new_code = false;
+  CLI::App* access_cmd = agent->add_subcommand(
+      "access",
+      "Show or set who may talk to an agent from a chat platform: public (anyone, as a guest), "
+      "protected (whoever sends its access code first) or private (members only, the default)");
+  access_cmd->add_option("agent", agent_ref, "Agent id or name")->required();
+  access_cmd->add_option("level", access_level, "public, protected or private")
+      ->check(CLI::IsMember({"public", "protected", "private"}));
+  auto* o_code = access_cmd->add_option("--code", access_code,
+                                        "protected: the access code (8 to 128 characters)");
+  access_cmd->add_flag("--new-code", access_new_code, "protected: make a new access code")
+      ->excludes(o_code);
+  on_parse(access_cmd, [&](Context& c) {
+    return AccessSet(c, agent_ref, access_level, access_code, access_new_code);
+  });
+
   // keel send
   SendArgs send_args;
   CLI::App* send = app.add_subcommand("send", "Send one message to an agent and print the answer");
@@ -556,6 +594,36 @@ int Main(int argc, char** argv) {
   CLI::App* channel_rm = channels->add_subcommand("rm", "Delete a channel (its sessions stay)");
   channel_rm->add_option("id", channel_ref, "Channel id")->required();
   on_parse(channel_rm, [&](Context& c) { return ChannelRemove(c, channel_ref); });
+
+  // keel users ...
+  CLI::App* users = app.add_subcommand(
+      "users", "Add, list and show users, link their chat identities, merge two users");
+  users->require_subcommand(1);
+  std::string user_ref, user_name, user_identity, user_from;
+  std::vector<std::string> user_identities;
+  on_parse(users->add_subcommand("list", "List the tenant's users"),
+           [](Context& c) { return UserList(c); });
+  CLI::App* users_add = users->add_subcommand("add", "Add a user (owners)");
+  users_add->add_option("name", user_name, "The user's name")->required();
+  users_add->add_option("--identity", user_identities,
+                        "PLATFORM:ID, e.g. telegram:123456789 (repeatable)");
+  on_parse(users_add, [&](Context& c) { return UserAdd(c, user_name, user_identities); });
+  CLI::App* users_show = users->add_subcommand("show", "Show a user, its identities and roles");
+  users_show->add_option("id", user_ref, "User id")->required();
+  on_parse(users_show, [&](Context& c) { return UserShow(c, user_ref); });
+  for (bool link : {true, false}) {
+    CLI::App* cmd = users->add_subcommand(
+        link ? "link" : "unlink",
+        link ? "Say who a user is on a platform (owners)" : "Unlink a user's identity (owners)");
+    cmd->add_option("id", user_ref, "User id")->required();
+    cmd->add_option("identity", user_identity, "PLATFORM:ID, e.g. telegram:123456789")->required();
+    on_parse(cmd, [&, link](Context& c) { return UserLink(c, user_ref, user_identity, link); });
+  }
+  CLI::App* users_merge = users->add_subcommand(
+      "merge", "Merge one user into another: its identities and roles move there (owners)");
+  users_merge->add_option("into", user_ref, "The user that stays")->required();
+  users_merge->add_option("from", user_from, "The user merged into it")->required();
+  on_parse(users_merge, [&](Context& c) { return UserMerge(c, user_ref, user_from); });
 
   // keel schedule ...
   CLI::App* sched =

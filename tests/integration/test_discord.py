@@ -172,6 +172,8 @@ class Tenant(keel_harness.Tenant):
                          "bot_token": self.secret(fake.token), "api_base": fake.api_base},
                         **settings)
         agent = self.server.create_agent(model=model, config=config, token=self.token)
+        # Anyone on the platform may talk to it (an agent is private until said).
+        self.ok("PUT", "/v1/agents/%s/access" % agent["id"], {"level": "public"})
         ch = self.ok("POST", "/v1/agents/%s/channels" % agent["id"],
                      {"kind": "discord", "name": "dc", "settings": settings}, expect=201)
         return Endpoint(self, fake, agent, ch)
@@ -621,6 +623,10 @@ class CrashTest(KeelTestCase):
         self.addCleanup(s.stop)
         t = Tenant(s)
         ep = t.app(fake)
+        # Ann sends 30 commands in seconds: as a member, not a guest held to 20 a minute.
+        ann = t.ok("POST", "/v1/users", {"name": "Ann", "identities": [
+            {"platform": "discord", "platform_user_id": ANN["id"]}]}, expect=201)
+        t.ok("PUT", "/v1/agents/%s/members/%s" % (ep.agent["id"], ann["id"]), {"role": "user"})
         convs = [(DM1, None), (DM2, None), (C1, GUILD), (C2, GUILD)]
         fake.fail("original", *[{"delay": rng.choice((0, 0, 0.3, 0.6))} for _ in range(30)])
         pushed = {}  # interaction id -> (channel, content, status, token)

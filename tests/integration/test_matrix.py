@@ -133,6 +133,11 @@ class HostileTenantMatrixTest(KeelTestCase):
         cls.channel = s.ok("POST", "/v1/agents/%s/channels" % cls.agent["id"], {
             "kind": "webhook", "name": "matrix-hook", "settings": {"signing_secret": "MATRIX"}},
             expect=201)
+        cls.person = s.ok("POST", "/v1/users", {
+            "name": "Matrix Person", "identities": [{"platform": "telegram",
+                                                     "platform_user_id": "777"}]}, expect=201)
+        s.ok("PUT", "/v1/agents/%s/members/%s" % (cls.agent["id"], cls.person["id"]),
+             {"role": "user"})
 
     @classmethod
     def sign_in(cls, token):
@@ -163,6 +168,8 @@ class HostileTenantMatrixTest(KeelTestCase):
             "secrets": "MATRIX", "tenants": self.other.id, "mcp-servers": "01a00000-0000-7000-8000-000000000000",
             "standing-approvals": "01a00000-0000-7000-8000-000000000001",
             "deliveries": "01a00000-0000-7000-8000-000000000002",
+            "users": self.person["id"], "members": self.person["id"],
+            "identities": "telegram", "telegram": "777",
         }
         out, previous = [], None
         for segment in pattern.strip("/").split("/"):
@@ -259,7 +266,7 @@ class HostileTenantMatrixTest(KeelTestCase):
 
     def test_another_tenants_owner_sees_nothing_of_this_one(self):
         mine = {self.agent["id"], self.session["id"], self.owner_run["id"], self.approval["id"],
-                self.schedule["id"], self.memory["id"], self.channel["id"]}
+                self.schedule["id"], self.memory["id"], self.channel["id"], self.person["id"]}
         for method, pattern, auth in self.routes:
             need = ROLE_TABLE.get((method, pattern))
             if not auth or need is None or (method, pattern) in STREAMING:

@@ -48,7 +48,8 @@ REBUILT = ["tenants", "api_tokens", "tenant_keys", "secrets", "agents", "session
            "standing_approvals", "mcp_servers", "plugins", "agent_plugins", "schedules",
            "schedule_fires", "memories", "working_memories", "skills", "agent_skills",
            "compactions", "budgets", "model_usage", "usage_totals", "channels",
-           "channel_conversations", "channel_deliveries"]
+           "channel_conversations", "channel_deliveries", "users", "identities",
+           "agent_members", "agent_access"]
 
 
 def note_call(line):
@@ -302,6 +303,7 @@ class RebuildTest(KeelTestCase):
         t.ok("DELETE", "/v1/schedules/%s" % once["id"])
 
         self.channels(t, aid)
+        self.users(t, aid)
 
         t.ok("PUT", "/v1/budgets", {"scope": "tenant", "period": "day", "limit_usd": 100})
         t.ok("PUT", "/v1/budgets", {"scope": "tenant", "period": "day", "limit_usd": 200})
@@ -315,6 +317,28 @@ class RebuildTest(KeelTestCase):
         # Every run ended (schedules' runs too) before the store is read.
         for run in s.list_all("/v1/runs", token=t.token):
             s.wait_run(run["id"], token=t.token)
+
+    def users(self, t, aid):
+        """Users: made with identities, renamed, linked and unlinked, given roles, merged (roles
+        and identities move, one role removed); an agent's access level and code changed."""
+        ann = t.ok("POST", "/v1/users", {"name": "Ann", "identities": [
+            {"platform": "telegram", "platform_user_id": "11"}]}, expect=201)
+        bob = t.ok("POST", "/v1/users", {"name": "Bob"}, expect=201)
+        t.ok("PATCH", "/v1/users/%s" % bob["id"], {"name": "Robert"})
+        t.ok("POST", "/v1/users/%s/identities" % bob["id"],
+             {"platform": "slack", "platform_user_id": "U22"}, expect=201)
+        t.ok("POST", "/v1/users/%s/identities" % bob["id"],
+             {"platform": "discord", "platform_user_id": "33"}, expect=201)
+        t.ok("DELETE", "/v1/users/%s/identities/discord/33" % bob["id"])
+        t.ok("PUT", "/v1/agents/%s/members/%s" % (aid, ann["id"]), {"role": "guest"})
+        t.ok("PUT", "/v1/agents/%s/members/%s" % (aid, bob["id"]), {"role": "owner"})
+        t.ok("PUT", "/v1/agents/%s/members/%s" % (aid, ann["id"]), {"role": "user"})
+        t.ok("POST", "/v1/users/%s/merge" % ann["id"], {"from": bob["id"]})
+        cy = t.ok("POST", "/v1/users", {"name": "Cy"}, expect=201)
+        t.ok("PUT", "/v1/agents/%s/members/%s" % (aid, cy["id"]), {"role": "guest"})
+        t.ok("DELETE", "/v1/agents/%s/members/%s" % (aid, cy["id"]))
+        t.ok("PUT", "/v1/agents/%s/access" % aid, {"level": "protected", "new_code": True})
+        t.ok("PUT", "/v1/agents/%s/access" % aid, {"level": "public"})
 
     def channels(self, t, aid):
         """Webhook channels: created, changed, delivered to (once again as a retry), deleted."""

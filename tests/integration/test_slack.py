@@ -169,6 +169,8 @@ class Tenant(keel_harness.Tenant):
                          "bot_token": self.secret(fake.token), "api_base": fake.api_base},
                         **settings)
         agent = self.server.create_agent(model=model, config=config, token=self.token)
+        # Anyone on the platform may talk to it (an agent is private until said).
+        self.ok("PUT", "/v1/agents/%s/access" % agent["id"], {"level": "public"})
         ch = self.ok("POST", "/v1/agents/%s/channels" % agent["id"],
                      {"kind": "slack", "name": "sl", "settings": settings}, expect=201)
         return App(self.server, fake, agent, ch, signing)

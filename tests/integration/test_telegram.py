@@ -158,6 +158,8 @@ class Tenant(keel_harness.Tenant):
         settings = dict({"bot_token": self.secret(token or fake.token),
                          "api_base": fake.api_base, "poll_timeout": 1}, **settings)
         agent = self.server.create_agent(model=model, config=config, token=self.token)
+        # Anyone on the platform may talk to it (an agent is private until said).
+        self.ok("PUT", "/v1/agents/%s/access" % agent["id"], {"level": "public"})
         ch = self.ok("POST", "/v1/agents/%s/channels" % agent["id"],
                      {"kind": "telegram", "name": "tg", "settings": settings}, expect=201)
         return agent, ch
@@ -689,6 +691,7 @@ class CliTest(TelegramCase):
     def test_add_show_list_and_replies(self):
         t, fake = self.t, self.fake
         agent = self.server.create_agent(token=t.token)
+        t.ok("PUT", "/v1/agents/%s/access" % agent["id"], {"level": "public"})
         name = t.secret(fake.token)
         # --json: the channel as created, naming the secret (its value is never printed).
         out = self.keel("--json", "channels", "add", agent["name"], "tg", "--kind", "telegram",
@@ -1167,6 +1170,7 @@ class HostileBotApiTest(KeelTestCase):
         self.addCleanup(fake.stop)
         t.bot(fake)
         agent = self.server.create_agent(token=t.token)
+        t.ok("PUT", "/v1/agents/%s/access" % agent["id"], {"level": "public"})
         st, body, _ = t.request("POST", "/v1/agents/%s/channels" % agent["id"], {
             "kind": "telegram", "name": "tg", "settings": {
                 "bot_token": t.secret(fake.token), "api_base": fake.api_base,
@@ -1189,6 +1193,7 @@ class HostileBotApiTest(KeelTestCase):
         self.addCleanup(fake.stop)
         creator, creator_id = t.new_token("owner")
         agent = self.server.create_agent(token=t.token)
+        t.ok("PUT", "/v1/agents/%s/access" % agent["id"], {"level": "public"})
         ch = t.ok("POST", "/v1/agents/%s/channels" % agent["id"], {
             "kind": "telegram", "name": "tg",
             "settings": {"bot_token": t.secret(fake.token), "api_base": fake.api_base}},

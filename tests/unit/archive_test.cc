@@ -357,9 +357,9 @@ TEST_F(ArchiveTest, RoundTripAcrossBackendsIsByteIdentical) {
 // had. Their events carry the store-wide origin_seq and no tenant_position: they are numbered per
 // tenant. Their messages carry no seq: numbered per session in id order.
 TEST_F(ArchiveTest, ImportsAVersion2ArchiveWithoutThePluginTables) {
-  ASSERT_EQ(kArchiveVersion, 11);
+  ASSERT_EQ(kArchiveVersion, 12);
   // The tables archives gained in versions 3 (plugins), 4 (schedules, memory, skills,
-  // compactions, usage) and 11 (channels).
+  // compactions, usage), 11 (channels) and 12 (users).
   const std::set<std::string> later = {"plugins",
                                        "agent_plugins",
                                        "schedules",
@@ -374,7 +374,11 @@ TEST_F(ArchiveTest, ImportsAVersion2ArchiveWithoutThePluginTables) {
                                        "usage_totals",
                                        "channels",
                                        "channel_conversations",
-                                       "channel_deliveries"};
+                                       "channel_deliveries",
+                                       "users",
+                                       "identities",
+                                       "agent_members",
+                                       "agent_access"};
   // Rebuilt on import (version 7) rather than empty.
   const std::set<std::string> rebuilt = {"audit_heads"};
   Entries entries = ReadArchive(archive_);

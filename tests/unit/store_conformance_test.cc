@@ -27,12 +27,14 @@
 #include <tuple>
 
 #include "hold_writer.h"
+#include "keel/access/users.h"
 #include "keel/common/ids.h"
 #include "keel/store/channel_store.h"
 #include "keel/store/postgres/postgres_tx.h"
 #include "keel/store/sqlite/sqlite_db.h"
 #include "keel/store/sqlite/sqlite_tx.h"
 #include "keel/store/store.h"
+#include "keel/store/user_store.h"
 #include "pg_test_database.h"
 
 namespace keel::store {
@@ -790,6 +792,189 @@ TEST_P(StoreTest, ChannelsTheirConversationsAndDeliveriesAreEachRecordedOnce) {
     return Status::Ok();
   });
   ASSERT_TRUE(st.ok()) << st.ToString();
+}
+
+TEST_P(StoreTest, UsersIdentitiesMembersAndAccessAreEachTheirTenants) {
+  Tenant t = MakeTenant();
+  Tenant u = MakeTenant();
+  Agent a = MakeAgent(t, "a");
+  const Millis now = NowMillis();
+  User ann{NewId(), t.id, "Ann", "", now, now};
+  User bob{NewId(), t.id, "Bob", "", now, now};
+  Status st = store_->WriteSync([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(tx.users().InsertUser(ann));
+    KEEL_RETURN_IF_ERROR(tx.users().InsertUser(bob));
+    EXPECT_EQ(tx.users().InsertUser(ann).code(), Code::kConflict);
+    Identity i{t.id, "telegram", "42", ann.id, "Ann L", now};
+    KEEL_RETURN_IF_ERROR(tx.users().InsertIdentity(i));
+    // One identity, one user: the unit goes on after the clash (on PostgreSQL too).
+    Identity clash = i;
+    clash.user_id = bob.id;
+    EXPECT_EQ(tx.users().InsertIdentity(clash).code(), Code::kConflict);
+    KEEL_RETURN_IF_ERROR(tx.users().InsertIdentity({t.id, "slack", "42", bob.id, "", now}));
+    KEEL_RETURN_IF_ERROR(tx.users().PutMember({t.id, a.id, ann.id, "guest", now, now}));
+    // Replaced: the role and updated_at change, created_at stays.
+    KEEL_RETURN_IF_ERROR(tx.users().PutMember({t.id, a.id, ann.id, "owner", now + 5, now + 5}));
+    KEEL_RETURN_IF_ERROR(tx.users().PutMember({t.id, a.id, bob.id, "user", now, now}));
+    return tx.users().PutAccess({t.id, a.id, "protected", "hash", now});
+  });
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  st = store_->Read([&](Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(auto found, tx.users().FindIdentity(t.id, "telegram", "42"));
+    EXPECT_TRUE(found && found->user_id == ann.id && found->name == "Ann L");
+    EXPECT_EQ(tx.users().FindIdentity(t.id, "slack", "42")->value().user_id, bob.id);
+    EXPECT_FALSE(tx.users().FindIdentity(t.id, "discord", "42")->has_value());
+    KEEL_ASSIGN_OR_RETURN(auto member, tx.users().GetMember(t.id, a.id, ann.id));
+    EXPECT_TRUE(member && member->role == "owner" && member->created_at == now &&
+                member->updated_at == now + 5);
+    KEEL_ASSIGN_OR_RETURN(auto page, tx.users().ListMembers(t.id, a.id, {"", 1}));
+    EXPECT_EQ(page.items.size(), 1u);
+    EXPECT_FALSE(page.next_cursor.empty());
+    KEEL_ASSIGN_OR_RETURN(auto rest, tx.users().ListMembers(t.id, a.id, {page.next_cursor, 5}));
+    EXPECT_EQ(rest.items.size(), 1u);
+    EXPECT_TRUE(rest.next_cursor.empty());
+    EXPECT_EQ(tx.users().UserMemberships(t.id, bob.id)->size(), 1u);
+    EXPECT_EQ(tx.users().ListUsers(t.id, {"", 50})->items.size(), 2u);
+    EXPECT_EQ(tx.users().GetAccess(t.id, a.id)->value().level, "protected");
+    // Another tenant sees none of it, and has its own identities.
+    EXPECT_EQ(tx.users().GetUser(u.id, ann.id).status().code(), Code::kNotFound);
+    EXPECT_FALSE(tx.users().FindIdentity(u.id, "telegram", "42")->has_value());
+    EXPECT_FALSE(tx.users().GetMember(u.id, a.id, ann.id)->has_value());
+    EXPECT_TRUE(tx.users().ListMembers(u.id, a.id, {"", 50})->items.empty());
+    EXPECT_TRUE(tx.users().ListUsers(u.id, {"", 50})->items.empty());
+    EXPECT_FALSE(tx.users().GetAccess(u.id, a.id)->has_value());
+    return Status::Ok();
+  });
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  // An identity or a role of another tenant cannot name this tenant's user.
+  EXPECT_FALSE(store_
+                   ->WriteSync([&](Tx& tx) {
+                     return tx.users().InsertIdentity({u.id, "telegram", "42", ann.id, "", now});
+                   })
+                   .ok());
+  EXPECT_FALSE(store_
+                   ->WriteSync([&](Tx& tx) {
+                     return tx.users().PutMember({u.id, a.id, ann.id, "owner", now, now});
+                   })
+                   .ok());
+  st = store_->WriteSync([&](Tx& tx) -> Status {
+    EXPECT_EQ(tx.users().DeleteMember(u.id, a.id, ann.id).code(), Code::kNotFound);
+    EXPECT_EQ(tx.users().DeleteIdentity(u.id, "telegram", "42").code(), Code::kNotFound);
+    KEEL_RETURN_IF_ERROR(tx.users().DeleteMember(t.id, a.id, bob.id));
+    return tx.users().DeleteIdentity(t.id, "slack", "42");
+  });
+  EXPECT_TRUE(st.ok()) << st.ToString();
+}
+
+// access::AdmitSender over a real store: who a platform's message is run for, and as what.
+TEST_P(StoreTest, AChatSenderIsAdmittedByTheAgentsAccessLevel) {
+  Tenant t = MakeTenant();
+  Agent a = MakeAgent(t, "a");
+  const access::Sender stranger{"telegram", "777", "Zed"};
+  auto admit = [&](const access::Sender& who, const std::string& text, bool direct = true,
+                   bool addressed = true, bool over_rate = false,
+                   const std::string& channel_role = "user") {
+    access::Admission out;
+    Status st = store_->WriteSync([&](Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(
+          out, access::AdmitSender(tx, t.id, a.id, channel_role, who, text, direct, addressed,
+                                   over_rate, true, NowMillis()));
+      return Status::Ok();
+    });
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return out;
+  };
+  auto set_access = [&](const std::string& level, const std::string& code) {
+    ASSERT_TRUE(
+        store_
+            ->WriteSync([&](Tx& tx) {
+              return tx.users().PutAccess(
+                  {t.id, a.id, level, code.empty() ? "" : access::AccessCodeHash(a.id, code), 0});
+            })
+            .ok());
+  };
+  // Private (no level set): a notice naming the identity, nothing made.
+  auto refused = admit(stranger, "hi");
+  EXPECT_FALSE(refused.take);
+  EXPECT_NE(refused.notice.find("telegram:777"), std::string::npos) << refused.notice;
+  // Unaddressed in a group: passed over in silence.
+  auto silent = admit(stranger, "chatter", false, false);
+  EXPECT_FALSE(silent.take);
+  EXPECT_EQ(silent.notice, "");
+  // Protected: not in a group, not a wrong code; the code (or /start CODE) makes a guest and
+  // is not run.
+  set_access("protected", "open sesame 1");
+  EXPECT_NE(admit(stranger, "open sesame 1", false).notice.find("direct message"),
+            std::string::npos);
+  EXPECT_FALSE(admit(stranger, "open sesame 2").take);
+  EXPECT_NE(admit(stranger, "open sesame 1", true, true, true).notice.find("faster"),
+            std::string::npos);
+  auto granted = admit(stranger, "/start  open sesame 1 ");
+  EXPECT_FALSE(granted.take);
+  EXPECT_NE(granted.notice.find("granted"), std::string::npos) << granted.notice;
+  ASSERT_FALSE(granted.user_id.empty());
+  // A member now: runs with the lower of the channel's role and its own.
+  auto in = admit(stranger, "open sesame 1");
+  EXPECT_TRUE(in.take);
+  EXPECT_EQ(in.role, "guest");
+  EXPECT_EQ(in.user_id, granted.user_id);
+  EXPECT_FALSE(admit(stranger, "x", true, true, /*over_rate=*/true).take);
+  // Public: a new sender is a guest at once.
+  set_access("public", "");
+  const access::Sender newcomer{"discord", "555", ""};
+  auto guest = admit(newcomer, "hello");
+  EXPECT_TRUE(guest.take);
+  EXPECT_EQ(guest.role, "guest");
+  Status st = store_->Read([&](Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(auto user, tx.users().GetUser(t.id, guest.user_id));
+    EXPECT_EQ(user.name, "discord:555");
+    KEEL_ASSIGN_OR_RETURN(auto member, tx.users().GetMember(t.id, a.id, guest.user_id));
+    EXPECT_TRUE(member && member->role == "guest");
+    return Status::Ok();
+  });
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  // An owner is heard in a group unaddressed, with the channel's role at most; after a merge,
+  // the merged user's identity speaks for the user it went to.
+  st = store_->WriteSync([&](Tx& tx) -> Status {
+    KEEL_RETURN_IF_ERROR(access::SetMember(tx, t.id, a.id, granted.user_id, "owner", NowMillis()));
+    return access::MergeUsers(tx, t.id, guest.user_id, granted.user_id, NowMillis());
+  });
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  auto owner = admit(newcomer, "chatter", false, false, false, "guest");
+  EXPECT_TRUE(owner.take);
+  EXPECT_EQ(owner.role, "guest");
+  EXPECT_EQ(owner.user_id, granted.user_id);
+  EXPECT_EQ(admit(stranger, "x", false, false, true, "owner").role, "owner");  // not a guest
+  // In a read-only unit a decision that writes says so instead.
+  access::Admission read;
+  st = store_->Read([&](Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(read, access::AdmitSender(tx, t.id, a.id, "user", {"slack", "U9", ""},
+                                                    "hi", true, true, false, false, NowMillis()));
+    return Status::Ok();
+  });
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_TRUE(read.needs_write);
+  EXPECT_FALSE(read.take);
+}
+
+TEST(AccessRulesTest, RolesCodesAndLevels) {
+  EXPECT_EQ(access::LowerRole("owner", "guest"), "guest");
+  EXPECT_EQ(access::LowerRole("user", "owner"), "user");
+  EXPECT_EQ(access::LowerRole("guest", "guest"), "guest");
+  for (const char* role : {"owner", "user", "guest"}) EXPECT_TRUE(access::ValidRole(role));
+  for (const char* role : {"", "admin", "Owner"}) EXPECT_FALSE(access::ValidRole(role));
+  EXPECT_TRUE(access::CheckAccessCode("12345678").ok());
+  for (std::string bad : {std::string("1234567"), std::string(129, 'x'), std::string(" 12345678"),
+                          std::string("12345678 "), std::string("1234\n5678")}) {
+    EXPECT_FALSE(access::CheckAccessCode(bad).ok()) << bad;
+  }
+  const std::string code = access::NewAccessCode();
+  EXPECT_EQ(code.size(), 12u);
+  EXPECT_TRUE(access::CheckAccessCode(code).ok());
+  EXPECT_NE(access::NewAccessCode(), code);
+  // The stored form is the agent's own: the same code hashes differently for another agent.
+  EXPECT_NE(access::AccessCodeHash("a", code), access::AccessCodeHash("b", code));
+  EXPECT_EQ(access::AccessCodeHash("a", code).find(code), std::string::npos);
 }
 
 TEST_P(StoreTest, TenantsDoNotSeeEachOther) {

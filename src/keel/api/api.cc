@@ -281,6 +281,7 @@ void RegisterAllRoutes(http::Router& router, ApiContext& ctx) {
   RegisterMemoryRoutes(router, ctx);
   RegisterSkillRoutes(router, ctx);
   RegisterChannelRoutes(router, ctx);
+  RegisterUserRoutes(router, ctx);
   RegisterContextRoutes(router, ctx);
   RegisterOpenAiRoutes(router, ctx);
   RegisterDashboardRoutes(router, ctx);

@@ -86,6 +86,7 @@ void RegisterUsageRoutes(http::Router& router, ApiContext& ctx);     // usage, b
 void RegisterMemoryRoutes(http::Router& router, ApiContext& ctx);    // memories, working memory
 void RegisterSkillRoutes(http::Router& router, ApiContext& ctx);     // skills, assignments
 void RegisterChannelRoutes(http::Router& router, ApiContext& ctx);   // channels, webhook ingress
+void RegisterUserRoutes(http::Router& router, ApiContext& ctx);      // users, members, access
 void RegisterContextRoutes(http::Router& router, ApiContext& ctx);   // compactions
 void RegisterOpenAiRoutes(http::Router& router, ApiContext& ctx);    // /v1/chat/completions
 void RegisterDashboardRoutes(http::Router& router, ApiContext& ctx);  // /, sign-in

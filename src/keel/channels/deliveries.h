@@ -5,6 +5,8 @@
 #include <boost/asio/awaitable.hpp>
 #include <string>
 
+#include "keel/access/users.h"
+#include "keel/common/json_util.h"
 #include "keel/common/status.h"
 
 namespace keel::store {
@@ -23,5 +25,28 @@ boost::asio::awaitable<Result<std::string>> RecordDelivery(store::Store& store,
                                                            const store::Channel& channel,
                                                            const std::string& delivery_id,
                                                            const std::string& conversation);
+
+// A message a chat platform brought, as the routing rules made it.
+struct ChatMessage {
+  std::string delivery_id;   // the platform's id of it (update_id, event_id)
+  std::string conversation;  // the session it goes to, by the routing rules
+  std::string content;       // what the agent gets
+  std::string text;          // what the sender wrote (an access code is looked for in it)
+  access::Sender sender;
+  bool direct = true;     // a direct conversation with the bot
+  bool addressed = true;  // it calls the bot (always, in a direct conversation)
+  Json target;            // where its answer goes
+};
+
+// Who sent `m` and whether the agent takes it (access::AdmitSender, with the channel's role as
+// its settings say in the unit), decided once per delivery:
+// a delivery recorded before is taken again as it was (a replay) or passed over (it was
+// refused). A decision that writes (a new guest, an access code accepted) is made in a unit
+// of its own; a refusal's notice is recorded in that unit as the delivery's reply (the outbox
+// sends it) with the delivery, so that the delivery again is passed over.
+boost::asio::awaitable<Result<access::Admission>> AdmitDelivery(store::Store& store,
+                                                                const store::Channel& channel,
+                                                                const ChatMessage& m,
+                                                                bool over_rate);
 
 }  // namespace keel::channels

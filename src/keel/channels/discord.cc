@@ -152,10 +152,18 @@ Result<DiscordInbound> RouteInteraction(const Json& interaction, const DiscordSe
     in.notice = "Say something: /" + s.command + " message:...";
     return in;
   }
+  in.sender_id = Str(user, "id", 32);
+  if (in.sender_id.empty()) {
+    in.notice = "Who sent this is not said: it is not answered.";
+    return in;
+  }
+  std::string name = in_server ? Str(member, "nick", 100) : "";
+  if (name.empty()) name = Str(user, "global_name", 100);
+  if (name.empty()) name = Str(user, "username", 100);
+  in.sender_name = name;
+  in.text = text;
+  in.direct = !in_server;
   if (in_server) {
-    std::string name = Str(member, "nick", 100);
-    if (name.empty()) name = Str(user, "global_name", 100);
-    if (name.empty()) name = Str(user, "username", 100);
     in.content = (name.empty() ? "someone" : name) + ": " + text;
     in.conversation = "channel:" + channel;
   } else {

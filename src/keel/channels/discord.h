@@ -50,6 +50,14 @@ struct DiscordInbound {
   std::string conversation;  // "channel:ID" in a server, "dm:ID" in a direct message
   std::string content;
   Json target;  // where its answer goes: {"application_id", "token", "channel_id", "at"}
+  // Who wrote it and how: the platform's id of the person and the name it gives them, what
+  // they wrote, whether the conversation is a direct one with the bot and whether the message
+  // calls the bot (users.h's rules decide what becomes of it).
+  std::string sender_id;
+  std::string sender_name;
+  std::string text;
+  bool direct = true;
+  bool addressed = true;
 };
 
 // The rules: a PING is answered; the channel's command from a person is taken (its "message"

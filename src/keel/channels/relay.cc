@@ -41,6 +41,9 @@ struct BotAnswer {
 namespace {
 
 constexpr int kBatch = 32;           // replies claimed per round
+// Messages a guest may send an agent per minute from a chat platform; more are answered with a
+// notice instead of a run.
+constexpr int kGuestMessagesPerMinute = 20;
 constexpr size_t kMaxInFlight = 64;  // replies sent at once by this node
 // Of those, the most one tenant's take: a tenant whose platform (its api_base) holds requests
 // open does not hold every other tenant's answers back.
@@ -581,8 +584,15 @@ asio::awaitable<Result<Json>> Relay::PushedDiscord(std::string channel_id, std::
   if (!routed->take) {
     co_return Json{{"type", 4}, {"data", {{"content", routed->notice}, {"flags", 64}}}};
   }
-  Inbound in{routed->interaction_id, routed->conversation, routed->content, routed->target};
-  auto replayed = co_await Deliver(c, settings.role, "discord:", in);
+  ChatMessage in{routed->interaction_id,
+                 routed->conversation,
+                 routed->content,
+                 routed->text,
+                 {"discord", routed->sender_id, routed->sender_name},
+                 routed->direct,
+                 routed->addressed,
+                 routed->target};
+  auto replayed = co_await Deliver(c, "discord:", in);
   if (!replayed.ok()) co_return replayed.status();
   co_return Json{{"type", 5}};  // deferred: the answer edits it
 }
@@ -591,8 +601,11 @@ asio::awaitable<void> Relay::RecordPoll(const PollRead& read, std::string cursor
                                         std::string error) {
   store::ChannelPoll p{read.channel.tenant_id, read.channel.id, std::move(cursor),
                        TruncateUtf8(error, 500), NowMillis()};
-  auto written = co_await store::AsyncWrite(
-      store_, [&](store::Tx& tx) -> Status { return tx.channels().PutPoll(p); });
+  auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
+    // A channel deleted while its poll was under way has no poll to record.
+    KEEL_RETURN_IF_ERROR(tx.channels().GetChannel(p.tenant_id, p.channel_id).status());
+    return tx.channels().PutPoll(p);
+  });
   if (!written.ok() && written.status().code() != Code::kNotFound) {
     LogError("channel " + read.channel.id +
              ": could not record its poll: " + written.status().message());
@@ -638,10 +651,17 @@ asio::awaitable<Status> Relay::TakeAll(
 }
 
 asio::awaitable<Status> Relay::Take(const PollRead& read, const TelegramInbound& update) {
-  Inbound in{update.update_id, update.conversation, update.content, update.target};
-  auto replayed = co_await Deliver(read.channel, read.settings.role, "telegram:", in);
-  if (!replayed.ok()) co_return replayed.status();
-  if (!*replayed) {
+  ChatMessage in{update.update_id,
+                 update.conversation,
+                 update.content,
+                 update.text,
+                 {"telegram", update.sender_id, update.sender_name},
+                 update.direct,
+                 update.addressed,
+                 update.target};
+  auto started = co_await Deliver(read.channel, "telegram:", in);
+  if (!started.ok()) co_return started.status();
+  if (*started) {
     // "typing..." while the run works: a courtesy, not retried.
     Json action = {{"chat_id", update.target.at("chat_id")}, {"action", "typing"}};
     if (update.target.contains("thread_id")) {
@@ -664,8 +684,26 @@ asio::awaitable<Status> Relay::Take(const PollRead& read, const TelegramInbound&
   co_return Status::Ok();
 }
 
-asio::awaitable<Result<bool>> Relay::Deliver(const store::Channel& c, const std::string& role,
-                                             const std::string& key_prefix, const Inbound& in) {
+bool Relay::OverRate(const std::string& agent_id, const access::Sender& sender) {
+  const Millis now = NowMillis();
+  const Millis minute = now - now % 60000;
+  if (sender_rates_.size() > 10000) {
+    std::erase_if(sender_rates_, [&](const auto& kv) { return kv.second.first != minute; });
+  }
+  auto& [start, count] = sender_rates_[agent_id + "|" + sender.platform + ":" + sender.id];
+  if (start != minute) std::tie(start, count) = std::pair(minute, 0);
+  return ++count > kGuestMessagesPerMinute;
+}
+
+asio::awaitable<Result<bool>> Relay::Deliver(const store::Channel& c, const std::string& key_prefix,
+                                             const ChatMessage& in) {
+  const bool over_rate = in.addressed && OverRate(c.agent_id, in.sender);
+  auto admitted = co_await AdmitDelivery(store_, c, in, over_rate);
+  if (!admitted.ok()) co_return admitted.status();
+  if (!admitted->take) {
+    if (!admitted->notice.empty()) WakeSender();
+    co_return false;
+  }
   Json payload = {{"agent_id", c.agent_id},
                   {"channel_id", c.id},
                   {"kind", c.kind},
@@ -678,9 +716,9 @@ asio::awaitable<Result<bool>> Relay::Deliver(const store::Channel& c, const std:
   if (!kept.ok()) {
     LogError("channel " + c.id + ": delivery " + in.delivery_id +
              " refused by a plugin: " + kept.status().message());
-    co_return true;
+    co_return false;
   }
-  if (!*kept) co_return true;  // dropped by a plugin
+  if (!*kept) co_return false;  // dropped by a plugin
   // An error here (the channel deleted, disabled or suspended meanwhile; the store) leaves the
   // delivery to be taken again: a poll's cursor stays before it, a push is answered non-2xx.
   auto session = co_await RecordDelivery(store_, c, in.delivery_id, in.conversation);
@@ -691,7 +729,7 @@ asio::awaitable<Result<bool>> Relay::Deliver(const store::Channel& c, const std:
   intake.content = std::move(**kept);
   intake.idempotency_key = key_prefix + in.delivery_id;
   intake.requested_by = c.created_by;
-  intake.caller_role = role;
+  intake.caller_role = admitted->role;
   auto posted = co_await runtime_.PostMessage(intake);
   if (!posted.ok()) {
     const Code code = posted.status().code();
@@ -701,7 +739,7 @@ asio::awaitable<Result<bool>> Relay::Deliver(const store::Channel& c, const std:
     // Refused for good (a closed session, a message too long): the delivery is passed over.
     LogError("channel " + c.id + ": delivery " + in.delivery_id +
              " not posted: " + posted.status().message());
-    co_return true;
+    co_return false;
   }
   store::ChannelReply reply;
   reply.id = NewId();
@@ -717,7 +755,7 @@ asio::awaitable<Result<bool>> Relay::Deliver(const store::Channel& c, const std:
       store_, [&](store::Tx& tx) -> Status { return tx.channels().InsertReply(reply); });
   if (!written.ok() && written.status().code() != Code::kConflict) co_return written.status();
   asio::co_spawn(executor_, AwaitRun(c.tenant_id, posted->run.id), asio::detached);
-  co_return posted->replayed;
+  co_return !posted->replayed;
 }
 
 asio::awaitable<Result<Json>> Relay::PushedSlack(std::string channel_id, std::string timestamp,
@@ -763,8 +801,15 @@ asio::awaitable<Result<Json>> Relay::PushedSlack(std::string channel_id, std::st
   auto routed = RouteSlackEvent(*envelope);
   if (!routed.ok()) co_return routed.status();
   if (routed->take) {
-    Inbound in{routed->event_id, routed->conversation, routed->content, routed->target};
-    auto replayed = co_await Deliver(c, settings.role, "slack:", in);
+    ChatMessage in{routed->event_id,
+                   routed->conversation,
+                   routed->content,
+                   routed->text,
+                   {"slack", routed->sender_id, routed->sender_name},
+                   routed->direct,
+                   routed->addressed,
+                   routed->target};
+    auto replayed = co_await Deliver(c, "slack:", in);
     if (!replayed.ok()) co_return replayed.status();
   }
   co_return Json{{"ok", true}};

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "keel/channels/deliveries.h"
 #include "keel/channels/telegram.h"
 #include "keel/common/json_util.h"
 #include "keel/common/status.h"
@@ -110,18 +111,17 @@ class Relay {
   // One update the agent takes: Ok when it is posted (or refused for good), an error when it is
   // to be fetched again (intake full, the store unavailable). The chat shows the bot typing.
   boost::asio::awaitable<Status> Take(const PollRead& read, const TelegramInbound& update);
-  // A message a chat platform brought, whatever the platform.
-  struct Inbound {
-    std::string delivery_id;   // the platform's id of it (update_id, event_id)
-    std::string conversation;  // the session it goes to, by the routing rules
-    std::string content;
-    Json target;  // where its answer goes
-  };
-  // Passes it through channel.message.in@v1, records it as a delivery of its conversation's
-  // session, posts it with the key `key_prefix` + its id and owes it a reply. Whether it was a
-  // replay; an error when it is to be taken again (intake full, the store unavailable).
-  boost::asio::awaitable<Result<bool>> Deliver(const store::Channel& c, const std::string& role,
-                                               const std::string& key_prefix, const Inbound& in);
+  // A message a chat platform brought, whatever the platform: admitted by who sent it
+  // (AdmitDelivery; a refusal's notice is its answer), passed through channel.message.in@v1,
+  // recorded as a delivery of its conversation's session, posted with the key `key_prefix` +
+  // its id, and owed a reply. Whether it started a run (false for a replay, a refusal, a
+  // message passed over); an error when it is to be taken again (intake full, the store
+  // unavailable).
+  boost::asio::awaitable<Result<bool>> Deliver(const store::Channel& c,
+                                               const std::string& key_prefix,
+                                               const ChatMessage& in);
+  // Whether the sender wrote more than a guest may in the last minute (counting this one).
+  bool OverRate(const std::string& agent_id, const access::Sender& sender);
   // Records why the channel's last poll failed ("" for none) and its cursor.
   boost::asio::awaitable<void> RecordPoll(const PollRead& read, std::string cursor,
                                           std::string error);
@@ -154,6 +154,8 @@ class Relay {
   std::map<std::string, int> typing_;          // typing actions on their way, by channel
   // The channel polling each bot, by its Bot API server and id.
   std::map<std::string, std::string> bot_pollers_;
+  // Messages per sender of each agent in the current minute: (minute's start, count).
+  std::map<std::string, std::pair<Millis, int>> sender_rates_;
 };
 
 }  // namespace keel::channels

@@ -164,6 +164,9 @@ Result<SlackInbound> RouteSlackEvent(const Json& envelope) {
   } else {
     return ignore("a " + type.substr(0, 32) + " event outside a direct conversation");
   }
+  in.direct = type != "app_mention";
+  in.sender_id = user;
+  in.text = in.content;
   in.take = true;
   return in;
 }

@@ -46,6 +46,14 @@ struct SlackInbound {
   std::string conversation;  // "im:CHANNEL" (a direct conversation) or "thread:CHANNEL:ROOT_TS"
   std::string content;
   Json target;  // where its answer goes: {"channel", "thread_ts"?}
+  // Who wrote it and how: the platform's id of the person and the name it gives them, what
+  // they wrote, whether the conversation is a direct one with the bot and whether the message
+  // calls the bot (users.h's rules decide what becomes of it).
+  std::string sender_id;
+  std::string sender_name;
+  std::string text;
+  bool direct = true;
+  bool addressed = true;
 };
 
 // The routing rules: a direct message (channel_type "im") is taken as it was typed (Slack's

@@ -158,6 +158,9 @@ Result<TelegramInbound> RouteUpdate(const Json& update, const TelegramBot& bot) 
   const Json& msg = update["message"];
   const Json from = msg.value("from", Json::object());
   if (IsTrue(from, "is_bot")) return ignore("from a bot");
+  // Anonymous group admins post as the group (is_bot with GroupAnonymousBot), and channel posts
+  // have no person: without one there is no identity to answer to.
+  if (!IsInt(from, "id")) return ignore("from no one");
   if (!msg.contains("text") || !msg["text"].is_string()) return ignore("not a text message");
   const Json chat = msg.value("chat", Json::object());
   if (!IsInt(chat, "id") || !chat.contains("type") || !chat["type"].is_string()) {
@@ -173,9 +176,8 @@ Result<TelegramInbound> RouteUpdate(const Json& update, const TelegramBot& bot) 
     const Json replied = msg.value("reply_to_message", Json::object());
     const bool to_bot = replied.is_object() && IsInt(replied.value("from", Json::object()), "id") &&
                         replied["from"]["id"].get<int64_t>() == bot.id;
-    if (!to_bot && !Mentions(text, bot.username)) {
-      return ignore("a group message that neither mentions the bot nor replies to it");
-    }
+    in.direct = false;
+    in.addressed = to_bot || Mentions(text, bot.username);
     in.content = SenderName(from) + ": " + text;
     if (IsInt(msg, "message_id")) in.target["reply_to"] = msg["message_id"];
   } else {
@@ -185,6 +187,9 @@ Result<TelegramInbound> RouteUpdate(const Json& update, const TelegramBot& bot) 
     in.target["thread_id"] = msg["message_thread_id"];
   }
   in.conversation = "chat:" + std::to_string(chat_id);
+  in.sender_id = std::to_string(from["id"].get<int64_t>());
+  in.sender_name = SenderName(from);
+  in.text = text;
   in.take = true;
   return in;
 }

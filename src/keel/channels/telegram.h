@@ -55,11 +55,20 @@ struct TelegramInbound {
   std::string conversation;  // "chat:ID": one session per chat, group or private
   std::string content;       // the message the agent gets
   Json target;               // where its answer goes: {"chat_id", "reply_to"?, "thread_id"?}
+  // Who wrote it and how: the platform's id of the person and the name it gives them, what
+  // they wrote, whether the conversation is a direct one with the bot and whether the message
+  // calls the bot (users.h's rules decide what becomes of it).
+  std::string sender_id;
+  std::string sender_name;
+  std::string text;
+  bool direct = true;
+  bool addressed = true;
 };
 
-// The routing rules: a private chat's every text message; in a group or supergroup, a text
-// that mentions the bot or replies to it (prefixed with its sender's name); nothing from a bot,
-// no other kind of update or message. kInvalidArgument for an update without a numeric
+// The routing rules: a private chat's every text message; in a group or supergroup, every text
+// (prefixed with its sender's name), `addressed` when it mentions the bot or replies to it (the
+// agent's owners talk to it without either); nothing from a bot, no other kind of update or
+// message. kInvalidArgument for an update without a numeric
 // update_id (the poll cannot go past it).
 Result<TelegramInbound> RouteUpdate(const Json& update, const TelegramBot& bot);
 

@@ -50,7 +50,11 @@ int FirstVersionOf(const ExportTableSpec& t) {
                                                     {"audit_heads", 7},
                                                     {"channels", 11},
                                                     {"channel_conversations", 11},
-                                                    {"channel_deliveries", 11}};
+                                                    {"channel_deliveries", 11},
+                                                    {"users", 12},
+                                                    {"identities", 12},
+                                                    {"agent_members", 12},
+                                                    {"agent_access", 12}};
   auto it = kAdded.find(t.name);
   return it == kAdded.end() ? kOldestArchiveVersion : it->second;
 }

@@ -32,7 +32,7 @@ inline constexpr const char* kArchiveFormat = "keel-export";
 // numbered so on import, as the migration does, and hashed); 8: messages.seq (older archives'
 // messages are numbered per session in id order on import, as the migration does); 9:
 // sessions.instructions; 10: api_tokens.parent_id and expires_at (dashboard sign-ins).
-inline constexpr int kArchiveVersion = 11;
+inline constexpr int kArchiveVersion = 12;
 // The oldest version ImportArchive reads.
 inline constexpr int kOldestArchiveVersion = 2;
 // The most an archive may hold uncompressed (ImportArchive reads it into memory whole).

@@ -393,6 +393,49 @@ std::string RowImage(const ChannelDelivery& d) {
       .Done();
 }
 
+std::string RowImage(const User& u) {
+  return Image()
+      .Col("id", u.id)
+      .Col("tenant_id", u.tenant_id)
+      .Col("name", u.name)
+      .Col("merged_into", u.merged_into)
+      .Col("created_at", u.created_at)
+      .Col("updated_at", u.updated_at)
+      .Done();
+}
+
+std::string RowImage(const Identity& i) {
+  return Image()
+      .Col("tenant_id", i.tenant_id)
+      .Col("platform", i.platform)
+      .Col("platform_user_id", i.platform_user_id)
+      .Col("user_id", i.user_id)
+      .Col("name", i.name)
+      .Col("created_at", i.created_at)
+      .Done();
+}
+
+std::string RowImage(const AgentMember& m) {
+  return Image()
+      .Col("tenant_id", m.tenant_id)
+      .Col("agent_id", m.agent_id)
+      .Col("user_id", m.user_id)
+      .Col("role", m.role)
+      .Col("created_at", m.created_at)
+      .Col("updated_at", m.updated_at)
+      .Done();
+}
+
+std::string RowImage(const AgentAccess& a) {
+  return Image()
+      .Col("tenant_id", a.tenant_id)
+      .Col("agent_id", a.agent_id)
+      .Col("level", a.level)
+      .Col("code_hash", a.code_hash)
+      .Col("updated_at", a.updated_at)
+      .Done();
+}
+
 std::string RowImage(const ScheduleFire& f) {
   return Image()
       .Col("tenant_id", f.tenant_id)

@@ -25,6 +25,7 @@
 #include "keel/store/skill_store.h"
 #include "keel/store/types.h"
 #include "keel/store/usage_store.h"
+#include "keel/store/user_store.h"
 
 namespace keel::store {
 
@@ -65,6 +66,10 @@ std::string RowImage(const Budget& b);
 std::string RowImage(const Channel& c);
 std::string RowImage(const ChannelConversation& c);
 std::string RowImage(const ChannelDelivery& d);
+std::string RowImage(const User& u);
+std::string RowImage(const Identity& i);
+std::string RowImage(const AgentMember& m);
+std::string RowImage(const AgentAccess& a);
 // A model call's usage; replay adds it to usage_totals, which is their sum.
 std::string RowImage(const UsageRecord& u);
 // An image of some columns: a row's key columns and those a write changed.

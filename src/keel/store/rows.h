@@ -16,6 +16,7 @@
 #include "keel/store/memory_store.h"
 #include "keel/store/store.h"
 #include "keel/store/types.h"
+#include "keel/store/user_store.h"
 
 namespace keel::store::rows {
 
@@ -169,6 +170,26 @@ Channel ReadChannel(const Row& r) {
   c.created_at = r.Int(8);
   c.updated_at = r.Int(9);
   return c;
+}
+
+inline constexpr const char* kUserCols = "id, tenant_id, name, merged_into, created_at, updated_at";
+template <typename Row>
+User ReadUser(const Row& r) {
+  return User{r.Text(0), r.Text(1), r.Text(2), r.Text(3), r.Int(4), r.Int(5)};
+}
+
+inline constexpr const char* kIdentityCols =
+    "tenant_id, platform, platform_user_id, user_id, name, created_at";
+template <typename Row>
+Identity ReadIdentity(const Row& r) {
+  return Identity{r.Text(0), r.Text(1), r.Text(2), r.Text(3), r.Text(4), r.Int(5)};
+}
+
+inline constexpr const char* kMemberCols =
+    "tenant_id, agent_id, user_id, role, created_at, updated_at";
+template <typename Row>
+AgentMember ReadMember(const Row& r) {
+  return AgentMember{r.Text(0), r.Text(1), r.Text(2), r.Text(3), r.Int(4), r.Int(5)};
 }
 
 inline constexpr const char* kReplyCols =

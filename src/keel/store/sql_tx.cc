@@ -1050,6 +1050,177 @@ Result<std::vector<ToolCall>> SqlTx<Sql>::ListToolCalls(const std::string& tenan
   return Collect<ToolCall>(r, ReadToolCall<typename Sql::Row>);
 }
 
+// ---- UserStore
+
+template <typename Sql>
+Status SqlTx<Sql>::InsertUser(const User& u) {
+  static const std::string kSql = InsertSql("users", kUserCols, 6);
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(u.tenant_id));
+  return Inserted(
+      sql_.Exec(kSql, u.id, u.tenant_id, u.name, u.merged_into, u.created_at, u.updated_at),
+      "user already exists: " + u.id);
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::UpdateUser(const User& u) {
+  static const std::string kSql =
+      "UPDATE users SET name=$1, merged_into=$2, updated_at=$3 WHERE tenant_id=$4 AND id=$5";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(u.tenant_id));
+  return Updated(sql_.Exec(kSql, u.name, u.merged_into, u.updated_at, u.tenant_id, u.id),
+                 "user not found: " + u.id);
+}
+
+template <typename Sql>
+Result<User> SqlTx<Sql>::GetUser(const std::string& tenant_id, const std::string& id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kUserCols) + " FROM users WHERE tenant_id=$1 AND id=$2";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, id));
+  return One<User>(r, ReadUser<typename Sql::Row>, "user not found: " + id);
+}
+
+template <typename Sql>
+Result<Paged<User>> SqlTx<Sql>::ListUsers(const std::string& tenant_id, const Page& page) {
+  static const std::string kSql = "SELECT " + std::string(kUserCols) +
+                                  " FROM users WHERE tenant_id=$1 AND id>$2 ORDER BY id LIMIT $3";
+  const int limit = ClampLimit(page.limit);
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, DecodeCursor(page.cursor), limit + 1));
+  return PageOf<User>(r, ReadUser<typename Sql::Row>, limit, [](const User& x) { return x.id; });
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::InsertIdentity(const Identity& i) {
+  static const std::string kSql = InsertSql("identities", kIdentityCols, 6);
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(i.tenant_id));
+  return Inserted(
+      sql_.Exec(kSql, i.tenant_id, i.platform, i.platform_user_id, i.user_id, i.name, i.created_at),
+      "identity " + i.platform + ":" + i.platform_user_id + " belongs to a user already");
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::UpdateIdentity(const Identity& i) {
+  static const std::string kSql =
+      "UPDATE identities SET user_id=$1 WHERE tenant_id=$2 AND platform=$3 AND "
+      "platform_user_id=$4";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(i.tenant_id));
+  return Updated(sql_.Exec(kSql, i.user_id, i.tenant_id, i.platform, i.platform_user_id),
+                 "identity not found: " + i.platform + ":" + i.platform_user_id);
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::DeleteIdentity(const std::string& tenant_id, const std::string& platform,
+                                  const std::string& platform_user_id) {
+  static const std::string kSql =
+      "DELETE FROM identities WHERE tenant_id=$1 AND platform=$2 AND platform_user_id=$3";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  return Updated(sql_.Exec(kSql, tenant_id, platform, platform_user_id),
+                 "identity not found: " + platform + ":" + platform_user_id);
+}
+
+template <typename Sql>
+Result<std::optional<Identity>> SqlTx<Sql>::FindIdentity(const std::string& tenant_id,
+                                                         const std::string& platform,
+                                                         const std::string& platform_user_id) {
+  static const std::string kSql = "SELECT " + std::string(kIdentityCols) +
+                                  " FROM identities WHERE tenant_id=$1 AND platform=$2 AND "
+                                  "platform_user_id=$3";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, platform, platform_user_id));
+  return Maybe<Identity>(r, ReadIdentity<typename Sql::Row>);
+}
+
+template <typename Sql>
+Result<std::vector<Identity>> SqlTx<Sql>::UserIdentities(const std::string& tenant_id,
+                                                         const std::string& user_id) {
+  static const std::string kSql = "SELECT " + std::string(kIdentityCols) +
+                                  " FROM identities WHERE tenant_id=$1 AND user_id=$2 ORDER BY "
+                                  "platform, platform_user_id";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, user_id));
+  return Collect<Identity>(r, ReadIdentity<typename Sql::Row>);
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::PutMember(const AgentMember& m) {
+  static const std::string kSql =
+      "INSERT INTO agent_members(" + std::string(kMemberCols) +
+      ") VALUES($1,$2,$3,$4,$5,$6) ON CONFLICT(tenant_id, agent_id, user_id) DO UPDATE SET "
+      "role=excluded.role, updated_at=excluded.updated_at";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(m.tenant_id));
+  return sql_.Exec(kSql, m.tenant_id, m.agent_id, m.user_id, m.role, m.created_at, m.updated_at)
+      .status();
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::DeleteMember(const std::string& tenant_id, const std::string& agent_id,
+                                const std::string& user_id) {
+  static const std::string kSql =
+      "DELETE FROM agent_members WHERE tenant_id=$1 AND agent_id=$2 AND user_id=$3";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  return Updated(sql_.Exec(kSql, tenant_id, agent_id, user_id), "member not found: " + user_id);
+}
+
+template <typename Sql>
+Result<std::optional<AgentMember>> SqlTx<Sql>::GetMember(const std::string& tenant_id,
+                                                         const std::string& agent_id,
+                                                         const std::string& user_id) {
+  static const std::string kSql = "SELECT " + std::string(kMemberCols) +
+                                  " FROM agent_members WHERE tenant_id=$1 AND agent_id=$2 AND "
+                                  "user_id=$3";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, agent_id, user_id));
+  return Maybe<AgentMember>(r, ReadMember<typename Sql::Row>);
+}
+
+template <typename Sql>
+Result<Paged<AgentMember>> SqlTx<Sql>::ListMembers(const std::string& tenant_id,
+                                                   const std::string& agent_id, const Page& page) {
+  static const std::string kSql = "SELECT " + std::string(kMemberCols) +
+                                  " FROM agent_members WHERE tenant_id=$1 AND agent_id=$2 AND "
+                                  "user_id>$3 ORDER BY user_id LIMIT $4";
+  const int limit = ClampLimit(page.limit);
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(
+      auto r, sql_.Query(kSql, tenant_id, agent_id, DecodeCursor(page.cursor), limit + 1));
+  return PageOf<AgentMember>(r, ReadMember<typename Sql::Row>, limit,
+                             [](const AgentMember& x) { return x.user_id; });
+}
+
+template <typename Sql>
+Result<std::vector<AgentMember>> SqlTx<Sql>::UserMemberships(const std::string& tenant_id,
+                                                             const std::string& user_id) {
+  static const std::string kSql =
+      "SELECT " + std::string(kMemberCols) +
+      " FROM agent_members WHERE tenant_id=$1 AND user_id=$2 ORDER BY agent_id";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, user_id));
+  return Collect<AgentMember>(r, ReadMember<typename Sql::Row>);
+}
+
+template <typename Sql>
+Result<std::optional<AgentAccess>> SqlTx<Sql>::GetAccess(const std::string& tenant_id,
+                                                         const std::string& agent_id) {
+  static const std::string kSql =
+      "SELECT level, code_hash, updated_at FROM agent_access WHERE tenant_id=$1 AND agent_id=$2";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, agent_id));
+  KEEL_ASSIGN_OR_RETURN(bool found, r.Step());
+  if (!found) return std::optional<AgentAccess>();
+  return std::optional<AgentAccess>(
+      AgentAccess{tenant_id, agent_id, r.Text(0), r.Text(1), r.Int(2)});
+}
+
+template <typename Sql>
+Status SqlTx<Sql>::PutAccess(const AgentAccess& a) {
+  static const std::string kSql =
+      "INSERT INTO agent_access(tenant_id, agent_id, level, code_hash, updated_at) "
+      "VALUES($1,$2,$3,$4,$5) ON CONFLICT(tenant_id, agent_id) DO UPDATE SET "
+      "level=excluded.level, code_hash=excluded.code_hash, updated_at=excluded.updated_at";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(a.tenant_id));
+  return sql_.Exec(kSql, a.tenant_id, a.agent_id, a.level, a.code_hash, a.updated_at).status();
+}
+
 // ---- ChannelStore
 
 template <typename Sql>

@@ -42,6 +42,7 @@
 #include "keel/store/skill_store.h"
 #include "keel/store/store.h"
 #include "keel/store/usage_store.h"
+#include "keel/store/user_store.h"
 
 namespace keel::store {
 
@@ -99,6 +100,7 @@ class SqlTx : public Tx,
               public MemoryStore,
               public SkillStore,
               public ChannelStore,
+              public UserStore,
               public CompactionStore,
               public IntrospectionStore,
               public AgentStore,
@@ -120,6 +122,7 @@ class SqlTx : public Tx,
   MemoryStore& memory() override { return *this; }
   SkillStore& skills() override { return *this; }
   ChannelStore& channels() override { return *this; }
+  UserStore& users() override { return *this; }
   CompactionStore& compactions() override { return *this; }
   IntrospectionStore& introspection() override { return *this; }
   AgentStore& agents() override { return *this; }
@@ -299,6 +302,34 @@ class SqlTx : public Tx,
                                             const std::string& agent_id, bool with_files) override;
   Status SkillsForAgentLater(const std::string& tenant_id, const std::string& agent_id,
                              bool with_files, std::vector<Skill>& out) override;
+  // UserStore
+  Status InsertUser(const User& u) override;
+  Status UpdateUser(const User& u) override;
+  Result<User> GetUser(const std::string& tenant_id, const std::string& id) override;
+  Result<Paged<User>> ListUsers(const std::string& tenant_id, const Page& page) override;
+  Status InsertIdentity(const Identity& i) override;
+  Status UpdateIdentity(const Identity& i) override;
+  Status DeleteIdentity(const std::string& tenant_id, const std::string& platform,
+                        const std::string& platform_user_id) override;
+  Result<std::optional<Identity>> FindIdentity(const std::string& tenant_id,
+                                               const std::string& platform,
+                                               const std::string& platform_user_id) override;
+  Result<std::vector<Identity>> UserIdentities(const std::string& tenant_id,
+                                               const std::string& user_id) override;
+  Status PutMember(const AgentMember& m) override;
+  Status DeleteMember(const std::string& tenant_id, const std::string& agent_id,
+                      const std::string& user_id) override;
+  Result<std::optional<AgentMember>> GetMember(const std::string& tenant_id,
+                                               const std::string& agent_id,
+                                               const std::string& user_id) override;
+  Result<Paged<AgentMember>> ListMembers(const std::string& tenant_id, const std::string& agent_id,
+                                         const Page& page) override;
+  Result<std::vector<AgentMember>> UserMemberships(const std::string& tenant_id,
+                                                   const std::string& user_id) override;
+  Result<std::optional<AgentAccess>> GetAccess(const std::string& tenant_id,
+                                               const std::string& agent_id) override;
+  Status PutAccess(const AgentAccess& a) override;
+
   // ChannelStore
   Status InsertChannel(const Channel& c) override;
   Status UpdateChannel(const Channel& c) override;

@@ -28,6 +28,7 @@ class UsageStore;  // usage_store.h
 class MemoryStore;  // memory_store.h
 class SkillStore;       // skill_store.h
 class ChannelStore;     // channel_store.h
+class UserStore;        // user_store.h
 class CompactionStore;     // compaction_store.h
 class IntrospectionStore;  // introspection_store.h
 
@@ -419,6 +420,7 @@ class Tx {
   virtual MemoryStore& memory() = 0;
   virtual SkillStore& skills() = 0;
   virtual ChannelStore& channels() = 0;
+  virtual UserStore& users() = 0;
   virtual CompactionStore& compactions() = 0;
   virtual IntrospectionStore& introspection() = 0;
   virtual AgentStore& agents() = 0;
