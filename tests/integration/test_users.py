@@ -247,7 +247,8 @@ class UsersApiTest(KeelTestCase):
             err = self.assertError(t.request("POST", path, body), 409, "conflict", path)
             self.assertIn(ann["id"], err["message"], "the 409 names the holder")
         self.assertError(t.request("POST", "/v1/users", {"name": "Eve", "identities": [
-            ident("telegram", 7), ident("telegram", 7)]}), 409, "conflict", "one id twice")
+            ident("telegram", 7), ident("telegram", 7)]}), 400, "invalid_argument",
+            "one id twice")
         self.assertEqual(len(t.pages("/v1/users")), 2, "a refused user was written")
         self.assertEqual(len(t.all_events()), n_events, "a refused link wrote events")
         bobs = "/v1/users/%s/identities" % bob["id"]
@@ -508,6 +509,89 @@ class RolesTest(KeelTestCase):
         self.assertEqual(t.ok("GET", access)["level"], "private")
 
 
+class PersonTokenTest(KeelTestCase):
+    """A token of a user: on an agent, the lower of its role and the user's there; an agent the
+    user has no role on (and that is not public) does not exist for it; the tenant's other
+    routes reach no further than a guest's."""
+
+    def token_of(self, t, user, role):
+        got = t.ok("POST", "/v1/tokens", {"name": "person", "role": role, "user_id": user["id"]},
+                   expect=201)
+        self.assertEqual(got["user_id"], user["id"])
+        return got["token"], got["id"]
+
+    def test_a_persons_token_has_the_lower_role_and_reaches_only_its_agents(self):
+        self.server = SERVER
+        t, other = Tenant(SERVER), Tenant(SERVER)
+        mine, theirs, open_to_all = t.agent(tools=["notes.append"]), t.agent(), t.agent()
+        t.ok("PUT", "/v1/agents/%s/access" % open_to_all["id"], {"level": "public"})
+        ann = t.person("Ann")
+        t.member(mine, ann, "user")
+        tok, tok_id = self.token_of(t, ann, "owner")
+        # Created for a user of this tenant that is not merged; listed with it.
+        for body in ({"name": "x", "role": "user", "user_id": other.person("Eve")["id"]},
+                     {"name": "x", "role": "user", "user_id": "nope"},
+                     {"name": "x", "role": "user", "user_id": 5}):
+            self.assertError(t.request("POST", "/v1/tokens", body), 400, "invalid_argument")
+        [listed] = [x for x in t.ok("GET", "/v1/tokens")["items"] if x["id"] == tok_id]
+        self.assertEqual(listed["user_id"], ann["id"])
+        # On its agent: a user's reach (the lower of owner and user).
+        path = "/v1/agents/%s" % mine["id"]
+        self.assertEqual(t.ok("GET", path, token=tok)["id"], mine["id"])
+        self.assertError(t.request("PATCH", path, {"name": "x"}, token=tok), 403,
+                         "permission_denied")
+        t.ok("POST", path + "/memories", {"text": "a user may write this"}, expect=201, token=tok)
+        session = t.ok("POST", path + "/sessions", {"title": "s"}, expect=201, token=tok)
+        self.assertEqual(t.ok("GET", "/v1/sessions/" + session["id"], token=tok)["id"],
+                         session["id"])
+        # Promoted, it is an owner there; demoted to guest, a guest.
+        t.member(mine, ann, "owner")
+        t.ok("PATCH", path, {"name": mine["name"] + "-renamed"}, token=tok)
+        t.member(mine, ann, "guest")
+        self.assertError(t.request("POST", path + "/memories", {"text": "x"}, token=tok), 403,
+                         "permission_denied")
+        # An agent it has no role on is not found, with its sessions; a public one as a guest.
+        their_session = SERVER.create_session(theirs["id"], token=t.token)
+        for method, p, body in (("GET", "/v1/agents/" + theirs["id"], None),
+                                ("POST", "/v1/agents/%s/sessions" % theirs["id"], {}),
+                                ("GET", "/v1/sessions/" + their_session["id"], None),
+                                ("POST", "/v1/sessions/%s/messages" % their_session["id"],
+                                 {"content": "hi"}),
+                                ("GET", "/v1/agents/%s/members" % theirs["id"], None)):
+            self.assertError(t.request(method, p, body, token=tok), 404, "not_found", p)
+        t.ok("POST", "/v1/agents/%s/sessions" % open_to_all["id"], {}, expect=201, token=tok)
+        self.assertError(t.request("POST", "/v1/agents/%s/memories" % open_to_all["id"],
+                                   {"text": "x"}, token=tok), 403, "permission_denied")
+        # Lists and the front doors name only what it reaches.
+        listed = {a["id"] for a in t.pages("/v1/agents", token=tok)}
+        self.assertEqual(listed, {mine["id"], open_to_all["id"]})
+        models = {m["id"] for m in t.ok("GET", "/v1/models", token=tok)["data"]}
+        self.assertNotIn(theirs["name"], models)
+        st, body, _ = t.request("POST", "/v1/chat/completions", {
+            "model": theirs["name"], "messages": [{"role": "user", "content": "hi"}]}, token=tok)
+        self.assertEqual(st, 404, body)
+        st, body, _ = t.request("POST", "/v1/mcp?agent=" + theirs["id"], {
+            "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {},
+                "clientInfo": {"name": "x", "version": "1"}}}, token=tok,
+            headers={"Accept": "application/json, text/event-stream"})
+        self.assertIn("error", body if isinstance(body, dict) else json.loads(body), body)
+        # The tenant's own routes: no further than a guest (no tokens, secrets, policies).
+        for method, p, body in (("POST", "/v1/tokens", {"name": "x", "role": "owner"}),
+                                ("GET", "/v1/tokens", None), ("GET", "/v1/secrets", None),
+                                ("PUT", "/v1/policy", {"rules": []}),
+                                ("POST", "/v1/users", {"name": "x"})):
+            self.assertError(t.request(method, p, body, token=tok), 403, "permission_denied", p)
+        # Merged away, its user is the one it went to.
+        bob = t.person("Bob")
+        t.member(mine, bob, "owner")
+        t.ok("POST", "/v1/users/%s/merge" % bob["id"], {"from": ann["id"]})
+        t.ok("PATCH", path, {"name": mine["name"] + "-again"}, token=tok)
+        # Another tenant's owner cannot give its token this tenant's user.
+        self.assertError(other.request("POST", "/v1/tokens", {
+            "name": "x", "role": "owner", "user_id": bob["id"]}), 400, "invalid_argument")
+
+
 # ---------------------------------------------------------------------------------- Telegram
 
 
@@ -545,6 +629,9 @@ class PrivateAgentTest(TelegramCase):
     def test_a_stranger_gets_a_notice_until_made_a_member(self):
         t, fake = self.t, self.fake
         agent, ch = self.bot()  # private: the default
+        left = 60 - time.time() % 60
+        if left < 30:  # a sender's notices are counted per minute: all of these within one
+            time.sleep(left + 0.2)
         first = fake.message(111, "hello?", first_name="Stranger")
         self.refused(ch, first, NOT_MEMBER % 111, 111)
         self.assertEqual(t.sessions(agent), {}, "a refused message made a session")
@@ -562,12 +649,17 @@ class PrivateAgentTest(TelegramCase):
         self.answered(ch, fake.message(111, "hello again"), 111, "hello again")
         session = t.sessions(agent)["tg: chat:111"]
         self.assertEqual(t.said_in(session), ["hello again"])
-        # Removed, a stranger again.
+        # Removed, a stranger again: its fourth message this minute, past the notices a
+        # stranger is sent in one (three), is passed over in silence, with nothing written.
         t.ok("DELETE", "/v1/agents/%s/members/%s" % (agent["id"], ann["id"]), expect=204)
-        self.refused(ch, fake.message(111, "still there?"), NOT_MEMBER % 111, 111)
+        late = fake.message(111, "still there?")
+        self.handled(late)
+        time.sleep(1)
+        self.assertNotIn(str(late), t.replies(ch))
         self.assertEqual(t.said_in(session), ["hello again"])
-        self.assertEqual(fake.to(111), [NOT_MEMBER % 111] * 2 + [said("hello again")] +
-                         [NOT_MEMBER % 111])
+        self.assertEqual(fake.to(111), [NOT_MEMBER % 111] * 2 + [said("hello again")])
+        # Another stranger is told.
+        self.refused(ch, fake.message(112, "hi"), NOT_MEMBER % 112, 112)
 
 
 class PublicAgentTest(TelegramCase):
@@ -622,12 +714,17 @@ class PublicAgentTest(TelegramCase):
             time.sleep(left + 0.2)
         updates = [fake.message(777, "msg %d" % i) for i in range(24)]
         replies = wait_for(lambda: (lambda rs: rs if all(
-            str(u) in rs and rs[str(u)]["status"] in ENDED for u in updates) else None)(
-            t.replies(ch)), 60, "24 replies ended")
+            str(u) in rs and rs[str(u)]["status"] in ENDED for u in updates[:21]) else None)(
+            t.replies(ch)), 60, "21 replies ended")
+        self.handled(updates[-1])
+        time.sleep(1)
+        replies = t.replies(ch)
         got = [(bool(replies[str(u)]["run_id"]), replies[str(u)]["text"]
-                if not replies[str(u)]["run_id"] else "") for u in updates]
-        self.assertEqual(got, [(True, "")] * 20 + [(False, TOO_FAST)] * 4)
-        self.assertEqual(fake.to(777).count(TOO_FAST), 4)
+                if not replies[str(u)]["run_id"] else "") for u in updates[:21]]
+        # Twenty run, the next is told once, and the rest are passed over (no reply to post).
+        self.assertEqual(got, [(True, "")] * 20 + [(False, TOO_FAST)])
+        self.assertEqual([str(u) in replies for u in updates[21:]], [False] * 3)
+        self.assertEqual(fake.to(777).count(TOO_FAST), 1)
         self.assertEqual(t.said_in(t.sessions(agent)["tg: chat:777"]),
                          ["msg %d" % i for i in range(20)])
 

@@ -399,7 +399,7 @@ TEST_F(ArchiveTest, ImportsAVersion2ArchiveWithoutThePluginTables) {
       {"tenants", {{"allow_host_exec", 0}, {"allow_stdio_mcp", 0}}},
       {"events", {{"hash", nullptr}}},
       {"messages", {{"seq", nullptr}}},
-      {"api_tokens", {{"parent_id", ""}, {"expires_at", nullptr}}}};
+      {"api_tokens", {{"parent_id", ""}, {"expires_at", nullptr}, {"user_id", ""}}}};
   int64_t store_wide_seq = 0;  // one origin wrote every event
   std::string v2_tokens;       // the tokens a version 2 archive could hold: no dashboard sign-in
   for (auto& e : v2) {

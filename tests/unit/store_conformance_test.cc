@@ -29,6 +29,7 @@
 #include "hold_writer.h"
 #include "keel/access/users.h"
 #include "keel/common/ids.h"
+#include "keel/secrets/vault.h"
 #include "keel/store/channel_store.h"
 #include "keel/store/postgres/postgres_tx.h"
 #include "keel/store/sqlite/sqlite_db.h"
@@ -816,7 +817,7 @@ TEST_P(StoreTest, UsersIdentitiesMembersAndAccessAreEachTheirTenants) {
     // Replaced: the role and updated_at change, created_at stays.
     KEEL_RETURN_IF_ERROR(tx.users().PutMember({t.id, a.id, ann.id, "owner", now + 5, now + 5}));
     KEEL_RETURN_IF_ERROR(tx.users().PutMember({t.id, a.id, bob.id, "user", now, now}));
-    return tx.users().PutAccess({t.id, a.id, "protected", "hash", now});
+    return tx.users().PutAccess({t.id, a.id, "protected", true, now});
   });
   ASSERT_TRUE(st.ok()) << st.ToString();
   st = store_->Read([&](Tx& tx) -> Status {
@@ -871,54 +872,74 @@ TEST_P(StoreTest, AChatSenderIsAdmittedByTheAgentsAccessLevel) {
   Tenant t = MakeTenant();
   Agent a = MakeAgent(t, "a");
   const access::Sender stranger{"telegram", "777", "Zed"};
+  const secrets::Vault vault =
+      secrets::Vault::FromKekText("qrgtqbq0i7Hk1I0qk1IeX2Q4bHh2yv6rk0Dq0Ys0RkA=");
+  // `recent`: the sender's messages this minute, this one included.
   auto admit = [&](const access::Sender& who, const std::string& text, bool direct = true,
-                   bool addressed = true, bool over_rate = false,
+                   bool addressed = true, int recent = 1,
                    const std::string& channel_role = "user") {
     access::Admission out;
     Status st = store_->WriteSync([&](Tx& tx) -> Status {
-      KEEL_ASSIGN_OR_RETURN(
-          out, access::AdmitSender(tx, t.id, a.id, channel_role, who, text, direct, addressed,
-                                   over_rate, true, NowMillis()));
+      KEEL_ASSIGN_OR_RETURN(out, access::AdmitSender(tx, vault, t.id, a.id, channel_role, who, text,
+                                                     direct, addressed, recent, true, NowMillis()));
       return Status::Ok();
     });
     EXPECT_TRUE(st.ok()) << st.ToString();
     return out;
   };
   auto set_access = [&](const std::string& level, const std::string& code) {
-    ASSERT_TRUE(
-        store_
-            ->WriteSync([&](Tx& tx) {
-              return tx.users().PutAccess(
-                  {t.id, a.id, level, code.empty() ? "" : access::AccessCodeHash(a.id, code), 0});
-            })
-            .ok());
+    Status st = store_->WriteSync([&](Tx& tx) -> Status {
+      if (!code.empty()) {
+        KEEL_RETURN_IF_ERROR(
+            vault.Put(tx, t.id, access::AccessCodeSecret(a.id), code, NowMillis()).status());
+      }
+      KEEL_RETURN_IF_ERROR(tx.users().PutAccess({t.id, a.id, level, !code.empty(), 0}));
+      // The secret's image rides on an event, as every write's does.
+      return tx.events().Append({t.id, "agent.access_changed@v1", a.id, "", "", {}});
+    });
+    ASSERT_TRUE(st.ok()) << st.ToString();
   };
-  // Private (no level set): a notice naming the identity, nothing made.
+  // Private (no level set): a notice naming the identity, nothing made; a few a minute, then
+  // silence.
   auto refused = admit(stranger, "hi");
   EXPECT_FALSE(refused.take);
   EXPECT_NE(refused.notice.find("telegram:777"), std::string::npos) << refused.notice;
+  EXPECT_NE(admit(stranger, "hi", true, true, access::kNoticesPerMinute).notice, "");
+  auto quiet = admit(stranger, "hi", true, true, access::kNoticesPerMinute + 1);
+  EXPECT_FALSE(quiet.take);
+  EXPECT_EQ(quiet.notice, "");
   // Unaddressed in a group: passed over in silence.
   auto silent = admit(stranger, "chatter", false, false);
   EXPECT_FALSE(silent.take);
   EXPECT_EQ(silent.notice, "");
-  // Protected: not in a group, not a wrong code; the code (or /start CODE) makes a guest and
-  // is not run.
+  // Protected: not in a group, not a wrong code, not past a guest's rate; the code (or /start
+  // CODE) makes a guest and is not run.
   set_access("protected", "open sesame 1");
   EXPECT_NE(admit(stranger, "open sesame 1", false).notice.find("direct message"),
             std::string::npos);
   EXPECT_FALSE(admit(stranger, "open sesame 2").take);
-  EXPECT_NE(admit(stranger, "open sesame 1", true, true, true).notice.find("faster"),
-            std::string::npos);
+  const int over = access::kGuestMessagesPerMinute + 1;
+  auto guessing = admit(stranger, "open sesame 1", true, true, over);
+  EXPECT_FALSE(guessing.take);
+  EXPECT_EQ(guessing.notice, "");
   auto granted = admit(stranger, "/start  open sesame 1 ");
   EXPECT_FALSE(granted.take);
   EXPECT_NE(granted.notice.find("granted"), std::string::npos) << granted.notice;
   ASSERT_FALSE(granted.user_id.empty());
   // A member now: runs with the lower of the channel's role and its own.
-  auto in = admit(stranger, "open sesame 1");
+  auto in = admit(stranger, "what can you do");
   EXPECT_TRUE(in.take);
   EXPECT_EQ(in.role, "guest");
   EXPECT_EQ(in.user_id, granted.user_id);
-  EXPECT_FALSE(admit(stranger, "x", true, true, /*over_rate=*/true).take);
+  // The code again is never run, a member's included.
+  auto again = admit(stranger, "open sesame 1");
+  EXPECT_FALSE(again.take);
+  EXPECT_NE(again.notice.find("already"), std::string::npos) << again.notice;
+  // A guest past its rate is told once, then passed over.
+  EXPECT_NE(admit(stranger, "x", true, true, over).notice.find("faster"), std::string::npos);
+  auto past = admit(stranger, "x", true, true, over + 1);
+  EXPECT_FALSE(past.take);
+  EXPECT_EQ(past.notice, "");
   // Public: a new sender is a guest at once.
   set_access("public", "");
   const access::Sender newcomer{"discord", "555", ""};
@@ -940,16 +961,17 @@ TEST_P(StoreTest, AChatSenderIsAdmittedByTheAgentsAccessLevel) {
     return access::MergeUsers(tx, t.id, guest.user_id, granted.user_id, NowMillis());
   });
   ASSERT_TRUE(st.ok()) << st.ToString();
-  auto owner = admit(newcomer, "chatter", false, false, false, "guest");
+  auto owner = admit(newcomer, "chatter", false, false, 1, "guest");
   EXPECT_TRUE(owner.take);
   EXPECT_EQ(owner.role, "guest");
   EXPECT_EQ(owner.user_id, granted.user_id);
-  EXPECT_EQ(admit(stranger, "x", false, false, true, "owner").role, "owner");  // not a guest
+  EXPECT_EQ(admit(stranger, "x", false, false, over + 5, "owner").role, "owner");  // no rate
   // In a read-only unit a decision that writes says so instead.
   access::Admission read;
   st = store_->Read([&](Tx& tx) -> Status {
-    KEEL_ASSIGN_OR_RETURN(read, access::AdmitSender(tx, t.id, a.id, "user", {"slack", "U9", ""},
-                                                    "hi", true, true, false, false, NowMillis()));
+    KEEL_ASSIGN_OR_RETURN(
+        read, access::AdmitSender(tx, vault, t.id, a.id, "user", {"slack", "U9", ""}, "hi", true,
+                                  true, 1, false, NowMillis()));
     return Status::Ok();
   });
   ASSERT_TRUE(st.ok()) << st.ToString();
@@ -972,9 +994,11 @@ TEST(AccessRulesTest, RolesCodesAndLevels) {
   EXPECT_EQ(code.size(), 12u);
   EXPECT_TRUE(access::CheckAccessCode(code).ok());
   EXPECT_NE(access::NewAccessCode(), code);
-  // The stored form is the agent's own: the same code hashes differently for another agent.
-  EXPECT_NE(access::AccessCodeHash("a", code), access::AccessCodeHash("b", code));
-  EXPECT_EQ(access::AccessCodeHash("a", code).find(code), std::string::npos);
+  // Each agent's code is a secret of its own.
+  EXPECT_NE(access::AccessCodeSecret("a"), access::AccessCodeSecret("b"));
+  EXPECT_TRUE(
+      secrets::Vault::CheckName(access::AccessCodeSecret("01a24e46-1da9-71b1-917b-da7049e04af5"))
+          .ok());
 }
 
 TEST_P(StoreTest, TenantsDoNotSeeEachOther) {

@@ -5,6 +5,7 @@
 #include "keel/common/crypto.h"
 #include "keel/common/ids.h"
 #include "keel/common/json_util.h"
+#include "keel/secrets/vault.h"
 #include "keel/store/row_images.h"
 
 namespace keel::access {
@@ -103,9 +104,7 @@ Status CheckAccessCode(const std::string& code) {
   return Status::Ok();
 }
 
-std::string AccessCodeHash(const std::string& agent_id, const std::string& code) {
-  return HmacSha256Hex(agent_id, code);
-}
+std::string AccessCodeSecret(const std::string& agent_id) { return "keel.access-code." + agent_id; }
 
 std::string NewAccessCode() {
   static constexpr char kAlphabet[] = "abcdefghjkmnpqrstuvwxyz23456789";  // no 0/o, 1/l/i
@@ -128,6 +127,25 @@ Result<store::User> CurrentUser(store::Tx& tx, const std::string& tenant_id,
   }
   if (!user.merged_into.empty()) return NotFound("user not found: " + id);
   return user;
+}
+
+Result<std::optional<std::string>> UserRoleOn(store::Tx& tx, const std::string& tenant_id,
+                                              const std::string& user_id,
+                                              const std::string& agent_id) {
+  KEEL_ASSIGN_OR_RETURN(auto user, CurrentUser(tx, tenant_id, user_id));
+  KEEL_ASSIGN_OR_RETURN(auto member, tx.users().GetMember(tenant_id, agent_id, user.id));
+  if (member) return std::optional<std::string>(member->role);
+  KEEL_ASSIGN_OR_RETURN(auto access, tx.users().GetAccess(tenant_id, agent_id));
+  if (access && access->level == "public") return std::optional<std::string>("guest");
+  return std::optional<std::string>();
+}
+
+Status Reachable(store::Tx& tx, const std::string& tenant_id, const std::string& user_id,
+                 const std::string& agent_id) {
+  if (user_id.empty()) return Status::Ok();
+  KEEL_ASSIGN_OR_RETURN(auto on, UserRoleOn(tx, tenant_id, user_id, agent_id));
+  if (!on) return NotFound("agent not found: " + agent_id);
+  return Status::Ok();
 }
 
 Status SetMember(store::Tx& tx, const std::string& tenant_id, const std::string& agent_id,
@@ -176,17 +194,44 @@ Status MergeUsers(store::Tx& tx, const std::string& tenant_id, const std::string
   source.updated_at = now;
   KEEL_RETURN_IF_ERROR(tx.users().UpdateUser(source));
   tx.Carry("users", store::RowImage(source));
+  // Those merged into it before now name the user they are: a merge never names a merged one.
+  KEEL_ASSIGN_OR_RETURN(auto earlier, tx.users().MergedInto(tenant_id, from));
+  for (auto& u : earlier) {
+    u.merged_into = into;
+    u.updated_at = now;
+    KEEL_RETURN_IF_ERROR(tx.users().UpdateUser(u));
+    tx.Carry("users", store::RowImage(u));
+  }
   return tx.events().Append(
       {tenant_id, "user.merged@v1", "", "", "", {{"user_id", from}, {"into", into}}});
 }
 
-Result<Admission> AdmitSender(store::Tx& tx, const std::string& tenant_id,
-                              const std::string& agent_id, const std::string& channel_role,
-                              const Sender& sender, const std::string& text, bool direct,
-                              bool addressed, bool over_rate, bool may_write, Millis now) {
+Result<Admission> AdmitSender(store::Tx& tx, const secrets::Vault& vault,
+                              const std::string& tenant_id, const std::string& agent_id,
+                              const std::string& channel_role, const Sender& sender,
+                              const std::string& text, bool direct, bool addressed, int recent,
+                              bool may_write, Millis now) {
   Admission out;
+  // A notice, unless the sender was sent enough of them this minute.
+  auto notice = [&](std::string text, int most) {
+    if (recent <= most) out.notice = std::move(text);
+    if (!out.notice.empty() && !may_write) out.needs_write = true;
+    return out;
+  };
   const std::string rate_notice =
       "You are writing faster than this agent takes messages from guests: wait a minute.";
+  const std::string offered = OfferedCode(text);
+  const bool maybe_code = CheckAccessCode(offered).ok();
+  // Whether the text is the agent's access code (read only for a text that could be one).
+  auto is_code = [&]() -> Result<bool> {
+    if (!maybe_code) return false;
+    KEEL_ASSIGN_OR_RETURN(auto access, tx.users().GetAccess(tenant_id, agent_id));
+    if (!access || !access->code_set) return false;
+    // A code that cannot be opened (its secret deleted, or no key-encryption key) lets no one
+    // in.
+    auto code = vault.Get(tx, tenant_id, AccessCodeSecret(agent_id));
+    return code.ok() && ConstantTimeEquals(Sha256Hex(offered), Sha256Hex(*code));
+  };
   KEEL_ASSIGN_OR_RETURN(auto identity,
                         tx.users().FindIdentity(tenant_id, sender.platform, sender.id));
   if (identity) {
@@ -196,18 +241,19 @@ Result<Admission> AdmitSender(store::Tx& tx, const std::string& tenant_id,
       out.user_id = user.id;
       // In a group, only the agent's owners talk to it without calling it.
       if (!addressed && member->role != "owner") return out;
-      if (over_rate && member->role == "guest") {
-        out.notice = rate_notice;
-      } else {
-        out.take = true;
-        out.role = LowerRole(channel_role, member->role);
+      // The access code again (its link opened twice): never shown to the agent.
+      KEEL_ASSIGN_OR_RETURN(bool code, is_code());
+      if (code) return notice("You can talk to this agent already.", kNoticesPerMinute);
+      if (member->role == "guest" && recent > kGuestMessagesPerMinute) {
+        return notice(rate_notice, kGuestMessagesPerMinute + 1);
       }
-      if (!out.take && !may_write) out.needs_write = true;
+      out.take = true;
+      out.role = LowerRole(channel_role, member->role);
       return out;
     }
   }
   if (!addressed) return out;  // not a member, not calling the bot: not for the agent
-  if (!may_write) {
+  if (!may_write && recent <= kGuestMessagesPerMinute) {
     out.needs_write = true;
     return out;
   }
@@ -215,33 +261,27 @@ Result<Admission> AdmitSender(store::Tx& tx, const std::string& tenant_id,
   const std::string level = access ? access->level : "private";
   const std::string who = sender.platform + ":" + sender.id;
   if (level == "private") {
-    out.notice =
-        "This agent talks only with its members: ask its owner to add you (you are " + who + ").";
-    return out;
+    return notice(
+        "This agent talks only with its members: ask its owner to add you (you are " + who + ").",
+        kNoticesPerMinute);
   }
   if (level == "protected") {
     if (!direct) {
-      out.notice = "This agent needs an access code: send it to the bot in a direct message.";
-      return out;
+      return notice("This agent needs an access code: send it to the bot in a direct message.",
+                    kNoticesPerMinute);
     }
-    if (over_rate) {  // guesses at the code go no faster than a guest's messages
-      out.notice = rate_notice;
-      return out;
-    }
-    if (!access->code_hash.empty() &&
-        ConstantTimeEquals(AccessCodeHash(agent_id, OfferedCode(text)), access->code_hash)) {
+    // Guesses at the code go no faster than a guest's messages.
+    if (recent > kGuestMessagesPerMinute) return out;
+    KEEL_ASSIGN_OR_RETURN(bool code, is_code());
+    if (code) {
       KEEL_ASSIGN_OR_RETURN(out.user_id, EnsureUser(tx, tenant_id, sender, now));
       KEEL_RETURN_IF_ERROR(SetMember(tx, tenant_id, agent_id, out.user_id, "guest", now));
       out.notice = "Access granted: you can talk to this agent now.";
       return out;
     }
-    out.notice = "This agent needs an access code: send it as your message.";
-    return out;
+    return notice("This agent needs an access code: send it as your message.", kNoticesPerMinute);
   }
-  if (over_rate) {
-    out.notice = rate_notice;
-    return out;
-  }
+  if (recent > kGuestMessagesPerMinute) return notice(rate_notice, kGuestMessagesPerMinute + 1);
   KEEL_ASSIGN_OR_RETURN(out.user_id, EnsureUser(tx, tenant_id, sender, now));
   KEEL_RETURN_IF_ERROR(SetMember(tx, tenant_id, agent_id, out.user_id, "guest", now));
   out.take = true;

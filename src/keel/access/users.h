@@ -18,9 +18,18 @@
 #include "keel/store/store.h"
 #include "keel/store/user_store.h"
 
+namespace keel::secrets {
+class Vault;
+}
+
 namespace keel::access {
 
-inline constexpr int kMaxUserName = 200;
+inline constexpr int kMaxUserName = 200;  // characters
+// A guest's messages an agent runs per minute; and the notices a sender who is not a member is
+// sent per minute (refusals beyond them are passed over in silence, so that no one makes the
+// bot post without end).
+inline constexpr int kGuestMessagesPerMinute = 20;
+inline constexpr int kNoticesPerMinute = 3;
 
 bool ValidRole(const std::string& role);
 // The lower of two roles (guest < user < owner).
@@ -31,13 +40,25 @@ bool ValidPlatform(const std::string& platform);
 bool ValidAccessLevel(const std::string& level);
 // What an access code may be: 8 to 128 printable characters, no spaces at either end.
 Status CheckAccessCode(const std::string& code);
-// The stored form of an agent's access code (never the code itself).
-std::string AccessCodeHash(const std::string& agent_id, const std::string& code);
+// The tenant secret that holds an agent's access code (sealed like every secret).
+std::string AccessCodeSecret(const std::string& agent_id);
 // A new random access code: 12 characters of an unambiguous alphabet (about 60 bits).
 std::string NewAccessCode();
 
 // The user `id` names, following merges to the user it now is. kNotFound "user not found: ID".
 Result<store::User> CurrentUser(store::Tx& tx, const std::string& tenant_id, const std::string& id);
+
+// The role user `user_id` (as merges left it) has on the agent: its membership's, else "guest"
+// when the agent is public, else nullopt (the agent is not the user's to reach).
+Result<std::optional<std::string>> UserRoleOn(store::Tx& tx, const std::string& tenant_id,
+                                              const std::string& user_id,
+                                              const std::string& agent_id);
+
+// Whether a token of user `user_id` ("" for a token of the tenant: always) reaches the agent at
+// all: kNotFound "agent not found: ID" when the user has no role there and the agent is not
+// public. For the routes that name an agent in their body or query, and lists of agents.
+Status Reachable(store::Tx& tx, const std::string& tenant_id, const std::string& user_id,
+                 const std::string& agent_id);
 
 // Writes the user's role on the agent (agent.member_set@v1). REQUIRES: a valid role, a user
 // not merged into another, an agent of the tenant (kNotFound otherwise).
@@ -67,17 +88,24 @@ struct Admission {
   // Only in a read-only unit: the decision needs a write (a new guest, an access code to check
   // against a grant); ask again in a unit that may write.
   bool needs_write = false;
+  // The delivery was taken before (channels::AdmitDelivery): decided as it was then.
+  bool replay = false;
 };
 
 // What a message of `sender` to the agent is owed: see the header's rules. `text` is what the
 // sender wrote (an access code is looked for in it), `direct` whether the conversation is a
 // direct one with the bot, `addressed` whether it calls the bot (a mention, a reply, a
-// command; always true in a direct conversation). `over_rate`: the sender wrote more than a
-// guest may (the caller counts); a guest then gets a notice instead of a run. With `may_write`
-// false (a read), a decision that would write returns needs_write.
-Result<Admission> AdmitSender(store::Tx& tx, const std::string& tenant_id,
-                              const std::string& agent_id, const std::string& channel_role,
-                              const Sender& sender, const std::string& text, bool direct,
-                              bool addressed, bool over_rate, bool may_write, Millis now);
+// command; always true in a direct conversation). `recent`: the messages the sender sent the
+// agent in the current minute, this one included (the caller counts): a guest is run at most
+// kGuestMessagesPerMinute times (told once when it is over), the access code is tried as often,
+// and a sender who is not a member is sent at most kNoticesPerMinute refusals. The access code
+// is never run, a member's included. With `may_write` false (a read), a decision that would
+// write returns needs_write.
+// `vault` opens the access code.
+Result<Admission> AdmitSender(store::Tx& tx, const secrets::Vault& vault,
+                              const std::string& tenant_id, const std::string& agent_id,
+                              const std::string& channel_role, const Sender& sender,
+                              const std::string& text, bool direct, bool addressed, int recent,
+                              bool may_write, Millis now);
 
 }  // namespace keel::access

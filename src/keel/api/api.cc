@@ -2,10 +2,14 @@
 
 #include <algorithm>
 
+#include "keel/access/users.h"
 #include "keel/api/render.h"
 #include "keel/common/crypto.h"
 #include "keel/store/async.h"
+#include "keel/store/channel_store.h"
+#include "keel/store/memory_store.h"
 #include "keel/store/row_images.h"
+#include "keel/store/schedule_store.h"
 #include "keel/store/store.h"
 
 namespace keel::api {
@@ -25,7 +29,8 @@ Json TokenJson(const store::Token& t) {
           {"created_at", FormatRfc3339(t.created_at)},
           {"revoked_at", t.revoked_at ? Json(FormatRfc3339(*t.revoked_at)) : Json(nullptr)},
           {"parent_id", t.parent_id.empty() ? Json(nullptr) : Json(t.parent_id)},
-          {"expires_at", t.expires_at ? Json(FormatRfc3339(*t.expires_at)) : Json(nullptr)}};
+          {"expires_at", t.expires_at ? Json(FormatRfc3339(*t.expires_at)) : Json(nullptr)},
+          {"user_id", t.user_id.empty() ? Json(nullptr) : Json(t.user_id)}};
 }
 
 Json AgentJson(const store::Agent& a) {
@@ -219,22 +224,72 @@ Status RequireOwner(const http::Request& req) {
   return Status::Ok();
 }
 
+namespace {
+
+// The agent a request concerns, by the object its path names first (an agent, or a session,
+// run, approval, channel, schedule or memory of one): its id and what the path calls it, or ""
+// for a route of the whole tenant (or an object that does not exist: its route says so).
+Result<std::pair<std::string, std::string>> AgentOfRequest(store::Tx& tx, const std::string& tenant,
+                                                           const http::Request& req) {
+  std::string_view path = req.path;
+  auto it = req.params.find("id");
+  const std::string id = it == req.params.end() ? "" : it->second;
+  auto under = [&](std::string_view prefix) { return !id.empty() && path.starts_with(prefix); };
+  auto found = [](auto r, std::string kind) -> Result<std::pair<std::string, std::string>> {
+    if (r.status().code() == Code::kNotFound) return std::pair<std::string, std::string>();
+    KEEL_RETURN_IF_ERROR(r.status());
+    return std::pair(r->agent_id, std::move(kind));
+  };
+  if (under("/v1/agents/")) return std::pair(id, std::string("agent"));
+  if (under("/v1/sessions/")) return found(tx.sessions().GetSession(tenant, id), "session");
+  if (under("/v1/runs/")) return found(tx.runs().GetRun(tenant, id), "run");
+  if (under("/v1/approvals/")) return found(tx.approvals().GetApproval(tenant, id), "approval");
+  if (under("/v1/channels/")) return found(tx.channels().GetChannel(tenant, id), "channel");
+  if (under("/v1/schedules/")) return found(tx.schedules().GetSchedule(tenant, id), "schedule");
+  auto memory = req.params.find("memory");
+  if (path.starts_with("/v1/memories/") && memory != req.params.end()) {
+    return found(tx.memory().FindMemory(tenant, memory->second), "memory");
+  }
+  return std::pair<std::string, std::string>();
+}
+
+}  // namespace
+
 http::Authenticator MakeAuthenticator(ApiContext& ctx) {
   // The token by value: the coroutine must not refer to its caller's string.
-  return [&ctx](std::string token) -> boost::asio::awaitable<Result<http::Principal>> {
+  return [&ctx](std::string token,
+                const http::Request& req) -> boost::asio::awaitable<Result<http::Principal>> {
     std::string hash = Sha256Hex(token);
     store::Token found;
+    std::string user_id, role;
     Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_ASSIGN_OR_RETURN(found, tx.tokens().FindActiveTokenByHash(hash));
+      user_id = found.user_id;
+      role = found.role;
       // A dashboard sign-in holds only while the token it acts as does (a sign-in made as that
-      // token was being revoked must not outlive it).
+      // token was being revoked must not outlive it), and is its person's.
       if (!found.parent_id.empty()) {
         KEEL_ASSIGN_OR_RETURN(auto parent, tx.tokens().GetToken(found.tenant_id, found.parent_id));
-        if (parent.revoked_at) return NotFound("the sign-in's token is revoked");
+        if (parent.revoked_at) return Unauthenticated("the sign-in's token is revoked");
+        user_id = parent.user_id;
       }
+      if (user_id.empty()) return Status::Ok();
+      // A person's token: on the agent the request concerns, the lower of its role and the
+      // person's there (no role there: nothing of that agent exists for it); elsewhere a
+      // guest's reach.
+      KEEL_ASSIGN_OR_RETURN(auto agent, AgentOfRequest(tx, found.tenant_id, req));
+      if (agent.first.empty()) {
+        role = access::LowerRole(role, "guest");
+        return Status::Ok();
+      }
+      KEEL_ASSIGN_OR_RETURN(auto on, access::UserRoleOn(tx, found.tenant_id, user_id, agent.first));
+      if (!on) return NotFound(agent.second + " not found: " + req.Param("id"));
+      role = access::LowerRole(role, *on);
       return Status::Ok();
     });
-    if (st.code() == Code::kNotFound) co_return Unauthenticated("invalid or revoked token");
+    if (st.code() == Code::kNotFound && found.id.empty()) {
+      co_return Unauthenticated("invalid or revoked token");
+    }
     if (!st.ok()) co_return st;
     if (found.expires_at && *found.expires_at <= NowMillis()) {
       co_return Unauthenticated("expired token: sign in again");
@@ -245,8 +300,11 @@ http::Authenticator MakeAuthenticator(ApiContext& ctx) {
     // approvals' separate-approver check).
     p.token_id = found.parent_id.empty() ? found.id : found.parent_id;
     if (!found.parent_id.empty()) p.browser_session_id = found.id;
-    p.role = found.role;
-    p.platform_admin = found.role == "owner" && found.tenant_id == ctx.admin_tenant_id;
+    p.role = role;
+    p.user_id = user_id;
+    // The platform admin's token is the tenant's, never a person's.
+    p.platform_admin =
+        found.role == "owner" && user_id.empty() && found.tenant_id == ctx.admin_tenant_id;
     co_return p;
   };
 }

@@ -15,6 +15,7 @@
 #include "keel/runtime/runtime.h"
 #include "keel/store/async.h"
 #include "keel/store/row_images.h"
+#include "keel/store/user_store.h"
 #include "keel/tenants/tenants.h"
 
 namespace keel::api {
@@ -266,7 +267,9 @@ void RegisterAdminRoutes(http::Router& router, ApiContext& ctx) {
     if (auto st = RequireOwner(req); !st.ok()) co_return Response::Error(st);
     auto body = ParseJsonObject(req.body);
     if (!body.ok()) co_return Response::Error(body.status());
-    if (auto st = CheckFields(*body, {"name", "role"}); !st.ok()) co_return Response::Error(st);
+    if (auto st = CheckFields(*body, {"name", "role", "user_id"}); !st.ok()) {
+      co_return Response::Error(st);
+    }
     auto name = NameOf(*body);
     if (!name.ok()) co_return Response::Error(name.status());
     auto role = RoleOf(*body);
@@ -279,12 +282,35 @@ void RegisterAdminRoutes(http::Router& router, ApiContext& ctx) {
     token.role = *role;
     token.hash = Sha256Hex(secret);
     token.created_at = NowMillis();
+    if (body->contains("user_id")) {
+      auto user = ReqString(*body, "user_id");
+      if (!user.ok()) co_return Response::Error(user.status());
+      token.user_id = *user;
+    }
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
+      if (!token.user_id.empty()) {
+        // A person's token: its role on each agent is at most the person's there.
+        auto user = tx.users().GetUser(token.tenant_id, token.user_id);
+        if (user.status().code() == Code::kNotFound) {
+          return InvalidArgument("user_id names no user of this tenant: " + token.user_id);
+        }
+        KEEL_RETURN_IF_ERROR(user.status());
+        if (!user->merged_into.empty()) {
+          return InvalidArgument("user " + token.user_id + " was merged into " + user->merged_into +
+                                 ": use that user");
+        }
+      }
       KEEL_RETURN_IF_ERROR(tx.tokens().InsertToken(token));
       tx.Carry("api_tokens", store::RowImage(token));
-      return tx.events()
-          .Append({token.tenant_id, "token.created@v1", "", "", "",
-                   {{"token_id", token.id}, {"name", token.name}, {"role", token.role}}});
+      return tx.events().Append({token.tenant_id,
+                                 "token.created@v1",
+                                 "",
+                                 "",
+                                 "",
+                                 {{"token_id", token.id},
+                                  {"name", token.name},
+                                  {"role", token.role},
+                                  {"user_id", token.user_id}}});
     });
     if (!written.ok()) co_return Response::Error(written.status());
     Json out = TokenJson(token);

@@ -1,5 +1,6 @@
 // Agents: create, list, show, update (partial), delete.
 
+#include "keel/access/users.h"
 #include "keel/api/api.h"
 #include "keel/api/render.h"
 #include "keel/common/ids.h"
@@ -10,6 +11,7 @@
 #include "keel/store/async.h"
 #include "keel/store/row_images.h"
 #include "keel/store/skill_store.h"
+#include "keel/store/user_store.h"
 #include "keel/tools/gateway.h"
 
 namespace keel::api {
@@ -196,6 +198,15 @@ void RegisterAgentRoutes(http::Router& router, ApiContext& ctx) {
     store::Paged<store::Agent> agents;
     Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
       KEEL_ASSIGN_OR_RETURN(agents, tx.agents().ListAgents(req.principal.tenant_id, *page));
+      // A person's token lists the agents the person may talk to (its pages may be short).
+      std::vector<store::Agent> kept;
+      for (auto& a : agents.items) {
+        Status reach = access::Reachable(tx, a.tenant_id, req.principal.user_id, a.id);
+        if (reach.code() == Code::kNotFound) continue;
+        KEEL_RETURN_IF_ERROR(reach);
+        kept.push_back(std::move(a));
+      }
+      agents.items = std::move(kept);
       return Status::Ok();
     });
     if (!st.ok()) co_return Response::Error(st);
@@ -283,6 +294,18 @@ void RegisterAgentRoutes(http::Router& router, ApiContext& ctx) {
         KEEL_RETURN_IF_ERROR(tx.skills().UnassignSkill(tenant, id, s.name));
         tx.Carry("agent_skills",
                  store::DeletedImage({{"tenant_id", tenant}, {"agent_id", id}, {"skill", s.name}}));
+      }
+      // No one has a role on it any more.
+      for (store::Page page{"", 500};;) {
+        KEEL_ASSIGN_OR_RETURN(auto members, tx.users().ListMembers(tenant, id, page));
+        for (const auto& m : members.items) {
+          KEEL_RETURN_IF_ERROR(tx.users().DeleteMember(tenant, id, m.user_id));
+          tx.Carry("agent_members",
+                   store::DeletedImage(
+                       {{"tenant_id", tenant}, {"agent_id", id}, {"user_id", m.user_id}}));
+        }
+        if (members.next_cursor.empty()) break;
+        page.cursor = members.next_cursor;
       }
       tx.Carry("agents", store::ColumnsImage({{"id", id}, {"status", "deleted"}}));
       return tx.events().Append({tenant, "agent.deleted@v1", id, "", "", {}});

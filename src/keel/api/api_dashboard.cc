@@ -201,7 +201,8 @@ void RegisterDashboardRoutes(http::Router& router, ApiContext& ctx) {
         if (!cookie.ok()) co_return signed_out;
         const std::string secret = *cookie;
         if (secret.empty()) co_return signed_out;
-        auto who = co_await MakeAuthenticator(ctx)(secret);
+        const http::Request no_route;  // the sign-in itself, not a route's object
+        auto who = co_await MakeAuthenticator(ctx)(secret, no_route);
         if (!who.ok()) {
           if (who.status().code() == Code::kUnauthenticated) co_return signed_out;
           co_return Response::Error(who.status());

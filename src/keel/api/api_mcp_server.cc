@@ -18,6 +18,7 @@
 #include <set>
 
 #include "keel/access/access.h"
+#include "keel/access/users.h"
 #include "keel/api/api.h"
 #include "keel/api/render.h"
 #include "keel/common/ids.h"
@@ -310,6 +311,7 @@ asio::awaitable<Response> Initialize(ApiContext& ctx, const Request& req, const 
   store::Agent agent;
   auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
     KEEL_ASSIGN_OR_RETURN(agent, tx.agents().GetAgent(session.tenant_id, agent_id));
+    KEEL_RETURN_IF_ERROR(access::Reachable(tx, session.tenant_id, req.principal.user_id, agent_id));
     return runs::OpenSession(tx, session, "mcp");
   });
   if (!written.ok()) {

@@ -8,6 +8,7 @@
 #include <chrono>
 
 #include "keel/access/access.h"
+#include "keel/access/users.h"
 #include "keel/api/api.h"
 #include "keel/api/render.h"
 #include "keel/api/run_wait.h"
@@ -246,13 +247,20 @@ Result<ChatRequest> ParseChatRequest(const Json& body, std::string* param) {
 }
 
 // The agent a model string names: by id, or by name.
-Result<store::Agent> AgentNamed(store::Tx& tx, const std::string& tenant_id,
+Result<store::Agent> AgentNamed(store::Tx& tx, const http::Principal& who,
                                 const std::string& name) {
-  if (IsUuid(name)) {
-    auto byid = tx.agents().GetAgent(tenant_id, name);
-    if (byid.ok() || byid.status().code() != Code::kNotFound) return byid;
+  Result<store::Agent> found = NotFound("agent not found: " + name);
+  if (IsUuid(name)) found = tx.agents().GetAgent(who.tenant_id, name);
+  if (found.status().code() == Code::kNotFound) {
+    found = tx.agents().GetAgentByName(who.tenant_id, name);
   }
-  return tx.agents().GetAgentByName(tenant_id, name);
+  if (!found.ok()) return found;
+  // A person's token reaches only the agents the person may talk to.
+  if (Status st = access::Reachable(tx, who.tenant_id, who.user_id, found->id); !st.ok()) {
+    if (st.code() == Code::kNotFound) return NotFound("agent not found: " + name);
+    return st;
+  }
+  return found;
 }
 
 // A session's title from its first words (at most 80 bytes, cut between characters).
@@ -348,7 +356,7 @@ void RegisterOpenAiRoutes(http::Router& router, ApiContext& ctx) {
         store::Agent agent;
         store::Session session;
         Status read = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
-          auto found = AgentNamed(tx, who.tenant_id, chat->agent);
+          auto found = AgentNamed(tx, who, chat->agent);
           if (!found.ok()) return found.status();
           agent = std::move(*found);
           if (continued.empty()) return Status::Ok();
@@ -584,7 +592,12 @@ void RegisterOpenAiRoutes(http::Router& router, ApiContext& ctx) {
           page.limit = 500;
           while (true) {
             KEEL_ASSIGN_OR_RETURN(auto got, tx.agents().ListAgents(req.principal.tenant_id, page));
-            for (auto& a : got.items) agents.push_back(std::move(a));
+            for (auto& a : got.items) {
+              Status reach = access::Reachable(tx, a.tenant_id, req.principal.user_id, a.id);
+              if (reach.code() == Code::kNotFound) continue;
+              KEEL_RETURN_IF_ERROR(reach);
+              agents.push_back(std::move(a));
+            }
             if (got.next_cursor.empty()) return Status::Ok();
             page.cursor = got.next_cursor;
           }

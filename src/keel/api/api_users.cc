@@ -7,6 +7,7 @@
 #include "keel/api/render.h"
 #include "keel/common/ids.h"
 #include "keel/common/time.h"
+#include "keel/secrets/vault.h"
 #include "keel/store/async.h"
 #include "keel/store/row_images.h"
 #include "keel/store/store.h"
@@ -50,14 +51,23 @@ Json MemberJson(const store::AgentMember& m, const std::string& name) {
 Json AccessJson(const std::string& agent_id, const std::optional<store::AgentAccess>& a) {
   return {{"agent_id", agent_id},
           {"level", a ? a->level : "private"},
-          {"code_set", a && !a->code_hash.empty()},
+          {"code_set", a && a->code_set},
           {"updated_at", a ? Json(FormatRfc3339(a->updated_at)) : Json(nullptr)}};
 }
 
 Result<std::string> UserName(const Json& body) {
   KEEL_ASSIGN_OR_RETURN(auto name, ReqString(body, "name"));
-  if (name.empty() || name.size() > access::kMaxUserName ||
-      name.find_first_of(std::string("\0\r\n", 3)) != std::string::npos) {
+  size_t chars = 0;
+  bool one_line = true;
+  for (size_t i = 0; i < name.size(); ++i) {
+    const auto c = static_cast<unsigned char>(name[i]);
+    if ((c & 0xC0) != 0x80) ++chars;  // a character starts here
+    one_line = one_line && c >= 0x20 && c != 0x7f;
+    // U+0085 (next line), U+2028 (line separator), U+2029 (paragraph separator).
+    one_line = one_line && name.compare(i, 2, "\xC2\x85") != 0 &&
+               name.compare(i, 3, "\xE2\x80\xA8") != 0 && name.compare(i, 3, "\xE2\x80\xA9") != 0;
+  }
+  if (chars == 0 || chars > access::kMaxUserName || !one_line) {
     return InvalidArgument("name must be 1 to 200 characters on one line");
   }
   return name;
@@ -157,6 +167,12 @@ void RegisterUserRoutes(http::Router& router, ApiContext& ctx) {
       auto id = ReqString(item, "platform_user_id");
       if (!id.ok()) co_return Response::Error(id.status());
       if (auto st = CheckIdentity(*platform, *id); !st.ok()) co_return Response::Error(st);
+      for (const auto& seen : identities) {
+        if (seen.platform == *platform && seen.platform_user_id == *id) {
+          co_return Response::Error(
+              InvalidArgument("identity " + *platform + ":" + *id + " is given twice"));
+        }
+      }
       identities.push_back({u.tenant_id, *platform, *id, u.id, "", u.created_at});
     }
     auto written = co_await store::AsyncWrite(ctx.store, [&](store::Tx& tx) -> Status {
@@ -432,13 +448,19 @@ void RegisterUserRoutes(http::Router& router, ApiContext& ctx) {
       a.tenant_id = tenant;
       a.agent_id = agent_id;
       a.level = *level;
-      a.code_hash = before ? before->code_hash : "";
+      a.code_set = before && before->code_set;
       // A protected agent without a code would let no one in: it gets one.
-      if (new_code || (a.level == "protected" && a.code_hash.empty() && !code)) {
+      if (new_code || (a.level == "protected" && !a.code_set && !code)) {
         made = access::NewAccessCode();
         code = made;
       }
-      if (code) a.code_hash = access::AccessCodeHash(agent_id, *code);
+      if (code) {
+        // Sealed as every secret is (no key-encryption key: refused, nothing written).
+        KEEL_RETURN_IF_ERROR(
+            ctx.vault.Put(tx, tenant, access::AccessCodeSecret(agent_id), *code, NowMillis())
+                .status());
+        a.code_set = true;
+      }
       a.updated_at = NowMillis();
       KEEL_RETURN_IF_ERROR(tx.users().PutAccess(a));
       tx.Carry("agent_access", store::RowImage(a));

@@ -98,12 +98,14 @@ asio::awaitable<Result<std::string>> RecordDelivery(store::Store& store, const s
 }
 
 asio::awaitable<Result<access::Admission>> AdmitDelivery(store::Store& store,
+                                                         const secrets::Vault& vault,
                                                          const store::Channel& c,
-                                                         const ChatMessage& m, bool over_rate) {
+                                                         const ChatMessage& m, int recent) {
   // What a delivery recorded before was owed: its session's run again, or nothing more.
   auto again = [&](store::Tx& tx, const std::string& channel_role,
                    const std::optional<std::string>& went) -> Result<access::Admission> {
     access::Admission a;
+    a.replay = true;
     if (went->empty()) return a;  // refused (its notice is its reply)
     KEEL_ASSIGN_OR_RETURN(auto identity,
                           tx.users().FindIdentity(c.tenant_id, m.sender.platform, m.sender.id));
@@ -127,9 +129,9 @@ asio::awaitable<Result<access::Admission>> AdmitDelivery(store::Store& store,
       KEEL_ASSIGN_OR_RETURN(out, again(tx, channel_role, went));
       return Status::Ok();
     }
-    KEEL_ASSIGN_OR_RETURN(out, access::AdmitSender(tx, c.tenant_id, c.agent_id, channel_role,
-                                                   m.sender, m.text, m.direct, m.addressed,
-                                                   over_rate, /*may_write=*/false, NowMillis()));
+    KEEL_ASSIGN_OR_RETURN(
+        out, access::AdmitSender(tx, vault, c.tenant_id, c.agent_id, channel_role, m.sender, m.text,
+                                 m.direct, m.addressed, recent, /*may_write=*/false, NowMillis()));
     return Status::Ok();
   });
   if (!read.ok()) co_return read;
@@ -148,8 +150,8 @@ asio::awaitable<Result<access::Admission>> AdmitDelivery(store::Store& store,
         return Status::Ok();
       }
       KEEL_ASSIGN_OR_RETURN(
-          out, access::AdmitSender(tx, c.tenant_id, c.agent_id, channel_role, m.sender, m.text,
-                                   m.direct, m.addressed, over_rate, /*may_write=*/true, now));
+          out, access::AdmitSender(tx, vault, c.tenant_id, c.agent_id, channel_role, m.sender,
+                                   m.text, m.direct, m.addressed, recent, /*may_write=*/true, now));
       if (out.take || out.notice.empty()) return Status::Ok();
       // Refused (or let in by its access code): the notice is the delivery's answer.
       store::ChannelDelivery delivery{c.tenant_id, c.id, m.delivery_id, "", now};

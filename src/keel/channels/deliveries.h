@@ -13,6 +13,9 @@ namespace keel::store {
 class Store;
 struct Channel;
 }  // namespace keel::store
+namespace keel::secrets {
+class Vault;
+}
 
 namespace keel::channels {
 
@@ -43,10 +46,11 @@ struct ChatMessage {
 // a delivery recorded before is taken again as it was (a replay) or passed over (it was
 // refused). A decision that writes (a new guest, an access code accepted) is made in a unit
 // of its own; a refusal's notice is recorded in that unit as the delivery's reply (the outbox
-// sends it) with the delivery, so that the delivery again is passed over.
+// sends it) with the delivery, so that the delivery again is passed over. `recent`: the
+// sender's messages to the agent this minute, this one included (access::AdmitSender).
 boost::asio::awaitable<Result<access::Admission>> AdmitDelivery(store::Store& store,
+                                                                const secrets::Vault& vault,
                                                                 const store::Channel& channel,
-                                                                const ChatMessage& m,
-                                                                bool over_rate);
+                                                                const ChatMessage& m, int recent);
 
 }  // namespace keel::channels

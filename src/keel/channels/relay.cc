@@ -41,9 +41,6 @@ struct BotAnswer {
 namespace {
 
 constexpr int kBatch = 32;           // replies claimed per round
-// Messages a guest may send an agent per minute from a chat platform; more are answered with a
-// notice instead of a run.
-constexpr int kGuestMessagesPerMinute = 20;
 constexpr size_t kMaxInFlight = 64;  // replies sent at once by this node
 // Of those, the most one tenant's take: a tenant whose platform (its api_base) holds requests
 // open does not hold every other tenant's answers back.
@@ -684,22 +681,26 @@ asio::awaitable<Status> Relay::Take(const PollRead& read, const TelegramInbound&
   co_return Status::Ok();
 }
 
-bool Relay::OverRate(const std::string& agent_id, const access::Sender& sender) {
+int Relay::SenderRate(const std::string& agent_id, const access::Sender& sender, bool count) {
   const Millis now = NowMillis();
   const Millis minute = now - now % 60000;
   if (sender_rates_.size() > 10000) {
     std::erase_if(sender_rates_, [&](const auto& kv) { return kv.second.first != minute; });
   }
-  auto& [start, count] = sender_rates_[agent_id + "|" + sender.platform + ":" + sender.id];
-  if (start != minute) std::tie(start, count) = std::pair(minute, 0);
-  return ++count > kGuestMessagesPerMinute;
+  auto& [start, sent] = sender_rates_[agent_id + "|" + sender.platform + ":" + sender.id];
+  if (start != minute) std::tie(start, sent) = std::pair(minute, 0);
+  if (count) ++sent;
+  return sent;
 }
 
 asio::awaitable<Result<bool>> Relay::Deliver(const store::Channel& c, const std::string& key_prefix,
                                              const ChatMessage& in) {
-  const bool over_rate = in.addressed && OverRate(c.agent_id, in.sender);
-  auto admitted = co_await AdmitDelivery(store_, c, in, over_rate);
+  // This one counts once it is known not to be a replay (a platform's retry, a batch fetched
+  // again); two at once may both see the count before the other.
+  const int recent = SenderRate(c.agent_id, in.sender, false) + 1;
+  auto admitted = co_await AdmitDelivery(store_, vault_, c, in, recent);
   if (!admitted.ok()) co_return admitted.status();
+  if (!admitted->replay && in.addressed) SenderRate(c.agent_id, in.sender, true);
   if (!admitted->take) {
     if (!admitted->notice.empty()) WakeSender();
     co_return false;

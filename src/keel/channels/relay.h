@@ -120,8 +120,9 @@ class Relay {
   boost::asio::awaitable<Result<bool>> Deliver(const store::Channel& c,
                                                const std::string& key_prefix,
                                                const ChatMessage& in);
-  // Whether the sender wrote more than a guest may in the last minute (counting this one).
-  bool OverRate(const std::string& agent_id, const access::Sender& sender);
+  // The sender's messages to the agent in the current minute (after counting one more when
+  // `count`).
+  int SenderRate(const std::string& agent_id, const access::Sender& sender, bool count);
   // Records why the channel's last poll failed ("" for none) and its cursor.
   boost::asio::awaitable<void> RecordPoll(const PollRead& read, std::string cursor,
                                           std::string error);

@@ -161,6 +161,11 @@ Result<TelegramInbound> RouteUpdate(const Json& update, const TelegramBot& bot) 
   // Anonymous group admins post as the group (is_bot with GroupAnonymousBot), and channel posts
   // have no person: without one there is no identity to answer to.
   if (!IsInt(from, "id")) return ignore("from no one");
+  // Posted on behalf of a chat (a linked channel's automatic forwards come "from" Telegram's
+  // service account, 777000): no person wrote it.
+  if (msg.contains("sender_chat") || IsTrue(msg, "is_automatic_forward")) {
+    return ignore("posted on behalf of a chat");
+  }
   if (!msg.contains("text") || !msg["text"].is_string()) return ignore("not a text message");
   const Json chat = msg.value("chat", Json::object());
   if (!IsInt(chat, "id") || !chat.contains("type") || !chat["type"].is_string()) {

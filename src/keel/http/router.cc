@@ -121,7 +121,8 @@ boost::asio::awaitable<Response> Router::Dispatch(Request& request) const {
       if (token.empty()) {
         co_return error(Unauthenticated("missing bearer token (Authorization: Bearer ...)"));
       }
-      auto principal = co_await authenticate_(token);
+      request.params = params;
+      auto principal = co_await authenticate_(token, request);
       if (!principal.ok()) co_return error(principal.status());
       if (by_cookie) {
         if (principal->browser_session_id.empty()) {

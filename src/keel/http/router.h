@@ -14,9 +14,10 @@
 namespace keel::http {
 
 using Handler = std::function<boost::asio::awaitable<Response>(Request&)>;
-// Resolves the bearer token into a principal; kUnauthenticated when missing or invalid.
-using Authenticator =
-    std::function<boost::asio::awaitable<Result<Principal>>(std::string bearer_token)>;
+// Resolves the bearer token into a principal for the request (its route's params are set);
+// kUnauthenticated when missing or invalid.
+using Authenticator = std::function<boost::asio::awaitable<Result<Principal>>(
+    std::string bearer_token, const Request& request)>;
 // Renders a failure the router finds for a route (no token, a bad one, a handler that threw) in
 // the shape that route's clients read; Keel's own (Response::Error) when a route gives none.
 using ErrorRenderer = Response (*)(const Status& status);

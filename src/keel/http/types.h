@@ -20,7 +20,11 @@ namespace keel::http {
 struct Principal {
   std::string tenant_id;
   std::string token_id;  // a dashboard sign-in acts as the token that signed in
-  std::string role;      // owner | user | guest
+  // owner | user | guest: for a token of a user, on the agent the request concerns, the
+  // lower of its own role and its user's there (access/users.h); on the tenant's other routes
+  // at most guest.
+  std::string role;
+  std::string user_id;  // the user the token belongs to, "" for a token of the tenant
   bool platform_admin = false;
   // The dashboard sign-in's own token id when the credential is one (a cookie or its secret),
   // else "".

@@ -71,7 +71,8 @@ constexpr AddedColumn kAddedColumns[] = {
     {"sessions", "description", 5, "\"\""},  {"sessions", "created_by", 6, "\"\""},
     {"sessions", "instructions", 9, "\"\""}, {"tenants", "allow_host_exec", 6, "0"},
     {"tenants", "allow_stdio_mcp", 6, "0"},  {"events", "hash", 7, "\"\""},
-    {"api_tokens", "parent_id", 10, "\"\""}, {"api_tokens", "expires_at", 10, "null"}};
+    {"api_tokens", "parent_id", 10, "\"\""}, {"api_tokens", "expires_at", 10, "null"},
+    {"api_tokens", "user_id", 12, "\"\""}};
 
 void FillAddedColumns(const ExportTableSpec& t, int version, Json& row) {
   for (const auto& c : kAddedColumns) {

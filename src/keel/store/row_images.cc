@@ -68,6 +68,7 @@ std::string RowImage(const Token& t) {
       .OptInt("revoked_at", t.revoked_at)
       .Col("parent_id", t.parent_id)
       .OptInt("expires_at", t.expires_at)
+      .Col("user_id", t.user_id)
       .Done();
 }
 
@@ -431,7 +432,7 @@ std::string RowImage(const AgentAccess& a) {
       .Col("tenant_id", a.tenant_id)
       .Col("agent_id", a.agent_id)
       .Col("level", a.level)
-      .Col("code_hash", a.code_hash)
+      .Int("code_set", a.code_set ? 1 : 0)
       .Col("updated_at", a.updated_at)
       .Done();
 }

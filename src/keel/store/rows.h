@@ -37,7 +37,7 @@ Tenant ReadTenant(const Row& r) {
 }
 
 inline constexpr const char* kTokenCols =
-    "id, tenant_id, name, role, hash, created_at, revoked_at, parent_id, expires_at";
+    "id, tenant_id, name, role, hash, created_at, revoked_at, parent_id, expires_at, user_id";
 template <typename Row>
 Token ReadToken(const Row& s) {
   Token t;
@@ -50,6 +50,7 @@ Token ReadToken(const Row& s) {
   t.revoked_at = s.OptInt(6);
   t.parent_id = s.Text(7);
   t.expires_at = s.OptInt(8);
+  t.user_id = s.Text(9);
   return t;
 }
 

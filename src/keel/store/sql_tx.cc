@@ -195,10 +195,10 @@ Status SqlTx<Sql>::SettingsVersionLater(const std::string& tenant_id, int64_t& o
 
 template <typename Sql>
 Status SqlTx<Sql>::InsertToken(const Token& t) {
-  static const std::string kSql = InsertSql("api_tokens", kTokenCols, 9);
+  static const std::string kSql = InsertSql("api_tokens", kTokenCols, 10);
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(t.tenant_id));
   return Inserted(sql_.Exec(kSql, t.id, t.tenant_id, t.name, t.role, t.hash, t.created_at,
-                            t.revoked_at, t.parent_id, t.expires_at),
+                            t.revoked_at, t.parent_id, t.expires_at, t.user_id),
                   "token already exists: " + t.id);
 }
 
@@ -1090,6 +1090,16 @@ Result<Paged<User>> SqlTx<Sql>::ListUsers(const std::string& tenant_id, const Pa
 }
 
 template <typename Sql>
+Result<std::vector<User>> SqlTx<Sql>::MergedInto(const std::string& tenant_id,
+                                                 const std::string& user_id) {
+  static const std::string kSql = "SELECT " + std::string(kUserCols) +
+                                  " FROM users WHERE tenant_id=$1 AND merged_into=$2 ORDER BY id";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, user_id));
+  return Collect<User>(r, ReadUser<typename Sql::Row>);
+}
+
+template <typename Sql>
 Status SqlTx<Sql>::InsertIdentity(const Identity& i) {
   static const std::string kSql = InsertSql("identities", kIdentityCols, 6);
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(i.tenant_id));
@@ -1202,23 +1212,25 @@ template <typename Sql>
 Result<std::optional<AgentAccess>> SqlTx<Sql>::GetAccess(const std::string& tenant_id,
                                                          const std::string& agent_id) {
   static const std::string kSql =
-      "SELECT level, code_hash, updated_at FROM agent_access WHERE tenant_id=$1 AND agent_id=$2";
+      "SELECT level, code_set, updated_at FROM agent_access WHERE tenant_id=$1 AND agent_id=$2";
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
   KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, agent_id));
   KEEL_ASSIGN_OR_RETURN(bool found, r.Step());
   if (!found) return std::optional<AgentAccess>();
   return std::optional<AgentAccess>(
-      AgentAccess{tenant_id, agent_id, r.Text(0), r.Text(1), r.Int(2)});
+      AgentAccess{tenant_id, agent_id, r.Text(0), r.Int(1) != 0, r.Int(2)});
 }
 
 template <typename Sql>
 Status SqlTx<Sql>::PutAccess(const AgentAccess& a) {
   static const std::string kSql =
-      "INSERT INTO agent_access(tenant_id, agent_id, level, code_hash, updated_at) "
+      "INSERT INTO agent_access(tenant_id, agent_id, level, code_set, updated_at) "
       "VALUES($1,$2,$3,$4,$5) ON CONFLICT(tenant_id, agent_id) DO UPDATE SET "
-      "level=excluded.level, code_hash=excluded.code_hash, updated_at=excluded.updated_at";
+      "level=excluded.level, code_set=excluded.code_set, updated_at=excluded.updated_at";
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(a.tenant_id));
-  return sql_.Exec(kSql, a.tenant_id, a.agent_id, a.level, a.code_hash, a.updated_at).status();
+  return sql_
+      .Exec(kSql, a.tenant_id, a.agent_id, a.level, int64_t{a.code_set ? 1 : 0}, a.updated_at)
+      .status();
 }
 
 // ---- ChannelStore

@@ -307,6 +307,8 @@ class SqlTx : public Tx,
   Status UpdateUser(const User& u) override;
   Result<User> GetUser(const std::string& tenant_id, const std::string& id) override;
   Result<Paged<User>> ListUsers(const std::string& tenant_id, const Page& page) override;
+  Result<std::vector<User>> MergedInto(const std::string& tenant_id,
+                                       const std::string& user_id) override;
   Status InsertIdentity(const Identity& i) override;
   Status UpdateIdentity(const Identity& i) override;
   Status DeleteIdentity(const std::string& tenant_id, const std::string& platform,

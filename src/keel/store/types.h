@@ -34,6 +34,9 @@ struct Token {
   // "" for a token made through POST /v1/tokens or at a tenant's creation.
   std::string parent_id;
   std::optional<Millis> expires_at;  // none: until revoked
+  // The user it belongs to ("" for a token of the tenant, not of a person): its role on an
+  // agent is then at most its user's there (access/users.h).
+  std::string user_id;
 };
 
 // A tenant's data key for secrets, wrapped (sealed) by the key-encryption key whose fingerprint

@@ -50,7 +50,8 @@ struct AgentAccess {
   // public: anyone on a platform becomes its guest by writing to it; protected: by sending its
   // access code first; private: members only.
   std::string level = "private";
-  std::string code_hash;  // users::CodeHash of the access code; "" when none is set
+  // Whether its access code is set: the tenant secret access::AccessCodeSecret names.
+  bool code_set = false;
   Millis updated_at = 0;
 };
 
@@ -65,6 +66,9 @@ class UserStore {
   virtual Result<User> GetUser(const std::string& tenant_id, const std::string& id) = 0;
   // By id, merged ones included.
   virtual Result<Paged<User>> ListUsers(const std::string& tenant_id, const Page& page) = 0;
+  // The users merged into `user_id`, by id.
+  virtual Result<std::vector<User>> MergedInto(const std::string& tenant_id,
+                                               const std::string& user_id) = 0;
 
   // kConflict when the tenant has that identity already.
   virtual Status InsertIdentity(const Identity& i) = 0;
