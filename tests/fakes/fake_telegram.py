@@ -35,7 +35,8 @@ Failure injection, per method, consumed in order before normal answers (POST /_f
 {"status": 429, "retry_after": S}, {"status": 500}, {"status": 403, "description": "..."} (any
 status, with a default description), {"drop": true} (the whole request is read and counted, then
 the connection is closed without an answer), {"delay": S} (answered normally after S seconds;
-{"delay": 0} is a normal answer).
+{"delay": 0} is a normal answer), {"garbled": true} (carried out, then answered 200 with an HTML
+page instead of the result, as a broken proxy in front of Telegram would).
 
 Control endpoints (no token, JSON):
 - POST /_updates {"updates": [UPDATE, ...]}: queued; an update without update_id gets the next
@@ -379,6 +380,14 @@ class Handler(FakeHandler):
             raise
         with cond:
             call["status"] = 200
+        if failure is not None and failure.get("garbled"):
+            page = b"<html><body>upstream answered</body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+            return
         self.send_json(200, {"ok": True, "result": result})
 
     # ---------------------------------------------------------------- bot methods

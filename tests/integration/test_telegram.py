@@ -468,6 +468,30 @@ class OutboxTest(TelegramCase):
         self.assertEqual(len(fake.sends(222)), 1, "a send cut after its request was repeated")
         self.assertEqual(fake.to(111) + fake.to(222), [])
 
+    def test_a_gateways_502_or_504_and_an_unreadable_200_are_unknown_never_repeated(self):
+        # Each may have reached Telegram (a proxy passed the request on; Telegram took it and
+        # the proxy mangled the answer): sent again, the chat could show the answer twice.
+        t, fake = self.t, self.fake
+        agent, ch = self.bot()
+        for chat, failure in ((441, {"status": 502}), (442, {"status": 504}),
+                              (443, {"garbled": True})):
+            fake.fail("sendMessage", failure)
+            r = t.wait_reply(ch, fake.message(chat, "maybe"), ("unknown",))
+            self.assertEqual(r["attempts"], 1, r)
+            self.assertIn("may or may not have it", r["error"])
+        self.answered(444, "anchor")
+        for chat in (441, 442, 443):
+            self.assertEqual(len(fake.sends(chat)), 1, "sent again to %d" % chat)
+        self.assertEqual(len(fake.to(443)), 1, "the mangled answer's message is shown once")
+
+    def test_a_text_longer_than_any_platform_sends_is_passed_over(self):
+        t, fake = self.t, self.fake
+        agent, ch = self.bot()
+        huge = fake.message(451, "x" * (64 * 1024 + 1))
+        self.answered(452, "after the huge one")
+        self.assertNotIn(str(huge), t.replies(ch))
+        self.assertNotIn("tg: chat:451", t.sessions(agent))
+
     def test_no_reply_is_skipped_and_a_failed_run_says_so(self):
         t, fake = self.t, self.fake
         agent, ch = self.bot(config={"local_rules": [

@@ -363,6 +363,14 @@ TEST(TelegramRouteTest, AGroupTakesMentionsOfTheBotAsAWholeWordInAnyCase) {
     ExpectUnaddressed(GroupUpdate(text));
     ExpectUnaddressed(TextUpdate(-42, "group", text));
   }
+  // A command for this bot in the form Telegram gives it where several bots are: addressed;
+  // another bot's command, or a bare one, is not.
+  ExpectTaken(GroupUpdate("/help@Keel_Test_Bot now"), "First Last: /help@Keel_Test_Bot now",
+              reply_55);
+  for (const char* text :
+       {"/help@other_bot", "/help", "x /help@keel_test_botx", "/help@keel_test_bot2"}) {
+    ExpectUnaddressed(GroupUpdate(text));
+  }
   // A bot without a username (getMe gave none) is mentioned by nothing: not by a bare "@".
   const TelegramBot nameless{kBotId, ""};
   for (const char* text : {"@", "@ hi", "mail me @ home", "@keel_test_bot"}) {

@@ -42,6 +42,7 @@ namespace {
 
 constexpr int kBatch = 32;           // replies claimed per round
 constexpr size_t kMaxInFlight = 64;  // replies sent at once by this node
+constexpr size_t kMaxInboundBytes = 64 * 1024;  // the longest platform message taken
 // Of those, the most one tenant's take: a tenant whose platform (its api_base) holds requests
 // open does not hold every other tenant's answers back.
 constexpr int kMaxTenantInFlight = 8;
@@ -695,6 +696,13 @@ int Relay::SenderRate(const std::string& agent_id, const access::Sender& sender,
 
 asio::awaitable<Result<bool>> Relay::Deliver(const store::Channel& c, const std::string& key_prefix,
                                              const ChatMessage& in) {
+  // A platform's message is at most this long (Telegram's 4,096 characters, Slack's 40,000): a
+  // longer one, which only a server posing as the platform sends, is passed over.
+  if (in.content.size() > kMaxInboundBytes) {
+    LogError("channel " + c.id + ": delivery " + in.delivery_id + " passed over: its text has " +
+             std::to_string(in.content.size()) + " bytes");
+    co_return false;
+  }
   // This one counts once it is known not to be a replay (a platform's retry, a batch fetched
   // again); two at once may both see the count before the other.
   const int recent = SenderRate(c.agent_id, in.sender, false) + 1;
@@ -1120,7 +1128,13 @@ asio::awaitable<void> Relay::Send(store::ChannelReply r) {
       if (!co_await Record(r)) co_return;
       continue;
     }
-    if (!got.ok() && !NeverSent(got.status())) {
+    // What may have reached the platform without its answer reaching Keel: a connection cut
+    // after the request went, a gateway's 502 or 504 (it may have passed the request on), a
+    // 2xx whose body is not the platform's answer.
+    const bool cut = !got.ok() && !NeverSent(got.status());
+    const bool gateway = got.ok() && (got->status == 502 || got->status == 504);
+    const bool unreadable = got.ok() && got->status / 100 == 2 && !ParseJson(got->body).ok();
+    if (cut || gateway || unreadable) {
       r.attempts += 1;
       r.status = "unknown";
       r.error = TruncateUtf8(

@@ -26,6 +26,14 @@ bool Mentions(const std::string& text, const std::string& username) {
     bool starts = at == 0 || !WordChar(hay[at - 1]);  // not mail@name
     if (starts && (end == hay.size() || !WordChar(hay[end]))) return true;
   }
+  // A command for this bot: "/cmd@name" as the message's first word (Telegram's own form for
+  // a command in a group with several bots).
+  if (!hay.empty() && hay[0] == '/') {
+    const size_t word = hay.find_first_of(" \t\n");
+    const std::string first = hay.substr(0, word);
+    const size_t at = first.find('@');
+    return at != std::string::npos && at > 1 && first.substr(at) == needle;
+  }
   return false;
 }
 
