@@ -121,19 +121,23 @@ asio::awaitable<Result<access::Admission>> AdmitDelivery(store::Store& store,
     return a;
   };
   access::Admission out;
-  Status read = co_await store::AsyncRead(store, [&](store::Tx& tx) -> Status {
+  // The decision, in a read (`may_write` false) or in the unit that writes what it makes; whether
+  // the delivery was taken before (nothing to write then).
+  auto decide = [&](store::Tx& tx, bool may_write, Millis now) -> Result<bool> {
     KEEL_ASSIGN_OR_RETURN(auto channel_role, ChannelRole(tx, c));
     KEEL_ASSIGN_OR_RETURN(auto went,
                           tx.channels().DeliverySession(c.tenant_id, c.id, m.delivery_id));
     if (went) {
       KEEL_ASSIGN_OR_RETURN(out, again(tx, channel_role, went));
-      return Status::Ok();
+      return true;
     }
     KEEL_ASSIGN_OR_RETURN(
         out, access::AdmitSender(tx, vault, c.tenant_id, c.agent_id, channel_role, m.sender, m.text,
-                                 m.direct, m.addressed, recent, /*may_write=*/false, NowMillis()));
-    return Status::Ok();
-  });
+                                 m.direct, m.addressed, recent, may_write, now));
+    return false;
+  };
+  Status read = co_await store::AsyncRead(
+      store, [&](store::Tx& tx) { return decide(tx, false, NowMillis()).status(); });
   if (!read.ok()) co_return read;
   if (!out.needs_write) co_return out;
   Status last = Status::Ok();
@@ -142,17 +146,8 @@ asio::awaitable<Result<access::Admission>> AdmitDelivery(store::Store& store,
   for (int attempt = 0; attempt < 2; ++attempt) {
     auto written = co_await store::AsyncWrite(store, [&](store::Tx& tx) -> Status {
       const Millis now = NowMillis();
-      KEEL_ASSIGN_OR_RETURN(auto channel_role, ChannelRole(tx, c));
-      KEEL_ASSIGN_OR_RETURN(auto went,
-                            tx.channels().DeliverySession(c.tenant_id, c.id, m.delivery_id));
-      if (went) {
-        KEEL_ASSIGN_OR_RETURN(out, again(tx, channel_role, went));
-        return Status::Ok();
-      }
-      KEEL_ASSIGN_OR_RETURN(
-          out, access::AdmitSender(tx, vault, c.tenant_id, c.agent_id, channel_role, m.sender,
-                                   m.text, m.direct, m.addressed, recent, /*may_write=*/true, now));
-      if (out.take || out.notice.empty()) return Status::Ok();
+      KEEL_ASSIGN_OR_RETURN(bool replay, decide(tx, true, now));
+      if (replay || out.take || out.notice.empty()) return Status::Ok();
       // Refused (or let in by its access code): the notice is the delivery's answer.
       store::ChannelDelivery delivery{c.tenant_id, c.id, m.delivery_id, "", now};
       KEEL_RETURN_IF_ERROR(tx.channels().InsertDelivery(delivery));
