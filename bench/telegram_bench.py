@@ -101,6 +101,13 @@ def main():
              {"kind": "telegram", "name": "tg",
               "settings": {"bot_token": "BOT", "api_base": "http://127.0.0.1:%d" % fake}},
              owner)
+        # The senders are the agent's users (members, so no guest's rate limit holds them back;
+        # a private chat's id is its person's).
+        for chat in [1] + [10000 + c for c in range(args.chats)]:
+            user = call(port, "POST", "/v1/users", {"name": "chat %d" % chat, "identities": [
+                {"platform": "telegram", "platform_user_id": str(chat)}]}, owner)
+            call(port, "PUT", "/v1/agents/%s/members/%s" % (agent["id"], user["id"]),
+                 {"role": "user"}, owner)
 
         channel = call(port, "GET", "/v1/agents/%s/channels" % agent["id"], None,
                        owner)["items"][0]["id"]
