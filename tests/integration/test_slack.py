@@ -332,6 +332,47 @@ class EndToEndTest(SlackCase):
         self.assertEqual(fake.sent()["unescaped"], 0)
 
 
+class OwnersTest(SlackCase):
+    def test_an_owner_is_heard_in_a_channel_without_a_mention_and_no_one_else_is(self):
+        # The app subscribed to message.channels: every message of the channel comes, and a
+        # mention twice (as a message and as an app_mention).
+        t, fake = self.t, self.fake
+        app = self.app()
+        olga = t.ok("POST", "/v1/users", {"name": "Olga", "identities": [
+            {"platform": "slack", "platform_user_id": "U0OLGA"}]}, expect=201)
+        t.ok("PUT", "/v1/agents/%s/members/%s" % (app.agent["id"], olga["id"]),
+             {"role": "owner"})
+        c = "C0TEAM"
+
+        def message(user, text, **kw):
+            ts = "%.6f" % time.time()
+            return app.taken(app.push(event=dict({
+                "type": "message", "channel": c, "channel_type": "channel", "user": user,
+                "text": text, "ts": ts, "event_ts": ts}, **kw))), ts
+
+        heard, root = message("U0OLGA", "status of the deploy?")
+        [m] = fake.wait_sent(c)
+        self.assertEqual((m["_text"], m.get("thread_ts")), (said("status of the deploy?"), root))
+        t.wait_reply(app.ch, heard)
+        # Another's message calls no one: passed over, nothing written.
+        ignored, _ = message("U0ANN", "lunch anyone?")
+        # A mention comes as a message (passed over) and as an app_mention (taken once).
+        mention_text = "<@%s> what about you?" % BOT_USER
+        twice, _ = message("U0ANN", mention_text)
+        app.taken(app.mention(c, mention_text, user="U0ANN"))
+        fake.wait_sent(c, 2)
+        time.sleep(1)
+        replies = t.replies(app.ch)
+        self.assertNotIn(ignored, replies)
+        self.assertNotIn(twice, replies)
+        self.assertEqual([x["_text"] for x in fake.to(c)],
+                         [said("status of the deploy?"), said("what about you?")])
+        delivered = [e["payload"]["delivery_id"] for e in t.events("channel.delivered@v1",
+                                                                    app.ch)]
+        self.assertNotIn(ignored, delivered)
+        self.assertNotIn(twice, delivered)
+
+
 class IgnoredTest(SlackCase):
     def test_what_the_agent_does_not_take_is_200_and_writes_nothing(self):
         t, fake = self.t, self.fake

@@ -165,11 +165,26 @@ TEST(SlackRouteTest, WhatIsPassedOver) {
   Json reaction = {{"type", "reaction_added"}, {"user", "U1"}, {"reaction", "+1"}};
   Json no_channel = Dm("x");
   no_channel["channel"] = 5;
-  for (const Json& e : {channel_message, from_bot, edited, itself, no_text, reaction, no_channel}) {
+  // A channel's message that mentions the bot comes again as an app_mention: taken there.
+  Json mentioning = Dm("hey <@UBOT> look");
+  mentioning["channel_type"] = "channel";
+  for (const Json& e : {mentioning, from_bot, edited, itself, no_text, reaction, no_channel}) {
     auto in = RouteSlackEvent(Envelope(e));
     ASSERT_TRUE(in.ok()) << e.dump();
     EXPECT_FALSE(in->take) << e.dump();
     EXPECT_FALSE(in->ignored.empty());
+  }
+  // A channel's other messages are taken to their thread, calling no one (only the agent's
+  // owners are heard so).
+  for (const char* type : {"channel", "group"}) {
+    channel_message["channel_type"] = type;
+    auto in = RouteSlackEvent(Envelope(channel_message));
+    ASSERT_TRUE(in.ok());
+    EXPECT_TRUE(in->take);
+    EXPECT_FALSE(in->addressed);
+    EXPECT_FALSE(in->direct);
+    EXPECT_EQ(in->content, "in a channel");
+    EXPECT_EQ(in->conversation.rfind("thread:", 0), 0u) << in->conversation;
   }
   // Not an event callback at all.
   EXPECT_FALSE(RouteSlackEvent(Json{{"type", "app_rate_limited"}})->take);

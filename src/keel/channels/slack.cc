@@ -161,10 +161,23 @@ Result<SlackInbound> RouteSlackEvent(const Json& envelope) {
     in.content = Unescape(Trim(text));
     if (in.content.empty()) in.content = Unescape(e["text"].get<std::string>());
     in.target = {{"channel", channel}, {"thread_ts", root}};
+  } else if (type == "message" &&
+             (Str(e, "channel_type") == "channel" || Str(e, "channel_type") == "group")) {
+    // A channel's message that does not call the bot (the agent's owners are heard without
+    // calling it). One that mentions the bot comes again as an app_mention, taken there; without
+    // the bot's user id that cannot be told, so none is taken.
+    if (bot_user.empty() || text.find("<@" + bot_user) != std::string::npos) {
+      return ignore("a channel message that mentions the bot (taken as its app_mention)");
+    }
+    const std::string root = thread.empty() ? ts : thread;
+    in.conversation = "thread:" + channel + ":" + root;
+    in.content = Unescape(text);
+    in.target = {{"channel", channel}, {"thread_ts", root}};
+    in.addressed = false;
   } else {
     return ignore("a " + type.substr(0, 32) + " event outside a direct conversation");
   }
-  in.direct = type != "app_mention";
+  in.direct = Str(e, "channel_type") == "im";
   in.sender_id = user;
   in.text = in.content;
   in.take = true;

@@ -59,9 +59,11 @@ struct SlackInbound {
 // The routing rules: a direct message (channel_type "im") is taken as it was typed (Slack's
 // &amp; &lt; &gt; decoded), one session per
 // conversation; in a channel, an app_mention is taken with the bot's mention removed, one session
-// per thread (its root: the event's thread_ts, or its own ts); nothing from a bot, no edit or
-// other subtype, no other event. kInvalidArgument for an event_callback without an event_id or
-// an event.
+// per thread (its root: the event's thread_ts, or its own ts), and a message of a public or
+// private channel (the app subscribed to message.channels or message.groups) that does not
+// mention the bot is taken to the same thread, not `addressed` (only the agent's owners are
+// heard so); nothing from a bot, no edit or other subtype, no other event. kInvalidArgument for an
+// event_callback without an event_id or an event.
 Result<SlackInbound> RouteSlackEvent(const Json& envelope);
 
 // The chat.postMessage body of part `index` of an answer to `target`.
