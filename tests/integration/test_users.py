@@ -559,6 +559,11 @@ class PersonTokenTest(KeelTestCase):
                                  {"content": "hi"}),
                                 ("GET", "/v1/agents/%s/members" % theirs["id"], None)):
             self.assertError(t.request(method, p, body, token=tok), 404, "not_found", p)
+        their_memory = t.ok("POST", "/v1/agents/%s/memories" % theirs["id"], {"text": "theirs"},
+                            expect=201)
+        err = self.assertError(t.request("GET", "/v1/memories/" + their_memory["id"],
+                                         token=tok), 404, "not_found")
+        self.assertEqual(err["message"], "memory not found: " + their_memory["id"])
         t.ok("POST", "/v1/agents/%s/sessions" % open_to_all["id"], {}, expect=201, token=tok)
         self.assertError(t.request("POST", "/v1/agents/%s/memories" % open_to_all["id"],
                                    {"text": "x"}, token=tok), 403, "permission_denied")

@@ -283,7 +283,10 @@ http::Authenticator MakeAuthenticator(ApiContext& ctx) {
         return Status::Ok();
       }
       KEEL_ASSIGN_OR_RETURN(auto on, access::UserRoleOn(tx, found.tenant_id, user_id, agent.first));
-      if (!on) return NotFound(agent.second + " not found: " + req.Param("id"));
+      if (!on) {
+        const std::string named = agent.second == "memory" ? req.Param("memory") : req.Param("id");
+        return NotFound(agent.second + " not found: " + named);
+      }
       role = access::LowerRole(role, *on);
       return Status::Ok();
     });
