@@ -28,6 +28,7 @@ import unittest
 
 import test_slack
 from keel_harness import KeelServer, KeelTestCase, keel_bin, wait_for
+import test_users
 from test_users import KEK, FakeTelegram, Tenant, ident
 
 SERVER = None
@@ -50,17 +51,9 @@ def within_one_minute(needed=30):
         time.sleep(left + 0.2)
 
 
-class TelegramCase(KeelTestCase):
-    def setUp(self):
-        self.server = SERVER
-        self.t = Tenant(SERVER)
-        self.fake = FakeTelegram()
-        self.addCleanup(self.fake.stop)
-
-    def bot(self, **kw):
-        agent, ch = self.t.bot(self.fake, **kw)
-        self.addCleanup(self.t.request, "DELETE", "/v1/channels/" + ch["id"])
-        return agent, ch
+class TelegramCase(test_users.TelegramCase):
+    def the_server(self):
+        return SERVER
 
     def handled(self, update):
         wait_for(lambda: update + 1 in self.fake.sent()["polls"], 60, "a poll past %d" % update)
