@@ -2309,22 +2309,24 @@ int MemberRemove(Context& ctx, const std::string& agent, const std::string& user
 }
 
 int AccessSet(Context& ctx, const std::string& agent, const std::string& level,
-              const std::string& code, bool new_code) {
+              const std::string& code, bool new_code, int64_t guest_daily_tokens) {
   std::string agent_id;
   if (int exit = ResolveAgent(ctx, agent, &agent_id); exit != kExitOk) return exit;
   const std::string path = "/v1/agents/" + Escape(agent_id) + "/access";
   Reply a;
-  if (level.empty()) {
-    if (!code.empty() || new_code) {
-      std::cerr << "keel: give the level (public, protected or private) with --code or "
-                   "--new-code\n";
-      return kExitUsage;
-    }
+  if (level.empty() && (!code.empty() || new_code)) {
+    std::cerr << "keel: give the level (public, protected or private) with --code or "
+                 "--new-code\n";
+    return kExitUsage;
+  }
+  if (level.empty() && guest_daily_tokens < 0) {
     a = Request(ctx, "GET", path);
   } else {
-    Json body = {{"level", level}};
+    Json body = Json::object();
+    if (!level.empty()) body["level"] = level;
     if (!code.empty()) body["code"] = code;
     if (new_code) body["new_code"] = true;
+    if (guest_daily_tokens >= 0) body["guest_daily_tokens"] = guest_daily_tokens;
     a = Request(ctx, "PUT", path, body);
   }
   if (!a.ok()) return a.exit_code;
@@ -2334,7 +2336,11 @@ int AccessSet(Context& ctx, const std::string& agent, const std::string& level,
   }
   PrintFields({{"agent", agent},
                {"access", Str(a.body, "level")},
-               {"access code", a.body.value("code_set", false) ? "set" : "none"}});
+               {"access code", a.body.value("code_set", false) ? "set" : "none"},
+               {"guest daily tokens",
+                a.body.value("guest_daily_tokens", int64_t{0}) == 0
+                    ? std::string("no allowance")
+                    : std::to_string(a.body.value("guest_daily_tokens", int64_t{0}))}});
   if (a.body.contains("code")) {
     std::cout << "The access code, shown this once: " << Str(a.body, "code") << "\n";
   }

@@ -269,9 +269,10 @@ int MemberList(Context& ctx, const std::string& agent);
 int MemberSet(Context& ctx, const std::string& agent, const std::string& user,
               const std::string& role);
 int MemberRemove(Context& ctx, const std::string& agent, const std::string& user);
-// `level` "" shows the access level; `code` "" keeps the code unless `new_code`.
+// `level` "" and `guest_daily_tokens` < 0 show the access; else what is given changes (`code` ""
+// keeps the code unless `new_code`; `level` "" keeps the level).
 int AccessSet(Context& ctx, const std::string& agent, const std::string& level,
-              const std::string& code, bool new_code);
+              const std::string& code, bool new_code, int64_t guest_daily_tokens);
 
 int TenantsCreate(Context& ctx, const std::string& name);
 int TenantsList(Context& ctx);

@@ -198,6 +198,7 @@ int Main(int argc, char** argv) {
   on_parse(members_rm, [&](Context& c) { return MemberRemove(c, agent_ref, member_user); });
   std::string access_level, access_code;
   bool access_new_code = false;
+  int64_t access_allowance = -1;
   CLI::App* access_cmd = agent->add_subcommand(
       "access",
       "Show or set who may talk to an agent from a chat platform: public (anyone, as a guest), "
@@ -209,8 +210,13 @@ int Main(int argc, char** argv) {
                                         "protected: the access code (8 to 128 characters)");
   access_cmd->add_flag("--new-code", access_new_code, "protected: make a new access code")
       ->excludes(o_code);
+  access_cmd
+      ->add_option("--guest-daily-tokens", access_allowance,
+                   "Model tokens a guest's messages may cost a day (0: no allowance; default "
+                   "200000)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1'000'000'000'000}));
   on_parse(access_cmd, [&](Context& c) {
-    return AccessSet(c, agent_ref, access_level, access_code, access_new_code);
+    return AccessSet(c, agent_ref, access_level, access_code, access_new_code, access_allowance);
   });
 
   // keel send

@@ -662,13 +662,15 @@ class ApprovalsTest(KeelTestCase):
         canonical = {"rules": [{"tool": "notes.*", "rights": ["read", "write"],
                                 "approval": {"over": {"argument": "n", "value": 10}}},
                                {"tool": "time.now", "rights": ["read"], "approval": "never"}],
-                     "deny": ["shell.*"], "require_approval": [], "separate_approver": False}
+                     "deny": ["shell.*"], "require_approval": [], "separate_approver": False,
+                     "approvers": [], "approval_in_conversation": False}
         self.assertEqual(t.ok("PUT", "/v1/policy", doc, expect=200), canonical)
         self.assertEqual(t.ok("GET", "/v1/policy", expect=200), canonical)
         self.assertEqual(t.ok("PUT", "/v1/policy", canonical, expect=200), canonical)
         self.assertEqual(t.ok("PUT", "/v1/policy", {}, expect=200),
                          {"rules": [], "deny": [], "require_approval": [],
-                          "separate_approver": False})
+                          "separate_approver": False, "approvers": [],
+                          "approval_in_conversation": False})
         t.ok("PUT", "/v1/policy", doc, expect=200)
 
         # narrowings: may only take away
@@ -702,7 +704,8 @@ class ApprovalsTest(KeelTestCase):
                                        "approval": {"over": {"argument": "n", "value": 5}}},
                                       {"tool": "time.now", "rights": [], "approval": "always"}],
                             "deny": ["notes.delete"], "require_approval": [],
-                            "separate_approver": True}
+                            "separate_approver": True, "approvers": [],
+                            "approval_in_conversation": False}
         self.assertEqual(t.ok("PUT", ap, narrow, expect=200), narrow_canonical)
         self.assertEqual(t.ok("GET", ap, expect=200), narrow_canonical)
         unknown = "/v1/agents/01a00000-0000-7000-8000-000000000000/policy"

@@ -30,6 +30,8 @@ NOT_MEMBER = ("This agent talks only with its members: ask its owner to add you 
 NEEDS_CODE = "This agent needs an access code: send it as your message."
 GRANTED = "Access granted: you can talk to this agent now."
 TOO_FAST = "You are writing faster than this agent takes messages from guests: wait a minute."
+ALLOWANCE = ("You have used today's allowance of this agent for guests (%d tokens); it renews "
+             "at 00:00 UTC.")
 SERVER = None
 
 
@@ -362,7 +364,8 @@ class UsersApiTest(KeelTestCase):
         agent = t.agent()
         path = "/v1/agents/%s/access" % agent["id"]
         self.assertEqual(t.ok("GET", path), {"agent_id": agent["id"], "level": "private",
-                                             "code_set": False, "updated_at": None})
+                                             "code_set": False, "guest_daily_tokens": 200000,
+                                             "updated_at": None})
         since = len(t.all_events())
         pub = t.ok("PUT", path, {"level": "public"})
         self.assertEqual((pub["agent_id"], pub["level"], pub["code_set"]),
@@ -375,7 +378,8 @@ class UsersApiTest(KeelTestCase):
         self.assertEqual((made["level"], made["code_set"]), ("protected", True))
         t.never.append(code)
         shown = t.ok("GET", path)
-        self.assertEqual(sorted(shown), ["agent_id", "code_set", "level", "updated_at"])
+        self.assertEqual(sorted(shown), ["agent_id", "code_set", "guest_daily_tokens", "level",
+                                         "updated_at"])
         self.assertEqual((shown["level"], shown["code_set"]), ("protected", True))
         self.assertNotIn("code", t.ok("PUT", path, {"level": "protected"}), "a code shown twice")
         fresh = t.ok("PUT", path, {"level": "protected", "new_code": True})
@@ -389,7 +393,9 @@ class UsersApiTest(KeelTestCase):
                          ("protected", True, False))
         before, n_events = t.ok("GET", path), len(t.all_events())
         pr = "protected"
-        for body in ({"level": "open"}, {"code": given}, {"level": 1},
+        for body in ({"level": "open"}, {"guest_daily_tokens": -1}, {"level": 1},
+                     {"guest_daily_tokens": 1.5}, {"guest_daily_tokens": "100"},
+                     {"guest_daily_tokens": 10 ** 13}, {"guest_daily_tokens": None},
                      {"level": pr, "code": "1234567"}, {"level": pr, "code": "c" * 129},
                      {"level": pr, "code": "abcdefghij "}, {"level": pr, "code": 12345678},
                      {"level": pr, "new_code": "yes"},
@@ -402,6 +408,14 @@ class UsersApiTest(KeelTestCase):
         self.assertEqual([(p["level"], p["code_changed"]) for p in changed],
                          [("public", False), ("protected", True), ("protected", False),
                           ("protected", True), ("protected", True)])
+        # The level stays when only the allowance changes, and the allowance when only the level
+        # does.
+        allowance = t.ok("PUT", path, {"guest_daily_tokens": 5000})
+        self.assertEqual((allowance["level"], allowance["code_set"],
+                          allowance["guest_daily_tokens"]), ("protected", True, 5000))
+        self.assertEqual(t.ok("PUT", path, {"level": "public"})["guest_daily_tokens"], 5000)
+        self.assertEqual(t.events("agent.access_changed@v1", since)[-1]["guest_daily_tokens"],
+                         5000)
         for method in ("GET", "PUT"):
             self.assertError(t.request(method, "/v1/agents/no-such-agent/access",
                                        {"level": "public"} if method == "PUT" else None),
@@ -736,6 +750,31 @@ class PublicAgentTest(TelegramCase):
         self.assertEqual(fake.to(777).count(TOO_FAST), 1)
         self.assertEqual(t.said_in(t.sessions(agent)["tg: chat:777"]),
                          ["msg %d" % i for i in range(20)])
+
+
+    def test_a_guest_past_the_daily_allowance_gets_a_notice(self):
+        t, fake = self.t, self.fake
+        agent, ch = self.bot(level="public")
+        t.ok("PUT", "/v1/agents/%s/access" % agent["id"], {"guest_daily_tokens": 3})
+        left = 60 - time.time() % 60
+        if left < 20:  # notices are counted per minute: these within one
+            time.sleep(left + 0.2)
+        first = fake.message(888, "one two three four")  # more than 3 tokens to answer
+        self.answered(ch, first, 888, "one two three four")
+        over = fake.message(888, "again")
+        r = self.refused(ch, over, ALLOWANCE % 3, 888)
+        self.assertEqual(r["run_id"], "")
+        self.assertEqual(t.said_in(t.sessions(agent)["tg: chat:888"]), ["one two three four"])
+        # Another guest has an allowance of their own; a member with a role above guest none.
+        self.answered(ch, fake.message(889, "hi"), 889, "hi")
+        [guest] = [u for u in t.pages("/v1/users")
+                   if pairs(u) == [("telegram", "888")]]
+        t.member(agent, guest, "user")
+        self.answered(ch, fake.message(888, "as a user"), 888, "as a user")
+        # No allowance: 0.
+        t.member(agent, guest, "guest")
+        t.ok("PUT", "/v1/agents/%s/access" % agent["id"], {"guest_daily_tokens": 0})
+        self.answered(ch, fake.message(888, "unlimited"), 888, "unlimited")
 
 
 class ProtectedAgentTest(TelegramCase):

@@ -407,8 +407,38 @@ TEST(ParsePolicyTest, EmptyDocumentTakesDefaults) {
   EXPECT_TRUE(p.deny.empty());
   EXPECT_TRUE(p.require_approval.empty());
   EXPECT_FALSE(p.separate_approver);
+  EXPECT_TRUE(p.approvers.empty());
+  EXPECT_FALSE(p.approval_in_conversation);
   EXPECT_EQ(PolicyJson(p), Json::parse(R"({"rules": [], "deny": [], "require_approval": [],
-                                           "separate_approver": false})"));
+                                           "separate_approver": false, "approvers": [],
+                                           "approval_in_conversation": false})"));
+}
+
+// Who decides from a chat card and where a card may go: the agent's named approvers, else the
+// tenant's, else none (the agent's owners); either document allows a card in the conversation.
+TEST(ParsePolicyTest, ApproversAndCardsInTheConversation) {
+  Policy frame = MustParse(R"({"approvers": ["u1", "u2"]})");
+  Policy narrowing = MustParse(R"({"approvers": ["u3"], "approval_in_conversation": true})");
+  Policy silent = MustParse("{}");
+  using V = std::vector<std::string>;
+  EXPECT_EQ(Approvers(&frame, &narrowing), V({"u3"}));
+  EXPECT_EQ(Approvers(&frame, &silent), V({"u1", "u2"}));
+  EXPECT_EQ(Approvers(&frame, nullptr), V({"u1", "u2"}));
+  EXPECT_EQ(Approvers(nullptr, nullptr), V());
+  EXPECT_TRUE(ApprovalInConversation(&frame, &narrowing));
+  EXPECT_TRUE(ApprovalInConversation(&narrowing, nullptr));
+  EXPECT_FALSE(ApprovalInConversation(&frame, &silent));
+  EXPECT_EQ(PolicyJson(narrowing)["approvers"], Json::array({"u3"}));
+  for (const char* bad : {R"({"approvers": "u1"})", R"({"approvers": [1]})",
+                          R"({"approvers": [""]})", R"({"approval_in_conversation": "yes"})"}) {
+    auto parsed = ParsePolicy(Json::parse(bad));
+    EXPECT_EQ(parsed.status().code(), Code::kInvalidArgument) << bad;
+  }
+  auto long_id = ParsePolicy(Json{{"approvers", Json::array({std::string(129, 'u')})}});
+  EXPECT_NE(long_id.status().message().find("approvers[0]"), std::string::npos);
+  Json many = Json::array();
+  for (int i = 0; i < 1001; ++i) many.push_back("u" + std::to_string(i));
+  EXPECT_EQ(ParsePolicy(Json{{"approvers", many}}).status().code(), Code::kInvalidArgument);
 }
 
 TEST(ParsePolicyTest, NullMeansAbsent) {
@@ -442,7 +472,9 @@ TEST(ParsePolicyTest, CanonicalFormIsStable) {
     ],
     "deny": ["danger.*"],
     "require_approval": [],
-    "separate_approver": true
+    "separate_approver": true,
+    "approvers": [],
+    "approval_in_conversation": false
   })"));
   EXPECT_EQ(DumpJson(canonical["rules"][2]["approval"]["over"]["value"]), "100");
   Result<Policy> again = ParsePolicy(canonical);

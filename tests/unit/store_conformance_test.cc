@@ -764,8 +764,8 @@ TEST_P(StoreTest, ChannelsTheirConversationsAndDeliveriesAreEachRecordedOnce) {
     EXPECT_EQ(got.settings, other.settings);
     EXPECT_EQ(*tx.channels().ChannelTenant(hook.id), t.id);
     EXPECT_EQ(tx.channels().ChannelTenant("nope").status().code(), Code::kNotFound);
-    EXPECT_EQ(*tx.channels().ConversationSession(t.id, hook.id, "acme/app"), "s1");
-    EXPECT_FALSE(tx.channels().ConversationSession(t.id, hook.id, "acme/web")->has_value());
+    EXPECT_EQ(tx.channels().GetConversation(t.id, hook.id, "acme/app")->value().session_id, "s1");
+    EXPECT_FALSE(tx.channels().GetConversation(t.id, hook.id, "acme/web")->has_value());
     EXPECT_EQ(*tx.channels().DeliverySession(t.id, hook.id, "msg_1"), "s1");
     EXPECT_EQ(*tx.channels().DeliverySession(t.id, other.id, "msg_1"), "s2");
     KEEL_ASSIGN_OR_RETURN(auto page, tx.channels().ListChannels(t.id, a.id, {"", 1}));
@@ -774,7 +774,7 @@ TEST_P(StoreTest, ChannelsTheirConversationsAndDeliveriesAreEachRecordedOnce) {
     // Another tenant sees none of it.
     EXPECT_EQ(tx.channels().GetChannel(u.id, hook.id).status().code(), Code::kNotFound);
     EXPECT_TRUE(tx.channels().ListChannels(u.id, a.id, {"", 50})->items.empty());
-    EXPECT_FALSE(tx.channels().ConversationSession(u.id, hook.id, "acme/app")->has_value());
+    EXPECT_FALSE(tx.channels().GetConversation(u.id, hook.id, "acme/app")->has_value());
     EXPECT_FALSE(tx.channels().DeliverySession(u.id, hook.id, "msg_1")->has_value());
     return Status::Ok();
   });
@@ -787,12 +787,136 @@ TEST_P(StoreTest, ChannelsTheirConversationsAndDeliveriesAreEachRecordedOnce) {
       store_->WriteSync([&](Tx& tx) { return tx.channels().DeleteChannel(t.id, hook.id); }).ok());
   st = store_->Read([&](Tx& tx) -> Status {
     EXPECT_EQ(tx.channels().GetChannel(t.id, hook.id).status().code(), Code::kNotFound);
-    EXPECT_FALSE(tx.channels().ConversationSession(t.id, hook.id, "acme/app")->has_value());
+    EXPECT_FALSE(tx.channels().GetConversation(t.id, hook.id, "acme/app")->has_value());
     EXPECT_FALSE(tx.channels().DeliverySession(t.id, hook.id, "msg_1")->has_value());
     EXPECT_TRUE(tx.channels().DeliverySession(t.id, other.id, "msg_1")->has_value());
     return Status::Ok();
   });
   ASSERT_TRUE(st.ok()) << st.ToString();
+}
+
+// Approval cards (channels/cards.h): a direct conversation's contact, the approvals of
+// channel runs still without cards (runtime-wide), an approval's cards, a run's answer, and
+// shown cards due once their approval is decided.
+TEST_P(StoreTest, ApprovalCardsAreFoundByTheirApprovalAndRun) {
+  Tenant t = MakeTenant();
+  Tenant u = MakeTenant();
+  Agent agent = MakeAgent(t, "agent");
+  Session session = NewSession(t, agent);
+  store::Run run = NewRun(t, session);
+  Message msg = NewMessage(t, session);
+  run.message_id = msg.id;
+  msg.run_id = run.id;
+  Channel bot;
+  bot.id = NewId();
+  bot.tenant_id = t.id;
+  bot.agent_id = agent.id;
+  bot.kind = "telegram";
+  bot.name = "bot";
+  bot.settings = "{}";
+  bot.created_by = "token";
+  bot.created_at = bot.updated_at = NowMillis();
+  Approval ap;
+  ap.id = NewId();
+  ap.tenant_id = t.id;
+  ap.run_id = run.id;
+  ap.session_id = session.id;
+  ap.agent_id = agent.id;
+  ap.call_id = "call_1";
+  ap.tool = "notes.append";
+  ap.created_at = 100;
+  ap.expires_at = NowMillis() + 60000;
+  ChannelReply answer;
+  answer.id = NewId();
+  answer.tenant_id = t.id;
+  answer.channel_id = bot.id;
+  answer.agent_id = agent.id;
+  answer.session_id = session.id;
+  answer.run_id = run.id;
+  answer.delivery_id = "1000";
+  answer.target = "{\"chat_id\":42}";
+  answer.user_id = "asker";
+  answer.created_at = answer.updated_at = 1;
+  ASSERT_TRUE(store_
+                  ->WriteSync([&](Tx& tx) -> Status {
+                    KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(session));
+                    KEEL_RETURN_IF_ERROR(tx.messages().InsertMessage(msg));
+                    KEEL_RETURN_IF_ERROR(tx.runs().InsertRun(run));
+                    KEEL_RETURN_IF_ERROR(tx.channels().InsertChannel(bot));
+                    KEEL_RETURN_IF_ERROR(tx.channels().InsertConversation(
+                        {t.id, bot.id, "chat:42", session.id, NowMillis(), "42"}));
+                    KEEL_RETURN_IF_ERROR(tx.channels().InsertConversation(
+                        {t.id, bot.id, "chat:-5", session.id, NowMillis(), ""}));
+                    KEEL_RETURN_IF_ERROR(tx.approvals().InsertApproval(ap));
+                    return tx.channels().InsertReply(answer);
+                  })
+                  .ok());
+  using Keys = std::vector<std::pair<std::string, std::string>>;
+  auto to_card = [&] {
+    return ReadValue<Keys>(*store_, [&](Tx& tx) { return tx.channels().ApprovalsToCard(10); });
+  };
+  EXPECT_EQ(to_card(), Keys({{t.id, ap.id}}));
+
+  ChannelReply card = answer;
+  card.id = NewId();
+  card.delivery_id = "approval:" + ap.id + ":owner";
+  card.approval_id = ap.id;
+  card.user_id = "owner";
+  card.status = "shown";
+  card.message = "{\"chat_id\":42,\"message_id\":7}";
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) { return tx.channels().InsertReply(card); }).ok());
+  EXPECT_TRUE(to_card().empty()) << "an approval with a card is carded";
+  // A direct conversation opened without its contact gets one, once; another tenant's is not
+  // touched.
+  ASSERT_TRUE(
+      store_
+          ->WriteSync([&](Tx& tx) -> Status {
+            KEEL_RETURN_IF_ERROR(tx.channels().InsertConversation(
+                {t.id, bot.id, "chat:77", session.id, NowMillis(), ""}));
+            EXPECT_FALSE(*tx.channels().SetConversationContact(u.id, bot.id, "chat:77", "77"));
+            EXPECT_TRUE(*tx.channels().SetConversationContact(t.id, bot.id, "chat:77", "77"));
+            EXPECT_FALSE(*tx.channels().SetConversationContact(t.id, bot.id, "chat:77", "78"));
+            EXPECT_FALSE(*tx.channels().SetConversationContact(t.id, bot.id, "chat:78", "78"));
+            return Status::Ok();
+          })
+          .ok());
+  EXPECT_EQ(
+      ReadValue<std::optional<std::string>>(
+          *store_, [&](Tx& tx) { return tx.channels().ContactConversation(t.id, bot.id, "77"); }),
+      std::optional<std::string>("chat:77"));
+  Status st = store_->Read([&](Tx& tx) -> Status {
+    EXPECT_EQ(*tx.channels().ContactConversation(t.id, bot.id, "42"), "chat:42");
+    EXPECT_FALSE(tx.channels().ContactConversation(t.id, bot.id, "")->has_value());
+    EXPECT_FALSE(tx.channels().ContactConversation(t.id, bot.id, "43")->has_value());
+    EXPECT_FALSE(tx.channels().ContactConversation(u.id, bot.id, "42")->has_value());
+    EXPECT_EQ(tx.channels().GetConversation(t.id, bot.id, "chat:42")->value().contact, "42");
+    KEEL_ASSIGN_OR_RETURN(auto cards, tx.channels().ApprovalCards(t.id, ap.id));
+    EXPECT_EQ(cards.size(), 1u);
+    if (!cards.empty()) {
+      EXPECT_EQ(cards[0].id, card.id);
+      EXPECT_EQ(cards[0].user_id, "owner");
+      EXPECT_EQ(cards[0].message, card.message);
+    }
+    EXPECT_TRUE(tx.channels().ApprovalCards(u.id, ap.id)->empty());
+    EXPECT_TRUE(tx.channels().ApprovalCards(t.id, "")->empty()) << "answers are no one's cards";
+    KEEL_ASSIGN_OR_RETURN(auto asked, tx.channels().RunReply(t.id, run.id));
+    EXPECT_TRUE(asked.has_value() && asked->id == answer.id && asked->user_id == "asker");
+    EXPECT_FALSE(tx.channels().RunReply(u.id, run.id)->has_value());
+    KEEL_ASSIGN_OR_RETURN(auto due, tx.channels().DueReplies(NowMillis(), "node", 10));
+    EXPECT_TRUE(due.empty()) << "a shown card waits while its approval does";
+    return Status::Ok();
+  });
+  ASSERT_TRUE(st.ok()) << st.ToString();
+
+  ap.status = "approved";
+  ap.decided_by = "user:owner";
+  ap.decided_at = NowMillis();
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) { return tx.approvals().UpdateApproval(ap); }).ok());
+  auto due = ReadValue<std::vector<ChannelReply>>(
+      *store_, [&](Tx& tx) { return tx.channels().DueReplies(NowMillis(), "node", 10); });
+  ASSERT_EQ(due.size(), 1u) << "a shown card of a decided approval is due (to be edited)";
+  EXPECT_EQ(due[0].id, card.id);
+  EXPECT_TRUE(to_card().empty());
 }
 
 TEST_P(StoreTest, UsersIdentitiesMembersAndAccessAreEachTheirTenants) {

@@ -6,6 +6,7 @@
 #include "keel/common/ids.h"
 #include "keel/common/json_util.h"
 #include "keel/secrets/vault.h"
+#include "keel/store/channel_store.h"
 #include "keel/store/row_images.h"
 
 namespace keel::access {
@@ -206,6 +207,8 @@ Status MergeUsers(store::Tx& tx, const std::string& tenant_id, const std::string
       {tenant_id, "user.merged@v1", "", "", "", {{"user_id", from}, {"into", into}}});
 }
 
+constexpr Millis kDayMs = 24 * 3600 * 1000;
+
 Result<Admission> AdmitSender(store::Tx& tx, const secrets::Vault& vault,
                               const std::string& tenant_id, const std::string& agent_id,
                               const std::string& channel_role, const Sender& sender,
@@ -246,6 +249,22 @@ Result<Admission> AdmitSender(store::Tx& tx, const secrets::Vault& vault,
       if (code) return notice("You can talk to this agent already.", kNoticesPerMinute);
       if (member->role == "guest" && recent > kGuestMessagesPerMinute) {
         return notice(rate_notice, kGuestMessagesPerMinute + 1);
+      }
+      if (member->role == "guest") {
+        // A guest's allowance for the day (UTC), counted over what answering them cost.
+        KEEL_ASSIGN_OR_RETURN(auto access, tx.users().GetAccess(tenant_id, agent_id));
+        const int64_t allowance =
+            access ? access->guest_daily_tokens : store::kDefaultGuestDailyTokens;
+        if (allowance > 0) {
+          KEEL_ASSIGN_OR_RETURN(
+              int64_t spent,
+              tx.channels().UserTokensSince(tenant_id, agent_id, user.id, now - now % kDayMs));
+          if (spent >= allowance) {
+            return notice("You have used today's allowance of this agent for guests (" +
+                              std::to_string(allowance) + " tokens); it renews at 00:00 UTC.",
+                          kNoticesPerMinute);
+          }
+        }
       }
       out.take = true;
       out.role = LowerRole(channel_role, member->role);

@@ -98,8 +98,9 @@ struct Admission {
 // command; always true in a direct conversation). `recent`: the messages the sender sent the
 // agent in the current minute, this one included (the caller counts): a guest is run at most
 // kGuestMessagesPerMinute times (told once when it is over), the access code is tried as often,
-// and a sender who is not a member is sent at most kNoticesPerMinute refusals. The access code
-// is never run, a member's included. With `may_write` false (a read), a decision that would
+// and a sender who is not a member is sent at most kNoticesPerMinute refusals. A guest whose
+// answers today (UTC) cost the agent's guest_daily_tokens is told so instead of run. The access
+// code is never run, a member's included. With `may_write` false (a read), a decision that would
 // write returns needs_write.
 // `vault` opens the access code.
 Result<Admission> AdmitSender(store::Tx& tx, const secrets::Vault& vault,

@@ -52,6 +52,7 @@ Json AccessJson(const std::string& agent_id, const std::optional<store::AgentAcc
   return {{"agent_id", agent_id},
           {"level", a ? a->level : "private"},
           {"code_set", a && a->code_set},
+          {"guest_daily_tokens", a ? a->guest_daily_tokens : store::kDefaultGuestDailyTokens},
           {"updated_at", a ? Json(FormatRfc3339(a->updated_at)) : Json(nullptr)}};
 }
 
@@ -414,14 +415,32 @@ void RegisterUserRoutes(http::Router& router, ApiContext& ctx) {
     if (auto st = RequireOwner(req); !st.ok()) co_return Response::Error(st);
     auto body = ParseJsonObject(req.body);
     if (!body.ok()) co_return Response::Error(body.status());
-    if (auto st = CheckFields(*body, {"level", "code", "new_code"}); !st.ok()) {
+    if (auto st = CheckFields(*body, {"level", "code", "new_code", "guest_daily_tokens"});
+        !st.ok()) {
       co_return Response::Error(st);
     }
-    auto level = ReqString(*body, "level");
-    if (!level.ok()) co_return Response::Error(level.status());
-    if (!access::ValidAccessLevel(*level)) {
-      co_return Response::Error(InvalidArgument(
-          "level must be public, protected or private, got '" + level->substr(0, 32) + "'"));
+    if (body->empty()) {
+      co_return Response::Error(
+          InvalidArgument("nothing to change: give level, guest_daily_tokens, code or new_code"));
+    }
+    std::optional<std::string> level;  // absent: as it was
+    if (body->contains("level")) {
+      auto given = ReqString(*body, "level");
+      if (!given.ok()) co_return Response::Error(given.status());
+      if (!access::ValidAccessLevel(*given)) {
+        co_return Response::Error(InvalidArgument(
+            "level must be public, protected or private, got '" + given->substr(0, 32) + "'"));
+      }
+      level = *given;
+    }
+    std::optional<int64_t> allowance;  // absent: as it was
+    if (body->contains("guest_daily_tokens")) {
+      const Json& n = (*body)["guest_daily_tokens"];
+      if (!n.is_number_integer() || n.get<int64_t>() < 0 || n.get<int64_t>() > 1'000'000'000'000) {
+        co_return Response::Error(InvalidArgument(
+            "guest_daily_tokens must be a whole number from 0 (no allowance) to 10^12"));
+      }
+      allowance = n.get<int64_t>();
     }
     if (body->contains("new_code") && !(*body)["new_code"].is_boolean()) {
       co_return Response::Error(InvalidArgument("new_code must be true or false"));
@@ -447,8 +466,11 @@ void RegisterUserRoutes(http::Router& router, ApiContext& ctx) {
       store::AgentAccess a;
       a.tenant_id = tenant;
       a.agent_id = agent_id;
-      a.level = *level;
+      a.level = level ? *level : before ? before->level : "private";
       a.code_set = before && before->code_set;
+      a.guest_daily_tokens = allowance ? *allowance
+                             : before  ? before->guest_daily_tokens
+                                       : store::kDefaultGuestDailyTokens;
       // A protected agent without a code would let no one in: it gets one.
       if (new_code || (a.level == "protected" && !a.code_set && !code)) {
         made = access::NewAccessCode();
@@ -470,7 +492,9 @@ void RegisterUserRoutes(http::Router& router, ApiContext& ctx) {
                                  agent_id,
                                  "",
                                  "",
-                                 {{"level", a.level}, {"code_changed", code.has_value()}}});
+                                 {{"level", a.level},
+                                  {"code_changed", code.has_value()},
+                                  {"guest_daily_tokens", a.guest_daily_tokens}}});
     });
     if (!written.ok()) co_return Response::Error(written.status());
     Json out = AccessJson(agent_id, access);

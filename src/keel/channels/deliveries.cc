@@ -45,7 +45,8 @@ Result<std::string> ChannelRole(store::Tx& tx, const store::Channel& c) {
 
 asio::awaitable<Result<std::string>> RecordDelivery(store::Store& store, const store::Channel& c,
                                                     const std::string& delivery_id,
-                                                    const std::string& conversation) {
+                                                    const std::string& conversation,
+                                                    const std::string& contact) {
   Result<std::string> out = Internal("no session");
   // Twice at most: a unit that loses a race for the delivery (or the conversation) to another
   // request fails with kConflict, and the next finds what that request recorded.
@@ -60,10 +61,18 @@ asio::awaitable<Result<std::string>> RecordDelivery(store::Store& store, const s
         return Status::Ok();
       }
       const Millis now = NowMillis();
-      KEEL_ASSIGN_OR_RETURN(auto known,
-                            channels.ConversationSession(c.tenant_id, c.id, conversation));
+      KEEL_ASSIGN_OR_RETURN(auto known, channels.GetConversation(c.tenant_id, c.id, conversation));
       if (known) {
-        session_id = *known;
+        session_id = known->session_id;
+        if (!contact.empty() && known->contact.empty()) {
+          KEEL_ASSIGN_OR_RETURN(
+              bool set, channels.SetConversationContact(c.tenant_id, c.id, conversation, contact));
+          if (set) {
+            tx.Carry("channel_conversations", store::ColumnsImage({{"channel_id", c.id},
+                                                                   {"conversation", conversation},
+                                                                   {"contact", contact}}));
+          }
+        }
       } else {
         KEEL_RETURN_IF_ERROR(tx.agents().GetAgent(c.tenant_id, c.agent_id).status());
         store::Session session;
@@ -74,7 +83,7 @@ asio::awaitable<Result<std::string>> RecordDelivery(store::Store& store, const s
             conversation.empty() ? c.name : c.name + ": " + TruncateUtf8(conversation, 200);
         session.created_by = c.created_by;
         session.created_at = session.updated_at = now;
-        store::ChannelConversation row{c.tenant_id, c.id, conversation, session.id, now};
+        store::ChannelConversation row{c.tenant_id, c.id, conversation, session.id, now, contact};
         KEEL_RETURN_IF_ERROR(channels.InsertConversation(row));
         tx.Carry("channel_conversations", store::RowImage(row));
         KEEL_RETURN_IF_ERROR(runs::OpenSession(tx, session, "channel"));

@@ -23,11 +23,13 @@ namespace keel::channels {
 // channel.delivered@v1: the one it went to before (a retry, whatever its body says now), else
 // its conversation's, opened when new (in the channel creator's name). kNotFound when the
 // channel was deleted or disabled meanwhile; kPermissionDenied once its creator's token is
-// revoked.
+// revoked. `contact`: the person of a direct conversation (recorded when it is opened; "" for a
+// group).
 boost::asio::awaitable<Result<std::string>> RecordDelivery(store::Store& store,
                                                            const store::Channel& channel,
                                                            const std::string& delivery_id,
-                                                           const std::string& conversation);
+                                                           const std::string& conversation,
+                                                           const std::string& contact = "");
 
 // A message a chat platform brought, as the routing rules made it.
 struct ChatMessage {

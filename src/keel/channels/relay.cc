@@ -53,6 +53,8 @@ constexpr Millis kMaxBackoffMs = 3600 * 1000;
 constexpr Millis kClaimMs = 2 * 60 * 1000;
 constexpr milliseconds kSendTimeout{30000};
 constexpr size_t kMaxAnswerBytes = 1 << 20;
+// The updates a Telegram bot is asked for (a webhook is set again when they change).
+constexpr const char* kTelegramUpdates = "message,callback_query";
 
 Millis Backoff(int attempts) {
   return std::min<Millis>(kMaxBackoffMs, Millis{1000} << std::min(std::max(attempts - 1, 0), 20));
@@ -319,12 +321,14 @@ asio::awaitable<void> Relay::Poll(std::string tenant_id, std::string channel_id)
     // that setWebhook took them ("webhook:HASH"; a polled channel's is "BOT_ID/UPDATE_ID").
     const std::string hook = public_url_ + "/v1/hooks/" + channel_id;
     const std::string secret = r.token.empty() ? "" : TelegramWebhookSecret(r.token, channel_id);
-    const std::string marker = "webhook:" + Sha256Hex(hook + "\n" + secret).substr(0, 16);
+    const std::string marker =
+        "webhook:" + Sha256Hex(hook + "\n" + secret + "\n" + kTelegramUpdates).substr(0, 16);
     const bool hooked = r.cursor.rfind("webhook:", 0) == 0;
     if (failure.empty() && r.settings.mode == "webhook") {
       if (r.cursor != marker) {
-        Json set = {
-            {"url", hook}, {"secret_token", secret}, {"allowed_updates", Json::array({"message"})}};
+        Json set = {{"url", hook},
+                    {"secret_token", secret},
+                    {"allowed_updates", Json::array({"message", "callback_query"})}};
         BotAnswer got = co_await CallBot(r, "setWebhook", set, kSendTimeout);
         if (got.ok) {
           co_await RecordPoll(r, marker, "");
@@ -380,7 +384,7 @@ asio::awaitable<void> Relay::Poll(std::string tenant_id, std::string channel_id)
       const std::string mine = failure.empty() ? std::to_string(bot->id) + "/" : "";
       if (failure.empty()) {
         Json ask = {{"timeout", r.settings.poll_timeout},
-                    {"allowed_updates", Json::array({"message"})}};
+                    {"allowed_updates", Json::array({"message", "callback_query"})}};
         if (last && *last < INT64_MAX) ask["offset"] = *last + 1;
         const Millis asked = NowMillis();
         BotAnswer got = co_await CallBot(r, "getUpdates", ask,
@@ -394,6 +398,7 @@ asio::awaitable<void> Relay::Poll(std::string tenant_id, std::string channel_id)
           // with (taken or passed over); else it is fetched again, and what was taken replays.
           std::optional<int64_t> highest = last;
           std::map<std::string, std::vector<TelegramInbound>> by_conversation;
+          std::vector<Press> presses;  // of cards' buttons
           for (const Json& update : got.result) {
             auto routed = RouteUpdate(update, *bot);
             if (!routed.ok()) continue;  // no update_id: nothing to take, nothing to pass
@@ -401,8 +406,11 @@ asio::awaitable<void> Relay::Poll(std::string tenant_id, std::string channel_id)
             if (last && id <= *last) continue;  // handled before: a server that repeats itself
             if (!highest || id > *highest) highest = id;
             if (routed->take) by_conversation[routed->conversation].push_back(std::move(*routed));
+            if (auto press = TelegramPress(update)) presses.push_back(std::move(*press));
           }
           std::string cursor = highest ? mine + std::to_string(*highest) : r.cursor;
+          // A press fetched again decides nothing more ("already decided").
+          for (const auto& press : presses) co_await TakePress(r, press);
           Status taken = co_await TakeAll(r, by_conversation);
           if (!taken.ok()) {
             failure = "the last updates are taken again later: " + taken.message();
@@ -459,6 +467,10 @@ asio::awaitable<Result<int>> Relay::Pushed(std::string channel_id, std::string s
     co_return Unavailable("the bot's name cannot be read now: " + bot.status().message());
   auto routed = RouteUpdate(*update, *bot);
   if (!routed.ok()) co_return routed.status();
+  if (auto press = TelegramPress(*update)) {
+    co_await TakePress(r, *press);
+    co_return 200;
+  }
   if (!routed->take) co_return 200;
   if (Status st = co_await Take(r, *routed); !st.ok()) co_return st;
   co_return 200;
@@ -576,6 +588,13 @@ asio::awaitable<Result<Json>> Relay::PushedDiscord(std::string channel_id, std::
   }
   auto interaction = ParseJsonObject(body);
   if (!interaction.ok()) co_return interaction.status();
+  if (interaction->value("type", Json()) == 3) {  // a button: a card's, or no one's here
+    auto press = DiscordPress(*interaction);
+    PressOutcome outcome{false, "This button is not one of this channel's approval cards."};
+    if (press) outcome = co_await Pressed(c, *press);
+    if (outcome.decided) co_return Json{{"type", 6}};  // the card is edited as every card is
+    co_return Json{{"type", 4}, {"data", {{"content", outcome.notice}, {"flags", 64}}}};
+  }
   auto routed = RouteInteraction(*interaction, settings, NowMillis());
   if (!routed.ok()) co_return routed.status();
   if (routed->type == 1) co_return Json{{"type", 1}};  // PONG
@@ -730,7 +749,8 @@ asio::awaitable<Result<bool>> Relay::Deliver(const store::Channel& c, const std:
   if (!*kept) co_return false;  // dropped by a plugin
   // An error here (the channel deleted, disabled or suspended meanwhile; the store) leaves the
   // delivery to be taken again: a poll's cursor stays before it, a push is answered non-2xx.
-  auto session = co_await RecordDelivery(store_, c, in.delivery_id, in.conversation);
+  const std::string contact = in.direct ? in.sender.id : "";
+  auto session = co_await RecordDelivery(store_, c, in.delivery_id, in.conversation, contact);
   if (!session.ok()) co_return session.status();
   runtime::IntakeRequest intake;
   intake.tenant_id = c.tenant_id;
@@ -759,6 +779,7 @@ asio::awaitable<Result<bool>> Relay::Deliver(const store::Channel& c, const std:
   reply.run_id = posted->run.id;
   reply.delivery_id = in.delivery_id;
   reply.target = DumpJson(in.target);
+  reply.user_id = admitted->user_id;
   reply.created_at = reply.updated_at = NowMillis();
   auto written = co_await store::AsyncWrite(
       store_, [&](store::Tx& tx) -> Status { return tx.channels().InsertReply(reply); });
@@ -800,6 +821,42 @@ asio::awaitable<Result<Json>> Relay::PushedSlack(std::string channel_id, std::st
   if (suspended) {
     co_return PermissionDenied("this channel is suspended: the token that created it was revoked");
   }
+  if (body.rfind("payload=", 0) == 0) {  // an interactivity request: a card's button
+    auto payload = ParseJsonObject(FormField(body, "payload"));
+    if (!payload.ok()) co_return payload.status();
+    auto press = SlackPress(*payload);
+    if (!press) co_return Json::object();  // another app's button: nothing to do
+    PressOutcome outcome = co_await Pressed(c, *press);
+    if (!outcome.decided && !press->message.value("channel", std::string()).empty()) {
+      // Told to the presser alone, as a courtesy: not retried.
+      asio::co_spawn(
+          executor_,
+          [this, c, settings, who = press->sender.id, where = press->message,
+           notice = outcome.notice]() -> asio::awaitable<void> {
+            std::string token;
+            Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
+              KEEL_ASSIGN_OR_RETURN(token, vault_.Get(tx, c.tenant_id, settings.bot_token));
+              return Status::Ok();
+            });
+            if (!read.ok() || token.empty() || token.find_first_of("\r\n") != std::string::npos) {
+              co_return;
+            }
+            http::ClientRequest req;
+            req.method = "POST";
+            req.url = settings.api_base + "/chat.postEphemeral";
+            req.headers = {{"Content-Type", "application/json; charset=utf-8"},
+                           {"Authorization", "Bearer " + token}};
+            req.body = DumpJson(Json{{"channel", where.value("channel", std::string())},
+                                     {"user", who},
+                                     {"text", notice}});
+            req.timeout = milliseconds(5000);
+            req.total = milliseconds(5000);
+            co_await client_->Fetch(req, 1 << 20);
+          },
+          asio::detached);
+    }
+    co_return Json::object();
+  }
   auto envelope = ParseJsonObject(body);
   if (!envelope.ok()) co_return envelope.status();
   if (envelope->value("type", Json()) == "url_verification") {
@@ -840,13 +897,15 @@ asio::awaitable<void> Relay::AwaitRun(std::string tenant_id, std::string run_id)
   const Millis until = NowMillis() + 10 * 60 * 1000;
   while (!stopping_ && !hub_.closing() && NowMillis() < until) {
     if (auto settled = hub_.TakeSettled(sub); settled && settled->Terminal()) break;
-    bool ended = false;
+    bool ended = false, parked = false;
     Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
       KEEL_ASSIGN_OR_RETURN(auto run, tx.runs().GetRun(tenant_id, run_id));
       ended = run.Terminal();
+      parked = run.status == "waiting_for_approval";
       return Status::Ok();
     });
     if (!read.ok() || ended) break;
+    if (parked) WakeSender();  // its approval's cards are sent now rather than within a second
     co_await hub_.Wait(sub, milliseconds(30000));
   }
   WakeSender();
@@ -873,8 +932,10 @@ asio::awaitable<void> Relay::SendLoop() {
     // The unit runs on the store's writer thread: it sees copies of this node's sends.
     const std::set<std::string> in_flight = sending_;
     const std::map<std::string, int> tenants_in_flight = tenant_sending_;
+    std::vector<std::pair<std::string, std::string>> to_card;  // approvals without cards
     auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
       claimed.clear();
+      KEEL_ASSIGN_OR_RETURN(to_card, tx.channels().ApprovalsToCard(kBatch));
       KEEL_ASSIGN_OR_RETURN(
           auto due,
           tx.channels().DueReplies(now, origin, 4 * kBatch + static_cast<int>(in_flight.size())));
@@ -888,7 +949,9 @@ asio::awaitable<void> Relay::SendLoop() {
         }
         std::string event;
         r.updated_at = now;
-        if (r.status == "sending") {
+        if (r.status == "sending" && !r.message.empty()) {
+          r.status = "shown";  // a card's edit cut: editing again changes nothing more
+        } else if (r.status == "sending") {
           r.attempts += 1;  // the one cut
           r.status = "unknown";
           r.error =
@@ -931,6 +994,18 @@ asio::awaitable<void> Relay::SendLoop() {
     if (!written.ok()) {
       LogError("could not claim channel replies: " + written.status().message());
       continue;
+    }
+    // Each approval's cards in a unit of its own: one that cannot be carded holds no other back.
+    for (const auto& [tenant, approval] : to_card) {
+      auto opened = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
+        return OpenCards(tx, tenant, approval, NowMillis());
+      });
+      if (opened.ok()) {
+        send_wake_ = true;  // the next round sends them
+      } else {
+        LogError("approval " + approval +
+                 ": could not record its cards: " + opened.status().message());
+      }
     }
     for (auto& r : claimed) {
       sending_.insert(r.id);
@@ -1044,6 +1119,10 @@ asio::awaitable<void> Relay::Send(store::ChannelReply r) {
     co_await Record(r);
     co_return;
   }
+  if (!r.approval_id.empty()) {
+    co_await SendCard(std::move(r), std::move(kind), std::move(api_base), std::move(token));
+    co_return;
+  }
   if (r.parts_sent == 0) {
     Json out = {{"agent_id", r.agent_id}, {"channel_id", r.channel_id}, {"kind", kind},
                 {"reply_id", r.id},       {"run_id", r.run_id},         {"content", r.text},
@@ -1153,6 +1232,151 @@ asio::awaitable<void> Relay::Send(store::ChannelReply r) {
   }
   r.status = parts.empty() ? "skipped" : "sent";
   co_await Record(r);
+}
+
+// ---- Approval cards
+
+asio::awaitable<void> Relay::SendCard(store::ChannelReply r, std::string kind, std::string api_base,
+                                      std::string token) {
+  store::Approval a;
+  std::string decider;
+  Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(a, tx.approvals().GetApproval(r.tenant_id, r.approval_id));
+    if (a.decided_by.rfind("user:", 0) == 0) {
+      auto user = tx.users().GetUser(r.tenant_id, a.decided_by.substr(5));
+      decider = user.ok() ? user->name + " (" + user->id + ")" : a.decided_by;
+    } else if (a.decided_by == "system") {
+      decider = "Keel";
+    } else {
+      decider = "token " + a.decided_by;
+    }
+    return Status::Ok();
+  });
+  if (!read.ok()) co_return;  // its claim runs out, and it is looked at again
+  const bool edit = !r.message.empty();
+  if (!edit && a.status != "pending") {
+    r.status = "skipped";
+    r.error = "its approval was decided (" + a.status + ") before the card was shown";
+    r.updated_at = NowMillis();
+    co_await Record(r);
+    co_return;
+  }
+  if (edit && a.status == "pending") {  // a claim of a card not yet to close
+    r.status = "shown";
+    co_await Record(r);
+    co_return;
+  }
+  auto target = ParseJson(edit ? r.message : r.target);
+  const Json to = target.ok() && target->is_object() ? *target : Json::object();
+  const std::string text = edit ? DecidedText(a, decider) : r.text;
+  const std::string platform = kind == "slack"     ? "Slack"
+                               : kind == "discord" ? "Discord"
+                                                   : "Telegram";
+  http::ClientRequest req;
+  req.method = "POST";
+  std::string method;
+  if (kind == "slack") {
+    method = edit ? "chat.update" : "chat.postMessage";
+    req.url = api_base + "/" + method;
+    req.headers = {{"Content-Type", "application/json; charset=utf-8"},
+                   {"Authorization", "Bearer " + token}};
+    req.body = DumpJson(edit ? SlackEditBody(to, text) : SlackCardBody(to, text, a.id));
+  } else if (kind == "discord") {
+    const std::string channel = to.value("channel_id", std::string());
+    method = edit ? "edit the card" : "the card";
+    req.method = edit ? "PATCH" : "POST";
+    req.url = api_base + "/channels/" + channel + "/messages" +
+              (edit ? "/" + to.value("message_id", std::string()) : "");
+    req.headers = {{"Content-Type", "application/json"}, {"Authorization", "Bot " + token}};
+    req.body = DumpJson(edit ? DiscordEditBody(text) : DiscordCardBody(text, a.id));
+  } else {
+    method = edit ? "editMessageText" : "sendMessage";
+    req.url = api_base + "/bot" + token + "/" + method;
+    req.headers = {{"Content-Type", "application/json"}};
+    req.body = DumpJson(edit ? TelegramEditBody(to, text) : TelegramCardBody(to, text, a.id));
+  }
+  req.timeout = kSendTimeout;
+  req.total = kSendTimeout;
+  req.may_repeat = false;
+  auto got = co_await client_->Fetch(req, 1 << 20);
+  BotAnswer answer = ReadAnswer(method, got, token, platform);
+  r.updated_at = NowMillis();
+  r.attempts += 1;
+  // Telegram refuses an edit that changes nothing: the card says it already.
+  const bool unchanged =
+      edit && !answer.ok && answer.error.find("message is not modified") != std::string::npos;
+  if (answer.ok || unchanged) {
+    r.error.clear();
+    if (edit) {
+      r.status = "sent";
+      r.text = text;
+    } else {
+      auto body = ParseJson(got->body);
+      auto where = CardMessage(kind, body.ok() ? *body : Json());
+      r.status = "shown";
+      // Shown, but where is not known: it cannot be edited once decided (its buttons then
+      // answer "already decided").
+      if (where.ok()) {
+        r.message = DumpJson(*where);
+      } else {
+        r.error = method + ": " + where.status().message();
+      }
+    }
+    co_await Record(r);
+    co_return;
+  }
+  auto again = [&](Millis after) {
+    r.error = TruncateUtf8(answer.error, 500);
+    if (r.attempts >= kMaxAttempts) {
+      r.status = "dead";
+    } else {
+      r.status = "pending";
+      r.next_attempt_at = r.updated_at + std::max(after, Backoff(r.attempts));
+    }
+  };
+  const bool cut = !got.ok() && !NeverSent(got.status());
+  const bool gateway = got.ok() && (got->status == 502 || got->status == 504);
+  const bool unreadable = got.ok() && got->status / 100 == 2 && !ParseJson(got->body).ok();
+  if (!edit && (cut || gateway || unreadable)) {
+    // A card the platform may have: never shown twice.
+    r.status = "unknown";
+    r.error = TruncateUtf8(
+        answer.error + ": " + platform + " may or may not have it, so it is not sent again", 500);
+  } else if (got.ok() && got->status == 429) {
+    again(std::max<Millis>(answer.retry_after, 1000));
+  } else if (!got.ok() || got->status >= 500 || cut || gateway || unreadable) {
+    again(0);  // an edit again changes nothing more
+  } else {
+    r.status = "dead";
+    r.error = TruncateUtf8(answer.error, 500);
+  }
+  co_await Record(r);
+}
+
+asio::awaitable<PressOutcome> Relay::Pressed(const store::Channel& c, const Press& p) {
+  PressOutcome outcome;
+  auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(outcome, DecidePress(tx, c, p, NowMillis()));
+    return Status::Ok();
+  });
+  if (!written.ok()) {
+    LogError("channel " + c.id + ": a press on approval " + p.approval_id +
+             " could not be recorded: " + written.status().message());
+    co_return PressOutcome{false, "Keel could not record that now: press again in a moment."};
+  }
+  if (outcome.decided) {
+    runtime_.Wake();  // the run goes on
+    WakeSender();     // its cards are edited
+  }
+  co_return outcome;
+}
+
+asio::awaitable<void> Relay::TakePress(const PollRead& read, const Press& p) {
+  PressOutcome outcome = co_await Pressed(read.channel, p);
+  Json answer = {{"callback_query_id", p.handle},
+                 {"text", TruncateUtf8(outcome.notice, 190)},
+                 {"show_alert", !outcome.decided}};
+  co_await CallBot(read, "answerCallbackQuery", answer, milliseconds(5000));
 }
 
 }  // namespace keel::channels

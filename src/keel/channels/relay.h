@@ -13,6 +13,9 @@
 //            it on, 429 and 5xx put it back with a delay, a refusal kills it, and a request
 //            that may have reached Telegram without its answer reaching Keel (a dropped
 //            connection, this node's crash) makes it "unknown": never sent again.
+//   cards    an approval a channel's run waits for is carded (channels/cards.h), its cards sent
+//            through the outbox like answers and edited once it is decided; a press of a card's
+//            button decides it (Pressed).
 //
 // Everything runs on the server's io executor; no member needs a lock.
 
@@ -25,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "keel/channels/cards.h"
 #include "keel/channels/deliveries.h"
 #include "keel/channels/telegram.h"
 #include "keel/common/json_util.h"
@@ -130,6 +134,14 @@ class Relay {
   boost::asio::awaitable<void> AwaitRun(std::string tenant_id, std::string run_id);
   boost::asio::awaitable<void> SendLoop();
   boost::asio::awaitable<void> Send(store::ChannelReply reply);
+  // Shows a card with its buttons, or edits a shown one to say how its approval was decided.
+  boost::asio::awaitable<void> SendCard(store::ChannelReply card, std::string kind,
+                                        std::string api_base, std::string token);
+  // A press of a card's button on channel `c`, decided (DecidePress) in a unit; what the
+  // presser is told.
+  boost::asio::awaitable<PressOutcome> Pressed(const store::Channel& c, const Press& p);
+  // A Telegram press decided, and answered (answerCallbackQuery) with its notice.
+  boost::asio::awaitable<void> TakePress(const PollRead& read, const Press& p);
   // Records a reply's new state (with its event when it ended); false when the write failed.
   boost::asio::awaitable<bool> Record(const store::ChannelReply& reply);
   boost::asio::awaitable<void> Sleep(std::chrono::milliseconds how_long);

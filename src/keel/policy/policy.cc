@@ -315,7 +315,10 @@ bool GlobMatches(std::string_view glob, std::string_view tool) {
 Result<Policy> ParsePolicy(const Json& doc) {
   if (!doc.is_object()) return InvalidArgument("policy: must be a JSON object");
   KEEL_RETURN_IF_ERROR(
-      CheckNoUnknownFields(doc, {"rules", "deny", "require_approval", "separate_approver"}, ""));
+      CheckNoUnknownFields(doc,
+                           {"rules", "deny", "require_approval", "separate_approver", "approvers",
+                            "approval_in_conversation"},
+                           ""));
   Policy policy;
   if (const Json* rules = Field(doc, "rules")) {
     if (!rules->is_array()) return InvalidArgument("rules: must be a list");
@@ -340,6 +343,26 @@ Result<Policy> ParsePolicy(const Json& doc) {
     if (!separate->is_boolean()) return InvalidArgument("separate_approver: must be a boolean");
     policy.separate_approver = separate->get<bool>();
   }
+  if (const Json* approvers = Field(doc, "approvers")) {
+    if (!approvers->is_array()) return InvalidArgument("approvers: must be a list of user ids");
+    if (approvers->size() > kMaxEntries) {
+      return InvalidArgument("approvers: at most " + std::to_string(kMaxEntries) + " users");
+    }
+    for (std::size_t i = 0; i < approvers->size(); ++i) {
+      const Json& id = (*approvers)[i];
+      if (!id.is_string() || id.get<std::string>().empty() || id.get<std::string>().size() > 128) {
+        return InvalidArgument("approvers[" + std::to_string(i) +
+                               "]: must be a user id (1 to 128 characters)");
+      }
+      policy.approvers.push_back(id.get<std::string>());
+    }
+  }
+  if (const Json* in_conversation = Field(doc, "approval_in_conversation")) {
+    if (!in_conversation->is_boolean()) {
+      return InvalidArgument("approval_in_conversation: must be a boolean");
+    }
+    policy.approval_in_conversation = in_conversation->get<bool>();
+  }
   return policy;
 }
 
@@ -352,7 +375,9 @@ Json PolicyJson(const Policy& policy) {
   return {{"rules", std::move(rules)},
           {"deny", policy.deny},
           {"require_approval", policy.require_approval},
-          {"separate_approver", policy.separate_approver}};
+          {"separate_approver", policy.separate_approver},
+          {"approvers", policy.approvers},
+          {"approval_in_conversation", policy.approval_in_conversation}};
 }
 
 Decision Decide(const Policy* frame, const Policy* narrowing, Role role, const ToolInfo& tool,
@@ -412,6 +437,17 @@ Decision Decide(const Policy* frame, const Policy* narrowing, Role role, const T
 bool SeparateApprover(const Policy* frame, const Policy* narrowing) {
   return (frame != nullptr && frame->separate_approver) ||
          (narrowing != nullptr && narrowing->separate_approver);
+}
+
+std::vector<std::string> Approvers(const Policy* frame, const Policy* narrowing) {
+  if (narrowing != nullptr && !narrowing->approvers.empty()) return narrowing->approvers;
+  if (frame != nullptr) return frame->approvers;
+  return {};
+}
+
+bool ApprovalInConversation(const Policy* frame, const Policy* narrowing) {
+  return (frame != nullptr && frame->approval_in_conversation) ||
+         (narrowing != nullptr && narrowing->approval_in_conversation);
 }
 
 Status CheckNarrowing(const Policy* frame, const Policy& narrowing) {

@@ -9,7 +9,10 @@
 // Document shape (all top-level fields optional):
 //   {"rules": [{"tool": GLOB, "rights": ["read","write","send"],
 //               "approval": "never" | "always" | {"over": {"argument": NAME, "value": NUMBER}}}],
-//    "deny": [GLOB...], "require_approval": [GLOB...], "separate_approver": BOOL}
+//    "deny": [GLOB...], "require_approval": [GLOB...], "separate_approver": BOOL,
+//    "approvers": [USER_ID...], "approval_in_conversation": BOOL}
+// `approvers` and `approval_in_conversation` say who decides an approval from a chat platform's
+// button and where its card may go (channels/cards.h); they do not change which calls wait.
 // A GLOB is an exact tool name, `*`, or a prefix ending in `*`. An exact name beats any glob;
 // among globs the longer prefix wins.
 //
@@ -52,6 +55,8 @@ struct Policy {
   std::vector<std::string> deny;
   std::vector<std::string> require_approval;
   bool separate_approver = false;
+  std::vector<std::string> approvers;  // user ids; none: the agent's owners
+  bool approval_in_conversation = false;
 };
 
 // Parses and validates untrusted input. Errors are kInvalidArgument naming the path of the
@@ -83,6 +88,12 @@ Decision Decide(const Policy* frame, const Policy* narrowing, Role role, const T
 
 // Whoever approves must differ from whoever asked when either document says so.
 bool SeparateApprover(const Policy* frame, const Policy* narrowing);
+// Who decides an agent's approvals from a chat button: the narrowing's approvers when it names
+// any, else the frame's; empty when neither does (the agent's owners decide).
+std::vector<std::string> Approvers(const Policy* frame, const Policy* narrowing);
+// Whether an approval card may go to the conversation the run came from when no approver can
+// be reached directly: when either document says so.
+bool ApprovalInConversation(const Policy* frame, const Policy* narrowing);
 
 // Rejects (kInvalidArgument, message says "widens") a narrowing that grants more rights or looser
 // approval than the frame rule that would decide the same tools. Checked when the narrowing is

@@ -67,12 +67,17 @@ struct AddedColumn {
   int version;  // the archive version that first carried it
   const char* value;  // JSON text
 };
-constexpr AddedColumn kAddedColumns[] = {
-    {"sessions", "description", 5, "\"\""},  {"sessions", "created_by", 6, "\"\""},
-    {"sessions", "instructions", 9, "\"\""}, {"tenants", "allow_host_exec", 6, "0"},
-    {"tenants", "allow_stdio_mcp", 6, "0"},  {"events", "hash", 7, "\"\""},
-    {"api_tokens", "parent_id", 10, "\"\""}, {"api_tokens", "expires_at", 10, "null"},
-    {"api_tokens", "user_id", 12, "\"\""}};
+constexpr AddedColumn kAddedColumns[] = {{"sessions", "description", 5, "\"\""},
+                                         {"sessions", "created_by", 6, "\"\""},
+                                         {"sessions", "instructions", 9, "\"\""},
+                                         {"tenants", "allow_host_exec", 6, "0"},
+                                         {"tenants", "allow_stdio_mcp", 6, "0"},
+                                         {"events", "hash", 7, "\"\""},
+                                         {"api_tokens", "parent_id", 10, "\"\""},
+                                         {"api_tokens", "expires_at", 10, "null"},
+                                         {"api_tokens", "user_id", 12, "\"\""},
+                                         {"channel_conversations", "contact", 13, "\"\""},
+                                         {"agent_access", "guest_daily_tokens", 13, "200000"}};
 
 void FillAddedColumns(const ExportTableSpec& t, int version, Json& row) {
   for (const auto& c : kAddedColumns) {

@@ -31,8 +31,10 @@ inline constexpr const char* kArchiveFormat = "keel-export";
 // events.tenant_position, and origin_seq per (tenant, origin) (older archives' events are
 // numbered so on import, as the migration does, and hashed); 8: messages.seq (older archives'
 // messages are numbered per session in id order on import, as the migration does); 9:
-// sessions.instructions; 10: api_tokens.parent_id and expires_at (dashboard sign-ins).
-inline constexpr int kArchiveVersion = 12;
+// sessions.instructions; 10: api_tokens.parent_id and expires_at (dashboard sign-ins); 11:
+// channels; 12: users, identities, agent roles and access, api_tokens.user_id; 13:
+// channel_conversations.contact and agent_access.guest_daily_tokens.
+inline constexpr int kArchiveVersion = 13;
 // The oldest version ImportArchive reads.
 inline constexpr int kOldestArchiveVersion = 2;
 // The most an archive may hold uncompressed (ImportArchive reads it into memory whole).

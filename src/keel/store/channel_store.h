@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "keel/common/status.h"
@@ -34,6 +35,9 @@ struct ChannelConversation {
   std::string conversation;  // "" for a channel that puts everything in one session
   std::string session_id;
   Millis created_at = 0;
+  // A direct conversation's person: the platform's id of who talks to the bot there ("" for a
+  // group, or a conversation older than approval cards). Where an approver's card goes.
+  std::string contact;
 };
 
 // One delivery a channel took (a webhook's webhook-id) and the session it went to: a delivery
@@ -63,6 +67,10 @@ struct ChannelPoll {
 // Recorded when its delivery's message is posted ("waiting" for the run), filled from the run
 // once it ends, sent by the leader. Runtime state like plugin deliveries: not exported (an
 // imported copy would send again what its platform has).
+//
+// An approval card is one too (approval_id set, channels/cards.h): recorded "pending" when the
+// leader finds a channel run's approval waiting, "shown" once the platform has it (its
+// `message` says where), and edited to say how it was decided ("sent") once it is.
 struct ChannelReply {
   std::string id;
   std::string tenant_id;
@@ -70,11 +78,16 @@ struct ChannelReply {
   std::string agent_id;
   std::string session_id;
   std::string run_id;
-  std::string delivery_id;  // the delivery it answers (a Telegram update_id)
+  std::string delivery_id;  // the delivery it answers (a Telegram update_id); for a card
+                            // "approval:APPROVAL_ID[:USER_ID]"
   std::string target;       // where it goes, the kind's JSON object's text (chat, thread)
+  std::string approval_id;  // a card's approval ("" for an answer)
+  std::string user_id;      // a card's approver; an answer's asker ("" when not a user)
+  std::string message;      // a shown card on its platform, a JSON object's text ("" before)
   // waiting (its run has not ended) | pending (due at next_attempt_at) | sending (a request may
   // be on its way; at a restart it is unknown) | sent | skipped (nothing to say, or <NO_REPLY>)
-  // | unknown (a send cut between its request and its answer: never repeated) | dead
+  // | unknown (a send cut between its request and its answer: never repeated) | dead; a card
+  // also: shown (its approval waits)
   std::string status = "waiting";
   std::string text;    // the answer, once its run ended
   int parts_sent = 0;  // of a long answer's parts, those the platform took
@@ -109,12 +122,19 @@ class ChannelStore {
   // Runtime-wide: the tenant of channel `id` (an unauthenticated delivery names only the
   // channel). kNotFound "channel not found: ID".
   virtual Result<std::string> ChannelTenant(const std::string& id) = 0;
-  // The conversation's session; nullopt when the channel has no such conversation yet.
-  virtual Result<std::optional<std::string>> ConversationSession(
+  // The conversation (its session, its contact); nullopt when the channel has no such
+  // conversation yet.
+  virtual Result<std::optional<ChannelConversation>> GetConversation(
       const std::string& tenant_id, const std::string& channel_id,
       const std::string& conversation) = 0;
   // kConflict when the channel has that conversation already (another delivery opened it).
   virtual Status InsertConversation(const ChannelConversation& c) = 0;
+  // Records the person of a direct conversation that has none yet (one opened before contacts
+  // were recorded); false when it had one, or there is no such conversation.
+  virtual Result<bool> SetConversationContact(const std::string& tenant_id,
+                                              const std::string& channel_id,
+                                              const std::string& conversation,
+                                              const std::string& contact) = 0;
   // The session a delivery went to; nullopt when the channel has not taken it.
   virtual Result<std::optional<std::string>> DeliverySession(const std::string& tenant_id,
                                                              const std::string& channel_id,
@@ -138,10 +158,30 @@ class ChannelStore {
   virtual Result<Paged<ChannelReply>> ListReplies(const std::string& tenant_id,
                                                   const std::string& channel_id,
                                                   const Page& page) = 0;
-  // Runtime-wide, oldest first: replies waiting whose run ended, pending ones due at `now`, and
-  // sending ones whose claim ran out or that `origin` (this node, restarted) was sending.
+  // Runtime-wide, oldest first: replies waiting whose run ended, pending ones due at `now`,
+  // sending ones whose claim ran out or that `origin` (this node, restarted) was sending, and
+  // shown cards whose approval was decided.
   virtual Result<std::vector<ChannelReply>> DueReplies(Millis now, const std::string& origin,
                                                        int limit) = 0;
+
+  // ---- Approval cards (channels/cards.h)
+  // The direct conversation of the channel whose contact is `contact`; nullopt when none.
+  virtual Result<std::optional<std::string>> ContactConversation(const std::string& tenant_id,
+                                                                 const std::string& channel_id,
+                                                                 const std::string& contact) = 0;
+  // Runtime-wide, oldest first: (tenant, approval id) of pending approvals whose run a channel
+  // owes an answer (a reply waiting) and that have no card yet.
+  virtual Result<std::vector<std::pair<std::string, std::string>>> ApprovalsToCard(int limit) = 0;
+  // The cards of an approval, by id.
+  virtual Result<std::vector<ChannelReply>> ApprovalCards(const std::string& tenant_id,
+                                                          const std::string& approval_id) = 0;
+  // The model tokens (input and output) of the runs that answered `user_id`'s messages to the
+  // agent on chat platforms (their replies recorded since `since`).
+  virtual Result<int64_t> UserTokensSince(const std::string& tenant_id, const std::string& agent_id,
+                                          const std::string& user_id, Millis since) = 0;
+  // The answer a channel owes for the run (not a card); nullopt when none.
+  virtual Result<std::optional<ChannelReply>> RunReply(const std::string& tenant_id,
+                                                       const std::string& run_id) = 0;
 };
 
 }  // namespace keel::store

@@ -381,6 +381,7 @@ std::string RowImage(const ChannelConversation& c) {
       .Col("conversation", c.conversation)
       .Col("session_id", c.session_id)
       .Col("created_at", c.created_at)
+      .Col("contact", c.contact)
       .Done();
 }
 
@@ -434,6 +435,7 @@ std::string RowImage(const AgentAccess& a) {
       .Col("level", a.level)
       .Int("code_set", a.code_set ? 1 : 0)
       .Col("updated_at", a.updated_at)
+      .Col("guest_daily_tokens", a.guest_daily_tokens)
       .Done();
 }
 

@@ -195,7 +195,8 @@ AgentMember ReadMember(const Row& r) {
 
 inline constexpr const char* kReplyCols =
     "id, tenant_id, channel_id, agent_id, session_id, run_id, delivery_id, target, status, "
-    "text, parts_sent, attempts, next_attempt_at, origin, error, created_at, updated_at";
+    "text, parts_sent, attempts, next_attempt_at, origin, error, created_at, updated_at, "
+    "approval_id, user_id, message";
 template <typename Row>
 ChannelReply ReadReply(const Row& r) {
   ChannelReply x;
@@ -216,6 +217,9 @@ ChannelReply ReadReply(const Row& r) {
   x.error = r.Text(14);
   x.created_at = r.Int(15);
   x.updated_at = r.Int(16);
+  x.approval_id = r.Text(17);
+  x.user_id = r.Text(18);
+  x.message = r.Text(19);
   return x;
 }
 

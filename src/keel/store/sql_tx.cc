@@ -1212,24 +1212,27 @@ template <typename Sql>
 Result<std::optional<AgentAccess>> SqlTx<Sql>::GetAccess(const std::string& tenant_id,
                                                          const std::string& agent_id) {
   static const std::string kSql =
-      "SELECT level, code_set, updated_at FROM agent_access WHERE tenant_id=$1 AND agent_id=$2";
+      "SELECT level, code_set, updated_at, guest_daily_tokens FROM agent_access WHERE "
+      "tenant_id=$1 AND agent_id=$2";
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
   KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, agent_id));
   KEEL_ASSIGN_OR_RETURN(bool found, r.Step());
   if (!found) return std::optional<AgentAccess>();
   return std::optional<AgentAccess>(
-      AgentAccess{tenant_id, agent_id, r.Text(0), r.Int(1) != 0, r.Int(2)});
+      AgentAccess{tenant_id, agent_id, r.Text(0), r.Int(1) != 0, r.Int(3), r.Int(2)});
 }
 
 template <typename Sql>
 Status SqlTx<Sql>::PutAccess(const AgentAccess& a) {
   static const std::string kSql =
-      "INSERT INTO agent_access(tenant_id, agent_id, level, code_set, updated_at) "
-      "VALUES($1,$2,$3,$4,$5) ON CONFLICT(tenant_id, agent_id) DO UPDATE SET "
-      "level=excluded.level, code_set=excluded.code_set, updated_at=excluded.updated_at";
+      "INSERT INTO agent_access(tenant_id, agent_id, level, code_set, updated_at, "
+      "guest_daily_tokens) VALUES($1,$2,$3,$4,$5,$6) ON CONFLICT(tenant_id, agent_id) DO UPDATE "
+      "SET level=excluded.level, code_set=excluded.code_set, updated_at=excluded.updated_at, "
+      "guest_daily_tokens=excluded.guest_daily_tokens";
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(a.tenant_id));
   return sql_
-      .Exec(kSql, a.tenant_id, a.agent_id, a.level, int64_t{a.code_set ? 1 : 0}, a.updated_at)
+      .Exec(kSql, a.tenant_id, a.agent_id, a.level, int64_t{a.code_set ? 1 : 0}, a.updated_at,
+            a.guest_daily_tokens)
       .status();
 }
 
@@ -1306,27 +1309,42 @@ Status SqlTx<Sql>::DeleteChannel(const std::string& tenant_id, const std::string
 }
 
 template <typename Sql>
-Result<std::optional<std::string>> SqlTx<Sql>::ConversationSession(
+Result<std::optional<ChannelConversation>> SqlTx<Sql>::GetConversation(
     const std::string& tenant_id, const std::string& channel_id, const std::string& conversation) {
   static const std::string kSql =
-      "SELECT session_id FROM channel_conversations WHERE tenant_id=$1 AND channel_id=$2 AND "
-      "conversation=$3";
+      "SELECT session_id, created_at, contact FROM channel_conversations WHERE tenant_id=$1 AND "
+      "channel_id=$2 AND conversation=$3";
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
   KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, channel_id, conversation));
   KEEL_ASSIGN_OR_RETURN(bool found, r.Step());
-  if (!found) return std::optional<std::string>();
-  return std::optional<std::string>(r.Text(0));
+  if (!found) return std::optional<ChannelConversation>();
+  return std::optional<ChannelConversation>(
+      ChannelConversation{tenant_id, channel_id, conversation, r.Text(0), r.Int(1), r.Text(2)});
 }
 
 template <typename Sql>
 Status SqlTx<Sql>::InsertConversation(const ChannelConversation& c) {
   static const std::string kSql =
       "INSERT INTO channel_conversations(tenant_id, channel_id, conversation, session_id, "
-      "created_at) VALUES($1,$2,$3,$4,$5) ON CONFLICT DO NOTHING";
+      "created_at, contact) VALUES($1,$2,$3,$4,$5,$6) ON CONFLICT DO NOTHING";
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(c.tenant_id));
-  return Inserted(
-      sql_.Exec(kSql, c.tenant_id, c.channel_id, c.conversation, c.session_id, c.created_at),
-      "the channel has that conversation already");
+  return Inserted(sql_.Exec(kSql, c.tenant_id, c.channel_id, c.conversation, c.session_id,
+                            c.created_at, c.contact),
+                  "the channel has that conversation already");
+}
+
+template <typename Sql>
+Result<bool> SqlTx<Sql>::SetConversationContact(const std::string& tenant_id,
+                                                const std::string& channel_id,
+                                                const std::string& conversation,
+                                                const std::string& contact) {
+  static const std::string kSql =
+      "UPDATE channel_conversations SET contact=$4 WHERE tenant_id=$1 AND channel_id=$2 AND "
+      "conversation=$3 AND contact=''";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(int64_t changed,
+                        sql_.Exec(kSql, tenant_id, channel_id, conversation, contact));
+  return changed > 0;
 }
 
 template <typename Sql>
@@ -1379,24 +1397,27 @@ Status SqlTx<Sql>::PutPoll(const ChannelPoll& p) {
 
 template <typename Sql>
 Status SqlTx<Sql>::InsertReply(const ChannelReply& x) {
-  static const std::string kSql = InsertSql("channel_replies", rows::kReplyCols, 17);
+  static const std::string kSql = InsertSql("channel_replies", rows::kReplyCols, 20);
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(x.tenant_id));
-  return Inserted(sql_.Exec(kSql, x.id, x.tenant_id, x.channel_id, x.agent_id, x.session_id,
-                            x.run_id, x.delivery_id, x.target, x.status, x.text,
-                            int64_t{x.parts_sent}, int64_t{x.attempts}, x.next_attempt_at, x.origin,
-                            x.error, x.created_at, x.updated_at),
-                  "the channel has a reply to delivery " + x.delivery_id + " already");
+  return Inserted(
+      sql_.Exec(kSql, x.id, x.tenant_id, x.channel_id, x.agent_id, x.session_id, x.run_id,
+                x.delivery_id, x.target, x.status, x.text, int64_t{x.parts_sent},
+                int64_t{x.attempts}, x.next_attempt_at, x.origin, x.error, x.created_at,
+                x.updated_at, x.approval_id, x.user_id, x.message),
+      "the channel has a reply to delivery " + x.delivery_id + " already");
 }
 
 template <typename Sql>
 Status SqlTx<Sql>::UpdateReply(const ChannelReply& x) {
   static const std::string kSql =
       "UPDATE channel_replies SET status=$1, text=$2, parts_sent=$3, attempts=$4, "
-      "next_attempt_at=$5, origin=$6, error=$7, updated_at=$8 WHERE tenant_id=$9 AND id=$10";
+      "next_attempt_at=$5, origin=$6, error=$7, updated_at=$8, message=$9 WHERE tenant_id=$10 "
+      "AND id=$11";
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(x.tenant_id));
-  return Updated(sql_.Exec(kSql, x.status, x.text, int64_t{x.parts_sent}, int64_t{x.attempts},
-                           x.next_attempt_at, x.origin, x.error, x.updated_at, x.tenant_id, x.id),
-                 "channel reply not found: " + x.id);
+  return Updated(
+      sql_.Exec(kSql, x.status, x.text, int64_t{x.parts_sent}, int64_t{x.attempts},
+                x.next_attempt_at, x.origin, x.error, x.updated_at, x.message, x.tenant_id, x.id),
+      "channel reply not found: " + x.id);
 }
 
 template <typename Sql>
@@ -1412,6 +1433,60 @@ Result<Paged<ChannelReply>> SqlTx<Sql>::ListReplies(const std::string& tenant_id
       auto r, sql_.Query(kSql, tenant_id, channel_id, DecodeCursor(page.cursor), limit + 1));
   return PageOf<ChannelReply>(r, rows::ReadReply<typename Sql::Row>, limit,
                               [](const ChannelReply& x) { return x.id; });
+}
+
+template <typename Sql>
+Result<std::optional<std::string>> SqlTx<Sql>::ContactConversation(const std::string& tenant_id,
+                                                                   const std::string& channel_id,
+                                                                   const std::string& contact) {
+  static const std::string kSql =
+      "SELECT conversation FROM channel_conversations WHERE tenant_id=$1 AND channel_id=$2 AND "
+      "contact=$3 AND contact<>'' ORDER BY created_at DESC LIMIT 1";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, channel_id, contact));
+  KEEL_ASSIGN_OR_RETURN(bool found, r.Step());
+  if (!found) return std::optional<std::string>();
+  return std::optional<std::string>(r.Text(0));
+}
+
+template <typename Sql>
+Result<std::vector<ChannelReply>> SqlTx<Sql>::ApprovalCards(const std::string& tenant_id,
+                                                            const std::string& approval_id) {
+  static const std::string kSql =
+      "SELECT " + std::string(rows::kReplyCols) +
+      " FROM channel_replies WHERE tenant_id=$1 AND approval_id=$2 AND approval_id<>'' "
+      "ORDER BY id";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, approval_id));
+  return Collect<ChannelReply>(r, rows::ReadReply<typename Sql::Row>);
+}
+
+template <typename Sql>
+Result<int64_t> SqlTx<Sql>::UserTokensSince(const std::string& tenant_id,
+                                            const std::string& agent_id, const std::string& user_id,
+                                            Millis since) {
+  static const std::string kSql =
+      "SELECT COALESCE(SUM(u.input_tokens + u.output_tokens), 0) FROM channel_replies r JOIN "
+      "model_usage u ON u.tenant_id=r.tenant_id AND u.run_id=r.run_id WHERE r.tenant_id=$1 AND "
+      "r.user_id=$2 AND r.created_at>=$3 AND r.agent_id=$4 AND r.approval_id=''";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, user_id, since, agent_id));
+  KEEL_ASSIGN_OR_RETURN(bool found, r.Step());
+  return found ? r.Int(0) : 0;
+}
+
+template <typename Sql>
+Result<std::optional<ChannelReply>> SqlTx<Sql>::RunReply(const std::string& tenant_id,
+                                                         const std::string& run_id) {
+  static const std::string kSql =
+      "SELECT " + std::string(rows::kReplyCols) +
+      " FROM channel_replies WHERE tenant_id=$1 AND run_id=$2 AND approval_id='' ORDER BY id "
+      "LIMIT 1";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(auto r, sql_.Query(kSql, tenant_id, run_id));
+  KEEL_ASSIGN_OR_RETURN(bool found, r.Step());
+  if (!found) return std::optional<ChannelReply>();
+  return std::optional<ChannelReply>(rows::ReadReply<typename Sql::Row>(r));
 }
 
 // ---- ScheduleStore

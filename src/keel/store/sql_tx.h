@@ -339,10 +339,13 @@ class SqlTx : public Tx,
   Result<Paged<Channel>> ListChannels(const std::string& tenant_id, const std::string& agent_id,
                                       const Page& page) override;
   Status DeleteChannel(const std::string& tenant_id, const std::string& id) override;
-  Result<std::optional<std::string>> ConversationSession(const std::string& tenant_id,
-                                                         const std::string& channel_id,
-                                                         const std::string& conversation) override;
+  Result<std::optional<ChannelConversation>> GetConversation(
+      const std::string& tenant_id, const std::string& channel_id,
+      const std::string& conversation) override;
   Status InsertConversation(const ChannelConversation& c) override;
+  Result<bool> SetConversationContact(const std::string& tenant_id, const std::string& channel_id,
+                                      const std::string& conversation,
+                                      const std::string& contact) override;
   Result<std::optional<std::string>> DeliverySession(const std::string& tenant_id,
                                                      const std::string& channel_id,
                                                      const std::string& delivery_id) override;
@@ -354,6 +357,15 @@ class SqlTx : public Tx,
   Status UpdateReply(const ChannelReply& r) override;
   Result<Paged<ChannelReply>> ListReplies(const std::string& tenant_id,
                                           const std::string& channel_id, const Page& page) override;
+  Result<std::optional<std::string>> ContactConversation(const std::string& tenant_id,
+                                                         const std::string& channel_id,
+                                                         const std::string& contact) override;
+  Result<std::vector<ChannelReply>> ApprovalCards(const std::string& tenant_id,
+                                                  const std::string& approval_id) override;
+  Result<std::optional<ChannelReply>> RunReply(const std::string& tenant_id,
+                                               const std::string& run_id) override;
+  Result<int64_t> UserTokensSince(const std::string& tenant_id, const std::string& agent_id,
+                                  const std::string& user_id, Millis since) override;
   // CompactionStore
   Status InsertCompaction(const Compaction& c) override;
   Status LatestCompactionLater(const std::string& tenant_id, const std::string& session_id,

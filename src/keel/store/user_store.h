@@ -44,6 +44,8 @@ struct AgentMember {
 };
 
 // An agent's access level; an agent without one is private.
+inline constexpr int64_t kDefaultGuestDailyTokens = 200000;
+
 struct AgentAccess {
   std::string tenant_id;
   std::string agent_id;
@@ -52,6 +54,9 @@ struct AgentAccess {
   std::string level = "private";
   // Whether its access code is set: the tenant secret access::AccessCodeSecret names.
   bool code_set = false;
+  // The model tokens (input and output) a guest's messages may cost each day (UTC), counted
+  // over the runs that answered them on chat platforms; 0: no allowance.
+  int64_t guest_daily_tokens = kDefaultGuestDailyTokens;
   Millis updated_at = 0;
 };
 

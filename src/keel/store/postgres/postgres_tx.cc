@@ -104,6 +104,15 @@ Result<std::vector<ChannelReply>> PostgresTx::DueReplies(Millis now, const std::
   return InKeyOrder<ChannelReply>(keys, found, ReadReply<Row>);
 }
 
+Result<std::vector<std::pair<std::string, std::string>>> PostgresTx::ApprovalsToCard(int limit) {
+  KEEL_ASSIGN_OR_RETURN(
+      auto rows,
+      conn_.Query("SELECT tenant_id, id FROM keel_approvals_to_card($1)", P(PgSql::Limit(limit))));
+  std::vector<std::pair<std::string, std::string>> out;
+  for (int i = 0; i < rows.size(); ++i) out.emplace_back(rows.Text(i, 0), rows.Text(i, 1));
+  return out;
+}
+
 // ---- RunStore
 
 Result<int64_t> PostgresTx::CountQueuedRuns() {

@@ -97,6 +97,7 @@ class PostgresTx final : public SqlTx<PgSql> {
   Result<std::vector<Channel>> PolledChannels() override;
   Result<std::vector<ChannelReply>> DueReplies(Millis now, const std::string& origin,
                                                int limit) override;
+  Result<std::vector<std::pair<std::string, std::string>>> ApprovalsToCard(int limit) override;
   // RunStore
   Result<int64_t> CountQueuedRuns() override;
   Result<std::vector<NodeInfo>> ListNodes(Millis within_ms) override;

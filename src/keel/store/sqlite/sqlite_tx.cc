@@ -72,15 +72,34 @@ Result<std::vector<ChannelReply>> SqliteTx::DueReplies(Millis now, const std::st
                                                        int limit) {
   static const std::string kSql =
       "SELECT " + std::string(kReplyCols) +
-      " FROM channel_replies o WHERE status IN ('waiting','pending','sending') AND ("
+      " FROM channel_replies o WHERE status IN ('waiting','pending','sending','shown') AND ("
       "(status='pending' AND next_attempt_at<=?1) OR "
       "(status='sending' AND (next_attempt_at<=?1 OR origin=?2)) OR "
       "(status='waiting' AND EXISTS (SELECT 1 FROM runs r WHERE r.tenant_id=o.tenant_id AND "
-      "r.id=o.run_id AND r.status IN ('done','failed','cancelled')))) "
+      "r.id=o.run_id AND r.status IN ('done','failed','cancelled'))) OR "
+      "(status='shown' AND EXISTS (SELECT 1 FROM approvals a WHERE a.tenant_id=o.tenant_id AND "
+      "a.id=o.approval_id AND a.status<>'pending'))) "
       "ORDER BY next_attempt_at, id LIMIT ?3";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   s.BindAll(now, origin, limit);
   return Collect<ChannelReply>(s, ReadReply<Stmt>);
+}
+
+Result<std::vector<std::pair<std::string, std::string>>> SqliteTx::ApprovalsToCard(int limit) {
+  static const std::string kSql =
+      "SELECT a.tenant_id, a.id FROM channel_replies o JOIN approvals a ON "
+      "a.tenant_id=o.tenant_id AND a.run_id=o.run_id WHERE o.status='waiting' AND "
+      "o.approval_id='' AND a.status='pending' AND NOT EXISTS (SELECT 1 FROM channel_replies c "
+      "WHERE c.tenant_id=a.tenant_id AND c.approval_id=a.id) ORDER BY a.created_at, a.id LIMIT ?";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  s.BindAll(limit);
+  std::vector<std::pair<std::string, std::string>> out;
+  while (true) {
+    KEEL_ASSIGN_OR_RETURN(bool found, s.Step());
+    if (!found) break;
+    out.emplace_back(s.Text(0), s.Text(1));
+  }
+  return out;
 }
 
 // ---- RunStore

@@ -38,6 +38,7 @@ class SqliteTx final : public SqlTx<SqliteSql> {
   Result<std::vector<Channel>> PolledChannels() override;
   Result<std::vector<ChannelReply>> DueReplies(Millis now, const std::string& origin,
                                                int limit) override;
+  Result<std::vector<std::pair<std::string, std::string>>> ApprovalsToCard(int limit) override;
   // RunStore
   Result<int64_t> CountQueuedRuns() override;
   Result<std::vector<NodeInfo>> ListNodes(Millis within_ms) override;
