@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """A fake of Discord for Keel's tests: the HTTP API an application calls
 (https://discord.com/developers/docs/reference, v10) and the sender of the interactions an
-application's Interactions Endpoint URL receives (slash commands, signed with Ed25519), speaking
-the real wire formats.
+application's Interactions Endpoint URL receives (slash commands, and presses of the buttons on
+its bot's messages, signed with Ed25519), speaking the real wire formats.
 
 Usage: fake_discord.py --token BOT_TOKEN [--application-id 1100000000000000001]. It listens on
 127.0.0.1 on a free port, prints the port on the first line of stdout, and serves until stdin
@@ -19,15 +19,29 @@ API, under /api/v10, JSON; errors are Discord's {"message", "code"}: a missing o
 - POST /webhooks/{app}/{token}: a follow-up message. Both need no bot token, but an interaction
   token this fake issued, less than 15 minutes old, else 404 Unknown Webhook (10015).
 - POST /channels/{channel}/messages (bot; a channel no interaction came from: 404 Unknown
-  Channel, 10003).
+  Channel, 10003): a bot message, answered with its Message object ("id", "channel_id",
+  "content", "components", "author" the bot, ...), which the fake keeps (a button on it can be
+  pressed, below).
+- PATCH /channels/{channel}/messages/{message} (bot; "edit"): edits a bot message posted there
+  (any other: 404 Unknown Message, 10008; an unknown channel 404 Unknown Channel, 10003). The
+  fields given replace the message's ("content", "components": [] takes the buttons away,
+  "embeds", "flags"); answered with the Message object, "edited_timestamp" set; recorded in
+  `edits`. A message left with nothing in it is 400 Cannot send an empty message (50006).
 Each message body is checked as Discord does: `content` over 2,000 characters is 400 Invalid
-Form Body (50035, with "errors"); no content (empty or blank) is 400 Cannot send an empty message
-(50006). Each message taken is answered with a Message object and recorded; a body without
+Form Body (50035, with "errors"); no content (empty or blank) and no components or embeds is
+400 Cannot send an empty message (50006); `components` (buttons only, in this fake) must be a
+list of at most 5 action rows ({"type": 1, "components": [...]}) of 1 to 5 buttons each
+({"type": 2, "style": 1-5, "label"?: at most 80 characters, ...}); a button of style 1-4 needs a
+"custom_id" of 1 to 100 characters, unique in the message, and no "url"; a link button (style 5)
+a "url" and no custom_id; else 400 Invalid Form Body (50035) with Discord's nested "errors"
+({"components": {"0": {"components": {"1": {"custom_id": {"_errors": [{"code", "message"}]}}}}}}).
+Each message taken is answered with a Message object and recorded; a body without
 "allowed_mentions": {"parse": []} (which Keel must send, so that no answer pings @everyone) is
-counted in `no_allowed_mentions`.
+counted in `no_allowed_mentions` (an edit's is recorded in its "safe", not counted: Discord
+pings nobody on an edit).
 
-Failure injection per route ("commands", "original", "followup", "channel"), consumed in order
-after the bot token is checked (POST /_fail {"route", "answers": [...]}): {"status": 429,
+Failure injection per route ("commands", "original", "followup", "channel", "edit"), consumed in
+order after the bot token is checked (POST /_fail {"route", "answers": [...]}): {"status": 429,
 "retry_after": S} (HTTP 429, `Retry-After: ceil(S)`, body {"message": "You are being rate
 limited.", "retry_after": S, "global": false}), {"status": 500} (any other status: that status
 with {"message", "code"} given or "500: Internal Server Error", 0), e.g. {"status": 403, "code":
@@ -50,15 +64,35 @@ Control endpoints (JSON):
   there). Signs as Discord does: X-Signature-Ed25519 is the hex signature of TIMESTAMP + BODY.
   POSTs once; answers {"status" (null when the POST failed: "error" says why), "body" (parsed
   JSON when it parses), "interaction_id", "token"}.
+- POST /_press {"url": KEEL_HOOK_URL, "message_id": a bot message posted through POST
+  /channels/{channel}/messages, and "button" (the label or custom_id of one of its buttons as it
+  is now: 400 when it has none such, as Discord shows no such button) or "custom_id" (sent as
+  given: a client that still shows a button since taken away, or a forgery)}: someone presses a
+  button. Optional: "user" (default: in a DM the person whose command the fake sent there, else
+  Ann),
+  "guild_id" (default: the guild the fake saw the message's channel in; none: a DM), "nick",
+  "component_type" (2), and "interaction_id", "age", "timestamp", "signature", "wrong_key",
+  "body_suffix" as for /_interaction. The interaction is Discord's MESSAGE_COMPONENT (type 3):
+  {"id", "application_id", "type": 3, "token", "version": 1, "channel_id", "channel",
+  "guild_id" + "member": {"user", ...} in a server or "user" in a DM, "message": the Message
+  object as it is now, "data": {"custom_id", "component_type": 2}, "app_permissions",
+  "entitlements", "locale", "context", ...}, with a new interaction token; signed and POSTed as
+  /_interaction does (recorded in `presses`, and resent by "resend" like any interaction).
+  Answers as /_interaction: {"status", "body", "interaction_id", "token"}.
 - POST /_age {"token", "seconds"}: the token is that much older.
 - GET /_sent: {"messages": [bodies taken, plus "kind" (original/followup/channel), "token"
   (webhooks), "channel_id", "interaction_id" (webhooks), "message_id", "safe" (had the
-  allowed_mentions), "_at"], "commands": [the commands as Discord answers them, plus "body" (as
+  allowed_mentions), "_at"], "edits": [bodies of bot message edits taken (PATCH
+  /channels/..., not @original), plus "channel_id", "message_id",
+  "safe", "_at"], "presses": [{"interaction_id", "message_id", "channel_id", "custom_id",
+  "user_id", "_at"}], "commands": [the commands as Discord answers them, plus "body" (as
   last sent) and "_at"], "attempts": {route: n}, "calls": [{"route",
   "method", "at", "status" (HTTP status, "drop", or null while unanswered), "code", "token",
-  "channel_id", "auth"}], "no_allowed_mentions": n, "unauthorized": n, "channels": [...]}.
-- POST /_reset: clears the recordings and queued failures (not the commands, tokens, channels
-  or interactions sent).
+  "channel_id", "message_id" (edits), "auth"}], "no_allowed_mentions": n, "unauthorized": n,
+  "channels": [...]}.
+- GET /_message?id=MESSAGE_ID: a bot message as it is now (400 when none).
+- POST /_reset: clears the recordings and queued failures (not the commands, tokens, channels,
+  bot messages or interactions sent).
 """
 
 import argparse
@@ -85,8 +119,9 @@ TOKEN, APP_ID = None, "1100000000000000001"
 KEY = Ed25519PrivateKey.generate()
 PUBLIC_KEY = KEY.public_key().public_bytes(serialization.Encoding.Raw,
                                            serialization.PublicFormat.Raw).hex()
-ROUTES = ("commands", "original", "followup", "channel")
+ROUTES = ("commands", "original", "followup", "channel", "edit")
 MAX_CONTENT = 2000
+MAX_ROWS, MAX_BUTTONS, MAX_LABEL, MAX_CUSTOM_ID = 5, 5, 80, 100
 TOKEN_LIFE = 15 * 60
 DISCORD_EPOCH_MS = 1420070400000
 COMMAND_NAME = re.compile(r"^[-_a-z0-9]{1,32}$")
@@ -98,11 +133,14 @@ _seq = itertools.count(1)
 
 
 def reset_recordings():
-    S.update(messages=[], calls=[], attempts=collections.Counter(), unauthorized=0,
-             no_allowed_mentions=0, failures=collections.defaultdict(collections.deque))
+    S.update(messages=[], edits=[], presses=[], calls=[], attempts=collections.Counter(),
+             unauthorized=0, no_allowed_mentions=0,
+             failures=collections.defaultdict(collections.deque))
 
 
-S.update(commands={}, tokens={}, channels=set(), sent={}, originals={})
+# places: channel id -> {"guild_id" (None: a DM), "recipient" (a DM's user)}; posted: the bot
+# messages (Message objects) posted with the bot token, by id.
+S.update(commands={}, tokens={}, channels=set(), places={}, posted={}, sent={}, originals={})
 reset_recordings()
 
 
@@ -134,8 +172,87 @@ def unknown_webhook():
     return ApiError(404, "Unknown Webhook", 10015)
 
 
-def check_message(body):
-    """Discord's checks of a message body; returns whether allowed_mentions stops every ping."""
+def component_errors(components):
+    """Discord's nested "errors" for a message's `components` ({} when they are valid): action
+    rows of buttons (the only components this fake knows)."""
+    errors = {}
+
+    def add(path, code, msg):
+        at = errors
+        for key in path:
+            at = at.setdefault(str(key), {})
+        at.setdefault("_errors", []).append({"code": code, "message": msg})
+
+    if not isinstance(components, list):
+        add((), "LIST_TYPE_CONVERT", "Only iterables may be used.")
+        return errors
+    if len(components) > MAX_ROWS:
+        add((), "BASE_TYPE_MAX_LENGTH", "Must be %d or fewer in length." % MAX_ROWS)
+    seen = set()
+    for i, row in enumerate(components):
+        if not isinstance(row, dict):
+            add((i,), "DICT_TYPE_CONVERT", "Only dictionaries may be used.")
+            continue
+        if row.get("type") != 1:
+            add((i, "type"), "UNION_TYPE_CHOICES",
+                'Value of field "type" must be one of (1,).')
+            continue
+        buttons = row.get("components")
+        if not isinstance(buttons, list) or not 1 <= len(buttons) <= MAX_BUTTONS:
+            add((i, "components"), "BASE_TYPE_BAD_LENGTH",
+                "Must be between 1 and %d in length." % MAX_BUTTONS)
+            continue
+        for j, b in enumerate(buttons):
+            at = (i, "components", j)
+            if not isinstance(b, dict):
+                add(at, "DICT_TYPE_CONVERT", "Only dictionaries may be used.")
+                continue
+            if b.get("type") != 2:
+                add(at + ("type",), "UNION_TYPE_CHOICES",
+                    'Value of field "type" must be one of (2,).')
+                continue
+            style = b.get("style")
+            if type(style) is not int or not 1 <= style <= 5:
+                add(at + ("style",), "BASE_TYPE_CHOICES", "Value must be one of {1, 2, 3, 4, 5}.")
+                continue
+            label = b.get("label")
+            if label is not None and not isinstance(label, str):
+                add(at + ("label",), "BASE_TYPE_BAD_TYPE", "Must be a string.")
+            elif label is not None and len(label) > MAX_LABEL:
+                add(at + ("label",), "BASE_TYPE_MAX_LENGTH",
+                    "Must be %d or fewer in length." % MAX_LABEL)
+            elif not label and not b.get("emoji"):
+                add(at, "BUTTON_COMPONENT_LABEL_OR_EMOJI_REQUIRED",
+                    "A label or an emoji is required.")
+            custom_id = b.get("custom_id")
+            if style == 5:
+                if not isinstance(b.get("url"), str) or not b["url"]:
+                    add(at + ("url",), "BUTTON_COMPONENT_URL_REQUIRED",
+                        "A url is required for link buttons.")
+                if custom_id is not None:
+                    add(at + ("custom_id",), "BUTTON_COMPONENT_CUSTOM_ID_INVALID",
+                        "A custom id cannot be set on a link button.")
+                continue
+            if b.get("url") is not None:
+                add(at + ("url",), "BUTTON_COMPONENT_URL_INVALID",
+                    "A url can only be set on a link button.")
+            if custom_id is None:
+                add(at + ("custom_id",), "BASE_TYPE_REQUIRED", "This field is required")
+            elif not isinstance(custom_id, str):
+                add(at + ("custom_id",), "BASE_TYPE_BAD_TYPE", "Must be a string.")
+            elif not 1 <= len(custom_id) <= MAX_CUSTOM_ID:
+                add(at + ("custom_id",), "BASE_TYPE_BAD_LENGTH",
+                    "Must be between 1 and %d in length." % MAX_CUSTOM_ID)
+            elif custom_id in seen:
+                add(at + ("custom_id",), "COMPONENT_CUSTOM_ID_DUPLICATED",
+                    "Component custom id cannot be duplicated")
+            else:
+                seen.add(custom_id)
+    return errors
+
+
+def check_fields(body):
+    """Discord's checks of a message body's fields (a send's or an edit's)."""
     if not isinstance(body, dict):
         raise ApiError(400, "Invalid Form Body", 50035,
                        errors={"_errors": [{"code": "DICT_TYPE_CONVERT",
@@ -147,7 +264,21 @@ def check_message(body):
     if content is not None and len(content) > MAX_CONTENT:
         raise ApiError(400, "Invalid Form Body", 50035, errors={"content": {"_errors": [
             {"code": "BASE_TYPE_MAX_LENGTH", "message": "Must be 2000 or fewer in length."}]}})
-    if not (content or "").strip() and not body.get("embeds") and not body.get("components"):
+    if body.get("components") is not None:
+        errors = component_errors(body["components"])
+        if errors:
+            raise ApiError(400, "Invalid Form Body", 50035, errors={"components": errors})
+
+
+def empty(m):
+    return not (m.get("content") or "").strip() and not m.get("embeds") and \
+        not m.get("components")
+
+
+def check_message(body):
+    """Discord's checks of a message body; returns whether allowed_mentions stops every ping."""
+    check_fields(body)
+    if empty(body):
         raise ApiError(400, "Cannot send an empty message", 50006)
     am = body.get("allowed_mentions")
     return isinstance(am, dict) and am.get("parse") == [] and not am.get("users") and \
@@ -182,8 +313,11 @@ class Handler(FakeHandler):
             body = json.loads(raw) if raw.strip() else {}
             if not isinstance(body, dict):
                 raise ValueError("the body must be a JSON object")
-            if control is c_interaction:  # posts to Keel: not under the lock Keel's calls need
-                return self.send_json(200, c_interaction(body))
+            if self.command == "GET":
+                body = dict(urllib.parse.parse_qsl(url.query))
+            # These post to Keel: not under the lock that Keel's calls to the fake need.
+            if control in (c_interaction, c_press):
+                return self.send_json(200, control(body))
             with lock:
                 result = json.loads(json.dumps(control(body)))  # a snapshot
             self.send_json(200, result)
@@ -204,6 +338,9 @@ class Handler(FakeHandler):
         if len(parts) == 3 and parts[0] == "channels" and parts[2] == "messages" \
                 and self.command == "POST":
             return "channel", self.m_channel, True, parts[1:2]
+        if len(parts) == 4 and parts[0] == "channels" and parts[2] == "messages" \
+                and self.command == "PATCH":
+            return "edit", self.m_edit, True, [parts[1], parts[3]]
         return None, None, False, None
 
     def api(self, path, raw):
@@ -215,8 +352,10 @@ class Handler(FakeHandler):
                 "auth": auth == "Bot " + TOKEN}
         if kind in ("original", "followup"):
             call["token"] = params[1]
-        elif kind == "channel":
+        elif kind in ("channel", "edit"):
             call["channel_id"] = params[0]
+            if kind == "edit":
+                call["message_id"] = params[1]
         failure = None
         try:
             with lock:
@@ -311,7 +450,33 @@ class Handler(FakeHandler):
         mid = snowflake()
         with lock:
             record(body, "channel", channel, mid, safe)
-        return 200, message(body, channel, mid)
+            m = S["posted"][mid] = message(body, channel, mid)
+            return 200, json.loads(json.dumps(m))
+
+    def m_edit(self, params, body):
+        channel, mid = params
+        with lock:
+            if channel not in S["channels"]:
+                raise ApiError(404, "Unknown Channel", 10003)
+            m = S["posted"].get(mid)
+            if m is None or m["channel_id"] != channel:
+                raise ApiError(404, "Unknown Message", 10008)
+        check_fields(body)
+        am = body.get("allowed_mentions")
+        safe = isinstance(am, dict) and am.get("parse") == [] and not am.get("users") and \
+            not am.get("roles")
+        with lock:
+            edited = dict(m)
+            for field in ("content", "components", "embeds", "flags"):
+                if field in body and body[field] is not None:
+                    edited[field] = body[field]
+            if empty(edited):
+                raise ApiError(400, "Cannot send an empty message", 50006)
+            edited["edited_timestamp"] = iso(time.time())
+            m.update(edited)
+            S["edits"].append(dict(body, channel_id=channel, message_id=mid, safe=safe,
+                                   _at=time.time()))
+            return 200, json.loads(json.dumps(m))
 
 
 def command(body):
@@ -367,7 +532,7 @@ def message(body, channel, mid, webhook=False, edited=False):
          "attachments": [], "embeds": body.get("embeds") or [], "mentions": [],
          "mention_roles": [], "mention_everyone": False, "pinned": False, "tts": False,
          "timestamp": iso(now), "edited_timestamp": iso(now) if edited else None,
-         "flags": int(body.get("flags") or 0), "components": []}
+         "flags": int(body.get("flags") or 0), "components": body.get("components") or []}
     if webhook:
         m.update(webhook_id=APP_ID, application_id=APP_ID)
     return m
@@ -402,11 +567,7 @@ def build(body):
         name = c.get("name", "ask")
         channel = str(c.get("channel_id", "2200000000000000001"))
         guild = c.get("guild_id")
-        user = dict(c.get("user") or DEFAULT_USER)
-        user.setdefault("discriminator", "0")
-        user.setdefault("avatar", None)
-        user.setdefault("public_flags", 0)
-        user.setdefault("global_name", None)
+        user = full_user(c.get("user") or DEFAULT_USER)
         if c.get("options") is not None:
             options = c["options"]
         elif c.get("message") is not None:
@@ -423,20 +584,13 @@ def build(body):
                    "token": token, "type": 2, "version": 1}
         if guild is not None:
             data["guild_id"] = str(guild)
-            member = {"user": user, "nick": c.get("nick"), "roles": [], "avatar": None,
-                      "joined_at": iso(made - 86400), "deaf": False, "mute": False, "flags": 0,
-                      "pending": False, "permissions": "2248473465835073"}
-            payload.update(guild_id=str(guild), member=member, guild_locale="en-US",
-                           guild={"id": str(guild), "locale": "en-US", "features": []},
-                           channel={"id": channel, "type": 0, "guild_id": str(guild),
-                                    "name": "general", "flags": 0},
-                           context=0, authorizing_integration_owners={"0": str(guild)})
-        else:
-            payload.update(user=user, channel={"id": channel, "type": 1, "flags": 0,
-                                               "recipients": [user]},
-                           context=1, authorizing_integration_owners={"0": user["id"]})
+        where(payload, channel, guild, user, c.get("nick"), made)
         S["tokens"][token] = {"at": made, "interaction_id": iid, "channel_id": channel}
         S["channels"].add(channel)
+        place = {"guild_id": None if guild is None else str(guild)}
+        if guild is None:
+            place["recipient"] = user
+        S["places"][channel] = place
     else:
         raise ValueError("'ping', 'command' (an object) or 'resend' is required")
     raw = json.dumps(payload).encode()
@@ -444,12 +598,80 @@ def build(body):
     return raw, iid, token
 
 
-def c_interaction(body):
+def full_user(user):
+    """A User object as Discord sends it, from the fields a test gives."""
+    user = dict(user)
+    user.setdefault("discriminator", "0")
+    user.setdefault("avatar", None)
+    user.setdefault("public_flags", 0)
+    user.setdefault("global_name", None)
+    return user
+
+
+def where(payload, channel, guild, user, nick, made):
+    """Adds to an interaction who sent it and where: "guild_id", "member" (its "user") and the
+    guild's channel in a server; "user" and the DM channel in a DM."""
+    if guild is not None:
+        member = {"user": user, "nick": nick, "roles": [], "avatar": None,
+                  "joined_at": iso(made - 86400), "deaf": False, "mute": False, "flags": 0,
+                  "pending": False, "permissions": "2248473465835073"}
+        payload.update(guild_id=str(guild), member=member, guild_locale="en-US",
+                       guild={"id": str(guild), "locale": "en-US", "features": []},
+                       channel={"id": channel, "type": 0, "guild_id": str(guild),
+                                "name": "general", "flags": 0},
+                       context=0, authorizing_integration_owners={"0": str(guild)})
+    else:
+        payload.update(user=user, channel={"id": channel, "type": 1, "flags": 0,
+                                           "recipients": [user]},
+                       context=1, authorizing_integration_owners={"0": user["id"]})
+
+
+def build_press(body):
+    """(raw interaction, interaction id, token) of a button's press (under lock): a
+    MESSAGE_COMPONENT interaction on a bot message the fake keeps."""
+    mid = str(body.get("message_id") or "")
+    m = S["posted"].get(mid)
+    if m is None:
+        raise ValueError("'message_id' names no bot message posted to a channel")
+    buttons = [b for row in m.get("components") or [] for b in row.get("components") or []]
+    if body.get("custom_id") is not None:
+        custom_id = body["custom_id"]
+    elif body.get("button") is not None:
+        found = [b for b in buttons if body["button"] in (b.get("label"), b.get("custom_id"))]
+        if not found:
+            raise ValueError("the message has no button %r now (it has %r)"
+                             % (body["button"], [b.get("label") for b in buttons]))
+        custom_id = found[0].get("custom_id")
+    else:
+        raise ValueError("'button' or 'custom_id' is required")
+    channel = m["channel_id"]
+    place = S["places"].get(channel, {})
+    guild = body["guild_id"] if "guild_id" in body else place.get("guild_id")
+    default = place.get("recipient") if guild is None else None
+    user = full_user(body.get("user") or default or DEFAULT_USER)
+    made = time.time() - float(body.get("age") or 0)
+    iid = str(body.get("interaction_id") or snowflake(made))
+    token = interaction_token(iid)
+    payload = {"app_permissions": "0", "application_id": APP_ID, "channel_id": channel,
+               "data": {"custom_id": custom_id,
+                        "component_type": int(body.get("component_type", 2))},
+               "entitlements": [], "id": iid, "locale": "en-US", "message": m,
+               "token": token, "type": 3, "version": 1}
+    where(payload, channel, guild, user, body.get("nick"), made)
+    S["tokens"][token] = {"at": made, "interaction_id": iid, "channel_id": channel}
+    S["presses"].append({"interaction_id": iid, "message_id": mid, "channel_id": channel,
+                         "custom_id": custom_id, "user_id": user.get("id"), "_at": time.time()})
+    raw = json.dumps(payload).encode()
+    S["sent"][iid] = (raw, token)
+    return raw, iid, token
+
+
+def c_interaction(body, builder=build):
     url = urllib.parse.urlparse(body["url"])
     if url.scheme != "http" or not url.hostname:
         raise ValueError("'url' (an http:// URL) is required")
     with lock:
-        raw, iid, token = build(body)
+        raw, iid, token = builder(body)
     stamp = body.get("timestamp", int(time.time()))
     signed = str(stamp if stamp is not None else int(time.time()))
     key = Ed25519PrivateKey.generate() if body.get("wrong_key") else KEY
@@ -479,6 +701,10 @@ def c_interaction(body):
     return answer
 
 
+def c_press(body):
+    return c_interaction(body, build_press)
+
+
 def c_age(body):
     token, seconds = body["token"], float(body["seconds"])
     if token not in S["tokens"]:
@@ -492,7 +718,7 @@ def c_public_key(body):
 
 
 def c_sent(body):
-    return {"messages": S["messages"],
+    return {"messages": S["messages"], "edits": S["edits"], "presses": S["presses"],
             "commands": [dict({k: v for k, v in c.items() if k != "_body"}, body=c["_body"])
                          for c in S["commands"].values()],
             "attempts": dict(S["attempts"]), "calls": S["calls"],
@@ -515,7 +741,15 @@ def c_reset(body):
     return {"ok": True}
 
 
-CONTROL = {("POST", "/_interaction"): c_interaction, ("POST", "/_age"): c_age,
+def c_message(body):
+    m = S["posted"].get(str(body.get("id") or ""))
+    if m is None:
+        raise KeyError("no such bot message")
+    return m
+
+
+CONTROL = {("POST", "/_interaction"): c_interaction, ("POST", "/_press"): c_press,
+           ("GET", "/_message"): c_message, ("POST", "/_age"): c_age,
            ("GET", "/_public_key"): c_public_key, ("GET", "/_sent"): c_sent,
            ("POST", "/_fail"): c_fail, ("POST", "/_reset"): c_reset}
 

@@ -23,12 +23,28 @@ Telegram ignores it). Every answer is `{"ok": true, "result": ...}` or `{"ok": f
   ...`; `conflicts` counts those whose client was still connected (two live pollers of one bot),
   not those a dead client left behind. allowed_updates is recorded but not applied: Telegram
   may deliver updates queued before it changed, so a client must ignore what it did not ask for.
-- sendMessage {chat_id, text, parse_mode, reply_parameters, message_thread_id, ...}: checked as
-  Telegram checks it (a chat no update came from: `chat not found`; an empty text; a text longer
-  than 4096 UTF-16 code units after entity parsing: `message is too long`; with parse_mode HTML,
-  a `<` that does not start a supported tag, an unbalanced tag, or a `&` that does not start an
-  entity (&lt; &gt; &amp; &quot; or numeric): `can't parse entities: ...`; text that is not
-  UTF-8). Answers the Message, whose text is the parsed text, as Telegram's does.
+- sendMessage {chat_id, text, parse_mode, reply_parameters, message_thread_id, reply_markup,
+  ...}: checked as Telegram checks it (a chat no update came from: `chat not found`; an empty
+  text; a text longer than 4096 UTF-16 code units after entity parsing: `message is too long`;
+  with parse_mode HTML, a `<` that does not start a supported tag, an unbalanced tag, or a `&`
+  that does not start an entity (&lt; &gt; &amp; &quot; or numeric): `can't parse entities:
+  ...`; text that is not UTF-8; a reply_markup that is not an object: `can't parse reply
+  keyboard markup JSON object`). An inline keyboard ({"inline_keyboard": [[BUTTON, ...], ...]})
+  must be an array of arrays of buttons, each an object with a non-empty string "text" and one
+  action field (`can't parse inline keyboard button: ...` otherwise); a callback_data that is not
+  a string of 1 to 64 bytes is `BUTTON_DATA_INVALID`. Answers the Message {message_id, from (the
+  bot), chat {id, type}, date, text (the parsed text), reply_markup (a non-empty inline keyboard
+  only), message_thread_id}, as Telegram's does.
+- editMessageText {chat_id, message_id, text, parse_mode, reply_markup}: the bot's message (in
+  a chat no update came from: `chat not found`; not one of the bot's messages there: `message
+  to edit not found`) gets the text and the inline keyboard (omitted or {"inline_keyboard": []}:
+  none). The same text and keyboard it has: `message is not modified: specified new message
+  content and reply markup are exactly the same as a current content and reply markup of the
+  message`. Text and markup are checked as sendMessage's (a markup other than an inline
+  keyboard: `inline keyboard expected`). Answers the edited Message (with edit_date).
+- answerCallbackQuery {callback_query_id, text (0 to 200 characters, else `MESSAGE_TOO_LONG`),
+  show_alert, url, cache_time}: true. A query id no queued or pushed update carried, or one
+  answered already: `query is too old and response timeout expired or query ID is invalid`.
 - sendChatAction {chat_id, action}: true.
 
 Failure injection, per method, consumed in order before normal answers (POST /_fail):
@@ -46,18 +62,32 @@ Control endpoints (no token, JSON):
   "reply_to_bot" (the message replies to the bot's last message in the chat),
   "message_thread_id"}: queues a realistic text message Update (a "mention" entity per @word,
   UTF-16 offsets). Answers {"update_id", "message_id"}.
-- GET /_sent: {"messages": [sendMessage bodies as received, plus "_at" (time.time()), "_text"
-  (the text as Telegram shows it) and "_message_id"], "actions": [sendChatAction bodies, plus
+- POST /_press {"chat_id", "message_id" (a message the bot sent there), "from_id" (required),
+  "first_name" ("Ann"), "username", "is_bot" (false), "button" (0: the index of the button in
+  the message's first row), "data" (default: that button's callback_data; given, it is sent as
+  is, null for none)}: queues the Update of a press of that message's button, as Telegram
+  delivers it: {"update_id", "callback_query": {"id" (a new query id, a string of digits),
+  "from" {"id", "is_bot", "first_name", "username"?, "language_code"}, "message" (the message as
+  it is now, its reply_markup included while it has buttons), "chat_instance" (a string, one per
+  chat), "data"}}. A message whose buttons an edit removed is pressed with the keyboard it was
+  sent with (a press made before the edit, delivered after it). Answers {"update_id",
+  "callback_query_id"}.
+- GET /_sent: {"messages": [sendMessage bodies as received (reply_markup included), plus "_at"
+  (time.time()), "_text" (the text as Telegram shows it) and "_message_id"], "edits":
+  [editMessageText bodies that changed a message, plus "_at" and "_text"], "callback_answers":
+  [answerCallbackQuery bodies answered, plus "_at"], "actions": [sendChatAction bodies, plus
   "_at"], "attempts": {method: calls, failed or not}, "calls": [{"method", "at", "status"
   (HTTP status, "drop", or null while unanswered), "chat_id" when given}], "polls": [each
   authorized getUpdates' offset, null for none], "poll_requests": [their parameters],
   "pending": [update_ids still queued], "conflicts": N, "unauthorized": N}.
 - POST /_fail {"method": "sendMessage", "answers": [...]}: queues failures.
-- POST /_reset: clears the recordings and queued failures (not the update queue or counters).
-- POST /_push {"update": UPDATE} or {"message": (as /_message)}, optional "secret" (sent instead
-  of the webhook's secret_token; null for no header): POSTs the update to the webhook as
-  Telegram does, once (Telegram would retry a non-2xx answer later; a test repeats the push).
-  Answers {"update_id", "status" (Keel's HTTP status), "body"}. 409 when no webhook is set.
+- POST /_reset: clears the recordings and queued failures (not the update queue, the bot's
+  messages, the presses' query ids or counters).
+- POST /_push {"update": UPDATE}, {"message": (as /_message)} or {"press": (as /_press)},
+  optional "secret" (sent instead of the webhook's secret_token; null for no header): POSTs the
+  update to the webhook as Telegram does, once (Telegram would retry a non-2xx answer later; a
+  test repeats the push). Answers {"update_id", "status" (Keel's HTTP status), "body"}, and
+  "callback_query_id" for a press. 409 when no webhook is set.
 """
 
 import argparse
@@ -77,7 +107,8 @@ from fake_http import FakeHandler, Server
 BOT = {"id": 7000001, "is_bot": True, "first_name": "Keel Test", "username": "keel_test_bot"}
 TOKEN = None
 METHODS = {m.lower(): m for m in ("getMe", "getUpdates", "sendMessage", "sendChatAction",
-                                   "deleteWebhook", "getWebhookInfo", "setWebhook")}
+                                   "deleteWebhook", "getWebhookInfo", "setWebhook",
+                                   "editMessageText", "answerCallbackQuery")}
 TAGS = {"b", "strong", "i", "em", "u", "ins", "s", "strike", "del", "span", "tg-spoiler", "a",
         "tg-emoji", "code", "pre", "blockquote"}
 ACTIONS = {"typing", "upload_photo", "record_video", "upload_video", "record_voice",
@@ -86,20 +117,32 @@ ACTIONS = {"typing", "upload_photo", "record_video", "upload_video", "record_voi
 ENTITY = re.compile(r"&(lt|gt|amp|quot|#[0-9]{1,8}|#[xX][0-9a-fA-F]{1,7});")
 TAG = re.compile(r"<(/?)([a-zA-Z][a-zA-Z0-9-]*)(\s[^<>]*)?>")
 MENTION = re.compile(r"@[A-Za-z0-9_]+")
-INT_PARAMS = {"offset", "limit", "timeout", "chat_id", "message_thread_id", "reply_to_message_id"}
+INT_PARAMS = {"offset", "limit", "timeout", "chat_id", "message_thread_id", "reply_to_message_id",
+              "message_id"}
+# What an inline keyboard button does besides showing its text: exactly one of these.
+BUTTON_ACTIONS = ("url", "callback_data", "web_app", "login_url", "switch_inline_query",
+                  "switch_inline_query_current_chat", "switch_inline_query_chosen_chat",
+                  "copy_text", "callback_game", "pay")
+NOT_MODIFIED = ("Bad Request: message is not modified: specified new message content and reply "
+                "markup are exactly the same as a current content and reply markup of the message")
+QUERY_INVALID = ("Bad Request: query is too old and response timeout expired or query ID is "
+                 "invalid")
 
 cond = threading.Condition()
 S = {}  # the state, under cond
 
 
 def reset_recordings():
-    S.update(messages=[], actions=[], calls=[], polls=[], poll_requests=[], conflicts=0,
-             unauthorized=0, attempts=collections.Counter(),
+    S.update(messages=[], edits=[], callback_answers=[], actions=[], calls=[], polls=[],
+             poll_requests=[], conflicts=0, unauthorized=0, attempts=collections.Counter(),
              failures=collections.defaultdict(collections.deque))
 
 
+# bot_messages: (chat, message_id) -> the Message as it is now; keyboards: -> the inline keyboard
+# it was sent with; queries: callback query id -> {"answered": bool}.
 S.update(updates=[], next_update_id=1000, chats={}, last_id={}, bot_last={}, waiter=None,
-         webhook={"url": "", "secret": None})
+         webhook={"url": "", "secret": None}, bot_messages={}, keyboards={}, queries={},
+         next_query=5810000000000000000)
 reset_recordings()
 
 
@@ -188,6 +231,63 @@ def as_int(params, name, default=None):
         raise ApiError(400, "Bad Request: invalid %s specified" % name)
 
 
+def check_markup(markup, inline_only=False):
+    """The inline keyboard `markup` shows (None for none), once checked as Telegram checks a
+    reply_markup; ApiError when it does not parse. Another kind of markup (a reply keyboard, its
+    removal, force_reply) is taken as is and shows no inline keyboard, unless `inline_only`."""
+    if markup is None:
+        return None
+    if not isinstance(markup, dict):
+        raise ApiError(400, "Bad Request: can't parse reply keyboard markup JSON object")
+    if "inline_keyboard" not in markup:
+        if inline_only:
+            raise ApiError(400, "Bad Request: inline keyboard expected")
+        return None
+    rows = markup["inline_keyboard"]
+    if not isinstance(rows, list) or not all(isinstance(r, list) for r in rows):
+        raise ApiError(400, 'Bad Request: field "inline_keyboard" of the InlineKeyboardMarkup '
+                       'should be an Array of Arrays')
+    for row in rows:
+        for button in row:
+            if not isinstance(button, dict):
+                raise ApiError(400, "Bad Request: can't parse inline keyboard button: "
+                               "InlineKeyboardButton should be an Object")
+            if not isinstance(button.get("text"), str) or not button["text"]:
+                raise ApiError(400, "Bad Request: can't parse inline keyboard button: Field "
+                               '"text" must be of type String')
+            actions = [a for a in BUTTON_ACTIONS if a in button]
+            if not actions:
+                raise ApiError(400, "Bad Request: can't parse inline keyboard button: Text "
+                               "buttons are unallowed in the inline keyboard")
+            if len(actions) > 1:
+                raise ApiError(400, "Bad Request: can't parse inline keyboard button: "
+                               "InlineKeyboardButton must have exactly one optional field")
+            if "callback_data" in button:
+                data = button["callback_data"]
+                if not isinstance(data, str) or not 1 <= len(data.encode("utf-8")) <= 64:
+                    raise ApiError(400, "Bad Request: BUTTON_DATA_INVALID")
+    if not any(rows):
+        return None  # no button: no keyboard
+    return {"inline_keyboard": [list(r) for r in rows if r]}
+
+
+def checked_text(p):
+    """The text a sendMessage or editMessageText shows (its parse_mode applied); ApiError when
+    Telegram would refuse it."""
+    text = p.get("text")
+    if not isinstance(text, str) or not text:
+        raise ApiError(400, "Bad Request: message text is empty")
+    mode = p.get("parse_mode") or ""
+    if not isinstance(mode, str) or mode.lower() not in ("", "html", "markdown", "markdownv2"):
+        raise ApiError(400, "Bad Request: unsupported parse_mode")
+    shown = parse_html(text) if mode.lower() == "html" else text
+    if not shown.strip():
+        raise ApiError(400, "Bad Request: message text is empty")
+    if utf16_len(shown) > 4096:
+        raise ApiError(400, "Bad Request: message is too long")
+    return shown
+
+
 def chat_key(chat_id):
     try:
         return int(chat_id)
@@ -196,7 +296,11 @@ def chat_key(chat_id):
 
 
 def remember_update(u):
-    """Notes the chats and message ids an update shows (under cond)."""
+    """Notes the chats and message ids an update shows, and the query id of a press (under
+    cond)."""
+    q = u.get("callback_query")
+    if isinstance(q, dict) and isinstance(q.get("id"), str):
+        S["queries"].setdefault(q["id"], {"answered": False})
     for v in u.values():
         if isinstance(v, dict) and isinstance(v.get("chat"), dict) and "id" in v["chat"]:
             cid = chat_key(v["chat"]["id"])
@@ -467,18 +571,8 @@ class Handler(FakeHandler):
 
     def m_sendMessage(self, p):
         key, ctype = self.known_chat(p)
-        text = p.get("text")
-        if not isinstance(text, str) or not text:
-            raise ApiError(400, "Bad Request: message text is empty")
-        mode = p.get("parse_mode") or ""
-        if not isinstance(mode, str) or mode.lower() not in ("", "html", "markdown",
-                                                             "markdownv2"):
-            raise ApiError(400, "Bad Request: unsupported parse_mode")
-        shown = parse_html(text) if mode.lower() == "html" else text
-        if not shown.strip():
-            raise ApiError(400, "Bad Request: message text is empty")
-        if utf16_len(shown) > 4096:
-            raise ApiError(400, "Bad Request: message is too long")
+        shown = checked_text(p)
+        keyboard = check_markup(p.get("reply_markup"))
         reply = p.get("reply_parameters")
         if reply is not None and (not isinstance(reply, dict) or
                                   not isinstance(reply.get("message_id"), int)):
@@ -496,9 +590,57 @@ class Handler(FakeHandler):
                    "chat": {"id": key, "type": ctype}, "date": int(time.time()), "text": shown}
             if thread is not None:
                 msg["message_thread_id"] = thread
+            if keyboard is not None:
+                msg["reply_markup"] = keyboard
+                S["keyboards"][(key, message_id)] = keyboard["inline_keyboard"]
             S["bot_last"][key] = msg
+            S["bot_messages"][(key, message_id)] = msg
             S["messages"].append(dict(p, _at=time.time(), _text=shown, _message_id=message_id))
-        return msg
+            return json.loads(json.dumps(msg))
+
+    def m_editMessageText(self, p):
+        if p.get("inline_message_id") and p.get("chat_id") in (None, ""):
+            raise ApiError(400, "Bad Request: message to edit not found")  # none sent inline
+        key, _ = self.known_chat(p)
+        message_id = as_int(p, "message_id")
+        if message_id is None:
+            raise ApiError(400, "Bad Request: message identifier is not specified")
+        shown = checked_text(p)
+        keyboard = check_markup(p.get("reply_markup"), inline_only=True)
+        with cond:
+            msg = S["bot_messages"].get((key, message_id))
+            if msg is None:
+                raise ApiError(400, "Bad Request: message to edit not found")
+            if msg["text"] == shown and msg.get("reply_markup") == keyboard:
+                raise ApiError(400, NOT_MODIFIED)
+            msg["text"] = shown
+            msg["edit_date"] = int(time.time())
+            if keyboard is None:
+                msg.pop("reply_markup", None)
+            else:
+                msg["reply_markup"] = keyboard
+            S["edits"].append(dict(p, _at=time.time(), _text=shown))
+            return json.loads(json.dumps(msg))
+
+    def m_answerCallbackQuery(self, p):
+        query = p.get("callback_query_id")
+        query = str(query) if isinstance(query, (str, int)) and not isinstance(query, bool) \
+            else ""
+        text = p.get("text", "")
+        if text is not None and not isinstance(text, str):
+            raise ApiError(400, "Bad Request: can't parse text")
+        if text and utf16_len(text) > 200:
+            raise ApiError(400, "Bad Request: MESSAGE_TOO_LONG")
+        alert = p.get("show_alert", False)
+        if isinstance(alert, str):
+            alert = alert.lower() in ("true", "1")
+        with cond:
+            q = S["queries"].get(query)
+            if q is None or q["answered"]:
+                raise ApiError(400, QUERY_INVALID)
+            q["answered"] = True
+            S["callback_answers"].append(dict(p, show_alert=bool(alert), _at=time.time()))
+        return True
 
     def m_sendChatAction(self, p):
         self.known_chat(p)
@@ -523,6 +665,42 @@ def injected(failure):
 # -------------------------------------------------------------------- control endpoints
 
 
+def build_press(p):
+    """The Update POST /_press describes (under cond)."""
+    if "chat_id" not in p or "message_id" not in p or "from_id" not in p:
+        raise ApiError(400, "'chat_id', 'message_id' and 'from_id' are required")
+    key, message_id = chat_key(p["chat_id"]), int(p["message_id"])
+    msg = S["bot_messages"].get((key, message_id))
+    if msg is None:
+        raise ApiError(400, "the bot sent no message %s in chat %s" % (message_id, key))
+    if "data" in p:
+        data = p["data"]
+    else:
+        keyboard = (msg.get("reply_markup") or {}).get("inline_keyboard") or \
+            S["keyboards"].get((key, message_id))
+        index = int(p.get("button", 0))
+        if not keyboard or not 0 <= index < len(keyboard[0]):
+            raise ApiError(400, "message %s in chat %s has no button %d in its first row"
+                           % (message_id, key, index))
+        data = keyboard[0][index].get("callback_data")
+    sender = {"id": p["from_id"], "is_bot": bool(p.get("is_bot", False)),
+              "first_name": p.get("first_name", "Ann"), "language_code": "en"}
+    if p.get("username"):
+        sender["username"] = p["username"]
+    S["next_query"] += 1
+    query = str(S["next_query"])  # remember_update notes it when it is queued or pushed
+    q = {"id": query, "from": sender, "message": json.loads(json.dumps(msg)),
+         "chat_instance": str(-(4000000000000000000 + abs(hash(str(key))) % 10 ** 18))}
+    if data is not None:
+        q["data"] = data
+    return {"callback_query": q}
+
+
+def c_press(body):
+    update = build_press(body)
+    return {"update_id": queue_update(update), "callback_query_id": update["callback_query"]["id"]}
+
+
 def c_updates(body):
     updates = body.get("updates")
     if not isinstance(updates, list) or not all(isinstance(u, dict) for u in updates):
@@ -539,7 +717,8 @@ def c_message(body):
 
 def c_sent(body):
     return {"webhook": S["webhook"], "setwebhook_calls": S.get("setwebhook_calls", 0),
-            "messages": S["messages"], "actions": S["actions"],
+            "messages": S["messages"], "edits": S["edits"],
+            "callback_answers": S["callback_answers"], "actions": S["actions"],
             "attempts": dict(S["attempts"]), "calls": S["calls"], "polls": S["polls"],
             "poll_requests": S["poll_requests"],
             "pending": [u["update_id"] for u in S["updates"]],
@@ -568,10 +747,12 @@ def c_push(body):
             raise ApiError(409, "no webhook is set")
         if isinstance(body.get("message"), dict):
             update = build_message(body["message"])
+        elif isinstance(body.get("press"), dict):
+            update = build_press(body["press"])
         elif isinstance(body.get("update"), dict):
             update = dict(body["update"])
         else:
-            raise ApiError(400, "'update' or 'message' (an object) is required")
+            raise ApiError(400, "'update', 'message' or 'press' (an object) is required")
         if "update_id" not in update:
             update["update_id"] = S["next_update_id"]
         if isinstance(update["update_id"], int):
@@ -587,10 +768,14 @@ def c_push(body):
     resp = conn.getresponse()
     answer = resp.read().decode("utf-8", "replace")
     conn.close()
-    return {"update_id": update.get("update_id"), "status": resp.status, "body": answer}
+    out = {"update_id": update.get("update_id"), "status": resp.status, "body": answer}
+    if "callback_query" in update and isinstance(update["callback_query"], dict):
+        out["callback_query_id"] = update["callback_query"].get("id")
+    return out
 
 
-CONTROL = {("POST", "/_updates"): c_updates, ("POST", "/_push"): c_push, ("POST", "/_message"): c_message,
+CONTROL = {("POST", "/_updates"): c_updates, ("POST", "/_push"): c_push,
+           ("POST", "/_message"): c_message, ("POST", "/_press"): c_press,
            ("GET", "/_sent"): c_sent, ("POST", "/_fail"): c_fail, ("POST", "/_reset"): c_reset}
 
 

@@ -9,7 +9,10 @@ channel, a resent interaction one message; another command or a bot: an ephemera
 nothing written; forged, stale, unsigned and tampered requests (401, nothing written); the outbox
 (429, 500, 403 Missing Access, a dropped send; parts of 2,000 characters; markdown as written,
 allowed_mentions parse []; <NO_REPLY>; past the token's life, a channel message); roles, tenants,
-validation, no secret or interaction token anywhere; kill -9 twice.
+validation, no secret or interaction token anywhere; kill -9 twice; approvals in chat (a parked
+tool call's card in its approver's DM, or in the conversation; a press approves or rejects and
+the card is edited; a press by anyone else, a second press, a forged press decide nothing; a
+decision through the API edits the card too; the separate-approver rule; nobody to show it to).
 
 Every answer a Tenant receives is checked for its secrets' values and the interaction tokens
 issued. Each test has a fake of its own. Runs on SQLite and, with KEEL_TEST_STORE=postgres, on
@@ -128,6 +131,20 @@ class Endpoint:
              "guild_id": guild, "nick": nick}
         return self.send(command={k: v for k, v in c.items() if v is not None}, **kw)
 
+    def press(self, message_id, button=None, user=None, **kw):
+        """Presses a button (its label or custom_id; or kw custom_id=... sent as given) of a bot
+        message as `user` (default: in a DM its person, else Ann), through the fake's /_press;
+        returns the fake's answer (Keel's status and body)."""
+        base = self.t.server.base_url or "http://127.0.0.1:1"
+        body = dict(kw, url=base + self.ch["url"], message_id=message_id)
+        if button is not None:
+            body["button"] = button
+        if user is not None:
+            body["user"] = user
+        got = self.fake.control("POST", "/_press", body)
+        self.t.never.append(got["token"])
+        return got
+
     def taken(self, got):
         """Asserts Keel deferred the command (200 {"type": 5}); returns the fake's answer."""
         assert (got["status"], got["body"]) == (200, {"type": 5}), "not taken: %r" % got
@@ -166,12 +183,14 @@ class Tenant(keel_harness.Tenant):
         self.ok("PUT", "/v1/secrets/" + name, {"value": value}, expect=204)
         return name
 
-    def app(self, fake, model="local", config=None, **settings):
-        """A new agent, a secret holding the bot token and a discord channel `dc` on `fake`."""
+    def app(self, fake, model="local", config=None, tools=None, **settings):
+        """A new agent (with `tools`), a secret holding the bot token and a discord channel `dc`
+        on `fake`."""
         settings = dict({"application_id": fake.app_id, "public_key": fake.public_key,
                          "bot_token": self.secret(fake.token), "api_base": fake.api_base},
                         **settings)
-        agent = self.server.create_agent(model=model, config=config, token=self.token)
+        agent = self.server.create_agent(model=model, config=config, tools=tools,
+                                         token=self.token)
         # Anyone on the platform may talk to it (an agent is private until said).
         self.ok("PUT", "/v1/agents/%s/access" % agent["id"], {"level": "public"})
         ch = self.ok("POST", "/v1/agents/%s/channels" % agent["id"],
@@ -605,6 +624,362 @@ class ValidationTest(DiscordCase):
         self.assertError(t.request("PATCH", "/v1/channels/" + second["id"], {
             "settings": dict(second["settings"], bot_token=token)}), 409, "conflict")
         self.assertEqual(fake.sent()["calls"], [], "a disabled channel called Discord")
+
+
+class ApprovalCardTest(DiscordCase):
+    """Approvals in chat on Discord (docs/CHANNELS.md, "Approvals in chat"): a notes.append call
+    that the tenant's policy parks, in a run Bob's command in a server channel started, is shown
+    to the agent's owner Ann as a card (a bot message with an Approve and a Reject button) in her
+    DM with the bot, which she opened with the command before; her press (a signed
+    MESSAGE_COMPONENT interaction) decides it as the API would, Keel answers DEFERRED_UPDATE_MESSAGE
+    and edits the card to say who decided; every other press is refused with an ephemeral
+    notice and decides nothing."""
+
+    FRAME = {"rules": [{"tool": "*", "rights": ["read", "write"], "approval": "never"},
+                       {"tool": "notes.append", "rights": ["write"], "approval": "always"}]}
+    NOTE = "from discord"
+    ASK = "please write it down"
+
+    def cards(self, policy=None, dm=True):
+        """The tenant's policy (FRAME and `policy`), an agent with notes.append whose local model
+        calls it for ASK, its channel; Ann (owner) and Bob (user), each with their Discord
+        identity; Ann's command in her DM first when `dm`. Returns (endpoint, ann, bob)."""
+        t = self.t
+        t.ok("PUT", "/v1/policy", dict(self.FRAME, **(policy or {})), expect=200)
+        # Runs act as their sender's member role, at most "user" (a guest may not write).
+        ep = self.app(tools=["notes.append"], role="user", config={"local_rules": [
+            {"match": "write it down",
+             "call": {"tool": "notes.append", "arguments": {"line": self.NOTE}}}]})
+        people = []
+        for who, role in ((ANN, "owner"), (BOB, "user")):
+            user = t.ok("POST", "/v1/users", {"name": who["username"].title(), "identities": [
+                {"platform": "discord", "platform_user_id": who["id"]}]}, expect=201)
+            t.ok("PUT", "/v1/agents/%s/members/%s" % (ep.agent["id"], user["id"]),
+                 {"role": role}, expect=200)
+            people.append(user)
+        if dm:
+            got, m = self.answered(ep, "hello bot", channel=DM1, user=ANN)
+            self.assertEqual(m["content"], said("hello bot"))
+            t.wait_reply(ep.ch, got["interaction_id"])
+        return ep, people[0], people[1]
+
+    def park(self, ep, user=BOB):
+        """`user` asks in the server channel C1 for what makes the agent call notes.append;
+        returns (the fake's answer to the command, the answer's reply, the pending approval)."""
+        got = ep.taken(ep.command(self.ASK, channel=C1, guild=GUILD, user=user))
+        reply = self.t.replies(ep.ch)[got["interaction_id"]]
+        run = self.server.wait_run(reply["run_id"], states=("waiting_for_approval",),
+                                   token=self.t.token)
+        [a] = [a for a in self.t.pages("/v1/approvals?status=pending")
+               if a["run_id"] == run["id"]]
+        self.assertEqual(a["tool"], "notes.append", a)
+        return got, reply, a
+
+    def card(self, channel, a, ep):
+        """The card of approval `a` the bot posted in `channel` (waited for), checked: its text,
+        its two buttons, no pings, the bot token. Returns the fake's record of it."""
+        [m] = self.fake.wait_messages(kind="channel", channel_id=channel)
+        self.assertEqual(m["content"].split("\n"), [
+            "Approval needed: %s wants to run notes.append" % ep.agent["name"],
+            "Arguments: " + json.dumps({"line": self.NOTE}, separators=(",", ":")),
+            "Why: " + a["reason"],
+            "Expires: " + a["expires_at"],
+            "Approval " + a["id"]], m["content"])
+        self.assertEqual(m.get("allowed_mentions"), {"parse": []})
+        self.assertEqual(m["components"], [{"type": 1, "components": [
+            {"type": 2, "style": 3, "label": "Approve", "custom_id": "keel:approve:" + a["id"]},
+            {"type": 2, "style": 4, "label": "Reject", "custom_id": "keel:reject:" + a["id"]}]}])
+        self.assertEqual([(c["auth"], c["status"]) for c in self.fake.calls("channel")],
+                         [(True, 200)])
+        return m
+
+    def card_reply(self, ep, delivery, statuses=("shown",)):
+        return wait_for(lambda: (lambda r: r if r and r["status"] in statuses else None)(
+            self.t.replies(ep.ch).get(delivery)), 20,
+            "card %s %s" % (delivery, "/".join(statuses)))
+
+    def edited(self, m, text):
+        """Asserts the card `m` was edited once, within seconds, to `text` without buttons."""
+        [e] = wait_for(lambda: self.fake.messages("edits", message_id=m["message_id"]), 20,
+                       "the card %s edited" % m["message_id"])
+        self.assertEqual((e["channel_id"], e["content"], e["components"],
+                          e.get("allowed_mentions")),
+                         (m["channel_id"], text, [], {"parse": []}), e)
+        self.assertTrue(all(c["auth"] for c in self.fake.calls("edit")))
+        now = self.fake.control("GET", "/_message?id=" + m["message_id"])
+        self.assertEqual((now["content"], now["components"]), (text, []))
+        return e
+
+    def refused(self, got, notice, what=""):
+        self.assertEqual(got["status"], 200, "%s: %r" % (what, got))
+        body = got["body"]
+        self.assertEqual((body["type"], body["data"]["flags"]), (4, 64), what)
+        self.assertTrue(body["data"]["content"].startswith(notice),
+                        "%s: %r" % (what, body["data"]["content"]))
+
+    def undecided(self, a, reply):
+        """Nothing decided: the approval pending, the run waiting, no edit, nothing written."""
+        self.assertEqual(self.t.ok("GET", "/v1/approvals/" + a["id"])["status"], "pending")
+        self.assertEqual(self.server.get_run(reply["run_id"], token=self.t.token)["status"],
+                         "waiting_for_approval")
+        self.assertEqual(self.fake.sent()["edits"], [])
+        self.assertIsNone(self.notes(a["agent_id"]))
+
+    def notes(self, agent_id):
+        path = os.path.join(self.server.home, "workspaces", agent_id, "notes.txt")
+        try:
+            with open(path) as f:
+                return f.read().splitlines()
+        except FileNotFoundError:
+            return None
+
+    def answer(self, ep, got, text):
+        """The run went on: its answer edited the command's deferred response."""
+        [m] = self.fake.wait_messages(token=got["token"])
+        self.assertEqual((m["kind"], m["content"]), ("original", text))
+        self.assertEqual(self.t.wait_reply(ep.ch, got["interaction_id"])["status"], "sent")
+
+    APPROVED = 'The tool notes.append returned: {"appended":"from discord"}.'
+    REJECTED = "The tool notes.append returned: error: a human rejected this call."
+
+    def test_an_owner_approves_from_the_card_in_her_dm(self):
+        t, fake = self.t, self.fake
+        ep, ann, bob = self.cards()
+        got, reply, a = self.park(ep)
+        self.assertEqual((reply["kind"], reply["user_id"], reply["approval_id"]),
+                         ("answer", bob["id"], None), reply)
+        m = self.card(DM1, a, ep)
+        delivery = "approval:%s:%s" % (a["id"], ann["id"])
+        r = self.card_reply(ep, delivery)
+        self.assertEqual((r["kind"], r["approval_id"], r["user_id"], r["run_id"]),
+                         ("approval_card", a["id"], ann["id"], a["run_id"]), r)
+        self.assertEqual(t.replies(ep.ch)[got["interaction_id"]]["status"], "waiting")
+        # Ann presses Approve in her DM: acknowledged without a message of its own.
+        pressed = ep.press(m["message_id"], "Approve", user=ANN)
+        self.assertEqual((pressed["status"], pressed["body"]), (200, {"type": 6}), pressed)
+        [p] = fake.sent()["presses"]
+        self.assertEqual((p["channel_id"], p["user_id"]), (DM1, ANN["id"]))
+        decided = t.ok("GET", "/v1/approvals/" + a["id"])
+        self.assertEqual((decided["status"], decided["decided_by"]),
+                         ("approved", "user:" + ann["id"]), decided)
+        # The run goes on: the note is written, Bob's command answered.
+        self.answer(ep, got, self.APPROVED)
+        self.assertEqual(self.notes(ep.agent["id"]), [self.NOTE])
+        # The card says who decided, without its buttons.
+        self.edited(m, "Approved by Ann (%s): notes.append\nApproval %s" % (ann["id"], a["id"]))
+        self.assertEqual(self.card_reply(ep, delivery, ("sent",))["status"], "sent")
+        self.assertEqual(len(fake.messages(kind="channel")), 1, "a second card")
+        self.assertEqual(fake.sent()["no_allowed_mentions"], 0)
+        self.assertNoLeak(fake.token, got["token"], pressed["token"])
+
+    def test_an_owner_rejects_from_the_card(self):
+        t, fake = self.t, self.fake
+        ep, ann, _ = self.cards()
+        got, _, a = self.park(ep)
+        m = self.card(DM1, a, ep)
+        self.card_reply(ep, "approval:%s:%s" % (a["id"], ann["id"]))
+        pressed = ep.press(m["message_id"], "Reject")  # as the DM's person, Ann
+        self.assertEqual((pressed["status"], pressed["body"]), (200, {"type": 6}), pressed)
+        decided = t.ok("GET", "/v1/approvals/" + a["id"])
+        self.assertEqual((decided["status"], decided["decided_by"]),
+                         ("rejected", "user:" + ann["id"]), decided)
+        self.answer(ep, got, self.REJECTED)
+        self.assertIsNone(self.notes(ep.agent["id"]))
+        self.edited(m, "Rejected by Ann (%s): notes.append\nApproval %s" % (ann["id"], a["id"]))
+
+    def test_a_press_by_anyone_but_an_approver_decides_nothing(self):
+        """Ann never wrote to the bot in a DM: the policy lets the card go to the server channel
+        the run came from, where anyone may press. Only Ann's press counts."""
+        t, fake = self.t, self.fake
+        ep, ann, _ = self.cards(policy={"approval_in_conversation": True}, dm=False)
+        got, reply, a = self.park(ep)
+        m = self.card(C1, a, ep)
+        r = self.card_reply(ep, "approval:" + a["id"])
+        self.assertEqual((r["kind"], r["approval_id"], r["user_id"]),
+                         ("approval_card", a["id"], None), r)
+        cy = {"id": "3300000000000000003", "username": "cy"}  # no identity in Keel
+        for what, kw, notice in (
+                ("Bob, a member but no owner", dict(button="Approve", user=BOB),
+                 "You may not decide this approval"),
+                ("Bob rejecting", dict(button="Reject", user=BOB),
+                 "You may not decide this approval"),
+                ("an unknown Discord user", dict(button="Approve", user=cy),
+                 "You may not decide this approval"),
+                ("a bot", dict(button="Approve", user=ROBOT),
+                 "This button is not one of this channel's approval cards."),
+                ("another approval's button", dict(
+                    custom_id="keel:approve:01a00000-0000-7000-8000-000000000000", user=ANN),
+                 "This approval is not known here."),
+                ("another app's button", dict(custom_id="vote:yes", user=ANN),
+                 "This button is not one of this channel's approval cards.")):
+            self.refused(ep.press(m["message_id"], **kw), notice, what)
+            self.undecided(a, reply)
+        # Ann, in the same channel: decided.
+        pressed = ep.press(m["message_id"], "Approve", user=ANN, nick="Annie")
+        self.assertEqual((pressed["status"], pressed["body"]), (200, {"type": 6}), pressed)
+        self.assertEqual(t.ok("GET", "/v1/approvals/" + a["id"])["decided_by"],
+                         "user:" + ann["id"])
+        self.answer(ep, got, self.APPROVED)
+        self.edited(m, "Approved by Ann (%s): notes.append\nApproval %s" % (ann["id"], a["id"]))
+
+    def test_a_second_press_is_told_it_is_already_decided(self):
+        t, fake = self.t, self.fake
+        ep, ann, _ = self.cards()
+        got, _, a = self.park(ep)
+        m = self.card(DM1, a, ep)
+        self.card_reply(ep, "approval:%s:%s" % (a["id"], ann["id"]))
+        first = ep.press(m["message_id"], "Approve")
+        self.assertEqual((first["status"], first["body"]), (200, {"type": 6}), first)
+        # Pressed again from a client that still shows the buttons: nothing changes.
+        for custom_id in ("keel:approve:" + a["id"], "keel:reject:" + a["id"]):
+            self.refused(ep.press(m["message_id"], custom_id=custom_id),
+                         "Already decided: approved.", custom_id)
+        again = ep.send(resend=first["interaction_id"])  # the same interaction again
+        self.refused(again, "Already decided: approved.", "the first press resent")
+        decided = t.ok("GET", "/v1/approvals/" + a["id"])
+        self.assertEqual((decided["status"], decided["decided_by"]),
+                         ("approved", "user:" + ann["id"]))
+        self.answer(ep, got, self.APPROVED)
+        self.assertEqual(self.notes(ep.agent["id"]), [self.NOTE], "one approval, one effect")
+        self.edited(m, "Approved by Ann (%s): notes.append\nApproval %s" % (ann["id"], a["id"]))
+        # Once edited the card has no buttons to press.
+        st, body, _ = http_request("127.0.0.1:%d" % fake.port, "POST", "/_press", body={
+            "url": self.server.base_url + ep.ch["url"], "message_id": m["message_id"],
+            "button": "Approve"})
+        self.assertEqual(st, 400, body)
+
+    def test_a_badly_signed_press_is_401_and_decides_nothing(self):
+        t, fake = self.t, self.fake
+        ep, ann, _ = self.cards()
+        got, reply, a = self.park(ep)
+        m = self.card(DM1, a, ep)
+        self.card_reply(ep, "approval:%s:%s" % (a["id"], ann["id"]))
+        now = int(time.time())
+        for what, kw in (("another key", {"wrong_key": True}),
+                         ("a zero signature", {"signature": "00" * 64}),
+                         ("no signature", {"signature": None}),
+                         ("no timestamp", {"timestamp": None}),
+                         ("signed 301 s ago", {"timestamp": now - 301}),
+                         ("a body changed after signing", {"body_suffix": " "})):
+            pressed = ep.press(m["message_id"], "Approve", **kw)
+            self.assertEqual(pressed["status"], 401, "%s: %r" % (what, pressed))
+            self.undecided(a, reply)
+        pressed = ep.press(m["message_id"], "Approve")
+        self.assertEqual((pressed["status"], pressed["body"]), (200, {"type": 6}), pressed)
+        self.answer(ep, got, self.APPROVED)
+        self.edited(m, "Approved by Ann (%s): notes.append\nApproval %s" % (ann["id"], a["id"]))
+
+    def test_a_decision_through_the_api_edits_the_card(self):
+        t, fake = self.t, self.fake
+        ep, ann, _ = self.cards()
+        got, _, a = self.park(ep)
+        m = self.card(DM1, a, ep)
+        delivery = "approval:%s:%s" % (a["id"], ann["id"])
+        self.card_reply(ep, delivery)
+        decided = t.ok("POST", "/v1/approvals/%s/approve" % a["id"], {}, expect=200)
+        self.assertEqual(decided["decided_by"], t.token_id)
+        self.edited(m, "Approved by token %s: notes.append\nApproval %s" % (t.token_id, a["id"]))
+        self.assertEqual(self.card_reply(ep, delivery, ("sent",))["status"], "sent")
+        self.answer(ep, got, self.APPROVED)
+        # The button Ann may still see: already decided.
+        self.refused(ep.press(m["message_id"], custom_id="keel:reject:" + a["id"]),
+                     "Already decided: approved.")
+        self.assertEqual(t.ok("GET", "/v1/approvals/" + a["id"])["status"], "approved")
+
+    def test_a_cancelled_run_and_an_expired_approval_edit_their_cards(self):
+        t, fake = self.t, self.fake
+        ep, ann, _ = self.cards()
+        got, reply, a = self.park(ep)
+        m = self.card(DM1, a, ep)
+        self.card_reply(ep, "approval:%s:%s" % (a["id"], ann["id"]))
+        t.ok("POST", "/v1/runs/%s/cancel" % reply["run_id"], {}, expect=200)
+        self.edited(m, "Cancelled with its run: notes.append\nApproval " + a["id"])
+        self.refused(ep.press(m["message_id"], custom_id="keel:approve:" + a["id"]),
+                     "Already decided: cancelled.")
+        self.assertIsNone(self.notes(ep.agent["id"]))
+        # An approval nobody decides expires (a server of its own, where they last 4 s): its
+        # card says so.
+        s = self.server = KeelServer(env=dict(server_env(), KEEL_APPROVAL_TIMEOUT_MS="4000"))
+        self.addCleanup(s.stop)
+        fake = self.fake = FakeDiscord()
+        self.addCleanup(fake.stop)
+        self.t = Tenant(s)
+        ep, ann, _ = self.cards()
+        got, reply, a = self.park(ep)
+        m = self.card(DM1, a, ep)
+        self.card_reply(ep, "approval:%s:%s" % (a["id"], ann["id"]))
+        self.edited(m, "Expired: nobody decided in time: notes.append\nApproval " + a["id"])
+        self.assertEqual(self.t.ok("GET", "/v1/approvals/" + a["id"])["status"], "expired")
+        self.refused(ep.press(m["message_id"], custom_id="keel:approve:" + a["id"]),
+                     "Already decided: expired.")
+        self.assertIsNone(self.notes(ep.agent["id"]))
+
+    def test_a_card_is_retried_on_429_and_500_and_a_cut_one_is_never_sent_again(self):
+        t, fake = self.t, self.fake
+        ep, ann, _ = self.cards()
+        fake.fail("channel", {"status": 429, "retry_after": 1}, {"status": 500})
+        got, reply, a = self.park(ep)
+        [m] = fake.wait_messages(kind="channel", channel_id=DM1, timeout=30)
+        self.assertEqual([c["status"] for c in fake.calls("channel")], [429, 500, 200])
+        delivery = "approval:%s:%s" % (a["id"], ann["id"])
+        self.assertEqual(self.card_reply(ep, delivery)["attempts"], 3)
+        fake.fail("edit", {"status": 500})
+        pressed = ep.press(m["message_id"], "Approve")
+        self.assertEqual((pressed["status"], pressed["body"]), (200, {"type": 6}), pressed)
+        self.answer(ep, got, self.APPROVED)
+        self.card_reply(ep, delivery, ("sent",))
+        self.assertEqual([c["status"] for c in fake.calls("edit")], [500, 200])
+        self.edited(m, "Approved by Ann (%s): notes.append\nApproval %s" % (ann["id"], a["id"]))
+        # A card whose send is cut may have reached Discord: "unknown", never sent again.
+        fake.fail("channel", {"drop": True})
+        got, reply, a = self.park(ep)
+        delivery = "approval:%s:%s" % (a["id"], ann["id"])
+        r = self.card_reply(ep, delivery, ("unknown",))
+        self.assertEqual(r["attempts"], 1, r)
+        t.ok("POST", "/v1/approvals/%s/approve" % a["id"], {}, expect=200)
+        self.answer(ep, got, self.APPROVED)  # by then the card was looked at again
+        time.sleep(1.5)
+        self.assertEqual(self.t.replies(ep.ch)[delivery]["status"], "unknown")
+        self.assertEqual([c["status"] for c in fake.calls("channel")], [429, 500, 200, "drop"])
+        self.assertEqual(len(fake.messages(kind="channel")), 1)
+        self.assertEqual(len(fake.sent()["edits"]), 1)
+
+    def test_the_separate_approver_rule_holds_on_a_press(self):
+        """Ann, an owner, asks in the server channel herself; the policy asks for a separate
+        approver: her press is refused, another owner's decides."""
+        t, fake = self.t, self.fake
+        ep, ann, bob = self.cards(policy={"separate_approver": True})
+        t.ok("PUT", "/v1/agents/%s/members/%s" % (ep.agent["id"], bob["id"]), {"role": "owner"},
+             expect=200)
+        self.answered(ep, "hello from bob", channel=DM2, user=BOB)  # Bob's DM with the bot
+        got, reply, a = self.park(ep, user=ANN)
+        cards = {c["channel_id"]: c for c in wait_for(
+            lambda: (lambda ms: ms if len(ms) >= 2 else None)(
+                fake.messages(kind="channel")), 20, "two cards")}
+        self.assertEqual(sorted(cards), sorted([DM1, DM2]))
+        for user, channel in ((ann, DM1), (bob, DM2)):
+            self.card_reply(ep, "approval:%s:%s" % (a["id"], user["id"]))
+        self.refused(ep.press(cards[DM1]["message_id"], "Approve"),
+                     "The policy asks for a separate approver", "Ann, who asked")
+        self.undecided(a, reply)
+        pressed = ep.press(cards[DM2]["message_id"], "Approve")  # Bob, in his DM
+        self.assertEqual((pressed["status"], pressed["body"]), (200, {"type": 6}), pressed)
+        self.assertEqual(t.ok("GET", "/v1/approvals/" + a["id"])["decided_by"],
+                         "user:" + bob["id"])
+        self.answer(ep, got, self.APPROVED)
+        text = "Approved by Bob (%s): notes.append\nApproval %s" % (bob["id"], a["id"])
+        for m in cards.values():  # both cards say so
+            self.edited(m, text)
+
+    def test_no_reachable_approver_is_a_skipped_card_and_nothing_sent(self):
+        t, fake = self.t, self.fake
+        ep, ann, _ = self.cards(dm=False)
+        got, reply, a = self.park(ep)
+        r = self.card_reply(ep, "approval:" + a["id"], ("skipped",))
+        self.assertEqual((r["kind"], r["approval_id"]), ("approval_card", a["id"]), r)
+        self.assertIn(ann["id"], r["error"])
+        self.assertEqual(fake.messages(kind="channel"), [])
+        self.undecided(a, reply)
 
 
 class CrashTest(KeelTestCase):

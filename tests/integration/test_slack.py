@@ -12,7 +12,10 @@ forged, stale, unsigned and tampered requests (401, nothing written); the outbox
 Retry-After, 500 with backoff, Slack's ok:false errors dead at once, a dropped send unknown and
 never repeated; escaping; answers past 4,000 characters split in one thread; <NO_REPLY>); roles,
 tenants, settings validation and no answer, event or log line holding a secret's value; kill -9
-twice while events are pushed and answers sent.
+twice while events are pushed and answers sent; approval cards (a tool call parked for a human
+shown to the agent's owner in their IM with the bot, Approve and Reject pressed as Slack's signed
+block_actions requests, the wrong person's, a second and a forged press refused, a decision
+through the API closing the card, a card in the conversation when the policy allows it).
 
 Every answer a Tenant receives is checked for its secrets' values. Each test has a fake of its
 own. Runs on SQLite and, with KEEL_TEST_STORE=postgres, on PostgreSQL."""
@@ -162,13 +165,15 @@ class Tenant(keel_harness.Tenant):
         self.ok("PUT", "/v1/secrets/" + name, {"value": value}, expect=204)
         return name
 
-    def app(self, fake, model="local", config=None, **settings):
-        """A new agent, its two secrets and a slack channel `sl` posting to `fake`; an App."""
+    def app(self, fake, model="local", config=None, tools=None, **settings):
+        """A new agent (with `tools`), its two secrets and a slack channel `sl` posting to
+        `fake`; an App."""
         signing = secrets.token_hex(16)  # Slack's signing secrets are 32 hex characters
         settings = dict({"signing_secret": self.secret(signing),
                          "bot_token": self.secret(fake.token), "api_base": fake.api_base},
                         **settings)
-        agent = self.server.create_agent(model=model, config=config, token=self.token)
+        agent = self.server.create_agent(model=model, config=config, tools=tools,
+                                         token=self.token)
         # Anyone on the platform may talk to it (an agent is private until said).
         self.ok("PUT", "/v1/agents/%s/access" % agent["id"], {"level": "public"})
         ch = self.ok("POST", "/v1/agents/%s/channels" % agent["id"],
@@ -620,6 +625,643 @@ class ValidationTest(SlackCase):
         self.addCleanup(t.request, "DELETE", "/v1/channels/" + second["id"])
         self.assertError(t.request("PATCH", "/v1/channels/" + second["id"], {
             "settings": dict(second["settings"], signing_secret=signing)}), 409, "conflict")
+
+
+# The frame of the approval cards' tests: every tool with read and write, no approval, except
+# notes.append, which always needs a human (as in test_approvals.py).
+APPROVAL_FRAME = {"rules": [
+    {"tool": "*", "rights": ["read", "write"], "approval": "never"},
+    {"tool": "notes.append", "rights": ["write"], "approval": "always"},
+]}
+
+
+def note_call(line):
+    return "/call notes.append " + json.dumps({"line": line})
+
+
+def note_answer(line):
+    """The local model's answer once notes.append appended `line`."""
+    return "The tool notes.append returned: %s." % json.dumps({"appended": line},
+                                                               separators=(",", ":"))
+
+
+class ApprovalCardTest(SlackCase):
+    """Approval cards on Slack (docs/CHANNELS.md, "Approvals in chat"): a run that an
+    app_mention started calls notes.append, which the tenant's policy parks for a human. Olga,
+    the agent's owner with a Slack identity, has written to the bot in her IM (D0OLGA): the card
+    goes there (chat.postMessage with a section and an actions block), a press of its buttons
+    comes back as Slack's signed block_actions interactivity request to the channel's url, and
+    once decided (by a press or otherwise) the card is edited with chat.update and loses its
+    buttons. A refused press decides nothing and is told to the presser with
+    chat.postEphemeral."""
+
+    IM, TEAM_CHANNEL, OLGA = "D0OLGA", "C0TEAM", "U0OLGA"
+
+    def setUp(self):
+        super().setUp()
+        self.prepare()
+
+    def own_server(self, **env):
+        """A server of the test's own (with `env`), prepared as setUp prepares the module's."""
+        self.server = KeelServer(env=dict(server_env(), **env))
+        self.addCleanup(self.server.stop)
+        self.t = Tenant(self.server)
+        self.prepare()
+
+    def prepare(self):
+        """The tenant's frame, the agent and its slack channel, Olga its owner, Bob a user."""
+        t = self.t
+        t.ok("PUT", "/v1/policy", APPROVAL_FRAME)
+        self.slack = self.app(tools=["notes.append"], role="user")
+        self.agent = self.slack.agent
+        self.olga = t.ok("POST", "/v1/users", {"name": "Olga", "identities": [
+            {"platform": "slack", "platform_user_id": self.OLGA}]}, expect=201)
+        t.ok("PUT", "/v1/agents/%s/members/%s" % (self.agent["id"], self.olga["id"]),
+             {"role": "owner"})
+        # Bob, who asks in #team, is one of the agent's users (a guest's runs may not write).
+        self.bob = t.ok("POST", "/v1/users", {"name": "Bob", "identities": [
+            {"platform": "slack", "platform_user_id": "U0BOB"}]}, expect=201)
+        t.ok("PUT", "/v1/agents/%s/members/%s" % (self.agent["id"], self.bob["id"]),
+             {"role": "user"})
+
+    # ------------------------------------------------------------------ helpers
+
+    def olga_writes_first(self):
+        """Olga's DM to the bot (her IM's conversation records her as its contact), answered."""
+        self.slack.taken(self.slack.dm(self.IM, "hello bot", user=self.OLGA))
+        [m] = self.fake.wait_sent(self.IM)
+        self.assertEqual(m["_text"], said("hello bot"))
+
+    def park(self, line, user="U0BOB"):
+        """An app_mention by `user` in #team asking for notes.append; (the push's answer, the
+        pending approval it parked)."""
+        got = self.slack.mention(self.TEAM_CHANNEL, "<@%s> %s" % (BOT_USER, note_call(line)),
+                                 user=user)
+        self.slack.taken(got)
+        approval = wait_for(lambda: [a for a in self.t.pages("/v1/approvals?status=pending")
+                                     if a["agent_id"] == self.agent["id"]
+                                     and a["arguments"] == {"line": line}],
+                            20, "the approval of notes.append %r" % line)
+        self.assertEqual(len(approval), 1, approval)
+        self.assertEqual(approval[0]["tool"], "notes.append")
+        return got, approval[0]
+
+    def cards(self, channel, approval_id):
+        """The messages posted to `channel` whose buttons name the approval."""
+        return [m for m in self.fake.to(channel)
+                if approval_id in json.dumps(m.get("blocks") or [])]
+
+    def wait_card(self, channel, approval_id, timeout=20):
+        [card] = wait_for(lambda: self.cards(channel, approval_id), timeout,
+                          "the card of approval %s in %s" % (approval_id, channel))
+        return card
+
+    def press(self, card, user, action="approve", **kw):
+        """A press of a card's button by Slack user `user`, as Slack sends it."""
+        base = self.server.base_url
+        kw.setdefault("signing_secret", self.slack.signing)
+        return self.fake.control("POST", "/_press", dict(
+            kw, url=base + self.slack.ch["url"], channel=card["channel"], ts=card["_ts"],
+            user=user, action=action))
+
+    def pressed(self, card, user, action="approve", **kw):
+        """A press Keel took: 200 with {}."""
+        got = self.press(card, user, action, **kw)
+        self.assertEqual((got["status"], got.get("body") and json.loads(got["body"])), (200, {}),
+                         got)
+        return got
+
+    def updates(self, card):
+        return [u for u in self.fake.sent()["updates"]
+                if u.get("channel") == card["channel"] and u.get("ts") == card["_ts"]]
+
+    def wait_update(self, card, timeout=20):
+        [u] = wait_for(lambda: self.updates(card), timeout,
+                       "the card %s in %s edited" % (card["_ts"], card["channel"]))
+        return u
+
+    def ephemerals(self, user=None):
+        return [e for e in self.fake.sent()["ephemerals"] if user is None or e["user"] == user]
+
+    def wait_ephemeral(self, user, n=1, timeout=15):
+        return wait_for(lambda: (lambda es: es if len(es) >= n else None)(self.ephemerals(user)),
+                        timeout, "%d ephemeral message(s) to %s" % (n, user))
+
+    def card_reply(self, approval_id, user_id=None):
+        key = "approval:" + approval_id + (":" + user_id if user_id else "")
+        return self.t.replies(self.slack.ch).get(key)
+
+    def wait_card_reply(self, approval_id, user_id=None, statuses=("sent",), timeout=20):
+        return wait_for(lambda: (lambda r: r if r and r["status"] in statuses else None)(
+            self.card_reply(approval_id, user_id)), timeout,
+            "the card of %s %s" % (approval_id, "/".join(statuses)))
+
+    def notes(self):
+        path = os.path.join(self.server.home, "workspaces", self.agent["id"], "notes.txt")
+        if not os.path.exists(path):
+            return []
+        with open(path) as f:
+            return f.read().splitlines()
+
+    def approval(self, approval_id):
+        return self.t.ok("GET", "/v1/approvals/" + approval_id)
+
+    def assertCard(self, card, a, channel, thread_ts=None):
+        """The card's request as the spec has it: text and blocks, escaped, two buttons."""
+        text = card["_text"]
+        self.assertTrue(text.startswith(
+            "Approval needed: %s wants to run notes.append\nArguments: %s\n"
+            % (self.agent["name"], json.dumps(a["arguments"], separators=(",", ":")))), text)
+        self.assertIn("\nExpires: %s\n" % a["expires_at"], text)
+        self.assertTrue(text.endswith("\nApproval " + a["id"]), text)
+        self.assertEqual((card["channel"], card.get("thread_ts")), (channel, thread_ts))
+        self.assertEqual(card["text"], escaped(text))
+        self.assertEqual(card["blocks"], [
+            {"type": "section", "text": {"type": "mrkdwn", "text": escaped(text)}},
+            {"type": "actions", "block_id": "keel_approval", "elements": [
+                {"type": "button", "action_id": "keel_approve",
+                 "text": {"type": "plain_text", "text": "Approve"}, "style": "primary",
+                 "value": "keel:approve:" + a["id"]},
+                {"type": "button", "action_id": "keel_reject",
+                 "text": {"type": "plain_text", "text": "Reject"}, "style": "danger",
+                 "value": "keel:reject:" + a["id"]}]}])
+
+    def assertClosed(self, card, a, how):
+        """The card edited once with chat.update to say how it was decided, its buttons gone."""
+        u = self.wait_update(card)
+        text = "%s: notes.append\nApproval %s" % (how, a["id"])
+        self.assertEqual((u["_text"], u["text"]), (text, escaped(text)))
+        self.assertEqual(u["blocks"], [{"type": "section",
+                                        "text": {"type": "mrkdwn", "text": escaped(text)}}])
+        r = self.wait_card_reply(a["id"], self.olga["id"] if card["channel"] == self.IM else None)
+        self.assertEqual((r["kind"], r["approval_id"], r["status"], r["text"]),
+                         ("approval_card", a["id"], "sent", text), r)
+        return u
+
+    def wait_answer(self, got, text):
+        """The run's answer, posted in the mention's thread in #team."""
+        m = wait_for(lambda: [m for m in self.fake.to(self.TEAM_CHANNEL)
+                              if m["_text"] == text], 20, "the answer %r in #team" % text)
+        self.assertEqual(len(m), 1, m)
+        self.assertEqual(m[0].get("thread_ts"), got["ts"])
+        r = self.t.wait_reply(self.slack.ch, got["event_id"])
+        self.assertEqual((r["kind"], r["status"], r["text"]), ("answer", "sent", text), r)
+        return m[0]
+
+    def decided_by_olga(self, a, status):
+        got = self.approval(a["id"])
+        self.assertEqual((got["status"], got["decided_by"]),
+                         (status, "user:" + self.olga["id"]), got)
+        return got
+
+    # ------------------------------------------------------------------ tests
+
+    def test_the_owner_approves_from_the_card_in_her_im(self):
+        t, fake = self.t, self.fake
+        self.olga_writes_first()
+        got, a = self.park("approved from slack")
+        card = self.wait_card(self.IM, a["id"])
+        self.assertCard(card, a, self.IM)
+        self.assertEqual(self.cards(self.TEAM_CHANNEL, a["id"]), [], "a card in the channel")
+        r = self.wait_card_reply(a["id"], self.olga["id"], ("shown",))
+        self.assertEqual((r["kind"], r["approval_id"], r["user_id"], r["text"]),
+                         ("approval_card", a["id"], self.olga["id"], card["_text"]), r)
+        answer = t.replies(self.slack.ch)[got["event_id"]]
+        self.assertEqual(answer["kind"], "answer")
+        self.assertNotEqual(answer["status"], "sent", "answered before the decision")
+        self.assertEqual(self.notes(), [])
+        # Olga presses Approve: decided by her, the run goes on, the answer in the thread.
+        self.pressed(card, self.OLGA, "approve")
+        decided = self.decided_by_olga(a, "approved")
+        self.wait_answer(got, note_answer("approved from slack"))
+        self.assertEqual(self.notes(), ["approved from slack"])
+        run = self.server.wait_run(a["run_id"], token=t.token)
+        self.assertEqual(run["status"], "done", run)
+        self.assertClosed(card, a, "Approved by Olga (%s)" % self.olga["id"])
+        events = [e for e in self.server.all_events(token=t.token)
+                  if e["type"] == "approval.decided@v1"
+                  and e["payload"]["approval_id"] == a["id"]]
+        self.assertEqual([(e["payload"]["status"], e["payload"]["decided_by"]) for e in events],
+                         [("approved", "user:" + self.olga["id"])])
+        time.sleep(1)  # nothing more comes: no notice to Olga, no second edit
+        self.assertEqual(self.ephemerals(), [])
+        self.assertEqual(len(self.updates(card)), 1)
+        self.assertEqual(self.approval(a["id"]), decided)
+        self.assertEqual(fake.sent()["unescaped"], 0)
+        self.assertEqual(fake.sent()["unauthorized"], 0)
+
+    def test_the_owner_rejects_from_the_card(self):
+        self.olga_writes_first()
+        got, a = self.park("rejected from slack")
+        card = self.wait_card(self.IM, a["id"])
+        self.pressed(card, self.OLGA, "reject")
+        self.decided_by_olga(a, "rejected")
+        self.wait_answer(got, "The tool notes.append returned: error: a human rejected this "
+                              "call.")
+        self.assertEqual(self.notes(), [])
+        self.assertClosed(card, a, "Rejected by Olga (%s)" % self.olga["id"])
+        self.assertEqual(self.ephemerals(), [])
+
+    def test_the_wrong_person_decides_nothing_and_is_told_so(self):
+        t = self.t
+        self.olga_writes_first()
+        got, a = self.park("the right person")
+        card = self.wait_card(self.IM, a["id"])
+        before = self.approval(a["id"])
+        # Bob (who asked) is a user of the agent, not an owner; U0EVE is nobody Keel knows.
+        for who in ("U0BOB", "U0EVE"):
+            for action in ("approve", "reject"):
+                self.pressed(card, who, action)
+            notices = self.wait_ephemeral(who, 2)
+            for e in notices:
+                self.assertEqual((e["channel"], e["user"]), (self.IM, who), e)
+                self.assertTrue(e["_text"].startswith("You may not decide this approval"), e)
+            self.assertEqual(self.approval(a["id"]), before, "%s's press decided" % who)
+        # A button of an approval that is not this card's (another agent's, in the same
+        # tenant), pressed by an owner of both: not known here, nothing decided.
+        other = self.server.create_agent(tools=["notes.append"], token=t.token)
+        t.ok("PUT", "/v1/agents/%s/members/%s" % (other["id"], self.olga["id"]),
+             {"role": "owner"})
+        session = self.server.create_session(other["id"], token=t.token)
+        st, body, _ = self.server.post_message(session["id"], note_call("elsewhere"), wait=10,
+                                               token=t.token)
+        self.assertIn(st, (200, 202), body)
+        elsewhere = wait_for(lambda: [x for x in t.pages("/v1/approvals?status=pending")
+                                      if x["run_id"] == body["run"]["id"]], 20,
+                             "the other agent's approval")[0]
+        self.pressed(card, self.OLGA, "approve", value="keel:approve:" + elsewhere["id"])
+        [e] = self.wait_ephemeral(self.OLGA)
+        self.assertEqual((e["channel"], e["_text"]), (self.IM, "This approval is not known here."))
+        self.assertEqual(self.approval(elsewhere["id"])["status"], "pending")
+        self.assertEqual(self.approval(a["id"]), before)
+        # The card's own button, brought by another Slack channel (app) of the same agent: the
+        # approval was not carded there, so it is not known there.
+        signing = secrets.token_hex(16)
+        second = t.ok("POST", "/v1/agents/%s/channels" % self.agent["id"], {
+            "kind": "slack", "name": "sl2", "settings": {
+                "signing_secret": t.secret(signing), "bot_token": t.secret(self.fake.token),
+                "api_base": self.fake.api_base, "role": "user"}}, expect=201)
+        self.addCleanup(t.request, "DELETE", "/v1/channels/" + second["id"])
+        got2 = self.fake.control("POST", "/_press", {
+            "url": self.server.base_url + second["url"], "signing_secret": signing,
+            "channel": card["channel"], "ts": card["_ts"], "user": self.OLGA,
+            "action": "approve"})
+        self.assertEqual(got2["status"], 200, got2)
+        notices = self.wait_ephemeral(self.OLGA, 2)
+        self.assertEqual(notices[1]["_text"], "This approval is not known here.")
+        self.assertEqual(self.approval(a["id"]), before)
+        self.assertEqual(self.updates(card), [])
+        self.assertEqual(self.notes(), [])
+        # Then Olga's own press decides it.
+        self.pressed(card, self.OLGA, "approve")
+        self.decided_by_olga(a, "approved")
+        self.wait_answer(got, note_answer("the right person"))
+        self.assertClosed(card, a, "Approved by Olga (%s)" % self.olga["id"])
+        self.assertEqual(len(self.ephemerals(self.OLGA)), 2, "Olga's press was refused")
+        t.ok("POST", "/v1/approvals/%s/reject" % elsewhere["id"], {}, expect=200)
+
+    def test_a_second_press_is_told_already_decided_and_changes_nothing(self):
+        self.olga_writes_first()
+        got, a = self.park("pressed twice")
+        card = self.wait_card(self.IM, a["id"])
+        self.pressed(card, self.OLGA, "approve")
+        decided = self.decided_by_olga(a, "approved")
+        self.wait_answer(got, note_answer("pressed twice"))
+        self.assertClosed(card, a, "Approved by Olga (%s)" % self.olga["id"])
+        # A client that had not seen the edit yet presses again, Reject and then Approve.
+        for action in ("reject", "approve"):
+            self.pressed(card, self.OLGA, action, stale=True)
+        notices = self.wait_ephemeral(self.OLGA, 2)
+        self.assertEqual([(e["channel"], e["_text"]) for e in notices],
+                         [(self.IM, "Already decided: approved.")] * 2)
+        time.sleep(1)
+        self.assertEqual(self.approval(a["id"]), decided)
+        self.assertEqual(len(self.updates(card)), 1, "the card was edited again")
+        self.assertEqual(self.notes(), ["pressed twice"])
+        self.assertEqual(len(self.fake.to(self.TEAM_CHANNEL)), 1, "answered twice")
+        self.assertEqual(len(self.ephemerals()), 2)
+
+    def test_forged_presses_are_401_and_decide_nothing(self):
+        self.olga_writes_first()
+        got, a = self.park("forged")
+        card = self.wait_card(self.IM, a["id"])
+        now = int(time.time())
+        cases = [("another secret", {"signing_secret": secrets.token_hex(16)}),
+                 ("a zero signature", {"signature": "v0=" + "0" * 64}),
+                 ("no signature", {"signature": None}),
+                 ("no timestamp", {"timestamp": None}),
+                 ("signed 301 s ago", {"timestamp": now - 301}),
+                 ("a body with more after signing", {"body_suffix": "&x=1"})]
+        for what, kw in cases:
+            for action in ("approve", "reject"):
+                pressed = self.press(card, self.OLGA, action, **kw)
+                self.assertEqual(pressed["status"], 401, "%s: %r" % (what, pressed))
+        time.sleep(1)
+        self.assertEqual(self.approval(a["id"])["status"], "pending")
+        self.assertEqual(self.ephemerals(), [], "a forged press was answered")
+        self.assertEqual(self.updates(card), [])
+        self.assertEqual(self.notes(), [])
+        self.assertEqual(self.card_reply(a["id"], self.olga["id"])["status"], "shown")
+        # The card still works.
+        self.pressed(card, self.OLGA, "approve")
+        self.decided_by_olga(a, "approved")
+        self.wait_answer(got, note_answer("forged"))
+        self.assertNoLeak(self.slack.signing, self.fake.token)
+
+    def test_a_decision_through_the_api_closes_the_card(self):
+        t = self.t
+        self.olga_writes_first()
+        got, a = self.park("decided by the api")
+        card = self.wait_card(self.IM, a["id"])
+        t.ok("POST", "/v1/approvals/%s/approve" % a["id"], {}, expect=200)
+        decided = self.approval(a["id"])
+        self.assertEqual((decided["status"], decided["decided_by"]), ("approved", t.token_id))
+        self.wait_answer(got, note_answer("decided by the api"))
+        self.assertClosed(card, a, "Approved by token " + t.token_id)
+        # The card's stale button is told so.
+        self.pressed(card, self.OLGA, "reject", stale=True)
+        [e] = self.wait_ephemeral(self.OLGA)
+        self.assertEqual(e["_text"], "Already decided: approved.")
+        self.assertEqual(self.approval(a["id"]), decided)
+
+    def test_no_reachable_approver_skips_the_card_or_shows_it_in_the_conversation(self):
+        t = self.t
+        # Olga never wrote to the bot: her card cannot reach her. Skipped, nothing sent.
+        got, a = self.park("nowhere to show")
+        r = self.wait_card_reply(a["id"], statuses=("skipped",))
+        self.assertEqual((r["kind"], r["approval_id"], r["user_id"]),
+                         ("approval_card", a["id"], None), r)
+        self.assertIn(self.olga["id"], r["error"])
+        self.assertIn("decide it in the dashboard or the API", r["error"])
+        t.ok("POST", "/v1/approvals/%s/reject" % a["id"], {}, expect=200)
+        self.wait_answer(got, "The tool notes.append returned: error: a human rejected this "
+                              "call.")
+        self.assertEqual([m for m in self.fake.sent()["messages"] if m.get("blocks")], [])
+        # The policy allows a card in the conversation: in the mention's thread, where anyone
+        # may press, but only an approver's press counts (Bob asked; Olga is the owner).
+        t.ok("PUT", "/v1/policy", dict(APPROVAL_FRAME, approval_in_conversation=True))
+        got, a = self.park("shown in the thread")
+        card = self.wait_card(self.TEAM_CHANNEL, a["id"])
+        self.assertCard(card, a, self.TEAM_CHANNEL, got["ts"])
+        r = self.wait_card_reply(a["id"], statuses=("shown",))
+        self.assertEqual(r["user_id"], None, r)
+        self.pressed(card, "U0BOB", "approve")
+        [e] = self.wait_ephemeral("U0BOB")
+        self.assertEqual(e["channel"], self.TEAM_CHANNEL)
+        self.assertTrue(e["_text"].startswith("You may not decide this approval"), e)
+        self.assertEqual(self.approval(a["id"])["status"], "pending")
+        self.pressed(card, self.OLGA, "approve")
+        self.decided_by_olga(a, "approved")
+        self.wait_answer(got, note_answer("shown in the thread"))
+        self.assertClosed(card, a, "Approved by Olga (%s)" % self.olga["id"])
+
+    def test_separation_of_duties_holds_for_a_press(self):
+        t = self.t
+        t.ok("PUT", "/v1/policy", dict(APPROVAL_FRAME, separate_approver=True))
+        self.olga_writes_first()
+        # Olga asks herself: her press is refused.
+        got, a = self.park("asked by olga", user=self.OLGA)
+        card = self.wait_card(self.IM, a["id"])
+        self.pressed(card, self.OLGA, "approve")
+        [e] = self.wait_ephemeral(self.OLGA)
+        self.assertTrue(e["_text"].startswith("The policy asks for a separate approver"), e)
+        self.assertEqual(self.approval(a["id"])["status"], "pending")
+        # Bob asks: Olga decides.
+        got2, b = self.park("asked by bob")
+        card2 = self.wait_card(self.IM, b["id"])
+        self.pressed(card2, self.OLGA, "approve")
+        self.decided_by_olga(b, "approved")
+        self.wait_answer(got2, note_answer("asked by bob"))
+        # The API's decision by another owner token (the channel's runs are asked for by the
+        # token that created it, which may not decide them either).
+        other, other_id = t.new_token("owner")
+        t.ok("POST", "/v1/approvals/%s/reject" % a["id"], {}, expect=200, token=other)
+        self.assertEqual(self.approval(a["id"])["decided_by"], other_id)
+        self.wait_answer(got, "The tool notes.append returned: error: a human rejected this "
+                              "call.")
+        self.assertClosed(card, a, "Rejected by token " + other_id)
+
+
+    def test_every_approvers_card_is_closed_by_one_press(self):
+        t = self.t
+        # The agent's policy names its approvers: Olga and Bob (a user, not an owner); Ann, an
+        # owner too, is not one then.
+        ann = t.ok("POST", "/v1/users", {"name": "Ann", "identities": [
+            {"platform": "slack", "platform_user_id": "U0ANN"}]}, expect=201)
+        t.ok("PUT", "/v1/agents/%s/members/%s" % (self.agent["id"], ann["id"]), {"role": "owner"})
+        t.ok("PUT", "/v1/agents/%s/policy" % self.agent["id"],
+             {"approvers": [self.olga["id"], self.bob["id"]]})
+        self.olga_writes_first()
+        for im, user in (("D0BOB", "U0BOB"), ("D0ANN", "U0ANN")):
+            self.slack.taken(self.slack.dm(im, "hello bot", user=user))
+            self.fake.wait_sent(im)
+        got, a = self.park("two approvers", user="U0ANN")
+        olgas, bobs = self.wait_card(self.IM, a["id"]), self.wait_card("D0BOB", a["id"])
+        self.assertCard(olgas, a, self.IM)
+        self.assertCard(bobs, a, "D0BOB")
+        for user in (self.olga, self.bob):
+            r = self.wait_card_reply(a["id"], user["id"], ("shown",))
+            self.assertEqual(r["user_id"], user["id"])
+        self.assertEqual(self.cards("D0ANN", a["id"]), [], "a card to an owner not named")
+        # Ann's press on a card (say, forwarded to her) is refused: she is not an approver.
+        self.pressed(olgas, "U0ANN", "approve")
+        [e] = self.wait_ephemeral("U0ANN")
+        self.assertTrue(e["_text"].startswith("You may not decide this approval"), e)
+        self.assertEqual(self.approval(a["id"])["status"], "pending")
+        # Bob rejects on his card: both cards say so.
+        self.pressed(bobs, "U0BOB", "reject")
+        got_a = self.approval(a["id"])
+        self.assertEqual((got_a["status"], got_a["decided_by"]),
+                         ("rejected", "user:" + self.bob["id"]))
+        how = "Rejected by Bob (%s)" % self.bob["id"]
+        self.assertClosed(olgas, a, how)
+        u = self.wait_update(bobs)
+        self.assertEqual(u["_text"], "%s: notes.append\nApproval %s" % (how, a["id"]))
+        self.assertEqual(self.wait_card_reply(a["id"], self.bob["id"])["status"], "sent")
+        self.wait_answer(got, "The tool notes.append returned: error: a human rejected this "
+                              "call.")
+        # Olga's card, pressed late: already decided.
+        self.pressed(olgas, self.OLGA, "approve", stale=True)
+        [e] = self.wait_ephemeral(self.OLGA)
+        self.assertEqual(e["_text"], "Already decided: rejected.")
+
+    def test_markup_in_the_arguments_is_escaped_on_the_card(self):
+        self.olga_writes_first()
+        line = "<!channel> <@U0OTHER> a < b && c > d <https://evil.example|click>"
+        # Slack escapes what was typed in the event's text as it escapes what it shows.
+        got = self.slack.mention(self.TEAM_CHANNEL, "<@%s> %s" % (BOT_USER, escaped(
+            note_call(line))), user="U0BOB")
+        self.slack.taken(got)
+        a = wait_for(lambda: [x for x in self.t.pages("/v1/approvals?status=pending")
+                              if x["agent_id"] == self.agent["id"]], 20, "the approval")[0]
+        self.assertEqual(a["arguments"], {"line": line})
+        card = self.wait_card(self.IM, a["id"])
+        self.assertCard(card, a, self.IM)
+        self.assertIn(json.dumps(line), card["_text"])
+        self.assertEqual(self.fake.sent()["unescaped"], 0, "a card's markup went unescaped")
+        self.pressed(card, self.OLGA, "approve")
+        self.wait_answer(got, note_answer(line))
+        self.assertEqual(self.notes(), [line])
+        self.assertClosed(card, a, "Approved by Olga (%s)" % self.olga["id"])
+        self.assertEqual(self.fake.sent()["unescaped"], 0)
+
+    def test_two_approvers_pressing_at_once_decide_once(self):
+        t = self.t
+        t.ok("PUT", "/v1/agents/%s/policy" % self.agent["id"],
+             {"approvers": [self.olga["id"], self.bob["id"]]})
+        self.olga_writes_first()
+        self.slack.taken(self.slack.dm("D0BOB", "hello bot", user="U0BOB"))
+        self.fake.wait_sent("D0BOB")
+        for n in range(3):
+            line = "race %d" % n
+            got, a = self.park(line)
+            olgas, bobs = self.wait_card(self.IM, a["id"]), self.wait_card("D0BOB", a["id"])
+            for user in (self.olga, self.bob):
+                self.wait_card_reply(a["id"], user["id"], ("shown",))
+            answers = {}
+
+            def press(card, who, action):
+                answers[who] = self.press(card, who, action)
+            threads = [threading.Thread(target=press, args=(olgas, self.OLGA, "approve")),
+                       threading.Thread(target=press, args=(bobs, "U0BOB", "reject"))]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            self.assertEqual({w: x["status"] for w, x in answers.items()},
+                             {self.OLGA: 200, "U0BOB": 200}, answers)
+            decided = self.approval(a["id"])
+            self.assertIn(decided["status"], ("approved", "rejected"), decided)
+            winner, loser = ((self.olga, "U0BOB") if decided["status"] == "approved"
+                             else (self.bob, self.OLGA))
+            self.assertEqual(decided["decided_by"], "user:" + winner["id"])
+            [e] = self.wait_ephemeral(loser)
+            self.assertEqual(e["_text"], "Already decided: %s." % decided["status"], e)
+            self.assertEqual(len(self.ephemerals()), 1, "the winner was told something")
+            how = "%s by %s (%s)" % (decided["status"].capitalize(), winner["name"],
+                                     winner["id"])
+            for card in (olgas, bobs):
+                u = self.wait_update(card)
+                self.assertEqual(u["_text"], "%s: notes.append\nApproval %s" % (how, a["id"]))
+            events = [e for e in self.server.all_events(token=t.token)
+                      if e["type"] == "approval.decided@v1"
+                      and e["payload"]["approval_id"] == a["id"]]
+            self.assertEqual(len(events), 1, events)
+            self.wait_answer(got, note_answer(line) if decided["status"] == "approved" else
+                             "The tool notes.append returned: error: a human rejected this "
+                             "call.")
+            self.fake.control("POST", "/_reset")  # the next round's notices start from none
+
+    def test_a_card_of_many_escaped_characters_stays_within_slacks_section_limit(self):
+        """Escaping makes each & five characters and each < or > four: a card of them is cut
+        to fit Slack's 3,000 characters once escaped, and is shown."""
+        self.olga_writes_first()
+        line = "&" * 780
+        got = self.slack.mention(self.TEAM_CHANNEL, "<@%s> %s" % (BOT_USER, escaped(
+            note_call(line))), user="U0BOB")
+        self.slack.taken(got)
+        a = wait_for(lambda: [x for x in self.t.pages("/v1/approvals?status=pending")
+                              if x["agent_id"] == self.agent["id"]], 20, "the approval")[0]
+        r = self.wait_card_reply(a["id"], self.olga["id"], ("shown", "dead", "unknown"))
+        self.t.ok("POST", "/v1/approvals/%s/reject" % a["id"], {}, expect=200)
+        self.assertEqual((r["status"], r["error"]), ("shown", ""), r)
+        card = self.wait_card(self.IM, a["id"])
+        self.assertLessEqual(len(card["blocks"][0]["text"]["text"]), 3000)
+
+    def test_cancelling_the_run_closes_the_card(self):
+        t = self.t
+        self.olga_writes_first()
+        got, a = self.park("cancelled")
+        card = self.wait_card(self.IM, a["id"])
+        t.ok("POST", "/v1/runs/%s/cancel" % a["run_id"], {}, expect=200)
+        self.assertEqual(self.approval(a["id"])["status"], "cancelled")
+        self.assertClosed(card, a, "Cancelled with its run")
+        self.pressed(card, self.OLGA, "approve", stale=True)
+        [e] = self.wait_ephemeral(self.OLGA)
+        self.assertEqual(e["_text"], "Already decided: cancelled.")
+        self.assertEqual(self.notes(), [])
+
+    def test_expiry_closes_the_card(self):
+        self.own_server(KEEL_APPROVAL_TIMEOUT_MS="4000")
+        self.olga_writes_first()
+        got, a = self.park("too late")
+        card = self.wait_card(self.IM, a["id"], timeout=3)
+        self.wait_card_reply(a["id"], self.olga["id"], ("shown",), timeout=3)
+        self.assertClosed(card, a, "Expired: nobody decided in time")
+        got_a = self.approval(a["id"])
+        self.assertEqual((got_a["status"], got_a["decided_by"]), ("expired", "system"))
+        self.pressed(card, self.OLGA, "approve", stale=True)
+        [e] = self.wait_ephemeral(self.OLGA)
+        self.assertEqual(e["_text"], "Already decided: expired.")
+        self.assertEqual(self.notes(), [])
+
+    def test_cards_go_through_the_outbox(self):
+        t, fake = self.t, self.fake
+        self.olga_writes_first()
+        # A card Slack rate-limits is posted after Retry-After, once; an edit Slack answers
+        # 500 is made again.
+        fake.fail("chat.postMessage", {"status": 429, "retry_after": 1})
+        fake.fail("chat.update", {"status": 500})
+        got, a = self.park("through the outbox")
+        card = self.wait_card(self.IM, a["id"])
+        posts = [c["status"] for c in fake.posts(self.IM)]
+        self.assertEqual(posts, [200, 429, 200], "the DM's answer, then the card twice")
+        r = self.wait_card_reply(a["id"], self.olga["id"], ("shown",))
+        self.assertEqual(r["attempts"], 2, r)
+        self.pressed(card, self.OLGA, "approve")
+        self.wait_answer(got, note_answer("through the outbox"))
+        self.assertClosed(card, a, "Approved by Olga (%s)" % self.olga["id"])
+        self.assertEqual([c["status"] for c in fake.sent()["calls"]
+                          if c["method"] == "chat.update"], [500, 200])
+        # A card whose post is cut (Slack may have it) is never posted again: "unknown"; the
+        # approval waits in the API.
+        fake.fail("chat.postMessage", {"drop": True})
+        got, b = self.park("cut")
+        r = self.wait_card_reply(b["id"], self.olga["id"], ("unknown",))
+        self.assertEqual(r["attempts"], 1, r)
+        time.sleep(2)
+        self.assertEqual(len(fake.posts(self.IM)), 4, "the cut card was posted again")
+        self.assertEqual(self.cards(self.IM, b["id"]), [])
+        t.ok("POST", "/v1/approvals/%s/approve" % b["id"], {}, expect=200)
+        self.wait_answer(got, note_answer("cut"))
+        self.assertEqual(self.card_reply(b["id"], self.olga["id"])["status"], "unknown")
+        # A card Slack refuses is dead at once.
+        fake.fail("chat.postMessage", {"error": "invalid_blocks"})
+        got, c = self.park("refused")
+        r = self.wait_card_reply(c["id"], self.olga["id"], ("dead",))
+        self.assertIn("invalid_blocks", r["error"])
+        t.ok("POST", "/v1/approvals/%s/reject" % c["id"], {}, expect=200)
+        self.wait_answer(got, "The tool notes.append returned: error: a human rejected this "
+                              "call.")
+
+    def test_an_edit_cut_by_kill9_is_made_after_the_restart(self):
+        self.own_server()
+        fake = self.fake
+        self.olga_writes_first()
+        got, a = self.park("across a crash")
+        card = self.wait_card(self.IM, a["id"])
+        self.wait_card_reply(a["id"], self.olga["id"], ("shown",))
+        fake.fail("chat.update", {"delay": 3})
+        self.pressed(card, self.OLGA, "approve")
+        self.decided_by_olga(a, "approved")
+        self.wait_answer(got, note_answer("across a crash"))
+        wait_for(lambda: [c for c in fake.sent()["calls"]
+                          if c["method"] == "chat.update" and c["status"] is None], 10,
+                 "the card's edit under way")
+        self.server.kill9()
+        self.server.start()
+        # Edited after the restart (the cut edit's late answer may add a copy: the same text).
+        r = self.wait_card_reply(a["id"], self.olga["id"])
+        text = "Approved by Olga (%s): notes.append\nApproval %s" % (self.olga["id"], a["id"])
+        self.assertEqual(r["text"], text)
+        time.sleep(3.5)  # the cut edit is answered by then
+        edits = self.updates(card)
+        self.assertIn(len(edits), (1, 2), edits)
+        self.assertEqual({e["_text"] for e in edits}, {text})
+        self.assertEqual([e["blocks"] for e in edits],
+                         [[{"type": "section", "text": {"type": "mrkdwn",
+                                                        "text": escaped(text)}}]] * len(edits))
+        self.assertEqual(self.notes(), ["across a crash"])
 
 
 class CrashTest(KeelTestCase):

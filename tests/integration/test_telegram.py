@@ -14,7 +14,11 @@ after its request (unknown, never repeated); a wrong token (status error, fixed 
 secret again); disabling and enabling; the offset and the outbox across SIGTERM and kill -9,
 and kill -9 twice while 30 updates arrive (each update one message, each answer sent at most
 once, nothing left pending); roles, tenants and settings validation; no answer, event or log
-line holding the bot token.
+line holding the bot token. Approvals in chat (ApprovalCardTest): a parked tool call's card with
+Approve and Reject buttons in each owner's private chat (or the group, when the policy allows
+it), decided by an approver's press (polled or pushed to the webhook) and edited once decided;
+presses that may not decide (others, the asker under separate_approver, a decided approval, a
+forged approval id) decide nothing and are told why.
 
 Every answer a Tenant receives is checked for its secrets' values. Each test has a fake of its
 own (one bot token, one update queue). Runs on SQLite and, with KEEL_TEST_STORE=postgres, on
@@ -245,7 +249,8 @@ class EndToEndTest(TelegramCase):
         self.assertEqual(methods[0], "getMe", methods)
         first = sent["poll_requests"][0]
         self.assertNotIn("offset", first, "the very first getUpdates carries no offset")
-        self.assertEqual((first["timeout"], first["allowed_updates"]), (1, ["message"]), first)
+        self.assertEqual((first["timeout"], first["allowed_updates"]),
+                         (1, ["message", "callback_query"]), first)
         # Escaped so that Telegram shows it as written: the fake refuses what does not parse, and
         # unescaped <i>x</i> would show as x.
         texts = {111: ['1 < 2 & <i>x</i> "q" &amp; \U0001f600', "second"], 222: ["other chat"]}
@@ -1257,6 +1262,596 @@ class HostileBotApiTest(KeelTestCase):
         self.assertEqual(new.to(222), [])
         self.assertNotIn(str(update), t.replies(ch))
         self.assertIn(update, new.sent()["pending"], "the new bot's update was confirmed away")
+
+
+# ------------------------------------------------------------------------- approval cards
+
+# Every tool with read and write, no approval, except notes.append, which always needs a human.
+APPROVAL_FRAME = {"rules": [
+    {"tool": "*", "rights": ["read", "write"], "approval": "never"},
+    {"tool": "notes.append", "rights": ["write"], "approval": "always"},
+]}
+OLGA, BOB, PETE, STRANGER = 501, 502, 503, 599  # Telegram user ids (== their private chat ids)
+GROUP = -1001234500
+REJECTED = "The tool notes.append returned: error: a human rejected this call."
+
+
+def note_call(line):
+    return "/call notes.append " + json.dumps({"line": line})
+
+
+def appended(line):
+    """The local model's answer once notes.append appended `line`."""
+    return "The tool notes.append returned: %s." % json.dumps({"appended": line},
+                                                               separators=(",", ":"))
+
+
+class ApprovalCardTest(TelegramCase):
+    """Approvals in chat on Telegram: a run a Telegram message started that parks a tool call
+    sends each approver (the policy's approvers, else the agent's owners, who have a Telegram
+    identity and wrote to the bot in a private chat) a card with Approve and Reject buttons; a
+    press of an approver (polled, or pushed to the webhook) decides it as the API would
+    (decided_by "user:ID"), is answered with answerCallbackQuery, and every card of the approval
+    is then edited to say who decided (a press, a token, expiry, a cancelled run) and loses its
+    buttons. Presses by others, of a decided approval, of the asker under separate_approver, or
+    naming an approval not carded here decide nothing. Without a reachable approver the card is
+    "skipped", or goes to the conversation itself when the policy allows it. Cards go through
+    the outbox: retried after a 429 or 500, never sent again after a cut send.
+
+    Olga (telegram 501) is an owner of a private agent whose channel acts as "user", Bob (502)
+    a member with role user who asks in group GROUP (mentioning the bot)."""
+
+    webhook = False  # messages and presses pushed to the webhook rather than polled
+
+    def setUp(self):
+        super().setUp()
+        self.t.ok("PUT", "/v1/policy", APPROVAL_FRAME)
+
+    # ------------------------------------------------------------------ setting up
+
+    def agent_with_channel(self, fake=None, **settings):
+        """A private agent with notes.append and a telegram channel (role user) polling the
+        fake; (agent, channel)."""
+        t, fake = self.t, fake or self.fake
+        agent = self.server.create_agent(tools=["notes.append"], token=t.token)
+        ch = t.ok("POST", "/v1/agents/%s/channels" % agent["id"], {
+            "kind": "telegram", "name": "tg", "settings": dict({
+                "bot_token": t.secret(fake.token), "api_base": fake.api_base,
+                "poll_timeout": 1, "role": "user"}, **settings)}, expect=201)
+        self.addCleanup(t.request, "DELETE", "/v1/channels/" + ch["id"])
+        return agent, ch
+
+    def person(self, name, telegram_id=None):
+        body = {"name": name}
+        if telegram_id is not None:
+            body["identities"] = [{"platform": "telegram", "platform_user_id": str(telegram_id)}]
+        return self.t.ok("POST", "/v1/users", body, expect=201)
+
+    def member(self, agent, user, role):
+        self.t.ok("PUT", "/v1/agents/%s/members/%s" % (agent["id"], user["id"]), {"role": role},
+                  expect=200)
+
+    def people(self, agent, olga_writes=True):
+        """Olga (owner) and Bob (user) on the agent; Olga says hello to the bot privately first
+        (her private chat is where her cards go) unless `olga_writes` is false."""
+        olga, bob = self.person("Olga", OLGA), self.person("Bob", BOB)
+        self.member(agent, olga, "owner")
+        self.member(agent, bob, "user")
+        self.olga_hello = self.hello(OLGA, "Olga") if olga_writes else None
+        return olga, bob
+
+    def deliver(self, chat, text, **kw):
+        """A message to the bot (queued for getUpdates, or pushed to the webhook in webhook
+        mode); its update_id."""
+        if not self.webhook:
+            return self.fake.message(chat, text, **kw)
+        got = self.fake.control("POST", "/_push", {"message": dict(kw, chat_id=chat, text=text)})
+        self.assertEqual(got["status"], 200, got)
+        return got["update_id"]
+
+    def hello(self, chat, name, timeout=30):
+        """A private message to the bot, answered: the chat is now the person's. Its
+        update_id."""
+        n = len(self.fake.to(chat))
+        update = self.deliver(chat, "hello from " + name, first_name=name)
+        [*_, m] = self.fake.wait_sent(chat, n + 1, timeout=timeout)
+        self.assertEqual(m["_text"], 'You said: "hello from %s"' % name)
+        return update
+
+    # ------------------------------------------------------------------ a parked call
+
+    def ask(self, ch, line, chat=GROUP, from_id=BOB, name="Bob"):
+        """A message that makes the agent call notes.append(line): in a group from Bob
+        (mentioning the bot), or in a private chat (chat == from_id). Returns (update_id,
+        run_id, the pending approval) once the run waits."""
+        t = self.t
+        if chat == from_id:
+            update = self.deliver(chat, note_call(line), from_id=from_id, first_name=name)
+        else:
+            update = self.deliver(chat, "@keel_test_bot please\n" + note_call(line),
+                                  chat_type="supergroup", from_id=from_id, first_name=name)
+        row = wait_for(lambda: (lambda r: r if r and r["run_id"] else None)(
+            t.replies(ch).get(str(update))), 30, "the answer's row of update %s" % update)
+        run = self.server.wait_run(row["run_id"], states=("waiting_for_approval", "done",
+                                                          "failed", "cancelled"),
+                                   token=t.token)
+        self.assertEqual(run["status"], "waiting_for_approval", run)
+        [a] = [x for x in self.server.list_all("/v1/approvals?status=pending", token=t.token)
+               if x["run_id"] == run["id"]]
+        self.assertEqual((a["tool"], a["arguments"]), ("notes.append", {"line": line}))
+        return update, run["id"], a
+
+    def card_text(self, agent, a):
+        return ("Approval needed: %s wants to run notes.append\nArguments: %s\nWhy: %s\n"
+                "Expires: %s\nApproval %s" % (agent["name"],
+                                              json.dumps(a["arguments"], separators=(",", ":")),
+                                              a["reason"], a["expires_at"], a["id"]))
+
+    def buttons(self, a):
+        return {"inline_keyboard": [[
+            {"text": "Approve", "callback_data": "keel:approve:" + a["id"]},
+            {"text": "Reject", "callback_data": "keel:reject:" + a["id"]}]]}
+
+    def cards(self, chat, a=None):
+        """The messages with buttons sent to the chat (of approval `a`'s, when given)."""
+        return [m for m in self.fake.to(chat) if "reply_markup" in m and
+                (a is None or a["id"] in json.dumps(m["reply_markup"]))]
+
+    def wait_card(self, chat, a, timeout=30):
+        [card] = wait_for(lambda: self.cards(chat, a), timeout,
+                          "the card of approval %s in chat %s" % (a["id"], chat))
+        return card
+
+    # ------------------------------------------------------------------ presses
+
+    def press(self, card, from_id, name, button=0, **kw):
+        """Presses a button of the card (0 Approve, 1 Reject) as Telegram user `from_id`;
+        returns Keel's answerCallbackQuery of it."""
+        body = dict(kw, chat_id=card["chat_id"], message_id=card["_message_id"],
+                    from_id=from_id, first_name=name, username=name.lower(), button=button)
+        if self.webhook:  # Keel answers the query before it answers the push
+            got = self.fake.control("POST", "/_push", {"press": body})
+            self.assertEqual(got["status"], 200, got)
+            query = got["callback_query_id"]
+        else:
+            query = self.fake.control("POST", "/_press", body)["callback_query_id"]
+        return self.answer_of(query)
+
+    def answer_of(self, query, timeout=30):
+        [answer] = wait_for(lambda: [x for x in self.fake.sent()["callback_answers"]
+                                     if x["callback_query_id"] == query], timeout,
+                            "answerCallbackQuery of query %s" % query)
+        return answer
+
+    def assertRefused(self, answer, starts):
+        self.assertTrue(answer["show_alert"], answer)
+        self.assertTrue(answer["text"].startswith(starts), answer)
+
+    def assertDecided(self, answer, text):
+        self.assertEqual((answer["text"], answer["show_alert"]), (text, False), answer)
+
+    def edits(self, card):
+        return [e for e in self.fake.sent()["edits"] if e["chat_id"] == card["chat_id"] and
+                e["message_id"] == card["_message_id"]]
+
+    def wait_edit(self, card, timeout=15):
+        [edit] = wait_for(lambda: self.edits(card), timeout,
+                          "the edit of card %s in chat %s" % (card["_message_id"],
+                                                               card["chat_id"]))
+        self.assertEqual(edit["reply_markup"], {"inline_keyboard": []}, edit)
+        self.assertNotIn("parse_mode", edit)
+        return edit
+
+    def approval(self, a):
+        return self.t.ok("GET", "/v1/approvals/" + a["id"])
+
+    def notes(self, agent):
+        path = os.path.join(self.server.home, "workspaces", agent["id"], "notes.txt")
+        if not os.path.exists(path):
+            return None
+        with open(path) as f:
+            return f.read().splitlines()
+
+    def answered_in(self, chat, text, timeout=30):
+        return wait_for(lambda: [m for m in self.fake.to(chat) if m["_text"] == text],
+                        timeout, "%r sent to chat %s" % (text, chat))
+
+    # ------------------------------------------------------------------ tests
+
+    def test_an_owner_approves_from_the_card_in_their_private_chat(self):
+        t, fake = self.t, self.fake
+        agent, ch = self.agent_with_channel()
+        olga, bob = self.people(agent)
+        update, run_id, a = self.ask(ch, "approved from the card")
+        self.assertIsNone(self.notes(agent), "the tool ran before anyone approved it")
+
+        card = self.wait_card(OLGA, a)
+        self.assertEqual(card["chat_id"], OLGA)
+        self.assertEqual(card["text"], self.card_text(agent, a))
+        self.assertEqual(card["reply_markup"], self.buttons(a))
+        for field in ("parse_mode", "reply_parameters", "message_thread_id"):
+            self.assertNotIn(field, card, "a card in a private chat")
+        self.assertEqual(self.cards(GROUP), [], "a card in the group with an owner reachable")
+        self.assertEqual(self.cards(BOB), [], "a card for Bob, who is no approver")
+        row = wait_for(lambda: (lambda r: r if r and r["status"] == "shown" else None)(
+            t.replies(ch).get("approval:%s:%s" % (a["id"], olga["id"]))), 15, "the card shown")
+        self.assertEqual((row["kind"], row["approval_id"], row["user_id"], row["run_id"]),
+                         ("approval_card", a["id"], olga["id"], run_id))
+        self.assertEqual(row["text"], card["text"])
+        self.assertEqual(self.server.get_run(run_id, token=t.token)["status"],
+                         "waiting_for_approval")
+
+        answer = self.press(card, OLGA, "Olga")
+        self.assertDecided(answer, "Approved.")
+        decided = self.approval(a)
+        self.assertEqual((decided["status"], decided["decided_by"]),
+                         ("approved", "user:" + olga["id"]), decided)
+        run = self.server.wait_run(run_id, token=t.token)
+        self.assertEqual((run["status"], run["output"]), ("done", appended(a["arguments"]["line"])))
+        self.assertEqual(self.notes(agent), ["approved from the card"])
+        [m] = self.answered_in(GROUP, appended("approved from the card"))
+        self.assertEqual(m["reply_parameters"]["message_id"], fake.message_ids[update])
+
+        edit = self.wait_edit(card)
+        self.assertEqual(edit["text"], "Approved by Olga (%s): notes.append\nApproval %s"
+                         % (olga["id"], a["id"]))
+        rows = wait_for(lambda: (lambda rs: rs if all(r["status"] == "sent" for r in rs.values())
+                                 else None)(t.replies(ch)), 15, "the card and the answer sent")
+        self.assertEqual(sorted(rows), sorted([str(self.olga_hello), str(update),
+                                               "approval:%s:%s" % (a["id"], olga["id"])]))
+        self.assertEqual(rows["approval:%s:%s" % (a["id"], olga["id"])]["text"], edit["text"])
+        ans = rows[str(update)]
+        self.assertEqual((ans["kind"], ans["approval_id"], ans["user_id"], ans["run_id"]),
+                         ("answer", None, bob["id"], run_id))
+        self.assertEqual(len(fake.sent()["callback_answers"]), 1)
+
+    def test_reject_from_the_card(self):
+        t = self.t
+        agent, ch = self.agent_with_channel()
+        olga, _ = self.people(agent)
+        update, run_id, a = self.ask(ch, "rejected from the card")
+        card = self.wait_card(OLGA, a)
+        self.assertDecided(self.press(card, OLGA, "Olga", button=1), "Rejected.")
+        decided = self.approval(a)
+        self.assertEqual((decided["status"], decided["decided_by"]),
+                         ("rejected", "user:" + olga["id"]))
+        run = self.server.wait_run(run_id, token=t.token)
+        self.assertEqual((run["status"], run["output"]), ("done", REJECTED))
+        self.answered_in(GROUP, REJECTED)
+        self.assertIsNone(self.notes(agent), "a rejected call ran")
+        self.assertEqual(self.wait_edit(card)["text"],
+                         "Rejected by Olga (%s): notes.append\nApproval %s"
+                         % (olga["id"], a["id"]))
+
+    def test_only_an_approvers_press_decides(self):
+        t, fake = self.t, self.fake
+        agent, ch = self.agent_with_channel()
+        olga, bob = self.people(agent)
+        _, run_id, a = self.ask(ch, "four eyes")
+        card = self.wait_card(OLGA, a)
+        # A member who is no owner, and someone Keel does not know: told, nothing decided.
+        for who, name in ((BOB, "Bob"), (STRANGER, "Eve")):
+            for button in (0, 1):
+                answer = self.press(card, who, name, button=button)
+                self.assertRefused(answer, "You may not decide this approval")
+                self.assertIn(str(who), answer["text"])
+        got = self.approval(a)
+        self.assertEqual((got["status"], got["decided_by"]), ("pending", None))
+        self.assertEqual(self.server.get_run(run_id, token=t.token)["status"],
+                         "waiting_for_approval")
+        self.assertEqual(self.edits(card), [], "a refused press edited the card")
+        self.assertIsNone(self.notes(agent))
+        # Owning another agent of the tenant does not make Bob an approver of this one's.
+        other = self.server.create_agent(tools=["notes.append"], token=t.token)
+        self.member(other, bob, "owner")
+        self.assertRefused(self.press(card, BOB, "Bob"), "You may not decide this approval")
+        self.assertEqual(self.approval(a)["status"], "pending")
+        # The owner's press decides.
+        self.assertDecided(self.press(card, OLGA, "Olga"), "Approved.")
+        self.assertEqual(self.approval(a)["decided_by"], "user:" + olga["id"])
+        self.assertEqual(self.server.wait_run(run_id, token=t.token)["status"], "done")
+        self.assertEqual(self.notes(agent), ["four eyes"])
+        self.wait_edit(card)
+        self.assertEqual(len(fake.sent()["callback_answers"]), 6)
+
+    def test_a_press_after_the_decision_changes_nothing(self):
+        t, fake = self.t, self.fake
+        agent, ch = self.agent_with_channel()
+        olga, _ = self.people(agent)
+        _, run_id, a = self.ask(ch, "once")
+        card = self.wait_card(OLGA, a)
+        self.assertDecided(self.press(card, OLGA, "Olga"), "Approved.")
+        decided = self.approval(a)
+        self.server.wait_run(run_id, token=t.token)
+        edit = self.wait_edit(card)
+        # A press made before the buttons went, delivered after the decision: either button.
+        for button in (0, 1):
+            self.assertRefused(self.press(card, OLGA, "Olga", button=button),
+                               "Already decided: approved.")
+            self.assertEqual(self.approval(a), decided)
+        self.assertEqual(self.notes(agent), ["once"])
+        self.assertEqual(self.edits(card), [edit])
+        self.assertEqual(len(self.cards(OLGA)), 1, "a card was sent again")
+        self.assertEqual(self.server.get_run(run_id, token=t.token)["status"], "done")
+
+    def test_a_decision_through_the_api_edits_the_card(self):
+        t = self.t
+        agent, ch = self.agent_with_channel()
+        olga, _ = self.people(agent)
+        _, run_id, a = self.ask(ch, "decided by a token")
+        card = self.wait_card(OLGA, a)
+        delivery = "approval:%s:%s" % (a["id"], olga["id"])
+        wait_for(lambda: t.replies(ch)[delivery]["status"] == "shown", 15, "the card shown")
+        got = t.ok("POST", "/v1/approvals/%s/reject" % a["id"], {}, expect=200)
+        self.assertEqual((got["status"], got["decided_by"]), ("rejected", t.token_id))
+        self.assertEqual(self.wait_edit(card)["text"],
+                         "Rejected by token %s: notes.append\nApproval %s" % (t.token_id, a["id"]))
+        run = self.server.wait_run(run_id, token=t.token)
+        self.assertEqual(run["output"], REJECTED)
+        self.answered_in(GROUP, REJECTED)
+        # The card's buttons are gone; a press that was on its way is told.
+        self.assertRefused(self.press(card, OLGA, "Olga"), "Already decided: rejected.")
+        # A run cancelled while it waits takes its approval along: the card says so.
+        _, run_id, a = self.ask(ch, "cancelled with its run")
+        card = self.wait_card(OLGA, a)
+        t.ok("POST", "/v1/runs/%s/cancel" % run_id, {}, expect=200)
+        self.assertEqual(self.approval(a)["status"], "cancelled")
+        self.assertEqual(self.wait_edit(card)["text"],
+                         "Cancelled with its run: notes.append\nApproval " + a["id"])
+        self.assertRefused(self.press(card, OLGA, "Olga", button=1),
+                           "Already decided: cancelled.")
+        self.assertIsNone(self.notes(agent))
+
+    def test_separate_approver_refuses_the_askers_own_press(self):
+        t = self.t
+        t.ok("PUT", "/v1/policy", dict(APPROVAL_FRAME, separate_approver=True))
+        agent, ch = self.agent_with_channel()
+        olga, _ = self.people(agent)
+        pete = self.person("Pete", PETE)
+        self.member(agent, pete, "owner")
+        self.hello(PETE, "Pete")
+        # Olga asks in her own private chat: both owners get a card.
+        _, run_id, a = self.ask(ch, "not by myself", chat=OLGA, from_id=OLGA, name="Olga")
+        mine, petes = self.wait_card(OLGA, a), self.wait_card(PETE, a)
+        for button in (0, 1):
+            self.assertRefused(self.press(mine, OLGA, "Olga", button=button),
+                               "The policy asks for a separate approver")
+        self.assertEqual(self.approval(a)["status"], "pending")
+        self.assertIsNone(self.notes(agent))
+        # The other owner decides; both cards say so.
+        self.assertDecided(self.press(petes, PETE, "Pete"), "Approved.")
+        self.assertEqual(self.approval(a)["decided_by"], "user:" + pete["id"])
+        run = self.server.wait_run(run_id, token=t.token)
+        self.assertEqual(run["output"], appended("not by myself"))
+        self.answered_in(OLGA, appended("not by myself"))
+        said = "Approved by Pete (%s): notes.append\nApproval %s" % (pete["id"], a["id"])
+        self.assertEqual(self.wait_edit(mine)["text"], said)
+        self.assertEqual(self.wait_edit(petes)["text"], said)
+        rows = t.replies(ch)
+        for user in (olga, pete):
+            self.assertEqual(rows["approval:%s:%s" % (a["id"], user["id"])]["user_id"],
+                             user["id"])
+
+    def test_the_policys_approvers_decide_instead_of_the_owners(self):
+        t = self.t
+        agent, ch = self.agent_with_channel()
+        olga, bob = self.people(agent)
+        # Pete is a member with role user (so that he may write to the bot), no owner.
+        pete = self.person("Pete", PETE)
+        self.member(agent, pete, "user")
+        self.hello(PETE, "Pete")
+        t.ok("PUT", "/v1/agents/%s/policy" % agent["id"], {"approvers": [pete["id"]]})
+        _, run_id, a = self.ask(ch, "pete decides")
+        card = self.wait_card(PETE, a)
+        self.assertEqual(self.cards(OLGA), [], "an owner got a card though the policy names "
+                                               "the approvers")
+        rows = {r["user_id"] for r in t.replies(ch).values() if r["approval_id"] == a["id"]}
+        self.assertEqual(rows, {pete["id"]})
+        self.assertRefused(self.press(card, OLGA, "Olga"), "You may not decide this approval")
+        self.assertEqual(self.approval(a)["status"], "pending")
+        self.assertDecided(self.press(card, PETE, "Pete"), "Approved.")
+        self.assertEqual(self.approval(a)["decided_by"], "user:" + pete["id"])
+        self.assertEqual(self.server.wait_run(run_id, token=t.token)["status"], "done")
+        self.assertEqual(self.wait_edit(card)["text"],
+                         "Approved by Pete (%s): notes.append\nApproval %s"
+                         % (pete["id"], a["id"]))
+
+    def test_no_reachable_approver_skips_the_card_or_asks_in_the_conversation(self):
+        t, fake = self.t, self.fake
+        agent, ch = self.agent_with_channel()
+        # Olga has a Telegram identity, but never wrote to the bot privately.
+        olga, bob = self.people(agent, olga_writes=False)
+        _, run_id, a = self.ask(ch, "nobody to ask")
+        row = wait_for(lambda: t.replies(ch).get("approval:" + a["id"]), 20, "the card's row")
+        self.assertEqual((row["kind"], row["status"], row["approval_id"], row["user_id"]),
+                         ("approval_card", "skipped", a["id"], None), row)
+        self.assertIn("no approver has an identity on telegram with a direct conversation",
+                      row["error"])
+        self.assertIn(olga["id"], row["error"])
+        self.assertIn("decide it in the dashboard or the API", row["error"])
+        self.assertEqual([m for m in fake.sent()["messages"] if "reply_markup" in m], [],
+                         "a card was sent")
+        self.assertEqual(self.approval(a)["status"], "pending")
+        t.ok("POST", "/v1/approvals/%s/reject" % a["id"], {}, expect=200)
+        self.server.wait_run(run_id, token=t.token)
+        self.answered_in(GROUP, REJECTED)
+        self.assertEqual(t.replies(ch)["approval:" + a["id"]]["status"], "skipped")
+
+        # The agent's policy lets the card go to the conversation the run came from: there,
+        # only an owner's press counts.
+        t.ok("PUT", "/v1/agents/%s/policy" % agent["id"], {"approval_in_conversation": True})
+        update, run_id, a = self.ask(ch, "ask the group")
+        card = self.wait_card(GROUP, a)
+        self.assertEqual(card["text"], self.card_text(agent, a))
+        self.assertEqual(card["reply_markup"], self.buttons(a))
+        self.assertEqual(card["reply_parameters"]["message_id"], fake.message_ids[update])
+        row = t.replies(ch)["approval:" + a["id"]]
+        self.assertEqual((row["kind"], row["user_id"]), ("approval_card", None))
+        self.assertRefused(self.press(card, BOB, "Bob"), "You may not decide this approval")
+        self.assertRefused(self.press(card, STRANGER, "Eve"), "You may not decide this approval")
+        self.assertEqual(self.approval(a)["status"], "pending")
+        self.assertDecided(self.press(card, OLGA, "Olga"), "Approved.")
+        self.assertEqual(self.approval(a)["decided_by"], "user:" + olga["id"])
+        self.answered_in(GROUP, appended("ask the group"))
+        self.assertEqual(self.wait_edit(card)["text"],
+                         "Approved by Olga (%s): notes.append\nApproval %s"
+                         % (olga["id"], a["id"]))
+        self.assertEqual(self.notes(agent), ["ask the group"])
+        self.assertEqual(self.cards(OLGA), [])
+
+    def test_a_forged_press_of_an_approval_not_carded_here_decides_nothing(self):
+        t = self.t
+        agent, ch = self.agent_with_channel()
+        olga, _ = self.people(agent)
+        _, run_id, a = self.ask(ch, "the real one")
+        card = self.wait_card(OLGA, a)
+        # An approval of another agent (Olga owns it too), and one of this agent asked through
+        # the API (carded nowhere).
+        other = self.server.create_agent(tools=["notes.append"], token=t.token)
+        self.member(other, olga, "owner")
+        forged = []
+        for target in (other, agent):
+            session = self.server.create_session(target["id"], token=t.token)
+            st, body, _ = self.server.post_message(session["id"], note_call("forged"), wait=15,
+                                                   token=t.token)
+            self.assertIn(st, (200, 202), body)
+            self.assertEqual(body["run"]["status"], "waiting_for_approval", body)
+            [x] = [x for x in self.server.list_all("/v1/approvals?status=pending",
+                                                   token=t.token)
+                   if x["run_id"] == body["run"]["id"]]
+            forged.append(x)
+        for x in forged:
+            for verdict in ("approve", "reject"):
+                answer = self.press(card, OLGA, "Olga", data="keel:%s:%s" % (verdict, x["id"]))
+                self.assertRefused(answer, "This approval is not known here.")
+            self.assertEqual(self.approval(x)["status"], "pending", x)
+        # Not an approval at all.
+        answer = self.press(card, OLGA, "Olga", data="keel:approve:no-such-approval")
+        self.assertRefused(answer, "This approval is not known here.")
+        self.assertEqual(self.approval(a)["status"], "pending")
+        self.assertIsNone(self.notes(other))
+        # The card's own button still works.
+        self.assertDecided(self.press(card, OLGA, "Olga"), "Approved.")
+        self.assertEqual(self.server.wait_run(run_id, token=t.token)["status"], "done")
+        self.assertEqual(self.notes(agent), ["the real one"])
+        for x in forged:
+            self.assertEqual(self.approval(x)["status"], "pending", x)
+
+    def test_cards_go_through_the_outbox_once(self):
+        t, fake = self.t, self.fake
+        agent, ch = self.agent_with_channel()
+        olga, _ = self.people(agent)
+        # A card's send cut after its request: unknown (Telegram may show it), never sent again,
+        # and not edited once decided (where it is is not known).
+        fake.fail("sendMessage", {"drop": True})
+        _, run_id, a = self.ask(ch, "cut")
+        cut = "approval:%s:%s" % (a["id"], olga["id"])
+        row = wait_for(lambda: (lambda r: r if r and r["status"] == "unknown" else None)(
+            t.replies(ch).get(cut)), 20, "the cut card unknown")
+        self.assertEqual((row["kind"], row["attempts"]), ("approval_card", 1), row)
+        self.assertEqual(len(fake.sends(OLGA)), 2, "hello's answer and the cut card only")
+        t.ok("POST", "/v1/approvals/%s/reject" % a["id"], {}, expect=200)
+        self.answered_in(GROUP, REJECTED)
+        # A 429 and then a 500 on the edit: the card is shown once, after retry_after; the edit
+        # is made again.
+        fake.fail("sendMessage", {"status": 429, "retry_after": 1})
+        fake.fail("editMessageText", {"status": 500})
+        _, run_id, a = self.ask(ch, "retried")
+        card = self.wait_card(OLGA, a)
+        self.assertEqual([c["status"] for c in fake.sends(OLGA)][2:], [429, 200])
+        self.assertEqual(len(self.cards(OLGA)), 1)
+        self.assertDecided(self.press(card, OLGA, "Olga"), "Approved.")
+        self.assertTrue(self.wait_edit(card)["text"].startswith("Approved by Olga"))
+        self.assertEqual([c["status"] for c in fake.sent()["calls"]
+                          if c["method"] == "editMessageText"], [500, 200])
+        shown = "approval:%s:%s" % (a["id"], olga["id"])
+        row = wait_for(lambda: (lambda r: r if r["status"] == "sent" else None)(
+            t.replies(ch)[shown]), 15, "the card's row sent")
+        self.assertEqual(row["attempts"], 4, "429, shown, 500, edited")
+        self.answered_in(GROUP, appended("retried"))
+        self.assertEqual(t.replies(ch)[cut]["status"], "unknown")
+        self.assertEqual(self.notes(agent), ["retried"])
+
+    def test_presses_keel_cannot_read_are_passed_over(self):
+        # A Bot API server (the tenant's own api_base) may send what Telegram never would: a
+        # press whose fields have other types, or of another bot's button. The channel goes on.
+        t, fake = self.t, self.fake
+        agent, ch = self.agent_with_channel()
+        olga, _ = self.people(agent)
+        _, run_id, a = self.ask(ch, "still pressable")
+        card = self.wait_card(OLGA, a)
+        message = {"message_id": card["_message_id"], "date": 0, "text": card["text"],
+                   "chat": {"id": OLGA, "type": "private"}}
+        data = "keel:approve:no-such-approval"  # whatever is made of them, nothing to decide
+        odd = [{"id": "q1", "from": {"id": OLGA, "is_bot": "false", "first_name": "Olga"},
+                "message": message, "chat_instance": "1", "data": data},
+               {"id": "q2", "from": {"id": str(OLGA), "is_bot": 0}, "message": message,
+                "chat_instance": "1", "data": data},
+               {"id": 3, "from": "Olga", "message": "card", "data": data},
+               {"id": "q4", "from": {"id": OLGA, "is_bot": True, "first_name": "Bot"},
+                "message": message, "chat_instance": "1", "data": data},
+               {"id": "q5", "from": {"id": OLGA, "is_bot": False, "first_name": "Olga"},
+                "message": message, "chat_instance": "1", "data": "another:button"},
+               {"id": "q6", "from": {"id": OLGA, "is_bot": False, "first_name": "Olga"},
+                "message": message, "chat_instance": "1", "data": ["keel:approve", "x"]}]
+        fake.updates(*({"callback_query": q} for q in odd))
+        self.hello(OLGA, "Olga", timeout=15)  # taken after them: the channel did not stop
+        self.assertEqual(self.approval(a)["status"], "pending")
+        self.assertEqual(fake.sent()["pending"], [], "updates left unconfirmed")
+        self.assertDecided(self.press(card, OLGA, "Olga"), "Approved.")
+        self.assertEqual(self.server.wait_run(run_id, token=t.token)["status"], "done")
+
+    def own_server(self, **env):
+        """The test goes on on a server of its own (with `env`), in a tenant of its own there;
+        the server's address, its public URL."""
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        sock.close()
+        public = "http://127.0.0.1:%d" % port
+        self.server = KeelServer(env=dict(server_env(), KEEL_PUBLIC_URL=public, **env),
+                                 start=False)
+        self.addCleanup(self.server.stop)
+        self.server.start(listen="127.0.0.1:%d" % port)
+        self.t = Tenant(self.server)
+        self.t.ok("PUT", "/v1/policy", APPROVAL_FRAME)
+        return public
+
+    def test_an_expired_approvals_card_says_so(self):
+        self.own_server(KEEL_APPROVAL_TIMEOUT_MS="6000")
+        t = self.t
+        agent, ch = self.agent_with_channel()
+        olga, _ = self.people(agent)
+        _, run_id, a = self.ask(ch, "too slow")
+        card = self.wait_card(OLGA, a)
+        edit = self.wait_edit(card, timeout=20)
+        got = self.approval(a)
+        self.assertEqual((got["status"], got["decided_by"]), ("expired", "system"))
+        self.assertEqual(edit["text"], "Expired: nobody decided in time: notes.append\n"
+                                       "Approval " + a["id"])
+        self.assertRefused(self.press(card, OLGA, "Olga"), "Already decided: expired.")
+        run = self.server.wait_run(run_id, token=t.token)
+        self.answered_in(GROUP, run["output"])
+        self.assertIn("expired", run["output"])
+        self.assertIsNone(self.notes(agent))
+
+    def test_a_press_pushed_to_the_webhook_decides(self):
+        public = self.own_server()
+        t, fake = self.t, self.fake
+        self.webhook = True
+        agent, ch = self.agent_with_channel(mode="webhook")
+        self.assertEqual(wait_for(lambda: fake.sent()["webhook"]["url"] or None, 20,
+                                  "setWebhook"), public + "/v1/hooks/" + ch["id"])
+        olga, _ = self.people(agent)
+        _, run_id, a = self.ask(ch, "pushed")
+        card = self.wait_card(OLGA, a)
+        self.assertRefused(self.press(card, BOB, "Bob"), "You may not decide this approval")
+        self.assertDecided(self.press(card, OLGA, "Olga", button=1), "Rejected.")
+        self.assertEqual(self.approval(a)["decided_by"], "user:" + olga["id"])
+        self.assertEqual(self.server.wait_run(run_id, token=t.token)["output"], REJECTED)
+        self.answered_in(GROUP, REJECTED)
+        self.assertTrue(self.wait_edit(card)["text"].startswith("Rejected by Olga"))
+        self.assertEqual(fake.sent()["polls"], [], "a webhook channel polled")
 
 
 if __name__ == "__main__":

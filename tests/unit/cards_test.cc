@@ -41,10 +41,25 @@ TEST(CardPressTest, TelegramsCallbackQuery) {
   EXPECT_EQ(p->handle, "4382bfdwdsb323b2d9");
   EXPECT_EQ(p->message, Json::parse(R"({"chat_id": 111, "message_id": 77})"));
 
-  // Not a press of a card's: another button, a bot, no one, no query id, a message.
+  // Another button is a press of no approval (answered all the same).
   Json other = update;
   other["callback_query"]["data"] = "vote:1";
-  EXPECT_FALSE(TelegramPress(other).has_value());
+  ASSERT_TRUE(TelegramPress(other).has_value());
+  EXPECT_EQ(TelegramPress(other)->approval_id, "");
+  // Not a press at all: a bot's, no one's, without a query id, fields of the wrong types (a
+  // server posing as Telegram), a message.
+  Json odd = update;
+  odd["callback_query"]["from"]["is_bot"] = "false";
+  ASSERT_TRUE(TelegramPress(odd).has_value()) << "a string is not true";
+  odd["callback_query"]["from"] = "someone";
+  EXPECT_FALSE(TelegramPress(odd).has_value());
+  odd = update;
+  odd["callback_query"]["message"] = 7;
+  ASSERT_TRUE(TelegramPress(odd).has_value());
+  EXPECT_TRUE(TelegramPress(odd)->message.is_null());
+  odd = update;
+  odd["callback_query"]["data"] = Json::array();
+  EXPECT_EQ(TelegramPress(odd)->approval_id, "");
   Json bot = update;
   bot["callback_query"]["from"]["is_bot"] = true;
   EXPECT_FALSE(TelegramPress(bot).has_value());
@@ -107,6 +122,12 @@ TEST(CardPressTest, DiscordsComponentInteraction) {
   Json bot = in_dm;
   bot["user"]["bot"] = true;
   EXPECT_FALSE(DiscordPress(bot).has_value());
+  bot["user"]["bot"] = "yes";
+  EXPECT_TRUE(DiscordPress(bot).has_value()) << "only true is a bot";
+  Json odd = in_server;
+  odd["member"] = "x";
+  odd["data"] = 5;
+  EXPECT_FALSE(DiscordPress(odd).has_value());
 }
 
 TEST(CardFormTest, FieldsAreDecoded) {
@@ -155,6 +176,12 @@ TEST(CardBodyTest, EachPlatformGetsItsButtonsAndLosesThemWhenEdited) {
 
   const Json slack = SlackCardBody({{"channel", "D1"}}, "<!channel> & co", kId);
   EXPECT_EQ(slack["text"], "&lt;!channel&gt; &amp; co") << "nobody is pinged";
+  // Escapes count against Slack's 3,000 characters: a text of them is cut short, whole.
+  const std::string many = SlackCardBody({{"channel", "D1"}}, std::string(1900, '&') + "é",
+                                         kId)["blocks"][0]["text"]["text"];
+  EXPECT_LE(many.size(), 2900u);
+  EXPECT_EQ(many.substr(many.size() - 8), "&amp;...");
+
   EXPECT_EQ(slack["blocks"][1]["elements"][0]["value"], ButtonData(kId, true));
   EXPECT_EQ(slack["blocks"][1]["elements"][1]["value"], ButtonData(kId, false));
   const Json slack_edit = SlackEditBody({{"channel", "D1"}, {"ts", "1.2"}}, "done");

@@ -24,6 +24,11 @@ std::string Text(const Json& j, const char* field, size_t max = 200) {
   return s.size() > max ? "" : s;
 }
 
+// Whether `field` is JSON true (anything else, a string "true" included, is not).
+bool IsTrue(const Json& j, const char* field) {
+  return j.is_object() && j.contains(field) && j[field].is_boolean() && j[field].get<bool>();
+}
+
 std::string IdText(const Json& j, const char* field) {
   if (!j.is_object() || !j.contains(field)) return "";
   if (j[field].is_number_integer()) return std::to_string(j[field].get<int64_t>());
@@ -31,19 +36,32 @@ std::string IdText(const Json& j, const char* field) {
 }
 
 // Slack's markup uses bare &, < and > (a "<!channel>" in a tool's arguments would ping a
-// channel): escaped as Slack asks.
+// channel): escaped as Slack asks, within a section's 3,000 characters (the escapes count; a
+// text cut short ends with "...", never inside an escape or a character).
 std::string SlackEscape(const std::string& s) {
+  constexpr size_t kMax = 2900;
   std::string out;
-  out.reserve(s.size());
-  for (char c : s) {
-    if (c == '&') {
-      out += "&amp;";
-    } else if (c == '<') {
-      out += "&lt;";
-    } else if (c == '>') {
-      out += "&gt;";
+  out.reserve(std::min(s.size(), kMax));
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    const char* piece = c == '&' ? "&amp;" : c == '<' ? "&lt;" : c == '>' ? "&gt;" : nullptr;
+    size_t n = 1;
+    if (piece) {
+      n = std::char_traits<char>::length(piece);
+    } else {  // a whole UTF-8 character
+      const auto lead = static_cast<unsigned char>(c);
+      n = lead < 0xC0 ? 1 : lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : 2;
+      n = std::min(n, s.size() - i);
+    }
+    if (out.size() + n > kMax - 3) {
+      out += "...";
+      break;
+    }
+    if (piece) {
+      out += piece;
     } else {
-      out += c;
+      out.append(s, i, n);
+      i += n - 1;
     }
   }
   return out;
@@ -171,13 +189,10 @@ std::optional<Press> TelegramPress(const Json& update) {
   const Json from = q.value("from", Json::object());
   const std::string who = IdText(from, "id");
   const std::string handle = Text(q, "id", 64);
-  if (!button || who.empty() || handle.empty() ||
-      (from.is_object() && from.value("is_bot", false))) {
-    return std::nullopt;
-  }
+  if (who.empty() || handle.empty() || IsTrue(from, "is_bot")) return std::nullopt;
+  // Another button (none of Keel's) is a press too: answered, so the client stops waiting.
   Press p;
-  p.approval_id = button->first;
-  p.approve = button->second;
+  if (button) std::tie(p.approval_id, p.approve) = *button;
   std::string name = Text(from, "username", 64);
   if (name.empty()) name = Text(from, "first_name", 64);
   p.sender = {"telegram", who, name};
@@ -207,9 +222,13 @@ std::optional<Press> SlackPress(const Json& payload) {
   p.sender = {"slack", who, name};
   const Json channel = payload.value("channel", Json::object());
   const Json container = payload.value("container", Json::object());
+  const Json message = payload.value("message", Json::object());
   std::string ts = Text(container, "message_ts", 32);
-  if (ts.empty()) ts = Text(payload.value("message", Json::object()), "ts", 32);
+  if (ts.empty()) ts = Text(message, "ts", 32);
   p.message = {{"channel", Text(channel, "id", 32)}, {"ts", ts}};
+  std::string thread = Text(container, "thread_ts", 32);
+  if (thread.empty()) thread = Text(message, "thread_ts", 32);
+  if (!thread.empty()) p.message["thread_ts"] = thread;
   return p;
 }
 
@@ -224,9 +243,7 @@ std::optional<Press> DiscordPress(const Json& interaction) {
                         ? member["user"]
                         : interaction.value("user", Json::object());
   const std::string who = Text(user, "id", 20);
-  if (!button || who.empty() || (user.is_object() && user.value("bot", false))) {
-    return std::nullopt;
-  }
+  if (!button || who.empty() || IsTrue(user, "bot")) return std::nullopt;
   Press p;
   p.approval_id = button->first;
   p.approve = button->second;
@@ -444,33 +461,33 @@ Status OpenCards(store::Tx& tx, const std::string& tenant_id, const std::string&
 
 Result<PressOutcome> DecidePress(store::Tx& tx, const store::Channel& c, const Press& p,
                                  Millis now) {
-  PressOutcome out;
+  // Who pressed, first: someone who may not decide learns nothing of the approval, not even
+  // whether it exists.
+  KEEL_ASSIGN_OR_RETURN(auto identity,
+                        tx.users().FindIdentity(c.tenant_id, p.sender.platform, p.sender.id));
+  const PressOutcome refused{false,
+                             "You may not decide this approval: only the agent's "
+                             "approvers may (you are " +
+                                 p.sender.platform + ":" + p.sender.id + ")."};
+  if (!identity) return refused;
+  KEEL_ASSIGN_OR_RETURN(auto user, access::CurrentUser(tx, c.tenant_id, identity->user_id));
+  KEEL_ASSIGN_OR_RETURN(auto approvers, ApproversOf(tx, c.tenant_id, c.agent_id));
+  if (std::find(approvers.begin(), approvers.end(), user.id) == approvers.end()) return refused;
+
   // Only an approval carded on this channel is decided from it: a forged button of another
   // agent's (or tenant's) approval is not known here.
-  const std::string unknown = "This approval is not known here.";
+  const PressOutcome unknown{false, "This approval is not known here."};
+  if (p.approval_id.empty()) return unknown;
   auto found = tx.approvals().GetApproval(c.tenant_id, p.approval_id);
-  if (found.status().code() == Code::kNotFound) return PressOutcome{false, unknown};
+  if (found.status().code() == Code::kNotFound) return unknown;
   KEEL_ASSIGN_OR_RETURN(store::Approval a, std::move(found));
   KEEL_ASSIGN_OR_RETURN(auto cards, tx.channels().ApprovalCards(c.tenant_id, a.id));
   const bool carded = std::any_of(cards.begin(), cards.end(), [&](const store::ChannelReply& r) {
     return r.channel_id == c.id && r.status != "skipped";
   });
-  if (!carded || a.agent_id != c.agent_id) return PressOutcome{false, unknown};
-  if (a.status != "pending") {
-    return PressOutcome{false, "Already decided: " + a.status + "."};
-  }
+  if (!carded || a.agent_id != c.agent_id) return unknown;
+  if (a.status != "pending") return PressOutcome{false, "Already decided: " + a.status + "."};
 
-  KEEL_ASSIGN_OR_RETURN(auto identity,
-                        tx.users().FindIdentity(c.tenant_id, p.sender.platform, p.sender.id));
-  const std::string refused = "You may not decide this approval: only " +
-                              std::string("its approvers may (") + p.sender.platform + " id " +
-                              p.sender.id + ").";
-  if (!identity) return PressOutcome{false, refused};
-  KEEL_ASSIGN_OR_RETURN(auto user, access::CurrentUser(tx, c.tenant_id, identity->user_id));
-  KEEL_ASSIGN_OR_RETURN(auto approvers, ApproversOf(tx, c.tenant_id, a.agent_id));
-  if (std::find(approvers.begin(), approvers.end(), user.id) == approvers.end()) {
-    return PressOutcome{false, refused};
-  }
   // Separation of duties: whoever's message started the run does not decide its approvals.
   KEEL_ASSIGN_OR_RETURN(auto frame, policy::LoadPolicy(tx, c.tenant_id, ""));
   KEEL_ASSIGN_OR_RETURN(auto narrowing, policy::LoadPolicy(tx, c.tenant_id, a.agent_id));

@@ -846,9 +846,11 @@ asio::awaitable<Result<Json>> Relay::PushedSlack(std::string channel_id, std::st
             req.url = settings.api_base + "/chat.postEphemeral";
             req.headers = {{"Content-Type", "application/json; charset=utf-8"},
                            {"Authorization", "Bearer " + token}};
-            req.body = DumpJson(Json{{"channel", where.value("channel", std::string())},
-                                     {"user", who},
-                                     {"text", notice}});
+            Json ephemeral = {{"channel", where.value("channel", std::string())},
+                              {"user", who},
+                              {"text", notice}};
+            if (where.contains("thread_ts")) ephemeral["thread_ts"] = where["thread_ts"];
+            req.body = DumpJson(ephemeral);
             req.timeout = milliseconds(5000);
             req.total = milliseconds(5000);
             co_await client_->Fetch(req, 1 << 20);
@@ -1252,7 +1254,15 @@ asio::awaitable<void> Relay::SendCard(store::ChannelReply r, std::string kind, s
     }
     return Status::Ok();
   });
-  if (!read.ok()) co_return;  // its claim runs out, and it is looked at again
+  if (!read.ok()) {
+    // Nothing was sent: put back to be sent later (if the store takes even that, else its claim
+    // runs out, and a card not yet shown is then unknown).
+    r.status = r.message.empty() ? "pending" : "shown";
+    r.next_attempt_at = NowMillis() + 1000;
+    r.updated_at = NowMillis();
+    co_await Record(r);
+    co_return;
+  }
   const bool edit = !r.message.empty();
   if (!edit && a.status != "pending") {
     r.status = "skipped";
@@ -1354,6 +1364,9 @@ asio::awaitable<void> Relay::SendCard(store::ChannelReply r, std::string kind, s
 }
 
 asio::awaitable<PressOutcome> Relay::Pressed(const store::Channel& c, const Press& p) {
+  if (p.approval_id.empty()) {
+    co_return PressOutcome{false, "This button is not one of this agent's approval cards."};
+  }
   PressOutcome outcome;
   auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
     KEEL_ASSIGN_OR_RETURN(outcome, DecidePress(tx, c, p, NowMillis()));
