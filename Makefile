@@ -36,7 +36,7 @@ test: build mcp-servers
 # The same suite built with AddressSanitizer and UndefinedBehaviorSanitizer, but for these
 # integration tests on PostgreSQL: their server code is the same on both backends but for the
 # store's, which the unit tests cover on PostgreSQL. `make test` runs them all.
-ASAN_SKIP ?= ^integration_pg\.test_(api|anthropic|auth|bad_input|dashboard_auth|dashboard_browser|discord|fair|http_limits|matrix|mcp|mcp_conformance|mcp_server|openai|outbound|plugins|plugins_cli|poison|readme|roles|router|schedules|secrets|skills|slack|telegram|trust|usage_cli|users|users_attack|watchdog)$$
+ASAN_SKIP ?= ^integration_pg\.test_(api|anthropic|auth|bad_input|cards_attack|dashboard_auth|dashboard_browser|discord|fair|http_limits|matrix|mcp|mcp_conformance|mcp_server|openai|outbound|plugins|plugins_cli|poison|readme|roles|router|schedules|secrets|skills|slack|telegram|trust|usage_cli|users|users_attack|watchdog)$$
 test-sanitize: deps mcp-servers
 	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DKEEL_SANITIZE=ON -DKEEL_BENCH=OFF
 	cmake --build build-asan -j $(JOBS)

@@ -3,6 +3,8 @@
 //   KEEL_URL          the server's base URL
 //   KEEL_TOKEN        the owner token of a tenant of the test's own
 //   KEEL_ADMIN_TOKEN  the platform admin's token (the fleet page is theirs)
+//   KEEL_PYTHON       the Python that runs tests/fakes/fake_telegram.py (default python3); the
+//                     server must allow 127.0.0.1 as an outbound target and hold secrets
 //   KEEL_SLOW_MODEL   a model that streams its answer a word at a time (the OpenAI fake)
 //   KEEL_WEB_DIR      the build's copy of web/ (its node_modules has playwright-core, axe-core)
 //   KEEL_SCREENSHOTS  where to write screenshots of the main pages
@@ -10,6 +12,9 @@
 // Each check prints "ok - NAME"; the first failure prints "not ok - NAME: why" and exits 1.
 
 import { createRequire } from "node:module";
+import { spawn } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { fileURLToPath } from "node:url";
 import path from "node:path";
 import fs from "node:fs";
 import assert from "node:assert/strict";
@@ -33,6 +38,39 @@ async function api(method, route, body, token = TOKEN) {
   const json = text ? JSON.parse(text) : null;
   if (res.status >= 300) throw new Error(`${method} ${route} -> ${res.status}: ${text}`);
   return json;
+}
+
+// tests/fakes/fake_telegram.py in a process of its own: it prints its port, and stops when its
+// stdin closes. `control` drives it (/_message queues a user's message, /_fail a failure).
+const FAKE_TELEGRAM = path.join(path.dirname(fileURLToPath(import.meta.url)), "..", "fakes",
+  "fake_telegram.py");
+const fakes = [];
+async function startFakeTelegram() {
+  const botId = 7000001;
+  const token = `${botId}:AA${randomBytes(18).toString("base64url")}`;
+  const proc = spawn(process.env.KEEL_PYTHON || "python3",
+    [FAKE_TELEGRAM, "--token", token, "--bot-id", String(botId)],
+    { stdio: ["pipe", "pipe", "inherit"] });
+  fakes.push(proc);
+  const port = await new Promise((resolve, reject) => {
+    let out = "";
+    proc.stdout.on("data", (d) => {
+      out += d;
+      if (out.includes("\n")) resolve(Number(out.split("\n")[0].trim()));
+    });
+    proc.on("exit", (code) => reject(new Error(`fake_telegram.py exited with ${code}`)));
+  });
+  const base = `http://127.0.0.1:${port}`;
+  async function control(method, route, body) {
+    const res = await fetch(base + route, {
+      method, headers: { "Content-Type": "application/json" },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    const text = await res.text();
+    assert.equal(res.status, 200, `fake telegram ${method} ${route}: ${text}`);
+    return JSON.parse(text);
+  }
+  return { token, base, control };
 }
 
 const problems = [];  // console errors and page errors, from every page
@@ -295,6 +333,96 @@ check("usage, the fleet, plugins and an agent's tools are shown, with plots", as
   await shot(page, "agent");
 });
 
+check("a channel's dead reply shows on the channels page, live, with its reason", async () => {
+  // A Telegram bot (the fake) whose answer Telegram refuses for good: the reply is dead.
+  const tg = await startFakeTelegram();
+  const secret = `TG_BROWSER_${Date.now()}`;
+  await api("PUT", `/v1/secrets/${secret}`, { value: tg.token });
+  const agent = await api("POST", "/v1/agents", { name: `telegram-${Date.now()}`, model: "local" });
+  await api("PUT", `/v1/agents/${agent.id}/access`, { level: "public" });
+  const ch = await api("POST", `/v1/agents/${agent.id}/channels`, { kind: "telegram", name: "tg",
+    settings: { bot_token: secret, api_base: tg.base, poll_timeout: 1 } });
+  state.channel = ch;
+  state.channelAgent = agent;
+  await byTest(page, "nav-channels").click();
+  const row = page.locator(`[data-testid="channel-row"][data-id="${ch.id}"]`);
+  await row.waitFor({ timeout: WAIT });
+  assert.equal(await row.getAttribute("data-status"), "ready");
+  assert.match(await row.innerText(), /No hook URL/);
+  await tg.control("POST", "/_fail", { method: "sendMessage", answers: [
+    { status: 403, description: "Forbidden: bot was blocked by the user" }] });
+  await tg.control("POST", "/_message", { chat_id: 111, text: "doomed" });
+  // Shown without a reload, marked, with Telegram's reason.
+  const dead = row.locator('[data-testid="channel-reply"][data-status="dead"]');
+  await dead.waitFor({ timeout: 30000 });
+  assert.match(await dead.locator('[data-testid="channel-reply-error"]').innerText(),
+    /bot was blocked by the user/);
+  assert.match(await dead.innerText(), /You said: "doomed"/);
+  await row.locator('[data-testid="channel-failed-count"]', { hasText: "1 dead" })
+    .waitFor({ timeout: WAIT });
+  const replies = (await api("GET", `/v1/channels/${ch.id}/replies`)).items;
+  assert.deepEqual(replies.map((r) => r.status), ["dead"]);
+  assert.equal(await dead.getAttribute("data-id"), replies[0].id);
+  // A sent answer comes after the dead one, which stays first.
+  await tg.control("POST", "/_message", { chat_id: 222, text: "fine" });
+  await row.locator('[data-testid="channel-reply"][data-status="sent"]').waitFor({ timeout: 30000 });
+  assert.equal(await row.locator('[data-testid="channel-reply"]').first().getAttribute("data-status"),
+    "dead");
+  await axe(page, "channels");
+  await shot(page, "channels");
+  // Its own page: the whole outbox, dead first; the run's link.
+  await row.locator(`a[href="#/channels/${ch.id}"]`).first().click();
+  await page.locator("h1", { hasText: "tg" }).waitFor({ timeout: WAIT });
+  const first = byTest(page, "channel-reply").first();
+  await first.waitFor({ timeout: WAIT });
+  assert.equal(await first.getAttribute("data-status"), "dead");
+  assert.equal(await first.locator(`a[href="#/runs/${replies[0].run_id}"]`).count(), 1);
+  await axe(page, "channel");
+  await shot(page, "channel");
+  // The owner disables it; the API agrees, and the page shows it live.
+  await byTest(page, "channel-disable").click();
+  await page.locator(`[data-testid="channel-row"][data-status="disabled"]`).waitFor({ timeout: WAIT });
+  assert.equal((await api("GET", `/v1/channels/${ch.id}`)).enabled, false);
+  await byTest(page, "channel-enable").waitFor({ timeout: WAIT });
+  // The agent's page lists it, linking to it.
+  await page.goto(`${BASE}/#/agents/${agent.id}`);
+  const listed = byTest(page, "agent-channel-row").filter({ hasText: "tg" });
+  await listed.waitFor({ timeout: WAIT });
+  assert.equal(await listed.getAttribute("data-status"), "disabled");
+});
+
+check("a user reads the channels without changing them; a guest is told they are not theirs", async () => {
+  const ch = state.channel;
+  for (const role of ["user", "guest"]) {
+    const { token } = await api("POST", "/v1/tokens", { name: `browser-${role}-${Date.now()}`, role });
+    const ctx = await browser.newContext({ viewport: { width: 1280, height: 800 } });
+    const p = watch(await ctx.newPage(), role);
+    await p.goto(BASE + "/");
+    await byTest(p, "signin-token").fill(token);
+    await byTest(p, "signin-submit").click();
+    await byTest(p, "nav-agents").waitFor({ timeout: WAIT });
+    if (role === "user") {
+      await byTest(p, "nav-channels").click();
+      const row = p.locator(`[data-testid="channel-row"][data-id="${ch.id}"]`);
+      await row.locator('[data-testid="channel-reply"][data-status="dead"]').waitFor({ timeout: WAIT });
+      assert.equal(await p.locator('[data-testid="channel-enable"], [data-testid="channel-disable"]').count(), 0);
+    } else {
+      // The API refuses a guest the channels (403): not in its navigation, and the page says so.
+      assert.equal(await byTest(p, "nav-channels").count(), 0);
+      for (const route of ["#/channels", `#/channels/${ch.id}`]) {
+        await p.goto(`${BASE}/${route}`);
+        await p.locator("h1", { hasText: "Not for guests" }).waitFor({ timeout: WAIT });
+      }
+      await p.goto(`${BASE}/#/agents/${state.channelAgent.id}`);
+      await p.locator("h1", { hasText: state.channelAgent.name }).waitFor({ timeout: WAIT });
+      await p.getByText("need an owner or user token").first().waitFor({ timeout: WAIT });
+      assert.equal(await byTest(p, "agent-channel-row").count(), 0);
+    }
+    await axe(p, `channels as a ${role}`);
+    await ctx.close();
+  }
+});
+
 check("the platform admin watches the fleet live, in plots", async () => {
   const admin = await browser.newContext({ viewport: { width: 1280, height: 800 } });
   const apage = watch(await admin.newPage(), "platform admin");
@@ -322,7 +450,7 @@ check("works at a phone's width", async () => {
   await page.setViewportSize({ width: 390, height: 844 });
   for (const [nav, name] of [["nav-agents", "agents"], ["nav-approvals", "approvals"],
     ["nav-runs", "runs"], ["nav-schedules", "schedules"], ["nav-usage", "usage"],
-    ["nav-events", "events"]]) {
+    ["nav-channels", "channels"], ["nav-events", "events"]]) {
     await byTest(page, nav).click();
     await page.waitForTimeout(300);
     const overflow = await page.evaluate(
@@ -369,5 +497,6 @@ try {
   }
 } finally {
   await browser.close();
+  for (const proc of fakes) proc.stdin.end();
 }
 process.exit(failed ? 1 : 0);

@@ -766,7 +766,7 @@ class ApprovalCardTest(DiscordCase):
         self.answer(ep, got, self.APPROVED)
         self.assertEqual(self.notes(ep.agent["id"]), [self.NOTE])
         # The card says who decided, without its buttons.
-        self.edited(m, "Approved by Ann (%s): notes.append\nApproval %s" % (ann["id"], a["id"]))
+        self.edited(m, "Approved by Ann: notes.append\nApproval %s" % a["id"])
         self.assertEqual(self.card_reply(ep, delivery, ("sent",))["status"], "sent")
         self.assertEqual(len(fake.messages(kind="channel")), 1, "a second card")
         self.assertEqual(fake.sent()["no_allowed_mentions"], 0)
@@ -785,7 +785,7 @@ class ApprovalCardTest(DiscordCase):
                          ("rejected", "user:" + ann["id"]), decided)
         self.answer(ep, got, self.REJECTED)
         self.assertIsNone(self.notes(ep.agent["id"]))
-        self.edited(m, "Rejected by Ann (%s): notes.append\nApproval %s" % (ann["id"], a["id"]))
+        self.edited(m, "Rejected by Ann: notes.append\nApproval %s" % a["id"])
 
     def test_a_press_by_anyone_but_an_approver_decides_nothing(self):
         """Ann never wrote to the bot in a DM: the policy lets the card go to the server channel
@@ -820,7 +820,7 @@ class ApprovalCardTest(DiscordCase):
         self.assertEqual(t.ok("GET", "/v1/approvals/" + a["id"])["decided_by"],
                          "user:" + ann["id"])
         self.answer(ep, got, self.APPROVED)
-        self.edited(m, "Approved by Ann (%s): notes.append\nApproval %s" % (ann["id"], a["id"]))
+        self.edited(m, "Approved by Ann: notes.append\nApproval %s" % a["id"])
 
     def test_a_second_press_is_told_it_is_already_decided(self):
         t, fake = self.t, self.fake
@@ -841,7 +841,7 @@ class ApprovalCardTest(DiscordCase):
                          ("approved", "user:" + ann["id"]))
         self.answer(ep, got, self.APPROVED)
         self.assertEqual(self.notes(ep.agent["id"]), [self.NOTE], "one approval, one effect")
-        self.edited(m, "Approved by Ann (%s): notes.append\nApproval %s" % (ann["id"], a["id"]))
+        self.edited(m, "Approved by Ann: notes.append\nApproval %s" % a["id"])
         # Once edited the card has no buttons to press.
         st, body, _ = http_request("127.0.0.1:%d" % fake.port, "POST", "/_press", body={
             "url": self.server.base_url + ep.ch["url"], "message_id": m["message_id"],
@@ -867,7 +867,7 @@ class ApprovalCardTest(DiscordCase):
         pressed = ep.press(m["message_id"], "Approve")
         self.assertEqual((pressed["status"], pressed["body"]), (200, {"type": 6}), pressed)
         self.answer(ep, got, self.APPROVED)
-        self.edited(m, "Approved by Ann (%s): notes.append\nApproval %s" % (ann["id"], a["id"]))
+        self.edited(m, "Approved by Ann: notes.append\nApproval %s" % a["id"])
 
     def test_a_decision_through_the_api_edits_the_card(self):
         t, fake = self.t, self.fake
@@ -878,7 +878,7 @@ class ApprovalCardTest(DiscordCase):
         self.card_reply(ep, delivery)
         decided = t.ok("POST", "/v1/approvals/%s/approve" % a["id"], {}, expect=200)
         self.assertEqual(decided["decided_by"], t.token_id)
-        self.edited(m, "Approved by token %s: notes.append\nApproval %s" % (t.token_id, a["id"]))
+        self.edited(m, "Approved by an API token: notes.append\nApproval %s" % a["id"])
         self.assertEqual(self.card_reply(ep, delivery, ("sent",))["status"], "sent")
         self.answer(ep, got, self.APPROVED)
         # The button Ann may still see: already decided.
@@ -929,7 +929,7 @@ class ApprovalCardTest(DiscordCase):
         self.answer(ep, got, self.APPROVED)
         self.card_reply(ep, delivery, ("sent",))
         self.assertEqual([c["status"] for c in fake.calls("edit")], [500, 200])
-        self.edited(m, "Approved by Ann (%s): notes.append\nApproval %s" % (ann["id"], a["id"]))
+        self.edited(m, "Approved by Ann: notes.append\nApproval %s" % a["id"])
         # A card whose send is cut may have reached Discord: "unknown", never sent again.
         fake.fail("channel", {"drop": True})
         got, reply, a = self.park(ep)
@@ -967,7 +967,7 @@ class ApprovalCardTest(DiscordCase):
         self.assertEqual(t.ok("GET", "/v1/approvals/" + a["id"])["decided_by"],
                          "user:" + bob["id"])
         self.answer(ep, got, self.APPROVED)
-        text = "Approved by Bob (%s): notes.append\nApproval %s" % (bob["id"], a["id"])
+        text = "Approved by Bob: notes.append\nApproval %s" % a["id"]
         for m in cards.values():  # both cards say so
             self.edited(m, text)
 
@@ -1053,7 +1053,11 @@ class CrashTest(KeelTestCase):
         self.assertEqual([m for m in messages if m["kind"] != "original"], [], why)
         delivered = [e["payload"]["delivery_id"] for e in t.events("channel.delivered@v1",
                                                                    ep.ch)]
-        self.assertEqual(sorted(delivered), sorted(replies), why)
+        self.assertEqual(len(delivered), len(set(delivered)), "a delivery twice (%s)" % why)
+        # Each reply is a delivery's. An interaction the kill cut before its answer (Discord does
+        # not send it again) may have been recorded without a reply: nobody waits for one.
+        self.assertLessEqual(set(replies), set(delivered), why)
+        self.assertLessEqual(ok, set(delivered), why)
 
 
 if __name__ == "__main__":

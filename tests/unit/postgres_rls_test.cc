@@ -258,6 +258,8 @@ TEST_F(PostgresRlsTest, RuntimeWideFunctionsReturnOnlyKeys) {
   ASSERT_EQ(defs.error, "");
   const std::vector<std::pair<std::string, std::string>> expected = {
       {"keel_active_token", "SETOF api_tokens"},
+      // The approvals of channel runs without cards: keys only.
+      {"keel_approvals_to_card", "TABLE(tenant_id text, id text)"},
       // A delivery names only its channel: whose tenant it is, nothing of its contents.
       {"keel_channel_tenant", "text"},
       {"keel_claimable_runs", "TABLE(tenant_id text, id text)"},

@@ -252,6 +252,43 @@ export interface Delivery {
   delivered_at: string|null;
 }
 
+// A channel: one of an agent's doors besides the API (webhook, telegram, slack, discord).
+// `status`: ready, disabled, or error with the reason in `error`.
+export interface Channel {
+  id: string;
+  agent_id: string;
+  kind: string;
+  name: string;
+  enabled: boolean;
+  status: string;
+  error: string;
+  settings: Record<string, unknown>;
+  url: string;  // "/v1/hooks/ID", or "" for a polled telegram channel
+  created_by: string;
+  created_at: string;
+  updated_at: string;
+}
+
+// One entry of a channel's outbox: an answer, or an approval card.
+export interface ChannelReply {
+  id: string;
+  channel_id: string;
+  session_id: string;
+  run_id: string;
+  delivery_id: string;
+  kind: 'answer'|'approval_card'|string;
+  approval_id: string|null;
+  user_id: string|null;
+  // waiting, pending, sending, shown, sent, skipped, dead, unknown
+  status: string;
+  text: string;
+  parts_sent: number;
+  attempts: number;
+  error: string;
+  created_at: string;
+  updated_at: string;
+}
+
 export interface McpTool {
   name: string;
   description: string;

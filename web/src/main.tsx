@@ -16,6 +16,7 @@ import { MemoryPage } from './pages/Memory';
 import { UsagePage } from './pages/Usage';
 import { FleetPage } from './pages/Fleet';
 import { PluginsPage } from './pages/Plugins';
+import { ChannelPage, ChannelsPage } from './pages/Channels';
 import { WhoContext, type Who } from './who';
 import './style.css';
 
@@ -103,12 +104,13 @@ const NAV: [string, string, string][] = [
   ['memory', 'Memory', 'nav-memory'],
   ['usage', 'Usage', 'nav-usage'],
   ['plugins', 'Plugins', 'nav-plugins'],
+  ['channels', 'Channels', 'nav-channels'],
   ['events', 'Events', 'nav-events'],
   ['fleet', 'Fleet', 'nav-fleet'],
 ];
 
 // Pages a guest token may not read (the API answers 403): left out of a guest's navigation.
-const MEMBERS_ONLY = new Set(['approvals', 'schedules', 'usage', 'plugins']);
+const MEMBERS_ONLY = new Set(['approvals', 'schedules', 'usage', 'plugins', 'channels']);
 // The fleet shows every tenant's load: the platform admin's alone.
 const ADMIN_ONLY = new Set(['fleet']);
 
@@ -164,6 +166,8 @@ function Pages({ who }: { who: Who }) {
       return <UsagePage />;
     case 'plugins':
       return <PluginsPage />;
+    case 'channels':
+      return id ? <ChannelPage key={id} id={id} /> : <ChannelsPage />;
     case 'fleet':
       return <FleetPage />;
     default:

@@ -256,9 +256,16 @@ Result<Admission> AdmitSender(store::Tx& tx, const secrets::Vault& vault,
         const int64_t allowance =
             access ? access->guest_daily_tokens : store::kDefaultGuestDailyTokens;
         if (allowance > 0) {
-          KEEL_ASSIGN_OR_RETURN(
-              int64_t spent,
-              tx.channels().UserTokensSince(tenant_id, agent_id, user.id, now - now % kDayMs));
+          // One person's: what answering the users merged into this one cost counts too.
+          KEEL_ASSIGN_OR_RETURN(auto merged, tx.users().MergedInto(tenant_id, user.id));
+          std::vector<std::string> ids = {user.id};
+          for (const auto& m : merged) ids.push_back(m.id);
+          int64_t spent = 0;
+          for (const auto& id : ids) {
+            KEEL_ASSIGN_OR_RETURN(int64_t one, tx.channels().UserTokensSince(
+                                                   tenant_id, agent_id, id, now - now % kDayMs));
+            spent += one;
+          }
           if (spent >= allowance) {
             return notice("You have used today's allowance of this agent for guests (" +
                               std::to_string(allowance) + " tokens); it renews at 00:00 UTC.",

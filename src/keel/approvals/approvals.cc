@@ -1,5 +1,6 @@
 #include "keel/approvals/approvals.h"
 
+#include "keel/access/users.h"
 #include "keel/common/ids.h"
 #include "keel/policy/policy.h"
 #include "keel/policy/stored.h"
@@ -29,6 +30,44 @@ Outcome OutcomeOf(const DecisionRequest& d) {
       return {"cancelled", "rejected", "the run was cancelled while the call waited for approval"};
   }
   return {"rejected", "rejected", "rejected"};
+}
+
+// The user a token belongs to, as merges left them ("" for a token of no one, or no token).
+Result<std::string> TokenUser(store::Tx& tx, const std::string& tenant_id,
+                              const std::string& token_id) {
+  if (token_id.empty() || token_id == "system") return std::string();
+  auto token = tx.tokens().GetToken(tenant_id, token_id);
+  if (token.status().code() == Code::kNotFound) return std::string();
+  KEEL_RETURN_IF_ERROR(token.status());
+  if (token->user_id.empty()) return std::string();
+  auto user = access::CurrentUser(tx, tenant_id, token->user_id);
+  if (user.status().code() == Code::kNotFound) return std::string();
+  KEEL_RETURN_IF_ERROR(user.status());
+  return user->id;
+}
+
+// Whether `decided_by` is whoever asked for the approval's run: the person whose chat message
+// started it (a channel's run acts with the channel creator's token, who asked for nothing), or
+// else the token that asked, or another token of the same person.
+Result<bool> AskedForTheRun(store::Tx& tx, const store::Approval& a,
+                            const std::string& decided_by) {
+  std::string decider;  // the deciding person, "" when the decision is no one's in particular
+  if (decided_by.rfind("user:", 0) == 0) {
+    KEEL_ASSIGN_OR_RETURN(auto user, access::CurrentUser(tx, a.tenant_id, decided_by.substr(5)));
+    decider = user.id;
+  } else {
+    KEEL_ASSIGN_OR_RETURN(decider, TokenUser(tx, a.tenant_id, decided_by));
+  }
+  KEEL_ASSIGN_OR_RETURN(auto answer, tx.channels().RunReply(a.tenant_id, a.run_id));
+  if (answer && !answer->user_id.empty()) {
+    auto asker = access::CurrentUser(tx, a.tenant_id, answer->user_id);
+    if (asker.status().code() == Code::kNotFound) return false;
+    KEEL_RETURN_IF_ERROR(asker.status());
+    return decider == asker->id;
+  }
+  if (!a.requested_by.empty() && a.requested_by == decided_by) return true;
+  KEEL_ASSIGN_OR_RETURN(std::string asker, TokenUser(tx, a.tenant_id, a.requested_by));
+  return !asker.empty() && asker == decider;
 }
 
 }  // namespace
@@ -82,10 +121,13 @@ Result<store::Approval> Decide(store::Tx& tx, const DecisionRequest& d, Millis n
   if (human) {
     KEEL_ASSIGN_OR_RETURN(auto frame, policy::LoadPolicy(tx, d.tenant_id, ""));
     KEEL_ASSIGN_OR_RETURN(auto narrowing, policy::LoadPolicy(tx, d.tenant_id, a.agent_id));
-    if (policy::SeparateApprover(frame ? &*frame : nullptr, narrowing ? &*narrowing : nullptr) &&
-        !a.requested_by.empty() && a.requested_by == d.decided_by) {
-      return PermissionDenied("the policy asks for a separate approver: whoever asked for the "
-                              "run may not decide its approvals");
+    if (policy::SeparateApprover(frame ? &*frame : nullptr, narrowing ? &*narrowing : nullptr)) {
+      KEEL_ASSIGN_OR_RETURN(bool asked, AskedForTheRun(tx, a, d.decided_by));
+      if (asked) {
+        return PermissionDenied(
+            "the policy asks for a separate approver: whoever asked for the "
+            "run may not decide its approvals");
+      }
     }
   }
 

@@ -32,7 +32,7 @@ struct DecisionRequest {
   std::string tenant_id;
   std::string approval_id;
   Verdict verdict = Verdict::kReject;
-  std::string decided_by;  // a token id, or "system"
+  std::string decided_by;  // a token id, "user:USER_ID" (a chat card's button), or "system"
   std::string reason;
   Json amended_arguments;  // kApprove only; null: as proposed
   std::optional<StandingGrant> standing;  // kApprove only
@@ -44,8 +44,10 @@ struct DecisionRequest {
 // of each. kConflict
 // when the approval is not pending (decided twice) or has expired (for a human verdict);
 // kPermissionDenied when the policy asks for a separate approver and `decided_by` asked for the
-// run; kInvalidArgument for amended arguments that are not an object or a bad standing grant.
-// Returns the approval as decided. The caller wakes the dispatcher after the commit.
+// run (the person whose chat message started it, when one did; else the token that asked, or
+// another token of the same person); kInvalidArgument for amended arguments that are not an object
+// or a bad standing grant. Returns the approval as decided. The caller wakes the dispatcher after
+// the commit.
 Result<store::Approval> Decide(store::Tx& tx, const DecisionRequest& request, Millis now);
 
 // Whether a standing approval covers a call with `arguments`.

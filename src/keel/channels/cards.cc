@@ -1,6 +1,7 @@
 #include "keel/channels/cards.h"
 
 #include <algorithm>
+#include <cctype>
 #include <set>
 
 #include "keel/approvals/approvals.h"
@@ -488,22 +489,7 @@ Result<PressOutcome> DecidePress(store::Tx& tx, const store::Channel& c, const P
   if (!carded || a.agent_id != c.agent_id) return unknown;
   if (a.status != "pending") return PressOutcome{false, "Already decided: " + a.status + "."};
 
-  // Separation of duties: whoever's message started the run does not decide its approvals.
-  KEEL_ASSIGN_OR_RETURN(auto frame, policy::LoadPolicy(tx, c.tenant_id, ""));
-  KEEL_ASSIGN_OR_RETURN(auto narrowing, policy::LoadPolicy(tx, c.tenant_id, a.agent_id));
-  if (policy::SeparateApprover(frame ? &*frame : nullptr, narrowing ? &*narrowing : nullptr)) {
-    KEEL_ASSIGN_OR_RETURN(auto answer, tx.channels().RunReply(c.tenant_id, a.run_id));
-    std::string asker = answer ? answer->user_id : "";
-    if (!asker.empty()) {
-      auto current = access::CurrentUser(tx, c.tenant_id, asker);
-      if (current.ok()) asker = current->id;
-    }
-    if (asker == user.id) {
-      return PressOutcome{false,
-                          "The policy asks for a separate approver: whoever asked for the run may "
-                          "not decide its approvals."};
-    }
-  }
+  // Separation of duties is approvals::Decide's (it knows who asked for the run).
   approvals::DecisionRequest d;
   d.tenant_id = c.tenant_id;
   d.approval_id = a.id;
@@ -512,7 +498,9 @@ Result<PressOutcome> DecidePress(store::Tx& tx, const store::Channel& c, const P
   auto decided = approvals::Decide(tx, d, now);
   if (decided.status().code() == Code::kConflict ||
       decided.status().code() == Code::kPermissionDenied) {
-    return PressOutcome{false, decided.status().message()};
+    std::string why = decided.status().message();
+    if (!why.empty()) why[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(why[0])));
+    return PressOutcome{false, why + "."};
   }
   KEEL_RETURN_IF_ERROR(decided.status());
   return PressOutcome{true, p.approve ? "Approved." : "Rejected."};

@@ -1244,13 +1244,14 @@ asio::awaitable<void> Relay::SendCard(store::ChannelReply r, std::string kind, s
   std::string decider;
   Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
     KEEL_ASSIGN_OR_RETURN(a, tx.approvals().GetApproval(r.tenant_id, r.approval_id));
+    // As a person reads it, whoever sees the card: a name, never an id.
     if (a.decided_by.rfind("user:", 0) == 0) {
       auto user = tx.users().GetUser(r.tenant_id, a.decided_by.substr(5));
-      decider = user.ok() ? user->name + " (" + user->id + ")" : a.decided_by;
+      decider = user.ok() ? user->name : "a user";
     } else if (a.decided_by == "system") {
       decider = "Keel";
     } else {
-      decider = "token " + a.decided_by;
+      decider = "an API token";
     }
     return Status::Ok();
   });

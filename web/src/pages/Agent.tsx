@@ -21,6 +21,9 @@ const SCHEDULE_EVENTS = [
   'schedule.reassigned@v1',
 ];
 
+// A channel's status changes with these (a failing poll has no event: the channels page has Refresh).
+const CHANNEL_EVENTS = ['channel.created@v1', 'channel.updated@v1', 'channel.deleted@v1', 'channel.delivered@v1'];
+
 export function AgentPage({ id, role }: { id: string; role: string }) {
   const [agent, setAgent] = useState<Agent | null>(null);
   const [deleted, setDeleted] = useState(false);
@@ -28,7 +31,7 @@ export function AgentPage({ id, role }: { id: string; role: string }) {
   const [sessions, setSessions] = useState<Session[] | null>(null);
   const [cursor, setCursor] = useState<string | null>(null);
   const [listError, setListError] = useState<string | null>(null);
-  const [versions, setVersions] = useState<ConfigVersions>({ policy: 0, skills: 0, plugins: 0, schedules: 0 });
+  const [versions, setVersions] = useState<ConfigVersions>({ policy: 0, skills: 0, plugins: 0, schedules: 0, channels: 0 });
   const coalesce = useCoalesce();
   const member = isMember(useWho());
   const bump = (k: keyof ConfigVersions) => coalesce('v-' + k, () => setVersions((v) => ({ ...v, [k]: v[k] + 1 })));
@@ -96,6 +99,7 @@ export function AgentPage({ id, role }: { id: string; role: string }) {
     handlers['plugin.enabled@v1'] = plugins;
     handlers['plugin.disabled@v1'] = plugins;
     for (const t of SCHEDULE_EVENTS) handlers[t] = () => bump('schedules');
+    for (const t of CHANNEL_EVENTS) handlers[t] = () => bump('channels');
   }
   const live = useStream({ agent_id: id }, handlers);
 
@@ -157,7 +161,7 @@ export function AgentPage({ id, role }: { id: string; role: string }) {
       {member ? (
         <AgentConfig agentId={id} versions={versions} />
       ) : (
-        <p class="muted small">The agent's policy, tools, skills, plugins and schedules need an owner or user token.</p>
+        <p class="muted small">The agent's policy, tools, skills, plugins, schedules and channels need an owner or user token.</p>
       )}
     </section>
   );

@@ -1,6 +1,6 @@
 // An agent's configuration beyond its settings (owners and users read it; owners change it):
-// its policy narrowing, its skills, its plugins, its schedules and the tools its model is
-// offered. The agent page passes `versions`, bumped by the stream's events, so that each part is
+// its policy narrowing, its skills, its plugins, its schedules, its channels and the tools its
+// model is offered. The agent page passes `versions`, bumped by the stream's events, so that each part is
 // read again when it changed elsewhere.
 import { useEffect, useRef, useState } from 'preact/hooks';
 import {
@@ -23,12 +23,14 @@ import { byteLength } from '../checks';
 import { href } from '../router';
 import { useAgentTools } from '../tools';
 import { isOwner, useWho } from '../who';
+import { AgentChannels } from './Channels';
 
 export interface ConfigVersions {
   policy: number;
   skills: number;
   plugins: number;
   schedules: number;
+  channels: number;
 }
 
 export function AgentConfig({ agentId, versions }: { agentId: string; versions: ConfigVersions }) {
@@ -40,6 +42,7 @@ export function AgentConfig({ agentId, versions }: { agentId: string; versions: 
       <AgentSkills agentId={agentId} owner={owner} version={versions.skills} />
       <AgentPlugins agentId={agentId} owner={owner} version={versions.plugins} />
       <AgentSchedules agentId={agentId} version={versions.schedules} />
+      <AgentChannels agentId={agentId} version={versions.channels} />
     </div>
   );
 }
