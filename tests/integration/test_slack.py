@@ -377,6 +377,21 @@ class OwnersTest(SlackCase):
         self.assertNotIn(ignored, delivered)
         self.assertNotIn(twice, delivered)
 
+        # A reply in a thread the agent talks in answers it: taken, in that thread's session.
+        sessions = t.sessions(app.agent)
+        replied, _ = message("U0ANN", "and the rollback plan?", thread_ts=root)
+        t.wait_reply(app.ch, replied)
+        m = fake.wait_sent(c, 3)[2]
+        self.assertEqual((m["_text"], m.get("thread_ts")), (said("and the rollback plan?"), root))
+        self.assertEqual(t.users(sessions["sl: thread:%s:%s" % (c, root)]),
+                         ["status of the deploy?", "and the rollback plan?"])
+        # A reply in a thread it does not talk in (a person's, no mention) calls no one.
+        elsewhere, _ = message("U0ANN", "+1", thread_ts="1700000000.000200")
+        time.sleep(1)
+        self.assertNotIn(elsewhere, t.replies(app.ch))
+        self.assertEqual(len(fake.to(c)), 3)
+        self.assertNotIn("sl: thread:%s:1700000000.000200" % c, t.sessions(app.agent))
+
 
 class IgnoredTest(SlackCase):
     def test_what_the_agent_does_not_take_is_200_and_writes_nothing(self):

@@ -752,6 +752,17 @@ asio::awaitable<Result<bool>> Relay::Deliver(const store::Channel& c, const std:
   const std::string contact = in.direct ? in.sender.id : "";
   auto session = co_await RecordDelivery(store_, c, in.delivery_id, in.conversation, contact);
   if (!session.ok()) co_return session.status();
+  // The answer the run owes, recorded with the message and its run (waiting for the run's end).
+  store::ChannelReply reply;
+  reply.id = NewId();
+  reply.tenant_id = c.tenant_id;
+  reply.channel_id = c.id;
+  reply.agent_id = c.agent_id;
+  reply.session_id = *session;
+  reply.delivery_id = in.delivery_id;
+  reply.target = DumpJson(in.target);
+  reply.user_id = admitted->user_id;
+  reply.created_at = reply.updated_at = NowMillis();
   runtime::IntakeRequest intake;
   intake.tenant_id = c.tenant_id;
   intake.session_id = *session;
@@ -759,6 +770,11 @@ asio::awaitable<Result<bool>> Relay::Deliver(const store::Channel& c, const std:
   intake.idempotency_key = key_prefix + in.delivery_id;
   intake.requested_by = c.created_by;
   intake.caller_role = admitted->role;
+  intake.with_run = [reply](store::Tx& tx, const store::Run& run) {
+    store::ChannelReply r = reply;
+    r.run_id = run.id;
+    return tx.channels().InsertReply(r);
+  };
   auto posted = co_await runtime_.PostMessage(intake);
   if (!posted.ok()) {
     const Code code = posted.status().code();
@@ -770,20 +786,14 @@ asio::awaitable<Result<bool>> Relay::Deliver(const store::Channel& c, const std:
              " not posted: " + posted.status().message());
     co_return false;
   }
-  store::ChannelReply reply;
-  reply.id = NewId();
-  reply.tenant_id = c.tenant_id;
-  reply.channel_id = c.id;
-  reply.agent_id = c.agent_id;
-  reply.session_id = *session;
-  reply.run_id = posted->run.id;
-  reply.delivery_id = in.delivery_id;
-  reply.target = DumpJson(in.target);
-  reply.user_id = admitted->user_id;
-  reply.created_at = reply.updated_at = NowMillis();
-  auto written = co_await store::AsyncWrite(
-      store_, [&](store::Tx& tx) -> Status { return tx.channels().InsertReply(reply); });
-  if (!written.ok() && written.status().code() != Code::kConflict) co_return written.status();
+  if (posted->replayed) {
+    // Posted before, by a node that may have stopped before its reply was recorded (a store
+    // written before replies were recorded with their runs): recorded now unless it was.
+    reply.run_id = posted->run.id;
+    auto written = co_await store::AsyncWrite(
+        store_, [&](store::Tx& tx) -> Status { return tx.channels().InsertReply(reply); });
+    if (!written.ok() && written.status().code() != Code::kConflict) co_return written.status();
+  }
   asio::co_spawn(executor_, AwaitRun(c.tenant_id, posted->run.id), asio::detached);
   co_return !posted->replayed;
 }
@@ -868,6 +878,18 @@ asio::awaitable<Result<Json>> Relay::PushedSlack(std::string channel_id, std::st
   }
   auto routed = RouteSlackEvent(*envelope);
   if (!routed.ok()) co_return routed.status();
+  if (routed->take && routed->in_thread) {
+    // A reply in a thread the agent talks in (it was called there before) calls it too.
+    bool known = false;
+    Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(auto found,
+                            tx.channels().GetConversation(c.tenant_id, c.id, routed->conversation));
+      known = found.has_value();
+      return Status::Ok();
+    });
+    if (!read.ok()) co_return read;
+    routed->addressed = known;
+  }
   if (routed->take) {
     ChatMessage in{routed->event_id,
                    routed->conversation,

@@ -174,6 +174,7 @@ Result<SlackInbound> RouteSlackEvent(const Json& envelope) {
     in.content = Unescape(text);
     in.target = {{"channel", channel}, {"thread_ts", root}};
     in.addressed = false;
+    in.in_thread = !thread.empty() && thread != ts;
   } else {
     return ignore("a " + type.substr(0, 32) + " event outside a direct conversation");
   }

@@ -54,6 +54,9 @@ struct SlackInbound {
   std::string text;
   bool direct = true;
   bool addressed = true;
+  // Not addressed, but written in a thread (its thread_ts): a reply to the bot when the agent
+  // already has the thread's conversation (the relay looks).
+  bool in_thread = false;
 };
 
 // The routing rules: a direct message (channel_type "im") is taken as it was typed (Slack's
@@ -62,8 +65,9 @@ struct SlackInbound {
 // per thread (its root: the event's thread_ts, or its own ts), and a message of a public or
 // private channel (the app subscribed to message.channels or message.groups) that does not
 // mention the bot is taken to the same thread, not `addressed` (only the agent's owners are
-// heard so); nothing from a bot, no edit or other subtype, no other event. kInvalidArgument for an
-// event_callback without an event_id or an event.
+// heard so) unless it answers in a thread the agent talks in (`in_thread`); nothing from a bot, no
+// edit or other subtype, no other event. kInvalidArgument for an event_callback without an event_id
+// or an event.
 Result<SlackInbound> RouteSlackEvent(const Json& envelope);
 
 // The chat.postMessage body of part `index` of an answer to `target`.

@@ -254,6 +254,7 @@ Status Intake::Write(store::Tx& tx, Unit& u) {
   std::optional<runs::IdleGuard> guard;
   if (u.claimed && u.idle_when_read) guard = runs::IdleGuard{u.agent.id, tenant_run_cap_};
   KEEL_ASSIGN_OR_RETURN(u.written, runs::Create(tx, out.run, queued, u.now, claim, guard));
+  if (req.with_run) KEEL_RETURN_IF_ERROR(req.with_run(tx, u.written));
   return Status::Ok();
 }
 

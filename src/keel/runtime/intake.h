@@ -10,6 +10,7 @@
 // Runs on the server's io executor; no member needs a lock.
 
 #include <boost/asio/awaitable.hpp>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -54,6 +55,10 @@ struct IntakeRequest {
   // and approvals, and ends with the call's answer; the model is never asked. The message is
   // recorded with role "call" and the call as its content. Null: an ordinary message.
   Json call;
+  // Written in the unit that writes the message and its run (the run as written), never on a
+  // replay: what the caller owes the run, such as a channel's reply to it. Its failure fails
+  // the unit.
+  std::function<Status(store::Tx&, const store::Run&)> with_run;
 };
 
 struct IntakeResult {
