@@ -133,6 +133,77 @@ std::string AnswerOf(const store::Run& run) {
   return "";  // cancelled: nothing to say
 }
 
+// A waiting answer whose run ended, with the run's answer: claimed by `origin` (sending), or
+// skipped when the run has nothing to say.
+void ClaimAnswer(store::ChannelReply& r, const store::Run& run, const std::string& origin,
+                 Millis now) {
+  r.updated_at = now;
+  r.text = TruncateUtf8(AnswerOf(run), kMaxAnswerBytes);
+  if (ReplyParts(r.text).empty() || r.text.find(kNoReply) != std::string::npos) {
+    r.status = "skipped";
+    return;
+  }
+  r.status = "sending";
+  r.origin = origin;
+  r.next_attempt_at = now + kClaimMs;
+}
+
+}  // namespace
+
+// How a reply is sent on its channel's platform: where, with which token, or why it cannot be
+// now (nothing was sent); the agent's plugin stamps for channel.message.out@v1.
+struct SendingHow {
+  std::string kind, api_base, token;
+  std::string refusal;
+  std::optional<std::vector<store::PluginStamp>> stamps;
+};
+
+namespace {
+
+// Reads how `r` is sent. kNotFound once its channel is deleted.
+Status ReadHow(store::Tx& tx, const secrets::Vault& vault, const store::ChannelReply& r,
+               SendingHow& how) {
+  KEEL_ASSIGN_OR_RETURN(auto c, tx.channels().GetChannel(r.tenant_id, r.channel_id));
+  how.kind = c.kind;
+  auto json = ParseJson(c.settings);
+  std::string secret;
+  Status parsed = json.status();
+  if (json.ok() && c.kind == "slack") {
+    auto s = ParseSlackSettings(*json);
+    parsed = s.status();
+    if (s.ok()) std::tie(how.api_base, secret) = std::pair(s->api_base, s->bot_token);
+  } else if (json.ok() && c.kind == "discord") {
+    auto s = ParseDiscordSettings(*json);
+    parsed = s.status();
+    if (s.ok()) std::tie(how.api_base, secret) = std::pair(s->api_base, s->bot_token);
+  } else if (json.ok()) {
+    auto s = ParseTelegramSettings(*json);
+    parsed = s.status();
+    if (s.ok()) std::tie(how.api_base, secret) = std::pair(s->api_base, s->bot_token);
+  }
+  if (!parsed.ok()) {
+    how.refusal = "its channel's settings are refused: " + parsed.message();
+    return Status::Ok();
+  }
+  auto opened = vault.Get(tx, r.tenant_id, secret);
+  if (!opened.ok()) {
+    how.refusal =
+        "the bot token secret '" + secret + "' cannot be opened: " + opened.status().message();
+  } else if (c.kind == "telegram"
+                 ? !ValidBotToken(*opened)
+                 : opened->empty() || opened->find_first_of("\r\n") != std::string::npos) {
+    how.refusal = "the bot token secret '" + secret + "' does not hold a bot token";
+  } else {
+    how.token = std::move(*opened);
+  }
+  if (r.approval_id.empty() && r.parts_sent == 0) {
+    how.stamps.emplace();
+    KEEL_RETURN_IF_ERROR(
+        tx.plugins().PluginStampsForAgentLater(r.tenant_id, r.agent_id, *how.stamps));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 // What one round of a channel's poll needs, read in one unit.
@@ -167,11 +238,13 @@ Relay::Relay(asio::any_io_executor executor, store::Store& store, runtime::Runti
 Relay::~Relay() = default;
 
 void Relay::Start() {
+  runtime_.SetEndingWork([this](const store::Run& run) { return ClaimAtEnd(run); });
   asio::co_spawn(executor_, Supervise(), ReportExceptions{"channel polls"});
   asio::co_spawn(executor_, SendLoop(), ReportExceptions{"channel replies"});
 }
 
 void Relay::Stop() {
+  runtime_.SetEndingWork(nullptr);
   stopping_ = true;
   supervise_timer_.cancel();
   send_timer_.cancel();
@@ -794,7 +867,8 @@ asio::awaitable<Result<bool>> Relay::Deliver(const store::Channel& c, const std:
         store_, [&](store::Tx& tx) -> Status { return tx.channels().InsertReply(reply); });
     if (!written.ok() && written.status().code() != Code::kConflict) co_return written.status();
   }
-  asio::co_spawn(executor_, AwaitRun(c.tenant_id, posted->run.id), asio::detached);
+  asio::co_spawn(executor_, AwaitRun(c.tenant_id, posted->run.id, posted->replayed ? "" : reply.id),
+                 asio::detached);
   co_return !posted->replayed;
 }
 
@@ -905,21 +979,34 @@ asio::awaitable<Result<Json>> Relay::PushedSlack(std::string channel_id, std::st
   co_return Json{{"ok", true}};
 }
 
-asio::awaitable<void> Relay::AwaitRun(std::string tenant_id, std::string run_id) {
+asio::awaitable<void> Relay::AwaitRun(std::string tenant_id, std::string run_id,
+                                      std::string reply_id) {
   runtime::SubscriptionFilter filter;
   filter.tenant_id = tenant_id;
   filter.run_id = run_id;
   filter.deltas = false;
   auto sub = hub_.Subscribe(filter);
-  struct Unsubscribe {
-    runtime::EventHub& hub;
+  struct Forget {
+    Relay& relay;
     runtime::EventHub::SubscriptionPtr sub;
-    ~Unsubscribe() { hub.Unsubscribe(sub); }
-  } unsubscribe{hub_, sub};
+    std::string run_id;
+    bool awaited;
+    ~Forget() {
+      relay.hub_.Unsubscribe(sub);
+      if (awaited) relay.awaited_.erase(run_id);
+    }
+  } forget{*this, sub, run_id, false};
+  if (!reply_id.empty())
+    forget.awaited = awaited_.try_emplace(run_id, Awaited{tenant_id, reply_id}).second;
   // The sender's sweep finds an ended run within a second anyway: this only spares the wait,
-  // for as long as a turn usually takes.
+  // for as long as a turn usually takes. A run whose ending claimed its answer (ClaimAtEnd)
+  // ends within moments: that is waited for whatever the time.
   const Millis until = NowMillis() + 10 * 60 * 1000;
-  while (!stopping_ && !hub_.closing() && NowMillis() < until) {
+  auto claimed = [&] {
+    auto it = awaited_.find(run_id);
+    return forget.awaited && it != awaited_.end() && it->second.reserved;
+  };
+  while (!stopping_ && !hub_.closing() && (NowMillis() < until || claimed())) {
     if (auto settled = hub_.TakeSettled(sub); settled && settled->Terminal()) break;
     bool ended = false, parked = false;
     Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
@@ -930,9 +1017,52 @@ asio::awaitable<void> Relay::AwaitRun(std::string tenant_id, std::string run_id)
     });
     if (!read.ok() || ended) break;
     if (parked) WakeSender();  // its approval's cards are sent now rather than within a second
-    co_await hub_.Wait(sub, milliseconds(30000));
+    co_await hub_.Wait(sub, milliseconds(claimed() ? 1000 : 30000));
+  }
+  if (claimed()) {
+    // The run's ending claimed its answer (sending, for this node) unless that unit failed: sent
+    // at once, without a claim of its own. Held back (in sending_) until then.
+    std::optional<store::ChannelReply> reply;
+    auto how = std::make_unique<SendingHow>();
+    bool mine = false;
+    Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(reply, tx.channels().RunReply(tenant_id, run_id));
+      mine = reply && reply->id == reply_id && reply->status == "sending" &&
+             reply->origin == store_.origin();
+      return mine ? ReadHow(tx, vault_, *reply, *how) : Status::Ok();
+    });
+    awaited_.erase(run_id);
+    forget.awaited = false;
+    if (mine && !stopping_) {
+      // Its channel deleted meanwhile (the read failed): Send reads again and gives it up.
+      if (!read.ok()) how.reset();
+      asio::co_spawn(executor_, Send(std::move(*reply), std::move(how)),
+                     ReportExceptions{"channel reply"});
+      co_return;
+    }
+    sending_.erase(reply_id);
+    if (--tenant_sending_[tenant_id] <= 0) tenant_sending_.erase(tenant_id);
   }
   WakeSender();
+}
+
+std::function<Status(store::Tx&, const store::Run&)> Relay::ClaimAtEnd(const store::Run& run) {
+  auto it = awaited_.find(run.id);
+  if (it == awaited_.end() || it->second.reserved || stopping_ || !store_.leader() ||
+      sending_.size() >= kMaxInFlight || tenant_sending_[run.tenant_id] >= kMaxTenantInFlight) {
+    return nullptr;  // claimed by the sender's next round, as any other
+  }
+  // Held from now on, so that no round of the sender takes it for a stale claim of this node.
+  it->second.reserved = true;
+  sending_.insert(it->second.reply_id);
+  ++tenant_sending_[run.tenant_id];
+  return [reply_id = it->second.reply_id, origin = store_.origin()](
+             store::Tx& tx, const store::Run& ended) -> Status {
+    KEEL_ASSIGN_OR_RETURN(auto reply, tx.channels().RunReply(ended.tenant_id, ended.id));
+    if (!reply || reply->id != reply_id || reply->status != "waiting") return Status::Ok();
+    ClaimAnswer(*reply, ended, origin, NowMillis());
+    return tx.channels().UpdateReply(*reply);
+  };
 }
 
 // ---- Sending
@@ -984,12 +1114,7 @@ asio::awaitable<void> Relay::SendLoop() {
           event = "channel.reply_failed@v1";
         } else if (r.status == "waiting") {
           KEEL_ASSIGN_OR_RETURN(auto run, tx.runs().GetRun(r.tenant_id, r.run_id));
-          r.text = TruncateUtf8(AnswerOf(run), kMaxAnswerBytes);
-          if (ReplyParts(r.text).empty() || r.text.find(kNoReply) != std::string::npos) {
-            r.status = "skipped";
-          } else {
-            r.status = "sending";
-          }
+          ClaimAnswer(r, run, origin, now);
         } else {
           r.status = "sending";
         }
@@ -1075,7 +1200,7 @@ asio::awaitable<bool> Relay::Record(const store::ChannelReply& r) {
   co_return true;
 }
 
-asio::awaitable<void> Relay::Send(store::ChannelReply r) {
+asio::awaitable<void> Relay::Send(store::ChannelReply r, std::unique_ptr<SendingHow> how) {
   struct Done {
     Relay* relay;
     std::string id, tenant;
@@ -1086,46 +1211,16 @@ asio::awaitable<void> Relay::Send(store::ChannelReply r) {
     }
   } done{this, r.id, r.tenant_id};
 
-  // How to send on the channel's platform: where, with which token.
-  std::string kind, api_base, token;
-  std::string refusal;  // why it cannot be sent now (nothing was sent)
-  Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
-    KEEL_ASSIGN_OR_RETURN(auto c, tx.channels().GetChannel(r.tenant_id, r.channel_id));
-    kind = c.kind;
-    auto json = ParseJson(c.settings);
-    std::string secret;
-    Status parsed = json.status();
-    if (json.ok() && kind == "slack") {
-      auto s = ParseSlackSettings(*json);
-      parsed = s.status();
-      if (s.ok()) std::tie(api_base, secret) = std::pair(s->api_base, s->bot_token);
-    } else if (json.ok() && kind == "discord") {
-      auto s = ParseDiscordSettings(*json);
-      parsed = s.status();
-      if (s.ok()) std::tie(api_base, secret) = std::pair(s->api_base, s->bot_token);
-    } else if (json.ok()) {
-      auto s = ParseTelegramSettings(*json);
-      parsed = s.status();
-      if (s.ok()) std::tie(api_base, secret) = std::pair(s->api_base, s->bot_token);
-    }
-    if (!parsed.ok()) {
-      refusal = "its channel's settings are refused: " + parsed.message();
-      return Status::Ok();
-    }
-    auto opened = vault_.Get(tx, r.tenant_id, secret);
-    if (!opened.ok()) {
-      refusal =
-          "the bot token secret '" + secret + "' cannot be opened: " + opened.status().message();
-    } else if (kind == "telegram"
-                   ? !ValidBotToken(*opened)
-                   : opened->empty() || opened->find_first_of("\r\n") != std::string::npos) {
-      refusal = "the bot token secret '" + secret + "' does not hold a bot token";
-    } else {
-      token = std::move(*opened);
-    }
-    return Status::Ok();
-  });
-  if (!read.ok()) co_return;  // deleted with its channel, or the store: its claim runs out
+  // How to send on the channel's platform: where, with which token (read here unless the
+  // caller read it with the reply).
+  if (!how) {
+    how = std::make_unique<SendingHow>();
+    Status read = co_await store::AsyncRead(
+        store_, [&](store::Tx& tx) -> Status { return ReadHow(tx, vault_, r, *how); });
+    if (!read.ok()) co_return;  // deleted with its channel, or the store: its claim runs out
+  }
+  std::string kind = std::move(how->kind), api_base = std::move(how->api_base),
+              token = std::move(how->token), refusal = std::move(how->refusal);
 
   auto retry = [&](const std::string& why, Millis after) {
     r.attempts += 1;
@@ -1152,7 +1247,7 @@ asio::awaitable<void> Relay::Send(store::ChannelReply r) {
                 {"reply_id", r.id},       {"run_id", r.run_id},         {"content", r.text},
                 {"drop", false}};
     auto kept = co_await runtime_.ChannelMessage("channel.message.out", r.tenant_id, r.agent_id,
-                                                 std::move(out));
+                                                 std::move(out), std::move(how->stamps));
     if (!kept.ok()) {
       r.status = "dead";
       r.error = TruncateUtf8(kept.status().message(), 500);

@@ -22,6 +22,7 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -56,6 +57,7 @@ struct ChannelReply;
 namespace keel::channels {
 
 struct BotAnswer;
+struct SendingHow;  // relay.cc
 
 class Relay {
  public:
@@ -130,10 +132,19 @@ class Relay {
   // Records why the channel's last poll failed ("" for none) and its cursor.
   boost::asio::awaitable<void> RecordPoll(const PollRead& read, std::string cursor,
                                           std::string error);
-  // Wakes the sender once the run ended.
-  boost::asio::awaitable<void> AwaitRun(std::string tenant_id, std::string run_id);
+  // Wakes the sender once the run ended. With the id of the answer it owes (`reply_id`), the
+  // run's ending may claim that answer (ClaimAtEnd), which is then sent from here.
+  boost::asio::awaitable<void> AwaitRun(std::string tenant_id, std::string run_id,
+                                        std::string reply_id = "");
+  // Runtime::SetEndingWork: the claim of a run's answer written with the run's end, for a run
+  // AwaitRun waits for when this node sends (the leader, with room): its answer is sent at
+  // once, without a claim unit of its own after the run's. A crash between that unit and the
+  // request leaves the answer sending, which the restart makes unknown, as after a claim.
+  std::function<Status(store::Tx&, const store::Run&)> ClaimAtEnd(const store::Run& run);
   boost::asio::awaitable<void> SendLoop();
-  boost::asio::awaitable<void> Send(store::ChannelReply reply);
+  // Sends a claimed reply; `how` when the caller read it with the reply.
+  boost::asio::awaitable<void> Send(store::ChannelReply reply,
+                                    std::unique_ptr<SendingHow> how = nullptr);
   // Shows a card with its buttons, or edits a shown one to say how its approval was decided.
   boost::asio::awaitable<void> SendCard(store::ChannelReply card, std::string kind,
                                         std::string api_base, std::string token);
@@ -164,6 +175,14 @@ class Relay {
   std::set<std::string> polling_;  // channels this node polls
   std::set<std::string> sending_;  // replies this node sends
   std::map<std::string, int> tenant_sending_;  // of those, by tenant
+  // The runs AwaitRun waits for with the answer each owes; `reserved` once ClaimAtEnd gave its
+  // ending the answer's claim (the answer in sending_ since).
+  struct Awaited {
+    std::string tenant_id;
+    std::string reply_id;
+    bool reserved = false;
+  };
+  std::map<std::string, Awaited> awaited_;     // by run id
   std::map<std::string, int> typing_;          // typing actions on their way, by channel
   // The channel polling each bot, by its Bot API server and id.
   std::map<std::string, std::string> bot_pollers_;

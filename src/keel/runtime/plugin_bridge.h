@@ -98,10 +98,9 @@ class PluginBridge {
   boost::asio::awaitable<void> EmitFor(std::string tenant_id, std::string agent_id,
                                        std::string family, Json payload);
   // channel.message.in@v1 or channel.message.out@v1 (Runtime::ChannelMessage).
-  boost::asio::awaitable<Result<std::optional<std::string>>> ChannelMessage(std::string family,
-                                                                            std::string tenant_id,
-                                                                            std::string agent_id,
-                                                                            Json payload);
+  boost::asio::awaitable<Result<std::optional<std::string>>> ChannelMessage(
+      std::string family, std::string tenant_id, std::string agent_id, Json payload,
+      std::optional<std::vector<store::PluginStamp>> stamps);
   // The agent was deleted: drops its plugins on this node and emits agent.stopped@v1.
   boost::asio::awaitable<void> ForgetAgent(std::string agent_id);
 

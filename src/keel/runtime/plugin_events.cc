@@ -303,12 +303,20 @@ asio::awaitable<void> PluginBridge::ToolAfter(const tools::CallRecord& r) {
 }
 
 asio::awaitable<Result<std::optional<std::string>>> PluginBridge::ChannelMessage(
-    std::string family, std::string tenant_id, std::string agent_id, Json payload) {
+    std::string family, std::string tenant_id, std::string agent_id, Json payload,
+    std::optional<std::vector<store::PluginStamp>> stamps) {
   // The request body limit's default: a rewrite may not make more of a message than a client
   // may send (as for session.message.received@v1).
   constexpr size_t kMaxRewritten = 1 << 20;
   std::string content = payload.value("content", "");
-  auto found = co_await PluginsOf(std::move(tenant_id), std::move(agent_id));
+  // Not a conditional expression: g++ 12 miscompiles a co_await in one (the result destroyed
+  // twice).
+  Result<std::shared_ptr<plugins::AgentPlugins>> found = Internal("no plugins");
+  if (stamps) {
+    found = co_await PluginsFor(std::move(tenant_id), std::move(agent_id), std::move(*stamps));
+  } else {
+    found = co_await PluginsOf(std::move(tenant_id), std::move(agent_id));
+  }
   if (!found.ok()) co_return found.status();
   std::shared_ptr<plugins::AgentPlugins> plugins = std::move(found).value();
   if (!plugins->Wants(family)) co_return std::optional<std::string>(content);

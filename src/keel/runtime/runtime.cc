@@ -149,12 +149,11 @@ asio::awaitable<void> Runtime::EmitFor(std::string tenant_id, std::string agent_
                            std::move(payload));
 }
 
-asio::awaitable<Result<std::optional<std::string>>> Runtime::ChannelMessage(std::string family,
-                                                                            std::string tenant_id,
-                                                                            std::string agent_id,
-                                                                            Json payload) {
+asio::awaitable<Result<std::optional<std::string>>> Runtime::ChannelMessage(
+    std::string family, std::string tenant_id, std::string agent_id, Json payload,
+    std::optional<std::vector<store::PluginStamp>> stamps) {
   return plugins_->ChannelMessage(std::move(family), std::move(tenant_id), std::move(agent_id),
-                                  std::move(payload));
+                                  std::move(payload), std::move(stamps));
 }
 
 asio::awaitable<void> Runtime::ForgetAgent(std::string agent_id) {
@@ -162,5 +161,9 @@ asio::awaitable<void> Runtime::ForgetAgent(std::string agent_id) {
 }
 
 void Runtime::WakeDeliveries() { plugins_->WakeDeliveries(); }
+
+void Runtime::SetEndingWork(std::function<EndingWork(const store::Run&)> ask) {
+  ending_work_ = std::move(ask);
+}
 
 }  // namespace keel::runtime

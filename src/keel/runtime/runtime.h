@@ -138,11 +138,21 @@ class Runtime {
   // agent's bus, `payload` holding its "content": the content as the agent's plugins leave it,
   // or nullopt when one of them set "drop". kInvalidArgument when a handler failed (the message
   // is refused, as intake refuses one) or a rewrite grew it past the request limit's default.
-  boost::asio::awaitable<Result<std::optional<std::string>>> ChannelMessage(std::string family,
-                                                                            std::string tenant_id,
-                                                                            std::string agent_id,
-                                                                            Json payload);
+  // `stamps`: the agent's plugin stamps when the caller read them (PluginStampsForAgentLater),
+  // so that plugins this node holds current are used without a read.
+  boost::asio::awaitable<Result<std::optional<std::string>>> ChannelMessage(
+      std::string family, std::string tenant_id, std::string agent_id, Json payload,
+      std::optional<std::vector<store::PluginStamp>> stamps = std::nullopt);
   void WakeDeliveries();
+
+  // Work written in the unit that ends a run, after runs::Finish, with the run as ended.
+  using EndingWork = std::function<Status(store::Tx&, const store::Run&)>;
+  // `ask` is asked on the executor as an execution ends a run (done, failed or cancelled at a
+  // step boundary; not an ending written elsewhere, such as a cancel of a queued run) for the
+  // work the run's ending owes; an empty one for none. One asker: the channels' relay, which
+  // claims a chat's answer with its run's end. REQUIRES: called on the executor.
+  void SetEndingWork(std::function<EndingWork(const store::Run&)> ask);
+
   // Looks for due schedules now (a schedule was created or resumed on this node, or the test
   // clock moved). Other nodes' new schedules are seen within a second.
   void WakeSchedules();
@@ -260,6 +270,7 @@ class Runtime {
   bool schedule_wake_ = true;         // the first round does not wait
   std::set<std::string> firing_;      // schedules being fired by this node
   ConversationCache conversations_{64u << 20};    // sessions' conversations, 64 MiB of text
+  std::function<EndingWork(const store::Run&)> ending_work_;  // SetEndingWork
 };
 
 }  // namespace keel::runtime
