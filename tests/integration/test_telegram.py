@@ -474,6 +474,23 @@ class OutboxTest(TelegramCase):
         self.assertEqual(len(fake.sends(111)), 1, "a blocked bot's answer was tried again")
         self.assertEqual(len(fake.sends(222)), 1, "a send cut after its request was repeated")
         self.assertEqual(fake.to(111) + fake.to(222), [])
+        # The outbox by status, and the newest first.
+        path = "/v1/channels/%s/replies" % ch["id"]
+        every = t.pages(path)
+        for status in ("dead", "unknown", "sent"):
+            got = t.pages(path + "?status=" + status)
+            self.assertEqual(got, [r for r in every if r["status"] == status], status)
+            self.assertTrue(got, status)
+        self.assertEqual(t.pages(path + "?status=pending"), [])
+        newest = t.ok("GET", path + "?order=desc&limit=2")
+        self.assertEqual(newest["items"], every[::-1][:2])
+        older = t.ok("GET", path + "?order=desc&limit=2&cursor=" + newest["next_cursor"])
+        self.assertEqual(older["items"], every[::-1][2:4])
+        self.assertEqual(t.ok("GET", path + "?order=desc&status=dead")["items"],
+                         [r for r in every if r["status"] == "dead"])
+        for bad in ("?status=DEAD", "?status=dead,unknown", "?status=" + "x" * 5000,
+                    "?order=newest", "?status=%00"):
+            self.assertError(t.request("GET", path + bad), 400, "invalid_argument", bad)
 
     def test_a_gateways_502_or_504_and_an_unreadable_200_are_unknown_never_repeated(self):
         # Each may have reached Telegram (a proxy passed the request on; Telegram took it and
@@ -532,6 +549,8 @@ class AccessTest(TelegramCase):
         self.assertError(t.request("POST", channels, create, token=t.guest), 403,
                          "permission_denied", "a guest creating a channel")
         self.assertEqual(t.request("GET", replies, token=t.guest)[0], 403)
+        self.assertEqual(t.request("GET", replies + "?status=sent&order=desc", token=t.guest)[0],
+                         403)
         for method, path, body in (("POST", channels, create), ("DELETE", one, None),
                                    ("PATCH", one, {"enabled": False})):
             self.assertError(t.request(method, path, body, token=t.user), 403,
@@ -539,6 +558,7 @@ class AccessTest(TelegramCase):
         self.assertEqual(t.replies(ch, token=t.user), t.replies(ch))
         other = Tenant(self.server)
         for method, path, body in (("GET", one, None), ("GET", replies, None),
+                                   ("GET", replies + "?status=sent&order=desc", None),
                                    ("PATCH", one, {"enabled": False}), ("DELETE", one, None)):
             self.assertError(other.request(method, path, body), 404, "not_found",
                              "%s %s as another tenant" % (method, path))

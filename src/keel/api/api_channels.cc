@@ -3,6 +3,8 @@
 // delivery to POST /v1/hooks/{id} carries no token: its signature, under the channel's signing
 // secret, is its authentication, checked before anything of the body is read or written.
 
+#include <set>
+
 #include "keel/access/access.h"
 #include "keel/api/api.h"
 #include "keel/api/render.h"
@@ -410,13 +412,23 @@ void RegisterChannelRoutes(http::Router& router, ApiContext& ctx) {
 
   router.Add("GET", "/v1/channels/{id}/replies", [&ctx](Request& req) -> asio::awaitable<Response> {
     if (auto st = RequireMember(req, "see channels"); !st.ok()) co_return Response::Error(st);
-    auto page = PageOf(req);
+    auto page = OrderedPageOf(req);
     if (!page.ok()) co_return Response::Error(page.status());
+    static const std::set<std::string> kStatuses = {"waiting", "pending", "sending", "shown",
+                                                    "sent",    "skipped", "dead",    "unknown"};
+    const std::string status = req.Query("status");
+    if (!status.empty() && !kStatuses.count(status)) {
+      co_return Response::Error(InvalidArgument(
+          "status must be one of waiting, pending, sending, shown, sent, skipped, dead or "
+          "unknown, got '" +
+          TruncateUtf8(status, 64) + "'"));
+    }
     store::Paged<store::ChannelReply> found;
     Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
       const std::string& tenant = req.principal.tenant_id;
       KEEL_RETURN_IF_ERROR(tx.channels().GetChannel(tenant, req.Param("id")).status());
-      KEEL_ASSIGN_OR_RETURN(found, tx.channels().ListReplies(tenant, req.Param("id"), *page));
+      KEEL_ASSIGN_OR_RETURN(found,
+                            tx.channels().ListReplies(tenant, req.Param("id"), status, *page));
       return Status::Ok();
     });
     if (!st.ok()) co_return Response::Error(st);

@@ -154,10 +154,10 @@ class ChannelStore {
   virtual Status InsertReply(const ChannelReply& r) = 0;
   // By tenant and id: everything but the ids, the target and created_at. kNotFound.
   virtual Status UpdateReply(const ChannelReply& r) = 0;
-  // The channel's replies by id.
+  // The channel's replies by id (`page.newest_first`: descending); with `status` only those.
   virtual Result<Paged<ChannelReply>> ListReplies(const std::string& tenant_id,
                                                   const std::string& channel_id,
-                                                  const Page& page) = 0;
+                                                  const std::string& status, const Page& page) = 0;
   // Runtime-wide, oldest first: replies waiting whose run ended, pending ones due at `now`,
   // sending ones whose claim ran out or that `origin` (this node, restarted) was sending, and
   // shown cards whose approval was decided.

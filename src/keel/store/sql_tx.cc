@@ -1423,15 +1423,28 @@ Status SqlTx<Sql>::UpdateReply(const ChannelReply& x) {
 template <typename Sql>
 Result<Paged<ChannelReply>> SqlTx<Sql>::ListReplies(const std::string& tenant_id,
                                                     const std::string& channel_id,
-                                                    const Page& page) {
-  static const std::string kSql =
+                                                    const std::string& status, const Page& page) {
+  // One statement per form, so that each keeps the channel's index.
+  static const std::string kFrom =
       "SELECT " + std::string(rows::kReplyCols) +
-      " FROM channel_replies WHERE tenant_id=$1 AND channel_id=$2 AND id>$3 ORDER BY id LIMIT $4";
+      " FROM channel_replies WHERE tenant_id=$1 AND channel_id=$2 AND ";
+  static const std::string kAll = kFrom + "id>$3 ORDER BY id LIMIT $4";
+  static const std::string kOfStatus = kFrom + "status=$3 AND id>$4 ORDER BY id LIMIT $5";
+  static const std::string kAllNewest = kFrom + "id<$3 ORDER BY id DESC LIMIT $4";
+  static const std::string kOfStatusNewest =
+      kFrom + "status=$3 AND id<$4 ORDER BY id DESC LIMIT $5";
   const int limit = ClampLimit(page.limit);
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
-  KEEL_ASSIGN_OR_RETURN(
-      auto r, sql_.Query(kSql, tenant_id, channel_id, DecodeCursor(page.cursor), limit + 1));
-  return PageOf<ChannelReply>(r, rows::ReadReply<typename Sql::Row>, limit,
+  const std::string cursor = CursorFor(page);
+  auto r = page.newest_first
+               ? (status.empty() ? sql_.Query(kAllNewest, tenant_id, channel_id, cursor, limit + 1)
+                                 : sql_.Query(kOfStatusNewest, tenant_id, channel_id, status,
+                                              cursor, limit + 1))
+               : (status.empty()
+                      ? sql_.Query(kAll, tenant_id, channel_id, cursor, limit + 1)
+                      : sql_.Query(kOfStatus, tenant_id, channel_id, status, cursor, limit + 1));
+  if (!r.ok()) return r.status();
+  return PageOf<ChannelReply>(*r, rows::ReadReply<typename Sql::Row>, limit,
                               [](const ChannelReply& x) { return x.id; });
 }
 

@@ -356,7 +356,8 @@ class SqlTx : public Tx,
   Status InsertReply(const ChannelReply& r) override;
   Status UpdateReply(const ChannelReply& r) override;
   Result<Paged<ChannelReply>> ListReplies(const std::string& tenant_id,
-                                          const std::string& channel_id, const Page& page) override;
+                                          const std::string& channel_id, const std::string& status,
+                                          const Page& page) override;
   Result<std::optional<std::string>> ContactConversation(const std::string& tenant_id,
                                                          const std::string& channel_id,
                                                          const std::string& contact) override;

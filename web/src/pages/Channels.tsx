@@ -21,9 +21,9 @@ import { href } from '../router';
 import { useCoalesce, useStream, type Handlers } from '../stream';
 import { isOwner, useWho } from '../who';
 
-// The outbox is listed oldest first, 500 at a time, with no filter: it is read whole (up to
-// this many) so that every dead reply shows, then ordered here.
-const OUTBOX_MAX = 10000;
+// Read from the outbox, 500 at a time: its newest replies and its dead and unknown ones, up to
+// this many of each, then ordered here.
+const OUTBOX_MAX = 2000;
 // Rows shown per channel on the list (failed ones first), and per "Show more" on its page.
 const COMPACT_ROWS = 5;
 const PAGE_ROWS = 50;
@@ -318,15 +318,22 @@ function ChannelCard({
   );
 }
 
+// Every dead and unknown reply (up to OUTBOX_MAX of each), and the newest OUTBOX_MAX of all.
 async function readOutbox(id: string): Promise<{ items: ChannelReply[]; more: boolean }> {
-  const items: ChannelReply[] = [];
-  let cursor: string | null = null;
-  do {
-    const page: Page<ChannelReply> = await get<Page<ChannelReply>>(`/v1/channels/${seg(id)}/replies` + qs({ limit: 500, cursor }));
-    items.push(...page.items);
-    cursor = page.next_cursor;
-  } while (cursor && items.length < OUTBOX_MAX);
-  return { items, more: cursor !== null };
+  const read = async (query: Record<string, string>) => {
+    const items: ChannelReply[] = [];
+    let cursor: string | null = null;
+    do {
+      const page: Page<ChannelReply> = await get<Page<ChannelReply>>(`/v1/channels/${seg(id)}/replies` + qs({ ...query, limit: 500, cursor }));
+      items.push(...page.items);
+      cursor = page.next_cursor;
+    } while (cursor && items.length < OUTBOX_MAX);
+    return { items, more: cursor !== null };
+  };
+  const [dead, unknown, newest] = await Promise.all([read({ status: 'dead' }), read({ status: 'unknown' }), read({ order: 'desc' })]);
+  const byId = new Map<string, ChannelReply>();
+  for (const r of [...dead.items, ...unknown.items, ...newest.items]) byId.set(r.id, r);
+  return { items: [...byId.values()], more: dead.more || unknown.more || newest.more };
 }
 
 // Dead and unknown replies first, each part newest first (ids are time-ordered).
@@ -428,7 +435,7 @@ function Outbox({ channel, version, compact }: { channel: Channel; version: numb
         ))}
       {data?.more && (
         <p class="small muted">
-          The outbox holds more than {OUTBOX_MAX} replies: the oldest {OUTBOX_MAX} are shown (the API lists it oldest first).
+          The outbox holds more than {OUTBOX_MAX} replies: the newest {OUTBOX_MAX}, and every dead or unknown one, are shown.
         </p>
       )}
     </div>
