@@ -391,6 +391,16 @@ class OwnersTest(SlackCase):
         self.assertNotIn(elsewhere, t.replies(app.ch))
         self.assertEqual(len(fake.to(c)), 3)
         self.assertNotIn("sl: thread:%s:1700000000.000200" % c, t.sessions(app.agent))
+        # On a private agent a stranger's reply in that thread is passed over in silence: no
+        # notice in the thread, nothing recorded.
+        t.ok("PUT", "/v1/agents/%s/access" % app.agent["id"], {"level": "private"})
+        stranger, _ = message("U0STRANGER", "+1, same question", thread_ts=root)
+        member, _ = message("U0OLGA", "thanks", thread_ts=root)
+        t.wait_reply(app.ch, member)
+        self.assertNotIn(stranger, t.replies(app.ch))
+        self.assertEqual([x["_text"] for x in fake.to(c)][3:], [said("thanks")])
+        self.assertNotIn(stranger, [e["payload"]["delivery_id"]
+                                    for e in t.events("channel.delivered@v1", app.ch)])
 
 
 class IgnoredTest(SlackCase):

@@ -143,6 +143,10 @@ asio::awaitable<Result<access::Admission>> AdmitDelivery(store::Store& store,
     KEEL_ASSIGN_OR_RETURN(
         out, access::AdmitSender(tx, vault, c.tenant_id, c.agent_id, channel_role, m.sender, m.text,
                                  m.direct, m.addressed, recent, may_write, now));
+    if (m.quiet && !out.take && !out.notice.empty()) {
+      out.notice.clear();  // nothing to record: the delivery is passed over
+      out.needs_write = false;
+    }
     return false;
   };
   Status read = co_await store::AsyncRead(

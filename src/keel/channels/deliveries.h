@@ -41,6 +41,9 @@ struct ChatMessage {
   bool direct = true;     // a direct conversation with the bot
   bool addressed = true;  // it calls the bot (always, in a direct conversation)
   Json target;            // where its answer goes
+  // It calls the bot only by being written in a thread the agent talks in: refused, it is
+  // passed over in silence rather than answered with a notice.
+  bool quiet = false;
 };
 
 // Who sent `m` and whether the agent takes it (access::AdmitSender, with the channel's role as

@@ -973,6 +973,7 @@ asio::awaitable<Result<Json>> Relay::PushedSlack(std::string channel_id, std::st
                    routed->direct,
                    routed->addressed,
                    routed->target};
+    in.quiet = routed->in_thread;
     auto replayed = co_await Deliver(c, "slack:", in);
     if (!replayed.ok()) co_return replayed.status();
   }
@@ -999,14 +1000,9 @@ asio::awaitable<void> Relay::AwaitRun(std::string tenant_id, std::string run_id,
   if (!reply_id.empty())
     forget.awaited = awaited_.try_emplace(run_id, Awaited{tenant_id, reply_id}).second;
   // The sender's sweep finds an ended run within a second anyway: this only spares the wait,
-  // for as long as a turn usually takes. A run whose ending claimed its answer (ClaimAtEnd)
-  // ends within moments: that is waited for whatever the time.
+  // for as long as a turn usually takes.
   const Millis until = NowMillis() + 10 * 60 * 1000;
-  auto claimed = [&] {
-    auto it = awaited_.find(run_id);
-    return forget.awaited && it != awaited_.end() && it->second.reserved;
-  };
-  while (!stopping_ && !hub_.closing() && (NowMillis() < until || claimed())) {
+  while (!stopping_ && !hub_.closing() && NowMillis() < until) {
     if (auto settled = hub_.TakeSettled(sub); settled && settled->Terminal()) break;
     bool ended = false, parked = false;
     Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
@@ -1017,52 +1013,51 @@ asio::awaitable<void> Relay::AwaitRun(std::string tenant_id, std::string run_id,
     });
     if (!read.ok() || ended) break;
     if (parked) WakeSender();  // its approval's cards are sent now rather than within a second
-    co_await hub_.Wait(sub, milliseconds(claimed() ? 1000 : 30000));
-  }
-  if (claimed()) {
-    // The run's ending claimed its answer (sending, for this node) unless that unit failed: sent
-    // at once, without a claim of its own. Held back (in sending_) until then.
-    std::optional<store::ChannelReply> reply;
-    auto how = std::make_unique<SendingHow>();
-    bool mine = false;
-    Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
-      KEEL_ASSIGN_OR_RETURN(reply, tx.channels().RunReply(tenant_id, run_id));
-      mine = reply && reply->id == reply_id && reply->status == "sending" &&
-             reply->origin == store_.origin();
-      return mine ? ReadHow(tx, vault_, *reply, *how) : Status::Ok();
-    });
-    awaited_.erase(run_id);
-    forget.awaited = false;
-    if (mine && !stopping_) {
-      // Its channel deleted meanwhile (the read failed): Send reads again and gives it up.
-      if (!read.ok()) how.reset();
-      asio::co_spawn(executor_, Send(std::move(*reply), std::move(how)),
-                     ReportExceptions{"channel reply"});
-      co_return;
-    }
-    sending_.erase(reply_id);
-    if (--tenant_sending_[tenant_id] <= 0) tenant_sending_.erase(tenant_id);
+    co_await hub_.Wait(sub, milliseconds(30000));
   }
   WakeSender();
 }
 
-std::function<Status(store::Tx&, const store::Run&)> Relay::ClaimAtEnd(const store::Run& run) {
+runtime::EndingWork Relay::ClaimAtEnd(const store::Run& run) {
   auto it = awaited_.find(run.id);
   if (it == awaited_.end() || it->second.reserved || stopping_ || !store_.leader() ||
-      sending_.size() >= kMaxInFlight || tenant_sending_[run.tenant_id] >= kMaxTenantInFlight) {
-    return nullptr;  // claimed by the sender's next round, as any other
+      sending_.Size() >= kMaxInFlight || tenant_sending_[run.tenant_id] >= kMaxTenantInFlight) {
+    return {};  // claimed by the sender's next round, as any other
   }
-  // Held from now on, so that no round of the sender takes it for a stale claim of this node.
-  it->second.reserved = true;
-  sending_.insert(it->second.reply_id);
-  ++tenant_sending_[run.tenant_id];
-  return [reply_id = it->second.reply_id, origin = store_.origin()](
-             store::Tx& tx, const store::Run& ended) -> Status {
+  // In flight from now on: no round of the sender claims it, or takes its claim for a stale one
+  // of this node (a round's unit reads sending_ as it runs, whenever it was queued).
+  Awaited& a = it->second;
+  a.reserved = true;
+  sending_.Add(a.reply_id);
+  ++tenant_sending_[a.tenant_id];
+  // The claim as the ending's unit wrote it (its last run's), handed to `after` by the commit.
+  auto claimed = std::make_shared<std::optional<store::ChannelReply>>();
+  runtime::EndingWork work;
+  work.write = [reply_id = a.reply_id, origin = store_.origin(), claimed](
+                   store::Tx& tx, const store::Run& ended) -> Status {
+    claimed->reset();
     KEEL_ASSIGN_OR_RETURN(auto reply, tx.channels().RunReply(ended.tenant_id, ended.id));
     if (!reply || reply->id != reply_id || reply->status != "waiting") return Status::Ok();
     ClaimAnswer(*reply, ended, origin, NowMillis());
-    return tx.channels().UpdateReply(*reply);
+    KEEL_RETURN_IF_ERROR(tx.channels().UpdateReply(*reply));
+    if (reply->status == "sending") *claimed = std::move(*reply);
+    return Status::Ok();
   };
+  work.after = [this, run_id = run.id, reply_id = a.reply_id, tenant_id = a.tenant_id,
+                claimed](bool committed) {
+    if (auto found = awaited_.find(run_id); found != awaited_.end()) {
+      found->second.reserved = false;  // a later ending may claim it if this one failed
+    }
+    if (committed && *claimed) {
+      // Claimed: sent at once, stopping or not (a claim is sent, as the sweep's are).
+      asio::co_spawn(executor_, Send(std::move(**claimed)), ReportExceptions{"channel reply"});
+      return;
+    }
+    sending_.Remove(reply_id);
+    if (--tenant_sending_[tenant_id] <= 0) tenant_sending_.erase(tenant_id);
+    WakeSender();
+  };
+  return work;
 }
 
 // ---- Sending
@@ -1075,16 +1070,18 @@ asio::awaitable<void> Relay::SendLoop() {
       co_await send_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
     }
     send_wake_ = false;
-    if (stopping_ || !store_.leader() || sending_.size() >= kMaxInFlight) continue;
+    if (stopping_ || !store_.leader() || sending_.Size() >= kMaxInFlight) continue;
     // Claimed in one unit, each "sending" before any request of it leaves this node: a crash
     // from here on leaves it sending, which the next round (of this node restarted, or of
     // another once the claim ran out) makes unknown rather than sending it again.
     std::vector<store::ChannelReply> claimed;
     const Millis now = NowMillis();
     const std::string origin = store_.origin();
-    const int room = std::min<int>(kBatch, static_cast<int>(kMaxInFlight - sending_.size()));
-    // The unit runs on the store's writer thread: it sees copies of this node's sends.
-    const std::set<std::string> in_flight = sending_;
+    const int room = std::min<int>(kBatch, static_cast<int>(kMaxInFlight - sending_.Size()));
+    // The unit runs on the store's writer thread: it sees this node's sends as they are when it
+    // runs (a run's ending may have claimed one since this round began), and a copy of their
+    // count by tenant.
+    const InFlight& in_flight = sending_;
     const std::map<std::string, int> tenants_in_flight = tenant_sending_;
     std::vector<std::pair<std::string, std::string>> to_card;  // approvals without cards
     auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
@@ -1092,10 +1089,10 @@ asio::awaitable<void> Relay::SendLoop() {
       KEEL_ASSIGN_OR_RETURN(to_card, tx.channels().ApprovalsToCard(kBatch));
       KEEL_ASSIGN_OR_RETURN(
           auto due,
-          tx.channels().DueReplies(now, origin, 4 * kBatch + static_cast<int>(in_flight.size())));
+          tx.channels().DueReplies(now, origin, 4 * kBatch + static_cast<int>(in_flight.Size())));
       std::map<std::string, int> busy = tenants_in_flight;
       for (auto& r : due) {
-        if (in_flight.count(r.id)) continue;  // this node is sending it now
+        if (in_flight.Has(r.id)) continue;  // this node is sending it now
         // A stale "sending" is settled whatever the room; one to send waits for room.
         if (r.status != "sending" &&
             (static_cast<int>(claimed.size()) >= room || busy[r.tenant_id] >= kMaxTenantInFlight)) {
@@ -1157,7 +1154,7 @@ asio::awaitable<void> Relay::SendLoop() {
       }
     }
     for (auto& r : claimed) {
-      sending_.insert(r.id);
+      sending_.Add(r.id);
       ++tenant_sending_[r.tenant_id];
       asio::co_spawn(executor_, Send(std::move(r)), ReportExceptions{"channel reply"});
     }
@@ -1200,27 +1197,24 @@ asio::awaitable<bool> Relay::Record(const store::ChannelReply& r) {
   co_return true;
 }
 
-asio::awaitable<void> Relay::Send(store::ChannelReply r, std::unique_ptr<SendingHow> how) {
+asio::awaitable<void> Relay::Send(store::ChannelReply r) {
   struct Done {
     Relay* relay;
     std::string id, tenant;
     ~Done() {
-      relay->sending_.erase(id);
+      relay->sending_.Remove(id);
       if (--relay->tenant_sending_[tenant] <= 0) relay->tenant_sending_.erase(tenant);
       relay->WakeSender();  // room for the next one
     }
   } done{this, r.id, r.tenant_id};
 
-  // How to send on the channel's platform: where, with which token (read here unless the
-  // caller read it with the reply).
-  if (!how) {
-    how = std::make_unique<SendingHow>();
-    Status read = co_await store::AsyncRead(
-        store_, [&](store::Tx& tx) -> Status { return ReadHow(tx, vault_, r, *how); });
-    if (!read.ok()) co_return;  // deleted with its channel, or the store: its claim runs out
-  }
-  std::string kind = std::move(how->kind), api_base = std::move(how->api_base),
-              token = std::move(how->token), refusal = std::move(how->refusal);
+  // How to send on the channel's platform: where, with which token.
+  SendingHow how;
+  Status read = co_await store::AsyncRead(
+      store_, [&](store::Tx& tx) -> Status { return ReadHow(tx, vault_, r, how); });
+  if (!read.ok()) co_return;  // deleted with its channel, or the store: its claim runs out
+  std::string kind = std::move(how.kind), api_base = std::move(how.api_base),
+              token = std::move(how.token), refusal = std::move(how.refusal);
 
   auto retry = [&](const std::string& why, Millis after) {
     r.attempts += 1;
@@ -1247,7 +1241,7 @@ asio::awaitable<void> Relay::Send(store::ChannelReply r, std::unique_ptr<Sending
                 {"reply_id", r.id},       {"run_id", r.run_id},         {"content", r.text},
                 {"drop", false}};
     auto kept = co_await runtime_.ChannelMessage("channel.message.out", r.tenant_id, r.agent_id,
-                                                 std::move(out), std::move(how->stamps));
+                                                 std::move(out), std::move(how.stamps));
     if (!kept.ok()) {
       r.status = "dead";
       r.error = TruncateUtf8(kept.status().message(), 500);

@@ -22,9 +22,9 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -43,6 +43,7 @@ class Client;
 namespace runtime {
 class Runtime;
 class EventHub;
+struct EndingWork;
 }  // namespace runtime
 namespace secrets {
 class Vault;
@@ -133,18 +134,17 @@ class Relay {
   boost::asio::awaitable<void> RecordPoll(const PollRead& read, std::string cursor,
                                           std::string error);
   // Wakes the sender once the run ended. With the id of the answer it owes (`reply_id`), the
-  // run's ending may claim that answer (ClaimAtEnd), which is then sent from here.
+  // run's ending may claim that answer meanwhile (ClaimAtEnd).
   boost::asio::awaitable<void> AwaitRun(std::string tenant_id, std::string run_id,
                                         std::string reply_id = "");
   // Runtime::SetEndingWork: the claim of a run's answer written with the run's end, for a run
-  // AwaitRun waits for when this node sends (the leader, with room): its answer is sent at
-  // once, without a claim unit of its own after the run's. A crash between that unit and the
-  // request leaves the answer sending, which the restart makes unknown, as after a claim.
-  std::function<Status(store::Tx&, const store::Run&)> ClaimAtEnd(const store::Run& run);
+  // AwaitRun waits for when this node sends (the leader, with room): in flight from the ask,
+  // sent once the ending commits (without a claim unit of its own after the run's), given back
+  // if it fails. A crash between that unit and the request leaves the answer sending, which
+  // the restart makes unknown, as after the sweep's claim.
+  runtime::EndingWork ClaimAtEnd(const store::Run& run);
   boost::asio::awaitable<void> SendLoop();
-  // Sends a claimed reply; `how` when the caller read it with the reply.
-  boost::asio::awaitable<void> Send(store::ChannelReply reply,
-                                    std::unique_ptr<SendingHow> how = nullptr);
+  boost::asio::awaitable<void> Send(store::ChannelReply reply);
   // Shows a card with its buttons, or edits a shown one to say how its approval was decided.
   boost::asio::awaitable<void> SendCard(store::ChannelReply card, std::string kind,
                                         std::string api_base, std::string token);
@@ -173,10 +173,35 @@ class Relay {
   bool send_wake_ = true;
   bool stopping_ = false;
   std::set<std::string> polling_;  // channels this node polls
-  std::set<std::string> sending_;  // replies this node sends
+  // The replies this node sends (or holds to send), by id: changed on the executor, read also
+  // by the sweep's unit on the store's writer thread.
+  class InFlight {
+   public:
+    void Add(const std::string& id) {
+      std::lock_guard<std::mutex> lock(mu_);
+      ids_.insert(id);
+    }
+    void Remove(const std::string& id) {
+      std::lock_guard<std::mutex> lock(mu_);
+      ids_.erase(id);
+    }
+    bool Has(const std::string& id) const {
+      std::lock_guard<std::mutex> lock(mu_);
+      return ids_.count(id) > 0;
+    }
+    size_t Size() const {
+      std::lock_guard<std::mutex> lock(mu_);
+      return ids_.size();
+    }
+
+   private:
+    mutable std::mutex mu_;
+    std::set<std::string> ids_;  // GUARDED_BY(mu_)
+  };
+  InFlight sending_;
   std::map<std::string, int> tenant_sending_;  // of those, by tenant
-  // The runs AwaitRun waits for with the answer each owes; `reserved` once ClaimAtEnd gave its
-  // ending the answer's claim (the answer in sending_ since).
+  // The runs AwaitRun waits for with the answer each owes; `reserved` while an ending that
+  // ClaimAtEnd gave the answer's claim is being written (the answer in sending_).
   struct Awaited {
     std::string tenant_id;
     std::string reply_id;

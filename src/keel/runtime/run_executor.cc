@@ -221,7 +221,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
     // message, which would find the tenant's slots full and be queued instead of claimed (10 to
     // 17 % of the turns at concurrency 64 on the local model).
     release.slot.Release();
-    const EndingWork owed = ending_work_ ? ending_work_(run) : EndingWork();
+    const EndingWork owed = ending_work_ ? ending_work_(run) : EndingWork{};
     auto done = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
       // The run as this execution knows it; Finish checks that the execution still holds it.
       store::Run cur = run;
@@ -270,11 +270,12 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
       // A run's reported usage includes the tokens this ending adds (RunUsageJson reads cur).
       runs::Ending ending{status, output, error, RunUsageJson(cur, totals)};
       KEEL_RETURN_IF_ERROR(runs::Finish(tx, cur, ending, at));
-      if (owed) KEEL_RETURN_IF_ERROR(owed(tx, cur));
+      if (owed.write) KEEL_RETURN_IF_ERROR(owed.write(tx, cur));
       hub_.Ending(cur);  // handed to the run's waiters when this commits
       return Status::Ok();
     });
     hub_.ForgetEnding(run.id);
+    if (owed.after) owed.after(done.ok());
     if (!done.ok() && done.status().code() == Code::kConflict) {
       LogInfo("run " + run.id + ": this node's execution (attempt " + std::to_string(run.attempt) +
               ") no longer holds it (its lease ran out and another " +

@@ -94,6 +94,13 @@ struct RuntimeOptions {
   http::OutboundGuard outbound;
 };
 
+// Work a run's ending owes (Runtime::SetEndingWork): `write` in the unit that ends the run,
+// after runs::Finish, with the run as ended (it may run twice: docs/decisions/0014); `after` on
+// the executor once that unit committed (true) or failed (false), always called once.
+struct EndingWork {
+  std::function<Status(store::Tx&, const store::Run&)> write;
+  std::function<void(bool committed)> after;
+};
 
 class Runtime {
  public:
@@ -145,12 +152,10 @@ class Runtime {
       std::optional<std::vector<store::PluginStamp>> stamps = std::nullopt);
   void WakeDeliveries();
 
-  // Work written in the unit that ends a run, after runs::Finish, with the run as ended.
-  using EndingWork = std::function<Status(store::Tx&, const store::Run&)>;
   // `ask` is asked on the executor as an execution ends a run (done, failed or cancelled at a
   // step boundary; not an ending written elsewhere, such as a cancel of a queued run) for the
-  // work the run's ending owes; an empty one for none. One asker: the channels' relay, which
-  // claims a chat's answer with its run's end. REQUIRES: called on the executor.
+  // work the run's ending owes (EndingWork; empty for none). One asker: the channels' relay,
+  // which claims a chat's answer with its run's end. REQUIRES: called on the executor.
   void SetEndingWork(std::function<EndingWork(const store::Run&)> ask);
 
   // Looks for due schedules now (a schedule was created or resumed on this node, or the test
