@@ -17,6 +17,7 @@
 #include <boost/beast/ssl.hpp>
 #include <boost/url/parse.hpp>
 #include <cctype>
+#include <charconv>
 #include <deque>
 #include <exception>
 #include <map>
@@ -284,29 +285,42 @@ struct ResponseStream::Impl {
                                   const std::string& tls_error, const Client::Options& options) {
     error_code ec;
 
-    // The resolver has no deadline of its own; a timer cancels it. The timer's handler holds
-    // only a weak reference, since it may run after this frame is gone.
-    auto resolver = std::make_shared<tcp::resolver>(ex);
-    asio::steady_timer deadline(ex);
-    deadline.expires_after(Wait());
-    deadline.async_wait([weak = std::weak_ptr<tcp::resolver>(resolver)](error_code wait_ec) {
-      if (wait_ec) return;
-      if (auto r = weak.lock()) r->cancel();
-    });
-    auto results = co_await resolver->async_resolve(endpoint.host, endpoint.port,
-                                                    asio::redirect_error(asio::use_awaitable, ec));
-    deadline.cancel();
-    if (ec == asio::error::operation_aborted) {
-      co_return Unavailable(what + ": resolving '" + endpoint.host + "': no answer within " +
-                            std::to_string(timeout.count()) + " ms");
+    // An address literal needs no resolver (whose lookups run on a thread of their own); a
+    // name is resolved, with a deadline.
+    std::vector<tcp::endpoint> candidates;
+    error_code not_literal;
+    const asio::ip::address literal = asio::ip::make_address(endpoint.host, not_literal);
+    unsigned port = 0;
+    const auto [end, parsed] =
+        std::from_chars(endpoint.port.data(), endpoint.port.data() + endpoint.port.size(), port);
+    if (!not_literal && parsed == std::errc() &&
+        end == endpoint.port.data() + endpoint.port.size() && port <= 65535) {
+      candidates.emplace_back(literal, static_cast<unsigned short>(port));
+    } else {
+      // The resolver has no deadline of its own; a timer cancels it. The timer's handler holds
+      // only a weak reference, since it may run after this frame is gone.
+      auto resolver = std::make_shared<tcp::resolver>(ex);
+      asio::steady_timer deadline(ex);
+      deadline.expires_after(Wait());
+      deadline.async_wait([weak = std::weak_ptr<tcp::resolver>(resolver)](error_code wait_ec) {
+        if (wait_ec) return;
+        if (auto r = weak.lock()) r->cancel();
+      });
+      auto results = co_await resolver->async_resolve(
+          endpoint.host, endpoint.port, asio::redirect_error(asio::use_awaitable, ec));
+      deadline.cancel();
+      if (ec == asio::error::operation_aborted) {
+        co_return Unavailable(what + ": resolving '" + endpoint.host + "': no answer within " +
+                              std::to_string(timeout.count()) + " ms");
+      }
+      if (ec) co_return Fail("resolving '" + endpoint.host + "'", ec);
+      for (const auto& entry : results) candidates.push_back(entry.endpoint());
     }
-    if (ec) co_return Fail("resolving '" + endpoint.host + "'", ec);
     // The guard judges the addresses actually connected to, so neither a name that resolves to
     // an internal address nor one that re-resolves differently (DNS rebinding) gets past it.
     std::vector<tcp::endpoint> allowed;
     Status refused;
-    for (const auto& entry : results) {
-      tcp::endpoint ep = entry.endpoint();
+    for (const tcp::endpoint& ep : candidates) {
       Status ok = options.outbound ? options.outbound->Check(ep.address()) : Status::Ok();
       if (ok.ok()) {
         allowed.push_back(ep);
