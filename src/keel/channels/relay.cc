@@ -148,8 +148,6 @@ void ClaimAnswer(store::ChannelReply& r, const store::Run& run, const std::strin
   r.next_attempt_at = now + kClaimMs;
 }
 
-}  // namespace
-
 // How a reply is sent on its channel's platform: where, with which token, or why it cannot be
 // now (nothing was sent); the agent's plugin stamps for channel.message.out@v1.
 struct SendingHow {
@@ -157,8 +155,6 @@ struct SendingHow {
   std::string refusal;
   std::optional<std::vector<store::PluginStamp>> stamps;
 };
-
-namespace {
 
 // Reads how `r` is sent. kNotFound once its channel is deleted.
 Status ReadHow(store::Tx& tx, const secrets::Vault& vault, const store::ChannelReply& r,
@@ -1021,7 +1017,9 @@ asio::awaitable<void> Relay::AwaitRun(std::string tenant_id, std::string run_id,
 runtime::EndingWork Relay::ClaimAtEnd(const store::Run& run) {
   auto it = awaited_.find(run.id);
   if (it == awaited_.end() || it->second.reserved || stopping_ || !store_.leader() ||
-      sending_.Size() >= kMaxInFlight || tenant_sending_[run.tenant_id] >= kMaxTenantInFlight) {
+      sending_.Size() >= kMaxInFlight ||
+      (tenant_sending_.count(run.tenant_id) &&
+       tenant_sending_.at(run.tenant_id) >= kMaxTenantInFlight)) {
     return {};  // claimed by the sender's next round, as any other
   }
   // In flight from now on: no round of the sender claims it, or takes its claim for a stale one

@@ -58,7 +58,6 @@ struct ChannelReply;
 namespace keel::channels {
 
 struct BotAnswer;
-struct SendingHow;  // relay.cc
 
 class Relay {
  public:
