@@ -8,6 +8,8 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <cmath>
+#include <mutex>
+#include <unordered_map>
 
 #include "keel/common/crypto.h"
 #include "keel/common/ids.h"
@@ -27,6 +29,16 @@ namespace {
 // How long answers wait to be written to the cache together, and how many may wait.
 constexpr int kCacheFlushDelayMs = 100;
 constexpr size_t kMaxPendingCacheEntries = 256;
+
+std::string FullCacheKey(const std::string& tenant, const std::string& group,
+                         const std::string& key) {
+  std::string full;
+  full.reserve(tenant.size() + group.size() + key.size() + 2);
+  full.append(tenant).push_back('\n');
+  full.append(group).push_back('\n');
+  full.append(key);
+  return full;
+}
 
 // Agent config fields that change what a model answers (the others, such as busy or
 // local_latency_ms, do not).
@@ -310,6 +322,15 @@ Json RunUsageJson(const store::Run& run, const store::UsageTotals& totals) {
   return j;
 }
 
+struct ModelCaller::Unwritten {
+  struct Answer {
+    store::CacheEntry entry;
+    uint64_t batch = 0;  // the unit writing it; 0 while queued
+  };
+  std::mutex mu;
+  std::unordered_map<std::string, Answer> answers;
+};
+
 ModelCaller::ModelCaller(asio::any_io_executor executor, store::Store& store,
                          model::ProviderRegistry& providers, Metrics& metrics,
                          std::map<std::string, config::ModelPrice> prices,
@@ -319,7 +340,8 @@ ModelCaller::ModelCaller(asio::any_io_executor executor, store::Store& store,
       providers_(providers),
       metrics_(metrics),
       prices_(std::move(prices)),
-      cache_(std::move(cache)) {}
+      cache_(std::move(cache)),
+      unwritten_(std::make_shared<Unwritten>()) {}
 
 void ModelCaller::Start() {
   asio::co_spawn(executor_, CachePruneLoop(), ReportExceptions{"response cache pruning"});
@@ -385,6 +407,11 @@ asio::awaitable<ModelCall> ModelCaller::Call(const store::Run& run, const store:
   Status read = co_await store::AsyncRead(store_, read_with(use_cache));
   if (!read.ok() && use_cache) read = co_await store::AsyncRead(store_, read_with(false));
   if (!read.ok() && cache_read.ok()) cache_read = read;  // the cache was not read either
+  if (use_cache && cache_read.ok() && !entry) {
+    std::lock_guard lock(unwritten_->mu);
+    auto it = unwritten_->answers.find(FullCacheKey(run.tenant_id, group, key));
+    if (it != unwritten_->answers.end()) entry = it->second.entry;
+  }
   if (use_cache) {
     std::optional<model::ModelResponse> cached;
     if (!cache_read.ok()) {
@@ -483,7 +510,15 @@ asio::awaitable<ModelCall> ModelCaller::Call(const store::Run& run, const store:
 }
 
 void ModelCaller::QueueCacheEntry(store::CacheEntry entry) {
-  cache_pending_.push_back(std::move(entry));
+  std::string full = FullCacheKey(entry.tenant_id, entry.cache_group, entry.key);
+  {
+    std::lock_guard lock(unwritten_->mu);
+    auto& answer = unwritten_->answers[full];
+    const bool queued = answer.batch == 0 && !answer.entry.key.empty();
+    answer = {std::move(entry), 0};
+    if (queued) return;  // its newer answer goes with the queued key
+  }
+  cache_pending_.push_back(std::move(full));
   if (cache_pending_.size() >= kMaxPendingCacheEntries) {
     WriteCacheEntries();
   } else if (!cache_flush_scheduled_) {
@@ -494,7 +529,8 @@ void ModelCaller::QueueCacheEntry(store::CacheEntry entry) {
 
 asio::awaitable<void> ModelCaller::FlushCacheEntries() {
   // A short wait gathers the answers of many calls into one unit (one commit), off the runs'
-  // path; an answer repeated within it is a miss, which only costs its model call.
+  // path; meanwhile this node answers from the queue (another node's call is a miss, which
+  // only costs its model call).
   asio::steady_timer timer(executor_);
   timer.expires_after(std::chrono::milliseconds(kCacheFlushDelayMs));
   boost::system::error_code ec;
@@ -505,8 +541,19 @@ asio::awaitable<void> ModelCaller::FlushCacheEntries() {
 
 void ModelCaller::WriteCacheEntries() {
   if (cache_pending_.empty()) return;
-  std::vector<store::CacheEntry> entries = std::move(cache_pending_);
+  std::vector<std::string> keys = std::move(cache_pending_);
   cache_pending_.clear();
+  const uint64_t batch = ++cache_batches_;
+  std::vector<store::CacheEntry> entries;
+  entries.reserve(keys.size());
+  {
+    std::lock_guard lock(unwritten_->mu);
+    for (const auto& full : keys) {
+      auto& answer = unwritten_->answers[full];
+      answer.batch = batch;
+      entries.push_back(answer.entry);
+    }
+  }
   const auto count = static_cast<int64_t>(entries.size());
   Metrics* metrics = &metrics_;
   store_.Write(
@@ -514,7 +561,18 @@ void ModelCaller::WriteCacheEntries() {
         for (const auto& e : entries) KEEL_RETURN_IF_ERROR(tx.usage().PutCacheEntry(e));
         return Status::Ok();
       },
-      [metrics, count](Status st, std::vector<store::Event>) {
+      [metrics, count, batch, keys = std::move(keys), unwritten = unwritten_](
+          Status st, std::vector<store::Event>) {
+        {
+          // Written or not, the answers leave the queue: a failed write is a miss later.
+          std::lock_guard lock(unwritten->mu);
+          for (const auto& full : keys) {
+            auto it = unwritten->answers.find(full);
+            if (it != unwritten->answers.end() && it->second.batch == batch) {
+              unwritten->answers.erase(it);
+            }
+          }
+        }
         if (st.ok()) {
           metrics->model_cache_stores += count;
         } else {

@@ -13,7 +13,8 @@
 //                   check
 //   metering        the answer's cost from the price table; a primary's answer is queued for
 //                   the cache, and the queue is written in one unit of its own a moment later
-//                   (QueueCacheEntry), off the run's path
+//                   (QueueCacheEntry), off the run's path; until that unit commits, this node
+//                   answers the same request from the queue
 //
 // The executor records the outcome with the model step (ModelCall::Record), in the step's unit
 // of work. A cache that fails (a read or a write) only costs the cache: the call goes to the
@@ -21,9 +22,9 @@
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
-
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -110,7 +111,13 @@ class ModelCaller {
   const std::map<std::string, config::ModelPrice> prices_;
   const config::CacheConfig cache_;
   bool stopping_ = false;
-  std::vector<store::CacheEntry> cache_pending_;  // answers not written to the cache yet
+  // Answers queued for the cache or being written, by their full key (tenant, group, key), so
+  // that a call asking again before the unit commits is a hit; the writer thread drops a
+  // batch's answers once its unit is done.
+  struct Unwritten;
+  std::shared_ptr<Unwritten> unwritten_;
+  std::vector<std::string> cache_pending_;  // full keys not handed to the writer yet
+  uint64_t cache_batches_ = 0;
   bool cache_flush_scheduled_ = false;
 };
 
