@@ -453,6 +453,29 @@ class OutboxTest(TelegramCase):
         self.assertGreaterEqual(gaps[0], 0.8, gaps)
         self.assertGreaterEqual(gaps[1], 1.6, "no backoff: %s" % gaps)
 
+    def test_the_outgoing_hook_transforms_an_answer_once_however_often_it_is_tried(self):
+        # channel.message.out@v1 runs before the answer's first request; what it made is what
+        # each retry sends (a plugin that signs the answer signs it once).
+        t, fake = self.t, self.fake
+        agent, ch = self.bot()
+        source = """
+ctx.bus.on('channel.message.out@v1', function(m)
+  m.content = m.content .. ' -- signed'
+  return m
+end)"""
+        plugin = "signer-" + os.urandom(4).hex()
+        t.ok("POST", "/v1/plugins", {
+            "manifest": {"id": plugin, "name": "Signer", "version": "1.0.0", "kind": "lua",
+                         "events": ["channel.message.out@v1"]},
+            "source": source}, expect=201)
+        t.ok("POST", "/v1/plugins/%s/enable" % plugin, {"agent_id": agent["id"]})
+        fake.fail("sendMessage", {"status": 500}, {"status": 429, "retry_after": 1})
+        r = t.wait_reply(ch, fake.message(111, "sign this"), timeout=40)
+        self.assertEqual((r["status"], r["attempts"]), ("sent", 3), r)
+        self.assertEqual([m["_text"] for m in fake.to(111)],
+                         ['You said: "sign this" -- signed'])
+        self.assertEqual([c["status"] for c in fake.sends(111)], [500, 429, 200])
+
     def test_a_blocked_bot_is_dead_at_once_and_a_cut_send_is_unknown(self):
         t, fake = self.t, self.fake
         agent, ch = self.bot()
@@ -640,6 +663,13 @@ class WrongTokenTest(TelegramCase):
         fake.message(111, "back again")
         fake.wait_sent(111, 2, timeout=60)  # within the poller's backoff
         t.status(ch, "ready")
+        # Each change of the poll's state is an event, once: failing (the 401), working again;
+        # the missing secret, if a poll met it before it was set again, the same.
+        statuses = [(e["payload"]["status"], e["payload"]["error"] != "")
+                    for e in t.events("channel.status@v1", ch)]
+        self.assertIn(statuses, ([("error", True), ("ready", False)],
+                                 [("error", True), ("ready", False)] * 2), statuses)
+        self.assertIn("401", t.events("channel.status@v1", ch)[0]["payload"]["error"])
         self.assertNoLeak(wrong, fake.token)
 
 
@@ -1793,6 +1823,10 @@ class ApprovalCardTest(TelegramCase):
         self.answered_in(GROUP, appended("retried"))
         self.assertEqual(t.replies(ch)[cut]["status"], "unknown")
         self.assertEqual(self.notes(agent), ["retried"])
+        # A card the platform showed is an event, once (not the cut one, nor the edit).
+        shown_events = [e["payload"] for e in t.events("channel.card_shown@v1", ch)]
+        self.assertEqual([(e["reply_id"], e["approval_id"]) for e in shown_events],
+                         [(t.replies(ch)[shown]["id"], a["id"])], shown_events)
 
     def test_presses_keel_cannot_read_are_passed_over(self):
         # A Bot API server (the tenant's own api_base) may send what Telegram never would: a

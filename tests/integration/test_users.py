@@ -611,6 +611,59 @@ class PersonTokenTest(KeelTestCase):
             "name": "x", "role": "owner", "user_id": bob["id"]}), 400, "invalid_argument")
 
 
+    def test_a_persons_schedule_posts_with_its_users_role_at_each_slot(self):
+        # A schedule runs its slots as its creator's token; a person's token acts with the lower
+        # of its role and its user's role on the agent as that role is when the slot comes.
+        self.server = SERVER
+        t = Tenant(SERVER)
+        agent = t.agent(tools=["notes.append"])
+        ann = t.person("Ann")
+        t.member(agent, ann, "user")
+        tok, _ = self.token_of(t, ann, "owner")
+        notes = os.path.join(SERVER.home, "workspaces", agent["id"], "notes.txt")
+
+        def schedule(line, after):
+            """A one-shot schedule of Ann's, `after` seconds from now, that appends `line`."""
+            return t.ok("POST", "/v1/agents/%s/schedules" % agent["id"], {
+                "prompt": '/call notes.append {"line": "%s"}' % line,
+                "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + after))},
+                expect=201, token=tok)
+
+        def slot(s, line):
+            """The slot's event (fired or refused), and whether the line was written."""
+            ev = wait_for(lambda: next((e for e in SERVER.all_events(token=t.token)
+                                        if e["type"] in ("schedule.fired@v1",
+                                                         "schedule.refused@v1")
+                                        and e["payload"].get("schedule_id") == s["id"]), None),
+                          30, "the slot of schedule " + s["id"])
+            if ev["type"] == "schedule.fired@v1":
+                SERVER.wait_run(ev["run_id"], token=t.token)
+            written = ""
+            if os.path.exists(notes):
+                with open(notes) as f:
+                    written = f.read()
+            return ev, line in written
+
+        # Made while Ann is a user there: one slot as a user, one after she is made a guest,
+        # one after she is no member (the agent is private).
+        first, second, third = (schedule("as-a-user", 2), schedule("as-a-guest", 6),
+                                schedule("as-nobody", 10))
+        ev, wrote = slot(first, "as-a-user")
+        self.assertEqual(ev["type"], "schedule.fired@v1", ev)
+        self.assertTrue(wrote, "a user's scheduled call was not made")
+        t.member(agent, ann, "guest")
+        ev, wrote = slot(second, "as-a-guest")
+        self.assertEqual(ev["type"], "schedule.fired@v1", ev)
+        self.assertFalse(wrote, "a scheduled call of a guest wrote with its token's role (owner)")
+        self.assertIn("guests may only use read tools",
+                      json.dumps(SERVER.steps(ev["run_id"], token=t.token)))
+        t.ok("DELETE", "/v1/agents/%s/members/%s" % (agent["id"], ann["id"]), expect=(200, 204))
+        ev, wrote = slot(third, "as-nobody")
+        self.assertEqual(ev["type"], "schedule.refused@v1", ev)
+        self.assertIn("no role on the agent", ev["payload"]["reason"])
+        self.assertFalse(wrote)
+
+
 # ---------------------------------------------------------------------------------- Telegram
 
 

@@ -795,6 +795,75 @@ TEST_P(StoreTest, ChannelsTheirConversationsAndDeliveriesAreEachRecordedOnce) {
   ASSERT_TRUE(st.ok()) << st.ToString();
 }
 
+// A polled channel's lease (channels/relay.h): one node holds it at a time; its holder renews
+// it, another node takes it only once it ran out, a holder gives it up with until 0; the poll
+// state's cursor is kept through it; the runtime-wide list shows who holds what, and a
+// channel's deletion takes its lease along (a channel gone cannot be leased).
+TEST_P(StoreTest, AChannelsLeaseIsHeldByOneNodeAtATime) {
+  Tenant t = MakeTenant();
+  Agent a = MakeAgent(t, "a");
+  Channel c;
+  c.id = NewId();
+  c.tenant_id = t.id;
+  c.agent_id = a.id;
+  c.name = "tg";
+  c.kind = "telegram";
+  c.settings = "{}";
+  c.created_by = "token";
+  c.created_at = c.updated_at = 1000;
+  ASSERT_TRUE(store_->WriteSync([&](Tx& tx) { return tx.channels().InsertChannel(c); }).ok());
+  auto lease = [&](const std::string& node, Millis now, Millis until) {
+    bool held = false;
+    Status st = store_->WriteSync([&](Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(held, tx.channels().LeaseChannel(t.id, c.id, node, now, until));
+      return Status::Ok();
+    });
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return held;
+  };
+  auto leases = [&] {
+    std::vector<ChannelLease> out;
+    Status st = store_->Read([&](Tx& tx) -> Status {
+      KEEL_ASSIGN_OR_RETURN(out, tx.channels().ChannelLeases());
+      return Status::Ok();
+    });
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    std::erase_if(out, [&](const ChannelLease& l) { return l.channel_id != c.id; });
+    return out;
+  };
+  EXPECT_TRUE(leases().empty());
+  EXPECT_TRUE(lease("A", 2000, 17000));    // nobody held it
+  EXPECT_FALSE(lease("B", 16999, 31999));  // A's runs until 17000
+  EXPECT_TRUE(lease("A", 16000, 31000));   // renewed by its holder
+  ASSERT_TRUE(store_
+                  ->WriteSync([&](Tx& tx) {
+                    return tx.channels().PutPoll({t.id, c.id, "7/42", "", 16500});
+                  })
+                  .ok());
+  auto held = leases();
+  ASSERT_EQ(held.size(), 1u);
+  EXPECT_EQ(held[0].tenant_id, t.id);
+  EXPECT_EQ(held[0].holder, "A");
+  EXPECT_EQ(held[0].held_until, 31000);
+  EXPECT_FALSE(lease("B", 30999, 45999));
+  EXPECT_TRUE(lease("B", 31001, 46001));   // A's ran out: A was stopped past it
+  EXPECT_FALSE(lease("A", 32000, 47000));  // and, resumed, A does not take it back
+  EXPECT_TRUE(lease("B", 33000, 0));       // given up: anyone takes it at once
+  EXPECT_TRUE(lease("A", 33001, 48001));
+  Status st = store_->Read([&](Tx& tx) -> Status {
+    KEEL_ASSIGN_OR_RETURN(auto poll, tx.channels().GetPoll(t.id, c.id));
+    EXPECT_TRUE(poll.has_value());
+    if (poll) EXPECT_EQ(poll->cursor, "7/42");  // the cursor is kept through the leases
+    return Status::Ok();
+  });
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_TRUE(
+      store_->WriteSync([&](Tx& tx) { return tx.channels().DeleteChannel(t.id, c.id); }).ok());
+  EXPECT_TRUE(leases().empty());
+  EXPECT_FALSE(lease("A", 50000, 65000));  // a channel gone is leased to nobody, and no error
+  EXPECT_TRUE(leases().empty());
+}
+
 // Approval cards (channels/cards.h): a direct conversation's contact, the approvals of
 // channel runs still without cards (runtime-wide), an approval's cards, a run's answer, and
 // shown cards due once their approval is decided.

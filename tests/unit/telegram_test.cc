@@ -263,7 +263,7 @@ TEST(TelegramRouteTest, AnUpdateWithoutANumericIdIsAnError) {
     EXPECT_EQ(RouteUpdate(u, kBot).status().code(), Code::kInvalidArgument) << u.dump();
   }
   for (const Json& id : {Json(nullptr), Json("9001"), Json(9001.5), Json(true), Json::array({9001}),
-                         Json::object()}) {
+                         Json::object(), Json(-1), Json(uint64_t{1} << 63), Json(~uint64_t{0})}) {
     update["update_id"] = id;
     EXPECT_EQ(RouteUpdate(update, kBot).status().code(), Code::kInvalidArgument) << update.dump();
   }
@@ -272,6 +272,8 @@ TEST(TelegramRouteTest, AnUpdateWithoutANumericIdIsAnError) {
   // A large id is kept whole, in decimal.
   update["update_id"] = 123456789012LL;
   EXPECT_EQ(Route(update).update_id, "123456789012");
+  update["update_id"] = (uint64_t{1} << 63) - 1;  // the largest taken
+  EXPECT_EQ(Route(update).update_id, "9223372036854775807");
 }
 
 TEST(TelegramRouteTest, APrivateChatsTextGoesAsItIs) {

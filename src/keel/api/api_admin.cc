@@ -8,6 +8,7 @@
 #include "keel/access/access.h"
 #include "keel/api/api.h"
 #include "keel/api/render.h"
+#include "keel/channels/relay.h"
 #include "keel/common/crypto.h"
 #include "keel/common/ids.h"
 #include "keel/metrics.h"
@@ -68,6 +69,12 @@ void RegisterHealthRoutes(http::Router& router, ApiContext& ctx) {
     extra += "# HELP keel_leader 1 while this node leads the cluster (always, on SQLite).\n"
              "# TYPE keel_leader gauge\nkeel_leader " +
              std::string(ctx.store.leader() ? "1" : "0") + "\n";
+    if (ctx.relay) {
+      extra +=
+          "# HELP keel_channels_polled Channels this node polls or registers the command of "
+          "(it holds their leases).\n# TYPE keel_channels_polled gauge\nkeel_channels_polled " +
+          std::to_string(ctx.relay->Polling()) + "\n";
+    }
     Response r;
     r.content_type = "text/plain; version=0.0.4";
     r.body = ctx.metrics.Render(extra);

@@ -51,6 +51,16 @@ constexpr int kMaxAttempts = 8;      // sends of a reply Telegram answered 5xx, 
 constexpr Millis kMaxBackoffMs = 3600 * 1000;
 // A claimed reply is unknown after this if its send never reports (its node stopped).
 constexpr Millis kClaimMs = 2 * 60 * 1000;
+// A node's lease on a channel it polls (or registers the command of): written for
+// kChannelLeaseMs by this node's clock, renewed once less than kChannelRenewMs is left (the
+// supervisor looks every two seconds), and believed for kChannelBelievedMs after the write
+// that took it began, by the steady clock: a node stopped past it (SIGSTOP, a paused VM) knows
+// at once when it resumes, and takes nothing more from the poll it was in. Another node takes
+// the channel once the lease ran out: within kChannelLeaseMs and two seconds.
+constexpr Millis kChannelLeaseMs = 15000;
+constexpr Millis kChannelRenewMs = 10000;
+constexpr Millis kChannelBelievedMs = 12000;
+constexpr Millis kNodeSeenMs = 5000;  // the nodes that share the channels: seen this recently
 constexpr milliseconds kSendTimeout{30000};
 constexpr size_t kMaxAnswerBytes = 1 << 20;
 // The updates a Telegram bot is asked for (a webhook is set again when they change).
@@ -242,6 +252,23 @@ void Relay::Start() {
 void Relay::Stop() {
   runtime_.SetEndingWork(nullptr);
   stopping_ = true;
+  // The channels this node polls go to another at its next look, not after their leases.
+  if (!held_.empty()) {
+    std::vector<std::pair<std::string, std::string>> given;  // (tenant, channel)
+    for (const auto& [id, h] : held_) given.emplace_back(h.tenant_id, id);
+    held_.clear();
+    store_.Write(
+        [given = std::move(given), me = store_.origin()](store::Tx& tx) -> Status {
+          const Millis now = NowMillis();
+          for (const auto& [tenant_id, id] : given) {
+            KEEL_RETURN_IF_ERROR(tx.channels().LeaseChannel(tenant_id, id, me, now, 0).status());
+          }
+          return Status::Ok();
+        },
+        [](Status st, std::vector<store::Event>) {
+          if (!st.ok()) LogError("giving up channel leases: " + st.message());
+        });
+  }
   supervise_timer_.cancel();
   send_timer_.cancel();
 }
@@ -267,20 +294,111 @@ asio::awaitable<void> Relay::Supervise() {
       co_await supervise_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
     }
     supervise_wake_ = false;
-    if (stopping_ || !store_.leader()) continue;
+    if (stopping_) break;
     std::vector<store::Channel> polled;
+    std::vector<store::ChannelLease> leases;
+    size_t nodes = 1;
     Status read = co_await store::AsyncRead(store_, [&](store::Tx& tx) -> Status {
       KEEL_ASSIGN_OR_RETURN(polled, tx.channels().PolledChannels());
+      KEEL_ASSIGN_OR_RETURN(leases, tx.channels().ChannelLeases());
+      KEEL_ASSIGN_OR_RETURN(auto seen, tx.runs().ListNodes(kNodeSeenMs));
+      nodes = std::max<size_t>(1, seen.size());
       return Status::Ok();
     });
-    if (!read.ok()) continue;
+    if (!read.ok() || stopping_) continue;
+    co_await Lease(polled, leases, nodes);
     for (const auto& c : polled) {
-      if (!polling_.insert(c.id).second) continue;
+      if (!Holds(c.id) || !polling_.insert(c.id).second) continue;
       if (c.kind == "discord") {
         asio::co_spawn(executor_, Register(c.tenant_id, c.id), ReportExceptions{"channel command"});
       } else {
         asio::co_spawn(executor_, Poll(c.tenant_id, c.id), ReportExceptions{"channel poll"});
       }
+    }
+  }
+}
+
+void Relay::ForgetUnlisted(const std::vector<store::Channel>& polled) {
+  std::set<std::string> listed;
+  for (const auto& c : polled) listed.insert(c.id);
+  std::erase_if(held_, [&](const auto& h) { return !listed.count(h.first); });
+}
+
+bool Relay::Holds(const std::string& channel_id) const {
+  auto it = held_.find(channel_id);
+  return it != held_.end() && std::chrono::steady_clock::now() < it->second.believed_until;
+}
+
+asio::awaitable<void> Relay::Lease(const std::vector<store::Channel>& polled,
+                                   const std::vector<store::ChannelLease>& leases, size_t nodes) {
+  const std::string me = store_.origin();
+  const Millis now = NowMillis();
+  std::map<std::string, const store::ChannelLease*> lease_of;
+  for (const auto& l : leases) lease_of[l.channel_id] = &l;
+  ForgetUnlisted(polled);
+  // This node's share of the channels: what it holds it renews (the longest held first), the
+  // free ones it takes up to its share, and one beyond its share it gives up per look, so that
+  // a node that joins gets its part.
+  struct Ask {
+    std::string tenant_id;
+    std::string channel_id;
+    Millis until;
+  };
+  std::vector<Ask> asks;
+  std::vector<const store::Channel*> free;
+  size_t mine = 0;
+  const size_t share = (polled.size() + nodes - 1) / nodes;
+  for (const auto& c : polled) {
+    auto it = lease_of.find(c.id);
+    const store::ChannelLease* l = it == lease_of.end() ? nullptr : it->second;
+    if (l && l->holder == me) {
+      ++mine;
+      if (mine > share) {
+        if (mine == share + 1) asks.push_back({c.tenant_id, c.id, 0});
+        continue;
+      }
+      if (!Holds(c.id) || l->held_until - now < kChannelRenewMs) {
+        asks.push_back({c.tenant_id, c.id, now + kChannelLeaseMs});
+      }
+    } else if (!l || l->held_until < now) {
+      free.push_back(&c);
+    }
+  }
+  for (const auto* c : free) {
+    if (mine >= share) break;
+    asks.push_back({c->tenant_id, c->id, now + kChannelLeaseMs});
+    ++mine;
+  }
+  // Given up: no poll of it goes on here (the loop ends at its next look).
+  for (const auto& a : asks) {
+    if (a.until == 0) held_.erase(a.channel_id);
+  }
+  if (asks.empty()) co_return;
+  const auto asked = std::chrono::steady_clock::now();
+  std::vector<char> got(asks.size(), 0);
+  // Named, not a temporary of the co_await: g++ 12 destroys a temporary lambda's captured
+  // string there twice.
+  store::WriteFn write = [&asks, &got, &me, now](store::Tx& tx) -> Status {
+    for (size_t i = 0; i < asks.size(); ++i) {
+      const Ask& a = asks[i];
+      KEEL_ASSIGN_OR_RETURN(
+          bool held, tx.channels().LeaseChannel(a.tenant_id, a.channel_id, me, now, a.until));
+      got[i] = held ? 1 : 0;
+    }
+    return Status::Ok();
+  };
+  auto wrote = co_await store::AsyncWrite(store_, std::move(write));
+  if (!wrote.ok()) {
+    LogError("channel leases: " + wrote.status().message());
+    co_return;
+  }
+  for (size_t i = 0; i < asks.size(); ++i) {
+    if (asks[i].until == 0) continue;
+    if (got[i]) {
+      held_[asks[i].channel_id] = {asks[i].tenant_id,
+                                   asked + std::chrono::milliseconds(kChannelBelievedMs)};
+    } else {
+      held_.erase(asks[i].channel_id);  // another node took it: this one was stopped past it
     }
   }
 }
@@ -377,7 +495,7 @@ asio::awaitable<void> Relay::Poll(std::string tenant_id, std::string channel_id)
     }
   } done{this, channel_id};
   int failures = 0;
-  while (!stopping_ && store_.leader()) {
+  while (!stopping_ && Holds(channel_id)) {
     PollRead r;
     if (!(co_await ReadChannel(tenant_id, channel_id, r)).ok()) {
       co_await Sleep(milliseconds(1000));
@@ -458,7 +576,11 @@ asio::awaitable<void> Relay::Poll(std::string tenant_id, std::string channel_id)
         const Millis asked = NowMillis();
         BotAnswer got = co_await CallBot(r, "getUpdates", ask,
                                          milliseconds(r.settings.poll_timeout * 1000 + 10000));
-        if (!got.ok || !got.result.is_array()) {
+        if (!Holds(channel_id)) {
+          // A lease that ran out meanwhile (this node was stopped, or gave the channel up):
+          // the channel's new poller has these updates (and Telegram answered this poll 409).
+          // The loop ends at its next look.
+        } else if (!got.ok || !got.result.is_array()) {
           failure = got.error.empty() ? "getUpdates: an answer without updates" : got.error;
           retry_after = got.retry_after;
         } else {
@@ -552,7 +674,7 @@ asio::awaitable<void> Relay::Register(std::string tenant_id, std::string channel
     ~Done() { relay->polling_.erase(id); }
   } done{this, channel_id};
   int failures = 0;
-  while (!stopping_ && store_.leader()) {
+  while (!stopping_ && Holds(channel_id)) {
     PollRead r;  // its Telegram fields unused
     DiscordSettings settings;
     bool gone = false;
@@ -687,10 +809,21 @@ asio::awaitable<void> Relay::RecordPoll(const PollRead& read, std::string cursor
                                         std::string error) {
   store::ChannelPoll p{read.channel.tenant_id, read.channel.id, std::move(cursor),
                        TruncateUtf8(error, 500), NowMillis()};
+  // Whether the channel went from working to failing, from one failure to another, or back.
+  const bool changed = p.error != read.error;
   auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
     // A channel deleted while its poll was under way has no poll to record.
     KEEL_RETURN_IF_ERROR(tx.channels().GetChannel(p.tenant_id, p.channel_id).status());
-    return tx.channels().PutPoll(p);
+    KEEL_RETURN_IF_ERROR(tx.channels().PutPoll(p));
+    if (!changed) return Status::Ok();
+    return tx.events().Append({p.tenant_id,
+                               "channel.status@v1",
+                               read.channel.agent_id,
+                               "",
+                               "",
+                               {{"channel_id", p.channel_id},
+                                {"status", p.error.empty() ? "ready" : "error"},
+                                {"error", p.error}}});
   });
   if (!written.ok() && written.status().code() != Code::kNotFound) {
     LogError("channel " + read.channel.id +
@@ -1159,33 +1292,25 @@ asio::awaitable<void> Relay::SendLoop() {
   }
 }
 
-asio::awaitable<bool> Relay::Record(const store::ChannelReply& r) {
+asio::awaitable<bool> Relay::Record(const store::ChannelReply& r, bool card_shown) {
   auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
     KEEL_RETURN_IF_ERROR(tx.channels().UpdateReply(r));
-    if (r.status == "sent") {
-      return tx.events().Append({r.tenant_id,
-                                 "channel.replied@v1",
-                                 r.agent_id,
-                                 r.session_id,
-                                 "",
-                                 {{"channel_id", r.channel_id},
-                                  {"reply_id", r.id},
-                                  {"run_id", r.run_id},
-                                  {"parts", r.parts_sent}}});
+    Json payload = {{"channel_id", r.channel_id}, {"reply_id", r.id}, {"run_id", r.run_id}};
+    const char* type = nullptr;
+    if (card_shown) {
+      type = "channel.card_shown@v1";
+      payload["approval_id"] = r.approval_id;
+    } else if (r.status == "sent") {
+      type = "channel.replied@v1";
+      payload["parts"] = r.parts_sent;
+    } else if (r.status == "dead" || r.status == "unknown") {
+      type = "channel.reply_failed@v1";
+      payload["status"] = r.status;
+      payload["error"] = r.error;
     }
-    if (r.status == "dead" || r.status == "unknown") {
-      return tx.events().Append({r.tenant_id,
-                                 "channel.reply_failed@v1",
-                                 r.agent_id,
-                                 r.session_id,
-                                 "",
-                                 {{"channel_id", r.channel_id},
-                                  {"reply_id", r.id},
-                                  {"run_id", r.run_id},
-                                  {"status", r.status},
-                                  {"error", r.error}}});
-    }
-    return Status::Ok();
+    if (type == nullptr) return Status::Ok();
+    return tx.events().Append(
+        {r.tenant_id, type, r.agent_id, r.session_id, "", std::move(payload)});
   });
   if (!written.ok() && written.status().code() != Code::kNotFound) {
     LogError("channel reply " + r.id + ": could not record it " + r.status + ": " +
@@ -1225,16 +1350,10 @@ asio::awaitable<void> Relay::Send(store::ChannelReply r) {
       r.next_attempt_at = r.updated_at + std::max(after, Backoff(r.attempts));
     }
   };
-  if (!refusal.empty()) {
-    retry(refusal, 0);
-    co_await Record(r);
-    co_return;
-  }
-  if (!r.approval_id.empty()) {
-    co_await SendCard(std::move(r), std::move(kind), std::move(api_base), std::move(token));
-    co_return;
-  }
-  if (r.parts_sent == 0) {
+  // channel.message.out@v1 before the answer's first request, once: the text it leaves is
+  // recorded with the attempt, and an answer tried again (a 429, a 500, a channel refused for
+  // now) is that text as it was sent the first time, not transformed again.
+  if (r.approval_id.empty() && r.attempts == 0) {
     Json out = {{"agent_id", r.agent_id}, {"channel_id", r.channel_id}, {"kind", kind},
                 {"reply_id", r.id},       {"run_id", r.run_id},         {"content", r.text},
                 {"drop", false}};
@@ -1254,6 +1373,15 @@ asio::awaitable<void> Relay::Send(store::ChannelReply r) {
       co_return;
     }
     r.text = std::move(**kept);
+  }
+  if (!refusal.empty()) {
+    retry(refusal, 0);
+    co_await Record(r);
+    co_return;
+  }
+  if (!r.approval_id.empty()) {
+    co_await SendCard(std::move(r), std::move(kind), std::move(api_base), std::move(token));
+    co_return;
   }
   auto target = ParseJson(r.target);
   const bool slack = kind == "slack", discord = kind == "discord";
@@ -1442,7 +1570,7 @@ asio::awaitable<void> Relay::SendCard(store::ChannelReply r, std::string kind, s
         r.error = method + ": " + where.status().message();
       }
     }
-    co_await Record(r);
+    co_await Record(r, /*card_shown=*/!edit);
     co_return;
   }
   auto again = [&](Millis after) {

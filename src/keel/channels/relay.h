@@ -1,8 +1,11 @@
 #pragma once
-// channels::Relay: the chat platforms' side of channels (docs/CHANNELS.md). On the leader it
-// long-polls each enabled telegram channel's bot (a new one within two seconds) for updates and
-// sends the answers its runs owe (the outbox, decisions/0020):
+// channels::Relay: the chat platforms' side of channels (docs/CHANNELS.md). It long-polls the
+// enabled telegram channels' bots whose lease this node holds (a new one within two seconds)
+// for updates, and on the leader sends the answers runs owe (the outbox, decisions/0020):
 //
+//   lease    each polled channel has a lease that one node holds at a time (Lease); the nodes
+//            share the channels, and a stopped or dead node's move to the others once their
+//            leases run out (at most 17 s)
 //   poll     getUpdates from the durable cursor; each update the routing rules take
 //            (telegram.h) is recorded as a delivery of its chat's session (deliveries.h), posted
 //            through intake with the key "telegram:UPDATE_ID", and owed an answer (a reply
@@ -22,6 +25,7 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -51,6 +55,7 @@ class Vault;
 namespace store {
 class Store;
 struct Channel;
+struct ChannelLease;
 struct ChannelReply;
 }  // namespace store
 }  // namespace keel
@@ -71,6 +76,8 @@ class Relay {
 
   // Starts the loops. REQUIRES: called once, on the executor.
   void Start();
+  // The channels this node polls (or registers the command of) now. On the executor.
+  size_t Polling() const { return polling_.size(); }
   // The node drains: no new poll, no new send (a send under way finishes).
   void Stop();
   // An update Telegram posted to POST /v1/hooks/{id} for a webhook-mode channel, with the
@@ -98,6 +105,14 @@ class Relay {
  private:
   struct PollRead;
   boost::asio::awaitable<void> Supervise();
+  // Takes, renews and gives up this node's leases on the `polled` channels (decisions/0020):
+  // its share of them among `nodes` live nodes.
+  boost::asio::awaitable<void> Lease(const std::vector<store::Channel>& polled,
+                                     const std::vector<store::ChannelLease>& leases, size_t nodes);
+  // Forgets the leases of channels no longer polled (disabled or deleted): they run out.
+  void ForgetUnlisted(const std::vector<store::Channel>& polled);
+  // Whether this node holds the channel's lease, by its own steady clock.
+  bool Holds(const std::string& channel_id) const;
   // The channel, its settings, token and poll state, in one read (`r.gone`, `r.problem`).
   boost::asio::awaitable<Status> ReadChannel(const std::string& tenant_id,
                                              const std::string& channel_id, PollRead& r);
@@ -152,8 +167,9 @@ class Relay {
   boost::asio::awaitable<PressOutcome> Pressed(const store::Channel& c, const Press& p);
   // A Telegram press decided, and answered (answerCallbackQuery) with its notice.
   boost::asio::awaitable<void> TakePress(const PollRead& read, const Press& p);
-  // Records a reply's new state (with its event when it ended); false when the write failed.
-  boost::asio::awaitable<bool> Record(const store::ChannelReply& reply);
+  // Records a reply's new state (with its event when it ended, or when `card_shown`: a card
+  // the platform has just shown); false when the write failed.
+  boost::asio::awaitable<bool> Record(const store::ChannelReply& reply, bool card_shown = false);
   boost::asio::awaitable<void> Sleep(std::chrono::milliseconds how_long);
   void WakeSender();
 
@@ -172,6 +188,12 @@ class Relay {
   bool send_wake_ = true;
   bool stopping_ = false;
   std::set<std::string> polling_;  // channels this node polls
+  // The channels whose lease this node holds, by id: believed until when (steady clock).
+  struct Held {
+    std::string tenant_id;
+    std::chrono::steady_clock::time_point believed_until;
+  };
+  std::map<std::string, Held> held_;
   // The replies this node sends (or holds to send), by id: changed on the executor, read also
   // by the sweep's unit on the store's writer thread.
   class InFlight {

@@ -151,7 +151,12 @@ Json TelegramSettingsJson(const TelegramSettings& s) {
 }
 
 Result<TelegramInbound> RouteUpdate(const Json& update, const TelegramBot& bot) {
-  if (!IsInt(update, "update_id")) {
+  // Telegram's update ids are positive and increase; one below 0 or past int64 (a Bot API
+  // server of the tenant's choosing may send anything) is no update_id.
+  if (!IsInt(update, "update_id") ||
+      (update["update_id"].is_number_unsigned()
+           ? update["update_id"].get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)
+           : update["update_id"].get<int64_t>() < 0)) {
     return InvalidArgument("a Telegram update without a numeric update_id");
   }
   TelegramInbound in;

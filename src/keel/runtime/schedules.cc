@@ -38,6 +38,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <map>
 
+#include "keel/access/users.h"
 #include "keel/common/ids.h"
 #include "keel/common/log.h"
 #include "keel/plugins/bus.h"
@@ -76,6 +77,20 @@ Result<std::optional<store::Schedule>> StillDue(store::Tx& tx, const store::Sche
     return std::optional<store::Schedule>();
   }
   return std::optional<store::Schedule>(std::move(current).value());
+}
+
+// The role a slot of `s` posts with: the creator token's as recorded, or, for a person's
+// token, the lower of it and its user's role on the agent now, as the person's own requests
+// would be (docs/USERS.md). kPermissionDenied when the user no longer reaches the agent.
+Result<std::string> SlotRole(store::Tx& tx, const store::Schedule& s) {
+  KEEL_ASSIGN_OR_RETURN(auto token, tx.tokens().GetToken(s.tenant_id, s.created_by));
+  if (token.user_id.empty()) return s.caller_role;
+  KEEL_ASSIGN_OR_RETURN(auto on, access::UserRoleOn(tx, s.tenant_id, token.user_id, s.agent_id));
+  if (!on) {
+    return PermissionDenied("the user of token " + s.created_by +
+                            " has no role on the agent any more");
+  }
+  return access::LowerRole(s.caller_role, *on);
 }
 
 // The schedule after a due slot was dealt with.
@@ -143,6 +158,13 @@ Status Runtime::WriteSlotPost(store::Tx& tx, SlotPost& post) {
     return Status::Ok();
   }
   KEEL_RETURN_IF_ERROR(recorded);
+  auto role = SlotRole(tx, s);
+  if (!role.ok()) {
+    if (role.status().code() == Code::kPermissionDenied) unit.refused = true;
+    return role.status();
+  }
+  unit.request.caller_role = *role;
+  unit.out.run.caller_role = *role;
   Advance(*current, post.plan, post.now, false);
   KEEL_RETURN_IF_ERROR(tx.schedules().UpdateSchedule(*current));
   tx.Carry("schedule_fires", store::RowImage(record));

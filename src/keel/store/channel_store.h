@@ -63,6 +63,15 @@ struct ChannelPoll {
   Millis updated_at = 0;
 };
 
+// Which node polls a channel (or registers its command), until when by that node's clock
+// (the row of channel_polls; decisions/0020).
+struct ChannelLease {
+  std::string tenant_id;
+  std::string channel_id;
+  std::string holder;  // the node's origin
+  Millis held_until = 0;
+};
+
 // One answer owed to a channel's conversation: the outbox (docs/CHANNELS.md, decisions/0020).
 // Recorded when its delivery's message is posted ("waiting" for the run), filled from the run
 // once it ends, sent by the leader. Runtime state like plugin deliveries: not exported (an
@@ -150,6 +159,13 @@ class ChannelStore {
   virtual Result<std::optional<ChannelPoll>> GetPoll(const std::string& tenant_id,
                                                      const std::string& channel_id) = 0;
   virtual Status PutPoll(const ChannelPoll& p) = 0;  // inserted or replaced
+  // Runtime-wide: the leases held or once held, by channel id.
+  virtual Result<std::vector<ChannelLease>> ChannelLeases() = 0;
+  // Takes or renews node `origin`'s lease on the channel until `until`: true when `origin`
+  // holds it now (it held it, nobody did, or the holder's ran out before `now`), false while
+  // another node's runs, or when the channel is gone. `until` 0 gives it up.
+  virtual Result<bool> LeaseChannel(const std::string& tenant_id, const std::string& channel_id,
+                                    const std::string& origin, Millis now, Millis until) = 0;
   // kConflict when the channel has a reply to that delivery already.
   virtual Status InsertReply(const ChannelReply& r) = 0;
   // By tenant and id: everything but the ids, the target and created_at. kNotFound.

@@ -1396,6 +1396,21 @@ Status SqlTx<Sql>::PutPoll(const ChannelPoll& p) {
 }
 
 template <typename Sql>
+Result<bool> SqlTx<Sql>::LeaseChannel(const std::string& tenant_id, const std::string& channel_id,
+                                      const std::string& origin, Millis now, Millis until) {
+  static const std::string kSql =
+      "INSERT INTO channel_polls(tenant_id, channel_id, cursor, error, updated_at, holder, "
+      "held_until) SELECT tenant_id, id, '', '', CAST($4 AS BIGINT), $3, CAST($5 AS BIGINT) "
+      "FROM channels WHERE tenant_id=$1 AND id=$2 ON CONFLICT(channel_id) DO UPDATE SET "
+      "holder=excluded.holder, held_until=excluded.held_until WHERE "
+      "channel_polls.holder=excluded.holder OR channel_polls.held_until<CAST($4 AS BIGINT)";
+  KEEL_RETURN_IF_ERROR(sql_.BindTenant(tenant_id));
+  KEEL_ASSIGN_OR_RETURN(int64_t changed,
+                        sql_.Exec(kSql, tenant_id, channel_id, origin, now, until));
+  return changed > 0;
+}
+
+template <typename Sql>
 Status SqlTx<Sql>::InsertReply(const ChannelReply& x) {
   static const std::string kSql = InsertSql("channel_replies", rows::kReplyCols, 20);
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(x.tenant_id));

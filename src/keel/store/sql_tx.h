@@ -353,6 +353,8 @@ class SqlTx : public Tx,
   Result<std::optional<ChannelPoll>> GetPoll(const std::string& tenant_id,
                                              const std::string& channel_id) override;
   Status PutPoll(const ChannelPoll& p) override;
+  Result<bool> LeaseChannel(const std::string& tenant_id, const std::string& channel_id,
+                            const std::string& origin, Millis now, Millis until) override;
   Status InsertReply(const ChannelReply& r) override;
   Status UpdateReply(const ChannelReply& r) override;
   Result<Paged<ChannelReply>> ListReplies(const std::string& tenant_id,

@@ -113,6 +113,8 @@ export function ChannelsPage() {
       },
       'channel.replied@v1': outbox,
       'channel.reply_failed@v1': outbox,
+      'channel.card_shown@v1': outbox,
+      'channel.status@v1': one, // a poll started failing, or works again
       'agent.created@v1': () => coalesce('agents', readAgents),
       // Its channels stop ("its agent was deleted") and leave the list with it.
       'agent.deleted@v1': () => coalesce('all', readAll),
@@ -193,6 +195,8 @@ export function ChannelPage({ id }: { id: string }) {
     },
     'channel.replied@v1': outbox,
     'channel.reply_failed@v1': outbox,
+    'channel.card_shown@v1': outbox,
+    'channel.status@v1': mine(() => coalesce('channel', read)),
   };
   const live = useStream(agentId ? { agent_id: agentId } : null, handlers);
 

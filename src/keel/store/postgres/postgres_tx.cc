@@ -93,6 +93,19 @@ Result<std::vector<Channel>> PostgresTx::PolledChannels() {
   return InKeyOrder<Channel>(keys, found, ReadChannel<Row>);
 }
 
+Result<std::vector<ChannelLease>> PostgresTx::ChannelLeases() {
+  KEEL_ASSIGN_OR_RETURN(
+      auto rows,
+      conn_.Query("SELECT tenant_id, channel_id, holder, held_until FROM keel_channel_leases()",
+                  Params()));
+  std::vector<ChannelLease> out;
+  out.reserve(rows.size());
+  for (int i = 0; i < rows.size(); ++i) {
+    out.push_back({rows.Text(i, 0), rows.Text(i, 1), rows.Text(i, 2), rows.Int(i, 3)});
+  }
+  return out;
+}
+
 Result<std::vector<ChannelReply>> PostgresTx::DueReplies(Millis now, const std::string& origin,
                                                          int limit) {
   static const std::string kKeys = "SELECT tenant_id, id FROM keel_due_replies($1, $2, $3)";

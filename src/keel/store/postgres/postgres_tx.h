@@ -95,6 +95,7 @@ class PostgresTx final : public SqlTx<PgSql> {
   // ChannelStore
   Result<std::string> ChannelTenant(const std::string& id) override;
   Result<std::vector<Channel>> PolledChannels() override;
+  Result<std::vector<ChannelLease>> ChannelLeases() override;
   Result<std::vector<ChannelReply>> DueReplies(Millis now, const std::string& origin,
                                                int limit) override;
   Result<std::vector<std::pair<std::string, std::string>>> ApprovalsToCard(int limit) override;

@@ -68,6 +68,16 @@ Result<std::vector<Channel>> SqliteTx::PolledChannels() {
   return Collect<Channel>(s, ReadChannel<Stmt>);
 }
 
+Result<std::vector<ChannelLease>> SqliteTx::ChannelLeases() {
+  static const std::string kSql =
+      "SELECT tenant_id, channel_id, holder, held_until FROM channel_polls WHERE holder<>'' "
+      "ORDER BY channel_id";
+  KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
+  return Collect<ChannelLease>(s, [](const Stmt& r) {
+    return ChannelLease{r.Text(0), r.Text(1), r.Text(2), r.Int(3)};
+  });
+}
+
 Result<std::vector<ChannelReply>> SqliteTx::DueReplies(Millis now, const std::string& origin,
                                                        int limit) {
   static const std::string kSql =
