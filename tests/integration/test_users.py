@@ -622,12 +622,12 @@ class PersonTokenTest(KeelTestCase):
         tok, _ = self.token_of(t, ann, "owner")
         notes = os.path.join(SERVER.home, "workspaces", agent["id"], "notes.txt")
 
-        def schedule(line, after):
+        def schedule(line, after, **body):
             """A one-shot schedule of Ann's, `after` seconds from now, that appends `line`."""
-            return t.ok("POST", "/v1/agents/%s/schedules" % agent["id"], {
+            return t.ok("POST", "/v1/agents/%s/schedules" % agent["id"], dict({
                 "prompt": '/call notes.append {"line": "%s"}' % line,
                 "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + after))},
-                expect=201, token=tok)
+                **body), expect=201, token=tok)
 
         def slot(s, line):
             """The slot's event (fired or refused), and whether the line was written."""
@@ -646,8 +646,12 @@ class PersonTokenTest(KeelTestCase):
 
         # Made while Ann is a user there: one slot as a user, one after she is made a guest,
         # one after she is no member (the agent is private).
-        first, second, third = (schedule("as-a-user", 2), schedule("as-a-guest", 6),
-                                schedule("as-nobody", 10))
+        # And one into a session the tenant's owner opened, which a guest may not post into.
+        theirs = SERVER.create_session(agent["id"], token=t.token)
+        first, second, shared, third = (
+            schedule("as-a-user", 2), schedule("as-a-guest", 6),
+            schedule("as-a-guest-elsewhere", 7, session_id=theirs["id"]),
+            schedule("as-nobody", 11))
         ev, wrote = slot(first, "as-a-user")
         self.assertEqual(ev["type"], "schedule.fired@v1", ev)
         self.assertTrue(wrote, "a user's scheduled call was not made")
@@ -657,6 +661,12 @@ class PersonTokenTest(KeelTestCase):
         self.assertFalse(wrote, "a scheduled call of a guest wrote with its token's role (owner)")
         self.assertIn("guests may only use read tools",
                       json.dumps(SERVER.steps(ev["run_id"], token=t.token)))
+        ev, wrote = slot(shared, "as-a-guest-elsewhere")
+        self.assertEqual(ev["type"], "schedule.refused@v1", ev)
+        self.assertIn("does not reach the schedule's session", ev["payload"]["reason"])
+        self.assertEqual([m for m in t.pages("/v1/sessions/%s/messages" % theirs["id"])
+                          if m["role"] == "user"], [], "a guest's slot posted into another's "
+                                                       "session")
         t.ok("DELETE", "/v1/agents/%s/members/%s" % (agent["id"], ann["id"]), expect=(200, 204))
         ev, wrote = slot(third, "as-nobody")
         self.assertEqual(ev["type"], "schedule.refused@v1", ev)

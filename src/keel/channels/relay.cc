@@ -8,6 +8,7 @@
 #include "keel/access/access.h"
 #include "keel/channels/deliveries.h"
 #include "keel/channels/discord.h"
+#include "keel/channels/leases.h"
 #include "keel/channels/slack.h"
 #include "keel/channels/telegram.h"
 #include "keel/common/crypto.h"
@@ -51,15 +52,6 @@ constexpr int kMaxAttempts = 8;      // sends of a reply Telegram answered 5xx, 
 constexpr Millis kMaxBackoffMs = 3600 * 1000;
 // A claimed reply is unknown after this if its send never reports (its node stopped).
 constexpr Millis kClaimMs = 2 * 60 * 1000;
-// A node's lease on a channel it polls (or registers the command of): written for
-// kChannelLeaseMs by this node's clock, renewed once less than kChannelRenewMs is left (the
-// supervisor looks every two seconds), and believed for kChannelBelievedMs after the write
-// that took it began, by the steady clock: a node stopped past it (SIGSTOP, a paused VM) knows
-// at once when it resumes, and takes nothing more from the poll it was in. Another node takes
-// the channel once the lease ran out: within kChannelLeaseMs and two seconds.
-constexpr Millis kChannelLeaseMs = 15000;
-constexpr Millis kChannelRenewMs = 10000;
-constexpr Millis kChannelBelievedMs = 12000;
 constexpr Millis kNodeSeenMs = 5000;  // the nodes that share the channels: seen this recently
 constexpr milliseconds kSendTimeout{30000};
 constexpr size_t kMaxAnswerBytes = 1 << 20;
@@ -253,22 +245,10 @@ void Relay::Stop() {
   runtime_.SetEndingWork(nullptr);
   stopping_ = true;
   // The channels this node polls go to another at its next look, not after their leases.
-  if (!held_.empty()) {
-    std::vector<std::pair<std::string, std::string>> given;  // (tenant, channel)
-    for (const auto& [id, h] : held_) given.emplace_back(h.tenant_id, id);
-    held_.clear();
-    store_.Write(
-        [given = std::move(given), me = store_.origin()](store::Tx& tx) -> Status {
-          const Millis now = NowMillis();
-          for (const auto& [tenant_id, id] : given) {
-            KEEL_RETURN_IF_ERROR(tx.channels().LeaseChannel(tenant_id, id, me, now, 0).status());
-          }
-          return Status::Ok();
-        },
-        [](Status st, std::vector<store::Event>) {
-          if (!st.ok()) LogError("giving up channel leases: " + st.message());
-        });
-  }
+  std::vector<std::pair<std::string, std::string>> given;  // (tenant, channel)
+  for (const auto& [id, h] : held_) given.emplace_back(h.tenant_id, id);
+  held_.clear();
+  GiveUp(std::move(given));
   supervise_timer_.cancel();
   send_timer_.cancel();
 }
@@ -324,6 +304,21 @@ void Relay::ForgetUnlisted(const std::vector<store::Channel>& polled) {
   std::erase_if(held_, [&](const auto& h) { return !listed.count(h.first); });
 }
 
+void Relay::GiveUp(std::vector<std::pair<std::string, std::string>> channels) {
+  if (channels.empty()) return;
+  store_.Write(
+      [channels = std::move(channels), me = store_.origin()](store::Tx& tx) -> Status {
+        const Millis now = NowMillis();
+        for (const auto& [tenant_id, id] : channels) {
+          KEEL_RETURN_IF_ERROR(tx.channels().LeaseChannel(tenant_id, id, me, now, now).status());
+        }
+        return Status::Ok();
+      },
+      [](Status st, std::vector<store::Event>) {
+        if (!st.ok()) LogError("giving up channel leases: " + st.message());
+      });
+}
+
 bool Relay::Holds(const std::string& channel_id) const {
   auto it = held_.find(channel_id);
   return it != held_.end() && std::chrono::steady_clock::now() < it->second.believed_until;
@@ -333,45 +328,13 @@ asio::awaitable<void> Relay::Lease(const std::vector<store::Channel>& polled,
                                    const std::vector<store::ChannelLease>& leases, size_t nodes) {
   const std::string me = store_.origin();
   const Millis now = NowMillis();
-  std::map<std::string, const store::ChannelLease*> lease_of;
-  for (const auto& l : leases) lease_of[l.channel_id] = &l;
   ForgetUnlisted(polled);
-  // This node's share of the channels: what it holds it renews (the longest held first), the
-  // free ones it takes up to its share, and one beyond its share it gives up per look, so that
-  // a node that joins gets its part.
-  struct Ask {
-    std::string tenant_id;
-    std::string channel_id;
-    Millis until;
-  };
-  std::vector<Ask> asks;
-  std::vector<const store::Channel*> free;
-  size_t mine = 0;
-  const size_t share = (polled.size() + nodes - 1) / nodes;
-  for (const auto& c : polled) {
-    auto it = lease_of.find(c.id);
-    const store::ChannelLease* l = it == lease_of.end() ? nullptr : it->second;
-    if (l && l->holder == me) {
-      ++mine;
-      if (mine > share) {
-        if (mine == share + 1) asks.push_back({c.tenant_id, c.id, 0});
-        continue;
-      }
-      if (!Holds(c.id) || l->held_until - now < kChannelRenewMs) {
-        asks.push_back({c.tenant_id, c.id, now + kChannelLeaseMs});
-      }
-    } else if (!l || l->held_until < now) {
-      free.push_back(&c);
-    }
-  }
-  for (const auto* c : free) {
-    if (mine >= share) break;
-    asks.push_back({c->tenant_id, c->id, now + kChannelLeaseMs});
-    ++mine;
-  }
+  using Ask = LeaseAsk;
+  const std::vector<Ask> asks = PlanLeases(polled, leases, nodes, me, now,
+                                           [this](const std::string& id) { return Holds(id); });
   // Given up: no poll of it goes on here (the loop ends at its next look).
   for (const auto& a : asks) {
-    if (a.until == 0) held_.erase(a.channel_id);
+    if (a.until <= now) held_.erase(a.channel_id);
   }
   if (asks.empty()) co_return;
   const auto asked = std::chrono::steady_clock::now();
@@ -392,8 +355,16 @@ asio::awaitable<void> Relay::Lease(const std::vector<store::Channel>& polled,
     LogError("channel leases: " + wrote.status().message());
     co_return;
   }
+  if (stopping_) {  // Stop gave up what it knew of; these came meanwhile
+    std::vector<std::pair<std::string, std::string>> taken;
+    for (size_t i = 0; i < asks.size(); ++i) {
+      if (got[i] && asks[i].until > now) taken.emplace_back(asks[i].tenant_id, asks[i].channel_id);
+    }
+    GiveUp(std::move(taken));
+    co_return;
+  }
   for (size_t i = 0; i < asks.size(); ++i) {
-    if (asks[i].until == 0) continue;
+    if (asks[i].until <= now) continue;
     if (got[i]) {
       held_[asks[i].channel_id] = {asks[i].tenant_id,
                                    asked + std::chrono::milliseconds(kChannelBelievedMs)};
@@ -569,7 +540,9 @@ asio::awaitable<void> Relay::Poll(std::string tenant_id, std::string channel_id)
         }
       }
       const std::string mine = failure.empty() ? std::to_string(bot->id) + "/" : "";
-      if (failure.empty()) {
+      // Asked only while the lease holds (getMe may have taken long): a poll of a channel now
+      // another node's would cut that node's poll off (409).
+      if (failure.empty() && Holds(channel_id)) {
         Json ask = {{"timeout", r.settings.poll_timeout},
                     {"allowed_updates", Json::array({"message", "callback_query"})}};
         if (last && *last < INT64_MAX) ask["offset"] = *last + 1;
@@ -809,8 +782,9 @@ asio::awaitable<void> Relay::RecordPoll(const PollRead& read, std::string cursor
                                         std::string error) {
   store::ChannelPoll p{read.channel.tenant_id, read.channel.id, std::move(cursor),
                        TruncateUtf8(error, 500), NowMillis()};
-  // Whether the channel went from working to failing, from one failure to another, or back.
-  const bool changed = p.error != read.error;
+  // Whether the channel went from working to failing, or back (a failure worded another way,
+  // a retry_after counting down, is no news).
+  const bool changed = p.error.empty() != read.error.empty();
   auto written = co_await store::AsyncWrite(store_, [&](store::Tx& tx) -> Status {
     // A channel deleted while its poll was under way has no poll to record.
     KEEL_RETURN_IF_ERROR(tx.channels().GetChannel(p.tenant_id, p.channel_id).status());

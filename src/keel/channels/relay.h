@@ -111,6 +111,9 @@ class Relay {
                                      const std::vector<store::ChannelLease>& leases, size_t nodes);
   // Forgets the leases of channels no longer polled (disabled or deleted): they run out.
   void ForgetUnlisted(const std::vector<store::Channel>& polled);
+  // Ends this node's leases on the channels, (tenant, channel id) each, in a unit of their own
+  // (not awaited), so that another node takes them at its next look.
+  void GiveUp(std::vector<std::pair<std::string, std::string>> channels);
   // Whether this node holds the channel's lease, by its own steady clock.
   bool Holds(const std::string& channel_id) const;
   // The channel, its settings, token and poll state, in one read (`r.gone`, `r.problem`).

@@ -38,6 +38,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <map>
 
+#include "keel/access/access.h"
 #include "keel/access/users.h"
 #include "keel/common/ids.h"
 #include "keel/common/log.h"
@@ -83,9 +84,11 @@ Result<std::optional<store::Schedule>> StillDue(store::Tx& tx, const store::Sche
 // token, the lower of it and its user's role on the agent now, as the person's own requests
 // would be (docs/USERS.md). kPermissionDenied when the user no longer reaches the agent.
 Result<std::string> SlotRole(store::Tx& tx, const store::Schedule& s) {
-  KEEL_ASSIGN_OR_RETURN(auto token, tx.tokens().GetToken(s.tenant_id, s.created_by));
-  if (token.user_id.empty()) return s.caller_role;
-  KEEL_ASSIGN_OR_RETURN(auto on, access::UserRoleOn(tx, s.tenant_id, token.user_id, s.agent_id));
+  auto token = tx.tokens().GetToken(s.tenant_id, s.created_by);
+  if (token.status().code() == Code::kNotFound) return s.caller_role;  // as access::Revoked
+  KEEL_RETURN_IF_ERROR(token.status());
+  if (token->user_id.empty()) return s.caller_role;
+  KEEL_ASSIGN_OR_RETURN(auto on, access::UserRoleOn(tx, s.tenant_id, token->user_id, s.agent_id));
   if (!on) {
     return PermissionDenied("the user of token " + s.created_by +
                             " has no role on the agent any more");
@@ -162,6 +165,17 @@ Status Runtime::WriteSlotPost(store::Tx& tx, SlotPost& post) {
   if (!role.ok()) {
     if (role.status().code() == Code::kPermissionDenied) unit.refused = true;
     return role.status();
+  }
+  // A guest posts only into a session it opened, as intake checks a guest's message.
+  if (*role == "guest" && !post.new_session) {
+    auto target = tx.sessions().GetSession(s.tenant_id, session.id);  // gone: intake says so
+    if (!target.ok() && target.status().code() != Code::kNotFound) return target.status();
+    if (target.ok() && !access::CanUseSession({s.tenant_id, s.created_by, *role}, *target)) {
+      unit.refused = true;
+      return PermissionDenied(
+          "the creator's role on the agent (guest) does not reach the "
+          "schedule's session, which another opened");
+    }
   }
   unit.request.caller_role = *role;
   unit.out.run.caller_role = *role;

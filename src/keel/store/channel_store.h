@@ -163,7 +163,7 @@ class ChannelStore {
   virtual Result<std::vector<ChannelLease>> ChannelLeases() = 0;
   // Takes or renews node `origin`'s lease on the channel until `until`: true when `origin`
   // holds it now (it held it, nobody did, or the holder's ran out before `now`), false while
-  // another node's runs, or when the channel is gone. `until` 0 gives it up.
+  // another node's runs, or when the channel is gone. An `until` at or before `now` gives it up.
   virtual Result<bool> LeaseChannel(const std::string& tenant_id, const std::string& channel_id,
                                     const std::string& origin, Millis now, Millis until) = 0;
   // kConflict when the channel has a reply to that delivery already.

@@ -1,0 +1,112 @@
+// PlanLeases (channels/leases.h): which channels a node renews, takes and gives up.
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+
+#include "keel/channels/leases.h"
+
+namespace keel::channels {
+namespace {
+
+constexpr Millis kNow = 1'000'000;
+
+std::vector<store::Channel> Channels(int n) {
+  std::vector<store::Channel> out;
+  for (int i = 0; i < n; ++i) {
+    store::Channel c;
+    c.id = "ch" + std::to_string(i);
+    c.tenant_id = "t";
+    c.updated_at = kNow - 1000;  // created a moment ago
+    out.push_back(c);
+  }
+  return out;
+}
+
+store::ChannelLease Held(const std::string& id, const std::string& holder, Millis until) {
+  return {"t", id, holder, until};
+}
+
+// The plan as channel -> until.
+std::map<std::string, Millis> Plan(const std::vector<store::Channel>& polled,
+                                   const std::vector<store::ChannelLease>& leases, size_t nodes,
+                                   const std::set<std::string>& believed = {}) {
+  std::map<std::string, Millis> out;
+  for (const auto& a : PlanLeases(polled, leases, nodes, "me", kNow,
+                                  [&](const std::string& id) { return believed.count(id) > 0; })) {
+    EXPECT_TRUE(out.emplace(a.channel_id, a.until).second) << "asked twice: " << a.channel_id;
+  }
+  return out;
+}
+
+TEST(ChannelLeasesTest, ANodeTakesItsShareOfTheFreeChannels) {
+  const auto polled = Channels(5);
+  auto plan = Plan(polled, {}, 2);  // a share of 3
+  EXPECT_EQ(plan.size(), 3u);
+  for (const auto& [id, until] : plan) EXPECT_EQ(until, kNow + kChannelLeaseMs) << id;
+  EXPECT_EQ(Plan(polled, {}, 1).size(), 5u);  // one node: all of them
+  EXPECT_EQ(Plan(polled, {}, 0).size(), 5u);  // none seen (a store of one node): all
+  EXPECT_EQ(Plan({}, {}, 3).size(), 0u);
+}
+
+TEST(ChannelLeasesTest, AnotherNodesLiveLeaseIsLeftAndAnExpiredOneTaken) {
+  const auto polled = Channels(2);
+  auto plan = Plan(polled, {Held("ch0", "other", kNow), Held("ch1", "other", kNow - 1)}, 1);
+  EXPECT_EQ(plan.count("ch0"), 0u) << "taken from a node whose lease still runs";
+  EXPECT_EQ(plan.at("ch1"), kNow + kChannelLeaseMs);
+}
+
+TEST(ChannelLeasesTest, WhatItHoldsIsRenewedOnlyWhenDueOrNotBelieved) {
+  const auto polled = Channels(3);
+  std::vector<store::ChannelLease> leases = {
+      Held("ch0", "me", kNow + kChannelRenewMs + 1),  // plenty left
+      Held("ch1", "me", kNow + kChannelRenewMs - 1),  // due
+      Held("ch2", "me", kNow + kChannelLeaseMs)};     // fresh, but not believed (a restart)
+  auto plan = Plan(polled, leases, 1, {"ch0", "ch1"});
+  EXPECT_EQ(plan.count("ch0"), 0u);
+  EXPECT_EQ(plan.at("ch1"), kNow + kChannelLeaseMs);
+  EXPECT_EQ(plan.at("ch2"), kNow + kChannelLeaseMs);
+}
+
+TEST(ChannelLeasesTest, OneBeyondTheShareIsGivenUpPerLookAndTheRestKept) {
+  const auto polled = Channels(4);
+  std::vector<store::ChannelLease> leases;
+  for (const auto& c : polled) leases.push_back(Held(c.id, "me", kNow + 1));  // all due
+  std::set<std::string> believed = {"ch0", "ch1", "ch2", "ch3"};
+  auto plan = Plan(polled, leases, 4, believed);  // a share of 1
+  ASSERT_EQ(plan.size(), 4u);
+  EXPECT_EQ(plan.at("ch0"), kNow + kChannelLeaseMs);
+  EXPECT_EQ(plan.at("ch1"), kNow) << "the one just beyond the share is given up";
+  EXPECT_EQ(plan.at("ch2"), kNow + kChannelLeaseMs) << "the others are renewed until their turn";
+  EXPECT_EQ(plan.at("ch3"), kNow + kChannelLeaseMs);
+}
+
+TEST(ChannelLeasesTest, ItsOwnEndedLeaseIsFreeNotHeld) {
+  // Given up at its last look (held_until = then): not renewed as its own, taken again only
+  // within its share.
+  const auto polled = Channels(2);
+  auto plan = Plan(polled, {Held("ch0", "me", kNow - 2000), Held("ch1", "other", kNow + 5000)}, 2);
+  EXPECT_EQ(plan.at("ch0"), kNow + kChannelLeaseMs);  // a share of 1, and it holds none
+  plan = Plan(polled, {Held("ch0", "me", kNow - 2000), Held("ch1", "me", kNow + 5000)}, 2, {"ch1"});
+  EXPECT_EQ(plan.count("ch0"), 0u) << "taken back beyond its share";
+}
+
+TEST(ChannelLeasesTest, AChannelNobodyTookForALeaseIsTakenWhateverTheShare) {
+  auto polled = Channels(3);
+  polled[2].updated_at = kNow - kChannelLeaseMs - 1;  // enabled long ago, never leased
+  std::vector<store::ChannelLease> leases = {
+      Held("ch0", "me", kNow + kChannelLeaseMs),
+      Held("ch1", "other", kNow - kChannelLeaseMs - 1)};  // its holder stopped long ago
+  auto plan = Plan(polled, leases, 3, {"ch0"});           // a share of 1, which ch0 fills
+  EXPECT_EQ(plan.count("ch0"), 0u);
+  EXPECT_EQ(plan.at("ch1"), kNow + kChannelLeaseMs);
+  EXPECT_EQ(plan.at("ch2"), kNow + kChannelLeaseMs);
+  // Free only a moment: left to the node whose share it is.
+  leases[1].held_until = kNow - 1;
+  polled[2].updated_at = kNow - 1;
+  EXPECT_TRUE(Plan(polled, leases, 3, {"ch0"}).empty());
+}
+
+}  // namespace
+}  // namespace keel::channels
