@@ -260,6 +260,9 @@ TEST_F(PostgresRlsTest, RuntimeWideFunctionsReturnOnlyKeys) {
       {"keel_active_token", "SETOF api_tokens"},
       // The approvals of channel runs without cards: keys only.
       {"keel_approvals_to_card", "TABLE(tenant_id text, id text)"},
+      // Which node polls which channel until when: keys, node origins and times.
+      {"keel_channel_leases",
+       "TABLE(tenant_id text, channel_id text, holder text, held_until bigint)"},
       // A delivery names only its channel: whose tenant it is, nothing of its contents.
       {"keel_channel_tenant", "text"},
       {"keel_claimable_runs", "TABLE(tenant_id text, id text)"},
