@@ -329,9 +329,8 @@ asio::awaitable<void> Relay::Lease(const std::vector<store::Channel>& polled,
   const std::string me = store_.origin();
   const Millis now = NowMillis();
   ForgetUnlisted(polled);
-  using Ask = LeaseAsk;
-  const std::vector<Ask> asks = PlanLeases(polled, leases, nodes, me, now,
-                                           [this](const std::string& id) { return Holds(id); });
+  const std::vector<LeaseAsk> asks = PlanLeases(
+      polled, leases, nodes, me, now, [this](const std::string& id) { return Holds(id); });
   // Given up: no poll of it goes on here (the loop ends at its next look).
   for (const auto& a : asks) {
     if (a.until <= now) held_.erase(a.channel_id);
@@ -343,7 +342,7 @@ asio::awaitable<void> Relay::Lease(const std::vector<store::Channel>& polled,
   // string there twice.
   store::WriteFn write = [&asks, &got, &me, now](store::Tx& tx) -> Status {
     for (size_t i = 0; i < asks.size(); ++i) {
-      const Ask& a = asks[i];
+      const LeaseAsk& a = asks[i];
       KEEL_ASSIGN_OR_RETURN(
           bool held, tx.channels().LeaseChannel(a.tenant_id, a.channel_id, me, now, a.until));
       got[i] = held ? 1 : 0;
