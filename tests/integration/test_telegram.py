@@ -1910,5 +1910,70 @@ class ApprovalCardTest(TelegramCase):
         self.assertEqual(fake.sent()["polls"], [], "a webhook channel polled")
 
 
+class ChatScheduleTest(TelegramCase):
+    """A schedule the agent makes in a chat message's run acts for that message's sender: the
+    channel's runs go through its creator's token (an owner's), and each slot is bounded by the
+    sender's role on the agent when the slot comes. Bob (a member with role user) has the agent
+    schedule two calls from his private chat; the first fires while he is a member, the second,
+    after he was removed from the private agent, is refused."""
+
+    def test_a_schedule_made_in_a_chat_takes_its_senders_role_at_each_slot(self):
+        t, fake = self.t, self.fake
+        agent = self.server.create_agent(tools=["schedule.create", "notes.append"],
+                                         token=t.token)
+        ch = t.ok("POST", "/v1/agents/%s/channels" % agent["id"], {
+            "kind": "telegram", "name": "tg", "settings": {
+                "bot_token": t.secret(fake.token), "api_base": fake.api_base,
+                "poll_timeout": 1, "role": "user"}}, expect=201)
+        self.addCleanup(t.request, "DELETE", "/v1/channels/" + ch["id"])
+        bob = t.ok("POST", "/v1/users", {"name": "Bob", "identities": [
+            {"platform": "telegram", "platform_user_id": str(BOB)}]}, expect=201)
+        t.ok("PUT", "/v1/agents/%s/members/%s" % (agent["id"], bob["id"]), {"role": "user"})
+        notes = os.path.join(self.server.home, "workspaces", agent["id"], "notes.txt")
+
+        def schedule(line, seconds):
+            """Bob has the agent schedule notes.append(line) `seconds` from now; the schedule."""
+            prompt = '/call notes.append {"line": "%s"}' % line
+            update = fake.message(BOB, "/call schedule.create " + json.dumps(
+                {"prompt": prompt, "in_seconds": seconds}), first_name="Bob")
+            r = t.wait_reply(ch, update)
+            self.assertEqual(r["status"], "sent", r)
+            run = self.server.wait_run(r["run_id"], token=t.token)
+            self.assertEqual(run["status"], "done", run)
+            made = [s for s in t.pages("/v1/agents/%s/schedules" % agent["id"])
+                    if s["prompt"] == prompt]
+            self.assertEqual(len(made), 1, run)
+            return made[0]
+
+        def slot(s):
+            return wait_for(lambda: next((e for e in self.server.all_events(token=t.token)
+                                          if e["type"] in ("schedule.fired@v1",
+                                                           "schedule.refused@v1")
+                                          and e["payload"].get("schedule_id") == s["id"]),
+                                         None), 30, "the slot of schedule " + s["id"])
+
+        def written():
+            if not os.path.exists(notes):
+                return ""
+            with open(notes) as f:
+                return f.read()
+
+        first, second = schedule("while-a-member", 2), schedule("after-removal", 8)
+        for s in (first, second):
+            self.assertEqual(s["user_id"], bob["id"], s)  # whom it acts for
+            self.assertEqual(s["created_by"], ch["created_by"], s)  # through the channel's token
+        ev = slot(first)
+        self.assertEqual(ev["type"], "schedule.fired@v1", ev)
+        self.server.wait_run(ev["run_id"], token=t.token)
+        self.assertIn("while-a-member", written())
+        t.ok("DELETE", "/v1/agents/%s/members/%s" % (agent["id"], bob["id"]), expect=(200, 204))
+        ev = slot(second)
+        self.assertEqual(ev["type"], "schedule.refused@v1",
+                         "a slot of a schedule Bob made in a chat fired after he was removed "
+                         "from the agent: %r" % ev)
+        self.assertIn("has no role on the agent", ev["payload"]["reason"])
+        self.assertNotIn("after-removal", written())
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -84,16 +84,27 @@ Result<std::optional<store::Schedule>> StillDue(store::Tx& tx, const store::Sche
 // token, the lower of it and its user's role on the agent now, as the person's own requests
 // would be (docs/USERS.md). kPermissionDenied when the user no longer reaches the agent.
 Result<std::string> SlotRole(store::Tx& tx, const store::Schedule& s) {
+  std::string role = s.caller_role;
+  // The person it was made for (a chat message's sender), whose role bounds the slot's as the
+  // token's user's does: a sender demoted or removed since is not acted for as before.
+  if (!s.user_id.empty()) {
+    KEEL_ASSIGN_OR_RETURN(auto on, access::UserRoleOn(tx, s.tenant_id, s.user_id, s.agent_id));
+    if (!on) {
+      return PermissionDenied("the user " + s.user_id +
+                              " it was made for has no role on the agent any more");
+    }
+    role = access::LowerRole(role, *on);
+  }
   auto token = tx.tokens().GetToken(s.tenant_id, s.created_by);
-  if (token.status().code() == Code::kNotFound) return s.caller_role;  // as access::Revoked
+  if (token.status().code() == Code::kNotFound) return role;  // as access::Revoked
   KEEL_RETURN_IF_ERROR(token.status());
-  if (token->user_id.empty()) return s.caller_role;
+  if (token->user_id.empty()) return role;
   KEEL_ASSIGN_OR_RETURN(auto on, access::UserRoleOn(tx, s.tenant_id, token->user_id, s.agent_id));
   if (!on) {
     return PermissionDenied("the user of token " + s.created_by +
                             " has no role on the agent any more");
   }
-  return access::LowerRole(s.caller_role, *on);
+  return access::LowerRole(role, *on);
 }
 
 // The schedule after a due slot was dealt with.

@@ -185,6 +185,7 @@ Json ScheduleJson(const store::Schedule& s) {
           {"next_fire_at", TimeOrNull(s.next_fire_at)},
           {"last_fired_at", TimeOrNull(s.last_fired_at)},
           {"created_by", s.created_by},
+          {"user_id", TextOrNull(s.user_id)},
           {"created_at", FormatRfc3339(s.created_at)},
           {"updated_at", FormatRfc3339(s.updated_at)}};
 }

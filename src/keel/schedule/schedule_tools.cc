@@ -1,6 +1,7 @@
 #include "keel/schedule/schedule_tools.h"
 
 #include "keel/schedule/schedule.h"
+#include "keel/store/channel_store.h"
 #include "keel/store/schedule_store.h"
 
 namespace keel::schedule {
@@ -10,12 +11,18 @@ namespace {
 constexpr int kListLimit = 100;
 constexpr int64_t kMaxInSeconds = 10LL * 366 * 24 * 3600;
 
-// The run's caller, who the tools act for; kPermissionDenied for a guest.
+// The run's caller, who the tools act for; kPermissionDenied for a guest. `sender`, when
+// given, gets the user of the chat message the run answers ("" for a run not from a channel):
+// a channel's runs act through its creator's token, for that person.
 Result<store::Run> CallerOf(store::Store& store, const tools::ToolContext& ctx,
-                            const std::string& tool) {
+                            const std::string& tool, std::string* sender = nullptr) {
   store::Run run;
   KEEL_RETURN_IF_ERROR(store.Read([&](store::Tx& tx) -> Status {
     KEEL_ASSIGN_OR_RETURN(run, tx.runs().GetRun(ctx.tenant_id, ctx.run_id));
+    if (sender) {
+      KEEL_ASSIGN_OR_RETURN(auto reply, tx.channels().RunReply(ctx.tenant_id, ctx.run_id));
+      *sender = reply ? reply->user_id : std::string();
+    }
     return Status::Ok();
   }));
   if (run.caller_role != "owner" && run.caller_role != "user") {
@@ -64,7 +71,8 @@ class CreateTool final : public ScheduleTool {
   std::vector<std::string> rights() const override { return {"write"}; }
 
   Result<Json> Execute(const tools::ToolContext& ctx, const Json& args) override {
-    KEEL_ASSIGN_OR_RETURN(store::Run run, CallerOf(store_, ctx, name()));
+    std::string sender;
+    KEEL_ASSIGN_OR_RETURN(store::Run run, CallerOf(store_, ctx, name(), &sender));
     ScheduleRequest r;
     r.agent_id = ctx.agent_id;
     r.prompt = args.value("prompt", "");
@@ -86,6 +94,7 @@ class CreateTool final : public ScheduleTool {
     }
     KEEL_ASSIGN_OR_RETURN(store::Schedule s,
                           MakeSchedule(r, ctx.tenant_id, run.requested_by, run.caller_role, now));
+    s.user_id = sender;
     KEEL_RETURN_IF_ERROR(store_.WriteSync([&](store::Tx& tx) { return InsertSchedule(tx, s); }));
     if (on_change_) on_change_();
     return ScheduleJson(s);

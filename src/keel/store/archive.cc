@@ -16,6 +16,27 @@
 namespace keel::store {
 namespace {
 
+// Columns that tables gained after their own first version: the rows of an older archive lack
+// them and import with `value`.
+struct AddedColumn {
+  const char* table;
+  const char* column;
+  int version;        // the archive version that first carried it
+  const char* value;  // JSON text
+};
+constexpr AddedColumn kAddedColumns[] = {{"sessions", "description", 5, "\"\""},
+                                         {"sessions", "created_by", 6, "\"\""},
+                                         {"sessions", "instructions", 9, "\"\""},
+                                         {"tenants", "allow_host_exec", 6, "0"},
+                                         {"tenants", "allow_stdio_mcp", 6, "0"},
+                                         {"events", "hash", 7, "\"\""},
+                                         {"api_tokens", "parent_id", 10, "\"\""},
+                                         {"api_tokens", "expires_at", 10, "null"},
+                                         {"api_tokens", "user_id", 12, "\"\""},
+                                         {"channel_conversations", "contact", 13, "\"\""},
+                                         {"agent_access", "guest_daily_tokens", 13, "200000"},
+                                         {"schedules", "user_id", 14, "\"\""}};
+
 constexpr const char* kManifest = "manifest.json";
 
 struct ArchiveFree {
@@ -57,35 +78,6 @@ int FirstVersionOf(const ExportTableSpec& t) {
                                                     {"agent_access", 12}};
   auto it = kAdded.find(t.name);
   return it == kAdded.end() ? kOldestArchiveVersion : it->second;
-}
-
-// Columns that tables gained after their own first version: the rows of an older archive lack
-// them and import with `value`.
-struct AddedColumn {
-  const char* table;
-  const char* column;
-  int version;  // the archive version that first carried it
-  const char* value;  // JSON text
-};
-constexpr AddedColumn kAddedColumns[] = {{"sessions", "description", 5, "\"\""},
-                                         {"sessions", "created_by", 6, "\"\""},
-                                         {"sessions", "instructions", 9, "\"\""},
-                                         {"tenants", "allow_host_exec", 6, "0"},
-                                         {"tenants", "allow_stdio_mcp", 6, "0"},
-                                         {"events", "hash", 7, "\"\""},
-                                         {"api_tokens", "parent_id", 10, "\"\""},
-                                         {"api_tokens", "expires_at", 10, "null"},
-                                         {"api_tokens", "user_id", 12, "\"\""},
-                                         {"channel_conversations", "contact", 13, "\"\""},
-                                         {"agent_access", "guest_daily_tokens", 13, "200000"}};
-
-void FillAddedColumns(const ExportTableSpec& t, int version, Json& row) {
-  for (const auto& c : kAddedColumns) {
-    if (version < c.version && t.name == std::string_view(c.table) && row.is_object() &&
-        !row.contains(c.column)) {
-      row[c.column] = Json::parse(c.value);
-    }
-  }
 }
 
 // Events of archives before version 7 carry the store-wide origin_seq and no tenant_position:
@@ -237,6 +229,15 @@ Result<std::vector<std::string_view>> Lines(const std::string& name, const std::
 }
 
 }  // namespace
+
+void FillAddedColumns(const ExportTableSpec& t, int version, Json& row) {
+  for (const auto& c : kAddedColumns) {
+    if (version < c.version && t.name == std::string_view(c.table) && row.is_object() &&
+        !row.contains(c.column)) {
+      row[c.column] = Json::parse(c.value);
+    }
+  }
+}
 
 Status ExportArchive(Store& store, const std::string& tenant_id, const std::string& path) {
   Json tenant = nullptr;

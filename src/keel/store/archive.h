@@ -33,12 +33,17 @@ inline constexpr const char* kArchiveFormat = "keel-export";
 // messages are numbered per session in id order on import, as the migration does); 9:
 // sessions.instructions; 10: api_tokens.parent_id and expires_at (dashboard sign-ins); 11:
 // channels; 12: users, identities, agent roles and access, api_tokens.user_id; 13:
-// channel_conversations.contact and agent_access.guest_daily_tokens.
-inline constexpr int kArchiveVersion = 13;
+// channel_conversations.contact and agent_access.guest_daily_tokens; 14: schedules.user_id.
+inline constexpr int kArchiveVersion = 14;
 // The oldest version ImportArchive reads.
 inline constexpr int kOldestArchiveVersion = 2;
 // The most an archive may hold uncompressed (ImportArchive reads it into memory whole).
 inline constexpr size_t kMaxArchiveBytes = size_t(1) << 30;
+
+// Gives `row` of table `t`, as written by archive version `version`, the columns its table
+// gained in later versions, with the values rows had when each was added (0: every such
+// column it lacks; a row image from before a column existed, for `keel store rebuild`).
+void FillAddedColumns(const ExportTableSpec& t, int version, Json& row);
 
 // Writes the archive of `tenant_id`'s rows (every tenant's when empty) to `path`, replacing it.
 // One Store::Read: a consistent snapshot even while a server writes to the store.

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "keel/model/metering.h"
+#include "keel/store/archive.h"
 #include "keel/store/audit.h"
 #include "keel/store/row_images.h"
 
@@ -335,7 +336,9 @@ Result<RebuildReport> RebuildFromEvents(Store& from, Store& into, const std::str
         return false;
       });
       for (const auto* entry : ordered) {
-        Status st = tx.exports().ImportRow(name, entry->second);
+        Json row = entry->second;
+        FillAddedColumns(spec, 0, row);  // an image from before a column was added
+        Status st = tx.exports().ImportRow(name, row);
         if (!st.ok()) {
           return Status(st.code(),
                         "writing " + name + " row " + entry->first + ": " + st.message());

@@ -356,6 +356,7 @@ std::string RowImage(const Schedule& s) {
       .Col("caller_role", s.caller_role)
       .Col("created_at", s.created_at)
       .Col("updated_at", s.updated_at)
+      .Col("user_id", s.user_id)
       .Done();
 }
 

@@ -9,7 +9,7 @@ namespace keel::store::rows {
 
 inline constexpr const char* kScheduleCols =
     "id, tenant_id, agent_id, name, kind, cron, at, timezone, prompt, session_id, missed, status, "
-    "next_fire_at, last_fired_at, created_by, caller_role, created_at, updated_at";
+    "next_fire_at, last_fired_at, created_by, caller_role, created_at, updated_at, user_id";
 template <typename Row>
 Schedule ReadSchedule(const Row& r) {
   Schedule s;
@@ -31,6 +31,7 @@ Schedule ReadSchedule(const Row& r) {
   s.caller_role = r.Text(15);
   s.created_at = r.Int(16);
   s.updated_at = r.Int(17);
+  s.user_id = r.Text(18);
   return s;
 }
 

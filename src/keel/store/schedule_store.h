@@ -33,6 +33,10 @@ struct Schedule {
   std::optional<Millis> last_fired_at;  // the last slot that fired
   std::string created_by;               // token id of whoever created it
   std::string caller_role = "owner";    // that caller's role, carried by the runs it starts
+  // The person it was made for when that is not the token's user: the sender of the chat
+  // message whose run created it (the channel's token is its creator's). Its role on the agent
+  // at each slot bounds the slot's; "" for none.
+  std::string user_id;
   Millis created_at = 0;
   Millis updated_at = 0;  // every change, a firing included
 };
@@ -55,8 +59,9 @@ class ScheduleStore {
   virtual ~ScheduleStore() = default;
   // kConflict when the id exists.
   virtual Status InsertSchedule(const Schedule& s) = 0;
-  // By tenant and id: writes name, status, next_fire_at, last_fired_at, updated_at, created_by
-  // and caller_role (the last two change when an owner reassigns a suspended schedule).
+  // By tenant and id: writes name, status, next_fire_at, last_fired_at, updated_at, created_by,
+  // caller_role and user_id (the last three change when an owner reassigns a suspended
+  // schedule).
   // kNotFound "schedule not found: ID".
   virtual Status UpdateSchedule(const Schedule& s) = 0;
   // kNotFound "schedule not found: ID".
