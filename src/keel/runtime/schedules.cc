@@ -88,12 +88,16 @@ Result<std::string> SlotRole(store::Tx& tx, const store::Schedule& s) {
   // The person it was made for (a chat message's sender), whose role bounds the slot's as the
   // token's user's does: a sender demoted or removed since is not acted for as before.
   if (!s.user_id.empty()) {
-    KEEL_ASSIGN_OR_RETURN(auto on, access::UserRoleOn(tx, s.tenant_id, s.user_id, s.agent_id));
-    if (!on) {
+    auto on = access::UserRoleOn(tx, s.tenant_id, s.user_id, s.agent_id);
+    if (on.status().code() == Code::kNotFound) {  // none such (a store edited by hand)
+      return PermissionDenied("the user " + s.user_id + " it was made for does not exist");
+    }
+    KEEL_RETURN_IF_ERROR(on.status());
+    if (!*on) {
       return PermissionDenied("the user " + s.user_id +
                               " it was made for has no role on the agent any more");
     }
-    role = access::LowerRole(role, *on);
+    role = access::LowerRole(role, **on);
   }
   auto token = tx.tokens().GetToken(s.tenant_id, s.created_by);
   if (token.status().code() == Code::kNotFound) return role;  // as access::Revoked
