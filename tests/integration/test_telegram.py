@@ -218,6 +218,28 @@ class TelegramCase(KeelTestCase):
         self.addCleanup(self.t.request, "DELETE", "/v1/channels/" + ch["id"])
         return agent, ch
 
+    def agent_with_channel(self, fake=None, tools=("notes.append",), **settings):
+        """A private agent with `tools` and a telegram channel (role user) polling the fake;
+        (agent, channel)."""
+        t, fake = self.t, fake or self.fake
+        agent = self.server.create_agent(tools=list(tools), token=t.token)
+        ch = t.ok("POST", "/v1/agents/%s/channels" % agent["id"], {
+            "kind": "telegram", "name": "tg", "settings": dict({
+                "bot_token": t.secret(fake.token), "api_base": fake.api_base,
+                "poll_timeout": 1, "role": "user"}, **settings)}, expect=201)
+        self.addCleanup(t.request, "DELETE", "/v1/channels/" + ch["id"])
+        return agent, ch
+
+    def person(self, name, telegram_id=None):
+        body = {"name": name}
+        if telegram_id is not None:
+            body["identities"] = [{"platform": "telegram", "platform_user_id": str(telegram_id)}]
+        return self.t.ok("POST", "/v1/users", body, expect=201)
+
+    def member(self, agent, user, role):
+        self.t.ok("PUT", "/v1/agents/%s/members/%s" % (agent["id"], user["id"]), {"role": role},
+                  expect=200)
+
     def answered(self, chat_id, text, n=1):
         """Sends a private message and returns the chat's messages once the nth is sent."""
         self.fake.message(chat_id, text)
@@ -1361,28 +1383,6 @@ class ApprovalCardTest(TelegramCase):
 
     # ------------------------------------------------------------------ setting up
 
-    def agent_with_channel(self, fake=None, **settings):
-        """A private agent with notes.append and a telegram channel (role user) polling the
-        fake; (agent, channel)."""
-        t, fake = self.t, fake or self.fake
-        agent = self.server.create_agent(tools=["notes.append"], token=t.token)
-        ch = t.ok("POST", "/v1/agents/%s/channels" % agent["id"], {
-            "kind": "telegram", "name": "tg", "settings": dict({
-                "bot_token": t.secret(fake.token), "api_base": fake.api_base,
-                "poll_timeout": 1, "role": "user"}, **settings)}, expect=201)
-        self.addCleanup(t.request, "DELETE", "/v1/channels/" + ch["id"])
-        return agent, ch
-
-    def person(self, name, telegram_id=None):
-        body = {"name": name}
-        if telegram_id is not None:
-            body["identities"] = [{"platform": "telegram", "platform_user_id": str(telegram_id)}]
-        return self.t.ok("POST", "/v1/users", body, expect=201)
-
-    def member(self, agent, user, role):
-        self.t.ok("PUT", "/v1/agents/%s/members/%s" % (agent["id"], user["id"]), {"role": role},
-                  expect=200)
-
     def people(self, agent, olga_writes=True):
         """Olga (owner) and Bob (user) on the agent; Olga says hello to the bot privately first
         (her private chat is where her cards go) unless `olga_writes` is false."""
@@ -1919,16 +1919,9 @@ class ChatScheduleTest(TelegramCase):
 
     def test_a_schedule_made_in_a_chat_takes_its_senders_role_at_each_slot(self):
         t, fake = self.t, self.fake
-        agent = self.server.create_agent(tools=["schedule.create", "notes.append"],
-                                         token=t.token)
-        ch = t.ok("POST", "/v1/agents/%s/channels" % agent["id"], {
-            "kind": "telegram", "name": "tg", "settings": {
-                "bot_token": t.secret(fake.token), "api_base": fake.api_base,
-                "poll_timeout": 1, "role": "user"}}, expect=201)
-        self.addCleanup(t.request, "DELETE", "/v1/channels/" + ch["id"])
-        bob = t.ok("POST", "/v1/users", {"name": "Bob", "identities": [
-            {"platform": "telegram", "platform_user_id": str(BOB)}]}, expect=201)
-        t.ok("PUT", "/v1/agents/%s/members/%s" % (agent["id"], bob["id"]), {"role": "user"})
+        agent, ch = self.agent_with_channel(tools=("schedule.create", "notes.append"))
+        bob = self.person("Bob", BOB)
+        self.member(agent, bob, "user")
         notes = os.path.join(self.server.home, "workspaces", agent["id"], "notes.txt")
 
         def schedule(line, seconds):
