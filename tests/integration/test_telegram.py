@@ -1915,7 +1915,8 @@ class ChatScheduleTest(TelegramCase):
     channel's runs go through its creator's token (an owner's), and each slot is bounded by the
     sender's role on the agent when the slot comes. Bob (a member with role user) has the agent
     schedule two calls from his private chat; the first fires while he is a member, the second,
-    after he was removed from the private agent, is refused."""
+    after he was removed from the private agent, is refused. So is a schedule that a slot of
+    his made (it acts for him too)."""
 
     def test_a_schedule_made_in_a_chat_takes_its_senders_role_at_each_slot(self):
         t, fake = self.t, self.fake
@@ -1924,9 +1925,10 @@ class ChatScheduleTest(TelegramCase):
         self.member(agent, bob, "user")
         notes = os.path.join(self.server.home, "workspaces", agent["id"], "notes.txt")
 
-        def schedule(line, seconds):
-            """Bob has the agent schedule notes.append(line) `seconds` from now; the schedule."""
-            prompt = '/call notes.append {"line": "%s"}' % line
+        def schedule(line, seconds, prompt=None):
+            """Bob has the agent schedule notes.append(line) (or `prompt`) `seconds` from now;
+            the schedule."""
+            prompt = prompt or '/call notes.append {"line": "%s"}' % line
             update = fake.message(BOB, "/call schedule.create " + json.dumps(
                 {"prompt": prompt, "in_seconds": seconds}), first_name="Bob")
             r = t.wait_reply(ch, update)
@@ -1951,14 +1953,24 @@ class ChatScheduleTest(TelegramCase):
             with open(notes) as f:
                 return f.read()
 
-        first, second = schedule("while-a-member", 2), schedule("after-removal", 8)
-        for s in (first, second):
+        # A schedule whose slot makes another: notes.append("chained") a while after it fires.
+        grandchild = '/call notes.append {"line": "chained"}'
+        chained = "/call schedule.create " + json.dumps({"prompt": grandchild, "in_seconds": 9})
+        first, second, parent = (schedule("while-a-member", 2), schedule("after-removal", 9),
+                                 schedule(None, 2, prompt=chained))
+        for s in (first, second, parent):
             self.assertEqual(s["user_id"], bob["id"], s)  # whom it acts for
             self.assertEqual(s["created_by"], ch["created_by"], s)  # through the channel's token
         ev = slot(first)
         self.assertEqual(ev["type"], "schedule.fired@v1", ev)
         self.server.wait_run(ev["run_id"], token=t.token)
         self.assertIn("while-a-member", written())
+        ev = slot(parent)
+        self.assertEqual(ev["type"], "schedule.fired@v1", ev)
+        self.assertEqual(self.server.wait_run(ev["run_id"], token=t.token)["status"], "done")
+        [child] = [s for s in t.pages("/v1/agents/%s/schedules" % agent["id"])
+                   if s["prompt"] == grandchild]
+        self.assertEqual(child["user_id"], bob["id"], child)
         t.ok("DELETE", "/v1/agents/%s/members/%s" % (agent["id"], bob["id"]), expect=(200, 204))
         ev = slot(second)
         self.assertEqual(ev["type"], "schedule.refused@v1",
@@ -1966,6 +1978,10 @@ class ChatScheduleTest(TelegramCase):
                          "from the agent: %r" % ev)
         self.assertIn("has no role on the agent", ev["payload"]["reason"])
         self.assertNotIn("after-removal", written())
+        ev = slot(child)
+        self.assertEqual(ev["type"], "schedule.refused@v1",
+                         "a schedule one of Bob's slots made fired after his removal: %r" % ev)
+        self.assertNotIn("chained", written())
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@
 #include "keel/common/crypto.h"
 #include "keel/common/ids.h"
 #include "keel/store/row_images.h"
+#include "keel/store/schedule_store.h"
 #include "keel/store/store.h"
 
 namespace keel::store {
@@ -101,6 +102,47 @@ TEST_F(RebuildTest, ImagesThatNoStoreWritesAreRefusedNamingTheEvent) {
   EXPECT_NE(report.status().message().find("does not hold the whole agents row"),
             std::string::npos)
       << report.status().message();
+}
+
+// A row whose last image was written before its table gained a column (here a schedule from
+// before schedules.user_id) rebuilds with the value the migration gave existing rows.
+TEST_F(RebuildTest, AnImageFromBeforeAColumnWasAddedRebuildsWithTheMigrationsValue) {
+  Tenant t = NewTenant();
+  ASSERT_TRUE(CreateTenant(t).ok());
+  Schedule s;
+  s.id = NewId();
+  s.tenant_id = t.id;
+  s.agent_id = NewId();
+  s.name = "daily";
+  s.cron = "0 9 * * *";
+  s.prompt = "p";
+  s.next_fire_at = 5000;
+  s.created_by = "tok";
+  s.caller_role = "user";
+  s.created_at = s.updated_at = 1000;
+  Json image = Json::parse(RowImage(s));
+  ASSERT_TRUE(image.contains("user_id"));
+  image.erase("user_id");
+  ASSERT_TRUE(from_
+                  ->WriteSync([&](Tx& tx) -> Status {
+                    tx.Carry("schedules", ColumnsImage(image));
+                    return tx.events().Append(
+                        {t.id, "schedule.created@v1", s.agent_id, "", "", {{"schedule_id", s.id}}});
+                  })
+                  .ok());
+  auto into = Open("into.db");
+  auto report = RebuildFromEvents(*from_, *into, "");
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  Schedule got;
+  ASSERT_TRUE(into->Read([&](Tx& tx) -> Status {
+                    KEEL_ASSIGN_OR_RETURN(got, tx.schedules().GetSchedule(t.id, s.id));
+                    return Status::Ok();
+                  })
+                  .ok());
+  into->Close();
+  EXPECT_EQ(got.user_id, "");
+  EXPECT_EQ(got.cron, "0 9 * * *");
+  EXPECT_EQ(got.caller_role, "user");
 }
 
 TEST_F(RebuildTest, AnImageWithoutItsKeyIsRefused) {

@@ -74,7 +74,11 @@ Result<std::optional<store::Schedule>> StillDue(store::Tx& tx, const store::Sche
     if (current.status().code() == Code::kNotFound) return std::optional<store::Schedule>();
     return current.status();
   }
-  if (current->status != "active" || current->next_fire_at != seen.next_fire_at) {
+  // Reassigned since it was read (whom it acts for changed): the next round posts the slot
+  // with the schedule as it is now.
+  if (current->status != "active" || current->next_fire_at != seen.next_fire_at ||
+      current->created_by != seen.created_by || current->caller_role != seen.caller_role ||
+      current->user_id != seen.user_id) {
     return std::optional<store::Schedule>();
   }
   return std::optional<store::Schedule>(std::move(current).value());

@@ -12,16 +12,27 @@ constexpr int kListLimit = 100;
 constexpr int64_t kMaxInSeconds = 10LL * 366 * 24 * 3600;
 
 // The run's caller, who the tools act for; kPermissionDenied for a guest. `sender`, when
-// given, gets the user of the chat message the run answers ("" for a run not from a channel):
-// a channel's runs act through its creator's token, for that person.
+// given, gets the person the run acts for beside its token: the user of the chat message it
+// answers (a channel's runs act through its creator's token), or, for a slot of a schedule,
+// that schedule's (so a schedule made in a slot stays bounded by the same person); "" for
+// none.
 Result<store::Run> CallerOf(store::Store& store, const tools::ToolContext& ctx,
                             const std::string& tool, std::string* sender = nullptr) {
   store::Run run;
   KEEL_RETURN_IF_ERROR(store.Read([&](store::Tx& tx) -> Status {
     KEEL_ASSIGN_OR_RETURN(run, tx.runs().GetRun(ctx.tenant_id, ctx.run_id));
     if (sender) {
+      sender->clear();
       KEEL_ASSIGN_OR_RETURN(auto reply, tx.channels().RunReply(ctx.tenant_id, ctx.run_id));
-      *sender = reply ? reply->user_id : std::string();
+      if (reply) {
+        *sender = reply->user_id;
+        return Status::Ok();
+      }
+      KEEL_ASSIGN_OR_RETURN(auto fire, tx.schedules().FireOfRun(ctx.tenant_id, ctx.run_id));
+      if (!fire) return Status::Ok();
+      auto parent = tx.schedules().GetSchedule(ctx.tenant_id, fire->schedule_id);
+      if (!parent.ok() && parent.status().code() != Code::kNotFound) return parent.status();
+      if (parent.ok()) *sender = parent->user_id;
     }
     return Status::Ok();
   }));

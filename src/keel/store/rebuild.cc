@@ -110,9 +110,13 @@ class Fold {
   }
 
   // Every row whole, checked as an archive's rows are.
-  Status Check() const {
-    for (const auto& [name, table] : tables_) {
-      for (const auto& [key, row] : table.rows) {
+  // Gives every row the columns its table gained after the row's last image was written, with
+  // the value a migration gave existing rows (as an older archive's rows import), then checks
+  // that each row is whole.
+  Status FillAndCheck() {
+    for (auto& [name, table] : tables_) {
+      for (auto& [key, row] : table.rows) {
+        FillAddedColumns(*table.spec, 0, row);
         Status st = CheckExportRow(*table.spec, row);
         if (!st.ok()) {
           return InvalidArgument("the event log does not hold the whole " + name + " row " + key +
@@ -294,7 +298,7 @@ Result<RebuildReport> RebuildFromEvents(Store& from, Store& into, const std::str
     return InvalidArgument(trusted.message() + "; the log is not rebuilt from");
   }
   KEEL_RETURN_IF_ERROR(fold.Complete(event_tenants));
-  KEEL_RETURN_IF_ERROR(fold.Check());
+  KEEL_RETURN_IF_ERROR(fold.FillAndCheck());
 
   RebuildReport report;
   report.events = static_cast<int64_t>(events.size());
@@ -336,9 +340,7 @@ Result<RebuildReport> RebuildFromEvents(Store& from, Store& into, const std::str
         return false;
       });
       for (const auto* entry : ordered) {
-        Json row = entry->second;
-        FillAddedColumns(spec, 0, row);  // an image from before a column was added
-        Status st = tx.exports().ImportRow(name, row);
+        Status st = tx.exports().ImportRow(name, entry->second);
         if (!st.ok()) {
           return Status(st.code(),
                         "writing " + name + " row " + entry->first + ": " + st.message());
