@@ -84,35 +84,32 @@ Result<std::optional<store::Schedule>> StillDue(store::Tx& tx, const store::Sche
   return std::optional<store::Schedule>(std::move(current).value());
 }
 
-// The role a slot of `s` posts with: the creator token's as recorded, or, for a person's
-// token, the lower of it and its user's role on the agent now, as the person's own requests
-// would be (docs/USERS.md). kPermissionDenied when the user no longer reaches the agent.
+// The role a slot of `s` posts with: the role recorded with it, bounded by the role on the
+// agent now of each person it acts for (its token's user, and the person it was made for,
+// `user_id`), as their own requests would be (docs/USERS.md). kPermissionDenied when one of
+// them no longer reaches the agent.
 Result<std::string> SlotRole(store::Tx& tx, const store::Schedule& s) {
   std::string role = s.caller_role;
-  // The person it was made for (a chat message's sender), whose role bounds the slot's as the
-  // token's user's does: a sender demoted or removed since is not acted for as before.
-  if (!s.user_id.empty()) {
-    auto on = access::UserRoleOn(tx, s.tenant_id, s.user_id, s.agent_id);
+  auto bound_by = [&](const std::string& user_id, const std::string& who) -> Status {
+    auto on = access::UserRoleOn(tx, s.tenant_id, user_id, s.agent_id);
     if (on.status().code() == Code::kNotFound) {  // none such (a store edited by hand)
-      return PermissionDenied("the user " + s.user_id + " it was made for does not exist");
+      return PermissionDenied(who + " does not exist");
     }
     KEEL_RETURN_IF_ERROR(on.status());
-    if (!*on) {
-      return PermissionDenied("the user " + s.user_id +
-                              " it was made for has no role on the agent any more");
-    }
+    if (!*on) return PermissionDenied(who + " has no role on the agent any more");
     role = access::LowerRole(role, **on);
+    return Status::Ok();
+  };
+  if (!s.user_id.empty()) {
+    KEEL_RETURN_IF_ERROR(bound_by(s.user_id, "the user " + s.user_id + " it was made for"));
   }
   auto token = tx.tokens().GetToken(s.tenant_id, s.created_by);
   if (token.status().code() == Code::kNotFound) return role;  // as access::Revoked
   KEEL_RETURN_IF_ERROR(token.status());
-  if (token->user_id.empty()) return role;
-  KEEL_ASSIGN_OR_RETURN(auto on, access::UserRoleOn(tx, s.tenant_id, token->user_id, s.agent_id));
-  if (!on) {
-    return PermissionDenied("the user of token " + s.created_by +
-                            " has no role on the agent any more");
+  if (!token->user_id.empty()) {
+    KEEL_RETURN_IF_ERROR(bound_by(token->user_id, "the user of token " + s.created_by));
   }
-  return access::LowerRole(role, *on);
+  return role;
 }
 
 // The schedule after a due slot was dealt with.

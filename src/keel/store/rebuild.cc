@@ -109,10 +109,9 @@ class Fold {
     return Status::Ok();
   }
 
-  // Every row whole, checked as an archive's rows are.
   // Gives every row the columns its table gained after the row's last image was written, with
   // the value a migration gave existing rows (as an older archive's rows import), then checks
-  // that each row is whole.
+  // that each row is whole, as an archive's rows are checked.
   Status FillAndCheck() {
     for (auto& [name, table] : tables_) {
       for (auto& [key, row] : table.rows) {

@@ -33,9 +33,9 @@ struct Schedule {
   std::optional<Millis> last_fired_at;  // the last slot that fired
   std::string created_by;               // token id of whoever created it
   std::string caller_role = "owner";    // that caller's role, carried by the runs it starts
-  // The person it was made for when that is not the token's user: the sender of the chat
-  // message whose run created it (the channel's token is its creator's). Its role on the agent
-  // at each slot bounds the slot's; "" for none.
+  // The person it was made for beside its token: the sender of the chat message whose run
+  // created it (the channel's token is its creator's), or the one a slot's run that created it
+  // acted for. Their role on the agent at each slot bounds the slot's; "" for none.
   std::string user_id;
   Millis created_at = 0;
   Millis updated_at = 0;  // every change, a firing included
