@@ -1983,6 +1983,31 @@ class ChatScheduleTest(TelegramCase):
                          "a schedule one of Bob's slots made fired after his removal: %r" % ev)
         self.assertNotIn("chained", written())
 
+    def test_on_a_public_agent_a_removed_senders_slots_do_not_fire_as_a_guest(self):
+        # Anyone talks to a public agent as a guest, within its budget per identity; a guest
+        # holds no schedules (none can make one), so Bob's schedule stops when he is only a
+        # guest there, rather than posting as one outside that budget.
+        t, fake = self.t, self.fake
+        agent, ch = self.agent_with_channel(tools=("schedule.create", "notes.append"))
+        t.ok("PUT", "/v1/agents/%s/access" % agent["id"], {"level": "public"})
+        bob = self.person("Bob", BOB)
+        self.member(agent, bob, "user")
+        prompt = '/call notes.append {"line": "as-a-guest"}'
+        update = fake.message(BOB, "/call schedule.create " + json.dumps(
+            {"prompt": prompt, "in_seconds": 4}), first_name="Bob")
+        r = t.wait_reply(ch, update)
+        self.assertEqual(self.server.wait_run(r["run_id"], token=t.token)["status"], "done")
+        [s] = [s for s in t.pages("/v1/agents/%s/schedules" % agent["id"])
+               if s["prompt"] == prompt]
+        t.ok("DELETE", "/v1/agents/%s/members/%s" % (agent["id"], bob["id"]), expect=(200, 204))
+        ev = wait_for(lambda: next((e for e in self.server.all_events(token=t.token)
+                                    if e["type"] in ("schedule.fired@v1", "schedule.refused@v1")
+                                    and e["payload"].get("schedule_id") == s["id"]), None),
+                      30, "the slot of schedule " + s["id"])
+        self.assertEqual(ev["type"], "schedule.refused@v1",
+                         "a removed sender's slot posted as a guest: %r" % ev)
+        self.assertIn("is only a guest on the agent now", ev["payload"]["reason"])
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -87,7 +87,9 @@ Result<std::optional<store::Schedule>> StillDue(store::Tx& tx, const store::Sche
 // The role a slot of `s` posts with: the role recorded with it, bounded by the role on the
 // agent now of each person it acts for (its token's user, and the person it was made for,
 // `user_id`), as their own requests would be (docs/USERS.md). kPermissionDenied when one of
-// them no longer reaches the agent.
+// them no longer reaches the agent, or reaches it only as a guest: a guest holds no schedules
+// (none can make one), and a guest's turns count against the agent's budget per identity,
+// which a slot has not.
 Result<std::string> SlotRole(store::Tx& tx, const store::Schedule& s) {
   std::string role = s.caller_role;
   auto bound_by = [&](const std::string& user_id, const std::string& who) -> Status {
@@ -97,6 +99,11 @@ Result<std::string> SlotRole(store::Tx& tx, const store::Schedule& s) {
     }
     KEEL_RETURN_IF_ERROR(on.status());
     if (!*on) return PermissionDenied(who + " has no role on the agent any more");
+    if (**on == "guest") {
+      return PermissionDenied(who +
+                              " is only a guest on the agent now, and a guest holds no "
+                              "schedules");
+    }
     role = access::LowerRole(role, **on);
     return Status::Ok();
   };
@@ -181,17 +188,6 @@ Status Runtime::WriteSlotPost(store::Tx& tx, SlotPost& post) {
   if (!role.ok()) {
     if (role.status().code() == Code::kPermissionDenied) unit.refused = true;
     return role.status();
-  }
-  // A guest posts only into a session it opened, as intake checks a guest's message.
-  if (*role == "guest" && !post.new_session) {
-    auto target = tx.sessions().GetSession(s.tenant_id, session.id);  // gone: intake says so
-    if (!target.ok() && target.status().code() != Code::kNotFound) return target.status();
-    if (target.ok() && !access::CanUseSession({s.tenant_id, s.created_by, *role}, *target)) {
-      unit.refused = true;
-      return PermissionDenied(
-          "the creator's role on the agent (guest) does not reach the "
-          "schedule's session, which another opened");
-    }
   }
   unit.request.caller_role = *role;
   unit.out.run.caller_role = *role;
