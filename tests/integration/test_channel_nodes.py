@@ -101,6 +101,39 @@ class ChannelNodesTest(KeelTestCase):
             self.assertEqual(len(texts), 3, "chat %d: every message answered once: %s"
                              % (chat, texts))
 
+    def test_a_bot_behind_two_channels_is_polled_by_one_node(self):
+        # Two agents' channels hold one bot's token (two secrets): the nodes would take one
+        # each, and both would poll the bot. Once its first poll recorded the bot, the node of
+        # its first channel takes the other too and polls through one of them only.
+        t = Tenant(self.a)
+        fake = FakeTelegram()
+        self.addCleanup(fake.stop)
+        chans = []
+        for _ in range(2):
+            _, ch = t.bot(fake)
+            self.addCleanup(t.request, "DELETE", "/v1/channels/" + ch["id"])
+            chans.append(ch)
+        chans.sort(key=lambda c: c["id"])
+
+        def status(ch):
+            got = t.ok("GET", "/v1/channels/" + ch["id"])
+            return got["status"], got["error"]
+
+        # The second channel waits for the first's node (its lease after it was given up) and
+        # then shows why it does not poll.
+        wait_for(lambda: "is polled by channel %s already" % chans[0]["id"] in status(chans[1])[1],
+                 TAKEOVER_S + 30, "the second channel of the bot left to the first's node")
+        self.assertEqual(status(chans[0]), ("ready", ""))
+        self.assertEqual(sorted(self.shares()), [0, 2], "both channels on one node")
+        conflicts = fake.sent()["conflicts"]
+        fake.message(300, "hello once")
+        fake.wait_sent(300, 1, timeout=30)
+        time.sleep(4)
+        self.assertEqual([m["text"] for m in fake.to(300)], ['You said: "hello once"'],
+                         "the message was answered once")
+        self.assertEqual(fake.sent()["conflicts"], conflicts,
+                         "the bot was polled by two nodes at once")
+
 
 if __name__ == "__main__":
     unittest.main()

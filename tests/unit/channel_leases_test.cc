@@ -108,5 +108,62 @@ TEST(ChannelLeasesTest, AChannelNobodyTookForALeaseIsTakenWhateverTheShare) {
   EXPECT_TRUE(Plan(polled, leases, 3, {"ch0"}).empty());
 }
 
+// Telegram channels polling the Bot API server `api_base`.
+std::vector<store::Channel> Bots(int n, const std::string& api_base = "http://127.0.0.1:9") {
+  auto out = Channels(n);
+  for (auto& c : out) {
+    c.kind = "telegram";
+    c.settings = R"({"bot_token":"tg","api_base":")" + api_base + R"("})";
+  }
+  return out;
+}
+
+store::ChannelLease Polled(const std::string& id, const std::string& holder, Millis until,
+                           const std::string& bot) {
+  return {"t", id, holder, until, bot};
+}
+
+TEST(ChannelLeasesTest, ABotBehindTwoChannelsIsPolledByOneNode) {
+  // ch0 and ch1 hold bot 42's token; the node holding ch0 (its first channel) keeps the bot.
+  const auto polled = Bots(3);
+  std::vector<store::ChannelLease> leases = {Polled("ch0", "other", kNow + kChannelLeaseMs, "42"),
+                                             Polled("ch1", "me", kNow + kChannelLeaseMs, "42"),
+                                             Polled("ch2", "me", kNow + kChannelLeaseMs, "43")};
+  auto plan = Plan(polled, leases, 2, {"ch1", "ch2"});
+  EXPECT_EQ(plan.at("ch1"), kNow) << "held by a node that does not poll its bot: given up";
+  EXPECT_EQ(plan.count("ch2"), 0u) << "another bot's channel is kept";
+  // Given up, or never leased with a known bot: not taken, whatever the share or how long
+  // it was free.
+  leases[1] = Polled("ch1", "me", kNow - kChannelLeaseMs - 1, "42");
+  plan = Plan(polled, leases, 2, {"ch2"});
+  EXPECT_EQ(plan.count("ch1"), 0u) << "a channel of a bot another node polls was taken";
+  // The bot's node takes it (and polls only one of the two).
+  leases[0].holder = "me";
+  leases[2].holder = "other";
+  plan = Plan(polled, leases, 2, {"ch0"});
+  EXPECT_EQ(plan.at("ch1"), kNow + kChannelLeaseMs);
+  // Once the lease of its first channel ran out, the bot is nobody's: its channels are free.
+  leases[0] = Polled("ch0", "other", kNow - 1, "42");
+  plan = Plan(polled, leases, 1);
+  EXPECT_EQ(plan.at("ch0"), kNow + kChannelLeaseMs);
+  EXPECT_EQ(plan.at("ch1"), kNow + kChannelLeaseMs);
+}
+
+TEST(ChannelLeasesTest, BotsAreOneOnlyOnTheSameServer) {
+  // Bot ids are per Bot API server: the same id on another server is another bot.
+  auto polled = Bots(1, "http://127.0.0.1:9");
+  auto more = Bots(2, "http://127.0.0.1:10");
+  polled.push_back(more[1]);  // ch1
+  std::vector<store::ChannelLease> leases = {Polled("ch0", "other", kNow + kChannelLeaseMs, "42"),
+                                             Polled("ch1", "me", kNow + kChannelLeaseMs, "42")};
+  auto plan = Plan(polled, leases, 2, {"ch1"});
+  EXPECT_EQ(plan.count("ch1"), 0u) << "kept: its bot is another server's";
+  // A webhook channel's lease and a channel before its first poll have no bot.
+  leases[1].bot = "";
+  leases[1].held_until = kNow - 1;
+  polled[1].settings = R"({"bot_token":"tg","api_base":"http://127.0.0.1:9"})";
+  EXPECT_EQ(Plan(polled, leases, 2).at("ch1"), kNow + kChannelLeaseMs);
+}
+
 }  // namespace
 }  // namespace keel::channels

@@ -260,9 +260,10 @@ TEST_F(PostgresRlsTest, RuntimeWideFunctionsReturnOnlyKeys) {
       {"keel_active_token", "SETOF api_tokens"},
       // The approvals of channel runs without cards: keys only.
       {"keel_approvals_to_card", "TABLE(tenant_id text, id text)"},
-      // Which node polls which channel until when: keys, node origins and times.
+      // Which node polls which channel until when: keys, node origins and times, and the
+      // Telegram bot id the channel polled (a public number, what any chat with it shows).
       {"keel_channel_leases",
-       "TABLE(tenant_id text, channel_id text, holder text, held_until bigint)"},
+       "TABLE(tenant_id text, channel_id text, holder text, held_until bigint, bot text)"},
       // A delivery names only its channel: whose tenant it is, nothing of its contents.
       {"keel_channel_tenant", "text"},
       {"keel_claimable_runs", "TABLE(tenant_id text, id text)"},

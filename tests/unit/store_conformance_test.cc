@@ -845,6 +845,21 @@ TEST_P(StoreTest, AChannelsLeaseIsHeldByOneNodeAtATime) {
   EXPECT_EQ(held[0].tenant_id, t.id);
   EXPECT_EQ(held[0].holder, "A");
   EXPECT_EQ(held[0].held_until, 31000);
+  EXPECT_EQ(held[0].bot, "7");  // the bot its polls asked (the cursor's "BOT_ID/")
+  auto bot_of = [&](const std::string& cursor) {
+    EXPECT_TRUE(store_
+                    ->WriteSync([&](Tx& tx) {
+                      return tx.channels().PutPoll({t.id, c.id, cursor, "", 16600});
+                    })
+                    .ok());
+    auto now = leases();
+    return now.size() == 1 ? now[0].bot : std::string("(no lease)");
+  };
+  EXPECT_EQ(bot_of("webhook:0123abcd"), "");  // a webhook's: no bot polled
+  EXPECT_EQ(bot_of(""), "");
+  EXPECT_EQ(bot_of("x7/42"), "");
+  EXPECT_EQ(bot_of("123456789/0"), "123456789");
+  EXPECT_EQ(bot_of("7/42"), "7");
   EXPECT_FALSE(lease("B", 30999, 45999));
   EXPECT_TRUE(lease("B", 31001, 46001));   // A's ran out: A was stopped past it
   EXPECT_FALSE(lease("A", 32000, 47000));  // and, resumed, A does not take it back

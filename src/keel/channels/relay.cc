@@ -571,7 +571,11 @@ asio::awaitable<void> Relay::Poll(std::string tenant_id, std::string channel_id)
             if (routed->take) by_conversation[routed->conversation].push_back(std::move(*routed));
             if (auto press = TelegramPress(update)) presses.push_back(std::move(*press));
           }
-          std::string cursor = highest ? mine + std::to_string(*highest) : r.cursor;
+          // The bot goes in at the first poll, updates or not ("BOT_ID/0": offset 1 asks for
+          // what no offset does), so that the nodes keep a bot's channels on one (leases.h).
+          std::string cursor = highest ? mine + std::to_string(*highest)
+                               : last  ? r.cursor
+                                       : mine + "0";
           // A press fetched again decides nothing more ("already decided").
           for (const auto& press : presses) co_await TakePress(r, press);
           Status taken = co_await TakeAll(r, by_conversation);

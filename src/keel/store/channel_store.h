@@ -70,6 +70,9 @@ struct ChannelLease {
   std::string channel_id;
   std::string holder;  // the node's origin
   Millis held_until = 0;
+  // The Telegram bot its polls last asked for updates (the bot's id, from the poll's cursor);
+  // "" before the first poll that brought any, and for other kinds.
+  std::string bot;
 };
 
 // One answer owed to a channel's conversation: the outbox (docs/CHANNELS.md, decisions/0020).

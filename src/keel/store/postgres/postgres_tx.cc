@@ -96,12 +96,14 @@ Result<std::vector<Channel>> PostgresTx::PolledChannels() {
 Result<std::vector<ChannelLease>> PostgresTx::ChannelLeases() {
   KEEL_ASSIGN_OR_RETURN(
       auto rows,
-      conn_.Query("SELECT tenant_id, channel_id, holder, held_until FROM keel_channel_leases()",
-                  Params()));
+      conn_.Query(
+          "SELECT tenant_id, channel_id, holder, held_until, bot FROM keel_channel_leases()",
+          Params()));
   std::vector<ChannelLease> out;
   out.reserve(rows.size());
   for (int i = 0; i < rows.size(); ++i) {
-    out.push_back({rows.Text(i, 0), rows.Text(i, 1), rows.Text(i, 2), rows.Int(i, 3)});
+    out.push_back(
+        {rows.Text(i, 0), rows.Text(i, 1), rows.Text(i, 2), rows.Int(i, 3), rows.Text(i, 4)});
   }
   return out;
 }

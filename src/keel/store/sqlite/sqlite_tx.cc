@@ -70,11 +70,12 @@ Result<std::vector<Channel>> SqliteTx::PolledChannels() {
 
 Result<std::vector<ChannelLease>> SqliteTx::ChannelLeases() {
   static const std::string kSql =
-      "SELECT tenant_id, channel_id, holder, held_until FROM channel_polls WHERE holder<>'' "
-      "ORDER BY channel_id";
+      "SELECT tenant_id, channel_id, holder, held_until, CASE WHEN cursor GLOB '[0-9]*/*' "
+      "THEN substr(cursor, 1, instr(cursor, '/') - 1) ELSE '' END FROM channel_polls "
+      "WHERE holder<>'' ORDER BY channel_id";
   KEEL_ASSIGN_OR_RETURN(auto s, db_.Prepare(kSql));
   return Collect<ChannelLease>(s, [](const Stmt& r) {
-    return ChannelLease{r.Text(0), r.Text(1), r.Text(2), r.Int(3)};
+    return ChannelLease{r.Text(0), r.Text(1), r.Text(2), r.Int(3), r.Text(4)};
   });
 }
 
