@@ -1983,6 +1983,46 @@ class ChatScheduleTest(TelegramCase):
                          "a schedule one of Bob's slots made fired after his removal: %r" % ev)
         self.assertNotIn("chained", written())
 
+    def test_a_chat_schedule_takes_its_channels_role_at_each_slot(self):
+        # The channel's role bounds its runs; a schedule made in one keeps to the role the
+        # channel has when each slot comes: once the owner lowers it to guest, or deletes the
+        # channel, the slots are refused (a guest holds no schedules).
+        t, fake = self.t, self.fake
+        agent, ch = self.agent_with_channel(tools=("schedule.create", "notes.append"))
+        bob = self.person("Bob", BOB)
+        self.member(agent, bob, "owner")
+        made = []
+        for line, seconds in (("as-user", 2), ("lowered", 7), ("deleted", 12)):
+            prompt = '/call notes.append {"line": "%s"}' % line
+            update = fake.message(BOB, "/call schedule.create " + json.dumps(
+                {"prompt": prompt, "in_seconds": seconds}), first_name="Bob")
+            r = t.wait_reply(ch, update)
+            self.assertEqual(self.server.wait_run(r["run_id"], token=t.token)["status"], "done")
+            [s] = [s for s in t.pages("/v1/agents/%s/schedules" % agent["id"])
+                   if s["prompt"] == prompt]
+            self.assertEqual((s["channel_id"], s["user_id"]), (ch["id"], bob["id"]), s)
+            made.append(s)
+
+        def slot(s):
+            return wait_for(lambda: next((e for e in self.server.all_events(token=t.token)
+                                          if e["type"] in ("schedule.fired@v1",
+                                                           "schedule.refused@v1")
+                                          and e["payload"].get("schedule_id") == s["id"]),
+                                         None), 30, "the slot of schedule " + s["id"])
+
+        ev = slot(made[0])
+        self.assertEqual(ev["type"], "schedule.fired@v1", ev)
+        t.ok("PATCH", "/v1/channels/" + ch["id"], {"settings": dict(ch["settings"], role="guest")})
+        ev = slot(made[1])
+        self.assertEqual(ev["type"], "schedule.refused@v1",
+                         "a slot fired with the role the channel had before: %r" % ev)
+        self.assertIn("acts as a guest now", ev["payload"]["reason"])
+        t.ok("PATCH", "/v1/channels/" + ch["id"], {"settings": dict(ch["settings"], role="user")})
+        t.ok("DELETE", "/v1/channels/" + ch["id"], expect=(200, 204))
+        ev = slot(made[2])
+        self.assertEqual(ev["type"], "schedule.refused@v1", ev)
+        self.assertIn("it was made through is gone", ev["payload"]["reason"])
+
     def test_on_a_public_agent_a_removed_senders_slots_do_not_fire_as_a_guest(self):
         # Anyone talks to a public agent as a guest, within its budget per identity; a guest
         # holds no schedules (none can make one), so Bob's schedule stops when he is only a

@@ -105,7 +105,8 @@ TEST_F(RebuildTest, ImagesThatNoStoreWritesAreRefusedNamingTheEvent) {
 }
 
 // A row whose last image was written before its table gained a column (here a schedule from
-// before schedules.user_id) rebuilds with the value the migration gave existing rows.
+// before schedules.user_id and channel_id) rebuilds with the value the migration gave existing
+// rows.
 TEST_F(RebuildTest, AnImageFromBeforeAColumnWasAddedRebuildsWithTheMigrationsValue) {
   Tenant t = NewTenant();
   ASSERT_TRUE(CreateTenant(t).ok());
@@ -122,7 +123,9 @@ TEST_F(RebuildTest, AnImageFromBeforeAColumnWasAddedRebuildsWithTheMigrationsVal
   s.created_at = s.updated_at = 1000;
   Json image = Json::parse(RowImage(s));
   ASSERT_TRUE(image.contains("user_id"));
+  ASSERT_TRUE(image.contains("channel_id"));
   image.erase("user_id");
+  image.erase("channel_id");
   ASSERT_TRUE(from_
                   ->WriteSync([&](Tx& tx) -> Status {
                     tx.Carry("schedules", ColumnsImage(image));
@@ -141,6 +144,7 @@ TEST_F(RebuildTest, AnImageFromBeforeAColumnWasAddedRebuildsWithTheMigrationsVal
                   .ok());
   into->Close();
   EXPECT_EQ(got.user_id, "");
+  EXPECT_EQ(got.channel_id, "");
   EXPECT_EQ(got.cron, "0 9 * * *");
   EXPECT_EQ(got.caller_role, "user");
 }

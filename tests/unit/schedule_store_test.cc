@@ -101,6 +101,7 @@ TEST_P(ScheduleStoreTest, InsertGetUpdateListDelete) {
   s.session_id = "sess";
   s.missed = "catch_up_one";
   s.user_id = "user-1";
+  s.channel_id = "channel-1";
   ASSERT_TRUE(Write([&](ScheduleStore& x) { return x.InsertSchedule(s); }).ok());
   EXPECT_EQ(Write([&](ScheduleStore& x) { return x.InsertSchedule(s); }).code(), Code::kConflict);
   Schedule got = Read<Schedule>([&](ScheduleStore& x) { return x.GetSchedule(tenant_, s.id); });
@@ -114,9 +115,11 @@ TEST_P(ScheduleStoreTest, InsertGetUpdateListDelete) {
   EXPECT_FALSE(got.last_fired_at);
   EXPECT_EQ(got.caller_role, "user");
   EXPECT_EQ(got.user_id, "user-1");
+  EXPECT_EQ(got.channel_id, "channel-1");
 
   got.status = "done";
   got.user_id.clear();  // reassigned to a token: it acts for that token's holder
+  got.channel_id.clear();
   got.next_fire_at.reset();
   got.last_fired_at = 5000;
   got.updated_at = 6000;
@@ -127,6 +130,7 @@ TEST_P(ScheduleStoreTest, InsertGetUpdateListDelete) {
   EXPECT_EQ(after.last_fired_at, std::optional<Millis>(5000));
   EXPECT_EQ(after.updated_at, 6000);
   EXPECT_EQ(after.user_id, "");
+  EXPECT_EQ(after.channel_id, "");
 
   Schedule other = NewSchedule("agent-2", 7000);
   Schedule once = NewSchedule("agent-1", 8000);

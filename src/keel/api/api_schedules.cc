@@ -152,6 +152,7 @@ asio::awaitable<Response> Reassign(ApiContext& ctx, Request& req, std::string to
     s.created_by = token.id;
     s.caller_role = token.role;
     s.user_id.clear();  // it acts for the new token's holder now
+    s.channel_id.clear();
     s.updated_at = now;
     KEEL_RETURN_IF_ERROR(tx.schedules().UpdateSchedule(s));
     tx.Carry("schedules", store::RowImage(s));

@@ -40,7 +40,9 @@
 
 #include "keel/access/access.h"
 #include "keel/access/users.h"
+#include "keel/channels/webhook.h"
 #include "keel/common/ids.h"
+#include "keel/common/json_util.h"
 #include "keel/common/log.h"
 #include "keel/plugins/bus.h"
 #include "keel/plugins/host.h"
@@ -49,6 +51,7 @@
 #include "keel/runtime/runtime.h"
 #include "keel/schedule/schedule.h"
 #include "keel/store/async.h"
+#include "keel/store/channel_store.h"
 #include "keel/store/row_images.h"
 
 namespace keel::runtime {
@@ -78,7 +81,7 @@ Result<std::optional<store::Schedule>> StillDue(store::Tx& tx, const store::Sche
   // with the schedule as it is now.
   if (current->status != "active" || current->next_fire_at != seen.next_fire_at ||
       current->created_by != seen.created_by || current->caller_role != seen.caller_role ||
-      current->user_id != seen.user_id) {
+      current->user_id != seen.user_id || current->channel_id != seen.channel_id) {
     return std::optional<store::Schedule>();
   }
   return std::optional<store::Schedule>(std::move(current).value());
@@ -86,10 +89,11 @@ Result<std::optional<store::Schedule>> StillDue(store::Tx& tx, const store::Sche
 
 // The role a slot of `s` posts with: the role recorded with it, bounded by the role on the
 // agent now of each person it acts for (its token's user, and the person it was made for,
-// `user_id`), as their own requests would be (docs/USERS.md). kPermissionDenied when one of
-// them no longer reaches the agent, or reaches it only as a guest: a guest holds no schedules
-// (none can make one), and a guest's turns count against the agent's budget per identity,
-// which a slot has not.
+// `user_id`), as their own requests would be (docs/USERS.md), and by the `role` now of the
+// channel it was made through (`channel_id`), as that channel's runs are. kPermissionDenied
+// when one of them no longer reaches the agent, or reaches it only as a guest: a guest holds
+// no schedules (none can make one), and a guest's turns count against the agent's budget per
+// identity, which a slot has not.
 Result<std::string> SlotRole(store::Tx& tx, const store::Schedule& s) {
   std::string role = s.caller_role;
   auto bound_by = [&](const std::string& user_id, const std::string& who) -> Status {
@@ -109,6 +113,20 @@ Result<std::string> SlotRole(store::Tx& tx, const store::Schedule& s) {
   };
   if (!s.user_id.empty()) {
     KEEL_RETURN_IF_ERROR(bound_by(s.user_id, "the user " + s.user_id + " it was made for"));
+  }
+  if (!s.channel_id.empty()) {
+    const std::string which = "the channel " + s.channel_id + " it was made through";
+    auto channel = tx.channels().GetChannel(s.tenant_id, s.channel_id);
+    if (channel.status().code() == Code::kNotFound) return PermissionDenied(which + " is gone");
+    KEEL_RETURN_IF_ERROR(channel.status());
+    auto settings = ParseJson(channel->settings);
+    Result<std::string> on =
+        settings.ok() ? channels::SettingsRole(*settings) : Result<std::string>(settings.status());
+    if (!on.ok()) return PermissionDenied(which + " has no role: " + on.status().message());
+    if (*on == "guest") {
+      return PermissionDenied(which + " acts as a guest now, and a guest holds no schedules");
+    }
+    role = access::LowerRole(role, *on);
   }
   auto token = tx.tokens().GetToken(s.tenant_id, s.created_by);
   if (token.status().code() == Code::kNotFound) return role;  // as access::Revoked

@@ -186,6 +186,7 @@ Json ScheduleJson(const store::Schedule& s) {
           {"last_fired_at", TimeOrNull(s.last_fired_at)},
           {"created_by", s.created_by},
           {"user_id", TextOrNull(s.user_id)},
+          {"channel_id", TextOrNull(s.channel_id)},
           {"created_at", FormatRfc3339(s.created_at)},
           {"updated_at", FormatRfc3339(s.updated_at)}};
 }

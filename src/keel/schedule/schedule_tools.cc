@@ -11,28 +11,34 @@ namespace {
 constexpr int kListLimit = 100;
 constexpr int64_t kMaxInSeconds = 10LL * 366 * 24 * 3600;
 
-// The run's caller, who the tools act for; kPermissionDenied for a guest. `sender`, when
-// given, gets the person the run acts for beside its token: the user of the chat message it
-// answers (a channel's runs act through its creator's token), or, for a slot of a schedule,
-// that schedule's (so a schedule made in a slot stays bounded by the same person); "" for
-// none.
+// Whom a run acts for beside its token: the user of the chat message it answers and that
+// message's channel (a channel's runs act through its creator's token, with the channel's
+// role), or, for a slot of a schedule, that schedule's (so a schedule made in a slot stays
+// bounded by the same person and channel); "" for none.
+struct ActsFor {
+  std::string user_id;
+  std::string channel_id;
+};
+
+// The run's caller, who the tools act for; kPermissionDenied for a guest. `acts_for`, when
+// given, gets whom it acts for beside its token.
 Result<store::Run> CallerOf(store::Store& store, const tools::ToolContext& ctx,
-                            const std::string& tool, std::string* sender = nullptr) {
+                            const std::string& tool, ActsFor* acts_for = nullptr) {
   store::Run run;
   KEEL_RETURN_IF_ERROR(store.Read([&](store::Tx& tx) -> Status {
     KEEL_ASSIGN_OR_RETURN(run, tx.runs().GetRun(ctx.tenant_id, ctx.run_id));
-    if (sender) {
-      sender->clear();
+    if (acts_for) {
+      *acts_for = {};
       KEEL_ASSIGN_OR_RETURN(auto reply, tx.channels().RunReply(ctx.tenant_id, ctx.run_id));
       if (reply) {
-        *sender = reply->user_id;
+        *acts_for = {reply->user_id, reply->channel_id};
         return Status::Ok();
       }
       KEEL_ASSIGN_OR_RETURN(auto fire, tx.schedules().FireOfRun(ctx.tenant_id, ctx.run_id));
       if (!fire) return Status::Ok();
       auto parent = tx.schedules().GetSchedule(ctx.tenant_id, fire->schedule_id);
       if (!parent.ok() && parent.status().code() != Code::kNotFound) return parent.status();
-      if (parent.ok()) *sender = parent->user_id;
+      if (parent.ok()) *acts_for = {parent->user_id, parent->channel_id};
     }
     return Status::Ok();
   }));
@@ -82,8 +88,8 @@ class CreateTool final : public ScheduleTool {
   std::vector<std::string> rights() const override { return {"write"}; }
 
   Result<Json> Execute(const tools::ToolContext& ctx, const Json& args) override {
-    std::string sender;
-    KEEL_ASSIGN_OR_RETURN(store::Run run, CallerOf(store_, ctx, name(), &sender));
+    ActsFor acts_for;
+    KEEL_ASSIGN_OR_RETURN(store::Run run, CallerOf(store_, ctx, name(), &acts_for));
     ScheduleRequest r;
     r.agent_id = ctx.agent_id;
     r.prompt = args.value("prompt", "");
@@ -105,7 +111,8 @@ class CreateTool final : public ScheduleTool {
     }
     KEEL_ASSIGN_OR_RETURN(store::Schedule s,
                           MakeSchedule(r, ctx.tenant_id, run.requested_by, run.caller_role, now));
-    s.user_id = sender;
+    s.user_id = acts_for.user_id;
+    s.channel_id = acts_for.channel_id;
     KEEL_RETURN_IF_ERROR(store_.WriteSync([&](store::Tx& tx) { return InsertSchedule(tx, s); }));
     if (on_change_) on_change_();
     return ScheduleJson(s);

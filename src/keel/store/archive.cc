@@ -35,7 +35,8 @@ constexpr AddedColumn kAddedColumns[] = {{"sessions", "description", 5, "\"\""},
                                          {"api_tokens", "user_id", 12, "\"\""},
                                          {"channel_conversations", "contact", 13, "\"\""},
                                          {"agent_access", "guest_daily_tokens", 13, "200000"},
-                                         {"schedules", "user_id", 14, "\"\""}};
+                                         {"schedules", "user_id", 14, "\"\""},
+                                         {"schedules", "channel_id", 15, "\"\""}};
 
 constexpr const char* kManifest = "manifest.json";
 

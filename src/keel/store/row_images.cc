@@ -357,6 +357,7 @@ std::string RowImage(const Schedule& s) {
       .Col("created_at", s.created_at)
       .Col("updated_at", s.updated_at)
       .Col("user_id", s.user_id)
+      .Col("channel_id", s.channel_id)
       .Done();
 }
 

@@ -9,7 +9,8 @@ namespace keel::store::rows {
 
 inline constexpr const char* kScheduleCols =
     "id, tenant_id, agent_id, name, kind, cron, at, timezone, prompt, session_id, missed, status, "
-    "next_fire_at, last_fired_at, created_by, caller_role, created_at, updated_at, user_id";
+    "next_fire_at, last_fired_at, created_by, caller_role, created_at, updated_at, user_id, "
+    "channel_id";
 template <typename Row>
 Schedule ReadSchedule(const Row& r) {
   Schedule s;
@@ -32,6 +33,7 @@ Schedule ReadSchedule(const Row& r) {
   s.created_at = r.Int(16);
   s.updated_at = r.Int(17);
   s.user_id = r.Text(18);
+  s.channel_id = r.Text(19);
   return s;
 }
 

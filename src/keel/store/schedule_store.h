@@ -37,6 +37,9 @@ struct Schedule {
   // created it (the channel's token is its creator's), or the one a slot's run that created it
   // acted for. Their role on the agent at each slot bounds the slot's; "" for none.
   std::string user_id;
+  // The channel whose chat message's run created it (or the one of the schedule whose slot's
+  // run did): that channel's `role` as it is at each slot bounds the slot's; "" for none.
+  std::string channel_id;
   Millis created_at = 0;
   Millis updated_at = 0;  // every change, a firing included
 };
@@ -60,8 +63,8 @@ class ScheduleStore {
   // kConflict when the id exists.
   virtual Status InsertSchedule(const Schedule& s) = 0;
   // By tenant and id: writes name, status, next_fire_at, last_fired_at, updated_at, created_by,
-  // caller_role and user_id (the last three change when an owner reassigns a suspended
-  // schedule).
+  // caller_role, user_id and channel_id (the last four change when an owner reassigns a
+  // suspended schedule).
   // kNotFound "schedule not found: ID".
   virtual Status UpdateSchedule(const Schedule& s) = 0;
   // kNotFound "schedule not found: ID".

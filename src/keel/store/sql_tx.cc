@@ -1521,12 +1521,12 @@ Result<std::optional<ChannelReply>> SqlTx<Sql>::RunReply(const std::string& tena
 
 template <typename Sql>
 Status SqlTx<Sql>::InsertSchedule(const Schedule& x) {
-  static const std::string kSql = InsertSql("schedules", kScheduleCols, 19);
+  static const std::string kSql = InsertSql("schedules", kScheduleCols, 20);
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(x.tenant_id));
   return Inserted(
       sql_.Exec(kSql, x.id, x.tenant_id, x.agent_id, x.name, x.kind, x.cron, x.at, x.timezone,
                 x.prompt, x.session_id, x.missed, x.status, x.next_fire_at, x.last_fired_at,
-                x.created_by, x.caller_role, x.created_at, x.updated_at, x.user_id),
+                x.created_by, x.caller_role, x.created_at, x.updated_at, x.user_id, x.channel_id),
       "schedule already exists: " + x.id);
 }
 
@@ -1534,10 +1534,11 @@ template <typename Sql>
 Status SqlTx<Sql>::UpdateSchedule(const Schedule& x) {
   static const std::string kSql =
       "UPDATE schedules SET name=$1, status=$2, next_fire_at=$3, last_fired_at=$4, "
-      "updated_at=$5, created_by=$6, caller_role=$7, user_id=$8 WHERE tenant_id=$9 AND id=$10";
+      "updated_at=$5, created_by=$6, caller_role=$7, user_id=$8, channel_id=$9 WHERE tenant_id=$10 "
+      "AND id=$11";
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(x.tenant_id));
   return Updated(sql_.Exec(kSql, x.name, x.status, x.next_fire_at, x.last_fired_at, x.updated_at,
-                           x.created_by, x.caller_role, x.user_id, x.tenant_id, x.id),
+                           x.created_by, x.caller_role, x.user_id, x.channel_id, x.tenant_id, x.id),
                  "schedule not found: " + x.id);
 }
 
