@@ -1337,6 +1337,21 @@ class HostileBotApiTest(KeelTestCase):
         self.assertNotIn(str(update), t.replies(ch))
         self.assertIn(update, new.sent()["pending"], "the new bot's update was confirmed away")
 
+    def test_a_channel_that_handled_no_update_may_move_to_another_bot(self):
+        # Its first poll recorded its bot (so that the nodes keep a bot's channels together),
+        # but with no update handled there is no place to lose: a corrected token just works.
+        t, old, new = self.t, FakeTelegram(), FakeTelegram(bot_id=BOT_ID + 1)
+        self.addCleanup(old.stop)
+        self.addCleanup(new.stop)
+        agent, ch = t.bot(old)
+        wait_for(lambda: len(old.sent()["polls"]) >= 2, 20, "two polls of the first bot")
+        t.ok("PATCH", "/v1/channels/" + ch["id"], {"settings": dict(
+            ch["settings"], bot_token=t.secret(new.token), api_base=new.api_base)})
+        update = new.message(222, "to the new bot")
+        self.assertEqual(new.wait_sent(222)[0]["_text"], 'You said: "to the new bot"')
+        t.wait_reply(ch, update, ("sent",))
+        self.assertEqual(t.status(ch, "ready")["error"], "")
+
 
 # ------------------------------------------------------------------------- approval cards
 
@@ -1985,14 +2000,14 @@ class ChatScheduleTest(TelegramCase):
 
     def test_a_chat_schedule_takes_its_channels_role_at_each_slot(self):
         # The channel's role bounds its runs; a schedule made in one keeps to the role the
-        # channel has when each slot comes: once the owner lowers it to guest, or deletes the
-        # channel, the slots are refused (a guest holds no schedules).
+        # channel has when each slot comes: once the owner lowers it to guest, disables or
+        # deletes the channel, the slots are refused (a guest holds no schedules).
         t, fake = self.t, self.fake
         agent, ch = self.agent_with_channel(tools=("schedule.create", "notes.append"))
         bob = self.person("Bob", BOB)
         self.member(agent, bob, "owner")
         made = []
-        for line, seconds in (("as-user", 2), ("lowered", 7), ("deleted", 12)):
+        for line, seconds in (("as-user", 2), ("lowered", 7), ("disabled", 12), ("deleted", 17)):
             prompt = '/call notes.append {"line": "%s"}' % line
             update = fake.message(BOB, "/call schedule.create " + json.dumps(
                 {"prompt": prompt, "in_seconds": seconds}), first_name="Bob")
@@ -2017,9 +2032,13 @@ class ChatScheduleTest(TelegramCase):
         self.assertEqual(ev["type"], "schedule.refused@v1",
                          "a slot fired with the role the channel had before: %r" % ev)
         self.assertIn("acts as a guest now", ev["payload"]["reason"])
-        t.ok("PATCH", "/v1/channels/" + ch["id"], {"settings": dict(ch["settings"], role="user")})
-        t.ok("DELETE", "/v1/channels/" + ch["id"], expect=(200, 204))
+        t.ok("PATCH", "/v1/channels/" + ch["id"],
+             {"settings": dict(ch["settings"], role="user"), "enabled": False})
         ev = slot(made[2])
+        self.assertEqual(ev["type"], "schedule.refused@v1", ev)
+        self.assertIn("it was made through is disabled", ev["payload"]["reason"])
+        t.ok("DELETE", "/v1/channels/" + ch["id"], expect=(200, 204))
+        ev = slot(made[3])
         self.assertEqual(ev["type"], "schedule.refused@v1", ev)
         self.assertIn("it was made through is gone", ev["payload"]["reason"])
 

@@ -149,6 +149,26 @@ TEST(ChannelLeasesTest, ABotBehindTwoChannelsIsPolledByOneNode) {
   EXPECT_EQ(plan.at("ch1"), kNow + kChannelLeaseMs);
 }
 
+TEST(ChannelLeasesTest, ABotsChannelsCountAsOneAndAreNotGivenUpForTheShare) {
+  // This node holds bot 42's two channels and two more; with two nodes its share is 2. Were a
+  // bot's channels given up for the share, they would go back and forth between the nodes.
+  const auto polled = Bots(4);
+  std::vector<store::ChannelLease> leases = {
+      Polled("ch0", "me", kNow + 1, "42"), Polled("ch1", "me", kNow + 1, "42"),
+      Polled("ch2", "me", kNow + 1, "43"), Polled("ch3", "me", kNow + 1, "44")};
+  auto plan = Plan(polled, leases, 2, {"ch0", "ch1", "ch2", "ch3"});
+  ASSERT_EQ(plan.size(), 4u);
+  EXPECT_EQ(plan.at("ch0"), kNow + kChannelLeaseMs);
+  EXPECT_EQ(plan.at("ch1"), kNow + kChannelLeaseMs);
+  EXPECT_EQ(plan.at("ch2"), kNow + kChannelLeaseMs);
+  EXPECT_EQ(plan.at("ch3"), kNow) << "the channel beyond the share (the bot's two count once)";
+  // The bot's other channel, free, is taken at once whatever the share.
+  leases[1] = Polled("ch1", "other", kNow - 1, "42");
+  leases[3] = Polled("ch3", "other", kNow + kChannelLeaseMs, "44");
+  plan = Plan(polled, leases, 2, {"ch0", "ch2"});
+  EXPECT_EQ(plan.at("ch1"), kNow + kChannelLeaseMs);
+}
+
 TEST(ChannelLeasesTest, BotsAreOneOnlyOnTheSameServer) {
   // Bot ids are per Bot API server: the same id on another server is another bot.
   auto polled = Bots(1, "http://127.0.0.1:9");

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "keel/channels/telegram.h"
 #include "keel/common/json_util.h"
@@ -34,31 +35,46 @@ std::vector<LeaseAsk> PlanLeases(const std::vector<store::Channel>& polled,
     auto it = lease_of.find(c.id);
     return it == lease_of.end() ? nullptr : it->second;
   };
-  // Each bot's node: the holder of the live lease of its first channel (by id). A bot behind
-  // two channels is polled by that node only (it polls one of them, channels/relay.h).
-  std::map<std::string, std::string> bot_node;
+  // A bot behind two channels or more is one node's: the holder of the live lease of its
+  // first channel (by id) takes and keeps all of them (and polls through one, relay.h); the
+  // other nodes leave them. They count as one channel of that node's share, and none of them
+  // is given up for the share (a bot's channels would move between nodes each look).
+  std::map<std::string, int> channels_of_bot;
+  for (const auto& c : polled) {
+    const std::string bot = BotKey(c, lease(c));
+    if (!bot.empty()) ++channels_of_bot[bot];
+  }
+  std::map<std::string, std::string> bot_node;  // of the bots behind two channels or more
   for (const auto& c : polled) {
     const store::ChannelLease* l = lease(c);
     const std::string bot = BotKey(c, l);
-    if (!bot.empty() && l->held_until >= now) bot_node.emplace(bot, l->holder);
+    if (!bot.empty() && channels_of_bot[bot] > 1 && l->held_until >= now) {
+      bot_node.emplace(bot, l->holder);
+    }
   }
-  auto bot_elsewhere = [&](const store::Channel& c, const store::ChannelLease* l) {
-    auto it = bot_node.find(BotKey(c, l));
-    return it != bot_node.end() && it->second != me;
-  };
   std::vector<LeaseAsk> asks;
   std::vector<const store::Channel*> free, overdue;
+  std::set<std::string> bots_counted;
   size_t mine = 0;
   const size_t share =
       (polled.size() + std::max<size_t>(nodes, 1) - 1) / std::max<size_t>(nodes, 1);
   for (const auto& c : polled) {
     const store::ChannelLease* l = lease(c);
     const bool live = l && l->held_until >= now;
-    if (bot_elsewhere(c, l)) {
-      if (live && l->holder == me) asks.push_back({c.tenant_id, c.id, now});  // given up
+    const bool held = live && l->holder == me;
+    const std::string bot = BotKey(c, l);
+    if (auto it = bot_node.find(bot); it != bot_node.end()) {
+      if (it->second != me) {
+        if (held) asks.push_back({c.tenant_id, c.id, now});  // given up
+      } else {
+        if (bots_counted.insert(bot).second) ++mine;
+        if (!live || !believed(c.id) || l->held_until - now < kChannelRenewMs) {
+          if (!live || held) asks.push_back({c.tenant_id, c.id, now + kChannelLeaseMs});
+        }
+      }
       continue;
     }
-    if (live && l->holder == me) {
+    if (held) {
       if (++mine == share + 1) {
         asks.push_back({c.tenant_id, c.id, now});
       } else if (!believed(c.id) || l->held_until - now < kChannelRenewMs) {

@@ -13,9 +13,10 @@
 //   overdue  a channel free for a whole lease, whatever its share: a node counted among the
 //            nodes that takes none (its writes fail, an older version) leaves it to the others
 //   one bot  a Telegram bot behind two channels is one node's: the node that holds the live
-//            lease of its first channel (by id) takes and keeps its others, the other nodes
-//            leave them and give up those they hold (a bot is known from its first poll
-//            that brought updates, ChannelLease::bot)
+//            lease of its first channel (by id) takes and keeps its others whatever its share
+//            (they count as one channel of it, and none is given up for the share), the other
+//            nodes leave them and give up those they hold (a channel's bot is known from its
+//            first poll, ChannelLease::bot)
 //
 // Pure: the caller reads and writes.
 

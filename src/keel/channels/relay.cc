@@ -440,8 +440,10 @@ asio::awaitable<BotAnswer> Relay::CallBot(const PollRead& r, const std::string& 
 }
 
 asio::awaitable<Result<TelegramBot>> Relay::BotOf(const PollRead& r) {
+  // Asked again when the token or the server changes: a bot's id is its server's answer.
+  const std::string asked_with = r.settings.api_base + " " + r.token;
   auto known = bots_.find(r.channel.id);
-  if (known != bots_.end() && known->second.first == r.token) co_return known->second.second;
+  if (known != bots_.end() && known->second.first == asked_with) co_return known->second.second;
   Json none = Json::object();
   BotAnswer me = co_await CallBot(r, "getMe", none, kSendTimeout);
   if (!me.ok || !me.result.is_object() || !me.result.contains("id") ||
@@ -451,7 +453,7 @@ asio::awaitable<Result<TelegramBot>> Relay::BotOf(const PollRead& r) {
   const Json& name = me.result.contains("username") ? me.result["username"] : Json();
   TelegramBot bot{me.result["id"].get<int64_t>(),
                   name.is_string() ? name.get<std::string>() : std::string()};
-  bots_[r.channel.id] = {r.token, bot};
+  bots_[r.channel.id] = {asked_with, bot};
   co_return bot;
 }
 
@@ -473,6 +475,7 @@ asio::awaitable<void> Relay::Poll(std::string tenant_id, std::string channel_id)
     }
     if (r.gone) co_return;
     std::string failure = r.problem;
+    std::string failed_cursor = r.cursor;  // what a failed round records as the poll's place
     Millis retry_after = 0;
     // Where a webhook-mode channel's updates go, and with what secret: the cursor records
     // that setWebhook took them ("webhook:HASH"; a polled channel's is "BOT_ID/UPDATE_ID").
@@ -512,12 +515,15 @@ asio::awaitable<void> Relay::Poll(std::string tenant_id, std::string channel_id)
     if (failure.empty()) {
       auto bot = co_await BotOf(r);
       if (!bot.ok()) failure = bot.status().message();
-      // The last update handled ("BOT_ID/UPDATE_ID"). A channel keeps its bot: update ids are
-      // per bot, and another bot's would be taken for this one's (and passed over as replays).
+      // The last update handled ("BOT_ID/UPDATE_ID"). A channel keeps its bot once it handled
+      // an update: update ids are per bot, and another bot's would be taken for this one's
+      // (and passed over as replays). Before that ("BOT_ID/0") its token may change bots.
       std::optional<int64_t> last;
       const size_t slash = r.cursor.find('/');
       if (failure.empty() && slash != std::string::npos) {
-        if (r.cursor.substr(0, slash) != std::to_string(bot->id)) {
+        if (r.cursor.substr(slash + 1) == "0") {
+          last = 0;
+        } else if (r.cursor.substr(0, slash) != std::to_string(bot->id)) {
           failure = "its bot token is now another bot's (id " + std::to_string(bot->id) +
                     "; the channel polled bot " + r.cursor.substr(0, slash) +
                     "): a channel keeps its bot, so create a channel for the new one or put the "
@@ -534,6 +540,9 @@ asio::awaitable<void> Relay::Poll(std::string tenant_id, std::string channel_id)
         if (!fresh && claim->second != channel_id && polling_.count(claim->second)) {
           failure = "its bot (id " + std::to_string(bot->id) + ") is polled by channel " +
                     claim->second + " already: a bot answers through one channel";
+          // Its bot recorded all the same, so that the nodes keep it with the bot's other
+          // channels (leases.h) rather than let another node poll the bot through it.
+          if (!last || *last == 0) failed_cursor = std::to_string(bot->id) + "/0";
         } else {
           claim->second = channel_id;
         }
@@ -599,7 +608,9 @@ asio::awaitable<void> Relay::Poll(std::string tenant_id, std::string channel_id)
       failures = 0;
       continue;
     }
-    if (failure != r.error) co_await RecordPoll(r, r.cursor, failure);
+    if (failure != r.error || failed_cursor != r.cursor) {
+      co_await RecordPoll(r, failed_cursor, failure);
+    }
     ++failures;
     co_await Sleep(
         milliseconds(std::max<Millis>(retry_after, std::min<Millis>(60000, Backoff(failures)))));

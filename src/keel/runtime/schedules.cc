@@ -119,6 +119,8 @@ Result<std::string> SlotRole(store::Tx& tx, const store::Schedule& s) {
     auto channel = tx.channels().GetChannel(s.tenant_id, s.channel_id);
     if (channel.status().code() == Code::kNotFound) return PermissionDenied(which + " is gone");
     KEEL_RETURN_IF_ERROR(channel.status());
+    // As a disabled channel takes no message (its schedules stop with it).
+    if (!channel->enabled) return PermissionDenied(which + " is disabled");
     auto settings = ParseJson(channel->settings);
     Result<std::string> on =
         settings.ok() ? channels::SettingsRole(*settings) : Result<std::string>(settings.status());

@@ -70,8 +70,9 @@ struct ChannelLease {
   std::string channel_id;
   std::string holder;  // the node's origin
   Millis held_until = 0;
-  // The Telegram bot its polls last asked for updates (the bot's id, from the poll's cursor);
-  // "" before the first poll that brought any, and for other kinds.
+  // The Telegram bot its polls last asked for updates (the bot's id, from the poll's cursor,
+  // recorded at the first poll, or when the bot was found polled through another channel);
+  // "" before that, and for other kinds.
   std::string bot;
 };
 
