@@ -1933,6 +1933,13 @@ class ChatScheduleTest(TelegramCase):
     after he was removed from the private agent, is refused. So is a schedule that a slot of
     his made (it acts for him too)."""
 
+    def slot(self, s):
+        """The event of schedule `s`'s slot: fired or refused."""
+        return wait_for(lambda: next((e for e in self.server.all_events(token=self.t.token)
+                                      if e["type"] in ("schedule.fired@v1", "schedule.refused@v1")
+                                      and e["payload"].get("schedule_id") == s["id"]), None),
+                        30, "the slot of schedule " + s["id"])
+
     def test_a_schedule_made_in_a_chat_takes_its_senders_role_at_each_slot(self):
         t, fake = self.t, self.fake
         agent, ch = self.agent_with_channel(tools=("schedule.create", "notes.append"))
@@ -1955,13 +1962,6 @@ class ChatScheduleTest(TelegramCase):
             self.assertEqual(len(made), 1, run)
             return made[0]
 
-        def slot(s):
-            return wait_for(lambda: next((e for e in self.server.all_events(token=t.token)
-                                          if e["type"] in ("schedule.fired@v1",
-                                                           "schedule.refused@v1")
-                                          and e["payload"].get("schedule_id") == s["id"]),
-                                         None), 30, "the slot of schedule " + s["id"])
-
         def written():
             if not os.path.exists(notes):
                 return ""
@@ -1976,24 +1976,24 @@ class ChatScheduleTest(TelegramCase):
         for s in (first, second, parent):
             self.assertEqual(s["user_id"], bob["id"], s)  # whom it acts for
             self.assertEqual(s["created_by"], ch["created_by"], s)  # through the channel's token
-        ev = slot(first)
+        ev = self.slot(first)
         self.assertEqual(ev["type"], "schedule.fired@v1", ev)
         self.server.wait_run(ev["run_id"], token=t.token)
         self.assertIn("while-a-member", written())
-        ev = slot(parent)
+        ev = self.slot(parent)
         self.assertEqual(ev["type"], "schedule.fired@v1", ev)
         self.assertEqual(self.server.wait_run(ev["run_id"], token=t.token)["status"], "done")
         [child] = [s for s in t.pages("/v1/agents/%s/schedules" % agent["id"])
                    if s["prompt"] == grandchild]
         self.assertEqual(child["user_id"], bob["id"], child)
         t.ok("DELETE", "/v1/agents/%s/members/%s" % (agent["id"], bob["id"]), expect=(200, 204))
-        ev = slot(second)
+        ev = self.slot(second)
         self.assertEqual(ev["type"], "schedule.refused@v1",
                          "a slot of a schedule Bob made in a chat fired after he was removed "
                          "from the agent: %r" % ev)
         self.assertIn("has no role on the agent", ev["payload"]["reason"])
         self.assertNotIn("after-removal", written())
-        ev = slot(child)
+        ev = self.slot(child)
         self.assertEqual(ev["type"], "schedule.refused@v1",
                          "a schedule one of Bob's slots made fired after his removal: %r" % ev)
         self.assertNotIn("chained", written())
@@ -2018,27 +2018,20 @@ class ChatScheduleTest(TelegramCase):
             self.assertEqual((s["channel_id"], s["user_id"]), (ch["id"], bob["id"]), s)
             made.append(s)
 
-        def slot(s):
-            return wait_for(lambda: next((e for e in self.server.all_events(token=t.token)
-                                          if e["type"] in ("schedule.fired@v1",
-                                                           "schedule.refused@v1")
-                                          and e["payload"].get("schedule_id") == s["id"]),
-                                         None), 30, "the slot of schedule " + s["id"])
-
-        ev = slot(made[0])
+        ev = self.slot(made[0])
         self.assertEqual(ev["type"], "schedule.fired@v1", ev)
         t.ok("PATCH", "/v1/channels/" + ch["id"], {"settings": dict(ch["settings"], role="guest")})
-        ev = slot(made[1])
+        ev = self.slot(made[1])
         self.assertEqual(ev["type"], "schedule.refused@v1",
                          "a slot fired with the role the channel had before: %r" % ev)
         self.assertIn("acts as a guest now", ev["payload"]["reason"])
         t.ok("PATCH", "/v1/channels/" + ch["id"],
              {"settings": dict(ch["settings"], role="user"), "enabled": False})
-        ev = slot(made[2])
+        ev = self.slot(made[2])
         self.assertEqual(ev["type"], "schedule.refused@v1", ev)
         self.assertIn("it was made through is disabled", ev["payload"]["reason"])
         t.ok("DELETE", "/v1/channels/" + ch["id"], expect=(200, 204))
-        ev = slot(made[3])
+        ev = self.slot(made[3])
         self.assertEqual(ev["type"], "schedule.refused@v1", ev)
         self.assertIn("it was made through is gone", ev["payload"]["reason"])
 
@@ -2059,10 +2052,7 @@ class ChatScheduleTest(TelegramCase):
         [s] = [s for s in t.pages("/v1/agents/%s/schedules" % agent["id"])
                if s["prompt"] == prompt]
         t.ok("DELETE", "/v1/agents/%s/members/%s" % (agent["id"], bob["id"]), expect=(200, 204))
-        ev = wait_for(lambda: next((e for e in self.server.all_events(token=t.token)
-                                    if e["type"] in ("schedule.fired@v1", "schedule.refused@v1")
-                                    and e["payload"].get("schedule_id") == s["id"]), None),
-                      30, "the slot of schedule " + s["id"])
+        ev = self.slot(s)
         self.assertEqual(ev["type"], "schedule.refused@v1",
                          "a removed sender's slot posted as a guest: %r" % ev)
         self.assertIn("is only a guest on the agent now", ev["payload"]["reason"])
