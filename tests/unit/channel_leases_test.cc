@@ -162,6 +162,20 @@ TEST(ChannelLeasesTest, ABotsChannelsCountAsOneAndAreNotGivenUpForTheShare) {
   EXPECT_EQ(plan.at("ch1"), kNow + kChannelLeaseMs);
   EXPECT_EQ(plan.at("ch2"), kNow + kChannelLeaseMs);
   EXPECT_EQ(plan.at("ch3"), kNow) << "the channel beyond the share (the bot's two count once)";
+  // Whatever their place among the channels: a bot's channels before the last ordinary one
+  // still leave that one given up (ids: o1-o4, then the bot's x1 and x2, then o5).
+  std::vector<store::Channel> mixed = Bots(7);
+  const char* ids[] = {"o1", "o2", "o3", "o4", "x1", "x2", "o5"};
+  std::vector<store::ChannelLease> all;
+  std::set<std::string> every;
+  for (int i = 0; i < 7; ++i) {
+    mixed[i].id = ids[i];
+    all.push_back(Polled(ids[i], "me", kNow + kChannelLeaseMs, ids[i][0] == 'x' ? "42" : ""));
+    every.insert(ids[i]);
+  }
+  plan = Plan(mixed, all, 2, every);  // a share of 4: o1-o4 and the bot make 5
+  ASSERT_EQ(plan.size(), 1u);
+  EXPECT_EQ(plan.at("o5"), kNow) << "a node kept more than its share for good";
   // The bot's other channel, free, is taken at once whatever the share.
   leases[1] = Polled("ch1", "other", kNow - 1, "42");
   leases[3] = Polled("ch3", "other", kNow + kChannelLeaseMs, "44");

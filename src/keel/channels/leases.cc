@@ -56,6 +56,7 @@ std::vector<LeaseAsk> PlanLeases(const std::vector<store::Channel>& polled,
   std::vector<const store::Channel*> free, overdue;
   std::set<std::string> bots_counted;
   size_t mine = 0;
+  bool gave_one_up = false;  // for the share, one a look
   const size_t share =
       (polled.size() + std::max<size_t>(nodes, 1) - 1) / std::max<size_t>(nodes, 1);
   for (const auto& c : polled) {
@@ -75,8 +76,9 @@ std::vector<LeaseAsk> PlanLeases(const std::vector<store::Channel>& polled,
       continue;
     }
     if (held) {
-      if (++mine == share + 1) {
+      if (++mine > share && !gave_one_up) {
         asks.push_back({c.tenant_id, c.id, now});
+        gave_one_up = true;
       } else if (!believed(c.id) || l->held_until - now < kChannelRenewMs) {
         asks.push_back({c.tenant_id, c.id, now + kChannelLeaseMs});
       }

@@ -535,8 +535,11 @@ asio::awaitable<void> Relay::Poll(std::string tenant_id, std::string channel_id)
       // One channel polls a bot (Telegram answers a second poller 409, and both would answer).
       // Keyed by the Bot API server too: another tenant's server may call itself any bot.
       if (failure.empty()) {
-        auto [claim, fresh] = bot_pollers_.try_emplace(
-            r.settings.api_base + " " + std::to_string(bot->id), channel_id);
+        const std::string key = r.settings.api_base + " " + std::to_string(bot->id);
+        // A channel moved to another bot (or server) lets go of the one it polled.
+        std::erase_if(bot_pollers_,
+                      [&](const auto& p) { return p.second == channel_id && p.first != key; });
+        auto [claim, fresh] = bot_pollers_.try_emplace(key, channel_id);
         if (!fresh && claim->second != channel_id && polling_.count(claim->second)) {
           failure = "its bot (id " + std::to_string(bot->id) + ") is polled by channel " +
                     claim->second + " already: a bot answers through one channel";
