@@ -39,17 +39,17 @@ std::vector<LeaseAsk> PlanLeases(const std::vector<store::Channel>& polled,
   // first channel (by id) takes and keeps all of them (and polls through one, relay.h); the
   // other nodes leave them. They count as one channel of that node's share, and none of them
   // is given up for the share (a bot's channels would move between nodes each look).
+  std::vector<std::string> bot_of;  // BotKey of each polled channel, in order
   std::map<std::string, int> channels_of_bot;
   for (const auto& c : polled) {
-    const std::string bot = BotKey(c, lease(c));
-    if (!bot.empty()) ++channels_of_bot[bot];
+    bot_of.push_back(BotKey(c, lease(c)));
+    if (!bot_of.back().empty()) ++channels_of_bot[bot_of.back()];
   }
   std::map<std::string, std::string> bot_node;  // of the bots behind two channels or more
-  for (const auto& c : polled) {
-    const store::ChannelLease* l = lease(c);
-    const std::string bot = BotKey(c, l);
-    if (!bot.empty() && channels_of_bot[bot] > 1 && l->held_until >= now) {
-      bot_node.emplace(bot, l->holder);
+  for (size_t i = 0; i < polled.size(); ++i) {
+    const store::ChannelLease* l = lease(polled[i]);
+    if (!bot_of[i].empty() && channels_of_bot[bot_of[i]] > 1 && l->held_until >= now) {
+      bot_node.emplace(bot_of[i], l->holder);
     }
   }
   std::vector<LeaseAsk> asks;
@@ -59,19 +59,18 @@ std::vector<LeaseAsk> PlanLeases(const std::vector<store::Channel>& polled,
   bool gave_one_up = false;  // for the share, one a look
   const size_t share =
       (polled.size() + std::max<size_t>(nodes, 1) - 1) / std::max<size_t>(nodes, 1);
-  for (const auto& c : polled) {
+  for (size_t i = 0; i < polled.size(); ++i) {
+    const store::Channel& c = polled[i];
     const store::ChannelLease* l = lease(c);
     const bool live = l && l->held_until >= now;
     const bool held = live && l->holder == me;
-    const std::string bot = BotKey(c, l);
-    if (auto it = bot_node.find(bot); it != bot_node.end()) {
+    if (auto it = bot_node.find(bot_of[i]); it != bot_node.end()) {
       if (it->second != me) {
         if (held) asks.push_back({c.tenant_id, c.id, now});  // given up
       } else {
-        if (bots_counted.insert(bot).second) ++mine;
-        if (!live || !believed(c.id) || l->held_until - now < kChannelRenewMs) {
-          if (!live || held) asks.push_back({c.tenant_id, c.id, now + kChannelLeaseMs});
-        }
+        if (bots_counted.insert(it->first).second) ++mine;
+        const bool due = held && (!believed(c.id) || l->held_until - now < kChannelRenewMs);
+        if (!live || due) asks.push_back({c.tenant_id, c.id, now + kChannelLeaseMs});
       }
       continue;
     }
