@@ -230,6 +230,25 @@ class EndToEndTest(ChannelCase):
                 self.assertIn("guests may only use read tools", steps)
 
 
+    def test_a_schedule_made_in_a_hooks_run_keeps_to_the_channels_role(self):
+        # A webhook's runs act with its channel's role; a schedule one of them makes records the
+        # channel, so that its slots keep to the role the channel has when each comes (and stop
+        # once it is deleted), as a chat's do.
+        t = self.t
+        t.ok("PUT", "/v1/policy", OPEN_FRAME)
+        agent, ch, key = t.hook(template="{{/text}}", conversation="", role="user",
+                                tools=["schedule.create"])
+        prompt = "a reminder"
+        st, got, _ = t.deliver(ch, key, {"text": "/call schedule.create " + json.dumps(
+            {"prompt": prompt, "in_seconds": 3600})})
+        self.assertEqual(st, 202, got)
+        run = self.server.wait_run(got["run_id"], token=t.token)
+        self.assertEqual(run["status"], "done", run)
+        [made] = [x for x in self.server.list_all("/v1/agents/%s/schedules" % agent["id"],
+                                                  token=t.token) if x["prompt"] == prompt]
+        self.assertEqual((made["channel_id"], made["user_id"]), (ch["id"], None), made)
+
+
 class RedeliveryTest(ChannelCase):
     def test_same_webhook_id_is_answered_with_the_first_ids(self):
         t = self.t

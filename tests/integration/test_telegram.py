@@ -2035,6 +2035,47 @@ class ChatScheduleTest(TelegramCase):
         self.assertEqual(ev["type"], "schedule.refused@v1", ev)
         self.assertIn("it was made through is gone", ev["payload"]["reason"])
 
+    def test_a_slots_run_acts_for_its_sender_after_its_schedule_is_gone(self):
+        # A slot's run acts for its schedule's sender and channel whatever becomes of the
+        # schedule meanwhile. Here the schedule is deleted while the run waits for the approval
+        # of the schedule.create it calls (as a run may cancel its own schedule before making
+        # one): the schedule that call makes still acts for Bob through the channel, rather
+        # than for the channel's token alone.
+        t, fake = self.t, self.fake
+        agent, ch = self.agent_with_channel(tools=("schedule.create",))
+        bob = self.person("Bob", BOB)
+        self.member(agent, bob, "user")
+        t.ok("PUT", "/v1/policy", {"rules": [
+            {"tool": "*", "rights": ["read", "write"], "approval": "never"},
+            {"tool": "schedule.create", "rights": ["write"], "approval": "always"}]})
+
+        def pending(run_id):
+            return wait_for(lambda: next((a for a in self.server.list_all(
+                "/v1/approvals?status=pending", token=t.token) if a["run_id"] == run_id), None),
+                30, "the approval of run " + run_id)
+
+        later = "/call schedule.create " + json.dumps({"prompt": "later", "in_seconds": 3600})
+        update = fake.message(BOB, "/call schedule.create " + json.dumps(
+            {"prompt": later, "in_seconds": 2}), first_name="Bob")
+        run_id = wait_for(lambda: (t.replies(ch).get(str(update)) or {}).get("run_id"), 30,
+                          "Bob's run")
+        t.ok("POST", "/v1/approvals/%s/approve" % pending(run_id)["id"], {}, expect=200)
+        self.assertEqual(t.wait_reply(ch, update)["status"], "sent")
+        [parent] = [s for s in t.pages("/v1/agents/%s/schedules" % agent["id"])
+                    if s["prompt"] == later]
+        self.assertEqual((parent["user_id"], parent["channel_id"]), (bob["id"], ch["id"]))
+        ev = self.slot(parent)
+        self.assertEqual(ev["type"], "schedule.fired@v1", ev)
+        waiting = pending(ev["run_id"])
+        t.ok("DELETE", "/v1/schedules/" + parent["id"], expect=(200, 204))
+        t.ok("POST", "/v1/approvals/%s/approve" % waiting["id"], {}, expect=200)
+        self.assertEqual(self.server.wait_run(ev["run_id"], token=t.token)["status"], "done")
+        [made] = [s for s in t.pages("/v1/agents/%s/schedules" % agent["id"])
+                  if s["prompt"] == "later"]
+        self.assertEqual((made["user_id"], made["channel_id"]), (bob["id"], ch["id"]),
+                         "a schedule made in a slot whose schedule was deleted acts for no "
+                         "one: %r" % made)
+
     def test_on_a_public_agent_a_removed_senders_slots_do_not_fire_as_a_guest(self):
         # Anyone talks to a public agent as a guest, within its budget per identity; a guest
         # holds no schedules (none can make one), so Bob's schedule stops when he is only a

@@ -357,7 +357,7 @@ TEST_F(ArchiveTest, RoundTripAcrossBackendsIsByteIdentical) {
 // had. Their events carry the store-wide origin_seq and no tenant_position: they are numbered per
 // tenant. Their messages carry no seq: numbered per session in id order.
 TEST_F(ArchiveTest, ImportsAVersion2ArchiveWithoutThePluginTables) {
-  ASSERT_EQ(kArchiveVersion, 15);
+  ASSERT_EQ(kArchiveVersion, 16);
   // The tables archives gained in versions 3 (plugins), 4 (schedules, memory, skills,
   // compactions, usage), 11 (channels) and 12 (users).
   const std::set<std::string> later = {"plugins",

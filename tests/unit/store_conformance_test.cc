@@ -1575,6 +1575,8 @@ TEST_P(StoreTest, ApprovalsAndStandingApprovals) {
   msg.run_id = run.id;
   run.requested_by = "token-1";
   run.caller_role = "guest";
+  run.user_id = "user-1";
+  run.channel_id = "channel-1";
   ASSERT_TRUE(store_->WriteSync([&](Tx& tx) -> Status {
     KEEL_RETURN_IF_ERROR(tx.sessions().InsertSession(session));
     KEEL_RETURN_IF_ERROR(tx.messages().InsertMessage(msg));
@@ -1584,6 +1586,8 @@ TEST_P(StoreTest, ApprovalsAndStandingApprovals) {
       ReadValue<store::Run>(*store_, [&](Tx& tx) { return tx.runs().GetRun(a.id, run.id); });
   EXPECT_EQ(stored_run.requested_by, "token-1");
   EXPECT_EQ(stored_run.caller_role, "guest");
+  EXPECT_EQ(stored_run.user_id, "user-1");
+  EXPECT_EQ(stored_run.channel_id, "channel-1");
 
   auto approval = [&](const std::string& call_id, Millis expires_at) {
     Approval ap;

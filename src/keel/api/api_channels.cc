@@ -319,6 +319,7 @@ asio::awaitable<Response> Deliver(ApiContext& ctx, Request& req) {
   intake.idempotency_key = "webhook:" + webhook_id;
   intake.requested_by = d->channel.created_by;
   intake.caller_role = d->settings.role;
+  intake.channel_id = d->channel.id;
   auto result = co_await ctx.runtime.PostMessage(intake);
   if (!result.ok()) co_return IntakeError(result.status());
   co_return Response::Json(result->replayed ? 200 : 202, {{"session_id", *session},

@@ -963,6 +963,8 @@ asio::awaitable<Result<bool>> Relay::Deliver(const store::Channel& c, const std:
   intake.idempotency_key = key_prefix + in.delivery_id;
   intake.requested_by = c.created_by;
   intake.caller_role = admitted->role;
+  intake.user_id = admitted->user_id;
+  intake.channel_id = c.id;
   intake.with_run = [reply](store::Tx& tx, const store::Run& run) {
     store::ChannelReply r = reply;
     r.run_id = run.id;

@@ -176,6 +176,8 @@ Intake::Unit Intake::Prepare(const IntakeRequest& req, const store::Agent& agent
   out.run.status = "queued";
   out.run.requested_by = req.requested_by;
   out.run.caller_role = req.caller_role;
+  out.run.user_id = req.user_id;
+  out.run.channel_id = req.channel_id;
   return u;
 }
 

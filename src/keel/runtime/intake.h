@@ -46,6 +46,10 @@ struct IntakeRequest {
   // owner | user | guest: bounds the run's tool calls; a guest posts only to the sessions it
   // opened (access::CanUseSession, checked by PostMessage), others get kNotFound.
   std::string caller_role = "owner";
+  // Whom the run acts for beside the token (store::Run::user_id, channel_id): a chat message's
+  // sender and channel, a webhook's channel, a slot's schedule's; "" for none.
+  std::string user_id;
+  std::string channel_id;
   // An introspection run (docs/CONTEXT.md) instead of a user's message: the message is recorded
   // with role "introspection", is shown to no plugin, and its run tends the session's
   // description and the agent's working memory with the introspection tools.

@@ -178,6 +178,8 @@ void Runtime::PrepareSlotPost(SlotPost& post, std::string prompt) {
   request.content = prompt;
   request.requested_by = s.created_by;
   request.caller_role = s.caller_role;
+  request.user_id = s.user_id;
+  request.channel_id = s.channel_id;
   post.unit = intake_->Prepare(request, post.agent, std::move(prompt));
   post.unit.trigger = {{"schedule_id", s.id}, {"slot", FormatRfc3339(post.slot)}};
   post.unit.new_session = post.new_session;

@@ -1,7 +1,6 @@
 #include "keel/schedule/schedule_tools.h"
 
 #include "keel/schedule/schedule.h"
-#include "keel/store/channel_store.h"
 #include "keel/store/schedule_store.h"
 
 namespace keel::schedule {
@@ -11,35 +10,14 @@ namespace {
 constexpr int kListLimit = 100;
 constexpr int64_t kMaxInSeconds = 10LL * 366 * 24 * 3600;
 
-// Whom a run acts for beside its token: the user of the chat message it answers and that
-// message's channel (a channel's runs act through its creator's token, with the channel's
-// role), or, for a slot of a schedule, that schedule's (so a schedule made in a slot stays
-// bounded by the same person and channel); "" for none.
-struct ActsFor {
-  std::string user_id;
-  std::string channel_id;
-};
-
-// The run's caller, who the tools act for; kPermissionDenied for a guest. `acts_for`, when
-// given, gets whom it acts for beside its token.
+// The run's caller, who the tools act for; kPermissionDenied for a guest. The run also says
+// whom it acts for beside its token (store::Run::user_id, channel_id), which a schedule it makes
+// keeps, so that each of its slots stays bounded by the same person and channel.
 Result<store::Run> CallerOf(store::Store& store, const tools::ToolContext& ctx,
-                            const std::string& tool, ActsFor* acts_for = nullptr) {
+                            const std::string& tool) {
   store::Run run;
   KEEL_RETURN_IF_ERROR(store.Read([&](store::Tx& tx) -> Status {
     KEEL_ASSIGN_OR_RETURN(run, tx.runs().GetRun(ctx.tenant_id, ctx.run_id));
-    if (acts_for) {
-      *acts_for = {};
-      KEEL_ASSIGN_OR_RETURN(auto reply, tx.channels().RunReply(ctx.tenant_id, ctx.run_id));
-      if (reply) {
-        *acts_for = {reply->user_id, reply->channel_id};
-        return Status::Ok();
-      }
-      KEEL_ASSIGN_OR_RETURN(auto fire, tx.schedules().FireOfRun(ctx.tenant_id, ctx.run_id));
-      if (!fire) return Status::Ok();
-      auto parent = tx.schedules().GetSchedule(ctx.tenant_id, fire->schedule_id);
-      if (!parent.ok() && parent.status().code() != Code::kNotFound) return parent.status();
-      if (parent.ok()) *acts_for = {parent->user_id, parent->channel_id};
-    }
     return Status::Ok();
   }));
   if (run.caller_role != "owner" && run.caller_role != "user") {
@@ -88,8 +66,7 @@ class CreateTool final : public ScheduleTool {
   std::vector<std::string> rights() const override { return {"write"}; }
 
   Result<Json> Execute(const tools::ToolContext& ctx, const Json& args) override {
-    ActsFor acts_for;
-    KEEL_ASSIGN_OR_RETURN(store::Run run, CallerOf(store_, ctx, name(), &acts_for));
+    KEEL_ASSIGN_OR_RETURN(store::Run run, CallerOf(store_, ctx, name()));
     ScheduleRequest r;
     r.agent_id = ctx.agent_id;
     r.prompt = args.value("prompt", "");
@@ -111,8 +88,8 @@ class CreateTool final : public ScheduleTool {
     }
     KEEL_ASSIGN_OR_RETURN(store::Schedule s,
                           MakeSchedule(r, ctx.tenant_id, run.requested_by, run.caller_role, now));
-    s.user_id = acts_for.user_id;
-    s.channel_id = acts_for.channel_id;
+    s.user_id = run.user_id;
+    s.channel_id = run.channel_id;
     KEEL_RETURN_IF_ERROR(store_.WriteSync([&](store::Tx& tx) { return InsertSchedule(tx, s); }));
     if (on_change_) on_change_();
     return ScheduleJson(s);

@@ -36,7 +36,9 @@ constexpr AddedColumn kAddedColumns[] = {{"sessions", "description", 5, "\"\""},
                                          {"channel_conversations", "contact", 13, "\"\""},
                                          {"agent_access", "guest_daily_tokens", 13, "200000"},
                                          {"schedules", "user_id", 14, "\"\""},
-                                         {"schedules", "channel_id", 15, "\"\""}};
+                                         {"schedules", "channel_id", 15, "\"\""},
+                                         {"runs", "user_id", 16, "\"\""},
+                                         {"runs", "channel_id", 16, "\"\""}};
 
 constexpr const char* kManifest = "manifest.json";
 

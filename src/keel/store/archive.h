@@ -34,8 +34,8 @@ inline constexpr const char* kArchiveFormat = "keel-export";
 // sessions.instructions; 10: api_tokens.parent_id and expires_at (dashboard sign-ins); 11:
 // channels; 12: users, identities, agent roles and access, api_tokens.user_id; 13:
 // channel_conversations.contact and agent_access.guest_daily_tokens; 14: schedules.user_id;
-// 15: schedules.channel_id.
-inline constexpr int kArchiveVersion = 15;
+// 15: schedules.channel_id; 16: runs.user_id and channel_id.
+inline constexpr int kArchiveVersion = 16;
 // The oldest version ImportArchive reads.
 inline constexpr int kOldestArchiveVersion = 2;
 // The most an archive may hold uncompressed (ImportArchive reads it into memory whole).

@@ -150,7 +150,9 @@ std::string RowImage(const Run& r) {
       .Col("message_id", r.message_id)
       .Col("created_at", r.created_at)
       .Col("requested_by", r.requested_by)
-      .Col("caller_role", r.caller_role);
+      .Col("caller_role", r.caller_role)
+      .Col("user_id", r.user_id)
+      .Col("channel_id", r.channel_id);
   return WithRunState(image, r);
 }
 

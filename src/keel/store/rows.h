@@ -364,7 +364,7 @@ Message ReadMessage(const Row& s) {
 inline constexpr const char* kRunCols =
     "id, tenant_id, session_id, agent_id, message_id, status, attempt, output, error, "
     "input_tokens, output_tokens, lease_owner, lease_expires_at, cancel_requested, created_at, "
-    "started_at, finished_at, requested_by, caller_role";
+    "started_at, finished_at, requested_by, caller_role, user_id, channel_id";
 template <typename Row>
 Run ReadRun(const Row& s) {
   Run r;
@@ -387,6 +387,8 @@ Run ReadRun(const Row& s) {
   r.finished_at = s.OptInt(16);
   r.requested_by = s.Text(17);
   r.caller_role = s.Text(18);
+  r.user_id = s.Text(19);
+  r.channel_id = s.Text(20);
   return r;
 }
 

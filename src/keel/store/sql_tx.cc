@@ -883,13 +883,13 @@ Result<std::vector<Message>> SqlTx<Sql>::RecentMessages(const std::string& tenan
 
 template <typename Sql>
 Status SqlTx<Sql>::InsertRun(const Run& r) {
-  static const std::string kSql = InsertSql("runs", kRunCols, 19);
+  static const std::string kSql = InsertSql("runs", kRunCols, 21);
   KEEL_RETURN_IF_ERROR(sql_.BindTenant(r.tenant_id));
   return sql_.ExecChanging(Conflict("run already exists: " + r.id), kSql, r.id, r.tenant_id,
                            r.session_id, r.agent_id, r.message_id, r.status, r.attempt, r.output,
                            StoredJson(r.error), r.input_tokens, r.output_tokens, r.lease_owner,
                            r.lease_expires_at, r.cancel_requested, r.created_at, r.started_at,
-                           r.finished_at, r.requested_by, r.caller_role);
+                           r.finished_at, r.requested_by, r.caller_role, r.user_id, r.channel_id);
 }
 
 template <typename Sql>

@@ -232,6 +232,11 @@ struct Run {
   std::optional<Millis> finished_at;
   std::string requested_by;          // token id of the caller who posted the message
   std::string caller_role = "owner";  // that caller's role: owner | user | guest
+  // Whom the run acts for beside its token, so that what it makes stays bounded by them: the
+  // user and channel of the chat message it answers, a webhook's channel, or a schedule's when
+  // a slot posted it; "" for none.
+  std::string user_id;
+  std::string channel_id;
 
   bool Terminal() const { return status == "done" || status == "failed" || status == "cancelled"; }
 };
