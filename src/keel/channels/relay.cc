@@ -287,6 +287,8 @@ asio::awaitable<void> Relay::Supervise() {
     });
     if (!read.ok() || stopping_) continue;
     co_await Lease(polled, leases, nodes);
+    nodes_ = nodes;
+    ++looks_;
     for (const auto& c : polled) {
       if (!Holds(c.id) || !polling_.insert(c.id).second) continue;
       if (c.kind == "discord") {
@@ -551,6 +553,18 @@ asio::awaitable<void> Relay::Poll(std::string tenant_id, std::string channel_id)
         }
       }
       const std::string mine = failure.empty() ? std::to_string(bot->id) + "/" : "";
+      // In a fleet a channel's bot is recorded before the channel's first poll, which waits
+      // for two more looks: by then the nodes' plans have the bot and keep its channels on one
+      // node (leases.h), so that two new channels of one bot are never polled by two nodes at
+      // once (each would take the same updates into its agent).
+      if (failure.empty() && !last && nodes_ > 1) {
+        co_await RecordPoll(r, mine + "0", "");
+        const uint64_t recorded = looks_;
+        while (!stopping_ && Holds(channel_id) && looks_ < recorded + 2) {
+          co_await Sleep(milliseconds(500));
+        }
+        continue;
+      }
       // Asked only while the lease holds (getMe may have taken long): a poll of a channel now
       // another node's would cut that node's poll off (409).
       if (failure.empty() && Holds(channel_id)) {

@@ -197,6 +197,8 @@ class Relay {
     std::chrono::steady_clock::time_point believed_until;
   };
   std::map<std::string, Held> held_;
+  size_t nodes_ = 1;    // the live nodes at the last look
+  uint64_t looks_ = 0;  // looks done (Supervise)
   // The replies this node sends (or holds to send), by id: changed on the executor, read also
   // by the sweep's unit on the store's writer thread.
   class InFlight {
