@@ -553,11 +553,14 @@ asio::awaitable<void> Relay::Poll(std::string tenant_id, std::string channel_id)
         }
       }
       const std::string mine = failure.empty() ? std::to_string(bot->id) + "/" : "";
-      // In a fleet a channel's bot is recorded before the channel's first poll, which waits
-      // for two more looks: by then the nodes' plans have the bot and keep its channels on one
-      // node (leases.h), so that two new channels of one bot are never polled by two nodes at
-      // once (each would take the same updates into its agent).
-      if (failure.empty() && !last && nodes_ > 1) {
+      // In a fleet a channel's bot is recorded before the channel's first poll of it (a new
+      // channel, or one whose corrected token is another bot's), which waits for two more
+      // looks: by then the nodes' plans have the bot and keep its channels on one node
+      // (leases.h), so that two channels of one bot are not polled by two nodes at once (each
+      // would take the same updates into its agent). Recorded only while the lease holds
+      // (getMe may have taken long): the channel's new holder may have recorded more.
+      const bool recorded_bot = last && r.cursor.rfind(mine, 0) == 0;
+      if (failure.empty() && !recorded_bot && nodes_ > 1 && Holds(channel_id)) {
         co_await RecordPoll(r, mine + "0", "");
         const uint64_t recorded = looks_;
         while (!stopping_ && Holds(channel_id) && looks_ < recorded + 2) {

@@ -1,6 +1,7 @@
 #include "keel/schedule/schedule_tools.h"
 
 #include "keel/schedule/schedule.h"
+#include "keel/store/channel_store.h"
 #include "keel/store/schedule_store.h"
 
 namespace keel::schedule {
@@ -18,6 +19,23 @@ Result<store::Run> CallerOf(store::Store& store, const tools::ToolContext& ctx,
   store::Run run;
   KEEL_RETURN_IF_ERROR(store.Read([&](store::Tx& tx) -> Status {
     KEEL_ASSIGN_OR_RETURN(run, tx.runs().GetRun(ctx.tenant_id, ctx.run_id));
+    if (!run.user_id.empty() || !run.channel_id.empty()) return Status::Ok();
+    // A run queued without them (by a node of an older release in a fleet being upgraded, or
+    // imported from an older archive): its chat reply's, or its slot's schedule's.
+    KEEL_ASSIGN_OR_RETURN(auto reply, tx.channels().RunReply(ctx.tenant_id, ctx.run_id));
+    if (reply) {
+      run.user_id = reply->user_id;
+      run.channel_id = reply->channel_id;
+      return Status::Ok();
+    }
+    KEEL_ASSIGN_OR_RETURN(auto fire, tx.schedules().FireOfRun(ctx.tenant_id, ctx.run_id));
+    if (!fire) return Status::Ok();
+    auto parent = tx.schedules().GetSchedule(ctx.tenant_id, fire->schedule_id);
+    if (!parent.ok()) {
+      return parent.status().code() == Code::kNotFound ? Status::Ok() : parent.status();
+    }
+    run.user_id = parent->user_id;
+    run.channel_id = parent->channel_id;
     return Status::Ok();
   }));
   if (run.caller_role != "owner" && run.caller_role != "user") {
