@@ -15,7 +15,7 @@ import threading
 import time
 import unittest
 
-from keel_harness import KeelServer, KeelTestCase
+from keel_harness import FakeOpenAi, KeelServer, KeelTestCase
 from turn_load import check_outcome, plan_turns, post_turns
 
 TURNS = int(os.environ.get("KEEL_CRASH_TURNS", "300"))
@@ -108,6 +108,46 @@ class CrashTest(KeelTestCase):
             "(attempt > 1), calls %s by effect file %s, %d events, origins %s\n"
             % (TURNS, state["kills"], load_s, summary["attempts"], summary["resumed"],
                summary["calls"], summary["tools"], len(summary["events"]), summary["origins"]))
+
+
+class AnsweredTurnTest(KeelTestCase):
+    """A message posted with ?wait= is written with its run's ending in one commit
+    (IntakeRequest::answered_after_run), so it is not on disk while its run starts; nothing
+    may answer the request before it is."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.fake = FakeOpenAi()
+        cls.server = KeelServer(env=cls.fake.env)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+        cls.fake.stop()
+
+    def test_a_turn_answered_is_on_disk_whether_its_run_ended_or_not(self):
+        s = self.server
+        # Ended: the answer comes after the commit that holds the message, its run and reply.
+        local = s.create_session(s.create_agent()["id"])["id"]
+        status, done, _ = s.post_message(local, "hello", wait=10)
+        self.assertEqual(status, 200, done)
+        self.assertEqual(done["run"]["status"], "done")
+        # Not ended: a wait shorter than the writer holds a deferred unit for (2 ms), on a
+        # model that takes seconds. The run is answered as it stands once it is durable.
+        slow = s.create_session(s.create_agent(model="openai/slow")["id"])["id"]
+        status, running, _ = s.post_message(slow, "take your time", wait=0.001)
+        self.assertEqual(status, 200, running)
+        self.assertEqual(running["run"]["status"], "running")
+        s.restart(kill=True)
+        self.assertEqual(s.get_run(done["run"]["id"])["status"], "done")
+        roles = [m["role"] for m in s.list_all("/v1/sessions/%s/messages" % local)]
+        self.assertEqual(roles, ["user", "assistant"])
+        # The killed node's run is resumed after the restart and ends (this scenario's model
+        # drops its stream after three seconds: failed).
+        self.assertIn(s.get_run(running["run"]["id"])["status"], ("running", "queued", "failed"))
+        texts = [m["content"] for m in s.list_all("/v1/sessions/%s/messages" % slow)]
+        self.assertEqual(texts[0], "take your time")
+        self.assertEqual(s.wait_run(running["run"]["id"], timeout=60)["status"], "failed")
 
 
 if __name__ == "__main__":

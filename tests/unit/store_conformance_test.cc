@@ -619,6 +619,61 @@ TEST_P(StoreTest, AUnitThatThrowsAfterWritingFailsAloneAndTheOthersCommitOnce) {
   }
 }
 
+TEST_P(StoreTest, ADeferredUnitIsKeptWhateverTheUnitsAfterItDoAndCommitsWithThem) {
+  Tenant t = MakeTenant();
+  auto insert = [&t](const std::string& name) {
+    return [&t, name](Tx& tx) -> Status {
+      Agent a = NewAgent(t, name);
+      KEEL_RETURN_IF_ERROR(tx.agents().InsertAgent(a));
+      return tx.events().Append({t.id, "agent.created@v1", a.id, "", "", {}});
+    };
+  };
+  auto names = [&] {
+    Paged<Agent> page = ReadValue<Paged<Agent>>(*store_, [&](Tx& tx) {
+      return tx.agents().ListAgents(t.id, {"", 500});
+    });
+    std::set<std::string> out;
+    for (const auto& a : page.items) out.insert(a.name);
+    return out;
+  };
+  // Told the deferred unit's outcome, the caller goes on at once with its next units (as a
+  // turn does): one that fails, whose rollback must not take the told unit with it, and one
+  // that commits. SQLite tells the deferred unit before its transaction commits and holds the
+  // transaction for what follows; PostgreSQL commits it as any unit.
+  std::promise<Status> deferred, failing, last;
+  store_->WriteDeferred(insert("first"), [&](Status s, std::vector<Event>) {
+    store_->Write(
+        [&](Tx& tx) -> Status {
+          KEEL_RETURN_IF_ERROR(insert("second")(tx));
+          return Conflict("the second unit fails after writing");
+        },
+        [&](Status s2, std::vector<Event>) { failing.set_value(s2); });
+    store_->Write(insert("third"), [&](Status s3, std::vector<Event>) { last.set_value(s3); });
+    deferred.set_value(s);
+  });
+  ASSERT_TRUE(deferred.get_future().get().ok());
+  EXPECT_EQ(failing.get_future().get().code(), Code::kConflict);
+  ASSERT_TRUE(last.get_future().get().ok());
+  // Once a unit queued after it is durable, so is the deferred one: first and third, in order.
+  EXPECT_EQ(names(), (std::set<std::string>{"first", "third"}));
+  auto events = ReadValue<std::vector<Event>>(
+      *store_, [&](Tx& tx) { return tx.events().ReadEvents(t.id, 0, {}, 100); });
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].origin_seq, 1);
+  EXPECT_EQ(events[1].origin_seq, 2);
+
+  // A deferred unit with nothing after it commits on its own, soon.
+  std::promise<Status> alone;
+  store_->WriteDeferred(insert("fourth"),
+                        [&](Status s, std::vector<Event>) { alone.set_value(s); });
+  ASSERT_TRUE(alone.get_future().get().ok());
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (names().count("fourth") == 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(names(), (std::set<std::string>{"first", "third", "fourth"}));
+}
+
 TEST_P(StoreTest, PaginationReturnsEveryItemOnce) {
   Tenant t = MakeTenant();
   for (int i = 0; i < 23; ++i) MakeAgent(t, "a" + std::to_string(i));

@@ -25,21 +25,21 @@ TEST(WriteQueueTest, UrgentUnitsGoFirstInTheirOwnOrder) {
   std::vector<std::string> ended;
   for (const char* name : {"a", "b"}) {
     auto u = Named(ended, name);
-    q.Push(std::move(u.fn), std::move(u.done));
+    q.Push(std::move(u));
   }
   for (const char* name : {"u1", "u2"}) {
     auto u = Named(ended, name);
-    q.Push(std::move(u.fn), std::move(u.done), /*urgent=*/true);
+    q.Push(std::move(u), /*urgent=*/true);
   }
   auto c = Named(ended, "c");
-  q.Push(std::move(c.fn), std::move(c.done));
+  q.Push(std::move(c));
 
   std::vector<PendingUnit> batch;
   ASSERT_TRUE(q.Take(3, batch));  // at most `max`
   ASSERT_EQ(batch.size(), 3u);
   // An urgent unit queued after the first ones were taken still goes ahead of the rest.
   auto u3 = Named(ended, "u3");
-  q.Push(std::move(u3.fn), std::move(u3.done), /*urgent=*/true);
+  q.Push(std::move(u3), /*urgent=*/true);
   ASSERT_TRUE(q.Take(10, batch));
   ASSERT_EQ(batch.size(), 6u);
   std::vector<Status> results(batch.size());
@@ -52,10 +52,10 @@ TEST(WriteQueueTest, AClosedQueueRefusesUnitsAndHandsOverTheOnesLeft) {
   WriteQueue q;
   std::vector<std::string> ended;
   auto kept = Named(ended, "kept");
-  q.Push(std::move(kept.fn), std::move(kept.done));
+  q.Push(std::move(kept));
   q.Close();
   auto late = Named(ended, "late");
-  q.Push(std::move(late.fn), std::move(late.done));
+  q.Push(std::move(late));
   EXPECT_EQ(ended, (std::vector<std::string>{"late:store is closed"}));
 
   std::vector<PendingUnit> batch;
@@ -82,7 +82,7 @@ TEST(WriteQueueTest, AFailedCommitFailsEveryUnitAndShowsNoEvent) {
   std::vector<std::string> ended;
   for (const char* name : {"good", "bad"}) {
     auto u = Named(ended, name);
-    q.Push(std::move(u.fn), std::move(u.done));
+    q.Push(std::move(u));
   }
   std::vector<PendingUnit> batch;
   ASSERT_TRUE(q.Take(10, batch));
@@ -105,7 +105,7 @@ TEST(WriteQueueTest, ACommitTellsTheListenerUnitByUnitThenTheUnits) {
   std::vector<std::string> ended;
   for (const char* name : {"one", "two", "three"}) {
     auto u = Named(ended, name);
-    q.Push(std::move(u.fn), std::move(u.done));
+    q.Push(std::move(u));
   }
   std::vector<PendingUnit> batch;
   ASSERT_TRUE(q.Take(10, batch));

@@ -436,6 +436,8 @@ void RegisterOpenAiRoutes(http::Router& router, ApiContext& ctx) {
         }
         intake.requested_by = who.token_id;
         intake.caller_role = who.role;
+        // A stream shows the answer as it comes: only a whole answer waits for the run's end.
+        intake.answered_after_run = !chat->stream;
         auto posted = co_await ctx.runtime.PostMessage(intake);
         if (!posted.ok()) {
           ctx.hub.Unsubscribe(sub);

@@ -31,14 +31,22 @@ asio::awaitable<Result<store::Run>> WaitForRun(ApiContext& ctx, store::Run curre
   // Whether `current` is the run as it stands, as far as waiting goes.
   bool known =
       just_claimed && current.status == "running" && current.lease_owner == ctx.store.origin();
+  bool flushed = !just_claimed;
   while (true) {
     if (auto settled = ctx.hub.TakeSettled(sub)) {
       current = std::move(*settled);  // as this node's execution committed its ending
     } else if (!known) {
-      Status st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
-        KEEL_ASSIGN_OR_RETURN(current, tx.runs().GetRun(tenant_id, run_id));
-        return Status::Ok();
-      });
+      // A run intake wrote deferred (IntakeRequest::answered_after_run) is durable before
+      // it is read, and so before the caller hears of it.
+      Status st;
+      if (!flushed) st = co_await store::AsyncFlush(ctx.store);
+      flushed = true;
+      if (st.ok()) {
+        st = co_await store::AsyncRead(ctx.store, [&](store::Tx& tx) -> Status {
+          KEEL_ASSIGN_OR_RETURN(current, tx.runs().GetRun(tenant_id, run_id));
+          return Status::Ok();
+        });
+      }
       if (!st.ok()) {
         ctx.hub.Unsubscribe(sub);
         co_return st;
@@ -193,6 +201,7 @@ void RegisterSessionRoutes(http::Router& router, ApiContext& ctx) {
     }
     intake.requested_by = req.principal.token_id;
     intake.caller_role = req.principal.role;
+    intake.answered_after_run = *wait > 0;
     auto result = co_await ctx.runtime.PostMessage(intake);
     if (!result.ok()) co_return IntakeError(result.status());
     store::Run run = std::move(result->run);

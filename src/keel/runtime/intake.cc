@@ -137,7 +137,11 @@ asio::awaitable<Result<IntakeResult>> Intake::PostMessage(const IntakeRequest& r
   // The tenant's cap is checked by the claim's update alone (a tenant at its cap is rare).
   unit.idle_when_read = !busy && unit.may_claim;
   store::WriteFn write = [&unit, this](store::Tx& tx) { return Write(tx, unit); };
-  auto written = co_await store::AsyncWrite(store_, write);
+  // Deferred only where the run is to start here at once: a queued run waits for the commit.
+  const store::WriteKind kind = req.answered_after_run && unit.idle_when_read
+                                    ? store::WriteKind::kDeferred
+                                    : store::WriteKind::kNormal;
+  auto written = co_await store::AsyncWrite(store_, write, kind);
   if (!written.ok() && written.status().code() == Code::kConflict && unit.idle_when_read) {
     unit.idle_when_read = false;  // it changed: read it in the unit this time
     written = co_await store::AsyncWrite(store_, std::move(write));

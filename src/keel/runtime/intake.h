@@ -59,6 +59,10 @@ struct IntakeRequest {
   // and approvals, and ends with the call's answer; the model is never asked. The message is
   // recorded with role "call" and the call as its content. Null: an ordinary message.
   Json call;
+  // The caller tells no one of the message before its run ends or the caller's wait for it
+  // runs out, and then only after store::AsyncFlush (api::WaitForRun): the message and its
+  // run are written with Store::WriteDeferred, so that a turn that ends at once commits once.
+  bool answered_after_run = false;
   // Written in the unit that writes the message and its run (the run as written), never on a
   // replay: what the caller owes the run, such as a channel's reply to it. Its failure fails
   // the unit.

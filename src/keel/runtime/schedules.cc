@@ -349,7 +349,7 @@ asio::awaitable<void> Runtime::FireSchedule(store::Schedule s, Millis firing_sin
                                   {"missed_from", TimeOrNull(s.next_fire_at)},
                                   {"next_fire_at", TimeOrNull(current->next_fire_at)}}});
     };
-    auto written = co_await store::AsyncWrite(store_, std::move(skip), /*urgent=*/true);
+    auto written = co_await store::AsyncWrite(store_, std::move(skip), store::WriteKind::kUrgent);
     if (!written.ok()) {
       LogError("schedule " + s.id + ": " + written.status().message());
     } else {
@@ -417,7 +417,7 @@ asio::awaitable<void> Runtime::FireSchedule(store::Schedule s, Millis firing_sin
   if (refusal.empty()) {
     PrepareSlotPost(post, prompt);
     store::WriteFn fire = [&](store::Tx& tx) -> Status { return WriteSlotPost(tx, post); };
-    auto written = co_await store::AsyncWrite(store_, std::move(fire), /*urgent=*/true);
+    auto written = co_await store::AsyncWrite(store_, std::move(fire), store::WriteKind::kUrgent);
     if (written.ok()) {
       done.wake = true;
       AfterSlotPost(post);
@@ -453,7 +453,7 @@ asio::awaitable<void> Runtime::FireSchedule(store::Schedule s, Millis firing_sin
                                 {"reason", record.error},
                                 {"next_fire_at", TimeOrNull(current->next_fire_at)}}});
   };
-  auto written = co_await store::AsyncWrite(store_, std::move(refuse), /*urgent=*/true);
+  auto written = co_await store::AsyncWrite(store_, std::move(refuse), store::WriteKind::kUrgent);
   if (!written.ok()) {
     LogError("schedule " + s.id + ": " + written.status().message());
     co_return;
@@ -552,7 +552,7 @@ asio::awaitable<void> Runtime::FireGroup(std::vector<store::Schedule> group, Mil
     for (auto& post : ready) KEEL_RETURN_IF_ERROR(WriteSlotPost(tx, post));
     return Status::Ok();
   };
-  auto written = co_await store::AsyncWrite(store_, std::move(fire), /*urgent=*/true);
+  auto written = co_await store::AsyncWrite(store_, std::move(fire), store::WriteKind::kUrgent);
   if (written.ok()) {
     done.wake = true;
     for (auto& post : ready) AfterSlotPost(post);

@@ -16,12 +16,14 @@
 
 namespace keel::store {
 
-// Returns the events the unit appended, or the unit's failure. `urgent`: Store::WriteUrgent.
-inline boost::asio::awaitable<Result<std::vector<Event>>> AsyncWrite(Store& store, WriteFn fn,
-                                                                    bool urgent = false) {
-  auto [status, events] = co_await boost::asio::async_initiate<
-      const boost::asio::use_awaitable_t<>, void(Status, std::vector<Event>)>(
-      [&store, &fn, urgent](auto handler) {
+// Returns the events the unit appended, or the unit's failure; `kind` says which of
+// Store::Write, WriteUrgent and WriteDeferred queues it (a deferred unit's events come with the
+// commit, not here).
+inline boost::asio::awaitable<Result<std::vector<Event>>> AsyncWrite(
+    Store& store, WriteFn fn, WriteKind kind = WriteKind::kNormal) {
+  auto [status, events] = co_await boost::asio::async_initiate<const boost::asio::use_awaitable_t<>,
+                                                               void(Status, std::vector<Event>)>(
+      [&store, &fn, kind](auto handler) {
         auto ex = boost::asio::get_associated_executor(handler);
         auto h = std::make_shared<decltype(handler)>(std::move(handler));
         WriteDone done = [h, ex](Status s, std::vector<Event> ev) {
@@ -29,15 +31,28 @@ inline boost::asio::awaitable<Result<std::vector<Event>>> AsyncWrite(Store& stor
             (*h)(std::move(s), std::move(ev));
           });
         };
-        if (urgent) {
-          store.WriteUrgent(std::move(fn), std::move(done));
-        } else {
-          store.Write(std::move(fn), std::move(done));
+        switch (kind) {
+          case WriteKind::kNormal:
+            store.Write(std::move(fn), std::move(done));
+            break;
+          case WriteKind::kUrgent:
+            store.WriteUrgent(std::move(fn), std::move(done));
+            break;
+          case WriteKind::kDeferred:
+            store.WriteDeferred(std::move(fn), std::move(done));
+            break;
         }
       },
       boost::asio::use_awaitable);
   if (!status.ok()) co_return status;
   co_return std::move(events);
+}
+
+// Returns once every unit queued before it is durable (or failed): what a caller of
+// WriteDeferred awaits before it acknowledges its unit to anyone.
+inline boost::asio::awaitable<Status> AsyncFlush(Store& store) {
+  auto flushed = co_await AsyncWrite(store, [](Tx&) { return Status::Ok(); });
+  co_return flushed.status();
 }
 
 // Runs `fn` in a read-only snapshot; returns its status.

@@ -454,6 +454,8 @@ class Tx {
 using WriteFn = std::function<Status(Tx&)>;
 // Called on the writer thread after commit (or failure). `events` are those the unit appended.
 using WriteDone = std::function<void(Status, std::vector<Event> events)>;
+// How a unit is queued: Store::Write, WriteUrgent or WriteDeferred.
+enum class WriteKind { kNormal, kUrgent, kDeferred };
 
 struct StoreStats {
   int64_t commits = 0;       // fsynced transactions
@@ -479,6 +481,14 @@ class Store {
   // queued units that are not urgent, behind the urgent ones, and commits as any other. Its
   // callers bound how many they queue, so that other units are delayed, never starved.
   virtual void WriteUrgent(WriteFn fn, WriteDone done) { Write(std::move(fn), std::move(done)); }
+  // Write for a unit whose caller tells no one of it until a later unit of its own is durable
+  // (a turn whose request is answered when its run ends): `done` may run once the unit is
+  // applied, before its transaction commits, which the writer may then hold open a moment
+  // (a couple of milliseconds) for the units that follow, so that such a turn commits once. Its
+  // events reach the listener when the transaction commits. Should that commit fail, the unit is
+  // lost after `done` said ok, and the caller's next unit finds none of it. The caller must not
+  // acknowledge the unit to anyone before one of its later units (or Flush) is done.
+  virtual void WriteDeferred(WriteFn fn, WriteDone done) { Write(std::move(fn), std::move(done)); }
   // Convenience for start-up and tools: Write and wait.
   Status WriteSync(WriteFn fn, std::vector<Event>* events = nullptr);
   // `listener` sees every committed unit's events, unit by unit in commit order, on the writer

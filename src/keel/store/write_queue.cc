@@ -1,23 +1,36 @@
 #include "keel/store/write_queue.h"
 
+#include <utility>
+
 namespace keel::store {
 
-void WriteQueue::Push(WriteFn fn, WriteDone done, bool urgent) {
+void WriteQueue::Push(PendingUnit unit, bool urgent) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!closed_) {
       auto at = urgent ? queue_.begin() + static_cast<std::ptrdiff_t>(urgent_++) : queue_.end();
-      queue_.insert(at, PendingUnit{std::move(fn), std::move(done)});
+      queue_.insert(at, std::move(unit));
       cv_.notify_one();
       return;
     }
   }
-  done(Unavailable("store is closed"), {});
+  unit.done(Unavailable("store is closed"), {});
 }
 
 bool WriteQueue::Take(size_t max, std::vector<PendingUnit>& batch) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return closed_ || !queue_.empty(); });
+  return MoveFront(max, batch);
+}
+
+bool WriteQueue::TakeUntil(size_t max, std::vector<PendingUnit>& batch,
+                           std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_until(lock, deadline, [&] { return closed_ || !queue_.empty(); });
+  return MoveFront(max, batch);
+}
+
+bool WriteQueue::MoveFront(size_t max, std::vector<PendingUnit>& batch) {
   if (queue_.empty()) return false;
   while (!queue_.empty() && batch.size() < max) {
     batch.push_back(std::move(queue_.front()));
@@ -56,7 +69,8 @@ void WriteQueue::Finish(std::vector<PendingUnit>& batch, std::vector<Status>& re
     }
   }
   for (size_t i = 0; i < batch.size(); ++i) {
-    if (batch[i].done) batch[i].done(std::move(results[i]), std::move(events[i]));
+    if (batch[i].done)
+      std::exchange(batch[i].done, nullptr)(std::move(results[i]), std::move(events[i]));
   }
 }
 

@@ -3,8 +3,10 @@
 #include <sqlite3.h>
 
 #include <algorithm>
+#include <chrono>
 #include <exception>
 #include <filesystem>
+#include <utility>
 
 #include "keel/common/log.h"
 #include "keel/store/sqlite/sqlite_db.h"
@@ -17,6 +19,10 @@ namespace {
 // how many transactions give each unit a savepoint, so that units failing often cost the
 // others one run more at most per this many transactions (CommitBatch).
 constexpr int kSavepointTransactionsAfterFailure = 16;
+
+// How long the writer holds a transaction of deferred units open for the units that follow
+// them: a turn on a model that answers at once ends well within it.
+constexpr auto kDeferredHold = std::chrono::milliseconds(2);
 
 }  // namespace
 
@@ -204,18 +210,20 @@ std::optional<size_t> SqliteStore::CommitOnce(std::vector<Unit>& batch) {
   std::vector<Status> results(batch.size());
   std::vector<std::vector<Event>> events(batch.size());
   Status begin = db.Run("BEGIN IMMEDIATE");
-  Status commit;
+  if (!begin.ok()) {
+    for (auto& r : results) r = begin;
+    queue_.Finish(batch, results, events, Status::Ok(), 0, listener_);
+    return std::nullopt;
+  }
   int committed_units = 0;
-  if (begin.ok()) {
-    // A savepoint lets a failing unit be undone alone, but SQLite copies every page a unit
-    // changes into the savepoint's journal first (a tenth of the writer's time a turn). Units
-    // rarely fail, so a transaction takes none: when one fails, the transaction is rolled
-    // back, that unit fails alone and the others run again (docs/decisions/0014: a unit may
-    // run twice), and the next transactions take savepoints. A unit alone in its batch needs
-    // none either: its failure rolls the transaction back.
-    const bool savepoints = batch.size() > 1 && savepoint_transactions_ > 0;
-    if (savepoint_transactions_ > 0) --savepoint_transactions_;
-    for (size_t i = 0; i < batch.size(); ++i) {
+  // Runs batch[from...] in the transaction. A savepoint lets a failing unit be undone alone,
+  // but SQLite copies every page a unit changes into the savepoint's journal first (a tenth of
+  // the writer's time a turn). Units rarely fail, so a transaction takes none: when one fails,
+  // the transaction is rolled back, that unit fails alone and the others run again
+  // (docs/decisions/0014: a unit may run twice), and the next transactions take savepoints. A
+  // unit alone in its batch needs none either: its failure rolls the transaction back.
+  auto apply = [&](size_t from, bool savepoints) -> std::optional<size_t> {
+    for (size_t i = from; i < batch.size(); ++i) {
       writer_tx_->ResetUnit();
       writer_tx_->ClearCarried();
       Status st = savepoints ? db.Run("SAVEPOINT unit") : Status::Ok();
@@ -249,14 +257,40 @@ std::optional<size_t> SqliteStore::CommitOnce(std::vector<Unit>& batch) {
         ++committed_units;
       }
     }
-    // The usage totals and the chain heads the units moved, once per transaction.
-    if (committed_units > 0) commit = writer_tx_->WriteTotals();
-    if (committed_units > 0 && commit.ok()) commit = writer_tx_->WriteChainHeads();
-    if (commit.ok()) commit = committed_units > 0 ? db.Run("COMMIT") : db.Run("ROLLBACK");
-    if (!commit.ok()) (void)db.Run("ROLLBACK");
-    writer_tx_->TransactionDone(commit.ok() && committed_units > 0);
-  } else {
-    for (auto& r : results) r = begin;
+    return std::nullopt;
+  };
+  const bool savepoints = batch.size() > 1 && savepoint_transactions_ > 0;
+  if (savepoint_transactions_ > 0) --savepoint_transactions_;
+  if (auto failed = apply(0, savepoints)) return failed;
+
+  // Deferred units alone (Store::WriteDeferred): told now, and the transaction is held open a
+  // moment for the units that follow them (a turn's ending after its intake), so that both
+  // commit with one sync. Once a unit was told, the transaction is never rolled back whole: the
+  // units after it take savepoints.
+  const size_t max = static_cast<size_t>(std::max(options_.max_batch, 1));
+  const auto deadline = std::chrono::steady_clock::now() + kDeferredHold;
+  size_t told = 0;
+  while (committed_units > 0 && batch.size() < max &&
+         std::all_of(batch.begin(), batch.end(), [](const Unit& u) { return u.deferred; })) {
+    for (; told < batch.size(); ++told) {
+      if (WriteDone done = std::exchange(batch[told].done, nullptr)) done(results[told], {});
+    }
+    if (!queue_.TakeUntil(max, batch, deadline)) break;
+    results.resize(batch.size());
+    events.resize(batch.size());
+    (void)apply(told, /*savepoints=*/true);  // undoes a failing unit alone
+  }
+
+  // The usage totals and the chain heads the units moved, once per transaction.
+  Status commit;
+  if (committed_units > 0) commit = writer_tx_->WriteTotals();
+  if (committed_units > 0 && commit.ok()) commit = writer_tx_->WriteChainHeads();
+  if (commit.ok()) commit = committed_units > 0 ? db.Run("COMMIT") : db.Run("ROLLBACK");
+  if (!commit.ok()) (void)db.Run("ROLLBACK");
+  writer_tx_->TransactionDone(commit.ok() && committed_units > 0);
+  if (!commit.ok() && told > 0) {
+    LogError("store: a commit failed after " + std::to_string(told) +
+             " deferred units were told they were written; they are lost: " + commit.message());
   }
   queue_.Finish(batch, results, events, commit, committed_units, listener_);
   return std::nullopt;
