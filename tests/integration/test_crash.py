@@ -132,9 +132,17 @@ class AnsweredTurnTest(KeelTestCase):
         status, done, _ = s.post_message(local, "hello", wait=10)
         self.assertEqual(status, 200, done)
         self.assertEqual(done["run"]["status"], "done")
-        # Not ended: a wait shorter than the writer holds a deferred unit for (2 ms), on a
-        # model that takes seconds. The run is answered as it stands once it is durable.
-        slow = s.create_session(s.create_agent(model="openai/slow")["id"])["id"]
+        # Not ended: waits shorter than the writer holds a deferred unit for (2 ms; the first
+        # under a millisecond), on a model that takes seconds. The run is answered as it
+        # stands once it is durable; the server is killed at once after the answer.
+        slow_agent = s.create_agent(model="openai/slow")["id"]
+        brief = s.create_session(slow_agent)["id"]
+        status, briefly, _ = s.post_message(brief, "hurry", wait=0.0005)
+        self.assertEqual(status, 200, briefly)
+        self.assertEqual(briefly["run"]["status"], "running")
+        s.restart(kill=True)
+        self.assertIn(s.get_run(briefly["run"]["id"])["status"], ("running", "queued", "failed"))
+        slow = s.create_session(slow_agent)["id"]
         status, running, _ = s.post_message(slow, "take your time", wait=0.001)
         self.assertEqual(status, 200, running)
         self.assertEqual(running["run"]["status"], "running")

@@ -161,6 +161,12 @@ class SseTest(KeelTestCase):
                                      "a delta carries an id past the last stored event: %r" % ev)
         self.assertEqual("".join(e["data"]["text"] for e in deltas), run["output"],
                          "deltas concatenate to the answer")
+        # Nothing of a run shows before it is on disk: its deltas come after its first stored
+        # event, although the ?wait= post's intake is told before its commit (ADR 0023).
+        first_stored = next(i for i, e in enumerate(got)
+                            if e["event"] != DELTA and e["data"].get("run_id") == run["id"])
+        first_delta = next(i for i, e in enumerate(got) if e["event"] == DELTA)
+        self.assertLess(first_stored, first_delta, [e["event"] for e in got])
         self.assertNotIn(DELTA, [e["type"] for e in s.all_events()],
                          "deltas must not be stored in the log")
 

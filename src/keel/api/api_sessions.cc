@@ -1,5 +1,7 @@
 // Sessions and their messages; posting a message is the runtime's intake.
 
+#include <cmath>
+
 #include "keel/access/access.h"
 #include "keel/api/api.h"
 #include "keel/api/render.h"
@@ -21,23 +23,26 @@ using http::Response;
 // read first: it moves only by this node's commits (or, after its lease, another node's), and each
 // wakes the subscription, which is in place before the first of them is dispatched. A run this
 // node's execution ended is not read back either: the hub hands over the run as the ending
-// committed it (EventHub::Ending).
+// committed it (EventHub::Ending). Intake may have told the run before its commit
+// (IntakeRequest::answered_after_run): a run not handed over by a commit is answered only as
+// read after a flush, so that the caller never hears of a run that is not on disk.
 asio::awaitable<Result<store::Run>> WaitForRun(ApiContext& ctx, store::Run current, double seconds,
                                                bool just_claimed, bool through_approval) {
   const std::string tenant_id = current.tenant_id, run_id = current.id;
   auto sub = ctx.hub.Subscribe({tenant_id, "", "", run_id, /*deltas=*/false});
+  // Whole milliseconds, rounded up: a wait is never shorter than asked.
   auto deadline = std::chrono::steady_clock::now() +
-                  std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+                  std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000)));
   // Whether `current` is the run as it stands, as far as waiting goes.
   bool known =
       just_claimed && current.status == "running" && current.lease_owner == ctx.store.origin();
-  bool flushed = !just_claimed;
+  bool flushed = false;  // the units queued before this wait's flush are durable
   while (true) {
+    bool committed = false;  // `current` as a commit handed it over
     if (auto settled = ctx.hub.TakeSettled(sub)) {
       current = std::move(*settled);  // as this node's execution committed its ending
+      committed = true;
     } else if (!known) {
-      // A run intake wrote deferred (IntakeRequest::answered_after_run) is durable before
-      // it is read, and so before the caller hears of it.
       Status st;
       if (!flushed) st = co_await store::AsyncFlush(ctx.store);
       flushed = true;
@@ -47,15 +52,26 @@ asio::awaitable<Result<store::Run>> WaitForRun(ApiContext& ctx, store::Run curre
           return Status::Ok();
         });
       }
+      if (st.code() == Code::kNotFound) {
+        // Intake told it, and its commit failed since (the store logged it).
+        st = Unavailable("the run " + run_id +
+                         " was not written: the store failed; post again "
+                         "with the same Idempotency-Key");
+      }
       if (!st.ok()) {
         ctx.hub.Unsubscribe(sub);
         co_return st;
       }
+      committed = true;
     }
     auto now = std::chrono::steady_clock::now();
     const bool parked = current.status == "waiting_for_approval" && !through_approval;
-    if (current.Terminal() || parked || now >= deadline) break;
-    co_await ctx.hub.Wait(sub, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
+    if (current.Terminal() || parked || now >= deadline) {
+      if (committed) break;
+      known = false;  // answered as read after a flush
+      continue;
+    }
+    co_await ctx.hub.Wait(sub, std::chrono::ceil<std::chrono::milliseconds>(deadline - now));
     // Still so after the run's progress alone. Read when it may have ended, at the deadline (the
     // caller gets the run as it stands), and while the node drains (the hub no longer waits).
     known = !ctx.hub.TakeMayHaveEnded(sub) && !ctx.hub.closing() &&

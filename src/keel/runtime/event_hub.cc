@@ -61,6 +61,9 @@ EventHub::EventHub(asio::any_io_executor executor) : executor_(std::move(executo
 EventHub::~EventHub() = default;
 
 namespace {
+// The most deltas a held run keeps (a subscriber keeps as many): a run's intake commits within
+// milliseconds, so only a run whose commit failed comes near it.
+constexpr size_t kMaxHeldDeltas = 10000;
 // Events after which their run is still running.
 bool Progress(const std::string& type) {
   for (const char* t :
@@ -123,6 +126,14 @@ void EventHub::Dispatch(const std::vector<Committed>& events) {
       sub.Wake();
     });
   }
+  if (held_.empty()) return;
+  for (const auto& e : events) {
+    auto it = held_.find(e.run_id);
+    if (e.run_id.empty() || it == held_.end()) continue;
+    std::vector<Delta> waiting = std::move(it->second);
+    held_.erase(it);
+    for (const Delta& d : waiting) PublishDelta(d);  // after this commit's events
+  }
 }
 
 void EventHub::OnRemoteCommit() {
@@ -136,7 +147,18 @@ void EventHub::OnRemoteCommit() {
   });
 }
 
+void EventHub::HoldDeltas(const std::string& run_id) { held_.try_emplace(run_id); }
+
+void EventHub::DropHeld(const std::string& run_id) { held_.erase(run_id); }
+
 void EventHub::PublishDelta(const Delta& delta) {
+  if (!held_.empty()) {
+    auto it = held_.find(delta.run_id);
+    if (it != held_.end()) {
+      if (it->second.size() < kMaxHeldDeltas) it->second.push_back(delta);
+      return;
+    }
+  }
   Delta d = delta;
   auto last = last_position_.find(d.tenant_id);
   d.after_position = last == last_position_.end() ? 0 : last->second;

@@ -58,6 +58,12 @@ class EventHub {
   // subscription as if a matching event had committed; each re-reads the store.
   void OnRemoteCommit();
   void PublishDelta(const Delta& delta);
+  // A run whose intake was told before it committed (Store::WriteDeferred): its deltas wait
+  // here until the run's first committed event, which publishes them after it, so that no
+  // stream sees a run before it is on disk. DropHeld forgets what still waits (the run ended
+  // and its intake never committed).
+  void HoldDeltas(const std::string& run_id);
+  void DropHeld(const std::string& run_id);
 
   SubscriptionPtr Subscribe(const SubscriptionFilter& filter);
   void Unsubscribe(const SubscriptionPtr& sub);
@@ -112,6 +118,8 @@ class EventHub {
   // Each tenant's highest event position seen (positions are per tenant).
   std::unordered_map<std::string, int64_t> last_position_;
   bool closing_ = false;
+  // HoldDeltas' runs and their deltas, in order (at most kMaxHeldDeltas each).
+  std::unordered_map<std::string, std::vector<Delta>> held_;
   std::mutex endings_mu_;  // Ending runs on the writer thread, ForgetEnding on the io thread
   std::unordered_map<std::string, std::shared_ptr<const store::Run>> endings_;
 };

@@ -12,6 +12,7 @@
 #include "keel/plugins/host.h"
 #include "keel/runs/run_state.h"
 #include "keel/runtime/dispatcher.h"
+#include "keel/runtime/event_hub.h"
 #include "keel/runtime/plugin_bridge.h"
 #include "keel/runtime/settings_cache.h"
 #include "keel/store/async.h"
@@ -27,10 +28,11 @@ constexpr size_t kMaxRewrittenMessage = 1 << 20;
 
 namespace asio = boost::asio;
 
-Intake::Intake(store::Store& store, Dispatcher& dispatcher, PluginBridge& plugins,
+Intake::Intake(store::Store& store, Dispatcher& dispatcher, EventHub& hub, PluginBridge& plugins,
                const SettingsCache& settings, int lease_ms, int tenant_run_cap)
     : store_(store),
       dispatcher_(dispatcher),
+      hub_(hub),
       plugins_(plugins),
       settings_(settings),
       lease_ms_(lease_ms),
@@ -148,6 +150,11 @@ asio::awaitable<Result<IntakeResult>> Intake::PostMessage(const IntakeRequest& r
   }
   if (!written.ok()) co_return written.status();
   if (unit.replay) co_return std::move(*unit.replay);
+  // Told before its commit (no events yet: Store::WriteDeferred), which posts to this
+  // executor after this continuation: the run's deltas wait for it.
+  if (kind == store::WriteKind::kDeferred && unit.claimed && written->empty()) {
+    hub_.HoldDeltas(unit.written.id);
+  }
   After(unit);
   co_return std::move(unit.out);  // co_return copies an lvalue (g++ 12 does no implicit move)
 }

@@ -34,6 +34,7 @@ class Tx;
 namespace keel::runtime {
 
 class Dispatcher;    // dispatcher.h
+class EventHub;      // event_hub.h
 class PluginBridge;  // plugin_bridge.h
 class SettingsCache;  // settings_cache.h
 
@@ -79,7 +80,7 @@ class Intake {
  public:
   // `lease_ms`: the lease a claimed run starts with; `tenant_run_cap`: the most runs a tenant
   // may have in flight (queued, running or waiting) before intake refuses more.
-  Intake(store::Store& store, Dispatcher& dispatcher, PluginBridge& plugins,
+  Intake(store::Store& store, Dispatcher& dispatcher, EventHub& hub, PluginBridge& plugins,
          const SettingsCache& settings, int lease_ms, int tenant_run_cap);
 
   // Validates and commits a user message and its run. kNotFound for an unknown session,
@@ -139,6 +140,7 @@ class Intake {
 
   store::Store& store_;
   Dispatcher& dispatcher_;
+  EventHub& hub_;
   PluginBridge& plugins_;
   const SettingsCache& settings_;
   const int lease_ms_;

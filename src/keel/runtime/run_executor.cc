@@ -155,6 +155,7 @@ asio::awaitable<void> Runtime::RunOne(store::Run run, std::optional<KnownRun> kn
       --rt->metrics_.runs_executing;
       slot.Release();  // before the dispatcher looks for runs
       rt->dispatcher_->Finished(id);
+      rt->hub_.DropHeld(id);  // deltas of an intake that never committed (EventHub::HoldDeltas)
     }
   } release{this, run.id, std::move(slot)};
 

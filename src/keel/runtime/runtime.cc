@@ -43,8 +43,8 @@ Runtime::Runtime(asio::any_io_executor executor, store::Store& store, EventHub& 
                                               options.outbound, vault)),
       models_(std::make_unique<ModelCaller>(executor, store, providers, metrics, options.prices,
                                             options.cache)),
-      intake_(std::make_unique<Intake>(store, *dispatcher_, *plugins_, settings_, options.lease_ms,
-                                       options.tenant_run_cap)),
+      intake_(std::make_unique<Intake>(store, *dispatcher_, hub, *plugins_, settings_,
+                                       options.lease_ms, options.tenant_run_cap)),
       schedule_timer_(executor) {}
 
 Runtime::~Runtime() = default;

@@ -485,9 +485,10 @@ class Store {
   // (a turn whose request is answered when its run ends): `done` may run once the unit is
   // applied, before its transaction commits, which the writer may then hold open a moment
   // (a couple of milliseconds) for the units that follow, so that such a turn commits once. Its
-  // events reach the listener when the transaction commits. Should that commit fail, the unit is
-  // lost after `done` said ok, and the caller's next unit finds none of it. The caller must not
-  // acknowledge the unit to anyone before one of its later units (or Flush) is done.
+  // events reach the listener when the transaction commits (`done` gets them only when it runs
+  // after the commit). Should that commit fail, the unit is lost after `done` said ok, and the
+  // caller's next unit finds none of it. The caller must not acknowledge the unit to anyone
+  // before one of its later units (or store::AsyncFlush) is done.
   virtual void WriteDeferred(WriteFn fn, WriteDone done) { Write(std::move(fn), std::move(done)); }
   // Convenience for start-up and tools: Write and wait.
   Status WriteSync(WriteFn fn, std::vector<Event>* events = nullptr);

@@ -216,6 +216,7 @@ std::optional<size_t> SqliteStore::CommitOnce(std::vector<Unit>& batch) {
     return std::nullopt;
   }
   int committed_units = 0;
+  Status aborted;  // SQLite rolled the transaction back under a savepoint: nothing commits
   // Runs batch[from...] in the transaction. A savepoint lets a failing unit be undone alone,
   // but SQLite copies every page a unit changes into the savepoint's journal first (a tenth of
   // the writer's time a turn). Units rarely fail, so a transaction takes none: when one fails,
@@ -246,12 +247,21 @@ std::optional<size_t> SqliteStore::CommitOnce(std::vector<Unit>& batch) {
           // Nothing to release; a failure is rolled back below instead of committed.
         } else if (st.ok()) {
           st = db.Run("RELEASE unit");
+        } else if (sqlite3_get_autocommit(db.raw())) {
+          // SQLite rolled the whole transaction back itself (a full disk, an I/O error): the
+          // units before this one are gone too, and none after it may start a transaction of
+          // its own through its savepoint.
+          aborted = Unavailable("the store's transaction was rolled back: " + st.message());
         } else {
           (void)db.Run("ROLLBACK TO unit");
           (void)db.Run("RELEASE unit");
         }
       }
       results[i] = st;
+      if (!aborted.ok()) {
+        for (size_t j = i + 1; j < batch.size(); ++j) results[j] = aborted;
+        return std::nullopt;
+      }
       if (st.ok()) {
         events[i] = writer_tx_->TakeAppended();
         ++committed_units;
@@ -270,7 +280,7 @@ std::optional<size_t> SqliteStore::CommitOnce(std::vector<Unit>& batch) {
   const size_t max = static_cast<size_t>(std::max(options_.max_batch, 1));
   const auto deadline = std::chrono::steady_clock::now() + kDeferredHold;
   size_t told = 0;
-  while (committed_units > 0 && batch.size() < max &&
+  while (aborted.ok() && committed_units > 0 && batch.size() < max &&
          std::all_of(batch.begin(), batch.end(), [](const Unit& u) { return u.deferred; })) {
     for (; told < batch.size(); ++told) {
       if (WriteDone done = std::exchange(batch[told].done, nullptr)) done(results[told], {});
@@ -282,8 +292,8 @@ std::optional<size_t> SqliteStore::CommitOnce(std::vector<Unit>& batch) {
   }
 
   // The usage totals and the chain heads the units moved, once per transaction.
-  Status commit;
-  if (committed_units > 0) commit = writer_tx_->WriteTotals();
+  Status commit = aborted;
+  if (commit.ok() && committed_units > 0) commit = writer_tx_->WriteTotals();
   if (committed_units > 0 && commit.ok()) commit = writer_tx_->WriteChainHeads();
   if (commit.ok()) commit = committed_units > 0 ? db.Run("COMMIT") : db.Run("ROLLBACK");
   if (!commit.ok()) (void)db.Run("ROLLBACK");
