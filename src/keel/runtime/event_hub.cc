@@ -132,7 +132,9 @@ void EventHub::Dispatch(const std::vector<Committed>& events) {
     if (e.run_id.empty() || it == held_.end()) continue;
     std::vector<Delta> waiting = std::move(it->second);
     held_.erase(it);
-    for (const Delta& d : waiting) PublishDelta(d);  // after this commit's events
+    // Each unit's events come in a Dispatch of their own: these are intake's, so the deltas go
+    // after them (PublishDelta stamps the position just seen) and before the run's ending.
+    for (const Delta& d : waiting) PublishDelta(d);
   }
 }
 

@@ -498,7 +498,8 @@ class Store {
   // Shared stores (PostgreSQL): `listener` is called, from a store thread, after another node
   // committed events, and after (re)connecting to the notification channel (something may
   // have changed meanwhile). It carries no events: the log is the truth, so re-read it. Calls
-  // may be spurious or coalesced. Set once; a store of one node ignores it.
+  // may be spurious or coalesced. Set once. SQLite calls it when a commit failed after
+  // deferred units of it were told (WriteDeferred): their waiters re-read and find them gone.
   virtual void SetRemoteCommitListener(std::function<void()> listener) { (void)listener; }
   virtual std::string origin() const = 0;
   // Whether this node holds the cluster's leadership: one node at a time, for cluster-wide

@@ -175,6 +175,11 @@ Status SqliteStore::ReadOn(bool mapped, const std::function<Status(Tx&)>& fn) {
   return st;
 }
 
+void SqliteStore::SetRemoteCommitListener(std::function<void()> listener) {
+  std::lock_guard<std::mutex> lock(lost_mu_);
+  lost_listener_ = std::move(listener);
+}
+
 void SqliteStore::Close() {
   queue_.Close();
   if (writer_.joinable() && std::this_thread::get_id() != writer_.get_id()) writer_.join();
@@ -243,22 +248,30 @@ std::optional<size_t> SqliteStore::CommitOnce(std::vector<Unit>& batch) {
           failed_status_ = std::move(st);
           return i;
         }
-        if (!savepoints) {
-          // Nothing to release; a failure is rolled back below instead of committed.
+        if (!savepoints || sqlite3_get_autocommit(db.raw())) {
+          // Nothing to release (a failure is rolled back below instead of committed), or
+          // nothing left to: see below.
         } else if (st.ok()) {
-          st = db.Run("RELEASE unit");
-        } else if (sqlite3_get_autocommit(db.raw())) {
-          // SQLite rolled the whole transaction back itself (a full disk, an I/O error): the
-          // units before this one are gone too, and none after it may start a transaction of
-          // its own through its savepoint.
-          aborted = Unavailable("the store's transaction was rolled back: " + st.message());
+          if (Status released = db.Run("RELEASE unit"); !released.ok()) {
+            // The unit's writes would stay in a transaction that reports it failed.
+            aborted =
+                Unavailable("a unit's savepoint could not be released: " + released.message());
+          }
         } else {
           (void)db.Run("ROLLBACK TO unit");
           (void)db.Run("RELEASE unit");
         }
       }
       results[i] = st;
+      if (aborted.ok() && sqlite3_get_autocommit(db.raw())) {
+        // SQLite rolled the whole transaction back itself (a full disk, an I/O error): the
+        // units before this one are gone too, and none after it may start a transaction of
+        // its own through its savepoint.
+        aborted = Unavailable("the store's transaction was rolled back" +
+                              (st.ok() ? std::string() : ": " + st.message()));
+      }
       if (!aborted.ok()) {
+        if (results[i].ok()) results[i] = aborted;
         for (size_t j = i + 1; j < batch.size(); ++j) results[j] = aborted;
         return std::nullopt;
       }
@@ -298,11 +311,17 @@ std::optional<size_t> SqliteStore::CommitOnce(std::vector<Unit>& batch) {
   if (commit.ok()) commit = committed_units > 0 ? db.Run("COMMIT") : db.Run("ROLLBACK");
   if (!commit.ok()) (void)db.Run("ROLLBACK");
   writer_tx_->TransactionDone(commit.ok() && committed_units > 0);
+  queue_.Finish(batch, results, events, commit, committed_units, listener_);
   if (!commit.ok() && told > 0) {
     LogError("store: a commit failed after " + std::to_string(told) +
              " deferred units were told they were written; they are lost: " + commit.message());
+    std::function<void()> lost;
+    {
+      std::lock_guard<std::mutex> lock(lost_mu_);
+      lost = lost_listener_;
+    }
+    if (lost) lost();
   }
-  queue_.Finish(batch, results, events, commit, committed_units, listener_);
   return std::nullopt;
 }
 

@@ -7,6 +7,7 @@
 //
 // Thread safety: Read and Write may be called from any thread.
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -36,6 +37,9 @@ class SqliteStore final : public QueuedStore {
   void ReadAsync(std::function<Status(Tx&)> fn, std::function<void(Status)> done) override;
   std::string origin() const override { return options_.origin; }
   void Close() override;
+  // Called when a commit failed after deferred units of it were told (Store::WriteDeferred):
+  // whoever waits on them re-reads and finds them gone.
+  void SetRemoteCommitListener(std::function<void()> listener) override;
 
  private:
   using Unit = PendingUnit;
@@ -68,6 +72,9 @@ class SqliteStore final : public QueuedStore {
   // Transactions left that give each unit a savepoint, after a unit failed without one.
   int savepoint_transactions_ = 0;
   Status failed_status_;  // CommitOnce's failed unit's
+
+  std::mutex lost_mu_;
+  std::function<void()> lost_listener_;  // GUARDED_BY(lost_mu_): SetRemoteCommitListener's
 
   std::mutex readers_mu_;
   std::vector<std::unique_ptr<Reader>> idle_readers_[2];  // GUARDED_BY(readers_mu_), [mapped]
